@@ -1,0 +1,1 @@
+"""Analyses, one module per analysis: pure functions over canonical polars frames."""

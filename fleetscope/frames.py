@@ -1,0 +1,453 @@
+"""Canonical frames: one shape per kind of data, shared by ingest, store and analyzers.
+
+Every source maps onto these frames and every analyzer reads them (see DESIGN.md, "Canonical data").
+Units are SI and carried in column names; times are UTC ``Datetime("us", "UTC")``.
+
+This module is pure: it imports polars and nothing of the database, HTTP or Celery, so that
+``ingest`` and ``analyzers`` can depend on it. ``fleetscope.schema`` builds the SQL tables from the
+same definitions, so a column is declared exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+UTC_US = pl.Datetime("us", "UTC")
+
+
+@dataclass(frozen=True)
+class Col:
+    """One canonical column.
+
+    ``key`` columns form the natural key: two rows with equal keys are the same fact, so writing a
+    row twice keeps one copy. Keys are never null; where "no value" is meaningful (a host-level
+    health event has no GPU) the column carries ``default`` instead.
+    """
+
+    name: str
+    dtype: pl.DataType
+    key: bool = False
+    nullable: bool = True
+    default: Any = None
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        """A column the writer must supply (no default to fill in)."""
+        return (self.key or not self.nullable) and self.default is None
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """A canonical frame: its columns, natural key and how a re-sent row is treated.
+
+    ``on_conflict``: ``"ignore"`` keeps the first copy (telemetry is immutable once observed);
+    ``"update"`` lets the newer row win (inventory and findings describe current state).
+    """
+
+    name: str
+    columns: tuple[Col, ...]
+    on_conflict: str = "ignore"
+    doc: str = ""
+
+    @property
+    def schema(self) -> dict[str, pl.DataType]:
+        return {c.name: c.dtype for c in self.columns}
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.key)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def col(self, name: str) -> Col:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def empty(self) -> pl.DataFrame:
+        return pl.DataFrame(schema=self.schema)
+
+
+def _k(name: str, dtype: pl.DataType, default: Any = None, doc: str = "") -> Col:
+    return Col(name, dtype, key=True, nullable=False, default=default, doc=doc)
+
+
+def _f(name: str, dtype: pl.DataType = pl.Float64, doc: str = "") -> Col:
+    return Col(name, dtype, doc=doc)
+
+
+def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
+    """Required, not part of the key."""
+    return Col(name, dtype, nullable=False, doc=doc)
+
+
+# --- telemetry -------------------------------------------------------------------------------
+
+# Wide GPU samples: one row per GPU per instant, one column per field. DESIGN.md's performance notes
+# measured wide rows 4-10x faster to write than one row per value, so GPU telemetry stays wide.
+# Field names follow DCGM's meaning (DCGM_FI_DEV_* / DCGM_FI_PROF_*) converted to SI units.
+GPU_FIELDS: tuple[Col, ...] = (
+    _f("util_ratio", doc="DCGM_FI_DEV_GPU_UTIL / 100"),
+    _f("mem_copy_util_ratio", doc="DCGM_FI_DEV_MEM_COPY_UTIL / 100"),
+    _f("enc_util_ratio", doc="DCGM_FI_DEV_ENC_UTIL / 100"),
+    _f("dec_util_ratio", doc="DCGM_FI_DEV_DEC_UTIL / 100"),
+    _f("gr_engine_active_ratio", doc="DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    _f("sm_active_ratio", doc="DCGM_FI_PROF_SM_ACTIVE"),
+    _f("sm_occupancy_ratio", doc="DCGM_FI_PROF_SM_OCCUPANCY"),
+    _f("tensor_active_ratio", doc="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    _f("fp64_active_ratio", doc="DCGM_FI_PROF_PIPE_FP64_ACTIVE"),
+    _f("fp32_active_ratio", doc="DCGM_FI_PROF_PIPE_FP32_ACTIVE"),
+    _f("fp16_active_ratio", doc="DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
+    _f("dram_active_ratio", doc="DCGM_FI_PROF_DRAM_ACTIVE"),
+    _f("fb_used_bytes", pl.Int64, doc="DCGM_FI_DEV_FB_USED (MiB) * 2**20"),
+    _f("fb_free_bytes", pl.Int64, doc="DCGM_FI_DEV_FB_FREE (MiB) * 2**20"),
+    _f("fb_reserved_bytes", pl.Int64, doc="DCGM_FI_DEV_FB_RESERVED (MiB) * 2**20"),
+    _f("power_w", doc="DCGM_FI_DEV_POWER_USAGE"),
+    _f("energy_j", doc="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ) / 1000; counter since boot"),
+    _f("temp_c", doc="DCGM_FI_DEV_GPU_TEMP"),
+    _f("mem_temp_c", doc="DCGM_FI_DEV_MEMORY_TEMP"),
+    _f("sm_clock_mhz", doc="DCGM_FI_DEV_SM_CLOCK"),
+    _f("mem_clock_mhz", doc="DCGM_FI_DEV_MEM_CLOCK"),
+    _f("pcie_tx_bytes_per_s", doc="DCGM_FI_PROF_PCIE_TX_BYTES"),
+    _f("pcie_rx_bytes_per_s", doc="DCGM_FI_PROF_PCIE_RX_BYTES"),
+    _f("nvlink_tx_bytes_per_s", doc="DCGM_FI_PROF_NVLINK_TX_BYTES"),
+    _f("nvlink_rx_bytes_per_s", doc="DCGM_FI_PROF_NVLINK_RX_BYTES"),
+    _f("pcie_replay_total", pl.Int64, doc="DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),
+    _f("xid_last", pl.Int64, doc="DCGM_FI_DEV_XID_ERRORS: value of the last XID seen"),
+    _f("ecc_sbe_volatile_total", pl.Int64, doc="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+    _f("ecc_dbe_volatile_total", pl.Int64, doc="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    _f("ecc_sbe_aggregate_total", pl.Int64, doc="DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"),
+    _f("ecc_dbe_aggregate_total", pl.Int64, doc="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    _f("retired_sbe_total", pl.Int64, doc="DCGM_FI_DEV_RETIRED_SBE"),
+    _f("retired_dbe_total", pl.Int64, doc="DCGM_FI_DEV_RETIRED_DBE"),
+    _f("retired_pending_total", pl.Int64, doc="DCGM_FI_DEV_RETIRED_PENDING"),
+    _f("remap_correctable_total", pl.Int64, doc="DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+    _f("remap_uncorrectable_total", pl.Int64, doc="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
+    _f("remap_failure", pl.Int64, doc="DCGM_FI_DEV_ROW_REMAP_FAILURE (0/1)"),
+    _f("remap_pending", pl.Int64, doc="DCGM_FI_DEV_ROW_REMAP_PENDING (0/1)"),
+    _f("power_violation_s", doc="DCGM_FI_DEV_POWER_VIOLATION (ns) / 1e9; counter"),
+    _f("thermal_violation_s", doc="DCGM_FI_DEV_THERMAL_VIOLATION (ns) / 1e9; counter"),
+    _f("clock_event_reasons", pl.Int64, doc="DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask"),
+)
+
+GPU_SAMPLE = FrameSpec(
+    "gpu_sample",
+    (_k("ts", UTC_US), _k("gpu_uuid", pl.String), *GPU_FIELDS),
+    doc="One GPU at one instant (wide).",
+)
+
+METRIC_SAMPLE = FrameSpec(
+    "metric_sample",
+    (
+        _k("ts", UTC_US),
+        _k("series", pl.String, doc='canonical series key: name{label="value",...}, labels sorted'),
+        _r("value", pl.Float64),
+    ),
+    doc="Any other numeric series (facility power, node CPU power, switch counters).",
+)
+
+COLLECTIVE = FrameSpec(
+    "collective",
+    (
+        _k("job_id", pl.String),
+        _k("rank", pl.Int64),
+        _k("comm_id", pl.String),
+        _k("seq", pl.Int64, doc="per-communicator sequence number (NCCL opCount)"),
+        _r("op", pl.String),
+        _f("bytes", pl.Int64),
+        _f("nranks", pl.Int64),
+        _f("start", UTC_US),
+        _f("duration_s"),
+        _f("algbw_gbps"),
+        _f("busbw_gbps"),
+        _f("algo", pl.String),
+        _f("proto", pl.String),
+        _f("dtype", pl.String),
+        _f("host", pl.String),
+        _f("gpu_uuid", pl.String),
+    ),
+    doc="One NCCL collective or p2p operation on one rank.",
+)
+
+STEP = FrameSpec(
+    "step",
+    (
+        _k("job_id", pl.String),
+        _k("rank", pl.Int64),
+        _k("step", pl.Int64),
+        _k("start", UTC_US, doc="a step re-run after a restart is a new row"),
+        _r("end", UTC_US),
+        _f("compute_s"),
+        _f("comm_s"),
+        _f("comm_overlap_s"),
+        _f("idle_s"),
+        _f("tokens", pl.Int64),
+        _f("model_flops"),
+    ),
+    doc="One training step on one rank, with its breakdown.",
+)
+
+JOB_EVENT_KINDS = (
+    "allocated",
+    "started",
+    "initialized",
+    "step",
+    "checkpoint_save_start",
+    "checkpoint_save_end",
+    "checkpoint_restore_start",
+    "checkpoint_restore_end",
+    "failure",
+    "preempted",
+    "restart",
+    "finished",
+)
+
+JOB_EVENT = FrameSpec(
+    "job_event",
+    (
+        _k("job_id", pl.String),
+        _k("ts", UTC_US),
+        _k("kind", pl.String, doc="one of JOB_EVENT_KINDS"),
+        _k("rank", pl.Int64, default=-1, doc="-1 for a job-level event"),
+        _f("step", pl.Int64),
+        _f("payload", pl.String, doc="JSON object: cause, tokens, loss, grad_norm, checksum, ..."),
+    ),
+    doc="A job lifecycle event.",
+)
+
+HEALTH_EVENT = FrameSpec(
+    "health_event",
+    (
+        _k("ts", UTC_US),
+        _k("host", pl.String, default=""),
+        _k("gpu_uuid", pl.String, default="", doc='"" for a host-level event'),
+        _k("kind", pl.String, doc="xid, ecc, row_remap, nvlink, thermal, power, sdc, nccl_warn, ..."),
+        _k("code", pl.Int64, default=0),
+        _f("value"),
+        _f("message", pl.String),
+        _f("source", pl.String),
+    ),
+    doc="XID, ECC, row remap, NVLink error, throttle, SDC suspicion.",
+)
+
+GPU_WORKLOAD = FrameSpec(
+    "gpu_workload",
+    (
+        _k("ts", UTC_US),
+        _k("gpu_uuid", pl.String),
+        _f("namespace", pl.String),
+        _f("pod", pl.String),
+        _f("container", pl.String),
+    ),
+    doc="Which Kubernetes workload held a GPU at an instant (dcgm-exporter's pod attribution).",
+)
+
+NCCL_TEST = FrameSpec(
+    "nccl_test",
+    (
+        _k("run_id", pl.String, doc="stable id of one nccl-tests invocation (hash of its output)"),
+        _k("op", pl.String, doc="all_reduce, all_gather, ..."),
+        _k("size_bytes", pl.Int64),
+        _k("in_place", pl.Boolean),
+        _f("ts", UTC_US),
+        _f("nranks", pl.Int64),
+        _f("count", pl.Int64),
+        _f("dtype", pl.String),
+        _f("redop", pl.String),
+        _f("root", pl.Int64),
+        _f("time_s"),
+        _f("algbw_gbps"),
+        _f("busbw_gbps"),
+        _f("wrong", pl.Int64),
+        _f("hosts", pl.String, doc="comma-separated hosts of the run"),
+    ),
+    doc="One row of an nccl-tests result table: a fabric benchmark measurement.",
+)
+
+# --- inventory ------------------------------------------------------------------------------
+
+SITE = FrameSpec(
+    "site",
+    (
+        _k("site_id", pl.String),
+        _f("name", pl.String),
+        _f("country", pl.String, doc="ISO 3166-1 alpha-3"),
+        _f("grid_region", pl.String),
+        _f("declared_pue", pl.Float64),
+        _f("timezone", pl.String),
+    ),
+    on_conflict="update",
+)
+
+HOST = FrameSpec(
+    "host",
+    (
+        _k("host", pl.String),
+        _f("site_id", pl.String),
+        _f("rack", pl.String),
+        _f("cpu_model", pl.String),
+    ),
+    on_conflict="update",
+)
+
+GPU = FrameSpec(
+    "gpu",
+    (
+        _k("gpu_uuid", pl.String),
+        _f("host", pl.String),
+        _f("gpu_index", pl.Int64),
+        _f("pci_bus_id", pl.String),
+        _f("model_name", pl.String),
+        _f("mig_profile", pl.String),
+        _f("mig_instance_id", pl.Int64),
+        _f("driver_version", pl.String),
+    ),
+    on_conflict="update",
+)
+
+JOB = FrameSpec(
+    "job",
+    (
+        _k("job_id", pl.String),
+        _f("name", pl.String),
+        _f("kind", pl.String, doc="training or inference"),
+        _f("model_name", pl.String),
+        _f("world_size", pl.Int64),
+        _f("site_id", pl.String),
+        _f("owner", pl.String),
+        _f("submitted_at", UTC_US),
+        _f("started_at", UTC_US),
+        _f("ended_at", UTC_US),
+        _f("status", pl.String),
+    ),
+    on_conflict="update",
+)
+
+JOB_RANK = FrameSpec(
+    "job_rank",
+    (
+        _k("job_id", pl.String),
+        _k("rank", pl.Int64),
+        _k("start", UTC_US),
+        _f("end", UTC_US, doc="null while the rank still runs there"),
+        _r("gpu_uuid", pl.String),
+        _f("host", pl.String),
+    ),
+    on_conflict="update",
+    doc="Which rank ran on which GPU when.",
+)
+
+FINDING = FrameSpec(
+    "finding",
+    (
+        _k("analyzer", pl.String),
+        _k("kind", pl.String),
+        _k("subject", pl.String, doc="what it is about: gpu:<uuid>, host:<name>, job:<id>/rank:<n>, ..."),
+        _k("window_start", UTC_US),
+        _f("window_end", UTC_US),
+        _r("severity", pl.String, doc="info, warning or critical"),
+        _f("score", pl.Float64),
+        _f("summary", pl.String),
+        _f("evidence", pl.String, doc="JSON object"),
+    ),
+    on_conflict="update",
+    doc="What an analyzer concluded; re-running it over the same window updates, never duplicates.",
+)
+
+# Order matters: inventory before the facts that point at it.
+FRAMES: dict[str, FrameSpec] = {
+    s.name: s
+    for s in (
+        SITE,
+        HOST,
+        GPU,
+        JOB,
+        JOB_RANK,
+        GPU_SAMPLE,
+        GPU_WORKLOAD,
+        METRIC_SAMPLE,
+        COLLECTIVE,
+        STEP,
+        JOB_EVENT,
+        HEALTH_EVENT,
+        NCCL_TEST,
+        FINDING,
+    )
+}
+
+
+def series_key(name: str, labels: Mapping[str, str] | None = None) -> str:
+    """The canonical series key ``name{a="1",b="2"}``: labels sorted, values escaped as Prometheus does."""
+    if not labels:
+        return name
+    parts = []
+    for k in sorted(labels):
+        v = str(labels[k]).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+        parts.append(f'{k}="{v}"')
+    return name + "{" + ",".join(parts) + "}"
+
+
+@dataclass
+class Batch:
+    """The unit ingest produces and the store writes in one transaction.
+
+    Each field is a canonical frame or ``None``. ``source`` says where the data came from (a file
+    path, an endpoint, an exporter URL) so errors and the audit trail can name it.
+    """
+
+    source: str = ""
+    site: pl.DataFrame | None = None
+    host: pl.DataFrame | None = None
+    gpu: pl.DataFrame | None = None
+    job: pl.DataFrame | None = None
+    job_rank: pl.DataFrame | None = None
+    gpu_sample: pl.DataFrame | None = None
+    gpu_workload: pl.DataFrame | None = None
+    metric_sample: pl.DataFrame | None = None
+    collective: pl.DataFrame | None = None
+    step: pl.DataFrame | None = None
+    job_event: pl.DataFrame | None = None
+    health_event: pl.DataFrame | None = None
+    nccl_test: pl.DataFrame | None = None
+    finding: pl.DataFrame | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def frames(self) -> Iterator[tuple[FrameSpec, pl.DataFrame]]:
+        """The non-empty frames, in write order (inventory first)."""
+        for name, spec in FRAMES.items():
+            df = getattr(self, name)
+            if df is not None and df.height:
+                yield spec, df
+
+    def rows(self) -> dict[str, int]:
+        return {spec.name: df.height for spec, df in self.frames()}
+
+    def values(self) -> int:
+        """Metric values carried: non-key fields of telemetry rows (a wide GPU row of 30 fields is 30)."""
+        n = 0
+        if self.gpu_sample is not None and self.gpu_sample.height:
+            fields = [c.name for c in GPU_FIELDS if c.name in self.gpu_sample.columns]
+            n += int(self.gpu_sample.select(pl.sum_horizontal(pl.col(fields).is_not_null())).sum().item() or 0)
+        if self.metric_sample is not None:
+            n += self.metric_sample.height
+        return n
+
+    def merge(self, other: Batch) -> Batch:
+        """Concatenate another batch's frames into a new batch (diagonal: missing columns become null)."""
+        out = dataclasses.replace(self, meta={**self.meta, **other.meta})
+        for name in FRAMES:
+            a, b = getattr(self, name), getattr(other, name)
+            if a is None or b is None:
+                setattr(out, name, a if b is None else b)
+            else:
+                setattr(out, name, pl.concat([a, b], how="diagonal_relaxed"))
+        return out

@@ -1,0 +1,1 @@
+"""Governance: lineage, fairness, EU AI Act rules, evidence, reports, exports, audit log."""

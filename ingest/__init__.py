@@ -1,0 +1,1 @@
+"""Parsers, one module per telemetry source. Each is a pure function from bytes to a ``Batch``."""
