@@ -17,6 +17,8 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.errors import ValidationError
+
 UTC_US = pl.Datetime("us", "UTC")
 
 
@@ -451,3 +453,79 @@ class Batch:
             else:
                 setattr(out, name, pl.concat([a, b], how="diagonal_relaxed"))
         return out
+
+
+def _first_bad(mask: pl.Series) -> int | None:
+    idx = mask.arg_true()
+    return int(idx[0]) if len(idx) else None
+
+
+def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
+    """Cast one column to its canonical dtype, or raise naming the first row that does not fit."""
+    target = col.dtype
+    if s.dtype == target:
+        out = s
+    elif target == UTC_US:
+        if isinstance(s.dtype, pl.Datetime):
+            out = s.dt.replace_time_zone("UTC") if s.dtype.time_zone is None else s.dt.convert_time_zone("UTC")
+            out = out.dt.cast_time_unit("us")
+        elif s.dtype == pl.String:
+            out = s.str.to_datetime(time_unit="us", time_zone="UTC", strict=False)
+        elif s.dtype == pl.Null:
+            out = s.cast(target)
+        else:
+            raise ValidationError(f"expected a UTC timestamp, got a column of {s.dtype}", frame=spec.name, row=0, field=col.name)
+    elif target == pl.String and s.dtype not in (pl.Null, pl.Categorical, pl.Enum) and not isinstance(s.dtype, (pl.Categorical, pl.Enum)):
+        # Numbers silently turned into strings hide a column mix-up (a key read from the wrong field).
+        raise ValidationError(f"expected text, got a column of {s.dtype}", frame=spec.name, row=0, field=col.name)
+    elif target in (pl.Int64,) and s.dtype.is_float():
+        # A float is an integer only where it has no fraction; 1.5 GPUs is a bad row, not 1.
+        frac = s.is_not_null() & (s != s.round(0))
+        bad = _first_bad(frac.fill_null(False) | (s.is_not_null() & ~s.is_finite()).fill_null(False))
+        if bad is not None:
+            raise ValidationError(f"{s[bad]!r} is not an integer", frame=spec.name, row=bad, field=col.name)
+        out = s.cast(target, strict=False)
+    else:
+        out = s.cast(target, strict=False)
+    bad = _first_bad(s.is_not_null() & out.is_null()) if s.dtype != pl.Null else None
+    if bad is not None:
+        raise ValidationError(f"{s[bad]!r} is not a valid {target}", frame=spec.name, row=bad, field=col.name)
+    if target == pl.Float64:
+        bad = _first_bad((out.is_not_null() & ~out.is_finite()).fill_null(False))
+        if bad is not None:
+            raise ValidationError(f"{out[bad]!r} is not a finite number", frame=spec.name, row=bad, field=col.name)
+    return out
+
+
+def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
+    """Check ``df`` against ``spec`` and return it in canonical shape: every column, canonical dtypes,
+    defaults filled, rows with a repeated natural key collapsed to one.
+
+    Raises ``ValidationError`` naming the frame, the first bad row (0-based, in ``df``'s order) and the
+    field: an unknown column, a value that does not cast, a non-finite float, a missing key.
+    """
+    unknown = [c for c in df.columns if c not in spec.schema]
+    if unknown:
+        raise ValidationError(f"unknown column (expected some of {', '.join(spec.names)})", frame=spec.name, field=unknown[0])
+    out: dict[str, pl.Series] = {}
+    for col in spec.columns:
+        if col.name in df.columns:
+            s = _cast_column(spec, col, df.get_column(col.name))
+            if col.default is not None:
+                s = s.fill_null(col.default)
+        elif col.default is not None:
+            s = pl.repeat(col.default, df.height, dtype=col.dtype, eager=True)
+        elif col.required:
+            raise ValidationError("missing required column", frame=spec.name, row=0 if df.height else None, field=col.name)
+        else:
+            s = pl.Series(col.name, [None] * df.height, dtype=col.dtype)
+        if not col.nullable or col.key:
+            bad = _first_bad(s.is_null())
+            if bad is not None:
+                raise ValidationError("missing value in a required field", frame=spec.name, row=bad, field=col.name)
+        out[col.name] = s.alias(col.name)
+    frame = pl.DataFrame(out)
+    if spec.key and frame.height > 1:
+        keep = "last" if spec.on_conflict == "update" else "first"
+        frame = frame.unique(subset=list(spec.key), keep=keep, maintain_order=True)
+    return frame

@@ -1,0 +1,200 @@
+"""SQLAlchemy tables for the canonical frames, generated from ``fleetscope.frames``.
+
+A frame's natural key becomes the table's primary key, so writing the same data twice keeps one copy
+(DESIGN.md: natural keys, not surrogate ones, decide what is a duplicate). Indexes serve the reads the
+analyzers and the dashboard make: by time, by job, by GPU, by host.
+
+Timestamps are ``timestamptz`` on PostgreSQL and int64 microseconds since the Unix epoch on SQLite:
+SQLite has no datetime type, and integers keep its index comparisons and bulk writes cheap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import polars as pl
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.types import TypeDecorator
+
+from fleetscope import frames as F
+
+# Alembic needs stable constraint names to alter and drop them, above all in SQLite batch mode.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A UTC instant: ``timestamptz`` on PostgreSQL, int64 µs since the epoch on SQLite."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):  # type: ignore[no-untyped-def]
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(BigInteger())
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: Any, dialect):  # type: ignore[no-untyped-def]
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        if dialect.name == "sqlite":
+            delta = value - EPOCH
+            return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return value.astimezone(dt.timezone.utc)
+
+    def process_result_value(self, value: Any, dialect):  # type: ignore[no-untyped-def]
+        if value is None:
+            return None
+        if dialect.name == "sqlite":
+            return EPOCH + dt.timedelta(microseconds=int(value))
+        return value.astimezone(dt.timezone.utc)
+
+
+def sql_type(dtype: pl.DataType) -> Any:
+    if dtype == F.UTC_US:
+        return UTCDateTime()
+    if dtype == pl.String:
+        return Text()
+    if dtype == pl.Int64:
+        return BigInteger()
+    if dtype == pl.Float64:
+        return Double()
+    if dtype == pl.Boolean:
+        return Boolean()
+    raise TypeError(f"no SQL type for polars {dtype}")
+
+
+def _columns(spec: F.FrameSpec) -> list[Column]:
+    return [Column(c.name, sql_type(c.dtype), nullable=c.nullable and not c.key, comment=c.doc or None) for c in spec.columns]
+
+
+def _frame_table(spec: F.FrameSpec, *extra: Any, key_order: tuple[str, ...] | None = None) -> Table:
+    """The table of a frame; ``key_order`` orders the primary key to match the most common lookup."""
+    key = key_order or spec.key
+    assert sorted(key) == sorted(spec.key), spec.name
+    return Table(spec.name, metadata, *_columns(spec), PrimaryKeyConstraint(*key), *extra, comment=spec.doc or None)
+
+
+site = _frame_table(F.SITE)
+host = _frame_table(F.HOST, Index(None, "site_id"))
+gpu = _frame_table(F.GPU, Index(None, "host"))
+job = _frame_table(F.JOB, Index(None, "started_at"), Index(None, "model_name"))
+job_rank = _frame_table(F.JOB_RANK, Index(None, "gpu_uuid", "start"))
+# The key (gpu_uuid, ts) serves "these GPUs over this window"; the ts index serves fleet-wide windows
+# and retention. Both were measured in benchmarks/store_write.py against the write target.
+gpu_sample = _frame_table(F.GPU_SAMPLE, Index(None, "ts"), key_order=("gpu_uuid", "ts"))
+gpu_workload = _frame_table(F.GPU_WORKLOAD, Index(None, "namespace", "pod"), key_order=("gpu_uuid", "ts"))
+collective = _frame_table(F.COLLECTIVE, Index(None, "job_id", "start"))
+step = _frame_table(F.STEP, Index(None, "job_id", "start"))
+job_event = _frame_table(F.JOB_EVENT, Index(None, "ts"), Index(None, "kind", "ts"))
+health_event = _frame_table(
+    F.HEALTH_EVENT, Index(None, "host", "ts"), Index(None, "kind", "ts"), key_order=("gpu_uuid", "ts", "host", "kind", "code")
+)
+nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
+
+# metric_sample is the one frame stored differently from its shape: each distinct series key is kept once
+# in `series`, and samples point at it by integer id (the key string can be hundreds of bytes).
+series = Table(
+    "series",
+    metadata,
+    Column("series_id", Integer, primary_key=True, autoincrement=True),
+    Column("series", Text, nullable=False, unique=True, comment='name{label="value",...}, labels sorted'),
+    Column("name", Text, nullable=False),
+    Index(None, "name"),
+)
+metric_sample = Table(
+    "metric_sample",
+    metadata,
+    Column("series_id", Integer, ForeignKey("series.series_id", ondelete="CASCADE"), primary_key=True),
+    Column("ts", UTCDateTime(), primary_key=True),
+    Column("value", Double, nullable=False),
+    Index(None, "ts"),
+    comment=F.METRIC_SAMPLE.doc,
+)
+
+# Findings carry a surrogate id too, so alerts and evidence can point at one; the natural key stays unique.
+finding = Table(
+    "finding",
+    metadata,
+    Column("finding_id", Integer, primary_key=True, autoincrement=True),
+    *[Column(c.name, sql_type(c.dtype), nullable=c.nullable and not c.key, comment=c.doc or None) for c in F.FINDING.columns],
+    Column("created_at", UTCDateTime(), nullable=False, server_default=func.current_timestamp()),
+    UniqueConstraint(*F.FINDING.key),
+    Index(None, "kind", "window_start"),
+    Index(None, "subject"),
+    comment=F.FINDING.doc,
+)
+
+api_token = Table(
+    "api_token",
+    metadata,
+    Column("token_id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("token_sha256", String(64), nullable=False, unique=True, comment="hex SHA-256 of the secret; the secret is never stored"),
+    Column("scopes", String(200), nullable=False, comment="space-separated: ingest read governance admin"),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=True),
+    Column("revoked_at", UTCDateTime(), nullable=True),
+    Column("last_used_at", UTCDateTime(), nullable=True),
+)
+
+ingest_log = Table(
+    "ingest_log",
+    metadata,
+    Column("ingest_id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("content_sha256", String(64), nullable=True),
+    Column("rows_json", Text, nullable=False, comment="rows written per frame"),
+    Column("values", BigInteger, nullable=False),
+    Index(None, "at"),
+    Index(None, "content_sha256"),
+)
+
+FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in F.FRAMES}
+
+# The time column each frame is windowed by, for reads and retention.
+TIME_COLUMN: dict[str, str] = {
+    "site": "",
+    "host": "",
+    "gpu": "",
+    "job": "started_at",
+    "job_rank": "start",
+    "gpu_sample": "ts",
+    "gpu_workload": "ts",
+    "metric_sample": "ts",
+    "collective": "start",
+    "step": "start",
+    "job_event": "ts",
+    "health_event": "ts",
+    "nccl_test": "ts",
+    "finding": "window_start",
+}

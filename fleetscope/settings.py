@@ -1,0 +1,94 @@
+"""Settings from environment variables, each with a safe embedded default.
+
+Nothing here opens a connection: the defaults describe an embedded deployment (SQLite in WAL mode and a
+SQLite-backed Celery broker in ``FLEETSCOPE_DATA_DIR``) that needs no server, so ``fleetscope demo`` runs
+on a laptop with nothing but Python. Production points the URLs at PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else value
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting, with the environment variable that sets it in ``metadata["env"]``."""
+
+    data_dir: Path = field(metadata={"env": "FLEETSCOPE_DATA_DIR", "doc": "where embedded databases, reports and exports live", "default": "./.fleetscope"})
+    database_url: str = field(metadata={"env": "FLEETSCOPE_DATABASE_URL", "doc": "SQLAlchemy URL of the store (PostgreSQL in production: postgresql+psycopg://...)", "default": "sqlite:///$FLEETSCOPE_DATA_DIR/fleetscope.db"})
+    broker_url: str = field(metadata={"env": "FLEETSCOPE_BROKER_URL", "doc": "Celery broker (redis://... in production)", "default": "sqla+sqlite:///$FLEETSCOPE_DATA_DIR/broker.db"})
+    result_backend: str = field(metadata={"env": "FLEETSCOPE_RESULT_BACKEND", "doc": "Celery result backend; defaults to the broker's Redis, else SQLite", "default": "db+sqlite:///$FLEETSCOPE_DATA_DIR/results.db"})
+    api_host: str = field(metadata={"env": "FLEETSCOPE_API_HOST", "doc": "address `fleetscope serve` binds", "default": "127.0.0.1"})
+    api_port: int = field(metadata={"env": "FLEETSCOPE_API_PORT", "doc": "port `fleetscope serve` binds", "default": "8000"})
+    api_url: str = field(metadata={"env": "FLEETSCOPE_API_URL", "doc": "where the agent and CLI reach the API", "default": "http://$FLEETSCOPE_API_HOST:$FLEETSCOPE_API_PORT"})
+    max_body_bytes: int = field(metadata={"env": "FLEETSCOPE_MAX_BODY_BYTES", "doc": "largest request body the API accepts (413 above)", "default": str(256 * 2**20)})
+    auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
+    retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
+    otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
+    otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
+    log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def load() -> Settings:
+    """Read the environment now. Call again after changing ``os.environ`` (tests do)."""
+    data_dir = Path(_env("FLEETSCOPE_DATA_DIR", "./.fleetscope")).expanduser().resolve()
+    database_url = _env("FLEETSCOPE_DATABASE_URL", f"sqlite:///{data_dir / 'fleetscope.db'}")
+    broker_url = _env("FLEETSCOPE_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.db'}")
+    default_backend = broker_url if broker_url.startswith(("redis://", "rediss://")) else f"db+sqlite:///{data_dir / 'results.db'}"
+    host = _env("FLEETSCOPE_API_HOST", "127.0.0.1")
+    port = _int("FLEETSCOPE_API_PORT", 8000)
+    otel = _env("FLEETSCOPE_OTEL_EXPORTER", "none").lower()
+    if otel not in ("none", "console", "otlp"):
+        raise ValueError(f"FLEETSCOPE_OTEL_EXPORTER={otel!r}: expected none, console or otlp")
+    return Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        broker_url=broker_url,
+        result_backend=_env("FLEETSCOPE_RESULT_BACKEND", default_backend),
+        api_host=host,
+        api_port=port,
+        api_url=_env("FLEETSCOPE_API_URL", f"http://{host}:{port}"),
+        max_body_bytes=_int("FLEETSCOPE_MAX_BODY_BYTES", 256 * 2**20),
+        auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
+        retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
+        otel_exporter=otel,
+        otel_endpoint=_env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
+        log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
+    )
+
+
+def table() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) for every setting: the README's configuration table comes from here."""
+    return [(f.metadata["env"], f.metadata["default"], f.metadata["doc"]) for f in fields(Settings)]
