@@ -489,7 +489,8 @@ def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
         out = s.cast(target, strict=False)
     bad = _first_bad(s.is_not_null() & out.is_null()) if s.dtype != pl.Null else None
     if bad is not None:
-        raise ValidationError(f"{s[bad]!r} is not a valid {target}", frame=spec.name, row=bad, field=col.name)
+        want = "UTC timestamp (RFC 3339)" if target == UTC_US else str(target)
+        raise ValidationError(f"{s[bad]!r} is not a valid {want}", frame=spec.name, row=bad, field=col.name)
     if target == pl.Float64:
         bad = _first_bad((out.is_not_null() & ~out.is_finite()).fill_null(False))
         if bad is not None:
@@ -529,3 +530,49 @@ def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
         keep = "last" if spec.on_conflict == "update" else "first"
         frame = frame.unique(subset=list(spec.key), keep=keep, maintain_order=True)
     return frame
+
+
+def _json_type_ok(dtype: pl.DataType, value: Any) -> bool:
+    if dtype == pl.String or dtype == UTC_US:
+        return isinstance(value, str)
+    if dtype == pl.Boolean:
+        return isinstance(value, bool)
+    if dtype == pl.Int64:
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if dtype == pl.Float64:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return False
+
+
+_JSON_TYPE_NAME = {pl.String: "a string", pl.Boolean: "true or false", pl.Int64: "an integer", pl.Float64: "a number"}
+
+
+def from_records(spec: FrameSpec, records: list[Any]) -> pl.DataFrame:
+    """Build a canonical frame from JSON-like records (a list of objects), checking each value's type.
+
+    Raises ``ValidationError`` naming the first bad record (0-based) and field: a record that is not an
+    object, an unknown field, or a value of the wrong JSON type (timestamps are RFC 3339 strings).
+    The result still goes through ``conform`` on write.
+    """
+    columns: dict[str, list[Any]] = {}
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise ValidationError(f"expected an object, got {type(rec).__name__}", frame=spec.name, row=i)
+        for k, v in rec.items():
+            if k not in spec.schema:
+                raise ValidationError(f"unknown field (expected some of {', '.join(spec.names)})", frame=spec.name, row=i, field=str(k)[:100])
+            if v is not None and not _json_type_ok(spec.schema[k], v):
+                want = "an RFC 3339 timestamp string" if spec.schema[k] == UTC_US else _JSON_TYPE_NAME.get(spec.schema[k], str(spec.schema[k]))
+                raise ValidationError(f"{str(v)[:80]!r} is not {want}", frame=spec.name, row=i, field=k)
+            if k not in columns:
+                columns[k] = [None] * i
+            columns[k].append(v)
+        for k, col in columns.items():
+            if len(col) < i + 1:
+                col.append(None)
+    data = {}
+    for k, values in columns.items():
+        dtype = spec.schema[k]
+        src = pl.String if dtype == UTC_US else dtype
+        data[k] = pl.Series(k, [float(v) if src == pl.Float64 and v is not None else v for v in values], dtype=src, strict=False)
+    return pl.DataFrame(data, height=len(records)) if data else pl.DataFrame(height=len(records))

@@ -179,6 +179,20 @@ ingest_log = Table(
     Index(None, "content_sha256"),
 )
 
+task_run = Table(
+    "task_run",
+    metadata,
+    Column("task_run_id", Integer, primary_key=True, autoincrement=True),
+    Column("task", String(200), nullable=False),
+    Column("task_id", String(64), nullable=True),
+    Column("state", String(20), nullable=False, comment="success, failure or retry"),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("runtime_s", Double, nullable=True),
+    Column("detail", Text, nullable=True),
+    Index(None, "task", "at"),
+    comment="Outcome of each Celery task run, so /metrics and the dashboard see the workers' work.",
+)
+
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in F.FRAMES}
 
 # The time column each frame is windowed by, for reads and retention.

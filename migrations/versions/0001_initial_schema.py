@@ -292,6 +292,20 @@ def upgrade() -> None:
     with op.batch_alter_table('step', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_step_job_id_start'), ['job_id', 'start'], unique=False)
 
+    op.create_table('task_run',
+    sa.Column('task_run_id', sa.Integer(), autoincrement=True, nullable=False),
+    sa.Column('task', sa.String(length=200), nullable=False),
+    sa.Column('task_id', sa.String(length=64), nullable=True),
+    sa.Column('state', sa.String(length=20), nullable=False, comment='success, failure or retry'),
+    sa.Column('at', UTCDateTime(), nullable=False),
+    sa.Column('runtime_s', sa.Double(), nullable=True),
+    sa.Column('detail', sa.Text(), nullable=True),
+    sa.PrimaryKeyConstraint('task_run_id', name=op.f('pk_task_run')),
+    comment="Outcome of each Celery task run, so /metrics and the dashboard see the workers' work."
+    )
+    with op.batch_alter_table('task_run', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_task_run_task_at'), ['task', 'at'], unique=False)
+
     op.create_table('metric_sample',
     sa.Column('series_id', sa.Integer(), nullable=False),
     sa.Column('ts', UTCDateTime(), nullable=False),
@@ -312,6 +326,10 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_metric_sample_ts'))
 
     op.drop_table('metric_sample')
+    with op.batch_alter_table('task_run', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_task_run_task_at'))
+
+    op.drop_table('task_run')
     with op.batch_alter_table('step', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_step_job_id_start'))
 

@@ -1,0 +1,157 @@
+"""Application factory, middleware and the service's own endpoints (health, metrics)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from sqlalchemy import func, select, text
+
+from fleetscope import __version__, db, schema
+from fleetscope import settings as settings_mod
+from fleetscope.api.security import require
+from fleetscope.errors import FleetscopeError, ParseError, ValidationError
+from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
+from fleetscope.store import Store
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413 before the endpoint reads them: by Content-Length
+    when it is given, and by counting as the body streams in when it is not (chunked uploads)."""
+
+    def __init__(self, app, limit: int):  # type: ignore[no-untyped-def]
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    return await JSONResponse({"detail": "invalid Content-Length header"}, 400)(scope, receive, send)
+                if too_big:
+                    return await _too_large(self.limit)(scope, receive, send)
+        seen = 0
+
+        async def counted():  # type: ignore[no-untyped-def]
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse({"detail": f"request body over the limit of {limit} bytes (FLEETSCOPE_MAX_BODY_BYTES)"}, 413)
+
+
+class _TaskRunCollector:
+    """Task outcomes recorded by the workers (table task_run), exposed as a counter at scrape time:
+    workers run in other processes, so their in-memory counters are not this process's to read."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        fam = CounterMetricFamily("fleetscope_task_runs", "Celery task runs recorded by workers, by task and state", labels=["task", "state"])
+        t = schema.task_run
+        try:
+            with self.store.engine.connect() as conn:
+                for task, state, n in conn.execute(select(t.c.task, t.c.state, func.count()).group_by(t.c.task, t.c.state)):
+                    fam.add_metric([task, state], n)
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the database blinked
+            pass
+        yield fam
+
+
+def create_app(settings: settings_mod.Settings | None = None, store: Store | None = None) -> FastAPI:
+    settings = settings or settings_mod.load()
+    setup_tracing(settings.otel_exporter, settings.otel_endpoint, "fleetscope-api")
+    if store is None:
+        store = Store(db.make_engine(settings.database_url))
+        db.ensure_schema(settings, store.engine)
+
+    app = FastAPI(
+        title="Fleetscope",
+        version=__version__,
+        description="Observability, ops and governance for GPU training and serving fleets.",
+    )
+    app.state.settings = settings
+    app.state.store = store
+
+    @app.middleware("http")
+    async def timing(request: Request, call_next):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        REQUEST_SECONDS.labels(request.method, getattr(route, "path", "unmatched"), str(response.status_code)).observe(
+            time.perf_counter() - start
+        )
+        return response
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(ValidationError)
+    async def _validation(_request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
+
+    @app.exception_handler(ParseError)
+    async def _parse(_request: Request, exc: ParseError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
+
+    @app.exception_handler(FleetscopeError)
+    async def _other(_request: Request, exc: FleetscopeError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 400)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> JSONResponse:
+        """Liveness and readiness: the database answers and its schema is current. No token needed."""
+        try:
+            with store.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            current = db.current_revision(store.engine)
+            head = db.head_revision(settings.database_url)
+        except Exception as exc:  # noqa: BLE001 - health reports, it does not raise
+            return JSONResponse({"status": "error", "database": str(exc).splitlines()[0]}, 503)
+        ok = current == head
+        return JSONResponse(
+            {"status": "ok" if ok else "degraded", "version": __version__, "database": store.dialect, "schema": current, "schema_head": head},
+            200 if ok else 503,
+        )
+
+    REGISTRY_WITH_TASKS = _registry_with(store)
+
+    @app.get("/metrics", tags=["service"], dependencies=[Depends(require("read"))])
+    def metrics() -> Response:
+        """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
+        return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
+
+    from fleetscope.api import routes_data
+
+    app.include_router(routes_data.router)
+    return app
+
+
+def _registry_with(store: Store):  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_TaskRunCollector(store))
+    return reg

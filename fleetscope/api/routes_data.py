@@ -1,0 +1,91 @@
+"""Generic batch ingest and frame reads: the canonical frames over HTTP as JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Annotated, Any
+
+import polars as pl
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from fleetscope import frames as F
+from fleetscope.api.security import require
+from fleetscope.errors import ValidationError
+from fleetscope.store import content_hash
+
+router = APIRouter(prefix="/api/v1", tags=["data"])
+
+MAX_READ_ROWS = 100_000
+
+
+def _decode_json(body: bytes) -> Any:
+    if not body:
+        raise HTTPException(400, "empty body: expected a JSON object")
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"body is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise HTTPException(400, f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise HTTPException(400, "JSON nested too deeply") from None
+
+
+@router.post("/batches", dependencies=[Depends(require("ingest"))])
+async def post_batch(request: Request) -> JSONResponse:
+    """Write one Batch given as ``{"source": "...", "frames": {"gpu_sample": [{...}, ...], ...}}``.
+
+    All frames are written in one transaction, or none: a bad record anywhere gets 422 naming the frame,
+    the record (0-based) and the field. Records whose natural key is already stored are skipped, so a
+    re-sent batch writes nothing new.
+    """
+    body = await request.body()
+    doc = _decode_json(body)
+    if not isinstance(doc, dict) or not isinstance(doc.get("frames"), dict):
+        raise HTTPException(400, 'expected {"source": "...", "frames": {"<frame>": [records]}}')
+    source = doc.get("source", "api")
+    if not isinstance(source, str) or len(source) > 2000:
+        raise HTTPException(400, "source must be a string of at most 2000 characters")
+    batch = F.Batch(source=source or "api")
+    for name, records in doc["frames"].items():
+        if name not in F.FRAMES:
+            raise HTTPException(400, f"unknown frame {str(name)[:100]!r}: expected some of {', '.join(F.FRAMES)}")
+        if not isinstance(records, list):
+            raise HTTPException(400, f"frames.{name} must be a list of records")
+        setattr(batch, name, F.from_records(F.FRAMES[name], records))
+    store = request.app.state.store
+    result = await run_in_threadpool(store.write, batch, content_sha256=content_hash(body))
+    return JSONResponse(result.to_dict())
+
+
+@router.get("/frames/{frame}", dependencies=[Depends(require("read"))])
+def get_frame(
+    request: Request,
+    frame: str,
+    start: Annotated[dt.datetime | None, Query(description="inclusive lower bound of the frame's time column (RFC 3339)")] = None,
+    end: Annotated[dt.datetime | None, Query(description="exclusive upper bound")] = None,
+    job_id: Annotated[list[str] | None, Query()] = None,
+    host: Annotated[list[str] | None, Query()] = None,
+    gpu_uuid: Annotated[list[str] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_READ_ROWS)] = 10_000,
+) -> Response:
+    """Rows of one canonical frame as a JSON array, oldest first, at most ``limit`` rows."""
+    if frame not in F.FRAMES:
+        raise HTTPException(404, f"unknown frame {frame[:100]!r}: expected one of {', '.join(F.FRAMES)}")
+    spec = F.FRAMES[frame]
+    for name, value in (("job_id", job_id), ("host", host), ("gpu_uuid", gpu_uuid)):
+        if value is not None and name not in spec.schema and not (frame == "gpu_sample" and name == "job_id"):
+            raise HTTPException(400, f"{frame} cannot be filtered by {name}")
+    if start and end and end <= start:
+        raise HTTPException(400, "end must be after start")
+    df: pl.DataFrame = request.app.state.store.read(frame, start=start, end=end, job_id=job_id, host=host, gpu_uuid=gpu_uuid, limit=limit)
+    return Response(df.write_json(), media_type="application/json", headers={"X-Row-Count": str(df.height)})
+
+
+@router.get("/counts", dependencies=[Depends(require("read"))])
+def get_counts(request: Request) -> dict[str, int]:
+    """Rows held per canonical table."""
+    return request.app.state.store.counts()

@@ -1,0 +1,31 @@
+"""Bearer-token authentication with scopes, as a FastAPI dependency."""
+
+from __future__ import annotations
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from fleetscope import auth
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def require(scope: str):  # type: ignore[no-untyped-def]
+    """A dependency that admits a request only with a valid token holding ``scope`` (or ``admin``).
+
+    401 when the token is missing or unknown (with ``WWW-Authenticate: Bearer`` as RFC 6750 asks),
+    403 when it is valid but lacks the scope. It runs before the body is read, so a refused request
+    changes nothing.
+    """
+
+    def check(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> auth.Token:
+        if creds is None or creds.scheme.lower() != "bearer":
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        token = auth.verify(request.app.state.store.engine, creds.credentials)
+        if token is None:
+            raise HTTPException(401, "invalid, expired or revoked token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        if not token.allows(scope):
+            raise HTTPException(403, f"token {token.name!r} lacks the {scope!r} scope", headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{scope}"'})
+        return token
+
+    return check

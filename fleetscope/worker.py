@@ -1,0 +1,135 @@
+"""Celery: the worker runs scheduled and on-demand work; beat schedules it.
+
+Broker: Redis in production (``FLEETSCOPE_BROKER_URL=redis://...``); the embedded default is kombu's
+SQLAlchemy transport over a SQLite file in the data directory, which needs no server and survives
+restarts, so ``fleetscope demo`` runs a real worker on a laptop with nothing installed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import socket
+import time
+from typing import Any
+
+from celery import Celery, signals
+from celery.schedules import crontab
+from sqlalchemy import delete, text
+
+from fleetscope import db, schema
+from fleetscope import settings as settings_mod
+from fleetscope.observability import TASKS, setup_tracing, tracer
+from fleetscope.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
+    settings = settings or settings_mod.load()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker"])
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        timezone="UTC",
+        enable_utc=True,
+        # A task is acknowledged after it ran, so a worker killed mid-task hands it to the next one.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        result_expires=3600,
+        broker_connection_retry_on_startup=True,
+        beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),
+        beat_schedule={
+            "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
+        },
+    )
+    if settings.broker_url.startswith("sqla+"):
+        # kombu hands these to create_engine: wait for SQLite's write lock instead of failing a publish
+        # while a worker holds it.
+        app.conf.broker_transport_options = {"connect_args": {"timeout": 30}}
+    app.conf.fleetscope_settings = settings
+    return app
+
+
+celery_app = make_celery()
+_store: Store | None = None
+
+
+def store() -> Store:
+    """The worker process's store, opened once (after fork) and migrated if the settings allow."""
+    global _store
+    if _store is None:
+        settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+        _store = Store(db.make_engine(settings.database_url))
+        db.ensure_schema(settings, _store.engine)
+    return _store
+
+
+@signals.worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    global _store
+    _store = None  # never share a connection pool across fork
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    setup_tracing(settings.otel_exporter, settings.otel_endpoint, "fleetscope-worker")
+
+
+_started: dict[str, float] = {}
+
+
+@signals.task_prerun.connect
+def _prerun(task_id: str = "", **_: Any) -> None:
+    _started[task_id] = time.perf_counter()
+
+
+@signals.task_postrun.connect
+def _postrun(task_id: str = "", task: Any = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
+    runtime = time.perf_counter() - _started.pop(task_id, time.perf_counter())
+    name = getattr(task, "name", "?")
+    outcome = (state or "unknown").lower()
+    TASKS.labels(name, outcome).inc()
+    try:
+        with store().engine.begin() as conn:
+            conn.execute(
+                schema.task_run.insert().values(
+                    task=name, task_id=task_id, state=outcome, at=dt.datetime.now(dt.UTC), runtime_s=runtime,
+                    detail=None if outcome == "success" else str(retval)[:2000],
+                )
+            )
+    except Exception:  # noqa: BLE001 - bookkeeping must never fail the task it records
+        log.exception("could not record task run %s", task_id)
+
+
+@celery_app.task(name="fleetscope.ping")
+def ping() -> dict[str, Any]:
+    """Proves the path broker → worker → database → result backend end to end."""
+    with tracer().start_as_current_span("task.ping"):
+        with store().engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return {"pong": True, "hostname": socket.gethostname(), "database": store().dialect}
+
+
+@celery_app.task(name="fleetscope.counts")
+def counts() -> dict[str, int]:
+    with tracer().start_as_current_span("task.counts"):
+        return store().counts()
+
+
+@celery_app.task(name="fleetscope.retention")
+def retention(now_iso: str | None = None) -> dict[str, int]:
+    """Delete raw telemetry older than ``FLEETSCOPE_RETENTION_DAYS``. Findings, inventory and governance
+    records are kept: they are the evidence audits read."""
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
+    cutoff = now - dt.timedelta(days=settings.retention_days)
+    deleted: dict[str, int] = {}
+    with tracer().start_as_current_span("task.retention"):
+        st = store()
+        with st.engine.begin() as conn:
+            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step"):
+                table = schema.metadata.tables[name]
+                col = table.c[schema.TIME_COLUMN[name]]
+                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+    return deleted
