@@ -97,6 +97,8 @@ def parse(data: bytes, *, source: str = "") -> Batch:
         if "job" in obj:
             _merge_job(jobs, job_id, obj["job"], f)
         if kind == "job":
+            if "job" not in obj:
+                raise ParseError("a kind 'job' line needs a job object", source=source, line=lineno, field="job")
             meta["job_lines"] += 1
             continue
         if kind == "step" and step is None:
@@ -120,9 +122,10 @@ def parse(data: bytes, *, source: str = "") -> Batch:
             else:
                 steps.setdefault((job_id, rank_key, step, srow["start"]), srow)
 
+    event_rows = [e for e, _ in events.values()]
     return Batch(
         source=source,
-        job_event=pl.DataFrame([e for e, _ in events.values()], schema=JOB_EVENT.schema) if events else JOB_EVENT.empty(),
+        job_event=pl.DataFrame(event_rows, schema=JOB_EVENT.schema) if event_rows else JOB_EVENT.empty(),
         step=pl.DataFrame(list(steps.values()), schema=STEP.schema) if steps else None,
         job=pl.DataFrame([{"job_id": j, **v} for j, v in jobs.items()], schema=JOB.schema) if jobs else None,
         meta=meta,

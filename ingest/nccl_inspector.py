@@ -221,7 +221,8 @@ def _start(perf: dict[str, Any], p: str, source: str, line: int) -> datetime | N
     starts = []
     for i, k in enumerate(trace.get("kernel_events") or []):
         if isinstance(k, dict) and k.get("kernel_start_ts"):
-            starts.append(_uint(k["kernel_start_ts"], source, line, f"event_trace_ts.kernel_events[{i}].kernel_start_ts"))
+            field = f"event_trace_ts.kernel_events[{i}].kernel_start_ts"
+            starts.append(_uint(k["kernel_start_ts"], source, line, field))
     if not starts and trace.get(f"{p}_start_ts"):
         starts.append(_uint(trace[f"{p}_start_ts"], source, line, f"event_trace_ts.{p}_start_ts"))
     if not starts:
@@ -317,7 +318,8 @@ def parse_prometheus(
         if m.group("ts") is not None:
             ms = int(m.group("ts"))
             if not 0 <= ms <= 4102444800_000:
-                raise ParseError(f"sample timestamp {ms} ms out of range", source=source, line=lineno, field="timestamp")
+                raise ParseError(f"sample timestamp {ms} ms out of range", source=source, line=lineno,
+                                 field="timestamp")
             when = datetime.fromtimestamp(ms // 1000, tz=timezone.utc).replace(microsecond=(ms % 1000) * 1000)
         elif ts_utc is not None:
             when = ts_utc

@@ -152,7 +152,8 @@ def parse(
             topo["rings"][int(m.group("ch"))] = [int(r) for r in m.group("ranks").split()]
         elif m := _TREES.match(msg):
             for ch, d0, d1, d2, r, up in _TREE.findall(m.group(1)):
-                topo["trees"][int(ch)] = {"rank": int(r), "up": int(up), "down": [int(d) for d in (d0, d1, d2) if d != "-1"]}
+                children = [int(d) for d in (d0, d1, d2) if d != "-1"]
+                topo["trees"][int(ch)] = {"rank": int(r), "up": int(up), "down": children}
         elif m := _CONN.match(msg):
             via = m.group("via")
             conn = {"channel": int(m.group("ch")), "from_rank": int(m.group("src")), "from_bus": m.group("srcbus"),

@@ -222,7 +222,8 @@ def _parse_json(text: str, *, source: str, op: str | None, ts: datetime | None) 
             raise ParseError("device entry must be an object", source=source, field=f"config.devices[{i}]")
         devices.append({
             "rank": _int(d.get("rank"), source=source, line=None, field=f"config.devices[{i}].rank"),
-            "group": d.get("group"), "pid": d.get("pid"), "host": _str(d.get("hostname"), source, f"config.devices[{i}].hostname"),
+            "group": d.get("group"), "pid": d.get("pid"),
+            "host": _str(d.get("hostname"), source, f"config.devices[{i}].hostname"),
             "device": d.get("device"), "bus_id": d.get("device_hex"), "device_name": d.get("device_info"),
         })
     rows: list[dict[str, Any]] = []
@@ -263,7 +264,8 @@ def _parse_json(text: str, *, source: str, op: str | None, ts: datetime | None) 
     meta: dict[str, Any] = {"skipped_lines": 0}
     abw = doc.get("average_bus_bandwidth")
     if isinstance(abw, dict) and "bandwidth" in abw:
-        meta["avg_busbw_gbps"] = _num(abw["bandwidth"], source=source, line=None, field="average_bus_bandwidth.bandwidth")
+        meta["avg_busbw_gbps"] = _num(abw["bandwidth"], source=source, line=None,
+                                      field="average_bus_bandwidth.bandwidth")
     if isinstance(doc.get("out_of_bounds"), dict):
         meta["out_of_bounds"] = doc["out_of_bounds"]
     for k in ("nccl_version", "start_time", "end_time", "version"):

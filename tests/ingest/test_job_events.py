@@ -133,6 +133,7 @@ def _ok(**over) -> dict:
         (_jsonl(_ok(job={"world_size": 0})), 1, "job.world_size"),
         (_jsonl(_ok(job={"kind": "batch"})), 1, "job.kind"),
         (_jsonl(_ok(job="llama")), 1, "job"),
+        (_jsonl({"job_id": "j", "ts": 1, "kind": "job"}), 1, "job"),
     ],
 )
 def test_bad_input(data, line, field):
