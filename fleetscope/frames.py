@@ -164,13 +164,16 @@ COLLECTIVE = FrameSpec(
         _k("rank", pl.Int64),
         _k("comm_id", pl.String),
         _k("seq", pl.Int64, doc="per-communicator sequence number (NCCL opCount)"),
-        _r("op", pl.String),
+        # op and peer are in the key: NCCL numbers p2p operations apart from collectives, and grouped
+        # Send/Recv calls share one opCount.
+        _k("op", pl.String),
+        _k("peer", pl.Int64, default=-1, doc="peer rank of a Send/Recv; -1 for a collective"),
         _f("bytes", pl.Int64),
         _f("nranks", pl.Int64),
         _f("start", UTC_US),
         _f("duration_s"),
-        _f("algbw_gbps"),
-        _f("busbw_gbps"),
+        _f("algbw_gbps", doc="algorithm bandwidth in GB/s (1e9 bytes/s, as NCCL and nccl-tests report)"),
+        _f("busbw_gbps", doc="bus bandwidth in GB/s (1e9 bytes/s): algbw scaled by the collective's factor"),
         _f("algo", pl.String),
         _f("proto", pl.String),
         _f("dtype", pl.String),
@@ -267,8 +270,8 @@ NCCL_TEST = FrameSpec(
         _f("redop", pl.String),
         _f("root", pl.Int64),
         _f("time_s"),
-        _f("algbw_gbps"),
-        _f("busbw_gbps"),
+        _f("algbw_gbps", doc="GB/s (1e9 bytes/s)"),
+        _f("busbw_gbps", doc="GB/s (1e9 bytes/s)"),
         _f("wrong", pl.Int64),
         _f("hosts", pl.String, doc="comma-separated hosts of the run"),
     ),
@@ -491,6 +494,11 @@ def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
     if bad is not None:
         want = "UTC timestamp (RFC 3339)" if target == UTC_US else str(target)
         raise ValidationError(f"{s[bad]!r} is not a valid {want}", frame=spec.name, row=bad, field=col.name)
+    if target == pl.String and out.dtype == pl.String:
+        # Neither database stores NUL in text (PostgreSQL refuses it mid-COPY); refuse it up front.
+        bad = _first_bad(out.str.contains("\x00", literal=True).fill_null(False))
+        if bad is not None:
+            raise ValidationError("text contains a NUL character", frame=spec.name, row=bad, field=col.name)
     if target == pl.Float64:
         bad = _first_bad((out.is_not_null() & ~out.is_finite()).fill_null(False))
         if bad is not None:

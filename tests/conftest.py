@@ -1,0 +1,101 @@
+"""Shared fixtures: databases (SQLite always; PostgreSQL and Redis when reachable) and paths.
+
+The PostgreSQL and Redis tests skip with the reason when their server is not reachable, unless
+FLEETSCOPE_REQUIRE_SERVICES=1 (CI sets it), where an unreachable server fails the run instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from fleetscope import db, schema
+from fleetscope.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+REALDATA = ROOT.parent / "shared" / "realdata"
+REQUIRE_SERVICES = os.environ.get("FLEETSCOPE_REQUIRE_SERVICES") == "1"
+PG_ADMIN_URL = os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("FLEETSCOPE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    msg = f"{what} not reachable ({str(exc).splitlines()[0][:200]})"
+    if REQUIRE_SERVICES:
+        pytest.fail(msg + " and FLEETSCOPE_REQUIRE_SERVICES=1")
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    try:
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc)
+    name = f"fleetscope_test_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_migrated(pg_url: str) -> str:
+    db.upgrade(pg_url)
+    return pg_url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"Redis at {REDIS_URL}", exc)
+    return REDIS_URL
+
+
+def _truncate_all(store: Store) -> None:
+    names = ", ".join(f'"{t.name}"' for t in schema.metadata.sorted_tables)
+    with store.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database: a new SQLite file, or the session's PostgreSQL database emptied."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+        db.upgrade(url)
+        return url
+    url = request.getfixturevalue("pg_migrated")
+    st = Store.open(url)
+    _truncate_all(st)
+    st.engine.dispose()
+    return url
+
+
+@pytest.fixture
+def store(db_url: str) -> Store:
+    st = Store.open(db_url)
+    yield st
+    st.engine.dispose()
+
+
+@pytest.fixture
+def realdata() -> Path:
+    if not REALDATA.is_dir():
+        pytest.skip(f"shared real data not found at {REALDATA}")
+    return REALDATA

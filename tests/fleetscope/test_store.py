@@ -1,0 +1,183 @@
+"""The store on SQLite and on PostgreSQL: atomic, idempotent writes and typed reads."""
+
+import datetime as dt
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from fleetscope import frames as F
+from fleetscope.errors import ValidationError
+from fleetscope.store import Store
+
+T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+S = dt.timedelta(seconds=1)
+
+
+def inventory() -> F.Batch:
+    return F.Batch(
+        source="test",
+        site=pl.DataFrame({"site_id": ["eu-1"], "country": ["FRA"], "declared_pue": [1.2]}),
+        host=pl.DataFrame({"host": ["n1", "n2"], "site_id": ["eu-1", "eu-1"], "rack": ["r1", None]}),
+        gpu=pl.DataFrame({"gpu_uuid": ["g0", "g1", "g2"], "host": ["n1", "n1", "n2"], "gpu_index": [0, 1, 0]}),
+        job_rank=pl.DataFrame(
+            {
+                "job_id": ["j1", "j1", "j2"],
+                "rank": [0, 1, 0],
+                "start": [T0, T0, T0 + 2 * S],
+                # j1 rank 1 moved off g1 after 2 s; j2 took g1 from then on.
+                "end": [None, T0 + 2 * S, None],
+                "gpu_uuid": ["g0", "g1", "g1"],
+            }
+        ),
+    )
+
+
+def samples(n_seconds: int = 4) -> pl.DataFrame:
+    rows = []
+    for s in range(n_seconds):
+        for i, g in enumerate(["g0", "g1", "g2"]):
+            rows.append({"ts": T0 + s * S, "gpu_uuid": g, "power_w": 100.0 * (i + 1) + s, "energy_j": 1e6 + s * 100.0,
+                         "fb_used_bytes": (i + 1) * 2**30, "xid_last": 0 if s < 3 else 79})
+    return pl.DataFrame(rows)
+
+
+def test_round_trip_keeps_values_and_dtypes(store: Store):
+    store.write(inventory())
+    store.write(F.Batch(source="t", gpu_sample=samples()))
+    got = store.read("gpu_sample", columns=["ts", "gpu_uuid", "power_w", "energy_j", "fb_used_bytes", "xid_last"])
+    want = F.conform(F.GPU_SAMPLE, samples()).select(got.columns).sort("ts", "gpu_uuid")
+    assert_frame_equal(got, want)
+    assert got.schema["ts"] == F.UTC_US
+    assert got.schema["fb_used_bytes"] == pl.Int64
+
+
+def test_writing_twice_keeps_one_copy(store: Store):
+    batch = inventory().merge(F.Batch(gpu_sample=samples()))
+    first = store.write(batch)
+    second = store.write(batch)
+    assert first.written["gpu_sample"] == 12
+    assert second.written["gpu_sample"] == 0
+    counts = store.counts()
+    assert counts["gpu_sample"] == 12 and counts["gpu"] == 3 and counts["job_rank"] == 3
+
+
+def test_update_frames_merge_without_erasing_known_values(store: Store):
+    store.write(inventory())
+    store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g0"], "model_name": ["NVIDIA H200"]})))
+    gpu = store.read("gpu").filter(pl.col("gpu_uuid") == "g0")
+    assert gpu["model_name"][0] == "NVIDIA H200"
+    assert gpu["host"][0] == "n1"  # the second source did not know the host; it stays
+
+
+def test_bad_row_rejects_the_whole_batch_and_changes_nothing(store: Store):
+    store.write(inventory())
+    before = store.counts()
+    bad = F.Batch(
+        source="bad",
+        gpu_sample=samples(),
+        health_event=pl.DataFrame({"ts": [T0, T0], "gpu_uuid": ["g0", "g1"], "kind": ["xid", None], "code": [79, 48]}),
+    )
+    with pytest.raises(ValidationError) as err:
+        store.write(bad)
+    assert (err.value.frame, err.value.row, err.value.field) == ("health_event", 1, "kind")
+    assert store.counts() == before
+
+
+def test_failure_inside_the_transaction_rolls_back_every_frame(store: Store, monkeypatch: pytest.MonkeyPatch):
+    real = Store._write_frame
+
+    def fail_on_health(self, conn, spec, df):
+        if spec.name == "health_event":
+            raise RuntimeError("disk full")
+        return real(self, conn, spec, df)
+
+    monkeypatch.setattr(Store, "_write_frame", fail_on_health)
+    batch = inventory().merge(F.Batch(gpu_sample=samples(), health_event=pl.DataFrame({"ts": [T0], "gpu_uuid": ["g0"], "kind": ["xid"], "code": [79]})))
+    with pytest.raises(RuntimeError, match="disk full"):
+        store.write(batch)
+    monkeypatch.undo()
+    assert all(n == 0 for n in store.counts().values())
+
+
+def test_time_window_and_gpu_filters(store: Store):
+    store.write(F.Batch(gpu_sample=samples()))
+    got = store.read("gpu_sample", start=T0 + S, end=T0 + 3 * S, gpu_uuid=["g0", "g2"], columns=["ts", "gpu_uuid", "power_w"])
+    assert got.height == 4
+    assert got["ts"].min() == T0 + S and got["ts"].max() == T0 + 2 * S
+    assert set(got["gpu_uuid"]) == {"g0", "g2"}
+
+
+def test_gpu_samples_of_a_job_follow_its_rank_assignments(store: Store):
+    store.write(inventory().merge(F.Batch(gpu_sample=samples())))
+    j1 = store.read("gpu_sample", job_id="j1", columns=["ts", "gpu_uuid", "power_w"])
+    # rank 0 on g0 for all 4 s, rank 1 on g1 for the first 2 s only
+    assert j1.height == 6
+    assert j1.filter(pl.col("rank") == 1)["ts"].to_list() == [T0, T0 + S]
+    j2 = store.read("gpu_sample", job_id="j2", columns=["ts", "gpu_uuid"])
+    assert j2["ts"].to_list() == [T0 + 2 * S, T0 + 3 * S]
+    assert set(j2["gpu_uuid"]) == {"g1"}
+
+
+def test_metric_series_round_trip_with_hostile_labels(store: Store):
+    key_a = F.series_key("facility_power_w", {"site": "eu-1", "meter": 'main "A", north\nwing'})
+    key_b = F.series_key("facility_power_w", {"site": "eu-2"})
+    df = pl.DataFrame({"ts": [T0, T0, T0 + S], "series": [key_a, key_b, key_a], "value": [1.5e6, 2.5e6, 1.6e6]})
+    store.write(F.Batch(metric_sample=df))
+    store.write(F.Batch(metric_sample=df))
+    got = store.read("metric_sample")
+    assert got.height == 3
+    assert got.filter(pl.col("series") == key_a)["value"].to_list() == [1.5e6, 1.6e6]
+
+
+def test_text_survives_quotes_commas_newlines_unicode_and_empty_strings(store: Store):
+    msgs = ['a "quoted", comma', "line1\nline2\r\n", "ünïcødé ✓ 日本", "", "back\\slash", "tab\there", "'; DROP TABLE gpu; --"]
+    df = pl.DataFrame({"ts": [T0 + i * S for i in range(len(msgs))], "kind": ["nccl_warn"] * len(msgs), "message": msgs, "host": ["h"] * len(msgs)})
+    store.write(F.Batch(health_event=df))
+    got = store.read("health_event")
+    assert got["message"].to_list() == msgs
+    assert got["gpu_uuid"].to_list() == [""] * len(msgs)  # empty string, not NULL
+    assert store.counts()["gpu"] == 0
+
+
+def test_filter_values_are_literals_not_sql(store: Store):
+    store.write(inventory().merge(F.Batch(gpu_sample=samples())))
+    assert store.read("gpu_sample", gpu_uuid="g0' OR '1'='1").height == 0
+    assert store.read("gpu_sample", job_id=["j1'; DELETE FROM gpu_sample; --"]).height == 0
+    assert store.counts()["gpu_sample"] == 12
+
+
+def test_empty_reads_have_canonical_schema(store: Store):
+    got = store.read("finding")
+    assert got.height == 0
+    assert got.schema == pl.Schema(F.FINDING.schema)
+
+
+def test_nccl_test_booleans_and_findings_upsert(store: Store):
+    nt = pl.DataFrame({"run_id": ["r", "r"], "op": ["all_reduce"] * 2, "size_bytes": [8, 8], "in_place": [False, True], "busbw_gbps": [1.25, 1.5]})
+    store.write(F.Batch(nccl_test=nt))
+    got = store.read("nccl_test").sort("in_place")
+    assert got["in_place"].to_list() == [False, True]
+    assert got["busbw_gbps"].to_list() == [1.25, 1.5]
+    finding = {"analyzer": "straggler", "kind": "straggler", "subject": "job:j1/rank:3", "window_start": T0, "severity": "warning", "score": 2.0}
+    store.write(F.Batch(finding=pl.DataFrame([finding])))
+    store.write(F.Batch(finding=pl.DataFrame([{**finding, "severity": "critical", "score": 5.0}])))
+    f = store.read("finding")
+    assert f.height == 1 and f["severity"][0] == "critical" and f["score"][0] == 5.0
+
+
+def test_large_batch_round_trip(store: Store):
+    n = 20_000
+    df = pl.DataFrame({"ts": [T0 + dt.timedelta(milliseconds=i) for i in range(n)], "gpu_uuid": [f"g{i % 7}" for i in range(n)], "power_w": [float(i) for i in range(n)]})
+    res = store.write(F.Batch(gpu_sample=df))
+    assert res.written["gpu_sample"] == n and res.values == n
+    assert store.read("gpu_sample", columns=["power_w"])["power_w"].sum() == sum(range(n))
+
+
+def test_unknown_frame_and_column_are_refused(store: Store):
+    with pytest.raises(ValueError, match="unknown frame"):
+        store.read("gpus")
+    with pytest.raises(ValueError, match="no column"):
+        store.read("gpu_sample", columns=["watts"])
+    with pytest.raises(ValueError, match="cannot be filtered by job_id"):
+        store.read("health_event", job_id="j1")
