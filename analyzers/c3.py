@@ -245,6 +245,16 @@ def collective_wait(collective: pl.DataFrame) -> pl.DataFrame:
     ).with_columns((pl.col("duration_s") - pl.col("transfer_s")).alias("wait_s"))
 
 
+# Dyadic grid for C³ components: multiples of 2^-32 s (0.23 ns, far below the profiler's 1 µs / 1 ns
+# resolution). Float64 adds and subtracts such numbers exactly while they stay below 2^21 s (24 days),
+# which is what lets C1 + C2 + C3 == step time hold exactly rather than to within rounding.
+_GRID = float(2**32)
+
+
+def _on_grid(expr: pl.Expr) -> pl.Expr:
+    return (expr * _GRID).round(0) / _GRID
+
+
 def c3_breakdown(step: pl.DataFrame, collective: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per rank and step: C1 compute, C2 exposed transfer, C3 coordination, with C1 + C2 + C3 = step_s.
 
@@ -261,12 +271,14 @@ def c3_breakdown(step: pl.DataFrame, collective: pl.DataFrame | None = None) -> 
     Returns ``job_id, rank, step, start, step_s, c1_compute_s, c2_comm_s, c3_coord_s, overlap_s,
     exposed_comm_s, wait_ratio, f_compute``.
     """
-    st = step.with_columns(((pl.col("end") - pl.col("start")).dt.total_microseconds() / 1e6).alias("step_s"))
+    st = step.with_columns(_on_grid((pl.col("end") - pl.col("start")).dt.total_microseconds() / 1e6).alias("step_s"))
     if collective is not None and collective.height:
-        cw = collective_wait(collective).select("job_id", "rank", "start", "duration_s", "wait_s").sort("start")
-        spans = st.select("job_id", "rank", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end")).sort("s_start")
-        tagged = cw.join_asof(spans, left_on="start", right_on="s_start", by=["job_id", "rank"], strategy="backward")
-        tagged = tagged.filter(pl.col("start") < pl.col("s_end"))
+        cw = collective_wait(collective).select("job_id", "rank", "start", "duration_s", "wait_s")
+        spans = st.select("job_id", "rank", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end"))
+        # a rank has few steps in a window, so an equi-join on (job, rank) then a range filter stays small
+        tagged = cw.join(spans, on=["job_id", "rank"]).filter(
+            (pl.col("start") >= pl.col("s_start")) & (pl.col("start") < pl.col("s_end"))
+        )
         per = tagged.group_by("job_id", "rank", "step").agg(
             (pl.col("wait_s").sum() / pl.col("duration_s").sum()).alias("wait_ratio")
         )
@@ -276,12 +288,13 @@ def c3_breakdown(step: pl.DataFrame, collective: pl.DataFrame | None = None) -> 
     exposed = (pl.col("comm_s") - pl.col("comm_overlap_s")).clip(lower_bound=0.0)
     wr = pl.col("wait_ratio").fill_nan(0.0).fill_null(0.0).clip(0.0, 1.0)
     out = st.with_columns(exposed.alias("exposed_comm_s"), wr.alias("wait_ratio")).with_columns(
-        pl.col("compute_s").alias("c1_compute_s"),
-        (pl.col("exposed_comm_s") * (1 - pl.col("wait_ratio"))).alias("c2_comm_s"),
+        _on_grid(pl.col("compute_s")).alias("c1_compute_s"),
+        _on_grid(pl.col("exposed_comm_s") * (1 - pl.col("wait_ratio"))).alias("c2_comm_s"),
         pl.col("comm_overlap_s").alias("overlap_s"),
     )
-    # C3 as the remainder makes C1 + C2 + C3 == step_s hold to the last bit; it equals
-    # idle_s + exposed wait whenever the step frame's own identity holds.
+    # C3 is the remainder, so it equals idle_s + exposed wait whenever the step frame's own identity holds
+    # and absorbs its rounding residue otherwise. With step, C1 and C2 on the 2^-32 s grid, the remainder
+    # is on it too and C1 + C2 + C3 == step_s holds bit for bit, in any order of addition.
     out = out.with_columns((pl.col("step_s") - pl.col("c1_compute_s") - pl.col("c2_comm_s")).alias("c3_coord_s"))
     out = out.with_columns(
         pl.when(pl.col("step_s") > 0).then(pl.col("c1_compute_s") / pl.col("step_s")).alias("f_compute")
