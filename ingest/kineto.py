@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from fleetscope.errors import ParseError
@@ -380,8 +381,6 @@ def _collectives(
 
 def _union_s(starts, ends) -> float:
     """Length (in the input unit) of the union of intervals [starts[i], ends[i])."""
-    import numpy as np  # numpy ships with polars' dependency set here; imported lazily to keep import light
-
     if len(starts) == 0:
         return 0.0
     order = np.argsort(starts, kind="stable")
@@ -397,8 +396,6 @@ def _union_s(starts, ends) -> float:
 
 
 def _step_rows(t: KinetoTrace, job_id: str) -> pl.DataFrame:
-    import numpy as np
-
     # the host-side span (user_annotation); the GPU-annotation copy newer PyTorch writes is a device view
     host = (
         t.profiler_steps.filter(~pl.col("device_side") & (pl.col("cat") != "gpu_user_annotation"))
