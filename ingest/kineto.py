@@ -1,0 +1,537 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON → canonical ``step`` and ``collective`` frames.
+
+Input is what ``torch.profiler`` writes with ``export_chrome_trace`` / ``tensorboard_trace_handler``:
+a JSON object (optionally gzip-compressed, detected by its magic bytes) with ``traceEvents`` in the
+Chrome Trace Event Format (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU),
+plus Kineto's top-level metadata: ``distributedInfo`` (rank, world_size, pg_config), ``baseTimeNanoseconds``
+(present since PyTorch 2.3, when ``ts`` became relative), ``deviceProperties``.
+
+What comes out:
+
+- one ``step`` row per ``ProfilerStep#N`` span on the host timeline, with the device-side breakdown inside
+  that window (DESIGN.md, "The C³ model"): ``compute_s`` = union of non-communication GPU work (compute
+  kernels, memcpy, memset), ``comm_s`` = union of NCCL kernels, ``comm_overlap_s`` = their intersection,
+  ``idle_s`` = window − (compute ∪ comm). The window is the host span, so a device interval is sliced by
+  when it runs: in steady state the GPU lags the host by about the same amount every step, so each window
+  still holds one step's worth of device time and ``compute_s + comm_s − comm_overlap_s + idle_s`` equals
+  the window length exactly.
+- one ``collective`` row per NCCL kernel (``ncclKernel_*`` before NCCL 2.19, ``ncclDevKernel_*`` after) with
+  op, message bytes, group size and process group taken from the kernel's own args (PyTorch ≥ 2.2 copies
+  ``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Name``
+  onto it), else from the ``record_param_comms`` CPU op with the same ``External id``, else from the kernel name.
+
+:func:`load` also returns the device timeline (every event with a CUDA stream) and the profiler-step spans
+as frames, for analyses that need kernel-level detail (``analyzers.c3.hta_temporal_breakdown``).
+
+The module is pure: bytes in, frames out. It raises :class:`fleetscope.errors.ParseError` naming the source
+and the event (``traceEvents[i].field``) for anything it cannot read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from fleetscope.errors import ParseError
+from fleetscope.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
+
+try:  # orjson decodes Kineto JSON ~2-3x faster than the stdlib; optional.
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+__all__ = ["KinetoTrace", "load", "parse", "parse_many", "DTYPE_BYTES"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+# HTA's communication-kernel rule (hta/utils/utils.py NCCL_KERNEL_RE): matches both ncclKernel_* and
+# ncclDevKernel_*. Kept identical so our comm time and HTA's agree on the same trace.
+_NCCL_KERNEL = re.compile(r"^nccl.*Kernel")
+_PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+# Device-side categories whose time occupies the GPU (Kineto ActivityType names as written in "cat").
+_DEVICE_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# Bounds on timestamps and durations (microseconds). Anything beyond is corrupt input, not a long run:
+# 1e17 us is ~3,000 years after 1970; a single event over 30 days is not a profiler trace.
+_MAX_TS_US = 1e17
+_MAX_DUR_US = 30 * 86400 * 1e6
+# ts values above this are epoch microseconds (2001-09-09 and later); below, relative to an unknown origin.
+_EPOCH_US_FLOOR = 1e15
+
+# Element sizes for the dtype strings PyTorch writes into record_param_comms args (c10 ScalarType names).
+DTYPE_BYTES: dict[str, int] = {
+    "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1, "UInt8": 1, "Int8": 1, "QInt8": 1, "QUInt8": 1,
+    "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2, "ComplexHalf": 4,
+    "Int": 4, "Float": 4, "UInt32": 4, "QInt32": 4,
+    "Long": 8, "Double": 8, "UInt64": 8, "ComplexFloat": 8, "ComplexDouble": 16,
+}
+
+# Kineto "Collective name" values and NCCL kernel-name ops → one canonical op name (nccl-tests style).
+_OP_ALIASES: dict[str, str] = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "all_to_all": "all_to_all",
+    "alltoall_base": "all_to_all", "all_to_allv": "all_to_all", "gather": "gather", "scatter": "scatter",
+    "send": "send", "recv": "recv", "sendrecv": "send_recv", "barrier": "barrier",
+}
+
+
+@dataclass(frozen=True)
+class KinetoTrace:
+    """One rank's trace, decoded.
+
+    ``device_events``: every event HTA treats as device-side (its ``stream`` arg is an int ≠ −1), columns
+    ``rank, cat, name, stream, correlation, ts_us, dur_us, launch_ts_us``; ``ts_us`` is as written in the
+    file (relative when ``baseTimeNanoseconds`` is present); ``launch_ts_us`` is the earliest host-side event
+    (stream −1, e.g. ``cudaLaunchKernel``) with the same ``correlation``, null when none.
+    ``profiler_steps``: one row per event named ``ProfilerStep#N``: ``rank, step, name, ts_us, dur_us,
+    device_side, cat`` (``device_side``: HTA's GPU-event test, stream ≥ 0 and correlation ≥ 0).
+    ``origin_us``: add to ``ts_us`` to get epoch microseconds (0.0 when the trace has no absolute clock).
+    """
+
+    source: str
+    rank: int
+    world_size: int | None
+    origin_us: float
+    relative_time: bool
+    device_events: pl.DataFrame
+    profiler_steps: pl.DataFrame
+    collectives: pl.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _decode(data: bytes, source: str) -> dict[str, Any]:
+    """bytes → the top-level JSON object, with ParseError for anything unreadable."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ParseError(f"expected bytes, got {type(data).__name__}", source=source)
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    # the first 64 bytes tell empty from not: avoids copying a whole trace just to strip it
+    if not data[:64].strip() and not data.strip():
+        raise ParseError("empty input", source=source)
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as e:
+            raise ParseError(f"corrupt or truncated gzip stream: {e}", source=source) from None
+    try:
+        doc = _orjson.loads(data) if _orjson is not None else json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        line = getattr(e, "lineno", None)
+        if line is None:  # orjson's JSONDecodeError carries lineno too; keep a fallback for others
+            line = _line_of(data, getattr(e, "pos", None))
+        raise ParseError(f"not valid JSON: {e}", source=source, line=line) from None
+    if not isinstance(doc, dict):
+        raise ParseError(f"top level must be a JSON object, got {type(doc).__name__}", source=source)
+    return doc
+
+
+def _line_of(data: bytes, pos: int | None) -> int | None:
+    return None if pos is None else data.count(b"\n", 0, pos) + 1
+
+
+def _num(v: Any, source: str, i: int, name: str, *, lo: float, hi: float) -> float:
+    """A finite JSON number within [lo, hi]; bool and strings are rejected (Kineto writes plain numbers)."""
+    if type(v) is int or type(v) is float:
+        if lo <= v <= hi:  # NaN fails both comparisons
+            return float(v)
+        what = "not finite" if isinstance(v, float) and not math.isfinite(v) else f"out of range [{lo:g}, {hi:g}]"
+        raise ParseError(f"value {v!r} is {what}", source=source, field=f"traceEvents[{i}].{name}")
+    raise ParseError(f"expected a number, got {type(v).__name__} {v!r:.40}", source=source, field=f"traceEvents[{i}].{name}")
+
+
+def _int_or_minus1(v: Any) -> int:
+    """HTA's stream normalization: anything int() accepts, else −1."""
+    if v is None:
+        return -1
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        return -1
+
+
+def _canonical_op(name: str | None) -> str | None:
+    if not name:
+        return None
+    key = name.strip().lower()
+    return _OP_ALIASES.get(key, _OP_ALIASES.get(key.lstrip("_"), key))
+
+
+def _kernel_name_parts(name: str) -> tuple[str | None, str | None, str | None]:
+    """(op, algo, proto) from an NCCL kernel name.
+
+    ``ncclKernel_AllReduce_RING_LL_Sum_float(...)`` (NCCL < 2.19: op, algo, proto, redop, type) and
+    ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` (NCCL ≥ 2.19: op, redop, type, algo, proto).
+    """
+    base = name.split("(", 1)[0]
+    parts = base.split("_")
+    if len(parts) < 2:
+        return None, None, None
+    raw = parts[1]
+    op = _canonical_op(re.sub(r"(?<!^)(?=[A-Z])", "_", raw).lower().replace("send_recv", "sendrecv"))
+    algo = next((p for p in parts[2:] if p in ("RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT")), None)
+    proto = next((p for p in parts[2:] if p in ("LL", "LL128", "SIMPLE")), None)
+    return op, algo, proto
+
+
+def load(data: bytes, *, source: str = "") -> KinetoTrace:
+    """Decode one Kineto trace (JSON or gzip JSON bytes) into its device timeline, steps and collectives.
+
+    Raises :class:`ParseError` for undecodable input, a missing or empty ``traceEvents`` list, or an event
+    with a non-numeric, non-finite, negative or absurd ``ts``/``dur`` (field ``traceEvents[i].ts``).
+    """
+    doc = _decode(data, source)
+    events = doc.get("traceEvents")
+    if events is None:
+        raise ParseError("no 'traceEvents' list: not a Chrome/Kineto trace", source=source, field="traceEvents")
+    if not isinstance(events, list):
+        raise ParseError(f"'traceEvents' must be a list, got {type(events).__name__}", source=source, field="traceEvents")
+    if not events:
+        raise ParseError("trace has no events", source=source, field="traceEvents")
+
+    dist = doc.get("distributedInfo") or {}
+    if not isinstance(dist, dict):
+        raise ParseError("'distributedInfo' must be an object", source=source, field="distributedInfo")
+    rank = dist.get("rank", 0)
+    if type(rank) is not int or rank < 0:
+        raise ParseError(f"rank {rank!r} is not a non-negative integer", source=source, field="distributedInfo.rank")
+    world = dist.get("world_size")
+    if world is not None and (type(world) is not int or world < 1):
+        raise ParseError(f"world_size {world!r} is not a positive integer", source=source, field="distributedInfo.world_size")
+    base_ns = doc.get("baseTimeNanoseconds")
+    if base_ns is not None and (type(base_ns) is not int or not 0 <= base_ns < 10**19):
+        raise ParseError(f"baseTimeNanoseconds {base_ns!r} is not an epoch in ns", source=source, field="baseTimeNanoseconds")
+
+    # One pass over the events. Columns are plain lists (cheapest to append to); polars takes over after.
+    d_cat: list[str] = []
+    d_name: list[str] = []
+    d_stream: list[int] = []
+    d_corr: list[int] = []
+    d_ts: list[float] = []
+    d_dur: list[float] = []
+    d_ext: list[int] = []
+    d_args: list[dict | None] = []  # args of NCCL kernels only (collective metadata)
+    launch: dict[int, float] = {}  # correlation → earliest host-side ts (HTA's CPU-event set)
+    comms_by_ext: dict[int, dict] = {}  # External id → record_param_comms args
+    s_step: list[int] = []
+    s_name: list[str] = []
+    s_ts: list[float] = []
+    s_dur: list[float] = []
+    s_dev: list[bool] = []
+    s_cat: list[str] = []
+    max_ts = 0.0
+    sync_names = ("Event Sync", "Context Sync")
+
+    for i, e in enumerate(events):
+        if type(e) is not dict:
+            raise ParseError(f"event is a {type(e).__name__}, not an object", source=source, field=f"traceEvents[{i}]")
+        if e.get("ph") != "X":
+            continue  # metadata (M), flows (s/f), instants (i), counters (C): no duration on a timeline
+        ts = _num(e.get("ts"), source, i, "ts", lo=-_MAX_TS_US, hi=_MAX_TS_US)
+        dur = _num(e.get("dur"), source, i, "dur", lo=0.0, hi=_MAX_DUR_US)
+        cat = e.get("cat")
+        if cat is None or cat == "Trace":
+            continue  # HTA drops rows without cat and the profiler's own "Trace" span; so do we
+        name = e.get("name")
+        if type(name) is not str:
+            raise ParseError(f"name must be a string, got {type(name).__name__}", source=source, field=f"traceEvents[{i}].name")
+        args = e.get("args")
+        if args is None:
+            args = {}
+        elif type(args) is not dict:
+            raise ParseError("args must be an object", source=source, field=f"traceEvents[{i}].args")
+        if ts > max_ts:
+            max_ts = ts
+        stream = _int_or_minus1(args.get("stream", -1))
+        corr = _int_or_minus1(args.get("correlation", -1))
+        device = (stream >= 0 and corr >= 0) or name in sync_names
+        if stream != -1:
+            d_cat.append(cat)
+            d_name.append(name)
+            d_stream.append(stream)
+            d_corr.append(corr)
+            d_ts.append(ts)
+            d_dur.append(dur)
+            ext = args.get("External id")
+            d_ext.append(ext if type(ext) is int else -1)
+            d_args.append(args if cat == "kernel" and _NCCL_KERNEL.match(name) else None)
+        if not device:
+            prev = launch.get(corr)
+            if prev is None or ts < prev:
+                launch[corr] = ts
+            if name == "record_param_comms":
+                ext = args.get("External id")
+                if type(ext) is int:
+                    comms_by_ext[ext] = args
+        if "ProfilerStep" in name:
+            m = _PROFILER_STEP.search(name)
+            if m:
+                s_step.append(int(m.group(1)))
+                s_name.append(name)
+                s_ts.append(ts)
+                s_dur.append(dur)
+                s_dev.append(device)
+                s_cat.append(cat)
+
+    relative = base_ns is None and max_ts < _EPOCH_US_FLOOR
+    origin_us = base_ns / 1000.0 if base_ns is not None else 0.0
+
+    dev = pl.DataFrame(
+        {
+            "rank": pl.Series([rank] * len(d_cat), dtype=pl.Int64),
+            "cat": pl.Series(d_cat, dtype=pl.String),
+            "name": pl.Series(d_name, dtype=pl.String),
+            "stream": pl.Series(d_stream, dtype=pl.Int64),
+            "correlation": pl.Series(d_corr, dtype=pl.Int64),
+            "ts_us": pl.Series(d_ts, dtype=pl.Float64),
+            "dur_us": pl.Series(d_dur, dtype=pl.Float64),
+            "launch_ts_us": pl.Series([launch.get(c) for c in d_corr], dtype=pl.Float64),
+        }
+    )
+    steps = pl.DataFrame(
+        {
+            "rank": pl.Series([rank] * len(s_step), dtype=pl.Int64),
+            "step": pl.Series(s_step, dtype=pl.Int64),
+            "name": pl.Series(s_name, dtype=pl.String),
+            "ts_us": pl.Series(s_ts, dtype=pl.Float64),
+            "dur_us": pl.Series(s_dur, dtype=pl.Float64),
+            "device_side": pl.Series(s_dev, dtype=pl.Boolean),
+            "cat": pl.Series(s_cat, dtype=pl.String),
+        }
+    )
+    coll = _collectives(rank, d_name, d_stream, d_ts, d_dur, d_ext, d_args, comms_by_ext, world)
+    meta = {
+        "rank": rank,
+        "world_size": world,
+        "backend": dist.get("backend"),
+        "nccl_version": dist.get("nccl_version"),
+        "relative_time": relative,
+        "events": len(events),
+        "json_decoder": "orjson" if _orjson is not None else "json",
+    }
+    props = doc.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        meta["device_name"] = props[0].get("name")
+    return KinetoTrace(source, rank, world, origin_us, relative, dev, steps, coll, meta)
+
+
+def _collectives(
+    rank: int,
+    names: list[str],
+    streams: list[int],
+    ts: list[float],
+    dur: list[float],
+    ext: list[int],
+    kargs: list[dict | None],
+    comms_by_ext: dict[int, dict],
+    world: int | None,
+) -> pl.DataFrame:
+    """One row per NCCL kernel; metadata from the kernel args, else its record_param_comms, else the name."""
+    rows: dict[str, list] = {k: [] for k in ("rank", "pg", "stream", "op", "bytes", "nranks", "ts_us", "dur_us", "algo", "proto", "dtype")}
+    for j, a in enumerate(kargs):
+        if a is None:
+            continue
+        meta = a if "Collective name" in a or "In msg nelems" in a else comms_by_ext.get(ext[j], {})
+        op_k, algo, proto = _kernel_name_parts(names[j])
+        op = _canonical_op(meta.get("Collective name")) or op_k or "unknown"
+        dtype = meta.get("dtype")
+        size = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
+        # nccl-tests' "size": the larger buffer (all-gather's output, reduce-scatter's input).
+        nelems = max((x for x in (n_in, n_out) if type(x) is int and x >= 0), default=None)
+        group = meta.get("Group size")
+        pg = meta.get("Process Group Name")
+        rows["rank"].append(rank)
+        rows["pg"].append(str(pg) if pg is not None else None)
+        rows["stream"].append(streams[j])
+        rows["op"].append(op)
+        rows["bytes"].append(nelems * size if nelems is not None and size is not None else None)
+        rows["nranks"].append(group if type(group) is int and group > 0 else world)
+        rows["ts_us"].append(ts[j])
+        rows["dur_us"].append(dur[j])
+        rows["algo"].append(algo)
+        rows["proto"].append(proto)
+        rows["dtype"].append(dtype if isinstance(dtype, str) else None)
+    schema = {
+        "rank": pl.Int64, "pg": pl.String, "stream": pl.Int64, "op": pl.String, "bytes": pl.Int64,
+        "nranks": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64, "algo": pl.String, "proto": pl.String,
+        "dtype": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+# --- canonical frames ----------------------------------------------------------------------------
+
+
+def _union_s(starts, ends) -> float:
+    """Length (in the input unit) of the union of intervals [starts[i], ends[i])."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    run_end = np.maximum.accumulate(e)
+    # a new merged block starts where an interval begins after everything before it has ended
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    block_end = np.append(run_end[idx[1:] - 1], run_end[-1])
+    return float(np.sum(block_end - s[idx]))
+
+
+def _step_rows(t: KinetoTrace, job_id: str) -> pl.DataFrame:
+    # the host-side span (user_annotation); the GPU-annotation copy newer PyTorch writes is a device view
+    host = (
+        t.profiler_steps.filter(~pl.col("device_side") & (pl.col("cat") != "gpu_user_annotation"))
+        .unique("step", keep="first")
+        .sort("ts_us")
+    )
+    if host.height == 0:
+        return STEP.empty()
+    work = t.device_events.filter(pl.col("cat").is_in(list(_DEVICE_WORK_CATS)))
+    is_comm = work["name"].str.contains(r"^nccl.*Kernel").to_numpy()
+    ws = work["ts_us"].to_numpy()
+    we = ws + work["dur_us"].to_numpy()
+    out: dict[str, list] = {k: [] for k in ("step", "start_us", "end_us", "compute_s", "comm_s", "comm_overlap_s", "idle_s")}
+    for step, s0, d in host.select("step", "ts_us", "dur_us").iter_rows():
+        s1 = s0 + d
+        inside = (we > s0) & (ws < s1)
+        cs, ce = np.clip(ws[inside], s0, s1), np.clip(we[inside], s0, s1)
+        comm = is_comm[inside]
+        comp_us = _union_s(cs[~comm], ce[~comm])
+        comm_us = _union_s(cs[comm], ce[comm])
+        busy_us = _union_s(cs, ce)
+        overlap_us = comp_us + comm_us - busy_us  # |A ∩ B| = |A| + |B| − |A ∪ B|
+        out["step"].append(step)
+        out["start_us"].append(s0)
+        out["end_us"].append(s1)
+        out["compute_s"].append(comp_us / 1e6)
+        out["comm_s"].append(comm_us / 1e6)
+        out["comm_overlap_s"].append(max(overlap_us, 0.0) / 1e6)
+        out["idle_s"].append(max(d - busy_us, 0.0) / 1e6)
+    df = pl.DataFrame(out)
+    return df.select(
+        pl.lit(job_id, pl.String).alias("job_id"),
+        pl.lit(t.rank, pl.Int64).alias("rank"),
+        pl.col("step").cast(pl.Int64),
+        _to_ts(pl.col("start_us"), t.origin_us).alias("start"),
+        _to_ts(pl.col("end_us"), t.origin_us).alias("end"),
+        "compute_s",
+        "comm_s",
+        "comm_overlap_s",
+        "idle_s",
+        pl.lit(None, pl.Int64).alias("tokens"),
+        pl.lit(None, pl.Float64).alias("model_flops"),
+    )
+
+
+def _to_ts(expr: pl.Expr, origin_us: float) -> pl.Expr:
+    return (expr + origin_us).round(0).cast(pl.Int64).cast(UTC_US)
+
+
+def _collective_rows(t: KinetoTrace, job_id: str) -> pl.DataFrame:
+    c = t.collectives
+    if c.height == 0:
+        return COLLECTIVE.empty()
+    # comm_id: the process group's name where PyTorch recorded it (the same string on every member rank);
+    # otherwise the CUDA stream the kernel ran on, which NCCL keeps per communicator.
+    c = c.with_columns(
+        pl.when(pl.col("pg").is_not_null()).then("pg:" + pl.col("pg")).otherwise("stream:" + pl.col("stream").cast(pl.String)).alias("comm_id")
+    ).sort("comm_id", "ts_us")
+    # seq: position of the op in its communicator on this rank. NCCL requires every member to issue the
+    # ops of a communicator in the same order, so equal (comm_id, seq) on two ranks is the same collective
+    # when their traces cover the same steps (the profiler schedule is the same on every rank).
+    c = c.with_columns(pl.int_range(pl.len()).over("comm_id").cast(pl.Int64).alias("seq"))
+    dur_s = pl.col("dur_us") / 1e6
+    algbw = pl.when(dur_s > 0).then(pl.col("bytes") / dur_s / 1e9)
+    # busbw = algbw × the share of the message each rank moves over its slowest link (nccl-tests
+    # doc/PERFORMANCE.md), so busbw is comparable to link peak whatever the rank count.
+    n = pl.col("nranks").cast(pl.Float64)
+    factor = (
+        pl.when(pl.col("op") == "all_reduce").then(2 * (n - 1) / n)
+        .when(pl.col("op").is_in(["all_gather", "reduce_scatter", "all_to_all"])).then((n - 1) / n)
+        .otherwise(pl.lit(1.0))
+    )
+    return c.select(
+        pl.lit(job_id, pl.String).alias("job_id"),
+        pl.col("rank"),
+        pl.col("comm_id"),
+        pl.col("seq"),
+        pl.col("op"),
+        pl.col("bytes"),
+        pl.col("nranks"),
+        _to_ts(pl.col("ts_us"), t.origin_us).alias("start"),
+        dur_s.alias("duration_s"),
+        algbw.alias("algbw_gbps"),
+        (algbw * factor).alias("busbw_gbps"),
+        pl.col("algo"),
+        pl.col("proto"),
+        pl.col("dtype"),
+        pl.lit(None, pl.String).alias("host"),
+        pl.lit(None, pl.String).alias("gpu_uuid"),
+    ).sort("rank", "comm_id", "seq")
+
+
+def _default_job_id(data: bytes) -> str:
+    # Deterministic, so re-ingesting the same file lands on the same natural keys (idempotent writes).
+    return "kineto-" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _batch(traces: Sequence[KinetoTrace], job_id: str, source: str) -> Batch:
+    steps = pl.concat([_step_rows(t, job_id) for t in traces], how="vertical_relaxed")
+    colls = pl.concat([_collective_rows(t, job_id) for t in traces], how="vertical_relaxed")
+    worlds = {t.world_size for t in traces if t.world_size is not None}
+    world = max(worlds) if worlds else None
+    job = pl.DataFrame({"job_id": [job_id], "world_size": [world]}, schema={"job_id": pl.String, "world_size": pl.Int64})
+    job = job.select([pl.col(c) if c in job.columns else pl.lit(None, dt).alias(c) for c, dt in JOB.schema.items()])
+    return Batch(
+        source=source,
+        job=job,
+        step=steps.select(list(STEP.names)).cast(STEP.schema),
+        collective=colls.select(list(COLLECTIVE.names)).cast(COLLECTIVE.schema),
+        meta={"kineto": [dict(t.meta, source=t.source) for t in traces]},
+    )
+
+
+def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
+    """Parse one rank's Kineto trace into a Batch with ``step``, ``collective`` and ``job`` frames.
+
+    ``job_id`` defaults to a hash of the bytes, so the same file always maps to the same job.
+    Raises :class:`ParseError` (see :func:`load`).
+    """
+    t = load(data, source=source)
+    return _batch([t], job_id or _default_job_id(bytes(data)), source)
+
+
+def parse_many(files: Sequence[tuple[str, bytes]], *, job_id: str) -> Batch:
+    """Parse the traces of several ranks of one job together (``files`` = ``(source, bytes)`` pairs).
+
+    Every file must name a distinct rank in ``distributedInfo``; a duplicate is a ParseError naming both
+    sources, since two traces claiming one rank would double-count its collectives.
+    """
+    if not files:
+        raise ParseError("no trace files given", source="")
+    traces = [load(b, source=s) for s, b in files]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.rank in seen:
+            raise ParseError(f"rank {t.rank} also in {seen[t.rank]!r}", source=t.source, field="distributedInfo.rank")
+        seen[t.rank] = t.source
+    traces.sort(key=lambda t: t.rank)
+    return _batch(traces, job_id, ",".join(s for s, _ in files))

@@ -1,0 +1,248 @@
+"""analyzers.c3: HTA parity on real traces, C³ identity, wait/transfer split, scaling and the Fleet Law."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analyzers import c3
+from fleetscope.frames import COLLECTIVE, STEP
+from ingest import kineto
+
+REPO = Path(__file__).resolve().parents[2]
+HTA_DIR = REPO.parent / "shared" / "realdata" / "traces" / "hta"
+needs_traces = pytest.mark.skipif(not HTA_DIR.is_dir(), reason=f"real traces not found at {HTA_DIR}")
+
+# Reference numbers from Meta's HTA itself, obtained on 2026-11-29 by running HolisticTraceAnalysis 0.5.0
+# (pip install holistictraceanalysis, in a separate venv: Python 3.11.7, pandas 3.1.1, numpy 2.4.6) as
+#   ta = hta.trace_analysis.TraceAnalysis(trace_dir=<dir>)
+#   ta.get_temporal_breakdown(visualize=False); ta.get_comm_comp_overlap(visualize=False)
+# once per directory below (default arguments: the last profiler step left out).
+# Per rank: (idle_us, compute_us, non_compute_us, kernel_us, idle_pctg, compute_pctg, non_compute_pctg,
+# comp_comm_overlap_pctg); overlap None where HTA reports NaN (no communication kernels).
+HTA_REFERENCE: dict[str, dict[int, tuple]] = {
+    "two_rank_sampled_128gpu_job": {
+        0: (321378, 106252, 172428, 600058, 53.56, 17.71, 28.74, 11.81),
+        1: (328671, 135548, 136455, 600674, 54.72, 22.57, 22.72, 20.05),
+    },
+    "critical_path_alexnet": {0: (12929684, 10637, 55690, 12996011, 99.49, 0.08, 0.43, None)},
+    "nccl_data_rank0_of_2": {0: (338781, 75169, 21636, 435586, 77.78, 17.26, 4.97, 14.31)},
+    "queue_length_rank0_of_16": {0: (705853, 143836, 166865, 1016554, 69.44, 14.15, 16.41, 1.37)},
+    "trace_diff/control": {3: (62119, 234760, 86525, 383404, 16.2, 61.23, 22.57, 47.03)},
+    "trace_diff/test": {1: (46910, 429216, 152245, 628371, 7.47, 68.31, 24.23, 68.8)},
+    "df_index_resolver_rank1_of_2": {1: (643612, 496485, 256572, 1396669, 46.08, 35.55, 18.37, 0.0)},
+}
+
+
+def _load_dir(d: str):
+    traces = [kineto.load(p.read_bytes(), source=str(p)) for p in sorted((HTA_DIR / d).glob("*.json*"))]
+    return pl.concat([t.device_events for t in traces]), pl.concat([t.profiler_steps for t in traces])
+
+
+@needs_traces
+@pytest.mark.parametrize("trace_dir", sorted(HTA_REFERENCE))
+def test_temporal_breakdown_and_overlap_match_hta(trace_dir):
+    dev, steps = _load_dir(trace_dir)
+    tb = c3.hta_temporal_breakdown(dev, steps)
+    ov = c3.hta_comm_comp_overlap(dev, steps)
+    assert tb["rank"].to_list() == sorted(HTA_REFERENCE[trace_dir])
+    for row, o in zip(tb.iter_rows(named=True), ov.iter_rows(named=True)):
+        ref = HTA_REFERENCE[trace_dir][row["rank"]]
+        # acceptance: shares within 0.1 percentage points of HTA's
+        for col, want in zip(("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"), ref[4:7]):
+            assert row[col] == pytest.approx(want, abs=0.1), col
+        if ref[7] is None:
+            assert o["comp_comm_overlap_pctg"] is None
+        else:
+            assert o["comp_comm_overlap_pctg"] == pytest.approx(ref[7], abs=0.1)
+        # and in fact the same microseconds: same event window, same unions
+        got = (row["idle_time_us"], row["compute_time_us"], row["non_compute_time_us"], row["kernel_time_us"])
+        assert got == pytest.approx(ref[:4], abs=1.0)
+
+
+@needs_traces
+@pytest.mark.parametrize("trace_dir", ["two_rank_sampled_128gpu_job", "nccl_data_rank0_of_2"])
+def test_matches_hta_live_when_installed(trace_dir):
+    hta = pytest.importorskip("hta.trace_analysis", reason="HTA (pip install holistictraceanalysis) not installed")
+    ta = hta.TraceAnalysis(trace_dir=str(HTA_DIR / trace_dir))
+    ref_tb = ta.get_temporal_breakdown(visualize=False)
+    ref_ov = ta.get_comm_comp_overlap(visualize=False)
+    dev, steps = _load_dir(trace_dir)
+    tb = c3.hta_temporal_breakdown(dev, steps).sort("rank")
+    ov = c3.hta_comm_comp_overlap(dev, steps).sort("rank")
+    for col in ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"):
+        assert np.allclose(tb[col].to_numpy(), ref_tb.sort_values("rank")[col].to_numpy(), atol=0.1)
+    assert np.allclose(ov["comp_comm_overlap_pctg"].to_numpy(), ref_ov.sort_values("rank")["comp_comm_overlap_pctg"].to_numpy(), atol=0.1)
+
+
+def test_kernel_type_follows_hta_rules():
+    assert c3.kernel_type("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "COMMUNICATION"
+    assert c3.kernel_type("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "COMMUNICATION"
+    assert c3.kernel_type("Memcpy DtoH (Device -> Pinned)") == "MEMORY"
+    assert c3.kernel_type("Memset (Device)") == "MEMORY"
+    assert c3.kernel_type("sm80_xmma_gemm_f16f16_f16f32") == "COMPUTATION"
+    assert c3.kernel_type("Stream Sync") == "OTHER"
+    assert c3.kernel_type("void at::native::cudaMemcpyLike") == "OTHER"
+
+
+def test_hta_window_leaves_out_last_step_and_uses_launch_time():
+    # two steps on the host; a kernel launched in step 1 but running late is kept, one launched in the
+    # last step is dropped; HTA rounds start up and end down to whole µs.
+    dev = pl.DataFrame({
+        "rank": [0, 0, 0], "cat": ["kernel"] * 3, "name": ["gemm", "ncclKernel_X", "gemm"],
+        "stream": [7, 9, 7], "correlation": [1, 2, 3],
+        "ts_us": [10.2, 20.0, 150.0], "dur_us": [9.9, 10.0, 10.0], "launch_ts_us": [1.0, 2.0, 101.0],
+    })
+    steps = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "name": ["ProfilerStep#1", "ProfilerStep#2"],
+                          "ts_us": [0.0, 100.0], "dur_us": [100.0, 100.0], "device_side": [False, False],
+                          "cat": ["user_annotation"] * 2})
+    tb = c3.hta_temporal_breakdown(dev, steps).row(0, named=True)
+    # kept: gemm [11, 20) and nccl [20, 30) → kernel time 19, no idle, compute 9
+    assert (tb["kernel_time_us"], tb["idle_time_us"], tb["compute_time_us"]) == (19.0, 0.0, 9.0)
+    assert c3.hta_temporal_breakdown(dev, steps, include_last_step=True)["kernel_time_us"].item() == 149.0
+    assert c3.hta_comm_comp_overlap(dev, steps)["comp_comm_overlap_ratio"].item() == 0.0
+
+
+# --- C³ on hand-built frames ----------------------------------------------------------------------
+
+T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+def _steps(rows) -> pl.DataFrame:
+    """rows: (rank, step, start_offset_s, step_s, compute_s, comm_s, overlap_s)."""
+    out = []
+    for rank, step, off, dur, comp, comm, ov in rows:
+        dur = round(dur, 6)  # the frame's timestamps are whole µs
+        start = T0 + timedelta(seconds=off)
+        out.append({"job_id": "j", "rank": rank, "step": step, "start": start, "end": start + timedelta(seconds=dur),
+                    "compute_s": comp, "comm_s": comm, "comm_overlap_s": ov, "idle_s": dur - (comp + comm - ov),
+                    "tokens": None, "model_flops": None})
+    return pl.DataFrame(out, schema=STEP.schema)
+
+
+def _colls(rows) -> pl.DataFrame:
+    """rows: (rank, seq, start_offset_s, duration_s)."""
+    out = [{"job_id": "j", "rank": r, "comm_id": "pg:0", "seq": s, "op": "all_reduce", "bytes": 1 << 20, "nranks": 4,
+            "start": T0 + timedelta(seconds=off), "duration_s": d} for r, s, off, d in rows]
+    return pl.DataFrame(out, schema={k: v for k, v in COLLECTIVE.schema.items() if k in out[0]})
+
+
+def test_wait_transfer_split_on_four_rank_collective():
+    # rank 3 arrives last and waits least: its 2 ms is the transfer; the others waited 1, 3, 5 ms
+    col = _colls([(0, 0, 0.010, 0.005), (1, 0, 0.012, 0.003), (2, 0, 0.011, 0.007), (3, 0, 0.015, 0.002),
+                  (0, 1, 0.050, 0.004), (1, 1, 0.050, 0.004), (2, 1, 0.050, 0.004), (3, 1, 0.050, 0.004)])
+    w = c3.collective_wait(col).sort("seq", "rank")
+    assert w.filter(pl.col("seq") == 0)["transfer_s"].to_list() == pytest.approx([0.002] * 4)
+    assert w.filter(pl.col("seq") == 0)["wait_s"].to_list() == pytest.approx([0.003, 0.001, 0.005, 0.0])
+    assert w.filter(pl.col("seq") == 1)["wait_s"].to_list() == pytest.approx([0.0] * 4)
+    assert set(w["ranks_seen"]) == {4}
+
+
+def test_c1_c2_c3_add_up_to_step_time_exactly():
+    rng = np.random.default_rng(7)
+    rows, crow = [], []
+    for rank in range(4):
+        for step in range(20):
+            dur = float(rng.uniform(0.05, 0.2))
+            comp = float(rng.uniform(0.2, 0.6)) * dur
+            comm = float(rng.uniform(0.05, 0.3)) * dur
+            ov = float(rng.uniform(0, 1)) * min(comp, comm)
+            rows.append((rank, step, step * 1.0, dur, comp, comm, ov))
+            crow.append((rank, step, step * 1.0 + 0.001, float(rng.uniform(0.001, 0.01))))
+    st, col = _steps(rows), _colls(crow)
+    b = c3.c3_breakdown(st, col)
+    assert b.height == 80
+    # exact, not approx: C1 + C2 + C3 reproduces step_s bit for bit, whichever order it is added in
+    assert (b["c1_compute_s"] + b["c2_comm_s"] + b["c3_coord_s"] == b["step_s"]).all()
+    assert (b["c3_coord_s"] + b["c2_comm_s"] + b["c1_compute_s"] == b["step_s"]).all()
+    exact_us = st.select((pl.col("end") - pl.col("start")).dt.total_microseconds() / 1e6).to_series()
+    assert np.allclose(b.sort("rank", "step")["step_s"].to_numpy(), exact_us.to_numpy(), rtol=0, atol=1e-9)
+    # and the remainder is what the model says it is: idle + exposed wait
+    j = b.join(st.select("rank", "step", "idle_s"), on=["rank", "step"])
+    expected_c3 = j["idle_s"] + j["exposed_comm_s"] * j["wait_ratio"]
+    assert np.allclose(j["c3_coord_s"].to_numpy(), expected_c3.to_numpy(), atol=1e-12)
+    assert ((b["f_compute"] > 0) & (b["f_compute"] < 1)).all()
+
+
+def test_c3_breakdown_assigns_wait_to_coordination():
+    # one step per rank, 100 ms; 40 ms compute, 30 ms comm of which 10 ms hidden; collective as above
+    st = _steps([(r, 0, 0.0, 0.1, 0.04, 0.03, 0.01) for r in range(4)])
+    col = _colls([(0, 0, 0.05, 0.005), (1, 0, 0.05, 0.003), (2, 0, 0.05, 0.007), (3, 0, 0.05, 0.002)])
+    b = c3.c3_breakdown(st, col).sort("rank")
+    wr = [3 / 5, 1 / 3, 5 / 7, 0.0]
+    assert b["wait_ratio"].to_list() == pytest.approx(wr)
+    assert b["c2_comm_s"].to_list() == pytest.approx([0.02 * (1 - x) for x in wr])
+    assert b["c3_coord_s"].to_list() == pytest.approx([0.1 - 0.04 - 0.02 + 0.02 * x for x in wr])
+    # without collectives every exposed second is transfer
+    alone = c3.c3_breakdown(st)
+    assert alone["c2_comm_s"].to_list() == pytest.approx([0.02] * 4)
+
+
+def test_job_summary_names_the_dominant_component():
+    st = _steps([(r, s, s * 1.0, 0.1, 0.02, 0.01, 0.0) for r in range(2) for s in range(5)])  # idle 70 ms
+    summ = c3.job_summary(c3.c3_breakdown(st), collective=_colls([(0, 0, 0.0, 0.01)]), flops=1e12)
+    row = summ.row(0, named=True)
+    assert row["dominant"] == "C3" and "straggler" in row["advice"].lower()
+    assert row["c3_ratio"] == pytest.approx(0.7) and row["steps"] == 5 and row["ranks"] == 2
+    assert row["step_s_p50"] == pytest.approx(0.1) and row["c1_compute_s_p99"] == pytest.approx(0.02)
+    # 1 MiB all-reduce over 4 ranks puts 2·3/4 MiB on the wire
+    assert row["comm_intensity_bytes_per_flop"] == pytest.approx((1 << 20) * 1.5 / 1e12)
+    busy = _steps([(0, s, s * 1.0, 0.1, 0.09, 0.0, 0.0) for s in range(3)])
+    assert c3.job_summary(c3.c3_breakdown(busy))["dominant"].item() == "C1"
+    assert c3.communication_intensity(1e9, 0) is None
+
+
+@needs_traces
+def test_c3_on_real_two_rank_job():
+    files = [(p.name, p.read_bytes()) for p in sorted((HTA_DIR / "two_rank_sampled_128gpu_job").glob("*.gz"))]
+    b = kineto.parse_many(files, job_id="j")
+    br = c3.c3_breakdown(b.step, b.collective)
+    assert br.height == 4
+    assert (br["c1_compute_s"] + br["c2_comm_s"] + br["c3_coord_s"] == br["step_s"]).all()
+    assert (br["c2_comm_s"] >= 0).all() and (br["c3_coord_s"] >= 0).all()
+    assert c3.job_summary(br)["dominant"].item() in {"C1", "C2", "C3"}
+
+
+# --- scaling --------------------------------------------------------------------------------------
+
+
+def test_scaling_efficiency():
+    eff = c3.scaling_efficiency([8, 1, 2, 4], [0.15, 1.0, 0.52, 0.27])
+    assert eff["world_size"].to_list() == [1, 2, 4, 8]
+    assert eff["efficiency"].to_list() == pytest.approx([1.0, 1 / 1.04, 1 / 1.08, 1 / 1.2])
+    assert eff["speedup"].to_list() == pytest.approx([1.0, 1 / 0.52, 1 / 0.27, 1 / 0.15])
+    # no N=1 run: relative to the smallest one
+    rel = c3.scaling_efficiency([4, 8], [0.25, 0.15])
+    assert rel["efficiency"].to_list() == pytest.approx([1.0, 1.0 / 1.2])
+    with pytest.raises(ValueError):
+        c3.scaling_efficiency([1, 2], [1.0, -1.0])
+
+
+@pytest.mark.parametrize(("term", "n_opt"), [("ring", math.sqrt(10.0 / (2 * 1e-3))), ("tree", 10.0 * math.log(2) / 0.05)])
+def test_fleet_law_fit_recovers_known_parameters(term, n_opt):
+    a, b, c = 10.0, (1e-3 if term == "ring" else 0.05), 0.2
+    n = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256])
+    f = {"ring": lambda x: 2 * (x - 1), "tree": np.log2}[term]
+    t = a / n + b * f(n) + c
+    t_noisy = t * (1 + np.random.default_rng(1).normal(0, 0.002, n.size))
+    fit = c3.fit_fleet_law(n, t, comm_term=term)
+    assert (fit.a_s, fit.b_s, fit.c_s) == pytest.approx((a, b, c), rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.n_opt == pytest.approx(n_opt)
+    assert fit.predict(n) == pytest.approx(t)
+    noisy = c3.fit_fleet_law(n, t_noisy, comm_term=term)
+    assert noisy.a_s == pytest.approx(a, rel=0.02) and noisy.n_opt == pytest.approx(n_opt, rel=0.1)
+    # past n_opt, more GPUs make the step slower
+    assert fit.predict(2 * n_opt) > fit.predict(n_opt)
+
+
+def test_fleet_law_needs_three_world_sizes_and_flags_no_minimum():
+    with pytest.raises(ValueError):
+        c3.fit_fleet_law([1, 2, 2], [1.0, 0.6, 0.6])
+    n = np.array([1, 2, 4, 8])
+    fit = c3.fit_fleet_law(n, 4.0 / n + 0.5, comm_term="ring_bandwidth")
+    assert math.isinf(fit.n_opt)
