@@ -504,7 +504,8 @@ def _batch(traces: Sequence[KinetoTrace], job_id: str, source: str) -> Batch:
         source=source,
         job=job,
         step=steps.select(list(STEP.names)).cast(STEP.schema),
-        collective=colls.select(list(COLLECTIVE.names)).cast(COLLECTIVE.schema),
+        # Kineto kernels are collectives or p2p ops without a recorded peer: peer stays -1.
+        collective=colls.with_columns(pl.lit(-1, pl.Int64).alias("peer")).select(list(COLLECTIVE.names)).cast(COLLECTIVE.schema),
         meta={"kineto": [dict(t.meta, source=t.source) for t in traces]},
     )
 
