@@ -99,3 +99,60 @@ def realdata() -> Path:
     if not REALDATA.is_dir():
         pytest.skip(f"shared real data not found at {REALDATA}")
     return REALDATA
+
+
+class LiveServer:
+    """A real uvicorn server on a loopback port, in a thread of the test process."""
+
+    def __init__(self, app):  # type: ignore[no-untyped-def]
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        import time
+
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/healthz", timeout=1)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("test server did not start")
+
+    def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def make_settings(tmp_path: Path, database_url: str, **overrides):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from fleetscope import settings as settings_mod
+
+    base = settings_mod.load()
+    return dataclasses.replace(base, data_dir=tmp_path, database_url=database_url, auto_migrate=True, **overrides)
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A live API over a fresh database, with a 1 MiB body limit so the 413 path is cheap to test."""
+    from fleetscope.api import create_app
+
+    app = create_app(make_settings(tmp_path, db_url, max_body_bytes=2**20))
+    with LiveServer(app) as server:
+        server.app = app
+        yield server
+    app.state.store.engine.dispose()

@@ -48,14 +48,32 @@ class BodyLimit:
                     raise _BodyTooLarge()
             return message
 
+        started = False
+
+        async def tracked_send(message):  # type: ignore[no-untyped-def]
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
+            await self.app(scope, counted, tracked_send)
+        except Exception as exc:
+            # Middleware built on BaseHTTPMiddleware re-raises inside an ExceptionGroup.
+            if not _caused_by_limit(exc) or started:
+                raise
             await _too_large(self.limit)(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def _caused_by_limit(exc: BaseException) -> bool:
+    if isinstance(exc, _BodyTooLarge):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_caused_by_limit(e) for e in exc.exceptions)
+    return False
 
 
 def _too_large(limit: int) -> JSONResponse:

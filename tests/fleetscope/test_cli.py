@@ -1,0 +1,66 @@
+"""The `fleetscope` command, run as a user would: a subprocess with the environment as configuration."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fleetscope import auth, db
+
+
+def run(tmp_path, *args, check=True, input=None):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, input=input, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stdout + proc.stderr)
+    return proc
+
+
+def test_help_lists_the_verbs(tmp_path):
+    out = run(tmp_path, "--help").stdout
+    for verb in ("demo", "serve", "worker", "beat", "db", "token"):
+        assert f"  {verb}" in out
+
+
+def test_db_upgrade_and_current(tmp_path):
+    assert "database at 0001" in run(tmp_path, "db", "upgrade").stdout
+    cur = json.loads(run(tmp_path, "db", "current", "--json").stdout)
+    assert cur["current"] == cur["head"] == "0001"
+
+
+def test_token_create_list_revoke(tmp_path):
+    created = json.loads(run(tmp_path, "token", "create", "--scope", "ingest", "--scope", "read", "--name", "collector", "--json").stdout)
+    assert created["token"].startswith("fs_") and created["scopes"] == ["ingest", "read"]
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    assert auth.verify(engine, created["token"]).scopes == frozenset({"ingest", "read"})
+    listed = json.loads(run(tmp_path, "token", "list", "--json").stdout)
+    assert [(t["name"], t["scopes"]) for t in listed] == [("collector", "ingest read")]
+    assert created["token"] not in run(tmp_path, "token", "list").stdout  # secrets are never shown again
+    run(tmp_path, "token", "revoke", str(listed[0]["token_id"]))
+    auth._cache.clear()
+    assert auth.verify(engine, created["token"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("token", "create", "--scope", "root"), "Invalid value for '--scope'"),
+        (("token", "revoke", "99"), "no active token with id 99"),
+        (("token", "create"), "Missing option '--scope'"),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(tmp_path, args, words):
+    proc = run(tmp_path, *args, check=False)
+    assert proc.returncode != 0
+    assert words in proc.stderr
+
+
+def test_bad_setting_is_a_clear_error_not_a_traceback(tmp_path):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_API_PORT": "http"}
+    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "token", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "FLEETSCOPE_API_PORT='http': expected an integer" in proc.stderr
+    assert "Traceback" not in proc.stderr

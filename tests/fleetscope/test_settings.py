@@ -1,0 +1,42 @@
+import pytest
+
+from fleetscope import settings
+
+
+def test_defaults_are_embedded(monkeypatch, tmp_path):
+    for name, _, _ in settings.table():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    s = settings.load()
+    assert s.data_dir == tmp_path / ".fleetscope"
+    assert s.database_url == f"sqlite:///{tmp_path / '.fleetscope' / 'fleetscope.db'}"
+    assert s.broker_url.startswith("sqla+sqlite:///")
+    assert s.result_backend.startswith("db+sqlite:///")
+    assert s.otel_exporter == "none"
+    assert s.retention_days >= 183  # EU AI Act Art. 19(1): logs kept at least six months
+
+
+def test_redis_broker_brings_its_result_backend(monkeypatch):
+    monkeypatch.setenv("FLEETSCOPE_BROKER_URL", "redis://cache:6379/0")
+    monkeypatch.delenv("FLEETSCOPE_RESULT_BACKEND", raising=False)
+    assert settings.load().result_backend == "redis://cache:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("FLEETSCOPE_API_PORT", "eighty", "FLEETSCOPE_API_PORT='eighty': expected an integer"),
+        ("FLEETSCOPE_AUTO_MIGRATE", "maybe", "FLEETSCOPE_AUTO_MIGRATE='maybe'"),
+        ("FLEETSCOPE_OTEL_EXPORTER", "zipkin", "expected none, console or otlp"),
+    ],
+)
+def test_bad_values_name_the_variable(monkeypatch, name, value, words):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        settings.load()
+
+
+def test_table_lists_every_setting():
+    names = [row[0] for row in settings.table()]
+    assert len(names) == len(set(names))
+    assert {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_DATA_DIR"} <= set(names)

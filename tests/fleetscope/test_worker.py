@@ -1,0 +1,92 @@
+"""A real Celery worker process, on the embedded SQLite broker and on Redis."""
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fleetscope import db
+from fleetscope import frames as F
+from fleetscope.store import Store
+from fleetscope.worker import make_celery
+from tests.conftest import make_settings
+
+
+def start_worker(env: dict[str, str], queue: str, log: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "celery", "-A", "fleetscope.worker:celery_app", "worker", "--pool=solo", "-Q", queue, "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"]
+    return subprocess.Popen(args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def worker(request, tmp_path):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'fs.db'}"}
+    env.pop("FLEETSCOPE_RESULT_BACKEND", None)
+    if request.param == "redis":
+        env["FLEETSCOPE_BROKER_URL"] = request.getfixturevalue("redis_url")
+    else:
+        env.pop("FLEETSCOPE_BROKER_URL", None)
+    db.upgrade(env["FLEETSCOPE_DATABASE_URL"])
+    queue = f"fleetscope-test-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "worker.log"
+    proc = start_worker(env, queue, log)
+    settings = make_settings(tmp_path, env["FLEETSCOPE_DATABASE_URL"], broker_url=env.get("FLEETSCOPE_BROKER_URL", f"sqla+sqlite:///{tmp_path / 'broker.db'}"),
+                             result_backend=env.get("FLEETSCOPE_BROKER_URL", f"db+sqlite:///{tmp_path / 'results.db'}"))
+    app = make_celery(settings)
+    yield app, queue, env["FLEETSCOPE_DATABASE_URL"], request.param
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if proc.returncode not in (0, -15):
+        print(log.read_text())
+
+
+def test_ping_round_trip_through_a_real_worker(worker):
+    app, queue, url, kind = worker
+    result = app.send_task("fleetscope.ping", queue=queue).get(timeout=90)
+    assert result["pong"] is True and result["database"] == "sqlite"
+    # The worker records each run, so /metrics and the dashboard can see work done elsewhere.
+    deadline = time.monotonic() + 10
+    runs = pl.DataFrame()
+    while time.monotonic() < deadline:
+        runs = Store.open(url).query("SELECT task, state FROM task_run")
+        if runs.height:
+            break
+        time.sleep(0.2)
+    assert runs.rows() == [("fleetscope.ping", "success")]
+
+
+def test_retention_deletes_only_old_raw_telemetry(worker):
+    app, queue, url, _ = worker
+    store = Store.open(url)
+    now = dt.datetime(2027, 6, 1, tzinfo=dt.UTC)
+    old, recent = now - dt.timedelta(days=500), now - dt.timedelta(days=10)
+    store.write(F.Batch(
+        gpu_sample=pl.DataFrame({"ts": [old, recent], "gpu_uuid": ["g", "g"], "power_w": [1.0, 2.0]}),
+        health_event=pl.DataFrame({"ts": [old], "gpu_uuid": ["g"], "kind": ["xid"], "code": [79]}),
+    ))
+    deleted = app.send_task("fleetscope.retention", kwargs={"now_iso": now.isoformat()}, queue=queue).get(timeout=90)
+    assert deleted["gpu_sample"] == 1
+    assert store.read("gpu_sample")["power_w"].to_list() == [2.0]
+    assert store.counts()["health_event"] == 1  # evidence is kept
+
+
+def test_a_failing_task_is_recorded_as_failure(worker):
+    app, queue, url, _ = worker
+    with pytest.raises(Exception):
+        app.send_task("fleetscope.retention", kwargs={"now_iso": "not-a-date"}, queue=queue).get(timeout=90)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        runs = Store.open(url).query("SELECT task, state, detail FROM task_run")
+        if runs.height:
+            break
+        time.sleep(0.2)
+    assert runs["state"].to_list() == ["failure"]
+    assert "not-a-date" in runs["detail"][0]
