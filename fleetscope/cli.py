@@ -177,6 +177,116 @@ def beat(ctx: click.Context) -> None:
     celery_app.start(["beat", "--loglevel=INFO", *ctx.args])
 
 
+# --- ingest ------------------------------------------------------------------------------------
+
+
+def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file()))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise click.ClickException(f"{p}: no such file or directory")
+    return out
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", default="auto", show_default=True, help="Force a format instead of detecting it (see `fleetscope formats`).")
+@click.option("--job-id", default=None, help="Job id for formats that do not carry one (NCCL logs, Kineto traces).")
+@click.option("--ts", "ts_text", default=None, help="Timestamp (RFC 3339) for formats without one; default: the file's modification time.")
+@click.option("--api", "api_url", default=None, help="Send to a running API instead of writing the local database.")
+@click.option("--token", envvar="FLEETSCOPE_TOKEN", default=None, help="API token with the ingest scope (or FLEETSCOPE_TOKEN).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per input and a summary.")
+def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | None, api_url: str | None, token: str | None, as_json: bool) -> None:
+    """Ingest telemetry files (or directories of them). The format is detected from content.
+
+    Each file is written in one transaction: a file that fails to parse is reported and writes
+    nothing, and the others still go in. Exits 1 if any file was rejected.
+    """
+    from tqdm import tqdm
+
+    from fleetscope import ingestion
+    from fleetscope.store import Store
+
+    files = _iter_paths(paths)
+    ts = dt.datetime.fromisoformat(ts_text.replace("Z", "+00:00")) if ts_text else None
+    if ts is not None and ts.tzinfo is None:
+        raise click.ClickException("--ts needs a time zone, e.g. 2026-03-01T12:00:00Z")
+    store = None if api_url else Store(_engine(_settings()))
+    totals: dict[str, int] = {}
+    rejected = 0
+    outcomes = []
+    bar = tqdm(files, unit="file", disable=as_json or len(files) < 2, file=sys.stderr)
+    # Lines go through the bar while it is drawn, so they do not tear it.
+    say = click.echo if bar.disable else (lambda text, err=False: bar.write(text, file=sys.stderr if err else sys.stdout))
+    for path in bar:
+        bar.set_postfix_str(path.name[:40])
+        data = path.read_bytes()
+        file_ts = ts or dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+        try:
+            if api_url:
+                out = _ingest_via_api(api_url, token, data, str(path), fmt, job_id, file_ts)
+            else:
+                out = ingestion.ingest_bytes(store, data, source=str(path), fmt=fmt, opts=ingestion.Options(job_id=job_id, ts=file_ts)).to_dict()
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the rest; it is reported
+            from fleetscope.errors import FleetscopeError
+
+            if not isinstance(exc, (FleetscopeError, ValueError, click.ClickException)):
+                raise
+            out = {"source": str(path), "error": str(exc), "written": {}}
+        outcomes.append(out)
+        if out.get("error"):
+            rejected += 1
+        for k, v in out.get("written", {}).items():
+            totals[k] = totals.get(k, 0) + v
+        if as_json:
+            click.echo(json.dumps(out, default=str))
+        elif out.get("error"):
+            err = str(out["error"])
+            say(f"rejected  {err if err.startswith(str(path)) else f'{path}: {err}'}", err=True)
+        else:
+            dup = " (already ingested)" if out.get("skipped_duplicate") else ""
+            say(f"ingested  {path} [{', '.join(out.get('formats', []))}]: " + (", ".join(f"{k} {v}" for k, v in out["written"].items()) or "nothing new") + dup)
+    summary = {"files": len(files), "rejected": rejected, "written": totals}
+    if as_json:
+        click.echo(json.dumps({"summary": summary}))
+    else:
+        click.echo(f"{len(files) - rejected} of {len(files)} files ingested; rows written: " + (", ".join(f"{k} {v}" for k, v in totals.items()) or "none"))
+    if rejected:
+        sys.exit(1)
+
+
+def _ingest_via_api(api_url: str, token: str | None, data: bytes, source: str, fmt: str, job_id: str | None, ts: dt.datetime) -> dict:
+    import httpx
+
+    if not token:
+        raise click.ClickException("--api needs --token (or FLEETSCOPE_TOKEN) with the ingest scope")
+    params = {"source": source, "ts": ts.isoformat()}
+    if job_id:
+        params["job_id"] = job_id
+    r = httpx.post(f"{api_url.rstrip('/')}/api/v1/ingest/{fmt}", content=data, params=params,
+                   headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}, timeout=300)
+    if r.status_code >= 500 or r.status_code in (401, 403):
+        raise click.ClickException(f"{api_url}: {r.status_code} {r.text[:300]}")
+    body = r.json()
+    if r.status_code != 200:
+        return {"source": source, "error": body.get("detail", r.text[:300]), "written": {}}
+    return body
+
+
+@main.command("formats")
+@click.option("--json", "as_json", is_flag=True)
+def formats_cmd(as_json: bool) -> None:
+    """List the input formats `fleetscope ingest` understands."""
+    from fleetscope.ingestion import FORMATS
+
+    rows = [{"name": f.name, "description": f.description} for f in FORMATS.values()]
+    _emit(as_json, rows, "\n".join(f"{r['name']:<22} {r['description']}" for r in rows))
+
+
 # --- demo --------------------------------------------------------------------------------------
 
 

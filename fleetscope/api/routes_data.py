@@ -89,3 +89,35 @@ def get_frame(
 def get_counts(request: Request) -> dict[str, int]:
     """Rows held per canonical table."""
     return request.app.state.store.counts()
+
+
+@router.post("/ingest/{fmt}", dependencies=[Depends(require("ingest"))])
+async def post_ingest(
+    request: Request,
+    fmt: str,
+    source: Annotated[str, Query(max_length=2000)] = "api",
+    job_id: Annotated[str | None, Query(max_length=500)] = None,
+    ts: Annotated[dt.datetime | None, Query(description="timestamp for formats without their own (RFC 3339, with zone)")] = None,
+) -> JSONResponse:
+    """Ingest a file in a named format (``auto`` detects it), raw in the body, gzip allowed.
+
+    The whole input is written in one transaction or not at all: unparseable input gets 400 naming
+    the line and field, a bad value 422, and nothing is written.
+    """
+    from fleetscope import ingestion
+
+    if fmt != "auto" and fmt not in ingestion.FORMATS:
+        raise HTTPException(404, f"unknown format {fmt[:100]!r}: expected auto or one of {', '.join(ingestion.FORMATS)}")
+    if ts is not None and ts.tzinfo is None:
+        raise HTTPException(400, "ts needs a time zone")
+    body = await request.body()
+    if not body:
+        raise HTTPException(400, "empty body")
+    store = request.app.state.store
+    try:
+        outcome = await run_in_threadpool(
+            ingestion.ingest_bytes, store, body, source=source, fmt=fmt, opts=ingestion.Options(job_id=job_id, ts=ts)
+        )
+    except ingestion.UnknownFormat as exc:
+        raise HTTPException(415, str(exc)) from None
+    return JSONResponse(json.loads(json.dumps(outcome.to_dict(), default=str)))

@@ -1,0 +1,198 @@
+"""Which parser reads which bytes: the format registry, content sniffing and the ingest entry point
+shared by `fleetscope ingest` and `POST /api/v1/ingest/{format}`.
+
+Parsers in ``ingest/`` are pure and never import each other; this module is where the service layer
+chooses among them. Detection looks at content, not file names, because collectors name files freely.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import importlib
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetscope import frames as F
+from fleetscope.errors import FleetscopeError, ParseError
+from fleetscope.observability import tracer
+from fleetscope.store import Store, WriteResult, content_hash
+
+SNIFF_BYTES = 256 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a caller may tell a parser that the bytes do not say."""
+
+    job_id: str | None = None
+    ts: dt.datetime | None = None  # stamps formats without their own timestamps (scrapes, textfiles)
+    op: str | None = None
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    module: str
+    description: str
+    call: Callable[[Any, bytes, str, Options], F.Batch]
+    gzip_aware: bool = False  # the parser reads gzip itself
+
+
+def _now(opts: Options) -> dt.datetime:
+    return opts.ts or dt.datetime.now(dt.UTC)
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("kineto", "ingest.kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",
+               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id), gzip_aware=True),
+        Format("nccl_inspector", "ingest.nccl_inspector", "NCCL Inspector JSON Lines (v4.0-v4.3)",
+               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id)),
+        Format("nccl_inspector_prom", "ingest.nccl_inspector", "NCCL Inspector Prometheus textfile",
+               lambda m, d, s, o: m.parse_prometheus(d, source=s, job_id=o.job_id, ts=_now(o))),
+        Format("nccl_log", "ingest.nccl_log", "NCCL debug log (NCCL_DEBUG=INFO)",
+               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id, default_ts=o.ts)),
+        Format("nccl_tests", "ingest.nccl_tests", "nccl-tests output (text table or -J JSON)",
+               lambda m, d, s, o: m.parse(d, source=s, op=o.op, ts=o.ts)),
+        Format("job_events", "ingest.job_events", "job lifecycle events, JSON Lines (docs/job_events.md)",
+               lambda m, d, s, o: m.parse(d, source=s)),
+    )
+}
+
+
+class UnknownFormat(FleetscopeError):
+    """Bytes that no registered parser recognises."""
+
+
+def _first_json_object(text: str) -> dict[str, Any] | None:
+    line = text.lstrip().split("\n", 1)[0].strip()
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# The result table's header row, and the closing average, as nccl-tests prints them (possibly behind an
+# mpirun "[1,0]<stdout>:" tag). Prose that merely mentions them does not match.
+_NCCL_TESTS_HEADER = re.compile(r"^\S*#\s+size\s+count\s+type\b.*#wrong", re.MULTILINE)
+_NCCL_TESTS_AVG = re.compile(r"^\S*#\s*Avg bus bandwidth\s*:\s*[0-9.]+", re.MULTILINE)
+
+
+def detect(data: bytes) -> list[str]:
+    """The formats ``data`` holds, most specific first; empty when none is recognised.
+
+    One file can hold two: nccl-tests run with NCCL_DEBUG=INFO prints the debug log and the result
+    table interleaved, and both are worth keeping.
+    """
+    head = data[:SNIFF_BYTES]
+    if head.startswith(GZIP_MAGIC):
+        try:
+            head = zlib.decompressobj(wbits=31).decompress(head, SNIFF_BYTES)
+        except zlib.error:
+            return []
+    text = head.decode("utf-8", errors="replace")
+    stripped = text.lstrip()
+    found: list[str] = []
+    if stripped.startswith("{"):
+        if '"traceEvents"' in text or '"distributedInfo"' in text or ('"schemaVersion"' in text and '"ph"' in text):
+            return ["kineto"]
+        obj = _first_json_object(text)
+        if obj is not None:
+            if "header" in obj or "dump_stats" in obj:
+                return ["nccl_inspector"]
+            if "job_id" in obj and "kind" in obj:
+                return ["job_events"]
+        if '"results"' in text and ('"busbw"' in text or '"bus_bw"' in text or '"algbw"' in text or '"alg_bw"' in text):
+            return ["nccl_tests"]
+    if "NCCL INFO" in text or "NCCL WARN" in text:
+        found.append("nccl_log")
+    if _NCCL_TESTS_HEADER.search(text) or _NCCL_TESTS_AVG.search(text):
+        found.append("nccl_tests")
+    if not found and any(line.startswith(("nccl_bus_bandwidth", "nccl_collective_", "nccl_p2p_")) for line in text.splitlines()[:200]):
+        found.append("nccl_inspector_prom")
+    return found
+
+
+@dataclass
+class Outcome:
+    """What ingesting one input did."""
+
+    source: str
+    formats: list[str]
+    result: WriteResult | None = None
+    error: str | None = None
+    skipped_duplicate: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "formats": self.formats,
+            "written": self.result.written if self.result else {},
+            "offered": self.result.offered if self.result else {},
+            "values": self.result.values if self.result else 0,
+            "skipped_duplicate": self.skipped_duplicate,
+            "error": self.error,
+            "notes": self.notes,
+        }
+
+
+def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> tuple[list[str], F.Batch]:
+    """Parse ``data`` with the named format (or every detected one) into one Batch."""
+    if fmt == "auto":
+        formats = detect(data)
+        if not formats:
+            raise UnknownFormat(f"{source}: format not recognised; pass --format (one of {', '.join(FORMATS)})")
+    elif fmt in FORMATS:
+        formats = [fmt]
+    else:
+        raise UnknownFormat(f"unknown format {fmt!r}: expected auto or one of {', '.join(FORMATS)}")
+    batch = F.Batch(source=source)
+    for name in formats:
+        spec = FORMATS[name]
+        payload = data
+        if data.startswith(GZIP_MAGIC) and not spec.gzip_aware:
+            try:
+                payload = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
+        with tracer().start_as_current_span("ingest.parse") as span:
+            span.set_attribute("fleetscope.format", name)
+            span.set_attribute("fleetscope.source", source)
+            span.set_attribute("fleetscope.bytes", len(payload))
+            part = spec.call(importlib.import_module(spec.module), payload, source, opts)
+        batch = batch.merge(part)
+    batch.source = source
+    return formats, batch
+
+
+def _notes(batch: F.Batch) -> dict[str, Any]:
+    """The parsers' small scalar notes (skipped lines, averages, where an id came from), JSON-safe."""
+    out: dict[str, Any] = {}
+    for k, v in batch.meta.items():
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+    return out
+
+
+def ingest_bytes(store: Store, data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> Outcome:
+    """Parse and write one input atomically. A byte-identical input already ingested writes nothing."""
+    # The options are part of what was ingested: the same trace under another job id is new data.
+    sha = content_hash(data + json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
+    formats, batch = parse(data, source=source, fmt=fmt, opts=opts)
+    outcome = Outcome(source=source, formats=formats, notes=_notes(batch))
+    if store.already_ingested(sha):
+        # Natural keys would make the rewrite a no-op anyway; skipping saves the work and says so.
+        outcome.skipped_duplicate = True
+        outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())
+        return outcome
+    outcome.result = store.write(batch, content_sha256=sha)
+    return outcome

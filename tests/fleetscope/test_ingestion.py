@@ -1,0 +1,122 @@
+"""Format detection and the ingest entry points (CLI and API) over the real files in ../shared/realdata."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from fleetscope import auth, ingestion
+from fleetscope.store import Store
+
+TELEMETRY = "telemetry"
+EXPECTED = {
+    "telemetry/nccl-debug-info+all_reduce_perf_2xT4_EFA_nccl-2.12.7_mpirun.log": ["nccl_log", "nccl_tests"],
+    "telemetry/nccl-inspector_output-examples_v4.0_from-README.jsonl": ["nccl_inspector"],
+    "telemetry/nccl-inspector_prometheus-textfile-examples_v5.1_from-README.prom": ["nccl_inspector_prom"],
+    "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt": ["nccl_tests"],
+    "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz": ["kineto"],
+    "traces/hta/trace_diff/control/control.json.gz": ["kineto"],
+    "telemetry/SOURCES.md": [],
+}
+
+
+@pytest.mark.parametrize(("path", "formats"), sorted(EXPECTED.items()))
+def test_detects_real_files(realdata, path, formats):
+    assert ingestion.detect((realdata / path).read_bytes()) == formats
+
+
+def test_detects_job_events_and_rejects_noise():
+    assert ingestion.detect(b'{"job_id": "j1", "ts": "2026-03-01T12:00:00Z", "kind": "started"}\n') == ["job_events"]
+    for noise in (b"", b"\x00\x01\x02" * 100, b"hello world\n", b"\x1f\x8b\x08\x00garbage", b"[1,2,3]"):
+        assert ingestion.detect(noise) == []
+
+
+def test_unknown_and_forced_formats():
+    with pytest.raises(ingestion.UnknownFormat, match="format not recognised"):
+        ingestion.parse(b"hello", source="x.txt")
+    with pytest.raises(ingestion.UnknownFormat, match="unknown format 'csv'"):
+        ingestion.parse(b"hello", source="x.txt", fmt="csv")
+
+
+def run_cli(tmp_path, *args):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_ingests_good_files_reports_bad_ones_and_exits_1(realdata, tmp_path):
+    bad = tmp_path / "inputs" / "broken.jsonl"
+    bad.parent.mkdir()
+    bad.write_bytes(b'{"job_id": "j1", "ts": "2026-03-01T12:00:00Z", "kind": "started"}\n{"job_id": "j1", "ts": ')
+    good = realdata / "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt"
+    proc = run_cli(tmp_path, "ingest", "--json", str(good), str(bad))
+    assert proc.returncode == 1, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert lines[0]["formats"] == ["nccl_tests"] and lines[0]["written"] == {"nccl_test": 64}
+    assert lines[0]["notes"]["avg_busbw_gbps"] == 123.343  # as printed in the file
+    assert "broken.jsonl" in lines[1]["error"] and "line 2" in lines[1]["error"]
+    assert lines[2]["summary"] == {"files": 2, "rejected": 1, "written": {"nccl_test": 64}}
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    assert store.counts()["job_event"] == 0  # the broken file wrote nothing, not even its good first line
+    again = run_cli(tmp_path, "ingest", "--json", str(good))
+    assert json.loads(again.stdout.splitlines()[0])["skipped_duplicate"] is True
+    assert store.counts()["nccl_test"] == 64
+
+
+def test_cli_formats_and_missing_path(tmp_path):
+    names = [f["name"] for f in json.loads(run_cli(tmp_path, "formats", "--json").stdout)]
+    assert names == list(ingestion.FORMATS)
+    proc = run_cli(tmp_path, "ingest", str(tmp_path / "nope.log"))
+    assert proc.returncode != 0 and "no such file or directory" in proc.stderr
+
+
+def ingest_headers(api):
+    return {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "t", ["ingest"]), "Content-Type": "application/octet-stream"}
+
+
+def test_api_ingests_a_real_kineto_trace_and_is_idempotent(api, realdata):
+    data = (realdata / "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz").read_bytes()
+    h = ingest_headers(api)
+    r = httpx.post(api.url + "/api/v1/ingest/auto", params={"job_id": "hta-nccl", "source": "nccl_data.json.gz"}, content=data, headers=h, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["formats"] == ["kineto"]
+    assert body["written"]["collective"] == 21 and body["written"]["step"] == 3
+    store = api.app.state.store
+    steps = store.read("step", job_id="hta-nccl")
+    assert steps["rank"].unique().to_list() == [0]
+    r2 = httpx.post(api.url + "/api/v1/ingest/kineto", params={"job_id": "hta-nccl"}, content=data, headers=h, timeout=120)
+    assert r2.status_code == 200 and sum(r2.json()["written"].values()) <= 1  # the job row may refresh; no new facts
+    assert store.counts()["collective"] == 21
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "status", "words"),
+    [
+        ("auto", b"definitely not telemetry", 415, "format not recognised"),
+        ("tarball", b"x", 404, "unknown format"),
+        ("kineto", gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 1000)[:200], 400, "not valid json"),
+        ("kineto", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 10, 400, ""),
+        ("job_events", b'{"job_id": "j", "ts": "2026-03-01T12:00:00Z", "kind": "teleported"}\n', 400, "kind"),
+        ("nccl_inspector", b'{"header": {"id": "0x1", "rank": 0}}\n{not json\n', 400, "line"),
+        ("auto", b"", 400, "empty body"),
+    ],
+    ids=["unrecognised", "unknown-format", "truncated-gzip", "binary", "bad-kind", "malformed-jsonl", "empty"],
+)
+def test_api_rejects_bad_input_and_writes_nothing(api, fmt, content, status, words):
+    r = httpx.post(api.url + f"/api/v1/ingest/{fmt}", content=content, headers=ingest_headers(api), timeout=60)
+    assert r.status_code == status, r.text
+    assert words.lower() in r.json()["detail"].lower()
+    assert sum(api.app.state.store.counts().values()) == 0
+
+
+def test_api_ingest_needs_the_ingest_scope(api, realdata):
+    data = (realdata / "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt").read_bytes()
+    read_only = {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "r", ["read"])}
+    assert httpx.post(api.url + "/api/v1/ingest/auto", content=data, headers=read_only).status_code == 403
+    assert httpx.post(api.url + "/api/v1/ingest/auto", content=data).status_code == 401
+    assert api.app.state.store.counts()["nccl_test"] == 0
