@@ -141,6 +141,54 @@ GPU_FIELDS: tuple[Col, ...] = (
     _f("clock_event_reasons", pl.Int64, doc="DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask"),
 )
 
+# DCGM field name -> (gpu_sample column, factor to SI). One table for every source that carries DCGM
+# names: dcgm-exporter text, and the same series forwarded over OTLP by an OpenTelemetry Collector.
+# Units from DCGM's field documentation (dcgm_fields.h): MiB, mJ, percent, ns.
+DCGM_FIELDS: dict[str, tuple[str, float]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("util_ratio", 0.01),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_copy_util_ratio", 0.01),
+    "DCGM_FI_DEV_ENC_UTIL": ("enc_util_ratio", 0.01),
+    "DCGM_FI_DEV_DEC_UTIL": ("dec_util_ratio", 0.01),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active_ratio", 1.0),
+    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active_ratio", 1.0),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("fp64_active_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("fp32_active_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("fp16_active_ratio", 1.0),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_active_ratio", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("fb_used_bytes", 2.0**20),
+    "DCGM_FI_DEV_FB_FREE": ("fb_free_bytes", 2.0**20),
+    "DCGM_FI_DEV_FB_RESERVED": ("fb_reserved_bytes", 2.0**20),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1e-3),
+    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("mem_temp_c", 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
+    "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1.0),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bytes_per_s", 1.0),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie_rx_bytes_per_s", 1.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_bytes_per_s", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink_rx_bytes_per_s", 1.0),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_total", 1.0),
+    "DCGM_FI_DEV_XID_ERRORS": ("xid_last", 1.0),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe_volatile_total", 1.0),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe_volatile_total", 1.0),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("ecc_sbe_aggregate_total", 1.0),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("ecc_dbe_aggregate_total", 1.0),
+    "DCGM_FI_DEV_RETIRED_SBE": ("retired_sbe_total", 1.0),
+    "DCGM_FI_DEV_RETIRED_DBE": ("retired_dbe_total", 1.0),
+    "DCGM_FI_DEV_RETIRED_PENDING": ("retired_pending_total", 1.0),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remap_correctable_total", 1.0),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remap_uncorrectable_total", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remap_failure", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remap_pending", 1.0),
+    "DCGM_FI_DEV_POWER_VIOLATION": ("power_violation_s", 1e-9),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ("thermal_violation_s", 1e-9),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clock_event_reasons", 1.0),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("clock_event_reasons", 1.0),  # the pre-3.2 name of the same field
+}
+
 GPU_SAMPLE = FrameSpec(
     "gpu_sample",
     (_k("ts", UTC_US), _k("gpu_uuid", pl.String), *GPU_FIELDS),

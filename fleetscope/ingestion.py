@@ -61,6 +61,8 @@ FORMATS: dict[str, Format] = {
                lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id, default_ts=o.ts)),
         Format("nccl_tests", "ingest.nccl_tests", "nccl-tests output (text table or -J JSON)",
                lambda m, d, s, o: m.parse(d, source=s, op=o.op, ts=o.ts)),
+        Format("otlp_json", "ingest.otlp", "OTLP/JSON ExportMetricsServiceRequest (as posted to /v1/metrics)",
+               lambda m, d, s, o: m.parse(d, encoding="json", source=s)),
         Format("job_events", "ingest.job_events", "job lifecycle events, JSON Lines (docs/job_events.md)",
                lambda m, d, s, o: m.parse(d, source=s)),
     )
@@ -104,6 +106,8 @@ def detect(data: bytes) -> list[str]:
     if stripped.startswith("{"):
         if '"traceEvents"' in text or '"distributedInfo"' in text or ('"schemaVersion"' in text and '"ph"' in text):
             return ["kineto"]
+        if '"resourceMetrics"' in text[:4096]:
+            return ["otlp_json"]
         obj = _first_json_object(text)
         if obj is not None:
             if "header" in obj or "dump_stats" in obj:

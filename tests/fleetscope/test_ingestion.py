@@ -20,6 +20,7 @@ EXPECTED = {
     "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt": ["nccl_tests"],
     "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz": ["kineto"],
     "traces/hta/trace_diff/control/control.json.gz": ["kineto"],
+    "telemetry/otlp-json_ExportMetricsServiceRequest_example_opentelemetry-proto.json": ["otlp_json"],
     "telemetry/SOURCES.md": [],
 }
 

@@ -1,0 +1,97 @@
+"""OTLP/HTTP metrics receiver: ``POST /v1/metrics``, protobuf or JSON, gzip allowed.
+
+Response rules from the OTLP specification (OTLP/HTTP, "Failures" and "Partial Success"): 200 with an
+``ExportMetricsServiceResponse`` whose ``partial_success`` counts rejected points; 400 with a
+``google.rpc.Status`` for a body that cannot be decoded (not retryable); 413 over the size limit, also
+after decompression; 415 for an unknown content type; 503 with ``Retry-After`` when the server is
+saturated or the database is busy (retryable: the SDK exporters back off and resend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from sqlalchemy.exc import OperationalError
+
+from fleetscope.api.security import require
+from fleetscope.errors import FleetscopeError
+
+router = APIRouter(tags=["otlp"])
+
+# Requests decoded and written at once; beyond this the server answers 503 + Retry-After rather than
+# queueing work it cannot finish before the client's timeout.
+MAX_IN_FLIGHT = 8
+_in_flight = 0
+_lock = asyncio.Lock()
+
+_ENCODINGS = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
+
+
+def _status(code: int, message: str, encoding: str, http_status: int, headers: dict[str, str] | None = None) -> Response:
+    from google.protobuf import json_format
+    from google.rpc import status_pb2
+
+    st = status_pb2.Status(code=code, message=message)
+    if encoding == "json":
+        return Response(json_format.MessageToJson(st, indent=None), http_status, headers=headers, media_type="application/json")
+    return Response(st.SerializeToString(), http_status, headers=headers, media_type="application/x-protobuf")
+
+
+def _gunzip(body: bytes, limit: int) -> bytes | None:
+    """Decompress with a ceiling: a gzip bomb must not expand past the body limit. None when over it."""
+    d = zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
+    out = d.decompress(body, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        return None
+    if not d.eof:
+        raise ValueError("truncated gzip body")
+    return out
+
+
+@router.post("/v1/metrics", dependencies=[Depends(require("ingest"))])
+async def otlp_metrics(request: Request) -> Response:
+    """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
+    global _in_flight
+    from ingest import otlp
+
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    encoding = _ENCODINGS.get(ctype)
+    if encoding is None:
+        return Response(f"unsupported content type {ctype!r}: use application/x-protobuf or application/json", 415)
+    async with _lock:
+        if _in_flight >= MAX_IN_FLIGHT:
+            return _status(14, "server saturated, retry later", encoding, 503, {"Retry-After": "1"})
+        _in_flight += 1
+    try:
+        body = await request.body()
+        limit = request.app.state.settings.max_body_bytes
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            try:
+                body = _gunzip(body, limit)
+            except (zlib.error, ValueError) as exc:
+                return _status(3, f"invalid gzip body: {exc}", encoding, 400)
+            if body is None:
+                return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
+        store = request.app.state.store
+        try:
+            batch = await run_in_threadpool(otlp.parse, body, encoding=encoding, source="otlp:/v1/metrics")
+        except FleetscopeError as exc:
+            return _status(3, str(exc), encoding, 400)
+        try:
+            await run_in_threadpool(store.write, batch)
+        except FleetscopeError as exc:
+            return _status(3, str(exc), encoding, 400)
+        except OperationalError:
+            # Locked or unreachable database: retryable by the client, so say when to come back.
+            return _status(14, "database busy, retry later", encoding, 503, {"Retry-After": "2"})
+        meta = batch.meta
+        reasons = "; ".join(f"{n} × {why}" for why, n in list(meta["rejected_reasons"].items())[:10])
+        content, media = otlp.response(meta["rejected_points"], reasons, encoding=encoding)
+        return Response(content, 200, media_type=media)
+    finally:
+        async with _lock:
+            _in_flight -= 1
