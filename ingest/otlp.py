@@ -85,7 +85,10 @@ def parse(data: bytes, *, encoding: str, source: str = "") -> Batch:
 
 
 def from_request(req: Any, *, source: str = "") -> Batch:
-    gpu_rows: dict[tuple[int, str], dict[str, Any]] = {}
+    """Columnar walk of a decoded request: per GPU metric, three lists (GPU id, time, value), pivoted
+    to wide rows by polars at the end. Attribute wrappers are what cost most in the protobuf runtime, so
+    a GPU's full attribute set is read only the first time the GPU is seen; after that only its id."""
+    parts: list[pl.DataFrame] = []
     series_rows: dict[tuple[int, str], float] = {}
     gpus: dict[str, dict[str, Any]] = {}
     rejected: Counter[str] = Counter()
@@ -101,13 +104,22 @@ def from_request(req: Any, *, source: str = "") -> Batch:
                     rejected[f"{kind or 'empty'} metrics are not stored ({metric.name})"] += n
                     continue
                 name = metric.name
-                target = _gpu_column(name)
-                for dp in getattr(metric, kind).data_points:
+                points = getattr(metric, kind).data_points
+                static, typed = _gpu_target(name)
+                if static is None and typed is None:
+                    accepted += _series_points(name, points, res, series_rows, rejected)
+                    continue
+                uuids: list[str] = []
+                times: list[int] = []
+                values: list[float] = []
+                columns: list[str] = []
+                pos = -1  # where the GPU id sits in this metric's attribute lists; collectors keep one order
+                for dp in points:
                     which = dp.WhichOneof("value")
                     if which is None:
                         rejected[f"data point without a value ({name})"] += 1
                         continue
-                    value = float(getattr(dp, which))
+                    value = float(dp.as_double if which == "as_double" else dp.as_int)
                     if not math.isfinite(value):
                         rejected[f"non-finite value ({name})"] += 1
                         continue
@@ -115,34 +127,46 @@ def from_request(req: Any, *, source: str = "") -> Batch:
                     if ts_ns <= 0:
                         rejected[f"data point without a timestamp ({name})"] += 1
                         continue
-                    ts_us = ts_ns // 1000
-                    attrs = _attrs(dp.attributes)
-                    col = target(attrs) if target else None
-                    if col is not None:
-                        column, factor = col
-                        uuid = next((attrs[k] for k in _UUID_KEYS if attrs.get(k)), None)
-                        if not uuid:
-                            rejected[f"GPU metric without a GPU id attribute ({name})"] += 1
+                    kvs = dp.attributes
+                    attrs = None
+                    uuid = None
+                    col = static
+                    if typed is not None:
+                        # hw.power / hw.energy / hw.temperature describe any hardware; only GPUs are GPU samples.
+                        attrs = _attrs(kvs)
+                        if attrs.get("hw.type") != "gpu":
+                            accepted += _series_points(name, [dp], res, series_rows, rejected)
                             continue
-                        row = gpu_rows.setdefault((ts_us, uuid), {})
-                        row[column] = value * factor
-                        if uuid not in gpus:
-                            gpus[uuid] = {
-                                "gpu_uuid": uuid,
-                                "host": attrs.get("Hostname") or attrs.get("hostname") or attrs.get("host.name") or host_default,
-                                "model_name": attrs.get("modelName") or attrs.get("model_name") or attrs.get("hw.model"),
-                                "pci_bus_id": attrs.get("pci_bus_id"),
-                            }
-                        accepted += 1
+                        col = typed
+                    elif 0 <= pos < len(kvs):
+                        kv = kvs[pos]
+                        if kv.key in _UUID_KEYS:
+                            uuid = kv.value.string_value
+                    if not uuid:
+                        attrs = attrs if attrs is not None else _attrs(kvs)
+                        pos, uuid = next(((i, attrs.get(kvs[i].key)) for i in range(len(kvs)) if kvs[i].key in _UUID_KEYS and attrs.get(kvs[i].key)), (-1, None))
+                    if not uuid:
+                        rejected[f"GPU metric without a GPU id attribute ({name})"] += 1
                         continue
-                    labels = dict(attrs)
-                    for k, v in res.items():
-                        labels.setdefault(k if k not in attrs else f"resource.{k}", v)
-                    series_rows[(ts_us, series_key(name, labels))] = value
-                    accepted += 1
+                    if uuid not in gpus:
+                        attrs = attrs if attrs is not None else _attrs(kvs)
+                        gpus[uuid] = {
+                            "gpu_uuid": uuid,
+                            "host": attrs.get("Hostname") or attrs.get("hostname") or attrs.get("host.name") or host_default,
+                            "model_name": attrs.get("modelName") or attrs.get("model_name") or attrs.get("hw.model"),
+                            "pci_bus_id": attrs.get("pci_bus_id"),
+                        }
+                    uuids.append(uuid)
+                    times.append(ts_ns // 1000)
+                    values.append(value * col[1])
+                    columns.append(col[0])
+                if uuids:
+                    accepted += len(uuids)
+                    parts.append(pl.DataFrame({"ts_us": times, "gpu_uuid": uuids, "column": columns, "value": values},
+                                              schema={"ts_us": pl.Int64, "gpu_uuid": pl.String, "column": pl.String, "value": pl.Float64}))
     batch = Batch(source=source, meta={"accepted_points": accepted, "rejected_points": sum(rejected.values()), "rejected_reasons": dict(rejected)})
-    if gpu_rows:
-        batch.gpu_sample = _wide(gpu_rows)
+    if parts:
+        batch.gpu_sample = _wide(pl.concat(parts))
         batch.gpu = pl.DataFrame(list(gpus.values()), schema={"gpu_uuid": pl.String, "host": pl.String, "model_name": pl.String, "pci_bus_id": pl.String})
     if series_rows:
         keys = list(series_rows)
@@ -154,37 +178,52 @@ def from_request(req: Any, *, source: str = "") -> Batch:
     return batch
 
 
-def _gpu_column(name: str):  # type: ignore[no-untyped-def]
-    """A function from a point's attributes to its (column, factor), or None where the metric is not a GPU field."""
+def _series_points(name: str, points: Any, res: dict[str, str], out: dict[tuple[int, str], float], rejected: Counter[str]) -> int:
+    n = 0
+    for dp in points:
+        which = dp.WhichOneof("value")
+        if which is None:
+            rejected[f"data point without a value ({name})"] += 1
+            continue
+        value = float(getattr(dp, which))
+        if not math.isfinite(value):
+            rejected[f"non-finite value ({name})"] += 1
+            continue
+        if dp.time_unix_nano <= 0:
+            rejected[f"data point without a timestamp ({name})"] += 1
+            continue
+        attrs = _attrs(dp.attributes)
+        labels = dict(attrs)
+        for k, v in res.items():
+            labels.setdefault(k if k not in attrs else f"resource.{k}", v)
+        out[(dp.time_unix_nano // 1000, series_key(name, labels))] = value
+        n += 1
+    return n
+
+
+def _gpu_target(name: str) -> tuple[tuple[str, float] | None, tuple[str, float] | None]:
+    """(column, factor) for a GPU metric: first for metrics that are always per GPU, second for ``hw.*``
+    metrics that are GPU samples only where ``hw.type`` is ``gpu``."""
     # Instrument names are case-insensitive in OpenTelemetry and the SDK lowercases them; the Collector's
     # prometheus receiver keeps dcgm-exporter's upper case. Both are the same DCGM field.
     if name.upper() in DCGM_FIELDS:
-        found = DCGM_FIELDS[name.upper()]
-        return lambda _attrs: found
+        return DCGM_FIELDS[name.upper()], None
     if name in _HW_GPU and _HW_GPU[name][0] is not None:
-        found = _HW_GPU[name]
-        return lambda _attrs: found
+        column, factor = _HW_GPU[name]
+        return (column, factor), None
     if name in _HW_TYPED:
-        found = _HW_TYPED[name]
-        # hw.power / hw.energy / hw.temperature describe any hardware; only GPUs go to gpu_sample.
-        return lambda attrs: found if attrs.get("hw.type") == "gpu" else None
-    return None
+        return None, _HW_TYPED[name]
+    return None, None
 
 
-def _wide(rows: dict[tuple[int, str], dict[str, Any]]) -> pl.DataFrame:
-    keys = list(rows)
-    columns = sorted({c for r in rows.values() for c in r})
-    data: dict[str, Any] = {
-        "ts": pl.Series([k[0] for k in keys], dtype=pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC"),
-        "gpu_uuid": [k[1] for k in keys],
-    }
-    for c in columns:
-        values = [rows[k].get(c) for k in keys]
-        if c in _INT_COLUMNS:
-            data[c] = pl.Series(c, [None if v is None else round(v) for v in values], dtype=pl.Int64)
-        else:
-            data[c] = pl.Series(c, values, dtype=pl.Float64)
-    return pl.DataFrame(data)
+def _wide(long: pl.DataFrame) -> pl.DataFrame:
+    """(ts, GPU, column, value) points to one row per GPU and instant; the last point of a repeated
+    (ts, GPU, column) wins, as a re-sent point should."""
+    wide = long.pivot(on="column", index=["ts_us", "gpu_uuid"], values="value", aggregate_function="last")
+    casts = [pl.col(c).round(0).cast(pl.Int64) for c in wide.columns if c in _INT_COLUMNS]
+    return wide.with_columns(*casts, pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts")).drop("ts_us").select(
+        "ts", "gpu_uuid", *[c for c in wide.columns if c not in ("ts_us", "gpu_uuid")]
+    )
 
 
 def response(rejected: int, message: str, *, encoding: str) -> tuple[bytes, str]:

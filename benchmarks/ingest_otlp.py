@@ -1,0 +1,132 @@
+"""OTLP/HTTP end to end: a 16,384-GPU fleet's DCGM scrape, as an OpenTelemetry Collector would forward it,
+posted to a running `fleetscope serve` and written to the store. Prints JSON lines.
+
+Each request carries one scrape: 30 DCGM fields × N GPUs data points with dcgm-exporter's labels as
+attributes (gpu, UUID, device, modelName, Hostname, pci_bus_id). Measures parse-only rate in process, then
+end-to-end values/s through the API on SQLite and PostgreSQL.
+
+    python benchmarks/ingest_otlp.py [--gpus 16384] [--scrapes 5] [--workers 1] [--no-postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from fleetscope import frames as F
+
+FIELDS = list(dict.fromkeys(F.DCGM_FIELDS))[:30]
+
+
+def build_request(gpus: int, ts_ns: int) -> bytes:
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    rm.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="dcgm-exporter")))
+    sm = rm.scope_metrics.add()
+    labels = []
+    for i in range(gpus):
+        host = f"gpu-node-{i // 8:05d}"
+        labels.append([
+            KeyValue(key="gpu", value=AnyValue(string_value=str(i % 8))),
+            KeyValue(key="UUID", value=AnyValue(string_value=f"GPU-{i:08x}-69c4-b61d-e0bc-{i:012x}")),
+            KeyValue(key="pci_bus_id", value=AnyValue(string_value=f"00000000:{0x18 + 0x11 * (i % 8):02X}:00.0")),
+            KeyValue(key="device", value=AnyValue(string_value=f"nvidia{i % 8}")),
+            KeyValue(key="modelName", value=AnyValue(string_value="NVIDIA H100 80GB HBM3")),
+            KeyValue(key="Hostname", value=AnyValue(string_value=host)),
+        ])
+    for f, name in enumerate(FIELDS):
+        m = sm.metrics.add()
+        m.name = name
+        for i in range(gpus):
+            dp = m.gauge.data_points.add()
+            dp.time_unix_nano = ts_ns
+            dp.as_double = float((i * 7 + f * 13) % 97)
+            dp.attributes.extend(labels[i])
+    return req.SerializeToString()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(label: str, url: str, gpus: int, scrapes: int, workers: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="fleetscope-otlp-")
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": tmp, "FLEETSCOPE_DATABASE_URL": url, "FLEETSCOPE_AUTO_MIGRATE": "true", "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+    from fleetscope import auth, db
+
+    db.upgrade(url)
+    token = auth.create_token(db.make_engine(url), "bench", ["ingest"])
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        bodies = [gzip.compress(build_request(gpus, (1_800_000_000 + s) * 10**9), compresslevel=1) for s in range(scrapes)]
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+        values = gpus * len(FIELDS) * scrapes
+        with httpx.Client(timeout=300) as client:
+            t = time.perf_counter()
+            for body in bodies:
+                r = client.post(base + "/v1/metrics", content=body, headers=headers)
+                assert r.status_code == 200, r.text[:300]
+            seconds = time.perf_counter() - t
+        print(json.dumps({"bench": "otlp_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "values": values,
+                          "gzip_mb_per_scrape": round(len(bodies[0]) / 2**20, 1), "seconds": round(seconds, 2),
+                          "values_per_s": round(values / seconds), "target_values_per_s": 500_000}), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--scrapes", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--no-postgres", action="store_true")
+    args = ap.parse_args()
+
+    from ingest import otlp
+
+    body = build_request(args.gpus, 1_800_000_000 * 10**9)
+    t = time.perf_counter()
+    batch = otlp.parse(body, encoding="protobuf")
+    seconds = time.perf_counter() - t
+    values = args.gpus * len(FIELDS)
+    assert batch.gpu_sample.height == args.gpus
+    print(json.dumps({"bench": "otlp_parse", "gpus": args.gpus, "values": values, "mb": round(len(body) / 2**20, 1), "seconds": round(seconds, 3),
+                      "values_per_s": round(values / seconds)}), flush=True)
+    run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-otlp-db-')}/fs.db", args.gpus, args.scrapes, args.workers)
+    if not args.no_postgres:
+        from fleetscope import db
+
+        try:
+            db.downgrade(args.postgres, "base")
+        except Exception as exc:  # noqa: BLE001
+            print(json.dumps({"bench": "otlp_end_to_end", "db": "postgresql", "skipped": str(exc).splitlines()[0]}))
+            return
+        run("postgresql", args.postgres, args.gpus, args.scrapes, args.workers)
+
+
+if __name__ == "__main__":
+    main()
