@@ -304,7 +304,8 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
         if len(kept) >= 2 and kept[0] is spans[0]:
             mean_rest = sum(times[1:]) / (len(times) - 1)
             extra = max(0, round(times[0] - mean_rest))
-        mean_step = (sum(times) / len(times)) if times else 0.0
+        # a typical step: the startup excess is not part of it
+        mean_step = ((sum(times) - extra) / len(times)) if times else 0.0
         for step, s, e, completed in spans:
             if completed and (resume is None or step < resume):
                 if extra and (step, s) == (spans[0][0], spans[0][1]):
