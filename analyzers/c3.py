@@ -275,10 +275,14 @@ def c3_breakdown(step: pl.DataFrame, collective: pl.DataFrame | None = None) -> 
     if collective is not None and collective.height:
         cw = collective_wait(collective).select("job_id", "rank", "start", "duration_s", "wait_s")
         spans = st.select("job_id", "rank", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end"))
-        # a rank has few steps in a window, so an equi-join on (job, rank) then a range filter stays small
-        tagged = cw.join(spans, on=["job_id", "rank"]).filter(
-            (pl.col("start") >= pl.col("s_start")) & (pl.col("start") < pl.col("s_end"))
-        )
+        # A rank's steps do not overlap, so a collective belongs to the last step starting at or before it,
+        # if it starts before that step ends. An as-of join finds it in O(n log n); an equi-join on
+        # (job, rank) then a range filter grows as steps × collectives per rank (10^4 rows per rank for
+        # 100 steps, too many at 16k ranks).
+        tagged = cw.sort("start").join_asof(
+            spans.sort("s_start"), left_on="start", right_on="s_start", by=["job_id", "rank"], strategy="backward",
+            check_sortedness=False,  # both sides sorted just above; polars cannot check it per group
+        ).filter(pl.col("step").is_not_null() & (pl.col("start") < pl.col("s_end")))
         per = tagged.group_by("job_id", "rank", "step").agg(
             (pl.col("wait_s").sum() / pl.col("duration_s").sum()).alias("wait_ratio")
         )

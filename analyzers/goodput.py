@@ -1,0 +1,649 @@
+"""Goodput: runtime goodput with its badput buckets, scheduling goodput, program goodput (MFU) and their
+product, Google's ML Productivity Goodput.
+
+Definitions follow Google Cloud's "ML Productivity Goodput" (scheduling × runtime × program goodput) and,
+for runtime goodput, the semantics of Google's ``ml-goodput-measurement`` library
+(github.com/AI-Hypercomputer/ml-goodput-measurement, ``goodput.py`` / ``goodput_utils.py``), so a user of
+that library finds the same numbers here. Written from those semantics, not copied:
+
+- A step lasts from its start to the next step's start (the library records step *starts* only); the
+  last step of the job ends at the job's end.
+- Productive time is the time of steps whose progress was kept. After a disruption the job resumes from
+  a checkpoint at some step r: steps ≥ r of the disrupted attempt were done twice, so their time, and the
+  unfinished step cut short by the disruption, is *wasted progress*.
+- *Infrastructure recovery* is the gap from the disruption (a ``failure``/``preempted`` event, else the
+  attempt's last sign of life) to the next attempt's start.
+- *Program startup*: the first step after a (re)start carries compilation and warm-up; its excess over the
+  mean of the attempt's other completed steps is badput (the library's "first step extra time").
+- *Initialization* (the library's TPU_INITIALIZATION): attempt start → ``initialized``; *training
+  preparation*: ``initialized`` → first step. Without an ``initialized`` event that span is *other*, as
+  the library leaves unrecorded time in OTHER.
+- *Synchronous data loading*: ``data_loading_s`` in a step event's payload, the blocking load before
+  that step starts; *checkpoint save / restore*: the ``checkpoint_*_start`` → ``_end`` spans. These are
+  carved out of whatever they overlap (the library subtracts blocking checkpoint time from goodput).
+- *Other*: everything else in the elapsed time, so the buckets add up to the total exactly.
+
+The runtime denominator is elapsed time from the first ``started`` to ``finished`` (or ``until``, which
+the caller passes for a running job: analyzers never read the clock). Times are handled as integer
+microseconds, so the buckets sum to the total exactly and the library's worked examples come out exact
+(steps at 5, 8, 11, 14, 17 s after a start at 0 and an end at 20 s: 75.000 %).
+
+Pure: polars/numpy in, frames and dataclasses out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from fleetscope.frames import JOB_EVENT_KINDS, UTC_US
+
+__all__ = [
+    "BUCKETS",
+    "BADPUT_BUCKETS",
+    "RuntimeGoodput",
+    "goodput_timeline",
+    "runtime_goodput",
+    "rolling_goodput",
+    "step_times",
+    "step_time_deviation",
+    "ideal_step_time",
+    "scheduling_goodput",
+    "load_gpu_peaks",
+    "gpu_peak_flops",
+    "program_goodput",
+    "ml_productivity_goodput",
+]
+
+PRODUCTIVE = "productive"
+# Badput buckets and the ml-goodput-measurement BadputType each one corresponds to.
+BADPUT_BUCKETS: dict[str, str] = {
+    "wasted_progress": "WASTED_PROGRESS_FROM_DISRUPTION",
+    "infrastructure_recovery": "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+    "initialization": "TPU_INITIALIZATION",
+    "training_preparation": "TRAINING_PREP",
+    "program_startup": "PROGRAM_STARTUP",
+    "data_loading": "DATA_LOADING_SYNC",
+    "checkpoint_save": "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+    "checkpoint_restore": "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+    "other": "OTHER",
+}
+BUCKETS: tuple[str, ...] = (PRODUCTIVE, *BADPUT_BUCKETS)
+# Overlays win over the base timeline, earlier entries over later ones.
+_OVERLAY_ORDER = ("checkpoint_restore", "checkpoint_save", "data_loading")
+
+_EVENT_COLUMNS = ("job_id", "ts", "kind")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = 1_000_000
+
+
+# --- input checks ----------------------------------------------------------------------------------
+
+
+def _check_events(job_event: pl.DataFrame) -> pl.DataFrame:
+    """Validate a job_event frame and return it sorted by time, with rank/step/payload filled in."""
+    if not isinstance(job_event, pl.DataFrame):
+        raise TypeError(f"job_event must be a polars DataFrame, not {type(job_event).__name__}")
+    missing = [c for c in _EVENT_COLUMNS if c not in job_event.columns]
+    if missing:
+        raise ValueError(f"job_event frame lacks column(s) {', '.join(missing)}")
+    if job_event.height == 0:
+        raise ValueError("job_event frame is empty: no lifecycle events to compute goodput from")
+    ev = job_event
+    if ev.schema["ts"] != UTC_US:
+        if not isinstance(ev.schema["ts"], pl.Datetime):
+            raise ValueError(f"job_event.ts must be a UTC datetime column, got {ev.schema['ts']}")
+        ts = pl.col("ts")
+        ev = ev.with_columns((ts.dt.replace_time_zone("UTC") if ev.schema["ts"].time_zone is None
+                              else ts.dt.convert_time_zone("UTC")).dt.cast_time_unit("us"))
+    if ev["ts"].null_count():
+        raise ValueError(f"job_event row {int(ev['ts'].is_null().arg_true()[0])}: missing ts")
+    unknown = ev.filter(~pl.col("kind").is_in(list(JOB_EVENT_KINDS)) | pl.col("kind").is_null())
+    if unknown.height:
+        raise ValueError(f"unknown job event kind {unknown['kind'][0]!r} (expected one of {', '.join(JOB_EVENT_KINDS)})")
+    for col, dtype in (("rank", pl.Int64), ("step", pl.Int64), ("payload", pl.String)):
+        if col not in ev.columns:
+            ev = ev.with_columns(pl.lit(None, dtype).alias(col))
+    ev = ev.with_columns(pl.col("rank").fill_null(-1))
+    if ev.filter((pl.col("kind") == "step") & pl.col("step").is_null()).height:
+        raise ValueError("a step event has no step number")
+    # Events arrive from many ranks and transports out of order; time order is the only meaningful one.
+    return ev.sort("ts", "kind", maintain_order=True)
+
+
+def _one_job(ev: pl.DataFrame) -> str:
+    jobs = ev["job_id"].unique().to_list()
+    if len(jobs) != 1:
+        raise ValueError(f"job_event frame holds {len(jobs)} jobs ({', '.join(map(str, jobs[:5]))}); filter to one")
+    return str(jobs[0])
+
+
+def _us(t: datetime) -> int:
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+def _dt(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(us))
+
+
+def _payload_number(p: dict, key: str, where: str) -> float | None:
+    v = p.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0:
+        raise ValueError(f"{where}: payload {key} must be a finite number ≥ 0, got {v!r}")
+    return float(v)
+
+
+def _payload_time(p: dict, key: str, where: str) -> int | None:
+    v = p.get(key)
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+        return round(float(v) * _US)
+    if isinstance(v, str):
+        try:
+            return _us(datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00")).astimezone(timezone.utc))
+        except ValueError:
+            pass
+    raise ValueError(f"{where}: payload {key} is not a timestamp: {v!r}")
+
+
+def _payload(text: str | None, where: str) -> dict:
+    if text is None:
+        return {}
+    try:
+        p = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"{where}: payload is not JSON") from None
+    if not isinstance(p, dict):
+        raise ValueError(f"{where}: payload is not a JSON object")
+    return p
+
+
+# --- the runtime timeline --------------------------------------------------------------------------
+
+
+@dataclass
+class _Attempt:
+    start: int
+    initialized: int | None = None
+    steps: list[tuple[int, int, float]] = field(default_factory=list)  # (step, start_us, data_loading_s)
+    disruption: int | None = None
+    last_seen: int = 0
+
+
+def _steps_from_events(ev: pl.DataFrame) -> list[tuple[int, int, float]]:
+    """(step, start µs, data loading s) per step event. A step's start is its payload ``start``, else
+    ``ts − duration_s`` (``ts`` is the step's end in our schema), else ``ts`` itself: a bare step event
+    marks the step's start, as the library's ``record_step_start_time`` does. Several ranks reporting the
+    same step give one start: the earliest."""
+    rows = ev.filter(pl.col("kind") == "step").select("ts", "step", "payload", "rank").iter_rows()
+    out: list[tuple[int, int, float]] = []
+    for ts, step, text, rank in rows:
+        where = f"step event (step {step}, rank {rank})"
+        p = _payload(text, where)
+        start = _payload_time(p, "start", where)
+        if start is None:
+            end = _payload_time(p, "end", where)
+            end = _us(ts) if end is None else end
+            dur = _payload_number(p, "duration_s", where)
+            start = end - round(dur * _US) if dur is not None else end
+        dl = _payload_number(p, "data_loading_s", where) or 0.0
+        out.append((int(step), start, dl))
+    return out
+
+
+def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
+    """The job's elapsed runtime cut into labelled spans: ``job_id, start, end, duration_s, bucket, step``.
+
+    Buckets are :data:`BUCKETS` (module docstring for their meaning); spans do not overlap and cover
+    [first ``started``, ``finished`` or ``until``) exactly. ``step`` is set on productive, program-startup
+    and wasted spans. ``until`` ends a running job's timeline (required when there is no ``finished``);
+    it also cuts a finished job's timeline short.
+
+    Raises ``ValueError`` on an empty frame, missing columns, unknown kinds, several jobs, a step before
+    the job started, a checkpoint end without its start, or a non-finite payload number.
+    """
+    ev = _check_events(job_event)
+    job_id = _one_job(ev)
+    kinds = ev["kind"].to_list()
+    ts_us = [_us(t) for t in ev["ts"].to_list()]
+
+    boundaries = [t for k, t in zip(kinds, ts_us) if k in ("started", "restart")]
+    if not boundaries:
+        raise ValueError(f"job {job_id}: no 'started' event, so the runtime has no beginning")
+    steps = _steps_from_events(ev)
+    if steps and min(s[1] for s in steps) < boundaries[0]:
+        raise ValueError(f"job {job_id}: a step starts before the job's first 'started' event")
+
+    # Attempts: a 'restart' followed by 'started' (or the reverse) with no step between is one attempt.
+    step_starts = sorted(s[1] for s in steps)
+    attempts: list[_Attempt] = []
+    for b in boundaries:
+        if attempts and not any(attempts[-1].start <= s < b for s in step_starts):
+            continue
+        attempts.append(_Attempt(start=b, last_seen=b))
+    starts = np.array([a.start for a in attempts])
+
+    # Steps into attempts; several ranks reporting one step collapse to its earliest start.
+    per: dict[tuple[int, int], tuple[int, float]] = {}
+    for step, start, dl in steps:
+        i = int(np.searchsorted(starts, start, side="right")) - 1
+        key = (i, step)
+        if key not in per or start < per[key][0]:
+            per[key] = (start, dl)
+    for (i, step), (start, dl) in per.items():
+        attempts[i].steps.append((step, start, dl))
+    for a in attempts:
+        a.steps.sort(key=lambda s: (s[1], s[0]))
+
+    finished = [t for k, t in zip(kinds, ts_us) if k == "finished"]
+    end = min(finished[-1], _us(until)) if finished and until is not None else (
+        finished[-1] if finished else (_us(until) if until is not None else None))
+    if end is None:
+        raise ValueError(f"job {job_id} has no 'finished' event: pass until= to measure it while it runs")
+    if end < boundaries[0]:
+        raise ValueError(f"job {job_id}: end {_dt(end).isoformat()} is before its start")
+
+    # Per attempt: initialization, disruption and the attempt's last sign of life.
+    for i, a in enumerate(attempts):
+        nxt = attempts[i + 1].start if i + 1 < len(attempts) else end
+        last_step = a.steps[-1][1] if a.steps else a.start
+        for k, t in zip(kinds, ts_us):
+            if not (a.start <= t < nxt):
+                continue
+            a.last_seen = max(a.last_seen, t)
+            if k == "initialized" and a.initialized is None:
+                a.initialized = t
+            if k in ("failure", "preempted") and t >= last_step and a.disruption is None:
+                a.disruption = t
+        if i + 1 < len(attempts) and a.disruption is None:
+            # no failure event: the job was last seen alive at its last event
+            a.disruption = max(a.last_seen, last_step)
+
+    base: list[tuple[int, int, str, int | None]] = []  # (start, end, bucket, step)
+
+    def add(s: int, e: int, bucket: str, step: int | None = None) -> None:
+        e = min(e, end)
+        if e > s:
+            base.append((s, e, bucket, step))
+
+    for i, a in enumerate(attempts):
+        last = i + 1 == len(attempts)
+        stop = end if last else attempts[i + 1].start
+        cut = a.disruption if a.disruption is not None else stop
+        first_step = a.steps[0][1] if a.steps else cut
+        if a.initialized is not None and a.initialized < first_step:
+            add(a.start, a.initialized, "initialization")
+            add(a.initialized, first_step, "training_preparation")
+        else:
+            add(a.start, first_step, "other")
+        if not a.steps:
+            add(cut, stop, "infrastructure_recovery")
+            continue
+        resume = None if last else (attempts[i + 1].steps[0][0] if attempts[i + 1].steps else None)
+        spans = []  # (step, start, end, completed)
+        for j, (step, s, _) in enumerate(a.steps):
+            if j + 1 < len(a.steps):
+                spans.append((step, s, a.steps[j + 1][1], True))
+            else:
+                # The last step of the final attempt ends with the job; otherwise the disruption cut it short.
+                spans.append((step, s, cut if not last or a.disruption is not None else stop, last and a.disruption is None))
+        kept = [sp for sp in spans if sp[3] and (resume is None or sp[0] < resume)]
+        times = [sp[2] - sp[1] for sp in kept]
+        extra = 0
+        if len(kept) >= 2 and kept[0] is spans[0]:
+            mean_rest = sum(times[1:]) / (len(times) - 1)
+            extra = max(0, round(times[0] - mean_rest))
+        # a typical step: the startup excess is not part of it
+        mean_step = ((sum(times) - extra) / len(times)) if times else 0.0
+        for step, s, e, completed in spans:
+            if completed and (resume is None or step < resume):
+                if extra and (step, s) == (spans[0][0], spans[0][1]):
+                    add(s, s + extra, "program_startup", step)
+                    add(s + extra, e, PRODUCTIVE, step)
+                else:
+                    add(s, e, PRODUCTIVE, step)
+            elif not completed and resume is not None and step < resume:
+                # Resumed past the cut-short step: its checkpoint held it. Credit it with a typical step
+                # time (the library's "sequential" restart mode); the rest of its span was lost.
+                credit = min(e - s, round(mean_step)) if times else 0
+                add(s, s + credit, PRODUCTIVE, step)
+                add(s + credit, e, "wasted_progress", step)
+            else:
+                add(s, e, "wasted_progress", step)
+        add(cut, stop, "infrastructure_recovery")
+
+    overlays = _overlays(ev, kinds, ts_us, attempts, job_id)
+    return _paint(job_id, base, overlays, attempts[0].start, end)
+
+
+def _overlays(ev: pl.DataFrame, kinds: list[str], ts_us: list[int], attempts: list[_Attempt], job_id: str) -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {b: [] for b in _OVERLAY_ORDER}
+    for what in ("save", "restore"):
+        open_at: int | None = None
+        for k, t in zip(kinds, ts_us):
+            if k == f"checkpoint_{what}_start":
+                open_at = t if open_at is None else open_at
+            elif k == f"checkpoint_{what}_end":
+                if open_at is None:
+                    raise ValueError(f"job {job_id}: checkpoint_{what}_end at {_dt(t).isoformat()} without a start")
+                out[f"checkpoint_{what}"].append((open_at, t))
+                open_at = None
+        # a save still open at the end (job cut by until=, or a crash mid-save) blocks until then
+        if open_at is not None:
+            out[f"checkpoint_{what}"].append((open_at, max(ts_us)))
+    for a in attempts:
+        for _, s, dl in a.steps:
+            if dl > 0:
+                out["data_loading"].append((s - round(dl * _US), s))
+    return out
+
+
+def _paint(job_id: str, base: list, overlays: dict[str, list[tuple[int, int]]], t0: int, t1: int) -> pl.DataFrame:
+    """Lay the overlays over the base spans and return non-overlapping labelled spans covering [t0, t1)."""
+    base.sort(key=lambda b: b[0])
+    pts = {t0, t1}
+    for s, e, *_ in base:
+        pts.update((s, e))
+    for spans in overlays.values():
+        for s, e in spans:
+            pts.update((max(s, t0), min(e, t1)))
+    cuts = np.array(sorted(p for p in pts if t0 <= p <= t1), dtype=np.int64)
+    lo, hi = cuts[:-1], cuts[1:]
+    bs = np.array([b[0] for b in base], dtype=np.int64)
+    be = np.array([b[1] for b in base], dtype=np.int64)
+    idx = np.searchsorted(bs, lo, side="right") - 1
+    inside = (idx >= 0) & (lo < be[np.clip(idx, 0, None)]) if len(bs) else np.zeros(len(lo), bool)
+    labels = np.array(["other"] * len(lo), dtype=object)
+    steps = np.full(len(lo), -1, dtype=np.int64)
+    for j in np.flatnonzero(inside):
+        b = base[idx[j]]
+        labels[j] = b[2]
+        steps[j] = -1 if b[3] is None else b[3]
+    for bucket in reversed(_OVERLAY_ORDER):  # painted last wins
+        for s, e in overlays[bucket]:
+            hit = (lo >= s) & (hi <= e) & (labels != "infrastructure_recovery")
+            labels[hit] = bucket
+    df = pl.DataFrame({
+        "start_us": lo, "end_us": hi, "bucket": labels.astype(str), "step": steps,
+    }).filter(pl.col("end_us") > pl.col("start_us"))
+    return df.select(
+        pl.lit(job_id).alias("job_id"),
+        pl.from_epoch("start_us", time_unit="us").dt.replace_time_zone("UTC").alias("start"),
+        pl.from_epoch("end_us", time_unit="us").dt.replace_time_zone("UTC").alias("end"),
+        ((pl.col("end_us") - pl.col("start_us")) / _US).alias("duration_s"),
+        "bucket",
+        pl.when(pl.col("step") >= 0).then(pl.col("step")).alias("step"),
+    )
+
+
+# --- reports ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeGoodput:
+    """Runtime goodput of one job over a window: seconds per bucket and their shares of the elapsed time.
+
+    ``goodput_ratio`` = productive_s / total_s (0–1); ``badput_s`` maps each of :data:`BADPUT_BUCKETS` to
+    seconds; ``last_step`` is the highest productive step; ``disruptions`` the number of restarts seen.
+    """
+
+    job_id: str
+    window_start: datetime
+    window_end: datetime
+    total_s: float
+    productive_s: float
+    badput_s: dict[str, float]
+    last_step: int | None
+    disruptions: int
+
+    @property
+    def goodput_ratio(self) -> float:
+        return self.productive_s / self.total_s if self.total_s > 0 else math.nan
+
+    @property
+    def badput_ratio(self) -> dict[str, float]:
+        return {k: (v / self.total_s if self.total_s > 0 else math.nan) for k, v in self.badput_s.items()}
+
+    def to_frame(self) -> pl.DataFrame:
+        """One row per bucket: ``job_id, bucket, library_type, seconds, ratio``."""
+        rows = [(PRODUCTIVE, "GOODPUT", self.productive_s)] + [(b, BADPUT_BUCKETS[b], s) for b, s in self.badput_s.items()]
+        return pl.DataFrame(
+            {"job_id": [self.job_id] * len(rows), "bucket": [r[0] for r in rows], "library_type": [r[1] for r in rows],
+             "seconds": [r[2] for r in rows], "ratio": [r[2] / self.total_s if self.total_s else None for r in rows]},
+            schema={"job_id": pl.String, "bucket": pl.String, "library_type": pl.String, "seconds": pl.Float64, "ratio": pl.Float64},
+        )
+
+
+def _clip(tl: pl.DataFrame, a: datetime, b: datetime) -> pl.DataFrame:
+    return tl.with_columns(
+        pl.max_horizontal(pl.col("start"), pl.lit(a, UTC_US)).alias("start"),
+        pl.min_horizontal(pl.col("end"), pl.lit(b, UTC_US)).alias("end"),
+    ).filter(pl.col("end") > pl.col("start")).with_columns(
+        ((pl.col("end") - pl.col("start")).dt.total_microseconds() / _US).alias("duration_s"))
+
+
+def runtime_goodput(
+    job_event: pl.DataFrame,
+    *,
+    until: datetime | None = None,
+    window_start: datetime | None = None,
+    window_end: datetime | None = None,
+) -> RuntimeGoodput:
+    """Runtime goodput and badput breakdown of one job, as ``ml-goodput-measurement``'s
+    ``get_job_goodput(include_badput_breakdown=True)`` (whole run) or ``get_job_goodput_interval``
+    (``window_start``/``window_end``: the timeline clipped to that window, which is the interval's
+    denominator). See :func:`goodput_timeline` for ``until`` and the errors raised."""
+    tl = goodput_timeline(job_event, until=until)
+    t0, t1 = tl["start"].min(), tl["end"].max()
+    a = t0 if window_start is None else max(window_start, t0)
+    b = t1 if window_end is None else min(window_end, t1)
+    if b <= a:
+        raise ValueError(f"window [{a}, {b}) does not overlap the job's runtime [{t0}, {t1})")
+    tl = _clip(tl, a, b)
+    # sum integer microseconds: exact, so the buckets add up to the total exactly
+    us = tl.group_by("bucket").agg(((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).alias("us"))
+    by = dict(zip(us["bucket"].to_list(), us["us"].to_list()))
+    total_us = sum(by.values())
+    prod_steps = tl.filter(pl.col("bucket") == PRODUCTIVE)["step"]
+    disruptions = int(tl.filter(pl.col("bucket") == "infrastructure_recovery").height)
+    return RuntimeGoodput(
+        job_id=str(tl["job_id"][0]),
+        window_start=a,
+        window_end=b,
+        total_s=total_us / _US,
+        productive_s=by.get(PRODUCTIVE, 0) / _US,
+        badput_s={k: by.get(k, 0) / _US for k in BADPUT_BUCKETS},
+        last_step=int(prod_steps.max()) if prod_steps.len() and prod_steps.max() is not None else None,
+        disruptions=disruptions,
+    )
+
+
+def rolling_goodput(
+    job_event: pl.DataFrame,
+    *,
+    every_s: float,
+    period_s: float,
+    until: datetime | None = None,
+) -> pl.DataFrame:
+    """Goodput over rolling windows [t0 + k·every, t0 + k·every + period) from the job's start, as the
+    library's rolling-window monitoring does. Returns ``window_start, window_end, total_s, productive_s,
+    goodput_ratio`` and one ``<bucket>_s`` column per badput bucket. Windows are clipped at the job's end."""
+    if not (every_s > 0 and period_s > 0 and math.isfinite(every_s) and math.isfinite(period_s)):
+        raise ValueError("every_s and period_s must be finite and > 0")
+    tl = goodput_timeline(job_event, until=until)
+    t0, t1 = _us(tl["start"].min()), _us(tl["end"].max())
+    starts = np.arange(t0, t1, round(every_s * _US), dtype=np.int64)
+    ends = np.minimum(starts + round(period_s * _US), t1)
+    s = np.array([_us(x) for x in tl["start"].to_list()], dtype=np.int64)
+    e = np.array([_us(x) for x in tl["end"].to_list()], dtype=np.int64)
+    lab = np.array(tl["bucket"].to_list(), dtype=object)
+    out: dict[str, object] = {
+        "window_start": [_dt(x) for x in starts], "window_end": [_dt(x) for x in ends],
+        "total_s": (ends - starts) / _US,
+    }
+    # cumulative time per bucket: F(t) = time in the bucket before t; a window's share is F(b) − F(a)
+    for bucket in BUCKETS:
+        m = lab == bucket
+        bs, be = s[m], e[m]
+        cum = np.concatenate([[0], np.cumsum(be - bs)])
+
+        def F(t: np.ndarray, bs=bs, be=be, cum=cum) -> np.ndarray:
+            if len(bs) == 0:
+                return np.zeros(len(t), dtype=np.int64)
+            i = np.searchsorted(bs, t, side="right") - 1
+            j = np.clip(i, 0, None)
+            part = np.clip(t - bs[j], 0, be[j] - bs[j])
+            return np.where(i >= 0, cum[j] + part, 0)
+
+        out[f"{bucket}_s"] = (F(ends) - F(starts)) / _US
+    df = pl.DataFrame(out).with_columns(
+        pl.col("window_start").cast(UTC_US), pl.col("window_end").cast(UTC_US))
+    return df.with_columns(
+        (pl.col("productive_s") / pl.col("total_s")).alias("goodput_ratio"))
+
+
+def step_times(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
+    """Productive step times ``step, step_time_s`` (program-startup excess included, as the library
+    measures a step from its start to the next step's start), in step order."""
+    tl = goodput_timeline(job_event, until=until)
+    st = tl.filter(pl.col("bucket").is_in([PRODUCTIVE, "program_startup"]) & pl.col("step").is_not_null())
+    return st.group_by("step").agg(pl.col("duration_s").sum().alias("step_time_s")).sort("step")
+
+
+def ideal_step_time(step_time_s: Iterable[float]) -> float:
+    """The library's ideal step time (``goodput_utils.compute_ideal_step_time``): the mean of the step
+    times that are not anomalous, anomalous meaning above median + 3 × MAD (unscaled median absolute
+    deviation, scipy's default)."""
+    x = np.asarray(list(step_time_s), dtype=float)
+    if x.size == 0:
+        raise ValueError("no step times")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("step times must be finite (got NaN or inf)")
+    med = float(np.median(x))
+    mad = float(np.median(np.abs(x - med)))
+    normal = x[x <= med + 3 * mad]
+    return float(normal.mean())
+
+
+def step_time_deviation(job_event: pl.DataFrame, *, until: datetime | None = None,
+                        ideal_s: float | None = None) -> pl.DataFrame:
+    """Per productive step: ``step, step_time_s, ideal_step_time_s, deviation_s`` (actual − ideal), the
+    library's step-time deviation. ``ideal_s`` overrides the computed ideal (the library's
+    ``configured_ideal_step_time``)."""
+    st = step_times(job_event, until=until)
+    if st.height == 0:
+        raise ValueError("no productive steps to measure deviation on")
+    ideal = ideal_step_time(st["step_time_s"].to_list()) if ideal_s is None else float(ideal_s)
+    return st.with_columns(pl.lit(ideal).alias("ideal_step_time_s")).with_columns(
+        (pl.col("step_time_s") - pl.col("ideal_step_time_s")).alias("deviation_s"))
+
+
+# --- scheduling, program and ML productivity goodput ----------------------------------------------
+
+
+def scheduling_goodput(
+    job_event: pl.DataFrame,
+    *,
+    submitted_at: datetime | None = None,
+    until: datetime | None = None,
+) -> float:
+    """Scheduling goodput: the share of the time the job wanted its resources during which it held all
+    of them (Google Cloud, "ML Productivity Goodput"). Resources are held from each ``allocated`` event
+    until the next ``preempted`` or ``finished``; the job wants them from ``submitted_at`` (the job
+    frame's submission time; default: its first event) until ``finished`` or ``until``."""
+    ev = _check_events(job_event)
+    job_id = _one_job(ev)
+    if not ev.filter(pl.col("kind") == "allocated").height:
+        raise ValueError(f"job {job_id}: no 'allocated' event, so scheduling goodput is undefined")
+    t_first = _us(ev["ts"].min())
+    a = _us(submitted_at) if submitted_at is not None else t_first
+    fin = ev.filter(pl.col("kind") == "finished")["ts"]
+    b = _us(until) if until is not None else (_us(fin.max()) if fin.len() else None)
+    if b is None:
+        raise ValueError(f"job {job_id} has no 'finished' event: pass until=")
+    if b <= a:
+        raise ValueError("the job's end is not after its submission")
+    held, since = 0, None
+    for k, t in zip(ev["kind"].to_list(), (_us(x) for x in ev["ts"].to_list())):
+        t = min(max(t, a), b)
+        if k == "allocated" and since is None:
+            since = t
+        elif k in ("preempted", "finished") and since is not None:
+            held += t - since
+            since = None
+    if since is not None:
+        held += b - since
+    return held / (b - a)
+
+
+@cache
+def load_gpu_peaks() -> pl.DataFrame:
+    """The shipped table of GPU peaks (``analyzers/data/gpu_peaks.csv``): dense FLOP/s by data type, TDP,
+    memory and bandwidth, each row citing its NVIDIA datasheet."""
+    path = Path(__file__).with_name("data") / "gpu_peaks.csv"
+    return pl.read_csv(path, comment_prefix="#", schema_overrides={"memory_bytes": pl.Int64, "tdp_w": pl.Float64})
+
+
+_DTYPE_COLUMN = {"fp64": "fp64_tensor_flops", "fp64_vector": "fp64_flops", "fp32": "fp32_flops", "tf32": "tf32_flops",
+                 "bf16": "bf16_flops", "fp16": "fp16_flops", "fp8": "fp8_flops"}
+
+
+def gpu_peak_flops(gpu: str, dtype: str = "bf16") -> float:
+    """Peak dense FLOP/s of ``gpu`` (a row of :func:`load_gpu_peaks`, matched case-insensitively, or a
+    unique prefix such as ``"H100-SXM"``; NVML names like ``"NVIDIA H100 80GB HBM3"`` are not guessed at)
+    for ``dtype`` in fp64 (tensor core where there is one, else vector), fp64_vector, fp32, tf32, bf16,
+    fp16, fp8."""
+    if dtype not in _DTYPE_COLUMN:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPE_COLUMN)}")
+    peaks = load_gpu_peaks()
+    names = peaks["gpu"].to_list()
+    hits = [n for n in names if n.lower() == gpu.lower()] or [n for n in names if n.lower().startswith(gpu.lower())]
+    if len(hits) != 1:
+        raise ValueError(f"GPU {gpu!r} matches {len(hits)} rows of gpu_peaks.csv ({', '.join(hits) or 'none'}); known: {', '.join(names)}")
+    row = peaks.filter(pl.col("gpu") == hits[0]).row(0, named=True)
+    value = row[_DTYPE_COLUMN[dtype]]
+    if value is None and dtype == "fp64":
+        value = row["fp64_flops"]
+    if value is None:
+        raise ValueError(f"{hits[0]} has no {dtype} rate in its datasheet")
+    return float(value)
+
+
+def program_goodput(step: pl.DataFrame, *, peak_flops: float) -> float:
+    """Program goodput as model FLOPs utilisation (MFU): model FLOPs done / (peak FLOP/s × time), summed
+    over every rank-step of the canonical ``step`` frame (``model_flops`` per rank per step, the span
+    ``end − start``). ``peak_flops`` is one GPU's peak for the dtype the model trains in
+    (:func:`gpu_peak_flops`). Rank-steps without ``model_flops`` are left out of both sums."""
+    for c in ("start", "end", "model_flops"):
+        if c not in step.columns:
+            raise ValueError(f"step frame lacks column {c!r}")
+    if not (peak_flops > 0 and math.isfinite(peak_flops)):
+        raise ValueError("peak_flops must be finite and > 0")
+    st = step.filter(pl.col("model_flops").is_not_null())
+    if st.height == 0:
+        raise ValueError("no step carries model_flops: program goodput needs them")
+    if st.filter(pl.col("model_flops").is_nan() | (pl.col("model_flops") < 0)).height:
+        raise ValueError("model_flops must be finite and ≥ 0 (got NaN or a negative value)")
+    secs = st.select((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).item() / _US
+    if secs <= 0:
+        raise ValueError("steps with model_flops span no time")
+    return float(st["model_flops"].sum()) / (peak_flops * secs)
+
+
+def ml_productivity_goodput(scheduling: float, runtime: float, program: float) -> float:
+    """Google's ML Productivity Goodput = scheduling goodput × runtime goodput × program goodput."""
+    for name, v in (("scheduling", scheduling), ("runtime", runtime), ("program", program)):
+        if not (0.0 <= v <= 1.0):
+            raise ValueError(f"{name} goodput must be a ratio in [0, 1], got {v!r}")
+    return scheduling * runtime * program
