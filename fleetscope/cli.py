@@ -277,6 +277,34 @@ def _ingest_via_api(api_url: str, token: str | None, data: bytes, source: str, f
     return body
 
 
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def analyze(job_id: str, as_json: bool) -> None:
+    """Analyse JOB_ID now: C3 breakdown, goodput and stragglers, stored and printed."""
+    from fleetscope.analysis import analyze_job
+    from fleetscope.store import Store
+
+    result = analyze_job(Store(_engine(_settings())), job_id)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), default=str))
+        return
+    click.echo(f"job {job_id}")
+    if result.c3:
+        c = result.c3
+        click.echo(f"  C3      step {c['step_s_mean']:.4g} s mean (p99 {c['step_s_p99']:.4g} s) over {c['ranks']} ranks x {c['steps']} steps")
+        click.echo(f"          C1 compute {c['c1_ratio']:.1%}  C2 communication {c['c2_ratio']:.1%}  C3 coordination {c['c3_ratio']:.1%}  -> {c['dominant']} dominates")
+        click.echo(f"          {c['advice']}")
+    if result.goodput:
+        g = result.goodput
+        top = sorted(((k, v) for k, v in g["badput_s"].items() if v), key=lambda kv: -kv[1])[:3]
+        click.echo(f"  goodput {g['goodput_ratio']:.1%} of {g['total_s']:.0f} s; badput: " + (", ".join(f"{k} {v:.0f} s" for k, v in top) or "none"))
+    for f in result.stragglers:
+        click.echo(f"  straggler [{f['severity']}] {f['summary']}")
+    for note in result.notes:
+        click.echo(f"  note: {note}")
+
+
 @main.command("formats")
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:

@@ -416,6 +416,42 @@ FINDING = FrameSpec(
     doc="What an analyzer concluded; re-running it over the same window updates, never duplicates.",
 )
 
+# --- analysis results --------------------------------------------------------------------------
+
+STEP_BREAKDOWN = FrameSpec(
+    "step_breakdown",
+    (
+        _k("job_id", pl.String),
+        _k("rank", pl.Int64),
+        _k("step", pl.Int64),
+        _k("start", UTC_US),
+        _r("step_s", pl.Float64),
+        _f("c1_compute_s", doc="C1: compute"),
+        _f("c2_comm_s", doc="C2: exposed communication (transfer)"),
+        _f("c3_coord_s", doc="C3: coordination (idle plus waiting for peers)"),
+        _f("overlap_s"),
+        _f("exposed_comm_s"),
+        _f("wait_ratio"),
+        _f("f_compute", doc="C1 / step_s"),
+    ),
+    on_conflict="update",
+    doc="The C3 breakdown of one rank's step (analyzers.c3.c3_breakdown); C1 + C2 + C3 = step_s.",
+)
+
+JOB_ANALYSIS = FrameSpec(
+    "job_analysis",
+    (
+        _k("job_id", pl.String),
+        _k("analyzer", pl.String, doc="c3, goodput, stragglers, ..."),
+        _r("computed_at", UTC_US),
+        _f("window_start", UTC_US),
+        _f("window_end", UTC_US),
+        _r("result", pl.String, doc="JSON object: the analyzer's per-job summary"),
+    ),
+    on_conflict="update",
+    doc="The latest per-job summary of each analyzer.",
+)
+
 # Order matters: inventory before the facts that point at it.
 FRAMES: dict[str, FrameSpec] = {
     s.name: s
@@ -433,6 +469,8 @@ FRAMES: dict[str, FrameSpec] = {
         JOB_EVENT,
         HEALTH_EVENT,
         NCCL_TEST,
+        STEP_BREAKDOWN,
+        JOB_ANALYSIS,
         FINDING,
     )
 }
@@ -471,6 +509,8 @@ class Batch:
     job_event: pl.DataFrame | None = None
     health_event: pl.DataFrame | None = None
     nccl_test: pl.DataFrame | None = None
+    step_breakdown: pl.DataFrame | None = None
+    job_analysis: pl.DataFrame | None = None
     finding: pl.DataFrame | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 

@@ -119,6 +119,8 @@ health_event = _frame_table(
     F.HEALTH_EVENT, Index(None, "host", "ts"), Index(None, "kind", "ts"), key_order=("gpu_uuid", "ts", "host", "kind", "code")
 )
 nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
+step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
+job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
 
 # metric_sample is the one frame stored differently from its shape: each distinct series key is kept once
 # in `series`, and samples point at it by integer id (the key string can be hundreds of bytes).
@@ -210,5 +212,7 @@ TIME_COLUMN: dict[str, str] = {
     "job_event": "ts",
     "health_event": "ts",
     "nccl_test": "ts",
+    "step_breakdown": "start",
+    "job_analysis": "computed_at",
     "finding": "window_start",
 }

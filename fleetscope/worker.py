@@ -44,6 +44,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),
         beat_schedule={
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
+            "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
         },
     )
     if settings.broker_url.startswith("sqla+"):
@@ -133,3 +134,25 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
                 col = table.c[schema.TIME_COLUMN[name]]
                 deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
     return deleted
+
+
+@celery_app.task(name="fleetscope.analyze_job")
+def analyze_job(job_id: str) -> dict[str, Any]:
+    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
+    from fleetscope.analysis import analyze_job as run
+
+    with tracer().start_as_current_span("task.analyze_job"):
+        result = run(store(), job_id)
+        return {"job_id": job_id, "c3": result.c3 is not None, "goodput": result.goodput is not None,
+                "stragglers": len(result.stragglers), "notes": result.notes}
+
+
+@celery_app.task(name="fleetscope.analyze_active_jobs")
+def analyze_active_jobs(window_s: int = 900) -> list[str]:
+    """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
+    from fleetscope.analysis import active_jobs
+
+    jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
+    for job_id in jobs:
+        analyze_job.delay(job_id)
+    return jobs

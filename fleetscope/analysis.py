@@ -1,0 +1,117 @@
+"""Running the job analyzers against the store: read a job's frames, call the pure analyzers, write what
+they conclude (per-step C3 breakdowns, per-job summaries, findings) as one Batch.
+
+This is service layer: it touches the store and the clock; ``analyzers/`` stays pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from analyzers import c3, goodput, stragglers
+from fleetscope import frames as F
+from fleetscope.observability import tracer
+from fleetscope.store import Store
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (JSON has neither), datetimes ISO strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class JobAnalysis:
+    job_id: str
+    c3: dict[str, Any] | None = None
+    goodput: dict[str, Any] | None = None
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    batch: F.Batch | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers, "notes": self.notes})
+
+
+def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
+    """Analyse one job from what the store holds. Parts without data are skipped with a note, not an error."""
+    now = now or dt.datetime.now(dt.UTC)
+    out = JobAnalysis(job_id=job_id)
+    batch = F.Batch(source=f"analysis:{job_id}")
+    analyses: list[dict[str, Any]] = []
+    with tracer().start_as_current_span("analysis.job") as span:
+        span.set_attribute("fleetscope.job_id", job_id)
+        steps = store.read("step", job_id=job_id)
+        colls = store.read("collective", job_id=job_id)
+        events = store.read("job_event", job_id=job_id)
+        if steps.height:
+            breakdown = c3.c3_breakdown(steps, colls if colls.height else None)
+            batch.step_breakdown = breakdown.select([c for c in F.STEP_BREAKDOWN.names if c in breakdown.columns])
+            flops = steps["model_flops"].sum() if steps["model_flops"].null_count() < steps.height else None
+            summary = c3.job_summary(breakdown, collective=colls if colls.height else None, flops=flops)
+            out.c3 = summary.row(0, named=True) if summary.height else None
+            analyses.append(_analysis_row(job_id, "c3", now, steps["start"].min(), steps["end"].max(), out.c3))
+            detections = stragglers.detect_stragglers(steps, colls if colls.height else None)
+            findings = stragglers.straggler_findings(detections)
+            if findings.height:
+                batch.finding = findings
+            out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
+            analyses.append(_analysis_row(job_id, "stragglers", now, steps["start"].min(), steps["end"].max(),
+                                          {"findings": out.stragglers, "rank_steps": detections.height,
+                                           "flagged": int(detections["flagged"].sum())}))
+        else:
+            out.notes.append("no step data: C3 and straggler analysis skipped")
+        if events.height:
+            finished = events.filter(pl.col("kind") == "finished").height > 0
+            try:
+                rg = goodput.runtime_goodput(events, until=None if finished else now)
+            except ValueError as exc:
+                out.notes.append(f"goodput not computed: {exc}")
+            else:
+                out.goodput = {"goodput_ratio": rg.goodput_ratio, "total_s": rg.total_s, "productive_s": rg.productive_s,
+                               "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
+                               "disruptions": rg.disruptions, "finished": finished}
+                analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
+        else:
+            out.notes.append("no job events: goodput skipped")
+        if analyses:
+            batch.job_analysis = pl.DataFrame(analyses, schema=F.JOB_ANALYSIS.schema)
+            store.write(batch)
+        out.batch = batch
+    return out
+
+
+def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end: Any, result: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "analyzer": analyzer, "computed_at": now, "window_start": start, "window_end": end,
+            "result": json.dumps(_clean(result), sort_keys=True, default=str)}
+
+
+def active_jobs(store: Store, *, since: dt.datetime) -> list[str]:
+    """Jobs with steps or events since ``since``: the ones whose analysis may have changed."""
+    jobs: set[str] = set()
+    for frame in ("step", "job_event"):
+        jobs.update(store.read(frame, start=since, columns=["job_id"])["job_id"].unique().to_list())
+    return sorted(jobs)
+
+
+def stored_analysis(store: Store, job_id: str, analyzer: str) -> dict[str, Any] | None:
+    rows = store.read("job_analysis", job_id=job_id).filter(pl.col("analyzer") == analyzer)
+    if rows.height == 0:
+        return None
+    r = rows.row(0, named=True)
+    return {"job_id": job_id, "analyzer": analyzer, "computed_at": r["computed_at"].isoformat(),
+            "window_start": r["window_start"].isoformat() if r["window_start"] else None,
+            "window_end": r["window_end"].isoformat() if r["window_end"] else None, "result": json.loads(r["result"])}

@@ -1,0 +1,88 @@
+"""Jobs and their analyses: C3 breakdown, goodput, stragglers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import polars as pl
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from fleetscope import analysis
+from fleetscope.api.security import require
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+def _known(request: Request, job_id: str) -> None:
+    store = request.app.state.store
+    for frame in ("job", "step", "job_event"):
+        if store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height:
+            return
+    raise HTTPException(404, f"no job {job_id[:200]!r}: nothing ingested under that id")
+
+
+def _analysis(request: Request, job_id: str, analyzer: str) -> dict[str, Any]:
+    _known(request, job_id)
+    found = analysis.stored_analysis(request.app.state.store, job_id, analyzer)
+    if found is None:
+        raise HTTPException(404, f"job {job_id[:200]!r} has no {analyzer} analysis yet: POST /api/v1/jobs/{{id}}/analyze or wait for beat")
+    return found
+
+
+@router.get("", dependencies=[Depends(require("read"))])
+def list_jobs(request: Request) -> list[dict[str, Any]]:
+    """Jobs known from inventory, steps or events, with their latest goodput where analysed."""
+    store = request.app.state.store
+    ids: set[str] = set()
+    for frame in ("job", "step", "job_event"):
+        ids.update(store.read(frame, columns=["job_id"])["job_id"].unique().to_list())
+    jobs = store.read("job").select("job_id", "name", "kind", "model_name", "world_size", "status")
+    gp = store.read("job_analysis").filter(pl.col("analyzer") == "goodput")
+    out = []
+    for job_id in sorted(ids):
+        row = jobs.filter(pl.col("job_id") == job_id)
+        info = row.row(0, named=True) if row.height else {"job_id": job_id}
+        g = gp.filter(pl.col("job_id") == job_id)
+        if g.height:
+            import json
+
+            info["goodput_ratio"] = json.loads(g["result"][0]).get("goodput_ratio")
+        out.append(info)
+    return out
+
+
+@router.post("/{job_id}/analyze", dependencies=[Depends(require("admin"))])
+async def analyze(request: Request, job_id: str) -> dict[str, Any]:
+    """Run every job analyzer now and store the results (beat does this each minute for active jobs)."""
+    _known(request, job_id)
+    result = await run_in_threadpool(analysis.analyze_job, request.app.state.store, job_id)
+    return result.to_dict()
+
+
+@router.get("/{job_id}/c3", dependencies=[Depends(require("read"))])
+def get_c3(request: Request, job_id: str, steps: Annotated[bool, Query(description="include every rank-step's breakdown")] = False) -> Response:
+    """The job's C3 summary (mean/p50/p99 of C1, C2, C3, dominant part and advice); per rank-step with ``steps=true``."""
+    import json
+
+    body = _analysis(request, job_id, "c3")
+    if steps:
+        bd = request.app.state.store.read("step_breakdown", job_id=job_id)
+        body["steps"] = json.loads(bd.write_json())
+    return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+@router.get("/{job_id}/goodput", dependencies=[Depends(require("read"))])
+def get_goodput(request: Request, job_id: str) -> dict[str, Any]:
+    """Runtime goodput and the badput buckets (ml-goodput-measurement semantics)."""
+    return _analysis(request, job_id, "goodput")
+
+
+@router.get("/{job_id}/stragglers", dependencies=[Depends(require("read"))])
+def get_stragglers(request: Request, job_id: str) -> dict[str, Any]:
+    """Straggler findings of the job, each with its attribution and cost in GPU-hours."""
+    body = _analysis(request, job_id, "stragglers")
+    findings = request.app.state.store.read("finding").filter(pl.col("subject").str.starts_with(f"job:{job_id}/"))
+    body["findings"] = findings.with_columns(pl.col("window_start").cast(pl.String), pl.col("window_end").cast(pl.String)).to_dicts()
+    return body

@@ -1,0 +1,108 @@
+"""Job analysis through the service: real Kineto traces and job events in, C3 / goodput / stragglers out,
+via the store, the API and the CLI."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import polars as pl
+import pytest
+
+from analyzers import c3
+from fleetscope import analysis, auth, ingestion
+from fleetscope import frames as F
+
+T0 = dt.datetime(2024, 1, 1, 1, tzinfo=dt.UTC)
+TWO_RANKS = "traces/hta/two_rank_sampled_128gpu_job"
+
+
+def job_events_jsonl(job_id: str) -> bytes:
+    # ml-goodput-measurement's sample program: started at 0, steps at 5, 8, 11, 14, 17, finished at 20.
+    lines = [{"job_id": job_id, "ts": T0.isoformat(), "kind": "started"}]
+    lines += [{"job_id": job_id, "ts": (T0 + dt.timedelta(seconds=5 + 3 * i)).isoformat(), "kind": "step", "step": i} for i in range(5)]
+    lines.append({"job_id": job_id, "ts": (T0 + dt.timedelta(seconds=20)).isoformat(), "kind": "finished"})
+    return "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
+
+
+def ingest_two_ranks(store, realdata, job_id="two-rank"):
+    for name in ("sampled_rank-0.json.gz", "sampled_rank-1.json.gz"):
+        ingestion.ingest_bytes(store, (realdata / TWO_RANKS / name).read_bytes(), source=name, opts=ingestion.Options(job_id=job_id))
+
+
+def test_analysis_of_real_traces_matches_the_pure_analyzer(store, realdata):
+    ingest_two_ranks(store, realdata)
+    ingestion.ingest_bytes(store, job_events_jsonl("two-rank"), source="events.jsonl")
+    result = analysis.analyze_job(store, "two-rank")
+    steps, colls = store.read("step", job_id="two-rank"), store.read("collective", job_id="two-rank")
+    assert steps["rank"].unique().sort().to_list() == [0, 1]
+    want = c3.job_summary(c3.c3_breakdown(steps, colls), collective=colls).row(0, named=True)
+    assert result.c3["c1_ratio"] == pytest.approx(want["c1_ratio"])
+    assert result.c3["dominant"] == want["dominant"]
+    assert round(100 * result.goodput["goodput_ratio"], 3) == 75.000
+    # stored: per rank-step breakdowns whose parts add up to the step, and one summary per analyzer
+    bd = store.read("step_breakdown", job_id="two-rank")
+    assert bd.height == steps.height
+    assert (bd["c1_compute_s"] + bd["c2_comm_s"] + bd["c3_coord_s"] - bd["step_s"]).abs().max() < 1e-9
+    assert sorted(store.read("job_analysis", job_id="two-rank")["analyzer"].to_list()) == ["c3", "goodput", "stragglers"]
+    # idempotent: a second run replaces, never duplicates
+    analysis.analyze_job(store, "two-rank")
+    assert store.read("job_analysis").height == 3 and store.read("step_breakdown").height == bd.height
+
+
+def straggler_steps(job_id="synthetic", ranks=8, steps=10, slow_rank=5) -> pl.DataFrame:
+    rows = []
+    for s in range(steps):
+        for r in range(ranks):
+            compute = 1.0 if r != slow_rank else 1.6  # one rank computes 60 % slower
+            start = T0 + dt.timedelta(seconds=2 * s)
+            rows.append({"job_id": job_id, "rank": r, "step": s, "start": start, "end": start + dt.timedelta(seconds=compute + 0.2),
+                         "compute_s": compute, "comm_s": 0.2, "comm_overlap_s": 0.0, "idle_s": 0.0})
+    return pl.DataFrame(rows)
+
+
+def test_straggler_becomes_a_finding_and_only_the_parts_with_data_run(store):
+    store.write(F.Batch(step=straggler_steps()))
+    result = analysis.analyze_job(store, "synthetic")
+    assert [f["subject"] for f in result.stragglers] == ["job:synthetic/rank:5"]
+    assert result.goodput is None and "no job events: goodput skipped" in result.notes
+    found = store.read("finding")
+    assert found["subject"].to_list() == ["job:synthetic/rank:5"]
+    assert found["kind"][0] == "straggler_compute_slow"
+
+
+def test_api_job_endpoints(api, realdata):
+    store = api.app.state.store
+    ingest_two_ranks(store, realdata, "api-job")
+    ingestion.ingest_bytes(store, job_events_jsonl("api-job"), source="events.jsonl")
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "a", ["admin"])}
+    assert httpx.get(api.url + "/api/v1/jobs/api-job/c3", headers=read).status_code == 404  # not analysed yet
+    assert httpx.post(api.url + "/api/v1/jobs/api-job/analyze", headers=read).status_code == 403
+    r = httpx.post(api.url + "/api/v1/jobs/api-job/analyze", headers=admin, timeout=60)
+    assert r.status_code == 200 and r.json()["goodput"]["goodput_ratio"] == 0.75
+    c = httpx.get(api.url + "/api/v1/jobs/api-job/c3", params={"steps": "true"}, headers=read).json()
+    assert c["result"]["ranks"] == 2 and len(c["steps"]) == store.read("step", job_id="api-job").height
+    g = httpx.get(api.url + "/api/v1/jobs/api-job/goodput", headers=read).json()
+    assert g["result"]["badput_s"]["other"] == 5.0
+    s = httpx.get(api.url + "/api/v1/jobs/api-job/stragglers", headers=read).json()
+    assert s["findings"] == []
+    jobs = httpx.get(api.url + "/api/v1/jobs", headers=read).json()
+    assert [j["job_id"] for j in jobs] == ["api-job"] and jobs[0]["goodput_ratio"] == 0.75
+    assert httpx.get(api.url + "/api/v1/jobs/nope/goodput", headers=read).status_code == 404
+
+
+def test_cli_analyze(tmp_path, realdata):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    ev = tmp_path / "events.jsonl"
+    ev.write_bytes(job_events_jsonl("cli-job"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    assert run("ingest", str(ev)).returncode == 0
+    out = run("analyze", "cli-job")
+    assert out.returncode == 0, out.stderr
+    assert "goodput 75.0% of 20 s" in out.stdout and "other 5 s" in out.stdout
+    assert "no step data" in out.stdout
+    assert json.loads(run("analyze", "cli-job", "--json").stdout)["goodput"]["productive_s"] == 15.0
