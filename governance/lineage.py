@@ -109,6 +109,8 @@ def decode_body(body: bytes, *, content_encoding: str | None = None, max_bytes: 
             raise LineageError(f"corrupt {enc} body: {exc}", malformed=True) from None
         if len(raw) > max_bytes or d.unconsumed_tail:
             raise LineageError(f"decompressed body exceeds {max_bytes} bytes", malformed=True)
+        if not d.eof:
+            raise LineageError(f"truncated {enc} body", malformed=True)
         body = raw
     elif enc != "identity":
         raise LineageError(f"unsupported Content-Encoding {content_encoding!r} (identity, gzip, deflate)", malformed=True)
@@ -159,14 +161,14 @@ def validate_event(event: Any) -> Validated:
     if kind is None:
         first = issues[0]
         raise LineageError(first.message, path=first.path, issues=issues)
-    issues = list(_fleetscope_facet_issues(event))
+    issues = list(_fleetscope_facet_issues(event)) if kind == "RunEvent" else []
     if issues:
         raise LineageError(issues[0].message, path=issues[0].path, issues=issues)
     notes: list[str] = []
     _dt, had_offset = ols.parse_datetime(event["eventTime"])  # type: ignore[misc]
     if not had_offset:
         notes.append(f"/eventTime {event['eventTime']!r} has no UTC offset; read as UTC")
-    notes.extend(_unknown_facets(event))
+    notes.extend(_unknown_facets(event, kind))
     return Validated(kind, tuple(notes))
 
 
@@ -187,17 +189,20 @@ def _fleetscope_facet_issues(event: Mapping[str, Any]) -> Iterable[ols.SchemaIss
                 yield ols.SchemaIssue(ols.pointer("run", "facets", FLEETSCOPE_MODEL_FACET, k), "required non-empty string")
 
 
-def _unknown_facets(event: Mapping[str, Any]) -> Iterable[str]:
+def _unknown_facets(event: Mapping[str, Any], kind: str) -> Iterable[str]:
+    """Only the parts the event's kind defines are read: a DatasetEvent may carry a ``run`` or ``job``
+    of any shape (the schema does not look at them), and Fleetscope ignores them too."""
     def names(facets: Any, known: frozenset[str], path: str) -> Iterable[str]:
         for n in (facets or {}):
             if n not in known:
                 yield f"{path}{ols.pointer(n)}: facet not known to Fleetscope; kept as sent"
 
-    run = event.get("run") or {}
-    yield from names(run.get("facets"), KNOWN_RUN_FACETS, "/run/facets")
-    yield from names((event.get("job") or {}).get("facets"), KNOWN_JOB_FACETS, "/job/facets")
-    if "dataset" in event:
+    if kind == "DatasetEvent":
         yield from names(event["dataset"].get("facets"), KNOWN_DATASET_FACETS, "/dataset/facets")
+        return
+    if kind == "RunEvent":
+        yield from names(event["run"].get("facets"), KNOWN_RUN_FACETS, "/run/facets")
+    yield from names(event["job"].get("facets"), KNOWN_JOB_FACETS, "/job/facets")
     for key, extra, known in (("inputs", "inputFacets", KNOWN_INPUT_FACETS), ("outputs", "outputFacets", KNOWN_OUTPUT_FACETS)):
         for i, ds in enumerate(event.get(key) or []):
             yield from names(ds.get("facets"), KNOWN_DATASET_FACETS, f"/{key}/{i}/facets")

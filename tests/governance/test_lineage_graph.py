@@ -235,3 +235,12 @@ def test_registry_refuses_contradictions() -> None:
         ModelEntry("m", "1", role="vendor")
     flagged = DatasetEntry(NS, "x", contains_personal_data=True, special_category_data=True, legal_basis="consent").issues()
     assert any("Art. 7(1)" in i for i in flagged) and any("prohibited" in i for i in flagged)
+
+
+def test_governance_tables_do_not_collide_with_canonical_frames() -> None:
+    from fleetscope.frames import FRAMES
+
+    assert not set(GF.GOVERNANCE_FRAMES) & set(FRAMES)
+    for spec in GF.GOVERNANCE_FRAMES.values():
+        assert spec.key, spec.name  # every table has a natural key, so re-sent data is idempotent
+        assert spec.empty().columns == list(spec.names)

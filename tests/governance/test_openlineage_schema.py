@@ -100,6 +100,8 @@ def _mutations(base_run: dict[str, Any], base_ds: dict[str, Any], base_job: dict
         ("extra top-level field is fine", m(base_run, lambda e: e.update(extra={"k": 1})), None),
         ("valid dataset event", base_ds, None),
         ("dataset event with job and run", m(base_ds, lambda e: e.update(job={"namespace": "n", "name": "j"}, run={"runId": RUN_ID})), None),
+        ("dataset event ignores a junk run, job and inputs", m(base_ds, lambda e: e.update(run="x", inputs=3)), None),
+        ("dataset event ignores a junk job", m(base_ds, lambda e: e.update(job=5)), None),
         ("dataset event without name", m(base_ds, lambda e: e["dataset"].pop("name")), "/dataset/name"),
         ("dataset and job, no run: ambiguous", m(base_ds, lambda e: e.update(job={"namespace": "n", "name": "j"})), ""),
         ("valid job event", base_job, None),
@@ -200,6 +202,9 @@ def test_bodies_truncated_nested_compressed(real_events: dict[str, dict[str, Any
     assert "exceeds" in err.value.message
     with pytest.raises(L.LineageError):
         L.parse_body(b"\x1f\x8b garbage", content_encoding="gzip")
+    with pytest.raises(L.LineageError) as err:
+        L.parse_body(gzip.compress(raw)[:-20], content_encoding="gzip")
+    assert "truncated" in err.value.message
     with pytest.raises(L.LineageError):
         L.parse_body(raw, content_encoding="br")
     with pytest.raises(L.LineageError) as err:
@@ -212,3 +217,9 @@ def test_same_event_twice_has_one_id(real_events: dict[str, dict[str, Any]]) -> 
     b = json.loads(json.dumps(a, sort_keys=True))
     assert L.event_id(a) == L.event_id(b)
     assert L.event_id(a) != L.event_id(real_events["02_run_complete_schema.json"])
+
+
+def test_junk_beside_a_dataset_event_is_not_parsed(real_events: dict[str, dict[str, Any]]) -> None:
+    ev = dict(real_events["04_dataset_event.json"], run="x", inputs=3)  # both job and run would make it invalid
+    parsed = L.parse_event(ev)
+    assert parsed.kind == "DatasetEvent" and parsed.jobs == () and parsed.io == () and len(parsed.datasets) == 1
