@@ -26,7 +26,6 @@ later than the consumer's last event: data written after a training run finished
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import zlib
