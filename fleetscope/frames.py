@@ -529,7 +529,8 @@ class Batch:
         n = 0
         if self.gpu_sample is not None and self.gpu_sample.height:
             fields = [c.name for c in GPU_FIELDS if c.name in self.gpu_sample.columns]
-            n += int(self.gpu_sample.select(pl.sum_horizontal(pl.col(fields).is_not_null())).sum().item() or 0)
+            if fields:
+                n += int(self.gpu_sample.select(pl.sum_horizontal(pl.col(fields).is_not_null())).sum().item() or 0)
         if self.metric_sample is not None:
             n += self.metric_sample.height
         return n

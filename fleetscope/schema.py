@@ -195,7 +195,16 @@ task_run = Table(
     comment="Outcome of each Celery task run, so /metrics and the dashboard see the workers' work.",
 )
 
-FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in F.FRAMES}
+# Governance records are declared beside their pure code (governance/frames.py) and stored like the
+# canonical frames: one table per spec, natural key as primary key.
+from governance.frames import GOVERNANCE_FRAMES  # noqa: E402
+
+for _spec in GOVERNANCE_FRAMES.values():
+    _frame_table(_spec)
+
+# Every frame the store can write and read, by name.
+FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **GOVERNANCE_FRAMES}
+FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
 TIME_COLUMN: dict[str, str] = {

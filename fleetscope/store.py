@@ -90,19 +90,28 @@ class Store:
         Rows whose natural key is already stored are skipped (telemetry) or update the stored row
         (inventory, findings), so writing the same Batch twice leaves one copy.
         """
+        return self.write_frames(list(batch.frames()), source=batch.source, values=batch.values(), content_sha256=content_sha256)
+
+    def write_frames(
+        self, frames: Sequence[tuple[F.FrameSpec, pl.DataFrame]], *, source: str, values: int = 0, content_sha256: str | None = None
+    ) -> WriteResult:
+        """Write frames of any registered spec (canonical or governance) in one transaction, all or nothing."""
         with tracer().start_as_current_span("store.write") as span:
-            span.set_attribute("fleetscope.source", batch.source)
+            span.set_attribute("fleetscope.source", source)
             span.set_attribute("db.system", self.dialect)
+            unknown = [spec.name for spec, _ in frames if spec.name not in schema.FRAME_SPECS]
+            if unknown:
+                raise ValueError(f"no table for frame {unknown[0]!r}")
             try:
-                conformed = [(spec, F.conform(spec, df)) for spec, df in batch.frames()]
+                conformed = [(spec, F.conform(spec, df)) for spec, df in frames if df.height]
             except ValidationError:
                 BATCHES_REJECTED.labels("validation").inc()
                 raise
-            result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=batch.values())
+            result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=values)
             with self.engine.begin() as conn:
                 for spec, df in conformed:
                     result.written[spec.name] = self._write_frame(conn, spec, df)
-                self._log_ingest(conn, batch.source, content_sha256, result)
+                self._log_ingest(conn, source, content_sha256, result)
             for name, n in result.written.items():
                 ROWS_WRITTEN.labels(name).inc(n)
             VALUES_WRITTEN.inc(result.values)
@@ -207,15 +216,15 @@ class Store:
         samples of the GPUs the job's ranks held, each only while its rank held it, and adds
         ``job_id`` and ``rank`` columns.
         """
-        if frame not in F.FRAMES:
-            raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(F.FRAMES)}")
-        spec = F.FRAMES[frame]
+        if frame not in schema.FRAME_SPECS:
+            raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
+        spec = schema.FRAME_SPECS[frame]
         want = list(columns) if columns else list(spec.names)
         bad = [c for c in want if c not in spec.schema]
         if bad:
             raise ValueError(f"{frame} has no column {bad[0]!r}")
         out_schema = {c: spec.schema[c] for c in want}
-        tcol = schema.TIME_COLUMN[frame]
+        tcol = schema.TIME_COLUMN.get(frame, "")
         where: list[str] = []
         params: list[Any] = []
         alias = "t"
