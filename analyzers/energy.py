@@ -246,7 +246,8 @@ def _intervals(
         if p.height and good_c.height:
             mid = p.with_columns(((pl.col("t0") + pl.col("t1")) // 2).alias("mid")).sort("mid")
             right = good_c.select(key, pl.col("t0").alias("c_t0"), pl.col("t1").alias("c_t1")).sort("c_t0")
-            joined = mid.join_asof(right, left_on="mid", right_on="c_t0", by=key, strategy="backward")
+            # both sides sorted globally by time, hence within each key
+            joined = mid.join_asof(right, left_on="mid", right_on="c_t0", by=key, strategy="backward", check_sortedness=False)
             p = joined.filter(pl.col("c_t1").is_null() | (pl.col("mid") >= pl.col("c_t1"))).drop("mid", "c_t0", "c_t1")
 
     counter_iv = good_c.select(
