@@ -381,6 +381,9 @@ def energy_rollup(
             row = int(gpu_sample.get_column(col).is_null().arg_true()[0])
             raise ValidationError("missing value in a required field", frame=frame, row=row, field=col)
 
+    # Work on a dense integer GPU key: sorting and grouping 10^6 rows by a u32 is several times faster than
+    # by a 40-character UUID; the UUIDs come back through a 16k-row lookup at the end.
+    lut = gpu_sample.select(pl.col("gpu_uuid").unique(maintain_order=True)).with_row_index("k")
     df = gpu_sample.select(
         pl.col("gpu_uuid"),
         ts.alias("t"),
@@ -388,16 +391,25 @@ def energy_rollup(
         _clean_value("energy_j", has_e).alias("counter"),
         (_invalid_expr("power_w", has_p) | _invalid_expr("energy_j", has_e)).alias("invalid"),
     )
-    df = df.sort("gpu_uuid", "t").unique(subset=["gpu_uuid", "t"], keep="first", maintain_order=True)
+    df = df.join(lut, on="gpu_uuid", how="left").drop("gpu_uuid")
+    t_min, t_max = df["t"].min(), df["t"].max()
+    if lut.height < 2**23 and t_max - t_min < 2**40:
+        # one u64 sort key (gpu in the high bits, µs offset in the low 40) sorts ~4x faster than two columns
+        order = pl.col("k").cast(pl.UInt64) * (1 << 40) + (pl.col("t") - t_min).cast(pl.UInt64)
+        df = df.sort(order, maintain_order=True)
+    else:
+        df = df.sort("k", "t", maintain_order=True)
+    # duplicate (gpu, ts) rows: keep the first (sorting is stable)
+    dup = (pl.col("k") == pl.col("k").shift(1)) & (pl.col("t") == pl.col("t").shift(1))
+    df = df.filter(~dup.fill_null(False))
     lo = ws if ws is not None else int(df["t"].min())
     hi = we if we is not None else int(df["t"].max())
 
-    iv, ev = _intervals(
-        df, "gpu_uuid", max_power_gap_s=max_power_gap_s, max_counter_gap_s=max_counter_gap_s, max_power_w=max_power_w
-    )
-    pieces = _split_minutes(iv, "gpu_uuid", lo, hi)
+    iv, ev = _intervals(df, "k", max_power_gap_s=max_power_gap_s, max_counter_gap_s=max_counter_gap_s, max_power_w=max_power_w)
+    ev = ev.join(lut, on="k", how="left").select("gpu_uuid", "t", "kind", "value")
+    pieces = _split_minutes(iv, "k", lo, hi)
     minutes = (
-        pieces.group_by("m", "gpu_uuid")
+        pieces.group_by("m", "k")
         .agg(
             pl.col("energy_j").filter(pl.col("counter")).sum().alias("counter_energy_j"),
             pl.col("energy_j").filter(~pl.col("counter")).sum().alias("integrated_energy_j"),
@@ -406,17 +418,19 @@ def energy_rollup(
         .filter(pl.col("covered_s") > 0)
         .select(
             (pl.col("m") * _MINUTE_US).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("minute"),
-            "gpu_uuid",
+            "k",
             (pl.col("counter_energy_j") + pl.col("integrated_energy_j")).alias("energy_j"),
             "counter_energy_j",
             "integrated_energy_j",
             "covered_s",
             _method_expr(pl.col("counter_energy_j"), pl.col("integrated_energy_j"), pl.col("covered_s")).alias("method"),
         )
+        .join(lut, on="k", how="left")
+        .select(list(ENERGY_MINUTE_SCHEMA))
         .sort("minute", "gpu_uuid")
     )
 
-    invalid_ev = df.filter(pl.col("invalid")).select(
+    invalid_ev = df.filter(pl.col("invalid")).join(lut, on="k", how="left").select(
         "gpu_uuid", "t", pl.lit("invalid_value").alias("kind"), pl.lit(None, pl.Float64).alias("value")
     )
     events = (
@@ -426,7 +440,7 @@ def energy_rollup(
         .sort("ts", "gpu_uuid")
     )
     window_s = (hi - lo) / _US
-    per_gpu = df.group_by("gpu_uuid").agg(
+    per_gpu = df.group_by("k").agg(
         pl.len().cast(pl.UInt32).alias("samples"), pl.col("invalid").sum().cast(pl.UInt32).alias("invalid_values")
     )
     totals = minutes.group_by("gpu_uuid").agg(
@@ -434,7 +448,7 @@ def energy_rollup(
     )
     resets = events.filter(pl.col("kind") == "counter_reset").group_by("gpu_uuid").agg(pl.len().cast(pl.UInt32).alias("counter_resets"))
     gpus = (
-        per_gpu.join(totals, on="gpu_uuid", how="left")
+        per_gpu.join(lut, on="k", how="left").join(totals, on="gpu_uuid", how="left")
         .join(resets, on="gpu_uuid", how="left")
         .with_columns(pl.col("covered_s").fill_null(0.0), pl.col("counter_resets").fill_null(0))
         .with_columns(
