@@ -474,7 +474,8 @@ def gpu_energy(
     window_end: dt.datetime,
     gpu: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Per-GPU energy over a window from the stored roll-ups.
+    """Per-GPU energy over a window from the stored roll-ups (bounds on minute boundaries: a roll-up row
+    counts whole, by the minute it starts).
 
     Every GPU of the ``gpu`` inventory appears: one without any roll-up row in the window gets
     ``energy_j`` null and status ``no_data`` (flagged, never zero). Columns: gpu_uuid, energy_j,
@@ -525,7 +526,9 @@ def attribute_to_jobs(minutes: pl.DataFrame, job_rank: pl.DataFrame) -> pl.DataF
     m = minutes.with_columns(pl.col("minute").dt.epoch("us").alias("mu"))
     lo, hi = int(m["mu"].min()), int(m["mu"].max()) + _MINUTE_US
     start = _utc_ts(job_rank, "job_rank", "start")
-    end = _utc_ts(job_rank, "job_rank", "end") if "end" in job_rank.columns else pl.lit(None, pl.Int64)
+    # an all-null "end" column built without a schema has dtype Null: every rank is still running
+    has_end = "end" in job_rank.columns and job_rank.schema["end"] != pl.Null
+    end = _utc_ts(job_rank, "job_rank", "end") if has_end else pl.lit(None, pl.Int64)
     jr = (
         job_rank.select("job_id", "rank", "gpu_uuid", start.alias("s"), end.alias("e"))
         .with_columns(pl.col("e").fill_null(hi))

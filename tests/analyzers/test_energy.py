@@ -314,3 +314,10 @@ def test_energy_from_chip_hours():
     assert E.energy_from_chip_hours(8, 1.0, 300.0, 1.1) == pytest.approx(8 * 3600 * 300 * 1.1)
     with pytest.raises(ValueError):
         E.energy_from_chip_hours(8, 1.0, 300.0, 0.9)
+
+
+def test_attribution_accepts_an_all_null_end_column():
+    minutes = E.energy_rollup(_flat(["g1"], 120)).minutes
+    jr = pl.DataFrame({"job_id": ["j"], "rank": [0], "start": [at(60)], "end": [None], "gpu_uuid": ["g1"]})
+    s = E.energy_summary(E.attribute_to_jobs(minutes, jr), ["job_id"])
+    assert s["energy_j"].to_list() == pytest.approx([6000.0, 6000.0])  # j, then idle (null last)
