@@ -1,0 +1,136 @@
+"""Governance against the store: lineage events in, the registry kept, lineage questions answered,
+fairness evaluations run and recorded. The pure logic lives in ``governance/``; this module adds the
+database and the clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import polars as pl
+
+from fleetscope.errors import FleetscopeError
+from fleetscope.store import Store
+from governance import fairness
+from governance import frames as GF
+from governance import lineage as L
+from governance.registry import DatasetEntry, ModelEntry
+
+
+class NotFound(FleetscopeError, LookupError):
+    """A model or dataset the registry does not hold."""
+
+
+def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:
+    specs = [(GF.GOVERNANCE_FRAMES[name], df) for name, df in frames.items()]
+    return store.write_frames(specs, source=source).written
+
+
+def record_lineage(store: Store, body: bytes, *, content_encoding: str | None = None, source: str = "api:/api/v1/lineage") -> L.ParsedEvent:
+    """Validate and store one OpenLineage event; re-sending it stores nothing new (event id = its hash)."""
+    parsed = L.parse_body(body, content_encoding=content_encoding)
+    _write(store, GF.lineage_frames([parsed]), source)
+    return parsed
+
+
+def graph(store: Store) -> L.LineageGraph:
+    return GF.graph_from_frames(store.read("lineage_run_event"), store.read("lineage_io"), store.read("lineage_dataset"))
+
+
+def registry(store: Store) -> tuple[list[DatasetEntry], list[ModelEntry]]:
+    return GF.registry_from_frames(store.read("dataset_registry"), store.read("model"), store.read("model_training_run"))
+
+
+def put_dataset(store: Store, entry: DatasetEntry) -> dict[str, int]:
+    return _write(store, GF.registry_frames(datasets=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+
+
+def put_model(store: Store, entry: ModelEntry) -> dict[str, int]:
+    return _write(store, GF.registry_frames(models=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+
+
+def find_model(store: Store, name: str, version: str | None = None) -> ModelEntry:
+    """The registered model ``name`` at ``version``, or its latest version (highest string) when none is given."""
+    _, models = registry(store)
+    found = [m for m in models if m.name == name and (version is None or m.version == version)]
+    if not found:
+        known = sorted({f"{m.name}@{m.version}" for m in models})
+        raise NotFound(f"no model {name!r}{f' version {version!r}' if version else ''} in the registry" + (f" (registered: {', '.join(known[:20])})" if known else ""))
+    return sorted(found, key=lambda m: m.version)[-1]
+
+
+def find_dataset(store: Store, name: str, namespace: str | None = None) -> L.DatasetRef:
+    """A dataset seen in lineage or the registry, by name (and namespace where names repeat)."""
+    seen = store.read("lineage_dataset", columns=["dataset_namespace", "dataset_name"])
+    io = store.read("lineage_io", columns=["dataset_namespace", "dataset_name"])
+    reg = store.read("dataset_registry", columns=["dataset_namespace", "dataset_name"])
+    refs = {(r[0], r[1]) for df in (seen, io, reg) for r in df.iter_rows()}
+    match = sorted(r for r in refs if r[1] == name and (namespace is None or r[0] == namespace))
+    if not match:
+        # Asking about a dataset never seen is a fair question with an answer (no); keep the ref.
+        if namespace is not None:
+            return L.DatasetRef(namespace, name)
+        raise NotFound(f"no dataset named {name!r} in lineage or the registry; give its namespace to ask anyway")
+    if len(match) > 1:
+        raise NotFound(f"dataset name {name!r} is in several namespaces ({', '.join(m[0] for m in match)}); give the namespace")
+    return L.DatasetRef(*match[0])
+
+
+def model_lineage(store: Store, name: str, version: str | None = None) -> dict[str, Any]:
+    """Upstream datasets of a model with the path proving each, and what taints them."""
+    model = find_model(store, name, version)
+    g = graph(store)
+    datasets, models = registry(store)
+    taints = L.propagate(g, datasets, models)
+    return {
+        "model": {"name": model.name, "version": model.version, "intended_purpose": model.intended_purpose, "role": model.role,
+                  "training_runs": list(model.training_run_ids)},
+        "upstream": [u.to_dict() for u in L.upstream_datasets(g, model)],
+        "taints": [t.to_dict() for t in taints.get(model.node_id, [])],
+    }
+
+
+def model_ingested(store: Store, name: str, dataset: str, *, namespace: str | None = None, version: str | None = None) -> dict[str, Any]:
+    model = find_model(store, name, version)
+    return L.did_ingest(graph(store), model, find_dataset(store, dataset, namespace)).to_dict()
+
+
+def evaluate_fairness(
+    store: Store,
+    name: str,
+    data: bytes,
+    *,
+    sensitive: list[str],
+    version: str | None = None,
+    fmt: str | None = None,
+    y_true: str = "y_true",
+    y_pred: str = "y_pred",
+    y_score: str | None = None,
+    positive_label: Any = None,
+    min_group_size: int = 30,
+    policy: fairness.FairnessPolicy | None = None,
+) -> dict[str, Any]:
+    """Evaluate an uploaded prediction table for a registered model and record the aggregates.
+
+    Privacy by design: only per-group aggregates and confusion counts are stored; the uploaded rows are
+    dropped when this returns (the caller keeps the upload only if the user asked).
+    """
+    model = find_model(store, name, version)
+    frame = fairness.read_predictions(data, fmt)
+    result = fairness.evaluate(frame, y_true=y_true, y_pred=y_pred, sensitive=sensitive, y_score=y_score,
+                               positive_label=positive_label, min_group_size=min_group_size)
+    policy = policy or fairness.FairnessPolicy()
+    outcome = fairness.judge(result, policy)
+    frames = GF.fairness_frames(model, result, policy, outcome, now=dt.datetime.now(dt.UTC))
+    _write(store, frames, f"fairness:{model.name}@{model.version}")
+    return {"evaluation_id": frames["fairness_evaluation"]["evaluation_id"][0], "model": model.name, "version": model.version,
+            "passed": outcome.passed, "result": result.to_dict(), "outcome": outcome.to_dict()}
+
+
+def fairness_evaluations(store: Store, name: str) -> list[dict[str, Any]]:
+    import json
+
+    ev = store.read("fairness_evaluation").filter(pl.col("model_name") == name).sort("evaluated_at", descending=True)
+    return [{"evaluation_id": r["evaluation_id"], "version": r["model_version"], "evaluated_at": r["evaluated_at"].isoformat() if r["evaluated_at"] else None,
+             "n_rows": r["n_rows"], "passed": r["passed"], "outcome": json.loads(r["outcome"])} for r in ev.iter_rows(named=True)]
