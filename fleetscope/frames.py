@@ -438,6 +438,21 @@ STEP_BREAKDOWN = FrameSpec(
     doc="The C3 breakdown of one rank's step (analyzers.c3.c3_breakdown); C1 + C2 + C3 = step_s.",
 )
 
+GPU_ENERGY_MINUTE = FrameSpec(
+    "gpu_energy_minute",
+    (
+        _k("minute", UTC_US, doc="start of the UTC minute"),
+        _k("gpu_uuid", pl.String),
+        _f("energy_j", doc="counter_energy_j + integrated_energy_j"),
+        _f("counter_energy_j", doc="part from the cumulative energy counter"),
+        _f("integrated_energy_j", doc="part from trapezoid integration of power_w"),
+        _f("covered_s", doc="seconds of the minute with energy data"),
+        _f("method", pl.String, doc="counter, power_integration or counter+power_integration"),
+    ),
+    on_conflict="update",
+    doc="Per-minute per-GPU energy roll-up (analyzers.energy.energy_rollup); a window's roll-up is rewritten idempotently.",
+)
+
 JOB_ANALYSIS = FrameSpec(
     "job_analysis",
     (
@@ -470,6 +485,7 @@ FRAMES: dict[str, FrameSpec] = {
         HEALTH_EVENT,
         NCCL_TEST,
         STEP_BREAKDOWN,
+        GPU_ENERGY_MINUTE,
         JOB_ANALYSIS,
         FINDING,
     )
@@ -510,6 +526,7 @@ class Batch:
     health_event: pl.DataFrame | None = None
     nccl_test: pl.DataFrame | None = None
     step_breakdown: pl.DataFrame | None = None
+    gpu_energy_minute: pl.DataFrame | None = None
     job_analysis: pl.DataFrame | None = None
     finding: pl.DataFrame | None = None
     meta: dict[str, Any] = field(default_factory=dict)

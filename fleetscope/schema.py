@@ -121,6 +121,8 @@ health_event = _frame_table(
 nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
 job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
+# Keyed (minute, gpu_uuid) for fleet-wide windows; the (gpu_uuid, minute) index serves a job's GPUs.
+gpu_energy_minute = _frame_table(F.GPU_ENERGY_MINUTE, Index(None, "gpu_uuid", "minute"))
 
 # metric_sample is the one frame stored differently from its shape: each distinct series key is kept once
 # in `series`, and samples point at it by integer id (the key string can be hundreds of bytes).
@@ -223,5 +225,6 @@ TIME_COLUMN: dict[str, str] = {
     "nccl_test": "ts",
     "step_breakdown": "start",
     "job_analysis": "computed_at",
+    "gpu_energy_minute": "minute",
     "finding": "window_start",
 }

@@ -45,6 +45,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         beat_schedule={
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
+            "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
         },
     )
     if settings.broker_url.startswith("sqla+"):
@@ -156,3 +157,15 @@ def analyze_active_jobs(window_s: int = 900) -> list[str]:
     for job_id in jobs:
         analyze_job.delay(job_id)
     return jobs
+
+
+@celery_app.task(name="fleetscope.energy_rollup")
+def energy_rollup(window_start: str | None = None, window_end: str | None = None) -> dict[str, Any]:
+    """Beat's minute tick: re-roll the last ten closed minutes, so late scrapes are counted; a window's
+    roll-up comes out the same however often it is rewritten."""
+    from fleetscope.energy_service import floor_minute, rollup_window
+
+    end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
+    start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
+    with tracer().start_as_current_span("task.energy_rollup"):
+        return rollup_window(store(), start, end)

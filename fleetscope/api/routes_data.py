@@ -121,3 +121,23 @@ async def post_ingest(
     except ingestion.UnknownFormat as exc:
         raise HTTPException(415, str(exc)) from None
     return JSONResponse(json.loads(json.dumps(outcome.to_dict(), default=str)))
+
+
+@router.get("/energy", dependencies=[Depends(require("read"))])
+def get_energy(
+    request: Request,
+    start: Annotated[dt.datetime, Query(description="inclusive start (RFC 3339)")],
+    end: Annotated[dt.datetime, Query(description="exclusive end")],
+    by: Annotated[list[str], Query(description="group by: job_id, rank, gpu_uuid, host, site_id, gpu_model, model_name, job_kind, minute, hour, day")] = ["site_id"],  # noqa: B006
+) -> Response:
+    """Energy (J and kWh) from the per-minute roll-ups, grouped; with ``by=site_id``, location-based kgCO2e
+    and the grid-intensity basis used."""
+    from fleetscope.energy_service import energy_report
+
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+    try:
+        df = energy_report(request.app.state.store, start, end, by)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return Response(df.write_json() if df.width else "[]", media_type="application/json")
