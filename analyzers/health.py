@@ -202,55 +202,30 @@ def gpu_health(
         raise ValidationError("no samples to analyse", frame="gpu_sample")
     present = [c for c in _COUNTERS if c in gpu_sample.columns]
     _check_finite(gpu_sample, "gpu_sample", [*present, "util_ratio", "sm_clock_mhz"])
-    s = gpu_sample
-    util = pl.col("util_ratio") if "util_ratio" in s.columns else pl.lit(None, pl.Float64)
+    has_clock = "sm_clock_mhz" in gpu_sample.columns
+    util = pl.col("util_ratio") if "util_ratio" in gpu_sample.columns else pl.lit(None, pl.Float64)
     loaded = (util >= load_util_ratio).fill_null(False)
-    reasons = pl.col("clock_event_reasons") if "clock_event_reasons" in s.columns else pl.lit(None, pl.Int64)
-    clock = pl.col("sm_clock_mhz") if "sm_clock_mhz" in s.columns else pl.lit(None, pl.Float64)
+    clock = pl.col("sm_clock_mhz") if has_clock else pl.lit(None, pl.Float64)
 
-    aggs: list[pl.Expr] = [
-        pl.len().alias("samples"),
-        pl.col("ts").min().alias("window_start"),
-        pl.col("ts").max().alias("window_end"),
-        loaded.sum().alias("loaded_samples"),
-        ((reasons & THERMAL_MASK) > 0).filter(loaded).mean().alias("thermal_throttle_ratio"),
-        ((reasons & POWER_MASK) > 0).filter(loaded).mean().alias("power_throttle_ratio"),
-        ((reasons & HW_SLOWDOWN_MASK) > 0).filter(loaded).mean().alias("hw_slowdown_ratio"),
-        clock.filter(loaded).median().alias("sm_clock_loaded_median_mhz"),
-    ]
-    resets = []
-    for col, name in _COUNTERS.items():
-        if col in present:
-            v = pl.col(col).sort_by("ts")
-            aggs.append(counter_increase(v).alias(f"{name}_increase"))
-            resets.append(_resets(v))
-    aggs.append((pl.sum_horizontal(resets) if resets else pl.lit(0)).alias("counter_resets"))
-    for flag in ("remap_pending", "remap_failure", "retired_pending_total"):
-        if flag in s.columns:
-            aggs.append(pl.col(flag).sort_by("ts").last().alias(f"{flag}_last"))
-    for t in ("temp_c", "mem_temp_c"):
-        if t in s.columns:
-            aggs.append(pl.col(t).max().alias(f"{t}_max"))
-
-    need_clock = "sm_clock_mhz" in s.columns
-    per = s.group_by("gpu_uuid").agg(aggs)
-
-    # The clock expectation: given, or the fleet's loaded p90 (peers of the same model, by the caller's choice of frame).
-    if need_clock:
-        if expected_sm_clock_mhz is None:
-            fleet = s.filter(loaded).get_column("sm_clock_mhz").quantile(0.9)
-            per = per.with_columns(pl.lit(fleet, pl.Float64).alias("expected_sm_clock_mhz"))
-        elif isinstance(expected_sm_clock_mhz, Mapping):
-            exp = pl.DataFrame({"gpu_uuid": list(expected_sm_clock_mhz), "expected_sm_clock_mhz": [float(v) for v in expected_sm_clock_mhz.values()]})
-            per = per.join(exp, on="gpu_uuid", how="left")
-        else:
-            per = per.with_columns(pl.lit(float(expected_sm_clock_mhz)).alias("expected_sm_clock_mhz"))
-        low = s.select("gpu_uuid", loaded.alias("_l"), clock.alias("_c")).filter("_l").join(
-            per.select("gpu_uuid", "expected_sm_clock_mhz"), on="gpu_uuid"
-        ).group_by("gpu_uuid").agg((pl.col("_c") < low_clock_ratio * pl.col("expected_sm_clock_mhz")).mean().alias("low_clock_ratio"))
-        per = per.join(low, on="gpu_uuid", how="left")
+    # The clock expectation: given, or the fleet's loaded p90 (so a GPU slower than its peers shows;
+    # pass one model's GPUs at a time, or a per-GPU mapping, when models are mixed).
+    s = gpu_sample
+    if isinstance(expected_sm_clock_mhz, Mapping):
+        exp = pl.DataFrame({"gpu_uuid": list(expected_sm_clock_mhz),
+                            "expected_sm_clock_mhz": [float(v) for v in expected_sm_clock_mhz.values()]})
+        s = s.join(exp, on="gpu_uuid", how="left", maintain_order="left")
+        expected = pl.col("expected_sm_clock_mhz")
+    elif expected_sm_clock_mhz is None and has_clock:
+        expected = pl.lit(s.select(clock.filter(loaded).quantile(0.9)).item(), pl.Float64)
     else:
-        per = per.with_columns(pl.lit(None, pl.Float64).alias("expected_sm_clock_mhz"), pl.lit(None, pl.Float64).alias("low_clock_ratio"))
+        expected = pl.lit(None if expected_sm_clock_mhz is None else float(expected_sm_clock_mhz), pl.Float64)
+
+    per = _aggregate(s, present, loaded, clock, expected, low_clock_ratio)
+    if per is None:
+        # Counter increases need each GPU's samples contiguous and in time order (the store reads
+        # gpu_sample ordered by gpu, ts). Sorting 24 M rows costs more than the analysis, so only here.
+        per = _aggregate(s.sort("gpu_uuid", "ts", maintain_order=True), present, loaded, clock, expected, low_clock_ratio)
+        assert per is not None
 
     window_s = (pl.col("window_end") - pl.col("window_start")).dt.total_microseconds() / 1e6
     hours = window_s / 3600
@@ -292,6 +267,68 @@ def gpu_health(
 
     return _score(per, sbe_watch_per_h=sbe_watch_per_h, throttle_watch_ratio=throttle_watch_ratio,
                   low_clock_watch_ratio=low_clock_watch_ratio, repair_repeat=repair_repeat).sort("gpu_uuid")
+
+
+def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.Expr, expected: pl.Expr,
+               low_clock_ratio: float) -> pl.DataFrame | None:
+    """One pass of row-wise expressions, then one group_by of plain sums (polars' fast path).
+
+    Differences are taken between adjacent rows and masked at the first row of each GPU's run, which is
+    right only when each GPU is one contiguous, time-ordered run; returns None when it is not."""
+    keep = [c for c in ("remap_pending", "remap_failure", "retired_pending_total", "temp_c", "mem_temp_c") if c in s.columns]
+    reasons = pl.col("clock_event_reasons") if "clock_event_reasons" in s.columns else pl.lit(None, pl.Int64)
+    base = s.select(
+        "gpu_uuid", "ts", *keep, *present,
+        (pl.col("gpu_uuid") != pl.col("gpu_uuid").shift(1)).fill_null(True).alias("_first"),
+        loaded.alias("_loaded"), reasons.alias("_reasons"), clock.alias("_clock"), expected.alias("expected_sm_clock_mhz"),
+    )
+    first, ld, rs, ck = pl.col("_first"), pl.col("_loaded"), pl.col("_reasons"), pl.col("_clock")
+    row: list[pl.Expr] = [
+        (~first & (pl.col("ts") < pl.col("ts").shift(1))).fill_null(False).alias("_back"),
+        (((rs & THERMAL_MASK) > 0) & ld).alias("_thermal"),
+        (((rs & POWER_MASK) > 0) & ld).alias("_power"),
+        (((rs & HW_SLOWDOWN_MASK) > 0) & ld).alias("_hw"),
+        (ld & rs.is_not_null()).alias("_reasons_known"),
+        ((ck < low_clock_ratio * pl.col("expected_sm_clock_mhz")) & ld).alias("_low_clock"),
+        (ld & ck.is_not_null() & pl.col("expected_sm_clock_mhz").is_not_null()).alias("_clock_known"),
+        pl.when(ld).then(ck).alias("_loaded_clock"),
+    ]
+    for col in present:
+        d = pl.col(col).diff()
+        row.append(pl.when(first).then(0).when(d < 0).then(pl.col(col)).otherwise(d).alias(f"_inc_{col}"))
+        row.append((~first & (d < 0)).alias(f"_reset_{col}"))
+    d = base.with_columns(row)
+    # Plain sums / mins / maxes only: polars runs those on its fast group-by path; ratios come after.
+    aggs: list[pl.Expr] = [
+        pl.len().alias("samples"),
+        pl.col("_first").sum().alias("_runs"),
+        pl.col("_back").sum().alias("_backs"),
+        pl.col("ts").min().alias("window_start"),
+        pl.col("ts").max().alias("window_end"),
+        pl.col("_loaded").sum().alias("loaded_samples"),
+        *[pl.col(c).sum() for c in ("_thermal", "_power", "_hw", "_reasons_known", "_low_clock", "_clock_known")],
+        pl.col("_loaded_clock").median().alias("sm_clock_loaded_median_mhz"),
+        pl.col("expected_sm_clock_mhz").first(),
+        *[pl.col(f"_reset_{c}").sum() for c in present],
+        *[pl.col(f"_inc_{c}").sum().alias(f"{_COUNTERS[c]}_increase") for c in present],
+        *[pl.col(c).last().alias(f"{c}_last") for c in ("remap_pending", "remap_failure", "retired_pending_total") if c in keep],
+        *[pl.col(c).max().alias(f"{c}_max") for c in ("temp_c", "mem_temp_c") if c in keep],
+    ]
+    per = d.group_by("gpu_uuid").agg(aggs)
+
+    def ratio(num: str, den: str) -> pl.Expr:
+        return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
+
+    per = per.with_columns(
+        ratio("_thermal", "_reasons_known").alias("thermal_throttle_ratio"),
+        ratio("_power", "_reasons_known").alias("power_throttle_ratio"),
+        ratio("_hw", "_reasons_known").alias("hw_slowdown_ratio"),
+        ratio("_low_clock", "_clock_known").alias("low_clock_ratio"),
+        pl.sum_horizontal([pl.col(f"_reset_{c}") for c in present] or [pl.lit(0)]).alias("counter_resets"),
+    )
+    if (per.get_column("_backs") > 0).any() or (per.get_column("_runs") != 1).any():
+        return None
+    return per.drop([c for c in per.columns if c.startswith("_")])
 
 
 # Score penalties: chosen so a GPU that needs repair scores 0-20, drain 20-50, reset 50-70, watch 70-95.
