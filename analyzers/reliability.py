@@ -289,14 +289,13 @@ def checkpoint_costs(job_event: pl.DataFrame) -> pl.DataFrame:
 
 
 def _pairs(g: pl.DataFrame, start: str, end: str) -> list[tuple[datetime, datetime]]:
-    """Match each start with the next end (a start without an end — the job died mid-save — is dropped)."""
+    """Match each start with the next end, in time order (a start without an end — the job died mid-save —
+    and an end without a start are dropped)."""
     out, open_ts = [], None
     for kind, ts in g.filter(pl.col("kind").is_in([start, end])).select("kind", "ts").iter_rows():
         if kind == start:
             open_ts = ts
-        elif open_ts is not None:
-            if ts < open_ts:
-                raise ValidationError(f"{end} before its {start}", frame="job_event", field="ts")
+        elif open_ts is not None:  # an end with no start in the window (it began earlier) is dropped
             out.append((open_ts, ts))
             open_ts = None
     return out
