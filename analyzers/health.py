@@ -240,8 +240,9 @@ def gpu_health(
                              .alias(name.replace("_s", "_ratio")))
     per = per.with_columns(rate_cols)
 
-    # Xids in the window, per GPU and action.
-    xid_cols = ["xid_events", "xid_codes", "xid_worst_action", "xid_repeat_max_hw"]
+    # Xids in the window, per GPU and action. Application Xids (13, 31, 43, ...) say the job crashed, not
+    # that the GPU is unwell, so they set no GPU action; repeated on one GPU they earn a look
+    # (NVIDIA's WORKFLOW_XID_13 / _31: repeats on the same GPU → run diagnostics).
     if health_event is not None and health_event.height:
         x = classify_xids(health_event).filter(pl.col("gpu_uuid") != "")
         hw_repeat = x.filter(pl.col("category") == "hardware").group_by("gpu_uuid", "code").len().group_by("gpu_uuid").agg(
@@ -249,7 +250,10 @@ def gpu_health(
         xa = x.group_by("gpu_uuid").agg(
             pl.len().alias("xid_events"),
             pl.col("code").unique().sort().alias("xid_codes"),
-            pl.col("action").replace_strict(_RANK, return_dtype=pl.Int64).max().alias("_worst"),
+            pl.col("action").filter(pl.col("category") != "application").replace_strict(_RANK, default=0, return_dtype=pl.Int64)
+            .max().fill_null(0).alias("_worst"),
+            pl.col("code").filter(pl.col("category") == "application").value_counts().struct.field("count").max()
+            .fill_null(0).alias("xid_repeat_max_app"),
         ).with_columns(pl.col("_worst").replace_strict(dict(enumerate(ACTIONS)), return_dtype=pl.String).alias("xid_worst_action")).drop("_worst")
         xa = xa.join(hw_repeat, on="gpu_uuid", how="left")
         per = per.join(xa, on="gpu_uuid", how="left")
@@ -257,8 +261,9 @@ def gpu_health(
             gpu_host = health_event.filter(pl.col("gpu_uuid") != "").select("gpu_uuid", "host").unique("gpu_uuid")
     else:
         per = per.with_columns(pl.lit(None, pl.UInt32).alias("xid_events"), pl.lit(None, pl.List(pl.Int64)).alias("xid_codes"),
-                               pl.lit(None, pl.String).alias("xid_worst_action"), pl.lit(None, pl.UInt32).alias("xid_repeat_max_hw"))
-    per = per.with_columns(pl.col(c).fill_null(0) for c in ("xid_events", "xid_repeat_max_hw"))
+                               pl.lit(None, pl.String).alias("xid_worst_action"), pl.lit(None, pl.UInt32).alias("xid_repeat_max_hw"),
+                               pl.lit(None, pl.UInt32).alias("xid_repeat_max_app"))
+    per = per.with_columns(pl.col(c).fill_null(0) for c in ("xid_events", "xid_repeat_max_hw", "xid_repeat_max_app"))
     if gpu_host is not None:
         _require(gpu_host, "gpu", ("gpu_uuid", "host"))
         per = per.join(gpu_host.select("gpu_uuid", "host").unique("gpu_uuid"), on="gpu_uuid", how="left")
@@ -277,11 +282,12 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
     right only when each GPU is one contiguous, time-ordered run; returns None when it is not."""
     keep = [c for c in ("remap_pending", "remap_failure", "retired_pending_total", "temp_c", "mem_temp_c") if c in s.columns]
     reasons = pl.col("clock_event_reasons") if "clock_event_reasons" in s.columns else pl.lit(None, pl.Int64)
+    # Runs of one GPU get an integer id: grouping on it is ~30× faster than hashing 24 M UUID strings.
     base = s.select(
         "gpu_uuid", "ts", *keep, *present,
-        (pl.col("gpu_uuid") != pl.col("gpu_uuid").shift(1)).fill_null(True).alias("_first"),
+        pl.col("gpu_uuid").rle_id().alias("_run"),
         loaded.alias("_loaded"), reasons.alias("_reasons"), clock.alias("_clock"), expected.alias("expected_sm_clock_mhz"),
-    )
+    ).with_columns((pl.col("_run") != pl.col("_run").shift(1)).fill_null(True).alias("_first"))
     first, ld, rs, ck = pl.col("_first"), pl.col("_loaded"), pl.col("_reasons"), pl.col("_clock")
     row: list[pl.Expr] = [
         (~first & (pl.col("ts") < pl.col("ts").shift(1))).fill_null(False).alias("_back"),
@@ -300,8 +306,8 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
     d = base.with_columns(row)
     # Plain sums / mins / maxes only: polars runs those on its fast group-by path; ratios come after.
     aggs: list[pl.Expr] = [
+        pl.col("gpu_uuid").first(),
         pl.len().alias("samples"),
-        pl.col("_first").sum().alias("_runs"),
         pl.col("_back").sum().alias("_backs"),
         pl.col("ts").min().alias("window_start"),
         pl.col("ts").max().alias("window_end"),
@@ -314,7 +320,7 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
         *[pl.col(c).last().alias(f"{c}_last") for c in ("remap_pending", "remap_failure", "retired_pending_total") if c in keep],
         *[pl.col(c).max().alias(f"{c}_max") for c in ("temp_c", "mem_temp_c") if c in keep],
     ]
-    per = d.group_by("gpu_uuid").agg(aggs)
+    per = d.group_by("_run").agg(aggs)
 
     def ratio(num: str, den: str) -> pl.Expr:
         return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
@@ -326,8 +332,8 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
         ratio("_low_clock", "_clock_known").alias("low_clock_ratio"),
         pl.sum_horizontal([pl.col(f"_reset_{c}") for c in present] or [pl.lit(0)]).alias("counter_resets"),
     )
-    if (per.get_column("_backs") > 0).any() or (per.get_column("_runs") != 1).any():
-        return None
+    if (per.get_column("_backs") > 0).any() or per.get_column("gpu_uuid").is_duplicated().any():
+        return None  # a GPU in several runs, or time going backwards within one
     return per.drop([c for c in per.columns if c.startswith("_")])
 
 
@@ -338,7 +344,23 @@ _PENALTY = {"send_for_repair": 85, "drain_node": 55, "reset_gpu": 35, "investiga
 def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: float, low_clock_watch_ratio: float,
            repair_repeat: int) -> pl.DataFrame:
     """Rules → (action, reason) pairs per GPU; the worst action is the recommendation. Kept in Python
-    over the per-GPU rows (one row per GPU, not per sample), so the rules read as a list."""
+    so the rules read as a list, but only over GPUs with any signal at all: on a healthy fleet that is a
+    few rows, not 16,384."""
+    def pos(c: str) -> pl.Expr:
+        return (pl.col(c).fill_null(0) > 0) if c in per.columns else pl.lit(False)
+
+    notable = pl.any_horizontal(
+        pos("xid_events"), pos("ecc_dbe_increase"), pos("remap_pending_last"), pos("remap_failure_last"),
+        pos("retired_pending_total_last"), pos("remap_correctable_increase"), pos("remap_uncorrectable_increase"),
+        (pl.col("ecc_sbe_per_h").fill_null(0) > sbe_watch_per_h) if "ecc_sbe_per_h" in per.columns else pl.lit(False),
+        *[(pl.col(c).fill_null(0) > throttle_watch_ratio) for c in ("thermal_throttle_ratio", "power_throttle_ratio",
+                                                                     "hw_slowdown_ratio", "thermal_violation_ratio") if c in per.columns],
+        (pl.col("low_clock_ratio").fill_null(0) > low_clock_watch_ratio) if "low_clock_ratio" in per.columns else pl.lit(False),
+    )
+    per = per.with_columns(notable.alias("_notable"))
+    calm = per.filter(~pl.col("_notable")).with_columns(
+        pl.lit(100.0).alias("score"), pl.lit("none").alias("recommendation"), pl.lit([], pl.List(pl.String)).alias("reasons"))
+    per = per.filter("_notable")
     rows = per.to_dicts()
     recs, scores, why = [], [], []
     for r in rows:
@@ -361,6 +383,8 @@ def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: f
             found.append(("drain_node", "double-bit ECC error with a row remap (Xid 48 with 63/64: drain and reset)"))
         if r.get("xid_worst_action") is not None and r["xid_worst_action"] != "none":
             found.append((r["xid_worst_action"], f"Xid {', '.join(str(c) for c in sorted(codes))}"))
+        if r.get("xid_repeat_max_app", 0) >= repair_repeat:
+            found.append(("investigate", f"application Xid repeated {r['xid_repeat_max_app']}× on this GPU: run diagnostics"))
         if num("ecc_dbe_increase") > 0:
             found.append(("reset_gpu", f"{int(num('ecc_dbe_increase'))} uncorrectable ECC error(s) in the window"))
         if num("remap_pending_last") > 0:
@@ -386,11 +410,12 @@ def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: f
         recs.append(worst)
         scores.append(max(0.0, 100.0 - penalty))
         why.append([w for _, w in found])
-    return per.with_columns(
+    scored = per.with_columns(
         pl.Series("score", scores, dtype=pl.Float64),
         pl.Series("recommendation", recs, dtype=pl.String),
         pl.Series("reasons", why, dtype=pl.List(pl.String)),
     )
+    return pl.concat([scored, calm], how="vertical_relaxed").drop("_notable")
 
 
 # --- per node -----------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def synthesize(gpus: int, minutes: int, seed: int) -> tuple[pl.DataFrame, pl.Dat
         ev += [{"ts": datetime(2026, 11, 1, 12, tzinfo=timezone.utc), "host": "", "gpu_uuid": g, "kind": "xid", "code": 48},
                {"ts": datetime(2026, 11, 1, 12, 0, 1, tzinfo=timezone.utc), "host": "", "gpu_uuid": g, "kind": "xid", "code": 63}]
     # background noise: application Xids across the fleet
-    for g in rng.choice(uuids, 500):
+    for g in rng.choice(uuids, 500, replace=False):
         ev.append({"ts": datetime(2026, 11, 1, 8, tzinfo=timezone.utc), "host": "", "gpu_uuid": str(g), "kind": "xid", "code": 13})
     events = pl.DataFrame(ev, schema={"ts": pl.Datetime("us", "UTC"), "host": pl.String, "gpu_uuid": pl.String, "kind": pl.String, "code": pl.Int64})
     return sample, events, hosts, faults

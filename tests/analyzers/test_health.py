@@ -211,7 +211,9 @@ def test_fleet_peers_set_the_clock_expectation_when_none_is_given():
 @pytest.mark.parametrize(
     ("codes", "extra", "want"),
     [
-        ([13], {}, "restart_app"),
+        ([13], {}, "none"),  # an application fault: the job restarts, the GPU is fine
+        ([13, 13], {}, "investigate"),  # repeated on one GPU: NVIDIA's WORKFLOW_XID_13 says run diagnostics
+        ([39], {}, "restart_app"),  # copy-engine exception (driver)
         ([43], {}, "none"),
         ([94], {}, "reset_gpu"),
         ([79], {}, "drain_node"),
@@ -231,7 +233,7 @@ def test_recommendation_rules(codes, extra, want):
 
 
 def test_score_orders_gpus_by_how_bad_they_are():
-    ev = pl.DataFrame([xid("GPU-repair", 64), xid("GPU-drain", 79), xid("GPU-reset", 119), xid("GPU-app", 13)],
+    ev = pl.DataFrame([xid("GPU-repair", 64), xid("GPU-drain", 79), xid("GPU-reset", 119), xid("GPU-app", 39)],
                       schema=HEALTH_EVENT.schema)
     fleet = pl.concat([samples(g, util_ratio=0.9) for g in ("GPU-repair", "GPU-drain", "GPU-reset", "GPU-app", "GPU-ok")])
     s = dict(health.gpu_health(fleet, ev).select("gpu_uuid", "score").iter_rows())
