@@ -274,6 +274,9 @@ def gpu_health(
                   low_clock_watch_ratio=low_clock_watch_ratio, repair_repeat=repair_repeat).sort("gpu_uuid")
 
 
+_ENGINE = "auto"
+
+
 def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.Expr, expected: pl.Expr,
                low_clock_ratio: float) -> pl.DataFrame | None:
     """One pass of row-wise expressions, then one group_by of plain sums (polars' fast path).
@@ -283,7 +286,7 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
     keep = [c for c in ("remap_pending", "remap_failure", "retired_pending_total", "temp_c", "mem_temp_c") if c in s.columns]
     reasons = pl.col("clock_event_reasons") if "clock_event_reasons" in s.columns else pl.lit(None, pl.Int64)
     # Runs of one GPU get an integer id: grouping on it is ~30× faster than hashing 24 M UUID strings.
-    base = s.select(
+    base = s.lazy().select(
         "gpu_uuid", "ts", *keep, *present,
         pl.col("gpu_uuid").rle_id().alias("_run"),
         loaded.alias("_loaded"), reasons.alias("_reasons"), clock.alias("_clock"), expected.alias("expected_sm_clock_mhz"),
@@ -320,7 +323,8 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
         *[pl.col(c).last().alias(f"{c}_last") for c in ("remap_pending", "remap_failure", "retired_pending_total") if c in keep],
         *[pl.col(c).max().alias(f"{c}_max") for c in ("temp_c", "mem_temp_c") if c in keep],
     ]
-    per = d.group_by("_run").agg(aggs)
+    # Lazy, so the ~25 per-row helper columns over 24 M rows are never all materialised at once.
+    per = d.group_by("_run").agg(aggs).collect(engine=_ENGINE)
 
     def ratio(num: str, den: str) -> pl.Expr:
         return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
