@@ -1,0 +1,529 @@
+"""Silent data corruption (SDC): cross-replica checksums, loss / grad-norm spikes, NaN/Inf onset, the
+rerun protocol, and a bit-exact known-answer matrix-multiply probe.
+
+Signals and where they come from:
+
+* **Cross-replica checksums.** Data-parallel replicas apply the same all-reduced gradients to the same
+  parameters, so after each optimizer step every replica of a shard holds bit-identical parameters
+  (given deterministic optimizer kernels). A job can log a per-rank ``param_checksum`` every N steps
+  in its ``step`` events (docs/job_events.md); within a replica group the majority checksum is taken
+  as right and a rank that disagrees is a suspect. A group with no unique most-common checksum (two
+  replicas that disagree, or 2–2) is reported as a *tie*: the data cannot say who is wrong. This is the
+  "replica comparison" SDC screen used in large runs (Meta, "The Llama 3 Herd of Models", 2024, §3.3.4;
+  Google, "Gemini: a family of highly capable multimodal models", 2023, §3 — "SDC ... detected by
+  deterministic replay and ... comparison").
+* **Loss and gradient-norm spikes**, robust over a rolling window of the preceding steps: the score is
+  (x − median) / (IQR / 1.349), i.e. a z-score whose centre and scale come from the median and
+  inter-quartile range, so a few earlier spikes do not mask the next (Hampel-style filter).
+  A spike on one rank while the others are calm points at that rank's hardware.
+* **NaN/Inf onset**: the first step at which a job's loss or grad norm stops being finite, and on how
+  many ranks. JSON has no NaN, so producers send ``"loss": null`` with a ``cause``; an explicit null,
+  or a ``NaN``/``Infinity`` token from a non-strict writer, counts as non-finite.
+* **Rerun protocol** (deterministic replay): re-run the suspect step on the same GPU; a different result
+  means the fault was transient. If it reproduces, re-run on another GPU: a different result there
+  (agreeing with the healthy replicas) means a persistent fault on the first GPU; the same result
+  means the step itself is deterministic — software or data, not the GPU.
+* **Known-answer test**: a matrix-multiply chain on small integers. Every product and every partial
+  sum is an integer below 2**24, so float64, float32 and TF32 arithmetic are exact in *any* summation
+  order: the result is bit-identical across BLAS builds, thread counts and GPUs, and one SHA-256 is the
+  golden answer for all of them. A device that returns another digest computed something wrong.
+
+Pure except ``run_probe``, which runs the probe on numpy (and, when importable, torch or cupy on CUDA).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from fleetscope.errors import ValidationError
+from fleetscope.frames import FINDING, UTC_US, conform
+
+__all__ = [
+    "step_signals",
+    "checksum_mismatches",
+    "metric_spikes",
+    "nonfinite_onset",
+    "RERUN_VERDICTS",
+    "rerun_verdict",
+    "rerun_verdicts",
+    "PROBE_N",
+    "PROBE_ROUNDS",
+    "PROBE_SEED",
+    "PROBE_GOLDEN_SHA256",
+    "probe_inputs",
+    "probe_matmul",
+    "probe_digest",
+    "ProbeResult",
+    "check_probe",
+    "run_probe",
+    "sdc_findings",
+]
+
+
+def _require(df: Any, frame: str, cols: Sequence[str]) -> None:
+    if not isinstance(df, pl.DataFrame):
+        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
+    for c in cols:
+        if c not in df.columns:
+            raise ValidationError("missing required column", frame=frame, field=c)
+
+
+# --- signals from job events --------------------------------------------------------------------------
+
+
+def _nonfinite_token(field: str) -> pl.Expr:
+    return pl.col("payload").str.contains(rf'"{field}"\s*:\s*(?:null|NaN|-?Infinity)').fill_null(False)
+
+
+def _number(field: str) -> pl.Expr:
+    # A payload with a NaN token is not valid JSON; read the number by pattern, which works either way.
+    return (pl.col("payload").str.extract(rf'"{field}"\s*:\s*(-?[0-9][0-9.eE+\-]*)', 1)
+            .cast(pl.Float64, strict=False))
+
+
+def step_signals(job_event: pl.DataFrame, replica_groups: pl.DataFrame | Mapping[int, str] | None = None) -> pl.DataFrame:
+    """The per-rank step signals SDC screening reads, from ``step`` job events.
+
+    Columns: job_id, rank, step, ts, loss, grad_norm (null when absent or non-finite), loss_nonfinite,
+    grad_norm_nonfinite, param_checksum (text; integers as their decimal form), replica_group.
+
+    ``replica_groups``: which ranks hold the same parameters — a frame (job_id optional, rank,
+    replica_group) or a mapping rank → group. Without it a ``replica_group`` payload field is used,
+    and without that every rank of a job is one group (pure data parallelism).
+    """
+    _require(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
+    ev = job_event.filter((pl.col("kind") == "step") & (pl.col("rank") >= 0))
+    if ev.filter(pl.col("step").is_null()).height:
+        raise ValidationError("step event without a step number", frame="job_event", field="step")
+    checksum = pl.col("payload").str.extract(r'"param_checksum"\s*:\s*("(?:[^"\\]|\\.)*"|-?[0-9]+)', 1).str.strip_chars('"')
+    group = pl.col("payload").str.extract(r'"replica_group"\s*:\s*("(?:[^"\\]|\\.)*"|-?[0-9]+)', 1).str.strip_chars('"')
+    out = ev.select(
+        "job_id", "rank", "step", "ts",
+        pl.when(~_nonfinite_token("loss")).then(_number("loss")).alias("loss"),
+        pl.when(~_nonfinite_token("grad_norm")).then(_number("grad_norm")).alias("grad_norm"),
+        _nonfinite_token("loss").alias("loss_nonfinite"),
+        _nonfinite_token("grad_norm").alias("grad_norm_nonfinite"),
+        checksum.alias("param_checksum"),
+        group.fill_null("all").alias("replica_group"),
+    )
+    if replica_groups is not None:
+        if isinstance(replica_groups, Mapping):
+            rg = pl.DataFrame({"rank": [int(k) for k in replica_groups], "_g": [str(v) for v in replica_groups.values()]},
+                              schema={"rank": pl.Int64, "_g": pl.String})
+            on = ["rank"]
+        else:
+            _require(replica_groups, "replica_groups", ("rank", "replica_group"))
+            on = ["job_id", "rank"] if "job_id" in replica_groups.columns else ["rank"]
+            rg = replica_groups.select(*on, pl.col("replica_group").cast(pl.String).alias("_g"))
+        out = out.join(rg, on=on, how="left").with_columns(pl.coalesce("_g", "replica_group").alias("replica_group")).drop("_g")
+    return out.sort("job_id", "step", "rank")
+
+
+def checksum_mismatches(signals: pl.DataFrame) -> pl.DataFrame:
+    """Ranks whose parameter checksum disagrees with their replica group at a step (``step_signals`` output).
+
+    One row per rank involved in a disagreement: ``verdict`` is ``suspect`` (differs from the group's
+    unique most common checksum) or ``tie`` (no unique most common checksum: every rank of the group is
+    listed, nobody is blamed). ``strict_majority`` says whether the winning checksum was held by more
+    than half the group. Groups that agree produce no rows.
+    """
+    _require(signals, "signals", ("job_id", "step", "rank", "param_checksum", "replica_group"))
+    cs = signals.filter(pl.col("param_checksum").is_not_null())
+    keys = ["job_id", "step", "replica_group"]
+    counts = cs.group_by(*keys, "param_checksum").agg(pl.len().alias("n"))
+    summary = counts.group_by(keys).agg(
+        pl.col("n").sum().alias("group_size"),
+        pl.col("n").max().alias("agreeing"),
+        pl.len().alias("distinct_checksums"),
+        (pl.col("n") == pl.col("n").max()).sum().alias("_n_top"),
+        pl.col("param_checksum").filter(pl.col("n") == pl.col("n").max()).first().alias("_top"),
+    ).filter(pl.col("distinct_checksums") > 1)
+    summary = summary.with_columns(
+        pl.when(pl.col("_n_top") == 1).then(pl.col("_top")).otherwise(None).alias("majority_checksum"),
+        (pl.col("agreeing") * 2 > pl.col("group_size")).and_(pl.col("_n_top") == 1).alias("strict_majority"),
+    ).drop("_n_top", "_top")
+    out = cs.join(summary, on=keys, how="inner").with_columns(
+        pl.when(pl.col("majority_checksum").is_null()).then(pl.lit("tie"))
+        .when(pl.col("param_checksum") != pl.col("majority_checksum")).then(pl.lit("suspect"))
+        .otherwise(None).alias("verdict")
+    ).filter(pl.col("verdict").is_not_null())
+    return out.select("job_id", "step", "replica_group", "rank", "param_checksum", "verdict", "majority_checksum",
+                      "strict_majority", "group_size", "agreeing", "distinct_checksums").sort("job_id", "step", "rank")
+
+
+def metric_spikes(signals: pl.DataFrame, metric: str = "loss", *, window_steps: int = 50, min_history: int = 10,
+                  threshold: float = 6.0) -> pl.DataFrame:
+    """Upward spikes of ``metric`` (``loss`` or ``grad_norm``) per job and rank, robust over the
+    preceding ``window_steps`` steps (the current step is not part of its own baseline).
+
+    Score = (x − rolling median) / (rolling IQR / 1.349); a spike scores above ``threshold``. The IQR
+    floor is 1e-6 × |median| so a perfectly flat history does not divide by zero. Each spike carries
+    how many ranks of the job spiked at that step and how many reported, and ``single_rank`` when it was
+    the only one (a rank-local cause; a job-wide spike is usually the data or the optimiser).
+    """
+    if metric not in ("loss", "grad_norm"):
+        raise ValueError(f"metric must be 'loss' or 'grad_norm', not {metric!r}")
+    if window_steps < 3 or min_history < 3 or min_history > window_steps:
+        raise ValueError("need 3 <= min_history <= window_steps")
+    _require(signals, "signals", ("job_id", "rank", "step", metric))
+    x = pl.col(metric)
+    roll = dict(window_size=window_steps, min_samples=min_history)
+    s = signals.filter(x.is_not_null()).sort("job_id", "rank", "step").with_columns(
+        x.rolling_median(**roll).shift(1).over("job_id", "rank").alias("baseline"),
+        (x.rolling_quantile(0.75, **roll) - x.rolling_quantile(0.25, **roll)).shift(1).over("job_id", "rank").alias("_iqr"),
+    ).with_columns(
+        pl.max_horizontal(pl.col("_iqr") / 1.349, pl.col("baseline").abs() * 1e-6, pl.lit(1e-12)).alias("robust_scale"),
+    ).with_columns(((x - pl.col("baseline")) / pl.col("robust_scale")).alias("score"))
+    reporting = s.group_by("job_id", "step").agg(pl.len().alias("ranks_reporting"))
+    spikes = s.filter(pl.col("score") > threshold)
+    per_step = spikes.group_by("job_id", "step").agg(pl.len().alias("ranks_spiking"))
+    out = spikes.join(per_step, on=["job_id", "step"]).join(reporting, on=["job_id", "step"]).with_columns(
+        pl.lit(metric).alias("metric"),
+        ((pl.col("ranks_spiking") == 1) & (pl.col("ranks_reporting") > 1)).alias("single_rank"),
+    )
+    return out.select("job_id", "rank", "step", "ts", "metric", pl.col(metric).alias("value"), "baseline", "robust_scale",
+                      "score", "ranks_spiking", "ranks_reporting", "single_rank").sort("job_id", "step", "rank")
+
+
+def nonfinite_onset(signals: pl.DataFrame) -> pl.DataFrame:
+    """Per job, the first step where loss or grad norm is not finite, and on which ranks.
+
+    ``pattern``: ``single_rank`` (one rank of several: suspect that rank's GPU), ``all_ranks`` (the job
+    diverged: usually the model or data), ``some_ranks`` otherwise.
+    """
+    _require(signals, "signals", ("job_id", "rank", "step", "loss_nonfinite", "grad_norm_nonfinite"))
+    s = signals.with_columns((pl.col("loss_nonfinite") | pl.col("grad_norm_nonfinite")).alias("_bad"))
+    first = s.filter("_bad").group_by("job_id").agg(pl.col("step").min().alias("step"))
+    at = s.join(first, on=["job_id", "step"]).group_by("job_id", "step").agg(
+        pl.col("rank").filter("_bad").sort().alias("ranks_nonfinite"),
+        pl.len().alias("ranks_reporting"),
+        pl.col("ts").min().alias("ts"),
+    )
+    n_bad = pl.col("ranks_nonfinite").list.len()
+    return at.with_columns(
+        pl.when((n_bad == 1) & (pl.col("ranks_reporting") > 1)).then(pl.lit("single_rank"))
+        .when(n_bad == pl.col("ranks_reporting")).then(pl.lit("all_ranks"))
+        .otherwise(pl.lit("some_ranks")).alias("pattern")
+    ).sort("job_id")
+
+
+# --- rerun protocol -----------------------------------------------------------------------------------
+
+RERUN_VERDICTS = ("no_fault", "transient", "persistent", "not_gpu", "inconclusive")
+
+
+def rerun_verdict(original: str, same_gpu: Sequence[str] = (), other_gpu: Sequence[str] = (),
+                  expected: str | None = None) -> tuple[str, str]:
+    """Classify a suspect step from its replays: (verdict, reason).
+
+    ``original``: the suspect GPU's result (a checksum or hash of the step's output); ``same_gpu``: results
+    of re-running the step on that GPU; ``other_gpu``: results on other GPUs; ``expected``: the healthy
+    replicas' result when known. Verdicts: ``no_fault`` (the original equals the expected answer),
+    ``transient`` (a same-GPU replay differs from the original: the fault did not reproduce),
+    ``persistent`` (reproduces on the suspect GPU, and other GPUs agree on a different answer),
+    ``not_gpu`` (other GPUs reproduce the original: deterministic, so software or data),
+    ``inconclusive`` (not enough replays, or the other GPUs disagree among themselves).
+    """
+    if expected is not None and original == expected:
+        return "no_fault", "the suspect GPU's result equals the healthy replicas'"
+    if any(r != original for r in same_gpu):
+        return "transient", f"replay on the same GPU gave a different result ({len(same_gpu)} replay(s))"
+    if other_gpu:
+        others = set(other_gpu)
+        if others == {original}:
+            return "not_gpu", f"{len(other_gpu)} replay(s) on other GPUs reproduce the result: deterministic, not this GPU"
+        if len(others) == 1:
+            if not same_gpu:
+                return "inconclusive", "other GPUs disagree with the original; replay on the same GPU to tell transient from persistent"
+            agree = "" if expected is None else (" and match the healthy replicas" if other_gpu[0] == expected else
+                                                 " but not the healthy replicas")
+            return "persistent", f"reproduces on the suspect GPU ({len(same_gpu)}×); other GPUs agree on a different result{agree}"
+        return "inconclusive", "replays on other GPUs disagree with each other"
+    if same_gpu:
+        return "inconclusive", "reproduces on the same GPU; replay on another GPU to tell a persistent fault from software"
+    return "inconclusive", "no replays recorded"
+
+
+def rerun_verdicts(reruns: pl.DataFrame) -> pl.DataFrame:
+    """``rerun_verdict`` over recorded replays.
+
+    ``reruns``: one row per run of a suspect step — ``case_id`` (one suspect step), ``suspect_gpu``,
+    ``gpu_uuid`` (where this run ran), ``attempt`` (0 = the original run), ``result``; optional
+    ``expected`` (the healthy replicas' result) and ``job_id`` / ``rank`` / ``step`` (carried through).
+    """
+    _require(reruns, "reruns", ("case_id", "suspect_gpu", "gpu_uuid", "attempt", "result"))
+    extra = [c for c in ("job_id", "rank", "step", "expected") if c in reruns.columns]
+    rows = []
+    for (case,), g in reruns.sort("case_id", "attempt").group_by(["case_id"], maintain_order=True):
+        suspects = g.get_column("suspect_gpu").unique()
+        if suspects.len() != 1:
+            raise ValidationError(f"case {case!r} names {suspects.len()} suspect GPUs", frame="reruns", field="suspect_gpu")
+        suspect = suspects[0]
+        orig = g.filter(pl.col("attempt") == 0)
+        if orig.height != 1:
+            raise ValidationError(f"case {case!r} needs exactly one original run (attempt 0), has {orig.height}",
+                                  frame="reruns", field="attempt")
+        if orig["gpu_uuid"][0] != suspect:
+            raise ValidationError(f"case {case!r}: the original run is not on the suspect GPU", frame="reruns", field="gpu_uuid")
+        rep = g.filter(pl.col("attempt") > 0)
+        same = rep.filter(pl.col("gpu_uuid") == suspect)["result"].to_list()
+        other = rep.filter(pl.col("gpu_uuid") != suspect)["result"].to_list()
+        expected = g["expected"].drop_nulls()[0] if "expected" in g.columns and g["expected"].drop_nulls().len() else None
+        verdict, reason = rerun_verdict(orig["result"][0], same, other, expected)
+        row = {"case_id": case, "suspect_gpu": suspect, "verdict": verdict, "reason": reason, "original_result": orig["result"][0],
+               "same_gpu_results": same, "other_gpu_results": other, "other_gpus": rep.filter(pl.col("gpu_uuid") != suspect)["gpu_uuid"].to_list()}
+        for c in extra:
+            if c != "expected":
+                row[c] = orig[c][0]
+        rows.append(row)
+    schema = {"case_id": pl.String, "suspect_gpu": pl.String, "verdict": pl.String, "reason": pl.String, "original_result": pl.String,
+              "same_gpu_results": pl.List(pl.String), "other_gpu_results": pl.List(pl.String), "other_gpus": pl.List(pl.String)}
+    for c in extra:
+        if c != "expected":
+            schema[c] = reruns.schema[c]
+    return pl.DataFrame(rows, schema=schema)
+
+
+# --- known-answer test -----------------------------------------------------------------------------------
+
+PROBE_N = 256
+PROBE_ROUNDS = 8
+PROBE_SEED = 20_240_731
+_PROBE_LO, _PROBE_HI, _PROBE_MOD = -8, 8, 17
+# Golden digest of probe_matmul(PROBE_N, PROBE_ROUNDS, PROBE_SEED): computed with numpy's exact int64
+# matmul (no BLAS) and checked equal to float64 BLAS; see tests/analyzers/test_sdc.py. Any correct device
+# gives this value, because every intermediate is an integer that float32 represents exactly.
+PROBE_GOLDEN_SHA256: dict[tuple[int, int, int], str] = {
+    (PROBE_N, PROBE_ROUNDS, PROBE_SEED): "bd1dcbc036f416e5e9ae752ef346462241583f51d03e9b8d08c9b526bf6d2b21",
+}
+
+
+def probe_inputs(n: int = PROBE_N, seed: int = PROBE_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """The probe's two n×n matrices of integers in [-8, 8], from numpy's PCG64 with a fixed seed (the
+    generator's stream is fixed across numpy versions by NEP 19)."""
+    if not 1 <= n <= 8192:
+        raise ValueError("probe size must be 1..8192")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    a = rng.integers(_PROBE_LO, _PROBE_HI + 1, size=(n, n), dtype=np.int64)
+    b = rng.integers(_PROBE_LO, _PROBE_HI + 1, size=(n, n), dtype=np.int64)
+    return a, b
+
+
+def probe_matmul(n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED, *, dtype: Any = np.float64,
+                 xp: Any = np, device_put: Any = None) -> np.ndarray:
+    """X₀ = A; X_{k+1} = ((X_k · B) mod 17) − 8, for ``rounds`` rounds; returns X_rounds as int64 (numpy).
+
+    Exactness: entries stay in [-8, 8], so each dot product is a sum of n terms of magnitude ≤ 64 and
+    every partial sum is an integer of magnitude ≤ 64·n ≤ 2**19 for n ≤ 8192 — exact in float64, float32
+    and TF32 (inputs ≤ 8 need 4 mantissa bits), whatever order a BLAS sums in. ``xp`` is the array module
+    (numpy, cupy, or torch with ``device_put`` moving arrays to the device).
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    a, b = probe_inputs(n, seed)
+    put = device_put or (lambda arr: xp.asarray(arr.astype(dtype)))
+    x, bm = put(a), put(b)
+    for _ in range(rounds):
+        y = x @ bm
+        x = (y % _PROBE_MOD) - 8  # floor modulo in numpy, cupy and torch alike
+    if hasattr(x, "cpu"):  # torch
+        x = x.cpu().numpy()
+    elif hasattr(x, "get"):  # cupy
+        x = x.get()
+    return np.asarray(x).astype(np.int64)
+
+
+def probe_digest(result: np.ndarray) -> str:
+    """SHA-256 of the result as little-endian int64 in C order, prefixed by its shape (so a truncated
+    result cannot collide with a smaller probe)."""
+    arr = np.ascontiguousarray(np.asarray(result).astype("<i8"))
+    h = hashlib.sha256(f"fleetscope-probe-v1 {arr.shape}".encode())
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    backend: str
+    device: str
+    n: int
+    rounds: int
+    seed: int
+    digest: str
+    golden: str | None
+    passed: bool | None
+    seconds: float
+    mismatched_elements: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_probe(digest: str, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED,
+                golden: Mapping[tuple[int, int, int], str] | None = None) -> bool | None:
+    """True when ``digest`` is the golden answer for this probe shape, False when not, None when no
+    golden answer is known for it (a probe size nobody has blessed is not a pass)."""
+    g = (golden or PROBE_GOLDEN_SHA256).get((n, rounds, seed))
+    if not g:
+        return None
+    return digest == g
+
+
+def run_probe(backend: str = "numpy", *, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED,
+              device_index: int = 0) -> ProbeResult:
+    """Run the known-answer probe on ``numpy`` (CPU), ``torch`` (CUDA, float32) or ``cupy`` (CUDA, float32)
+    and compare with the golden digest. Raises ``RuntimeError`` when the backend is not available."""
+    t0 = time.perf_counter()
+    if backend == "numpy":
+        device = "cpu"
+        res = probe_matmul(n, rounds, seed)
+    elif backend == "torch":
+        try:
+            torch = importlib.import_module("torch")
+        except ImportError as e:
+            raise RuntimeError("torch is not installed") from e
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        dev = torch.device("cuda", device_index)
+        device = f"{torch.cuda.get_device_name(dev)} (cuda:{device_index})"
+        res = probe_matmul(n, rounds, seed, xp=torch,
+                           device_put=lambda arr: torch.from_numpy(arr.astype(np.float32)).to(dev))
+        torch.cuda.synchronize(dev)
+    elif backend == "cupy":
+        try:
+            cp = importlib.import_module("cupy")
+        except ImportError as e:
+            raise RuntimeError("cupy is not installed") from e
+        with cp.cuda.Device(device_index):
+            device = f"cuda:{device_index}"
+            res = probe_matmul(n, rounds, seed, dtype=np.float32, xp=cp)
+    else:
+        raise ValueError(f"unknown probe backend {backend!r} (numpy, torch or cupy)")
+    digest = probe_digest(res)
+    passed = check_probe(digest, n, rounds, seed)
+    mism = None
+    if passed is False:
+        ref = probe_matmul(n, rounds, seed, dtype=np.int64)  # exact integer arithmetic, no BLAS
+        mism = int((ref != res).sum())
+    return ProbeResult(backend, device, n, rounds, seed, digest, PROBE_GOLDEN_SHA256.get((n, rounds, seed)) or None,
+                       passed, round(time.perf_counter() - t0, 4), mism)
+
+
+# --- findings -----------------------------------------------------------------------------------------
+
+
+def sdc_findings(
+    *,
+    checksums: pl.DataFrame | None = None,
+    spikes: pl.DataFrame | None = None,
+    nonfinite: pl.DataFrame | None = None,
+    reruns: pl.DataFrame | None = None,
+    probes: pl.DataFrame | None = None,
+    job_rank: pl.DataFrame | None = None,
+    signals: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """One finding per suspect, with the evidence chain: which signals fired, at which steps, against
+    which replicas. Suspects are job ranks (``job:<id>/rank:<n>``, or ``gpu:<uuid>`` when ``job_rank``
+    says which GPU the rank ran on) and GPUs named by reruns and probes.
+
+    ``probes``: rows with ``gpu_uuid``, ``ts``, ``passed`` and ``digest`` (``ProbeResult`` fields), as
+    ingested health results. ``signals`` (``step_signals`` output) supplies step times for the window.
+    Severity: ``critical`` for a persistent rerun verdict, a failed probe or a strict-majority checksum
+    mismatch; ``warning`` otherwise. Ties and job-wide spikes name no suspect and make no finding.
+    """
+    chains: dict[str, dict[str, Any]] = {}
+
+    def chain(subject: str) -> dict[str, Any]:
+        return chains.setdefault(subject, {"signals": [], "critical": False, "ts": [], "job_rank": None})
+
+    step_ts: dict[tuple[str, int], Any] = {}
+    if signals is not None and signals.height:
+        for j, st, ts in signals.group_by("job_id", "step").agg(pl.col("ts").min()).iter_rows():
+            step_ts[(j, st)] = ts
+    gpu_of = _gpu_lookup(job_rank)
+
+    def rank_subject(job: str, rank: int) -> str:
+        g = gpu_of.get((job, rank))
+        return f"gpu:{g}" if g else f"job:{job}/rank:{rank}"
+
+    if checksums is not None:
+        for r in checksums.filter(pl.col("verdict") == "suspect").to_dicts():
+            c = chain(rank_subject(r["job_id"], r["rank"]))
+            c["job_rank"] = (r["job_id"], r["rank"])
+            c["signals"].append({"signal": "checksum_mismatch", "step": r["step"], "replica_group": r["replica_group"],
+                                 "checksum": r["param_checksum"], "majority_checksum": r["majority_checksum"],
+                                 "agreeing_replicas": r["agreeing"], "group_size": r["group_size"],
+                                 "strict_majority": r["strict_majority"]})
+            c["critical"] |= bool(r["strict_majority"])
+            c["ts"].append(step_ts.get((r["job_id"], r["step"])))
+    if spikes is not None:
+        for r in spikes.filter(pl.col("single_rank")).to_dicts():
+            c = chain(rank_subject(r["job_id"], r["rank"]))
+            c["job_rank"] = (r["job_id"], r["rank"])
+            c["signals"].append({"signal": f"{r['metric']}_spike", "step": r["step"], "value": r["value"],
+                                 "baseline": r["baseline"], "robust_z": round(r["score"], 2),
+                                 "ranks_reporting": r["ranks_reporting"]})
+            c["ts"].append(r["ts"])
+    if nonfinite is not None:
+        for r in nonfinite.filter(pl.col("pattern") == "single_rank").to_dicts():
+            rank = r["ranks_nonfinite"][0]
+            c = chain(rank_subject(r["job_id"], rank))
+            c["job_rank"] = (r["job_id"], rank)
+            c["signals"].append({"signal": "nonfinite_onset", "step": r["step"], "ranks_reporting": r["ranks_reporting"]})
+            c["ts"].append(r["ts"])
+    if reruns is not None:
+        for r in reruns.filter(pl.col("verdict").is_in(["transient", "persistent"])).to_dicts():
+            c = chain(f"gpu:{r['suspect_gpu']}")
+            c["signals"].append({"signal": f"rerun_{r['verdict']}", "case_id": r["case_id"], "reason": r["reason"],
+                                 "step": r.get("step"), "other_gpus": r["other_gpus"]})
+            c["critical"] |= r["verdict"] == "persistent"
+    if probes is not None:
+        _require(probes, "probes", ("gpu_uuid", "ts", "passed", "digest"))
+        for r in probes.filter(pl.col("passed") == False).to_dicts():  # noqa: E712 (null = unknown, not failed)
+            c = chain(f"gpu:{r['gpu_uuid']}")
+            c["signals"].append({"signal": "probe_failed", "digest": r["digest"], "golden": r.get("golden"),
+                                 "mismatched_elements": r.get("mismatched_elements")})
+            c["critical"] = True
+            c["ts"].append(r["ts"])
+
+    rows = []
+    for subject, c in chains.items():
+        times = [t for t in c["ts"] if t is not None]
+        if not times:
+            continue  # a rerun record alone carries no time; it joins a chain that has one
+        names = sorted({s["signal"] for s in c["signals"]})
+        steps = sorted({s["step"] for s in c["signals"] if s.get("step") is not None})
+        evidence = {"signals": c["signals"], "job_rank": c["job_rank"]}
+        n = len(c["signals"])
+        rows.append({
+            "analyzer": "sdc", "kind": "sdc_confirmed" if c["critical"] else "sdc_suspect", "subject": subject,
+            "window_start": min(times), "window_end": max(times),
+            "severity": "critical" if c["critical"] else "warning",
+            # more independent signals, more confidence; critical evidence starts high
+            "score": min(1.0, (0.6 if c["critical"] else 0.3) + 0.1 * (len(names) - 1) + 0.02 * (n - 1)),
+            "summary": f"{subject}: silent data corruption {'confirmed' if c['critical'] else 'suspected'} from "
+                       f"{', '.join(names)}" + (f" at step {steps[0]}" if len(steps) == 1 else
+                                                f" at steps {steps[0]}–{steps[-1]}" if steps else "") + ".",
+            "evidence": json.dumps(evidence, default=str, sort_keys=True),
+        })
+    if not rows:
+        return FINDING.empty()
+    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+
+
+def _gpu_lookup(job_rank: pl.DataFrame | None) -> dict[tuple[str, int], str]:
+    """(job, rank) → GPU, when the rank ran on exactly one GPU (a rank that moved is left as a rank)."""
+    if job_rank is None or job_rank.height == 0:
+        return {}
+    _require(job_rank, "job_rank", ("job_id", "rank", "gpu_uuid"))
+    one = job_rank.group_by("job_id", "rank").agg(pl.col("gpu_uuid").unique()).filter(pl.col("gpu_uuid").list.len() == 1)
+    return {(j, r): g[0] for j, r, g in one.iter_rows()}
