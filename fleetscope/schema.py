@@ -212,3 +212,4 @@ TIME_COLUMN: dict[str, str] = {
     "nccl_test": "ts",
     "finding": "window_start",
 }
+from fleetscope.alerting import schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)
