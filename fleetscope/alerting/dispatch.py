@@ -178,23 +178,39 @@ def alerts_from_states(states: Iterable[AlertState], external_url: str = "") -> 
     return out
 
 
+class Inhibitor:
+    """Alertmanager's ``Inhibitor.Mutes``: a target is muted by a firing source alert (other than itself)
+    that agrees on every ``equal`` label; if the target matches the source side too, sources that also
+    match the target side are not counted (so two alerts cannot inhibit each other). Sources are indexed
+    by their ``equal`` values, so muting costs a lookup, not a scan of every firing alert."""
+
+    def __init__(self, rules: Sequence[InhibitRule], firing: Sequence[Alert]):
+        self.rules = list(rules)
+        self.index: list[dict[tuple[str, ...], list[Alert]]] = []
+        for r in self.rules:
+            idx: dict[tuple[str, ...], list[Alert]] = {}
+            for src in firing:
+                if not src.resolved and matches_all(r.source_matchers, src.labels):
+                    idx.setdefault(tuple(src.labels.get(n, "") for n in r.equal), []).append(src)
+            self.index.append(idx)
+
+    def mutes(self, alert: Alert) -> bool:
+        for r, idx in zip(self.rules, self.index):
+            if not idx or not matches_all(r.target_matchers, alert.labels):
+                continue
+            two_sided = matches_all(r.source_matchers, alert.labels)
+            for src in idx.get(tuple(alert.labels.get(n, "") for n in r.equal), ()):
+                if src.fingerprint == alert.fingerprint:
+                    continue
+                if two_sided and matches_all(r.target_matchers, src.labels):
+                    continue
+                return True
+        return False
+
+
 def inhibited(alert: Alert, rules: Sequence[InhibitRule], firing: Sequence[Alert]) -> bool:
-    """Alertmanager's ``Inhibitor.Mutes``: a firing source alert (other than the target itself) that agrees
-    on every ``equal`` label; if the target matches the source side too, sources that also match the
-    target side are not counted (so two alerts cannot inhibit each other)."""
-    for r in rules:
-        if not matches_all(r.target_matchers, alert.labels):
-            continue
-        two_sided = matches_all(r.source_matchers, alert.labels)
-        for src in firing:
-            if src.fingerprint == alert.fingerprint or src.resolved or not matches_all(r.source_matchers, src.labels):
-                continue
-            if any(src.labels.get(n, "") != alert.labels.get(n, "") for n in r.equal):
-                continue
-            if two_sided and matches_all(r.target_matchers, src.labels):
-                continue
-            return True
-    return False
+    """Whether ``alert`` is inhibited by any of ``firing`` (see ``Inhibitor``)."""
+    return Inhibitor(rules, firing).mutes(alert)
 
 
 def silenced(alert: Alert, silences: Sequence[Silence], now: dt.datetime) -> bool:
@@ -300,7 +316,7 @@ def dispatch(
 
     firing_all = [a for g in out.values() for a in g.alerts.values() if not a.resolved]
     # Dedup by fingerprint: one alert can sit in several groups (continue: true).
-    firing_all = list({a.fingerprint: a for a in firing_all}.values())
+    inhibitor = Inhibitor(config.inhibit_rules, list({a.fingerprint: a for a in firing_all}.values()))
     notifications: list[Notification] = []
     for gid in sorted(out):
         g = out[gid]
@@ -314,9 +330,9 @@ def dispatch(
         shown: list[Alert] = []
         for a in sorted(g.alerts.values(), key=cmp_to_key(_alert_cmp)):
             if a.resolved:
-                if a.fingerprint in g.last_firing or not (silenced(a, silences, now) or inhibited(a, config.inhibit_rules, firing_all)):
+                if a.fingerprint in g.last_firing or not (silenced(a, silences, now) or inhibitor.mutes(a)):
                     shown.append(a)
-            elif not (silenced(a, silences, now) or inhibited(a, config.inhibit_rules, firing_all)):
+            elif not (silenced(a, silences, now) or inhibitor.mutes(a)):
                 shown.append(a)
         firing = frozenset(a.fingerprint for a in shown if not a.resolved)
         resolved = frozenset(a.fingerprint for a in shown if a.resolved)

@@ -244,13 +244,22 @@ def read_input(store: Store, config: AlertingConfig, now: dt.datetime) -> E.Eval
     if fr:
         since = now - dt.timedelta(seconds=max(r.lookback_s for r in fr))
         cols = ", ".join(f'"{c}"' for c in F.FINDING.names)
-        out.finding = store.query(
-            f"SELECT {cols} FROM finding WHERE window_start <= ? AND ((window_end IS NOT NULL AND window_end >= ?) OR (window_end IS NULL AND window_start >= ?))",
-            [now, since, since], F.FINDING.schema)
+        sql = f"SELECT {cols} FROM finding WHERE window_start <= ? AND ((window_end IS NOT NULL AND window_end >= ?) OR (window_end IS NULL AND window_start >= ?))"
+        params: list[Any] = [now, since, since]
+        # Most findings are of kinds no rule reads (scores, info); when every selector names its kinds,
+        # read only those: on a 16,384-GPU fleet this is most of a tick's time.
+        sels = [sel for r in fr for sel in r.findings]
+        if all(sel.kinds for sel in sels):
+            kinds = sorted({k for sel in sels for k in sel.kinds})
+            sql += f" AND kind IN ({', '.join('?' for _ in kinds)})"
+            params += kinds
+        out.finding = store.query(sql, params, F.FINDING.schema)
     hr = [r for r in rules if r.health]
     if hr:
         since = now - dt.timedelta(seconds=max(r.lookback_s for r in hr))
-        out.health_event = store.read("health_event", start=since, end=future)
+        sels = [sel for r in hr for sel in r.health]
+        kinds = sorted({k for sel in sels for k in sel.kinds}) if all(sel.kinds for sel in sels) else None
+        out.health_event = store.read("health_event", start=since, end=future).filter(pl.col("kind").is_in(kinds)) if kinds else store.read("health_event", start=since, end=future)
     mr = [r for r in rules if r.metric is not None]
     if mr:
         since = now - dt.timedelta(seconds=max(r.lookback_s for r in mr))
@@ -518,15 +527,14 @@ def list_alerts(engine: Engine, config: AlertingConfig | None = None, *, now: dt
     with engine.connect() as conn:
         states = list(_load_states(conn).values())
         silences = list_silences(conn, now=now, active_only=True)
-    firing = D.alerts_from_states([s for s in states if s.state == E.FIRING])
+    inhibitor = D.Inhibitor(config.inhibit_rules if config else (), D.alerts_from_states([s for s in states if s.state == E.FIRING]))
     out = []
     for s in sorted(states, key=lambda x: (x.rule, x.fingerprint)):
         if s.state == E.INACTIVE and not include_resolved:
             continue
         a = D.Alert(s.fingerprint, s.labels, s.annotations, s.fired_at or s.active_at)
         silenced_by = [x.id for x in silences if x.mutes(s.labels, now)]
-        inhibited = bool(config and D.inhibited(a, config.inhibit_rules, firing))
-        out.append({**s.to_dict(), "silenced_by": silenced_by, "inhibited": inhibited})
+        out.append({**s.to_dict(), "silenced_by": silenced_by, "inhibited": inhibitor.mutes(a)})
     return out
 
 

@@ -33,7 +33,7 @@ def test_healthz_needs_no_token_and_reports_schema(api):
     r = httpx.get(api.url + "/healthz")
     assert r.status_code == 200
     body = r.json()
-    assert body["status"] == "ok" and body["schema"] == body["schema_head"] == "0001"
+    assert body["status"] == "ok" and body["schema"] == body["schema_head"] == "0002"
 
 
 def test_openapi_is_served(api):

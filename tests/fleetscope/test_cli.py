@@ -26,9 +26,9 @@ def test_help_lists_the_verbs(tmp_path):
 
 
 def test_db_upgrade_and_current(tmp_path):
-    assert "database at 0001" in run(tmp_path, "db", "upgrade").stdout
+    assert "database at 0002" in run(tmp_path, "db", "upgrade").stdout
     cur = json.loads(run(tmp_path, "db", "current", "--json").stdout)
-    assert cur["current"] == cur["head"] == "0001"
+    assert cur["current"] == cur["head"] == "0002"
 
 
 def test_token_create_list_revoke(tmp_path):
