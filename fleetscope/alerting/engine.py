@@ -31,7 +31,7 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.alerting.labels import fingerprint
-from fleetscope.alerting.rules import AlertingConfig, FindingSelector, HealthSelector, MetricCondition, Rule
+from fleetscope.alerting.rules import AlertingConfig, FindingSelector, MetricCondition, Rule
 
 RESOLVED_RETENTION_S = 15 * 60  # Prometheus' resolvedRetention
 PENDING, FIRING, INACTIVE = "pending", "firing", "inactive"

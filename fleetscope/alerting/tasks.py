@@ -14,36 +14,22 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-from dataclasses import dataclass
 from typing import Any
 
-from fleetscope import settings as settings_mod
 from fleetscope.alerting import config as C
 from fleetscope.alerting import state as ST
-from fleetscope.alerting.rules import AlertingConfig, load_config
+from fleetscope.alerting.service import Alerting, open_alerting
 from fleetscope.worker import celery_app, store
 
 
-@dataclass
-class _Context:
-    settings: C.AlertSettings
-    base: AlertingConfig
-    box: ST.SecretBox
+_ctx: Alerting | None = None
 
 
-_ctx: _Context | None = None
-
-
-def context() -> _Context:
+def context() -> Alerting:
     """Per process: the alerting settings, the rules file (read once, at start) and the secret box."""
     global _ctx
     if _ctx is None:
-        kernel: settings_mod.Settings = celery_app.conf.fleetscope_settings
-        alert = C.load(kernel)
-        base = load_config(alert.rules_path)
-        if not base.external_url:
-            base = AlertingConfig(base.rules, base.route, base.inhibit_rules, alert.external_url)
-        _ctx = _Context(alert, base, ST.SecretBox(C.secret_keys(kernel, alert)))
+        _ctx = open_alerting(celery_app.conf.fleetscope_settings)
     return _ctx
 
 
@@ -61,7 +47,7 @@ def _queue(task: Any) -> str | None:
 def evaluate(self: Any, now_iso: str | None = None) -> dict[str, Any]:
     now = dt.datetime.fromisoformat(now_iso) if now_iso else None
     c = context()
-    config = ST.effective_config(store().engine, c.base)
+    config = c.effective_config(store().engine)
     result = ST.evaluate_and_dispatch(store(), config, now=now, holder=socket.gethostname())
     # Deliver at once rather than at the next sweep: the sweep is the safety net, not the fast path.
     queue = _queue(self)

@@ -17,30 +17,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from fleetscope import auth
-from fleetscope.alerting import config as C
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.notifiers import DeliveryError
-from fleetscope.alerting.rules import AlertingConfig, RuleError, load_config
+from fleetscope.alerting.rules import RuleError
+from fleetscope.alerting.service import Alerting, open_alerting
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 
 
-class _Alerting:
-    def __init__(self, request: Request):
-        settings = request.app.state.settings
-        self.settings = C.load(settings)
-        base = load_config(self.settings.rules_path)
-        if not base.external_url:
-            base = AlertingConfig(base.rules, base.route, base.inhibit_rules, self.settings.external_url)
-        self.base = base
-        self.box = ST.SecretBox(C.secret_keys(settings, self.settings))
-
-
-def _ctx(request: Request) -> _Alerting:
+def _ctx(request: Request) -> Alerting:
     ctx = getattr(request.app.state, "alerting", None)
     if ctx is None:
-        ctx = request.app.state.alerting = _Alerting(request)
+        ctx = request.app.state.alerting = open_alerting(request.app.state.settings)
     return ctx
 
 

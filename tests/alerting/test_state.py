@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import json
 import random
-import time
 
 import polars as pl
 import pytest
@@ -96,7 +95,7 @@ def test_receiver_down_then_up_gets_every_notification_once(store, box):
     assert d.deliver_due(now=at(3)) == {"pending": 5}  # still down
     rx.start()
     try:
-        t, out = 3.0, {}
+        t = 3.0
         while any(x.status == "pending" for x in rows(store)) and t < 60:
             t += 1
             d.deliver_due(now=at(t))
