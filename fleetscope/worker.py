@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
     settings = settings or settings_mod.load()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker"])
+    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker", "fleetscope.alerting.tasks"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -169,3 +169,8 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
     with tracer().start_as_current_span("task.energy_rollup"):
         return rollup_window(store(), start, end)
+
+
+# Alerting's tasks and beat entries register on this app; imported last because they import it, and
+# here rather than only through `include` so that beat, which may not import included modules, has them.
+from fleetscope.alerting import tasks as _alerting_tasks  # noqa: E402,F401

@@ -1,0 +1,131 @@
+"""A real Celery worker evaluates and delivers to a real receiver; killed mid-delivery, the notification
+is delivered again by the next worker with the same webhook-id (at least once, nothing lost)."""
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import polars as pl
+import pytest
+from cryptography.fernet import Fernet
+
+from fleetscope import db
+from fleetscope import frames as F
+from fleetscope.alerting import notifiers as N
+from fleetscope.alerting import state as ST
+from fleetscope.store import Store
+from fleetscope.worker import make_celery
+from tests.alerting.receiver import Receiver
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.slow
+
+RULES = """
+rules:
+  - alert: GpuFellOffBus
+    health: {kind: xid, code: [79]}
+    lookback: 10m
+    labels: {severity: critical}
+route: {receiver: hook, group_by: [alertname, host], group_wait: 0s, group_interval: 10s}
+"""
+
+
+def start_worker(env: dict[str, str], queue: str, log) -> subprocess.Popen:
+    args = [sys.executable, "-m", "celery", "-A", "fleetscope.alerting.tasks:celery_app", "worker", "--pool=solo", "-Q", queue,
+            "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"]
+    return subprocess.Popen(args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    key = Fernet.generate_key()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    url = f"sqlite:///{tmp_path / 'fs.db'}"
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": url, "FLEETSCOPE_SECRET_KEY": key.decode(),
+           "FLEETSCOPE_ALERT_RULES": str(rules), "FLEETSCOPE_ALERT_ALLOW_LOOPBACK": "1", "FLEETSCOPE_ALERT_DELIVERY_TIMEOUT_S": "2",
+           "PYTHONPATH": os.getcwd()}
+    for k in ("FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND"):
+        env.pop(k, None)
+    db.upgrade(url)
+    store = Store.open(url)
+    app = make_celery(make_settings(tmp_path, url, broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}", result_backend=f"db+sqlite:///{tmp_path / 'results.db'}"))
+    queue = f"alerting-test-{uuid.uuid4().hex[:8]}"
+    procs: list[subprocess.Popen] = []
+    yield env, store, app, queue, ST.SecretBox([key]), procs, tmp_path / "worker.log"
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    store.engine.dispose()
+
+
+def xid79(store: Store, gpu: str) -> None:
+    store.write(F.Batch(health_event=pl.DataFrame({"ts": [dt.datetime.now(dt.UTC)], "gpu_uuid": [gpu], "host": ["n-" + gpu], "kind": ["xid"], "code": [79]})))
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_worker_evaluates_and_delivers(setup):
+    env, store, app, queue, box, procs, log = setup
+    with Receiver() as rx:
+        ST.put_receiver(store.engine, box, "hook", "webhook", rx.url + "/am", policy=N.OutboundPolicy(allow_loopback=True))
+        procs.append(start_worker(env, queue, log))
+        xid79(store, "G1")
+        result = app.send_task("fleetscope.alerting.evaluate", queue=queue).get(timeout=90)
+        assert result["firing"] == 1 and len(result["notifications"]) == 1
+        (req,) = wait_for(rx.accepted, 60, "the webhook")
+        assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "G1" and req["json"]["status"] == "firing"
+        wait_for(lambda: ST.list_notifications(store.engine, status="delivered"), 20, "delivered status")
+
+
+def test_worker_killed_mid_delivery_leads_to_redelivery(setup):
+    env, store, app, queue, box, procs, log = setup
+    in_flight = threading.Event()
+    release = threading.Event()
+
+    def answer(req):
+        if not in_flight.is_set():
+            in_flight.set()
+            release.wait(10)  # hold the first request until its worker has been killed
+        return 200, {}
+
+    with Receiver(answer=answer) as rx:
+        ST.put_receiver(store.engine, box, "hook", "webhook", rx.url, policy=N.OutboundPolicy(allow_loopback=True))
+        first = start_worker(env, queue, log)
+        procs.append(first)
+        xid79(store, "G7")
+        app.send_task("fleetscope.alerting.evaluate", queue=queue).get(timeout=90)
+        assert in_flight.wait(60), "the worker never reached the receiver"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        release.set()
+        (row,) = ST.list_notifications(store.engine)
+        assert row["status"] == "pending" and row["attempts"] == 1  # claimed, never recorded
+        procs.append(start_worker(env, queue, log))
+
+        def redelivered():
+            # What beat does every few seconds: sweep the outbox. The lease (2 x 2 s timeout + 5 s) must run out first.
+            app.send_task("fleetscope.alerting.deliver_due", queue=queue).get(timeout=60)
+            return ST.list_notifications(store.engine, status="delivered")
+
+        (done,) = wait_for(redelivered, 60, "redelivery")
+        ids = [r["headers"]["webhook-id"] for r in rx.requests]
+        assert ids == [done["webhook_id"], done["webhook_id"]]  # at least once, one idempotency key
+        assert done["attempts"] == 2
