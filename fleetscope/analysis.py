@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import c3, goodput, stragglers
+from analyzers import c3, goodput, reliability, sdc, stragglers
 from fleetscope import frames as F
 from fleetscope.observability import tracer
 from fleetscope.store import Store
@@ -39,11 +39,14 @@ class JobAnalysis:
     c3: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
+    sdc: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers, "notes": self.notes})
+        return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
+                       "sdc": self.sdc, "checkpoint": self.checkpoint, "notes": self.notes})
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -67,7 +70,7 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
             detections = stragglers.detect_stragglers(steps, colls if colls.height else None)
             findings = stragglers.straggler_findings(detections)
             if findings.height:
-                batch.finding = findings
+                batch.finding = findings if batch.finding is None else pl.concat([batch.finding, findings])
             out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
             analyses.append(_analysis_row(job_id, "stragglers", now, steps["start"].min(), steps["end"].max(),
                                           {"findings": out.stragglers, "rank_steps": detections.height,
@@ -85,13 +88,50 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
                                "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
                                "disruptions": rg.disruptions, "finished": finished}
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
+            _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
+            _checkpoint(out, batch, analyses, events, store.read("job", job_id=job_id), now)
         else:
-            out.notes.append("no job events: goodput skipped")
+            out.notes.append("no job events: goodput, SDC screening and checkpoint advice skipped")
         if analyses:
             batch.job_analysis = pl.DataFrame(analyses, schema=F.JOB_ANALYSIS.schema)
             store.write(batch)
         out.batch = batch
     return out
+
+
+def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:
+    if found.height:
+        batch.finding = found if batch.finding is None else pl.concat([batch.finding, found], how="vertical_relaxed")
+
+
+def _sdc(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job_rank: pl.DataFrame, now: dt.datetime) -> None:
+    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm)."""
+    signals = sdc.step_signals(events)
+    if signals.height == 0:
+        return
+    found = sdc.sdc_findings(
+        checksums=sdc.checksum_mismatches(signals), spikes=sdc.metric_spikes(signals, "loss"), nonfinite=sdc.nonfinite_onset(signals),
+        job_rank=job_rank if job_rank.height else None, signals=signals,
+    )
+    _add_findings(batch, found)
+    out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
+    analyses.append(_analysis_row(out.job_id, "sdc", now, signals["ts"].min() if "ts" in signals.columns else None, None,
+                                  {"findings": out.sdc, "steps_screened": signals.height}))
+
+
+def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job: pl.DataFrame, now: dt.datetime) -> None:
+    """Young/Daly checkpoint advice from the job's measured save cost and its own MTBF."""
+    costs = reliability.checkpoint_costs(events).filter(pl.col("saves") > 0)
+    if costs.height == 0:
+        return
+    mtbf = reliability.fleet_mtbf(events, job if job.height else None)
+    advice = reliability.checkpoint_advice(costs, mtbf)
+    if advice.height == 0:
+        return
+    out.checkpoint = advice.row(0, named=True)
+    start, end = events["ts"].min(), events["ts"].max()
+    _add_findings(batch, reliability.checkpoint_findings(advice, window_start=start, window_end=end))
+    analyses.append(_analysis_row(out.job_id, "checkpoint", now, start, end, out.checkpoint))
 
 
 def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end: Any, result: Any) -> dict[str, Any]:

@@ -460,6 +460,29 @@ def fairness_evaluate(predictions: str, model: str, version: str | None, sensiti
     sys.exit(4 if out["passed"] is False else 0)
 
 
+@main.command()
+@click.option("--backend", type=click.Choice(["numpy", "torch", "cupy"]), default="numpy", show_default=True,
+              help="numpy runs on the CPU; torch and cupy on the first CUDA device.")
+@click.option("--gpu-uuid", default=None, help="Record the result against this GPU.")
+@click.option("--no-record", is_flag=True, help="Print only; do not write a health event.")
+@click.option("--json", "as_json", is_flag=True)
+def probe(backend: str, gpu_uuid: str | None, no_record: bool, as_json: bool) -> None:
+    """Known-answer test for silent data corruption: a deterministic matrix multiply whose result must
+    hash to the golden digest. Exits 0 on pass, 5 on a mismatch (a confirmed SDC suspect)."""
+    from fleetscope.health_service import run_probe
+
+    try:
+        result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), default=str))
+    else:
+        verdict = "PASS" if result.passed else "FAIL: result differs from the golden digest" if result.passed is False else "no golden digest"
+        click.echo(f"{backend} on {result.device}: {verdict} ({result.n}x{result.n}, {result.rounds} rounds, {result.seconds:.2f} s)\n  digest {result.digest}")
+    sys.exit(5 if result.passed is False else 0)
+
+
 @main.command("formats")
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:

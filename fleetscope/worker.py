@@ -46,6 +46,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
             "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
+            "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
         },
     )
     if settings.broker_url.startswith("sqla+"):
@@ -169,6 +170,17 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
     with tracer().start_as_current_span("task.energy_rollup"):
         return rollup_window(store(), start, end)
+
+
+@celery_app.task(name="fleetscope.health_window")
+def health_window(window_s: int = 900) -> dict[str, Any]:
+    """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
+    from fleetscope.health_service import health_window as run
+
+    end = dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.health_window"):
+        out = run(store(), end - dt.timedelta(seconds=window_s), end)
+        return {"gpus": out["gpus"].height, "findings": out["findings"].height}
 
 
 # Alerting's tasks and beat entries register on this app; imported last because they import it, and

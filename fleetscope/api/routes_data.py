@@ -141,3 +141,43 @@ def get_energy(
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return Response(df.write_json() if df.width else "[]", media_type="application/json")
+
+
+@router.get("/findings", dependencies=[Depends(require("read"))])
+def get_findings(
+    request: Request,
+    kind: Annotated[list[str] | None, Query()] = None,
+    analyzer: Annotated[list[str] | None, Query()] = None,
+    severity: Annotated[list[str] | None, Query()] = None,
+    subject_prefix: Annotated[str | None, Query(max_length=500, description="e.g. gpu:GPU-1234 or job:train-7/")] = None,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_READ_ROWS)] = 1000,
+) -> Response:
+    """What the analyzers concluded, newest window first: kind, subject, severity, score, summary, evidence."""
+    df = request.app.state.store.read("finding", start=start, end=end)
+    for col, values in (("kind", kind), ("analyzer", analyzer), ("severity", severity)):
+        if values:
+            df = df.filter(pl.col(col).is_in(values))
+    if subject_prefix:
+        df = df.filter(pl.col("subject").str.starts_with(subject_prefix))
+    df = df.sort("window_start", descending=True).head(limit)
+    return Response(df.write_json(), media_type="application/json", headers={"X-Row-Count": str(df.height)})
+
+
+@router.get("/health", dependencies=[Depends(require("read"))])
+def get_health(
+    request: Request,
+    start: Annotated[dt.datetime, Query()],
+    end: Annotated[dt.datetime, Query()],
+    level: Annotated[str, Query(pattern="^(gpu|node)$")] = "gpu",
+) -> Response:
+    """Health score (0-100), recommendation and reasons per GPU or node over a window of at most a day."""
+    from fleetscope.health_service import health_window
+
+    try:
+        out = health_window(request.app.state.store, start, end, write=False)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    df = out["gpus" if level == "gpu" else "nodes"]
+    return Response(df.write_json() if df.width else "[]", media_type="application/json")

@@ -67,7 +67,7 @@ def test_straggler_becomes_a_finding_and_only_the_parts_with_data_run(store):
     store.write(F.Batch(step=straggler_steps()))
     result = analysis.analyze_job(store, "synthetic")
     assert [f["subject"] for f in result.stragglers] == ["job:synthetic/rank:5"]
-    assert result.goodput is None and "no job events: goodput skipped" in result.notes
+    assert result.goodput is None and "no job events: goodput, SDC screening and checkpoint advice skipped" in result.notes
     found = store.read("finding")
     assert found["subject"].to_list() == ["job:synthetic/rank:5"]
     assert found["kind"][0] == "straggler_compute_slow"
@@ -106,3 +106,40 @@ def test_cli_analyze(tmp_path, realdata):
     assert "goodput 75.0% of 20 s" in out.stdout and "other 5 s" in out.stdout
     assert "no step data" in out.stdout
     assert json.loads(run("analyze", "cli-job", "--json").stdout)["goodput"]["productive_s"] == 15.0
+
+
+def sdc_and_checkpoint_events(job_id="sdc-job") -> bytes:
+    """4 data-parallel ranks; rank 2's parameter checksum disagrees from step 30 on. Checkpoints every
+    10 minutes costing 60 s; two failures in 5 hours of running."""
+    lines = [{"job_id": job_id, "ts": T0.isoformat(), "kind": "started"}]
+    for s in range(40):
+        t = T0 + dt.timedelta(seconds=10 + 2 * s)
+        for r in range(4):
+            checksum = "c0ffee" if (r != 2 or s < 30) else "deadbeef"
+            lines.append({"job_id": job_id, "ts": t.isoformat(), "kind": "step", "step": s, "rank": r,
+                          "loss": 2.0 - s * 0.01, "param_checksum": f"{checksum}{s}"})
+    for k in range(30):
+        t = T0 + dt.timedelta(minutes=10 * (k + 1))
+        lines.append({"job_id": job_id, "ts": t.isoformat(), "kind": "checkpoint_save_start"})
+        lines.append({"job_id": job_id, "ts": (t + dt.timedelta(seconds=60)).isoformat(), "kind": "checkpoint_save_end"})
+    for hours in (2, 4):
+        lines.append({"job_id": job_id, "ts": (T0 + dt.timedelta(hours=hours, minutes=5)).isoformat(), "kind": "failure", "cause": "GPU HBM3 memory"})
+    lines.append({"job_id": job_id, "ts": (T0 + dt.timedelta(hours=5, minutes=5)).isoformat(), "kind": "finished"})
+    return "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
+
+
+def test_sdc_suspect_and_checkpoint_advice_from_job_events(store):
+    ingestion.ingest_bytes(store, sdc_and_checkpoint_events(), source="events.jsonl")
+    result = analysis.analyze_job(store, "sdc-job")
+    assert [f["subject"] for f in result.sdc] == ["job:sdc-job/rank:2"]
+    assert result.sdc[0]["severity"] == "critical"  # a strict 3-of-4 majority disagrees with it
+    cp = result.checkpoint
+    assert cp["save_cost_s"] == 60.0 and cp["interval_s"] == 540.0
+    # Daly's interval from δ = 60 s and this job's own MTBF (wall hours / 2 failures)
+    from analyzers import reliability
+
+    mtbf_s = 3600 * reliability.fleet_mtbf(store.read("job_event", job_id="sdc-job"))["job_mtbf_hours"][0]
+    assert cp["daly_interval_s"] == pytest.approx(reliability.daly_interval_s(60.0, mtbf_s))
+    kinds = set(store.read("finding")["kind"].to_list())
+    assert any(k.startswith("sdc") for k in kinds)
+    assert sorted(store.read("job_analysis", job_id="sdc-job")["analyzer"].to_list()) == ["checkpoint", "goodput", "sdc"]

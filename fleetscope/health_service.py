@@ -1,0 +1,60 @@
+"""GPU health, fabric and known-answer probes against the store: windows of telemetry in, findings out.
+
+Pure analysis lives in ``analyzers/health.py``, ``analyzers/fabric.py`` and ``analyzers/sdc.py``; this module
+reads bounded windows, writes findings and probe results, and owns the clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+from typing import Any
+
+import polars as pl
+
+from analyzers import fabric, health, sdc
+from fleetscope import frames as F
+from fleetscope.observability import tracer
+from fleetscope.store import Store
+
+MAX_WINDOW = dt.timedelta(days=1)
+
+
+def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True) -> dict[str, Any]:
+    """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``."""
+    if end <= start:
+        raise ValueError("end must be after start")
+    if end - start > MAX_WINDOW:
+        raise ValueError(f"window longer than {MAX_WINDOW}: health reads raw samples, so ask for at most a day")
+    with tracer().start_as_current_span("health.window"):
+        samples = store.read("gpu_sample", start=start, end=end)
+        events = store.read("health_event", start=start, end=end)
+        gpus = store.read("gpu", columns=["gpu_uuid", "host", "model_name"])
+        findings: list[pl.DataFrame] = []
+        gpu_rows = node_rows = pl.DataFrame()
+        if samples.height:
+            gpu_rows = health.gpu_health(samples, events.filter(pl.col("kind") == "xid") if events.height else None, gpu_host=gpus if gpus.height else None)
+            node_rows = health.node_health(gpu_rows) if "host" in gpu_rows.columns else pl.DataFrame()
+            findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
+        tests = store.read("nccl_test")
+        if tests.height:
+            reg = fabric.nccl_test_regressions(tests)
+            if reg.height:
+                findings.append(fabric.fabric_findings(regressions=reg, window_start=start, window_end=end))
+        found = pl.concat([f for f in findings if f.height], how="vertical_relaxed") if any(f.height for f in findings) else F.FINDING.empty()
+        if write and found.height:
+            store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
+        return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
+
+
+def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None) -> sdc.ProbeResult:
+    """Run the known-answer matmul probe and record it as a ``sdc_probe`` health event (value 1 = passed)."""
+    result = sdc.run_probe(backend)
+    if store is not None:
+        row = {"ts": dt.datetime.now(dt.UTC), "host": host or socket.gethostname(), "gpu_uuid": gpu_uuid or f"{backend}:{result.device}",
+               "kind": "sdc_probe", "code": 0, "value": 1.0 if result.passed else 0.0,
+               "message": json.dumps({"digest": result.digest, "golden": result.golden, "backend": backend, "seconds": result.seconds}),
+               "source": "fleetscope probe"}
+        store.write(F.Batch(source="probe", health_event=pl.DataFrame([row])))
+    return result

@@ -1,0 +1,75 @@
+"""GPU health windows, fabric regressions and the known-answer probe through the store, API and CLI."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import polars as pl
+
+from fleetscope import auth
+from fleetscope import frames as F
+from fleetscope.health_service import health_window
+from fleetscope.sim import FleetSpec, gpu_fleet
+
+T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+
+
+def seed(store):
+    batch = gpu_fleet(FleetSpec(sites=1, nodes_per_site=2, gpus_per_node=4, interval_s=10), T0, 600)
+    sick = batch.gpu["gpu_uuid"][5]
+    sick_host = batch.gpu["host"][5]
+    # GPU 5 fell off the bus (XID 79) and its row remapping failed: NVIDIA's catalog says drain / repair.
+    batch.gpu_sample = batch.gpu_sample.with_columns(
+        pl.when(pl.col("gpu_uuid") == sick).then(1).otherwise(0).alias("remap_failure"),
+    )
+    batch.health_event = pl.DataFrame({"ts": [T0 + dt.timedelta(minutes=3)], "host": [sick_host], "gpu_uuid": [sick], "kind": ["xid"], "code": [79]})
+    store.write(batch)
+    return sick, sick_host
+
+
+def test_sick_gpu_gets_a_critical_finding_and_the_rest_none(store):
+    sick, host = seed(store)
+    out = health_window(store, T0, T0 + dt.timedelta(minutes=10))
+    gpus = out["gpus"]
+    assert gpus.height == 8
+    worst = gpus.sort("score").row(0, named=True)
+    assert worst["gpu_uuid"] == sick and worst["recommendation"] in ("drain_node", "send_for_repair")
+    assert gpus.filter(pl.col("gpu_uuid") != sick)["recommendation"].unique().to_list() == ["none"]
+    found = store.read("finding")
+    assert f"gpu:{sick}" in found["subject"].to_list()
+    assert set(found.filter(pl.col("subject") == f"gpu:{sick}")["severity"]) == {"critical"}
+    # re-running the window updates the same findings
+    health_window(store, T0, T0 + dt.timedelta(minutes=10))
+    assert store.read("finding").height == found.height
+
+
+def test_health_and_findings_endpoints(api):
+    store = api.app.state.store
+    sick, _ = seed(store)
+    health_window(store, T0, T0 + dt.timedelta(minutes=10))
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    params = {"start": T0.isoformat(), "end": (T0 + dt.timedelta(minutes=10)).isoformat()}
+    gpus = httpx.get(api.url + "/api/v1/health", params=params, headers=h).json()
+    assert len(gpus) == 8 and min(gpus, key=lambda g: g["score"])["gpu_uuid"] == sick
+    nodes = httpx.get(api.url + "/api/v1/health", params={**params, "level": "node"}, headers=h).json()
+    assert len(nodes) == 2
+    assert httpx.get(api.url + "/api/v1/health", params={**params, "end": (T0 + dt.timedelta(days=2)).isoformat()}, headers=h).status_code == 400
+    found = httpx.get(api.url + "/api/v1/findings", params={"severity": "critical", "subject_prefix": "gpu:"}, headers=h).json()
+    assert [f["subject"] for f in found] == [f"gpu:{sick}"]
+    assert httpx.get(api.url + "/api/v1/findings", params={"kind": "nope"}, headers=h).json() == []
+
+
+def test_cli_probe_records_a_health_event(tmp_path):
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "probe", "--gpu-uuid", "GPU-test", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["passed"] is True and result["digest"] == result["golden"]
+    from fleetscope.store import Store
+
+    ev = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}").read("health_event")
+    assert ev.select("gpu_uuid", "kind", "value").rows() == [("GPU-test", "sdc_probe", 1.0)]
