@@ -1,0 +1,960 @@
+"""dcgm-exporter ``/metrics`` bodies (Prometheus text exposition format 0.0.4) -> a :class:`Batch`.
+
+What comes out
+--------------
+- ``gpu_sample``: one wide row per GPU (or MIG instance) per instant, DCGM fields converted to SI
+  (MiB -> bytes, mJ -> J, percent -> ratio, ns -> s); see ``FIELDS`` and ``frames.GPU_FIELDS``.
+- ``gpu``: inventory from the exporter's labels (``UUID``/``uuid``, ``Hostname``/``hostname``, ``gpu``,
+  ``pci_bus_id``, ``modelName``/``model_name``, ``DCGM_FI_DRIVER_VERSION``, ``GPU_I_PROFILE``/``GPU_I_ID``).
+- ``gpu_workload``: Kubernetes ``namespace``/``pod``/``container`` labels (dcgm-exporter's pod attribution).
+  On idle GPUs a Prometheus scrape with ``honorLabels`` off shows the exporter's *own* pod there; a pod or
+  container whose name contains ``dcgm-exporter`` is that exporter, not a workload, and is ignored.
+- ``health_event``: XID (``DCGM_FI_DEV_XID_ERRORS`` nonzero, code = the XID), ECC SBE/DBE counts (kind
+  ``ecc``), row remap failure / pending / uncorrectable rows (kind ``row_remap``). For ECC and row remap,
+  ``code`` is the DCGM field id that raised the event (310-313, 393, 395, 396; ``dcgm_fields.h``).
+- ``metric_sample``: DCGM_FI_* fields that have no ``gpu_sample`` column (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``,
+  ``DCGM_FI_DEV_VGPU_LICENSE_STATUS``, the other violation counters, ...), as exported (no unit
+  conversion), series ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
+- ``meta``: counts of what was dropped and why (``skipped_series`` for non-DCGM metrics, ``dcgm_blank_dropped``,
+  ``non_finite_dropped``, ``duplicates_dropped``, ``exporter_pod_labels_ignored``, ``truncated_last_line``).
+
+MIG: a MIG instance is its own row, keyed ``f"{parent_uuid}/mig{GPU_I_ID}"`` (dcgm-exporter labels a MIG
+instance's series with the parent GPU's UUID plus ``GPU_I_ID``/``GPU_I_PROFILE``); the parent GPU keeps
+the bare UUID. ``nvidia_smi`` uses the same key so both sources meet.
+
+How it is fast
+--------------
+The whole body goes through polars' CSV reader with ``}`` as the separator (comments are kept as rows so
+that row number = line number), which splits each sample line into ``name{labels`` and `` value [ts]``
+with the reader's threads; one more vectorised split separates name from label block. Label blocks repeat
+once per field (~30 times per GPU), so they become a Categorical and each DISTINCT block is parsed once
+(regexes over ~16k strings rather than ~500k). The long (gpu, field, value) frame is pivoted to wide.
+Any line the fast path cannot prove well formed (more than one ``}``, tabs, a missing value, a bad label
+block, ...) is re-read by an exact line lexer, which either normalises it or raises :class:`ParseError`
+with the source, line and field. The body is cut into chunks at line boundaries so that peak memory is
+a bounded multiple of the chunk, not of the body.
+
+Blank / not-supported values: DCGM reports an unreadable field with sentinel values (``dcgm_structs.h``:
+``DCGM_INT32_BLANK`` 0x7ffffff0 .. 0x7fffffff for 32-bit values, ``DCGM_INT64_BLANK``
+0x7ffffffffffffff0 and up, ``DCGM_FP64_BLANK`` 2**47 and up; ``+1`` not found, ``+2`` not supported,
+``+3`` not permissioned). Older exporters print them verbatim; they are dropped here, never stored.
+Non-finite values (``NaN``, ``+Inf``, ``-Inf``, valid in the text format) are dropped as well: every
+mapped DCGM field is a gauge or a monotonically increasing counter, for which neither is a reading.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import polars as pl
+
+from fleetscope.errors import ParseError
+from fleetscope.frames import GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE, Batch, series_key
+
+__all__ = ["FIELDS", "parse"]
+
+# (DCGM field, gpu_sample column, multiplier to SI, DCGM value type: "i" int64 / "d" double).
+# Units from the DCGM field docs (dcgm_fields.h) and dcgm-exporter's default-counters.csv help text.
+FIELDS: tuple[tuple[str, str, float, str], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_copy_util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_ENC_UTIL", "enc_util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_DEC_UTIL", "dec_util_ratio", 0.01, "i"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_ratio", 1.0, "d"),
+    ("DCGM_FI_DEV_FB_USED", "fb_used_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_FB_FREE", "fb_free_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_FB_RESERVED", "fb_reserved_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1.0, "d"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_j", 1e-3, "i"),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1.0, "i"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "mem_temp_c", 1.0, "i"),
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, "i"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1.0, "i"),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_total", 1.0, "i"),
+    ("DCGM_FI_DEV_XID_ERRORS", "xid_last", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe_volatile_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_dbe_volatile_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "ecc_sbe_aggregate_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "ecc_dbe_aggregate_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_SBE", "retired_sbe_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_DBE", "retired_dbe_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "retired_pending_total", 1.0, "i"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remap_correctable_total", 1.0, "i"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remap_uncorrectable_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap_failure", 1.0, "i"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "remap_pending", 1.0, "i"),
+    # dcgm_fields.h of DCGM 3.x+ says ns (older headers said usec); dcgm-exporter's help text says ns.
+    ("DCGM_FI_DEV_POWER_VIOLATION", "power_violation_s", 1e-9, "i"),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "thermal_violation_s", 1e-9, "i"),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "clock_event_reasons", 1.0, "i"),
+    # The same field (id 112) before DCGM 3.3 renamed "throttle" to "clocks event".
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "clock_event_reasons", 1.0, "i"),
+    # gpu-monitoring-tools 1.x names, still emitted by dcgm-exporter's 1.x-compatibility mode; that mode
+    # prints DCP ratios multiplied by 100 (ToUint32(value, 100)), hence 0.01 there.
+    ("dcgm_sm_clock", "sm_clock_mhz", 1.0, "i"),
+    ("dcgm_memory_clock", "mem_clock_mhz", 1.0, "i"),
+    ("dcgm_memory_temp", "mem_temp_c", 1.0, "i"),
+    ("dcgm_gpu_temp", "temp_c", 1.0, "i"),
+    ("dcgm_power_usage", "power_w", 1.0, "d"),
+    ("dcgm_total_energy_consumption", "energy_j", 1e-3, "i"),
+    ("dcgm_pcie_replay_counter", "pcie_replay_total", 1.0, "i"),
+    ("dcgm_gpu_utilization", "util_ratio", 0.01, "i"),
+    ("dcgm_mem_copy_utilization", "mem_copy_util_ratio", 0.01, "i"),
+    ("dcgm_enc_utilization", "enc_util_ratio", 0.01, "i"),
+    ("dcgm_dec_utilization", "dec_util_ratio", 0.01, "i"),
+    ("dcgm_xid_errors", "xid_last", 1.0, "i"),
+    ("dcgm_fb_free", "fb_free_bytes", 2.0**20, "i"),
+    ("dcgm_fb_used", "fb_used_bytes", 2.0**20, "i"),
+    ("dcgm_fi_prof_gr_engine_active", "gr_engine_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_sm_active", "sm_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_sm_occupancy", "sm_occupancy_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_pipe_tensor_active", "tensor_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_dram_active", "dram_active_ratio", 0.01, "d"),
+)
+
+_FIELD_BY_NAME = {f[0]: f for f in FIELDS}
+_INT_COLUMNS = {c.name for c in GPU_SAMPLE.columns if c.dtype == pl.Int64}
+
+# Sentinels from dcgm_structs.h (DCGM_BLANK_VALUES). A 32-bit blank can reach the exporter inside an
+# int64 field (dcgm-exporter's ToString checks both), so for int fields the whole 32-bit blank band is
+# dropped; real int64 values above it (energy in mJ, byte counters) are kept.
+_INT32_BLANK = 0x7FFFFFF0
+_INT32_MAX = 0x7FFFFFFF
+_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)  # rounds to 2**63 as a double; >= catches every int64 blank
+_FP64_BLANK = 140737488355328.0  # 2**47
+
+# ECC / row-remap health events: (gpu_sample column, kind, DCGM field id used as code, condition).
+_HEALTH_COUNTERS: tuple[tuple[str, str, int], ...] = (
+    ("ecc_sbe_volatile_total", "ecc", 310),
+    ("ecc_dbe_volatile_total", "ecc", 311),
+    ("ecc_sbe_aggregate_total", "ecc", 312),
+    ("ecc_dbe_aggregate_total", "ecc", 313),
+    ("remap_uncorrectable_total", "row_remap", 393),
+    ("remap_failure", "row_remap", 395),
+    ("remap_pending", "row_remap", 396),
+)
+_FIELD_ID_NAME = {
+    310: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    311: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    312: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    313: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    393: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    395: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    396: "DCGM_FI_DEV_ROW_REMAP_PENDING",
+}
+
+# Labels the parser understands; (output name, label names in order of preference).
+_LABELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("uuid", ("UUID", "uuid")),
+    ("gpu_i_id", ("GPU_I_ID",)),
+    ("gpu_i_profile", ("GPU_I_PROFILE",)),
+    ("gpu", ("gpu",)),
+    ("pci_bus_id", ("pci_bus_id",)),
+    ("model", ("modelName", "model_name")),
+    ("host", ("Hostname", "hostname")),
+    ("driver", ("DCGM_FI_DRIVER_VERSION",)),
+    ("namespace", ("namespace",)),
+    ("pod", ("pod",)),
+    ("container", ("container",)),
+    ("err_msg", ("err_msg",)),
+)
+_KNOWN_LABELS = frozenset(n for _, names in _LABELS for n in names) | {"device", "pod_uid", "err_code"}
+
+# Prometheus text format: label value escapes are \\, \" and \n only.
+_VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
+_LABEL_RE = rf'[a-zA-Z_][a-zA-Z0-9_]*="{_VALUE_RE}"'
+_BLOCK_OK = rf"^(?:{_LABEL_RE}(?:,{_LABEL_RE})*,?)?$"
+_NAME_OK = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+_NAME_PY = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LNAME_PY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+
+def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch:
+    """Parse one dcgm-exporter ``/metrics`` body.
+
+    ``ts`` is the scrape time (UTC; a naive datetime is taken as UTC). A sample that carries its own
+    Prometheus timestamp (milliseconds since the epoch, exposition format 0.0.4) uses that instead; a
+    sample with neither is a :class:`ParseError`. An empty body is a valid, empty batch.
+    Raises :class:`ParseError` naming source, line and field for malformed lines and for a DCGM series
+    without a ``UUID``/``uuid`` label.
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    scrape_us = _to_us(ts) if ts is not None else None
+    meta: dict = {
+        "format": "prometheus-text-0.0.4",
+        "lines": 0,
+        "samples": 0,
+        "skipped_series": 0,
+        "skipped_names": {},
+        "dcgm_blank_dropped": 0,
+        "non_finite_dropped": 0,
+        "duplicates_dropped": 0,
+        "exporter_pod_labels_ignored": 0,
+        "unmapped_fields": {},
+        "truncated_last_line": False,
+    }
+    if scrape_us is not None and len(data) <= _PIECE_BYTES:
+        long = _lex_records(data)
+        if long is not None:
+            try:
+                return _assemble(long, source, scrape_us, dict(meta), exact=False)
+            except _NeedLines:
+                pass
+    long = _lex(data, source, meta)
+    if not long.height:
+        return _empty(source, meta)
+    return _assemble(long, source, scrape_us, meta, exact=True)
+
+
+# --- lexing ---------------------------------------------------------------------------------------
+
+_READ_SCHEMA = {"head": pl.String, "tail": pl.String, "extra": pl.String, "more": pl.String}
+_PIECE_BYTES = 256 << 20  # read at most this much text at once (bounds peak memory on huge bodies)
+_SLICE_ROWS = 131_072  # rows per unit of parallel work
+
+
+class _NeedLines(Exception):
+    """The record-based fast path met something it does not vouch for: redo it line by line."""
+
+
+_RECORD_SCHEMA = {"pre": pl.String, "labels": pl.String, "extra": pl.String}
+
+
+def _lex_records(data: bytes) -> pl.DataFrame | None:
+    """Fast path for well-formed bodies: '}' ends a record and '{' separates its fields.
+
+    A body ``A{a} 1\nB{b} 2\n`` read with record terminator ``}`` and field separator ``{`` gives records
+    ``[A, a]``, ``[" 1\nB", b]``, ``[" 2\n", null]``: the label block of every sample is a column
+    straight out of the (multi-threaded) reader, with no per-line string split; the value of record i is
+    the first line of record i + 1 and its name is the last line of record i. Comment lines sit between
+    a value and the next name. Anything else (labels without braces, braces inside comments or label
+    values, timestamps, tabs, CRLF, a missing final newline, bad UTF-8) breaks one of the checks below,
+    and the caller falls back to the exact line-by-line path. Returns None in that case.
+    """
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        raw = pl.read_csv(
+            io.BytesIO(data),
+            has_header=False,
+            separator="{",
+            eol_char="}",
+            quote_char=None,
+            schema=_RECORD_SCHEMA,
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+            encoding="utf8",
+            raise_if_empty=False,
+        )
+    except pl.exceptions.PolarsError:
+        return None
+    n = raw.height - 1
+    if n < 1:
+        return None
+    parts = pl.col("pre").str.splitn("\n", 2)
+    df = raw.lazy().select(
+        first=parts.struct.field("field_0"),
+        rest=parts.struct.field("field_1"),
+        labels=pl.col("labels"),
+        extra=pl.col("extra"),
+    ).with_columns(
+        # Record 0 has no value line in front of its name: the whole pre is "comments + name".
+        rest=pl.when(pl.int_range(pl.len()) == 0).then(pl.col("first") + "\n" + pl.col("rest").fill_null("")).otherwise("rest"),
+        v=pl.col("first").shift(-1),
+    ).collect()
+    head, last = df.slice(0, n), df.row(n, named=True)
+    ok = head.select(
+        a=pl.col("extra").is_null().all(),
+        b=pl.col("labels").is_not_null().all(),
+        c=pl.col("rest").is_not_null().all(),
+        d=pl.col("v").str.starts_with(" ").all(),
+    ).row(0)
+    if not all(ok) or last["labels"] is not None or last["extra"] is not None:
+        return None
+    # After the last value only comment lines may follow.
+    if last["rest"] and any(ln.strip() and not ln.lstrip().startswith("#") for ln in last["rest"].split("\n")):
+        return None
+    multi = head.filter(pl.col("rest").str.contains("\n", literal=True))
+    if multi.height > 4096:
+        return None
+    fixes = {}
+    for i, rest in zip(multi.with_row_index("i")["i"], multi["rest"]):
+        *between, name = rest.split("\n")
+        if any(ln.strip() and not ln.lstrip().startswith("#") for ln in between):
+            return None
+        fixes[rest] = name
+    name = pl.col("rest")
+    if fixes:
+        name = pl.col("rest").replace(fixes)
+    long = head.lazy().select(
+        line=pl.int_range(0, n, dtype=pl.UInt32),
+        name=name.cast(pl.Categorical),
+        labels=pl.col("labels").cast(pl.Categorical),
+        value=pl.col("v").str.slice(1).cast(pl.Float64, strict=False),
+        ts_ms=pl.lit(None, pl.Int64),
+    ).collect()
+    if long["value"].null_count():
+        return None
+    names = long.select(pl.col("name").unique())["name"].cast(pl.String)
+    if not names.str.contains(_NAME_OK).all():
+        return None
+    blocks = long.select(pl.col("labels").unique())["labels"].cast(pl.String)
+    if not blocks.str.contains(_BLOCK_OK).all():
+        return None
+    return long
+
+
+def _pieces(data: bytes) -> Iterator[bytes]:
+    """The body cut after a newline into pieces of at most _PIECE_BYTES (one piece, uncopied, usually)."""
+    if len(data) <= _PIECE_BYTES:
+        yield data
+        return
+    start, n = 0, len(data)
+    while start < n:
+        end = min(start + _PIECE_BYTES, n)
+        if end < n:
+            nl = data.rfind(b"\n", start, end)
+            end = n if nl < 0 else nl + 1
+        yield data[start:end]
+        start = end
+
+
+def _read(piece: bytes) -> pl.DataFrame | None:
+    """One row per physical line (blank lines included, so row index = line number - 1), cut at '}'."""
+    try:
+        return pl.read_csv(
+            piece,
+            has_header=False,
+            separator="}",
+            quote_char=None,
+            schema=_READ_SCHEMA,
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+            encoding="utf8",
+            raise_if_empty=False,
+        )
+    except pl.exceptions.PolarsError:
+        return None  # not UTF-8 text: the exact lexer finds and names the line
+
+
+def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
+    """Long frame (line, name, labels, value, ts_ms) of every sample line, in body order."""
+    truncated_tail = bool(data) and not data.endswith(b"\n")
+    clean: list[pl.DataFrame] = []
+    bad: list[int] = []
+    first_line = 1
+    with ThreadPoolExecutor(max_workers=_workers()) as pool:
+        for piece in _pieces(data):
+            raw = _read(piece)
+            if raw is None:
+                rows, n_lines = _lex_slow(piece, first_line, source, meta, truncated_tail and piece is not None)
+                clean.append(rows)
+                first_line += n_lines
+                continue
+            offsets = range(0, raw.height, _SLICE_ROWS)
+            done = pool.map(lambda o, r=raw, f=first_line: _lex_rows(r.slice(o, _SLICE_ROWS), f + o), offsets)
+            for rows, bad_lines in done:
+                clean.append(rows)
+                bad.extend(bad_lines)
+            first_line += raw.height
+    last_line = first_line - 1
+    meta["lines"] = last_line
+    long = pl.concat(clean) if clean else _rows_frame([])
+    # Names and label blocks repeat: check each distinct one against the grammar once.
+    names = long.select(pl.col("name").unique())["name"]
+    bad_names = names.filter(~names.cast(pl.String).str.contains(_NAME_OK))
+    blocks = long.select(pl.col("labels").unique())["labels"]
+    bad_blocks = blocks.filter(~blocks.cast(pl.String).str.contains(_BLOCK_OK))
+    if bad_names.len() or bad_blocks.len():
+        is_bad = pl.col("name").is_in(bad_names.implode()) | pl.col("labels").is_in(bad_blocks.implode())
+        bad.extend(long.filter(is_bad)["line"].to_list())
+        long = long.filter(~is_bad)
+    if bad:
+        fixed = _relex(data, sorted(bad), source, meta, truncated_tail, last_line)
+        long = pl.concat([long, fixed]).sort("line")
+    return long
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _lex_rows(raw: pl.DataFrame, first_line: int) -> tuple[pl.DataFrame, list[int]]:
+    """Vectorised lexing of well-formed lines; returns them and the numbers of lines it cannot vouch for."""
+    head, tail = raw["head"], raw["tail"]
+    parts = head.str.splitn("{", 2)
+    v = tail.str.slice(1)
+    df = pl.DataFrame(
+        {
+            "line": pl.int_range(first_line, first_line + raw.height, dtype=pl.UInt32, eager=True),
+            "name": parts.struct.field("field_0"),
+            "labels": parts.struct.field("field_1"),
+            "value": v.cast(pl.Float64, strict=False),
+            "_v": v,
+            # One '}' exactly, then a single blank before the value (text format 0.0.4).
+            "_ok": tail.str.starts_with(" ") & raw["extra"].is_null(),
+            # Comment lines (HELP, TYPE, others) start with '#'; blank lines are all-null rows.
+            "_skip": head.str.starts_with("#").fill_null(tail.is_null() & raw["extra"].is_null()),
+        }
+    ).filter(~pl.col("_skip"))
+    if df.select((pl.col("value").is_null() & pl.col("_v").str.contains(" ", literal=True)).any()).item():
+        # Samples with a timestamp: "value ts" (integer milliseconds).
+        ts_parts = pl.col("_v").str.splitn(" ", 2)
+        df = df.with_columns(
+            value=pl.when(pl.col("value").is_null())
+            .then(ts_parts.struct.field("field_0").cast(pl.Float64, strict=False))
+            .otherwise(pl.col("value")),
+            ts_ms=ts_parts.struct.field("field_1").cast(pl.Int64, strict=False),
+        ).with_columns(
+            _ok=pl.col("_ok") & (pl.col("ts_ms").is_not_null() | ~pl.col("_v").str.contains(" ", literal=True))
+        )
+    else:
+        df = df.with_columns(ts_ms=pl.lit(None, pl.Int64))
+    ok = pl.col("_ok").fill_null(False) & pl.col("labels").is_not_null() & pl.col("value").is_not_null()
+    df = df.with_columns(_ok=ok)
+    bad_lines = df.filter(~pl.col("_ok"))["line"].to_list()
+    clean = df.filter("_ok").select(
+        "line", pl.col("name").cast(pl.Categorical), pl.col("labels").cast(pl.Categorical), "value", "ts_ms"
+    )
+    return clean, bad_lines
+
+
+def _relex(
+    data: bytes, line_nos: list[int], source: str, meta: dict, truncated_tail: bool, last_line: int
+) -> pl.DataFrame:
+    lines = data.split(b"\n")
+    rows = []
+    for n in line_nos:
+        row = _lex_line_checked(lines[n - 1], n, source, meta, truncated_tail and n == last_line)
+        if row is not None:
+            rows.append(row)
+    return _rows_frame(rows)
+
+
+def _lex_slow(piece: bytes, first_line: int, source: str, meta: dict, truncated_tail: bool) -> tuple[pl.DataFrame, int]:
+    lines = piece.split(b"\n")
+    if piece.endswith(b"\n"):
+        lines.pop()
+    rows = []
+    for i, raw in enumerate(lines):
+        row = _lex_line_checked(raw, first_line + i, source, meta, truncated_tail and i == len(lines) - 1)
+        if row is not None:
+            rows.append(row)
+    return _rows_frame(rows), len(lines)
+
+
+def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
+    return pl.DataFrame(
+        rows,
+        schema={"line": pl.UInt32, "name": pl.String, "labels": pl.String, "value": pl.Float64, "ts_ms": pl.Int64},
+        orient="row",
+    ).with_columns(pl.col("name").cast(pl.Categorical), pl.col("labels").cast(pl.Categorical))
+
+
+def _lex_line_checked(raw: bytes, n: int, source: str, meta: dict, may_be_cut: bool) -> tuple | None:
+    try:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ParseError(f"not UTF-8 text (byte {e.start})", source=source, line=n, field="line") from None
+        return _lex_line(text, n, source)
+    except ParseError:
+        # A body cut off mid-line (connection dropped, size limit) still has good lines before the cut.
+        if may_be_cut:
+            meta["truncated_last_line"] = True
+            return None
+        raise
+
+
+def _lex_line(text: str, n: int, source: str) -> tuple | None:
+    """Exact lexer for one line of the text exposition format; normalises the label block."""
+    s = text.rstrip("\r")
+    i, end = 0, len(s)
+    while i < end and s[i] in " \t":
+        i += 1
+    if i == end or s[i] == "#":
+        return None
+    m = _NAME_PY.match(s, i)
+    if not m:
+        raise ParseError("expected a metric name", source=source, line=n, field="name")
+    name = m.group()
+    i = m.end()
+    labels: list[tuple[str, str]] = []
+    if i < end and s[i] == "{":
+        i += 1
+        while True:
+            while i < end and s[i] in " \t":
+                i += 1
+            if i < end and s[i] == "}":
+                i += 1
+                break
+            lm = _LNAME_PY.match(s, i)
+            if not lm:
+                raise ParseError(f"expected a label name in {name}", source=source, line=n, field="labels")
+            lname = lm.group()
+            i = lm.end()
+            while i < end and s[i] in " \t":
+                i += 1
+            if i >= end or s[i] != "=":
+                raise ParseError(f"expected '=' after label {lname}", source=source, line=n, field=lname)
+            i += 1
+            while i < end and s[i] in " \t":
+                i += 1
+            if i >= end or s[i] != '"':
+                raise ParseError(f"expected '\"' to open label {lname}", source=source, line=n, field=lname)
+            i += 1
+            buf = []
+            while True:
+                if i >= end:
+                    raise ParseError(f"unterminated value of label {lname}", source=source, line=n, field=lname)
+                c = s[i]
+                if c == "\\":
+                    nxt = s[i + 1] if i + 1 < end else ""
+                    if nxt == "n":
+                        buf.append("\n")
+                    elif nxt in ('"', "\\"):
+                        buf.append(nxt)
+                    else:
+                        raise ParseError(f"invalid escape in label {lname}", source=source, line=n, field=lname)
+                    i += 2
+                elif c == '"':
+                    i += 1
+                    break
+                else:
+                    buf.append(c)
+                    i += 1
+            labels.append((lname, "".join(buf)))
+            while i < end and s[i] in " \t":
+                i += 1
+            if i < end and s[i] == ",":
+                i += 1
+            elif i < end and s[i] == "}":
+                i += 1
+                break
+            else:
+                raise ParseError(f"expected ',' or '}}' after label {lname}", source=source, line=n, field="labels")
+    tokens = s[i:].split()
+    if i < end and s[i] not in " \t":
+        raise ParseError(f"expected a blank after {name}", source=source, line=n, field="value")
+    if not tokens:
+        raise ParseError(f"{name} has no value", source=source, line=n, field="value")
+    if len(tokens) > 2:
+        raise ParseError(f"unexpected text after the timestamp of {name}", source=source, line=n, field="timestamp")
+    value = _go_float(tokens[0])
+    if value is None:
+        raise ParseError(f"value {tokens[0][:40]!r} of {name} is not a number", source=source, line=n, field="value")
+    ts_ms = None
+    if len(tokens) == 2:
+        try:
+            ts_ms = int(tokens[1])
+        except ValueError:
+            raise ParseError(
+                f"timestamp {tokens[1][:40]!r} of {name} is not integer milliseconds", source=source, line=n, field="timestamp"
+            ) from None
+    block = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+    return (n, name, block, value, ts_ms)
+
+
+def _go_float(tok: str) -> float | None:
+    """Go's strconv.ParseFloat as the text format requires (NaN, +Inf, -Inf, exponents; no '_' or hex)."""
+    if "_" in tok or "x" in tok.lower():
+        return None
+    try:
+        return float(tok)
+    except ValueError:
+        return None
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _unescape(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+# --- assembling the batch -------------------------------------------------------------------------
+
+_GPU_COLS = tuple(c.name for c in GPU_SAMPLE.columns if not c.key)
+_COL_INDEX = {c: i for i, c in enumerate(_GPU_COLS)}
+_LABEL_OUT = tuple(out for out, _ in _LABELS)
+
+
+def _lut(codes: pl.Series, values: pl.Series, dtype: pl.DataType) -> pl.Series:
+    """A lookup table indexed by a Categorical's physical code (codes are dense and start at 0)."""
+    size = int(codes.max()) + 1 if codes.len() else 0
+    return pl.repeat(None, size, dtype=dtype, eager=True).scatter(codes, values)
+
+
+def _parse_block_py(block: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for m in re.finditer(rf'([a-zA-Z_][a-zA-Z0-9_]*)="({_VALUE_RE})"', block):
+        out.setdefault(m.group(1), _unescape(m.group(2)))
+    return out
+
+
+def _block_row(block: str) -> dict[str, str | None]:
+    labels = _parse_block_py(block)
+    row: dict[str, str | None] = {}
+    for out, names in _LABELS:
+        row[out] = next((labels[n] for n in names if n in labels), None)
+    row["_extra"] = block if any(k not in _KNOWN_LABELS for k in labels) else ""
+    return row
+
+
+def _resolve_blocks(blocks: pl.Series) -> pl.DataFrame:
+    """Parse each distinct label block once: identity, inventory and workload labels.
+
+    Blocks without a backslash hold no escaped quote, so splitting them at '"' is exact: fields alternate
+    ``,name=`` and value. polars' CSV reader does that split for all blocks at once; label order may vary,
+    so each wanted label is picked by matching the name field at every position. Blocks with escapes
+    (rare) go through the exact Python path.
+    """
+    text = blocks.cast(pl.String)
+    escaped = text.str.contains("\\", literal=True)
+    simple, simple_text = blocks.filter(~escaped), text.filter(~escaped)
+    frames = []
+    if simple.len():
+        n_fields = int(simple_text.str.count_matches('"', literal=True).max() or 0) + 1
+        cols = [f"c{i}" for i in range(n_fields)]
+        body = ("\n".join("," + t for t in simple_text.to_list()) + "\n").encode()
+        split = pl.read_csv(
+            io.BytesIO(body),
+            has_header=False,
+            separator='"',
+            quote_char=None,
+            schema=dict.fromkeys(cols, pl.String),
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+        )
+        if split.height != simple.len():  # pragma: no cover - guarded by the grammar check upstream
+            escaped = pl.Series([True] * blocks.len())
+        else:
+            name_cols = cols[0::2]
+            exprs = []
+            for out, names in _LABELS:
+                picks = [
+                    pl.when(pl.col(nc) == f",{n}=").then(pl.col(vc).fill_null(""))
+                    for n in names
+                    for nc, vc in zip(name_cols, cols[1::2])
+                ]
+                exprs.append(pl.coalesce(picks).alias(out))
+            known = [f",{n}=" for n in _KNOWN_LABELS]
+            has_extra = pl.any_horizontal(
+                [pl.col(nc).is_not_null() & ~pl.col(nc).is_in(known) & (pl.col(nc) != ",") for nc in name_cols[:-1]]
+                or [pl.lit(False)]
+            )
+            res = split.select(*exprs, _has_extra=has_extra)
+            frames.append(
+                res.with_columns(labels=simple, _extra=pl.when("_has_extra").then(simple_text).otherwise(pl.lit(""))).drop(
+                    "_has_extra"
+                )
+            )
+    if escaped.any():
+        rows = [_block_row(t) for t in text.filter(escaped).to_list()]
+        frames.append(
+            pl.DataFrame(rows, schema={**dict.fromkeys(_LABEL_OUT, pl.String), "_extra": pl.String}).with_columns(
+                labels=blocks.filter(escaped)
+            )
+        )
+    return pl.concat(frames, how="diagonal_relaxed").select("labels", *_LABEL_OUT, "_extra")
+
+
+def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict, *, exact: bool) -> Batch:
+    meta["samples"] = long.height
+
+    # Metric names: DCGM fields we map, other DCGM_FI_* fields (metric_sample), everything else (skipped).
+    counts = long.group_by("name").len()
+    skipped: dict[str, int] = {}
+    unmapped: dict[str, int] = {}
+    for nm, cnt in counts.select(pl.col("name").cast(pl.String), "len").iter_rows():
+        if nm not in _FIELD_BY_NAME:
+            (unmapped if nm.startswith("DCGM_FI_") else skipped)[nm] = cnt
+    meta["skipped_series"] = int(sum(skipped.values()))
+    meta["skipped_names"] = dict(sorted(skipped.items()))
+    meta["unmapped_fields"] = dict(sorted(unmapped.items()))
+    if skipped:
+        long = long.filter(~pl.col("name").cast(pl.String).is_in(list(skipped)))
+    if not long.height:
+        return _empty(source, meta)
+
+    line_ts = bool(long["ts_ms"].is_not_null().any())
+    if scrape_us is None:
+        missing = long.filter(pl.col("ts_ms").is_null())
+        if missing.height:
+            raise ParseError(
+                "sample has no timestamp and no scrape time (ts=) was given",
+                source=source,
+                line=int(missing["line"].min()),
+                field="timestamp",
+            )
+
+    # Resolve each distinct label block once, then give every row its GPU key id (kid).
+    blocks = _resolve_blocks(long.select(pl.col("labels").unique())["labels"])
+    no_uuid = blocks.filter(pl.col("uuid").is_null() | (pl.col("uuid") == ""))
+    if no_uuid.height:
+        if not exact:
+            raise _NeedLines
+        first = long.filter(pl.col("labels").is_in(no_uuid["labels"].implode())).sort("line").row(0, named=True)
+        raise ParseError(
+            f"{first['name']} series has no UUID label, so it cannot be tied to a GPU",
+            source=source,
+            line=int(first["line"]),
+            field="UUID",
+        )
+    blocks = blocks.with_columns(
+        key=pl.when(pl.col("gpu_i_id").is_not_null() & (pl.col("gpu_i_id") != ""))
+        .then(pl.col("uuid") + "/mig" + pl.col("gpu_i_id"))
+        .otherwise(pl.col("uuid"))
+    )
+    keys = blocks.select(pl.col("key").unique().sort()).with_row_index("kid")
+    blocks = blocks.join(keys, on="key")
+    kid_lut = _lut(blocks["labels"].to_physical(), blocks["kid"], pl.UInt32)
+    long = long.with_columns(kid=kid_lut.gather(pl.Series(long["labels"].to_physical())))
+    # Row of gpu_sample: one per key, or per (key, timestamp) when samples carry their own timestamps.
+    if line_ts:
+        long = long.with_columns(ts_us=(pl.col("ts_ms") * 1000).fill_null(scrape_us))
+        rowkeys = long.select("kid", "ts_us").unique().sort("kid", "ts_us").with_row_index("rk")
+        long = long.join(rowkeys, on=["kid", "ts_us"], how="left")
+    else:
+        rowkeys = keys.select(rk=pl.col("kid"), kid=pl.col("kid"), ts_us=pl.lit(scrape_us, pl.Int64))
+        long = long.with_columns(rk=pl.col("kid"))
+    rowkeys = rowkeys.join(keys, on="kid").sort("rk")
+    ts_col = pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC")
+
+    gpu_sample = _wide(long, rowkeys, meta).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
+    gpu_sample = gpu_sample.select(GPU_SAMPLE.names)
+
+    inv = blocks.sort("key", "labels").unique("key", keep="first", maintain_order=True)
+    gpu = inv.select(
+        gpu_uuid=pl.col("key"),
+        host=pl.col("host"),
+        gpu_index=pl.col("gpu").cast(pl.Int64, strict=False),
+        pci_bus_id=pl.col("pci_bus_id"),
+        model_name=pl.col("model"),
+        mig_profile=pl.col("gpu_i_profile"),
+        mig_instance_id=pl.col("gpu_i_id").cast(pl.Int64, strict=False),
+        driver_version=pl.col("driver"),
+    )
+
+    workload = _workload(long, blocks, rowkeys, line_ts, meta)
+    health = _health(gpu_sample, blocks)
+    metric = None
+    if unmapped:
+        metric = _metric_samples(long.filter(pl.col("name").cast(pl.String).is_in(list(unmapped))), blocks, rowkeys, meta)
+
+    return Batch(
+        source=source,
+        gpu=gpu,
+        gpu_sample=gpu_sample,
+        gpu_workload=workload,
+        health_event=health,
+        metric_sample=metric,
+        meta=meta,
+    )
+
+
+def _blank_mask(v: pl.Expr, kind: pl.Expr | str) -> pl.Expr:
+    int_blank = ((v >= _INT32_BLANK) & (v <= _INT32_MAX)) | (v >= _INT64_BLANK)
+    if isinstance(kind, str):  # unknown DCGM type: both integer bands plus the exact FP64 sentinels
+        return int_blank | ((v >= _FP64_BLANK) & (v <= _FP64_BLANK + 3.0))
+    return pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
+
+
+def _wide(long: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict) -> pl.DataFrame:
+    """Long (row, field, value) -> one column per gpu_sample field, by scattering into a flat buffer."""
+    names = long.select(pl.col("name").unique())["name"]
+    name_str = names.cast(pl.String).to_list()
+    codes = names.to_physical()
+    mapped = [i for i, nm in enumerate(name_str) if nm in _FIELD_BY_NAME]
+    if not mapped:
+        return pl.DataFrame({c.name: pl.Series([None] * rowkeys.height, dtype=c.dtype) for c in GPU_SAMPLE.columns if not c.key})
+    mcodes = codes.gather(mapped)
+    specs = [_FIELD_BY_NAME[name_str[i]] for i in mapped]
+    fid = _lut(mcodes, pl.Series([_COL_INDEX[f[1]] for f in specs], dtype=pl.UInt32), pl.UInt32)
+    scale = _lut(mcodes, pl.Series([f[2] for f in specs], dtype=pl.Float64), pl.Float64)
+    is_double = _lut(mcodes, pl.Series([f[3] == "d" for f in specs], dtype=pl.Boolean), pl.Boolean)
+    phys = long["name"].to_physical()
+    inrange = phys < fid.len()
+    rows = long.select("rk", "value").with_columns(
+        fid=pl.when(inrange).then(fid.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
+        scale=pl.when(inrange).then(scale.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
+        dbl=pl.when(inrange).then(is_double.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
+    ).filter(pl.col("fid").is_not_null())
+    blank = _blank_mask(pl.col("value"), pl.col("dbl"))
+    bad = rows.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
+    meta["dcgm_blank_dropped"] += int(bad[0])
+    meta["non_finite_dropped"] += int(bad[1])
+    rows = rows.filter(~blank & pl.col("value").is_finite())
+    n = rowkeys.height
+    idx = (rows["fid"].cast(pl.Int64) * n + rows["rk"].cast(pl.Int64)).reverse()
+    vals = (rows["value"] * rows["scale"]).reverse()
+    # Scatter writes in order, so writing the rows back to front leaves the FIRST copy of a duplicated
+    # series (same field, GPU and time) in place: deterministic, and the one a reader meets first.
+    flat = pl.repeat(None, n * len(_GPU_COLS), dtype=pl.Float64, eager=True).scatter(idx, vals)
+    meta["duplicates_dropped"] += int(rows.height - flat.is_not_null().sum())
+    out = {}
+    for i, col in enumerate(_GPU_COLS):
+        s = flat.slice(i * n, n)
+        if col in _INT_COLUMNS:
+            s = s.round(0).cast(pl.Int64, strict=False)
+        out[col] = s
+    return pl.DataFrame(out).with_columns(rowkeys["ts_us"])
+
+
+def _is_exporter(col: str) -> pl.Expr:
+    return pl.col(col).fill_null("").str.contains("dcgm-exporter", literal=True)
+
+
+def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, line_ts: bool, meta: dict):
+    with_pod = blocks.filter(pl.col("pod").is_not_null() & (pl.col("pod") != ""))
+    if not with_pod.height:
+        return None
+    exporter = _is_exporter("pod") | _is_exporter("container")
+    meta["exporter_pod_labels_ignored"] = int(with_pod.filter(exporter).height)
+    with_pod = with_pod.filter(~exporter)
+    if not with_pod.height:
+        return None
+    if line_ts:
+        when = long.filter(pl.col("labels").is_in(with_pod["labels"].implode())).select("labels", "ts_us").unique()
+        with_pod = with_pod.join(when, on="labels")
+    else:
+        with_pod = with_pod.with_columns(ts_us=pl.lit(rowkeys["ts_us"][0] if rowkeys.height else 0, pl.Int64))
+    w = (
+        with_pod.select(
+            ts=pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC"),
+            gpu_uuid=pl.col("key"),
+            namespace=pl.col("namespace"),
+            pod=pl.col("pod"),
+            container=pl.col("container"),
+        )
+        .sort("gpu_uuid", "ts", "namespace", "pod", "container", nulls_last=True)
+        .unique(["ts", "gpu_uuid"], keep="first", maintain_order=True)
+    )
+    return w.select([pl.col(c.name).cast(c.dtype) for c in GPU_WORKLOAD.columns])
+
+
+def _health(gpu_sample: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame | None:
+    first = blocks.sort("key", "labels").unique("key", keep="first")
+    host = first.select(gpu_uuid="key", host="host")
+    msgs = (
+        blocks.filter(pl.col("err_msg").is_not_null())
+        .sort("key", "labels")
+        .unique("key", keep="first")
+        .select(gpu_uuid="key", err_msg="err_msg")
+    )
+    parts = []
+    xid = gpu_sample.filter(pl.col("xid_last").is_not_null() & (pl.col("xid_last") != 0))
+    if xid.height:
+        xid = xid.join(msgs, on="gpu_uuid", how="left")
+        parts.append(
+            xid.select(
+                "ts",
+                "gpu_uuid",
+                kind=pl.lit("xid"),
+                code=pl.col("xid_last"),
+                value=pl.col("xid_last").cast(pl.Float64),
+                message=pl.concat_str(
+                    [pl.lit("XID "), pl.col("xid_last").cast(pl.String), pl.lit(": ") + pl.col("err_msg")],
+                    ignore_nulls=True,
+                ),
+            )
+        )
+    for col, kind, fid in _HEALTH_COUNTERS:
+        hit = gpu_sample.filter(pl.col(col).is_not_null() & (pl.col(col) > 0))
+        if hit.height:
+            parts.append(
+                hit.select(
+                    "ts",
+                    "gpu_uuid",
+                    kind=pl.lit(kind),
+                    code=pl.lit(fid, pl.Int64),
+                    value=pl.col(col).cast(pl.Float64),
+                    message=pl.lit(f"{_FIELD_ID_NAME[fid]}=") + pl.col(col).cast(pl.String),
+                )
+            )
+    if not parts:
+        return None
+    ev = (
+        pl.concat(parts)
+        .join(host, on="gpu_uuid", how="left")
+        .with_columns(host=pl.col("host").fill_null(""), source=pl.lit("dcgm"))
+    )
+    return ev.select([pl.col(c.name).cast(c.dtype) for c in HEALTH_EVENT.columns]).sort("ts", "gpu_uuid", "kind", "code")
+
+
+def _metric_samples(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict):
+    if not long.height:
+        return None
+    df = long.select("labels", pl.col("name").cast(pl.String), "value", "rk").join(
+        rowkeys.select("rk", "ts_us"), on="rk"
+    ).join(blocks.select("labels", "key", "_extra"), on="labels")
+    blank = _blank_mask(pl.col("value"), "?")
+    counts = df.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
+    meta["dcgm_blank_dropped"] += int(counts[0])
+    meta["non_finite_dropped"] += int(counts[1])
+    df = df.filter(~blank & pl.col("value").is_finite())
+    esc = pl.col("key").str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
+    esc = esc.str.replace_all('"', '\\"', literal=True)
+    df = df.with_columns(series=pl.col("name") + '{gpu_uuid="' + esc + '"}')
+    extra = df.filter(pl.col("_extra") != "")
+    if extra.height:
+        # Non-standard labels (rare): build the canonical, sorted series key exactly.
+        combos = extra.select("name", "key", "_extra").unique()
+        m = combos.with_columns(
+            _s=pl.struct("name", "key", "_extra").map_elements(
+                lambda r: _series_with_extra(r["name"], r["key"], r["_extra"]), return_dtype=pl.String
+            )
+        )
+        df = df.join(m, on=["name", "key", "_extra"], how="left").with_columns(series=pl.coalesce("_s", "series"))
+    before = df.height
+    out = df.select(
+        ts=pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC"),
+        series=pl.col("series"),
+        value=pl.col("value"),
+    ).unique(["ts", "series"], keep="first", maintain_order=True)
+    meta["duplicates_dropped"] += before - out.height
+    return out.select([pl.col(c.name).cast(c.dtype) for c in METRIC_SAMPLE.columns]).sort("series", "ts")
+
+
+def _series_with_extra(name: str, key: str, block: str) -> str:
+    labels = {k: v for k, v in _parse_block_py(block).items() if k not in _KNOWN_LABELS}
+    labels["gpu_uuid"] = key
+    return series_key(name, labels)
+
+
+def _empty(source: str, meta: dict) -> Batch:
+    return Batch(
+        source=source,
+        gpu=GPU.empty(),
+        gpu_sample=GPU_SAMPLE.empty(),
+        gpu_workload=GPU_WORKLOAD.empty(),
+        health_event=HEALTH_EVENT.empty(),
+        meta=meta,
+    )
+
+
+def _to_us(ts: datetime) -> int:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    delta = ts.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
+
