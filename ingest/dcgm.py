@@ -212,16 +212,19 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
         "truncated_last_line": False,
     }
     if scrape_us is not None and len(data) <= _PIECE_BYTES:
-        long = _lex_records(data)
-        if long is not None:
+        lexed = _lex_records(data)
+        if lexed is not None:
             try:
-                return _assemble(long, source, scrape_us, dict(meta), exact=False)
+                return _assemble(*lexed, source, scrape_us, dict(meta), exact=False)
             except _NeedLines:
                 pass
     long = _lex(data, source, meta)
     if not long.height:
         return _empty(source, meta)
-    return _assemble(long, source, scrape_us, meta, exact=True)
+    uniq = long["labels"].unique()
+    blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
+    long = long.with_columns(bid=long["labels"].to_physical()).drop("labels")
+    return _assemble(long, blocks, source, scrape_us, meta, exact=True)
 
 
 # --- lexing ---------------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ class _NeedLines(Exception):
 _RECORD_SCHEMA = {"pre": pl.String, "labels": pl.String, "extra": pl.String}
 
 
-def _lex_records(data: bytes) -> pl.DataFrame | None:
+def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """Fast path for well-formed bodies: '}' ends a record and '{' separates its fields.
 
     A body ``A{a} 1\nB{b} 2\n`` read with record terminator ``}`` and field separator ``{`` gives records
@@ -269,57 +272,101 @@ def _lex_records(data: bytes) -> pl.DataFrame | None:
     n = raw.height - 1
     if n < 1:
         return None
-    parts = pl.col("pre").str.splitn("\n", 2)
-    df = raw.lazy().select(
-        first=parts.struct.field("field_0"),
-        rest=parts.struct.field("field_1"),
-        labels=pl.col("labels"),
-        extra=pl.col("extra"),
-    ).with_columns(
-        # Record 0 has no value line in front of its name: the whole pre is "comments + name".
-        rest=pl.when(pl.int_range(pl.len()) == 0).then(pl.col("first") + "\n" + pl.col("rest").fill_null("")).otherwise("rest"),
-        v=pl.col("first").shift(-1),
-    ).collect()
-    head, last = df.slice(0, n), df.row(n, named=True)
-    ok = head.select(
-        a=pl.col("extra").is_null().all(),
-        b=pl.col("labels").is_not_null().all(),
-        c=pl.col("rest").is_not_null().all(),
-        d=pl.col("v").str.starts_with(" ").all(),
-    ).row(0)
-    if not all(ok) or last["labels"] is not None or last["extra"] is not None:
+    last = raw.row(n, named=True)
+    if last["labels"] is not None or last["extra"] is not None:
         return None
+    split = raw["pre"].str.splitn("\n", 2)
+    first, rest = split.struct.field("field_0"), split.struct.field("field_1")
+    # Record 0 has no value line in front of its name: its whole "pre" is comments + name. Names keep
+    # any comment lines in front (family boundaries); they have few distinct values, so they are
+    # cleaned per distinct value (in _assemble), never per row.
+    name = pl.concat([raw["pre"].head(1), rest.slice(1, n - 1)]).cast(pl.Categorical)
+    # The value of record i is the first line of record i + 1: parse, then shift the numbers.
+    value = first.str.slice(1).cast(pl.Float64, strict=False).shift(-1).head(n)
+    blank_first = first.str.starts_with(" ").shift(-1).head(n)
+    ok = (
+        raw["extra"].is_null().all()
+        and raw["labels"].head(n).null_count() == 0
+        and rest.slice(1, n - 1).null_count() == 0
+        and bool(blank_first.all())
+        and value.null_count() == 0
+    )
+    if not ok:
+        return None
+    long = pl.DataFrame(
+        {
+            "line": pl.int_range(0, n, dtype=pl.UInt32, eager=True),
+            "name": name,
+            "labels": raw["labels"].head(n),
+            "value": value,
+            "ts_ms": pl.repeat(None, n, dtype=pl.Int64, eager=True),
+        }
+    )
     # After the last value only comment lines may follow.
-    if last["rest"] and any(ln.strip() and not ln.lstrip().startswith("#") for ln in last["rest"].split("\n")):
+    if not _only_comments(last["pre"].split("\n", 1)[1] if "\n" in last["pre"] else ""):
         return None
-    multi = head.filter(pl.col("rest").str.contains("\n", literal=True))
-    if multi.height > 4096:
-        return None
-    fixes = {}
-    for i, rest in zip(multi.with_row_index("i")["i"], multi["rest"]):
-        *between, name = rest.split("\n")
-        if any(ln.strip() and not ln.lstrip().startswith("#") for ln in between):
+    for text in long.select(pl.col("name").unique())["name"].to_list():
+        *between, name = text.split("\n")
+        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(name):
             return None
-        fixes[rest] = name
-    name = pl.col("rest")
-    if fixes:
-        name = pl.col("rest").replace(fixes)
-    long = head.lazy().select(
-        line=pl.int_range(0, n, dtype=pl.UInt32),
-        name=name.cast(pl.Categorical),
-        labels=pl.col("labels").cast(pl.Categorical),
-        value=pl.col("v").str.slice(1).cast(pl.Float64, strict=False),
-        ts_ms=pl.lit(None, pl.Int64),
-    ).collect()
-    if long["value"].null_count():
+    long, blocks = _block_ids(long)
+    if not blocks["text"].str.contains(_BLOCK_OK).all():
         return None
-    names = long.select(pl.col("name").unique())["name"].cast(pl.String)
-    if not names.str.contains(_NAME_OK).all():
-        return None
-    blocks = long.select(pl.col("labels").unique())["labels"].cast(pl.String)
-    if not blocks.str.contains(_BLOCK_OK).all():
-        return None
-    return long
+    return long, blocks
+
+
+def _block_ids(long: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Number the distinct label blocks: ``long`` gets ``bid``, and a (bid, text) table comes back.
+
+    dcgm-exporter prints every family over the same devices in the same order, so a family whose
+    label column equals the reference family's, position by position (one vectorised string compare),
+    needs no hashing at all: its bids are 0..L-1. Families that differ (a field missing on some GPUs,
+    extra labels on XID lines) are matched by text against the reference and any new blocks numbered
+    after it. If the reference family repeats a block, blocks are hashed the ordinary way.
+    """
+    lab = long["labels"]
+    runs = long["name"].to_physical().rle()
+    lens = runs.struct.field("len").to_list()
+    starts = [0]
+    for n in lens[:-1]:
+        starts.append(starts[-1] + n)
+    size = max(lens)
+    ref_start = starts[lens.index(size)]
+    ref = lab.slice(ref_start, size)
+    if ref.n_unique() != size:
+        cat = lab.cast(pl.Categorical)
+        uniq = cat.unique()
+        blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
+        return long.with_columns(bid=cat.to_physical()).drop("labels"), blocks
+    positional = pl.int_range(0, size, dtype=pl.UInt32, eager=True)
+    parts: list[pl.Series | None] = []
+    other: list[pl.Series] = []
+    for start, n in zip(starts, lens):
+        if n == size and (start == ref_start or bool((lab.slice(start, size) == ref).all())):
+            parts.append(positional)
+        else:
+            parts.append(None)
+            other.append(lab.slice(start, n))
+    blocks = pl.DataFrame({"bid": positional, "text": ref})
+    if other:
+        rows = pl.DataFrame({"text": pl.concat(other)}).join(blocks, on="text", how="left", maintain_order="left")
+        new = rows.filter(pl.col("bid").is_null()).select(pl.col("text").unique(maintain_order=True))
+        new = new.with_columns(bid=pl.int_range(size, size + new.height, dtype=pl.UInt32))
+        blocks = pl.concat([blocks, new.select("bid", "text")])
+        rows = rows.join(new, on="text", how="left", maintain_order="left", suffix="_new")
+        found = rows.select(pl.coalesce("bid", "bid_new"))["bid"]
+        it, k = iter(range(len(parts))), 0
+        for i in it:
+            if parts[i] is None:
+                n = lens[i]
+                parts[i] = found.slice(k, n)
+                k += n
+    bid = pl.concat(parts)
+    return long.with_columns(bid=bid).drop("labels"), blocks
+
+
+def _only_comments(text: str) -> bool:
+    return all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.split("\n"))
 
 
 def _pieces(data: bytes) -> Iterator[bytes]:
@@ -620,22 +667,24 @@ def _block_row(block: str) -> dict[str, str | None]:
     return row
 
 
-def _resolve_blocks(blocks: pl.Series) -> pl.DataFrame:
+def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
     """Parse each distinct label block once: identity, inventory and workload labels.
 
     Blocks without a backslash hold no escaped quote, so splitting them at '"' is exact: fields alternate
-    ``,name=`` and value. polars' CSV reader does that split for all blocks at once; label order may vary,
-    so each wanted label is picked by matching the name field at every position. Blocks with escapes
-    (rare) go through the exact Python path.
+    ``,name=`` and value. polars' CSV reader does that split for all blocks at once. When every position
+    holds the same label name in every block (dcgm-exporter prints labels in a fixed order), each wanted
+    label is a column; otherwise it is picked by matching the name field at every position. Blocks with
+    escapes (rare) go through the exact Python path.
     """
-    text = blocks.cast(pl.String)
     escaped = text.str.contains("\\", literal=True)
-    simple, simple_text = blocks.filter(~escaped), text.filter(~escaped)
+    n_escaped = int(escaped.sum())
     frames = []
-    if simple.len():
+    if n_escaped < bids.len():
+        simple = bids.filter(~escaped) if n_escaped else bids
+        simple_text = text.filter(~escaped) if n_escaped else text
         n_fields = int(simple_text.str.count_matches('"', literal=True).max() or 0) + 1
         cols = [f"c{i}" for i in range(n_fields)]
-        body = ("\n".join("," + t for t in simple_text.to_list()) + "\n").encode()
+        body = ("," + simple_text.str.join("\n,").item() + "\n").encode()
         split = pl.read_csv(
             io.BytesIO(body),
             has_header=False,
@@ -645,58 +694,78 @@ def _resolve_blocks(blocks: pl.Series) -> pl.DataFrame:
             missing_columns="insert",
             truncate_ragged_lines=True,
         )
-        if split.height != simple.len():  # pragma: no cover - guarded by the grammar check upstream
-            escaped = pl.Series([True] * blocks.len())
-        else:
-            name_cols = cols[0::2]
-            exprs = []
-            for out, names in _LABELS:
+        name_cols, value_cols = cols[0::2], cols[1::2]
+        at = split.select([pl.col(nc).drop_nulls().unique().implode() for nc in name_cols]).row(0)
+        static = all(len(a) <= 1 for a in at)
+        exprs = []
+        for out, names in _LABELS:
+            if static:
+                pos = {a[0]: vc for a, vc in zip(at, value_cols) if a}
+                picks = [pl.col(pos[f",{n}="]).fill_null("") for n in names if f",{n}=" in pos]
+                # A label present in only some blocks: its name field is null where absent.
+                picks = [
+                    pl.when(pl.col(nc).is_not_null()).then(pl.col(vc).fill_null(""))
+                    for n in names
+                    for nc, vc, a in zip(name_cols, value_cols, at)
+                    if a and a[0] == f",{n}="
+                ]
+            else:
                 picks = [
                     pl.when(pl.col(nc) == f",{n}=").then(pl.col(vc).fill_null(""))
                     for n in names
-                    for nc, vc in zip(name_cols, cols[1::2])
+                    for nc, vc in zip(name_cols, value_cols)
                 ]
-                exprs.append(pl.coalesce(picks).alias(out))
-            known = [f",{n}=" for n in _KNOWN_LABELS]
-            has_extra = pl.any_horizontal(
-                [pl.col(nc).is_not_null() & ~pl.col(nc).is_in(known) & (pl.col(nc) != ",") for nc in name_cols[:-1]]
-                or [pl.lit(False)]
-            )
-            res = split.select(*exprs, _has_extra=has_extra)
-            frames.append(
-                res.with_columns(labels=simple, _extra=pl.when("_has_extra").then(simple_text).otherwise(pl.lit(""))).drop(
-                    "_has_extra"
-                )
-            )
-    if escaped.any():
+            exprs.append((pl.coalesce(picks) if picks else pl.lit(None, pl.String)).alias(out))
+        known = [f",{n}=" for n in _KNOWN_LABELS] + [","]
+        if static:
+            extra_cols = [nc for nc, a in zip(name_cols, at) if a and a[0] not in known]
+        else:
+            extra_cols = name_cols
+        has_extra = pl.any_horizontal(
+            [pl.col(nc).is_not_null() & ~pl.col(nc).is_in(known) for nc in extra_cols] or [pl.lit(False)]
+        )
+        res = split.select(*exprs, _has_extra=has_extra)
+        frames.append(
+            res.with_columns(
+                bid=simple, _extra=pl.when("_has_extra").then(simple_text).otherwise(pl.lit(""))
+            ).drop("_has_extra")
+        )
+    if n_escaped:
         rows = [_block_row(t) for t in text.filter(escaped).to_list()]
         frames.append(
             pl.DataFrame(rows, schema={**dict.fromkeys(_LABEL_OUT, pl.String), "_extra": pl.String}).with_columns(
-                labels=blocks.filter(escaped)
+                bid=bids.filter(escaped)
             )
         )
-    return pl.concat(frames, how="diagonal_relaxed").select("labels", *_LABEL_OUT, "_extra")
+    return pl.concat(frames, how="diagonal_relaxed").select("bid", *_LABEL_OUT, "_extra")
 
 
-def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict, *, exact: bool) -> Batch:
+def _assemble(
+    long: pl.DataFrame, block_text: pl.DataFrame, source: str, scrape_us: int | None, meta: dict, *, exact: bool
+) -> Batch:
+    """Long (line, name, bid, value, ts_ms) plus the (bid, text) table of label blocks -> the batch."""
     meta["samples"] = long.height
 
-    # Metric names: DCGM fields we map, other DCGM_FI_* fields (metric_sample), everything else (skipped).
-    counts = long.group_by("name").len()
-    skipped: dict[str, int] = {}
-    unmapped: dict[str, int] = {}
-    for nm, cnt in counts.select(pl.col("name").cast(pl.String), "len").iter_rows():
-        if nm not in _FIELD_BY_NAME:
-            (unmapped if nm.startswith("DCGM_FI_") else skipped)[nm] = cnt
-    meta["skipped_series"] = int(sum(skipped.values()))
-    meta["skipped_names"] = dict(sorted(skipped.items()))
-    meta["unmapped_fields"] = dict(sorted(unmapped.items()))
-    if skipped:
-        long = long.filter(~pl.col("name").cast(pl.String).is_in(list(skipped)))
+    # Metric names (few distinct): DCGM fields we map, other DCGM_FI_* fields (metric_sample), and
+    # everything else (skipped). The fast path leaves comment lines in front of a name at family
+    # boundaries; the metric name is the last line.
+    names = long.select(pl.col("name").unique())["name"]
+    name_codes = names.to_physical()
+    metric = [t.rsplit("\n", 1)[-1] for t in names.to_list()]
+    cls = [1 if m in _FIELD_BY_NAME else 2 if m.startswith("DCGM_FI_") else 0 for m in metric]
+    metric_lut = _lut(name_codes, pl.Series(metric, dtype=pl.String), pl.String)
+    if 0 in cls or 2 in cls:
+        long = long.with_columns(_cls=_lut(name_codes, pl.Series(cls, dtype=pl.UInt8), pl.UInt8).gather(long["name"].to_physical()))
+    if 0 in cls:
+        skipped = long.filter(pl.col("_cls") == 0)
+        skipped = skipped.with_columns(_metric=metric_lut.gather(skipped["name"].to_physical())).group_by("_metric").len()
+        meta["skipped_names"] = dict(sorted(skipped.iter_rows()))
+        meta["skipped_series"] = int(skipped["len"].sum())
+        long = long.filter(pl.col("_cls") != 0)
     if not long.height:
         return _empty(source, meta)
 
-    line_ts = bool(long["ts_ms"].is_not_null().any())
+    line_ts = long["ts_ms"].null_count() < long.height
     if scrape_us is None:
         missing = long.filter(pl.col("ts_ms").is_null())
         if missing.height:
@@ -708,14 +777,16 @@ def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict
             )
 
     # Resolve each distinct label block once, then give every row its GPU key id (kid).
-    blocks = _resolve_blocks(long.select(pl.col("labels").unique())["labels"])
+    if long.height < meta["samples"]:  # some families were skipped: resolve only the blocks still used
+        block_text = block_text.filter(pl.col("bid").is_in(long["bid"].unique().implode()))
+    blocks = _resolve_blocks(block_text["bid"], block_text["text"])
     no_uuid = blocks.filter(pl.col("uuid").is_null() | (pl.col("uuid") == ""))
     if no_uuid.height:
         if not exact:
             raise _NeedLines
-        first = long.filter(pl.col("labels").is_in(no_uuid["labels"].implode())).sort("line").row(0, named=True)
+        first = long.filter(pl.col("bid").is_in(no_uuid["bid"].implode())).sort("line").row(0, named=True)
         raise ParseError(
-            f"{first['name']} series has no UUID label, so it cannot be tied to a GPU",
+            f"{first['name'].rsplit(chr(10), 1)[-1]} series has no UUID label, so it cannot be tied to a GPU",
             source=source,
             line=int(first["line"]),
             field="UUID",
@@ -727,8 +798,8 @@ def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict
     )
     keys = blocks.select(pl.col("key").unique().sort()).with_row_index("kid")
     blocks = blocks.join(keys, on="key")
-    kid_lut = _lut(blocks["labels"].to_physical(), blocks["kid"], pl.UInt32)
-    long = long.with_columns(kid=kid_lut.gather(pl.Series(long["labels"].to_physical())))
+    kid_lut = _lut(blocks["bid"], blocks["kid"], pl.UInt32)
+    long = long.with_columns(kid=kid_lut.gather(long["bid"]))
     # Row of gpu_sample: one per key, or per (key, timestamp) when samples carry their own timestamps.
     if line_ts:
         long = long.with_columns(ts_us=(pl.col("ts_ms") * 1000).fill_null(scrape_us))
@@ -740,10 +811,11 @@ def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict
     rowkeys = rowkeys.join(keys, on="kid").sort("rk")
     ts_col = pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC")
 
-    gpu_sample = _wide(long, rowkeys, meta).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
+    gpu_sample = _wide(long, name_codes, metric, rowkeys, meta)
+    gpu_sample = gpu_sample.with_columns(rowkeys["ts_us"]).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
     gpu_sample = gpu_sample.select(GPU_SAMPLE.names)
 
-    inv = blocks.sort("key", "labels").unique("key", keep="first", maintain_order=True)
+    inv = blocks.sort("key", "bid").unique("key", keep="first", maintain_order=True)
     gpu = inv.select(
         gpu_uuid=pl.col("key"),
         host=pl.col("host"),
@@ -756,10 +828,13 @@ def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict
     )
 
     workload = _workload(long, blocks, rowkeys, line_ts, meta)
-    health = _health(gpu_sample, blocks)
-    metric = None
-    if unmapped:
-        metric = _metric_samples(long.filter(pl.col("name").cast(pl.String).is_in(list(unmapped))), blocks, rowkeys, meta)
+    health = _health(gpu_sample, inv)
+    metric_sample = None
+    if 2 in cls:
+        other = long.filter(pl.col("_cls") == 2)
+        other = other.with_columns(_metric=metric_lut.gather(other["name"].to_physical()))
+        meta["unmapped_fields"] = dict(sorted(other.group_by("_metric").len().iter_rows()))
+        metric_sample = _metric_samples(other, blocks, rowkeys, meta)
 
     return Batch(
         source=source,
@@ -767,7 +842,7 @@ def _assemble(long: pl.DataFrame, source: str, scrape_us: int | None, meta: dict
         gpu_sample=gpu_sample,
         gpu_workload=workload,
         health_event=health,
-        metric_sample=metric,
+        metric_sample=metric_sample,
         meta=meta,
     )
 
@@ -779,45 +854,39 @@ def _blank_mask(v: pl.Expr, kind: pl.Expr | str) -> pl.Expr:
     return pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
 
 
-def _wide(long: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict) -> pl.DataFrame:
+def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys: pl.DataFrame, meta: dict):
     """Long (row, field, value) -> one column per gpu_sample field, by scattering into a flat buffer."""
-    names = long.select(pl.col("name").unique())["name"]
-    name_str = names.cast(pl.String).to_list()
-    codes = names.to_physical()
-    mapped = [i for i, nm in enumerate(name_str) if nm in _FIELD_BY_NAME]
-    if not mapped:
-        return pl.DataFrame({c.name: pl.Series([None] * rowkeys.height, dtype=c.dtype) for c in GPU_SAMPLE.columns if not c.key})
-    mcodes = codes.gather(mapped)
-    specs = [_FIELD_BY_NAME[name_str[i]] for i in mapped]
-    fid = _lut(mcodes, pl.Series([_COL_INDEX[f[1]] for f in specs], dtype=pl.UInt32), pl.UInt32)
-    scale = _lut(mcodes, pl.Series([f[2] for f in specs], dtype=pl.Float64), pl.Float64)
-    is_double = _lut(mcodes, pl.Series([f[3] == "d" for f in specs], dtype=pl.Boolean), pl.Boolean)
+    n = rowkeys.height
+    spec = [_FIELD_BY_NAME.get(m) for m in metric]
+    # Per distinct name code: target column, multiplier to SI, DCGM type (double or integer).
+    fid = _lut(name_codes, pl.Series([_COL_INDEX[f[1]] if f else None for f in spec], dtype=pl.UInt32), pl.UInt32)
+    scale = _lut(name_codes, pl.Series([f[2] if f else None for f in spec], dtype=pl.Float64), pl.Float64)
+    dbl = _lut(name_codes, pl.Series([f[3] == "d" if f else None for f in spec], dtype=pl.Boolean), pl.Boolean)
     phys = long["name"].to_physical()
-    inrange = phys < fid.len()
-    rows = long.select("rk", "value").with_columns(
-        fid=pl.when(inrange).then(fid.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
-        scale=pl.when(inrange).then(scale.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
-        dbl=pl.when(inrange).then(is_double.gather(phys.clip(upper_bound=max(fid.len() - 1, 0)))),
-    ).filter(pl.col("fid").is_not_null())
-    blank = _blank_mask(pl.col("value"), pl.col("dbl"))
-    bad = rows.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
+    v = long["value"]
+    rows = pl.DataFrame({"rk": long["rk"], "v": v, "fid": fid.gather(phys), "s": scale.gather(phys), "d": dbl.gather(phys)})
+    blank = _blank_mask(pl.col("v"), pl.col("d"))
+    rows = rows.with_columns(_blank=blank.fill_null(False), _nf=~pl.col("v").is_finite())
+    bad = rows.select(
+        b=pl.col("_blank").sum(), n=(pl.col("_nf") & ~pl.col("_blank")).sum(), other=pl.col("fid").null_count()
+    ).row(0)
     meta["dcgm_blank_dropped"] += int(bad[0])
     meta["non_finite_dropped"] += int(bad[1])
-    rows = rows.filter(~blank & pl.col("value").is_finite())
-    n = rowkeys.height
-    idx = (rows["fid"].cast(pl.Int64) * n + rows["rk"].cast(pl.Int64)).reverse()
-    vals = (rows["value"] * rows["scale"]).reverse()
+    if bad[0] or bad[1] or bad[2]:
+        rows = rows.filter(~pl.col("_blank") & ~pl.col("_nf") & pl.col("fid").is_not_null())
     # Scatter writes in order, so writing the rows back to front leaves the FIRST copy of a duplicated
     # series (same field, GPU and time) in place: deterministic, and the one a reader meets first.
+    idx = (rows["fid"].cast(pl.Int64) * n + rows["rk"].cast(pl.Int64)).reverse()
+    vals = (rows["v"] * rows["s"]).reverse()
     flat = pl.repeat(None, n * len(_GPU_COLS), dtype=pl.Float64, eager=True).scatter(idx, vals)
-    meta["duplicates_dropped"] += int(rows.height - flat.is_not_null().sum())
+    meta["duplicates_dropped"] += int(rows.height - (flat.len() - flat.null_count()))
     out = {}
     for i, col in enumerate(_GPU_COLS):
         s = flat.slice(i * n, n)
         if col in _INT_COLUMNS:
             s = s.round(0).cast(pl.Int64, strict=False)
         out[col] = s
-    return pl.DataFrame(out).with_columns(rowkeys["ts_us"])
+    return pl.DataFrame(out)
 
 
 def _is_exporter(col: str) -> pl.Expr:
@@ -834,8 +903,8 @@ def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, l
     if not with_pod.height:
         return None
     if line_ts:
-        when = long.filter(pl.col("labels").is_in(with_pod["labels"].implode())).select("labels", "ts_us").unique()
-        with_pod = with_pod.join(when, on="labels")
+        when = long.filter(pl.col("bid").is_in(with_pod["bid"].implode())).select("bid", "ts_us").unique()
+        with_pod = with_pod.join(when, on="bid")
     else:
         with_pod = with_pod.with_columns(ts_us=pl.lit(rowkeys["ts_us"][0] if rowkeys.height else 0, pl.Int64))
     w = (
@@ -852,18 +921,12 @@ def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, l
     return w.select([pl.col(c.name).cast(c.dtype) for c in GPU_WORKLOAD.columns])
 
 
-def _health(gpu_sample: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame | None:
-    first = blocks.sort("key", "labels").unique("key", keep="first")
-    host = first.select(gpu_uuid="key", host="host")
-    msgs = (
-        blocks.filter(pl.col("err_msg").is_not_null())
-        .sort("key", "labels")
-        .unique("key", keep="first")
-        .select(gpu_uuid="key", err_msg="err_msg")
-    )
+def _health(gpu_sample: pl.DataFrame, inv: pl.DataFrame) -> pl.DataFrame | None:
+    host = inv.select(gpu_uuid="key", host="host")
     parts = []
     xid = gpu_sample.filter(pl.col("xid_last").is_not_null() & (pl.col("xid_last") != 0))
     if xid.height:
+        msgs = inv.select(gpu_uuid="key", err_msg="err_msg")
         xid = xid.join(msgs, on="gpu_uuid", how="left")
         parts.append(
             xid.select(
@@ -904,38 +967,41 @@ def _health(gpu_sample: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame | No
 def _metric_samples(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict):
     if not long.height:
         return None
-    df = long.select("labels", pl.col("name").cast(pl.String), "value", "rk").join(
-        rowkeys.select("rk", "ts_us"), on="rk"
-    ).join(blocks.select("labels", "key", "_extra"), on="labels")
     blank = _blank_mask(pl.col("value"), "?")
-    counts = df.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
+    counts = long.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
     meta["dcgm_blank_dropped"] += int(counts[0])
     meta["non_finite_dropped"] += int(counts[1])
-    df = df.filter(~blank & pl.col("value").is_finite())
-    esc = pl.col("key").str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
-    esc = esc.str.replace_all('"', '\\"', literal=True)
-    df = df.with_columns(series=pl.col("name") + '{gpu_uuid="' + esc + '"}')
-    extra = df.filter(pl.col("_extra") != "")
-    if extra.height:
-        # Non-standard labels (rare): build the canonical, sorted series key exactly.
-        combos = extra.select("name", "key", "_extra").unique()
-        m = combos.with_columns(
-            _s=pl.struct("name", "key", "_extra").map_elements(
-                lambda r: _series_with_extra(r["name"], r["key"], r["_extra"]), return_dtype=pl.String
-            )
-        )
-        df = df.join(m, on=["name", "key", "_extra"], how="left").with_columns(series=pl.coalesce("_s", "series"))
+    df = long.filter(~blank & pl.col("value").is_finite())
+    # Duplicated series: keep the first in the body.
+    first = pl.struct(pl.col("name").to_physical(), "rk").is_first_distinct()
     before = df.height
-    out = df.select(
-        ts=pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC"),
-        series=pl.col("series"),
-        value=pl.col("value"),
-    ).unique(["ts", "series"], keep="first", maintain_order=True)
-    meta["duplicates_dropped"] += before - out.height
-    return out.select([pl.col(c.name).cast(c.dtype) for c in METRIC_SAMPLE.columns]).sort("series", "ts")
+    df = df.filter(first)
+    meta["duplicates_dropped"] += before - df.height
+    key = rowkeys["key"].gather(df["rk"])
+    esc = key.str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
+    esc = esc.str.replace_all('"', '\\"', literal=True)
+    df = df.with_columns(
+        series=pl.col("_metric") + '{gpu_uuid="' + esc + '"}',
+        ts=pl.from_epoch(rowkeys["ts_us"].gather(df["rk"]), time_unit="us").dt.replace_time_zone("UTC"),
+    )
+    if (blocks["_extra"] != "").any():
+        # Non-standard labels (rare): build the canonical, sorted series key exactly.
+        extra = blocks.filter(pl.col("_extra") != "").select("bid", "_extra")
+        df = df.join(extra, on="bid", how="left")
+        has = df.filter(pl.col("_extra").is_not_null())
+        combos = has.select("_metric", "series", "_extra").unique()
+        m = combos.with_columns(
+            _s=pl.struct("_metric", "series", "_extra").map_elements(
+                lambda r: _series_with_extra(r["_metric"], r["series"], r["_extra"]), return_dtype=pl.String
+            )
+        ).drop("_extra")
+        df = df.join(m, on=["_metric", "series"], how="left").with_columns(series=pl.coalesce("_s", "series"))
+    return df.select([pl.col(c.name).cast(c.dtype) for c in METRIC_SAMPLE.columns])
 
 
-def _series_with_extra(name: str, key: str, block: str) -> str:
+def _series_with_extra(name: str, plain_series: str, block: str) -> str:
+    """Series key with the block's non-standard labels added to ``name{gpu_uuid="..."}``."""
+    key = _unescape(plain_series[len(name) + len('{gpu_uuid="') : -2])
     labels = {k: v for k, v in _parse_block_py(block).items() if k not in _KNOWN_LABELS}
     labels["gpu_uuid"] = key
     return series_key(name, labels)
