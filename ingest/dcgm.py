@@ -215,9 +215,10 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
         lexed = _lex_records(data)
         if lexed is not None:
             try:
-                return _assemble(*lexed, source, scrape_us, dict(meta), exact=False)
+                return _assemble(*lexed, source, scrape_us, dict(meta, lexer="records"), exact=False)
             except _NeedLines:
                 pass
+    meta["lexer"] = "lines"
     long = _lex(data, source, meta)
     if not long.height:
         return _empty(source, meta)
@@ -603,11 +604,11 @@ def _lex_line(text: str, n: int, source: str) -> tuple | None:
         raise ParseError(f"expected a blank after {name}", source=source, line=n, field="value")
     if not tokens:
         raise ParseError(f"{name} has no value", source=source, line=n, field="value")
-    if len(tokens) > 2:
-        raise ParseError(f"unexpected text after the timestamp of {name}", source=source, line=n, field="timestamp")
     value = _go_float(tokens[0])
     if value is None:
         raise ParseError(f"value {tokens[0][:40]!r} of {name} is not a number", source=source, line=n, field="value")
+    if len(tokens) > 2:
+        raise ParseError(f"unexpected text after the timestamp of {name}", source=source, line=n, field="timestamp")
     ts_ms = None
     if len(tokens) == 2:
         try:
@@ -802,7 +803,8 @@ def _assemble(
     long = long.with_columns(kid=kid_lut.gather(long["bid"]))
     # Row of gpu_sample: one per key, or per (key, timestamp) when samples carry their own timestamps.
     if line_ts:
-        long = long.with_columns(ts_us=(pl.col("ts_ms") * 1000).fill_null(scrape_us))
+        ts_us = pl.col("ts_ms") * 1000
+        long = long.with_columns(ts_us=ts_us if scrape_us is None else ts_us.fill_null(scrape_us))
         rowkeys = long.select("kid", "ts_us").unique().sort("kid", "ts_us").with_row_index("rk")
         long = long.join(rowkeys, on=["kid", "ts_us"], how="left")
     else:
@@ -848,10 +850,13 @@ def _assemble(
 
 
 def _blank_mask(v: pl.Expr, kind: pl.Expr | str) -> pl.Expr:
+    """True where a finite value is a DCGM sentinel (int bands for int fields, >= 2**47 for doubles)."""
     int_blank = ((v >= _INT32_BLANK) & (v <= _INT32_MAX)) | (v >= _INT64_BLANK)
     if isinstance(kind, str):  # unknown DCGM type: both integer bands plus the exact FP64 sentinels
-        return int_blank | ((v >= _FP64_BLANK) & (v <= _FP64_BLANK + 3.0))
-    return pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
+        mask = int_blank | ((v >= _FP64_BLANK) & (v <= _FP64_BLANK + 3.0))
+    else:
+        mask = pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
+    return v.is_finite() & mask
 
 
 def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys: pl.DataFrame, meta: dict):
