@@ -24,15 +24,24 @@ the bare UUID. ``nvidia_smi`` uses the same key so both sources meet.
 
 How it is fast
 --------------
-The whole body goes through polars' CSV reader with ``}`` as the separator (comments are kept as rows so
-that row number = line number), which splits each sample line into ``name{labels`` and `` value [ts]``
-with the reader's threads; one more vectorised split separates name from label block. Label blocks repeat
-once per field (~30 times per GPU), so they become a Categorical and each DISTINCT block is parsed once
-(regexes over ~16k strings rather than ~500k). The long (gpu, field, value) frame is pivoted to wide.
-Any line the fast path cannot prove well formed (more than one ``}``, tabs, a missing value, a bad label
-block, ...) is re-read by an exact line lexer, which either normalises it or raises :class:`ParseError`
-with the source, line and field. The body is cut into chunks at line boundaries so that peak memory is
-a bounded multiple of the chunk, not of the body.
+Text exposition format 0.0.4 (https://prometheus.io/docs/instrumenting/exposition_formats/) is parsed
+columnar, never line by line in Python:
+
+1. Records path (well-formed bodies, the common case). polars' CSV reader cuts the body with ``}`` as
+   record terminator and ``{`` as field separator, so every sample's label block comes out as a column
+   with no per-line split; a record's name is the last line before its ``{`` and its value the first
+   line after its ``}``. dcgm-exporter prints every family over the same devices in the same order, so
+   one vectorised string compare per family proves its label blocks equal to a reference family's and
+   numbers them by position; families that differ are matched by text. Each DISTINCT block is then
+   parsed once (~16k blocks for ~500k samples), by splitting the blocks at ``"`` with the CSV reader.
+2. Line path (anything the records path does not vouch for: labels without braces, braces in label
+   values or comments, timestamps, tabs, CRLF, a missing final newline, invalid UTF-8). The reader cuts
+   lines at ``}`` with one row per physical line, so row number = line number; lines that are not plainly
+   well formed are re-read by an exact lexer that either normalises them or raises :class:`ParseError`
+   with the source, line and field. Bodies over 256 MB are read in pieces so memory stays bounded.
+
+Both paths end in a long (row, field, value) frame scattered into one flat buffer that is sliced into
+the wide columns; scattering back to front keeps the first copy of a duplicated series.
 
 Blank / not-supported values: DCGM reports an unreadable field with sentinel values (``dcgm_structs.h``:
 ``DCGM_INT32_BLANK`` 0x7ffffff0 .. 0x7fffffff for 32-bit values, ``DCGM_INT64_BLANK``
@@ -45,10 +54,8 @@ mapped DCGM field is a gauge or a monotonically increasing counter, for which ne
 from __future__ import annotations
 
 import io
-import os
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import polars as pl
@@ -232,7 +239,7 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
 
 _READ_SCHEMA = {"head": pl.String, "tail": pl.String, "extra": pl.String, "more": pl.String}
 _PIECE_BYTES = 256 << 20  # read at most this much text at once (bounds peak memory on huge bodies)
-_SLICE_ROWS = 131_072  # rows per unit of parallel work
+_SLICE_ROWS = 262_144  # rows lexed at once (bounds the temporaries of the line path)
 
 
 class _NeedLines(Exception):
@@ -370,18 +377,15 @@ def _only_comments(text: str) -> bool:
     return all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.split("\n"))
 
 
-def _pieces(data: bytes) -> Iterator[bytes]:
-    """The body cut after a newline into pieces of at most _PIECE_BYTES (one piece, uncopied, usually)."""
-    if len(data) <= _PIECE_BYTES:
-        yield data
-        return
+def _piece_bounds(data: bytes) -> Iterator[tuple[int, int]]:
+    """Byte ranges of at most _PIECE_BYTES, cut after a newline (one range, usually)."""
     start, n = 0, len(data)
     while start < n:
         end = min(start + _PIECE_BYTES, n)
         if end < n:
             nl = data.rfind(b"\n", start, end)
             end = n if nl < 0 else nl + 1
-        yield data[start:end]
+        yield start, end
         start = end
 
 
@@ -409,20 +413,21 @@ def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
     clean: list[pl.DataFrame] = []
     bad: list[int] = []
     first_line = 1
-    with ThreadPoolExecutor(max_workers=_workers()) as pool:
-        for piece in _pieces(data):
-            raw = _read(piece)
-            if raw is None:
-                rows, n_lines = _lex_slow(piece, first_line, source, meta, truncated_tail and piece is not None)
-                clean.append(rows)
-                first_line += n_lines
-                continue
-            offsets = range(0, raw.height, _SLICE_ROWS)
-            done = pool.map(lambda o, r=raw, f=first_line: _lex_rows(r.slice(o, _SLICE_ROWS), f + o), offsets)
-            for rows, bad_lines in done:
-                clean.append(rows)
-                bad.extend(bad_lines)
-            first_line += raw.height
+    pieces = list(_piece_bounds(data))
+    for i, (start, end) in enumerate(pieces):
+        piece = data if len(pieces) == 1 else data[start:end]
+        raw = _read(piece)
+        if raw is None:
+            is_last = i == len(pieces) - 1
+            rows, n_lines = _lex_slow(piece, first_line, source, meta, truncated_tail and is_last)
+            clean.append(rows)
+            first_line += n_lines
+            continue
+        for offset in range(0, raw.height, _SLICE_ROWS):
+            rows, bad_lines = _lex_rows(raw.slice(offset, _SLICE_ROWS), first_line + offset)
+            clean.append(rows)
+            bad.extend(bad_lines)
+        first_line += raw.height
     last_line = first_line - 1
     meta["lines"] = last_line
     long = pl.concat(clean) if clean else _rows_frame([])
@@ -439,10 +444,6 @@ def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
         fixed = _relex(data, sorted(bad), source, meta, truncated_tail, last_line)
         long = pl.concat([long, fixed]).sort("line")
     return long
-
-
-def _workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 def _lex_rows(raw: pl.DataFrame, first_line: int) -> tuple[pl.DataFrame, list[int]]:

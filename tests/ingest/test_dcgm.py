@@ -401,3 +401,22 @@ def test_family_in_another_order_or_shorter_is_matched_by_text():
     for ln in lines[power[0] : power[0] + 3]:
         uuid = ln.split('UUID="', 1)[1].split('"', 1)[0]
         assert _gpu_row(fast, uuid)["power_w"] == pytest.approx(float(ln.rsplit(" ", 1)[1]))
+
+
+def test_line_path_in_small_pieces_keeps_line_numbers(monkeypatch):
+    """Bodies over _PIECE_BYTES are read piece by piece; values and error lines must not shift."""
+    body = "".join(_line("DCGM_FI_DEV_GPU_TEMP", str(30 + i), uuid=f"GPU-{i}", gpu=i) for i in range(20))
+    crlf = body.replace("\n", "\r\n").encode()  # CRLF: the line path
+    whole = dcgm.parse(crlf, ts=TS)
+    monkeypatch.setattr(dcgm, "_PIECE_BYTES", 700)
+    pieces = dcgm.parse(crlf, ts=TS)
+    assert pieces.gpu_sample.equals(whole.gpu_sample) and pieces.gpu_sample.height == 20
+    assert _gpu_row(pieces, "GPU-17")["temp_c"] == 47
+    bad = body + 'DCGM_FI_DEV_GPU_TEMP{gpu="9"} 35\n'
+    with pytest.raises(ParseError) as e:
+        dcgm.parse(bad.replace("\n", "\r\n").encode(), source="s", ts=TS)
+    assert e.value.line == 21 and e.value.field == "UUID"
+    garbage = body.encode() + b"\xff\xfe\n"
+    with pytest.raises(ParseError) as e:
+        dcgm.parse(garbage, source="s", ts=TS)
+    assert e.value.line == 21 and e.value.field == "line"
