@@ -232,7 +232,7 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
     uniq = long["labels"].unique()
     blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
     long = long.with_columns(bid=long["labels"].to_physical()).drop("labels")
-    return _assemble(long, blocks, source, scrape_us, meta, exact=True)
+    return _assemble(long, blocks, None, source, scrape_us, meta, exact=True)
 
 
 # --- lexing ---------------------------------------------------------------------------------------
@@ -313,18 +313,31 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     # After the last value only comment lines may follow.
     if not _only_comments(last["pre"].split("\n", 1)[1] if "\n" in last["pre"] else ""):
         return None
-    for text in long.select(pl.col("name").unique())["name"].to_list():
-        *between, name = text.split("\n")
-        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(name):
+    uniq = long.select(pl.col("name").unique())["name"]
+    families: dict[str, int] = {}
+    family_of_code = []
+    for text in uniq.to_list():
+        *between, metric = text.split("\n")
+        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(metric):
             return None
-    long, blocks = _block_ids(long)
+        family_of_code.append(families.setdefault(metric, len(families)))
+    # A family's first record carries the comment lines in front of its name: number families by
+    # metric name, so that a family printed in one piece is one run.
+    family = _lut(uniq.to_physical(), pl.Series(family_of_code, dtype=pl.UInt32), pl.UInt32).gather(name.to_physical())
+    long, blocks, runs = _block_ids(long, family, list(families))
     if not blocks["text"].str.contains(_BLOCK_OK).all():
         return None
-    return long, blocks
+    return long, blocks, runs
 
 
-def _block_ids(long: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Number the distinct label blocks: ``long`` gets ``bid``, and a (bid, text) table comes back.
+# One family as printed: (metric name, first row, rows, labels identical to the reference family's).
+_Run = tuple[str, int, int, bool]
+
+
+def _block_ids(
+    long: pl.DataFrame, family: pl.Series, family_names: list[str]
+) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | None]:
+    """Number the distinct label blocks: ``long`` gets ``bid``; a (bid, text) table and the runs come back.
 
     dcgm-exporter prints every family over the same devices in the same order, so a family whose
     label column equals the reference family's, position by position (one vectorised string compare),
@@ -333,8 +346,9 @@ def _block_ids(long: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     after it. If the reference family repeats a block, blocks are hashed the ordinary way.
     """
     lab = long["labels"]
-    runs = long["name"].to_physical().rle()
+    runs = family.rle()
     lens = runs.struct.field("len").to_list()
+    metrics = [family_names[i] for i in runs.struct.field("value").to_list()]
     starts = [0]
     for n in lens[:-1]:
         starts.append(starts[-1] + n)
@@ -345,7 +359,7 @@ def _block_ids(long: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         cat = lab.cast(pl.Categorical)
         uniq = cat.unique()
         blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
-        return long.with_columns(bid=cat.to_physical()).drop("labels"), blocks
+        return long.with_columns(bid=cat.to_physical()).drop("labels"), blocks, None
     positional = pl.int_range(0, size, dtype=pl.UInt32, eager=True)
     parts: list[pl.Series | None] = []
     other: list[pl.Series] = []
@@ -369,8 +383,9 @@ def _block_ids(long: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
                 n = lens[i]
                 parts[i] = found.slice(k, n)
                 k += n
+    same = [p is positional for p in parts]
     bid = pl.concat(parts)
-    return long.with_columns(bid=bid).drop("labels"), blocks
+    return long.with_columns(bid=bid).drop("labels"), blocks, list(zip(metrics, starts, lens, same))
 
 
 def _only_comments(text: str) -> bool:
@@ -743,10 +758,18 @@ def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
 
 
 def _assemble(
-    long: pl.DataFrame, block_text: pl.DataFrame, source: str, scrape_us: int | None, meta: dict, *, exact: bool
+    long: pl.DataFrame,
+    block_text: pl.DataFrame,
+    runs: list[_Run] | None,
+    source: str,
+    scrape_us: int | None,
+    meta: dict,
+    *,
+    exact: bool,
 ) -> Batch:
     """Long (line, name, bid, value, ts_ms) plus the (bid, text) table of label blocks -> the batch."""
     meta["samples"] = long.height
+    values_in_body_order = long["value"]
 
     # Metric names (few distinct): DCGM fields we map, other DCGM_FI_* fields (metric_sample), and
     # everything else (skipped). The fast path leaves comment lines in front of a name at family
@@ -798,7 +821,8 @@ def _assemble(
         .then(pl.col("uuid") + "/mig" + pl.col("gpu_i_id"))
         .otherwise(pl.col("uuid"))
     )
-    keys = blocks.select(pl.col("key").unique().sort()).with_row_index("kid")
+    # Keys numbered in order of first appearance, so that gpu_sample rows follow the exporter's order.
+    keys = blocks.sort("bid").select(pl.col("key").unique(maintain_order=True)).with_row_index("kid")
     blocks = blocks.join(keys, on="key")
     kid_lut = _lut(blocks["bid"], blocks["kid"], pl.UInt32)
     long = long.with_columns(kid=kid_lut.gather(long["bid"]))
@@ -814,9 +838,12 @@ def _assemble(
     rowkeys = rowkeys.join(keys, on="kid").sort("rk")
     ts_col = pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC")
 
-    gpu_sample = _wide(long, name_codes, metric, rowkeys, meta)
+    columns = None
+    if runs is not None and not line_ts:
+        columns = _wide_by_family(runs, values_in_body_order, kid_lut, keys.height, meta)
+    gpu_sample = columns if columns is not None else _wide(long, name_codes, metric, rowkeys, meta)
     gpu_sample = gpu_sample.with_columns(rowkeys["ts_us"]).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
-    gpu_sample = gpu_sample.select(GPU_SAMPLE.names)
+    gpu_sample = gpu_sample.select(GPU_SAMPLE.names).sort("gpu_uuid", "ts")
 
     inv = blocks.sort("key", "bid").unique("key", keep="first", maintain_order=True)
     gpu = inv.select(
@@ -828,7 +855,7 @@ def _assemble(
         mig_profile=pl.col("gpu_i_profile"),
         mig_instance_id=pl.col("gpu_i_id").cast(pl.Int64, strict=False),
         driver_version=pl.col("driver"),
-    )
+    ).sort("gpu_uuid")
 
     workload = _workload(long, blocks, rowkeys, line_ts, meta)
     health = _health(gpu_sample, inv)
@@ -858,6 +885,43 @@ def _blank_mask(v: pl.Expr, kind: pl.Expr | str) -> pl.Expr:
     else:
         mask = pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
     return v.is_finite() & mask
+
+
+def _wide_by_family(runs: list[_Run], values: pl.Series, kid_lut: pl.Series, n_keys: int, meta: dict) -> pl.DataFrame | None:
+    """Wide columns straight from the value column when every mapped family is printed over the
+    reference devices in key order: each family is then one slice. None when that does not hold."""
+    mapped = [r for r in runs if r[0] in _FIELD_BY_NAME]
+    targets = [_FIELD_BY_NAME[m][1] for m, *_ in mapped]
+    if (
+        not mapped
+        or len(set(targets)) != len(targets)
+        or not all(same and n == n_keys for _, _, n, same in mapped)
+        or kid_lut.len() < n_keys
+        or not (kid_lut.head(n_keys) == pl.int_range(0, n_keys, dtype=pl.UInt32, eager=True)).all()
+    ):
+        return None
+    # Mask and scale the mapped families' values in one pass, then cut one slice per column.
+    parts = [values.slice(start, n) for _, start, n, _ in mapped]
+    family = pl.int_range(0, n_keys * len(mapped), dtype=pl.UInt32, eager=True) // n_keys
+    kinds = pl.Series([_FIELD_BY_NAME[m][3] == "d" for m, *_ in mapped], dtype=pl.Boolean).gather(family)
+    scales = pl.Series([_FIELD_BY_NAME[m][2] for m, *_ in mapped], dtype=pl.Float64).gather(family)
+    v = pl.DataFrame({"v": pl.concat(parts), "d": kinds, "s": scales})
+    blank = _blank_mask(pl.col("v"), pl.col("d"))
+    v = v.select(
+        out=pl.when(blank | ~pl.col("v").is_finite()).then(None).otherwise(pl.col("v") * pl.col("s")),
+        b=blank.sum(),
+        n=(~pl.col("v").is_finite() & ~blank).sum(),
+    )
+    meta["dcgm_blank_dropped"] += int(v["b"][0])
+    meta["non_finite_dropped"] += int(v["n"][0])
+    out = v["out"]
+    cols: dict[str, pl.Series] = {}
+    for i, col in enumerate(targets):
+        s = out.slice(i * n_keys, n_keys)
+        cols[col] = s.round(0).cast(pl.Int64, strict=False) if col in _INT_COLUMNS else s
+    return pl.DataFrame(
+        [cols[c].alias(c) if c in cols else pl.repeat(None, n_keys, dtype=GPU_SAMPLE.col(c).dtype, eager=True).alias(c) for c in _GPU_COLS]
+    )
 
 
 def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys: pl.DataFrame, meta: dict):
@@ -979,7 +1043,7 @@ def _metric_samples(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFr
     meta["non_finite_dropped"] += int(counts[1])
     df = long.filter(~blank & pl.col("value").is_finite())
     # Duplicated series: keep the first in the body.
-    first = pl.struct(pl.col("name").to_physical(), "rk").is_first_distinct()
+    first = (pl.col("name").to_physical().cast(pl.UInt64) * (1 << 32) + pl.col("rk").cast(pl.UInt64)).is_first_distinct()
     before = df.height
     df = df.filter(first)
     meta["duplicates_dropped"] += before - df.height
