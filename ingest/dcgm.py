@@ -207,7 +207,6 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
     scrape_us = _to_us(ts) if ts is not None else None
     meta: dict = {
         "format": "prometheus-text-0.0.4",
-        "lines": 0,
         "samples": 0,
         "skipped_series": 0,
         "skipped_names": {},
@@ -249,7 +248,7 @@ class _NeedLines(Exception):
 _RECORD_SCHEMA = {"pre": pl.String, "labels": pl.String, "extra": pl.String}
 
 
-def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | None] | None:
     """Fast path for well-formed bodies: '}' ends a record and '{' separates its fields.
 
     A body ``A{a} 1\nB{b} 2\n`` read with record terminator ``}`` and field separator ``{`` gives records
@@ -693,7 +692,8 @@ def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
     label is a column; otherwise it is picked by matching the name field at every position. Blocks with
     escapes (rare) go through the exact Python path.
     """
-    escaped = text.str.contains("\\", literal=True)
+    # A backslash means escapes; a carriage return could end a CSV row early: both take the exact path.
+    escaped = text.str.contains(r"[\\\r]")
     n_escaped = int(escaped.sum())
     frames = []
     if n_escaped < bids.len():
@@ -711,15 +711,15 @@ def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
             missing_columns="insert",
             truncate_ragged_lines=True,
         )
+        if split.height != simple.len():  # never misalign blocks and their labels: go the exact way
+            return _resolve_blocks_py(bids, text)
         name_cols, value_cols = cols[0::2], cols[1::2]
         at = split.select([pl.col(nc).drop_nulls().unique().implode() for nc in name_cols]).row(0)
         static = all(len(a) <= 1 for a in at)
         exprs = []
         for out, names in _LABELS:
             if static:
-                pos = {a[0]: vc for a, vc in zip(at, value_cols) if a}
-                picks = [pl.col(pos[f",{n}="]).fill_null("") for n in names if f",{n}=" in pos]
-                # A label present in only some blocks: its name field is null where absent.
+                # A label present in only some blocks has a null name field where it is absent.
                 picks = [
                     pl.when(pl.col(nc).is_not_null()).then(pl.col(vc).fill_null(""))
                     for n in names
@@ -748,13 +748,14 @@ def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
             ).drop("_has_extra")
         )
     if n_escaped:
-        rows = [_block_row(t) for t in text.filter(escaped).to_list()]
-        frames.append(
-            pl.DataFrame(rows, schema={**dict.fromkeys(_LABEL_OUT, pl.String), "_extra": pl.String}).with_columns(
-                bid=bids.filter(escaped)
-            )
-        )
+        frames.append(_resolve_blocks_py(bids.filter(escaped), text.filter(escaped)))
     return pl.concat(frames, how="diagonal_relaxed").select("bid", *_LABEL_OUT, "_extra")
+
+
+def _resolve_blocks_py(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
+    rows = [_block_row(t) for t in text.to_list()]
+    schema = {**dict.fromkeys(_LABEL_OUT, pl.String), "_extra": pl.String}
+    return pl.DataFrame(rows, schema=schema).with_columns(bid=bids).select("bid", *_LABEL_OUT, "_extra")
 
 
 def _assemble(
@@ -845,7 +846,8 @@ def _assemble(
     gpu_sample = gpu_sample.with_columns(rowkeys["ts_us"]).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
     gpu_sample = gpu_sample.select(GPU_SAMPLE.names).sort("gpu_uuid", "ts")
 
-    inv = blocks.sort("key", "bid").unique("key", keep="first", maintain_order=True)
+    # Inventory from the first block of each key (most keys have exactly one block).
+    inv = blocks if blocks.height == keys.height else blocks.sort("bid").unique("key", keep="first", maintain_order=True)
     gpu = inv.select(
         gpu_uuid=pl.col("key"),
         host=pl.col("host"),

@@ -420,3 +420,19 @@ def test_line_path_in_small_pieces_keeps_line_numbers(monkeypatch):
     with pytest.raises(ParseError) as e:
         dcgm.parse(garbage, source="s", ts=TS)
     assert e.value.line == 21 and e.value.field == "line"
+
+
+def test_label_order_may_differ_between_series():
+    body = (
+        'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",Hostname="h1",gpu="0",modelName="M"} 40\n'
+        'DCGM_FI_DEV_GPU_TEMP{gpu="1",modelName="M",Hostname="h2",UUID="GPU-b"} 41\n'
+        'DCGM_FI_DEV_GPU_TEMP{Hostname="h3",UUID="GPU-c",pod="p\rq",namespace="n"} 42\n'
+    )
+    b = dcgm.parse(body.encode(), ts=TS)
+    assert b.gpu.select("gpu_uuid", "host", "gpu_index").to_dicts() == [
+        {"gpu_uuid": "GPU-a", "host": "h1", "gpu_index": 0},
+        {"gpu_uuid": "GPU-b", "host": "h2", "gpu_index": 1},
+        {"gpu_uuid": "GPU-c", "host": "h3", "gpu_index": None},
+    ]
+    assert b.gpu_sample["temp_c"].to_list() == [40, 41, 42]
+    assert b.gpu_workload["pod"].to_list() == ["p\rq"]
