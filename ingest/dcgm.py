@@ -284,10 +284,6 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | 
         return None
     split = raw["pre"].str.splitn("\n", 2)
     first, rest = split.struct.field("field_0"), split.struct.field("field_1")
-    # Record 0 has no value line in front of its name: its whole "pre" is comments + name. Names keep
-    # any comment lines in front (family boundaries); they have few distinct values, so they are
-    # cleaned per distinct value (in _assemble), never per row.
-    name = pl.concat([raw["pre"].head(1), rest.slice(1, n - 1)]).cast(pl.Categorical)
     # The value of record i is the first line of record i + 1: parse, then shift the numbers.
     value = first.str.slice(1).cast(pl.Float64, strict=False).shift(-1).head(n)
     blank_first = first.str.starts_with(" ").shift(-1).head(n)
@@ -300,6 +296,24 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | 
     )
     if not ok:
         return None
+    # After the last value only comment lines may follow.
+    if not _only_comments(last["pre"].split("\n", 1)[1] if "\n" in last["pre"] else ""):
+        return None
+    # Name text of record i: what follows its value line (record 0: all of "pre"). It only changes at
+    # family boundaries, where comment lines (HELP, TYPE) precede the name: number the runs of equal
+    # text, then read and clean the text once per run, never per row.
+    run = pl.concat([pl.Series([0], dtype=pl.UInt32), rest.slice(1, n - 1).rle_id() + 1])
+    firsts = (run != run.shift(1, fill_value=-1)).arg_true()
+    texts = [raw["pre"][0], *rest.gather(firsts.slice(1)).to_list()]
+    families: dict[str, int] = {}
+    family_of_run = []
+    for text in texts:
+        *between, metric = text.split("\n")
+        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(metric):
+            return None
+        family_of_run.append(families.setdefault(metric, len(families)))
+    family = pl.Series(family_of_run, dtype=pl.UInt32).gather(run)
+    name = pl.Series(list(families), dtype=pl.String).cast(pl.Categorical).gather(family)
     long = pl.DataFrame(
         {
             "line": pl.int_range(0, n, dtype=pl.UInt32, eager=True),
@@ -309,20 +323,6 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | 
             "ts_ms": pl.repeat(None, n, dtype=pl.Int64, eager=True),
         }
     )
-    # After the last value only comment lines may follow.
-    if not _only_comments(last["pre"].split("\n", 1)[1] if "\n" in last["pre"] else ""):
-        return None
-    uniq = long.select(pl.col("name").unique())["name"]
-    families: dict[str, int] = {}
-    family_of_code = []
-    for text in uniq.to_list():
-        *between, metric = text.split("\n")
-        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(metric):
-            return None
-        family_of_code.append(families.setdefault(metric, len(families)))
-    # A family's first record carries the comment lines in front of its name: number families by
-    # metric name, so that a family printed in one piece is one run.
-    family = _lut(uniq.to_physical(), pl.Series(family_of_code, dtype=pl.UInt32), pl.UInt32).gather(name.to_physical())
     long, blocks, runs = _block_ids(long, family, list(families))
     if not blocks["text"].str.contains(_BLOCK_OK).all():
         return None
