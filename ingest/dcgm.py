@@ -181,7 +181,21 @@ _LABELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("container", ("container",)),
     ("err_msg", ("err_msg",)),
 )
-_KNOWN_LABELS = frozenset(n for _, names in _LABELS for n in names) | {"device", "pod_uid", "err_code"}
+# Identity and static-configuration labels: not part of a metric_sample series key. The DCGM_FI_* ones
+# are the "label" rows of dcgm-exporter's counters CSVs (driver, NVML, VBIOS, inforom versions, ...).
+_KNOWN_LABELS = frozenset(n for _, names in _LABELS for n in names) | {
+    "device",
+    "pod_uid",
+    "err_code",
+    "DCGM_FI_NVML_VERSION",
+    "DCGM_FI_DEV_BRAND",
+    "DCGM_FI_DEV_SERIAL",
+    "DCGM_FI_DEV_OEM_INFOROM_VER",
+    "DCGM_FI_DEV_ECC_INFOROM_VER",
+    "DCGM_FI_DEV_POWER_INFOROM_VER",
+    "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+    "DCGM_FI_DEV_VBIOS_VERSION",
+}
 
 # Prometheus text format: label value escapes are \\, \" and \n only.
 _VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
