@@ -113,7 +113,7 @@ def _child(path: str, gpus: int, runs: int) -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         batch = dcgm.parse(data, source=path, ts=ts)
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-        values = batch.values()
+        values, lexer = batch.values(), batch.meta.get("lexer")
         assert batch.gpu_sample is not None and batch.gpu_sample.height == gpus, batch.rows()
         del batch
         print(
@@ -121,6 +121,7 @@ def _child(path: str, gpus: int, runs: int) -> None:
                 {
                     "bench": "dcgm_parse",
                     "run": run,
+                    "lexer": lexer,
                     "gpus": gpus,
                     "values": values,
                     "bytes": len(data),
@@ -170,6 +171,9 @@ def main() -> None:
         "first_parse_seconds": results[0]["seconds"],
         "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
         "runs": args.runs,
+        # Other work on the machine slows every figure above; say how much there was.
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }
     print(json.dumps(summary))
 
