@@ -923,14 +923,13 @@ def _wide_by_family(runs: list[_Run], values: pl.Series, kid_lut: pl.Series, n_k
     scales = pl.Series([_FIELD_BY_NAME[m][2] for m, *_ in mapped], dtype=pl.Float64).gather(family)
     v = pl.DataFrame({"v": pl.concat(parts), "d": kinds, "s": scales})
     blank = _blank_mask(pl.col("v"), pl.col("d"))
-    v = v.select(
-        out=pl.when(blank | ~pl.col("v").is_finite()).then(None).otherwise(pl.col("v") * pl.col("s")),
-        b=blank.sum(),
-        n=(~pl.col("v").is_finite() & ~blank).sum(),
-    )
-    meta["dcgm_blank_dropped"] += int(v["b"][0])
-    meta["non_finite_dropped"] += int(v["n"][0])
-    out = v["out"]
+    n_blank, n_nonfinite = v.select(b=blank.sum(), n=(~pl.col("v").is_finite() & ~blank).sum()).row(0)
+    meta["dcgm_blank_dropped"] += int(n_blank)
+    meta["non_finite_dropped"] += int(n_nonfinite)
+    scaled = pl.col("v") * pl.col("s")
+    if n_blank or n_nonfinite:
+        scaled = pl.when(blank | ~pl.col("v").is_finite()).then(None).otherwise(scaled)
+    out = v.select(scaled.alias("v"))["v"]
     cols: dict[str, pl.Series] = {}
     for i, col in enumerate(targets):
         s = out.slice(i * n_keys, n_keys)
