@@ -436,3 +436,12 @@ def test_label_order_may_differ_between_series():
     ]
     assert b.gpu_sample["temp_c"].to_list() == [40, 41, 42]
     assert b.gpu_workload["pod"].to_list() == ["p\rq"]
+
+
+def test_naive_scrape_time_is_utc_and_aware_times_are_converted():
+    from datetime import timedelta, timezone
+
+    body = _line("DCGM_FI_DEV_GPU_TEMP", "33").encode()
+    naive = dcgm.parse(body, ts=datetime(2026, 3, 10, 12, 0))
+    shifted = dcgm.parse(body, ts=datetime(2026, 3, 10, 14, 0, tzinfo=timezone(timedelta(hours=2))))
+    assert naive.gpu_sample["ts"].to_list() == [TS] == shifted.gpu_sample["ts"].to_list()
