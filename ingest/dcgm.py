@@ -250,7 +250,7 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
 
 # --- lexing ---------------------------------------------------------------------------------------
 
-_READ_SCHEMA = {"head": pl.String, "tail": pl.String, "extra": pl.String, "more": pl.String}
+_READ_SCHEMA = {"head": pl.String, "tail": pl.String, "extra": pl.String}
 _PIECE_BYTES = 256 << 20  # read at most this much text at once (bounds peak memory on huge bodies)
 _SLICE_ROWS = 262_144  # rows lexed at once (bounds the temporaries of the line path)
 
@@ -517,25 +517,30 @@ def _lex_rows(raw: pl.DataFrame, first_line: int) -> tuple[pl.DataFrame, list[in
 def _relex(
     data: bytes, line_nos: list[int], source: str, meta: dict, truncated_tail: bool, last_line: int
 ) -> pl.DataFrame:
-    lines = data.split(b"\n")
+    """Exact lexing of the given lines, found by walking the body (never a list of all its lines)."""
+    wanted, last_wanted = set(line_nos), max(line_nos)
     rows = []
-    for n in line_nos:
-        row = _lex_line_checked(lines[n - 1], n, source, meta, truncated_tail and n == last_line)
-        if row is not None:
-            rows.append(row)
+    for n, raw in enumerate(io.BytesIO(data), start=1):
+        if n in wanted:
+            row = _lex_line_checked(raw.rstrip(b"\n"), n, source, meta, truncated_tail and n == last_line)
+            if row is not None:
+                rows.append(row)
+        if n >= last_wanted:
+            break
     return _rows_frame(rows)
 
 
 def _lex_slow(piece: bytes, first_line: int, source: str, meta: dict, truncated_tail: bool) -> tuple[pl.DataFrame, int]:
-    lines = piece.split(b"\n")
-    if piece.endswith(b"\n"):
-        lines.pop()
+    """Exact lexing of every line of a piece the reader refused (invalid UTF-8): finds the bad line."""
     rows = []
-    for i, raw in enumerate(lines):
-        row = _lex_line_checked(raw, first_line + i, source, meta, truncated_tail and i == len(lines) - 1)
+    n_lines = 0
+    for i, raw in enumerate(io.BytesIO(piece)):
+        n_lines += 1
+        is_last = truncated_tail and not raw.endswith(b"\n")
+        row = _lex_line_checked(raw.rstrip(b"\n"), first_line + i, source, meta, is_last)
         if row is not None:
             rows.append(row)
-    return _rows_frame(rows), len(lines)
+    return _rows_frame(rows), n_lines
 
 
 def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
