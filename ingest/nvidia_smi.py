@@ -89,7 +89,10 @@ _UNITS: dict[str, tuple[float, str]] = {
     "KB/s": (1000.0, "bytes_per_s"),
 }
 _ABSENT = re.compile(r"^\[.*\]$|^N/A$|^$")
-_NUMBER = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S+)?$")
+# A reading: a number, then optionally a blank and its unit ("700.00 W", "81559 MiB", "0 %").
+_NUMBER = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:\s+(\S+))?$")
+# Numeric-looking fields that are identifiers or versions, not readings.
+_NOT_A_READING = re.compile(r"^(pci\.|inforom\.|platform\.|fabric\.(cliqueId|clusterUuid)$|compute_cap$|.*version|.*serial|.*guid)")
 _YES_NO = {"Yes": 1, "No": 0, "Active": 1, "Not Active": 0, "Enabled": 1, "Disabled": 0}
 _NUMERIC_ENUM_FIELDS = {"remapped_rows.pending", "remapped_rows.failure", "retired_pages.pending"}
 
@@ -176,8 +179,9 @@ def _value(raw: str, header_unit: str | None, field: str, n: int, source: str) -
     if not m:
         raise ParseError(f"not a number: {raw[:40]!r}", source=source, line=n, field=field)
     unit = m.group(2) or header_unit
-    scale = _UNITS.get(unit, (1.0, ""))[0] if unit else 1.0
-    return float(m.group(1)) * scale
+    if unit is not None and unit not in _UNITS:
+        raise ParseError(f"unknown unit {unit!r} in {raw[:40]!r}", source=source, line=n, field=field)
+    return float(m.group(1)) * (_UNITS[unit][0] if unit else 1.0)
 
 
 def _csv_record(row: dict[str, str], units: dict[str, str | None], n: int, source: str, ts: datetime | None) -> dict:
@@ -204,13 +208,13 @@ def _csv_record(row: dict[str, str], units: dict[str, str | None], n: int, sourc
                     sample[col] = v
     metrics = {}
     for name, raw in row.items():
-        if name in used or _ABSENT.match(raw):
+        if name in used or _ABSENT.match(raw) or _NOT_A_READING.match(name):
             continue
         m = _NUMBER.match(raw)
-        if not m:
-            continue  # text readings (modes, versions, states) are not metrics
-        unit = m.group(2) or units.get(name)
-        scale, suffix = _UNITS.get(unit, (1.0, "")) if unit else (1.0, "")
+        unit = (m.group(2) or units.get(name)) if m else None
+        if not m or (unit is not None and unit not in _UNITS):
+            continue  # text readings (modes, states, ids) are not metrics
+        scale, suffix = _UNITS[unit] if unit else (1.0, "")
         metric = "nvsmi_" + re.sub(r"[^a-zA-Z0-9_]", "_", name) + (f"_{suffix}" if suffix else "")
         metrics[metric] = float(m.group(1)) * scale
     index = row.get("index")

@@ -65,6 +65,9 @@ def test_query_gpu_csv_idle_h100():
     assert _metric(b, "nvsmi_memory_total_bytes", H100_UUID) == [81559 * MiB]
     assert _metric(b, "nvsmi_temperature_gpu_tlimit_c", H100_UUID) == [46.0]
     assert _metric(b, "nvsmi_clocks_max_sm_mhz", H100_UUID) == [1980.0]
+    # Identifiers and versions that look numeric (pci.device_id 0x233010DE, vbios 96.00.A5.00.01) are not readings.
+    names = {x.split("{")[0] for x in b.metric_sample["series"]}
+    assert not {"nvsmi_pci_device_id", "nvsmi_vbios_version", "nvsmi_compute_cap", "nvsmi_inforom_ecc"} & names
     # "[Requested functionality has been deprecated]" is no value, not an error and not a metric.
     assert not b.metric_sample.filter(pl.col("series").str.starts_with("nvsmi_clocks_applications")).height
     assert b.gpu.row(0, named=True) == {
