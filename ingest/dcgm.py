@@ -1,0 +1,1116 @@
+"""dcgm-exporter ``/metrics`` bodies (Prometheus text exposition format 0.0.4) -> a :class:`Batch`.
+
+What comes out
+--------------
+- ``gpu_sample``: one wide row per GPU (or MIG instance) per instant, DCGM fields converted to SI
+  (MiB -> bytes, mJ -> J, percent -> ratio, ns -> s); see ``FIELDS`` and ``frames.GPU_FIELDS``.
+- ``gpu``: inventory from the exporter's labels (``UUID``/``uuid``, ``Hostname``/``hostname``, ``gpu``,
+  ``pci_bus_id``, ``modelName``/``model_name``, ``DCGM_FI_DRIVER_VERSION``, ``GPU_I_PROFILE``/``GPU_I_ID``).
+- ``gpu_workload``: Kubernetes ``namespace``/``pod``/``container`` labels (dcgm-exporter's pod attribution).
+  On idle GPUs a Prometheus scrape with ``honorLabels`` off shows the exporter's *own* pod there; a pod or
+  container whose name contains ``dcgm-exporter`` is that exporter, not a workload, and is ignored.
+- ``health_event``: XID (``DCGM_FI_DEV_XID_ERRORS`` nonzero, code = the XID), ECC SBE/DBE counts (kind
+  ``ecc``), row remap failure / pending / uncorrectable rows (kind ``row_remap``). For ECC and row remap,
+  ``code`` is the DCGM field id that raised the event (310-313, 393, 395, 396; ``dcgm_fields.h``).
+- ``metric_sample``: DCGM_FI_* fields that have no ``gpu_sample`` column (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``,
+  ``DCGM_FI_DEV_VGPU_LICENSE_STATUS``, the other violation counters, ...), as exported (no unit
+  conversion), series ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
+- ``meta``: counts of what was dropped and why (``skipped_series`` for non-DCGM metrics, ``dcgm_blank_dropped``,
+  ``non_finite_dropped``, ``duplicates_dropped``, ``exporter_pod_labels_ignored``, ``truncated_last_line``).
+
+MIG: a MIG instance is its own row, keyed ``f"{parent_uuid}/mig{GPU_I_ID}"`` (dcgm-exporter labels a MIG
+instance's series with the parent GPU's UUID plus ``GPU_I_ID``/``GPU_I_PROFILE``); the parent GPU keeps
+the bare UUID. ``nvidia_smi`` uses the same key so both sources meet.
+
+How it is fast
+--------------
+Text exposition format 0.0.4 (https://prometheus.io/docs/instrumenting/exposition_formats/) is parsed
+columnar, never line by line in Python:
+
+1. Records path (well-formed bodies, the common case). polars' CSV reader cuts the body with ``}`` as
+   record terminator and ``{`` as field separator, so every sample's label block comes out as a column
+   with no per-line split; a record's name is the last line before its ``{`` and its value the first
+   line after its ``}``. dcgm-exporter prints every family over the same devices in the same order, so
+   one vectorised string compare per family proves its label blocks equal to a reference family's and
+   numbers them by position; families that differ are matched by text. Each DISTINCT block is then
+   parsed once (~16k blocks for ~500k samples), by splitting the blocks at ``"`` with the CSV reader.
+2. Line path (anything the records path does not vouch for: labels without braces, braces in label
+   values or comments, timestamps, tabs, CRLF, a missing final newline, invalid UTF-8). The reader cuts
+   lines at ``}`` with one row per physical line, so row number = line number; lines that are not plainly
+   well formed are re-read by an exact lexer that either normalises them or raises :class:`ParseError`
+   with the source, line and field. Bodies over 256 MB are read in pieces so memory stays bounded.
+
+Both paths end in a long (row, field, value) frame scattered into one flat buffer that is sliced into
+the wide columns; scattering back to front keeps the first copy of a duplicated series.
+
+Blank / not-supported values: DCGM reports an unreadable field with sentinel values (``dcgm_structs.h``:
+``DCGM_INT32_BLANK`` 0x7ffffff0 .. 0x7fffffff for 32-bit values, ``DCGM_INT64_BLANK``
+0x7ffffffffffffff0 and up, ``DCGM_FP64_BLANK`` 2**47 and up; ``+1`` not found, ``+2`` not supported,
+``+3`` not permissioned). Older exporters print them verbatim; they are dropped here, never stored.
+Non-finite values (``NaN``, ``+Inf``, ``-Inf``, valid in the text format) are dropped as well: every
+mapped DCGM field is a gauge or a monotonically increasing counter, for which neither is a reading.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import polars as pl
+
+from fleetscope.errors import ParseError
+from fleetscope.frames import GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE, Batch, series_key
+
+__all__ = ["FIELDS", "parse"]
+
+# (DCGM field, gpu_sample column, multiplier to SI, DCGM value type: "i" int64 / "d" double).
+# Units from the DCGM field docs (dcgm_fields.h) and dcgm-exporter's default-counters.csv help text.
+FIELDS: tuple[tuple[str, str, float, str], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_copy_util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_ENC_UTIL", "enc_util_ratio", 0.01, "i"),
+    ("DCGM_FI_DEV_DEC_UTIL", "dec_util_ratio", 0.01, "i"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active_ratio", 1.0, "d"),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_ratio", 1.0, "d"),
+    ("DCGM_FI_DEV_FB_USED", "fb_used_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_FB_FREE", "fb_free_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_FB_RESERVED", "fb_reserved_bytes", 2.0**20, "i"),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1.0, "d"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_j", 1e-3, "i"),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1.0, "i"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "mem_temp_c", 1.0, "i"),
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, "i"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1.0, "i"),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1.0, "i"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_total", 1.0, "i"),
+    ("DCGM_FI_DEV_XID_ERRORS", "xid_last", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe_volatile_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_dbe_volatile_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "ecc_sbe_aggregate_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "ecc_dbe_aggregate_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_SBE", "retired_sbe_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_DBE", "retired_dbe_total", 1.0, "i"),
+    ("DCGM_FI_DEV_RETIRED_PENDING", "retired_pending_total", 1.0, "i"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remap_correctable_total", 1.0, "i"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remap_uncorrectable_total", 1.0, "i"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap_failure", 1.0, "i"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "remap_pending", 1.0, "i"),
+    # dcgm_fields.h of DCGM 3.x+ says ns (older headers said usec); dcgm-exporter's help text says ns.
+    ("DCGM_FI_DEV_POWER_VIOLATION", "power_violation_s", 1e-9, "i"),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "thermal_violation_s", 1e-9, "i"),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "clock_event_reasons", 1.0, "i"),
+    # The same field (id 112) before DCGM 3.3 renamed "throttle" to "clocks event".
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "clock_event_reasons", 1.0, "i"),
+    # gpu-monitoring-tools 1.x names, still emitted by dcgm-exporter's 1.x-compatibility mode; that mode
+    # prints DCP ratios multiplied by 100 (ToUint32(value, 100)), hence 0.01 there.
+    ("dcgm_sm_clock", "sm_clock_mhz", 1.0, "i"),
+    ("dcgm_memory_clock", "mem_clock_mhz", 1.0, "i"),
+    ("dcgm_memory_temp", "mem_temp_c", 1.0, "i"),
+    ("dcgm_gpu_temp", "temp_c", 1.0, "i"),
+    ("dcgm_power_usage", "power_w", 1.0, "d"),
+    ("dcgm_total_energy_consumption", "energy_j", 1e-3, "i"),
+    ("dcgm_pcie_replay_counter", "pcie_replay_total", 1.0, "i"),
+    ("dcgm_gpu_utilization", "util_ratio", 0.01, "i"),
+    ("dcgm_mem_copy_utilization", "mem_copy_util_ratio", 0.01, "i"),
+    ("dcgm_enc_utilization", "enc_util_ratio", 0.01, "i"),
+    ("dcgm_dec_utilization", "dec_util_ratio", 0.01, "i"),
+    ("dcgm_xid_errors", "xid_last", 1.0, "i"),
+    ("dcgm_fb_free", "fb_free_bytes", 2.0**20, "i"),
+    ("dcgm_fb_used", "fb_used_bytes", 2.0**20, "i"),
+    ("dcgm_fi_prof_gr_engine_active", "gr_engine_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_sm_active", "sm_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_sm_occupancy", "sm_occupancy_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_pipe_tensor_active", "tensor_active_ratio", 0.01, "d"),
+    ("dcgm_fi_prof_dram_active", "dram_active_ratio", 0.01, "d"),
+)
+
+_FIELD_BY_NAME = {f[0]: f for f in FIELDS}
+_INT_COLUMNS = {c.name for c in GPU_SAMPLE.columns if c.dtype == pl.Int64}
+
+# Sentinels from dcgm_structs.h (DCGM_BLANK_VALUES). A 32-bit blank can reach the exporter inside an
+# int64 field (dcgm-exporter's ToString checks both), so for int fields the whole 32-bit blank band is
+# dropped; real int64 values above it (energy in mJ, byte counters) are kept.
+_INT32_BLANK = 0x7FFFFFF0
+_INT32_MAX = 0x7FFFFFFF
+_INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)  # rounds to 2**63 as a double; >= catches every int64 blank
+_FP64_BLANK = 140737488355328.0  # 2**47
+
+# ECC / row-remap health events: (gpu_sample column, kind, DCGM field id used as code, condition).
+_HEALTH_COUNTERS: tuple[tuple[str, str, int], ...] = (
+    ("ecc_sbe_volatile_total", "ecc", 310),
+    ("ecc_dbe_volatile_total", "ecc", 311),
+    ("ecc_sbe_aggregate_total", "ecc", 312),
+    ("ecc_dbe_aggregate_total", "ecc", 313),
+    ("remap_uncorrectable_total", "row_remap", 393),
+    ("remap_failure", "row_remap", 395),
+    ("remap_pending", "row_remap", 396),
+)
+_FIELD_ID_NAME = {
+    310: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    311: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    312: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    313: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    393: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    395: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    396: "DCGM_FI_DEV_ROW_REMAP_PENDING",
+}
+
+# Labels the parser understands; (output name, label names in order of preference).
+_LABELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("uuid", ("UUID", "uuid")),
+    ("gpu_i_id", ("GPU_I_ID",)),
+    ("gpu_i_profile", ("GPU_I_PROFILE",)),
+    ("gpu", ("gpu",)),
+    ("pci_bus_id", ("pci_bus_id",)),
+    ("model", ("modelName", "model_name")),
+    ("host", ("Hostname", "hostname")),
+    ("driver", ("DCGM_FI_DRIVER_VERSION",)),
+    ("namespace", ("namespace",)),
+    ("pod", ("pod",)),
+    ("container", ("container",)),
+    ("err_msg", ("err_msg",)),
+)
+# Identity and static-configuration labels: not part of a metric_sample series key. The DCGM_FI_* ones
+# are the "label" rows of dcgm-exporter's counters CSVs (driver, NVML, VBIOS, inforom versions, ...).
+_KNOWN_LABELS = frozenset(n for _, names in _LABELS for n in names) | {
+    "device",
+    "pod_uid",
+    "err_code",
+    "DCGM_FI_NVML_VERSION",
+    "DCGM_FI_DEV_BRAND",
+    "DCGM_FI_DEV_SERIAL",
+    "DCGM_FI_DEV_OEM_INFOROM_VER",
+    "DCGM_FI_DEV_ECC_INFOROM_VER",
+    "DCGM_FI_DEV_POWER_INFOROM_VER",
+    "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+    "DCGM_FI_DEV_VBIOS_VERSION",
+}
+
+# Prometheus text format: label value escapes are \\, \" and \n only.
+_VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
+_LABEL_RE = rf'[a-zA-Z_][a-zA-Z0-9_]*="{_VALUE_RE}"'
+_BLOCK_OK = rf"^(?:{_LABEL_RE}(?:,{_LABEL_RE})*,?)?$"
+_NAME_OK = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+_NAME_PY = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LNAME_PY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+
+def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch:
+    """Parse one dcgm-exporter ``/metrics`` body.
+
+    ``ts`` is the scrape time (UTC; a naive datetime is taken as UTC). A sample that carries its own
+    Prometheus timestamp (milliseconds since the epoch, exposition format 0.0.4) uses that instead; a
+    sample with neither is a :class:`ParseError`. An empty body is a valid, empty batch.
+    Raises :class:`ParseError` naming source, line and field for malformed lines and for a DCGM series
+    without a ``UUID``/``uuid`` label.
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    scrape_us = _to_us(ts) if ts is not None else None
+    meta: dict = {
+        "format": "prometheus-text-0.0.4",
+        "samples": 0,
+        "skipped_series": 0,
+        "skipped_names": {},
+        "dcgm_blank_dropped": 0,
+        "non_finite_dropped": 0,
+        "duplicates_dropped": 0,
+        "exporter_pod_labels_ignored": 0,
+        "unmapped_fields": {},
+        "truncated_last_line": False,
+    }
+    if scrape_us is not None and len(data) <= _PIECE_BYTES:
+        lexed = _lex_records(data)
+        if lexed is not None:
+            try:
+                return _assemble(*lexed, source, scrape_us, dict(meta, lexer="records"), exact=False)
+            except _NeedLines:
+                pass
+    meta["lexer"] = "lines"
+    long = _lex(data, source, meta)
+    if not long.height:
+        return _empty(source, meta)
+    uniq = long["labels"].unique()
+    blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
+    long = long.with_columns(bid=long["labels"].to_physical()).drop("labels")
+    return _assemble(long, blocks, None, source, scrape_us, meta, exact=True)
+
+
+# --- lexing ---------------------------------------------------------------------------------------
+
+_READ_SCHEMA = {"head": pl.String, "tail": pl.String, "extra": pl.String}
+_PIECE_BYTES = 256 << 20  # read at most this much text at once (bounds peak memory on huge bodies)
+_SLICE_ROWS = 262_144  # rows lexed at once (bounds the temporaries of the line path)
+
+
+class _NeedLines(Exception):
+    """The record-based fast path met something it does not vouch for: redo it line by line."""
+
+
+_RECORD_SCHEMA = {"pre": pl.String, "labels": pl.String, "extra": pl.String}
+
+
+def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | None] | None:
+    """Fast path for well-formed bodies: '}' ends a record and '{' separates its fields.
+
+    A body ``A{a} 1\nB{b} 2\n`` read with record terminator ``}`` and field separator ``{`` gives records
+    ``[A, a]``, ``[" 1\nB", b]``, ``[" 2\n", null]``: the label block of every sample is a column
+    straight out of the (multi-threaded) reader, with no per-line string split; the value of record i is
+    the first line of record i + 1 and its name is the last line of record i. Comment lines sit between
+    a value and the next name. Anything else (labels without braces, braces inside comments or label
+    values, timestamps, tabs, CRLF, a missing final newline, bad UTF-8) breaks one of the checks below,
+    and the caller falls back to the exact line-by-line path. Returns None in that case.
+    """
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        raw = pl.read_csv(
+            io.BytesIO(data),
+            has_header=False,
+            separator="{",
+            eol_char="}",
+            quote_char=None,
+            schema=_RECORD_SCHEMA,
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+            encoding="utf8",
+            raise_if_empty=False,
+        )
+    except pl.exceptions.PolarsError:
+        return None
+    n = raw.height - 1
+    if n < 1:
+        return None
+    last = raw.row(n, named=True)
+    if last["labels"] is not None or last["extra"] is not None:
+        return None
+    split = raw["pre"].str.splitn("\n", 2)
+    first, rest = split.struct.field("field_0"), split.struct.field("field_1")
+    # The value of record i is the first line of record i + 1: parse, then shift the numbers.
+    value = first.str.slice(1).cast(pl.Float64, strict=False).shift(-1).head(n)
+    blank_first = first.str.starts_with(" ").shift(-1).head(n)
+    ok = (
+        raw["extra"].is_null().all()
+        and raw["labels"].head(n).null_count() == 0
+        and rest.slice(1, n - 1).null_count() == 0
+        and bool(blank_first.all())
+        and value.null_count() == 0
+    )
+    if not ok:
+        return None
+    # After the last value only comment lines may follow.
+    if not _only_comments(last["pre"].split("\n", 1)[1] if "\n" in last["pre"] else ""):
+        return None
+    # Name text of record i: what follows its value line (record 0: all of "pre"). It only changes at
+    # family boundaries, where comment lines (HELP, TYPE) precede the name: number the runs of equal
+    # text, then read and clean the text once per run, never per row.
+    run = pl.concat([pl.Series([0], dtype=pl.UInt32), rest.slice(1, n - 1).rle_id() + 1])
+    firsts = (run != run.shift(1, fill_value=-1)).arg_true()
+    texts = [raw["pre"][0], *rest.gather(firsts.slice(1)).to_list()]
+    families: dict[str, int] = {}
+    family_of_run = []
+    for text in texts:
+        *between, metric = text.split("\n")
+        if not _only_comments("\n".join(between)) or not _NAME_PY.fullmatch(metric):
+            return None
+        family_of_run.append(families.setdefault(metric, len(families)))
+    family = pl.Series(family_of_run, dtype=pl.UInt32).gather(run)
+    name = pl.Series(list(families), dtype=pl.String).cast(pl.Categorical).gather(family)
+    long = pl.DataFrame(
+        {
+            "line": pl.int_range(0, n, dtype=pl.UInt32, eager=True),
+            "name": name,
+            "labels": raw["labels"].head(n),
+            "value": value,
+            "ts_ms": pl.repeat(None, n, dtype=pl.Int64, eager=True),
+        }
+    )
+    long, blocks, runs = _block_ids(long, family, list(families))
+    if not blocks["text"].str.contains(_BLOCK_OK).all():
+        return None
+    return long, blocks, runs
+
+
+# One family as printed: (metric name, first row, rows, labels identical to the reference family's).
+_Run = tuple[str, int, int, bool]
+
+
+def _block_ids(
+    long: pl.DataFrame, family: pl.Series, family_names: list[str]
+) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | None]:
+    """Number the distinct label blocks: ``long`` gets ``bid``; a (bid, text) table and the runs come back.
+
+    dcgm-exporter prints every family over the same devices in the same order, so a family whose
+    label column equals the reference family's, position by position (one vectorised string compare),
+    needs no hashing at all: its bids are 0..L-1. Families that differ (a field missing on some GPUs,
+    extra labels on XID lines) are matched by text against the reference and any new blocks numbered
+    after it. If the reference family repeats a block, blocks are hashed the ordinary way.
+    """
+    lab = long["labels"]
+    runs = family.rle()
+    lens = runs.struct.field("len").to_list()
+    metrics = [family_names[i] for i in runs.struct.field("value").to_list()]
+    starts = [0]
+    for n in lens[:-1]:
+        starts.append(starts[-1] + n)
+    size = max(lens)
+    ref_start = starts[lens.index(size)]
+    ref = lab.slice(ref_start, size)
+    if ref.n_unique() != size:
+        cat = lab.cast(pl.Categorical)
+        uniq = cat.unique()
+        blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
+        return long.with_columns(bid=cat.to_physical()).drop("labels"), blocks, None
+    positional = pl.int_range(0, size, dtype=pl.UInt32, eager=True)
+    parts: list[pl.Series | None] = []
+    other: list[pl.Series] = []
+    for start, n in zip(starts, lens):
+        if n == size and (start == ref_start or bool((lab.slice(start, size) == ref).all())):
+            parts.append(positional)
+        else:
+            parts.append(None)
+            other.append(lab.slice(start, n))
+    blocks = pl.DataFrame({"bid": positional, "text": ref})
+    if other:
+        rows = pl.DataFrame({"text": pl.concat(other)}).join(blocks, on="text", how="left", maintain_order="left")
+        new = rows.filter(pl.col("bid").is_null()).select(pl.col("text").unique(maintain_order=True))
+        new = new.with_columns(bid=pl.int_range(size, size + new.height, dtype=pl.UInt32))
+        blocks = pl.concat([blocks, new.select("bid", "text")])
+        rows = rows.join(new, on="text", how="left", maintain_order="left", suffix="_new")
+        found = rows.select(pl.coalesce("bid", "bid_new"))["bid"]
+        it, k = iter(range(len(parts))), 0
+        for i in it:
+            if parts[i] is None:
+                n = lens[i]
+                parts[i] = found.slice(k, n)
+                k += n
+    same = [p is positional for p in parts]
+    bid = pl.concat(parts)
+    return long.with_columns(bid=bid).drop("labels"), blocks, list(zip(metrics, starts, lens, same))
+
+
+def _only_comments(text: str) -> bool:
+    return all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.split("\n"))
+
+
+def _piece_bounds(data: bytes) -> Iterator[tuple[int, int]]:
+    """Byte ranges of at most _PIECE_BYTES, cut after a newline (one range, usually)."""
+    start, n = 0, len(data)
+    while start < n:
+        end = min(start + _PIECE_BYTES, n)
+        if end < n:
+            nl = data.rfind(b"\n", start, end)
+            end = n if nl < 0 else nl + 1
+        yield start, end
+        start = end
+
+
+def _read(piece: bytes) -> pl.DataFrame | None:
+    """One row per physical line (blank lines included, so row index = line number - 1), cut at '}'."""
+    try:
+        return pl.read_csv(
+            piece,
+            has_header=False,
+            separator="}",
+            quote_char=None,
+            schema=_READ_SCHEMA,
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+            encoding="utf8",
+            raise_if_empty=False,
+        )
+    except pl.exceptions.PolarsError:
+        return None  # not UTF-8 text: the exact lexer finds and names the line
+
+
+def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
+    """Long frame (line, name, labels, value, ts_ms) of every sample line, in body order."""
+    truncated_tail = bool(data) and not data.endswith(b"\n")
+    clean: list[pl.DataFrame] = []
+    bad: list[int] = []
+    first_line = 1
+    pieces = list(_piece_bounds(data))
+    for i, (start, end) in enumerate(pieces):
+        piece = data if len(pieces) == 1 else data[start:end]
+        raw = _read(piece)
+        if raw is None:
+            is_last = i == len(pieces) - 1
+            rows, n_lines = _lex_slow(piece, first_line, source, meta, truncated_tail and is_last)
+            clean.append(rows)
+            first_line += n_lines
+            continue
+        for offset in range(0, raw.height, _SLICE_ROWS):
+            rows, bad_lines = _lex_rows(raw.slice(offset, _SLICE_ROWS), first_line + offset)
+            clean.append(rows)
+            bad.extend(bad_lines)
+        first_line += raw.height
+    last_line = first_line - 1
+    meta["lines"] = last_line
+    long = pl.concat(clean) if clean else _rows_frame([])
+    # Names and label blocks repeat: check each distinct one against the grammar once.
+    names = long.select(pl.col("name").unique())["name"]
+    bad_names = names.filter(~names.cast(pl.String).str.contains(_NAME_OK))
+    blocks = long.select(pl.col("labels").unique())["labels"]
+    bad_blocks = blocks.filter(~blocks.cast(pl.String).str.contains(_BLOCK_OK))
+    if bad_names.len() or bad_blocks.len():
+        is_bad = pl.col("name").is_in(bad_names.implode()) | pl.col("labels").is_in(bad_blocks.implode())
+        bad.extend(long.filter(is_bad)["line"].to_list())
+        long = long.filter(~is_bad)
+    if bad:
+        fixed = _relex(data, sorted(bad), source, meta, truncated_tail, last_line)
+        long = pl.concat([long, fixed]).sort("line")
+    return long
+
+
+def _lex_rows(raw: pl.DataFrame, first_line: int) -> tuple[pl.DataFrame, list[int]]:
+    """Vectorised lexing of well-formed lines; returns them and the numbers of lines it cannot vouch for."""
+    head, tail = raw["head"], raw["tail"]
+    parts = head.str.splitn("{", 2)
+    v = tail.str.slice(1)
+    df = pl.DataFrame(
+        {
+            "line": pl.int_range(first_line, first_line + raw.height, dtype=pl.UInt32, eager=True),
+            "name": parts.struct.field("field_0"),
+            "labels": parts.struct.field("field_1"),
+            "value": v.cast(pl.Float64, strict=False),
+            "_v": v,
+            # One '}' exactly, then a single blank before the value (text format 0.0.4).
+            "_ok": tail.str.starts_with(" ") & raw["extra"].is_null(),
+            # Comment lines (HELP, TYPE, others) start with '#'; blank lines are all-null rows.
+            "_skip": head.str.starts_with("#").fill_null(tail.is_null() & raw["extra"].is_null()),
+        }
+    ).filter(~pl.col("_skip"))
+    if df.select((pl.col("value").is_null() & pl.col("_v").str.contains(" ", literal=True)).any()).item():
+        # Samples with a timestamp: "value ts" (integer milliseconds).
+        ts_parts = pl.col("_v").str.splitn(" ", 2)
+        df = df.with_columns(
+            value=pl.when(pl.col("value").is_null())
+            .then(ts_parts.struct.field("field_0").cast(pl.Float64, strict=False))
+            .otherwise(pl.col("value")),
+            ts_ms=ts_parts.struct.field("field_1").cast(pl.Int64, strict=False),
+        ).with_columns(
+            _ok=pl.col("_ok") & (pl.col("ts_ms").is_not_null() | ~pl.col("_v").str.contains(" ", literal=True))
+        )
+    else:
+        df = df.with_columns(ts_ms=pl.lit(None, pl.Int64))
+    ok = pl.col("_ok").fill_null(False) & pl.col("labels").is_not_null() & pl.col("value").is_not_null()
+    df = df.with_columns(_ok=ok)
+    bad_lines = df.filter(~pl.col("_ok"))["line"].to_list()
+    clean = df.filter("_ok").select(
+        "line", pl.col("name").cast(pl.Categorical), pl.col("labels").cast(pl.Categorical), "value", "ts_ms"
+    )
+    return clean, bad_lines
+
+
+def _relex(
+    data: bytes, line_nos: list[int], source: str, meta: dict, truncated_tail: bool, last_line: int
+) -> pl.DataFrame:
+    """Exact lexing of the given lines, found by walking the body (never a list of all its lines)."""
+    wanted, last_wanted = set(line_nos), max(line_nos)
+    rows = []
+    for n, raw in enumerate(io.BytesIO(data), start=1):
+        if n in wanted:
+            row = _lex_line_checked(raw.rstrip(b"\n"), n, source, meta, truncated_tail and n == last_line)
+            if row is not None:
+                rows.append(row)
+        if n >= last_wanted:
+            break
+    return _rows_frame(rows)
+
+
+def _lex_slow(piece: bytes, first_line: int, source: str, meta: dict, truncated_tail: bool) -> tuple[pl.DataFrame, int]:
+    """Exact lexing of every line of a piece the reader refused (invalid UTF-8): finds the bad line."""
+    rows = []
+    n_lines = 0
+    for i, raw in enumerate(io.BytesIO(piece)):
+        n_lines += 1
+        is_last = truncated_tail and not raw.endswith(b"\n")
+        row = _lex_line_checked(raw.rstrip(b"\n"), first_line + i, source, meta, is_last)
+        if row is not None:
+            rows.append(row)
+    return _rows_frame(rows), n_lines
+
+
+def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
+    return pl.DataFrame(
+        rows,
+        schema={"line": pl.UInt32, "name": pl.String, "labels": pl.String, "value": pl.Float64, "ts_ms": pl.Int64},
+        orient="row",
+    ).with_columns(pl.col("name").cast(pl.Categorical), pl.col("labels").cast(pl.Categorical))
+
+
+def _lex_line_checked(raw: bytes, n: int, source: str, meta: dict, may_be_cut: bool) -> tuple | None:
+    try:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ParseError(f"not UTF-8 text (byte {e.start})", source=source, line=n, field="line") from None
+        return _lex_line(text, n, source)
+    except ParseError:
+        # A body cut off mid-line (connection dropped, size limit) still has good lines before the cut.
+        if may_be_cut:
+            meta["truncated_last_line"] = True
+            return None
+        raise
+
+
+def _lex_line(text: str, n: int, source: str) -> tuple | None:
+    """Exact lexer for one line of the text exposition format; normalises the label block."""
+    s = text.rstrip("\r")
+    i, end = 0, len(s)
+    while i < end and s[i] in " \t":
+        i += 1
+    if i == end or s[i] == "#":
+        return None
+    m = _NAME_PY.match(s, i)
+    if not m:
+        raise ParseError("expected a metric name", source=source, line=n, field="name")
+    name = m.group()
+    i = m.end()
+    labels: list[tuple[str, str]] = []
+    if i < end and s[i] == "{":
+        i += 1
+        while True:
+            while i < end and s[i] in " \t":
+                i += 1
+            if i < end and s[i] == "}":
+                i += 1
+                break
+            lm = _LNAME_PY.match(s, i)
+            if not lm:
+                raise ParseError(f"expected a label name in {name}", source=source, line=n, field="labels")
+            lname = lm.group()
+            i = lm.end()
+            while i < end and s[i] in " \t":
+                i += 1
+            if i >= end or s[i] != "=":
+                raise ParseError(f"expected '=' after label {lname}", source=source, line=n, field=lname)
+            i += 1
+            while i < end and s[i] in " \t":
+                i += 1
+            if i >= end or s[i] != '"':
+                raise ParseError(f"expected '\"' to open label {lname}", source=source, line=n, field=lname)
+            i += 1
+            buf = []
+            while True:
+                if i >= end:
+                    raise ParseError(f"unterminated value of label {lname}", source=source, line=n, field=lname)
+                c = s[i]
+                if c == "\\":
+                    nxt = s[i + 1] if i + 1 < end else ""
+                    if nxt == "n":
+                        buf.append("\n")
+                    elif nxt in ('"', "\\"):
+                        buf.append(nxt)
+                    else:
+                        raise ParseError(f"invalid escape in label {lname}", source=source, line=n, field=lname)
+                    i += 2
+                elif c == '"':
+                    i += 1
+                    break
+                else:
+                    buf.append(c)
+                    i += 1
+            labels.append((lname, "".join(buf)))
+            while i < end and s[i] in " \t":
+                i += 1
+            if i < end and s[i] == ",":
+                i += 1
+            elif i < end and s[i] == "}":
+                i += 1
+                break
+            else:
+                raise ParseError(f"expected ',' or '}}' after label {lname}", source=source, line=n, field="labels")
+    tokens = s[i:].split()
+    if i < end and s[i] not in " \t":
+        raise ParseError(f"expected a blank after {name}", source=source, line=n, field="value")
+    if not tokens:
+        raise ParseError(f"{name} has no value", source=source, line=n, field="value")
+    value = _go_float(tokens[0])
+    if value is None:
+        raise ParseError(f"value {tokens[0][:40]!r} of {name} is not a number", source=source, line=n, field="value")
+    if len(tokens) > 2:
+        raise ParseError(f"unexpected text after the timestamp of {name}", source=source, line=n, field="timestamp")
+    ts_ms = None
+    if len(tokens) == 2:
+        try:
+            ts_ms = int(tokens[1])
+        except ValueError:
+            raise ParseError(
+                f"timestamp {tokens[1][:40]!r} of {name} is not integer milliseconds", source=source, line=n, field="timestamp"
+            ) from None
+    block = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+    return (n, name, block, value, ts_ms)
+
+
+def _go_float(tok: str) -> float | None:
+    """Go's strconv.ParseFloat as the text format requires (NaN, +Inf, -Inf, exponents; no '_' or hex)."""
+    if "_" in tok or "x" in tok.lower():
+        return None
+    try:
+        return float(tok)
+    except ValueError:
+        return None
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _unescape(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+# --- assembling the batch -------------------------------------------------------------------------
+
+_GPU_COLS = tuple(c.name for c in GPU_SAMPLE.columns if not c.key)
+_COL_INDEX = {c: i for i, c in enumerate(_GPU_COLS)}
+_LABEL_OUT = tuple(out for out, _ in _LABELS)
+
+
+def _lut(codes: pl.Series, values: pl.Series, dtype: pl.DataType) -> pl.Series:
+    """A lookup table indexed by a Categorical's physical code (codes are dense and start at 0)."""
+    size = int(codes.max()) + 1 if codes.len() else 0
+    return pl.repeat(None, size, dtype=dtype, eager=True).scatter(codes, values)
+
+
+def _parse_block_py(block: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for m in re.finditer(rf'([a-zA-Z_][a-zA-Z0-9_]*)="({_VALUE_RE})"', block):
+        out.setdefault(m.group(1), _unescape(m.group(2)))
+    return out
+
+
+def _block_row(block: str) -> dict[str, str | None]:
+    labels = _parse_block_py(block)
+    row: dict[str, str | None] = {}
+    for out, names in _LABELS:
+        row[out] = next((labels[n] for n in names if n in labels), None)
+    row["_extra"] = block if any(k not in _KNOWN_LABELS for k in labels) else ""
+    return row
+
+
+def _resolve_blocks(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
+    """Parse each distinct label block once: identity, inventory and workload labels.
+
+    Blocks without a backslash hold no escaped quote, so splitting them at '"' is exact: fields alternate
+    ``,name=`` and value. polars' CSV reader does that split for all blocks at once. When every position
+    holds the same label name in every block (dcgm-exporter prints labels in a fixed order), each wanted
+    label is a column; otherwise it is picked by matching the name field at every position. Blocks with
+    escapes (rare) go through the exact Python path.
+    """
+    # A backslash means escapes; a carriage return could end a CSV row early: both take the exact path.
+    escaped = text.str.contains(r"[\\\r]")
+    n_escaped = int(escaped.sum())
+    frames = []
+    if n_escaped < bids.len():
+        simple = bids.filter(~escaped) if n_escaped else bids
+        simple_text = text.filter(~escaped) if n_escaped else text
+        n_fields = int(simple_text.str.count_matches('"', literal=True).max() or 0) + 1
+        cols = [f"c{i}" for i in range(n_fields)]
+        body = ("," + simple_text.str.join("\n,").item() + "\n").encode()
+        split = pl.read_csv(
+            io.BytesIO(body),
+            has_header=False,
+            separator='"',
+            quote_char=None,
+            schema=dict.fromkeys(cols, pl.String),
+            missing_columns="insert",
+            truncate_ragged_lines=True,
+        )
+        if split.height != simple.len():  # never misalign blocks and their labels: go the exact way
+            return _resolve_blocks_py(bids, text)
+        name_cols, value_cols = cols[0::2], cols[1::2]
+        at = split.select([pl.col(nc).drop_nulls().unique().implode() for nc in name_cols]).row(0)
+        static = all(len(a) <= 1 for a in at)
+        exprs = []
+        for out, names in _LABELS:
+            if static:
+                # A label present in only some blocks has a null name field where it is absent.
+                picks = [
+                    pl.when(pl.col(nc).is_not_null()).then(pl.col(vc).fill_null(""))
+                    for n in names
+                    for nc, vc, a in zip(name_cols, value_cols, at)
+                    if a and a[0] == f",{n}="
+                ]
+            else:
+                picks = [
+                    pl.when(pl.col(nc) == f",{n}=").then(pl.col(vc).fill_null(""))
+                    for n in names
+                    for nc, vc in zip(name_cols, value_cols)
+                ]
+            exprs.append((pl.coalesce(picks) if picks else pl.lit(None, pl.String)).alias(out))
+        known = [f",{n}=" for n in _KNOWN_LABELS] + [","]
+        if static:
+            extra_cols = [nc for nc, a in zip(name_cols, at) if a and a[0] not in known]
+        else:
+            extra_cols = name_cols
+        has_extra = pl.any_horizontal(
+            [pl.col(nc).is_not_null() & ~pl.col(nc).is_in(known) for nc in extra_cols] or [pl.lit(False)]
+        )
+        res = split.select(*exprs, _has_extra=has_extra)
+        frames.append(
+            res.with_columns(
+                bid=simple, _extra=pl.when("_has_extra").then(simple_text).otherwise(pl.lit(""))
+            ).drop("_has_extra")
+        )
+    if n_escaped:
+        frames.append(_resolve_blocks_py(bids.filter(escaped), text.filter(escaped)))
+    return pl.concat(frames, how="diagonal_relaxed").select("bid", *_LABEL_OUT, "_extra")
+
+
+def _resolve_blocks_py(bids: pl.Series, text: pl.Series) -> pl.DataFrame:
+    rows = [_block_row(t) for t in text.to_list()]
+    schema = {**dict.fromkeys(_LABEL_OUT, pl.String), "_extra": pl.String}
+    return pl.DataFrame(rows, schema=schema).with_columns(bid=bids).select("bid", *_LABEL_OUT, "_extra")
+
+
+def _assemble(
+    long: pl.DataFrame,
+    block_text: pl.DataFrame,
+    runs: list[_Run] | None,
+    source: str,
+    scrape_us: int | None,
+    meta: dict,
+    *,
+    exact: bool,
+) -> Batch:
+    """Long (line, name, bid, value, ts_ms) plus the (bid, text) table of label blocks -> the batch."""
+    meta["samples"] = long.height
+    values_in_body_order = long["value"]
+
+    # Metric names (few distinct): DCGM fields we map, other DCGM_FI_* fields (metric_sample), and
+    # everything else (skipped). The fast path leaves comment lines in front of a name at family
+    # boundaries; the metric name is the last line.
+    names = long.select(pl.col("name").unique())["name"]
+    name_codes = names.to_physical()
+    metric = [t.rsplit("\n", 1)[-1] for t in names.to_list()]
+    cls = [1 if m in _FIELD_BY_NAME else 2 if m.startswith("DCGM_FI_") else 0 for m in metric]
+    metric_lut = _lut(name_codes, pl.Series(metric, dtype=pl.String), pl.String)
+    if 0 in cls or 2 in cls:
+        long = long.with_columns(_cls=_lut(name_codes, pl.Series(cls, dtype=pl.UInt8), pl.UInt8).gather(long["name"].to_physical()))
+    if 0 in cls:
+        skipped = long.filter(pl.col("_cls") == 0)
+        skipped = skipped.with_columns(_metric=metric_lut.gather(skipped["name"].to_physical())).group_by("_metric").len()
+        meta["skipped_names"] = dict(sorted(skipped.iter_rows()))
+        meta["skipped_series"] = int(skipped["len"].sum())
+        long = long.filter(pl.col("_cls") != 0)
+    if not long.height:
+        return _empty(source, meta)
+
+    line_ts = long["ts_ms"].null_count() < long.height
+    if scrape_us is None:
+        missing = long.filter(pl.col("ts_ms").is_null())
+        if missing.height:
+            raise ParseError(
+                "sample has no timestamp and no scrape time (ts=) was given",
+                source=source,
+                line=int(missing["line"].min()),
+                field="timestamp",
+            )
+
+    # Resolve each distinct label block once, then give every row its GPU key id (kid).
+    if long.height < meta["samples"]:  # some families were skipped: resolve only the blocks still used
+        block_text = block_text.filter(pl.col("bid").is_in(long["bid"].unique().implode()))
+    blocks = _resolve_blocks(block_text["bid"], block_text["text"])
+    no_uuid = blocks.filter(pl.col("uuid").is_null() | (pl.col("uuid") == ""))
+    if no_uuid.height:
+        if not exact:
+            raise _NeedLines
+        first = long.filter(pl.col("bid").is_in(no_uuid["bid"].implode())).sort("line").row(0, named=True)
+        raise ParseError(
+            f"{first['name'].rsplit(chr(10), 1)[-1]} series has no UUID label, so it cannot be tied to a GPU",
+            source=source,
+            line=int(first["line"]),
+            field="UUID",
+        )
+    blocks = blocks.with_columns(
+        key=pl.when(pl.col("gpu_i_id").is_not_null() & (pl.col("gpu_i_id") != ""))
+        .then(pl.col("uuid") + "/mig" + pl.col("gpu_i_id"))
+        .otherwise(pl.col("uuid"))
+    )
+    # Keys numbered in order of first appearance, so that gpu_sample rows follow the exporter's order.
+    keys = blocks.sort("bid").select(pl.col("key").unique(maintain_order=True)).with_row_index("kid")
+    blocks = blocks.join(keys, on="key")
+    kid_lut = _lut(blocks["bid"], blocks["kid"], pl.UInt32)
+    long = long.with_columns(kid=kid_lut.gather(long["bid"]))
+    # Row of gpu_sample: one per key, or per (key, timestamp) when samples carry their own timestamps.
+    if line_ts:
+        ts_us = pl.col("ts_ms") * 1000
+        long = long.with_columns(ts_us=ts_us if scrape_us is None else ts_us.fill_null(scrape_us))
+        rowkeys = long.select("kid", "ts_us").unique().sort("kid", "ts_us").with_row_index("rk")
+        long = long.join(rowkeys, on=["kid", "ts_us"], how="left")
+    else:
+        rowkeys = keys.select(rk=pl.col("kid"), kid=pl.col("kid"), ts_us=pl.lit(scrape_us, pl.Int64))
+        long = long.with_columns(rk=pl.col("kid"))
+    rowkeys = rowkeys.join(keys, on="kid").sort("rk")
+    ts_col = pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC")
+
+    columns = None
+    if runs is not None and not line_ts:
+        columns = _wide_by_family(runs, values_in_body_order, kid_lut, keys.height, meta)
+    gpu_sample = columns if columns is not None else _wide(long, name_codes, metric, rowkeys, meta)
+    gpu_sample = gpu_sample.with_columns(rowkeys["ts_us"]).with_columns(ts_col.alias("ts"), gpu_uuid=rowkeys["key"])
+    gpu_sample = gpu_sample.select(GPU_SAMPLE.names).sort("gpu_uuid", "ts")
+
+    # Inventory from the first block of each key (most keys have exactly one block).
+    inv = blocks if blocks.height == keys.height else blocks.sort("bid").unique("key", keep="first", maintain_order=True)
+    gpu = inv.select(
+        gpu_uuid=pl.col("key"),
+        host=pl.col("host"),
+        gpu_index=pl.col("gpu").cast(pl.Int64, strict=False),
+        pci_bus_id=pl.col("pci_bus_id"),
+        model_name=pl.col("model"),
+        mig_profile=pl.col("gpu_i_profile"),
+        mig_instance_id=pl.col("gpu_i_id").cast(pl.Int64, strict=False),
+        driver_version=pl.col("driver"),
+    ).sort("gpu_uuid")
+
+    workload = _workload(long, blocks, rowkeys, line_ts, meta)
+    health = _health(gpu_sample, inv)
+    metric_sample = None
+    if 2 in cls:
+        other = long.filter(pl.col("_cls") == 2)
+        other = other.with_columns(_metric=metric_lut.gather(other["name"].to_physical()))
+        meta["unmapped_fields"] = dict(sorted(other.group_by("_metric").len().iter_rows()))
+        metric_sample = _metric_samples(other, blocks, rowkeys, meta)
+
+    return Batch(
+        source=source,
+        gpu=gpu,
+        gpu_sample=gpu_sample,
+        gpu_workload=workload,
+        health_event=health,
+        metric_sample=metric_sample,
+        meta=meta,
+    )
+
+
+def _blank_mask(v: pl.Expr, kind: pl.Expr | str) -> pl.Expr:
+    """True where a finite value is a DCGM sentinel (int bands for int fields, >= 2**47 for doubles)."""
+    int_blank = ((v >= _INT32_BLANK) & (v <= _INT32_MAX)) | (v >= _INT64_BLANK)
+    if isinstance(kind, str):  # unknown DCGM type: both integer bands plus the exact FP64 sentinels
+        mask = int_blank | ((v >= _FP64_BLANK) & (v <= _FP64_BLANK + 3.0))
+    else:
+        mask = pl.when(kind).then(v >= _FP64_BLANK).otherwise(int_blank)
+    return v.is_finite() & mask
+
+
+def _wide_by_family(runs: list[_Run], values: pl.Series, kid_lut: pl.Series, n_keys: int, meta: dict) -> pl.DataFrame | None:
+    """Wide columns straight from the value column when every mapped family is printed over the
+    reference devices in key order: each family is then one slice. None when that does not hold."""
+    mapped = [r for r in runs if r[0] in _FIELD_BY_NAME]
+    targets = [_FIELD_BY_NAME[m][1] for m, *_ in mapped]
+    if (
+        not mapped
+        or len(set(targets)) != len(targets)
+        or not all(same and n == n_keys for _, _, n, same in mapped)
+        or kid_lut.len() < n_keys
+        or not (kid_lut.head(n_keys) == pl.int_range(0, n_keys, dtype=pl.UInt32, eager=True)).all()
+    ):
+        return None
+    # Mask and scale the mapped families' values in one pass, then cut one slice per column.
+    parts = [values.slice(start, n) for _, start, n, _ in mapped]
+    family = pl.int_range(0, n_keys * len(mapped), dtype=pl.UInt32, eager=True) // n_keys
+    kinds = pl.Series([_FIELD_BY_NAME[m][3] == "d" for m, *_ in mapped], dtype=pl.Boolean).gather(family)
+    scales = pl.Series([_FIELD_BY_NAME[m][2] for m, *_ in mapped], dtype=pl.Float64).gather(family)
+    v = pl.DataFrame({"v": pl.concat(parts), "d": kinds, "s": scales})
+    blank = _blank_mask(pl.col("v"), pl.col("d"))
+    n_blank, n_nonfinite = v.select(b=blank.sum(), n=(~pl.col("v").is_finite() & ~blank).sum()).row(0)
+    meta["dcgm_blank_dropped"] += int(n_blank)
+    meta["non_finite_dropped"] += int(n_nonfinite)
+    scaled = pl.col("v") * pl.col("s")
+    if n_blank or n_nonfinite:
+        scaled = pl.when(blank | ~pl.col("v").is_finite()).then(None).otherwise(scaled)
+    out = v.select(scaled.alias("v"))["v"]
+    cols: dict[str, pl.Series] = {}
+    for i, col in enumerate(targets):
+        s = out.slice(i * n_keys, n_keys)
+        cols[col] = s.round(0).cast(pl.Int64, strict=False) if col in _INT_COLUMNS else s
+    return pl.DataFrame(
+        [cols[c].alias(c) if c in cols else pl.repeat(None, n_keys, dtype=GPU_SAMPLE.col(c).dtype, eager=True).alias(c) for c in _GPU_COLS]
+    )
+
+
+def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys: pl.DataFrame, meta: dict):
+    """Long (row, field, value) -> one column per gpu_sample field, by scattering into a flat buffer."""
+    n = rowkeys.height
+    spec = [_FIELD_BY_NAME.get(m) for m in metric]
+    # Per distinct name code: target column, multiplier to SI, DCGM type (double or integer).
+    fid = _lut(name_codes, pl.Series([_COL_INDEX[f[1]] if f else None for f in spec], dtype=pl.UInt32), pl.UInt32)
+    scale = _lut(name_codes, pl.Series([f[2] if f else None for f in spec], dtype=pl.Float64), pl.Float64)
+    dbl = _lut(name_codes, pl.Series([f[3] == "d" if f else None for f in spec], dtype=pl.Boolean), pl.Boolean)
+    phys = long["name"].to_physical()
+    v = long["value"]
+    rows = pl.DataFrame({"rk": long["rk"], "v": v, "fid": fid.gather(phys), "s": scale.gather(phys), "d": dbl.gather(phys)})
+    blank = _blank_mask(pl.col("v"), pl.col("d"))
+    rows = rows.with_columns(_blank=blank.fill_null(False), _nf=~pl.col("v").is_finite())
+    bad = rows.select(
+        b=pl.col("_blank").sum(), n=(pl.col("_nf") & ~pl.col("_blank")).sum(), other=pl.col("fid").null_count()
+    ).row(0)
+    meta["dcgm_blank_dropped"] += int(bad[0])
+    meta["non_finite_dropped"] += int(bad[1])
+    if bad[0] or bad[1] or bad[2]:
+        rows = rows.filter(~pl.col("_blank") & ~pl.col("_nf") & pl.col("fid").is_not_null())
+    # Scatter writes in order, so writing the rows back to front leaves the FIRST copy of a duplicated
+    # series (same field, GPU and time) in place: deterministic, and the one a reader meets first.
+    idx = (rows["fid"].cast(pl.Int64) * n + rows["rk"].cast(pl.Int64)).reverse()
+    vals = (rows["v"] * rows["s"]).reverse()
+    flat = pl.repeat(None, n * len(_GPU_COLS), dtype=pl.Float64, eager=True).scatter(idx, vals)
+    meta["duplicates_dropped"] += int(rows.height - (flat.len() - flat.null_count()))
+    out = {}
+    for i, col in enumerate(_GPU_COLS):
+        s = flat.slice(i * n, n)
+        if col in _INT_COLUMNS:
+            s = s.round(0).cast(pl.Int64, strict=False)
+        out[col] = s
+    return pl.DataFrame(out)
+
+
+def _is_exporter(col: str) -> pl.Expr:
+    return pl.col(col).fill_null("").str.contains("dcgm-exporter", literal=True)
+
+
+def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, line_ts: bool, meta: dict):
+    with_pod = blocks.filter(pl.col("pod").is_not_null() & (pl.col("pod") != ""))
+    if not with_pod.height:
+        return None
+    exporter = _is_exporter("pod") | _is_exporter("container")
+    meta["exporter_pod_labels_ignored"] = int(with_pod.filter(exporter).height)
+    with_pod = with_pod.filter(~exporter)
+    if not with_pod.height:
+        return None
+    if line_ts:
+        when = long.filter(pl.col("bid").is_in(with_pod["bid"].implode())).select("bid", "ts_us").unique()
+        with_pod = with_pod.join(when, on="bid")
+    else:
+        with_pod = with_pod.with_columns(ts_us=pl.lit(rowkeys["ts_us"][0] if rowkeys.height else 0, pl.Int64))
+    w = (
+        with_pod.select(
+            ts=pl.from_epoch(pl.col("ts_us"), time_unit="us").dt.replace_time_zone("UTC"),
+            gpu_uuid=pl.col("key"),
+            namespace=pl.col("namespace"),
+            pod=pl.col("pod"),
+            container=pl.col("container"),
+        )
+        .sort("gpu_uuid", "ts", "namespace", "pod", "container", nulls_last=True)
+        .unique(["ts", "gpu_uuid"], keep="first", maintain_order=True)
+    )
+    return w.select([pl.col(c.name).cast(c.dtype) for c in GPU_WORKLOAD.columns])
+
+
+def _health(gpu_sample: pl.DataFrame, inv: pl.DataFrame) -> pl.DataFrame | None:
+    host = inv.select(gpu_uuid="key", host="host")
+    parts = []
+    xid = gpu_sample.filter(pl.col("xid_last").is_not_null() & (pl.col("xid_last") != 0))
+    if xid.height:
+        msgs = inv.select(gpu_uuid="key", err_msg="err_msg")
+        xid = xid.join(msgs, on="gpu_uuid", how="left")
+        parts.append(
+            xid.select(
+                "ts",
+                "gpu_uuid",
+                kind=pl.lit("xid"),
+                code=pl.col("xid_last"),
+                value=pl.col("xid_last").cast(pl.Float64),
+                message=pl.concat_str(
+                    [pl.lit("XID "), pl.col("xid_last").cast(pl.String), pl.lit(": ") + pl.col("err_msg")],
+                    ignore_nulls=True,
+                ),
+            )
+        )
+    for col, kind, fid in _HEALTH_COUNTERS:
+        hit = gpu_sample.filter(pl.col(col).is_not_null() & (pl.col(col) > 0))
+        if hit.height:
+            parts.append(
+                hit.select(
+                    "ts",
+                    "gpu_uuid",
+                    kind=pl.lit(kind),
+                    code=pl.lit(fid, pl.Int64),
+                    value=pl.col(col).cast(pl.Float64),
+                    message=pl.lit(f"{_FIELD_ID_NAME[fid]}=") + pl.col(col).cast(pl.String),
+                )
+            )
+    if not parts:
+        return None
+    ev = (
+        pl.concat(parts)
+        .join(host, on="gpu_uuid", how="left")
+        .with_columns(host=pl.col("host").fill_null(""), source=pl.lit("dcgm"))
+    )
+    return ev.select([pl.col(c.name).cast(c.dtype) for c in HEALTH_EVENT.columns]).sort("ts", "gpu_uuid", "kind", "code")
+
+
+def _metric_samples(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict):
+    if not long.height:
+        return None
+    blank = _blank_mask(pl.col("value"), "?")
+    counts = long.select(b=blank.sum(), n=(~pl.col("value").is_finite() & ~blank).sum()).row(0)
+    meta["dcgm_blank_dropped"] += int(counts[0])
+    meta["non_finite_dropped"] += int(counts[1])
+    df = long.filter(~blank & pl.col("value").is_finite())
+    # Duplicated series: keep the first in the body.
+    first = (pl.col("name").to_physical().cast(pl.UInt64) * (1 << 32) + pl.col("rk").cast(pl.UInt64)).is_first_distinct()
+    before = df.height
+    df = df.filter(first)
+    meta["duplicates_dropped"] += before - df.height
+    key = rowkeys["key"].gather(df["rk"])
+    esc = key.str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
+    esc = esc.str.replace_all('"', '\\"', literal=True)
+    df = df.with_columns(
+        series=pl.col("_metric") + '{gpu_uuid="' + esc + '"}',
+        ts=pl.from_epoch(rowkeys["ts_us"].gather(df["rk"]), time_unit="us").dt.replace_time_zone("UTC"),
+    )
+    if (blocks["_extra"] != "").any():
+        # Non-standard labels (rare): build the canonical, sorted series key exactly.
+        extra = blocks.filter(pl.col("_extra") != "").select("bid", "_extra")
+        df = df.join(extra, on="bid", how="left")
+        has = df.filter(pl.col("_extra").is_not_null())
+        combos = has.select("_metric", "series", "_extra").unique()
+        m = combos.with_columns(
+            _s=pl.struct("_metric", "series", "_extra").map_elements(
+                lambda r: _series_with_extra(r["_metric"], r["series"], r["_extra"]), return_dtype=pl.String
+            )
+        ).drop("_extra")
+        df = df.join(m, on=["_metric", "series"], how="left").with_columns(series=pl.coalesce("_s", "series"))
+    return df.select([pl.col(c.name).cast(c.dtype) for c in METRIC_SAMPLE.columns])
+
+
+def _series_with_extra(name: str, plain_series: str, block: str) -> str:
+    """Series key with the block's non-standard labels added to ``name{gpu_uuid="..."}``."""
+    key = _unescape(plain_series[len(name) + len('{gpu_uuid="') : -2])
+    labels = {k: v for k, v in _parse_block_py(block).items() if k not in _KNOWN_LABELS}
+    labels["gpu_uuid"] = key
+    return series_key(name, labels)
+
+
+def _empty(source: str, meta: dict) -> Batch:
+    return Batch(
+        source=source,
+        gpu=GPU.empty(),
+        gpu_sample=GPU_SAMPLE.empty(),
+        gpu_workload=GPU_WORKLOAD.empty(),
+        health_event=HEALTH_EVENT.empty(),
+        meta=meta,
+    )
+
+
+def _to_us(ts: datetime) -> int:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    delta = ts.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
+
