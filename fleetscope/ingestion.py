@@ -51,6 +51,14 @@ def _now(opts: Options) -> dt.datetime:
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
+        Format("dcgm", "ingest.dcgm", "dcgm-exporter /metrics body (Prometheus text)",
+               lambda m, d, s, o: m.parse(d, source=s, ts=_now(o))),
+        Format("nvidia_smi_csv", "ingest.nvidia_smi", "nvidia-smi --query-gpu=... --format=csv",
+               lambda m, d, s, o: m.parse_csv(d, source=s, ts=o.ts)),
+        Format("nvidia_smi_xml", "ingest.nvidia_smi", "nvidia-smi -q -x",
+               lambda m, d, s, o: m.parse_xml(d, source=s, ts=o.ts)),
+        Format("nvidia_smi_capture", "ingest.nvidia_smi", "multi-section nvidia-smi capture bundle",
+               lambda m, d, s, o: m.parse_capture(d, source=s)),
         Format("kineto", "ingest.kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",
                lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id), gzip_aware=True),
         Format("nccl_inspector", "ingest.nccl_inspector", "NCCL Inspector JSON Lines (v4.0-v4.3)",
@@ -85,6 +93,8 @@ def _first_json_object(text: str) -> dict[str, Any] | None:
 # The result table's header row, and the closing average, as nccl-tests prints them (possibly behind an
 # mpirun "[1,0]<stdout>:" tag). Prose that merely mentions them does not match.
 _NCCL_TESTS_HEADER = re.compile(r"^\S*#\s+size\s+count\s+type\b.*#wrong", re.MULTILINE)
+# A sample line of the Prometheus text format with a DCGM metric name: name, optional labels, a number.
+_DCGM_LINE = re.compile(r"^(?:DCGM_FI_[A-Z0-9_]+|dcgm_[a-z0-9_]+)(?:\{[^\n]*\})?[ \t]+[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|Inf)", re.MULTILINE)
 _NCCL_TESTS_AVG = re.compile(r"^\S*#\s*Avg bus bandwidth\s*:\s*[0-9.]+", re.MULTILINE)
 
 
@@ -116,6 +126,16 @@ def detect(data: bytes) -> list[str]:
                 return ["job_events"]
         if '"results"' in text and ('"busbw"' in text or '"bus_bw"' in text or '"algbw"' in text or '"alg_bw"' in text):
             return ["nccl_tests"]
+    if "<nvidia_smi_log" in text[:4096]:
+        return ["nvidia_smi_xml"]
+    if "$ nvidia-smi" in text[:8192]:
+        return ["nvidia_smi_capture"]
+    if _DCGM_LINE.search(text):
+        return ["dcgm"]
+    # nvidia-smi's CSV header names query fields (dotted, lower case), never label blocks.
+    first = stripped.split("\n", 1)[0].lower()
+    if "," in first and "{" not in first and any(k in first for k in ("pci.bus_id", "uuid", "power.draw", "utilization.gpu", "memory.used")):
+        return ["nvidia_smi_csv"]
     if "NCCL INFO" in text or "NCCL WARN" in text:
         found.append("nccl_log")
     if _NCCL_TESTS_HEADER.search(text) or _NCCL_TESTS_AVG.search(text):

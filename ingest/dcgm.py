@@ -61,57 +61,22 @@ from datetime import UTC, datetime
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.frames import GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE, Batch, series_key
+from fleetscope.frames import DCGM_FIELDS, GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE, Batch, series_key
 
 __all__ = ["FIELDS", "parse"]
 
 # (DCGM field, gpu_sample column, multiplier to SI, DCGM value type: "i" int64 / "d" double).
-# Units from the DCGM field docs (dcgm_fields.h) and dcgm-exporter's default-counters.csv help text.
-FIELDS: tuple[tuple[str, str, float, str], ...] = (
-    ("DCGM_FI_DEV_GPU_UTIL", "util_ratio", 0.01, "i"),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_copy_util_ratio", 0.01, "i"),
-    ("DCGM_FI_DEV_ENC_UTIL", "enc_util_ratio", 0.01, "i"),
-    ("DCGM_FI_DEV_DEC_UTIL", "dec_util_ratio", 0.01, "i"),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gr_engine_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active_ratio", 1.0, "d"),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_ratio", 1.0, "d"),
-    ("DCGM_FI_DEV_FB_USED", "fb_used_bytes", 2.0**20, "i"),
-    ("DCGM_FI_DEV_FB_FREE", "fb_free_bytes", 2.0**20, "i"),
-    ("DCGM_FI_DEV_FB_RESERVED", "fb_reserved_bytes", 2.0**20, "i"),
-    ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1.0, "d"),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_j", 1e-3, "i"),
-    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1.0, "i"),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "mem_temp_c", 1.0, "i"),
-    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, "i"),
-    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1.0, "i"),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", 1.0, "i"),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s", 1.0, "i"),
-    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s", 1.0, "i"),
-    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s", 1.0, "i"),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_total", 1.0, "i"),
-    ("DCGM_FI_DEV_XID_ERRORS", "xid_last", 1.0, "i"),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_sbe_volatile_total", 1.0, "i"),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_dbe_volatile_total", 1.0, "i"),
-    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "ecc_sbe_aggregate_total", 1.0, "i"),
-    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "ecc_dbe_aggregate_total", 1.0, "i"),
-    ("DCGM_FI_DEV_RETIRED_SBE", "retired_sbe_total", 1.0, "i"),
-    ("DCGM_FI_DEV_RETIRED_DBE", "retired_dbe_total", 1.0, "i"),
-    ("DCGM_FI_DEV_RETIRED_PENDING", "retired_pending_total", 1.0, "i"),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remap_correctable_total", 1.0, "i"),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remap_uncorrectable_total", 1.0, "i"),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap_failure", 1.0, "i"),
-    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "remap_pending", 1.0, "i"),
-    # dcgm_fields.h of DCGM 3.x+ says ns (older headers said usec); dcgm-exporter's help text says ns.
-    ("DCGM_FI_DEV_POWER_VIOLATION", "power_violation_s", 1e-9, "i"),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", "thermal_violation_s", 1e-9, "i"),
-    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "clock_event_reasons", 1.0, "i"),
-    # The same field (id 112) before DCGM 3.3 renamed "throttle" to "clocks event".
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "clock_event_reasons", 1.0, "i"),
+# Names, columns and unit factors come from frames.DCGM_FIELDS, shared with the OTLP path; what is
+# particular to this text format is each field's DCGM value type (it decides which blank sentinels
+# apply; dcgm_fields.h) and the 1.x-compatibility names below.
+_DOUBLE_FIELDS = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_DEV_POWER_USAGE",
+}
+FIELDS: tuple[tuple[str, str, float, str], ...] = tuple(
+    (name, column, factor, "d" if name in _DOUBLE_FIELDS else "i") for name, (column, factor) in DCGM_FIELDS.items()
+) + (
     # gpu-monitoring-tools 1.x names, still emitted by dcgm-exporter's 1.x-compatibility mode; that mode
     # prints DCP ratios multiplied by 100 (ToUint32(value, 100)), hence 0.01 there.
     ("dcgm_sm_clock", "sm_clock_mhz", 1.0, "i"),

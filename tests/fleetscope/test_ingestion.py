@@ -21,6 +21,13 @@ EXPECTED = {
     "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz": ["kineto"],
     "traces/hta/trace_diff/control/control.json.gz": ["kineto"],
     "telemetry/otlp-json_ExportMetricsServiceRequest_example_opentelemetry-proto.json": ["otlp_json"],
+    "telemetry/dcgm-exporter_metrics_8xH100_k8s-pod-labels_sampled_nvidia-aicr.prom": ["dcgm"],
+    "telemetry/dcgm-exporter_metrics_L40S_helm-default_full_cncf-upcloud.prom": ["dcgm"],
+    "telemetry/dcgm-exporter_metrics_1xL4_default-counters_full_cncf-kops.prom": ["dcgm"],
+    "telemetry/nvidia-smi_q-x_A100-SXM4-80GB_MIG_driver-535.54.03_telegraf-testdata.xml": ["nvidia_smi_xml"],
+    "telemetry/nvidia-smi_query-gpu_all-fields_H100_590.48.01_load.csv": ["nvidia_smi_csv"],
+    "telemetry/nvidia-smi_capture_linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt": ["nvidia_smi_capture"],
+    "telemetry/dcgm-exporter_default-counters.csv": [],
     "telemetry/SOURCES.md": [],
 }
 
