@@ -483,6 +483,49 @@ def probe(backend: str, gpu_uuid: str | None, no_record: bool, as_json: bool) ->
     sys.exit(5 if result.passed is False else 0)
 
 
+@main.command()
+@click.option("--dcgm", "dcgm_urls", multiple=True, help="dcgm-exporter /metrics URL to poll; repeat for several.")
+@click.option("--nvml", is_flag=True, help="Read the local GPUs through NVML (needs the NVIDIA driver).")
+@click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
+@click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
+@click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
+@click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, once: bool, as_json: bool) -> None:
+    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API."""
+    from fleetscope.agent import Agent, AgentStopped
+
+    if not dcgm_urls and not nvml:
+        raise click.UsageError("nothing to collect: give --dcgm URL and/or --nvml")
+    if nvml:
+        from ingest import nvml as nvml_mod
+
+        try:
+            nvml_mod.read_devices()
+        except nvml_mod.NvmlUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml)
+    failed = False
+
+    def show(report) -> None:  # type: ignore[no-untyped-def]
+        nonlocal failed
+        failed = failed or bool(report.errors)
+        if as_json:
+            click.echo(json.dumps({"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}))
+        else:
+            rows = sum(sum(w.values()) for w in report.pushed.values())
+            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s)" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
+
+    try:
+        ag.run(interval_s, ticks=1 if once else None, on_tick=show)
+    except AgentStopped as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    if once and failed:
+        sys.exit(1)
+
+
 @main.command("formats")
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:
