@@ -121,11 +121,10 @@ def main() -> None:
         from fleetscope import db
 
         try:
-            db.downgrade(args.postgres, "base")
-        except Exception as exc:  # noqa: BLE001
+            with db.scratch_database(args.postgres, "fleetscope_bench") as url:
+                run("postgresql", url, args.gpus, args.scrapes, args.workers)
+        except Exception as exc:  # noqa: BLE001 - a missing server is a skipped measurement
             print(json.dumps({"bench": "otlp_end_to_end", "db": "postgresql", "skipped": str(exc).splitlines()[0]}))
-            return
-        run("postgresql", args.postgres, args.gpus, args.scrapes, args.workers)
 
 
 if __name__ == "__main__":

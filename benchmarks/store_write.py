@@ -86,6 +86,14 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
                       "target_values_per_s": 2_000_000}), flush=True)
 
 
+def measure(label: str, url: str, args: argparse.Namespace) -> None:
+    db.upgrade(url)
+    store = Store.open(url)
+    bench_write(store, label, args.gpus, args.scrapes)
+    bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s)
+    store.engine.dispose()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=16384)
@@ -97,23 +105,15 @@ def main() -> None:
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args()
-    targets = []
     if not args.no_sqlite:
         tmp = tempfile.mkdtemp(prefix="fleetscope-bench-")
-        targets.append(("sqlite", f"sqlite:///{tmp}/bench.db"))
+        measure("sqlite", f"sqlite:///{tmp}/bench.db", args)
     if not args.no_postgres:
-        targets.append(("postgresql", args.postgres))
-    for label, url in targets:
         try:
-            db.downgrade(url) if label == "postgresql" else None
-            db.upgrade(url)
-        except Exception as exc:  # a missing server is a skipped measurement, not a crash
-            print(json.dumps({"bench": "store", "db": label, "skipped": str(exc).splitlines()[0]}), flush=True)
-            continue
-        store = Store.open(url)
-        bench_write(store, label, args.gpus, args.scrapes)
-        bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s)
-        store.engine.dispose()
+            with db.scratch_database(args.postgres, "fleetscope_bench") as url:
+                measure("postgresql", url, args)
+        except Exception as exc:  # noqa: BLE001 - a missing server is a skipped measurement, not a crash
+            print(json.dumps({"bench": "store", "db": "postgresql", "skipped": str(exc).splitlines()[0]}), flush=True)
     print(json.dumps({"bench": "peak_rss", "mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}), file=sys.stderr)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -123,3 +124,24 @@ def schema_drift(engine: Engine) -> list:
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": compare_type})
         return compare_metadata(ctx, schema.metadata)
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str, prefix: str = "fleetscope_scratch"):  # type: ignore[no-untyped-def]
+    """A new, empty PostgreSQL database for the duration of the block, dropped afterwards: what tests and
+    benchmarks use so they never touch a database someone else migrated."""
+    import uuid
+
+    from sqlalchemy import text
+
+    admin = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()

@@ -73,6 +73,9 @@ class Store:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.dialect = engine.dialect.name
+        # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
+        # process may remember them: a scrape re-sends the same 30k series every time.
+        self._series_cache: dict[str, int] = {}
         if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
 
@@ -108,19 +111,24 @@ class Store:
                 BATCHES_REJECTED.labels("validation").inc()
                 raise
             result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=values)
+            new_series: dict[str, int] = {}
             with self.engine.begin() as conn:
                 for spec, df in conformed:
-                    result.written[spec.name] = self._write_frame(conn, spec, df)
+                    result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
                 self._log_ingest(conn, source, content_sha256, result)
+            # Only ids from a committed transaction are remembered: a rolled-back insert never existed.
+            if len(self._series_cache) + len(new_series) > 2_000_000:
+                self._series_cache.clear()
+            self._series_cache.update(new_series)
             for name, n in result.written.items():
                 ROWS_WRITTEN.labels(name).inc(n)
             VALUES_WRITTEN.inc(result.values)
             span.set_attribute("fleetscope.rows", sum(result.written.values()))
             return result
 
-    def _write_frame(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame) -> int:
+    def _write_frame(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame, new_series: dict[str, int]) -> int:
         if spec.name == "metric_sample":
-            return self._write_metric_samples(conn, df)
+            return self._write_metric_samples(conn, df, new_series)
         return self._insert(conn, spec.name, df, spec.key, spec.on_conflict)
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame, key: Sequence[str], on_conflict: str) -> int:
@@ -155,9 +163,14 @@ class Store:
             cur.execute(f"INSERT INTO {_q(table)} ({col_sql}) SELECT {col_sql} FROM {tmp} {conflict}")
             return max(cur.rowcount, 0)
 
-    def _write_metric_samples(self, conn: Connection, df: pl.DataFrame) -> int:
+    def _write_metric_samples(self, conn: Connection, df: pl.DataFrame, new_series: dict[str, int]) -> int:
         keys = df.get_column("series").unique().to_list()
-        ids = self._series_ids(conn, keys)
+        cache = self._series_cache
+        known = [(cache[k], k) for k in keys if k in cache]
+        missing = [k for k in keys if k not in cache]
+        fetched = self._series_ids(conn, missing) if missing else pl.DataFrame(schema={"series_id": pl.Int64, "series": pl.String})
+        new_series.update(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
+        ids = pl.concat([pl.DataFrame(known, schema={"series_id": pl.Int64, "series": pl.String}, orient="row"), fetched])
         mapped = df.join(ids, on="series", how="left").select("series_id", "ts", "value")
         return self._insert(conn, "metric_sample", mapped, ("series_id", "ts"), "ignore")
 

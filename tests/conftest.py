@@ -7,7 +7,6 @@ FLEETSCOPE_REQUIRE_SERVICES=1 (CI sets it), where an unreachable server fails th
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -34,20 +33,14 @@ def _unavailable(what: str, exc: Exception) -> None:
 def pg_url() -> str:
     """A fresh PostgreSQL database for this test session, dropped at the end."""
     try:
-        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
+        probe = create_engine(PG_ADMIN_URL)
+        with probe.connect() as conn:
             conn.execute(text("SELECT 1"))
+        probe.dispose()
     except Exception as exc:  # noqa: BLE001
         _unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc)
-    name = f"fleetscope_test_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"))
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    with db.scratch_database(PG_ADMIN_URL, "fleetscope_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -87,10 +87,10 @@ def test_bad_row_rejects_the_whole_batch_and_changes_nothing(store: Store):
 def test_failure_inside_the_transaction_rolls_back_every_frame(store: Store, monkeypatch: pytest.MonkeyPatch):
     real = Store._write_frame
 
-    def fail_on_health(self, conn, spec, df):
+    def fail_on_health(self, conn, spec, df, new_series):
         if spec.name == "health_event":
             raise RuntimeError("disk full")
-        return real(self, conn, spec, df)
+        return real(self, conn, spec, df, new_series)
 
     monkeypatch.setattr(Store, "_write_frame", fail_on_health)
     batch = inventory().merge(F.Batch(gpu_sample=samples(), health_event=pl.DataFrame({"ts": [T0], "gpu_uuid": ["g0"], "kind": ["xid"], "code": [79]})))
@@ -181,3 +181,25 @@ def test_unknown_frame_and_column_are_refused(store: Store):
         store.read("gpu_sample", columns=["watts"])
     with pytest.raises(ValueError, match="cannot be filtered by job_id"):
         store.read("health_event", job_id="j1")
+
+
+def test_series_ids_from_a_rolled_back_write_are_not_remembered(store: Store, monkeypatch: pytest.MonkeyPatch):
+    real = Store._write_frame
+    ms = pl.DataFrame({"ts": [T0], "series": ['pdu_power_w{rack="r1"}'], "value": [5.0e3]})
+
+    def fail_after_series(self, conn, spec, df, new_series):
+        n = real(self, conn, spec, df, new_series)
+        if spec.name == "metric_sample":
+            raise RuntimeError("connection lost")
+        return n
+
+    monkeypatch.setattr(Store, "_write_frame", fail_after_series)
+    with pytest.raises(RuntimeError):
+        store.write(F.Batch(metric_sample=ms))
+    monkeypatch.undo()
+    assert store._series_cache == {}
+    store.write(F.Batch(metric_sample=ms))
+    assert store.read("metric_sample")["value"].to_list() == [5.0e3]
+    # a second scrape of the same series reuses the remembered id
+    store.write(F.Batch(metric_sample=ms.with_columns(pl.lit(T0 + S).alias("ts"))))
+    assert store.read("metric_sample").height == 2 and len(store._series_cache) == 1

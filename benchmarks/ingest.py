@@ -1,0 +1,106 @@
+"""Ingest end to end: a 16,384-GPU dcgm-exporter scrape posted to a running `fleetscope serve`
+(`POST /api/v1/ingest/dcgm`), parsed and written to the store, on SQLite and on PostgreSQL.
+Prints JSON lines: values/s per database (a value = one field of one GPU sample).
+
+Parse-only rates: benchmarks/ingest_dcgm.py (dcgm text), benchmarks/ingest_otlp.py (OTLP),
+benchmarks/ingest_kineto.py (Kineto traces).
+
+    python benchmarks/ingest.py [--gpus 16384] [--scrapes 5] [--workers 1] [--no-postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+# This script is named after the package it measures: take its own folder off the path so that
+# `import ingest` finds the package, and load the scrape builder of ingest_dcgm.py by file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+_spec = importlib.util.spec_from_file_location("_bench_ingest_dcgm", _HERE / "ingest_dcgm.py")
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+synth_scrape = _mod.synth_scrape
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int, values_per_scrape: int) -> None:
+    from fleetscope import auth, db
+
+    db.upgrade(url)
+    token = auth.create_token(db.make_engine(url), "bench", ["ingest"])
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": tempfile.mkdtemp(prefix="fleetscope-ingest-"), "FLEETSCOPE_DATABASE_URL": url,
+           "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        gz = gzip.compress(body, compresslevel=1)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain", "Content-Encoding": "gzip"}
+        t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+        with httpx.Client(timeout=600) as client:
+            start = time.perf_counter()
+            for s in range(scrapes):
+                r = client.post(base + "/api/v1/ingest/dcgm", content=gz, headers=headers,
+                                params={"ts": (t0 + dt.timedelta(seconds=s)).isoformat(), "source": f"bench-{s}"})
+                assert r.status_code == 200, r.text[:300]
+                assert r.json()["written"]["gpu_sample"] == gpus
+            seconds = time.perf_counter() - start
+        values = values_per_scrape * scrapes
+        print(json.dumps({"bench": "dcgm_api_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers,
+                          "body_mb": round(len(body) / 2**20, 1), "gzip_mb": round(len(gz) / 2**20, 1), "values": values,
+                          "seconds": round(seconds, 2), "values_per_s": round(values / seconds), "target_values_per_s": 500_000}), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--scrapes", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--no-postgres", action="store_true")
+    args = ap.parse_args()
+    from ingest import dcgm
+
+    body = synth_scrape(args.gpus)
+    values = dcgm.parse(body, ts=dt.datetime(2026, 6, 1, tzinfo=dt.UTC)).values()
+    run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-ingest-db-')}/fs.db", body, args.gpus, args.scrapes, args.workers, values)
+    if not args.no_postgres:
+        from fleetscope import db
+
+        try:
+            with db.scratch_database(args.postgres, "fleetscope_bench") as url:
+                run("postgresql", url, body, args.gpus, args.scrapes, args.workers, values)
+        except Exception as exc:  # noqa: BLE001 - a missing server is a skipped measurement
+            print(json.dumps({"bench": "dcgm_api_end_to_end", "db": "postgresql", "skipped": str(exc).splitlines()[0]}))
+
+
+if __name__ == "__main__":
+    main()
