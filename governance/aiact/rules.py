@@ -79,7 +79,7 @@ ART5_PRACTICES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
     "c": ("social scoring leading to detrimental or unfavourable treatment",
           ((r"social scor\w*", r"social credit", r"citizen scor\w*", r"trustworthiness scor\w*"),)),
     "d": ("risk assessment predicting criminal offences solely from profiling or personality traits",
-          ((r"predict\w*\s+" + _W + r"(?:criminal|crimes?|offen[cs]\w*|recidivism|re-?offend\w*)", r"recidivism",
+          ((r"predict\w*\s+(?:\w+\s+){0,6}(?:criminal|crimes?|offen[cs]\w*|recidivism|re-?offend\w*)", r"recidivism",
             r"crime prediction", r"predictive policing"),)),
     "e": ("untargeted scraping of facial images to build facial recognition databases",
           ((r"untargeted scrap\w*", r"scrap\w*\s+" + _W + r"fac(?:e|ial)\s+images?", r"facial recognition databases?"),)),
