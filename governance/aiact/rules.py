@@ -162,7 +162,7 @@ class Classification:
     art5_excepted: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"classes": sorted(self.classes), "unknown": sorted(self.unknown), "reasons": list(self.reasons),
+        return {"classes": sorted(self.classes), "unknown": sorted(self.unknown), "reasons": list(self.reasons), "purpose": self.purpose,
                 "area": self.area, "art5": [{"letter": l, "terms": list(t)} for l, t in self.art5],
                 "art5_excepted": list(self.art5_excepted)}
 
