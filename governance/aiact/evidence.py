@@ -14,8 +14,20 @@ from datetime import datetime
 
 import polars as pl
 
-from governance.aiact.model import LoggingEvidence, RobustnessEvidence, parse_time, utc
-from governance.aiact.model import Declaration  # noqa: F401  (re-exported for callers building Evidence)
+from governance.aiact.frames import declarations_from_frame, fairness_records
+from governance.aiact.model import (
+    AuditPolicy,
+    ComputeEvidence,
+    Evidence,
+    LineageEvidence,
+    LoggingEvidence,
+    RobustnessEvidence,
+    current,
+    parse_time,
+    utc,
+)
+from governance.lineage import Taint
+from governance.registry import ModelEntry
 
 SDC_KIND = "sdc"
 SDC_RESOLVED_KIND = "sdc_resolved"
@@ -72,3 +84,37 @@ def logging_evidence(*, retention_days: int | None, oldest_record_at: datetime |
     since = parse_time(declared.get("in_service_since")) if declared else None
     return LoggingEvidence(enabled if isinstance(enabled, bool) else None, retention_days,
                            utc(oldest_record_at) if oldest_record_at else None, since, as_of, source)
+
+
+def evidence_from_frames(
+    model: ModelEntry,
+    *,
+    declaration: pl.DataFrame,
+    fairness_evaluation: pl.DataFrame,
+    fairness_group: pl.DataFrame,
+    taints: Iterable[Taint] | None,
+    training_runs_seen: int,
+    retention_days: int | None,
+    oldest_log_record_at: datetime | None,
+    compute: ComputeEvidence | None,
+    robustness: RobustnessEvidence | None,
+    as_of: datetime,
+    policy: AuditPolicy | None = None,
+) -> Evidence:
+    """One model's ``Evidence`` from the stored tables and the computed parts: what the service calls per
+    model before ``governance.aiact.evaluate``. ``taints``: ``governance.lineage.propagate(...)[model.node_id]``
+    (None when lineage was not consulted); ``training_runs_seen``: how many of the model's training runs
+    appear in lineage; ``oldest_log_record_at``: the oldest event-log row the store still holds for it."""
+    decls = tuple(declarations_from_frame(declaration))
+    logging_decl = current(decls, model, as_of=as_of).get(("logging", ""))
+    return Evidence(
+        model,
+        decls,
+        tuple(fairness_records(fairness_evaluation, fairness_group, model.name, model.version)),
+        None if taints is None else LineageEvidence(training_runs_seen, tuple(taints), as_of),
+        logging_evidence(retention_days=retention_days, oldest_record_at=oldest_log_record_at,
+                         declared=logging_decl.value if logging_decl else None, as_of=as_of, source="store"),
+        compute,
+        robustness,
+        policy or AuditPolicy(),
+    )

@@ -18,7 +18,6 @@ from governance.aiact import (
     RULE_SETS,
     DeclarationError,
     Evidence,
-    classify,
     current,
     declare,
     evaluate,
@@ -26,7 +25,7 @@ from governance.aiact import (
 )
 from governance.aiact import evidence as E
 from governance.aiact.frames import AIACT_FRAMES, audit_frames, declaration_frame, declarations_from_frame, fairness_records
-from governance.aiact.model import LoggingEvidence, RobustnessEvidence
+from governance.aiact.model import LoggingEvidence
 from governance.aiact.rules import art5_matches
 from governance.registry import ModelEntry
 from tests.governance.aiact_fixtures import (
@@ -379,3 +378,24 @@ def test_threshold_crossing_and_robustness_from_frames() -> None:
     assert rb2.sdc_unresolved == 1
     lg = E.logging_evidence(retention_days=400, oldest_record_at=t0, declared={"enabled": True, "in_service_since": "2026-04-01"})
     assert lg.enabled and lg.in_service_since == datetime(2026, 4, 1, tzinfo=UTC)
+
+
+def test_frames_make_sql_tables_and_evidence_from_frames() -> None:
+    import sqlalchemy as sa
+
+    from fleetscope.schema import sql_type
+
+    md = sa.MetaData()
+    for spec in AIACT_FRAMES.values():
+        sa.Table(spec.name, md, *[sa.Column(c.name, sql_type(c.dtype), nullable=c.nullable and not c.key) for c in spec.columns],
+                 sa.PrimaryKeyConstraint(*spec.key))
+    md.create_all(sa.create_engine("sqlite://"))
+    ev = high_risk()
+    from governance.frames import FAIRNESS_EVALUATION, FAIRNESS_GROUP
+
+    built = E.evidence_from_frames(HR_MODEL, declaration=declaration_frame(ev.declarations), fairness_evaluation=FAIRNESS_EVALUATION.empty(),
+                                   fairness_group=FAIRNESS_GROUP.empty(), taints=ev.lineage.taints, training_runs_seen=1,
+                                   retention_days=400, oldest_log_record_at=NOW - days(200), compute=None, robustness=ev.robustness, as_of=NOW)
+    assert built.logging.enabled is True and built.logging.in_service_since is not None
+    by = {r.rule_id: r.status for r in evaluate(built, NOW).results}
+    assert by["art12"] == PASS and by["art10.2fg"] == MISSING and by["art10.5"] == PASS
