@@ -526,6 +526,121 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
         sys.exit(1)
 
 
+# --- AI Act: declarations, reports, exports, verification ------------------------------------------
+
+
+@main.command()
+@click.argument("model")
+@click.argument("kind")
+@click.option("--version", default="*", show_default=True, help='Model version, "*" for all.')
+@click.option("--value", "value_json", default="{}", help="The declared fact as a JSON object.")
+@click.option("--key", default="", help="Tells records of one kind apart (Annex IV point, incident id).")
+@click.option("--by", "entered_by", required=True, help="Who is declaring this (kept with the record).")
+@click.option("--retract", is_flag=True, help="Withdraw an earlier declaration of this kind and key.")
+def declare(model: str, kind: str, version: str, value_json: str, key: str, entered_by: str, retract: bool) -> None:
+    """Declare a fact about MODEL for the AI Act rules: KIND is purpose, area, oversight, documentation,
+    incident, risk_management, notification, ... ("*" as MODEL for organisation-wide facts)."""
+    from fleetscope import audit_service as au
+    from governance.aiact.model import DeclarationError
+
+    try:
+        value = json.loads(value_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--value") from None
+    try:
+        d = au.declare(_store(), model, version, kind, value, entered_by=entered_by, key=key, retracted=retract, source="cli")
+    except DeclarationError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"declared {kind} for {model}@{version} ({d.declaration_id[:12]})")
+
+
+@main.command()
+@click.option("--model", default=None, help="Audit one model (default: the whole registry).")
+@click.option("--version", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def report(model: str | None, version: str | None, as_json: bool) -> None:
+    """Evaluate the EU AI Act rules and file the audit report (JSON, HTML, PDF) under the data directory.
+    Exits 0 when no rule failed, 6 when one did."""
+    from fleetscope import audit_service as au
+    from fleetscope import governance_service as gs
+
+    s = _settings()
+    try:
+        out = au.run_audit(_store(), s, model=model, version=version, trigger="cli", requested_by=os.environ.get("USER", "cli"))
+    except (au.AuditError, gs.NotFound) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"audit {out['audit_id']} of {out['scope']} ({out['models']} model(s)): " + ", ".join(f"{k} {v}" for k, v in sorted(out["counts"].items())))
+        for path in out["reports"]:
+            click.echo(f"  {s.data_dir / path}")
+    sys.exit(6 if out["counts"].get("fail") else 0)
+
+
+@main.command()
+@click.option("--audit", "audit_id", default=None, help="Audit to export (default: the latest).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Also copy the bundle here.")
+@click.option("--json", "as_json", is_flag=True)
+def export(audit_id: str | None, out_path: str | None, as_json: bool) -> None:
+    """Make a signed compliance export bundle (zip: reports, evidence, SHA-256 manifest, Ed25519 signature)."""
+    import shutil
+
+    from fleetscope import audit_service as au
+
+    try:
+        out = au.make_export(_store(), _settings(), audit_id=audit_id, requested_by=os.environ.get("USER", "cli"))
+    except au.AuditError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out_path:
+        shutil.copyfile(out["path"], out_path)
+        out["path"] = out_path
+    _emit(as_json, out, f"bundle {out['path']}\n  signed by key {out['key_fingerprint']} (public key: {out['public_key']})")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
+@click.option("--key", "key_path", required=True, type=click.Path(exists=True, dir_okay=False), help="The signer's public key (PEM).")
+@click.option("--json", "as_json", is_flag=True)
+def verify(bundle: str, key_path: str, as_json: bool) -> None:
+    """Check an export BUNDLE offline: signature, and every file against the manifest. Exits 0 when intact,
+    7 when anything was altered, added or removed, or the signature does not verify."""
+    from governance import exports
+
+    try:
+        key = exports.load_public_key(Path(key_path).read_bytes())
+    except Exception as exc:  # noqa: BLE001 - a bad key file is the user's input error
+        raise click.ClickException(f"{key_path}: not an Ed25519 public key in PEM form ({exc})") from None
+    result = exports.verify(Path(bundle).read_bytes(), key)
+    if as_json:
+        click.echo(json.dumps({"ok": result.ok, "signature_valid": result.signature_valid, "altered": list(result.altered),
+                               "added": list(result.added), "removed": list(result.removed), "errors": list(result.errors)}))
+    else:
+        click.echo(result.summary())
+    sys.exit(0 if result.ok else 7)
+
+
+@main.group("auditlog")
+def auditlog_group() -> None:
+    """The hash-chained log of governance writes."""
+
+
+@auditlog_group.command("verify")
+@click.option("--json", "as_json", is_flag=True)
+def auditlog_verify(as_json: bool) -> None:
+    """Walk the chain; exit 0 when it holds, 8 naming the first broken entry."""
+    from fleetscope import audit_service as au
+
+    out = au.verify_log(_store())
+    if as_json:
+        click.echo(json.dumps(out))
+    elif out["ok"]:
+        click.echo(f"audit log intact: {out['entries']} entries, head {out['head'][:16]}")
+    else:
+        click.echo(f"audit log BROKEN at seq {out['first_break']['seq']}: {out['first_break']['why']}")
+    sys.exit(0 if out["ok"] else 8)
+
+
 @main.command("formats")
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:

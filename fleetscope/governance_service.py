@@ -42,12 +42,23 @@ def registry(store: Store) -> tuple[list[DatasetEntry], list[ModelEntry]]:
     return GF.registry_from_frames(store.read("dataset_registry"), store.read("model"), store.read("model_training_run"))
 
 
-def put_dataset(store: Store, entry: DatasetEntry) -> dict[str, int]:
-    return _write(store, GF.registry_frames(datasets=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+def _log(store: Store, actor: str, action: str, subject: str, payload: dict[str, Any]) -> None:
+    from fleetscope import audit_service
+
+    audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
 
 
-def put_model(store: Store, entry: ModelEntry) -> dict[str, int]:
-    return _write(store, GF.registry_frames(models=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+def put_dataset(store: Store, entry: DatasetEntry, *, actor: str = "api") -> dict[str, int]:
+    written = _write(store, GF.registry_frames(datasets=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+    _log(store, actor, "registry_dataset", entry.node_id, {k: v for k, v in entry.__dict__.items()})
+    return written
+
+
+def put_model(store: Store, entry: ModelEntry, *, actor: str = "api") -> dict[str, int]:
+    written = _write(store, GF.registry_frames(models=[entry], now=dt.datetime.now(dt.UTC)), "registry")
+    _log(store, actor, "registry_model", entry.node_id, {"intended_purpose": entry.intended_purpose, "role": entry.role,
+                                                          "training_run_ids": list(entry.training_run_ids)})
+    return written
 
 
 def find_model(store: Store, name: str, version: str | None = None) -> ModelEntry:
@@ -110,6 +121,7 @@ def evaluate_fairness(
     positive_label: Any = None,
     min_group_size: int = 30,
     policy: fairness.FairnessPolicy | None = None,
+    actor: str = "api",
 ) -> dict[str, Any]:
     """Evaluate an uploaded prediction table for a registered model and record the aggregates.
 
@@ -124,6 +136,8 @@ def evaluate_fairness(
     outcome = fairness.judge(result, policy)
     frames = GF.fairness_frames(model, result, policy, outcome, now=dt.datetime.now(dt.UTC))
     _write(store, frames, f"fairness:{model.name}@{model.version}")
+    eid = frames["fairness_evaluation"]["evaluation_id"][0]
+    _log(store, actor, "fairness_evaluation", model.node_id, {"evaluation_id": eid, "passed": outcome.passed, "n": result.n})
     return {"evaluation_id": frames["fairness_evaluation"]["evaluation_id"][0], "model": model.name, "version": model.version,
             "passed": outcome.passed, "result": result.to_dict(), "outcome": outcome.to_dict()}
 

@@ -199,13 +199,20 @@ task_run = Table(
 
 # Governance records are declared beside their pure code (governance/frames.py) and stored like the
 # canonical frames: one table per spec, natural key as primary key.
+from governance.aiact.frames import AIACT_FRAMES  # noqa: E402
 from governance.frames import GOVERNANCE_FRAMES  # noqa: E402
 
 for _spec in GOVERNANCE_FRAMES.values():
     _frame_table(_spec)
+_AIACT_INDEXES = {
+    "aiact_declaration": (Index(None, "model_name", "model_version", "kind"),),
+    "aiact_rule_result": (Index(None, "model_name", "as_of"),),
+}
+for _spec in AIACT_FRAMES.values():
+    _frame_table(_spec, *_AIACT_INDEXES.get(_spec.name, ()))
 
 # Every frame the store can write and read, by name.
-FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **GOVERNANCE_FRAMES}
+FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.

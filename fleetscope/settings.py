@@ -54,6 +54,8 @@ class Settings:
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
+    report_schedule: str = field(metadata={"env": "FLEETSCOPE_REPORT_SCHEDULE", "doc": "crontab (UTC) of the scheduled EU AI Act audit report", "default": "0 6 * * 1"})
+    signing_key: str = field(metadata={"env": "FLEETSCOPE_SIGNING_KEY", "doc": "Ed25519 private key (PEM file) that signs export bundles; embedded: generated into the data dir", "default": "$FLEETSCOPE_DATA_DIR/signing_key.pem"})
     log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
 
     @property
@@ -85,6 +87,8 @@ def load() -> Settings:
         retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
         otel_exporter=otel,
         otel_endpoint=_env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
+        report_schedule=_env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),
+        signing_key=_env("FLEETSCOPE_SIGNING_KEY", ""),
         log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
     )
 

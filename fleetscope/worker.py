@@ -25,6 +25,15 @@ from fleetscope.store import Store
 log = logging.getLogger(__name__)
 
 
+def _crontab(spec: str) -> crontab:
+    """A five-field crontab string ("minute hour day-of-month month day-of-week") as Celery's schedule."""
+    parts = spec.split()
+    if len(parts) != 5:
+        raise ValueError(f"FLEETSCOPE_REPORT_SCHEDULE={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
+    m, h, dom, mon, dow = parts
+    return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
+
+
 def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
     settings = settings or settings_mod.load()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -47,6 +56,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
             "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
             "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
+            "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
         },
     )
     if settings.broker_url.startswith("sqla+"):
@@ -181,6 +191,19 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
     with tracer().start_as_current_span("task.health_window"):
         out = run(store(), end - dt.timedelta(seconds=window_s), end)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
+
+
+@celery_app.task(name="fleetscope.audit_report")
+def audit_report() -> dict[str, Any]:
+    """Beat's scheduled EU AI Act audit of the whole registry (weekly by default), filed as a report."""
+    from fleetscope.audit_service import AuditError, run_audit
+
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    with tracer().start_as_current_span("task.audit_report"):
+        try:
+            return run_audit(store(), settings, trigger="beat", requested_by="beat")
+        except AuditError as exc:
+            return {"skipped": str(exc)}
 
 
 # Alerting's tasks and beat entries register on this app; imported last because they import it, and

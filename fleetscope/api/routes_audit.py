@@ -1,0 +1,122 @@
+"""EU AI Act: declarations, audit runs, reports, signed exports and the audit log (scope ``governance``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import polars as pl
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetscope import audit_service as au
+from fleetscope import auth
+from fleetscope import governance_service as gs
+from fleetscope.api.security import require
+from governance.aiact import model as M
+
+router = APIRouter(prefix="/api/v1", tags=["ai act"])
+Gov = Annotated[auth.Token, Depends(require("governance"))]
+
+
+class DeclarationIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=500, description='model name, or "*" for the whole organisation')
+    version: str = Field(default="*", max_length=200, description='"*" for every version')
+    kind: str = Field(description="one of " + ", ".join(M.DECLARATION_KINDS))
+    value: dict[str, Any] = Field(default_factory=dict)
+    key: str = Field(default="", max_length=500)
+    retracted: bool = False
+
+
+@router.post("/declarations", status_code=201)
+def post_declaration(request: Request, body: DeclarationIn, token: Gov) -> dict[str, Any]:
+    """Record a fact only a person can state (purpose, Annex III area, oversight, documentation, incident ...),
+    kept with the token's name as who entered it, and appended to the audit log."""
+    try:
+        d = au.declare(request.app.state.store, body.model, body.version, body.kind, body.value, entered_by=token.name, key=body.key,
+                       retracted=body.retracted, source="api")
+    except M.DeclarationError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return {"declaration_id": d.declaration_id, "entered_by": d.entered_by, "entered_at": d.entered_at.isoformat()}
+
+
+@router.get("/declarations")
+def get_declarations(request: Request, _: Gov, model: str | None = None) -> Response:
+    df = request.app.state.store.read("aiact_declaration")
+    if model:
+        df = df.filter(pl.col("model_name").is_in([model, "*"]))
+    return Response(df.sort("entered_at").write_json(), media_type="application/json")
+
+
+@router.post("/audits", status_code=201)
+async def post_audit(request: Request, token: Gov, model: str | None = None, version: str | None = None) -> dict[str, Any]:
+    """Evaluate the AI Act rules now for one model or the whole registry; files JSON, HTML and PDF reports."""
+    try:
+        return await run_in_threadpool(au.run_audit, request.app.state.store, request.app.state.settings, model=model, version=version,
+                                       trigger="api", requested_by=token.name)
+    except gs.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except au.AuditError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.get("/audits")
+def get_audits(request: Request, _: Gov) -> list[dict[str, Any]]:
+    return au.list_audits(request.app.state.store)
+
+
+@router.get("/audits/{audit_id}/results")
+def get_results(request: Request, audit_id: str, _: Gov) -> Response:
+    df = request.app.state.store.read("aiact_rule_result").filter(pl.col("audit_id") == audit_id)
+    if df.height == 0:
+        raise HTTPException(404, f"no audit {audit_id[:100]!r}")
+    return Response(df.write_json(), media_type="application/json")
+
+
+@router.get("/audits/{audit_id}/report.{fmt}")
+def get_report(request: Request, audit_id: str, fmt: str, _: Gov) -> Response:
+    if fmt not in ("json", "html", "pdf"):
+        raise HTTPException(404, "report formats: json, html, pdf")
+    try:
+        data, media = au.report_file(request.app.state.store, request.app.state.settings, audit_id, fmt)
+    except au.AuditError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return Response(data, media_type=media, headers={"Content-Disposition": f'inline; filename="fleetscope-audit-{audit_id}.{fmt}"'})
+
+
+@router.post("/exports", status_code=201)
+async def post_export(request: Request, token: Gov, audit_id: str | None = None) -> dict[str, Any]:
+    """A signed compliance bundle of an audit (default: the latest): reports, evidence, SHA-256 manifest, Ed25519 signature."""
+    try:
+        out = await run_in_threadpool(au.make_export, request.app.state.store, request.app.state.settings, audit_id=audit_id, requested_by=token.name)
+    except au.AuditError as exc:
+        raise HTTPException(404, str(exc)) from None
+    out.pop("path", None)
+    out.pop("public_key", None)
+    return out
+
+
+@router.get("/exports/{export_id}")
+def get_export(request: Request, export_id: str, _: Gov) -> Response:
+    rows = request.app.state.store.read("aiact_export").filter(pl.col("export_id") == export_id)
+    if rows.height == 0:
+        raise HTTPException(404, f"no export {export_id[:100]!r}")
+    data = (request.app.state.settings.data_dir / rows["location"][0]).read_bytes()
+    return Response(data, media_type="application/zip", headers={"Content-Disposition": f'attachment; filename="fleetscope-export-{export_id[:12]}.zip"'})
+
+
+@router.get("/signing-key")
+def get_signing_key(request: Request, _: Gov) -> Response:
+    """The public half of the export signing key (PEM), for auditors to verify bundles offline."""
+    from governance import exports
+
+    key = au.signing_key(request.app.state.settings)
+    return Response(exports.public_pem(key.public_key()), media_type="application/x-pem-file")
+
+
+@router.get("/auditlog/verify")
+def verify_auditlog(request: Request, _: Gov) -> dict[str, Any]:
+    """Walk the hash chain of governance writes; report the first broken link."""
+    return au.verify_log(request.app.state.store)

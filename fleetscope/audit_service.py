@@ -1,0 +1,245 @@
+"""EU AI Act audits against the store: declarations kept with who entered them, audit runs over every
+registered model, reports rendered and filed, signed export bundles, and the hash-chained audit log
+every governance write is appended to. Pure logic: ``governance/aiact``, ``reports``, ``exports``,
+``auditlog``; this module adds the database, the files and the clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analyzers import carbon, energy
+from fleetscope import governance_service as gs
+from fleetscope.errors import FleetscopeError
+from fleetscope.settings import Settings
+from fleetscope.store import Store
+from governance import auditlog, exports, reports
+from governance import lineage as L
+from governance.aiact import evidence as E
+from governance.aiact import frames as AF
+from governance.aiact import model as M
+from governance.aiact import rules as R
+
+
+class AuditError(FleetscopeError):
+    pass
+
+
+def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:
+    return store.write_frames([(AF.AIACT_FRAMES[k], v) for k, v in frames.items()], source=source).written
+
+
+# --- audit log -------------------------------------------------------------------------------------
+
+
+def log(store: Store, *, actor: str, action: str, subject: str, payload: dict[str, Any], now: dt.datetime | None = None) -> auditlog.AuditEntry:
+    """Append one entry to the hash chain. Two writers racing for the same position both see their write
+    land or not: the one whose row was not written (natural key ``seq``) reads the new head and retries."""
+    for _ in range(20):
+        last = _last_entry(store)
+        entry = auditlog.append(last, ts=now or dt.datetime.now(dt.UTC), actor=actor, action=action, subject=subject, payload=payload)
+        written = _write(store, {"audit_log": auditlog.entries_frame([entry])}, "auditlog")
+        if written.get("audit_log") == 1:
+            return entry
+    raise AuditError("could not append to the audit log: 20 concurrent writers in a row took its head")
+
+
+def _last_entry(store: Store) -> auditlog.AuditEntry | None:
+    rows = store.query('SELECT MAX(seq) FROM audit_log')
+    top = rows.item(0, 0) if rows.height else None
+    if top is None:
+        return None
+    df = store.read("audit_log").filter(pl.col("seq") == top)
+    return auditlog.entries_from_frame(df)[0]
+
+
+def verify_log(store: Store) -> dict[str, Any]:
+    entries = auditlog.entries_from_frame(store.read("audit_log").sort("seq"))
+    brk = auditlog.first_break(entries)
+    return {"entries": len(entries), "head": entries[-1].hash if entries else auditlog.GENESIS,
+            "ok": brk is None, "first_break": None if brk is None else {"seq": brk[0], "why": brk[1]} if isinstance(brk, tuple) else brk}
+
+
+# --- declarations ----------------------------------------------------------------------------------
+
+
+def declare(store: Store, model: str, version: str, kind: str, value: dict[str, Any], *, entered_by: str, key: str = "",
+            retracted: bool = False, source: str = "api") -> M.Declaration:
+    """Record a declared fact (purpose, Annex III area, oversight, documentation, incident, ...)."""
+    d = M.declare(model, version, kind, value, entered_by=entered_by, entered_at=dt.datetime.now(dt.UTC), key=key,
+                  retracted=retracted, source=source)
+    _write(store, {"aiact_declaration": AF.declaration_frame([d])}, f"declaration:{model}")
+    log(store, actor=entered_by, action="declaration", subject=f"model:{model}:{version}",
+        payload={"kind": kind, "key": key, "value": dict(d.value), "retracted": retracted, "declaration_id": d.declaration_id})
+    return d
+
+
+# --- audits ----------------------------------------------------------------------------------------
+
+
+def _evidence(store: Store, settings: Settings, model: Any, now: dt.datetime, taints: dict[str, list[L.Taint]], graph: L.LineageGraph) -> M.Evidence:
+    job = store.read("job")
+    job_ids = E.model_job_ids(job, model.name) if job.height else []
+    events = store.read("job_event", job_id=job_ids) if job_ids else store.read("job_event", limit=0)
+    oldest = events["ts"].min() if events.height else None
+    steps = store.read("step", job_id=job_ids) if job_ids else None
+    compute = None
+    if job_ids:
+        minutes = store.read("gpu_energy_minute")
+        job_energy = None
+        if minutes.height:
+            attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=job_ids))
+            job_energy = energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
+        fp = carbon.model_footprint(model.name, job=job, job_energy=job_energy, step=steps)
+        ended = job.filter(pl.col("job_id").is_in(job_ids))["ended_at"].max()
+        compute = M.ComputeEvidence.from_footprint(fp, threshold_crossed_at=E.threshold_crossing(steps, job_ids) if steps is not None and steps.height else None,
+                                                   training_ended_at=ended, as_of=now)
+    robust = None
+    if job_ids:
+        robust = E.robustness(store.read("health_event", start=now - dt.timedelta(days=90)), events, store.read("job_rank", job_id=job_ids),
+                              job_ids, now - dt.timedelta(days=90), now, as_of=now)
+    runs_seen = len(graph.run_closure(L.training_runs(graph, model))) if model.training_run_ids or graph.runs else 0
+    return E.evidence_from_frames(
+        model, declaration=store.read("aiact_declaration"), fairness_evaluation=store.read("fairness_evaluation"),
+        fairness_group=store.read("fairness_group"), taints=taints.get(model.node_id, []), training_runs_seen=runs_seen,
+        retention_days=settings.retention_days, oldest_log_record_at=oldest, compute=compute, robustness=robust, as_of=now,
+    )
+
+
+def run_audit(store: Store, settings: Settings, *, model: str | None = None, version: str | None = None, trigger: str = "api",
+              requested_by: str = "", now: dt.datetime | None = None) -> dict[str, Any]:
+    """Evaluate the rules for one model or the whole registry, store the results, render and file the report."""
+    started = now or dt.datetime.now(dt.UTC)
+    datasets, models = gs.registry(store)
+    if model is not None:
+        models = [gs.find_model(store, model, version)]
+    if not models:
+        raise AuditError("the model registry is empty: register a model (PUT /api/v1/models/{name}/{version}) before auditing")
+    graph = gs.graph(store)
+    taints = L.propagate(graph, datasets, models)
+    audits = R.evaluate_all([_evidence(store, settings, m, started, taints, graph) for m in models], started)
+    scope = "registry" if model is None else f"model:{models[0].name}:{models[0].version}"
+    audit_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    report = reports.build_report(audits, now=started, scope=scope)
+    files = reports.render_all(report)
+    folder = settings.data_dir / "reports" / audit_id
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        fmt = name.rsplit(".", 1)[-1]
+        rows.append({"report_id": f"{audit_id}.{fmt}", "audit_id": audit_id, "format": fmt, "sha256": hashlib.sha256(data).hexdigest(),
+                     "size_bytes": len(data), "created_at": started, "location": str((folder / name).relative_to(settings.data_dir)),
+                     "pdf_engine": reports.pdf_engine() if fmt == "pdf" else None})
+    frames = AF.audit_frames(audits, audit_id, scope=scope, started_at=started, finished_at=dt.datetime.now(dt.UTC), trigger=trigger,
+                             requested_by=requested_by)
+    frames["aiact_report"] = pl.DataFrame(rows, schema=AF.AIACT_REPORT.schema)
+    _write(store, frames, f"audit:{audit_id}")
+    counts = json.loads(frames["aiact_audit_run"]["counts"][0])
+    log(store, actor=requested_by or trigger, action="audit_run", subject=scope, payload={"audit_id": audit_id, "counts": counts,
+        "reports": {r["format"]: r["sha256"] for r in rows}})
+    return {"audit_id": audit_id, "scope": scope, "counts": counts, "models": len(audits), "reports": [r["location"] for r in rows]}
+
+
+def list_audits(store: Store) -> list[dict[str, Any]]:
+    runs = store.read("aiact_audit_run").sort("as_of", descending=True)
+    return [{"audit_id": r["audit_id"], "scope": r["scope"], "as_of": r["as_of"].isoformat(), "trigger": r["trigger"],
+             "counts": json.loads(r["counts"] or "{}")} for r in runs.iter_rows(named=True)]
+
+
+def report_file(store: Store, settings: Settings, audit_id: str, fmt: str) -> tuple[bytes, str]:
+    rows = store.read("aiact_report").filter((pl.col("audit_id") == audit_id) & (pl.col("format") == fmt))
+    if rows.height == 0:
+        raise AuditError(f"no {fmt} report for audit {audit_id!r}")
+    r = rows.row(0, named=True)
+    data = (settings.data_dir / r["location"]).read_bytes()
+    if hashlib.sha256(data).hexdigest() != r["sha256"]:
+        raise AuditError(f"report file {r['location']} no longer matches the hash recorded when it was made")
+    return data, {"json": "application/json", "html": "text/html; charset=utf-8", "pdf": "application/pdf"}[fmt]
+
+
+def latest_audit_id(store: Store) -> str:
+    runs = list_audits(store)
+    if not runs:
+        raise AuditError("no audit has run yet: run one first (fleetscope report, or POST /api/v1/audits)")
+    return runs[0]["audit_id"]
+
+
+# --- signing keys and exports ------------------------------------------------------------------------
+
+
+def signing_key(settings: Settings) -> Any:
+    """The Ed25519 key that signs export bundles: ``FLEETSCOPE_SIGNING_KEY`` (a PEM file) or, embedded, a key
+    generated once into ``$FLEETSCOPE_DATA_DIR/signing_key.pem`` (0600) with its public half beside it."""
+    path = _key_path(settings)
+    if not path.exists():
+        if settings.signing_key:
+            raise AuditError(f"FLEETSCOPE_SIGNING_KEY={path}: no such file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        private, public = exports.generate_keypair()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(private)
+        path.with_name("signing_key.pub.pem").write_bytes(public)
+    return exports.load_private_key(path.read_bytes())
+
+
+def make_export(store: Store, settings: Settings, *, audit_id: str | None = None, requested_by: str = "", now: dt.datetime | None = None) -> dict[str, Any]:
+    """A signed bundle of one audit: its report in all forms and the evidence behind it."""
+    now = now or dt.datetime.now(dt.UTC)
+    audit_id = audit_id or latest_audit_id(store)
+    report_files = {}
+    for fmt in ("json", "html", "pdf"):
+        try:
+            report_files[f"report.{fmt}"] = report_file(store, settings, audit_id, fmt)[0]
+        except AuditError:
+            if fmt != "pdf":
+                raise
+    evidence = {
+        "rule_results": store.read("aiact_rule_result").filter(pl.col("audit_id") == audit_id),
+        "declarations": store.read("aiact_declaration"),
+        "lineage_edges": store.read("lineage_io"),
+        "lineage_runs": store.read("lineage_run_event"),
+        "dataset_registry": store.read("dataset_registry"),
+        "models": store.read("model"),
+        "fairness_evaluations": store.read("fairness_evaluation"),
+        "fairness_groups": store.read("fairness_group"),
+        "incidents": store.read("aiact_declaration").filter(pl.col("kind") == "incident"),
+    }
+    key = signing_key(settings)
+    head = verify_log(store)["head"]
+    bundle = exports.build_bundle(report_files, evidence, key, now=now, meta={"audit_id": audit_id, "auditlog_head": head})
+    export_id = hashlib.sha256(bundle).hexdigest()
+    folder = settings.data_dir / "exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"fleetscope-export-{audit_id}-{export_id[:12]}.zip"
+    path.write_bytes(bundle)
+    import zipfile
+    import io
+
+    manifest = zipfile.ZipFile(io.BytesIO(bundle)).read("manifest.json")
+    _write(store, {"aiact_export": pl.DataFrame([{"export_id": export_id, "audit_id": audit_id, "created_at": now,
+                                                  "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+                                                  "key_fingerprint": exports.key_fingerprint(key), "size_bytes": len(bundle),
+                                                  "location": str(path.relative_to(settings.data_dir)), "requested_by": requested_by}],
+                                                schema=AF.AIACT_EXPORT.schema)}, f"export:{audit_id}")
+    log(store, actor=requested_by or "fleetscope", action="export", subject=f"audit:{audit_id}",
+        payload={"export_id": export_id, "key_fingerprint": exports.key_fingerprint(key)})
+    return {"export_id": export_id, "audit_id": audit_id, "path": str(path), "size_bytes": len(bundle),
+            "key_fingerprint": exports.key_fingerprint(key), "public_key": str(_public_key_path(settings))}
+
+
+def _key_path(settings: Settings) -> Path:
+    return Path(settings.signing_key) if settings.signing_key else settings.data_dir / "signing_key.pem"
+
+
+def _public_key_path(settings: Settings) -> Path:
+    return _key_path(settings).with_name("signing_key.pub.pem")
