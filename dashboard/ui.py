@@ -123,22 +123,49 @@ def _window_end(anchor: str) -> tuple[dt.datetime, dt.datetime | None]:
     return now.replace(microsecond=0) + dt.timedelta(seconds=10 - now.second % 10), latest
 
 
+# Filters travel in the URL too (?range=1 h&site=site-a&job=...), so a link from an alert or a chat
+# opens the dashboard on the right job and window.
+_URL_PARAMS = {"range": "f_range", "anchor": "f_anchor", "site": "f_site", "job": "f_job", "refresh": "f_refresh"}
+_DEFAULTS = {"f_range": "24 h", "f_anchor": ANCHORS[0], "f_site": "All sites", "f_job": "All jobs", "f_refresh": "30 s"}
+
+
+def _choice(key: str, options: list[str]) -> None:
+    """Seed a filter widget's state: from the URL on a session's first run, else keep the user's choice;
+    a choice no longer offered (a job outside the new time range) falls back to the default."""
+    if key not in st.session_state:
+        param = next(p for p, k in _URL_PARAMS.items() if k == key)
+        st.session_state[key] = st.query_params.get(param, _DEFAULTS[key])
+    if st.session_state[key] not in options:
+        st.session_state[key] = _DEFAULTS[key]
+
+
 def sidebar() -> Filters:
     """Draw the common controls (time range, site, job, refresh) and remember the choices."""
     sb = st.sidebar
-    range_label = sb.selectbox("Time range", list(RANGES_S), index=3, key="f_range")
+    _choice("f_range", list(RANGES_S))
+    range_label = sb.selectbox("Time range", list(RANGES_S), key="f_range")
+    _choice("f_anchor", list(ANCHORS))
     anchor = sb.radio("Window ends at", ANCHORS, key="f_anchor", horizontal=True, help="'latest data' keeps a replayed or stalled database readable.")
     range_s = RANGES_S[range_label]
     end, latest = _window_end(anchor)
     start = end - dt.timedelta(seconds=range_s)
     site_rows = q(queries.sites, live=False)
-    site_ids = site_rows["site_id"].drop_nulls().to_list()
-    site = sb.selectbox("Site", ["All sites", *site_ids], key="f_site")
+    site_options = ["All sites", *site_rows["site_id"].drop_nulls().to_list()]
+    _choice("f_site", site_options)
+    site = sb.selectbox("Site", site_options, key="f_site")
     site = None if site == "All sites" else site
     job_rows = q(queries.jobs, live=False, start=start, end=end, site=site)
-    job_ids = job_rows["job_id"].to_list()
-    job = sb.selectbox("Job", ["All jobs", *job_ids], key="f_job")
-    refresh = sb.selectbox("Auto-refresh live panels", list(REFRESH_S), index=2, key="f_refresh")
+    job_options = ["All jobs", *job_rows["job_id"].to_list()]
+    _choice("f_job", job_options)
+    job = sb.selectbox("Job", job_options, key="f_job")
+    _choice("f_refresh", list(REFRESH_S))
+    refresh = sb.selectbox("Auto-refresh live panels", list(REFRESH_S), key="f_refresh")
+    for param, key in _URL_PARAMS.items():
+        value = st.session_state[key]
+        if value == _DEFAULTS[key]:
+            st.query_params.pop(param, None)
+        else:
+            st.query_params[param] = value
     if latest is None:
         sb.caption("No data yet: nothing has been ingested.")
     else:
