@@ -185,7 +185,8 @@ def dashboard_cmd(host: str, port: int, streamlit_args: tuple[str, ...]) -> None
     # The dashboard reads its settings from the environment, like every other process.
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(s.data_dir), "FLEETSCOPE_DATABASE_URL": s.database_url}
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(port),
-           "--server.address", host, "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", *streamlit_args]
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+           "--client.toolbarMode", "viewer", *streamlit_args]
     if os.name == "posix":
         os.execve(sys.executable, cmd, env)  # streamlit takes this pid, so signals and supervisors reach it directly
     sys.exit(subprocess.call(cmd, env=env))

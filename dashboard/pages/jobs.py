@@ -29,7 +29,7 @@ c[1].metric("Status", meta_row["status"] or "—")
 c[2].metric("Steps recorded", f"{totals['steps'] or 0:,}")
 c[3].metric("Mean step time", ui.fmt_duration(totals["step_mean_s"]))
 ci = totals["comm_intensity_bytes_per_flop"]
-c[4].metric("Communication intensity", "—" if ci is None else f"{ci:.2e} B/FLOP", help="network bytes / model FLOPs")
+c[4].metric("Comm. intensity", "—" if ci is None else f"{ci:.1e} B/FLOP".replace("e-0", "e-"), help="communication intensity: network bytes / model FLOPs")
 
 st.subheader("C³ breakdown over steps")
 steps = ui.q(queries.job_step_summary, live=False, job_id=job_id)

@@ -16,7 +16,13 @@ peak = st.number_input(
     "Fabric peak bus bandwidth (GB/s)", min_value=0.0, value=0.0, step=25.0, key="fabric_peak",
     help="drawn as a line on the charts; 0 hides it (e.g. about 450 for NVLink 4 all_reduce within an H100 node)",
 )
-SIZE_X = alt.X("size_bytes:Q", title="Message size (bytes)", scale=alt.Scale(type="log", base=2), axis=alt.Axis(format="~s"))
+# Message sizes are powers of two: label them in binary units (1 MiB, not 1.048576M).
+BYTES_LABEL = (
+    "datum.value >= 1073741824 ? format(datum.value / 1073741824, '~g') + ' GiB'"
+    " : datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + ' MiB'"
+    " : datum.value >= 1024 ? format(datum.value / 1024, '~g') + ' KiB' : format(datum.value, '~g') + ' B'"
+)
+SIZE_X = alt.X("size_bytes:Q", title="Message size (bytes)", scale=alt.Scale(type="log", base=2), axis=alt.Axis(labelExpr=BYTES_LABEL, labelOverlap=True))
 
 
 def with_peak(c: alt.Chart) -> alt.Chart | alt.LayerChart:

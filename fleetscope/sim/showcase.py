@@ -22,10 +22,13 @@ STRAGGLER_RANK = 5
 XID_CODE = 79  # "GPU has fallen off the bus": the classic drain-the-node XID
 
 
-def showcase(spec: FleetSpec, start: dt.datetime, duration_s: int, *, with_telemetry: bool = True) -> list[F.Batch]:
+def showcase(
+    spec: FleetSpec, start: dt.datetime, duration_s: int, *, with_telemetry: bool = True, world_sizes: tuple[int, int, int] = (8, 16, 32)
+) -> list[F.Batch]:
     """Batches to write in order: the fleet's inventory and samples (unless ``with_telemetry`` is False,
     for callers that seed telemetry themselves), then the jobs and events placed inside
-    ``[start, start + duration_s)``."""
+    ``[start, start + duration_s)``. ``world_sizes`` are the three runs' GPU counts (the middle one,
+    job-llm-a, is running and has the straggler), capped at the fleet's size."""
     out: list[F.Batch] = []
     fleet = gpu_fleet(spec, start, duration_s if with_telemetry else spec.interval_s)
     if not with_telemetry:
@@ -34,16 +37,17 @@ def showcase(spec: FleetSpec, start: dt.datetime, duration_s: int, *, with_telem
     gpus = fleet.gpu.sort("host", "gpu_index")
     end = start + dt.timedelta(seconds=duration_s)
     rng = np.random.default_rng(spec.seed + 1)
-    out.append(_jobs(gpus, start, end, rng, spec))
+    out.append(_jobs(gpus, start, end, rng, world_sizes))
     out.append(_health(gpus, start, end))
     out.append(_nccl_tests(start, end))
     return out
 
 
-def _jobs(gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime, rng: np.random.Generator, spec: FleetSpec) -> F.Batch:
+def _jobs(gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime, rng: np.random.Generator, world_sizes: tuple[int, int, int]) -> F.Batch:
     site = "site-a"
-    # Three runs of one model at 8, 16 and 32 GPUs: enough world sizes for a scaling-efficiency curve.
-    runs = [("job-llm-b", 8, "finished", 1.00), (STRAGGLER_JOB, 16, "running", 0.55), ("job-llm-c", 32, "finished", 0.32)]
+    # Three runs of one model at three world sizes: enough for a scaling-efficiency curve.
+    small, mid, large = world_sizes
+    runs = [("job-llm-b", small, "finished", 1.00), (STRAGGLER_JOB, mid, "running", 0.55), ("job-llm-c", large, "finished", 0.32)]
     n_gpus = gpus.height
     job_rows, rank_rows, step_rows, coll_rows, ev_rows = [], [], [], [], []
     for job_id, world, status, compute_s in runs:
