@@ -17,6 +17,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 import streamlit as st
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from fleetscope import queries
@@ -82,7 +83,8 @@ def _schema_problem(url: str) -> str | None:
         engine = _store(url).engine
         current, head = db.current_revision(engine), db.head_revision(url)
     except (SQLAlchemyError, sqlite3.Error) as exc:
-        return f"Cannot reach the database at {Store.open(url).engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0][:300]}"
+        shown = make_url(url).render_as_string(hide_password=True)
+        return f"Cannot reach the database at {shown}: {str(exc).splitlines()[0][:300]}"
     if current != head:
         return f"The database schema is at {current or 'nothing'}, this version expects {head}: run `fleetscope db upgrade`."
     return None

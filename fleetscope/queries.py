@@ -366,9 +366,11 @@ def health_grid(
     """Host × GPU grid of the latest temperature, power and XID, with health events in the last
     ``health_window_s``: ``host, gpu_index, gpu_uuid, temp_c, power_w, xid_last, events, status``.
 
-    ``status`` is ``unhealthy`` (serious event, XID or pending row remap), ``hot`` (≥ 85 °C), ``ok`` or
-    ``silent``. Hosts are ordered worst first and cut at ``max_hosts``: a 16k-GPU fleet has 2,048
-    hosts, more than a screen shows, and the ones needing attention are the point of the grid.
+    ``status`` is ``unhealthy`` (an UNHEALTHY_KINDS event in the window: the same rule as
+    ``gpu_state_counts``, so grid and counts agree), ``hot`` (≥ 85 °C), ``silent`` (no recent sample) or
+    ``ok``; ``xid_last`` is shown, not judged, since DCGM keeps reporting the last XID long after it.
+    Hosts are ordered worst first and cut at ``max_hosts``: a 16k-GPU fleet has 2,048 hosts, more than a
+    screen shows, and the ones needing attention are the point of the grid.
     """
     end = _as_utc(end)
     latest = latest_gpu_samples(store, end, lookback_s, site)
@@ -396,7 +398,7 @@ def health_grid(
         {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64},
     )
     grid = (
-        inventory.join(latest.select("gpu_uuid", "ts", "temp_c", "power_w", "xid_last", "remap_pending"), on="gpu_uuid", how="full", coalesce=True)
+        inventory.join(latest.select("gpu_uuid", "ts", "temp_c", "power_w", "xid_last"), on="gpu_uuid", how="full", coalesce=True)
         .join(ev_gpu, on="gpu_uuid", how="left")
         .with_columns(
             pl.col("host").fill_null("(unknown host)"),
@@ -411,7 +413,7 @@ def health_grid(
                     "xid_last": pl.Int64, "events": pl.Int64, "status": pl.String}
         )
     status = (
-        pl.when(pl.col("serious") | (pl.col("xid_last").fill_null(0) > 0) | (pl.col("remap_pending").fill_null(0) > 0))
+        pl.when(pl.col("serious"))
         .then(pl.lit("unhealthy"))
         .when(pl.col("ts").is_null())
         .then(pl.lit("silent"))
@@ -427,10 +429,11 @@ def health_grid(
         .sort(["worst", "host_events", "host"], descending=[True, True, False])
         .head(max_hosts)
     )
+    order = worst.select("host").with_row_index("host_order")
     return (
-        grid.join(worst.select("host"), on="host", how="semi")
+        grid.join(order, on="host", how="inner")
+        .sort("host_order", "gpu_index")
         .select("host", "gpu_index", "gpu_uuid", "temp_c", "power_w", "xid_last", "events", "status")
-        .sort("host", "gpu_index")
     )
 
 
@@ -612,7 +615,7 @@ def findings(
     cols = ("window_start", "window_end", "analyzer", "kind", "subject", "severity", "score", "summary", "evidence")
     sql = (
         f"SELECT {', '.join(cols)} FROM finding WHERE {where}"
-        " ORDER BY window_start DESC, CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, score DESC"
+        " ORDER BY window_start DESC, CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, COALESCE(score, 0) DESC"
         f" LIMIT {int(limit)}"
     )
     return _fetch(store, sql, params, {c: F.FINDING.schema[c] for c in cols})
@@ -636,7 +639,8 @@ def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = 
     sql = (
         f"SELECT {cols}, (SELECT f.score FROM finding f WHERE f.kind = 'goodput' AND f.subject = 'job:' || j.job_id"
         " ORDER BY f.window_start DESC LIMIT 1) AS goodput_ratio"
-        f" FROM job j WHERE {where} ORDER BY j.started_at DESC, j.job_id LIMIT {int(limit)}"
+        # (started_at IS NULL) first: both databases then put jobs of unknown start last.
+        f" FROM job j WHERE {where} ORDER BY (j.started_at IS NULL), j.started_at DESC, j.job_id LIMIT {int(limit)}"
     )
     return _fetch(store, sql, params, {**{c: F.JOB.schema[c] for c in _JOB_COLS}, "goodput_ratio": pl.Float64})
 

@@ -9,6 +9,8 @@ import streamlit as st
 from dashboard import ui
 from fleetscope import queries
 
+MAX_RANK_BARS = 128
+
 f = ui.filters()
 st.title("Jobs")
 
@@ -42,6 +44,11 @@ else:
 
     st.subheader("Per rank")
     ranks = ui.q(queries.job_rank_summary, live=False, job_id=job_id)
+    if ranks.height > MAX_RANK_BARS:
+        # Thousands of bars draw slowly and read as noise: keep the slowest ranks (the summary is sorted
+        # slowest first), where a straggler would be.
+        st.caption(f"The {MAX_RANK_BARS} slowest of {ranks.height:,} ranks (by compute time per step).")
+        ranks = ranks.head(MAX_RANK_BARS)
     ranks = ranks.with_columns(comm_exposed_mean_s=(pl.col("step_mean_s") - pl.col("compute_mean_s") - pl.col("idle_mean_s")).clip(lower_bound=0))
     rparts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
     ui.chart(ui.stacked_parts(ranks, "rank", rparts, alt.X("rank:O", title="Rank"), "Mean time per step (s)"), height=240)

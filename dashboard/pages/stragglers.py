@@ -31,7 +31,8 @@ metric = st.segmented_control(
     help="In synchronous training every rank's step lasts as long as the slowest rank's: a straggler shows as long compute, the others as idle time spent waiting for it.",
 ) or "compute"
 column, title = {"compute": ("compute_s", "Compute per step (s)"), "idle": ("idle_s", "Idle per step (s)"), "step": ("step_s", "Step time (s)")}[metric]
-cells = ui.q(queries.job_rank_step_times, live=False, job_id=job_id)
+# 128 rows × 50 steps keeps the heatmap to ~6k cells: beyond that it draws slowly and no row is readable.
+cells = ui.q(queries.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128)
 if cells.is_empty():
     ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
     st.stop()

@@ -68,6 +68,7 @@ def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
     assert grid.height == 64
     unhealthy = grid.filter(pl.col("status") == "unhealthy")
     assert unhealthy.height == 3 and set(unhealthy["host"]) == {"site-a-node-001", "site-a-node-002"}
+    assert grid["status"][0] == "unhealthy"  # worst hosts first
     two = Q.health_grid(seeded_store, END, max_hosts=2)
     assert set(two["host"]) == {"site-a-node-001", "site-a-node-002"}
 
