@@ -168,6 +168,30 @@ def worker(ctx: click.Context, concurrency: int, pool: str) -> None:
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=INFO", *ctx.args])
 
 
+@main.command("dashboard", context_settings={"ignore_unknown_options": True})
+@click.option("--host", envvar="FLEETSCOPE_DASHBOARD_HOST", default="127.0.0.1", show_default=True, help="Bind address (or FLEETSCOPE_DASHBOARD_HOST).")
+@click.option("--port", envvar="FLEETSCOPE_DASHBOARD_PORT", type=int, default=8501, show_default=True, help="Port (or FLEETSCOPE_DASHBOARD_PORT).")
+@click.argument("streamlit_args", nargs=-1, type=click.UNPROCESSED)
+def dashboard_cmd(host: str, port: int, streamlit_args: tuple[str, ...]) -> None:
+    """Run the Streamlit dashboard (extra arguments go to `streamlit run`)."""
+    import importlib.util
+
+    s = _settings()
+    _engine(s)  # migrate the embedded database on first start, as `serve` does; the dashboard only reads
+    spec = importlib.util.find_spec("dashboard")
+    if spec is None or spec.origin is None:
+        raise click.ClickException("the dashboard package is not installed")
+    app = Path(spec.origin).resolve().parent / "app.py"
+    # The dashboard reads its settings from the environment, like every other process.
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(s.data_dir), "FLEETSCOPE_DATABASE_URL": s.database_url}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(port),
+           "--server.address", host, "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+           "--client.toolbarMode", "viewer", *streamlit_args]
+    if os.name == "posix":
+        os.execve(sys.executable, cmd, env)  # streamlit takes this pid, so signals and supervisors reach it directly
+    sys.exit(subprocess.call(cmd, env=env))
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def beat(ctx: click.Context) -> None:

@@ -1,0 +1,1 @@
+"""One module per dashboard page; app.py lists them in st.navigation."""

@@ -1,0 +1,65 @@
+"""Energy & Carbon: GPU energy by site, power over time, PUE, location- and market-based carbon."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboard import ui
+from fleetscope import queries
+
+f = ui.filters()
+st.title("Energy & Carbon")
+
+st.subheader("GPU energy by site")
+energy = ui.q(queries.gpu_energy, live=False, start=f.start, end=f.end, site=f.site)
+if energy.is_empty():
+    ui.no_data("no GPU energy counters in this time range.")
+else:
+    energy = energy.with_columns(energy_kwh=pl.col("energy_j") / 3.6e6, site_id=pl.col("site_id").fill_null("(no site)"))
+    c1, c2 = st.columns([1, 2])
+    c1.metric("GPU energy in range", ui.fmt_energy(float(energy["energy_j"].sum())), help="from the GPUs' energy counters; facility overhead not included")
+    with c2:
+        ui.chart(
+            alt.Chart(energy).mark_bar().encode(
+                y=alt.Y("site_id:N", title="Site"), x=alt.X("energy_kwh:Q", title="GPU energy (kWh)"), tooltip=["site_id", "gpus", alt.Tooltip("energy_kwh:Q", format=".1f")]
+            ),
+            height=max(100, 40 * energy.height),
+        )
+
+st.subheader("GPU power over time")
+series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
+if series.is_empty():
+    ui.no_data("no GPU telemetry in this time range.")
+else:
+    ui.chart(
+        alt.Chart(series.with_columns(power_kw=pl.col("power_w") / 1e3)).mark_area(opacity=0.7).encode(
+            x=ui.time_x(), y=alt.Y("power_kw:Q", title="GPU power (kW)"), tooltip=[alt.Tooltip("ts:T", title="UTC"), alt.Tooltip("power_kw:Q", format=".1f")]
+        ),
+        height=220,
+    )
+
+st.subheader("PUE over time")
+pue = ui.q(queries.metric_series, live=False, name_like="%pue%", start=f.start, end=f.end, bucket_s=ui.bucket_for(f.range_s))
+if pue.is_empty():
+    ui.no_data("no PUE or facility power series.", "Site meters arrive as metric series; PUE is computed by the energy & carbon analyzer.")
+else:
+    ui.chart(
+        alt.Chart(pue).mark_line().encode(x=ui.time_x(), y=alt.Y("value_mean:Q", title="PUE (ratio)", scale=alt.Scale(zero=False)), color=alt.Color("series:N", title="Series")),
+        height=220,
+    )
+
+st.subheader("Carbon: location- vs market-based, and embodied")
+carbon = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="carbon%")
+if carbon.is_empty():
+    ui.no_data("no carbon figures.", "Location-based (grid intensity), market-based (contracts) and embodied CO2e by site, job and model arrive with the energy & carbon analyzer.")
+else:
+    st.dataframe(carbon.select("subject", "kind", "score", "summary", "window_start"), hide_index=True)
+
+st.subheader("Energy by job and model")
+by_job = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="energy%")
+if by_job.is_empty():
+    ui.no_data("no per-job energy.", "Attribution of GPU and facility energy to jobs and models arrives with the energy & carbon analyzer.")
+else:
+    st.dataframe(by_job.select("subject", "kind", "score", "summary", "window_start"), hide_index=True)

@@ -1,0 +1,120 @@
+"""Overview: is the fleet healthy and busy right now, what does it draw, what runs on it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboard import ui
+from fleetscope import queries
+
+f = ui.filters()
+st.title("Fleet overview")
+
+STATUS_COLORS = alt.Scale(domain=["ok", "hot", "silent", "unhealthy"], range=["#2e7d32", "#f9a825", "#9e9e9e", "#c62828"])
+
+
+def live_panel() -> None:
+    end = ui.live_end(f)
+    size = ui.q(queries.fleet_size, site=f.site)
+    counts = ui.q(queries.gpu_state_counts, end=end, site=f.site).row(0, named=True)
+    gpus = int(size["gpus"][0]) if size.height else 0
+    if gpus == 0 and counts["reporting"] == 0:
+        ui.no_data("no GPUs in the inventory and no GPU telemetry.", "Point dcgm-exporter or the agent at the API, or run `fleetscope demo`.")
+        return
+    power = ui.q(queries.power_now, end=end, site=f.site).row(0, named=True)
+    cols = st.columns(6)
+    cols[0].metric("GPUs", f"{max(gpus, counts['gpus']):,}", help="GPUs in the inventory (or reporting, if more)")
+    cols[1].metric("Busy", f"{counts['busy']:,}", help="mean utilisation ≥ 10 % over the last 5 min")
+    cols[2].metric("Idle", f"{counts['idle']:,}")
+    cols[3].metric("Unhealthy", f"{counts['unhealthy']:,}", help="XID, ECC, row remap, NVLink or SDC event in the last hour")
+    cols[4].metric("Silent", f"{counts['silent']:,}", help="in the inventory, no sample in the last 5 min")
+    cols[5].metric("Power now", ui.fmt_power(power["power_w"]), help=f"sum of {power['gpus_reporting']:,} GPUs' latest power")
+
+    st.subheader("Host × GPU health")
+    grid = ui.q(queries.health_grid, end=end, site=f.site)
+    if grid.is_empty():
+        ui.no_data("no GPU in the inventory or reporting.")
+        return
+    hosts = grid["host"].n_unique()
+    st.caption(f"Latest sample per GPU; worst hosts first ({hosts} shown). Hover for temperature, power and XID.")
+    heat = (
+        alt.Chart(grid)
+        .mark_rect(stroke="white", strokeWidth=1)
+        .encode(
+            x=alt.X("gpu_index:O", title="GPU index"),
+            y=alt.Y("host:N", title="Host", sort=None),
+            color=alt.Color("status:N", scale=STATUS_COLORS, title="Status"),
+            tooltip=[
+                "host:N",
+                alt.Tooltip("gpu_index:O", title="GPU"),
+                "gpu_uuid:N",
+                "status:N",
+                alt.Tooltip("temp_c:Q", title="Temperature (°C)", format=".0f"),
+                alt.Tooltip("power_w:Q", title="Power (W)", format=".0f"),
+                alt.Tooltip("xid_last:Q", title="Last XID"),
+                alt.Tooltip("events:Q", title="Health events (1 h)"),
+            ],
+        )
+    )
+    ui.chart(heat, height=min(900, 40 + 22 * hosts))
+
+
+ui.live(live_panel)
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Energy and CO2e today")
+    day_start = dt.datetime.combine(f.end.date(), dt.time(), dt.UTC)
+    energy = ui.q(queries.gpu_energy, live=False, start=day_start, end=f.end, site=f.site)
+    if energy.is_empty():
+        ui.no_data("no GPU energy counters today.")
+    else:
+        c1, c2 = st.columns(2)
+        c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(energy["energy_j"].sum())), help="from the GPUs' energy counters; facility overhead (PUE) not included")
+        c2.metric("CO2e today", "—")
+        ui.no_data("CO2e needs the grid's carbon intensity.", "It arrives with the energy & carbon analyzer.")
+with right:
+    st.subheader("Jobs running")
+    running = ui.q(queries.running_jobs, end=f.end, site=f.site)
+    if running.is_empty():
+        ui.no_data("no job is running.")
+    else:
+        st.dataframe(
+            running.select("job_id", "name", "model_name", "world_size", "started_at", "goodput_ratio"),
+            hide_index=True,
+            column_config={
+                "goodput_ratio": st.column_config.ProgressColumn("Goodput", min_value=0.0, max_value=1.0, format="percent"),
+                "world_size": st.column_config.NumberColumn("GPUs"),
+                "started_at": st.column_config.DatetimeColumn("Started (UTC)", format="YYYY-MM-DD HH:mm"),
+            },
+        )
+        if running["goodput_ratio"].null_count() == running.height:
+            st.caption("Goodput arrives with the goodput analyzer.")
+
+ui.pending_table("Firing alerts", ("alert", "alerts", "alert_state"), "no alert is firing.", "Alert rules and webhooks arrive with the alerting service.")
+
+st.subheader("Fleet power and utilisation")
+series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
+if series.is_empty():
+    ui.no_data("no GPU telemetry in this time range.")
+else:
+    st.caption(f"{series.height} points, each the fleet's state over one sample interval.")
+    power = alt.Chart(series.with_columns(power_kw=pl.col("power_w") / 1e3)).mark_line().encode(
+        x=ui.time_x(), y=alt.Y("power_kw:Q", title="GPU power (kW)"), tooltip=[alt.Tooltip("ts:T", title="UTC"), alt.Tooltip("power_kw:Q", format=".1f", title="kW")]
+    )
+    busy = alt.Chart(series).mark_area(opacity=0.6).encode(
+        x=ui.time_x(), y=alt.Y("gpus_busy:Q", title="Busy GPUs (count)"), tooltip=[alt.Tooltip("ts:T", title="UTC"), "gpus_busy:Q", "gpus_reporting:Q"]
+    )
+    c1, c2 = st.columns(2)
+    with c1:
+        ui.chart(power, height=240)
+    with c2:
+        ui.chart(busy, height=240)
+
+with st.expander("Data held"):
+    st.dataframe(ui.q(queries.table_rows, live=False), hide_index=True)
+    st.caption("Large telemetry tables show an estimate (approximate = true).")

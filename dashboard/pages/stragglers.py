@@ -1,0 +1,57 @@
+"""Stragglers: which rank holds every step back, and what it costs."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboard import ui
+from fleetscope import queries
+
+f = ui.filters()
+st.title("Stragglers")
+
+st.subheader("Current suspects")
+suspects = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="%straggler%")
+if suspects.is_empty():
+    ui.no_data("no straggler findings in this time range.", "Attribution and cost arrive with the straggler analyzer.")
+else:
+    st.dataframe(suspects.select("subject", "severity", "score", "summary", "window_start", "window_end"), hide_index=True)
+
+jobs = ui.q(queries.jobs, live=False, start=f.start, end=f.end, site=f.site)
+if jobs.is_empty():
+    ui.no_data("no job ran in this time range.")
+    st.stop()
+job_id = ui.pick_job(f, key="straggler_job")
+
+st.subheader(f"Rank × step: {job_id}")
+metric = st.segmented_control(
+    "Colour by", ["compute", "idle", "step"], default="compute", key="straggler_metric",
+    help="In synchronous training every rank's step lasts as long as the slowest rank's: a straggler shows as long compute, the others as idle time spent waiting for it.",
+) or "compute"
+column, title = {"compute": ("compute_s", "Compute per step (s)"), "idle": ("idle_s", "Idle per step (s)"), "step": ("step_s", "Step time (s)")}[metric]
+# 128 rows × 50 steps keeps the heatmap to ~6k cells: beyond that it draws slowly and no row is readable.
+cells = ui.q(queries.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128)
+if cells.is_empty():
+    ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
+    st.stop()
+grouped = int(cells["ranks_in_cell"].max() or 1) > 1
+if grouped:
+    st.caption(f"{int(cells['ranks_in_cell'].max())} ranks per row: each row shows the slowest of its ranks.")
+heat = alt.Chart(cells).mark_rect().encode(
+    x=alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True)),
+    y=alt.Y("rank:O", title="Rank (first of group)" if grouped else "Rank"),
+    color=alt.Color(f"{column}:Q", title=title, scale=alt.Scale(scheme="viridis")),
+    tooltip=["rank:O", "step:O", alt.Tooltip("step_s:Q", format=".3f", title="Step (s)"), alt.Tooltip("compute_s:Q", format=".3f", title="Compute (s)"), alt.Tooltip("idle_s:Q", format=".3f", title="Idle (s)")],
+)
+ui.chart(heat, height=min(700, 60 + 14 * cells["rank"].n_unique()))
+
+st.subheader("Slowest ranks")
+ranks = ui.q(queries.job_rank_summary, live=False, job_id=job_id)
+slow = ranks.filter(pl.col("slowdown_ratio") >= 1.1)
+wait_gpu_h = float((ranks["idle_mean_s"].fill_null(0) * ranks["steps"]).sum()) / 3600 if ranks.height else 0.0
+c1, c2 = st.columns(2)
+c1.metric("Ranks ≥ 1.1× median compute", f"{slow.height}")
+c2.metric("Time spent idle in these steps", f"{wait_gpu_h:.3f} GPU-h", help="sum over ranks of idle time per step × steps; the straggler analyzer will attribute it")
+st.dataframe(ranks.head(20), hide_index=True, column_config={"slowdown_ratio": st.column_config.NumberColumn("Slowdown (× median)", format="%.2f")})

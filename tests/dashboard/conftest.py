@@ -1,0 +1,106 @@
+"""Databases for the dashboard tests: empty and migrated, or seeded with the showcase world.
+
+The seeded world is a 64-GPU fleet (2 sites × 4 nodes × 8 GPUs) over 30 minutes, plus three runs of one
+model with steps and collectives (rank 5 of job-llm-a straggles), health events on three GPUs, two
+nccl-tests runs, failures, a preemption, checkpoints and two findings (fleetscope.sim.showcase).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from fleetscope import db
+from fleetscope.sim.fleet import FleetSpec
+from fleetscope.sim.showcase import showcase
+from fleetscope.store import Store
+from tests.conftest import PG_ADMIN_URL, _unavailable
+
+SEED_START = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+SEED_DURATION_S = 1800
+SPEC = FleetSpec()
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def seed(url: str, start: dt.datetime = SEED_START, duration_s: int = SEED_DURATION_S, spec: FleetSpec = SPEC) -> None:
+    store = Store.open(url)
+    try:
+        for batch in showcase(spec, start, duration_s):
+            store.write(batch)
+    finally:
+        store.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def seeded_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash-seeded') / 'fleetscope.db'}"
+    db.upgrade(url)
+    seed(url)
+    return url
+
+
+@pytest.fixture
+def empty_sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+    db.upgrade(url)
+    return url
+
+
+def _pg_database() -> Iterator[str]:
+    """A PostgreSQL database of our own, so module-scoped fixtures do not race the shared one's truncation."""
+    try:
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc)
+    name = f"fleetscope_dash_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    try:
+        db.upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def seeded_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = request.getfixturevalue("seeded_sqlite_url")
+        store = Store.open(url)
+        yield store
+        store.engine.dispose()
+        return
+    gen = _pg_database()
+    url = next(gen)
+    seed(url)
+    store = Store.open(url)
+    yield store
+    store.engine.dispose()
+    gen.close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def empty_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('dash-empty') / 'fleetscope.db'}"
+        db.upgrade(url)
+        store = Store.open(url)
+        yield store
+        store.engine.dispose()
+        return
+    gen = _pg_database()
+    store = Store.open(next(gen))
+    yield store
+    store.engine.dispose()
+    gen.close()

@@ -1,0 +1,248 @@
+"""fleetscope.queries on SQLite and PostgreSQL: right numbers on the showcase world, typed empty frames on
+an empty database, and no full scan of a telemetry table (the dashboard's read budget, DESIGN.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import polars as pl
+import pytest
+
+from fleetscope import queries as Q
+from fleetscope.sim.fleet import gpu_fleet
+from fleetscope.sim.showcase import STRAGGLER_JOB, STRAGGLER_RANK
+from fleetscope.store import Store
+from tests.dashboard.conftest import SEED_DURATION_S, SEED_START, SPEC
+
+END = SEED_START + dt.timedelta(seconds=SEED_DURATION_S)
+HOUR_AGO = END - dt.timedelta(hours=1)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> pl.DataFrame:
+    """The GPU samples the showcase wrote, to compute expected values independently of SQL."""
+    return gpu_fleet(SPEC, SEED_START, SEED_DURATION_S).gpu_sample
+
+
+def test_data_end_is_the_newest_row(seeded_store: Store) -> None:
+    latest = Q.data_end(seeded_store)
+    assert SEED_START < latest <= END
+    assert Q.data_start(seeded_store) == SEED_START
+    assert Q.sample_interval_s(seeded_store, latest) == SPEC.interval_s
+
+
+def test_fleet_size_and_sites(seeded_store: Store) -> None:
+    assert Q.fleet_size(seeded_store).row(0, named=True) == {"sites": 2, "hosts": 8, "gpus": 64}
+    assert Q.fleet_size(seeded_store, site="site-b")["gpus"][0] == 32
+    assert Q.sites(seeded_store)["site_id"].to_list() == ["site-a", "site-b"]
+
+
+def test_latest_samples_and_power_now_match_the_simulated_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    last = fleet.filter(pl.col("ts") == pl.col("ts").max())
+    latest = Q.latest_gpu_samples(seeded_store, END)
+    assert latest.height == 64
+    assert latest["ts"].unique().to_list() == [last["ts"][0]]
+    assert latest["host"].null_count() == 0
+    power = Q.power_now(seeded_store, END).row(0, named=True)
+    assert power["gpus_reporting"] == 64
+    assert power["power_w"] == pytest.approx(last["power_w"].sum())
+    assert Q.power_now(seeded_store, END, site="site-a")["gpus_reporting"][0] == 32
+
+
+def test_gpu_states_are_disjoint_and_cover_the_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    counts = Q.gpu_state_counts(seeded_store, END).row(0, named=True)
+    assert counts["gpus"] == counts["reporting"] == 64
+    # Three GPUs had an XID, an SDC or a double-bit ECC event (fleetscope.sim.showcase._health).
+    assert counts["unhealthy"] == 3
+    assert counts["busy"] + counts["idle"] + counts["unhealthy"] + counts["silent"] == 64
+    recent = fleet.filter(pl.col("ts") >= END - dt.timedelta(seconds=300)).group_by("gpu_uuid").agg(pl.col("util_ratio").mean())
+    bad = set(Q.unhealthy_gpus(seeded_store, HOUR_AGO, END)["gpu_uuid"])
+    assert counts["busy"] == recent.filter((pl.col("util_ratio") >= 0.1) & ~pl.col("gpu_uuid").is_in(list(bad))).height
+    # An hour after the data ends, every GPU is silent.
+    later = Q.gpu_state_counts(seeded_store, END + dt.timedelta(hours=2)).row(0, named=True)
+    assert later["silent"] == 64 and later["reporting"] == 0
+
+
+def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
+    grid = Q.health_grid(seeded_store, END)
+    assert grid.height == 64
+    unhealthy = grid.filter(pl.col("status") == "unhealthy")
+    assert unhealthy.height == 3 and set(unhealthy["host"]) == {"site-a-node-001", "site-a-node-002"}
+    assert grid["status"][0] == "unhealthy"  # worst hosts first
+    two = Q.health_grid(seeded_store, END, max_hosts=2)
+    assert set(two["host"]) == {"site-a-node-001", "site-a-node-002"}
+
+
+def test_fleet_series_probes_the_range(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    series = Q.fleet_series(seeded_store, HOUR_AGO, END, points=6)
+    # The range starts before the data: points spread over the part that has data.
+    assert series.height == 6
+    assert series["gpus_reporting"].to_list() == [64] * 6
+    assert series["ts"].is_sorted() and series["ts"][-1] == END
+    last = fleet.filter(pl.col("ts") >= END - dt.timedelta(seconds=15)).group_by("gpu_uuid").agg(pl.col("power_w").mean())
+    assert series["power_w"][-1] == pytest.approx(last["power_w"].sum())
+
+
+def test_gpu_energy_is_the_counter_difference(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
+    energy = Q.gpu_energy(seeded_store, HOUR_AGO, END)
+    assert energy["site_id"].to_list() == ["site-a", "site-b"]
+    assert energy["gpus"].sum() == 64
+    assert energy["energy_j"].sum() == pytest.approx(per_gpu["e"].sum())
+
+
+def test_health_events_and_findings(seeded_store: Store) -> None:
+    over_time = Q.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
+    assert over_time["events"].sum() == 6
+    assert all(t.minute % 10 == 0 and t.second == 0 for t in over_time["ts"])
+    by_node = Q.health_events_by_node(seeded_store, HOUR_AGO, END)
+    assert by_node.row(0, named=True)["kind"] == "xid" and by_node["events"][0] == 2
+    assert Q.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
+    assert Q.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
+    kinds = Q.findings_by_kind(seeded_store, HOUR_AGO, END)
+    assert set(kinds["kind"]) == {"straggler", "sdc_suspect"}
+    straggler = Q.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
+    assert straggler["subject"].to_list() == [f"job:{STRAGGLER_JOB}/rank:{STRAGGLER_RANK}"]
+
+
+def test_jobs_steps_and_stragglers(seeded_store: Store) -> None:
+    jobs = Q.jobs(seeded_store, HOUR_AGO, END)
+    assert set(jobs["job_id"]) == {"job-llm-a", "job-llm-b", "job-llm-c"}
+    assert Q.running_jobs(seeded_store, END)["job_id"].to_list() == [STRAGGLER_JOB]
+    steps = Q.job_step_summary(seeded_store, STRAGGLER_JOB)
+    assert steps.height == 40 and steps["ranks"].unique().to_list() == [16]
+    # C³: compute + exposed communication + idle add up to the step time.
+    parts = steps["compute_mean_s"] + steps["comm_exposed_mean_s"] + steps["idle_mean_s"]
+    assert (parts - steps["step_mean_s"]).abs().max() < 1e-6  # step bounds are stored to the µs
+    ranks = Q.job_rank_summary(seeded_store, STRAGGLER_JOB)
+    assert ranks["rank"][0] == STRAGGLER_RANK and ranks["slowdown_ratio"][0] == pytest.approx(1.8, rel=0.05)
+    assert ranks["host"].null_count() == 0
+    cells = Q.job_rank_step_times(seeded_store, STRAGGLER_JOB, last_steps=10, max_ranks=4)
+    assert sorted(cells["rank"].unique()) == [0, 4, 8, 12] and cells["step"].n_unique() == 10
+    worst = cells.group_by("rank").agg(pl.col("compute_s").mean()).sort("compute_s", descending=True)["rank"][0]
+    assert worst == 4  # the group holding rank 5
+    totals = Q.job_totals(seeded_store, STRAGGLER_JOB).row(0, named=True)
+    assert totals["steps"] == 40 and totals["ranks"] == 16 and totals["comm_intensity_bytes_per_flop"] > 0
+    scaling = Q.scaling(seeded_store, "llama-7b")
+    assert scaling["world_size"].to_list() == [8, 16, 32] and scaling["efficiency_ratio"][0] == pytest.approx(1.0)
+
+
+def test_network(seeded_store: Store) -> None:
+    runs = Q.nccl_test_runs(seeded_store, HOUR_AGO, END)
+    assert runs["run_id"].to_list() == ["nccl-tests-1", "nccl-tests-0"]
+    assert runs["busbw_max_gbps"][0] > runs["busbw_max_gbps"][1]
+    sizes = Q.nccl_test_sizes(seeded_store, ("nccl-tests-1",))
+    assert sizes.height == 20 and sizes["size_bytes"].is_sorted()
+    coll = Q.collective_busbw(seeded_store, HOUR_AGO, END)
+    assert coll.select("op", "bytes").rows() == [("all_gather", 2**24), ("all_reduce", 2**20), ("all_reduce", 2**27), ("all_reduce", 2**30)]
+    assert coll["calls"].to_list() == [640] * 4
+    assert Q.collective_busbw(seeded_store, HOUR_AGO, END, job_id="job-llm-b").is_empty()
+
+
+def test_reliability(seeded_store: Store) -> None:
+    d = Q.disruptions(seeded_store, HOUR_AGO, END)
+    assert sorted(d["cause"]) == ["nccl_timeout", "preempted", "restart", "xid_79"]
+    summary = Q.reliability_summary(seeded_store, HOUR_AGO, END).row(0, named=True)
+    assert (summary["failures"], summary["preemptions"], summary["restarts"]) == (2, 1, 1)
+    assert summary["mtbf_s"] == pytest.approx(1800.0)
+    ckpt = Q.checkpoint_intervals(seeded_store, HOUR_AGO, END)
+    assert ckpt["job_id"].to_list() == ["job-llm-a", "job-llm-b", "job-llm-c"]
+    assert ckpt["saves"].to_list() == [4, 2, 2] and ckpt["save_mean_s"].to_list() == pytest.approx([4.0] * 3)
+
+
+def test_table_helpers(seeded_store: Store) -> None:
+    rows = dict(Q.table_rows(seeded_store).select("table", "rows").rows())
+    assert rows["gpu"] == 64 and rows["health_event"] == 6 and rows["nccl_test"] == 40
+    assert Q.table_exists(seeded_store, "finding") and not Q.table_exists(seeded_store, "alert")
+    assert Q.table_preview(seeded_store, "site")["site_id"].to_list() == ["site-a", "site-b"]
+    assert Q.table_preview(seeded_store, 'site"; DROP TABLE site; --').is_empty()
+    assert Q.table_exists(seeded_store, "site")
+
+
+# --- empty database ---------------------------------------------------------------------------
+
+CALLS = {
+    "sites": lambda s: Q.sites(s),
+    "fleet_size": lambda s: Q.fleet_size(s),
+    "latest_gpu_samples": lambda s: Q.latest_gpu_samples(s, END),
+    "gpu_activity": lambda s: Q.gpu_activity(s, END),
+    "unhealthy_gpus": lambda s: Q.unhealthy_gpus(s, HOUR_AGO, END),
+    "health_grid": lambda s: Q.health_grid(s, END),
+    "fleet_series": lambda s: Q.fleet_series(s, HOUR_AGO, END),
+    "gpu_energy": lambda s: Q.gpu_energy(s, HOUR_AGO, END),
+    "metric_series": lambda s: Q.metric_series(s, "%pue%", HOUR_AGO, END),
+    "health_events_over_time": lambda s: Q.health_events_over_time(s, HOUR_AGO, END),
+    "health_events_by_node": lambda s: Q.health_events_by_node(s, HOUR_AGO, END),
+    "health_events_recent": lambda s: Q.health_events_recent(s, HOUR_AGO, END),
+    "findings_by_kind": lambda s: Q.findings_by_kind(s, HOUR_AGO, END),
+    "findings": lambda s: Q.findings(s, HOUR_AGO, END),
+    "jobs": lambda s: Q.jobs(s, HOUR_AGO, END),
+    "running_jobs": lambda s: Q.running_jobs(s, END),
+    "job_step_summary": lambda s: Q.job_step_summary(s, "nope"),
+    "job_rank_step_times": lambda s: Q.job_rank_step_times(s, "nope"),
+    "job_rank_summary": lambda s: Q.job_rank_summary(s, "nope"),
+    "scaling": lambda s: Q.scaling(s, "nope"),
+    "nccl_test_runs": lambda s: Q.nccl_test_runs(s, HOUR_AGO, END),
+    "nccl_test_sizes": lambda s: Q.nccl_test_sizes(s, ("nope",)),
+    "collective_busbw": lambda s: Q.collective_busbw(s, HOUR_AGO, END),
+    "disruptions": lambda s: Q.disruptions(s, HOUR_AGO, END),
+    "checkpoint_intervals": lambda s: Q.checkpoint_intervals(s, HOUR_AGO, END),
+}
+
+
+def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
+    assert Q.data_end(empty_store) is None
+    assert Q.sample_interval_s(empty_store, END) == Q.DEFAULT_SAMPLE_INTERVAL_S
+    for name, call in CALLS.items():
+        df = call(empty_store)
+        assert isinstance(df, pl.DataFrame), name
+        if name != "fleet_size":
+            assert df.is_empty(), name
+        assert pl.Null not in df.dtypes, f"{name}: {df.schema}"
+    assert Q.fleet_size(empty_store).row(0) == (0, 0, 0)
+    counts = Q.gpu_state_counts(empty_store, END).row(0, named=True)
+    assert set(counts.values()) == {0}
+    assert Q.power_now(empty_store, END)["power_w"][0] is None
+    assert Q.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
+    assert Q.job_totals(empty_store, "nope")["steps"][0] == 0
+
+
+# --- read budget ----------------------------------------------------------------------------------
+
+BIG = ("gpu_sample", "metric_sample", "collective", "step")
+
+
+def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every statement the queries issue reaches the big tables through an index (SQLite's plan says
+    SEARCH, never a SCAN of the table or of a whole index): the cost follows the window, not the size of the store."""
+    store = Store.open(seeded_sqlite_url)
+    seen: list[tuple[str, list]] = []
+    real = store.query
+
+    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
+        seen.append((sql, list(params)))
+        return real(sql, params, schema_)
+
+    monkeypatch.setattr(store, "query", spy)
+    for call in CALLS.values():
+        call(store)
+    Q.job_totals(store, STRAGGLER_JOB)
+    Q.job_step_summary(store, STRAGGLER_JOB)
+    Q.job_rank_summary(store, STRAGGLER_JOB)
+    Q.job_rank_step_times(store, STRAGGLER_JOB)
+    Q.gpu_state_counts(store, END)
+    Q.data_end(store)
+    Q.table_rows(store)
+    assert len(seen) > 30
+    from fleetscope.store import _epoch_us
+
+    with store.engine.connect() as conn:
+        cur = conn.connection.driver_connection.cursor()
+        for sql, params in seen:
+            args = [_epoch_us(p) if isinstance(p, dt.datetime) else p for p in params]
+            plan = [row[3] for row in cur.execute("EXPLAIN QUERY PLAN " + sql, args).fetchall()]
+            for line in plan:
+                for table in BIG:
+                    # A SCAN, even of a covering index, reads the whole table: only SEARCH is bounded.
+                    assert not line.startswith(f"SCAN {table}"), f"{line}\n{sql}"
+    store.engine.dispose()
