@@ -109,7 +109,7 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
     largest rowid (rows are only appended, and retention deletes the oldest) and PostgreSQL's planner
     estimate stand in; ``approximate`` says which is which.
     """
-    big = {"gpu_sample", "metric_sample", "collective", "step", "gpu_workload"}
+    big = {"gpu_sample", "metric_sample", "collective", "step", "gpu_workload", "step_breakdown", "gpu_energy_minute"}
     present = set(existing_tables(store))
     names = [t for t in (tables or list(F.FRAMES)) if t in present]
     rows: list[tuple[str, int, bool]] = []

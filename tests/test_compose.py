@@ -19,15 +19,15 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 def test_services_and_health_checks():
     services = COMPOSE["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker", "beat"} <= set(services)
-    for name in ("postgres", "redis", "api", "worker", "beat"):
+    assert {"postgres", "redis", "migrate", "api", "worker", "beat", "dashboard"} <= set(services)
+    for name in ("postgres", "redis", "api", "worker", "beat", "dashboard"):
         assert "healthcheck" in services[name], name
 
 
 def test_migrations_run_once_before_the_service_processes():
     services = COMPOSE["services"]
     assert services["migrate"]["command"] == ["fleetscope", "db", "upgrade"]
-    for name in ("api", "worker", "beat"):
+    for name in ("api", "worker", "beat", "dashboard"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         env = services[name]["environment"]
         assert env["FLEETSCOPE_DATABASE_URL"].startswith("postgresql+psycopg://")
