@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 from fleetscope.sim.fleet import Topology
 from fleetscope.sim.jobs import GRAD_NORM_BYTES, JobRun, StepDetail, checksum
@@ -43,7 +43,13 @@ def iso_us(us: int) -> str:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    # orjson: ~10x the stdlib encoder, and its float formatting (shortest round-trip) is deterministic
+    return orjson.dumps(obj).decode()
+
+
+def iso_us_many(us: np.ndarray) -> np.ndarray:
+    """RFC 3339 UTC strings with microseconds for an array of epoch microseconds (vectorised)."""
+    return np.char.add(np.datetime_as_string(np.asarray(us, dtype="int64").astype("datetime64[us]"), unit="us"), "Z")
 
 
 # --- dcgm-exporter ----------------------------------------------------------------------------------
@@ -139,19 +145,24 @@ def inspector_files(run: JobRun, topo: Topology, start: dt.datetime) -> dict[str
     g = run.plan.gpus_per_node
     resume = _resume_steps(run)
     files: dict[str, list[str]] = {}
+    comm_ids: dict[tuple[int, str], str] = {}
+    names = [f"nccl-inspector-{run.job_id}/{topo.hosts[run.plan.nodes[r // g]]}-pid{process_ids(run, r)}.log"
+             for r in range(run.world_size)]
     for d in run.details:
         for rank in range(run.world_size):
             host = topo.hosts[run.plan.nodes[rank // g]]
             pid = process_ids(run, rank)
-            name = f"nccl-inspector-{run.job_id}/{host}-pid{pid}.log"
-            buf = files.setdefault(name, [])
+            buf = files.setdefault(names[rank], [])
             for c in _collectives(run, d, rank, resume[d.attempt]):
+                key = (d.attempt, c["pg"])
+                if key not in comm_ids:
+                    comm_ids[key] = comm_hash(run, d.attempt, c["pg"])
                 t0 = base + round(float(c["t0"]) * 1e6)
                 t1 = base + round(float(c["t1"]) * 1e6)
                 exec_us = max(t1 - t0, 1)
                 algbw = c["algbytes"] / (exec_us * 1e-6) / 1e9
                 rec = {
-                    "header": {"id": comm_hash(run, d.attempt, c["pg"]), "rank": c["crank"], "n_ranks": c["cn"], "nnodes": c["nnodes"]},
+                    "header": {"id": comm_ids[key], "rank": c["crank"], "n_ranks": c["cn"], "nnodes": c["nnodes"]},
                     "metadata": {"inspector_output_format_version": "v4.0", "git_rev": "", "rec_mechanism": "nccl_profiler_interface",
                                  "dump_timestamp_us": t1 + 500_000, "hostname": host, "pid": pid},
                     "coll_perf": {"coll": c["op"], "coll_sn": c["sn"], "coll_msg_size_bytes": c["bytes"], "coll_exec_time_us": exec_us,
@@ -295,22 +306,26 @@ def job_events_jsonl(run: JobRun, topo: Topology, start: dt.datetime, uuids_of_r
             rec["job"] = dict(e["job"], site_id=topo.host_site[run.plan.nodes[0]], submitted_at=iso_us(us))
         rows.append((us, -1, _dumps(rec)))
     flops_rank = 6.0 * spec.params * spec.tokens_per_gpu_step
+    ranks = np.arange(run.world_size)
     for d in run.details:
+        s_us = base + np.rint(d.start * 1e6).astype(np.int64)
+        e_us = base + np.rint(d.end * 1e6).astype(np.int64)
+        s_iso, e_iso = iso_us_many(s_us).tolist(), iso_us_many(e_us).tolist()
+        comp = np.round((d.compute_end - d.start) + (d.opt_end - d.gn_end), 6).tolist()
+        comm = np.round((d.gn_end - d.a_rs) + (d.ag_end - d.opt_end), 6).tolist()
+        ov = np.round(d.compute_end - d.a_rs, 6).tolist()
+        idle = np.round(d.end - d.ag_end, 6).tolist()
+        dur = np.round((e_us - s_us) / 1e6, 6).tolist()
+        loss = np.round(d.loss, 5).tolist()
+        gnorm = np.round(0.9 + 0.2 * np.sin(d.step / 7.0 + ranks) ** 2, 5).tolist()
+        sums = {(grp, bad): checksum(run.plan.checksum_salt, d.step, grp, bad) for grp in range(g) for bad in (False, True)}
         for r in range(run.world_size):
-            s_us = base + round(float(d.start[r]) * 1e6)
-            e_us = base + round(float(d.end[r]) * 1e6)
-            comp = float(d.compute_end[r] - d.start[r]) + float(d.opt_end[r] - d.gn_end[r])
-            comm = float(d.gn_end[r] - d.a_rs[r]) + float(d.ag_end[r] - d.opt_end[r])
-            ov = float(d.compute_end[r] - d.a_rs[r])
-            idle = float(d.end[r] - d.ag_end[r])
-            rec = {"job_id": run.job_id, "ts": iso_us(e_us), "kind": "step", "rank": r, "step": d.step,
-                   "start": iso_us(s_us), "duration_s": round((e_us - s_us) / 1e6, 6),
-                   "compute_s": round(comp, 6), "comm_s": round(comm, 6), "comm_overlap_s": round(ov, 6), "idle_s": round(idle, 6),
-                   "tokens": spec.tokens_per_gpu_step, "model_flops": flops_rank, "loss": round(float(d.loss[r]), 5),
-                   "grad_norm": round(0.9 + 0.2 * float(np.sin(d.step / 7.0 + r)) ** 2, 5),
-                   "param_checksum": checksum(run.plan.checksum_salt, d.step, r % g, bool(d.checksum_bad[r])),
+            rec = {"job_id": run.job_id, "ts": e_iso[r], "kind": "step", "rank": r, "step": d.step,
+                   "start": s_iso[r], "duration_s": dur[r], "compute_s": comp[r], "comm_s": comm[r], "comm_overlap_s": ov[r],
+                   "idle_s": idle[r], "tokens": spec.tokens_per_gpu_step, "model_flops": flops_rank, "loss": loss[r],
+                   "grad_norm": gnorm[r], "param_checksum": sums[(r % g, bool(d.checksum_bad[r]))],
                    "replica_group": f"shard-{r % g}"}
-            rows.append((e_us, r, _dumps(rec)))
+            rows.append((int(e_us[r]), r, _dumps(rec)))
     rows.sort(key=lambda x: (x[0], x[1]))
     return ("\n".join(r[2] for r in rows) + "\n").encode()
 

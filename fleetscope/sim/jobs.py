@@ -199,14 +199,21 @@ def simulate_job(plan: JobPlan, faults: JobFaults, rng: np.random.Generator) -> 
     kwin: list[StepDetail] = []
     stop_margin = law.step_s * 2
 
-    rank_node = np.repeat(np.arange(n_nodes), g)
+    noise = _Noise(rng, n_nodes, g)
     loss0 = float(rng.uniform(2.1, 2.4))
+
+    def detail_of(st: _Step, step_no: int, t0: float) -> StepDetail:
+        loss = loss0 + 6.0 * (step_no + 20) ** -0.35 + rng.normal(0, 0.02, n)
+        bad = np.zeros(n, dtype=bool)
+        if faults.sdc is not None and t0 >= faults.sdc[1]:
+            bad[faults.sdc[0]] = True
+        return st.detail(step_no, attempt, S, loss, bad)
 
     while True:
         if S.max() + stop_margin >= plan.end_s:
             break
-        d = _step(plan, faults, rng, S, law, n_nodes, g, rank_node)
-        t0, t1 = float(S.min()), float(d["S_next"].max())
+        st = _step(plan, faults, noise, S, law, n_nodes, g)
+        t0, t1 = float(S.min()), float(st.S_next.max())
         if pending and pending[0].t_s < t1:
             dis = pending.pop(0)
             t_dis = max(dis.t_s, float(S.max()) + 1e-3)
@@ -233,22 +240,16 @@ def simulate_job(plan: JobPlan, faults: JobFaults, rng: np.random.Generator) -> 
             step = last_ckpt_step
             S = np.full(n, t)
             continue
-        loss = loss0 + 6.0 * (step + 20) ** -0.35 + rng.normal(0, 0.02, n)
-        bad = np.zeros(n, dtype=bool)
-        if faults.sdc is not None and t0 >= faults.sdc[1]:
-            bad[faults.sdc[0]] = True
-        detail = StepDetail(step, attempt, S, d["S_next"], d["compute_end"], d["a_rs"], d["rs_end"], d["ar_end"],
-                            d["gn_end"], d["opt_end"], d["ag_end"], loss, bad)
         ev.append({"t": t0, "kind": "step", "step": step, "tokens": tokens_rank * n, "model_flops": flops_rank * n})
         if step % plan.detail_every == 0:
-            run.details.append(detail)
+            run.details.append(detail_of(st, step, t0))
         if not run.kineto and t0 >= plan.kineto_from_s:
-            kwin.append(detail)
+            kwin.append(run.details[-1] if step % plan.detail_every == 0 else detail_of(st, step, t0))
             if len(kwin) == plan.kineto_steps:
                 run.kineto = kwin
         run.steps_run += 1
         step += 1
-        S = d["S_next"]
+        S = st.S_next
         if spec.checkpoint_every_steps and step % spec.checkpoint_every_steps == 0:
             ts = float(S.max())
             ev.append({"t": ts, "kind": "checkpoint_save_start", "step": step})
@@ -280,46 +281,81 @@ def _disrupt(run: JobRun, dis: Disruption, t: float, step: int, spec: JobSpec, r
     return t2 + 0.5
 
 
-def _step(plan: JobPlan, faults: JobFaults, rng: np.random.Generator, S: np.ndarray, law: FleetLaw,
-          n_nodes: int, g: int, rank_node: np.ndarray) -> dict[str, np.ndarray]:
-    """One step on every rank: arrivals, collective starts (last arrival) and ends."""
-    n = n_nodes * g
-    t_now = float(S.min())
-    c = law.compute_s * np.exp(rng.normal(0.0, 0.015, n) + rng.normal(0.0, 0.01))
-    hiccup = rng.random(n) < 0.002  # a GC pause or page-cache stall on the host, now and then
-    if hiccup.any():
-        c = c + hiccup * rng.uniform(0.02, 0.06, n)
+class _Noise:
+    """Random draws for blocks of steps at a time: one generator call per block instead of a dozen per
+    step keeps a two-hour fleet fast. The sequence is fixed by the seed, so runs stay reproducible."""
+
+    BLOCK = 256
+
+    def __init__(self, rng: np.random.Generator, n_nodes: int, g: int):
+        self.rng, self.n_nodes, self.g, self.i = rng, n_nodes, g, self.BLOCK
+
+    def next(self) -> tuple[np.ndarray, ...]:
+        if self.i == self.BLOCK:
+            r, B, nn, g = self.rng, self.BLOCK, self.n_nodes, self.g
+            n = nn * g
+            c = np.exp(r.normal(0.0, 0.015, (B, n)) + r.normal(0.0, 0.01, (B, 1)))
+            # a GC pause or page-cache stall on the host, now and then
+            hiccup = (r.random((B, n)) < 0.002) * r.uniform(0.02, 0.06, (B, n))
+            self.block = (c, hiccup, np.exp(r.normal(0.0, 0.03, (B, nn))), np.exp(r.normal(0.0, 0.03, (B, nn))),
+                          np.exp(r.normal(0.0, 0.03, (B, g))), np.exp(r.normal(0.0, 0.05, (B, n))),
+                          r.exponential(0.002, (B, n)))
+            self.i = 0
+        out = tuple(x[self.i] for x in self.block)
+        self.i += 1
+        return out
+
+
+@dataclass
+class _Step:
+    """One step, compactly: per-node and per-rail times (all ranks of a node leave a node collective
+    together, all members of a rail leave the rail all-reduce together)."""
+
+    g: int
+    compute_end: np.ndarray  # per rank
+    a_rs: np.ndarray  # per rank
+    rs_end: np.ndarray  # per node
+    ar_end: np.ndarray  # per rail (local index)
+    gn_end: float
+    opt_end: np.ndarray  # per rank
+    ag_end: np.ndarray  # per node
+    S_next: np.ndarray  # per rank
+
+    def detail(self, step: int, attempt: int, S: np.ndarray, loss: np.ndarray, bad: np.ndarray) -> StepDetail:
+        n = len(S)
+        nn = n // self.g
+        return StepDetail(step, attempt, S, self.S_next, self.compute_end, self.a_rs, np.repeat(self.rs_end, self.g),
+                          np.tile(self.ar_end, nn), np.full(n, self.gn_end), self.opt_end, np.repeat(self.ag_end, self.g),
+                          loss, bad)
+
+
+def _step(plan: JobPlan, faults: JobFaults, noise: _Noise, S: np.ndarray, law: FleetLaw, n_nodes: int, g: int) -> _Step:
+    """One step on every rank: arrivals, collective starts (the last member's arrival) and ends."""
+    t_now = float(S[0])
+    cn, hic, rsn, agn, arn, optn, gap = noise.next()
+    c = law.compute_s * cn + hic
     if faults.thermal is not None:
         r, a, b, f = faults.thermal
         if a <= t_now < b:
+            c = c.copy()
             c[r] *= f
-    rs_node = np.full(n_nodes, law.rs_s) * np.exp(rng.normal(0.0, 0.03, n_nodes))
-    ag_node = np.full(n_nodes, law.ag_s) * np.exp(rng.normal(0.0, 0.03, n_nodes))
+    rs_node = law.rs_s * rsn
+    ag_node = law.ag_s * agn
     if faults.slow_link is not None:
         k, a, b, f = faults.slow_link
         if a <= t_now < b:
+            rs_node, ag_node = rs_node.copy(), ag_node.copy()
             rs_node[k] *= f
             ag_node[k] *= f
-    o = law.overlap_s * 0.95
-    Sm = S.reshape(n_nodes, g)
-    cm = c.reshape(n_nodes, g)
-    compute_end = Sm + cm
-    a_rs = compute_end - o
-    rs_end = a_rs.max(axis=1, keepdims=True) + rs_node[:, None]
-    rs_end = np.broadcast_to(rs_end, (n_nodes, g))
-    if n_nodes > 1:
-        ar = law.ar_s * np.exp(rng.normal(0.0, 0.03, g))
-        ar_end = np.broadcast_to(rs_end.max() + ar[None, :], (n_nodes, g))
-    else:
-        ar_end = rs_end
-    gn_end = np.full((n_nodes, g), ar_end.max() + law.gn_s)
-    opt_end = gn_end + OPTIMIZER_S * np.exp(rng.normal(0.0, 0.05, (n_nodes, g)))
-    ag_end = opt_end.max(axis=1, keepdims=True) + ag_node[:, None]
-    ag_end = np.broadcast_to(ag_end, (n_nodes, g))
-    S_next = ag_end + HOST_GAP_S + rng.exponential(0.002, (n_nodes, g))
-    flat = lambda x: np.ascontiguousarray(x).reshape(n)  # noqa: E731
-    return {"compute_end": flat(compute_end), "a_rs": flat(a_rs), "rs_end": flat(rs_end), "ar_end": flat(ar_end),
-            "gn_end": flat(gn_end), "opt_end": flat(opt_end), "ag_end": flat(ag_end), "S_next": flat(S_next)}
+    compute_end = S + c
+    a_rs = compute_end - law.overlap_s * 0.95
+    rs_end = a_rs.reshape(n_nodes, g).max(axis=1) + rs_node
+    ar_end = rs_end.max() + law.ar_s * arn if n_nodes > 1 else np.full(g, rs_end.max())
+    gn_end = float(ar_end.max()) + law.gn_s
+    opt_end = gn_end + OPTIMIZER_S * optn
+    ag_end = opt_end.reshape(n_nodes, g).max(axis=1) + ag_node
+    S_next = np.repeat(ag_end, g) + HOST_GAP_S + gap
+    return _Step(g, compute_end, a_rs, rs_end, ar_end, gn_end, opt_end, ag_end, S_next)
 
 
 def expected_steps(plan: JobPlan) -> int:
