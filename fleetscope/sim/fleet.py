@@ -80,3 +80,66 @@ def gpu_fleet(spec: FleetSpec, start: dt.datetime, duration_s: int) -> F.Batch:
         gpu=gpus,
         gpu_sample=samples,
     )
+
+
+# --- topology for the full simulator -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Sites → racks → nodes → GPUs, as flat arrays indexed by global GPU index (node-major)."""
+
+    sites: tuple[str, ...]
+    hosts: tuple[str, ...]  # one per node
+    host_site: tuple[str, ...]
+    host_rack: tuple[str, ...]
+    gpus_per_node: int
+    gpu_uuid: tuple[str, ...]
+    pci_bus_id: tuple[str, ...]
+    model_name: str
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpu_uuid)
+
+    def gpu_index(self, node: int, local: int) -> int:
+        return node * self.gpus_per_node + local
+
+    def frames(self) -> F.Batch:
+        """Inventory as canonical frames (site, host, gpu)."""
+        g = self.gpus_per_node
+        return F.Batch(
+            source="sim:topology",
+            site=pl.DataFrame({"site_id": list(self.sites), "name": list(self.sites)}),
+            host=pl.DataFrame({"host": list(self.hosts), "site_id": list(self.host_site)}),
+            gpu=pl.DataFrame({
+                "gpu_uuid": list(self.gpu_uuid),
+                "host": [h for h in self.hosts for _ in range(g)],
+                "gpu_index": [i for _ in self.hosts for i in range(g)],
+                "pci_bus_id": list(self.pci_bus_id),
+                "model_name": [self.model_name] * self.n_gpus,
+            }),
+        )
+
+
+def _pci_bus_id(local: int) -> str:
+    # HGX H100 boards put the eight GPUs on buses 0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb; any
+    # distinct ids would do, these look like the real thing.
+    buses = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+    bus = buses[local] if local < len(buses) else 0x10 + local
+    return f"00000000:{bus:02X}:00.0"
+
+
+def build_topology(sites: int, racks_per_site: int, nodes_per_rack: int, gpus_per_node: int, model_name: str, seed: int) -> Topology:
+    """Names are stable for a given shape (``site-a-r01-n003``); GPU UUIDs depend on the seed too."""
+    site_names = tuple(f"site-{chr(ord('a') + i)}" if i < 26 else f"site-{i:03d}" for i in range(sites))
+    hosts, host_site, host_rack = [], [], []
+    for s in site_names:
+        for r in range(racks_per_site):
+            for n in range(nodes_per_rack):
+                hosts.append(f"{s}-r{r:02d}-n{n:03d}")
+                host_site.append(s)
+                host_rack.append(f"{s}-r{r:02d}")
+    uuids = tuple(_uuid(seed, h, g) for h in hosts for g in range(gpus_per_node))
+    pci = tuple(_pci_bus_id(g) for _ in hosts for g in range(gpus_per_node))
+    return Topology(site_names, tuple(hosts), tuple(host_site), tuple(host_rack), gpus_per_node, uuids, pci, model_name)

@@ -1,0 +1,1 @@
+"""Tests of the fleet simulator (fleetscope.sim)."""
