@@ -84,7 +84,11 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
             except ValueError as exc:
                 out.notes.append(f"goodput not computed: {exc}")
             else:
-                out.goodput = {"goodput_ratio": rg.goodput_ratio, "total_s": rg.total_s, "productive_s": rg.productive_s,
+                try:
+                    sched = goodput.scheduling_goodput(events, until=None if finished else now)
+                except ValueError:
+                    sched = None
+                out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s, "productive_s": rg.productive_s,
                                "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
                                "disruptions": rg.disruptions, "finished": finished}
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
