@@ -679,19 +679,24 @@ def formats_cmd(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--minutes", type=int, default=30, show_default=True, help="Simulated telemetry to generate.")
+@click.option("--size", type=click.Choice(["demo", "small"]), default="demo", show_default=True,
+              help="demo: 2 sites, 64 nodes of 8 GPUs, 4 jobs, 2 simulated hours; small: 64 GPUs, 2 jobs, 10 minutes.")
+@click.option("--seed", type=int, default=7, show_default=True, help="Simulator seed (same seed, same fleet and faults).")
 @click.option("--exit-after", type=float, default=None, help="Stop after this many seconds (for scripts and tests).")
-@click.option("--port", type=int, default=None, help="API port (default FLEETSCOPE_API_PORT).")
+@click.option("--port", type=int, default=None, help="API port (default FLEETSCOPE_API_PORT, or a free one).")
+@click.option("--dashboard-port", type=int, default=None, help="Dashboard port (default 8501, or a free one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def demo(minutes: int, exit_after: float | None, port: int | None, as_json: bool) -> None:
-    """Run the whole service on embedded defaults with a simulated fleet.
+def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashboard_port: int | None, as_json: bool) -> None:
+    """Run the whole product on embedded defaults with a simulated fleet.
 
-    Creates the database, starts the API, a Celery worker and beat, pushes simulated telemetry through
-    the API, checks the worker answers, prints the URLs and an API token, and keeps running until Ctrl-C.
+    Simulates a fleet with injected faults, starts the API, a Celery worker, beat, the dashboard and a
+    local webhook sink, ingests everything through the API, runs every analyzer, delivers the alerts,
+    evaluates the EU AI Act rules, files a report and a signed export, checks each injected fault was
+    found, prints the URLs and an API token, and keeps running until Ctrl-C.
     """
     from fleetscope.demo import run_demo
 
-    run_demo(_settings(), minutes=minutes, exit_after=exit_after, port=port, as_json=as_json)
+    run_demo(_settings(), size=size, exit_after=exit_after, port=port, dashboard_port=dashboard_port, as_json=as_json, seed=seed)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,38 @@
-"""`fleetscope demo`: the whole service on embedded defaults, fed by the simulator, through the real API."""
+"""`fleetscope demo`: the whole product on embedded defaults, fed by the simulator through the real API.
+
+It simulates a fleet ending now (so beat's rolling windows see it), starts the API, a Celery worker, beat,
+the dashboard and a local webhook sink, ingests every file the simulator wrote through the API with a
+token, runs every analyzer, fires alerts into the sink, evaluates the AI Act rules, files a report and a
+signed export, then checks that each injected fault was found and prints where everything is.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import http.server
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 import httpx
 
-from fleetscope import auth, db, frames as F
+from fleetscope import auth, db
+from fleetscope import frames as F
 from fleetscope.settings import Settings
-from fleetscope.sim import FleetSpec, gpu_fleet
+
+
+def batch_to_json(batch: F.Batch) -> dict[str, Any]:
+    """The JSON body of POST /api/v1/batches for ``batch``."""
+    return {"source": batch.source, "frames": {spec.name: json.loads(df.write_json()) for spec, df in batch.frames()}}
 
 
 def _free_port(host: str, preferred: int) -> int:
@@ -31,40 +46,201 @@ def _free_port(host: str, preferred: int) -> int:
     raise click.ClickException("no free TCP port")
 
 
-def _wait_healthy(url: str, procs: list[subprocess.Popen], timeout_s: float = 60) -> None:
+class WebhookSink:
+    """A local receiver for the demo's alerts: keeps every notification it is sent, and answers 200."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        received: list[dict[str, Any]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(min(length, 10 * 2**20))
+                try:
+                    received.append({"path": self.path, "headers": dict(self.headers), "json": json.loads(body)})
+                except ValueError:
+                    received.append({"path": self.path, "headers": dict(self.headers), "raw": body[:1000].decode(errors="replace")})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/alerts"
+
+    def start(self) -> WebhookSink:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def _wait_healthy(url: str, procs: list[subprocess.Popen], timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for p in procs:
             if p.poll() is not None:
-                raise click.ClickException(f"{' '.join(p.args[-2:])} exited with {p.returncode} during start-up")
+                raise click.ClickException(f"`{' '.join(p.args[3:5])}` exited with {p.returncode} during start-up")
         try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise click.ClickException(f"API at {url} not healthy after {timeout_s:.0f} s")
-
-
-def batch_to_json(batch: F.Batch) -> dict[str, Any]:
-    """The JSON body of POST /api/v1/batches for ``batch``."""
-    return {"source": batch.source, "frames": {spec.name: json.loads(df.write_json()) for spec, df in batch.frames()}}
+    raise click.ClickException(f"{url} not healthy after {timeout_s:.0f} s")
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 15
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 20
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
-def run_demo(settings: Settings, *, minutes: int, exit_after: float | None, port: int | None, as_json: bool) -> None:
+class Api:
+    """The demo's HTTP client: every call must succeed, or the demo stops saying which call failed."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=600)
+
+    def call(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), **kw: Any) -> Any:
+        r = self.client.request(method, path, **kw)
+        if r.status_code not in ok:
+            raise click.ClickException(f"{method} {path} answered {r.status_code}: {r.text[:400]}")
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.content
+
+
+def _job_rows(manifest: Any, topo: Any) -> dict[str, Any]:
+    jobs = [{"job_id": j["job_id"], "name": j["name"], "kind": "training", "model_name": j.get("model_name"), "world_size": j["world_size"],
+             "site_id": (j.get("sites") or [None])[0], "started_at": j["start"], "ended_at": j["end"], "status": "finished"} for j in manifest.jobs]
+    ranks = []
+    for j in manifest.jobs:
+        for r, uuid in enumerate(j["gpu_uuids"]):
+            host = topo.hosts[topo.gpu_uuid.index(uuid) // topo.gpus_per_node]
+            ranks.append({"job_id": j["job_id"], "rank": r, "start": j["start"], "end": j["end"], "gpu_uuid": uuid, "host": host})
+    return {"source": "demo:scheduler", "frames": {"job": jobs, "job_rank": ranks}}
+
+
+def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str, int]:
+    """Every file the simulator wrote, through the API, as collectors would send them."""
+    from fleetscope.sim.fleet import build_topology
+
+    written: dict[str, int] = {}
+
+    def add(resp: Any) -> None:
+        for k, v in (resp.get("written") or {}).items():
+            written[k] = written.get(k, 0) + v
+
+    spec = manifest.spec
+    topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, manifest.topology["gpus_per_node"], spec.gpu.name, spec.seed)
+    add(api.call("POST", "/api/v1/batches", json=batch_to_json(topo.frames())))
+    add(api.call("POST", "/api/v1/batches", json=_job_rows(manifest, topo)))
+    # One scrape of the whole fleet per request: what a central collector relaying every exporter sends.
+    for scrape in manifest.dcgm_scrapes:
+        body = b"".join(p.read_bytes() for p in sorted((root / scrape["dir"]).glob("*.prom")))
+        add(api.call("POST", "/api/v1/ingest/dcgm", content=body, params={"ts": scrape["ts"], "source": scrape["dir"]}))
+    say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
+    for rel in manifest.files.get("job_events", []):
+        add(api.call("POST", "/api/v1/ingest/job_events", content=(root / rel).read_bytes(), params={"source": rel}))
+    for rel in manifest.files.get("kineto", []):
+        job_id = Path(rel).parent.name
+        add(api.call("POST", "/api/v1/ingest/kineto", content=(root / rel).read_bytes(), params={"source": rel, "job_id": job_id}))
+    for rel in manifest.files.get("nccl_inspector", []):
+        # Inspector numbers ranks within each communicator, not in the job: kept under its own id so the
+        # C3 and straggler analyses (which need global ranks) read the profiler's collectives only.
+        job_id = Path(rel).parent.name.removeprefix("nccl-inspector-") + ":nccl-inspector"
+        add(api.call("POST", "/api/v1/ingest/nccl_inspector", content=(root / rel).read_bytes(), params={"source": rel, "job_id": job_id}))
+    for rel in manifest.files.get("otlp_json", []):
+        api.call("POST", "/v1/metrics", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
+    say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, facility meters")
+    for rel in manifest.files.get("openlineage", []):
+        api.call("POST", "/api/v1/lineage", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
+    registry = json.loads((root / manifest.files["registry"][0]).read_text())
+    for d in registry["datasets"]:
+        api.call("PUT", "/api/v1/datasets", json=d)
+    for m in registry["models"]:
+        body = {k: m[k] for k in ("intended_purpose", "role", "training_run_ids") if k in m}
+        api.call("PUT", f"/api/v1/models/{m['name']}/{m['version']}", json=body)
+    say(f"governance {len(manifest.files.get('openlineage', []))} OpenLineage events, {len(registry['datasets'])} datasets, {len(registry['models'])} models")
+    return written
+
+
+def analyse(api: Api, manifest: Any, celery_app: Any, say: Any) -> dict[str, Any]:
+    """Every analyzer over the simulated window (beat keeps them going on new data afterwards)."""
+    out: dict[str, Any] = {"jobs": {}}
+    for j in manifest.jobs:
+        out["jobs"][j["job_id"]] = api.call("POST", f"/api/v1/jobs/{j['job_id']}/analyze")
+    window_s = int(manifest.spec.duration_s) + 300
+    start = manifest.spec.start
+    end = start + dt.timedelta(seconds=manifest.spec.duration_s)
+    out["energy"] = celery_app.send_task("fleetscope.energy_rollup", kwargs={"window_start": start.isoformat(), "window_end": end.isoformat()}).get(timeout=300)
+    out["health"] = celery_app.send_task("fleetscope.health_window", kwargs={"window_s": window_s}).get(timeout=300)
+    say(f"analysed   {len(manifest.jobs)} jobs (C3, goodput, stragglers, SDC, checkpoints), energy {out['energy']['minutes']} GPU-minutes, "
+        f"health of {out['health']['gpus']} GPUs")
+    pred = manifest.predictions
+    csv = (Path(manifest.out_dir) / pred["file"]).read_bytes()
+    out["fairness"] = api.call("POST", f"/api/v1/models/{pred['model']}/fairness", content=csv,
+                               params={"sensitive": pred["sensitive"], "version": "1"}, headers={"Content-Type": "text/csv"})
+    return out
+
+
+def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict[str, Any]]:
+    """Did the matching analyzer find each injected fault? One row per fault, with the evidence."""
+    findings = api.call("GET", "/api/v1/findings", params={"limit": 100000})
+    rows = []
+    for f in manifest.faults:
+        found, evidence = False, ""
+        if f.kind in ("thermal_straggler", "slow_link"):
+            want = "straggler_compute_slow" if f.kind == "thermal_straggler" else "straggler_communication_slow"
+            subjects = {f"job:{f.job_id}/rank:{r}" for r in f.ranks}
+            hits = [x for x in findings if x["kind"] == want and x["subject"] in subjects]
+            found, evidence = len(hits) > 0, f"{len(hits)} of {len(subjects)} ranks flagged {want}"
+        elif f.kind == "sdc":
+            subjects = {f"job:{f.job_id}/rank:{r}" for r in f.ranks} | {f"gpu:{g}" for g in f.gpu_uuids}
+            hits = [x for x in findings if x["kind"].startswith("sdc") and x["subject"] in subjects]
+            found, evidence = bool(hits), (hits[0]["summary"] if hits else "no SDC finding on the injected rank")
+        elif f.kind == "row_remap_failure":
+            subjects = {f"gpu:{g}" for g in f.gpu_uuids}
+            hits = [x for x in findings if x["analyzer"] == "health" and x["subject"] in subjects]
+            found, evidence = bool(hits), (hits[0]["kind"] if hits else "no health finding on the GPU")
+        elif f.kind in ("gpu_failure", "preemption"):
+            g = (analysis["jobs"].get(f.job_id) or {}).get("goodput") or {}
+            if f.kind == "gpu_failure":
+                wasted = (g.get("badput_s") or {}).get("wasted_progress", 0) or 0
+                found, evidence = bool(g.get("disruptions")) and wasted > 0, f"{g.get('disruptions')} disruption(s), {wasted:.0f} s of wasted progress"
+            else:
+                sched = g.get("scheduling_goodput_ratio")
+                found, evidence = sched is not None and sched < 1, f"scheduling goodput {sched if sched is None else round(sched, 3)}"
+        rows.append({"fault": f.kind, "where": f.job_id or ",".join(f.hosts), "found": found, "evidence": evidence})
+    lin = manifest.lineage
+    m = lin["tainted_model"]
+    answer = api.call("GET", f"/api/v1/models/{m['name']}/ingested", params={"dataset": lin["quarantined_dataset"]["name"],
+                      "namespace": lin["quarantined_dataset"]["namespace"], "version": m["version"]})
+    rows.append({"fault": "quarantined_dataset_upstream", "where": f"{m['name']}@{m['version']}", "found": bool(answer["answer"]),
+                 "evidence": answer.get("text") or "not upstream"})
+    fair = analysis["fairness"]
+    rows.append({"fault": "biased_model", "where": manifest.predictions["model"], "found": fair["passed"] is False,
+                 "evidence": f"fairness policy {'failed' if fair['passed'] is False else 'passed'}"})
+    return rows
+
+
+def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None = None, port: int | None = None,
+             dashboard_port: int | None = None, as_json: bool = False, seed: int = 7) -> None:
+    from fleetscope.sim import simulate
+    from fleetscope.sim.spec import demo_spec, small_spec
+
     started = time.monotonic()
     say = (lambda *_: None) if as_json else click.echo
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -73,62 +249,90 @@ def run_demo(settings: Settings, *, minutes: int, exit_after: float | None, port
     say(f"database   {engine.url.render_as_string(hide_password=True)} (schema {db.current_revision(engine)})")
     admin = auth.create_token(engine, "demo-admin", ["admin"])
 
-    port = _free_port(settings.api_host, port or settings.api_port)
-    url = f"http://{settings.api_host}:{port}"
+    # A fleet whose two simulated hours end now, so beat's rolling windows pick up where the demo stops.
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    make = small_spec if size == "small" else demo_spec
+    duration = make(seed).duration_s
+    spec = make(seed, start=now - dt.timedelta(seconds=duration))
+    sim_dir = settings.data_dir / "sim"
+    shutil.rmtree(sim_dir, ignore_errors=True)
+    t = time.monotonic()
+    manifest = simulate(spec, sim_dir)
+    manifest.spec = spec
+    say(f"simulated  {manifest.topology['gpus']} GPUs on {manifest.topology['hosts']} nodes at {len(manifest.topology['sites'])} sites, "
+        f"{len(manifest.jobs)} jobs, {duration / 60:g} simulated minutes, {len(manifest.faults)} injected faults ({time.monotonic() - t:.1f} s)")
+
+    api_port = _free_port(settings.api_host, port or settings.api_port)
+    dash_port = _free_port(settings.api_host, dashboard_port or 8501)
+    url = f"http://{settings.api_host}:{api_port}"
+    sink = WebhookSink(settings.api_host).start()
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(settings.data_dir), "FLEETSCOPE_DATABASE_URL": settings.database_url,
            "FLEETSCOPE_BROKER_URL": settings.broker_url, "FLEETSCOPE_RESULT_BACKEND": settings.result_backend,
-           "FLEETSCOPE_API_URL": url}
+           "FLEETSCOPE_API_URL": url, "FLEETSCOPE_ALERT_ALLOW_LOOPBACK": "true", "FLEETSCOPE_ALERT_EXTERNAL_URL": url}
     logs = settings.data_dir / "logs"
     logs.mkdir(exist_ok=True)
     cli = [sys.executable, "-m", "fleetscope.cli"]
     specs = {
-        "api": [*cli, "serve", "--host", settings.api_host, "--port", str(port)],
-        "worker": [*cli, "worker", "--pool", "solo"],
+        "api": [*cli, "serve", "--host", settings.api_host, "--port", str(api_port)],
+        "worker": [*cli, "worker", "--pool", "threads", "--concurrency", "4"],
         "beat": [*cli, "beat"],
+        "dashboard": [*cli, "dashboard", "--host", settings.api_host, "--port", str(dash_port)],
     }
     procs: list[subprocess.Popen] = []
     try:
         for name, args in specs.items():
             with open(logs / f"{name}.log", "ab") as out:
                 procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-        _wait_healthy(url, procs)
+        _wait_healthy(url + "/healthz", procs)
+        api = Api(url, admin)
+        api.call("PUT", "/api/v1/alerts/receivers/default", json={"kind": "webhook", "url": sink.url})
         say(f"api        {url}  (OpenAPI at {url}/docs)")
 
-        now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-        batch = gpu_fleet(FleetSpec(), now - dt.timedelta(minutes=minutes), minutes * 60)
-        headers = {"Authorization": f"Bearer {admin}"}
-        resp = httpx.post(url + "/api/v1/batches", json=batch_to_json(batch), headers=headers, timeout=120)
-        if resp.status_code != 200:
-            raise click.ClickException(f"ingest failed: {resp.status_code} {resp.text[:500]}")
-        written = resp.json()["written"]
-        say(f"ingested   {sum(written.values())} rows through the API: " + ", ".join(f"{k} {v}" for k, v in written.items()))
+        written = ingest_simulation(api, manifest, sim_dir, say)
+        from fleetscope.worker import make_celery
 
-        from fleetscope.worker import celery_app
+        celery_app = make_celery(settings)
+        analysis = analyse(api, manifest, celery_app, say)
 
-        pong = celery_app.send_task("fleetscope.ping").get(timeout=60)
-        say(f"worker     answered ping from {pong['hostname']} ({pong['database']})")
+        celery_app.send_task("fleetscope.alerting.evaluate").get(timeout=120)
+        deadline = time.monotonic() + 30
+        while not sink.received and time.monotonic() < deadline:
+            time.sleep(0.5)
+            celery_app.send_task("fleetscope.alerting.evaluate").get(timeout=120)
+        alerts = sorted({a["labels"].get("alertname", "?") for n in sink.received for a in n.get("json", {}).get("alerts", [])})
+        say(f"alerts     {len(sink.received)} notification(s) delivered to the webhook sink {sink.url}: {', '.join(alerts) or 'none yet'}")
+
+        for m in json.loads((sim_dir / manifest.files["registry"][0]).read_text())["models"]:
+            api.call("POST", "/api/v1/declarations", json={"model": m["name"], "version": m["version"], "kind": "purpose", "value": {"text": m["intended_purpose"]}})
+            api.call("POST", "/api/v1/declarations", json={"model": m["name"], "version": m["version"], "kind": "classification", "value": {"general_purpose": True}})
+        audit = api.call("POST", "/api/v1/audits")
+        export = api.call("POST", "/api/v1/exports", params={"audit_id": audit["audit_id"]})
+        say(f"ai act     audit {audit['audit_id']}: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["counts"].items())))
+        say(f"           report {settings.data_dir / audit['reports'][-1]}; signed export {export['export_id'][:16]}…")
+
+        faults = check_faults(api, manifest, analysis)
+        for row in faults:
+            say(f"  {'FOUND ' if row['found'] else 'MISSED'} {row['fault']:<30} {row['where']:<22} {row['evidence']}")
         summary = {
-            "api_url": url,
-            "docs_url": url + "/docs",
-            "token": admin,
-            "written": written,
-            "worker": pong,
-            "ready_s": round(time.monotonic() - started, 1),
-            "logs": str(logs),
+            "api_url": url, "docs_url": url + "/docs", "dashboard_url": f"http://{settings.api_host}:{dash_port}", "webhook_sink": sink.url,
+            "token": admin, "written": written, "alerts_delivered": len(sink.received), "alertnames": alerts, "audit": audit,
+            "export_id": export["export_id"], "faults": faults, "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),
         }
         if as_json:
-            click.echo(json.dumps(summary))
+            click.echo(json.dumps(summary, default=str))
         else:
-            say(f"token      {admin}   (scope admin; try: curl -H 'Authorization: Bearer {admin}' {url}/api/v1/counts)")
+            say(f"dashboard  {summary['dashboard_url']}")
+            say(f"token      {admin}   (scope admin; try: curl -H 'Authorization: Bearer {admin}' {url}/api/v1/jobs)")
             say(f"logs       {logs}")
             say(f"ready in {summary['ready_s']} s. Ctrl-C stops everything.")
         deadline = None if exit_after is None else time.monotonic() + exit_after
         while deadline is None or time.monotonic() < deadline:
             for p in procs:
                 if p.poll() is not None:
-                    raise click.ClickException(f"{' '.join(p.args[3:5])} exited with {p.returncode}; see {logs}")
+                    raise click.ClickException(f"`{' '.join(p.args[3:5])}` exited with {p.returncode}; see {logs}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         say("\nstopping ...")
     finally:
         _stop(procs)
+        sink.stop()
