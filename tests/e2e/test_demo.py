@@ -39,4 +39,5 @@ def test_demo_finds_every_injected_fault(tmp_path):
     with pytest.raises(httpx.HTTPError):
         httpx.get(summary["api_url"] + "/healthz", timeout=2)
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections the demo made linger in TIME_WAIT
         s.bind(("127.0.0.1", port))
