@@ -5,10 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 

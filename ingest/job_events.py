@@ -61,6 +61,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
+from fleetscope.textinput import input_lines, json_object
 from fleetscope.frames import JOB, JOB_EVENT, JOB_EVENT_KINDS, STEP, Batch
 
 MAX_LINE_BYTES = 1 << 20
@@ -84,7 +85,7 @@ def parse(data: bytes, *, source: str = "") -> Batch:
                             "job_lines": 0}
 
     for lineno, text in _lines(data, source):
-        obj = _json_object(text, source, lineno)
+        obj = json_object(text, source, lineno)
         f = _Fields(source, lineno)
         job_id = f.string(obj.get("job_id"), "job_id", required=True, max_len=256)
         ts = f.timestamp(obj.get("ts"), "ts", required=True)
@@ -268,45 +269,5 @@ class _Fields:
         raise self._err(f"expected RFC 3339 with a zone or epoch seconds, got {str(v)[:40]!r}", field)
 
 
-# --- input hygiene (each parser keeps its own: ingest modules never import each other) ---------
-
-
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"data must be bytes, not {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > MAX_INPUT_BYTES:
-        raise ParseError(f"input of {len(data)} bytes exceeds {MAX_INPUT_BYTES}", source=source)
-    out = []
-    for lineno, chunk in enumerate(data.split(b"\n"), start=1):
-        if len(chunk) > MAX_LINE_BYTES:
-            raise ParseError(f"line longer than {MAX_LINE_BYTES} bytes", source=source, line=lineno)
-        if b"\x00" in chunk:
-            raise ParseError("binary data (NUL byte)", source=source, line=lineno)
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ParseError("line is not UTF-8 text", source=source, line=lineno) from None
-        text = text.lstrip("\ufeff").strip()
-        if text:
-            out.append((lineno, text))
-    if not out:
-        raise ParseError("empty input", source=source)
-    return out
-
-
-def _json_object(text: str, source: str, line: int) -> dict[str, Any]:
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        what = "truncated JSON line" if e.pos >= len(text) - 1 else f"malformed JSON ({e.msg})"
-        raise ParseError(what, source=source, line=line) from None
-    except ValueError as e:  # NaN/Infinity literals, integers with thousands of digits
-        raise ParseError(f"malformed JSON ({e})", source=source, line=line) from None
-    if not isinstance(obj, dict):
-        raise ParseError("line is not a JSON object", source=source, line=line)
-    return obj
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"non-finite number {name} is not JSON")
+    return input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES)

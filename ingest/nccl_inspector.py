@@ -53,7 +53,6 @@ when the file name is the plugin's ``nccl_inspector_metrics_<uuid>.prom``.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from datetime import datetime, timezone
@@ -62,6 +61,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
+from fleetscope.textinput import input_lines, json_object
 from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
 
 MAX_LINE_BYTES = 1 << 20  # a verbose coll_perf line is ~1 KB; the plugin never writes megabytes
@@ -92,7 +92,7 @@ def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
     ctx_line = 0
 
     for lineno, text in lines:
-        obj = _json_object(text, source, lineno)
+        obj = json_object(text, source, lineno)
         if "dump_stats" in obj:
             if any(remaining.values()):
                 raise ParseError(
@@ -358,49 +358,8 @@ def _prom_labels(text: str, source: str, line: int) -> dict[str, str]:
     return labels
 
 
-# --- input hygiene (each parser keeps its own: ingest modules never import each other) ---------
-
-
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:
-    """Non-blank lines with their 1-based numbers, after checks that name the first bad line."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"data must be bytes, not {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > MAX_INPUT_BYTES:
-        raise ParseError(f"input of {len(data)} bytes exceeds {MAX_INPUT_BYTES}", source=source)
-    out = []
-    for lineno, chunk in enumerate(data.split(b"\n"), start=1):
-        if len(chunk) > MAX_LINE_BYTES:
-            raise ParseError(f"line longer than {MAX_LINE_BYTES} bytes", source=source, line=lineno)
-        if b"\x00" in chunk:
-            raise ParseError("binary data (NUL byte)", source=source, line=lineno)
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ParseError("line is not UTF-8 text", source=source, line=lineno) from None
-        text = text.lstrip("\ufeff").strip()
-        if text:
-            out.append((lineno, text))
-    if not out:
-        raise ParseError("empty input", source=source)
-    return out
-
-
-def _json_object(text: str, source: str, line: int) -> dict[str, Any]:
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        what = "truncated JSON line" if e.pos >= len(text) - 1 else f"malformed JSON ({e.msg})"
-        raise ParseError(what, source=source, line=line) from None
-    except ValueError as e:
-        raise ParseError(f"malformed JSON ({e})", source=source, line=line) from None
-    if not isinstance(obj, dict):
-        raise ParseError("line is not a JSON object", source=source, line=line)
-    return obj
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"non-finite number {name} is not JSON")
+    return input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES)
 
 
 def _uint(v: Any, source: str, line: int, field: str) -> int:

@@ -52,6 +52,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
+from fleetscope.textinput import input_lines
 from fleetscope.frames import COLLECTIVE, HEALTH_EVENT, Batch
 
 MAX_LINE_BYTES = 1 << 16  # NCCL formats into a 1024-byte buffer; launcher prefixes add little
@@ -316,27 +317,5 @@ def _job_ranks(communicators: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [out[r] for r in sorted(out)]
 
 
-# --- input hygiene (each parser keeps its own: ingest modules never import each other) ---------
-
-
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"data must be bytes, not {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > MAX_INPUT_BYTES:
-        raise ParseError(f"input of {len(data)} bytes exceeds {MAX_INPUT_BYTES}", source=source)
-    out = []
-    for lineno, chunk in enumerate(data.split(b"\n"), start=1):
-        if len(chunk) > MAX_LINE_BYTES:
-            raise ParseError(f"line longer than {MAX_LINE_BYTES} bytes", source=source, line=lineno)
-        if b"\x00" in chunk:
-            raise ParseError("binary data (NUL byte)", source=source, line=lineno)
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ParseError("line is not UTF-8 text", source=source, line=lineno) from None
-        if text.strip():
-            out.append((lineno, text.lstrip("\ufeff")))
-    if not out:
-        raise ParseError("empty input", source=source)
-    return out
+    return input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES, strip=False)

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse, Response
 
 from fleetscope import frames as F
 from fleetscope.api.security import require
-from fleetscope.errors import ValidationError
 from fleetscope.store import content_hash
 
 router = APIRouter(prefix="/api/v1", tags=["data"])

@@ -15,25 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 import polars as pl
 
-from fleetscope.frames import UTC_US, Col, FrameSpec, conform
+from fleetscope.frames import UTC_US, FrameSpec
 from governance.aiact.model import Declaration, FairnessGroup, FairnessRecord, canonical_json, utc
 from governance.aiact.rules import ModelAudit
-
-
-def _k(name: str, dtype: pl.DataType, default: Any = None, doc: str = "") -> Col:
-    return Col(name, dtype, key=True, nullable=False, default=default, doc=doc)
-
-
-def _f(name: str, dtype: pl.DataType = pl.String, doc: str = "") -> Col:
-    return Col(name, dtype, doc=doc)
-
-
-def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
-    return Col(name, dtype, nullable=False, doc=doc)
+# The same column helpers as the other governance tables (text columns by default) and the same row builder.
+from governance.frames import _f, _frame, _k, _r
 
 
 AIACT_DECLARATION = FrameSpec(
@@ -137,13 +126,6 @@ AUDIT_LOG = FrameSpec(
 AIACT_FRAMES: dict[str, FrameSpec] = {
     s.name: s for s in (AIACT_DECLARATION, AIACT_AUDIT_RUN, AIACT_RULE_RESULT, AIACT_REPORT, AIACT_EXPORT, AUDIT_LOG)
 }
-
-
-def _frame(spec: FrameSpec, rows: list[dict[str, Any]]) -> pl.DataFrame:
-    if not rows:
-        return spec.empty()
-    data = {c.name: pl.Series(c.name, [r.get(c.name) for r in rows], dtype=c.dtype) for c in spec.columns}
-    return conform(spec, pl.DataFrame(data))
 
 
 def declaration_frame(decls: Iterable[Declaration]) -> pl.DataFrame:

@@ -1,0 +1,58 @@
+"""Input hygiene shared by the line-oriented parsers in ``ingest/``: size limits, NUL bytes, UTF-8, and
+JSON lines that must be objects. Pure (no I/O), so parsers may import it; each error names the source and
+the first bad line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleetscope.errors import ParseError
+
+
+def input_lines(data: bytes, source: str, *, max_input_bytes: int, max_line_bytes: int, strip: bool = True) -> list[tuple[int, str]]:
+    """Non-blank lines with their 1-based numbers. ``strip`` trims each line; without it only a leading
+    byte-order mark goes (log parsers keep indentation, which carries meaning in some formats)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_input_bytes:
+        raise ParseError(f"input of {len(data)} bytes exceeds {max_input_bytes}", source=source)
+    out = []
+    for lineno, chunk in enumerate(data.split(b"\n"), start=1):
+        if len(chunk) > max_line_bytes:
+            raise ParseError(f"line longer than {max_line_bytes} bytes", source=source, line=lineno)
+        if b"\x00" in chunk:
+            raise ParseError("binary data (NUL byte)", source=source, line=lineno)
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ParseError("line is not UTF-8 text", source=source, line=lineno) from None
+        if strip:
+            text = text.lstrip("\ufeff").strip()
+            if text:
+                out.append((lineno, text))
+        elif text.strip():
+            out.append((lineno, text.lstrip("\ufeff")))
+    if not out:
+        raise ParseError("empty input", source=source)
+    return out
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def json_object(text: str, source: str, line: int) -> dict[str, Any]:
+    """One JSON Lines record, which must be an object; NaN/Infinity literals are refused (RFC 8259 has none)."""
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        what = "truncated JSON line" if e.pos >= len(text) - 1 else f"malformed JSON ({e.msg})"
+        raise ParseError(what, source=source, line=line) from None
+    except ValueError as e:  # NaN/Infinity literals, integers with thousands of digits
+        raise ParseError(f"malformed JSON ({e})", source=source, line=line) from None
+    if not isinstance(obj, dict):
+        raise ParseError("line is not a JSON object", source=source, line=line)
+    return obj
