@@ -102,6 +102,15 @@ def model_lineage(store: Store, name: str, version: str | None = None) -> dict[s
     }
 
 
+def column_lineage(store: Store, namespace: str, name: str, column: str) -> dict[str, Any]:
+    """The input columns a dataset's column is computed from, transitively, from OpenLineage's
+    ColumnLineageDatasetFacet where events carried it."""
+    edges = GF.columns_from_frame(store.read("lineage_column"))
+    found = L.column_upstream(edges, L.DatasetRef(namespace, name), column)
+    return {"dataset": f"dataset:{namespace}:{name}", "column": column,
+            "upstream": [{"dataset": d.node_id, "column": c, "path": list(p)} for d, c, p in found]}
+
+
 def model_ingested(store: Store, name: str, dataset: str, *, namespace: str | None = None, version: str | None = None) -> dict[str, Any]:
     model = find_model(store, name, version)
     return L.did_ingest(graph(store), model, find_dataset(store, dataset, namespace)).to_dict()
@@ -122,6 +131,7 @@ def evaluate_fairness(
     min_group_size: int = 30,
     policy: fairness.FairnessPolicy | None = None,
     actor: str = "api",
+    keep_upload_dir: Any = None,
 ) -> dict[str, Any]:
     """Evaluate an uploaded prediction table for a registered model and record the aggregates.
 
@@ -130,6 +140,12 @@ def evaluate_fairness(
     """
     model = find_model(store, name, version)
     frame = fairness.read_predictions(data, fmt)
+    kept = None
+    if keep_upload_dir is not None:
+        # Kept only when the user asked: by default the rows are dropped once the aggregates are computed.
+        keep_upload_dir.mkdir(parents=True, exist_ok=True)
+        kept = keep_upload_dir / f"{model.name}@{model.version}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.{fmt or 'csv'}"
+        kept.write_bytes(data)
     result = fairness.evaluate(frame, y_true=y_true, y_pred=y_pred, sensitive=sensitive, y_score=y_score,
                                positive_label=positive_label, min_group_size=min_group_size)
     policy = policy or fairness.FairnessPolicy()
@@ -139,7 +155,7 @@ def evaluate_fairness(
     eid = frames["fairness_evaluation"]["evaluation_id"][0]
     _log(store, actor, "fairness_evaluation", model.node_id, {"evaluation_id": eid, "passed": outcome.passed, "n": result.n})
     return {"evaluation_id": frames["fairness_evaluation"]["evaluation_id"][0], "model": model.name, "version": model.version,
-            "passed": outcome.passed, "result": result.to_dict(), "outcome": outcome.to_dict()}
+            "passed": outcome.passed, "result": result.to_dict(), "outcome": outcome.to_dict(), "upload_kept_at": str(kept) if kept else None}
 
 
 def fairness_evaluations(store: Store, name: str) -> list[dict[str, Any]]:

@@ -50,6 +50,12 @@ def get_lineage(request: Request, nodeId: Annotated[str, Query(max_length=2000)]
         raise HTTPException(400, str(exc)) from None
 
 
+@router.get("/lineage/column")
+def get_column_lineage(request: Request, namespace: str, name: str, column: str) -> dict[str, Any]:
+    """Which input columns ``namespace:name.column`` is computed from (OpenLineage column lineage), with paths."""
+    return gs.column_lineage(request.app.state.store, namespace, name, column)
+
+
 def d_ref(d: DatasetEntry) -> L.DatasetRef:
     return L.DatasetRef(d.namespace, d.name)
 
@@ -141,6 +147,7 @@ async def post_fairness(
     positive_label: str | None = None,
     min_group_size: Annotated[int, Query(ge=1)] = 30,
     format: Annotated[str | None, Query(pattern="^(csv|parquet)$")] = None,  # noqa: A002
+    keep_upload: Annotated[bool, Query(description="keep the uploaded rows under the data directory (default: discarded)")] = False,
 ) -> JSONResponse:
     """Evaluate an uploaded prediction table (CSV or Parquet in the body). Only aggregates are stored."""
     body = await request.body()
@@ -150,6 +157,7 @@ async def post_fairness(
         out = await run_in_threadpool(
             gs.evaluate_fairness, request.app.state.store, name, body, sensitive=sensitive, version=version, fmt=format,
             y_true=y_true, y_pred=y_pred, y_score=y_score, positive_label=positive_label, min_group_size=min_group_size,
+            keep_upload_dir=request.app.state.settings.data_dir / "fairness-uploads" if keep_upload else None,
         )
     except gs.NotFound as exc:
         raise _not_found(exc) from None

@@ -195,3 +195,31 @@ def test_cli_lineage_and_fairness(api, tmp_path, realdata):
     assert fair.returncode == 4 and "FAILED" in fair.stdout
     bad = run("registry", "dataset", "lake", "x", "--special-category")
     assert bad.returncode == 1 and "Art. 9" in bad.stderr
+
+
+def test_column_lineage_from_the_real_facet(api, realdata):
+    h = gov(api)
+    # the real event, with OpenLineage's own ColumnLineageDatasetFacet example on its output
+    ev = json.loads((realdata / EVENTS / "03_run_complete_full_facets.json").read_text())
+    ev["outputs"][0]["facets"].update(json.loads((realdata / "openlineage/facets/ColumnLineageDatasetFacet.1.json").read_text()))
+    r = httpx.post(api.url + "/api/v1/lineage", json=ev, headers=h)
+    assert r.status_code == 201, r.text
+    out = ev["outputs"][0]
+    facet = out["facets"]["columnLineage"]["fields"]
+    column, spec = next(iter(facet.items()))
+    r = httpx.get(api.url + "/api/v1/lineage/column", params={"namespace": out["namespace"], "name": out["name"], "column": column}, headers=h).json()
+    want = {(f"dataset:{i['namespace']}:{i['name']}", i["field"]) for i in spec["inputFields"]}
+    assert want <= {(u["dataset"], u["column"]) for u in r["upstream"]}
+
+
+def test_fairness_upload_is_discarded_unless_kept(api, realdata):
+    h = gov(api)
+    httpx.put(api.url + "/api/v1/models/compas/1", json={"intended_purpose": "risk", "role": "deployer"}, headers=h)
+    csv = compas_csv(realdata)
+    r = httpx.post(api.url + "/api/v1/models/compas/fairness", params={"sensitive": "race"}, content=csv, headers=h, timeout=120).json()
+    assert r["upload_kept_at"] is None
+    uploads = api.app.state.settings.data_dir / "fairness-uploads"
+    assert not uploads.exists()
+    r = httpx.post(api.url + "/api/v1/models/compas/fairness", params={"sensitive": "race", "keep_upload": "true"}, content=csv, headers=h, timeout=120).json()
+    kept = list(uploads.iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == csv and r["upload_kept_at"] == str(kept[0])
