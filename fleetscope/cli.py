@@ -663,6 +663,67 @@ def auditlog_verify(as_json: bool) -> None:
     sys.exit(0 if out["ok"] else 8)
 
 
+# --- alerting --------------------------------------------------------------------------------------
+
+
+@main.group()
+def alerts() -> None:
+    """Alerts and silences."""
+
+
+@alerts.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def alerts_list(as_json: bool) -> None:
+    """Pending and firing alerts, with what mutes each."""
+    from fleetscope.alerting import state as ST
+
+    rows = ST.list_alerts(_engine(_settings()))
+    lines = [f"{a.get('state', '?'):<8} {a.get('labels', {}).get('alertname', '?'):<28} {a.get('labels', {}).get('subject') or a.get('labels', {}).get('gpu_uuid') or ''}" for a in rows]
+    _emit(as_json, rows, "\n".join(lines) or "no alerts")
+
+
+@alerts.command("silence")
+@click.argument("matchers", nargs=-1, required=True)
+@click.option("--for", "duration", default="2h", show_default=True, help="How long: 30m, 2h, 1d.")
+@click.option("--by", "created_by", required=True, help="Who silences (kept with the silence).")
+@click.option("--comment", required=True, help="Why.")
+def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, comment: str) -> None:
+    """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*")."""
+    from fleetscope.alerting import state as ST
+
+    units = {"m": 60, "h": 3600, "d": 86400}
+    if not duration or duration[-1] not in units or not duration[:-1].isdigit():
+        raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint="--for")
+    ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(duration[:-1]) * units[duration[-1]])
+    try:
+        sil = ST.create_silence(_engine(_settings()), list(matchers), None, ends, created_by, comment)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"silence {sil.id} until {ends:%Y-%m-%d %H:%M} UTC")
+
+
+@alerts.command("expire")
+@click.argument("silence_id")
+def alerts_expire(silence_id: str) -> None:
+    """End a silence now."""
+    from fleetscope.alerting import state as ST
+
+    if not ST.expire_silence(_engine(_settings()), silence_id):
+        raise click.ClickException(f"no active silence {silence_id!r}")
+    click.echo(f"expired {silence_id}")
+
+
+@alerts.command("silences")
+@click.option("--json", "as_json", is_flag=True)
+def alerts_silences(as_json: bool) -> None:
+    """Silences, active and expired."""
+    from fleetscope.alerting import state as ST
+
+    rows = [ST.silence_dict(x) for x in ST.list_silences(_engine(_settings()))]
+    lines = [f"{r['id']}  {r['status']['state']:<8} until {r['endsAt']}  {' '.join(m['name'] + ('=' if m['isEqual'] else '!=') + ('~' if m['isRegex'] else '') + m['value'] for m in r['matchers'])}  ({r['createdBy']}: {r['comment']})" for r in rows]
+    _emit(as_json, rows, "\n".join(lines) or "no silences")
+
+
 @main.command("formats")
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:

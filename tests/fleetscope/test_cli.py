@@ -65,3 +65,17 @@ def test_bad_setting_is_a_clear_error_not_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert "FLEETSCOPE_API_PORT='http': expected an integer" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_alert_silences_from_the_command_line(tmp_path):
+    made = run(tmp_path, "alerts", "silence", "alertname=Straggler", 'host=~"site-a-.*"', "severity!=critical", "--for", "30m", "--by", "ana", "--comment", "rack work")
+    sid = made.stdout.split()[1]
+    listed = json.loads(run(tmp_path, "alerts", "silences", "--json").stdout)
+    assert [(s["id"], s["status"]["state"], s["createdBy"]) for s in listed] == [(sid, "active", "ana")]
+    assert {(m["name"], m["isRegex"], m["isEqual"]) for m in listed[0]["matchers"]} == {("alertname", False, True), ("host", True, True), ("severity", False, False)}
+    assert "severity!=critical" in run(tmp_path, "alerts", "silences").stdout
+    run(tmp_path, "alerts", "expire", sid)
+    assert json.loads(run(tmp_path, "alerts", "silences", "--json").stdout)[0]["status"]["state"] == "expired"
+    bad = run(tmp_path, "alerts", "silence", "alertname", "--by", "a", "--comment", "c", check=False)
+    assert bad.returncode == 1 and "cannot parse matcher" in bad.stderr
+    assert run(tmp_path, "alerts", "silence", "a=b", "--for", "soon", "--by", "a", "--comment", "c", check=False).returncode == 2
