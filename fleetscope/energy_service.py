@@ -60,3 +60,32 @@ def energy_report(store: Store, start: dt.datetime, end: dt.datetime, by: list[s
     elif "minute" not in by and "minute" in summary.columns:
         summary = summary.group_by(by).agg(pl.col("energy_j").sum())
     return summary.with_columns((pl.col("energy_j") / energy.J_PER_KWH).alias("energy_kwh")).sort(by, nulls_last=True)
+
+
+def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """PUE of a site over a window (ISO/IEC 30134-2), from its facility and IT meters; the declared PUE,
+    marked as an estimate, where it has none."""
+    import dataclasses
+
+    site = store.read("site")
+    if site.filter(pl.col("site_id") == site_id).height == 0:
+        raise ValueError(f"no site {site_id!r} in the inventory")
+    meters = store.read("metric_sample", start=start - PAD, end=end + PAD)
+    res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
+    return {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in dataclasses.asdict(res).items()}
+
+
+def model_footprint(store: Store, model_name: str) -> dict[str, Any]:
+    """Training compute, time, energy and emissions of a model (EU AI Act Annex XI 1.2(d)-(e)): measured
+    from the fleet's telemetry where it covers the runs, with the basis of every figure stated."""
+    job = store.read("job")
+    ids = job.filter((pl.col("model_name") == model_name) & (pl.col("kind") == "training"))["job_id"].to_list()
+    if not ids:
+        raise ValueError(f"no training job of model {model_name!r} in the job inventory")
+    minutes = store.read("gpu_energy_minute")
+    job_energy = None
+    if minutes.height:
+        attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=ids))
+        job_energy = energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
+    fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy, step=store.read("step", job_id=ids))
+    return {"jobs": ids, **fp.as_dict()}

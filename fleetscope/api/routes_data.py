@@ -180,3 +180,27 @@ def get_health(
         raise HTTPException(400, str(exc)) from None
     df = out["gpus" if level == "gpu" else "nodes"]
     return Response(df.write_json() if df.width else "[]", media_type="application/json")
+
+
+@router.get("/sites/{site_id}/pue", dependencies=[Depends(require("read"))])
+def get_pue(request: Request, site_id: str, start: Annotated[dt.datetime, Query()], end: Annotated[dt.datetime, Query()]) -> dict[str, Any]:
+    """PUE over a window with its ISO/IEC 30134-2 category, or the declared PUE marked as an estimate."""
+    from fleetscope.energy_service import site_pue
+
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+    try:
+        return site_pue(request.app.state.store, site_id, start, end)
+    except ValueError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/models/{name}/footprint", dependencies=[Depends(require("read"))])
+def get_footprint(request: Request, name: str) -> dict[str, Any]:
+    """A model's training compute, time, energy and CO2e (Annex XI 1.2(d)-(e)), each with its basis."""
+    from fleetscope.energy_service import model_footprint
+
+    try:
+        return model_footprint(request.app.state.store, name)
+    except ValueError as exc:
+        raise HTTPException(404, str(exc)) from None

@@ -75,3 +75,35 @@ def test_energy_endpoint(api):
     assert httpx.get(api.url + "/api/v1/energy", params={**params, "end": T0.isoformat()}, headers=h).status_code == 400
     empty = httpx.get(api.url + "/api/v1/energy", params={**params, "start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z"}, headers=h)
     assert empty.json() == []
+
+
+def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
+    """The simulator's facility meters (OTLP) give a measured PUE; its training job gets a measured footprint."""
+    from fleetscope import ingestion
+    from fleetscope.energy_service import rollup_window
+    from fleetscope.sim import simulate_small
+
+    store = api.app.state.store
+    m = simulate_small(tmp_path / "sim")
+    root = tmp_path / "sim"
+    from fleetscope.sim.fleet import build_topology
+    from fleetscope.sim.spec import small_spec
+
+    spec = small_spec()
+    topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, spec.gpus_per_node, spec.gpu.name, spec.seed)
+    store.write(topo.frames())
+    j = m.jobs[0]
+    store.write(F.Batch(job=pl.DataFrame([{"job_id": j["job_id"], "kind": "training", "model_name": j["model_name"], "world_size": j["world_size"]}]),
+                        job_rank=pl.DataFrame([{"job_id": j["job_id"], "rank": r, "start": j["start"], "end": j["end"], "gpu_uuid": u} for r, u in enumerate(j["gpu_uuids"])])))
+    for rel in m.files["dcgm"] + m.files["otlp_json"] + m.files["job_events"]:
+        ingestion.ingest_bytes(store, (root / rel).read_bytes(), source=rel, opts=ingestion.Options(ts=dt.datetime.fromisoformat(
+            next(s["ts"] for s in m.dcgm_scrapes if rel.startswith(s["dir"])).replace("Z", "+00:00")) if rel.startswith("dcgm/") else None))
+    start, end = spec.start, spec.start + dt.timedelta(seconds=spec.duration_s)
+    rollup_window(store, start, end)
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    pue = httpx.get(api.url + "/api/v1/sites/site-a/pue", params={"start": start.isoformat(), "end": end.isoformat()}, headers=h).json()
+    assert pue["basis"] == "measured" and pue["category"] == 3 and 1.05 < pue["pue"] < 1.5 and pue["estimate"] is False
+    assert httpx.get(api.url + "/api/v1/sites/nowhere/pue", params={"start": start.isoformat(), "end": end.isoformat()}, headers=h).status_code == 404
+    fp = httpx.get(api.url + f"/api/v1/models/{j['model_name']}/footprint", headers=h).json()
+    assert fp["jobs"] == [j["job_id"]] and fp["energy_j"] > 0 and fp["energy_basis"].startswith("measured")
+    assert httpx.get(api.url + "/api/v1/models/unknown/footprint", headers=h).status_code == 404
