@@ -147,21 +147,27 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
     topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, manifest.topology["gpus_per_node"], spec.gpu.name, spec.seed)
     add(api.call("POST", "/api/v1/batches", json=batch_to_json(topo.frames())))
     add(api.call("POST", "/api/v1/batches", json=_job_rows(manifest, topo)))
-    # One scrape of the whole fleet per request: what a central collector relaying every exporter sends.
+    # Collectors post concurrently; the API's worker processes parse in parallel and the store serialises
+    # the writes. One dcgm request carries a whole scrape, as a central collector relaying every exporter does.
+    posts: list[tuple[str, bytes, dict[str, str]]] = []
     for scrape in manifest.dcgm_scrapes:
         body = b"".join(p.read_bytes() for p in sorted((root / scrape["dir"]).glob("*.prom")))
-        add(api.call("POST", "/api/v1/ingest/dcgm", content=body, params={"ts": scrape["ts"], "source": scrape["dir"]}))
-    say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
+        posts.append(("/api/v1/ingest/dcgm", body, {"ts": scrape["ts"], "source": scrape["dir"]}))
     for rel in manifest.files.get("job_events", []):
-        add(api.call("POST", "/api/v1/ingest/job_events", content=(root / rel).read_bytes(), params={"source": rel}))
+        posts.append(("/api/v1/ingest/job_events", (root / rel).read_bytes(), {"source": rel}))
     for rel in manifest.files.get("kineto", []):
-        job_id = Path(rel).parent.name
-        add(api.call("POST", "/api/v1/ingest/kineto", content=(root / rel).read_bytes(), params={"source": rel, "job_id": job_id}))
+        posts.append(("/api/v1/ingest/kineto", (root / rel).read_bytes(), {"source": rel, "job_id": Path(rel).parent.name}))
     for rel in manifest.files.get("nccl_inspector", []):
         # Inspector numbers ranks within each communicator, not in the job: kept under its own id so the
         # C3 and straggler analyses (which need global ranks) read the profiler's collectives only.
         job_id = Path(rel).parent.name.removeprefix("nccl-inspector-") + ":nccl-inspector"
-        add(api.call("POST", "/api/v1/ingest/nccl_inspector", content=(root / rel).read_bytes(), params={"source": rel, "job_id": job_id}))
+        posts.append(("/api/v1/ingest/nccl_inspector", (root / rel).read_bytes(), {"source": rel, "job_id": job_id}))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for resp in pool.map(lambda p: api.call("POST", p[0], content=p[1], params=p[2]), posts):
+            add(resp)
+    say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
     for rel in manifest.files.get("otlp_json", []):
         api.call("POST", "/v1/metrics", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
     say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, facility meters")
@@ -273,7 +279,7 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     logs.mkdir(exist_ok=True)
     cli = [sys.executable, "-m", "fleetscope.cli"]
     specs = {
-        "api": [*cli, "serve", "--host", settings.api_host, "--port", str(api_port)],
+        "api": [*cli, "serve", "--host", settings.api_host, "--port", str(api_port), "--workers", "2"],
         "worker": [*cli, "worker", "--pool", "threads", "--concurrency", "4"],
         "beat": [*cli, "beat"],
         "dashboard": [*cli, "dashboard", "--host", settings.api_host, "--port", str(dash_port)],
