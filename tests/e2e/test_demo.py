@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,9 +36,63 @@ def test_demo_finds_every_injected_fault(tmp_path):
     assert sum(summary["audit"]["counts"].values()) >= 17 * 2  # every rule for both models
     assert summary["ready_s"] < 90
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
+    assert_visible_on_the_dashboard(tmp_path / "data")
     # Ctrl-C path: every child was stopped, so the API port is free again and nothing answers there.
     with pytest.raises(httpx.HTTPError):
         httpx.get(summary["api_url"] + "/healthz", timeout=2)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections the demo made linger in TIME_WAIT
         s.bind(("127.0.0.1", port))
+
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def page_cells(db_url: str, page: str, monkeypatch_env: dict[str, str]) -> dict[str, set[str]]:
+    """Every cell of every table a dashboard page shows (Streamlit's AppTest), as text, by column."""
+    from streamlit.testing.v1 import AppTest
+
+    os.environ.update(monkeypatch_env)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    if page != "overview":
+        at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception and not at.error, (page, [e.message for e in at.exception], [e.value for e in at.error])
+    cells: dict[str, set[str]] = {}
+    for df in at.dataframe:
+        for col in df.value.columns:
+            cells.setdefault(str(col), set()).update(str(v) for v in df.value[col].tolist())
+    return cells
+
+
+def _all(cells: dict[str, set[str]]) -> set[str]:
+    return set().union(*cells.values()) if cells else set()
+
+
+def assert_visible_on_the_dashboard(data_dir: Path) -> None:
+    """Each injected fault shows on the page an SRE or auditor would open for it."""
+    manifest = json.loads((data_dir / "sim" / "manifest.json").read_text())
+    env = {"FLEETSCOPE_DATABASE_URL": f"sqlite:///{data_dir / 'fleetscope.db'}"}
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        stragglers = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "stragglers", env))
+        health = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "health_sdc", env))
+        reliability = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "reliability", env))
+        gov_cols = page_cells(env["FLEETSCOPE_DATABASE_URL"], "governance", env)
+        governance = _all(gov_cols)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    for f in manifest["faults"]:
+        if f["kind"] in ("thermal_straggler", "slow_link"):
+            assert {f"job:{f['job_id']}/rank:{r}" for r in f["ranks"]} & stragglers, f
+        elif f["kind"] == "row_remap_failure":
+            assert set(f["gpu_uuids"]) & health, f
+        elif f["kind"] == "sdc":
+            assert any(c.startswith("gpu:") and c[4:] in f["gpu_uuids"] or c == f"job:{f['job_id']}/rank:{f['ranks'][0]}" for c in health), f
+        elif f["kind"] in ("gpu_failure", "preemption"):
+            assert f["job_id"] in reliability and ("preempted" if f["kind"] == "preemption" else "failure") in reliability, f
+    lin = manifest["lineage"]
+    assert lin["tainted_model"]["name"] in governance and lin["quarantined_dataset"]["name"] in governance
+    # the biased model's fairness evaluation did not pass (SQLite shows the boolean as 0)
+    assert gov_cols["passed"] & {"False", "0"}, gov_cols["passed"]
