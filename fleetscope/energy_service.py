@@ -79,6 +79,14 @@ def model_footprint(store: Store, model_name: str) -> dict[str, Any]:
     """Training compute, time, energy and emissions of a model (EU AI Act Annex XI 1.2(d)-(e)): measured
     from the fleet's telemetry where it covers the runs, with the basis of every figure stated."""
     job = store.read("job")
+    # A job belongs to the model by the scheduler's record (job.model_name) or by lineage: a training run
+    # of the model whose fleetscope_job facet names the fleet job.
+    linked = _lineage_jobs(store, model_name)
+    if linked:
+        job = job.with_columns(
+            pl.when(pl.col("job_id").is_in(linked)).then(pl.lit(model_name)).otherwise(pl.col("model_name")).alias("model_name"),
+            pl.when(pl.col("job_id").is_in(linked)).then(pl.lit("training")).otherwise(pl.col("kind")).alias("kind"),
+        )
     ids = job.filter((pl.col("model_name") == model_name) & (pl.col("kind") == "training"))["job_id"].to_list()
     if not ids:
         raise ValueError(f"no training job of model {model_name!r} in the job inventory")
@@ -89,3 +97,12 @@ def model_footprint(store: Store, model_name: str) -> dict[str, Any]:
         job_energy = energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
     fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy, step=store.read("step", job_id=ids))
     return {"jobs": ids, **fp.as_dict()}
+
+
+def _lineage_jobs(store: Store, model_name: str) -> list[str]:
+    """Fleet job ids of the lineage runs that trained ``model_name`` (registry links or the run's
+    ``fleetscope_model`` facet), read from their ``fleetscope_job`` facets."""
+    runs = store.read("lineage_run_event", columns=["run_id", "fleet_job_id", "model_name"])
+    linked = store.read("model_training_run").filter(pl.col("model_name") == model_name)["run_id"].to_list()
+    hit = runs.filter((pl.col("model_name") == model_name) | pl.col("run_id").is_in(linked))
+    return sorted(set(hit["fleet_job_id"].drop_nulls().to_list()))

@@ -107,3 +107,25 @@ def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
     fp = httpx.get(api.url + f"/api/v1/models/{j['model_name']}/footprint", headers=h).json()
     assert fp["jobs"] == [j["job_id"]] and fp["energy_j"] > 0 and fp["energy_basis"].startswith("measured")
     assert httpx.get(api.url + "/api/v1/models/unknown/footprint", headers=h).status_code == 404
+
+
+def test_footprint_follows_lineage_from_model_to_fleet_job(store):
+    """A job the scheduler did not tag with the model still counts when a lineage run that trained the
+    model names it in its fleetscope_job facet."""
+    from fleetscope import governance_service as gs
+    from fleetscope.energy_service import model_footprint
+    from governance.registry import ModelEntry
+
+    seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    store.write(F.Batch(job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}])))  # no model_name
+    run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
+    event = {"eventType": "COMPLETE", "eventTime": T0.isoformat(), "producer": "p", "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+             "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": "train-1"}}},
+             "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
+    import json
+
+    gs.record_lineage(store, json.dumps(event).encode())
+    gs.put_model(store, ModelEntry("ranker", "1", "rank", "provider", (run_id,)))
+    fp = model_footprint(store, "ranker")
+    assert fp["jobs"] == ["train-1"] and fp["energy_j"] > 0
