@@ -213,6 +213,7 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
         "fairness_evaluations": store.read("fairness_evaluation"),
         "fairness_groups": store.read("fairness_group"),
         "incidents": store.read("aiact_declaration").filter(pl.col("kind") == "incident"),
+        "energy_and_compute": _footprints(store),
     }
     key = signing_key(settings)
     head = verify_log(store)["head"]
@@ -235,6 +236,21 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
         payload={"export_id": export_id, "key_fingerprint": exports.key_fingerprint(key)})
     return {"export_id": export_id, "audit_id": audit_id, "path": str(path), "size_bytes": len(bundle),
             "key_fingerprint": exports.key_fingerprint(key), "public_key": str(_public_key_path(settings))}
+
+
+def _footprints(store: Store) -> pl.DataFrame:
+    """Training compute, time, energy and emissions of every registered model, each with its basis
+    (Annex XI 1.2(d)-(e)); models without a training job in the inventory get a row saying so."""
+    from fleetscope.energy_service import model_footprint
+
+    rows = []
+    for m in store.read("model")["model_name"].unique().sort().to_list():
+        try:
+            fp = model_footprint(store, m)
+            rows.append({"model_name": m, **{k: (", ".join(v) if isinstance(v, list) else v) for k, v in fp.items()}, "note": None})
+        except ValueError as exc:
+            rows.append({"model_name": m, "note": str(exc)})
+    return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({"model_name": [], "note": []}, schema={"model_name": pl.String, "note": pl.String})
 
 
 def _key_path(settings: Settings) -> Path:

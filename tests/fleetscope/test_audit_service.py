@@ -91,6 +91,11 @@ def test_export_verifies_offline_and_tampering_is_named(api, tmp_path):
     # one byte of the evidence changed -> that file is named
     src = zipfile.ZipFile(io.BytesIO(bundle))
     names = src.namelist()
+    for part in ("report/report.json", "report/report.html", "report/report.pdf", "evidence/rule_results.csv", "evidence/lineage_edges.csv",
+                 "evidence/fairness_groups.csv", "evidence/energy_and_compute.json", "evidence/incidents.csv"):
+        assert part in names, part
+    # no training job of "ranker" in the inventory: the footprint row says so rather than inventing figures
+    assert "no training job" in json.loads(src.read("evidence/energy_and_compute.json"))[0]["note"]
     victim = next(n for n in names if n.startswith("evidence/") and n.endswith(".csv"))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
