@@ -16,8 +16,6 @@ import gzip
 import importlib.util
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,32 +31,14 @@ _spec = importlib.util.spec_from_file_location("_bench_ingest_dcgm", _HERE / "in
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 synth_scrape = _mod.synth_scrape
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_spec2 = importlib.util.spec_from_file_location("_bench_server", _HERE / "_server.py")
+_server = importlib.util.module_from_spec(_spec2)
+_spec2.loader.exec_module(_server)
+served_api = _server.served_api
 
 
 def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int, values_per_scrape: int) -> None:
-    from fleetscope import auth, db
-
-    db.upgrade(url)
-    token = auth.create_token(db.make_engine(url), "bench", ["ingest"])
-    env = {**os.environ, "FLEETSCOPE_DATA_DIR": tempfile.mkdtemp(prefix="fleetscope-ingest-"), "FLEETSCOPE_DATABASE_URL": url,
-           "FLEETSCOPE_LOG_LEVEL": "WARNING"}
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with served_api(url, workers) as (base, token):
         gz = gzip.compress(body, compresslevel=1)
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain", "Content-Encoding": "gzip"}
         t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
@@ -74,9 +54,6 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
         print(json.dumps({"bench": "dcgm_api_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers,
                           "body_mb": round(len(body) / 2**20, 1), "gzip_mb": round(len(gz) / 2**20, 1), "values": values,
                           "seconds": round(seconds, 2), "values_per_s": round(values / seconds), "target_values_per_s": 500_000}), flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> None:

@@ -14,8 +14,6 @@ import argparse
 import gzip
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from fleetscope import frames as F
+
+# The repository first: benchmarks/ingest.py would otherwise shadow the `ingest` package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))
+sys.path.append(_HERE)
+from _server import served_api  # noqa: E402
 
 FIELDS = list(dict.fromkeys(F.DCGM_FIELDS))[:30]
 
@@ -56,30 +60,8 @@ def build_request(gpus: int, ts_ns: int) -> bytes:
     return req.SerializeToString()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(label: str, url: str, gpus: int, scrapes: int, workers: int) -> None:
-    tmp = tempfile.mkdtemp(prefix="fleetscope-otlp-")
-    env = {**os.environ, "FLEETSCOPE_DATA_DIR": tmp, "FLEETSCOPE_DATABASE_URL": url, "FLEETSCOPE_AUTO_MIGRATE": "true", "FLEETSCOPE_LOG_LEVEL": "WARNING"}
-    from fleetscope import auth, db
-
-    db.upgrade(url)
-    token = auth.create_token(db.make_engine(url), "bench", ["ingest"])
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with served_api(url, workers) as (base, token):
         bodies = [gzip.compress(build_request(gpus, (1_800_000_000 + s) * 10**9), compresslevel=1) for s in range(scrapes)]
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
         values = gpus * len(FIELDS) * scrapes
@@ -92,9 +74,6 @@ def run(label: str, url: str, gpus: int, scrapes: int, workers: int) -> None:
         print(json.dumps({"bench": "otlp_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "values": values,
                           "gzip_mb_per_scrape": round(len(bodies[0]) / 2**20, 1), "seconds": round(seconds, 2),
                           "values_per_s": round(values / seconds), "target_values_per_s": 500_000}), flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> None:
