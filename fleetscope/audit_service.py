@@ -16,8 +16,9 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import carbon, energy
+from analyzers import carbon
 from fleetscope import governance_service as gs
+from fleetscope.energy_service import job_energy
 from fleetscope.errors import FleetscopeError
 from fleetscope.settings import Settings
 from fleetscope.store import Store
@@ -93,12 +94,7 @@ def _evidence(store: Store, settings: Settings, model: Any, now: dt.datetime, ta
     steps = store.read("step", job_id=job_ids) if job_ids else None
     compute = None
     if job_ids:
-        minutes = store.read("gpu_energy_minute")
-        job_energy = None
-        if minutes.height:
-            attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=job_ids))
-            job_energy = energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
-        fp = carbon.model_footprint(model.name, job=job, job_energy=job_energy, step=steps)
+        fp = carbon.model_footprint(model.name, job=job, job_energy=job_energy(store, job_ids), step=steps)
         ended = job.filter(pl.col("job_id").is_in(job_ids))["ended_at"].max()
         compute = M.ComputeEvidence.from_footprint(fp, threshold_crossed_at=E.threshold_crossing(steps, job_ids) if steps is not None and steps.height else None,
                                                    training_ended_at=ended, as_of=now)

@@ -90,13 +90,18 @@ def model_footprint(store: Store, model_name: str) -> dict[str, Any]:
     ids = job.filter((pl.col("model_name") == model_name) & (pl.col("kind") == "training"))["job_id"].to_list()
     if not ids:
         raise ValueError(f"no training job of model {model_name!r} in the job inventory")
-    minutes = store.read("gpu_energy_minute")
-    job_energy = None
-    if minutes.height:
-        attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=ids))
-        job_energy = energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
-    fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy, step=store.read("step", job_id=ids))
+    fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy(store, ids), step=store.read("step", job_id=ids))
     return {"jobs": ids, **fp.as_dict()}
+
+
+def job_energy(store: Store, job_ids: list[str]) -> pl.DataFrame | None:
+    """GPU energy per job from the stored roll-ups (None before any roll-up exists): the input
+    ``analyzers.carbon.model_footprint`` takes."""
+    minutes = store.read("gpu_energy_minute")
+    if minutes.height == 0:
+        return None
+    attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=job_ids))
+    return energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
 
 
 def _lineage_jobs(store: Store, model_name: str) -> list[str]:

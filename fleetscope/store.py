@@ -340,7 +340,7 @@ class Store:
         import connectorx as cx
 
         url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        df = pl.from_arrow(cx.read_sql(url, _bind(sql, params, self.dialect), return_type="arrow"))
+        df = pl.from_arrow(cx.read_sql(url, _bind(sql, params), return_type="arrow"))
         assert isinstance(df, pl.DataFrame)
         return df
 
@@ -377,9 +377,9 @@ def _db_ready(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(exprs) if exprs else df
 
 
-def _literal(value: Any, dialect: str) -> str:
-    """An SQL literal for a read filter. Strings double their quotes (standard SQL, and PostgreSQL's
-    standard_conforming_strings); NUL cannot be stored in either database, so it is refused."""
+def _literal(value: Any) -> str:
+    """A PostgreSQL literal for a read filter (only connectorx, which takes no bound parameters, needs
+    one). Strings double their quotes (standard_conforming_strings); NUL cannot be stored, so it is refused."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):
@@ -391,8 +391,6 @@ def _literal(value: Any, dialect: str) -> str:
             raise ValueError(f"non-finite filter value {value!r}")
         return repr(value)
     if isinstance(value, dt.datetime):
-        if dialect == "sqlite":
-            return str(_epoch_us(value))
         return f"TIMESTAMPTZ '{_utc(value).isoformat()}'"
     text_value = str(value)
     if "\x00" in text_value:
@@ -400,13 +398,13 @@ def _literal(value: Any, dialect: str) -> str:
     return "'" + text_value.replace("'", "''") + "'"
 
 
-def _bind(sql: str, params: Sequence[Any], dialect: str) -> str:
+def _bind(sql: str, params: Sequence[Any]) -> str:
     parts = sql.split("?")
     if len(parts) - 1 != len(params):
         raise ValueError(f"statement has {len(parts) - 1} placeholders, {len(params)} values given")
     out = [parts[0]]
     for value, rest in zip(params, parts[1:]):
-        out.append(_literal(value, dialect))
+        out.append(_literal(value))
         out.append(rest)
     return "".join(out)
 
