@@ -29,9 +29,7 @@ and the event (``traceEvents[i].field``) for anything it cannot read.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import math
 import re
 import zlib
@@ -39,16 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
+from isal import igzip, isal_zlib
 import polars as pl
 
 from fleetscope.errors import ParseError
 from fleetscope.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
-
-try:  # orjson decodes Kineto JSON ~2-3x faster than the stdlib; optional.
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
 
 __all__ = ["KinetoTrace", "load", "parse", "parse_many", "DTYPE_BYTES"]
 
@@ -114,10 +109,53 @@ class KinetoTrace:
 
 
 # --- decoding ----------------------------------------------------------------------------------
+#
+# A schema-directed decoder: msgspec reads only the fields below and skips the rest of each event (most of
+# a trace's bytes are args we never look at) without building dicts or strings for them. On the shared
+# 53 MB trace that is ~2-3x faster than decoding everything with orjson and uses far less memory.
+# Values stay ``Any`` so that our own checks (_num, _int_or_minus1) decide what is acceptable and name
+# the field; only the shape (an event is an object, args is an object) is enforced by the decoder.
+# gc=False: decoded JSON holds no reference cycles, and tracking 200k+ event objects doubled the decode time.
 
 
-def _decode(data: bytes, source: str) -> dict[str, Any]:
-    """bytes → the top-level JSON object, with ParseError for anything unreadable."""
+class _Args(msgspec.Struct, gc=False):
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(name="External id", default=None)
+    collective_name: Any = msgspec.field(name="Collective name", default=None)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    dtype: Any = None
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None  # noqa: N815 - the file's own key
+    distributedInfo: Any = None  # noqa: N815
+    baseTimeNanoseconds: Any = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+
+
+_DECODER = msgspec.json.Decoder(_Doc)
+_AT_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _decode(data: bytes, source: str) -> _Doc:
+    """bytes → the decoded top-level object, with ParseError for anything unreadable."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ParseError(f"expected bytes, got {type(data).__name__}", source=source)
     if not isinstance(data, bytes):
@@ -127,19 +165,25 @@ def _decode(data: bytes, source: str) -> dict[str, Any]:
         raise ParseError("empty input", source=source)
     if data[:2] == _GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as e:
+            # ISA-L's inflate: a third of the time of zlib's on the shared traces, same stream format
+            data = igzip.decompress(data)
+        except (EOFError, OSError, zlib.error, isal_zlib.error) as e:
             raise ParseError(f"corrupt or truncated gzip stream: {e}", source=source) from None
     try:
-        doc = _orjson.loads(data) if _orjson is not None else json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        line = getattr(e, "lineno", None)
-        if line is None:  # orjson's JSONDecodeError carries lineno too; keep a fallback for others
-            line = _line_of(data, getattr(e, "pos", None))
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        m = _AT_PATH.search(msg)
+        where = m.group(1) if m else ""
+        if not where:
+            raise ParseError("top level must be a JSON object", source=source) from None
+        what = msg[: m.start()] if m else msg
+        raise ParseError(f"{what}", source=source, field=where) from None
+    except msgspec.DecodeError as e:
+        m = _AT_BYTE.search(str(e))
+        # a truncated document ends without a position: the error is at its last line
+        line = _line_of(data, int(m.group(1)) if m else len(data))
         raise ParseError(f"not valid JSON: {e}", source=source, line=line) from None
-    if not isinstance(doc, dict):
-        raise ParseError(f"top level must be a JSON object, got {type(doc).__name__}", source=source)
-    return doc
 
 
 def _line_of(data: bytes, pos: int | None) -> int | None:
@@ -197,7 +241,7 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
     with a non-numeric, non-finite, negative or absurd ``ts``/``dur`` (field ``traceEvents[i].ts``).
     """
     doc = _decode(data, source)
-    events = doc.get("traceEvents")
+    events = doc.traceEvents
     if events is None:
         raise ParseError("no 'traceEvents' list: not a Chrome/Kineto trace", source=source, field="traceEvents")
     if not isinstance(events, list):
@@ -205,7 +249,7 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
     if not events:
         raise ParseError("trace has no events", source=source, field="traceEvents")
 
-    dist = doc.get("distributedInfo") or {}
+    dist = doc.distributedInfo or {}
     if not isinstance(dist, dict):
         raise ParseError("'distributedInfo' must be an object", source=source, field="distributedInfo")
     rank = dist.get("rank", 0)
@@ -214,21 +258,16 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
     world = dist.get("world_size")
     if world is not None and (type(world) is not int or world < 1):
         raise ParseError(f"world_size {world!r} is not a positive integer", source=source, field="distributedInfo.world_size")
-    base_ns = doc.get("baseTimeNanoseconds")
+    base_ns = doc.baseTimeNanoseconds
     if base_ns is not None and (type(base_ns) is not int or not 0 <= base_ns < 10**19):
         raise ParseError(f"baseTimeNanoseconds {base_ns!r} is not an epoch in ns", source=source, field="baseTimeNanoseconds")
 
     # One pass over the events. Columns are plain lists (cheapest to append to); polars takes over after.
-    d_cat: list[str] = []
-    d_name: list[str] = []
-    d_stream: list[int] = []
-    d_corr: list[int] = []
-    d_ts: list[float] = []
-    d_dur: list[float] = []
-    d_ext: list[int] = []
-    d_args: list[dict | None] = []  # args of NCCL kernels only (collective metadata)
+    # device events as row tuples (one append per event is cheaper than eight); transposed afterwards
+    dev_rows: list[tuple[str, str, int, int, float, float, int, _Args | None]] = []
+    dev_append = dev_rows.append
     launch: dict[int, float] = {}  # correlation → earliest host-side ts (HTA's CPU-event set)
-    comms_by_ext: dict[int, dict] = {}  # External id → record_param_comms args
+    comms_by_ext: dict[int, _Args] = {}  # External id → record_param_comms args
     s_step: list[int] = []
     s_name: list[str] = []
     s_ts: list[float] = []
@@ -239,44 +278,41 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
     sync_names = ("Event Sync", "Context Sync")
 
     for i, e in enumerate(events):
-        if type(e) is not dict:
-            raise ParseError(f"event is a {type(e).__name__}, not an object", source=source, field=f"traceEvents[{i}]")
-        if e.get("ph") != "X":
+        if e.ph != "X":
             continue  # metadata (M), flows (s/f), instants (i), counters (C): no duration on a timeline
-        ts = _num(e.get("ts"), source, i, "ts", lo=-_MAX_TS_US, hi=_MAX_TS_US)
-        dur = _num(e.get("dur"), source, i, "dur", lo=0.0, hi=_MAX_DUR_US)
-        cat = e.get("cat")
+        # The common case inline (a call per value costs a tenth of the whole load); _num decides and
+        # names the field for anything else.
+        ts, dur = e.ts, e.dur
+        if (type(ts) is not float and type(ts) is not int) or not -_MAX_TS_US <= ts <= _MAX_TS_US:
+            ts = _num(ts, source, i, "ts", lo=-_MAX_TS_US, hi=_MAX_TS_US)
+        if (type(dur) is not float and type(dur) is not int) or not 0.0 <= dur <= _MAX_DUR_US:
+            dur = _num(dur, source, i, "dur", lo=0.0, hi=_MAX_DUR_US)
+        cat = e.cat
         if cat is None or cat == "Trace":
             continue  # HTA drops rows without cat and the profiler's own "Trace" span; so do we
-        name = e.get("name")
+        name = e.name
         if type(name) is not str:
             raise ParseError(f"name must be a string, got {type(name).__name__}", source=source, field=f"traceEvents[{i}].name")
-        args = e.get("args")
-        if args is None:
-            args = {}
-        elif type(args) is not dict:
-            raise ParseError("args must be an object", source=source, field=f"traceEvents[{i}].args")
+        args = e.args or _NO_ARGS
         if ts > max_ts:
             max_ts = ts
-        stream = _int_or_minus1(args.get("stream", -1))
-        corr = _int_or_minus1(args.get("correlation", -1))
+        stream, corr = args.stream, args.correlation
+        if type(stream) is not int:
+            stream = -1 if stream is None else _int_or_minus1(stream)
+        if type(corr) is not int:
+            corr = -1 if corr is None else _int_or_minus1(corr)
         device = (stream >= 0 and corr >= 0) or name in sync_names
         if stream != -1:
-            d_cat.append(cat)
-            d_name.append(name)
-            d_stream.append(stream)
-            d_corr.append(corr)
-            d_ts.append(ts)
-            d_dur.append(dur)
-            ext = args.get("External id")
-            d_ext.append(ext if type(ext) is int else -1)
-            d_args.append(args if cat == "kernel" and _NCCL_KERNEL.match(name) else None)
+            ext = args.external_id
+            # kernel args are kept for NCCL kernels only (their collective metadata)
+            dev_append((cat, name, stream, corr, ts, dur, ext if type(ext) is int else -1,
+                        args if cat == "kernel" and _NCCL_KERNEL.match(name) else None))
         if not device:
             prev = launch.get(corr)
             if prev is None or ts < prev:
                 launch[corr] = ts
             if name == "record_param_comms":
-                ext = args.get("External id")
+                ext = args.external_id
                 if type(ext) is int:
                     comms_by_ext[ext] = args
         if "ProfilerStep" in name:
@@ -292,6 +328,8 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
     relative = base_ns is None and max_ts < _EPOCH_US_FLOOR
     origin_us = base_ns / 1000.0 if base_ns is not None else 0.0
 
+    cols = list(zip(*dev_rows)) if dev_rows else [()] * 8
+    d_cat, d_name, d_stream, d_corr, d_ts, d_dur, d_ext, d_args = (list(c) for c in cols)
     dev = pl.DataFrame(
         {
             "rank": pl.Series([rank] * len(d_cat), dtype=pl.Int64),
@@ -323,9 +361,8 @@ def load(data: bytes, *, source: str = "") -> KinetoTrace:
         "nccl_version": dist.get("nccl_version"),
         "relative_time": relative,
         "events": len(events),
-        "json_decoder": "orjson" if _orjson is not None else "json",
     }
-    props = doc.get("deviceProperties")
+    props = doc.deviceProperties
     if isinstance(props, list) and props and isinstance(props[0], dict):
         meta["device_name"] = props[0].get("name")
     return KinetoTrace(source, rank, world, origin_us, relative, dev, steps, coll, meta)
@@ -338,8 +375,8 @@ def _collectives(
     ts: list[float],
     dur: list[float],
     ext: list[int],
-    kargs: list[dict | None],
-    comms_by_ext: dict[int, dict],
+    kargs: list[_Args | None],
+    comms_by_ext: dict[int, _Args],
     world: int | None,
 ) -> pl.DataFrame:
     """One row per NCCL kernel; metadata from the kernel args, else its record_param_comms, else the name."""
@@ -347,16 +384,17 @@ def _collectives(
     for j, a in enumerate(kargs):
         if a is None:
             continue
-        meta = a if "Collective name" in a or "In msg nelems" in a else comms_by_ext.get(ext[j], {})
+        meta = a if a.collective_name is not None or a.in_nelems is not None else comms_by_ext.get(ext[j], _NO_ARGS)
         op_k, algo, proto = _kernel_name_parts(names[j])
-        op = _canonical_op(meta.get("Collective name")) or op_k or "unknown"
-        dtype = meta.get("dtype")
+        coll_name = meta.collective_name
+        op = (_canonical_op(coll_name) if isinstance(coll_name, str) else None) or op_k or "unknown"
+        dtype = meta.dtype
         size = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
-        n_in, n_out = meta.get("In msg nelems"), meta.get("Out msg nelems")
+        n_in, n_out = meta.in_nelems, meta.out_nelems
         # nccl-tests' "size": the larger buffer (all-gather's output, reduce-scatter's input).
         nelems = max((x for x in (n_in, n_out) if type(x) is int and x >= 0), default=None)
-        group = meta.get("Group size")
-        pg = meta.get("Process Group Name")
+        group = meta.group_size
+        pg = meta.pg_name
         rows["rank"].append(rank)
         rows["pg"].append(str(pg) if pg is not None else None)
         rows["stream"].append(streams[j])
