@@ -20,7 +20,9 @@ rank of that step — C1 compute → ``compute_slow`` (a slow or throttled GPU),
 inside the step) → ``host_bound`` (data loading, CPU contention, launch overhead on that host).
 
 Cost: the job advances at the pace of its slowest rank, so every rank waits out a straggler's excess;
-one rank-step of excess e seconds costs e × (ranks in the step) GPU-seconds.
+one rank-step of excess e seconds costs e × (ranks in the step) GPU-seconds. :func:`price_findings` turns
+the GPU-hours into energy (× the job's mean power per GPU, × PUE for the facility's share) and location-based
+emissions (× grid intensity), the accounting of ``analyzers.energy`` and ``analyzers.carbon``.
 
 What-if (:func:`whatif`), after Lin et al., "Understanding Stragglers in Large Model Training Using
 What-if Analysis" (OSDI 2025; artifact github.com/ByteDance-Seed/StragglerAnalysis): replay the job's
@@ -53,6 +55,8 @@ __all__ = [
     "Z_THRESHOLD",
     "detect_stragglers",
     "straggler_findings",
+    "EnergyPrice",
+    "price_findings",
     "WhatIfResult",
     "whatif",
     "whatif_findings",
@@ -212,6 +216,62 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
             "evidence": json.dumps(evidence, sort_keys=True),
         })
     return pl.DataFrame(rows, schema=FINDING.schema)
+
+
+@dataclass(frozen=True)
+class EnergyPrice:
+    """What one GPU-hour of a job costs: the job's mean power per GPU and where that figure came from; the
+    location-based grid intensity and its basis; the site's PUE (None: price IT energy only)."""
+
+    power_w: float
+    power_basis: str
+    g_per_kwh: float | None = None
+    intensity_basis: str = ""
+    pue: float | None = None
+    pue_basis: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("power_w", "g_per_kwh", "pue"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.pue is not None and self.pue < 1.0:
+            raise ValueError(f"pue must be >= 1 (ISO/IEC 30134-2: facility energy includes IT energy), got {self.pue!r}")
+
+
+def price_findings(findings: pl.DataFrame, price: EnergyPrice) -> pl.DataFrame:
+    """Add the energy and emissions cost to every finding whose evidence carries ``gpu_hours_lost``.
+
+    IT energy lost = GPU-hours × mean power per GPU; facility energy = IT × PUE where a PUE is known
+    (ISO/IEC 30134-2 defines PUE as facility over IT energy); kgCO2e = the facility energy (else the IT
+    energy) × grid intensity (location-based, GHG Protocol Scope 2). The mean power is the job's, so a
+    waiting GPU is priced at the job's average draw. Evidence gains ``energy_kwh_lost``,
+    ``facility_kwh_lost``, ``kgco2e_lost`` and a ``cost_basis``; the summary gains the kWh and kgCO2e.
+    Other findings pass through unchanged.
+    """
+    if findings.height == 0:
+        return findings
+    evidence, summary = [], []
+    for ev_json, text in zip(findings["evidence"].to_list(), findings["summary"].to_list()):
+        ev = json.loads(ev_json) if ev_json else {}
+        hours = ev.get("gpu_hours_lost")
+        if not isinstance(hours, (int, float)) or not math.isfinite(hours):
+            evidence.append(ev_json)
+            summary.append(text)
+            continue
+        it_kwh = hours * price.power_w / 1000.0
+        fac_kwh = it_kwh * price.pue if price.pue is not None else None
+        kg = (fac_kwh if fac_kwh is not None else it_kwh) * price.g_per_kwh / 1000.0 if price.g_per_kwh is not None else None
+        ev.update({
+            "energy_kwh_lost": it_kwh, "facility_kwh_lost": fac_kwh, "kgco2e_lost": kg,
+            "cost_basis": {"power_w": price.power_w, "power": price.power_basis, "g_per_kwh": price.g_per_kwh,
+                           "intensity": price.intensity_basis, "pue": price.pue, "pue_basis": price.pue_basis},
+        })
+        energy_txt = f"{fac_kwh:.3g} kWh at the facility" if fac_kwh is not None else f"{it_kwh:.3g} kWh of GPU energy"
+        carbon_txt = f" and {kg:.3g} kgCO2e" if kg is not None else ""
+        evidence.append(json.dumps(ev, sort_keys=True))
+        summary.append(f"{text.rstrip('.')} (≈{energy_txt}{carbon_txt}).")
+    return findings.with_columns(pl.Series("evidence", evidence, dtype=pl.String), pl.Series("summary", summary, dtype=pl.String))
 
 
 # --- what-if analysis -----------------------------------------------------------------------------

@@ -14,8 +14,9 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import c3, goodput, reliability, sdc, stragglers
+from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
 from fleetscope import frames as F
+from fleetscope.energy_service import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 
@@ -70,6 +71,11 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
             detections = stragglers.detect_stragglers(steps, colls if colls.height else None)
             findings = stragglers.straggler_findings(detections)
             if findings.height:
+                price, note = energy_price(store, job_id, steps["start"].min(), steps["end"].max())
+                if price is not None:
+                    findings = stragglers.price_findings(findings, price)
+                else:
+                    out.notes.append(note)
                 batch.finding = findings if batch.finding is None else pl.concat([batch.finding, findings])
             out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
             analyses.append(_analysis_row(job_id, "stragglers", now, steps["start"].min(), steps["end"].max(),
@@ -136,6 +142,37 @@ def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.Dat
     start, end = events["ts"].min(), events["ts"].max()
     _add_findings(batch, reliability.checkpoint_findings(advice, window_start=start, window_end=end))
     analyses.append(_analysis_row(out.job_id, "checkpoint", now, start, end, out.checkpoint))
+
+
+def energy_price(store: Store, job_id: str, start: dt.datetime, end: dt.datetime) -> tuple[stragglers.EnergyPrice | None, str]:
+    """What one GPU-hour of ``job_id`` cost over [start, end]: its mean GPU power from the energy roll-ups of
+    the GPUs its ranks held, the grid intensity of the site most of its ranks ran at (annual table; world
+    average when the site is unknown), and that site's declared PUE. (None, why) when no roll-up covers it."""
+    ranks = store.read("job_rank", job_id=job_id)
+    if ranks.height == 0:
+        return None, "no rank-to-GPU assignments: straggler cost left in GPU-hours"
+    minutes = store.read("gpu_energy_minute", gpu_uuid=ranks["gpu_uuid"].unique().to_list(),
+                         start=floor_minute(start), end=end + dt.timedelta(minutes=1))
+    mine = energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id) if minutes.height else minutes
+    held_s = float(mine["allocated_s"].sum()) if mine.height else 0.0
+    if held_s <= 0:
+        return None, "no energy roll-ups for the job's GPUs in its window: straggler cost left in GPU-hours"
+    power_w = float(mine["energy_j"].sum()) / held_s
+    sites = (ranks.join(store.read("host", host=ranks["host"].drop_nulls().unique().to_list()), on="host", how="inner")
+             .group_by("site_id").len().sort("len", "site_id", descending=[True, False]))
+    site = store.read("site").filter(pl.col("site_id") == sites["site_id"][0]) if sites.height else pl.DataFrame()
+    if site.height:
+        hit = carbon.site_intensity(site).row(0, named=True)
+        g, g_basis = hit["g_per_kwh"], f"annual {hit['year']} ({hit['intensity_match']} of site {hit['site_id']}): {hit['intensity_source']}"
+        pue = site["declared_pue"][0]
+    else:
+        world = carbon.site_intensity(pl.DataFrame({"site_id": ["?"]})).row(0, named=True)
+        g, g_basis, pue = world["g_per_kwh"], f"annual {world['year']} world average (job's site unknown): {world['intensity_source']}", None
+    price = stragglers.EnergyPrice(
+        power_w=power_w, power_basis=f"measured: the job's mean GPU power over {held_s / 3600:.3g} GPU-hours of energy roll-ups",
+        g_per_kwh=g, intensity_basis=g_basis, pue=pue, pue_basis="declared by the site" if pue is not None else "",
+    )
+    return price, ""
 
 
 def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end: Any, result: Any) -> dict[str, Any]:

@@ -125,6 +125,37 @@ def test_findings_are_canonical_and_costed():
     assert s.straggler_findings(s.detect_stragglers(steps_frame())).height == 0
 
 
+def test_findings_priced_in_energy_and_emissions():
+    f = s.straggler_findings(s.detect_stragglers(steps_frame(compute={2: 4.0})))
+    hours = 3.0 * 8 * 6 / 3600  # as above: 0.04 GPU-hours
+    price = s.EnergyPrice(power_w=700.0, power_basis="measured", g_per_kwh=400.0, intensity_basis="annual", pue=1.1, pue_basis="declared")
+    ev = json.loads(s.price_findings(f, price)["evidence"][0])
+    # 0.04 GPU-h × 0.7 kW = 0.028 kWh of GPU energy; × PUE 1.1 = 0.0308 kWh at the facility; × 400 g/kWh
+    assert ev["energy_kwh_lost"] == pytest.approx(hours * 0.7) == pytest.approx(0.028)
+    assert ev["facility_kwh_lost"] == pytest.approx(0.0308)
+    assert ev["kgco2e_lost"] == pytest.approx(0.0308 * 0.4)
+    assert ev["cost_basis"]["pue"] == 1.1 and ev["gpu_hours_lost"] == pytest.approx(hours)
+    summary = s.price_findings(f, price)["summary"][0]
+    assert summary.endswith("(≈0.0308 kWh at the facility and 0.0123 kgCO2e).") and summary.count(". ") == 0
+    # without a PUE, IT energy is priced and said to be GPU energy; without an intensity, no kgCO2e
+    bare = s.price_findings(f, s.EnergyPrice(power_w=700.0, power_basis="measured"))
+    ev = json.loads(bare["evidence"][0])
+    assert ev["facility_kwh_lost"] is None and ev["kgco2e_lost"] is None
+    assert bare["summary"][0].endswith("(≈0.028 kWh of GPU energy).")
+    # findings without a GPU-hour cost pass through untouched
+    other = f.with_columns(pl.lit('{"x": 1}').alias("evidence"))
+    assert s.price_findings(other, price).equals(other)
+    assert s.price_findings(f.clear(), price).height == 0
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"power_w": -1.0}, "power_w"), ({"power_w": float("nan")}, "power_w"),
+                                           ({"power_w": 500.0, "pue": 0.9}, "pue"),
+                                           ({"power_w": 500.0, "g_per_kwh": float("inf")}, "g_per_kwh")])
+def test_energy_price_rejects_impossible_values(kw, field):
+    with pytest.raises(ValueError, match=field):
+        s.EnergyPrice(power_basis="x", **kw)
+
+
 # --- what-if on hand-built pipelines --------------------------------------------------------------
 
 

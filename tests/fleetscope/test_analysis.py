@@ -11,7 +11,7 @@ import httpx
 import polars as pl
 import pytest
 
-from analyzers import c3
+from analyzers import c3, carbon
 from fleetscope import analysis, auth, ingestion
 from fleetscope import frames as F
 
@@ -71,6 +71,35 @@ def test_straggler_becomes_a_finding_and_only_the_parts_with_data_run(store):
     found = store.read("finding")
     assert found["subject"].to_list() == ["job:synthetic/rank:5"]
     assert found["kind"][0] == "straggler_compute_slow"
+
+
+def test_straggler_cost_priced_from_the_jobs_measured_energy_and_its_site(store):
+    store.write(F.Batch(
+        step=straggler_steps(),
+        site=pl.DataFrame({"site_id": ["fra-1"], "country": ["DEU"], "declared_pue": [1.2]}),
+        host=pl.DataFrame({"host": ["node-0"], "site_id": ["fra-1"]}),
+        job_rank=pl.DataFrame({"job_id": ["synthetic"] * 8, "rank": list(range(8)), "start": [T0] * 8,
+                               "gpu_uuid": [f"GPU-{r}" for r in range(8)], "host": ["node-0"] * 8}),
+        # the minute the steps ran in: every GPU drew 500 W (30 kJ over 60 s)
+        gpu_energy_minute=pl.DataFrame({"minute": [T0] * 8, "gpu_uuid": [f"GPU-{r}" for r in range(8)], "energy_j": [30_000.0] * 8,
+                                        "counter_energy_j": [30_000.0] * 8, "integrated_energy_j": [0.0] * 8,
+                                        "covered_s": [60.0] * 8, "method": ["counter"] * 8}),
+    ))
+    analysis.analyze_job(store, "synthetic")
+    ev = json.loads(store.read("finding")["evidence"][0])
+    g_deu = carbon.load_grid_intensity().filter((pl.col("country") == "DEU") & (pl.col("region") == ""))["g_per_kwh"][0]
+    assert ev["cost_basis"]["power_w"] == pytest.approx(500.0) and ev["cost_basis"]["pue"] == 1.2
+    assert ev["energy_kwh_lost"] == pytest.approx(ev["gpu_hours_lost"] * 0.5)
+    assert ev["facility_kwh_lost"] == pytest.approx(ev["gpu_hours_lost"] * 0.5 * 1.2)
+    assert ev["kgco2e_lost"] == pytest.approx(ev["gpu_hours_lost"] * 0.6 * g_deu / 1000)
+    assert "site fra-1" in ev["cost_basis"]["intensity"]
+
+
+def test_straggler_cost_stays_in_gpu_hours_without_energy_data(store):
+    store.write(F.Batch(step=straggler_steps()))
+    result = analysis.analyze_job(store, "synthetic")
+    assert "no rank-to-GPU assignments: straggler cost left in GPU-hours" in result.notes
+    assert "energy_kwh_lost" not in json.loads(store.read("finding")["evidence"][0])
 
 
 def test_api_job_endpoints(api, realdata):
