@@ -40,13 +40,14 @@ class JobAnalysis:
     goodput: dict[str, Any] | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     sdc: list[dict[str, Any]] = field(default_factory=list)
+    sdc_reruns: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
-                       "sdc": self.sdc, "checkpoint": self.checkpoint, "notes": self.notes})
+                       "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -93,7 +94,9 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
                                "disruptions": rg.disruptions, "finished": finished}
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
             _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
-            _checkpoint(out, batch, analyses, events, store.read("job", job_id=job_id), now)
+            lifecycle = events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
+            if lifecycle.height:
+                _checkpoint(out, batch, analyses, lifecycle, store.read("job", job_id=job_id), now)
         else:
             out.notes.append("no job events: goodput, SDC screening and checkpoint advice skipped")
         if analyses:
@@ -109,18 +112,20 @@ def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:
 
 
 def _sdc(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job_rank: pl.DataFrame, now: dt.datetime) -> None:
-    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm)."""
-    signals = sdc.step_signals(events)
-    if signals.height == 0:
+    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
+    rerun protocol's records; suspects and rerun verdicts become findings."""
+    s = sdc.screen(events, job_rank)
+    if s["signals"].height == 0 and s["records"].height == 0:
         return
-    found = sdc.sdc_findings(
-        checksums=sdc.checksum_mismatches(signals), spikes=sdc.metric_spikes(signals, "loss"), nonfinite=sdc.nonfinite_onset(signals),
-        job_rank=job_rank if job_rank.height else None, signals=signals,
-    )
+    found = s["findings"]
     _add_findings(batch, found)
     out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
-    analyses.append(_analysis_row(out.job_id, "sdc", now, signals["ts"].min() if "ts" in signals.columns else None, None,
-                                  {"findings": out.sdc, "steps_screened": signals.height}))
+    out.sdc_reruns = [{k: r[k] for k in ("case_id", "suspect_gpu", "verdict", "reason")} for r in s["verdicts"].to_dicts()]
+    out.notes.extend(f"SDC rerun case {p['case_id']} not judged: {p['problem']}" for p in s["problems"].to_dicts())
+    times = pl.concat([s["signals"].select("ts"), s["records"].select("ts")])["ts"]
+    analyses.append(_analysis_row(out.job_id, "sdc", now, times.min(), times.max(),
+                                  {"findings": out.sdc, "steps_screened": s["signals"].height, "reruns": out.sdc_reruns,
+                                   "rerun_problems": s["problems"].to_dicts()}))
 
 
 def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job: pl.DataFrame, now: dt.datetime) -> None:

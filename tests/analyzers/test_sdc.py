@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from analyzers import sdc
-from fleetscope.errors import ValidationError
+from fleetscope.errors import ParseError, ValidationError
 from fleetscope.frames import FINDING
 from ingest import job_events
 
@@ -260,3 +260,87 @@ def test_bad_input():
     empty = sdc.step_signals(events([{"ts": T0.isoformat(), "kind": "started"}]))
     assert empty.height == 0 and sdc.checksum_mismatches(empty).height == 0 and sdc.nonfinite_onset(empty).height == 0
     assert sdc.sdc_findings().height == 0
+
+
+# --- the rerun protocol, recorded as job events ---------------------------------------------------------------
+
+LATER = T0 + timedelta(days=2)  # replays run during the investigation, long after the step
+
+
+def rerun(step_n: int, rank: int, gpu: str, result, minutes: float, suspect: str = "GPU-2", **extra) -> dict:
+    return {"ts": (LATER + timedelta(minutes=minutes)).isoformat(), "kind": "sdc_rerun", "step": step_n, "rank": rank,
+            "suspect_gpu": suspect, "gpu_uuid": gpu, "result": result, **extra}
+
+
+def test_rerun_records_judged_against_the_step_checksum_and_the_replica_majority():
+    lines = quiet_run(overrides={(2, 40): {"param_checksum": "sha:bad"}, (3, 20): {"param_checksum": "sha:flip"}})
+    lines += [rerun(40, 2, "GPU-2", "sha:bad", 0), rerun(40, 2, "GPU-7", "sha:40", 5),  # reproduces; other GPU is right
+              rerun(20, 3, "GPU-3", "sha:20", 10, suspect="GPU-3")]                       # same-GPU replay is right
+    s = sdc.screen(events(lines))
+    v = {r["case_id"]: r for r in s["verdicts"].to_dicts()}
+    assert v["j1/step:40/rank:2"]["verdict"] == "persistent" and v["j1/step:20/rank:3"]["verdict"] == "transient"
+    assert s["problems"].height == 0
+    f = {(r["kind"], r["subject"]): r for r in s["findings"].to_dicts()}
+    per_case = f[("sdc_rerun", "gpu:GPU-2")]
+    ev = json.loads(per_case["evidence"])
+    assert (ev["step"], ev["rank"], ev["verdict"], ev["gpus"]) == (40, 2, "persistent", ["GPU-2", "GPU-7"])
+    assert [(r["attempt"], r["gpu_uuid"], r["result"], r["same_gpu"], r["source"]) for r in ev["runs"]] == [
+        (0, "GPU-2", "sha:bad", True, "step event param_checksum"),
+        (1, "GPU-2", "sha:bad", True, "sdc_rerun record"),
+        (2, "GPU-7", "sha:40", False, "sdc_rerun record")]
+    assert (ev["expected"], ev["expected_source"]) == ("sha:40", "replica majority")
+    assert per_case["severity"] == "critical" and per_case["window_start"] == T0 + timedelta(seconds=400)
+    assert per_case["window_end"] == LATER + timedelta(minutes=5)
+    assert f[("sdc_rerun", "gpu:GPU-3")]["severity"] == "warning"
+    # the rerun record names the rank's GPU, so the checksum mismatch and the verdict are one chain on gpu:GPU-2
+    chain = f[("sdc_confirmed", "gpu:GPU-2")]
+    assert [s_["signal"] for s_ in json.loads(chain["evidence"])["signals"]] == ["checksum_mismatch", "rerun_persistent"]
+    assert ("sdc_suspect", "job:j1/rank:2") not in f
+
+
+def test_rerun_original_from_an_attempt_zero_record_and_deterministic_software():
+    # no checksums in the steps: the producer reports the original run's output digest itself
+    lines = quiet_run(steps=12)
+    lines += [rerun(7, 1, "GPU-1", "out:aa", 0, suspect="GPU-1", attempt=0), rerun(7, 1, "GPU-1", "out:aa", 1, suspect="GPU-1"),
+              rerun(7, 1, "GPU-5", "out:aa", 2, suspect="GPU-1")]
+    s = sdc.screen(events(lines))
+    r = s["verdicts"].row(0, named=True)
+    assert r["verdict"] == "not_gpu" and r["original_result"] == "out:aa"
+    f = s["findings"].filter(pl.col("kind") == "sdc_rerun").row(0, named=True)
+    assert f["severity"] == "info" and json.loads(f["evidence"])["expected"] is None  # a step checksum is not an output digest
+
+
+def test_rerun_cases_that_cannot_be_judged_are_reported_not_guessed():
+    lines = quiet_run(steps=12)
+    lines += [rerun(5, 0, "GPU-0", "x", 0, suspect="GPU-0"),                                       # no original anywhere
+              rerun(10, 1, "GPU-1", "a", 1, suspect="GPU-1"), rerun(10, 1, "GPU-9", "b", 2, suspect="GPU-9"),  # two suspects
+              rerun(10, 2, "GPU-8", "a", 3, suspect="GPU-2", attempt=0)]                           # original elsewhere
+    s = sdc.screen(events(lines))
+    problems = dict(s["problems"].select("case_id", "problem").iter_rows())
+    assert "original result unknown" in problems["j1/step:5/rank:0"]
+    assert "2 different suspect GPUs" in problems["j1/step:10/rank:1"]
+    assert "not on the suspect GPU GPU-2" in problems["j1/step:10/rank:2"]
+    assert s["verdicts"].height == 0 and s["findings"].height == 0
+
+
+def test_rerun_records_are_checked_at_ingest():
+    base = {"job_id": "j1", "ts": LATER.isoformat(), "kind": "sdc_rerun", "step": 3, "rank": 1, "suspect_gpu": "G1",
+            "gpu_uuid": "G1", "result": "r"}
+    assert job_events.parse(json.dumps(base).encode()).job_event.height == 1
+    for drop, field in (("step", "step"), ("rank", "rank"), ("suspect_gpu", "suspect_gpu"), ("gpu_uuid", "gpu_uuid"), ("result", "result")):
+        bad = {k: v for k, v in base.items() if k != drop}
+        with pytest.raises(ParseError, match=field):
+            job_events.parse(json.dumps(bad).encode(), source="reruns.jsonl")
+    for field, value in (("result", 1.5), ("result", ["a"]), ("attempt", -1), ("attempt", "0"), ("expected", True), ("gpu_uuid", "")):
+        with pytest.raises(ParseError, match=field):
+            job_events.parse(json.dumps({**base, field: value}).encode(), source="reruns.jsonl")
+
+
+def test_rerun_records_do_not_stretch_the_job_lifecycle():
+    from analyzers import goodput, reliability
+
+    lines = [{"ts": T0.isoformat(), "kind": "started"}, *quiet_run(steps=12), {"ts": (T0 + timedelta(seconds=130)).isoformat(), "kind": "finished"}]
+    ev = events(lines)
+    with_rr = events(lines + [rerun(10, 1, "GPU-1", "sha:10", 0, suspect="GPU-1")])
+    assert goodput.runtime_goodput(with_rr).total_s == goodput.runtime_goodput(ev).total_s == pytest.approx(130.0)
+    assert reliability.fleet_mtbf(with_rr)["wall_hours"][0] == pytest.approx(130 / 3600)
