@@ -237,7 +237,9 @@ def recovery_times(job_event: pl.DataFrame) -> pl.DataFrame:
     back = job_event.filter(pl.col("kind").is_in(["started", "restart"])).select("job_id", pl.col("ts").alias("back_ts")).sort("back_ts")
     if intr.height == 0:
         return intr.with_columns(pl.lit(None, pl.Float64).alias("recovery_s"))
-    joined = intr.sort("ts").join_asof(back, left_on="ts", right_on="back_ts", by="job_id", strategy="forward", allow_exact_matches=False)
+    # both sides are sorted by time overall, hence within each job: polars cannot check that itself with ``by``
+    joined = intr.sort("ts").join_asof(back, left_on="ts", right_on="back_ts", by="job_id", strategy="forward",
+                                       allow_exact_matches=False, check_sortedness=False)
     return joined.with_columns(((pl.col("back_ts") - pl.col("ts")).dt.total_microseconds() / 1e6).alias("recovery_s")).drop("back_ts").sort("job_id", "ts")
 
 

@@ -20,16 +20,16 @@ from fleetscope.observability import tracer
 from fleetscope.store import Store
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: NaN and infinities become null (JSON has neither), datetimes ISO strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -46,7 +46,7 @@ class JobAnalysis:
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
+        return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
                        "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
 
 
@@ -145,7 +145,12 @@ def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.Dat
 
 def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end: Any, result: Any) -> dict[str, Any]:
     return {"job_id": job_id, "analyzer": analyzer, "computed_at": now, "window_start": start, "window_end": end,
-            "result": json.dumps(_clean(result), sort_keys=True, default=str)}
+            "result": json.dumps(json_safe(result), sort_keys=True, default=str)}
+
+
+def job_exists(store: Store, job_id: str) -> bool:
+    """Whether anything (inventory, steps or events) was ingested under ``job_id``."""
+    return any(store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height for frame in ("job", "step", "job_event"))
 
 
 def active_jobs(store: Store, *, since: dt.datetime) -> list[str]:
@@ -164,3 +169,24 @@ def stored_analysis(store: Store, job_id: str, analyzer: str) -> dict[str, Any] 
     return {"job_id": job_id, "analyzer": analyzer, "computed_at": r["computed_at"].isoformat(),
             "window_start": r["window_start"].isoformat() if r["window_start"] else None,
             "window_end": r["window_end"].isoformat() if r["window_end"] else None, "result": json.loads(r["result"])}
+
+
+def job_sdc(store: Store, job_id: str) -> dict[str, Any]:
+    """A job's SDC screen as JSON-ready data, computed from what the store holds now: the suspects (one
+    evidence chain each), checksum disagreements (ties included), single-rank spikes, the NaN/Inf onset, and
+    the rerun protocol — records, per-case verdicts with every run, and cases that could not be judged."""
+    s = sdc.screen(store.read("job_event", job_id=job_id), store.read("job_rank", job_id=job_id))
+    suspects = s["findings"].filter(pl.col("kind") != "sdc_rerun").to_dicts()
+    for f in suspects:
+        f["evidence"] = json.loads(f["evidence"])
+    runs = s["runs"]
+    verdicts = []
+    for v in s["verdicts"].to_dicts():
+        case = runs.filter(pl.col("case_id") == v["case_id"]).sort("attempt")
+        verdicts.append({**v, "expected": case["expected"][0], "expected_source": case["expected_source"][0],
+                         "runs": case.select("attempt", "gpu_uuid", "result", "ts", "source").to_dicts()})
+    return json_safe({
+        "job_id": job_id, "steps_screened": s["signals"].height, "suspects": suspects,
+        "checksum_mismatches": s["checksums"].to_dicts(), "spikes": s["spikes"].to_dicts(), "nonfinite": s["nonfinite"].to_dicts(),
+        "reruns": {"records": s["records"].to_dicts(), "verdicts": verdicts, "problems": s["problems"].to_dicts()},
+    })
