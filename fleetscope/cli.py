@@ -582,25 +582,29 @@ def fairness_evaluate(predictions: str, model: str, version: str | None, sensiti
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["numpy", "torch", "cupy"]), default="numpy", show_default=True,
-              help="numpy runs on the CPU; torch and cupy on the first CUDA device.")
+@click.option("--backend", type=click.Choice(["numpy", "torch", "cupy", "cuda"]), default="numpy", show_default=True,
+              help="numpy runs on the CPU; torch and cupy on a CUDA device; cuda takes whichever of the two can.")
+@click.option("--device-index", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device number.")
 @click.option("--gpu-uuid", default=None, help="Record the result against this GPU.")
 @click.option("--no-record", is_flag=True, help="Print only; do not write a health event.")
 @click.option("--json", "as_json", is_flag=True)
-def probe(backend: str, gpu_uuid: str | None, no_record: bool, as_json: bool) -> None:
+def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool, as_json: bool) -> None:
     """Known-answer test for silent data corruption: a deterministic matrix multiply whose result must
-    hash to the golden digest. Exits 0 on pass, 5 on a mismatch (a confirmed SDC suspect)."""
+    hash to the golden digest, the same for every device type. Exits 0 on pass, 5 on a mismatch (a
+    confirmed SDC suspect), 1 when the backend cannot run here (the message names what is missing)."""
     from fleetscope.health_service import run_probe
 
     try:
-        result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid)
+        result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid, device_index=device_index)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
     else:
         verdict = "PASS" if result.passed else "FAIL: result differs from the golden digest" if result.passed is False else "no golden digest"
-        click.echo(f"{backend} on {result.device}: {verdict} ({result.n}x{result.n}, {result.rounds} rounds, {result.seconds:.2f} s)\n  digest {result.digest}")
+        wrong = f", {result.mismatched_elements} of {result.n * result.n} elements wrong" if result.mismatched_elements else ""
+        click.echo(f"{backend} on {result.device}: {verdict} ({result.n}x{result.n}, {result.rounds} rounds, {result.seconds:.2f} s{wrong})\n"
+                   f"  digest {result.digest}\n  golden {result.golden or 'none for this probe shape'} (device type {result.device_type})")
     sys.exit(5 if result.passed is False else 0)
 
 

@@ -4,6 +4,7 @@ known-answer probe and the evidence chain; events go through the real job-event 
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -214,14 +215,69 @@ def test_one_flipped_element_fails_the_probe():
     assert sdc.probe_digest(sdc.probe_matmul()[:-1]) != sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
 
 
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
 def test_probe_backends_report_clearly_when_unavailable():
-    with pytest.raises(ValueError, match="unknown probe backend"):
+    with pytest.raises(ValueError, match="unknown probe backend 'opencl'"):
         sdc.run_probe("opencl")
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="torch is not installed"):
-            sdc.run_probe("torch")
+    if not (_absent("torch") and _absent("cupy")):
+        pytest.skip("a CUDA library is installed here: its absence cannot be tested")
+    with pytest.raises(sdc.ProbeUnavailable, match="probe backend torch: torch is not installed"):
+        sdc.run_probe("torch")
+    with pytest.raises(sdc.ProbeUnavailable, match="probe backend cupy: cupy is not installed"):
+        sdc.run_probe("cupy")
+    with pytest.raises(sdc.ProbeUnavailable, match="no CUDA probe backend can run here: .*torch is not installed.*cupy is not installed"):
+        sdc.run_probe("cuda")
+    assert issubclass(sdc.ProbeUnavailable, RuntimeError)
+
+
+def _module(name: str, **attrs):
+    import types
+
+    m = types.ModuleType(name)
+    m.__dict__.update(attrs)
+    return m
+
+
+def _fake_torch(cuda_version, available=False, count=0):
+    """Stands in for a torch that is installed on a host where CUDA cannot run (no such torch here to test with)."""
+    import types
+
+    cuda = types.SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
+    return _module("torch", version=types.SimpleNamespace(cuda=cuda_version), cuda=cuda)
+
+
+def _fake_cupy(count=None, error=None):
+    import types
+
+    def get_count():
+        if error:
+            raise error
+        return count
+
+    runtime = types.SimpleNamespace(getDeviceCount=get_count, getDeviceProperties=lambda i: {"name": b"NVIDIA H200"})
+    return _module("cupy", cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize(
+    ("module", "fake", "index", "message"),
+    [
+        ("torch", _fake_torch(None), 0, r"CPU-only build \(torch.version.cuda is None\)"),
+        ("torch", _fake_torch("12.4", available=False), 0, "torch sees no CUDA device .*no NVIDIA driver"),
+        ("torch", _fake_torch("12.4", available=True, count=1), 3, r"no CUDA device 3 \(torch sees 1\)"),
+        ("cupy", _fake_cupy(error=RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")), 0,
+         "CUDA runtime is not usable: cudaErrorInsufficientDriver"),
+        ("cupy", _fake_cupy(count=1), 3, r"no CUDA device 3 \(cupy sees 1\)"),
+    ],
+)
+def test_probe_names_what_is_missing_when_the_library_is_there_but_cuda_is_not(monkeypatch, module, fake, index, message):
+    monkeypatch.setitem(sys.modules, module, fake)
+    with pytest.raises(sdc.ProbeUnavailable, match=message):
+        sdc.run_probe(module, device_index=index)
 
 
 # --- findings ------------------------------------------------------------------------------------------------
