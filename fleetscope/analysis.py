@@ -47,7 +47,7 @@ class JobAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
-                       "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
+                          "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -179,12 +179,9 @@ def job_sdc(store: Store, job_id: str) -> dict[str, Any]:
     suspects = s["findings"].filter(pl.col("kind") != "sdc_rerun").to_dicts()
     for f in suspects:
         f["evidence"] = json.loads(f["evidence"])
-    runs = s["runs"]
-    verdicts = []
-    for v in s["verdicts"].to_dicts():
-        case = runs.filter(pl.col("case_id") == v["case_id"]).sort("attempt")
-        verdicts.append({**v, "expected": case["expected"][0], "expected_source": case["expected_source"][0],
-                         "runs": case.select("attempt", "gpu_uuid", "result", "ts", "source").to_dicts()})
+    # a verdict's evidence chain (every run, the expected answer, the reason) is what its finding stores
+    verdicts = [{**json.loads(f["evidence"]), "severity": f["severity"]}
+                for f in s["findings"].filter(pl.col("kind") == "sdc_rerun").sort("window_start").to_dicts()]
     return json_safe({
         "job_id": job_id, "steps_screened": s["signals"].height, "suspects": suspects,
         "checksum_mismatches": s["checksums"].to_dicts(), "spikes": s["spikes"].to_dicts(), "nonfinite": s["nonfinite"].to_dicts(),

@@ -202,6 +202,18 @@ def beat(ctx: click.Context) -> None:
 # --- ingest ------------------------------------------------------------------------------------
 
 
+def _utc_option(value: str | None, name: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an RFC 3339 time, e.g. 2026-03-01T12:00:00Z", param_hint=name) from None
+    if t.tzinfo is None:
+        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T12:00:00Z", param_hint=name)
+    return t
+
+
 def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
@@ -234,9 +246,7 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
     from fleetscope.store import Store
 
     files = _iter_paths(paths)
-    ts = dt.datetime.fromisoformat(ts_text.replace("Z", "+00:00")) if ts_text else None
-    if ts is not None and ts.tzinfo is None:
-        raise click.ClickException("--ts needs a time zone, e.g. 2026-03-01T12:00:00Z")
+    ts = _utc_option(ts_text, "--ts")
     store = None if api_url else Store(_engine(_settings()))
     totals: dict[str, int] = {}
     rejected = 0
@@ -330,18 +340,6 @@ def analyze(job_id: str, as_json: bool) -> None:
         click.echo(f"  sdc rerun {v['case_id']} on {v['suspect_gpu']}: {v['verdict']} ({v['reason']})")
     for note in result.notes:
         click.echo(f"  note: {note}")
-
-
-def _utc_option(value: str | None, name: str) -> dt.datetime | None:
-    if value is None:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an RFC 3339 time, e.g. 2026-03-01T12:00:00Z", param_hint=name) from None
-    if t.tzinfo is None:
-        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T12:00:00Z", param_hint=name)
-    return t
 
 
 @main.command()

@@ -214,8 +214,10 @@ def test_sdc_reruns_ingested_judged_stored_and_served(api):
     out = httpx.get(url, headers=read).json()
     assert out["steps_screened"] == 16 and [(m["rank"], m["verdict"]) for m in out["checksum_mismatches"]] == [(2, "suspect")]
     (v,) = out["reruns"]["verdicts"]
-    assert (v["case_id"], v["verdict"], v["expected"], v["other_gpus"]) == ("sdc1/step:40/rank:2", "persistent", "sha:40", ["GPU-7"])
-    assert [(x["gpu_uuid"], x["result"]) for x in v["runs"]] == [("GPU-2", "sha:bad"), ("GPU-2", "sha:bad"), ("GPU-7", "sha:40")]
+    assert (v["case_id"], v["verdict"], v["severity"], v["expected"], v["gpus"]) == (
+        "sdc1/step:40/rank:2", "persistent", "critical", "sha:40", ["GPU-2", "GPU-7"])
+    assert [(x["gpu_uuid"], x["result"], x["same_gpu"]) for x in v["runs"]] == [
+        ("GPU-2", "sha:bad", True), ("GPU-2", "sha:bad", True), ("GPU-7", "sha:40", False)]
     assert len(out["reruns"]["records"]) == 2 and out["reruns"]["problems"] == []
     (s,) = out["suspects"]
     assert s["subject"] == "gpu:GPU-2" and s["severity"] == "critical"
