@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from fleetscope.frames import JOB_EVENT_KINDS, UTC_US
+from fleetscope.frames import JOB_EVENT_KINDS, JOB_RECORD_KINDS, UTC_US
 
 __all__ = [
     "BUCKETS",
@@ -109,6 +109,10 @@ def _check_events(job_event: pl.DataFrame) -> pl.DataFrame:
     unknown = ev.filter(~pl.col("kind").is_in(list(JOB_EVENT_KINDS)) | pl.col("kind").is_null())
     if unknown.height:
         raise ValueError(f"unknown job event kind {unknown['kind'][0]!r} (expected one of {', '.join(JOB_EVENT_KINDS)})")
+    # Records such as SDC replays can be stamped long after the job ended; they are not part of its timeline.
+    ev = ev.filter(~pl.col("kind").is_in(list(JOB_RECORD_KINDS)))
+    if ev.height == 0:
+        raise ValueError("job_event frame holds no lifecycle events to compute goodput from")
     for col, dtype in (("rank", pl.Int64), ("step", pl.Int64), ("payload", pl.String)):
         if col not in ev.columns:
             ev = ev.with_columns(pl.lit(None, dtype).alias(col))

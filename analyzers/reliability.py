@@ -30,7 +30,7 @@ from datetime import datetime
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform
+from fleetscope.frames import FINDING, JOB_RECORD_KINDS, UTC_US, conform
 
 __all__ = [
     "LLAMA3_INTERRUPTIONS",
@@ -40,7 +40,11 @@ __all__ = [
     "root_cause_table",
     "mtbf_hours",
     "job_mtbf_hours",
+    "job_exposure",
+    "mtbf_table",
     "fleet_mtbf",
+    "recovery_times",
+    "steady_state_availability",
     "all_up_availability",
     "young_interval_s",
     "daly_interval_s",
@@ -184,29 +188,66 @@ def job_mtbf_hours(gpu_mtbf_hours: float, gpus: int) -> float:
     return gpu_mtbf_hours / gpus
 
 
-def fleet_mtbf(job_event: pl.DataFrame, job: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per job: wall hours (first to last event), GPUs (``job.world_size``, else distinct ranks seen),
-    GPU-hours, unexpected interruptions, MTBF per job (wall hours / interruptions) and per GPU
-    (GPU-hours / interruptions)."""
+def job_exposure(job_event: pl.DataFrame) -> pl.DataFrame:
+    """Per job: ``wall_hours`` (first to last lifecycle event) and ``ranks_seen`` (distinct ranks ≥ 0).
+    Records such as SDC replays (``JOB_RECORD_KINDS``) may come long after the job and are not exposure."""
     _require(job_event, "job_event", ("job_id", "ts", "kind"))
-    span = job_event.group_by("job_id").agg(
+    ev = job_event.filter(~pl.col("kind").is_in(list(JOB_RECORD_KINDS)))
+    return ev.group_by("job_id").agg(
         ((pl.col("ts").max() - pl.col("ts").min()).dt.total_microseconds() / 3.6e9).alias("wall_hours"),
-        pl.col("rank").filter(pl.col("rank") >= 0).n_unique().alias("ranks_seen") if "rank" in job_event.columns
-        else pl.lit(None, pl.UInt32).alias("ranks_seen"),
+        pl.col("rank").filter(pl.col("rank") >= 0).n_unique().cast(pl.Int64).alias("ranks_seen") if "rank" in ev.columns
+        else pl.lit(None, pl.Int64).alias("ranks_seen"),
     )
-    fails = interruptions(job_event).group_by("job_id").len().rename({"len": "interruptions"})
-    out = span.join(fails, on="job_id", how="left").with_columns(pl.col("interruptions").fill_null(0))
+
+
+def mtbf_table(exposure: pl.DataFrame, interruption_rows: pl.DataFrame, job: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per job: wall hours, GPUs (``job.world_size``, else distinct ranks seen), GPU-hours, unexpected
+    interruptions, MTBF per job (wall hours / interruptions) and per GPU (GPU-hours / interruptions);
+    ``inf`` where there were none. ``exposure``: ``job_exposure`` output (job_id, wall_hours, ranks_seen);
+    ``interruption_rows``: ``interruptions`` output."""
+    _require(exposure, "exposure", ("job_id", "wall_hours", "ranks_seen"))
+    _require(interruption_rows, "interruptions", ("job_id",))
+    fails = interruption_rows.group_by("job_id").len().rename({"len": "interruptions"}).with_columns(pl.col("interruptions").cast(pl.Int64))
+    out = exposure.select("job_id", "wall_hours", pl.col("ranks_seen").cast(pl.Int64)).join(fails, on="job_id", how="left").with_columns(
+        pl.col("interruptions").fill_null(0))
     if job is not None:
         _require(job, "job", ("job_id", "world_size"))
-        out = out.join(job.select("job_id", "world_size"), on="job_id", how="left")
-        gpus = pl.coalesce(pl.col("world_size"), pl.col("ranks_seen").cast(pl.Int64))
+        out = out.join(job.select("job_id", pl.col("world_size").cast(pl.Int64)), on="job_id", how="left")
+        gpus = pl.coalesce(pl.col("world_size"), pl.col("ranks_seen"))
     else:
-        gpus = pl.col("ranks_seen").cast(pl.Int64)
+        gpus = pl.col("ranks_seen")
     out = out.with_columns(gpus.alias("gpus")).with_columns((pl.col("wall_hours") * pl.col("gpus")).alias("gpu_hours"))
     return out.with_columns(
         pl.when(pl.col("interruptions") > 0).then(pl.col("wall_hours") / pl.col("interruptions")).otherwise(float("inf")).alias("job_mtbf_hours"),
         pl.when(pl.col("interruptions") > 0).then(pl.col("gpu_hours") / pl.col("interruptions")).otherwise(float("inf")).alias("gpu_mtbf_hours"),
     ).select("job_id", "wall_hours", "gpus", "gpu_hours", "interruptions", "job_mtbf_hours", "gpu_mtbf_hours").sort("job_id")
+
+
+def fleet_mtbf(job_event: pl.DataFrame, job: pl.DataFrame | None = None) -> pl.DataFrame:
+    """``mtbf_table`` straight from job events: exposure from their span, interruptions from ``failure`` events."""
+    return mtbf_table(job_exposure(job_event), interruptions(job_event), job)
+
+
+def recovery_times(job_event: pl.DataFrame) -> pl.DataFrame:
+    """Per unexpected interruption (``interruptions`` rows): ``recovery_s``, the time until the job's next
+    ``started`` or ``restart`` event — how long the failure kept the job down (null when it never came back
+    within the events given). It is the part's repair time as the job sees it (a spare swapped in), which
+    is shorter than the repair of the part itself."""
+    intr = interruptions(job_event)
+    back = job_event.filter(pl.col("kind").is_in(["started", "restart"])).select("job_id", pl.col("ts").alias("back_ts")).sort("back_ts")
+    if intr.height == 0:
+        return intr.with_columns(pl.lit(None, pl.Float64).alias("recovery_s"))
+    # both sides are sorted by time overall, hence within each job: polars cannot check that itself with ``by``
+    joined = intr.sort("ts").join_asof(back, left_on="ts", right_on="back_ts", by="job_id", strategy="forward",
+                                       allow_exact_matches=False, check_sortedness=False)
+    return joined.with_columns(((pl.col("back_ts") - pl.col("ts")).dt.total_microseconds() / 1e6).alias("recovery_s")).drop("back_ts").sort("job_id", "ts")
+
+
+def steady_state_availability(mtbf_h: float, mttr_h: float) -> float:
+    """A = MTBF / (MTBF + MTTR), the long-run fraction of time a repairable part is up."""
+    if not (mtbf_h > 0) or not (mttr_h >= 0) or math.isnan(mttr_h):
+        raise ValueError(f"need MTBF > 0 and MTTR >= 0, got {mtbf_h!r} and {mttr_h!r}")
+    return 1.0 if math.isinf(mtbf_h) else mtbf_h / (mtbf_h + mttr_h)
 
 
 def all_up_availability(part_availability: float, parts: int) -> float:

@@ -55,6 +55,11 @@ __all__ = [
     "RERUN_VERDICTS",
     "rerun_verdict",
     "rerun_verdicts",
+    "rerun_case_id",
+    "rerun_records",
+    "rerun_runs",
+    "rerun_findings",
+    "rerun_report",
     "PROBE_N",
     "PROBE_ROUNDS",
     "PROBE_SEED",
@@ -63,9 +68,11 @@ __all__ = [
     "probe_matmul",
     "probe_digest",
     "ProbeResult",
+    "ProbeUnavailable",
     "check_probe",
     "run_probe",
     "sdc_findings",
+    "screen",
 ]
 
 
@@ -258,10 +265,11 @@ def rerun_verdicts(reruns: pl.DataFrame) -> pl.DataFrame:
 
     ``reruns``: one row per run of a suspect step — ``case_id`` (one suspect step), ``suspect_gpu``,
     ``gpu_uuid`` (where this run ran), ``attempt`` (0 = the original run), ``result``; optional
-    ``expected`` (the healthy replicas' result) and ``job_id`` / ``rank`` / ``step`` (carried through).
+    ``expected`` (the healthy replicas' result) and ``job_id`` / ``rank`` / ``step`` / ``ts`` (carried
+    through from the original run).
     """
     _require(reruns, "reruns", ("case_id", "suspect_gpu", "gpu_uuid", "attempt", "result"))
-    extra = [c for c in ("job_id", "rank", "step", "expected") if c in reruns.columns]
+    extra = [c for c in ("job_id", "rank", "step", "ts", "expected") if c in reruns.columns]
     rows = []
     for (case,), g in reruns.sort("case_id", "attempt").group_by(["case_id"], maintain_order=True):
         suspects = g.get_column("suspect_gpu").unique()
@@ -291,6 +299,144 @@ def rerun_verdicts(reruns: pl.DataFrame) -> pl.DataFrame:
         if c != "expected":
             schema[c] = reruns.schema[c]
     return pl.DataFrame(rows, schema=schema)
+
+
+RERUN_SEVERITY = {"persistent": "critical", "transient": "warning", "not_gpu": "info", "inconclusive": "info", "no_fault": "info"}
+RERUN_SCORE = {"persistent": 1.0, "transient": 0.6, "not_gpu": 0.3, "inconclusive": 0.2, "no_fault": 0.0}
+_RUNS_SCHEMA = {"case_id": pl.String, "job_id": pl.String, "step": pl.Int64, "rank": pl.Int64, "ts": UTC_US,
+                "suspect_gpu": pl.String, "gpu_uuid": pl.String, "attempt": pl.Int64, "result": pl.String,
+                "expected": pl.String, "source": pl.String, "expected_source": pl.String}
+_PROBLEMS_SCHEMA = {"case_id": pl.String, "job_id": pl.String, "step": pl.Int64, "rank": pl.Int64, "problem": pl.String}
+
+
+def rerun_case_id(job_id: str, step: int, rank: int) -> str:
+    """One case of the rerun protocol is one suspect step on one rank of one job."""
+    return f"{job_id}/step:{step}/rank:{rank}"
+
+
+def rerun_records(job_event: pl.DataFrame) -> pl.DataFrame:
+    """The ``sdc_rerun`` records of a job-event frame (docs/job_events.md), their payload fields as columns:
+    job_id, ts, step, rank, suspect_gpu, gpu_uuid, result, attempt (null for a replay that gave none), expected."""
+    _require(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
+    rec = job_event.filter(pl.col("kind") == "sdc_rerun")
+    field = pl.col("payload").str.json_path_match
+    return rec.select(
+        "job_id", "ts", "step", "rank",
+        field("$.suspect_gpu").alias("suspect_gpu"), field("$.gpu_uuid").alias("gpu_uuid"), field("$.result").alias("result"),
+        field("$.attempt").cast(pl.Int64, strict=False).alias("attempt"), field("$.expected").alias("expected"),
+    ).sort("job_id", "step", "rank", "ts")
+
+
+def rerun_runs(records: pl.DataFrame, signals: pl.DataFrame | None = None,
+               checksums: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Assemble each case's runs for ``rerun_verdicts``: (runs, problems).
+
+    The original run (attempt 0) is the case's ``attempt: 0`` record, else the suspect rank's
+    ``param_checksum`` at that step (from ``signals``, ``step_signals`` output). The expected answer is a
+    record's ``expected``, else — only when the original is that checksum, so that like is compared with
+    like — the replica majority (``checksums``, ``checksum_mismatches`` output; a rank its group agreed
+    with has its own checksum as the majority; a tie has none). Replays are numbered in time order.
+    A case that cannot be judged (records naming different suspect GPUs, an original run on another GPU,
+    conflicting originals or expected answers, no original result at all) goes to ``problems`` with the
+    reason, and not to ``runs``.
+    """
+    _require(records, "rerun records", ("job_id", "ts", "step", "rank", "suspect_gpu", "gpu_uuid", "result", "attempt", "expected"))
+    own: dict[tuple[str, int, int], tuple[str, Any]] = {}
+    if signals is not None and signals.height:
+        _require(signals, "signals", ("job_id", "step", "rank", "ts", "param_checksum"))
+        for j, st, r, ts, cs in signals.filter(pl.col("param_checksum").is_not_null()).select("job_id", "step", "rank", "ts", "param_checksum").iter_rows():
+            own.setdefault((j, st, r), (cs, ts))
+    disputed: dict[tuple[str, int, int], str | None] = {}
+    if checksums is not None and checksums.height:
+        _require(checksums, "checksums", ("job_id", "step", "rank", "majority_checksum"))
+        for j, st, r, maj in checksums.select("job_id", "step", "rank", "majority_checksum").iter_rows():
+            disputed[(j, st, r)] = maj
+    runs: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    for (job, step, rank), g in records.sort("ts").group_by(["job_id", "step", "rank"], maintain_order=True):
+        case = rerun_case_id(job, step, rank)
+        where = {"case_id": case, "job_id": job, "step": step, "rank": rank}
+
+        def problem(why: str) -> None:
+            problems.append({**where, "problem": why})
+
+        suspects = g["suspect_gpu"].unique().to_list()
+        if len(suspects) != 1:
+            problem(f"records name {len(suspects)} different suspect GPUs ({', '.join(sorted(map(str, suspects)))})")
+            continue
+        suspect = suspects[0]
+        originals = g.filter(pl.col("attempt") == 0)
+        replays = g.filter(pl.col("attempt").is_null() | (pl.col("attempt") > 0))
+        if originals.select("gpu_uuid", "result").unique().height > 1:
+            problem("attempt-0 records disagree on the original run")
+            continue
+        expected_given = g["expected"].drop_nulls().unique().to_list()
+        if len(expected_given) > 1:
+            problem(f"records disagree on the expected result ({len(expected_given)} values)")
+            continue
+        if originals.height:
+            o = originals.row(0, named=True)
+            if o["gpu_uuid"] != suspect:
+                problem(f"the original run (attempt 0) is on {o['gpu_uuid']}, not on the suspect GPU {suspect}")
+                continue
+            orig_result, orig_ts, source = o["result"], o["ts"], "sdc_rerun record (attempt 0)"
+        elif (job, step, rank) in own:
+            orig_result, orig_ts = own[(job, step, rank)]
+            source = "step event param_checksum"
+        else:
+            problem(f"original result unknown: no attempt-0 record and no param_checksum for rank {rank} at step {step}")
+            continue
+        if expected_given:
+            expected, expected_source = str(expected_given[0]), "sdc_rerun record"
+        elif source.startswith("step event"):
+            expected = disputed.get((job, step, rank), orig_result)
+            expected_source = None if expected is None else "replica majority" if (job, step, rank) in disputed else "replicas agreed"
+        else:
+            expected, expected_source = None, None
+        base = {**where, "suspect_gpu": suspect, "expected": expected, "expected_source": expected_source}
+        runs.append({**base, "ts": orig_ts, "gpu_uuid": suspect, "attempt": 0, "result": orig_result, "source": source})
+        for i, r in enumerate(replays.iter_rows(named=True), start=1):
+            runs.append({**base, "ts": r["ts"], "gpu_uuid": r["gpu_uuid"], "attempt": i, "result": r["result"], "source": "sdc_rerun record"})
+    return (pl.DataFrame(runs, schema=_RUNS_SCHEMA) if runs else pl.DataFrame(schema=_RUNS_SCHEMA),
+            pl.DataFrame(problems, schema=_PROBLEMS_SCHEMA) if problems else pl.DataFrame(schema=_PROBLEMS_SCHEMA))
+
+
+def rerun_findings(verdicts: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """One finding (kind ``sdc_rerun``, subject ``gpu:<suspect>``) per judged case, with the evidence chain:
+    the step, the rank, every run (GPU, same GPU or not, result, time, where it came from), the expected
+    answer and the verdict. Severity: critical for ``persistent``, warning for ``transient``, info otherwise."""
+    _require(verdicts, "verdicts", ("case_id", "suspect_gpu", "verdict", "reason", "job_id", "step", "rank"))
+    _require(runs, "runs", ("case_id", "ts", "gpu_uuid", "attempt", "result", "source", "expected", "expected_source"))
+    rows = []
+    for v in verdicts.to_dicts():
+        g = runs.filter(pl.col("case_id") == v["case_id"]).sort("attempt")
+        chain = [{"attempt": r["attempt"], "gpu_uuid": r["gpu_uuid"], "same_gpu": r["gpu_uuid"] == v["suspect_gpu"],
+                  "result": r["result"], "ts": r["ts"], "source": r["source"]} for r in g.iter_rows(named=True)]
+        gpus = list(dict.fromkeys(r["gpu_uuid"] for r in chain))
+        evidence = {"case_id": v["case_id"], "job_id": v["job_id"], "step": v["step"], "rank": v["rank"],
+                    "suspect_gpu": v["suspect_gpu"], "gpus": gpus, "runs": chain, "expected": g["expected"][0],
+                    "expected_source": g["expected_source"][0], "verdict": v["verdict"], "reason": v["reason"]}
+        rows.append({
+            "analyzer": "sdc", "kind": "sdc_rerun", "subject": f"gpu:{v['suspect_gpu']}",
+            "window_start": g["ts"].min(), "window_end": g["ts"].max(),
+            "severity": RERUN_SEVERITY[v["verdict"]], "score": RERUN_SCORE[v["verdict"]],
+            "summary": f"Rerun of job {v['job_id']} step {v['step']} (rank {v['rank']}, {v['suspect_gpu']}): {v['verdict']} — {v['reason']}.",
+            "evidence": json.dumps(evidence, default=str, sort_keys=True),
+        })
+    if not rows:
+        return FINDING.empty()
+    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+
+
+def rerun_report(job_event: pl.DataFrame, signals: pl.DataFrame | None = None,
+                 checksums: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+    """The rerun protocol end to end over a job-event frame: ``records``, ``runs``, ``problems``,
+    ``verdicts`` (``rerun_verdicts``) and ``findings`` (``rerun_findings``)."""
+    records = rerun_records(job_event)
+    runs, problems = rerun_runs(records, signals, checksums)
+    verdicts = rerun_verdicts(runs) if runs.height else pl.DataFrame()
+    findings = rerun_findings(verdicts, runs) if runs.height else FINDING.empty()
+    return {"records": records, "runs": runs, "problems": problems, "verdicts": verdicts, "findings": findings}
 
 
 # --- known-answer test -----------------------------------------------------------------------------------
@@ -363,6 +509,7 @@ class ProbeResult:
     passed: bool | None
     seconds: float
     mismatched_elements: int | None = None
+    device_type: str = ""  # "cpu" or the GPU's name: the golden digest is the same for every type
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -378,36 +525,79 @@ def check_probe(digest: str, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed:
     return digest == g
 
 
+class ProbeUnavailable(RuntimeError):
+    """The probe's backend cannot run here: the message names what is missing (library, CUDA build, driver, device)."""
+
+
+_CUDA_HINT = "install cupy-cuda12x (or a CUDA build of torch) on a host with an NVIDIA driver and GPU"
+
+
+def _torch_cuda(device_index: int) -> tuple[Any, Any, str]:
+    """(torch, device, device type) or ProbeUnavailable naming what is missing."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError as e:
+        raise ProbeUnavailable(f"probe backend torch: torch is not installed ({_CUDA_HINT})") from e
+    if getattr(getattr(torch, "version", None), "cuda", None) is None:
+        raise ProbeUnavailable("probe backend torch: this torch is a CPU-only build (torch.version.cuda is None); "
+                               "install a CUDA build of torch")
+    if not torch.cuda.is_available():
+        raise ProbeUnavailable("probe backend torch: torch sees no CUDA device (no NVIDIA driver loaded, no GPU, "
+                               "or CUDA_VISIBLE_DEVICES hides them)")
+    count = torch.cuda.device_count()
+    if not 0 <= device_index < count:
+        raise ProbeUnavailable(f"probe backend torch: no CUDA device {device_index} (torch sees {count})")
+    dev = torch.device("cuda", device_index)
+    return torch, dev, str(torch.cuda.get_device_name(dev))
+
+
+def _cupy_cuda(device_index: int) -> tuple[Any, str]:
+    """(cupy, device type) or ProbeUnavailable naming what is missing."""
+    try:
+        cp = importlib.import_module("cupy")
+    except ImportError as e:
+        raise ProbeUnavailable(f"probe backend cupy: cupy is not installed ({_CUDA_HINT})") from e
+    try:
+        count = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as e:  # noqa: BLE001 - cupy raises its own CUDA errors (no driver, driver too old, no runtime)
+        raise ProbeUnavailable(f"probe backend cupy: the CUDA runtime is not usable: {e}") from e
+    if not 0 <= device_index < count:
+        raise ProbeUnavailable(f"probe backend cupy: no CUDA device {device_index} (cupy sees {count})")
+    name = cp.cuda.runtime.getDeviceProperties(device_index)["name"]
+    return cp, name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
 def run_probe(backend: str = "numpy", *, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED,
               device_index: int = 0) -> ProbeResult:
-    """Run the known-answer probe on ``numpy`` (CPU), ``torch`` (CUDA, float32) or ``cupy`` (CUDA, float32)
-    and compare with the golden digest. Raises ``RuntimeError`` when the backend is not available."""
+    """Run the known-answer probe on ``numpy`` (CPU), ``torch`` (CUDA, float32), ``cupy`` (CUDA, float32), or
+    ``cuda`` (torch if it can reach a GPU, else cupy) and compare with the golden digest, which is the
+    same for every device type. Raises ``ProbeUnavailable`` (a ``RuntimeError``) naming what is missing
+    when the backend cannot run here, and ``ValueError`` for an unknown backend."""
+    if backend not in ("numpy", "torch", "cupy", "cuda"):
+        raise ValueError(f"unknown probe backend {backend!r} (numpy, torch, cupy or cuda)")
     t0 = time.perf_counter()
+    if backend == "cuda":
+        reasons = []
+        for candidate in ("torch", "cupy"):
+            try:
+                return run_probe(candidate, n=n, rounds=rounds, seed=seed, device_index=device_index)
+            except ProbeUnavailable as e:
+                reasons.append(str(e))
+        raise ProbeUnavailable("no CUDA probe backend can run here: " + "; ".join(reasons))
     if backend == "numpy":
-        device = "cpu"
+        device = device_type = "cpu"
         res = probe_matmul(n, rounds, seed)
     elif backend == "torch":
-        try:
-            torch = importlib.import_module("torch")
-        except ImportError as e:
-            raise RuntimeError("torch is not installed") from e
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch sees no CUDA device")
-        dev = torch.device("cuda", device_index)
-        device = f"{torch.cuda.get_device_name(dev)} (cuda:{device_index})"
+        torch, dev, device_type = _torch_cuda(device_index)
+        device = f"{device_type} (cuda:{device_index})"
         res = probe_matmul(n, rounds, seed, xp=torch,
                            device_put=lambda arr: torch.from_numpy(arr.astype(np.float32)).to(dev))
         torch.cuda.synchronize(dev)
-    elif backend == "cupy":
-        try:
-            cp = importlib.import_module("cupy")
-        except ImportError as e:
-            raise RuntimeError("cupy is not installed") from e
-        with cp.cuda.Device(device_index):
-            device = f"cuda:{device_index}"
-            res = probe_matmul(n, rounds, seed, dtype=np.float32, xp=cp)
     else:
-        raise ValueError(f"unknown probe backend {backend!r} (numpy, torch or cupy)")
+        cp, device_type = _cupy_cuda(device_index)
+        device = f"{device_type} (cuda:{device_index})"
+        with cp.cuda.Device(device_index):
+            res = probe_matmul(n, rounds, seed, dtype=np.float32, xp=cp)
     digest = probe_digest(res)
     passed = check_probe(digest, n, rounds, seed)
     mism = None
@@ -415,7 +605,7 @@ def run_probe(backend: str = "numpy", *, n: int = PROBE_N, rounds: int = PROBE_R
         ref = probe_matmul(n, rounds, seed, dtype=np.int64)  # exact integer arithmetic, no BLAS
         mism = int((ref != res).sum())
     return ProbeResult(backend, device, n, rounds, seed, digest, PROBE_GOLDEN_SHA256.get((n, rounds, seed)) or None,
-                       passed, round(time.perf_counter() - t0, 4), mism)
+                       passed, round(time.perf_counter() - t0, 4), mism, device_type)
 
 
 # --- findings -----------------------------------------------------------------------------------------
@@ -450,6 +640,10 @@ def sdc_findings(
         for j, st, ts in signals.group_by("job_id", "step").agg(pl.col("ts").min()).iter_rows():
             step_ts[(j, st)] = ts
     gpu_of = _gpu_lookup(job_rank)
+    if reruns is not None and reruns.height and {"job_id", "rank"} <= set(reruns.columns):
+        # a rerun record names the GPU the suspect rank ran on: its other signals join that GPU's chain
+        for j, r, g in reruns.select("job_id", "rank", "suspect_gpu").unique().iter_rows():
+            gpu_of.setdefault((j, r), g)
 
     def rank_subject(job: str, rank: int) -> str:
         g = gpu_of.get((job, rank))
@@ -483,15 +677,18 @@ def sdc_findings(
     if reruns is not None:
         for r in reruns.filter(pl.col("verdict").is_in(["transient", "persistent"])).to_dicts():
             c = chain(f"gpu:{r['suspect_gpu']}")
+            if r.get("job_id") is not None and r.get("rank") is not None:
+                c["job_rank"] = (r["job_id"], r["rank"])
             c["signals"].append({"signal": f"rerun_{r['verdict']}", "case_id": r["case_id"], "reason": r["reason"],
                                  "step": r.get("step"), "other_gpus": r["other_gpus"]})
             c["critical"] |= r["verdict"] == "persistent"
+            c["ts"].append(r.get("ts"))
     if probes is not None:
         _require(probes, "probes", ("gpu_uuid", "ts", "passed", "digest"))
         for r in probes.filter(pl.col("passed") == False).to_dicts():  # noqa: E712 (null = unknown, not failed)
             c = chain(f"gpu:{r['gpu_uuid']}")
             c["signals"].append({"signal": "probe_failed", "digest": r["digest"], "golden": r.get("golden"),
-                                 "mismatched_elements": r.get("mismatched_elements")})
+                                 "mismatched_elements": r.get("mismatched_elements"), "device_type": r.get("device_type")})
             c["critical"] = True
             c["ts"].append(r["ts"])
 
@@ -499,7 +696,7 @@ def sdc_findings(
     for subject, c in chains.items():
         times = [t for t in c["ts"] if t is not None]
         if not times:
-            continue  # a rerun record alone carries no time; it joins a chain that has one
+            continue  # a rerun verdict without a time joins a chain that has one
         names = sorted({s["signal"] for s in c["signals"]})
         steps = sorted({s["step"] for s in c["signals"] if s.get("step") is not None})
         evidence = {"signals": c["signals"], "job_rank": c["job_rank"]}
@@ -527,3 +724,21 @@ def _gpu_lookup(job_rank: pl.DataFrame | None) -> dict[tuple[str, int], str]:
     _require(job_rank, "job_rank", ("job_id", "rank", "gpu_uuid"))
     one = job_rank.group_by("job_id", "rank").agg(pl.col("gpu_uuid").unique()).filter(pl.col("gpu_uuid").list.len() == 1)
     return {(j, r): g[0] for j, r, g in one.iter_rows()}
+
+
+def screen(job_event: pl.DataFrame, job_rank: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+    """Every SDC signal of a job-event frame and what follows from them: ``signals``, ``checksums``
+    (mismatches and ties), ``spikes`` (loss), ``nonfinite``, the rerun protocol's ``records``, ``runs``,
+    ``problems`` and ``verdicts``, and ``findings`` — one evidence chain per suspect (``sdc_findings``,
+    rerun verdicts included) plus one ``sdc_rerun`` finding per judged case."""
+    signals = step_signals(job_event)
+    checksums = checksum_mismatches(signals)
+    spikes = metric_spikes(signals, "loss")
+    nonfinite = nonfinite_onset(signals)
+    rr = rerun_report(job_event, signals, checksums)
+    jr = job_rank if job_rank is not None and job_rank.height else None
+    chains = sdc_findings(checksums=checksums, spikes=spikes, nonfinite=nonfinite, job_rank=jr, signals=signals,
+                          reruns=rr["verdicts"] if rr["verdicts"].height else None)
+    found = [f for f in (chains, rr["findings"]) if f.height]
+    findings = pl.concat(found, how="vertical_relaxed") if found else FINDING.empty()
+    return {"signals": signals, "checksums": checksums, "spikes": spikes, "nonfinite": nonfinite, **rr, "findings": findings}

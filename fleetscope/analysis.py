@@ -21,16 +21,16 @@ from fleetscope.observability import tracer
 from fleetscope.store import Store
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: NaN and infinities become null (JSON has neither), datetimes ISO strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -41,13 +41,14 @@ class JobAnalysis:
     goodput: dict[str, Any] | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     sdc: list[dict[str, Any]] = field(default_factory=list)
+    sdc_reruns: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
-                       "sdc": self.sdc, "checkpoint": self.checkpoint, "notes": self.notes})
+        return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
+                          "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -99,7 +100,9 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
                                "disruptions": rg.disruptions, "finished": finished}
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
             _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
-            _checkpoint(out, batch, analyses, events, store.read("job", job_id=job_id), now)
+            lifecycle = events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
+            if lifecycle.height:
+                _checkpoint(out, batch, analyses, lifecycle, store.read("job", job_id=job_id), now)
         else:
             out.notes.append("no job events: goodput, SDC screening and checkpoint advice skipped")
         if analyses:
@@ -115,18 +118,20 @@ def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:
 
 
 def _sdc(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job_rank: pl.DataFrame, now: dt.datetime) -> None:
-    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm)."""
-    signals = sdc.step_signals(events)
-    if signals.height == 0:
+    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
+    rerun protocol's records; suspects and rerun verdicts become findings."""
+    s = sdc.screen(events, job_rank)
+    if s["signals"].height == 0 and s["records"].height == 0:
         return
-    found = sdc.sdc_findings(
-        checksums=sdc.checksum_mismatches(signals), spikes=sdc.metric_spikes(signals, "loss"), nonfinite=sdc.nonfinite_onset(signals),
-        job_rank=job_rank if job_rank.height else None, signals=signals,
-    )
+    found = s["findings"]
     _add_findings(batch, found)
     out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
-    analyses.append(_analysis_row(out.job_id, "sdc", now, signals["ts"].min() if "ts" in signals.columns else None, None,
-                                  {"findings": out.sdc, "steps_screened": signals.height}))
+    out.sdc_reruns = [{k: r[k] for k in ("case_id", "suspect_gpu", "verdict", "reason")} for r in s["verdicts"].to_dicts()]
+    out.notes.extend(f"SDC rerun case {p['case_id']} not judged: {p['problem']}" for p in s["problems"].to_dicts())
+    times = pl.concat([s["signals"].select("ts"), s["records"].select("ts")])["ts"]
+    analyses.append(_analysis_row(out.job_id, "sdc", now, times.min(), times.max(),
+                                  {"findings": out.sdc, "steps_screened": s["signals"].height, "reruns": out.sdc_reruns,
+                                   "rerun_problems": s["problems"].to_dicts()}))
 
 
 def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job: pl.DataFrame, now: dt.datetime) -> None:
@@ -177,7 +182,12 @@ def energy_price(store: Store, job_id: str, start: dt.datetime, end: dt.datetime
 
 def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end: Any, result: Any) -> dict[str, Any]:
     return {"job_id": job_id, "analyzer": analyzer, "computed_at": now, "window_start": start, "window_end": end,
-            "result": json.dumps(_clean(result), sort_keys=True, default=str)}
+            "result": json.dumps(json_safe(result), sort_keys=True, default=str)}
+
+
+def job_exists(store: Store, job_id: str) -> bool:
+    """Whether anything (inventory, steps or events) was ingested under ``job_id``."""
+    return any(store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height for frame in ("job", "step", "job_event"))
 
 
 def active_jobs(store: Store, *, since: dt.datetime) -> list[str]:
@@ -196,3 +206,21 @@ def stored_analysis(store: Store, job_id: str, analyzer: str) -> dict[str, Any] 
     return {"job_id": job_id, "analyzer": analyzer, "computed_at": r["computed_at"].isoformat(),
             "window_start": r["window_start"].isoformat() if r["window_start"] else None,
             "window_end": r["window_end"].isoformat() if r["window_end"] else None, "result": json.loads(r["result"])}
+
+
+def job_sdc(store: Store, job_id: str) -> dict[str, Any]:
+    """A job's SDC screen as JSON-ready data, computed from what the store holds now: the suspects (one
+    evidence chain each), checksum disagreements (ties included), single-rank spikes, the NaN/Inf onset, and
+    the rerun protocol — records, per-case verdicts with every run, and cases that could not be judged."""
+    s = sdc.screen(store.read("job_event", job_id=job_id), store.read("job_rank", job_id=job_id))
+    suspects = s["findings"].filter(pl.col("kind") != "sdc_rerun").to_dicts()
+    for f in suspects:
+        f["evidence"] = json.loads(f["evidence"])
+    # a verdict's evidence chain (every run, the expected answer, the reason) is what its finding stores
+    verdicts = [{**json.loads(f["evidence"]), "severity": f["severity"]}
+                for f in s["findings"].filter(pl.col("kind") == "sdc_rerun").sort("window_start").to_dicts()]
+    return json_safe({
+        "job_id": job_id, "steps_screened": s["signals"].height, "suspects": suspects,
+        "checksum_mismatches": s["checksums"].to_dicts(), "spikes": s["spikes"].to_dicts(), "nonfinite": s["nonfinite"].to_dicts(),
+        "reruns": {"records": s["records"].to_dicts(), "verdicts": verdicts, "problems": s["problems"].to_dicts()},
+    })

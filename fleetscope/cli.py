@@ -202,6 +202,18 @@ def beat(ctx: click.Context) -> None:
 # --- ingest ------------------------------------------------------------------------------------
 
 
+def _utc_option(value: str | None, name: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an RFC 3339 time, e.g. 2026-03-01T12:00:00Z", param_hint=name) from None
+    if t.tzinfo is None:
+        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T12:00:00Z", param_hint=name)
+    return t
+
+
 def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
@@ -234,9 +246,7 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
     from fleetscope.store import Store
 
     files = _iter_paths(paths)
-    ts = dt.datetime.fromisoformat(ts_text.replace("Z", "+00:00")) if ts_text else None
-    if ts is not None and ts.tzinfo is None:
-        raise click.ClickException("--ts needs a time zone, e.g. 2026-03-01T12:00:00Z")
+    ts = _utc_option(ts_text, "--ts")
     store = None if api_url else Store(_engine(_settings()))
     totals: dict[str, int] = {}
     rejected = 0
@@ -323,8 +333,95 @@ def analyze(job_id: str, as_json: bool) -> None:
         click.echo(f"  goodput {g['goodput_ratio']:.1%} of {g['total_s']:.0f} s; badput: " + (", ".join(f"{k} {v:.0f} s" for k, v in top) or "none"))
     for f in result.stragglers:
         click.echo(f"  straggler [{f['severity']}] {f['summary']}")
+    for f in result.sdc:
+        if f["kind"] != "sdc_rerun":
+            click.echo(f"  sdc [{f['severity']}] {f['summary']}")
+    for v in result.sdc_reruns:
+        click.echo(f"  sdc rerun {v['case_id']} on {v['suspect_gpu']}: {v['verdict']} ({v['reason']})")
     for note in result.notes:
         click.echo(f"  note: {note}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def sdc(job_id: str, as_json: bool) -> None:
+    """Silent-data-corruption screen of JOB_ID: suspects with their evidence, and the rerun protocol's
+    records and verdicts (record replays as `sdc_rerun` job events, docs/job_events.md)."""
+    from fleetscope.analysis import job_exists, job_sdc
+
+    st = _store()
+    if not job_exists(st, job_id):
+        raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
+    out = job_sdc(st, job_id)
+    if as_json:
+        click.echo(json.dumps(out, default=str))
+        return
+    click.echo(f"job {job_id}: {out['steps_screened']} rank-steps screened, {len(out['suspects'])} suspect(s)")
+    for f in out["suspects"]:
+        click.echo(f"  [{f['severity']}] {f['summary']}")
+    for m in out["checksum_mismatches"]:
+        if m["verdict"] == "tie":
+            click.echo(f"  tie at step {m['step']} (group {m['replica_group']}): rank {m['rank']} holds {m['param_checksum']}; no majority")
+    for v in out["reruns"]["verdicts"]:
+        click.echo(f"  rerun {v['case_id']} on {v['suspect_gpu']}: {v['verdict']} ({v['reason']})")
+        for r in v["runs"]:
+            what = "original" if r["attempt"] == 0 else f"replay {r['attempt']}"
+            click.echo(f"      {what:<9} on {r['gpu_uuid']}: {r['result']}  ({r['source']}, {r['ts']})")
+        if v["expected"] is not None:
+            click.echo(f"      expected  {v['expected']} ({v['expected_source']})")
+    for p in out["reruns"]["problems"]:
+        click.echo(f"  rerun {p['case_id']} not judged: {p['problem']}")
+
+
+@main.command()
+@click.option("--start", "start_text", default=None, help="RFC 3339 start (default: 30 days before --end).")
+@click.option("--end", "end_text", default=None, help="RFC 3339 end, exclusive (default: now).")
+@click.option("--job-id", default=None, help="One job only.")
+@click.option("--parts", type=click.IntRange(min=1), default=None, help="N for the all-up availability A^N (default: the job's GPUs).")
+@click.option("--part-availability", type=click.FloatRange(0.0, 1.0), default=None, help="A per part (default: measured from the window).")
+@click.option("--json", "as_json", is_flag=True)
+def reliability(start_text: str | None, end_text: str | None, job_id: str | None, parts: int | None, part_availability: float | None,
+                as_json: bool) -> None:
+    """Interruptions by root cause (Llama 3 categories), MTBF per GPU-hour and per job, all-up availability
+    A^N, and Young/Daly checkpoint advice per job, over a window of job events."""
+    from fleetscope.reliability_service import UnknownJob, reliability_report
+
+    end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    start = _utc_option(start_text, "--start") or end - dt.timedelta(days=30)
+    try:
+        out = reliability_report(_store(), start, end, job_id=job_id, parts=parts, part_availability=part_availability)
+    except (UnknownJob, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(out, default=str))
+        return
+
+    def hours(h: float | None) -> str:
+        return "no failures" if h is None else f"{h:.4g} h"
+
+    m = out["mtbf"]
+    click.echo(f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC: {out['interruptions']['total']} unexpected interruption(s) "
+               f"in {m['gpu_hours']:.6g} GPU-hours; GPU MTBF {hours(m['gpu_mtbf_hours'])}")
+    for c in out["interruptions"]["by_category"]:
+        if c["interruptions"]:
+            click.echo(f"  {c['category']:<32} {c['component']:<22} {c['interruptions']:>6}  {c['share']:6.1%}")
+    for j in m["jobs"]:
+        click.echo(f"  job {j['job_id']}: {j['gpus']} GPUs x {j['wall_hours']:.4g} h, {j['interruptions']} interruption(s), "
+                   f"job MTBF {hours(j['job_mtbf_hours'])}")
+    a = out["availability"]
+    if a["parts"] is not None:
+        up = "unknown" if a["all_up"] is None else f"{a['all_up']:.1%}"
+        click.echo(f"  all {a['parts']} parts up: {up} (A = {a['part_availability']}; {a['basis']})")
+    for c in out["checkpoint"]:
+        line = f"  checkpoint {c['job_id']}: save {c['save_cost_s']:.0f} s"
+        if c["interval_s"] is not None:
+            line += f" every {c['interval_s'] / 60:.1f} min"
+        if c["daly_interval_s"] is not None:
+            line += f"; advised: Young {c['young_interval_s'] / 60:.1f} min, Daly {c['daly_interval_s'] / 60:.1f} min"
+        if c["lost_fraction_actual"] is not None and c["lost_fraction_advised"] is not None:
+            line += f"; time lost {c['lost_fraction_actual']:.1%} now vs {c['lost_fraction_advised']:.1%} advised"
+        click.echo(line + f" (MTBF: {c['mtbf_basis']})")
 
 
 # --- governance ------------------------------------------------------------------------------
@@ -483,25 +580,29 @@ def fairness_evaluate(predictions: str, model: str, version: str | None, sensiti
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["numpy", "torch", "cupy"]), default="numpy", show_default=True,
-              help="numpy runs on the CPU; torch and cupy on the first CUDA device.")
+@click.option("--backend", type=click.Choice(["numpy", "torch", "cupy", "cuda"]), default="numpy", show_default=True,
+              help="numpy runs on the CPU; torch and cupy on a CUDA device; cuda takes whichever of the two can.")
+@click.option("--device-index", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device number.")
 @click.option("--gpu-uuid", default=None, help="Record the result against this GPU.")
 @click.option("--no-record", is_flag=True, help="Print only; do not write a health event.")
 @click.option("--json", "as_json", is_flag=True)
-def probe(backend: str, gpu_uuid: str | None, no_record: bool, as_json: bool) -> None:
+def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool, as_json: bool) -> None:
     """Known-answer test for silent data corruption: a deterministic matrix multiply whose result must
-    hash to the golden digest. Exits 0 on pass, 5 on a mismatch (a confirmed SDC suspect)."""
+    hash to the golden digest, the same for every device type. Exits 0 on pass, 5 on a mismatch (a
+    confirmed SDC suspect), 1 when the backend cannot run here (the message names what is missing)."""
     from fleetscope.health_service import run_probe
 
     try:
-        result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid)
+        result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid, device_index=device_index)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
     else:
         verdict = "PASS" if result.passed else "FAIL: result differs from the golden digest" if result.passed is False else "no golden digest"
-        click.echo(f"{backend} on {result.device}: {verdict} ({result.n}x{result.n}, {result.rounds} rounds, {result.seconds:.2f} s)\n  digest {result.digest}")
+        wrong = f", {result.mismatched_elements} of {result.n * result.n} elements wrong" if result.mismatched_elements else ""
+        click.echo(f"{backend} on {result.device}: {verdict} ({result.n}x{result.n}, {result.rounds} rounds, {result.seconds:.2f} s{wrong})\n"
+                   f"  digest {result.digest}\n  golden {result.golden or 'none for this probe shape'} (device type {result.device_type})")
     sys.exit(5 if result.passed is False else 0)
 
 

@@ -249,7 +249,7 @@ STEP = FrameSpec(
     doc="One training step on one rank, with its breakdown.",
 )
 
-JOB_EVENT_KINDS = (
+JOB_LIFECYCLE_KINDS = (
     "allocated",
     "started",
     "initialized",
@@ -263,6 +263,10 @@ JOB_EVENT_KINDS = (
     "restart",
     "finished",
 )
+# Records about a job that are not part of its lifecycle: they may arrive long after the job ended (a
+# suspect step replayed during an investigation), so lifecycle analyses (goodput, MTBF spans) skip them.
+JOB_RECORD_KINDS = ("sdc_rerun",)
+JOB_EVENT_KINDS = JOB_LIFECYCLE_KINDS + JOB_RECORD_KINDS
 
 JOB_EVENT = FrameSpec(
     "job_event",

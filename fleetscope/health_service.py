@@ -37,6 +37,10 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             gpu_rows = health.gpu_health(samples, events.filter(pl.col("kind") == "xid") if events.height else None, gpu_host=gpus if gpus.height else None)
             node_rows = health.node_health(gpu_rows) if "host" in gpu_rows.columns else pl.DataFrame()
             findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
+        probes = probe_results(events)
+        if probes.height:
+            # a GPU that fails the known-answer probe is a confirmed SDC suspect
+            findings.append(sdc.sdc_findings(probes=probes))
         tests = store.read("nccl_test")
         if tests.height:
             reg = fabric.nccl_test_regressions(tests)
@@ -48,13 +52,38 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
         return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
 
 
-def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None) -> sdc.ProbeResult:
-    """Run the known-answer matmul probe and record it as a ``sdc_probe`` health event (value 1 = passed)."""
-    result = sdc.run_probe(backend)
+def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None,
+              device_index: int = 0) -> sdc.ProbeResult:
+    """Run the known-answer matmul probe and record it as a ``sdc_probe`` health event (value 1 = passed,
+    0 = failed, null = no golden digest for that probe shape). A backend that cannot run here raises
+    ``sdc.ProbeUnavailable`` and records nothing."""
+    result = sdc.run_probe(backend, device_index=device_index)
     if store is not None:
-        row = {"ts": dt.datetime.now(dt.UTC), "host": host or socket.gethostname(), "gpu_uuid": gpu_uuid or f"{backend}:{result.device}",
-               "kind": "sdc_probe", "code": 0, "value": 1.0 if result.passed else 0.0,
-               "message": json.dumps({"digest": result.digest, "golden": result.golden, "backend": backend, "seconds": result.seconds}),
-               "source": "fleetscope probe"}
-        store.write(F.Batch(source="probe", health_event=pl.DataFrame([row])))
+        row = probe_event(result, ts=dt.datetime.now(dt.UTC), host=host or socket.gethostname(),
+                          gpu_uuid=gpu_uuid or f"{backend}:{result.device}")
+        store.write(F.Batch(source="probe", health_event=row))
     return result
+
+
+def probe_event(result: sdc.ProbeResult, *, ts: dt.datetime, host: str, gpu_uuid: str) -> pl.DataFrame:
+    """One ``sdc_probe`` health-event row for a probe result (what a node that ran the probe sends)."""
+    row = {"ts": ts, "host": host, "gpu_uuid": gpu_uuid, "kind": "sdc_probe", "code": 0,
+           "value": None if result.passed is None else float(result.passed),
+           "message": json.dumps({"digest": result.digest, "golden": result.golden, "backend": result.backend,
+                                  "device_type": result.device_type, "mismatched_elements": result.mismatched_elements,
+                                  "seconds": result.seconds}),
+           "source": "fleetscope probe"}
+    return pl.DataFrame([row], schema_overrides={"ts": F.UTC_US, "value": pl.Float64})
+
+
+def probe_results(events: pl.DataFrame) -> pl.DataFrame:
+    """``sdc_probe`` health events as the probe rows ``sdc.sdc_findings`` reads: gpu_uuid, ts, passed, digest,
+    golden, mismatched_elements, device_type."""
+    p = events.filter(pl.col("kind") == "sdc_probe") if events.height else events
+    if p.height == 0:
+        return pl.DataFrame(schema={"gpu_uuid": pl.String, "ts": F.UTC_US, "passed": pl.Boolean, "digest": pl.String})
+    msg = pl.col("message").str.json_path_match
+    return p.select("gpu_uuid", "ts", pl.when(pl.col("value").is_not_null()).then(pl.col("value") >= 1.0).alias("passed"),
+                    msg("$.digest").alias("digest"), msg("$.golden").alias("golden"),
+                    msg("$.mismatched_elements").cast(pl.Int64, strict=False).alias("mismatched_elements"),
+                    msg("$.device_type").alias("device_type"))

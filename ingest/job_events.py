@@ -12,7 +12,8 @@ Required on every line
 * ``kind`` — one of ``fleetscope.frames.JOB_EVENT_KINDS`` (``allocated``, ``started``,
   ``initialized``, ``step``, ``checkpoint_save_start``, ``checkpoint_save_end``,
   ``checkpoint_restore_start``, ``checkpoint_restore_end``, ``failure``, ``preempted``,
-  ``restart``, ``finished``), or ``job`` for a metadata-only line (below).
+  ``restart``, ``finished``), the record kind ``sdc_rerun`` (below), or ``job`` for a metadata-only
+  line (below).
 
 Optional
 
@@ -28,6 +29,17 @@ Optional
 
 Numbers must be finite: RFC 8259 JSON has no NaN or Infinity (send a diverged loss as ``null``
 with a ``cause``).
+
+SDC rerun records (``kind`` ``sdc_rerun``): one line per run of a suspect step in the rerun protocol
+(analyzers/sdc.py). ``step`` and ``rank`` (required) name the suspect step and rank; ``ts`` is when
+the run finished, so replays of one rank need distinct ``ts`` (the natural key includes no attempt).
+Payload: ``suspect_gpu`` (string, required: the GPU the step first ran on), ``gpu_uuid`` (string,
+required: the GPU this run ran on; equal to ``suspect_gpu`` for a same-GPU replay), ``result``
+(string or integer, required: the digest of this run's output, of the same kind as the original's),
+``attempt`` (integer ≥ 0, optional: 0 = this line reports the original run, needed when the step
+events carried no ``param_checksum`` for that rank and step; absent or ≥ 1 = a replay), ``expected``
+(string or integer, optional: the healthy replicas' result; by default the replica majority of the
+step's checksums). Records are not lifecycle events: goodput and MTBF ignore them.
 
 Derived rows
 
@@ -106,6 +118,8 @@ def parse(data: bytes, *, source: str = "") -> Batch:
             raise ParseError("a step event needs a step number", source=source, line=lineno, field="step")
         payload = {k: v for k, v in obj.items() if k not in _ENVELOPE}
         known = _check_payload(payload, f)
+        if kind == "sdc_rerun":
+            _check_rerun(rank, step, payload, f)
         rank_key = -1 if rank is None else rank
         key = (job_id, ts, kind, rank_key)
         payload_json = json.dumps(payload, sort_keys=True, separators=(",", ":")) if payload else None
@@ -142,16 +156,27 @@ def _check_payload(p: dict[str, Any], f: _Fields) -> dict[str, Any]:
     out["model_flops"] = f.number(p.get("model_flops"), "model_flops")
     out["loss"] = f.number(p.get("loss"), "loss", minimum=None)
     out["grad_norm"] = f.number(p.get("grad_norm"), "grad_norm")
-    checksum = p.get("param_checksum")
-    if checksum is not None and (isinstance(checksum, bool) or not isinstance(checksum, (str, int))):
-        raise ParseError("param_checksum must be a string or an integer", source=f.source, line=f.line,
-                         field="param_checksum")
+    f.digest(p.get("param_checksum"), "param_checksum")
     for k in _SECONDS:
         out[k] = f.number(p.get(k), k)
     out["start"] = f.timestamp(p.get("start"), "start")
     out["end"] = f.timestamp(p.get("end"), "end")
     _finite_everywhere(p, f, "")
     return out
+
+
+def _check_rerun(rank: int | None, step: int | None, p: dict[str, Any], f: _Fields) -> None:
+    """An ``sdc_rerun`` record names the suspect step and rank, the suspect GPU, the GPU this run ran on
+    and its result; ``attempt`` 0 marks the original run's result, ``expected`` the healthy replicas'."""
+    if step is None:
+        raise ParseError("an sdc_rerun record needs the suspect step", source=f.source, line=f.line, field="step")
+    if rank is None:
+        raise ParseError("an sdc_rerun record needs the suspect rank", source=f.source, line=f.line, field="rank")
+    f.string(p.get("suspect_gpu"), "suspect_gpu", required=True, max_len=256)
+    f.string(p.get("gpu_uuid"), "gpu_uuid", required=True, max_len=256)
+    f.digest(p.get("result"), "result", required=True)
+    f.digest(p.get("expected"), "expected")
+    f.integer(p.get("attempt"), "attempt")
 
 
 def _step_row(job_id: str, rank: int, step: int, ts: datetime, k: dict[str, Any], f: _Fields) -> dict[str, Any] | None:
@@ -231,6 +256,18 @@ class _Fields:
         if v < 0 or v > _I64_MAX:
             raise self._err(f"integer {v} outside 0..2^63-1", field)
         return v
+
+    def digest(self, v: Any, field: str, *, required: bool = False) -> str | None:
+        """A checksum or hash: a string or an integer, compared as its decimal text."""
+        if v is None:
+            if required:
+                raise self._err("missing", field)
+            return None
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise self._err("must be a string or an integer", field)
+        if isinstance(v, str) and not 1 <= len(v) <= 1024:
+            raise self._err("must be 1-1024 characters", field)
+        return str(v)
 
     def number(self, v: Any, field: str, *, minimum: float | None = 0.0) -> float | None:
         if v is None:

@@ -18,6 +18,7 @@ from fleetscope.store import content_hash
 router = APIRouter(prefix="/api/v1", tags=["data"])
 
 MAX_READ_ROWS = 100_000
+MAX_PARTS = 10**9  # more GPUs than any fleet has; A^N of anything larger is a typo or an attack
 
 
 def _decode_json(body: bytes) -> Any:
@@ -180,6 +181,27 @@ def get_health(
         raise HTTPException(400, str(exc)) from None
     df = out["gpus" if level == "gpu" else "nodes"]
     return Response(df.write_json() if df.width else "[]", media_type="application/json")
+
+
+@router.get("/reliability", dependencies=[Depends(require("read"))])
+def get_reliability(
+    request: Request,
+    start: Annotated[dt.datetime, Query(description="inclusive start (RFC 3339, with a zone)")],
+    end: Annotated[dt.datetime, Query(description="exclusive end; at most 366 days after start")],
+    job_id: Annotated[str | None, Query(min_length=1, max_length=256, description="one job only")] = None,
+    parts: Annotated[int | None, Query(ge=1, le=MAX_PARTS, description="N for the all-up availability A^N (default: the job's GPUs)")] = None,
+    part_availability: Annotated[float | None, Query(ge=0.0, le=1.0, allow_inf_nan=False, description="A per part (default: measured)")] = None,
+) -> dict[str, Any]:
+    """Interruptions by root cause (Llama 3 categories), MTBF per GPU-hour and per job, all-up availability
+    A^N, and Young/Daly checkpoint advice per job, over [start, end)."""
+    from fleetscope.reliability_service import UnknownJob, reliability_report
+
+    try:
+        return reliability_report(request.app.state.store, start, end, job_id=job_id, parts=parts, part_availability=part_availability)
+    except UnknownJob as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.get("/sites/{site_id}/pue", dependencies=[Depends(require("read"))])

@@ -16,11 +16,8 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
 def _known(request: Request, job_id: str) -> None:
-    store = request.app.state.store
-    for frame in ("job", "step", "job_event"):
-        if store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height:
-            return
-    raise HTTPException(404, f"no job {job_id[:200]!r}: nothing ingested under that id")
+    if not analysis.job_exists(request.app.state.store, job_id):
+        raise HTTPException(404, f"no job {job_id[:200]!r}: nothing ingested under that id")
 
 
 def _analysis(request: Request, job_id: str, analyzer: str) -> dict[str, Any]:
@@ -86,3 +83,12 @@ def get_stragglers(request: Request, job_id: str) -> dict[str, Any]:
     findings = request.app.state.store.read("finding").filter(pl.col("subject").str.starts_with(f"job:{job_id}/"))
     body["findings"] = findings.with_columns(pl.col("window_start").cast(pl.String), pl.col("window_end").cast(pl.String)).to_dicts()
     return body
+
+
+@router.get("/{job_id}/sdc", dependencies=[Depends(require("read"))])
+def get_sdc(request: Request, job_id: str) -> dict[str, Any]:
+    """Silent-data-corruption screen of the job, computed now: suspects with their evidence chains,
+    checksum disagreements, single-rank spikes, NaN/Inf onset, and the rerun protocol's records, verdicts
+    (transient, persistent, not_gpu, no_fault, inconclusive) and cases that could not be judged."""
+    _known(request, job_id)
+    return analysis.job_sdc(request.app.state.store, job_id)

@@ -4,6 +4,7 @@ known-answer probe and the evidence chain; events go through the real job-event 
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -11,7 +12,7 @@ import polars as pl
 import pytest
 
 from analyzers import sdc
-from fleetscope.errors import ValidationError
+from fleetscope.errors import ParseError, ValidationError
 from fleetscope.frames import FINDING
 from ingest import job_events
 
@@ -214,14 +215,69 @@ def test_one_flipped_element_fails_the_probe():
     assert sdc.probe_digest(sdc.probe_matmul()[:-1]) != sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
 
 
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
 def test_probe_backends_report_clearly_when_unavailable():
-    with pytest.raises(ValueError, match="unknown probe backend"):
+    with pytest.raises(ValueError, match="unknown probe backend 'opencl'"):
         sdc.run_probe("opencl")
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="torch is not installed"):
-            sdc.run_probe("torch")
+    if not (_absent("torch") and _absent("cupy")):
+        pytest.skip("a CUDA library is installed here: its absence cannot be tested")
+    with pytest.raises(sdc.ProbeUnavailable, match="probe backend torch: torch is not installed"):
+        sdc.run_probe("torch")
+    with pytest.raises(sdc.ProbeUnavailable, match="probe backend cupy: cupy is not installed"):
+        sdc.run_probe("cupy")
+    with pytest.raises(sdc.ProbeUnavailable, match="no CUDA probe backend can run here: .*torch is not installed.*cupy is not installed"):
+        sdc.run_probe("cuda")
+    assert issubclass(sdc.ProbeUnavailable, RuntimeError)
+
+
+def _module(name: str, **attrs):
+    import types
+
+    m = types.ModuleType(name)
+    m.__dict__.update(attrs)
+    return m
+
+
+def _fake_torch(cuda_version, available=False, count=0):
+    """Stands in for a torch that is installed on a host where CUDA cannot run (no such torch here to test with)."""
+    import types
+
+    cuda = types.SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
+    return _module("torch", version=types.SimpleNamespace(cuda=cuda_version), cuda=cuda)
+
+
+def _fake_cupy(count=None, error=None):
+    import types
+
+    def get_count():
+        if error:
+            raise error
+        return count
+
+    runtime = types.SimpleNamespace(getDeviceCount=get_count, getDeviceProperties=lambda i: {"name": b"NVIDIA H200"})
+    return _module("cupy", cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize(
+    ("module", "fake", "index", "message"),
+    [
+        ("torch", _fake_torch(None), 0, r"CPU-only build \(torch.version.cuda is None\)"),
+        ("torch", _fake_torch("12.4", available=False), 0, "torch sees no CUDA device .*no NVIDIA driver"),
+        ("torch", _fake_torch("12.4", available=True, count=1), 3, r"no CUDA device 3 \(torch sees 1\)"),
+        ("cupy", _fake_cupy(error=RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")), 0,
+         "CUDA runtime is not usable: cudaErrorInsufficientDriver"),
+        ("cupy", _fake_cupy(count=1), 3, r"no CUDA device 3 \(cupy sees 1\)"),
+    ],
+)
+def test_probe_names_what_is_missing_when_the_library_is_there_but_cuda_is_not(monkeypatch, module, fake, index, message):
+    monkeypatch.setitem(sys.modules, module, fake)
+    with pytest.raises(sdc.ProbeUnavailable, match=message):
+        sdc.run_probe(module, device_index=index)
 
 
 # --- findings ------------------------------------------------------------------------------------------------
@@ -260,3 +316,87 @@ def test_bad_input():
     empty = sdc.step_signals(events([{"ts": T0.isoformat(), "kind": "started"}]))
     assert empty.height == 0 and sdc.checksum_mismatches(empty).height == 0 and sdc.nonfinite_onset(empty).height == 0
     assert sdc.sdc_findings().height == 0
+
+
+# --- the rerun protocol, recorded as job events ---------------------------------------------------------------
+
+LATER = T0 + timedelta(days=2)  # replays run during the investigation, long after the step
+
+
+def rerun(step_n: int, rank: int, gpu: str, result, minutes: float, suspect: str = "GPU-2", **extra) -> dict:
+    return {"ts": (LATER + timedelta(minutes=minutes)).isoformat(), "kind": "sdc_rerun", "step": step_n, "rank": rank,
+            "suspect_gpu": suspect, "gpu_uuid": gpu, "result": result, **extra}
+
+
+def test_rerun_records_judged_against_the_step_checksum_and_the_replica_majority():
+    lines = quiet_run(overrides={(2, 40): {"param_checksum": "sha:bad"}, (3, 20): {"param_checksum": "sha:flip"}})
+    lines += [rerun(40, 2, "GPU-2", "sha:bad", 0), rerun(40, 2, "GPU-7", "sha:40", 5),  # reproduces; other GPU is right
+              rerun(20, 3, "GPU-3", "sha:20", 10, suspect="GPU-3")]                       # same-GPU replay is right
+    s = sdc.screen(events(lines))
+    v = {r["case_id"]: r for r in s["verdicts"].to_dicts()}
+    assert v["j1/step:40/rank:2"]["verdict"] == "persistent" and v["j1/step:20/rank:3"]["verdict"] == "transient"
+    assert s["problems"].height == 0
+    f = {(r["kind"], r["subject"]): r for r in s["findings"].to_dicts()}
+    per_case = f[("sdc_rerun", "gpu:GPU-2")]
+    ev = json.loads(per_case["evidence"])
+    assert (ev["step"], ev["rank"], ev["verdict"], ev["gpus"]) == (40, 2, "persistent", ["GPU-2", "GPU-7"])
+    assert [(r["attempt"], r["gpu_uuid"], r["result"], r["same_gpu"], r["source"]) for r in ev["runs"]] == [
+        (0, "GPU-2", "sha:bad", True, "step event param_checksum"),
+        (1, "GPU-2", "sha:bad", True, "sdc_rerun record"),
+        (2, "GPU-7", "sha:40", False, "sdc_rerun record")]
+    assert (ev["expected"], ev["expected_source"]) == ("sha:40", "replica majority")
+    assert per_case["severity"] == "critical" and per_case["window_start"] == T0 + timedelta(seconds=400)
+    assert per_case["window_end"] == LATER + timedelta(minutes=5)
+    assert f[("sdc_rerun", "gpu:GPU-3")]["severity"] == "warning"
+    # the rerun record names the rank's GPU, so the checksum mismatch and the verdict are one chain on gpu:GPU-2
+    chain = f[("sdc_confirmed", "gpu:GPU-2")]
+    assert [s_["signal"] for s_ in json.loads(chain["evidence"])["signals"]] == ["checksum_mismatch", "rerun_persistent"]
+    assert ("sdc_suspect", "job:j1/rank:2") not in f
+
+
+def test_rerun_original_from_an_attempt_zero_record_and_deterministic_software():
+    # no checksums in the steps: the producer reports the original run's output digest itself
+    lines = quiet_run(steps=12)
+    lines += [rerun(7, 1, "GPU-1", "out:aa", 0, suspect="GPU-1", attempt=0), rerun(7, 1, "GPU-1", "out:aa", 1, suspect="GPU-1"),
+              rerun(7, 1, "GPU-5", "out:aa", 2, suspect="GPU-1")]
+    s = sdc.screen(events(lines))
+    r = s["verdicts"].row(0, named=True)
+    assert r["verdict"] == "not_gpu" and r["original_result"] == "out:aa"
+    f = s["findings"].filter(pl.col("kind") == "sdc_rerun").row(0, named=True)
+    assert f["severity"] == "info" and json.loads(f["evidence"])["expected"] is None  # a step checksum is not an output digest
+
+
+def test_rerun_cases_that_cannot_be_judged_are_reported_not_guessed():
+    lines = quiet_run(steps=12)
+    lines += [rerun(5, 0, "GPU-0", "x", 0, suspect="GPU-0"),                                       # no original anywhere
+              rerun(10, 1, "GPU-1", "a", 1, suspect="GPU-1"), rerun(10, 1, "GPU-9", "b", 2, suspect="GPU-9"),  # two suspects
+              rerun(10, 2, "GPU-8", "a", 3, suspect="GPU-2", attempt=0)]                           # original elsewhere
+    s = sdc.screen(events(lines))
+    problems = dict(s["problems"].select("case_id", "problem").iter_rows())
+    assert "original result unknown" in problems["j1/step:5/rank:0"]
+    assert "2 different suspect GPUs" in problems["j1/step:10/rank:1"]
+    assert "not on the suspect GPU GPU-2" in problems["j1/step:10/rank:2"]
+    assert s["verdicts"].height == 0 and s["findings"].height == 0
+
+
+def test_rerun_records_are_checked_at_ingest():
+    base = {"job_id": "j1", "ts": LATER.isoformat(), "kind": "sdc_rerun", "step": 3, "rank": 1, "suspect_gpu": "G1",
+            "gpu_uuid": "G1", "result": "r"}
+    assert job_events.parse(json.dumps(base).encode()).job_event.height == 1
+    for drop, field in (("step", "step"), ("rank", "rank"), ("suspect_gpu", "suspect_gpu"), ("gpu_uuid", "gpu_uuid"), ("result", "result")):
+        bad = {k: v for k, v in base.items() if k != drop}
+        with pytest.raises(ParseError, match=field):
+            job_events.parse(json.dumps(bad).encode(), source="reruns.jsonl")
+    for field, value in (("result", 1.5), ("result", ["a"]), ("attempt", -1), ("attempt", "0"), ("expected", True), ("gpu_uuid", "")):
+        with pytest.raises(ParseError, match=field):
+            job_events.parse(json.dumps({**base, field: value}).encode(), source="reruns.jsonl")
+
+
+def test_rerun_records_do_not_stretch_the_job_lifecycle():
+    from analyzers import goodput, reliability
+
+    lines = [{"ts": T0.isoformat(), "kind": "started"}, *quiet_run(steps=12), {"ts": (T0 + timedelta(seconds=130)).isoformat(), "kind": "finished"}]
+    ev = events(lines)
+    with_rr = events(lines + [rerun(10, 1, "GPU-1", "sha:10", 0, suspect="GPU-1")])
+    assert goodput.runtime_goodput(with_rr).total_s == goodput.runtime_goodput(ev).total_s == pytest.approx(130.0)
+    assert reliability.fleet_mtbf(with_rr)["wall_hours"][0] == pytest.approx(130 / 3600)

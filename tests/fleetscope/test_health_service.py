@@ -73,3 +73,43 @@ def test_cli_probe_records_a_health_event(tmp_path):
 
     ev = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}").read("health_event")
     assert ev.select("gpu_uuid", "kind", "value").rows() == [("GPU-test", "sdc_probe", 1.0)]
+
+
+def test_cli_probe_without_cuda_fails_naming_what_is_missing_and_records_nothing(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("torch") or importlib.util.find_spec("cupy"):
+        import pytest
+
+        pytest.skip("a CUDA library is installed here")
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "probe", "--backend", "cuda"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "no CUDA probe backend can run here" in proc.stderr and "torch is not installed" in proc.stderr and "cupy is not installed" in proc.stderr
+    from fleetscope.store import Store
+
+    assert Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}").read("health_event").height == 0
+
+
+def test_a_failed_probe_is_a_confirmed_suspect_in_the_health_window(store):
+    from analyzers import sdc
+    from fleetscope.health_service import probe_event, run_probe
+
+    seed(store)
+    good = run_probe(store, "numpy", gpu_uuid="GPU-ok")  # recorded now: outside the window below
+    assert good.passed is True and good.device_type == "cpu" and good.digest == good.golden
+    wrong = sdc.probe_matmul()
+    wrong[7, 9] += 1  # one element computed wrong, as a corrupting GPU would
+    bad = sdc.ProbeResult("torch", "NVIDIA H200 (cuda:0)", sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED, sdc.probe_digest(wrong),
+                          good.golden, sdc.check_probe(sdc.probe_digest(wrong)), 0.1, 1, "NVIDIA H200")
+    ok = sdc.ProbeResult("torch", "NVIDIA H200 (cuda:1)", sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED, good.digest, good.golden, True, 0.1,
+                         None, "NVIDIA H200")
+    at = T0 + dt.timedelta(minutes=4)
+    store.write(F.Batch(source="probe", health_event=pl.concat([probe_event(bad, ts=at, host="h1", gpu_uuid="GPU-bad"),
+                                                                probe_event(ok, ts=at, host="h1", gpu_uuid="GPU-fine")])))
+    health_window(store, T0, T0 + dt.timedelta(minutes=10))
+    found = store.read("finding").filter(pl.col("analyzer") == "sdc")
+    assert found.select("subject", "kind", "severity").rows() == [("gpu:GPU-bad", "sdc_confirmed", "critical")]
+    (signal,) = json.loads(found["evidence"][0])["signals"]
+    assert signal == {"signal": "probe_failed", "digest": bad.digest, "golden": good.golden, "mismatched_elements": 1, "device_type": "NVIDIA H200"}
