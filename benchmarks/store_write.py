@@ -76,14 +76,17 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
     for s0 in range(0, steps, chunk):
         parts = [scrape(all_uuids, start + dt.timedelta(seconds=s * interval_s), rng) for s in range(s0, min(steps, s0 + chunk))]
         store.write(F.Batch(source="bench", gpu_sample=pl.concat(parts)))
-    t = time.perf_counter()
-    df = store.read("gpu_sample", job_id="bench-job", start=start, end=start + dt.timedelta(hours=1))
-    seconds = time.perf_counter() - t
-    values = df.height * len(FIELDS)
-    assert df.height == job_gpus * steps, (df.height, job_gpus * steps)
-    print(json.dumps({"bench": "store_read_job_hour", "db": label, "job_gpus": job_gpus, "rows": df.height,
-                      "values": values, "seconds": round(seconds, 3), "values_per_s": round(values / seconds),
-                      "target_values_per_s": 2_000_000}), flush=True)
+    # A running service has its SQLite reader processes up (fleetscope.sqlite_reader); the first read of
+    # a fresh process also starts them, and is reported separately.
+    for bench in ("store_read_job_hour_first", "store_read_job_hour"):
+        t = time.perf_counter()
+        df = store.read("gpu_sample", job_id="bench-job", start=start, end=start + dt.timedelta(hours=1))
+        seconds = time.perf_counter() - t
+        values = df.height * len(FIELDS)
+        assert df.height == job_gpus * steps, (df.height, job_gpus * steps)
+        print(json.dumps({"bench": bench, "db": label, "job_gpus": job_gpus, "rows": df.height,
+                          "values": values, "seconds": round(seconds, 3), "values_per_s": round(values / seconds),
+                          "target_values_per_s": 2_000_000}), flush=True)
 
 
 def measure(label: str, url: str, args: argparse.Namespace) -> None:
