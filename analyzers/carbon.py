@@ -457,6 +457,8 @@ class ModelFootprint:
     telemetry_coverage_ratio: float | None
     estimate: bool
     legal_basis: str = LEGAL_BASIS
+    market_kgco2e: float | None = None  # beside kgco2e (location-based), never instead of it
+    market_basis: str = "unknown"
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -477,7 +479,8 @@ def model_footprint(
     """Training compute, time, energy and emissions of ``model_name`` for governance (AI Act Annex XI 1.2(d)-(e)).
 
     ``job``: the job inventory (kind ``training`` rows of this model count). ``job_energy``: per job
-    (job_id, energy_j, covered_s, allocated_s, and optionally facility_energy_j and kgco2e) — e.g.
+    (job_id, energy_j, covered_s, allocated_s, and optionally facility_energy_j, kgco2e (location-based),
+    market_kgco2e and market_basis (market-based, on the same energy)) — e.g.
     ``energy_summary(attributed, ["job_id"])`` with PUE and location-based carbon applied. Energy is
     *measured* where telemetry covers at least ``min_coverage_ratio`` of the GPU-time the ranks held;
     *extrapolated* at the measured mean power where it covers less; *estimated from compute* (``estimate``)
@@ -511,6 +514,7 @@ def model_footprint(
             time_basis = "estimated: FLOPs / (chips × peak FLOP/s × MFU)"
 
     energy, e_basis, kg, c_basis, coverage, est = None, "unknown", None, "unknown", None, True
+    mkg, m_basis = None, "unknown"
     je = job_energy.filter(pl.col("job_id").is_in(ids)) if (job_energy is not None and ids) else None
     if je is not None and je.height and float(je["covered_s"].sum()) > 0:
         covered, allocated = float(je["covered_s"].sum()), float(je["allocated_s"].sum())
@@ -526,9 +530,14 @@ def model_footprint(
             factor = allocated / covered
             energy = measured_j * factor
             e_basis = f"measured over {coverage:.1%} of held GPU-time, rest extrapolated at the measured mean power: {scope}"
+        extrapolated = "" if factor == 1.0 else " (extrapolated)"
         if "kgco2e" in je.columns and je["kgco2e"].null_count() == 0:
             kg = float(je["kgco2e"].sum()) * factor
-            c_basis = "location-based, from the per-minute energy and the site's grid intensity" + ("" if factor == 1.0 else " (extrapolated)")
+            c_basis = "location-based, from the per-minute energy and the site's grid intensity" + extrapolated
+        if "market_kgco2e" in je.columns and je["market_kgco2e"].null_count() == 0:
+            mkg = float(je["market_kgco2e"].sum()) * factor
+            m_basis = "; ".join(sorted(set(je["market_basis"].drop_nulls().to_list()))) if "market_basis" in je.columns else "market-based"
+            m_basis += extrapolated
         if use_fac and "estimate" in je.columns and bool(je["estimate"].any()):
             est = True
             e_basis += "; PUE declared, not metered (estimate)"
@@ -537,4 +546,5 @@ def model_footprint(
         e_basis = "estimated from compute: chips × time × average power × PUE (Patterson et al. 2021 §2.5), no telemetry for this run"
         kg = _kg_py(energy, estimate.g_per_kwh)
         c_basis = f"estimated: energy × {estimate.g_per_kwh} gCO2e/kWh"
-    return ModelFootprint(model_name, flops, flops_basis, time_s, time_basis, energy, e_basis, kg, c_basis, coverage, est)
+    return ModelFootprint(model_name, flops, flops_basis, time_s, time_basis, energy, e_basis, kg, c_basis, coverage, est,
+                          market_kgco2e=mkg, market_basis=m_basis)
