@@ -286,3 +286,31 @@ def test_serving_endpoint(api):
     assert httpx.get(api.url + "/api/v1/models/" + "m" * 600 + "/serving-vs-training", headers=read).status_code == 422
     fp = httpx.get(api.url + "/api/v1/models/m/footprint", headers=read).json()
     assert fp["kgco2e"] == pytest.approx(0.25) and fp["market_kgco2e"] == pytest.approx(0.15)
+
+
+def test_energy_verbs_of_the_cli(tmp_path):
+    from fleetscope.store import Store
+    from tests.fleetscope.test_cli import run
+
+    run(tmp_path, "db", "upgrade")
+    st = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    world(st)
+    st.engine.dispose()
+    span = ["--start", "2026-03-01T00:00:00Z", "--end", "2026-03-01T20:00:00Z"]
+    out = run(tmp_path, "energy", "instrument", "ppa-1", "--site", "s1", "--kind", "ppa", *span, "--mwh", "0.01", "--g-per-kwh", "0", "--by", "ana")
+    assert "recorded ppa ppa-1 for s1: 0.01 MWh at 0 g/kWh" in out.stdout
+    run(tmp_path, "energy", "instrument", "ssr-1", "--site", "s1", "--kind", "supplier_specific", "--start", "2026-03-01T00:00:00Z",
+        "--end", "2026-03-01T10:00:00Z", "--mwh", "0.01", "--g-per-kwh", "100", "--by", "ana")
+    listed = json.loads(run(tmp_path, "energy", "instruments", "--site", "s1", "--json").stdout)
+    assert [(i["instrument_id"], i["recorded_by"]) for i in listed] == [("ppa-1", "ana"), ("ssr-1", "ana")]
+    c = json.loads(run(tmp_path, "energy", "carbon", "s1", "--start", "2026-03-01T00:00:00Z", "--end", "2026-03-01T10:00:00Z", "--json").stdout)
+    assert c["location_based_kgco2e"] == pytest.approx(10.0) and c["market_based_kgco2e"] == pytest.approx(5.0)
+    text = run(tmp_path, "energy", "carbon", "s1", "--start", "2026-03-01T00:00:00Z", "--end", "2026-03-01T10:00:00Z").stdout
+    assert "location-based 10.000 kgCO2e" in text and "market-based   5.000 kgCO2e (15.000 kWh covered by 2 instrument(s)" in text
+    bad = run(tmp_path, "energy", "instrument", "x-1", "--site", "s1", "--kind", "offset", *span, "--mwh", "1", "--g-per-kwh", "0", "--by", "a", check=False)
+    assert bad.returncode == 1 and "field 'kind'" in bad.stderr and "Traceback" not in bad.stderr
+    naive = run(tmp_path, "energy", "carbon", "s1", "--start", "2026-03-01T00:00:00", "--end", "2026-03-02T00:00:00Z", check=False)
+    assert naive.returncode == 2 and "time zone" in naive.stderr
+    assert run(tmp_path, "energy", "withdraw", "s1", "ssr-1", "--by", "ana").stdout.startswith("withdrew ssr-1")
+    assert run(tmp_path, "energy", "withdraw", "s1", "ssr-1", "--by", "ana", check=False).returncode == 1
+    assert "no training or inference job" in run(tmp_path, "energy", "serving", "m", check=False).stderr
