@@ -190,8 +190,7 @@ def get_pue(request: Request, site_id: str, start: Annotated[dt.datetime, Query(
     """PUE over a window with its ISO/IEC 30134-2 category, or the declared PUE marked as an estimate."""
     from fleetscope.energy_service import site_pue
 
-    if end <= start:
-        raise HTTPException(400, "end must be after start")
+    _window(start, end)
     try:
         return site_pue(request.app.state.store, site_id, start, end)
     except ValueError as exc:
@@ -283,6 +282,8 @@ def get_site_carbon(request: Request, site_id: SiteId, start: Annotated[dt.datet
         return es.site_carbon(request.app.state.store, site_id, start, end)
     except es.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
+    except ValidationError as exc:  # the stored inventory cannot give a figure (a declared PUE below 1)
+        raise HTTPException(422, str(exc)) from None
 
 
 @router.get("/models/{name}/serving-vs-training", dependencies=[Depends(require("read"))])

@@ -207,6 +207,8 @@ def test_carbon_endpoint_refuses_bad_windows(api):
     assert httpx.get(url, params={"start": start}, headers=read).status_code == 422
     assert httpx.get(api.url + "/api/v1/sites/nowhere/carbon", params={"start": start, "end": end}, headers=read).status_code == 404
     assert httpx.get(api.url + "/api/v1/sites/" + "s" * 300 + "/carbon", params={"start": start, "end": end}, headers=read).status_code == 422
+    pue = httpx.get(api.url + "/api/v1/sites/s1/pue", params={"start": "2026-03-01T00:00:00", "end": end}, headers=read)
+    assert pue.status_code == 400 and "time zone" in pue.json()["detail"]  # was a 404 saying "window: ..."
 
 
 # --- serving vs training, and the model footprint ---------------------------------------------------
