@@ -31,6 +31,7 @@ shipped table in :func:`load_grid_intensity`.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -39,18 +40,21 @@ from pathlib import Path
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import UTC_US
+from fleetscope.frames import ENERGY_INSTRUMENT, UTC_US
 
 __all__ = [
     "GRID_TABLE_PATH",
     "INTENSITY_SERIES",
     "INSTRUMENT_SCHEMA",
+    "INSTRUMENT_KINDS",
+    "check_instrument",
     "load_grid_intensity",
     "site_intensity",
     "hourly_intensity",
     "emissions_kgco2e",
     "location_based",
     "scope2",
+    "allocate_scope2",
     "EmbodiedFactors",
     "BLOOM_EMBODIED",
     "embodied_kgco2e",
@@ -67,16 +71,20 @@ J_PER_KWH = 3.6e6
 WORLD = "WLD"
 
 # Contractual instruments held for a site (GHG Protocol Scope 2 quality criteria: the instrument must match
-# the site's market and the period of consumption; that is the caller's responsibility to record).
+# the site's market and the period of consumption; that is the caller's responsibility to record). The
+# columns scope2 reads, declared once in the stored frame (table ``energy_instrument``).
 INSTRUMENT_SCHEMA: dict[str, pl.DataType] = {
-    "instrument_id": pl.String,
-    "site_id": pl.String,
-    "kind": pl.String,  # ppa, rec, go, supplier_specific, ...
-    "start": UTC_US,
-    "end": UTC_US,
-    "volume_mwh": pl.Float64,  # energy the instrument conveys over [start, end)
-    "g_per_kwh": pl.Float64,  # its emission factor (0 for a renewable PPA / certificate)
+    c: ENERGY_INSTRUMENT.schema[c] for c in ("instrument_id", "site_id", "kind", "start", "end", "volume_mwh", "g_per_kwh")
 }
+
+# The instrument types of the Scope 2 Guidance, Table 7.1: energy attribute certificates (RECs in North
+# America, GOs in Europe, I-RECs elsewhere), direct contracts (physical and virtual PPAs), supplier-specific
+# emission rates and green tariffs.
+INSTRUMENT_KINDS: tuple[str, ...] = ("ppa", "virtual_ppa", "rec", "go", "i_rec", "green_tariff", "supplier_specific")
+MAX_VOLUME_MWH = 1e8  # 100 TWh: more than any one site consumes in a decade; above it is a unit mistake
+MAX_G_PER_KWH = 2000.0  # above the dirtiest generation (lignite, ~1,100-1,200 g lifecycle)
+MAX_TERM = dt.timedelta(days=366 * 30)
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:#/+-]{0,199}$")
 
 
 def emissions_kgco2e(energy_j: float, g_per_kwh: float) -> float:
@@ -185,6 +193,49 @@ def location_based(
     )
 
 
+def check_instrument(record: dict) -> dict:
+    """A contractual instrument as recorded (``instrument_id, site_id, kind, start, end, volume_mwh,
+    g_per_kwh`` and optionally ``supplier``), checked: returns the record with times in UTC and numbers as
+    floats, or raises ``ValidationError`` naming the field. The Scope 2 Guidance's quality criteria that a
+    record can show: a known instrument type, a consumption period with a start and an end, a volume and
+    an emission factor that are physically possible."""
+
+    def bad(field: str, message: str) -> ValidationError:
+        return ValidationError(message, frame="energy_instrument", field=field)
+
+    iid = record.get("instrument_id")
+    if not isinstance(iid, str) or not _ID_RE.match(iid):
+        raise bad("instrument_id", "must be 1-200 characters: letters, digits and . _ : # / + -, starting with a letter or digit")
+    site = record.get("site_id")
+    if not isinstance(site, str) or not site or len(site) > 200:
+        raise bad("site_id", "must be a site id of 1-200 characters")
+    kind = record.get("kind")
+    if kind not in INSTRUMENT_KINDS:
+        raise bad("kind", f"{str(kind)[:50]!r} is not an instrument type: expected one of {', '.join(INSTRUMENT_KINDS)}")
+    times = {}
+    for field in ("start", "end"):
+        t = record.get(field)
+        if not isinstance(t, dt.datetime) or t.tzinfo is None or t.utcoffset() is None:
+            raise bad(field, "must be a date-time with a time zone (RFC 3339)")
+        times[field] = t.astimezone(dt.timezone.utc)
+    if times["end"] <= times["start"]:
+        raise bad("end", "must be after start")
+    if times["end"] - times["start"] > MAX_TERM:
+        raise bad("end", f"the period may span at most {MAX_TERM.days // 366} years")
+    nums = {}
+    for field, lo, hi, lo_open in (("volume_mwh", 0.0, MAX_VOLUME_MWH, True), ("g_per_kwh", 0.0, MAX_G_PER_KWH, False)):
+        v = record.get(field)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise bad(field, "must be a finite number")
+        if (v <= lo if lo_open else v < lo) or v > hi:
+            raise bad(field, f"{v} is outside {'(' if lo_open else '['}{lo:g}, {hi:g}]")
+        nums[field] = float(v)
+    supplier = record.get("supplier")
+    if supplier is not None and (not isinstance(supplier, str) or len(supplier) > 500 or any(ord(c) < 32 for c in supplier)):
+        raise bad("supplier", "must be text of at most 500 characters without control characters")
+    return {"instrument_id": iid, "site_id": site, "kind": kind, **times, **nums, "supplier": supplier}
+
+
 def scope2(
     located: pl.DataFrame,
     instruments: pl.DataFrame | None,
@@ -202,8 +253,10 @@ def scope2(
     :data:`INSTRUMENT_SCHEMA`; an instrument's volume is pro-rated to the part of its term inside the period
     and covers at most the site's energy consumed within that part (instruments applied in the given order;
     one never covers energy an earlier one already covered). ``residual_mix``: site_id, g_per_kwh.
-    Returns site_id, energy_j, location_kgco2e, market_kgco2e, covered_energy_j, instruments,
-    uncovered_basis — the two emission figures side by side.
+    Returns site_id, energy_j, location_kgco2e, market_kgco2e, covered_energy_j, instruments (ids, comma
+    separated), covered_by (per instrument used: instrument_id, kind, g_per_kwh, covered_energy_j, kgco2e)
+    and uncovered_basis — the two emission figures side by side. Market-based = Σ covered energy ×
+    instrument factor + uncovered energy × residual-mix factor (the guidance's ch. 6 calculation).
     """
     ps, pe = period_start, period_end
     if pe <= ps:
@@ -219,6 +272,7 @@ def scope2(
         sid, e_total, loc = s["site_id"], s["energy_j"], s["location_kgco2e"]
         site_rows = inp.filter(pl.col("site_id") == sid)
         covered_total, market_covered, used = 0.0, 0.0, []
+        detail: list[dict] = []
         windows: list[tuple[dt.datetime, dt.datetime, float]] = []
         for ins in inst.filter(pl.col("site_id") == sid).iter_rows(named=True):
             a, b = max(ps, ins["start"]), min(pe, ins["end"])
@@ -235,8 +289,11 @@ def scope2(
             if cov > 0:
                 windows.append((a, b, cov))
                 covered_total += cov
-                market_covered += _kg_py(cov, ins["g_per_kwh"])
+                kg = _kg_py(cov, ins["g_per_kwh"])
+                market_covered += kg
                 used.append(ins["instrument_id"])
+                detail.append({"instrument_id": ins["instrument_id"], "kind": ins["kind"], "g_per_kwh": ins["g_per_kwh"],
+                               "covered_energy_j": cov, "kgco2e": kg})
         uncovered = max(0.0, e_total - covered_total)
         if sid in resid and resid[sid] is not None:
             market_rest, basis = _kg_py(uncovered, resid[sid]), "residual mix"
@@ -244,10 +301,26 @@ def scope2(
             market_rest = loc * (uncovered / e_total) if e_total > 0 else 0.0
             basis = "location-based grid average (no residual mix known; disclosed per GHG Protocol Scope 2 Guidance)"
         rows.append({"site_id": sid, "energy_j": e_total, "location_kgco2e": loc, "market_kgco2e": market_covered + market_rest,
-                     "covered_energy_j": covered_total, "instruments": ",".join(used), "uncovered_basis": basis})
-    return pl.DataFrame(rows, schema={"site_id": pl.String, "energy_j": pl.Float64, "location_kgco2e": pl.Float64,
-                                      "market_kgco2e": pl.Float64, "covered_energy_j": pl.Float64, "instruments": pl.String,
-                                      "uncovered_basis": pl.String})
+                     "covered_energy_j": covered_total, "instruments": ",".join(used), "covered_by": detail, "uncovered_basis": basis})
+    return pl.DataFrame(rows, schema=_SCOPE2_SCHEMA)
+
+
+_COVERED_BY = pl.List(pl.Struct({"instrument_id": pl.String, "kind": pl.String, "g_per_kwh": pl.Float64,
+                                 "covered_energy_j": pl.Float64, "kgco2e": pl.Float64}))
+_SCOPE2_SCHEMA = {"site_id": pl.String, "energy_j": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
+                  "covered_energy_j": pl.Float64, "instruments": pl.String, "covered_by": _COVERED_BY, "uncovered_basis": pl.String}
+
+
+def allocate_scope2(part: pl.DataFrame, sites: pl.DataFrame) -> pl.DataFrame:
+    """A share of each site's market-based emissions for part of its energy (a job's, a model's): rows of
+    ``part`` (site_id, energy_j, any other columns) get ``market_kgco2e`` = energy_j × the site's
+    market_kgco2e / energy_j over the same period (``sites``: rows of :func:`scope2`). Instruments are bought
+    for a site's consumption, not a job's, so each kWh consumed there carries the site's market-based
+    average; the parts of a site sum to the site's figure. Null where the site used no energy."""
+    rate = sites.select(
+        "site_id", pl.when(pl.col("energy_j") > 0).then(pl.col("market_kgco2e") / pl.col("energy_j")).alias("_kg_per_j")
+    )
+    return part.join(rate, on="site_id", how="left").with_columns((pl.col("energy_j") * pl.col("_kg_per_j")).alias("market_kgco2e")).drop("_kg_per_j")
 
 
 def _kg_py(energy_j: float, g_per_kwh: float) -> float:
@@ -384,6 +457,8 @@ class ModelFootprint:
     telemetry_coverage_ratio: float | None
     estimate: bool
     legal_basis: str = LEGAL_BASIS
+    market_kgco2e: float | None = None  # beside kgco2e (location-based), never instead of it
+    market_basis: str = "unknown"
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -404,7 +479,8 @@ def model_footprint(
     """Training compute, time, energy and emissions of ``model_name`` for governance (AI Act Annex XI 1.2(d)-(e)).
 
     ``job``: the job inventory (kind ``training`` rows of this model count). ``job_energy``: per job
-    (job_id, energy_j, covered_s, allocated_s, and optionally facility_energy_j and kgco2e) — e.g.
+    (job_id, energy_j, covered_s, allocated_s, and optionally facility_energy_j, kgco2e (location-based),
+    market_kgco2e and market_basis (market-based, on the same energy)) — e.g.
     ``energy_summary(attributed, ["job_id"])`` with PUE and location-based carbon applied. Energy is
     *measured* where telemetry covers at least ``min_coverage_ratio`` of the GPU-time the ranks held;
     *extrapolated* at the measured mean power where it covers less; *estimated from compute* (``estimate``)
@@ -438,6 +514,7 @@ def model_footprint(
             time_basis = "estimated: FLOPs / (chips × peak FLOP/s × MFU)"
 
     energy, e_basis, kg, c_basis, coverage, est = None, "unknown", None, "unknown", None, True
+    mkg, m_basis = None, "unknown"
     je = job_energy.filter(pl.col("job_id").is_in(ids)) if (job_energy is not None and ids) else None
     if je is not None and je.height and float(je["covered_s"].sum()) > 0:
         covered, allocated = float(je["covered_s"].sum()), float(je["allocated_s"].sum())
@@ -453,9 +530,14 @@ def model_footprint(
             factor = allocated / covered
             energy = measured_j * factor
             e_basis = f"measured over {coverage:.1%} of held GPU-time, rest extrapolated at the measured mean power: {scope}"
+        extrapolated = "" if factor == 1.0 else " (extrapolated)"
         if "kgco2e" in je.columns and je["kgco2e"].null_count() == 0:
             kg = float(je["kgco2e"].sum()) * factor
-            c_basis = "location-based, from the per-minute energy and the site's grid intensity" + ("" if factor == 1.0 else " (extrapolated)")
+            c_basis = "location-based, from the per-minute energy and the site's grid intensity" + extrapolated
+        if "market_kgco2e" in je.columns and je["market_kgco2e"].null_count() == 0:
+            mkg = float(je["market_kgco2e"].sum()) * factor
+            m_basis = "; ".join(sorted(set(je["market_basis"].drop_nulls().to_list()))) if "market_basis" in je.columns else "market-based"
+            m_basis += extrapolated
         if use_fac and "estimate" in je.columns and bool(je["estimate"].any()):
             est = True
             e_basis += "; PUE declared, not metered (estimate)"
@@ -464,4 +546,5 @@ def model_footprint(
         e_basis = "estimated from compute: chips × time × average power × PUE (Patterson et al. 2021 §2.5), no telemetry for this run"
         kg = _kg_py(energy, estimate.g_per_kwh)
         c_basis = f"estimated: energy × {estimate.g_per_kwh} gCO2e/kWh"
-    return ModelFootprint(model_name, flops, flops_basis, time_s, time_basis, energy, e_basis, kg, c_basis, coverage, est)
+    return ModelFootprint(model_name, flops, flops_basis, time_s, time_basis, energy, e_basis, kg, c_basis, coverage, est,
+                          market_kgco2e=mkg, market_basis=m_basis)

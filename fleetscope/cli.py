@@ -764,6 +764,117 @@ def auditlog_verify(as_json: bool) -> None:
     sys.exit(0 if out["ok"] else 8)
 
 
+# --- energy and carbon -----------------------------------------------------------------------------
+
+
+def _when(text: str, option: str) -> dt.datetime:
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an RFC 3339 date-time", param_hint=option) from None
+    if t.tzinfo is None:
+        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T00:00:00Z", param_hint=option)
+    return t
+
+
+@main.group()
+def energy() -> None:
+    """Energy and carbon: contractual instruments for market-based Scope 2, a site's carbon, serving vs training."""
+
+
+@energy.command("instrument")
+@click.argument("instrument_id")
+@click.option("--site", "site_id", required=True, help="Site that holds it.")
+@click.option("--kind", required=True, help="ppa, virtual_ppa, rec, go, i_rec, green_tariff or supplier_specific.")
+@click.option("--start", "start_text", required=True, help="Start of the consumption period it applies to (RFC 3339).")
+@click.option("--end", "end_text", required=True, help="End of that period, exclusive (RFC 3339).")
+@click.option("--mwh", "volume_mwh", type=float, required=True, help="Electricity it conveys over the period, MWh.")
+@click.option("--g-per-kwh", "g_per_kwh", type=float, required=True, help="Its emission factor, gCO2e/kWh (0 for renewables).")
+@click.option("--supplier", default=None, help="Supplier, generator or issuing registry.")
+@click.option("--by", "recorded_by", required=True, help="Who records it (kept with the record and in the audit log).")
+def energy_instrument(instrument_id: str, site_id: str, kind: str, start_text: str, end_text: str, volume_mwh: float, g_per_kwh: float,
+                      supplier: str | None, recorded_by: str) -> None:
+    """Record (or update) contractual instrument INSTRUMENT_ID: a PPA, certificate or supplier rate a site holds."""
+    from fleetscope import energy_service as es
+    from fleetscope.errors import ValidationError
+
+    rec = {"instrument_id": instrument_id, "site_id": site_id, "kind": kind, "start": _when(start_text, "--start"),
+           "end": _when(end_text, "--end"), "volume_mwh": volume_mwh, "g_per_kwh": g_per_kwh, "supplier": supplier}
+    try:
+        out = es.record_instrument(_store(), rec, recorded_by=recorded_by)
+    except (ValidationError, es.NotFound, es.Conflict) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{'updated' if out['updated'] else 'recorded'} {kind} {instrument_id} for {site_id}: {volume_mwh:g} MWh at {g_per_kwh:g} g/kWh")
+
+
+@energy.command("instruments")
+@click.option("--site", "site_id", default=None, help="Only this site's.")
+@click.option("--json", "as_json", is_flag=True)
+def energy_instruments(site_id: str | None, as_json: bool) -> None:
+    """Contractual instruments recorded, by start of period."""
+    from fleetscope import energy_service as es
+
+    rows = es.instruments(_store(), [site_id] if site_id else None).to_dicts()
+    lines = [f"{r['site_id']:<12} {r['instrument_id']:<24} {r['kind']:<18} {r['start']:%Y-%m-%d} .. {r['end']:%Y-%m-%d}  "
+             f"{r['volume_mwh']:g} MWh at {r['g_per_kwh']:g} g/kWh" for r in rows]
+    _emit(as_json, rows, "\n".join(lines) or "no instruments recorded")
+
+
+@energy.command("withdraw")
+@click.argument("site_id")
+@click.argument("instrument_id")
+@click.option("--by", "actor", required=True, help="Who withdraws it (kept in the audit log).")
+def energy_withdraw(site_id: str, instrument_id: str, actor: str) -> None:
+    """Withdraw instrument INSTRUMENT_ID of SITE_ID, recorded in error."""
+    from fleetscope import energy_service as es
+
+    try:
+        es.withdraw_instrument(_store(), site_id, instrument_id, actor=actor)
+    except es.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"withdrew {instrument_id} from {site_id}")
+
+
+@energy.command("carbon")
+@click.argument("site_id")
+@click.option("--start", "start_text", required=True, help="RFC 3339.")
+@click.option("--end", "end_text", required=True, help="RFC 3339, exclusive.")
+@click.option("--json", "as_json", is_flag=True)
+def energy_carbon(site_id: str, start_text: str, end_text: str, as_json: bool) -> None:
+    """SITE_ID's Scope 2 over a period: location- and market-based kgCO2e side by side, with their basis."""
+    from fleetscope import energy_service as es
+
+    start, end = _when(start_text, "--start"), _when(end_text, "--end")
+    if end <= start:
+        raise click.BadParameter("must be after --start", param_hint="--end")
+    try:
+        out = es.site_carbon(_store(), site_id, start, end)
+    except es.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    text = (f"{site_id} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC: {out['energy_kwh']:.3f} kWh ({out['energy_basis']})\n"
+            f"  location-based {out['location_based_kgco2e']:.3f} kgCO2e\n  market-based   {out['market_based_kgco2e']:.3f} kgCO2e "
+            f"({out['covered_energy_j'] / 3.6e6:.3f} kWh covered by {len(out['instruments'])} instrument(s); rest at {out['uncovered_basis']})")
+    _emit(as_json, out, text)
+
+
+@energy.command("serving")
+@click.argument("model")
+@click.option("--projection-days", type=click.IntRange(1, 3650), default=28, show_default=True, help="Serving days the projection averages.")
+@click.option("--json", "as_json", is_flag=True)
+def energy_serving(model: str, projection_days: int, as_json: bool) -> None:
+    """MODEL's training energy against its cumulative serving energy, and when serving passes training."""
+    from fleetscope import energy_service as es
+
+    try:
+        out = es.serving_vs_training(_store(), model, projection_days=projection_days)
+    except es.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    kwh = lambda j: "unknown" if j is None else f"{j / 3.6e6:.3f} kWh"  # noqa: E731
+    text = (f"{model}: training {kwh(out['training_energy_j'])}, serving {kwh(out['serving_energy_j'])} over {out['serving_days']} day(s)\n"
+            f"  crossover {out['crossover_date'] or '-'} ({out['crossover_basis']}: {out['crossover_explanation']})")
+    _emit(as_json, out, text)
+
+
 # --- alerting --------------------------------------------------------------------------------------
 
 

@@ -10,12 +10,28 @@ import polars as pl
 
 from analyzers import carbon, energy
 from fleetscope import frames as F
+from fleetscope.errors import FleetscopeError
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 
 # Samples read either side of a window so every minute inside it has interval endpoints (at least one
 # scrape on each side; dcgm-exporter scrapes default to 30 s and are often 60 s).
 PAD = dt.timedelta(minutes=2)
+# metric_sample series the energy figures read: facility meters (PUE, WUE) and grid intensity. Read by
+# name, never the whole table: they are a handful among the fleet's many series.
+METER_SERIES = (energy.FACILITY_ENERGY, energy.FACILITY_POWER, energy.IT_ENERGY, energy.IT_POWER, energy.WATER)
+MARKET_METHOD = ("market-based, GHG Protocol Scope 2 Guidance (2015) ch. 6: energy covered by the site's contractual instruments "
+                 "× each instrument's factor + uncovered energy × ")
+
+
+class NotFound(FleetscopeError, ValueError):
+    """A site, model or instrument the store does not hold."""
+
+
+class Conflict(FleetscopeError):
+    """A record that would contradict one already stored (an instrument claimed by two sites)."""
+
+
 GROUPS = ("job_id", "rank", "gpu_uuid", "host", "site_id", "gpu_model", "model_name", "job_kind", "minute", "hour", "day")
 
 
@@ -70,38 +86,301 @@ def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -
     site = store.read("site")
     if site.filter(pl.col("site_id") == site_id).height == 0:
         raise ValueError(f"no site {site_id!r} in the inventory")
-    meters = store.read("metric_sample", start=start - PAD, end=end + PAD)
+    meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
     res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
-    return {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in dataclasses.asdict(res).items()}
+    return _jsonable(dataclasses.asdict(res))
+
+
+def metric_samples(store: Store, names: tuple[str, ...], start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """``metric_sample`` rows (ts, series, value) of the series with these metric names over [start, end)."""
+    schema = {"ts": F.UTC_US, "series": pl.String, "value": pl.Float64}
+    sql = ("SELECT m.ts, s.series, m.value FROM metric_sample m JOIN series s ON s.series_id = m.series_id"
+           f" WHERE s.name IN ({', '.join('?' for _ in names)}) AND m.ts >= ? AND m.ts < ? ORDER BY s.series, m.ts")
+    df = store.query(sql, [*names, start, end], schema)
+    return df.select(list(schema)) if df.height else pl.DataFrame(schema=schema)
+
+
+def site_minutes(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:
+    """GPU energy per site and minute over [start, end), summed in the database from the roll-ups:
+    site_id, minute, energy_j. One statement per site, the site's GPUs as a subquery: SQLite then walks the
+    (gpu_uuid, minute) index once per GPU, measured 1.5x faster than joining the inventory row by row
+    (benchmarks/scope2.py)."""
+    schema = {"site_id": pl.String, "minute": F.UTC_US, "energy_j": pl.Float64}
+    sql = ('SELECT ? AS site_id, m."minute", SUM(m.energy_j) AS energy_j FROM gpu_energy_minute m'
+           ' WHERE m."minute" >= ? AND m."minute" < ?'
+           " AND m.gpu_uuid IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
+           ' GROUP BY m."minute"')
+    parts = [store.query(sql, [sid, start, end, sid], schema) for sid in site_ids]
+    parts = [p.select(list(schema)) for p in parts if p.height]
+    return pl.concat(parts).filter(pl.col("energy_j").is_not_null()).sort("site_id", "minute") if parts else pl.DataFrame(schema=schema)
+
+
+# --- market-based Scope 2: contractual instruments ----------------------------------------------------
+
+
+def instruments(store: Store, site_ids: list[str] | None = None) -> pl.DataFrame:
+    """Recorded instruments (``energy_instrument``), of some sites or all, in the order scope2 applies
+    them: by start of period, then id."""
+    df = store.read("energy_instrument")
+    if site_ids is not None:
+        df = df.filter(pl.col("site_id").is_in(site_ids))
+    return df.sort("start", "instrument_id")
+
+
+def record_instrument(store: Store, record: dict[str, Any], *, recorded_by: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Check and store one contractual instrument (a re-sent record updates it), and append it to the audit
+    log. ``ValidationError`` for a bad field, ``NotFound`` for a site not in the inventory, ``Conflict`` for an
+    id already claimed by another site (the Scope 2 Guidance forbids counting one instrument twice); each
+    leaves the store as it was."""
+    from fleetscope import audit_service
+
+    rec = carbon.check_instrument(record)
+    if store.read("site").filter(pl.col("site_id") == rec["site_id"]).height == 0:
+        raise NotFound(f"no site {rec['site_id']!r} in the inventory")
+    held = store.read("energy_instrument").filter(pl.col("instrument_id") == rec["instrument_id"])
+    if held.height and held["site_id"][0] != rec["site_id"]:
+        raise Conflict(f"instrument {rec['instrument_id']!r} is already claimed by site {held['site_id'][0]!r}: an instrument counts for one site only")
+    row = {**rec, "recorded_at": now or dt.datetime.now(dt.UTC), "recorded_by": recorded_by}
+    store.write_frames([(F.ENERGY_INSTRUMENT, pl.DataFrame([row], schema=F.ENERGY_INSTRUMENT.schema))], source=f"energy_instrument:{rec['instrument_id']}")
+    out = _jsonable(row)
+    audit_service.log(store, actor=recorded_by, action="energy_instrument", subject=f"site:{rec['site_id']}", payload=out)
+    return {**out, "updated": bool(held.height)}
+
+
+def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor: str) -> dict[str, Any]:
+    """Delete an instrument recorded in error, and log it; ``NotFound`` where the site holds no such one."""
+    from sqlalchemy import delete
+
+    from fleetscope import audit_service, schema
+
+    t = schema.metadata.tables["energy_instrument"]
+    with store.engine.begin() as conn:
+        n = conn.execute(delete(t).where((t.c.instrument_id == instrument_id) & (t.c.site_id == site_id))).rowcount
+    if not n:
+        raise NotFound(f"site {site_id!r} holds no instrument {instrument_id!r}")
+    audit_service.log(store, actor=actor, action="energy_instrument_withdrawn", subject=f"site:{site_id}", payload={"instrument_id": instrument_id})
+    return {"site_id": site_id, "instrument_id": instrument_id, "withdrawn": True}
+
+
+def site_scope2(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:
+    """Location- and market-based Scope 2 of each site over [start, end), side by side (GHG Protocol Scope 2
+    Guidance, 2015: dual reporting).
+
+    Energy is the GPU energy of the roll-ups times the site's PUE over the period (ISO/IEC 30134-2 from its
+    meters; else facility meter over GPU energy, an upper bound; else the declared PUE, an estimate): the
+    site's electricity for the fleet. Without any PUE it is GPU energy alone, and the basis says so.
+    Location-based: each minute's energy × the site's grid intensity for that hour (series, else the annual
+    table). Market-based: ``analyzers.carbon.scope2`` with the site's recorded instruments; the energy they
+    do not cover takes the location-based average, since no residual-mix table ships with Fleetscope.
+    One row per site (zeros where no roll-up covers it), columns of :func:`analyzers.carbon.scope2` plus
+    gpu_energy_j, pue, pue_basis, pue_label, estimate, energy_basis, intensity_basis.
+    """
+    site = store.read("site")
+    unknown = sorted(set(site_ids) - set(site["site_id"].to_list()))
+    if unknown:
+        raise NotFound(f"no site {unknown[0]!r} in the inventory")
+    gpu_min = site_minutes(store, start, end, site_ids)
+    meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
+    pues = [energy.pue(meters, sid, window_start=start, window_end=end, site=site,
+                       gpu_it_energy_j=float(gpu_min.filter(pl.col("site_id") == sid)["energy_j"].sum()) or None) for sid in site_ids]
+    per_site = gpu_min.group_by("site_id").agg(pl.col("energy_j").sum())
+    per_site = pl.DataFrame({"site_id": site_ids}).join(per_site, on="site_id", how="left").with_columns(pl.col("energy_j").fill_null(0.0))
+    per_site = energy.apply_pue(per_site.with_columns(pl.col("energy_j").alias("gpu_energy_j")), pues).with_columns(
+        pl.col("pue_label").fill_null(""),
+        pl.when(pl.col("pue").is_not_null())
+        .then(pl.format("facility energy for the GPUs: GPU energy from the roll-ups × PUE {} ({})", pl.col("pue").round(3), pl.col("pue_label")))
+        .otherwise(pl.lit("GPU energy only: the site has no facility meter and no declared PUE, so facility overhead is left out"))
+        .alias("energy_basis"),
+    ).drop("energy_j", "facility_energy_j")
+    rows = gpu_min.join(per_site.select("site_id", "pue"), on="site_id").with_columns((pl.col("energy_j") * pl.col("pue").fill_null(1.0)).alias("energy_j"))
+    intensity = metric_samples(store, (carbon.INTENSITY_SERIES,), start.replace(minute=0, second=0, microsecond=0), end)
+    located = carbon.location_based(rows, site, metric_sample=intensity)
+    s2 = carbon.scope2(located, instruments(store, site_ids), period_start=start, period_end=end)
+    bases = located.group_by("site_id").agg(pl.col("intensity_basis").unique().sort().str.join("; "))
+    zero = pl.DataFrame({"site_id": site_ids}).join(s2, on="site_id", how="anti").with_columns(
+        pl.lit(0.0).alias("energy_j"), pl.lit(0.0).alias("location_kgco2e"), pl.lit(0.0).alias("market_kgco2e"), pl.lit(0.0).alias("covered_energy_j"),
+        pl.lit("").alias("instruments"), pl.lit([], s2.schema["covered_by"]).alias("covered_by"), pl.lit("no energy: no roll-up covers the site in this period").alias("uncovered_basis"),
+    )
+    return (
+        pl.concat([s2, zero.select(s2.columns)])
+        .join(per_site, on="site_id", how="left")
+        .join(bases, on="site_id", how="left")
+        .with_columns(pl.col("intensity_basis").fill_null("none: no energy"))
+        .sort("site_id")
+    )
+
+
+def site_carbon(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """A site's Scope 2 over [start, end): location- and market-based kgCO2e beside each other, the energy
+    and PUE they rest on, each instrument used and how much it covered (:func:`site_scope2`)."""
+    r = site_scope2(store, start, end, [site_id]).row(0, named=True)
+    inst = instruments(store, [site_id])
+    used = {d["instrument_id"]: d for d in r["covered_by"]}
+    return {
+        "site_id": site_id, "start": start.isoformat(), "end": end.isoformat(),
+        "gpu_energy_j": r["gpu_energy_j"], "pue": r["pue"], "pue_basis": r["pue_basis"], "estimate": r["estimate"],
+        "energy_j": r["energy_j"], "energy_kwh": r["energy_j"] / energy.J_PER_KWH, "energy_basis": r["energy_basis"],
+        "location_based_kgco2e": r["location_kgco2e"], "location_basis": "location-based, GHG Protocol Scope 2 Guidance (2015) ch. 6: "
+        "each minute's energy × the grid intensity of its hour (" + r["intensity_basis"] + ")",
+        "market_based_kgco2e": r["market_kgco2e"], "market_basis": MARKET_METHOD + r["uncovered_basis"],
+        "covered_energy_j": r["covered_energy_j"], "uncovered_energy_j": r["energy_j"] - r["covered_energy_j"],
+        "uncovered_basis": r["uncovered_basis"],
+        "instruments": [
+            {**_jsonable(i), "covered_energy_j": used[i["instrument_id"]]["covered_energy_j"], "kgco2e": used[i["instrument_id"]]["kgco2e"]}
+            for i in inst.iter_rows(named=True) if i["instrument_id"] in used
+        ],
+    }
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
 
 
 def model_footprint(store: Store, model_name: str) -> dict[str, Any]:
     """Training compute, time, energy and emissions of a model (EU AI Act Annex XI 1.2(d)-(e)): measured
-    from the fleet's telemetry where it covers the runs, with the basis of every figure stated."""
+    from the fleet's telemetry where it covers the runs, with the basis of every figure stated; location-
+    and market-based emissions side by side."""
+    job = model_jobs(store, model_name)
+    ids = job.filter((pl.col("model_name") == model_name) & (pl.col("kind") == "training"))["job_id"].to_list()
+    if not ids:
+        raise NotFound(f"no training job of model {model_name!r} in the job inventory")
+    fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy(store, ids), step=store.read("step", job_id=ids))
+    return {"jobs": ids, **fp.as_dict()}
+
+
+def model_jobs(store: Store, model_name: str) -> pl.DataFrame:
+    """The job inventory with the model's jobs labelled: a job belongs to the model by the scheduler's record
+    (job.model_name) or by lineage — a training run of the model whose ``fleetscope_job`` facet names the
+    fleet job (those are labelled kind ``training``)."""
     job = store.read("job")
-    # A job belongs to the model by the scheduler's record (job.model_name) or by lineage: a training run
-    # of the model whose fleetscope_job facet names the fleet job.
     linked = _lineage_jobs(store, model_name)
     if linked:
         job = job.with_columns(
             pl.when(pl.col("job_id").is_in(linked)).then(pl.lit(model_name)).otherwise(pl.col("model_name")).alias("model_name"),
             pl.when(pl.col("job_id").is_in(linked)).then(pl.lit("training")).otherwise(pl.col("kind")).alias("kind"),
         )
-    ids = job.filter((pl.col("model_name") == model_name) & (pl.col("kind") == "training"))["job_id"].to_list()
-    if not ids:
-        raise ValueError(f"no training job of model {model_name!r} in the job inventory")
-    fp = carbon.model_footprint(model_name, job=job, job_energy=job_energy(store, ids), step=store.read("step", job_id=ids))
-    return {"jobs": ids, **fp.as_dict()}
+    return job
 
 
 def job_energy(store: Store, job_ids: list[str]) -> pl.DataFrame | None:
-    """GPU energy per job from the stored roll-ups (None before any roll-up exists): the input
-    ``analyzers.carbon.model_footprint`` takes."""
-    minutes = store.read("gpu_energy_minute")
-    if minutes.height == 0:
+    """Energy and emissions per job from the stored roll-ups (None before any roll-up covers them): the
+    input ``analyzers.carbon.model_footprint`` takes. GPU energy (energy_j, covered_s, allocated_s); where
+    every site the jobs ran at has a PUE, facility_energy_j (GPU energy × PUE over the job's period there)
+    and ``estimate`` (a declared PUE); kgco2e (location-based) and market_kgco2e with market_basis, both on
+    the facility energy where it is given, else on the GPU energy."""
+    rows = _job_rows(store, job_ids)
+    if rows is None:
         return None
-    attributed = energy.attribute_to_jobs(minutes, store.read("job_rank", job_id=job_ids))
-    return energy.energy_summary(attributed, ["job_id"]).filter(pl.col("job_id").is_not_null())
+    minutes, parts = rows
+    fac = pl.col("facility_energy_j")
+    return (
+        minutes.group_by("job_id")
+        .agg(
+            pl.col("gpu_energy_j").sum().alias("energy_j"), pl.col("covered_s").sum(), pl.col("allocated_s").sum(),
+            pl.when(fac.null_count() == 0).then(fac.sum()).alias("facility_energy_j"),
+            pl.when(pl.col("kgco2e").null_count() == 0).then(pl.col("kgco2e").sum()).alias("kgco2e"),
+        )
+        .join(
+            parts.group_by("job_id").agg(
+                pl.col("estimate").any(),
+                pl.when(pl.col("market_kgco2e").null_count() == 0).then(pl.col("market_kgco2e").sum()).alias("market_kgco2e"),
+                pl.col("market_basis").unique().sort().str.join("; "),
+            ),
+            on="job_id", how="left",
+        )
+        .sort("job_id")
+    )
+
+
+def serving_vs_training(store: Store, model_name: str, *, projection_days: int = 28) -> dict[str, Any]:
+    """A model's training energy against its cumulative serving (inference) energy, with the date serving
+    passed training — observed, or projected at the recent serving rate (the serving-cost-dominance law;
+    ``analyzers.energy.serving_vs_training``). Jobs are the model's by the scheduler's record or lineage."""
+    job = model_jobs(store, model_name)
+    mine = job.filter((pl.col("model_name") == model_name) & pl.col("kind").is_in(["training", "inference"]))
+    if mine.height == 0:
+        raise NotFound(f"no training or inference job of model {model_name!r} in the job inventory")
+    ids = mine["job_id"].to_list()
+    rows = _job_rows(store, ids)
+    attributed = rows[0].select("minute", "job_id", "energy_j", "kgco2e") if rows else pl.DataFrame(
+        schema={"minute": F.UTC_US, "job_id": pl.String, "energy_j": pl.Float64, "kgco2e": pl.Float64})
+    res = energy.serving_vs_training(attributed, mine, projection_days=projection_days).filter(pl.col("model_name") == model_name)
+    out = res.row(0, named=True) if res.height else {
+        "model_name": model_name, "training_energy_j": None, "serving_energy_j": 0.0, "training_kgco2e": None, "serving_kgco2e": None,
+        "serving_days": 0, "crossover_date": None, "crossover_basis": "none"}
+    explain = {
+        "observed": "the first UTC day on which cumulative serving energy reached the training energy",
+        "projected": f"not reached yet: extrapolated at the mean daily serving energy of the last {projection_days} serving days",
+        "none": "no crossover to report: " + ("no training energy measured" if not out["training_energy_j"] else "no serving energy measured"),
+    }[out["crossover_basis"]]
+    basis = (rows[1]["energy_basis"].unique().sort().str.join("; ")[0] if rows and rows[1].height else "no energy roll-ups cover these jobs")
+    return {
+        **out,
+        "crossover_date": out["crossover_date"].isoformat() if out["crossover_date"] else None,
+        "crossover_explanation": explain,
+        "training_jobs": mine.filter(pl.col("kind") == "training")["job_id"].sort().to_list(),
+        "inference_jobs": mine.filter(pl.col("kind") == "inference")["job_id"].sort().to_list(),
+        "energy_basis": basis,
+        "emissions_basis": "location-based: the energy of each minute × its site's grid intensity (hourly series, else the annual table)",
+    }
+
+
+def _job_rows(store: Store, job_ids: list[str]) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The jobs' energy per minute and site with carbon, and per job and site its period's PUE and
+    market-based emissions; None where no roll-up covers the jobs.
+
+    Minutes: job_id, site_id, minute, gpu_energy_j, covered_s, allocated_s, facility_energy_j (null where
+    the site has no PUE), energy_j (the energy the emissions are on), kgco2e. Parts: job_id, site_id,
+    start, end, estimate, energy_basis, market_kgco2e (the job's share by energy of the site's market-based
+    emissions over [start, end): ``analyzers.carbon.allocate_scope2``), market_basis.
+    """
+    jr = store.read("job_rank", job_id=job_ids)
+    if jr.height == 0:
+        return None
+    lo = floor_minute(jr["start"].min())
+    hi = None if jr["end"].null_count() else floor_minute(jr["end"].max()) + dt.timedelta(minutes=1)
+    minutes = store.read("gpu_energy_minute", start=lo, end=hi, gpu_uuid=jr["gpu_uuid"].unique().to_list())
+    att = energy.attribute_to_jobs(minutes, jr).filter(pl.col("job_id").is_in(job_ids))
+    if att.height == 0:
+        return None
+    gpu, host, site = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"]), store.read("site")
+    att = (
+        att.join(gpu, on="gpu_uuid", how="left").join(host, on="host", how="left")
+        .group_by("job_id", "site_id", "minute")
+        .agg(pl.col("energy_j").sum().alias("gpu_energy_j"), pl.col("covered_s").sum(), pl.col("allocated_s").sum())
+    )
+    parts, located = [], []
+    for (job_id, site_id), g in att.group_by("job_id", "site_id", maintain_order=True):
+        start, end = g["minute"].min(), g["minute"].max() + dt.timedelta(minutes=1)
+        known = site_id is not None and site.filter(pl.col("site_id") == site_id).height > 0
+        s2 = site_scope2(store, start, end, [site_id]).row(0, named=True) if known else None
+        pue_ = s2["pue"] if s2 else None
+        g = g.with_columns((pl.col("gpu_energy_j") * pue_).alias("facility_energy_j") if pue_ else pl.lit(None, pl.Float64).alias("facility_energy_j"))
+        parts.append({"job_id": job_id, "site_id": site_id, "start": start, "end": end, "pue": pue_,
+                      "estimate": bool(s2["estimate"]) if s2 else True,
+                      "energy_basis": s2["energy_basis"] if s2 else f"GPU energy only: GPUs with no known site ({site_id!r})",
+                      "market_basis": (MARKET_METHOD + s2["uncovered_basis"]) if s2 else "unknown: no site"})
+        located.append((g, s2))
+    parts_df = pl.DataFrame(parts, schema={"job_id": pl.String, "site_id": pl.String, "start": F.UTC_US, "end": F.UTC_US, "pue": pl.Float64,
+                                           "estimate": pl.Boolean, "energy_basis": pl.String, "market_basis": pl.String})
+    # One energy for every emission figure of these jobs: facility energy only where every part has a PUE.
+    use_fac = parts_df["pue"].null_count() == 0
+    rows, market = [], []
+    intensity = metric_samples(store, (carbon.INTENSITY_SERIES,), lo.replace(minute=0), hi or dt.datetime.now(dt.UTC))
+    for g, s2 in located:
+        g = g.with_columns((pl.col("facility_energy_j") if use_fac else pl.col("gpu_energy_j")).alias("energy_j"))
+        if s2 is None:
+            rows.append(g.with_columns(pl.lit(None, pl.Float64).alias("kgco2e")))
+            market.append(None)
+            continue
+        rows.append(carbon.location_based(g, site, metric_sample=intensity).drop("g_per_kwh", "intensity_basis"))
+        # the site's market-based kgCO2e per J of its energy, applied to the jobs' energy there
+        share = g.select(pl.col("site_id").first(), pl.col("energy_j").sum())
+        market.append(carbon.allocate_scope2(share, pl.DataFrame([s2]).select("site_id", "energy_j", "market_kgco2e"))["market_kgco2e"][0])
+    parts_df = parts_df.with_columns(pl.Series("market_kgco2e", market, dtype=pl.Float64))
+    if not use_fac:
+        parts_df = parts_df.with_columns(pl.lit("GPU energy only: a site these jobs ran at has no PUE, so facility overhead is left out").alias("energy_basis"))
+    return pl.concat(rows, how="diagonal_relaxed").sort("job_id", "minute"), parts_df
 
 
 def _lineage_jobs(store: Store, model_name: str) -> list[str]:

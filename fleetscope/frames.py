@@ -471,6 +471,29 @@ JOB_ANALYSIS = FrameSpec(
     doc="The latest per-job summary of each analyzer.",
 )
 
+# Contractual instruments for market-based Scope 2 (GHG Protocol Scope 2 Guidance, 2015, ch. 7). Not a
+# telemetry frame: recorded one at a time through the admin API or the CLI, which check them
+# (analyzers.carbon.check_instrument) before they are stored, so it is kept out of FRAMES and /batches.
+ENERGY_INSTRUMENT = FrameSpec(
+    "energy_instrument",
+    (
+        _k("instrument_id", pl.String, doc="contract or certificate id (PPA contract, REC / GO serial range, supplier tariff); claimed by one site only"),
+        _r("site_id", pl.String),
+        _r("kind", pl.String, doc="ppa, virtual_ppa, rec, go, i_rec, green_tariff or supplier_specific"),
+        _r("start", UTC_US, doc="start of the consumption period the instrument applies to"),
+        _r("end", UTC_US, doc="end of that period (exclusive)"),
+        _r("volume_mwh", pl.Float64, doc="electricity the instrument conveys over [start, end), MWh"),
+        _r("g_per_kwh", pl.Float64, doc="its emission factor, gCO2e/kWh (0 for renewable PPAs and certificates)"),
+        _f("supplier", pl.String, doc="supplier, generator or issuing registry"),
+        _r("recorded_at", UTC_US),
+        _f("recorded_by", pl.String, doc="the token or CLI user that recorded it"),
+    ),
+    on_conflict="update",
+    doc="Contractual instruments (PPAs, certificates, supplier-specific rates) per site and period, for market-based Scope 2.",
+)
+
+ENERGY_FRAMES: dict[str, FrameSpec] = {ENERGY_INSTRUMENT.name: ENERGY_INSTRUMENT}
+
 # Order matters: inventory before the facts that point at it.
 FRAMES: dict[str, FrameSpec] = {
     s.name: s

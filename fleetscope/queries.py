@@ -515,6 +515,28 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
     return _fetch(store, sql, params, schema)
 
 
+def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """Scope 2 per site over ``[start, end)`` from the per-minute energy roll-ups, location- and market-based
+    side by side (``fleetscope.energy_service.site_scope2``: energy × PUE, hourly or annual grid intensity,
+    the site's recorded contractual instruments): ``site_id, energy_kwh, location_kgco2e, market_kgco2e,
+    covered_kwh, instruments, pue, energy_basis, uncovered_basis``. Sites that used no energy are left out.
+    The roll-ups are summed per site and minute in the database, so the cost follows the window."""
+    from fleetscope.energy_service import site_scope2
+
+    schema = {"site_id": pl.String, "energy_kwh": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
+              "covered_kwh": pl.Float64, "instruments": pl.String, "pue": pl.Float64, "energy_basis": pl.String, "uncovered_basis": pl.String}
+    start, end = _as_utc(start), _as_utc(end)
+    known = _fetch(store, "SELECT site_id FROM site ORDER BY 1", [], {"site_id": pl.String})["site_id"].to_list()
+    ids = [s for s in known if site is None or s == site]
+    if not ids or end <= start:
+        return pl.DataFrame(schema=schema)
+    df = site_scope2(store, start, end, ids).filter(pl.col("energy_j") > 0)
+    return df.select(
+        "site_id", (pl.col("energy_j") / 3.6e6).alias("energy_kwh"), "location_kgco2e", "market_kgco2e",
+        (pl.col("covered_energy_j") / 3.6e6).alias("covered_kwh"), "instruments", "pue", "energy_basis", "uncovered_basis",
+    ).cast(schema)
+
+
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
     """Mean value per time bucket of the ``metric_sample`` series whose name matches ``name_like`` (SQL
     LIKE): ``ts, series, value_mean``. Facility meters (PUE, site power, grid intensity) arrive this way."""

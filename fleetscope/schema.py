@@ -211,8 +211,10 @@ _AIACT_INDEXES = {
 for _spec in AIACT_FRAMES.values():
     _frame_table(_spec, *_AIACT_INDEXES.get(_spec.name, ()))
 
+energy_instrument = _frame_table(F.ENERGY_INSTRUMENT, Index(None, "site_id", "start"))
+
 # Every frame the store can write and read, by name.
-FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
+FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.

@@ -9,6 +9,11 @@ import streamlit as st
 from dashboard import ui
 from fleetscope import queries
 
+
+def _kg(kg: float) -> str:
+    return f"{kg / 1000:.2f} t" if kg >= 1000 else f"{kg:.1f} kg"
+
+
 f = ui.filters()
 st.title("Energy & Carbon")
 
@@ -50,12 +55,27 @@ else:
         height=220,
     )
 
-st.subheader("Carbon: location- vs market-based, and embodied")
-carbon = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="carbon%")
+st.subheader("Carbon: location- vs market-based")
+carbon = ui.q(queries.site_carbon, live=False, start=f.start, end=f.end, site=f.site)
 if carbon.is_empty():
-    ui.no_data("no carbon figures.", "Location-based (grid intensity), market-based (contracts) and embodied CO2e by site, job and model arrive with the energy & carbon analyzer.")
+    ui.no_data("no energy roll-ups in this time range.", "Location-based (grid intensity) and market-based (contractual instruments, "
+               "recorded with `fleetscope energy instrument`) CO2e per site come from the per-minute GPU energy roll-ups.")
 else:
-    st.dataframe(carbon.select("subject", "kind", "score", "summary", "window_start"), hide_index=True)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Location-based CO2e", _kg(float(carbon["location_kgco2e"].sum())), help="energy × the grid intensity of its hour and site")
+    c2.metric("Market-based CO2e", _kg(float(carbon["market_kgco2e"].sum())),
+              help="energy covered by PPAs, certificates or supplier rates × their factors; the rest at the location-based average (no residual mix ships)")
+    c3.metric("Covered by instruments", f"{float(carbon['covered_kwh'].sum()) / max(float(carbon['energy_kwh'].sum()), 1e-12):.0%}")
+    long = carbon.select("site_id", pl.col("location_kgco2e").alias("location-based"), pl.col("market_kgco2e").alias("market-based")).unpivot(
+        index="site_id", variable_name="method", value_name="kgco2e")
+    ui.chart(
+        alt.Chart(long).mark_bar().encode(
+            y=alt.Y("site_id:N", title="Site"), yOffset="method:N", x=alt.X("kgco2e:Q", title="kgCO2e"),
+            color=alt.Color("method:N", title="Scope 2"), tooltip=["site_id", "method", alt.Tooltip("kgco2e:Q", format=".2f")],
+        ),
+        height=max(120, 60 * carbon.height),
+    )
+    st.dataframe(carbon, hide_index=True)
 
 st.subheader("Energy by job and model")
 by_job = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="energy%")

@@ -7,12 +7,15 @@ import json
 from typing import Annotated, Any
 
 import polars as pl
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from fleetscope import auth
 from fleetscope import frames as F
 from fleetscope.api.security import require
+from fleetscope.errors import ValidationError
 from fleetscope.store import content_hash
 
 router = APIRouter(prefix="/api/v1", tags=["data"])
@@ -209,11 +212,112 @@ def get_pue(request: Request, site_id: str, start: Annotated[dt.datetime, Query(
     """PUE over a window with its ISO/IEC 30134-2 category, or the declared PUE marked as an estimate."""
     from fleetscope.energy_service import site_pue
 
-    if end <= start:
-        raise HTTPException(400, "end must be after start")
+    _window(start, end)
     try:
         return site_pue(request.app.state.store, site_id, start, end)
     except ValueError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+def _window(start: dt.datetime, end: dt.datetime) -> None:
+    for name, t in (("start", start), ("end", end)):
+        if t.tzinfo is None:
+            raise HTTPException(400, f"{name} needs a time zone (RFC 3339, e.g. 2026-03-01T00:00:00Z)")
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+
+
+SiteId = Annotated[str, Path(min_length=1, max_length=200)]
+InstrumentId = Annotated[str, Path(min_length=1, max_length=200, description="contract or certificate id")]
+
+
+class InstrumentIn(BaseModel):
+    """A contractual instrument as the admin API takes it; ``analyzers.carbon.check_instrument`` checks the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str = Field(max_length=50, description="ppa, virtual_ppa, rec, go, i_rec, green_tariff or supplier_specific")
+    start: AwareDatetime = Field(description="start of the consumption period it applies to (RFC 3339, with zone)")
+    end: AwareDatetime = Field(description="end of that period, exclusive")
+    volume_mwh: float = Field(strict=True, description="electricity it conveys over [start, end), MWh")
+    g_per_kwh: float = Field(strict=True, description="its emission factor, gCO2e/kWh")
+    supplier: str | None = Field(default=None, max_length=500)
+
+
+@router.put("/sites/{site_id}/instruments/{instrument_id}", openapi_extra={
+    "requestBody": {"required": True, "content": {"application/json": {"schema": InstrumentIn.model_json_schema()}}}})
+async def put_instrument(request: Request, site_id: SiteId, instrument_id: InstrumentId,
+                         token: Annotated[auth.Token, Depends(require("admin"))]) -> JSONResponse:
+    """Record a PPA, certificate (REC, GO, I-REC), green tariff or supplier-specific rate the site holds for a
+    period, for market-based Scope 2; re-sending it updates it. 400 for a body that is not JSON, 422 naming a
+    bad field, 404 for an unknown site, 409 for an id another site already claims; none of them changes
+    anything. Kept with the token's name and appended to the audit log."""
+    from pydantic import ValidationError as BodyError
+
+    from fleetscope import energy_service as es
+
+    try:
+        body = InstrumentIn.model_validate(_decode_json(await request.body()))
+    except BodyError as exc:
+        # without the input echoed back: it may hold NaN or Infinity, which JSON cannot carry
+        return JSONResponse({"detail": exc.errors(include_input=False, include_context=False, include_url=False)}, 422)
+    try:
+        out = await run_in_threadpool(es.record_instrument, request.app.state.store,
+                                      {"instrument_id": instrument_id, "site_id": site_id, **body.model_dump()}, recorded_by=token.name)
+    except ValidationError as exc:
+        raise HTTPException(422, str(exc)) from None
+    except es.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except es.Conflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    return JSONResponse(out, 200 if out["updated"] else 201)
+
+
+@router.get("/sites/{site_id}/instruments", dependencies=[Depends(require("read"))])
+def get_instruments(request: Request, site_id: SiteId) -> Response:
+    """The contractual instruments recorded for a site, by start of period."""
+    from fleetscope import energy_service as es
+
+    df = es.instruments(request.app.state.store, [site_id])
+    return Response(df.write_json(), media_type="application/json", headers={"X-Row-Count": str(df.height)})
+
+
+@router.delete("/sites/{site_id}/instruments/{instrument_id}")
+def delete_instrument(request: Request, site_id: SiteId, instrument_id: InstrumentId,
+                      token: Annotated[auth.Token, Depends(require("admin"))]) -> dict[str, Any]:
+    """Withdraw an instrument recorded in error (logged to the audit log); 404 where the site holds none."""
+    from fleetscope import energy_service as es
+
+    try:
+        return es.withdraw_instrument(request.app.state.store, site_id, instrument_id, actor=token.name)
+    except es.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/sites/{site_id}/carbon", dependencies=[Depends(require("read"))])
+def get_site_carbon(request: Request, site_id: SiteId, start: Annotated[dt.datetime, Query()], end: Annotated[dt.datetime, Query()]) -> dict[str, Any]:
+    """Scope 2 of a site over [start, end): location-based and market-based kgCO2e side by side (GHG Protocol
+    Scope 2 Guidance dual reporting), the energy and PUE they rest on, and each instrument used."""
+    from fleetscope import energy_service as es
+
+    _window(start, end)
+    try:
+        return es.site_carbon(request.app.state.store, site_id, start, end)
+    except es.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ValidationError as exc:  # the stored inventory cannot give a figure (a declared PUE below 1)
+        raise HTTPException(422, str(exc)) from None
+
+
+@router.get("/models/{name}/serving-vs-training", dependencies=[Depends(require("read"))])
+def get_serving_vs_training(request: Request, name: Annotated[str, Path(max_length=500)],
+                            projection_days: Annotated[int, Query(ge=1, le=3650)] = 28) -> dict[str, Any]:
+    """A model's training energy against its cumulative serving energy, and the date serving passes
+    training: observed, or projected at the recent serving rate."""
+    from fleetscope import energy_service as es
+
+    try:
+        return es.serving_vs_training(request.app.state.store, name, projection_days=projection_days)
+    except es.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
 

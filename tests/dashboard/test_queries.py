@@ -171,6 +171,7 @@ CALLS = {
     "fleet_series": lambda s: Q.fleet_series(s, HOUR_AGO, END),
     "gpu_energy": lambda s: Q.gpu_energy(s, HOUR_AGO, END),
     "metric_series": lambda s: Q.metric_series(s, "%pue%", HOUR_AGO, END),
+    "site_carbon": lambda s: Q.site_carbon(s, HOUR_AGO, END),
     "health_events_over_time": lambda s: Q.health_events_over_time(s, HOUR_AGO, END),
     "health_events_by_node": lambda s: Q.health_events_by_node(s, HOUR_AGO, END),
     "health_events_recent": lambda s: Q.health_events_recent(s, HOUR_AGO, END),
