@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -125,6 +126,14 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         return response
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad value back ("input"). That turns a body carrying the bare
+        # NaN/Infinity tokens Python's JSON reader accepts into a 500 (they are not JSON), and hands hostile
+        # input back to the caller; where and why is enough.
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, 422)
 
     @app.exception_handler(ValidationError)
     async def _validation(_request: Request, exc: ValidationError) -> JSONResponse:
