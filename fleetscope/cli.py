@@ -768,12 +768,8 @@ def auditlog_verify(as_json: bool) -> None:
 
 
 def _when(text: str, option: str) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not an RFC 3339 date-time", param_hint=option) from None
-    if t.tzinfo is None:
-        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T00:00:00Z", param_hint=option)
+    t = _utc_option(text, option)
+    assert t is not None
     return t
 
 
