@@ -9,6 +9,10 @@ groups that are due. The shipped route's child for ``severity="critical", team="
 ``group_wait: 0s``, so a dead GPU's page leaves from the kicked evaluation itself; an alert routed with a
 ``group_wait`` (the shipped default is 5s) goes out at the first evaluation after it, beat's at the latest.
 
+The kick, beat's ticks and the deliveries they queue go to the ``alerting`` queue, which `fleetscope worker`
+serves from a worker process of its own (``fleetscope.worker.ALERTING_QUEUE``): a kick waits neither behind
+a minute's job analyses nor for a pool slot that a health window holds.
+
 Kicks are throttled per API process to one per ``MIN_GAP_S``, trailing: asked again within the gap, the
 kick is sent with a countdown to the gap's end, so an evaluation still starts after every commit that
 asked, while a storm (dcgm-exporter's XID gauge repeats a GPU's last XID at every scrape) costs at most

@@ -20,7 +20,7 @@ from fleetscope import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST
 from fleetscope.store import Store
-from fleetscope.worker import make_celery
+from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver
 from tests.conftest import make_settings
 
@@ -144,8 +144,8 @@ def test_ingest_api_kicks_an_evaluation_no_beat_needed(setup, monkeypatch):
     api = create_app(app.conf.fleetscope_settings, store=store)
     with Receiver() as rx, LiveServer(api) as server:
         ST.put_receiver(store.engine, box, "hook", "webhook", rx.url, policy=N.OutboundPolicy(allow_loopback=True))
-        procs.append(start_worker(env, "celery", log))  # the default queue, where the API's kicks go
-        app.send_task("fleetscope.ping").get(timeout=90)  # up before the kick, which expires after an evaluation interval
+        procs.append(start_worker(env, ALERTING_QUEUE, log))  # where the API's kicks are routed
+        app.send_task("fleetscope.ping", queue=ALERTING_QUEUE).get(timeout=90)  # up before the kick, which expires after an evaluation interval
         h = {"Authorization": "Bearer " + auth.create_token(store.engine, "t", ["ingest"])}
 
         def heard(host: str):
