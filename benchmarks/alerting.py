@@ -162,16 +162,25 @@ def load_child(base: str, token: str, gpus: int, gpus_per_post: int, interval_s:
     bodies = [synth_scrape(min(gpus_per_post, gpus - first), seed=first, first_gpu=first) for first in range(0, gpus, gpus_per_post)]
     print(json.dumps({"ready": True, "posts_per_round": len(bodies)}), flush=True)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
-    with httpx.Client(timeout=600) as client:
+    with _client() as client:
         while True:
             round_start = time.monotonic()
             for k, body in enumerate(bodies):
                 t0 = time.monotonic()
-                r = client.post(base + "/api/v1/ingest/dcgm", content=body, headers=headers,
-                                params={"ts": dt.datetime.now(dt.UTC).isoformat(), "source": f"load-{k}"})
-                values = r.json().get("values", 0) if r.status_code == 200 else 0
-                print(json.dumps({"t": time.time(), "values": values, "s": round(time.monotonic() - t0, 3), "status": r.status_code}), flush=True)
+                try:
+                    r = client.post(base + "/api/v1/ingest/dcgm", content=body, headers=headers,
+                                    params={"ts": dt.datetime.now(dt.UTC).isoformat(), "source": f"load-{k}"})
+                    status, values = r.status_code, r.json().get("values", 0) if r.status_code == 200 else 0
+                except httpx.HTTPError as exc:
+                    status, values = type(exc).__name__, 0
+                print(json.dumps({"t": time.time(), "values": values, "s": round(time.monotonic() - t0, 3), "status": status}), flush=True)
             time.sleep(max(0.0, round_start + interval_s - time.monotonic()))
+
+
+def _client() -> httpx.Client:
+    """A connection per request, as agents make: a kept-alive one that sat idle past uvicorn's keep-alive
+    timeout (5 s) may be closed by the server just as it is reused."""
+    return httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 class _Lines:
@@ -267,7 +276,7 @@ def bench_time_to_alert(args: argparse.Namespace) -> None:
         rng = random.Random(args.seed)
         lat: list[float] = []
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
-        with httpx.Client(timeout=600) as client:
+        with _client() as client:
             window_start = time.time()
             for run in range(args.tta_runs + 1):  # the first warms the worker's caches and is reported apart
                 # A random phase against beat's ticks, so the runs sample the schedule rather than one point of it.
@@ -295,7 +304,7 @@ def bench_time_to_alert(args: argparse.Namespace) -> None:
         target_rate = args.gpus * DCGM_FIELDS / args.scrape_interval_s
         print(json.dumps({
             "benchmark": "alerting.time_to_alert", "runs": len(runs), "p50_s": round(_quantile(runs, 0.5), 3), "p99_s": round(_quantile(runs, 0.99), 3),
-            "min_s": round(min(runs), 3), "max_s": round(max(runs), 3), "first_run_s": round(lat[0], 3), "target_p99_s": 10.0,
+            "min_s": round(min(runs), 3), "slowest_s": [round(x, 3) for x in sorted(runs)[-3:]], "first_run_s": round(lat[0], 3), "target_p99_s": 10.0,
             "met": _quantile(runs, 0.99) < 10.0,
             "database": store.dialect, "broker": args.broker or "embedded (sqla+sqlite)", "eval_interval_s": eval_interval_s,
             "load": {"gpus": args.gpus, "gpus_per_post": args.gpus_per_post, "scrape_interval_s": args.scrape_interval_s,
