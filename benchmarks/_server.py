@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import httpx
 
@@ -22,14 +22,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served_api(database_url: str, workers: int = 1) -> Iterator[tuple[str, str]]:
-    """(base URL, ingest token) of a running API over ``database_url``."""
+def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
+    """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
+    environment (a shared data directory, a broker, alerting settings)."""
     from fleetscope import auth, db
 
     db.upgrade(database_url)
     token = auth.create_token(db.make_engine(database_url), "bench", ["ingest"])
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": tempfile.mkdtemp(prefix="fleetscope-bench-"), "FLEETSCOPE_DATABASE_URL": database_url,
-           "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+           "FLEETSCOPE_LOG_LEVEL": "WARNING", **(env or {})}
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -72,15 +73,17 @@ FIELDS = (
 BUS = ("53", "64", "75", "86", "97", "A8", "B9", "CA")
 
 
-def synth_scrape(gpus: int, *, busy_fraction: float = 0.1, seed: int = 0) -> bytes:
+def synth_scrape(gpus: int, *, busy_fraction: float = 0.1, seed: int = 0, first_gpu: int = 0, xids: Mapping[int, int] | None = None) -> bytes:
     """A dcgm-exporter /metrics body for ``gpus`` GPUs, 8 per host (deterministic for a seed).
 
     ``busy_fraction`` of the GPUs run a pod (and carry its labels); 0.1 gives the ~117 MB per 16,384 GPUs
-    that DESIGN.md's performance notes measured.
+    that DESIGN.md's performance notes measured. ``first_gpu`` numbers the GPUs (and so the hosts) from
+    there, so that slices of one fleet posted apart name distinct hosts; ``xids`` maps a GPU's number to
+    the XID its ``DCGM_FI_DEV_XID_ERRORS`` reports (0 elsewhere).
     """
     r = random.Random(seed)
     blocks, busy = [], []
-    for i in range(gpus):
+    for i in range(first_gpu, first_gpu + gpus):
         host, g = f"gpu-node-{i // 8 + 1}", i % 8
         block = (
             f'gpu="{g}",UUID="GPU-{uuid.UUID(int=r.getrandbits(128))}",pci_bus_id="00000000:{BUS[g]}:00.0",'
@@ -94,6 +97,9 @@ def synth_scrape(gpus: int, *, busy_fraction: float = 0.1, seed: int = 0) -> byt
     out = []
     for name, typ, text, gen in FIELDS:
         out.append(f"# HELP {name} {text}\n# TYPE {name} {typ}\n")
+        if name == "DCGM_FI_DEV_XID_ERRORS" and xids:
+            out.extend(f"{name}{{{block}}} {xids.get(first_gpu + k, 0)}\n" for k, block in enumerate(blocks))
+            continue
         out.extend(f"{name}{{{block}}} {gen(r, b)}\n" for block, b in zip(blocks, busy))
     return "".join(out).encode()
 

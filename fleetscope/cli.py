@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +156,54 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
     uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower())
 
 
+ALERTING_WORKER_THREADS = 4  # evaluations take a lock and run one at a time; deliveries wait on receivers
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--concurrency", type=int, default=2, show_default=True)
 @click.option("--pool", default="prefork", show_default=True, type=click.Choice(["prefork", "solo", "threads"]))
+@click.option("--queues", "-Q", help="Comma-separated queues to serve, and nothing else (e.g. `alerting` for a host that only alerts). "
+              "Default: the general queue here, and the alerting queue in a worker process of its own beside it.")
 @click.pass_context
-def worker(ctx: click.Context, concurrency: int, pool: str) -> None:
+def worker(ctx: click.Context, concurrency: int, pool: str, queues: str | None) -> None:
     """Run a Celery worker (extra arguments go to `celery worker`)."""
-    from fleetscope.worker import celery_app
+    from fleetscope.worker import ALERTING_QUEUE, DEFAULT_QUEUE, celery_app
 
     _engine(_settings())
-    celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=INFO", *ctx.args])
+    argv = ["worker", f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=INFO", *ctx.args]
+    if queues:
+        celery_app.worker_main([*argv, f"--queues={queues}"])
+        return
+    alerting = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "worker", "--queues", ALERTING_QUEUE, "--pool", "threads",
+                                 "--concurrency", str(ALERTING_WORKER_THREADS), "--hostname", f"{ALERTING_QUEUE}@%h"],
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    stopping = threading.Event()
+
+    def watch() -> None:
+        # One verb, one unit for the supervisor: without its alerting worker this one stops too, to be restarted whole.
+        code = alerting.wait()
+        if not stopping.is_set():
+            click.echo(f"the alerting worker exited ({code}); stopping", err=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        celery_app.worker_main([*argv, f"--queues={DEFAULT_QUEUE}"])
+    finally:
+        stopping.set()
+        alerting.terminate()
+        try:
+            alerting.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            alerting.kill()
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: ask Linux for SIGTERM when the parent dies, so a killed `fleetscope worker`
+    leaves no alerting worker behind."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @main.command("dashboard", context_settings={"ignore_unknown_options": True})

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
@@ -155,6 +157,8 @@ class Outcome:
     error: str | None = None
     skipped_duplicate: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+    # The health events written, for the API's alerting kick (fleetscope.alerting.kick); not reported.
+    health_event: pl.DataFrame | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -219,4 +223,5 @@ def ingest_bytes(store: Store, data: bytes, *, source: str, fmt: str = "auto", o
         outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())
         return outcome
     outcome.result = store.write(batch, content_sha256=sha)
+    outcome.health_event = batch.health_event
     return outcome

@@ -34,6 +34,13 @@ def _crontab(spec: str) -> crontab:
     return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
 
 
+DEFAULT_QUEUE = "celery"
+# Alerting's tasks have a queue of their own, which `fleetscope worker` serves from a process of its own:
+# a page must not wait behind a minute's job analyses in one queue, nor for a pool slot that a
+# five-minute health window holds.
+ALERTING_QUEUE = "alerting"
+
+
 def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
     settings = settings or settings_mod.load()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +55,8 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes={"fleetscope.alerting.*": {"queue": ALERTING_QUEUE}},
         result_expires=3600,
         broker_connection_retry_on_startup=True,
         beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),

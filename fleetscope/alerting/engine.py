@@ -181,8 +181,7 @@ def _finding_alerts(rule: Rule, df: pl.DataFrame, now: dt.datetime, gpu_host: Ma
         yield labels, score, summary or ""
 
 
-def _health_alerts(rule: Rule, df: pl.DataFrame, now: dt.datetime, gpu_host: Mapping[str, str]) -> Iterable[tuple[dict[str, str], float | None, str]]:
-    since = now - dt.timedelta(seconds=rule.lookback_s)
+def _health_mask(rule: Rule) -> pl.Expr:
     mask = pl.lit(False)
     for sel in rule.health:
         e = pl.lit(True)
@@ -191,7 +190,20 @@ def _health_alerts(rule: Rule, df: pl.DataFrame, now: dt.datetime, gpu_host: Map
         if sel.codes:
             e = e & _in("code", sel.codes)
         mask = mask | e
-    cur = df.filter(mask & (pl.col("ts") <= now) & (pl.col("ts") >= since))
+    return mask
+
+
+def rules_reading(config: AlertingConfig, health_event: pl.DataFrame) -> list[str]:
+    """The enabled rules whose health selectors match some of these events: the rules that an evaluation
+    run now could make fire on them."""
+    if health_event.height == 0:
+        return []
+    return [r.name for r in config.rules if r.enabled and r.health and health_event.select(_health_mask(r).any()).item()]
+
+
+def _health_alerts(rule: Rule, df: pl.DataFrame, now: dt.datetime, gpu_host: Mapping[str, str]) -> Iterable[tuple[dict[str, str], float | None, str]]:
+    since = now - dt.timedelta(seconds=rule.lookback_s)
+    cur = df.filter(_health_mask(rule) & (pl.col("ts") <= now) & (pl.col("ts") >= since))
     if cur.height == 0:
         return
     # One alert per GPU (or host) and code: many XID lines for one fault are one page.

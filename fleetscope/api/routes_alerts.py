@@ -10,27 +10,57 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import threading
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+import polars as pl
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from fleetscope import auth
 from fleetscope.alerting import state as ST
+from fleetscope.alerting.kick import celery_kicker, needs_evaluation
 from fleetscope.alerting.notifiers import DeliveryError
 from fleetscope.alerting.rules import RuleError
 from fleetscope.alerting.service import Alerting, open_alerting
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
+log = logging.getLogger(__name__)
 
 
 def _ctx(request: Request) -> Alerting:
-    ctx = getattr(request.app.state, "alerting", None)
+    return _app_ctx(request.app)
+
+
+def _app_ctx(app: FastAPI) -> Alerting:
+    ctx = getattr(app.state, "alerting", None)
     if ctx is None:
-        ctx = request.app.state.alerting = open_alerting(request.app.state.settings)
+        ctx = app.state.alerting = open_alerting(app.state.settings)
     return ctx
+
+
+_kicker_lock = threading.Lock()
+
+
+def kick_evaluation(app: FastAPI, health_event: pl.DataFrame | None) -> None:
+    """The ingest routes' background task once a batch with health events is committed and answered: ask
+    the worker for an evaluation now if a rule reads them (``fleetscope.alerting.kick``). Never raises: the
+    batch is accepted already, and beat's next tick evaluates anyway."""
+    try:
+        if health_event is None or health_event.height == 0:
+            return
+        if not needs_evaluation(_app_ctx(app).effective_config(app.state.store.engine), health_event):
+            return
+        with _kicker_lock:
+            kicker = getattr(app.state, "alert_kicker", None)
+            if kicker is None:
+                kicker = app.state.alert_kicker = celery_kicker(app.state.settings)
+        kicker.kick()
+    except Exception:  # noqa: BLE001 - e.g. the broker is down
+        log.warning("could not ask for an alert evaluation; beat's next tick will evaluate", exc_info=True)
 
 
 def _engine(request: Request):  # type: ignore[no-untyped-def]

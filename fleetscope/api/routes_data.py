@@ -7,13 +7,14 @@ import json
 from typing import Annotated, Any
 
 import polars as pl
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from fleetscope import auth
 from fleetscope import frames as F
+from fleetscope.api.routes_alerts import kick_evaluation
 from fleetscope.api.security import require
 from fleetscope.errors import ValidationError
 from fleetscope.store import content_hash
@@ -38,7 +39,7 @@ def _decode_json(body: bytes) -> Any:
 
 
 @router.post("/batches", dependencies=[Depends(require("ingest"))])
-async def post_batch(request: Request) -> JSONResponse:
+async def post_batch(request: Request, background: BackgroundTasks) -> JSONResponse:
     """Write one Batch given as ``{"source": "...", "frames": {"gpu_sample": [{...}, ...], ...}}``.
 
     All frames are written in one transaction, or none: a bad record anywhere gets 422 naming the frame,
@@ -61,6 +62,8 @@ async def post_batch(request: Request) -> JSONResponse:
         setattr(batch, name, F.from_records(F.FRAMES[name], records))
     store = request.app.state.store
     result = await run_in_threadpool(store.write, batch, content_sha256=content_hash(body))
+    if result.written.get("health_event"):
+        background.add_task(kick_evaluation, request.app, batch.health_event)
     return JSONResponse(result.to_dict())
 
 
@@ -98,6 +101,7 @@ def get_counts(request: Request) -> dict[str, int]:
 async def post_ingest(
     request: Request,
     fmt: str,
+    background: BackgroundTasks,
     source: Annotated[str, Query(max_length=2000)] = "api",
     job_id: Annotated[str | None, Query(max_length=500)] = None,
     ts: Annotated[dt.datetime | None, Query(description="timestamp for formats without their own (RFC 3339, with zone)")] = None,
@@ -123,6 +127,8 @@ async def post_ingest(
         )
     except ingestion.UnknownFormat as exc:
         raise HTTPException(415, str(exc)) from None
+    if outcome.result and outcome.result.written.get("health_event"):
+        background.add_task(kick_evaluation, request.app, outcome.health_event)
     return JSONResponse(json.loads(json.dumps(outcome.to_dict(), default=str)))
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 
+import httpx
 import polars as pl
 import pytest
 from cryptography.fernet import Fernet
@@ -19,7 +20,7 @@ from fleetscope import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST
 from fleetscope.store import Store
-from fleetscope.worker import make_celery
+from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver
 from tests.conftest import make_settings
 
@@ -129,3 +130,36 @@ def test_worker_killed_mid_delivery_leads_to_redelivery(setup):
         ids = [r["headers"]["webhook-id"] for r in rx.requests]
         assert ids == [done["webhook_id"], done["webhook_id"]]  # at least once, one idempotency key
         assert done["attempts"] == 2
+
+
+def test_ingest_api_kicks_an_evaluation_no_beat_needed(setup, monkeypatch):
+    """No beat runs here: each webhook comes from the evaluation the API queued once it had committed a
+    batch carrying an XID 79, through either ingest route."""
+    from fleetscope import auth
+    from fleetscope.api import create_app
+    from tests.conftest import LiveServer
+
+    env, store, app, _, box, procs, log = setup
+    monkeypatch.setenv("FLEETSCOPE_ALERT_RULES", env["FLEETSCOPE_ALERT_RULES"])  # the API reads the worker's rules
+    api = create_app(app.conf.fleetscope_settings, store=store)
+    with Receiver() as rx, LiveServer(api) as server:
+        ST.put_receiver(store.engine, box, "hook", "webhook", rx.url, policy=N.OutboundPolicy(allow_loopback=True))
+        procs.append(start_worker(env, ALERTING_QUEUE, log))  # where the API's kicks are routed
+        app.send_task("fleetscope.ping", queue=ALERTING_QUEUE).get(timeout=90)  # up before the kick, which expires after an evaluation interval
+        h = {"Authorization": "Bearer " + auth.create_token(store.engine, "t", ["ingest"])}
+
+        def heard(host: str):
+            return [r for r in rx.accepted() if r["json"]["groupLabels"].get("host") == host]
+
+        scrape = b'DCGM_FI_DEV_XID_ERRORS{gpu="0",UUID="GPU-k1",Hostname="kick-1"} 79\n'
+        r = httpx.post(server.url + "/api/v1/ingest/dcgm", content=scrape, headers=h, params={"ts": dt.datetime.now(dt.UTC).isoformat()})
+        assert r.status_code == 200 and r.json()["written"]["health_event"] == 1
+        (req,) = wait_for(lambda: heard("kick-1"), 60, "the webhook for the scrape's XID 79")
+        assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "GPU-k1" and req["json"]["status"] == "firing"
+
+        batch = {"frames": {"health_event": [{"ts": dt.datetime.now(dt.UTC).isoformat(), "gpu_uuid": "GPU-k2", "host": "kick-2", "kind": "xid", "code": 79}]}}
+        assert httpx.post(server.url + "/api/v1/batches", json=batch, headers=h).status_code == 200
+        (req,) = wait_for(lambda: heard("kick-2"), 60, "the webhook for the batch's XID 79")
+        assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "GPU-k2"
+        runs = store.query("SELECT task FROM task_run WHERE task = 'fleetscope.alerting.evaluate'", [], {"task": pl.String})
+        assert runs.height >= 2  # the kicks; nothing else queues an evaluation here

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 from fleetscope import db
 from fleetscope import frames as F
 from fleetscope.store import Store
-from fleetscope.worker import make_celery
+from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.conftest import make_settings
 
 
@@ -90,3 +91,66 @@ def test_a_failing_task_is_recorded_as_failure(worker):
         time.sleep(0.2)
     assert runs["state"].to_list() == ["failure"]
     assert "not-a-date" in runs["detail"][0]
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" not in status.read_text()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+@pytest.fixture
+def cli_worker(tmp_path):
+    """`fleetscope worker` as shipped, on the embedded broker: (producer app, its process, its alerting worker's pid)."""
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'fs.db'}"}
+    for k in ("FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND"):
+        env.pop(k, None)
+    app = make_celery(make_settings(tmp_path, env["FLEETSCOPE_DATABASE_URL"], broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}",
+                                    result_backend=f"db+sqlite:///{tmp_path / 'results.db'}"))
+    log = tmp_path / "worker.log"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "worker", "--pool", "solo", "--concurrency", "1"],
+                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    children: list[int] = []
+    try:
+        assert app.send_task("fleetscope.ping").get(timeout=90)["pong"] is True
+        children = _children(proc.pid)
+        assert len(children) == 1 and f"--queues\0{ALERTING_QUEUE}\0" in Path(f"/proc/{children[0]}/cmdline").read_text()
+        yield app, proc, children[0]
+    finally:
+        for pid in (proc.pid, *children):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        print(log.read_text()[-3000:])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_fleetscope_worker_serves_alerting_from_a_process_of_its_own(cli_worker):
+    """The general queue in the verb's own pool, alerting's queue in a worker process beside it, which goes on
+    serving while the general worker cannot (stopped here with SIGSTOP), and ends with it."""
+    app, proc, child = cli_worker
+    assert app.amqp.router.route({}, "fleetscope.alerting.evaluate")["queue"].name == ALERTING_QUEUE
+    assert app.amqp.router.route({}, "fleetscope.health_window")["queue"].name == "celery"
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        assert app.send_task("fleetscope.alerting.deliver_due").get(timeout=90) == {}
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    # Killed outright, the verb cannot stop its alerting worker; Linux does (PR_SET_PDEATHSIG).
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_fleetscope_worker_stops_when_its_alerting_worker_dies(cli_worker):
+    """Left without alerting, the verb stops, so that its supervisor restarts the whole unit."""
+    _, proc, child = cli_worker
+    os.kill(child, signal.SIGKILL)
+    proc.wait(timeout=90)  # raises TimeoutExpired if it runs on
