@@ -612,10 +612,12 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
 @click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
 @click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
+@click.option("--push", "push", type=click.Choice(["otlp", "batch"]), default="otlp", show_default=True,
+              help="otlp: OpenTelemetry SDK metrics to /v1/metrics; batch: the exporter body to /api/v1/ingest/dcgm and NVML rows to /api/v1/batches.")
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
-def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, once: bool, as_json: bool) -> None:
-    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API."""
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str, once: bool, as_json: bool) -> None:
+    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default)."""
     from fleetscope.agent import Agent, AgentStopped
 
     if not dcgm_urls and not nvml:
@@ -627,17 +629,21 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
             nvml_mod.read_devices()
         except nvml_mod.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
-    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml)
+    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push)
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]
         nonlocal failed
         failed = failed or bool(report.errors)
         if as_json:
-            click.echo(json.dumps({"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}))
+            out = {"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}
+            if push == "otlp":
+                out |= {"points": report.points, "rejected_points": report.rejected_points}
+            click.echo(json.dumps(out))
         else:
-            rows = sum(sum(w.values()) for w in report.pushed.values())
-            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s)" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
+            rows = sum(n for w in report.pushed.values() for k, n in w.items() if k != "points")
+            otlp = f" ({report.points} OTLP points, {report.rejected_points} rejected)" if push == "otlp" else ""
+            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
 
     try:
         ag.run(interval_s, ticks=1 if once else None, on_tick=show)
@@ -645,6 +651,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         pass
+    finally:
+        ag.close()
     if once and failed:
         sys.exit(1)
 

@@ -107,3 +107,53 @@ def test_needs_the_ingest_scope(api, realdata):
     assert httpx.post(api.url + "/v1/metrics", content=body, headers={"Content-Type": "application/json"}).status_code == 401
     assert httpx.post(api.url + "/v1/metrics", content=body, headers={**headers(api, "read"), "Content-Type": "application/json"}).status_code == 403
     assert api.app.state.store.counts()["metric_sample"] == 0
+
+
+def _sdk_request(observations: dict, resource: dict):
+    """What the OpenTelemetry SDK would export for these observations: real instruments, a real reader and
+    the OTLP exporter's own protobuf encoder."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=Resource.create(resource), metric_readers=[reader])
+    meter = provider.get_meter("test")
+    for name, obs in observations.items():
+        meter.create_observable_gauge(name, callbacks=[lambda _o, obs=obs: [Observation(v, a) for v, a in obs]])
+    req = encode_metrics(reader.get_metrics_data())
+    provider.shutdown()
+    return req
+
+
+def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
+    """ingest.otlp.gpu_observations (the agent's side) and from_request (the server's) are inverse for every
+    gpu_sample column: the semconv names in SI units, the rest as DCGM fields in DCGM's units."""
+    import datetime as dt
+
+    import polars as pl
+
+    from fleetscope.frames import GPU_FIELDS, GPU_SAMPLE, Batch
+    from ingest import nvml, otlp
+
+    ts = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+    row = {"ts": ts, "gpu_uuid": "GPU-all"}
+    for i, c in enumerate(GPU_FIELDS):
+        row[c.name] = (i + 1) * (2**20 if c.name.endswith("_bytes") else 1) if c.dtype == pl.Int64 else 0.25 + i
+    batch = Batch(gpu_sample=pl.DataFrame([row], schema=GPU_SAMPLE.schema),
+                  gpu=pl.DataFrame([{"gpu_uuid": "GPU-all", "host": "node-9", "model_name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"}]))
+    obs = otlp.gpu_observations(batch)
+    assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.power", "hw.energy", "hw.temperature", "DCGM_FI_DEV_FB_FREE"} <= set(obs)
+    assert obs["DCGM_FI_DEV_FB_FREE"][0][0] == row["fb_free_bytes"] / 2**20  # MiB on the wire, as DCGM reports it
+    back = otlp.from_request(_sdk_request(obs, {"host.name": "collector"}))
+    assert back.meta["rejected_points"] == 0
+    got = back.gpu_sample.row(0, named=True)
+    for c in GPU_FIELDS:
+        assert got[c.name] == pytest.approx(row[c.name], rel=1e-12), c.name
+    assert back.gpu.row(0, named=True) == {"gpu_uuid": "GPU-all", "host": "node-9", "model_name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"}
+
+    # NVML reports XIDs as events, not as a field: the agent sends them as DCGM's last-XID field and the
+    # server turns that into the same health event.
+    nv = nvml.to_batch([{"uuid": "GPU-a", "power_mw": 250_000}], ts=ts, host="h", xids=[{"uuid": "GPU-a", "xid": 79}])
+    back = otlp.from_request(_sdk_request(otlp.gpu_observations(nv), {"host.name": "h"}))
+    assert back.gpu_sample.select("power_w", "xid_last").rows() == [(250.0, 79)]
+    assert back.health_event.select("gpu_uuid", "host", "kind", "code", "message").rows() == [("GPU-a", "h", "xid", 79, "XID 79")]
