@@ -114,6 +114,7 @@ _SEMCONV_OUT = {
 GPU_EXPORT: dict[str, tuple[str, str, float]] = {c: (name, unit, 1.0) for c, (name, unit) in _SEMCONV_OUT.items()}
 for _name, (_column, _factor) in DCGM_FIELDS.items():
     GPU_EXPORT.setdefault(_column, (_name, "", 1.0 / _factor))
+del _name, _column, _factor
 _INT_COLUMNS = {c for c, t in GPU_SAMPLE.schema.items() if t == pl.Int64}
 
 
