@@ -271,45 +271,54 @@ def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
 @click.option("--format", "fmt", default="auto", show_default=True, help="Force a format instead of detecting it (see `fleetscope formats`).")
 @click.option("--job-id", default=None, help="Job id for formats that do not carry one (NCCL logs, Kineto traces).")
 @click.option("--ts", "ts_text", default=None, help="Timestamp (RFC 3339) for formats without one; default: the file's modification time.")
+@click.option("--chunk-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
+              help="Chunk size for large line-oriented files, capped at 32 MiB of dcgm-exporter text and 16 MiB of JSON Lines, CSV or logs; smaller files are one transaction.")
 @click.option("--api", "api_url", default=None, help="Send to a running API instead of writing the local database.")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", default=None, help="API token with the ingest scope (or FLEETSCOPE_TOKEN).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per input and a summary.")
-def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | None, api_url: str | None, token: str | None, as_json: bool) -> None:
+def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | None, chunk_mb: float, api_url: str | None,
+           token: str | None, as_json: bool) -> None:
     """Ingest telemetry files (or directories of them). The format is detected from content.
 
-    Each file is written in one transaction: a file that fails to parse is reported and writes
-    nothing, and the others still go in. Exits 1 if any file was rejected.
+    A file up to the chunk size, or a one-document format (Kineto, nvidia-smi XML, nccl-tests), is written in
+    one transaction: if it fails to parse it is reported and writes nothing, and the others still go in.
+    Larger line-oriented files (dcgm-exporter text, nvidia-smi CSV, NCCL Inspector and job-event JSON
+    Lines, NCCL logs) are streamed: each chunk is its own transaction, a bad chunk stops that file with
+    the chunk and line named, chunks before it stay written, and re-running the file writes nothing new.
+    Exits 1 if any file was rejected.
     """
     from tqdm import tqdm
 
-    from fleetscope import ingestion
+    from fleetscope import streaming
     from fleetscope.store import Store
 
     files = _iter_paths(paths)
     ts = _utc_option(ts_text, "--ts")
     store = None if api_url else Store(_engine(_settings()))
+    chunk_bytes = max(1, int(chunk_mb * 2**20))
     totals: dict[str, int] = {}
     rejected = 0
-    outcomes = []
-    bar = tqdm(files, unit="file", disable=as_json or len(files) < 2, file=sys.stderr)
+    sizes = {p: p.stat().st_size for p in files}
+    bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+               disable=as_json or (len(files) < 2 and sum(sizes.values()) <= chunk_bytes))
     # Lines go through the bar while it is drawn, so they do not tear it.
     say = click.echo if bar.disable else (lambda text, err=False: bar.write(text, file=sys.stderr if err else sys.stdout))
-    for path in bar:
+    for path in files:
         bar.set_postfix_str(path.name[:40])
-        data = path.read_bytes()
         file_ts = ts or dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
         try:
             if api_url:
-                out = _ingest_via_api(api_url, token, data, str(path), fmt, job_id, file_ts)
+                out = _ingest_via_api(api_url, token, path.read_bytes(), str(path), fmt, job_id, file_ts)
+                bar.update(sizes[path])
             else:
-                out = ingestion.ingest_bytes(store, data, source=str(path), fmt=fmt, opts=ingestion.Options(job_id=job_id, ts=file_ts)).to_dict()
+                out = streaming.ingest_file(store, path, fmt=fmt, opts=_ingest_options(job_id, file_ts), chunk_bytes=chunk_bytes,
+                                            progress=bar.update).to_dict()
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the rest; it is reported
             from fleetscope.errors import FleetscopeError
 
             if not isinstance(exc, (FleetscopeError, ValueError, click.ClickException)):
                 raise
             out = {"source": str(path), "error": str(exc), "written": {}}
-        outcomes.append(out)
         if out.get("error"):
             rejected += 1
         for k, v in out.get("written", {}).items():
@@ -318,10 +327,15 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
             click.echo(json.dumps(out, default=str))
         elif out.get("error"):
             err = str(out["error"])
-            say(f"rejected  {err if err.startswith(str(path)) else f'{path}: {err}'}", err=True)
+            kept = sum(out.get("written", {}).values())
+            after = f" ({kept} rows of earlier chunks stay written)" if kept else ""
+            say(f"rejected  {err if err.startswith(str(path)) else f'{path}: {err}'}{after}", err=True)
         else:
             dup = " (already ingested)" if out.get("skipped_duplicate") else ""
-            say(f"ingested  {path} [{', '.join(out.get('formats', []))}]: " + (", ".join(f"{k} {v}" for k, v in out["written"].items()) or "nothing new") + dup)
+            chunks = out.get("notes", {}).get("chunks") if out.get("notes", {}).get("streamed") else None
+            how = f" in {chunks} chunks" if chunks else ""
+            say(f"ingested  {path} [{', '.join(out.get('formats', []))}]{how}: " + (", ".join(f"{k} {v}" for k, v in out["written"].items()) or "nothing new") + dup)
+    bar.close()
     summary = {"files": len(files), "rejected": rejected, "written": totals}
     if as_json:
         click.echo(json.dumps({"summary": summary}))
@@ -329,6 +343,12 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
         click.echo(f"{len(files) - rejected} of {len(files)} files ingested; rows written: " + (", ".join(f"{k} {v}" for k, v in totals.items()) or "none"))
     if rejected:
         sys.exit(1)
+
+
+def _ingest_options(job_id: str | None, ts: dt.datetime):  # type: ignore[no-untyped-def]
+    from fleetscope import ingestion
+
+    return ingestion.Options(job_id=job_id, ts=ts)
 
 
 def _ingest_via_api(api_url: str, token: str | None, data: bytes, source: str, fmt: str, job_id: str | None, ts: dt.datetime) -> dict:
@@ -652,10 +672,12 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
 @click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
 @click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
+@click.option("--push", "push", type=click.Choice(["otlp", "batch"]), default="otlp", show_default=True,
+              help="otlp: OpenTelemetry SDK metrics to /v1/metrics; batch: the exporter body to /api/v1/ingest/dcgm and NVML rows to /api/v1/batches.")
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
-def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, once: bool, as_json: bool) -> None:
-    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API."""
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str, once: bool, as_json: bool) -> None:
+    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default)."""
     from fleetscope.agent import Agent, AgentStopped
 
     if not dcgm_urls and not nvml:
@@ -667,17 +689,21 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
             nvml_mod.read_devices()
         except nvml_mod.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
-    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml)
+    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push)
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]
         nonlocal failed
         failed = failed or bool(report.errors)
         if as_json:
-            click.echo(json.dumps({"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}))
+            out = {"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}
+            if push == "otlp":
+                out |= {"points": report.points, "rejected_points": report.rejected_points}
+            click.echo(json.dumps(out))
         else:
-            rows = sum(sum(w.values()) for w in report.pushed.values())
-            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s)" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
+            rows = sum(n for w in report.pushed.values() for k, n in w.items() if k != "points")
+            otlp = f" ({report.points} OTLP points, {report.rejected_points} rejected)" if push == "otlp" else ""
+            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
 
     try:
         ag.run(interval_s, ticks=1 if once else None, on_tick=show)
@@ -685,6 +711,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         pass
+    finally:
+        ag.close()
     if once and failed:
         sys.exit(1)
 

@@ -173,16 +173,21 @@ class Outcome:
         }
 
 
-def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> tuple[list[str], F.Batch]:
-    """Parse ``data`` with the named format (or every detected one) into one Batch."""
+def resolve(data: bytes, *, source: str, fmt: str = "auto") -> list[str]:
+    """The formats to parse ``data`` (or its first bytes) with: ``fmt`` itself, or every one detected."""
     if fmt == "auto":
         formats = detect(data)
         if not formats:
             raise UnknownFormat(f"{source}: format not recognised; pass --format (one of {', '.join(FORMATS)})")
-    elif fmt in FORMATS:
-        formats = [fmt]
-    else:
-        raise UnknownFormat(f"unknown format {fmt!r}: expected auto or one of {', '.join(FORMATS)}")
+        return formats
+    if fmt in FORMATS:
+        return [fmt]
+    raise UnknownFormat(f"unknown format {fmt!r}: expected auto or one of {', '.join(FORMATS)}")
+
+
+def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> tuple[list[str], F.Batch]:
+    """Parse ``data`` with the named format (or every detected one) into one Batch."""
+    formats = resolve(data, source=source, fmt=fmt)
     batch = F.Batch(source=source)
     for name in formats:
         spec = FORMATS[name]

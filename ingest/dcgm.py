@@ -61,7 +61,18 @@ from datetime import UTC, datetime
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.frames import DCGM_FIELDS, GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE, Batch, series_key
+from fleetscope.frames import (
+    DCGM_FIELDS,
+    EXPORTER_POD_MARK,
+    GPU,
+    GPU_SAMPLE,
+    GPU_WORKLOAD,
+    HEALTH_EVENT,
+    METRIC_SAMPLE,
+    Batch,
+    dcgm_health_events,
+    series_key,
+)
 
 __all__ = ["FIELDS", "parse"]
 
@@ -110,26 +121,6 @@ _INT32_BLANK = 0x7FFFFFF0
 _INT32_MAX = 0x7FFFFFFF
 _INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)  # rounds to 2**63 as a double; >= catches every int64 blank
 _FP64_BLANK = 140737488355328.0  # 2**47
-
-# ECC / row-remap health events: (gpu_sample column, kind, DCGM field id used as code, condition).
-_HEALTH_COUNTERS: tuple[tuple[str, str, int], ...] = (
-    ("ecc_sbe_volatile_total", "ecc", 310),
-    ("ecc_dbe_volatile_total", "ecc", 311),
-    ("ecc_sbe_aggregate_total", "ecc", 312),
-    ("ecc_dbe_aggregate_total", "ecc", 313),
-    ("remap_uncorrectable_total", "row_remap", 393),
-    ("remap_failure", "row_remap", 395),
-    ("remap_pending", "row_remap", 396),
-)
-_FIELD_ID_NAME = {
-    310: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    311: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    312: "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-    313: "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    393: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    395: "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    396: "DCGM_FI_DEV_ROW_REMAP_PENDING",
-}
 
 # Labels the parser understands; (output name, label names in order of preference).
 _LABELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -844,7 +835,7 @@ def _assemble(
     ).sort("gpu_uuid")
 
     workload = _workload(long, blocks, rowkeys, line_ts, meta)
-    health = _health(gpu_sample, inv)
+    health = dcgm_health_events(gpu_sample, inv.select(gpu_uuid="key", host="host", err_msg="err_msg"), source="dcgm")
     metric_sample = None
     if 2 in cls:
         other = long.filter(pl.col("_cls") == 2)
@@ -945,7 +936,7 @@ def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys:
 
 
 def _is_exporter(col: str) -> pl.Expr:
-    return pl.col(col).fill_null("").str.contains("dcgm-exporter", literal=True)
+    return pl.col(col).fill_null("").str.contains(EXPORTER_POD_MARK, literal=True)
 
 
 def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, line_ts: bool, meta: dict):
@@ -974,49 +965,6 @@ def _workload(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, l
         .unique(["ts", "gpu_uuid"], keep="first", maintain_order=True)
     )
     return w.select([pl.col(c.name).cast(c.dtype) for c in GPU_WORKLOAD.columns])
-
-
-def _health(gpu_sample: pl.DataFrame, inv: pl.DataFrame) -> pl.DataFrame | None:
-    host = inv.select(gpu_uuid="key", host="host")
-    parts = []
-    xid = gpu_sample.filter(pl.col("xid_last").is_not_null() & (pl.col("xid_last") != 0))
-    if xid.height:
-        msgs = inv.select(gpu_uuid="key", err_msg="err_msg")
-        xid = xid.join(msgs, on="gpu_uuid", how="left")
-        parts.append(
-            xid.select(
-                "ts",
-                "gpu_uuid",
-                kind=pl.lit("xid"),
-                code=pl.col("xid_last"),
-                value=pl.col("xid_last").cast(pl.Float64),
-                message=pl.concat_str(
-                    [pl.lit("XID "), pl.col("xid_last").cast(pl.String), pl.lit(": ") + pl.col("err_msg")],
-                    ignore_nulls=True,
-                ),
-            )
-        )
-    for col, kind, fid in _HEALTH_COUNTERS:
-        hit = gpu_sample.filter(pl.col(col).is_not_null() & (pl.col(col) > 0))
-        if hit.height:
-            parts.append(
-                hit.select(
-                    "ts",
-                    "gpu_uuid",
-                    kind=pl.lit(kind),
-                    code=pl.lit(fid, pl.Int64),
-                    value=pl.col(col).cast(pl.Float64),
-                    message=pl.lit(f"{_FIELD_ID_NAME[fid]}=") + pl.col(col).cast(pl.String),
-                )
-            )
-    if not parts:
-        return None
-    ev = (
-        pl.concat(parts)
-        .join(host, on="gpu_uuid", how="left")
-        .with_columns(host=pl.col("host").fill_null(""), source=pl.lit("dcgm"))
-    )
-    return ev.select([pl.col(c.name).cast(c.dtype) for c in HEALTH_EVENT.columns]).sort("ts", "gpu_uuid", "kind", "code")
 
 
 def _metric_samples(long: pl.DataFrame, blocks: pl.DataFrame, rowkeys: pl.DataFrame, meta: dict):

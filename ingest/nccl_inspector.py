@@ -49,6 +49,10 @@ sequence number, so they are not ``collective`` rows; ``parse_prometheus`` retur
 ``metric_sample`` series, names and values unchanged (the unit is in the name), plus a ``job_id``
 label (``slurm_job_id`` when it is not ``"unknown"``, else the caller's) and a ``gpu_uuid`` label
 when the file name is the plugin's ``nccl_inspector_metrics_<uuid>.prom``.
+
+The plugin's third output, OTLP/HTTP (``NCCL_INSPECTOR_OTEL_EXPORT=1``, same metric names as the textfile
+mode), arrives at ``POST /v1/metrics`` and is mapped by ``ingest.otlp``: per-operation points of its verbose
+mode to ``collective`` rows, its aggregates to ``metric_sample``.
 """
 
 from __future__ import annotations

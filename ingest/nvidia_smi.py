@@ -188,11 +188,14 @@ def _csv_record(row: dict[str, str], units: dict[str, str | None], n: int, sourc
     uuid = row.get("uuid", "")
     if _ABSENT.match(uuid):
         raise ParseError("row has no GPU UUID", source=source, line=n, field="uuid")
-    when = ts
-    if when is None:
-        stamp = row.get("timestamp")
-        if stamp is None or _ABSENT.match(stamp):
+    # The row's own timestamp wins: ``ts`` (the CLI passes the file's modification time) only stands in
+    # for queries without a timestamp field; otherwise a log of many polls would collapse into one instant.
+    stamp = row.get("timestamp")
+    if stamp is None or _ABSENT.match(stamp):
+        if ts is None:
             raise ParseError("no timestamp column and no ts= given", source=source, line=n, field="timestamp")
+        when = ts
+    else:
         try:
             when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=UTC)
         except ValueError:

@@ -7,12 +7,46 @@ What maps onto ``gpu_sample`` (wide, one row per GPU and instant):
 - The OpenTelemetry hardware semantic conventions (semconv ``hw.*``): ``hw.gpu.utilization`` (ratio),
   ``hw.gpu.memory.usage`` (By), and ``hw.power`` (W), ``hw.energy`` (J), ``hw.temperature`` (Cel) where
   ``hw.type`` is ``gpu``; the GPU is ``hw.id``.
-Everything else numeric (NCCL Inspector's own OTLP metrics among them) becomes ``metric_sample`` series keyed
-by name and attributes (resource attributes included, prefixed ``resource.`` where they would clash).
+GPU samples also give ``health_event`` rows (XID, ECC, row remap; ``frames.dcgm_health_events``, as for the
+exporter's text) and ``gpu_workload`` rows from the pod attributes of a GPU's first point in the request
+(``k8s.namespace.name`` / ``k8s.pod.name`` / ``k8s.container.name``, or dcgm-exporter's ``namespace`` /
+``pod`` / ``container`` labels as a Collector forwards them; the exporter's own pod is ignored).
+
+NCCL Inspector's own OTLP export (``NCCL_INSPECTOR_OTEL_EXPORT=1``; NVIDIA/nccl
+``plugins/profiler/inspector/inspector_otel.cc`` and the README's "OTLP HTTP Output Mode", commit
+12df1a11afad322be5a204a2db890161cbf8131d). All points are gauges with string attributes:
+- Verbose mode (``NCCL_INSPECTOR_OTEL_VERBOSE=1``), one point per completed operation and metric:
+  ``nccl_bus_bandwidth_gbs`` (GB/s), ``nccl_collective_exec_time_microseconds`` (us),
+  ``nccl_collective_algobw_gbs`` (GB/s) with attributes ``version``, ``node``, ``gpu`` (``GPU<cudaDev>``),
+  ``comm_name``, ``comm_id`` (communicator hash), ``n_nodes``, ``nranks``, ``coll_msg_size_bytes``,
+  ``collective``, ``coll_sn``, ``algo_proto`` (``<algo>_<proto>``); P2P the same as ``nccl_p2p_bus_bandwidth_gbs``,
+  ``nccl_p2p_exec_time_microseconds``, ``nccl_p2p_algobw_gbs`` with ``p2p_msg_size_bytes``,
+  ``p2p_operation``, ``p2p_sn``, ``p2p_peer``. These become ``collective`` rows, one per operation (the three
+  metrics of an operation meet on one row): ``seq`` = ``coll_sn`` / ``p2p_sn``, ``bytes`` = the exact message
+  size, ``duration_s`` = exec time / 1e6, ``algo`` / ``proto`` split from ``algo_proto`` (``unknown`` is
+  null), ``host`` = ``node``, ``job_id`` = the resource's ``slurm.job.id`` (the plugin sets it from
+  ``SLURM_JOB_ID``) or ``"unknown"``. P2P rows use ``comm_id`` ``<id>#p2p`` and ``peer``, as
+  ``ingest.nccl_inspector`` does for the JSON mode. ``start`` stays null: the point's time is when the
+  operation entered the completed ring, not when its kernel started.
+  The export carries no rank. ``rank`` is therefore a stand-in: ``-1 - (CRC-32 of "<node>/<gpu>" mod 2**31)``.
+  One device holds one rank of a communicator, so the stand-in tells the ranks of an operation apart (the
+  analyzers compare ranks of one ``comm_id``/``seq``), is the same in every export, and is negative so that
+  nobody mistakes it for NCCL's rank.
+- Default (aggregated) mode: the same metric names per bucket (``message_size`` range such as ``4-5GB``, no
+  ``coll_sn``), and verbose mode's per-device counters ``nccl_collectives_total``,
+  ``nccl_collectives_dropped_total``, ``nccl_p2p_total``, ``nccl_p2p_dropped_total``: aggregates, so
+  ``metric_sample`` series like every other metric.
+Everything else numeric becomes ``metric_sample`` series keyed by name and attributes (resource attributes
+included, prefixed ``resource.`` where they would clash).
 
 Rejected points are counted with a reason, as the OTLP partial-success response reports them
 (opentelemetry-proto, ``ExportMetricsPartialSuccess``): histograms and summaries (we keep scalars),
-points with no value, non-finite values, GPU series without a GPU id.
+points with no value, non-finite values, GPU series without a GPU id, Inspector operation points whose
+sequence number, size, rank count or communicator is missing or malformed.
+
+The other direction, ``gpu_observations``, is what the Fleetscope agent exports: the semconv names where the
+hardware conventions define the field, the DCGM field name in DCGM's unit otherwise, so that this module
+reads back exactly what the agent sent.
 
 Spec: https://opentelemetry.io/docs/specs/otlp/ (OTLP/HTTP, JSON encoding) and the semantic conventions
 for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
@@ -21,13 +55,26 @@ for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
 from __future__ import annotations
 
 import math
+import zlib
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.frames import DCGM_FIELDS, GPU_SAMPLE, METRIC_SAMPLE, UTC_US, Batch, series_key
+from fleetscope.frames import (
+    COLLECTIVE,
+    DCGM_FIELDS,
+    EXPORTER_POD_MARK,
+    GPU_SAMPLE,
+    GPU_WORKLOAD,
+    METRIC_SAMPLE,
+    UTC_US,
+    Batch,
+    dcgm_health_events,
+    series_key,
+)
 
 _HW_GPU = {
     "hw.gpu.utilization": ("util_ratio", 1.0),
@@ -36,6 +83,38 @@ _HW_GPU = {
 }
 _HW_TYPED = {"hw.power": ("power_w", 1.0), "hw.energy": ("energy_j", 1.0), "hw.temperature": ("temp_c", 1.0)}
 _UUID_KEYS = ("UUID", "uuid", "gpu_uuid", "hw.id", "gpu.uuid")
+# Pod attribution: (gpu_workload column, attribute names in order of preference).
+_WORKLOAD_KEYS = (
+    ("namespace", ("k8s.namespace.name", "namespace")),
+    ("pod", ("k8s.pod.name", "pod")),
+    ("container", ("k8s.container.name", "container")),
+)
+
+# NCCL Inspector per-operation metrics: name -> (operation kind, collective column, factor to its unit).
+_INSPECTOR_OPS = {
+    "nccl_bus_bandwidth_gbs": ("coll", "busbw_gbps", 1.0),
+    "nccl_collective_exec_time_microseconds": ("coll", "duration_s", 1e-6),
+    "nccl_collective_algobw_gbs": ("coll", "algbw_gbps", 1.0),
+    "nccl_p2p_bus_bandwidth_gbs": ("p2p", "busbw_gbps", 1.0),
+    "nccl_p2p_exec_time_microseconds": ("p2p", "duration_s", 1e-6),
+    "nccl_p2p_algobw_gbs": ("p2p", "algbw_gbps", 1.0),
+}
+_I64_MAX = 2**63 - 1
+
+# What the agent sends per gpu_sample column: (metric name, unit, multiplier from the column's SI value,
+# extra attributes). Semconv first; every other column under its DCGM name, in DCGM's unit, which
+# DCGM_FIELDS converts back. The first DCGM name of a column wins (the current name, not the pre-3.2 alias).
+_SEMCONV_OUT = {
+    "util_ratio": ("hw.gpu.utilization", "1"),
+    "fb_used_bytes": ("hw.gpu.memory.usage", "By"),
+    "power_w": ("hw.power", "W"),
+    "energy_j": ("hw.energy", "J"),
+    "temp_c": ("hw.temperature", "Cel"),
+}
+GPU_EXPORT: dict[str, tuple[str, str, float]] = {c: (name, unit, 1.0) for c, (name, unit) in _SEMCONV_OUT.items()}
+for _name, (_column, _factor) in DCGM_FIELDS.items():
+    GPU_EXPORT.setdefault(_column, (_name, "", 1.0 / _factor))
+del _name, _column, _factor
 _INT_COLUMNS = {c for c, t in GPU_SAMPLE.schema.items() if t == pl.Int64}
 
 
@@ -91,6 +170,8 @@ def from_request(req: Any, *, source: str = "") -> Batch:
     parts: list[pl.DataFrame] = []
     series_rows: dict[tuple[int, str], float] = {}
     gpus: dict[str, dict[str, Any]] = {}
+    workloads: list[dict[str, Any]] = []
+    colls: dict[tuple[str, int, str, int, str, int], dict[str, Any]] = {}
     rejected: Counter[str] = Counter()
     accepted = 0
     for rm in req.resource_metrics:
@@ -105,6 +186,9 @@ def from_request(req: Any, *, source: str = "") -> Batch:
                     continue
                 name = metric.name
                 points = getattr(metric, kind).data_points
+                if name in _INSPECTOR_OPS:
+                    accepted += _inspector_points(name, points, res, colls, series_rows, rejected)
+                    continue
                 static, typed = _gpu_target(name)
                 if static is None and typed is None:
                     accepted += _series_points(name, points, res, series_rows, rejected)
@@ -115,6 +199,7 @@ def from_request(req: Any, *, source: str = "") -> Batch:
                 columns: list[str] = []
                 pos = -1  # where the GPU id sits in this metric's attribute lists; collectors keep one order
                 for dp in points:
+                    # _value's checks, inlined: this loop runs once per GPU value and is the receiver's hot path
                     which = dp.WhichOneof("value")
                     if which is None:
                         rejected[f"data point without a value ({name})"] += 1
@@ -156,6 +241,9 @@ def from_request(req: Any, *, source: str = "") -> Batch:
                             "model_name": attrs.get("modelName") or attrs.get("model_name") or attrs.get("hw.model"),
                             "pci_bus_id": attrs.get("pci_bus_id"),
                         }
+                        work = _workload(attrs)
+                        if work:
+                            workloads.append({"ts_us": ts_ns // 1000, "gpu_uuid": uuid, **work})
                     uuids.append(uuid)
                     times.append(ts_ns // 1000)
                     values.append(value * col[1])
@@ -168,6 +256,12 @@ def from_request(req: Any, *, source: str = "") -> Batch:
     if parts:
         batch.gpu_sample = _wide(pl.concat(parts))
         batch.gpu = pl.DataFrame(list(gpus.values()), schema={"gpu_uuid": pl.String, "host": pl.String, "model_name": pl.String, "pci_bus_id": pl.String})
+        batch.health_event = dcgm_health_events(batch.gpu_sample, batch.gpu, source="otlp")
+    if workloads:
+        batch.gpu_workload = pl.DataFrame(workloads, schema={"ts_us": pl.Int64, "gpu_uuid": pl.String, "namespace": pl.String, "pod": pl.String, "container": pl.String}).select(
+            pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"), *GPU_WORKLOAD.names[1:])
+    if colls:
+        batch.collective = pl.DataFrame(list(colls.values()), schema=COLLECTIVE.schema)
     if series_rows:
         keys = list(series_rows)
         batch.metric_sample = pl.DataFrame(
@@ -178,19 +272,98 @@ def from_request(req: Any, *, source: str = "") -> Batch:
     return batch
 
 
+def _value(name: str, dp: Any, rejected: Counter[str]) -> float | None:
+    """A data point's finite value, or None with the reason counted."""
+    which = dp.WhichOneof("value")
+    if which is None:
+        rejected[f"data point without a value ({name})"] += 1
+        return None
+    value = float(dp.as_double if which == "as_double" else dp.as_int)
+    if not math.isfinite(value):
+        rejected[f"non-finite value ({name})"] += 1
+        return None
+    if dp.time_unix_nano <= 0:
+        rejected[f"data point without a timestamp ({name})"] += 1
+        return None
+    return value
+
+
+def _workload(attrs: Mapping[str, str]) -> dict[str, str | None] | None:
+    """Pod attribution of a GPU point, or None (no pod, or dcgm-exporter's own pod on an idle GPU)."""
+    work = {col: next((attrs[k] for k in keys if attrs.get(k)), None) for col, keys in _WORKLOAD_KEYS}
+    if not work["pod"] or any(EXPORTER_POD_MARK in (work[c] or "") for c in ("pod", "container")):
+        return None
+    return work
+
+
+def _inspector_points(name: str, points: Any, res: dict[str, str], colls: dict[tuple, dict[str, Any]],
+                      series_rows: dict[tuple[int, str], float], rejected: Counter[str]) -> int:
+    """NCCL Inspector points: per-operation ones (with ``coll_sn`` / ``p2p_sn``) onto collective rows,
+    aggregated buckets onto metric_sample series."""
+    p, column, factor = _INSPECTOR_OPS[name]
+    job = res.get("slurm.job.id") or "unknown"
+    n = 0
+    for dp in points:
+        attrs = _attrs(dp.attributes)
+        if f"{p}_sn" not in attrs:
+            n += _series_points(name, [dp], res, series_rows, rejected)
+            continue
+        value = _value(name, dp, rejected)
+        if value is None:
+            continue
+        try:
+            key, base = _inspector_op(p, attrs, job)
+        except ValueError as exc:
+            rejected[f"NCCL Inspector operation point {exc} ({name})"] += 1
+            continue
+        if value < 0:
+            rejected[f"negative value ({name})"] += 1
+            continue
+        row = colls.setdefault(key, base)
+        row[column] = value * factor
+        n += 1
+    return n
+
+
+def _inspector_op(p: str, attrs: dict[str, str], job: str) -> tuple[tuple[str, int, str, int, str, int], dict[str, Any]]:
+    """The collective key and the row's fixed fields from one operation point's attributes."""
+    def uint(k: str, minimum: int = 0) -> int:
+        v = attrs.get(k)
+        if v is None or not v.isdigit() or not minimum <= int(v) <= _I64_MAX:
+            raise ValueError(f"has no valid {k} ({str(v)[:20]!r})")
+        return int(v)
+
+    comm = attrs.get("comm_id")
+    if not comm or comm == "unknown" or len(comm) > 128:
+        raise ValueError("has no communicator id (comm_id)")
+    op = attrs.get("collective" if p == "coll" else "p2p_operation")
+    if not op or len(op) > 64:
+        raise ValueError("has no operation name")
+    node, gpu = attrs.get("node") or "", attrs.get("gpu") or ""
+    seq, nranks, size = uint(f"{p}_sn"), uint("nranks", 1), uint(f"{p}_msg_size_bytes")
+    if p == "coll":
+        peer = -1
+        algo, _, proto = (attrs.get("algo_proto") or "").partition("_")
+    else:
+        peer = uint("p2p_peer")
+        algo = proto = ""
+    rank = -1 - (zlib.crc32(f"{node}/{gpu}".encode()) & 0x7FFFFFFF)
+    comm_id = comm if p == "coll" else comm + "#p2p"
+    key = (job, rank, comm_id, seq, op, peer)
+    row = {
+        "job_id": job, "rank": rank, "comm_id": comm_id, "seq": seq, "op": op, "peer": peer, "bytes": size,
+        "nranks": nranks, "start": None, "duration_s": None, "algbw_gbps": None, "busbw_gbps": None,
+        "algo": algo if algo and algo != "unknown" else None, "proto": proto if proto and proto != "unknown" else None,
+        "dtype": None, "host": node or None, "gpu_uuid": None,
+    }
+    return key, row
+
+
 def _series_points(name: str, points: Any, res: dict[str, str], out: dict[tuple[int, str], float], rejected: Counter[str]) -> int:
     n = 0
     for dp in points:
-        which = dp.WhichOneof("value")
-        if which is None:
-            rejected[f"data point without a value ({name})"] += 1
-            continue
-        value = float(getattr(dp, which))
-        if not math.isfinite(value):
-            rejected[f"non-finite value ({name})"] += 1
-            continue
-        if dp.time_unix_nano <= 0:
-            rejected[f"data point without a timestamp ({name})"] += 1
+        value = _value(name, dp, rejected)
+        if value is None:
             continue
         attrs = _attrs(dp.attributes)
         labels = dict(attrs)
@@ -238,3 +411,49 @@ def response(rejected: int, message: str, *, encoding: str) -> tuple[bytes, str]
     if encoding == "json":
         return json_format.MessageToJson(resp, indent=None).encode(), "application/json"
     return resp.SerializeToString(), "application/x-protobuf"
+
+
+def gpu_observations(batch: Batch) -> dict[str, list[tuple[float, dict[str, str]]]]:
+    """A batch's GPU samples as OTLP observations, ``{metric name: [(value, attributes), ...]}``, named by
+    ``GPU_EXPORT`` so that ``from_request`` reads them back into the same columns.
+
+    One observation per GPU and metric: the GPU's latest row (an OTLP gauge has one value per attribute set
+    and collection). Attributes: ``hw.id`` (the GPU key), ``hw.type`` ``gpu``, and where the batch knows
+    them ``host.name``, ``hw.model``, ``pci_bus_id`` and the pod (``k8s.namespace.name``,
+    ``k8s.pod.name``, ``k8s.container.name``). An XID the batch holds only as a health event (NVML reports
+    XIDs as events) goes out as ``DCGM_FI_DEV_XID_ERRORS``, DCGM's "value of the last XID".
+    """
+    gs = batch.gpu_sample
+    if gs is None or not gs.height:
+        return {}
+    latest = gs.sort("ts").unique("gpu_uuid", keep="last", maintain_order=True)
+    attrs: dict[str, dict[str, str]] = {u: {"hw.id": u, "hw.type": "gpu"} for u in latest["gpu_uuid"]}
+    if batch.gpu is not None:
+        for row in batch.gpu.iter_rows(named=True):
+            a = attrs.get(row["gpu_uuid"])
+            if a is not None:
+                for key, col in (("host.name", "host"), ("hw.model", "model_name"), ("pci_bus_id", "pci_bus_id")):
+                    if row.get(col):
+                        a[key] = str(row[col])
+    if batch.gpu_workload is not None:
+        for row in batch.gpu_workload.sort("ts").iter_rows(named=True):
+            a = attrs.get(row["gpu_uuid"])
+            if a is not None:
+                for col, (key, _) in _WORKLOAD_KEYS:
+                    if row.get(col):
+                        a[key] = row[col]
+    xids: dict[str, int] = {}
+    if batch.health_event is not None and "xid_last" not in gs.columns:
+        for row in batch.health_event.filter(pl.col("kind") == "xid").sort("ts").iter_rows(named=True):
+            if row["gpu_uuid"] in attrs:
+                xids[row["gpu_uuid"]] = int(row["code"])
+    out: dict[str, list[tuple[float, dict[str, str]]]] = {}
+    for column, (name, _unit, factor) in GPU_EXPORT.items():
+        if column not in latest.columns:
+            continue
+        obs = [(float(v) * factor, attrs[u]) for u, v in zip(latest["gpu_uuid"], latest[column]) if v is not None]
+        if obs:
+            out[name] = obs
+    if xids:
+        out[GPU_EXPORT["xid_last"][0]] = [(float(x), attrs[u]) for u, x in xids.items()]
+    return out

@@ -4,6 +4,7 @@ import gzip
 import json
 
 import httpx
+import polars as pl
 import pytest
 from google.protobuf import json_format
 from google.rpc import status_pb2
@@ -107,3 +108,157 @@ def test_needs_the_ingest_scope(api, realdata):
     assert httpx.post(api.url + "/v1/metrics", content=body, headers={"Content-Type": "application/json"}).status_code == 401
     assert httpx.post(api.url + "/v1/metrics", content=body, headers={**headers(api, "read"), "Content-Type": "application/json"}).status_code == 403
     assert api.app.state.store.counts()["metric_sample"] == 0
+
+
+def _sdk_request(observations: dict, resource: dict):
+    """What the OpenTelemetry SDK would export for these observations: real instruments, a real reader and
+    the OTLP exporter's own protobuf encoder."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=Resource.create(resource), metric_readers=[reader])
+    meter = provider.get_meter("test")
+    for name, obs in observations.items():
+        meter.create_observable_gauge(name, callbacks=[lambda _o, obs=obs: [Observation(v, a) for v, a in obs]])
+    req = encode_metrics(reader.get_metrics_data())
+    provider.shutdown()
+    return req
+
+
+def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
+    """ingest.otlp.gpu_observations (the agent's side) and from_request (the server's) are inverse for every
+    gpu_sample column: the semconv names in SI units, the rest as DCGM fields in DCGM's units."""
+    import datetime as dt
+
+    import polars as pl
+
+    from fleetscope.frames import GPU_FIELDS, GPU_SAMPLE, Batch
+    from ingest import nvml, otlp
+
+    ts = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+    row = {"ts": ts, "gpu_uuid": "GPU-all"}
+    for i, c in enumerate(GPU_FIELDS):
+        row[c.name] = (i + 1) * (2**20 if c.name.endswith("_bytes") else 1) if c.dtype == pl.Int64 else 0.25 + i
+    batch = Batch(gpu_sample=pl.DataFrame([row], schema=GPU_SAMPLE.schema),
+                  gpu=pl.DataFrame([{"gpu_uuid": "GPU-all", "host": "node-9", "model_name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"}]))
+    obs = otlp.gpu_observations(batch)
+    assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.power", "hw.energy", "hw.temperature", "DCGM_FI_DEV_FB_FREE"} <= set(obs)
+    assert obs["DCGM_FI_DEV_FB_FREE"][0][0] == row["fb_free_bytes"] / 2**20  # MiB on the wire, as DCGM reports it
+    back = otlp.from_request(_sdk_request(obs, {"host.name": "collector"}))
+    assert back.meta["rejected_points"] == 0
+    got = back.gpu_sample.row(0, named=True)
+    for c in GPU_FIELDS:
+        assert got[c.name] == pytest.approx(row[c.name], rel=1e-12), c.name
+    assert back.gpu.row(0, named=True) == {"gpu_uuid": "GPU-all", "host": "node-9", "model_name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"}
+
+    # NVML reports XIDs as events, not as a field: the agent sends them as DCGM's last-XID field and the
+    # server turns that into the same health event.
+    nv = nvml.to_batch([{"uuid": "GPU-a", "power_mw": 250_000}], ts=ts, host="h", xids=[{"uuid": "GPU-a", "xid": 79}])
+    back = otlp.from_request(_sdk_request(otlp.gpu_observations(nv), {"host.name": "h"}))
+    assert back.gpu_sample.select("power_w", "xid_last").rows() == [(250.0, 79)]
+    assert back.health_event.select("gpu_uuid", "host", "kind", "code", "message").rows() == [("GPU-a", "h", "xid", 79, "XID 79")]
+
+
+# NCCL Inspector's OTLP export (NVIDIA/nccl plugins/profiler/inspector/inspector_otel.cc): per-operation
+# attributes of verbose mode, as inspectorOtelAddCommonAttr + inspectorOtelAddCompletedColl/P2p write them.
+def _inspector_coll_attrs(gpu: str, sn: int, **over: str) -> dict:
+    return {"version": "v5.2", "node": "nvl72004-T01", "gpu": gpu, "comm_name": "DP Group 0", "comm_id": "0x7f8c496ae9f661",
+            "n_nodes": "1", "nranks": "4", "coll_msg_size_bytes": "4294967296", "collective": "AllReduce", "coll_sn": str(sn),
+            "algo_proto": "Ring_LL", **over}
+
+
+def test_nccl_inspector_verbose_otlp_becomes_collective_rows(api):
+    """Verbose NCCL Inspector points sent with the real SDK exporter: the three metrics of one operation meet
+    on one collective row per GPU; P2P rows keep their peer; malformed operation points are rejected with
+    their reason and write nothing."""
+    from ingest.otlp import _inspector_op  # the stand-in rank, to name the expected rows
+
+    exporter = OTLPMetricExporter(endpoint=api.url + "/v1/metrics", headers=headers(api), timeout=20)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = MeterProvider(resource=Resource.create({"service.name": "nccl-inspector", "slurm.job.id": "4242"}), metric_readers=[reader])
+    meter = provider.get_meter("nccl-inspector")
+    ops = [(_inspector_coll_attrs("GPU0", 17), 678.263, 9498.47, 452.175), (_inspector_coll_attrs("GPU1", 17), 640.5, 10058.0, 427.0)]
+    p2p = {"version": "v5.2", "node": "nvl72004-T01", "gpu": "GPU0", "comm_name": "DP Group 0", "comm_id": "0x7f8c496ae9f661",
+           "n_nodes": "1", "nranks": "4", "p2p_msg_size_bytes": "536870912", "p2p_operation": "Send", "p2p_sn": "3", "p2p_peer": "1"}
+    bad = [_inspector_coll_attrs("GPU2", 18, coll_sn="x17"), {k: v for k, v in _inspector_coll_attrs("GPU3", 18).items() if k != "comm_id"}]
+    meter.create_observable_gauge("nccl_bus_bandwidth_gbs", unit="GB/s", callbacks=[
+        lambda _o: [Observation(bw, a) for a, bw, _, _ in ops] + [Observation(1.0, a) for a in bad]])
+    meter.create_observable_gauge("nccl_collective_exec_time_microseconds", unit="us", callbacks=[lambda _o: [Observation(us, a) for a, _, us, _ in ops]])
+    meter.create_observable_gauge("nccl_collective_algobw_gbs", unit="GB/s", callbacks=[lambda _o: [Observation(alg, a) for a, _, _, alg in ops]])
+    meter.create_observable_gauge("nccl_p2p_bus_bandwidth_gbs", unit="GB/s", callbacks=[lambda _o: [Observation(464.9, p2p)]])
+    meter.create_observable_gauge("nccl_p2p_exec_time_microseconds", unit="us", callbacks=[lambda _o: [Observation(1154.87, p2p)]])
+    meter.create_observable_gauge("nccl_collectives_dropped_total", unit="1", callbacks=[lambda _o: [Observation(3, {"version": "v5.1", "node": "nvl72004-T01", "gpu": "GPU0"})]])
+    assert provider.force_flush(timeout_millis=30_000)
+    provider.shutdown()
+
+    store = api.app.state.store
+    rows = store.read("collective").sort("op", "rank")
+    rank0, rank1 = (_inspector_op("coll", _inspector_coll_attrs(g, 17), "4242")[0][1] for g in ("GPU0", "GPU1"))
+    assert rank0 < 0 and rank1 < 0 and rank0 != rank1
+    coll = rows.filter(pl.col("op") == "AllReduce").sort("busbw_gbps", descending=True)
+    assert coll.select("job_id", "rank", "comm_id", "seq", "peer", "bytes", "nranks", "algo", "proto", "host", "start").rows() == [
+        ("4242", rank0, "0x7f8c496ae9f661", 17, -1, 4294967296, 4, "Ring", "LL", "nvl72004-T01", None),
+        ("4242", rank1, "0x7f8c496ae9f661", 17, -1, 4294967296, 4, "Ring", "LL", "nvl72004-T01", None)]
+    assert coll["busbw_gbps"].to_list() == [678.263, 640.5]
+    assert coll["duration_s"].to_list() == pytest.approx([9498.47e-6, 10058e-6])
+    assert coll["algbw_gbps"].to_list() == [452.175, 427.0]
+    send = rows.filter(pl.col("op") == "Send").row(0, named=True)
+    assert (send["comm_id"], send["seq"], send["peer"], send["bytes"], send["busbw_gbps"], send["algbw_gbps"]) == (
+        "0x7f8c496ae9f661#p2p", 3, 1, 536870912, 464.9, None)
+    assert send["duration_s"] == pytest.approx(1154.87e-6)
+    # the device counter is an aggregate: a series; the malformed operation points went nowhere
+    series = store.read("metric_sample")
+    # (force_flush and shutdown each export the observable gauges once: two instants)
+    assert series["value"].to_list() == [3.0, 3.0] and series["series"].n_unique() == 1
+    assert series["series"][0].startswith('nccl_collectives_dropped_total{gpu="GPU0",node="nvl72004-T01",')
+    assert 'slurm.job.id="4242"' in series["series"][0]
+    assert rows.height == 3
+
+
+def test_nccl_inspector_aggregated_json_as_the_plugin_writes_it(api, realdata):
+    """The plugin's default export, byte for byte in the shape inspectorOtelAppendBody writes (OTLP/JSON, one
+    gauge per metric, string attributes, asDouble), with the values of the README's v5.1 example: bucket
+    aggregates, so metric_sample series; an operation point with a broken sequence number is rejected."""
+    prom = (realdata / "telemetry/nccl-inspector_prometheus-textfile-examples_v5.1_from-README.prom").read_text()
+    value = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in prom.splitlines()}
+
+    def attrs(d: dict) -> list:
+        return [{"key": k, "value": {"stringValue": v}} for k, v in d.items()]
+
+    bucket = {"gpu": "GPU0", "comm_name": "DP Group 0", "version": "v5.1", "node": "nvl72004-T01", "n_nodes": "1", "nranks": "4",
+              "message_size": "4-5GB", "collective": "AllReduce", "algo_proto": "Ring_ll"}
+    t = "1772366400000000000"
+    doc = {"resourceMetrics": [{"resource": {"attributes": attrs({"service.name": "nccl-inspector"})}, "scopeMetrics": [{
+        "scope": {"name": "nccl-inspector"}, "metrics": [
+            {"name": "nccl_bus_bandwidth_gbs", "description": "NCCL bus bandwidth for collective operations", "unit": "GB/s",
+             "gauge": {"dataPoints": [{"attributes": attrs(bucket), "timeUnixNano": t, "asDouble": value["nccl_bus_bandwidth_gbs"]},
+                                      {"attributes": attrs(_inspector_coll_attrs("GPU0", 1, coll_sn="-1")), "timeUnixNano": t, "asDouble": 1.0}]}},
+            {"name": "nccl_collective_exec_time_microseconds", "description": "NCCL collective execution time", "unit": "us",
+             "gauge": {"dataPoints": [{"attributes": attrs(bucket), "timeUnixNano": t, "asDouble": value["nccl_collective_exec_time_microseconds"]}]}},
+        ]}]}]}
+    r = httpx.post(api.url + "/v1/metrics", content=json.dumps(doc), headers={**headers(api), "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    ps = r.json()["partialSuccess"]
+    assert int(ps["rejectedDataPoints"]) == 1 and "valid coll_sn" in ps["errorMessage"]
+    store = api.app.state.store
+    assert store.counts()["collective"] == 0
+    got = dict(zip(store.read("metric_sample")["series"].str.split("{").list.first(), store.read("metric_sample")["value"]))
+    assert got == {"nccl_bus_bandwidth_gbs": 678.263, "nccl_collective_exec_time_microseconds": 9498.47}
+
+
+@pytest.mark.parametrize(("attrs", "value", "reason"), [
+    (_inspector_coll_attrs("GPU0", 1, coll_sn="x17"), 1.0, "no valid coll_sn ('x17')"),
+    (_inspector_coll_attrs("GPU0", 1, coll_sn="99999999999999999999"), 1.0, "no valid coll_sn"),
+    (_inspector_coll_attrs("GPU0", 1, coll_msg_size_bytes="4e9"), 1.0, "no valid coll_msg_size_bytes"),
+    (_inspector_coll_attrs("GPU0", 1, nranks="0"), 1.0, "no valid nranks"),
+    (_inspector_coll_attrs("GPU0", 1, comm_id="unknown"), 1.0, "no communicator id"),
+    (_inspector_coll_attrs("GPU0", 1, collective=""), 1.0, "no operation name"),
+    (_inspector_coll_attrs("GPU0", 1), -5.0, "negative value"),
+], ids=["sn-text", "sn-overflow", "size-float", "nranks-zero", "comm-unknown", "no-op", "negative"])
+def test_malformed_inspector_operation_points_are_rejected_with_the_reason(attrs, value, reason):
+    from ingest import otlp
+
+    batch = otlp.from_request(_sdk_request({"nccl_bus_bandwidth_gbs": [(value, attrs)]}, {"service.name": "nccl-inspector"}))
+    assert batch.collective is None and batch.metric_sample is None
+    assert batch.meta["rejected_points"] == 1 and reason in next(iter(batch.meta["rejected_reasons"]))
