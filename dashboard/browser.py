@@ -54,8 +54,8 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("reliability", "reliability", ("Failures by category", "Checkpoint intervals")),
     PageSpec("network", "network", ("Collectives in production", "nccl-tests history")),
     PageSpec("energy_carbon", "energy_carbon", ("GPU energy by site", "PUE over time")),
-    PageSpec("governance", "governance", ("Models and risk class", "EU AI Act rule matrix")),
-    PageSpec("alerts", "alerts", ("Firing and recent", "Dead letters")),
+    PageSpec("governance", "governance", ("Models and risk class", "EU AI Act rule matrix", "Audit reports and export bundles")),
+    PageSpec("alerts", "alerts", ("Firing and recent", "Silences", "Dead letters")),
 )
 
 
@@ -85,10 +85,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def dashboard_server(database_url: str, *, port: int | None = None, timeout_s: float = 120, log: Path | None = None) -> Iterator[str]:
-    """Run ``fleetscope dashboard`` on a free loopback port against ``database_url``; yield its base URL."""
+def dashboard_server(
+    database_url: str, *, data_dir: Path | None = None, port: int | None = None, timeout_s: float = 120, log: Path | None = None
+) -> Iterator[str]:
+    """Run ``fleetscope dashboard`` on a free loopback port against ``database_url`` (and ``data_dir``, where
+    the audit reports and exports are filed); yield its base URL."""
     port = port or free_port()
     env = {**os.environ, "FLEETSCOPE_DATABASE_URL": database_url, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if data_dir is not None:
+        env["FLEETSCOPE_DATA_DIR"] = str(data_dir)
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetscope.cli", "dashboard", "--host", "127.0.0.1", "--port", str(port)],

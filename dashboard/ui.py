@@ -60,15 +60,24 @@ def _history(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return getattr(queries, name)(_store(url), **dict(kwargs))
 
 
-def q(fn: Callable[..., Any], *, live: bool = True, **kwargs: Any) -> Any:
-    """Run ``fn`` (a function of ``fleetscope.queries``) on the configured store, through the cache.
+def store() -> Store:
+    """The configured store (one per database per server process), for the few actions a page takes
+    through a service function (a silence, an export) rather than a read."""
+    return _store(database_url())
+
+
+def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, **kwargs: Any) -> Any:
+    """Run ``fn`` (a function of ``fleetscope.queries``) on the configured store, through the cache
+    (``fresh``: around it, for small tables a page itself changes, so a change shows at once).
 
     A database that does not answer gets a clear error on the page instead of a traceback.
     """
     if getattr(queries, fn.__name__, None) is not fn:
         raise ValueError(f"{fn.__name__} is not a fleetscope.queries function")
-    cache = _live if live else _history
     try:
+        if fresh:
+            return fn(store(), **kwargs)
+        cache = _live if live else _history
         return cache(database_url(), fn.__name__, tuple(sorted(kwargs.items())))
     except (SQLAlchemyError, sqlite3.Error) as exc:
         st.error(f"The database did not answer ({type(exc).__name__}): {str(exc).splitlines()[0][:300]}")
@@ -223,22 +232,6 @@ def no_data(what: str, later: str | None = None) -> None:
     if later:
         text += f" {later}"
     st.info(text, icon=":material/hourglass_empty:")
-
-
-def pending_table(title: str, candidates: tuple[str, ...], what: str, later: str) -> None:
-    """A section whose tables arrive with a later part (alerting, governance): show the first table that
-    exists with rows, or the "no data yet" state saying what will be here."""
-    st.subheader(title)
-    tables = set(q(queries.existing_tables, live=False))
-    for name in candidates:
-        if name in tables:
-            df = q(queries.table_preview, live=False, table=name, limit=200)
-            if df.height:
-                st.dataframe(df, hide_index=True)
-                return
-            no_data(f"table `{name}` is empty.", what)
-            return
-    no_data(what, later)
 
 
 # --- formatting ----------------------------------------------------------------------------------

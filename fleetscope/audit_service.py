@@ -162,6 +162,20 @@ def report_file(store: Store, settings: Settings, audit_id: str, fmt: str) -> tu
     return data, {"json": "application/json", "html": "text/html; charset=utf-8", "pdf": "application/pdf"}[fmt]
 
 
+def export_file(store: Store, settings: Settings, export_id: str) -> tuple[bytes, str]:
+    """A signed export bundle's bytes and its download name; ``AuditError`` when there is no such export
+    or its file is gone."""
+    rows = store.read("aiact_export").filter(pl.col("export_id") == export_id)
+    if rows.height == 0:
+        raise AuditError(f"no export {export_id[:100]!r}")
+    path = settings.data_dir / rows["location"][0]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise AuditError(f"export {export_id[:12]}: its file {rows['location'][0]} cannot be read ({exc.strerror})") from None
+    return data, f"fleetscope-export-{export_id[:12]}.zip"
+
+
 def latest_audit_id(store: Store) -> str:
     runs = list_audits(store)
     if not runs:

@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 from sqlalchemy import inspect
 
@@ -78,6 +79,16 @@ def _duration_s(store: Store, start: str, end: str) -> str:
     return f"EXTRACT(EPOCH FROM ({end} - {start}))::float8"
 
 
+def _json_number(store: Store, column: str, key: str) -> str:
+    """SQL for the number at top-level ``key`` of the JSON text in ``column`` (``key`` is a constant of
+    this module, never user input)."""
+    if not key.isidentifier():
+        raise ValueError(f"JSON key {key!r} must be an identifier")
+    if store.dialect == "sqlite":
+        return f"json_extract({column}, '$.{key}')"
+    return f"(({column})::jsonb ->> '{key}')::float8"
+
+
 def _site_gpus(site: str | None, params: list[Any], column: str = "gpu_uuid") -> str:
     """A filter on a GPU column to the GPUs of one site (inventory: gpu → host → site)."""
     if site is None:
@@ -94,12 +105,8 @@ def _site_hosts(site: str | None, params: list[Any], column: str = "host") -> st
 
 
 def existing_tables(store: Store) -> list[str]:
-    """Tables present in the database; pages for parts that land later (alerting, governance) look here."""
+    """Tables present in the database."""
     return sorted(inspect(store.engine).get_table_names())
-
-
-def table_exists(store: Store, table: str) -> bool:
-    return table in existing_tables(store)
 
 
 def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFrame:
@@ -126,37 +133,29 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
     return pl.DataFrame(rows, schema={"table": pl.String, "rows": pl.Int64, "approximate": pl.Boolean}, orient="row")
 
 
-def table_preview(store: Store, table: str, limit: int = 100) -> pl.DataFrame:
-    """The first ``limit`` rows of a table that exists, for pages whose own queries have not landed yet.
-
-    The name is checked against the database's own table list, never interpolated as given.
-    """
-    if table not in existing_tables(store):
-        return pl.DataFrame()
-    quoted = '"' + table.replace('"', '""') + '"'
-    return store.query(f"SELECT * FROM {quoted} LIMIT {int(limit)}")
-
-
 # --- time anchor ----------------------------------------------------------------------------
 
 
 def data_end(store: Store) -> dt.datetime | None:
-    """The latest instant any telemetry or event describes, or None for an empty database.
+    """The latest instant the GPU telemetry, events, nccl-tests runs or jobs describe (metric series only
+    when there is nothing else), or None for an empty database.
 
     Pages window "the last hour" back from here by default, so a database that stopped receiving data
     (a demo, a replay, an outage) still shows its last hour, with its age in the sidebar. Each part is a
     MAX over an indexed time column (or a small table), so this stays cheap on a large store.
     """
+    # metric_sample anchors the window only when nothing else has arrived: its series may be stamped with
+    # the start of a period that runs on past the data (an hourly grid intensity for the hour ahead, a
+    # forecast), and anchoring there would leave every live panel looking at an empty window.
     sql = (
-        "SELECT MAX(t) AS t FROM ("
+        "SELECT COALESCE((SELECT MAX(t) FROM ("
         " SELECT MAX(ts) AS t FROM gpu_sample"
-        " UNION ALL SELECT MAX(ts) FROM metric_sample"
         " UNION ALL SELECT MAX(ts) FROM job_event"
         " UNION ALL SELECT MAX(ts) FROM health_event"
         " UNION ALL SELECT MAX(ts) FROM nccl_test"
         " UNION ALL SELECT MAX(started_at) FROM job"
         " UNION ALL SELECT MAX(ended_at) FROM job"
-        ") x"
+        ") x), (SELECT MAX(ts) FROM metric_sample)) AS t"
     )
     df = _fetch(store, sql, [], {"t": UTC})
     return df["t"][0] if df.height else None
@@ -537,6 +536,52 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
     ).cast(schema)
 
 
+def energy_rollup_end(store: Store) -> dt.datetime | None:
+    """The end of the newest minute the energy roll-up (``gpu_energy_minute``) holds, or None before any."""
+    df = _fetch(store, "SELECT MAX(minute) AS t FROM gpu_energy_minute", [], {"t": UTC})
+    t = df["t"][0] if df.height else None
+    return None if t is None else t + dt.timedelta(minutes=1)
+
+
+def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """GPU energy per site and UTC hour over ``[start, end)`` from the per-minute roll-ups the worker writes
+    (``gpu_energy_minute``, fleetscope.energy_service), with location-based emissions
+    (analyzers.carbon.location_based: the site's hourly grid intensity where ``grid_intensity_g_per_kwh``
+    series cover the hour, else its annual figure): ``site_id, hour, gpu_minutes, energy_j, g_per_kwh,
+    intensity_basis, kgco2e``. GPUs outside the inventory's sites come as site_id null, without emissions.
+
+    Reads the window's roll-up rows through the ``minute`` index, aggregated in SQL: the cost follows
+    GPUs × minutes in the window.
+    """
+    start, end = _as_utc(start), _as_utc(end)
+    params: list[Any] = [start, end]
+    site_sql = _site_gpus(site, params, "m.gpu_uuid")
+    sql = (
+        f"SELECT h.site_id, {_bucket_us(store, 'm.minute', 3600)} AS hour, COUNT(*) AS gpu_minutes, SUM(m.energy_j) AS energy_j"
+        " FROM gpu_energy_minute m LEFT JOIN gpu g ON g.gpu_uuid = m.gpu_uuid LEFT JOIN host h ON h.host = g.host"
+        f" WHERE m.minute >= ? AND m.minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+    energy = _fetch(store, sql, params, {"site_id": pl.String, "hour": UTC, "gpu_minutes": pl.Int64, "energy_j": pl.Float64})
+    out_schema = {**energy.schema, "g_per_kwh": pl.Float64, "intensity_basis": pl.String, "kgco2e": pl.Float64}
+    if energy.is_empty():
+        return pl.DataFrame(schema=out_schema)
+    from analyzers import carbon
+
+    site_rows = store.read("site")
+    known = energy.filter(pl.col("site_id").is_in(site_rows["site_id"].implode()))
+    intensity = _fetch(
+        store,
+        "SELECT m.ts, s.series, m.value FROM metric_sample m JOIN series s ON s.series_id = m.series_id WHERE s.name = ? AND m.ts >= ? AND m.ts < ?",
+        [carbon.INTENSITY_SERIES, start.replace(minute=0, second=0, microsecond=0), end],
+        {"ts": UTC, "series": pl.String, "value": pl.Float64},
+    )
+    located = carbon.location_based(known, site_rows, metric_sample=intensity, time_col="hour") if known.height else known
+    rest = energy.join(known.select("site_id", "hour"), on=["site_id", "hour"], how="anti", nulls_equal=True)
+    return pl.concat([located.select(list(out_schema)), rest], how="diagonal_relaxed").select(
+        [pl.col(c).cast(t) for c, t in out_schema.items()]
+    ).sort("site_id", "hour", nulls_last=True)
+
+
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
     """Mean value per time bucket of the ``metric_sample`` series whose name matches ``name_like`` (SQL
     LIKE): ``ts, series, value_mean``. Facility meters (PUE, site power, grid intensity) arrive this way."""
@@ -624,13 +669,17 @@ def findings(
     kind_like: str | None = None,
     subject_like: str | None = None,
     limit: int = 200,
+    analyzer: str | None = None,
 ) -> pl.DataFrame:
-    """The newest findings in the window, most severe first within a window."""
+    """The newest findings in the window (of one ``analyzer`` if given), most severe first within a window."""
     params: list[Any] = []
     where = _finding_window(params, start, end)
     if kind_like:
         where += " AND kind LIKE ?"
         params.append(kind_like)
+    if analyzer:
+        where += " AND analyzer = ?"
+        params.append(analyzer)
     if subject_like:
         where += " AND subject LIKE ?"
         params.append(subject_like)
@@ -651,7 +700,7 @@ _JOB_COLS = ("job_id", "name", "kind", "model_name", "world_size", "site_id", "o
 
 def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 500) -> pl.DataFrame:
     """Jobs whose run overlaps ``[start, end)`` (jobs with unknown times too), newest first, with
-    ``goodput_ratio`` from the latest goodput finding where an analyzer has written one."""
+    ``goodput_ratio`` (runtime goodput) from the goodput analyzer's stored analysis, where it has run."""
     params: list[Any] = [_as_utc(end), _as_utc(start)]
     where = "(j.started_at IS NULL OR j.started_at < ?) AND (j.ended_at IS NULL OR j.ended_at >= ?)"
     if site is not None:
@@ -659,8 +708,8 @@ def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = 
         params.append(site)
     cols = ", ".join(f"j.{c}" for c in _JOB_COLS)
     sql = (
-        f"SELECT {cols}, (SELECT f.score FROM finding f WHERE f.kind = 'goodput' AND f.subject = 'job:' || j.job_id"
-        " ORDER BY f.window_start DESC LIMIT 1) AS goodput_ratio"
+        f"SELECT {cols}, (SELECT {_json_number(store, 'a.result', 'goodput_ratio')} FROM job_analysis a"
+        " WHERE a.job_id = j.job_id AND a.analyzer = 'goodput') AS goodput_ratio"
         # (started_at IS NULL) first: both databases then put jobs of unknown start last.
         f" FROM job j WHERE {where} ORDER BY (j.started_at IS NULL), j.started_at DESC, j.job_id LIMIT {int(limit)}"
     )
@@ -798,6 +847,88 @@ def scaling(store: Store, model_name: str) -> pl.DataFrame:
     eff = scaling_efficiency(df["world_size"].to_list(), df["step_time_mean_s"].to_list())
     # scaling_efficiency sorts by world size (stably), as df already is.
     return df.with_columns(efficiency_ratio=eff["efficiency"])
+
+
+def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
+    """The analyzers' stored summaries of a job (``fleetscope.analysis``: c3, goodput, stragglers, sdc,
+    checkpoint), keyed by analyzer: each the parsed ``result`` plus ``computed_at``, ``window_start`` and
+    ``window_end``. Empty before the job has been analysed."""
+    df = _fetch(
+        store,
+        "SELECT analyzer, computed_at, window_start, window_end, result FROM job_analysis WHERE job_id = ?",
+        [job_id],
+        {"analyzer": pl.String, "computed_at": UTC, "window_start": UTC, "window_end": UTC, "result": pl.String},
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for row in df.iter_rows(named=True):
+        try:
+            result = json.loads(row["result"]) if row["result"] else {}
+        except ValueError:
+            result = {}
+        out[row["analyzer"]] = {**(result if isinstance(result, dict) else {"value": result}),
+                                "computed_at": row["computed_at"], "window_start": row["window_start"], "window_end": row["window_end"]}
+    return out
+
+
+def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:
+    """Per step of a job, averaged over its ranks, from the C³ analyzer's stored breakdown
+    (``step_breakdown``, analyzers.c3.c3_breakdown; the last ``max_steps`` steps): ``step, ranks,
+    step_mean_s, c1_compute_s, c2_comm_s, c3_coord_s, f_compute``. C1 + C2 + C3 = step time; unlike the
+    raw step records, a collective's wait for its last peer is in C3 (coordination), not in C2."""
+    sql = (
+        "SELECT step, COUNT(*) AS ranks, AVG(step_s) AS step_mean_s, AVG(c1_compute_s) AS c1_compute_s, AVG(c2_comm_s) AS c2_comm_s,"
+        " AVG(c3_coord_s) AS c3_coord_s, AVG(f_compute) AS f_compute"
+        f" FROM step_breakdown WHERE job_id = ? GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
+    )
+    schema = {k: pl.Float64 for k in ("step_mean_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")}
+    return _fetch(store, sql, [job_id], {"step": pl.Int64, "ranks": pl.Int64, **schema}).sort("step")
+
+
+# How far either side of the runs the fitted curve is drawn, in factors of the world size.
+_FIT_SPAN = 2.0
+
+
+def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str = "ring") -> dict[str, Any]:
+    """The Fleet Law fitted to the runs of one model (analyzers.c3.fit_fleet_law: T_step(N) = a/N +
+    b·f(N) + c, ring all-reduce f(N) = 2(N−1) by default), for the Jobs page:
+
+    - ``runs``: ``scaling(store, model_name)`` (measured step time and η per run);
+    - ``fit``: ``a_s, b_s, c_s, r2, n_opt`` and ``comm_term``, or None with ``why`` when there are fewer than
+      three distinct world sizes or the fit fails;
+    - ``curve``: ``world_size, step_time_s, efficiency_ratio`` predicted at ``points`` world sizes spread
+      log-evenly from half the smallest run to twice the largest (or past N*, where the curve turns up),
+      η relative to the same baseline as the runs' η;
+    - ``n_opt``: the world size with the shortest predicted step, past which adding GPUs makes every step
+      slower (inf when the fitted curve has no minimum).
+    """
+    from analyzers.c3 import fit_fleet_law
+
+    runs = scaling(store, model_name)
+    out: dict[str, Any] = {"runs": runs, "fit": None, "why": None,
+                           "curve": pl.DataFrame(schema={"world_size": pl.Float64, "step_time_s": pl.Float64, "efficiency_ratio": pl.Float64})}
+    sizes = runs["world_size"].n_unique() if runs.height else 0
+    if sizes < 3:
+        out["why"] = f"{sizes} distinct world size{'s' if sizes != 1 else ''} of {model_name}; the fit needs three"
+        return out
+    try:
+        fit = fit_fleet_law(runs["world_size"].to_list(), runs["step_time_mean_s"].to_list(), comm_term=comm_term)
+    except ValueError as exc:
+        out["why"] = str(exc)
+        return out
+    lo = max(1.0, float(runs["world_size"].min()) / _FIT_SPAN)
+    hi = float(runs["world_size"].max()) * _FIT_SPAN
+    if math.isfinite(fit.n_opt):
+        hi = max(hi, fit.n_opt * 1.5)
+    # The runs' own world sizes are points of the curve too, so it can be read off at each of them.
+    n = np.unique(np.concatenate([np.geomspace(lo, hi, max(2, int(points))), runs["world_size"].to_numpy().astype(float)]))
+    t = fit.predict(n)
+    # η relative to the runs' baseline: the smallest run's N·T (scaling_efficiency's T1).
+    base = runs.sort("world_size").row(0, named=True)
+    t1 = base["world_size"] * base["step_time_mean_s"]
+    curve = pl.DataFrame({"world_size": n, "step_time_s": t}).with_columns(efficiency_ratio=t1 / (pl.col("world_size") * pl.col("step_time_s")))
+    out["curve"] = curve.filter(pl.col("step_time_s") > 0)
+    out["fit"] = {"a_s": fit.a_s, "b_s": fit.b_s, "c_s": fit.c_s, "r2": fit.r2, "n_opt": fit.n_opt, "comm_term": fit.comm_term}
+    return out
 
 
 # --- network ----------------------------------------------------------------------------------
@@ -954,3 +1085,208 @@ def checkpoint_intervals(store: Store, start: dt.datetime, end: dt.datetime, sit
         .select(list(schema))
         .sort("job_id")
     )
+
+
+# --- alerting -------------------------------------------------------------------------------------
+# The alerting service's own reads (fleetscope.alerting.state, as the API's /api/v1/alerts uses them),
+# as frames. Its tables are small: alerts the rules hold, silences, and the outbox.
+
+
+def _alerting_config() -> Any:
+    """The rules file's configuration with the API's edits layered on by the caller, for inhibition; None
+    when the file does not load (the API would not start either; the page still shows the alerts)."""
+    from fleetscope.alerting import config as alert_config
+    from fleetscope.alerting.rules import RuleError, load_config
+
+    try:
+        return load_config(alert_config.load().rules_path)
+    except (RuleError, OSError, ValueError):
+        return None
+
+
+def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Alerts the rules hold, firing first: ``alertname, state, severity, summary, labels`` (name="value"
+    pairs), ``active_at, fired_at, resolved_at, value, silenced_by`` (ids of the silences muting it,
+    comma-separated), ``inhibited, fingerprint``."""
+    from fleetscope.alerting import state as ST
+
+    base = _alerting_config()
+    config = ST.effective_config(store.engine, base) if base is not None else None
+    rows = ST.list_alerts(store.engine, config, now=now, include_resolved=include_resolved)
+    schema = {"alertname": pl.String, "state": pl.String, "severity": pl.String, "summary": pl.String, "labels": pl.String,
+              "active_at": UTC, "fired_at": UTC, "resolved_at": UTC, "value": pl.Float64, "silenced_by": pl.String,
+              "inhibited": pl.Boolean, "fingerprint": pl.String}
+    out = [
+        {
+            "alertname": a["labels"].get("alertname", a["rule"]),
+            "state": a["state"],
+            "severity": a["labels"].get("severity"),
+            "summary": a["annotations"].get("summary"),
+            "labels": ", ".join(f'{k}="{v}"' for k, v in sorted(a["labels"].items()) if k not in ("alertname", "severity")),
+            "active_at": dt.datetime.fromisoformat(a["active_at"]) if a["active_at"] else None,
+            "fired_at": dt.datetime.fromisoformat(a["fired_at"]) if a["fired_at"] else None,
+            "resolved_at": dt.datetime.fromisoformat(a["resolved_at"]) if a["resolved_at"] else None,
+            "value": a["value"],
+            "silenced_by": ", ".join(a["silenced_by"]) or None,
+            "inhibited": bool(a["inhibited"]),
+            "fingerprint": a["fingerprint"],
+        }
+        for a in rows
+    ]
+    order = {"firing": 0, "pending": 1, "inactive": 2}
+    df = pl.DataFrame(out, schema=schema)
+    return df.sort(pl.col("state").replace_strict(order, default=3, return_dtype=pl.Int64), pl.col("active_at"), descending=[False, True])
+
+
+def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Every silence, latest ending first: ``silence_id, state`` (pending, active, expired), ``matchers``
+    (Alertmanager's text form), ``starts_at, ends_at, created_by, comment``."""
+    from fleetscope.alerting import state as ST
+
+    now = now or dt.datetime.now(dt.UTC)
+    rows = [
+        {"silence_id": s.id, "state": s.state(now), "matchers": ", ".join(str(m) for m in s.matchers), "starts_at": s.starts_at,
+         "ends_at": s.ends_at, "created_by": s.created_by, "comment": s.comment}
+        for s in ST.list_silences(store.engine, now=now)
+    ]
+    schema = {"silence_id": pl.String, "state": pl.String, "matchers": pl.String, "starts_at": UTC, "ends_at": UTC,
+              "created_by": pl.String, "comment": pl.String}
+    return pl.DataFrame(rows, schema=schema)
+
+
+_NOTIFICATION_SCHEMA = {
+    "notification_id": pl.Int64, "receiver": pl.String, "group_key": pl.String, "status": pl.String, "created_at": UTC,
+    "attempts": pl.Int64, "next_attempt_at": UTC, "delivered_at": UTC, "last_status_code": pl.Int64, "last_error": pl.String,
+    "webhook_id": pl.String,
+}
+
+
+def notifications(store: Store, status: str | None = None, limit: int = 200) -> pl.DataFrame:
+    """The outbox, newest first (``status``: pending, delivered, dead or disabled; ``dead`` lists the dead
+    letters): ``notification_id, receiver, group_key, status, created_at, attempts, next_attempt_at,
+    delivered_at, last_status_code, last_error, webhook_id``."""
+    from fleetscope.alerting import state as ST
+
+    rows = ST.list_notifications(store.engine, status=status, limit=limit)
+    return pl.DataFrame([{k: r.get(k) for k in _NOTIFICATION_SCHEMA} for r in rows], schema=_NOTIFICATION_SCHEMA)
+
+
+def notification_counts(store: Store) -> dict[str, int]:
+    """Notifications per status (pending, delivered, dead, disabled), zeros included."""
+    from fleetscope.alerting import state as ST
+
+    return {"pending": 0, "delivered": 0, "dead": 0, "disabled": 0, **ST.counts(store.engine)}
+
+
+# --- governance ----------------------------------------------------------------------------------
+
+
+def models(store: Store) -> pl.DataFrame:
+    """The model registry: ``model_name, model_version, intended_purpose, role, updated_at``."""
+    cols = ("model_name", "model_version", "intended_purpose", "role", "updated_at")
+    return _fetch(store, f"SELECT {', '.join(cols)} FROM model ORDER BY model_name, model_version", [],
+                  {"model_name": pl.String, "model_version": pl.String, "intended_purpose": pl.String, "role": pl.String, "updated_at": UTC})
+
+
+_STATUSES = ("pass", "fail", "missing_evidence", "not_applicable")
+
+
+def audit_runs(store: Store, limit: int = 50) -> pl.DataFrame:
+    """EU AI Act audit runs, newest first: ``audit_id, scope, as_of, trigger, requested_by``, the number of
+    rule results per status (``pass, fail, missing_evidence, not_applicable``), ``formats`` (the reports
+    filed: json, html, pdf) and ``exports`` (signed bundles made of it)."""
+    runs = _fetch(
+        store,
+        f"SELECT audit_id, scope, as_of, trigger, requested_by, counts FROM aiact_audit_run ORDER BY as_of DESC LIMIT {int(limit)}",
+        [],
+        {"audit_id": pl.String, "scope": pl.String, "as_of": UTC, "trigger": pl.String, "requested_by": pl.String, "counts": pl.String},
+    )
+    schema = {**{c: runs.schema[c] for c in ("audit_id", "scope", "as_of", "trigger", "requested_by")}, **{s: pl.Int64 for s in _STATUSES},
+              "formats": pl.String, "exports": pl.Int64}
+    if runs.is_empty():
+        return pl.DataFrame(schema=schema)
+    ids = runs["audit_id"].to_list()
+    marks = ", ".join("?" for _ in ids)
+    reports = _fetch(store, f"SELECT audit_id, format FROM aiact_report WHERE audit_id IN ({marks})", ids, {"audit_id": pl.String, "format": pl.String})
+    exports = _fetch(store, f"SELECT audit_id, COUNT(*) AS exports FROM aiact_export WHERE audit_id IN ({marks}) GROUP BY audit_id", ids,
+                     {"audit_id": pl.String, "exports": pl.Int64})
+    order = {"json": 0, "html": 1, "pdf": 2}
+    formats = reports.sort(pl.col("format").replace_strict(order, default=9, return_dtype=pl.Int64)).group_by("audit_id", maintain_order=True).agg(
+        pl.col("format").str.join(", ").alias("formats"))
+
+    def count(text: str | None, status: str) -> int:
+        try:
+            return int(json.loads(text or "{}").get(status, 0))
+        except (ValueError, AttributeError, TypeError):
+            return 0
+
+    counts = {s: [count(c, s) for c in runs["counts"].to_list()] for s in _STATUSES}
+    return (
+        runs.drop("counts").with_columns(**{s: pl.Series(v, dtype=pl.Int64) for s, v in counts.items()})
+        .join(formats, on="audit_id", how="left").join(exports, on="audit_id", how="left")
+        .with_columns(pl.col("exports").fill_null(0))
+        .select(list(schema))
+    )
+
+
+def audit_exports(store: Store, limit: int = 50) -> pl.DataFrame:
+    """Signed export bundles, newest first: ``export_id, audit_id, created_at, size_bytes, key_fingerprint,
+    manifest_sha256, requested_by``."""
+    cols = {"export_id": pl.String, "audit_id": pl.String, "created_at": UTC, "size_bytes": pl.Int64, "key_fingerprint": pl.String,
+            "manifest_sha256": pl.String, "requested_by": pl.String}
+    return _fetch(store, f"SELECT {', '.join(cols)} FROM aiact_export ORDER BY created_at DESC LIMIT {int(limit)}", [], cols)
+
+
+def rule_results(store: Store, audit_id: str) -> pl.DataFrame:
+    """One audit's rule results: ``model`` (name:version), ``rule_id, title, citation, status, reason,
+    due_at, evidence`` (JSON), in rule order as the rules engine wrote them."""
+    sql = (
+        "SELECT model_name || ':' || model_version AS model, rule_id, title, citation, status, reason, due_at, evidence"
+        " FROM aiact_rule_result WHERE audit_id = ? ORDER BY model_name, model_version"
+    )
+    schema = {"model": pl.String, "rule_id": pl.String, "title": pl.String, "citation": pl.String, "status": pl.String, "reason": pl.String,
+              "due_at": UTC, "evidence": pl.String}
+    return _fetch(store, sql, [audit_id], schema)
+
+
+_FAIRNESS_METRICS = ("selection_rate", "tpr", "fpr", "fnr", "accuracy", "ppv")
+
+
+def fairness_groups(store: Store) -> pl.DataFrame:
+    """Each model's latest fairness evaluation, one row per sensitive feature, group and metric, with the
+    evaluation's bootstrap confidence interval: ``model, evaluated_at, passed, feature, group, count,
+    metric, value, ci_low, ci_high, confidence``."""
+    ev = _fetch(
+        store,
+        "SELECT model_name || ':' || model_version AS model, evaluated_at, passed, result FROM fairness_evaluation ORDER BY evaluated_at DESC",
+        [],
+        {"model": pl.String, "evaluated_at": UTC, "passed": pl.Boolean, "result": pl.String},
+    ).unique("model", keep="first", maintain_order=True)
+    schema = {"model": pl.String, "evaluated_at": UTC, "passed": pl.Boolean, "feature": pl.String, "group": pl.String, "count": pl.Int64,
+              "metric": pl.String, "value": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "confidence": pl.Float64}
+    rows = []
+    for e in ev.iter_rows(named=True):
+        try:
+            result = json.loads(e["result"] or "{}")
+        except ValueError:
+            continue
+        for feat in result.get("features") or []:
+            for g in feat.get("groups") or []:
+                for metric in _FAIRNESS_METRICS:
+                    ci = (g.get("ci") or {}).get(metric) or [None, None]
+                    rows.append({"model": e["model"], "evaluated_at": e["evaluated_at"], "passed": e["passed"], "feature": feat.get("feature"),
+                                 "group": str(g.get("group")), "count": g.get("count"), "metric": metric, "value": g.get(metric),
+                                 "ci_low": ci[0], "ci_high": ci[1], "confidence": result.get("confidence")})
+    return pl.DataFrame(rows, schema=schema)
+
+
+def model_lineage(store: Store, model_name: str, model_version: str) -> dict[str, Any] | None:
+    """A registered model's upstream datasets with the path proving each, and what taints them
+    (fleetscope.governance_service.model_lineage, as ``GET /api/v1/models/{name}/lineage``); None for a
+    model not in the registry."""
+    from fleetscope import governance_service as gs
+
+    try:
+        return gs.model_lineage(store, model_name, model_version)
+    except gs.NotFound:
+        return None

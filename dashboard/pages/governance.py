@@ -1,20 +1,219 @@
-"""Governance: models and their risk class, lineage, fairness, the EU AI Act rule matrix, reports and exports.
+"""Governance: models and their risk class, a model's lineage, fairness by group, the EU AI Act rule
+matrix with evidence, and the audit reports and signed export bundles to download (or a new export).
 
-The governance tables land with the governance part; until then each section says what it will show.
-Sections read the first of their candidate tables that exists, so they fill in as those tables arrive.
+Reports and bundles are the files the audit service filed (``fleetscope.audit_service``, as the API's
+``/api/v1/audits/{id}/report.{fmt}`` and ``/api/v1/exports/{id}`` serve them): a report whose file no
+longer matches the hash recorded when it was made is refused, not offered.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import altair as alt
+import polars as pl
 import streamlit as st
 
 from dashboard import ui
+from fleetscope import audit_service as au
+from fleetscope import queries
+from fleetscope import settings as settings_mod
 
 ui.filters()
 st.title("Governance")
+settings = settings_mod.load()
+MEDIA = {"json": "application/json", "html": "text/html", "pdf": "application/pdf"}
+STATUS_COLORS = alt.Scale(domain=["pass", "fail", "missing_evidence", "not_applicable"], range=["#2e7d32", "#c62828", "#f9a825", "#bdbdbd"])
 
-ui.pending_table("Models and risk class", ("model", "ai_model"), "no models registered.", "Models and their EU AI Act risk class arrive with the governance service.")
-ui.pending_table("Lineage", ("lineage_run", "lineage_edge", "lineage_io"), "no lineage events.", "OpenLineage events (`/api/v1/lineage`) build the graph of which data trained which model.")
-ui.pending_table("Fairness by group", ("fairness_evaluation", "fairness"), "no fairness evaluations.", "Metrics by group with confidence intervals arrive with the fairness evaluations.")
-ui.pending_table("EU AI Act rule matrix", ("rule_result", "aiact_rule_result"), "no rule results.", "Each rule's outcome with its evidence arrives with the AI Act rules.")
-ui.pending_table("Audit reports and export bundles", ("audit_run", "audit_report", "export_bundle"), "no audit reports or exports.", "Scheduled reports and signed export bundles will be downloadable here.")
+audits = ui.q(queries.audit_runs, fresh=True)  # small, and this page can add exports to it
+
+
+def report_file(audit_id: str, fmt: str) -> tuple[bytes | None, str | None]:
+    """A filed report's bytes, or None and why (file moved, or changed since it was hashed)."""
+    try:
+        return au.report_file(ui.store(), settings, audit_id, fmt)[0], None
+    except (au.AuditError, OSError) as exc:
+        return None, str(exc)
+
+
+@st.cache_data(ttl=ui.HISTORY_TTL_S, show_spinner=False)
+def classification(url: str, data_dir: str, audit_id: str) -> dict[str, dict[str, Any]]:
+    """Each model's risk class as the audit decided it, from its JSON report (model:version → classification, counts)."""
+    data, _ = report_file(audit_id, "json")
+    if data is None:
+        return {}
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return {}
+    return {f"{m['model_name']}:{m['model_version']}": {"classification": m.get("classification") or {}, "counts": m.get("counts") or {}}
+            for m in doc.get("models", [])}
+
+
+# --- models -----------------------------------------------------------------------------------------
+
+st.subheader("Models and risk class")
+models = ui.q(queries.models, fresh=True)
+latest = audits.row(0, named=True) if audits.height else None
+if models.is_empty():
+    ui.no_data("no models registered.", "Register one with `PUT /api/v1/models/{name}/{version}`; OpenLineage training runs link it to its data.")
+else:
+    classes = classification(ui.database_url(), str(settings.data_dir), latest["audit_id"]) if latest else {}
+
+    def risk(key: str) -> tuple[str | None, str | None]:
+        c = (classes.get(key) or {}).get("classification") or {}
+        known = ", ".join(c.get("classes") or []) or None
+        unknown = ", ".join(c.get("unknown") or [])
+        return known or (f"undecided ({unknown} not declared)" if unknown else None), "; ".join(c.get("reasons") or []) or None
+
+    keys = [f"{a}:{b}" for a, b in models.select("model_name", "model_version").rows()]
+    shown = models.with_columns(
+        risk_class=pl.Series([risk(k)[0] for k in keys], dtype=pl.String),
+        why=pl.Series([risk(k)[1] for k in keys], dtype=pl.String),
+        rules_failed=pl.Series([(classes.get(k) or {}).get("counts", {}).get("fail") for k in keys], dtype=pl.Int64),
+        rules_missing_evidence=pl.Series([(classes.get(k) or {}).get("counts", {}).get("missing_evidence") for k in keys], dtype=pl.Int64),
+    )
+    st.dataframe(shown.select("model_name", "model_version", "risk_class", "why", "rules_failed", "rules_missing_evidence", "intended_purpose", "role"), hide_index=True)
+    if latest:
+        st.caption(f"Risk class as the latest audit ({latest['audit_id']}, {latest['as_of']:%Y-%m-%d %H:%M} UTC) decided it from the declarations.")
+    else:
+        st.caption("No audit has run yet: the risk class is decided by the AI Act rules when one does.")
+
+# --- lineage ----------------------------------------------------------------------------------------
+
+st.subheader("Lineage")
+if models.is_empty():
+    ui.no_data("no model to trace.", "OpenLineage events (`/api/v1/lineage`) build the graph of which data trained which model.")
+else:
+    pick = st.selectbox("Model", keys, key="gov_lineage_model")
+    name, version = pick.rsplit(":", 1)
+    lineage = ui.q(queries.model_lineage, live=False, model_name=name, model_version=version)
+    upstream = (lineage or {}).get("upstream") or []
+    if not upstream:
+        ui.no_data(f"no lineage reaches {pick}.", "Training runs link a model to its data through OpenLineage events with the fleetscope_model facet, or the registry's training_run_ids.")
+    else:
+        tainted = {t["source"] for t in lineage.get("taints") or []}
+        edges, nodes = set(), {}
+        for u in upstream:
+            path = u["path"]
+            for a, b in zip(path, path[1:]):
+                edges.add((a["id"], b["id"]))
+            for n in path:
+                nodes[n["id"]] = n
+        shape = {"dataset": "box", "run": "ellipse", "model": "doubleoctagon"}
+
+        def label(n: dict[str, Any]) -> str:
+            text = n["label"].split(" (job ")[-1].rstrip(")") if n["kind"] == "run" else n["id"].split(":", 1)[1]
+            return text.replace('"', "'")
+
+        dot = ["digraph lineage {", "rankdir=LR;", 'node [fontsize=10, fontname="Helvetica"];']
+        for nid, n in nodes.items():
+            color = ', style=filled, fillcolor="#ffcdd2"' if nid in tainted else ""
+            dot.append(f'"{nid}" [label="{label(n)}", shape={shape.get(n["kind"], "box")}{color}];')
+        dot += [f'"{a}" -> "{b}";' for a, b in sorted(edges)]
+        dot.append("}")
+        st.graphviz_chart("\n".join(dot))
+        st.caption(f"{len(upstream)} upstream datasets of {pick}; red: a dataset whose flags (quarantine, personal data, licence) reach the model.")
+        if lineage.get("taints"):
+            st.dataframe(pl.DataFrame([{"kind": t["kind"], "source": t["source"], "detail": t.get("detail")} for t in lineage["taints"]]), hide_index=True)
+
+# --- fairness ---------------------------------------------------------------------------------------
+
+st.subheader("Fairness by group")
+fair = ui.q(queries.fairness_groups, live=False)
+if fair.is_empty():
+    ui.no_data("no fairness evaluations.", "Upload a model's predictions with `POST /api/v1/models/{name}/fairness`: metrics by group with bootstrap confidence intervals.")
+else:
+    c1, c2 = st.columns(2)
+    fmodel = c1.selectbox("Model evaluated", fair["model"].unique(maintain_order=True).to_list(), key="gov_fair_model")
+    metric = c2.selectbox("Metric", ["fnr", "fpr", "tpr", "selection_rate", "accuracy", "ppv"], key="gov_fair_metric",
+                          help="fnr: false-negative rate (missed positives); fpr: false-positive rate; selection_rate: share predicted positive")
+    rows = fair.filter((pl.col("model") == fmodel) & (pl.col("metric") == metric)).with_columns(
+        label=pl.format("{}: {}", "feature", "group"))
+    head = rows.row(0, named=True)
+    st.caption(f"Evaluated {head['evaluated_at']:%Y-%m-%d %H:%M} UTC; policy {'passed' if head['passed'] else 'FAILED'}; "
+               f"bars are {head['confidence'] or 0.95:.0%} bootstrap confidence intervals.")
+    base = alt.Chart(rows).encode(y=alt.Y("label:N", title="Group", sort=None), color=alt.Color("feature:N", title="Feature", legend=None))
+    ui.chart(
+        alt.layer(
+            base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_low:Q", title=f"{metric} (ratio)"), x2="ci_high:Q"),
+            base.mark_point(filled=True, size=60).encode(x="value:Q", tooltip=["feature", "group", "count", alt.Tooltip("value:Q", format=".3f"),
+                                                                                alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")]),
+        ),
+        height=max(120, 28 * rows.height),
+    )
+
+# --- rule matrix ------------------------------------------------------------------------------------
+
+st.subheader("EU AI Act rule matrix")
+if latest is None:
+    ui.no_data("no rule results.", "Each rule's outcome with its evidence arrives with an audit run (`fleetscope report`, `POST /api/v1/audits`, or weekly by beat).")
+else:
+    results = ui.q(queries.rule_results, live=False, audit_id=latest["audit_id"])
+    c = st.columns(4)
+    for col, status in zip(c, ("pass", "fail", "missing_evidence", "not_applicable")):
+        col.metric(status.replace("_", " ").capitalize(), f"{latest[status]}")
+    ui.chart(
+        alt.Chart(results).mark_rect(stroke="white").encode(
+            x=alt.X("rule_id:N", title="Rule", sort=None),
+            y=alt.Y("model:N", title="Model"),
+            color=alt.Color("status:N", scale=STATUS_COLORS, title="Status"),
+            tooltip=["model", "rule_id", "title", "status", "reason", "citation"],
+        ),
+        height=max(120, 40 * results["model"].n_unique()),
+    )
+    with st.expander(f"Results with reasons and evidence ({results.height})"):
+        st.dataframe(results, hide_index=True)
+
+# --- reports and exports ----------------------------------------------------------------------------
+
+
+def new_export() -> None:
+    audit_id = st.session_state.get("gov_audit")
+    try:
+        out = au.make_export(ui.store(), settings, audit_id=audit_id, requested_by="dashboard")
+    except (au.AuditError, OSError) as exc:
+        st.session_state["gov_export_result"] = ("error", f"No export was made: {exc}")
+        return
+    st.session_state["gov_export_result"] = ("success", f"Signed export {out['export_id'][:12]} of audit {out['audit_id']} made ({out['size_bytes']:,} bytes).")
+    st.session_state["gov_export"] = out["export_id"]  # offer the new bundle for download
+
+
+st.subheader("Audit reports and export bundles")
+if audits.is_empty():
+    ui.no_data("no audits yet.", "Run one with `fleetscope report` or `POST /api/v1/audits` (beat files one weekly); its JSON, HTML and PDF reports and signed export bundles are downloadable here.")
+else:
+    labels = {r["audit_id"]: f"{r['audit_id']} · {r['scope']} · fail {r['fail']}, missing evidence {r['missing_evidence']}, pass {r['pass']}" for r in audits.iter_rows(named=True)}
+    audit_id = st.selectbox("Audit", list(labels), format_func=labels.get, key="gov_audit")
+    run = audits.filter(pl.col("audit_id") == audit_id).row(0, named=True)
+    st.caption(f"Evaluated {run['as_of']:%Y-%m-%d %H:%M} UTC, {run['trigger'] or 'unknown trigger'}" + (f", by {run['requested_by']}" if run["requested_by"] else ""))
+    cols = st.columns(3)
+    for col, fmt in zip(cols, ("json", "html", "pdf")):
+        data, why = report_file(audit_id, fmt) if fmt in (run["formats"] or "") else (None, f"no {fmt} report was filed")
+        if data is None:
+            col.warning(f"{fmt.upper()}: {why}")
+        else:
+            col.download_button(f"Report ({fmt.upper()}, {len(data) / 1024:,.0f} KiB)", data, file_name=f"fleetscope-audit-{audit_id}.{fmt}",
+                                mime=MEDIA[fmt], key=f"gov_dl_{fmt}", width="stretch")
+
+    result = st.session_state.pop("gov_export_result", None)
+    if result:
+        (st.success if result[0] == "success" else st.error)(result[1])
+    exports = ui.q(queries.audit_exports, fresh=True)
+    mine = exports.filter(pl.col("audit_id") == audit_id)
+    if mine.is_empty():
+        ui.no_data("no signed export of this audit yet.")
+    else:
+        choices = {r["export_id"]: f"{r['export_id'][:12]} · {r['created_at']:%Y-%m-%d %H:%M} UTC · {r['size_bytes']:,} bytes · key {r['key_fingerprint'][:12]}"
+                   for r in mine.iter_rows(named=True)}
+        export_id = st.selectbox("Signed export bundle", list(choices), format_func=choices.get, key="gov_export")
+        try:
+            bundle, name = au.export_file(ui.store(), settings, export_id)
+        except au.AuditError as exc:
+            st.warning(str(exc))
+        else:
+            st.download_button(f"Export bundle (ZIP, {len(bundle) / 1024:,.0f} KiB)", bundle, file_name=name, mime="application/zip", key="gov_dl_export")
+        st.caption("Verify offline with `fleetscope verify BUNDLE` and the public key (`GET /api/v1/signing-key`): SHA-256 manifest, Ed25519 signature.")
+    st.button("Make a new signed export of this audit", on_click=new_export, key="gov_new_export",
+              help="Bundles the audit's reports and the evidence behind them (rule results, declarations, lineage, registry, fairness, energy) and signs it.")

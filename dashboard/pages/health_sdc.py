@@ -38,11 +38,14 @@ else:
     st.dataframe(ui.q(queries.health_events_by_node, live=False, start=f.start, end=f.end, site=f.site), hide_index=True)
 
 st.subheader("Drain and repair recommendations")
-advice = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="%drain%")
+# The health analyzer's findings are its recommendations: gpu_/node_ followed by the action (drain_node,
+# send_for_repair, reset, watch, ...; analyzers.health).
+advice = ui.q(queries.findings, live=False, start=f.start, end=f.end, analyzer="health")
 if advice.is_empty():
-    ui.no_data("no drain or repair recommendations.", "They arrive with the health analyzer.")
+    ui.no_data("no drain or repair recommendations.", "The health analyzer (`fleetscope.health_window`, run by beat) recommends actions from XIDs, ECC, row remaps and throttling.")
 else:
-    st.dataframe(advice.select("subject", "severity", "summary", "window_start"), hide_index=True)
+    advice = advice.with_columns(action=pl.col("kind").str.replace(r"^(gpu|node)_", "").str.replace_all("_", " "))
+    st.dataframe(advice.select("subject", "action", "severity", "summary", "window_start"), hide_index=True)
 
 st.subheader("SDC suspects")
 sdc = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="sdc%")

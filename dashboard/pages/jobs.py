@@ -33,15 +33,29 @@ c[3].metric("Mean step time", ui.fmt_duration(totals["step_mean_s"]))
 ci = totals["comm_intensity_bytes_per_flop"]
 c[4].metric("Comm. intensity", "—" if ci is None else f"{ci:.1e} B/FLOP".replace("e-0", "e-"), help="communication intensity: network bytes / model FLOPs")
 
-st.subheader("C³ breakdown over steps")
-steps = ui.q(queries.job_step_summary, live=False, job_id=job_id)
-if steps.is_empty():
-    ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
-else:
-    st.caption("Mean over ranks per step: compute (C1), exposed communication (C2), idle. Splitting collective wait from transfer arrives with the C³ analyzer's roll-ups.")
-    parts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
-    ui.chart(ui.stacked_parts(steps, "step", parts, alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True)), "Time per step (s)"))
+analyses = ui.q(queries.job_analyses, live=False, job_id=job_id)
 
+st.subheader("C³ breakdown over steps")
+c3_steps = ui.q(queries.job_c3_steps, live=False, job_id=job_id)
+steps = ui.q(queries.job_step_summary, live=False, job_id=job_id)
+step_x = alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True))
+if c3_steps.height:
+    c3 = analyses.get("c3") or {}
+    c = st.columns(3)
+    for col, part, label in zip(c, ("c1", "c2", "c3"), ("C1 compute", "C2 communication", "C3 coordination")):
+        ratio = c3.get(f"{part}_ratio")
+        col.metric(label, "—" if ratio is None else f"{ratio:.0%}", help="share of step time, over the job's steps and ranks (C³ analyzer)")
+    st.caption("Mean over ranks per step, from the C³ analyzer: C1 compute, C2 exposed transfer, C3 coordination (idle and waiting for the last peer of a collective). C1 + C2 + C3 = step time."
+               + (f" {c3['advice']}" if c3.get("advice") else ""))
+    parts = {"c1_compute_s": "C1 compute", "c2_comm_s": "C2 communication", "c3_coord_s": "C3 coordination"}
+    ui.chart(ui.stacked_parts(c3_steps, "step", parts, step_x, "Time per step (s)"))
+elif steps.height:
+    st.caption("Mean over ranks per step, from the step records: compute, exposed communication, idle. The C³ analyzer has not run on this job yet; its breakdown also splits a collective's wait (coordination) from its transfer.")
+    parts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
+    ui.chart(ui.stacked_parts(steps, "step", parts, step_x, "Time per step (s)"))
+else:
+    ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
+if steps.height:
     st.subheader("Per rank")
     ranks = ui.q(queries.job_rank_summary, live=False, job_id=job_id)
     if ranks.height > MAX_RANK_BARS:
@@ -54,47 +68,86 @@ else:
     ui.chart(ui.stacked_parts(ranks, "rank", rparts, alt.X("rank:O", title="Rank"), "Mean time per step (s)"), height=240)
 
 st.subheader("Goodput and badput")
-goodput = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="%goodput%", subject_like=f"job:{job_id}%")
-badput = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="badput%", subject_like=f"job:{job_id}%")
-if goodput.is_empty() and badput.is_empty():
-    ui.no_data("no goodput for this job.", "Goodput (scheduling × runtime × program) and the badput waterfall arrive with the goodput analyzer.")
+gp = analyses.get("goodput")
+if not gp or gp.get("total_s") is None:
+    ui.no_data("no goodput for this job.", "The goodput analyzer needs the job's lifecycle events (started, step, checkpoint, failure, ...); `POST /api/v1/jobs/{id}/analyze` or the worker runs it.")
 else:
-    if goodput.height:
-        st.metric("Goodput", f"{goodput['score'][0]:.0%}")
-    if badput.height:
-        ui.chart(
-            alt.Chart(badput).mark_bar().encode(
-                x=alt.X("kind:N", title="Badput bucket", sort="-y"), y=alt.Y("score:Q", title="Share of wall time (ratio)"), tooltip=["kind", "score", "summary"]
-            ),
-            height=220,
-        )
+    c = st.columns(4)
+    c[0].metric("Runtime goodput", "—" if gp.get("goodput_ratio") is None else f"{gp['goodput_ratio']:.1%}", help="productive step time / wall time (ml-goodput-measurement's semantics)")
+    sched = gp.get("scheduling_goodput_ratio")
+    c[1].metric("Scheduling goodput", "—" if sched is None else f"{sched:.1%}", help="time holding its GPUs / time since it asked for them")
+    c[2].metric("Disruptions", f"{gp.get('disruptions') or 0}")
+    c[3].metric("Wall time", ui.fmt_duration(gp["total_s"]))
+    badput = {k: v for k, v in (gp.get("badput_s") or {}).items() if v}
+    # A waterfall from the wall time down to the productive time, one step per badput bucket.
+    rows, level = [{"part": "wall time", "top_s": gp["total_s"], "bottom_s": 0.0, "kind": "total"}], gp["total_s"]
+    for bucket, seconds in sorted(badput.items(), key=lambda kv: -kv[1]):
+        rows.append({"part": bucket.replace("_", " "), "top_s": level, "bottom_s": level - seconds, "kind": "badput"})
+        level -= seconds
+    rows.append({"part": "productive", "top_s": gp.get("productive_s") or 0.0, "bottom_s": 0.0, "kind": "productive"})
+    water = pl.DataFrame(rows).with_columns(seconds=pl.col("top_s") - pl.col("bottom_s"), order=pl.int_range(pl.len()))
+    ui.chart(
+        alt.Chart(water).mark_bar().encode(
+            x=alt.X("part:N", title="Badput bucket", sort=alt.EncodingSortField("order")),
+            y=alt.Y("top_s:Q", title="Wall time (s)"),
+            y2="bottom_s:Q",
+            color=alt.Color("kind:N", scale=alt.Scale(domain=["total", "badput", "productive"], range=["#9e9e9e", "#c62828", "#2e7d32"]), legend=None),
+            tooltip=["part", alt.Tooltip("seconds:Q", format=".1f", title="seconds")],
+        ),
+        height=240,
+    )
+    st.caption(f"Computed {gp['computed_at']:%Y-%m-%d %H:%M} UTC." + ("" if gp.get("finished") else " The job had not finished: its time runs to then."))
 
 st.subheader("Scaling across runs")
 model = meta_row["model_name"]
-runs = ui.q(queries.scaling, live=False, model_name=model) if model else None
-if runs is None or runs.height < 2:
-    ui.no_data("fewer than two runs of this model at different world sizes.", "Scaling efficiency and the Fleet Law fit need at least two (three for the fit).")
+if not model:
+    ui.no_data("this job names no model.", "Runs of one model at different world sizes give scaling efficiency and the Fleet Law fit.")
 else:
-    st.caption(f"Runs of {model}: η = T1 / (N · T_N), relative to the smallest run.")
-    c1, c2 = st.columns(2)
-    with c1:
-        ui.chart(
-            alt.Chart(runs).mark_line(point=True).encode(
-                x=alt.X("world_size:Q", title="World size (GPUs)", scale=alt.Scale(type="log", base=2)),
-                y=alt.Y("step_time_mean_s:Q", title="Mean step time (s)"),
-                tooltip=["job_id", "world_size", alt.Tooltip("step_time_mean_s:Q", format=".3f")],
-            ),
-            height=220,
-        )
-    with c2:
-        ui.chart(
-            alt.Chart(runs).mark_line(point=True).encode(
-                x=alt.X("world_size:Q", title="World size (GPUs)", scale=alt.Scale(type="log", base=2)),
-                y=alt.Y("efficiency_ratio:Q", title="Scaling efficiency η (ratio)", scale=alt.Scale(domain=[0, 1.1])),
-                tooltip=["job_id", "world_size", alt.Tooltip("efficiency_ratio:Q", format=".2f")],
-            ),
-            height=220,
-        )
+    sf = ui.q(queries.scaling_fit, live=False, model_name=model)
+    runs, fit, curve = sf["runs"], sf["fit"], sf["curve"]
+    if runs.height < 2:
+        ui.no_data(f"fewer than two runs of {model} with step records.", "Scaling efficiency needs runs at two world sizes, the Fleet Law fit three.")
+    else:
+        log2 = alt.Scale(type="log", base=2)
+        x = alt.X("world_size:Q", title="World size N (GPUs)", scale=log2)
+        measured = alt.Chart(runs).mark_point(filled=True, size=70, color="#1565c0")
+        tips = ["job_id", "world_size", alt.Tooltip("step_time_mean_s:Q", format=".3f", title="T_step (s)"), alt.Tooltip("efficiency_ratio:Q", format=".2f", title="η")]
+        if fit is not None and fit["a_s"] <= 0:
+            st.warning(f"The Fleet Law does not fit these runs of {model} (fitted T_compute a = {fit['a_s']:.3g} s ≤ 0): their step times do not shrink "
+                       "with N the way one model and global batch would, e.g. different batch sizes or a straggler in one run. Measured points and η only.")
+            fit = None
+        elif fit is None:
+            ui.no_data(f"no Fleet Law fit: {sf['why']}.", "Scaling efficiency of the runs is shown.")
+        if fit is None:
+            t_chart = measured.encode(x=x, y=alt.Y("step_time_mean_s:Q", title="Mean step time T_step (s)"), tooltip=tips)
+            e_chart = measured.encode(x=x, y=alt.Y("efficiency_ratio:Q", title="Scaling efficiency η (ratio)"), tooltip=tips)
+        else:
+            n_opt = fit["n_opt"]
+            c = st.columns(5)
+            c[0].metric("GPUs past which steps get slower", "none found" if n_opt == float("inf") else f"{n_opt:,.1f}" if n_opt < 100 else f"{n_opt:,.0f}",
+                        help="N* where the fitted T_step(N) is smallest: beyond it adding GPUs makes every step slower")
+            c[1].metric("T_compute (a)", ui.fmt_duration(fit["a_s"]), help="the part of a step that divides over N GPUs")
+            c[2].metric("Growing cost (b per hop)", ui.fmt_duration(fit["b_s"]), help="cost per unit of the comm term 2(N−1): ring all-reduce latency, stragglers")
+            c[3].metric("Fit R²", f"{fit['r2']:.3f}")
+            mine = runs.filter(pl.col("job_id") == job_id)
+            c[4].metric("η of this run", f"{mine['efficiency_ratio'][0]:.2f}" if mine.height else "—", help="T1 / (N · T_N), relative to the smallest run")
+            st.caption(f"Runs of {model}, and the Fleet Law T_step(N) = a/N + b·2(N−1) + c fitted to them (a = {fit['a_s']:.3g} s, b = {fit['b_s']:.3g} s, "
+                       f"c = {fit['c_s']:.3g} s). η = T1 / (N · T_N), relative to the smallest run.")
+            line = alt.Chart(curve).mark_line(color="#9e9e9e", strokeDash=[5, 3])
+            rule = []
+            if n_opt != float("inf"):
+                rule = [alt.Chart(pl.DataFrame({"world_size": [n_opt]})).mark_rule(color="#c62828").encode(x="world_size:Q",
+                        tooltip=[alt.Tooltip("world_size:Q", format=",.0f", title="N* (GPUs)")])]
+            t_chart = alt.layer(line.encode(x=x, y=alt.Y("step_time_s:Q", title="Mean step time T_step (s)")),
+                                measured.encode(x=x, y="step_time_mean_s:Q", tooltip=tips), *rule)
+            e_chart = alt.layer(line.encode(x=x, y=alt.Y("efficiency_ratio:Q", title="Scaling efficiency η (ratio)")),
+                                measured.encode(x=x, y="efficiency_ratio:Q", tooltip=tips), *rule)
+        c1, c2 = st.columns(2)
+        with c1:
+            ui.chart(t_chart, height=240)
+        with c2:
+            ui.chart(e_chart, height=240)
+        st.dataframe(runs, hide_index=True, column_config={"efficiency_ratio": st.column_config.NumberColumn("η", format="%.2f")})
 
 with st.expander(f"All jobs in the range ({jobs.height})"):
     st.dataframe(jobs, hide_index=True)

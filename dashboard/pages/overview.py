@@ -69,14 +69,24 @@ left, right = st.columns(2)
 with left:
     st.subheader("Energy and CO2e today")
     day_start = dt.datetime.combine(f.end.date(), dt.time(), dt.UTC)
-    energy = ui.q(queries.gpu_energy, live=False, start=day_start, end=f.end, site=f.site)
-    if energy.is_empty():
-        ui.no_data("no GPU energy counters today.")
+    rolled = ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=f.end, site=f.site)
+    c1, c2 = st.columns(2)
+    if rolled.height:
+        kg = rolled["kgco2e"].drop_nulls()
+        c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(rolled["energy_j"].sum())), help="from the worker's per-minute energy roll-up; facility overhead (PUE) not included")
+        c2.metric("CO2e today", "—" if kg.is_empty() else f"{float(kg.sum()):,.1f} kg", help="location-based: each site's grid intensity, hourly where the grid's series cover the hour")
+        upto = ui.q(queries.energy_rollup_end, live=False)
+        bases = sorted(set(rolled["intensity_basis"].drop_nulls().to_list()))
+        st.caption(f"Rolled up to {upto:%H:%M} UTC. Grid intensity: {'; '.join(bases) or 'none (sites outside the inventory)'}.")
     else:
-        c1, c2 = st.columns(2)
-        c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(energy["energy_j"].sum())), help="from the GPUs' energy counters; facility overhead (PUE) not included")
-        c2.metric("CO2e today", "—")
-        ui.no_data("CO2e needs the grid's carbon intensity.", "It arrives with the energy & carbon analyzer.")
+        # Before the first roll-up (a fresh install, or no worker): the energy counters still give the energy.
+        counters = ui.q(queries.gpu_energy, live=False, start=day_start, end=f.end, site=f.site)
+        if counters.is_empty():
+            ui.no_data("no GPU energy today.", "The worker rolls GPU energy up every few minutes (`fleetscope worker` and `fleetscope beat`).")
+        else:
+            c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(counters["energy_j"].sum())), help="from the GPUs' energy counters; facility overhead (PUE) not included")
+            c2.metric("CO2e today", "—")
+            ui.no_data("no energy roll-up today, so no CO2e.", "The worker's energy roll-up attributes energy to sites and hours; CO2e follows from the grid's intensity.")
 with right:
     st.subheader("Jobs running")
     running = ui.q(queries.running_jobs, end=f.end, site=f.site)
@@ -95,7 +105,13 @@ with right:
         if running["goodput_ratio"].null_count() == running.height:
             st.caption("Goodput arrives with the goodput analyzer.")
 
-ui.pending_table("Firing alerts", ("alert", "alerts", "alert_state"), "no alert is firing.", "Alert rules and webhooks arrive with the alerting service.")
+st.subheader("Firing alerts")
+firing = ui.q(queries.alerts, include_resolved=False).filter(pl.col("state") == "firing")
+if firing.is_empty():
+    ui.no_data("no alert is firing.", "The Alerts page lists pending and resolved alerts, silences and deliveries.")
+else:
+    st.dataframe(firing.select("alertname", "severity", "summary", "fired_at", "silenced_by"), hide_index=True,
+                 column_config={"fired_at": st.column_config.DatetimeColumn("Fired (UTC)", format="YYYY-MM-DD HH:mm")})
 
 st.subheader("Fleet power and utilisation")
 series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)

@@ -112,6 +112,8 @@ def delete_rule(engine: Engine, name: str, *, by: str = "") -> None:
 def create_silence(engine: Engine, matchers: Sequence[str | Mapping[str, Any]], starts_at: dt.datetime | None, ends_at: dt.datetime,
                    created_by: str, comment: str, *, now: dt.datetime | None = None) -> D.Silence:
     now = now or _now()
+    if len(created_by) > 200:
+        raise ValueError("createdBy is longer than 200 characters")
     ms = tuple(Matcher.from_any(m) for m in matchers)
     if not ms:
         raise ValueError("a silence needs at least one matcher")

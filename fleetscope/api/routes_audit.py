@@ -100,11 +100,11 @@ async def post_export(request: Request, token: Gov, audit_id: str | None = None)
 
 @router.get("/exports/{export_id}")
 def get_export(request: Request, export_id: str, _: Gov) -> Response:
-    rows = request.app.state.store.read("aiact_export").filter(pl.col("export_id") == export_id)
-    if rows.height == 0:
-        raise HTTPException(404, f"no export {export_id[:100]!r}")
-    data = (request.app.state.settings.data_dir / rows["location"][0]).read_bytes()
-    return Response(data, media_type="application/zip", headers={"Content-Disposition": f'attachment; filename="fleetscope-export-{export_id[:12]}.zip"'})
+    try:
+        data, name = au.export_file(request.app.state.store, request.app.state.settings, export_id)
+    except au.AuditError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return Response(data, media_type="application/zip", headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 @router.get("/signing-key")

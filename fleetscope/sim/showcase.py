@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from fleetscope import frames as F
+from fleetscope.settings import Settings
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet
+from fleetscope.store import Store
 
 STRAGGLER_JOB = "job-llm-a"
 STRAGGLER_RANK = 5
 XID_CODE = 79  # "GPU has fallen off the bus": the classic drain-the-node XID
+
+# A scaling sweep of a second model whose step times follow the Fleet Law exactly (DESIGN.md, with
+# analyzers.c3.fit_fleet_law's ring comm term): T(N) = a/N + b·2(N−1) + c. With these constants the
+# step time is smallest at N* = sqrt(a / 2b) ≈ 31.6 GPUs: the 64-GPU run is slower than the 32-GPU one.
+SWEEP_MODEL = "gpt-1.3b"
+SWEEP_WORLD_SIZES = (4, 8, 16, 32, 64)
+SWEEP_A_S, SWEEP_B_S, SWEEP_C_S = 8.0, 0.004, 0.1
+SWEEP_STEPS = 6
 
 
 def showcase(
@@ -38,6 +49,7 @@ def showcase(
     end = start + dt.timedelta(seconds=duration_s)
     rng = np.random.default_rng(spec.seed + 1)
     out.append(_jobs(gpus, start, end, rng, world_sizes))
+    out.append(_sweep(gpus, start))
     out.append(_health(gpus, start, end))
     out.append(_nccl_tests(start, end))
     return out
@@ -77,6 +89,8 @@ def _jobs(gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime, rng: np.rand
             rank_rows.append({"job_id": job_id, "rank": r, "start": t0, "end": None, "gpu_uuid": g["gpu_uuid"], "host": g["host"]})
         for s in range(steps):
             step_start = t0 + dt.timedelta(seconds=s * step_s_nominal * 1.3)
+            # Step starts as the goodput library records them (analyzers.goodput reads these).
+            ev_rows.append({"job_id": job_id, "ts": step_start, "kind": "step", "rank": -1, "step": s})
             for r in range(world):
                 slow = 1.8 if (job_id == STRAGGLER_JOB and r == STRAGGLER_RANK) else 1.0
                 compute = compute_s * slow * (1 + rng.normal(0, 0.02))
@@ -170,6 +184,43 @@ def _jobs(gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime, rng: np.rand
     )
 
 
+def sweep_step_s(world_size: int) -> float:
+    """The sweep's step time at ``world_size`` GPUs (the Fleet Law with SWEEP_A_S, SWEEP_B_S, SWEEP_C_S)."""
+    return SWEEP_A_S / world_size + SWEEP_B_S * 2 * (world_size - 1) + SWEEP_C_S
+
+
+def _sweep(gpus: pl.DataFrame, start: dt.datetime) -> F.Batch:
+    """Finished runs of SWEEP_MODEL, one per world size (capped at the fleet), early in the window: the
+    Jobs page's Fleet Law fit needs three or more."""
+    job_rows, rank_rows, step_rows, ev_rows = [], [], [], []
+    sizes = sorted({min(n, gpus.height) for n in SWEEP_WORLD_SIZES})
+    for k, world in enumerate(sizes):
+        job_id = f"job-sweep-n{world}"
+        t0 = start + dt.timedelta(seconds=120 + 60 * k)
+        step_s = sweep_step_s(world)
+        end = t0 + dt.timedelta(seconds=SWEEP_STEPS * step_s)
+        job_rows.append({"job_id": job_id, "name": f"scaling-sweep-n{world}", "kind": "training", "model_name": SWEEP_MODEL, "world_size": world,
+                         "site_id": "site-a", "owner": "ml-platform", "submitted_at": t0, "started_at": t0, "ended_at": end, "status": "finished"})
+        for r in range(world):
+            rank_rows.append({"job_id": job_id, "rank": r, "start": t0, "end": end, "gpu_uuid": gpus["gpu_uuid"][r], "host": gpus["host"][r]})
+            for s in range(SWEEP_STEPS):
+                at = t0 + dt.timedelta(seconds=s * step_s)
+                if r == 0:
+                    ev_rows.append({"job_id": job_id, "ts": at, "kind": "step", "rank": -1, "step": s})
+                step_rows.append({"job_id": job_id, "rank": r, "step": s, "start": at, "end": at + dt.timedelta(seconds=step_s),
+                                  "compute_s": SWEEP_A_S / world, "comm_s": SWEEP_B_S * 2 * (world - 1), "comm_overlap_s": 0.0,
+                                  "idle_s": SWEEP_C_S, "tokens": 2048, "model_flops": 6 * 1.3e9 * 2048})
+        ev_rows += [{"job_id": job_id, "ts": t0, "kind": "started", "rank": -1, "step": None},
+                    {"job_id": job_id, "ts": end, "kind": "finished", "rank": -1, "step": SWEEP_STEPS - 1}]
+    return F.Batch(
+        source="sim:showcase/sweep",
+        job=pl.DataFrame(job_rows),
+        job_rank=pl.DataFrame(rank_rows),
+        step=pl.DataFrame(step_rows),
+        job_event=pl.DataFrame(ev_rows, schema={"job_id": pl.String, "ts": F.UTC_US, "kind": pl.String, "rank": pl.Int64, "step": pl.Int64}),
+    )
+
+
 def _health(gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> F.Batch:
     def g(i: int) -> dict:
         return gpus.row(i, named=True)
@@ -217,3 +268,48 @@ def _nccl_tests(start: dt.datetime, end: dt.datetime) -> F.Batch:
                     }
                 )
     return F.Batch(source="sim:showcase/nccl_tests", nccl_test=pl.DataFrame(rows))
+
+
+def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.datetime, *, rollup: bool = True, seed: int = 7) -> dict[str, Any]:
+    """What the worker and the API would have made of the showcase world by ``end``, through their own
+    service functions: the energy roll-up of ``[start, end)`` (unless the caller wrote its own), every
+    job's analyses, the health window's findings, one alert evaluation (its notifications go to the default route's receiver, which is
+    not configured here, so they are dead letters), the models registered with a fairness evaluation of a
+    biased classifier, one EU AI Act audit with its reports and a signed export. ``settings.data_dir``
+    receives the reports, the export and the signing key."""
+    from fleetscope import analysis, audit_service, energy_service, health_service
+    from fleetscope import governance_service as gs
+    from fleetscope.alerting import state as alert_state
+    from fleetscope.alerting.rules import load_config
+    from fleetscope.sim.lineage import lineage_events
+    from fleetscope.sim.predictions import prediction_table
+    from governance.registry import DatasetEntry, ModelEntry
+
+    out: dict[str, Any] = {}
+    if rollup:
+        out["energy"] = energy_service.rollup_window(store, start, end)
+    job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()
+    out["jobs"] = {j: analysis.analyze_job(store, j, now=end).to_dict() for j in job_ids}
+    out["health"] = health_service.health_window(store, start, end)["findings"].height
+    out["alerts"] = alert_state.evaluate_and_dispatch(store, load_config(), now=end).firing
+    # Lineage as OpenLineage events through the API's path: llama-7b trains downstream of the quarantined
+    # forum dump, the sweep's model on licensed books only (fleetscope.sim.lineage).
+    job = store.read("job")
+    trained = [job.filter(pl.col("job_id") == STRAGGLER_JOB), job.filter(pl.col("model_name") == SWEEP_MODEL).sort("world_size").tail(1)]
+    lin = lineage_events(seed, start, [(r["job_id"], r["model_name"], r["started_at"], r["ended_at"] or end) for t in trained for r in t.iter_rows(named=True)])
+    for event in lin.events:
+        gs.record_lineage(store, json.dumps(event).encode(), source="showcase")
+    for d in lin.registry["datasets"]:
+        gs.put_dataset(store, DatasetEntry(**d), actor="showcase")
+    for m in lin.registry["models"]:
+        gs.put_model(store, ModelEntry(**{**m, "training_run_ids": tuple(m["training_run_ids"])}), actor="showcase")
+    gs.put_model(store, ModelEntry("loan-screen", "1", intended_purpose="credit scoring of loan applicants"), actor="showcase")
+    table = prediction_table(600, np.random.default_rng(seed))  # bootstrap CIs cost time per row; 600 keeps every group above 30
+    out["fairness"] = gs.evaluate_fairness(store, "loan-screen", table.frame.write_csv().encode(), sensitive=list(table.sensitive), fmt="csv",
+                                           actor="showcase")["passed"]
+    audit_service.declare(store, "llama-7b", "1", "classification", {"general_purpose": True}, entered_by="showcase")
+    audit_service.declare(store, "loan-screen", "1", "area", {"area": "essential_services"}, entered_by="showcase")  # Annex III 5(b)
+    # Declarations, the registry and fairness evaluations are stamped with the wall clock, so the audit is too.
+    out["audit"] = audit_service.run_audit(store, settings, trigger="showcase", requested_by="showcase")
+    out["export"] = audit_service.make_export(store, settings, audit_id=out["audit"]["audit_id"], requested_by="showcase")
+    return out

@@ -224,6 +224,10 @@ def test_silence_and_rule_crud(store, box):
     assert [s.id for s in ST.list_silences(store.engine, now=at(1), active_only=True)] == [sil.id]
     with pytest.raises(ValueError):
         ST.create_silence(store.engine, ['host=~".*"'], None, at(600), "sre", "everything")
+    # createdBy wider than its column: a clear refusal on both databases (PostgreSQL would fail the insert).
+    with pytest.raises(ValueError, match="createdBy is longer than 200 characters"):
+        ST.create_silence(store.engine, ['host="n1"'], None, at(600), "s" * 201, "too long")
+    assert len(ST.list_silences(store.engine)) == 1
     # A silenced alert is held, not sent; the silence expires and it goes out.
     ST.put_rule(store.engine, {"alert": "GpuFellOffBus", "health": {"kind": "xid", "code": [79]}, "lookback": "10m", "labels": {"severity": "critical"}})
     cfg = ST.effective_config(store.engine, base)

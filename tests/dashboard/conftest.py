@@ -1,12 +1,17 @@
 """Databases for the dashboard tests: empty and migrated, or seeded with the showcase world.
 
 The seeded world is a 64-GPU fleet (2 sites × 4 nodes × 8 GPUs) over 30 minutes, plus three runs of one
-model with steps and collectives (rank 5 of job-llm-a straggles), health events on three GPUs, two
-nccl-tests runs, failures, a preemption, checkpoints and two findings (fleetscope.sim.showcase).
+model with steps and collectives (rank 5 of job-llm-a straggles), a five-run scaling sweep of a second
+model that follows the Fleet Law, health events on three GPUs, two nccl-tests runs, failures, a
+preemption, checkpoints and two findings (fleetscope.sim.showcase); then what the services make of it
+(showcase.run_services): energy roll-ups, every job's analyses, an alert evaluation with dead-lettered
+notifications, lineage, a fairness evaluation, an EU AI Act audit with its reports and a signed export,
+filed in the database's folder (its FLEETSCOPE_DATA_DIR).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -16,8 +21,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from fleetscope import db
+from fleetscope import settings as settings_mod
 from fleetscope.sim.fleet import FleetSpec
-from fleetscope.sim.showcase import showcase
+from fleetscope.sim.showcase import run_services, showcase
 from fleetscope.store import Store
 from tests.conftest import PG_ADMIN_URL, _unavailable
 
@@ -27,21 +33,33 @@ SPEC = FleetSpec()
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
-def seed(url: str, start: dt.datetime = SEED_START, duration_s: int = SEED_DURATION_S, spec: FleetSpec = SPEC) -> None:
+def seed(url: str, data_dir: Path, start: dt.datetime = SEED_START, duration_s: int = SEED_DURATION_S, spec: FleetSpec = SPEC) -> dict:
     store = Store.open(url)
     try:
         for batch in showcase(spec, start, duration_s):
             store.write(batch)
+        settings = dataclasses.replace(settings_mod.load(), data_dir=data_dir, database_url=url)
+        return run_services(store, settings, start, start + dt.timedelta(seconds=duration_s))
     finally:
         store.engine.dispose()
 
 
+def data_dir_of(sqlite_url: str) -> Path:
+    """The FLEETSCOPE_DATA_DIR of a seeded SQLite database: the folder it lies in (reports, exports, keys)."""
+    return Path(sqlite_url.split("///", 1)[1]).parent
+
+
 @pytest.fixture(scope="session")
-def seeded_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def seeded_services(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """The seeded SQLite database's URL and what run_services returned (audit and export ids)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('dash-seeded') / 'fleetscope.db'}"
     db.upgrade(url)
-    seed(url)
-    return url
+    return url, seed(url, data_dir_of(url))
+
+
+@pytest.fixture(scope="session")
+def seeded_sqlite_url(seeded_services: tuple[str, dict]) -> str:
+    return seeded_services[0]
 
 
 @pytest.fixture
@@ -83,7 +101,7 @@ def seeded_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         return
     gen = _pg_database()
     url = next(gen)
-    seed(url)
+    seed(url, tmp_path_factory.mktemp("dash-pg-seeded"))
     store = Store.open(url)
     yield store
     store.engine.dispose()

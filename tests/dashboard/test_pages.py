@@ -3,20 +3,28 @@ the showcase world shows its key content."""
 
 from __future__ import annotations
 
+import datetime as dt
+import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.dashboard.conftest import APP
+from fleetscope import queries as Q
+from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
+from fleetscope.store import Store
+from tests.dashboard.conftest import APP, data_dir_of
 
 PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts")
 
 
-def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None) -> AppTest:
     monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", url)
+    monkeypatch.setenv("FLEETSCOPE_DATA_DIR", str(data_dir_of(url)))
     at = AppTest.from_file(str(APP), default_timeout=60)
+    for k, v in (query or {}).items():
+        at.query_params[k] = v
     at.run()
     if page != "overview":
         at.switch_page(f"pages/{page}.py").run()
@@ -37,6 +45,17 @@ def infos(at: AppTest) -> list[str]:
     return [i.value for i in at.info]
 
 
+@pytest.fixture
+def seeded_copy(seeded_sqlite_url: str, tmp_path: Path) -> str:
+    """A private copy of the seeded database and its data dir, for tests that change them."""
+    shutil.copytree(data_dir_of(seeded_sqlite_url), tmp_path / "data")
+    return f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}"
+
+
+def store_of(url: str) -> Store:
+    return Store.open(url)
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_empty_database_says_no_data_yet(page: str, empty_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(empty_sqlite_url, page, monkeypatch)
@@ -44,26 +63,40 @@ def test_empty_database_says_no_data_yet(page: str, empty_sqlite_url: str, monke
     assert any(text.startswith("No data yet") for text in infos(at)), infos(at)
 
 
-def _overview(at: AppTest) -> None:
+def _overview(at: AppTest, url: str) -> None:
     m = metrics(at)
     assert m["GPUs"] == "64"
     assert m["Unhealthy"] == "3"
     assert int(m["Busy"]) + int(m["Idle"]) + int(m["Unhealthy"]) + int(m["Silent"]) == 64
     assert m["Power now"].endswith("kW")
-    assert m["GPU energy today (UTC)"].endswith("kWh")
+    # Energy and CO2e today come from the worker's roll-up (30 minutes of the 64-GPU fleet) and the grid.
+    store = store_of(url)
+    end = Q.data_end(store) + dt.timedelta(microseconds=1)
+    rolled = Q.energy_by_site_hour(store, dt.datetime.combine(end.date(), dt.time(), dt.UTC), end)
+    assert m["GPU energy today (UTC)"] == f"{rolled['energy_j'].sum() / 3.6e6:.1f} kWh" == "15.2 kWh"
+    assert m["CO2e today"] == f"{rolled['kgco2e'].sum():,.1f} kg" == "7.2 kg"
     running = at.dataframe[0].value
     assert running["job_id"].tolist() == ["job-llm-a"]
-    assert not any("no GPUs in the inventory" in t for t in infos(at))
+    assert running["goodput_ratio"].tolist() == pytest.approx([0.846], abs=1e-3)  # from the goodput analyzer's stored result
+    firing = at.dataframe[1].value
+    assert sorted(firing["alertname"]) == ["GpuFellOffBus", "GpuNeedsRepairOrDrain", "GpuNeedsRepairOrDrain", "SdcSuspect"]
+    assert not any(t.startswith("No data yet") for t in infos(at)), infos(at)
 
 
-def _jobs(at: AppTest) -> None:
+def _jobs(at: AppTest, url: str) -> None:
     m = metrics(at)
     assert m["World size"] == "16 GPUs" and m["Steps recorded"] == "40" and m["Status"] == "running"
-    assert any("goodput" in t for t in infos(at))  # goodput has not landed: its section says so
+    # The C³ analyzer's stored breakdown and the goodput analyzer's result (fleetscope.analysis).
+    assert (m["C1 compute"], m["C2 communication"], m["C3 coordination"]) == ("49%", "13%", "39%")
+    assert m["Runtime goodput"] == "84.6%" and m["Disruptions"] == "0"
     assert "C³ breakdown over steps" in [s.value for s in at.subheader]
+    # llama-7b's three runs do not follow the Fleet Law (one has a straggler): the page says so.
+    assert any("does not fit these runs of llama-7b" in w.value for w in at.warning)
+    assert at.dataframe[0].value["world_size"].tolist() == [8, 16, 32]
+    assert not any(t.startswith("No data yet") for t in infos(at)), infos(at)
 
 
-def _stragglers(at: AppTest) -> None:
+def _stragglers(at: AppTest, url: str) -> None:
     assert metrics(at)["Ranks ≥ 1.1× median compute"] == "1"
     suspects = at.dataframe[0].value
     assert suspects["subject"].tolist() == ["job:job-llm-a/rank:5"]
@@ -71,38 +104,72 @@ def _stragglers(at: AppTest) -> None:
     assert slowest["rank"].tolist()[0] == 5
 
 
-def _health_sdc(at: AppTest) -> None:
+def _health_sdc(at: AppTest, url: str) -> None:
     frames = [d.value for d in at.dataframe]
     by_node = frames[0]
     assert by_node.iloc[0]["kind"] == "xid" and by_node.iloc[0]["events"] == 2
+    # The health analyzer's recommendations: the GPU with XID 79 goes for repair, its node is drained.
+    advice = frames[1]
+    assert sorted(advice["action"]) == ["drain node", "send for repair"]
+    assert "host:site-a-node-001" in set(advice["subject"])
     assert any("sdc_suspect" in set(f.get("kind", [])) or "sdc" in set(f.get("kind", [])) for f in frames)
 
 
-def _reliability(at: AppTest) -> None:
+def _reliability(at: AppTest, url: str) -> None:
     m = metrics(at)
     assert (m["Failures"], m["Preemptions"], m["Restarts"]) == ("2", "1", "1")
     causes = set(at.dataframe[0].value["cause"])
     assert {"xid_79", "nccl_timeout"} <= causes
 
 
-def _network(at: AppTest) -> None:
+def _network(at: AppTest, url: str) -> None:
     frames = [d.value for d in at.dataframe]
     assert set(frames[0]["op"]) == {"all_reduce", "all_gather"}
     assert frames[-1]["run_id"].tolist() == ["nccl-tests-1", "nccl-tests-0"]
     assert at.multiselect(key="nccl_runs").value == ["nccl-tests-1", "nccl-tests-0"]
 
 
-def _energy_carbon(at: AppTest) -> None:
+def _energy_carbon(at: AppTest, url: str) -> None:
     assert metrics(at)["GPU energy in range"].endswith("kWh")
     assert any("PUE" in t for t in infos(at))
 
 
-def _governance(at: AppTest) -> None:
-    assert len([t for t in infos(at) if t.startswith("No data yet")]) == 5
+def download_labels(at: AppTest) -> list[str]:
+    return [d.proto.label for d in at.get("download_button")]
 
 
-def _alerts(at: AppTest) -> None:
-    assert len([t for t in infos(at) if t.startswith("No data yet")]) == 4
+def _governance(at: AppTest, url: str) -> None:
+    models = at.dataframe[0].value.set_index("model_name")
+    # The latest audit decided the risk class from the declarations (fleetscope.sim.showcase.run_services).
+    assert models.loc["loan-screen", "risk_class"] == "high_risk" and "Annex III point 5" in models.loc["loan-screen", "why"]
+    assert models.loc["llama-7b", "risk_class"] == "gpai"
+    assert models.loc["gpt-1.3b", "risk_class"].startswith("undecided")
+    # Lineage of the first model (the sweep's, trained on licensed books only), then of llama-7b, trained
+    # downstream of the quarantined forum dump.
+    assert set(at.dataframe[1].value["source"]) == {"dataset:s3://fleetscope-raw:licensed-books-v2"}
+    assert at.get("graphviz_chart") and "licensed-books-v2" in at.get("graphviz_chart")[0].proto.spec
+    at.selectbox(key="gov_lineage_model").set_value("llama-7b:1").run()
+    healthy(at)
+    taints = at.dataframe[1].value
+    assert "dataset:s3://fleetscope-raw:forum-dump-2023" in set(taints["source"]) and "quarantined" in set(taints["kind"])
+    audit = Q.audit_runs(store_of(url)).row(0, named=True)
+    m = metrics(at)
+    assert (m["Pass"], m["Fail"], m["Missing evidence"]) == (str(audit["pass"]), str(audit["fail"]), str(audit["missing_evidence"]))
+    assert audit["fail"] == 1
+    labels = download_labels(at)
+    assert [lab.split(",")[0] for lab in labels] == ["Report (JSON", "Report (HTML", "Report (PDF", "Export bundle (ZIP"]
+    assert not any(t.startswith("No data yet") for t in infos(at)), infos(at)
+
+
+def _alerts(at: AppTest, url: str) -> None:
+    m = metrics(at)
+    assert (m["Firing"], m["Pending"], m["Muted"]) == ("4", "0", "0")
+    # No receiver named "default" is configured in the showcase: both notifications are dead letters.
+    assert (m["Dead"], m["Delivered"]) == ("2", "0")
+    dead = at.dataframe[-1].value
+    assert dead["receiver"].tolist() == ["default", "default"] and set(dead["last_error"]) == {"no receiver named 'default'"}
+    assert [t for t in infos(at) if t.startswith("No data yet")] == [
+        "No data yet: no silences. Create one below to mute matching alerts for a while."]
 
 
 CHECKS = {
@@ -122,7 +189,7 @@ CHECKS = {
 def test_seeded_database_shows_key_content(page: str, seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(seeded_sqlite_url, page, monkeypatch)
     healthy(at)
-    CHECKS[page](at)
+    CHECKS[page](at, seeded_sqlite_url)
 
 
 def test_site_and_job_filters_from_the_url(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,15 +217,104 @@ def test_site_and_job_filters_from_the_url(seeded_sqlite_url: str, monkeypatch: 
     assert at.session_state["f_job"] == "All jobs"
 
 
-def test_pending_sections_fill_in_when_their_tables_arrive(empty_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The alerting service will bring its own tables; the page must show them without a code change.
-    path = empty_sqlite_url.split("///", 1)[1]
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE alert (alert_id INTEGER PRIMARY KEY, name TEXT, state TEXT)")
-        conn.execute("INSERT INTO alert VALUES (1, 'GPUXidErrors', 'firing')")
-    at = open_page(empty_sqlite_url, "alerts", monkeypatch)
+def test_the_fleet_law_fit_says_where_adding_gpus_stops_paying(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sweep's five runs follow T(N) = 8/N + 0.004·2(N−1) + 0.1 s exactly: the fit recovers a and b,
+    # and N* = sqrt(a / 2b) = sqrt(1000) ≈ 31.6 GPUs; η of the 16-GPU run is T4·4 / (16·T16).
+    at = open_page(seeded_sqlite_url, "jobs", monkeypatch, {"job": "job-sweep-n16"})
     healthy(at)
-    assert at.dataframe[0].value["name"].tolist() == ["GPUXidErrors"]
+    m = metrics(at)
+    assert m["GPUs past which steps get slower"] == f"{(SWEEP_A_S / (2 * SWEEP_B_S)) ** 0.5:.1f}" == "31.6"
+    assert (m["T_compute (a)"], m["Growing cost (b per hop)"], m["Fit R²"]) == ("8.00 s", "4 ms", "1.000")
+    t4, t16 = 8 / 4 + 0.004 * 6 + 0.1, 8 / 16 + 0.004 * 30 + 0.1
+    assert m["η of this run"] == f"{4 * t4 / (16 * t16):.2f}" == "0.74"
+    runs = at.dataframe[0].value
+    assert runs["world_size"].tolist() == [4, 8, 16, 32, 64]
+    assert runs["step_time_mean_s"].tolist() == pytest.approx([2.124, 1.156, 0.72, 0.598, 0.729], abs=1e-5)
+    assert m["Runtime goodput"] == "100.0%"
+
+
+def test_fewer_runs_than_the_fit_needs_say_no_data_yet(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with sqlite3.connect(seeded_copy.split("///", 1)[1]) as conn:  # keep two of the sweep's runs
+        conn.execute("UPDATE job SET model_name = 'other' WHERE job_id IN ('job-sweep-n4', 'job-sweep-n8', 'job-sweep-n64')")
+    at = open_page(seeded_copy, "jobs", monkeypatch, {"job": "job-sweep-n16"})
+    healthy(at)
+    assert "No data yet: no Fleet Law fit: 2 distinct world sizes of gpt-1.3b; the fit needs three." in " ".join(infos(at))
+    assert metrics(at)["World size"] == "16 GPUs" and at.dataframe[0].value["world_size"].tolist() == [16, 32]
+
+
+def fill_silence(at: AppTest, matchers: str, created_by: str = "oncall", comment: str = "GPU sent for repair, ticket HW-1") -> AppTest:
+    at.text_area(key="sil_matchers").input(matchers)
+    at.text_input(key="sil_created_by").input(created_by)
+    at.text_area(key="sil_comment").input(comment)
+    return at
+
+
+def test_a_silence_is_created_and_expired_through_the_alerting_service(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(seeded_copy, "alerts", monkeypatch)
+    fill_silence(at, 'alertname="GpuFellOffBus"\nseverity="critical"').button(key="sil_create").click().run()
+    healthy(at)
+    assert at.success[0].value.startswith("Silence ") and 'alertname="GpuFellOffBus"' in at.success[0].value
+    silences = Q.silences(store_of(seeded_copy))
+    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="GpuFellOffBus", severity="critical"', "oncall")]
+    assert silences["comment"][0] == "GPU sent for repair, ticket HW-1"
+    assert (silences["ends_at"][0] - silences["starts_at"][0]) == dt.timedelta(hours=2)  # the form's default window
+    assert metrics(at)["Muted"] == "1"  # the firing GpuFellOffBus alert is silenced at once
+    alerts = at.dataframe[0].value
+    assert alerts.loc[alerts["alertname"] == "GpuFellOffBus", "silenced_by"].tolist() == [silences["silence_id"][0]]
+    at.button(key="sil_expire").click().run()
+    healthy(at)
+    assert at.success[0].value == f"Silence {silences['silence_id'][0]} expired."
+    assert Q.silences(store_of(seeded_copy))["state"].to_list() == ["expired"]
+    assert metrics(at)["Muted"] == "0"
+
+
+@pytest.mark.parametrize(
+    "matchers, created_by, comment, end_day, why",
+    [
+        ('alertname=~"(unclosed"', "oncall", "x", None, "bad regex"),
+        ('alertname="GpuFellOffBus"', "oncall", "x", dt.date(2020, 1, 1), "endsAt must be after startsAt"),
+        ('host=~".*"', "oncall", "x", None, "must not match every alert"),
+        ("", "oncall", "x", None, "Give at least one matcher"),
+        ('alertname="X"', "", "x", None, "Say who is creating the silence"),
+        ('alertname="X"', "oncall", "  ", None, "Say why (Comment)"),
+        ("; DROP TABLE alert_silence; --", "oncall", "x", None, "cannot parse matcher"),
+    ],
+)
+def test_a_bad_silence_says_why_and_writes_nothing(
+    matchers: str, created_by: str, comment: str, end_day: dt.date | None, why: str, seeded_copy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = open_page(seeded_copy, "alerts", monkeypatch)
+    fill_silence(at, matchers, created_by, comment)
+    if end_day:
+        at.date_input(key="sil_end_day").set_value(end_day)
+    at.button(key="sil_create").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert len(at.error) == 1 and why in at.error[0].value, [e.value for e in at.error]
+    assert Q.silences(store_of(seeded_copy)).is_empty()
+
+
+def test_governance_makes_a_new_signed_export(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(seeded_copy, "governance", monkeypatch)
+    before = Q.audit_exports(store_of(seeded_copy))
+    at.button(key="gov_new_export").click().run()
+    healthy(at)
+    after = Q.audit_exports(store_of(seeded_copy))
+    assert after.height == before.height + 1 and after["requested_by"][0] == "dashboard"
+    assert at.success[0].value.startswith(f"Signed export {after['export_id'][0][:12]} of audit {after['audit_id'][0]}")
+    assert at.selectbox(key="gov_export").value == after["export_id"][0]  # newest first, offered for download
+
+
+def test_a_report_changed_after_filing_is_refused_not_offered(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    audit_id = Q.audit_runs(store_of(seeded_copy))["audit_id"][0]
+    html = data_dir_of(seeded_copy) / "reports" / audit_id / "report.html"
+    html.write_bytes(html.read_bytes().replace(b"</body>", b"<p>all rules pass</p></body>"))
+    (data_dir_of(seeded_copy) / "reports" / audit_id / "report.pdf").unlink()
+    at = open_page(seeded_copy, "governance", monkeypatch)
+    healthy(at)
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("HTML:") and "no longer matches the hash" in w for w in warnings), warnings
+    assert any(w.startswith("PDF:") for w in warnings), warnings
+    assert [lab.split(" (")[0] for lab in download_labels(at)] == ["Report", "Export bundle"]
 
 
 def test_an_unmigrated_database_says_how_to_fix_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,14 +4,27 @@ an empty database, and no full scan of a telemetry table (the dashboard's read b
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import polars as pl
 import pytest
+from sqlalchemy import text
 
+from analyzers.carbon import load_grid_intensity
+from fleetscope import frames as F
 from fleetscope import queries as Q
 from fleetscope.sim.fleet import gpu_fleet
-from fleetscope.sim.showcase import STRAGGLER_JOB, STRAGGLER_RANK
-from fleetscope.store import Store
+from fleetscope.sim.showcase import (
+    STRAGGLER_JOB,
+    STRAGGLER_RANK,
+    SWEEP_A_S,
+    SWEEP_B_S,
+    SWEEP_C_S,
+    SWEEP_MODEL,
+    SWEEP_WORLD_SIZES,
+    sweep_step_s,
+)
+from fleetscope.store import Store, _epoch_us
 from tests.dashboard.conftest import SEED_DURATION_S, SEED_START, SPEC
 
 END = SEED_START + dt.timedelta(seconds=SEED_DURATION_S)
@@ -29,6 +42,30 @@ def test_data_end_is_the_newest_row(seeded_store: Store) -> None:
     assert SEED_START < latest <= END
     assert Q.data_start(seeded_store) == SEED_START
     assert Q.sample_interval_s(seeded_store, latest) == SPEC.interval_s
+
+
+def test_data_end_is_not_pulled_ahead_by_a_series_stamped_for_the_hour_ahead(seeded_store: Store) -> None:
+    # A grid intensity for the next hour (as the simulator and grid APIs stamp them) must not move the
+    # window past the telemetry: every live panel would look at an empty window.
+    latest = Q.data_end(seeded_store)
+    hour_ahead = latest.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
+    seeded_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [hour_ahead], "series": ['grid_intensity_g_per_kwh{site="site-a"}'], "value": [300.0]})))
+    try:
+        assert Q.data_end(seeded_store) == latest
+    finally:
+        with seeded_store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM metric_sample WHERE ts = :t"), {"t": hour_ahead if seeded_store.dialect == "postgresql" else _epoch_us(hour_ahead)})
+
+
+def test_data_end_falls_back_to_metric_series(empty_store: Store) -> None:
+    t = END.replace(microsecond=0)
+    empty_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [t], "series": ["facility_power_w"], "value": [1.0]})))
+    try:
+        assert Q.data_end(empty_store) == t
+    finally:
+        with empty_store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM metric_sample"))
+            conn.execute(text("DELETE FROM series"))
 
 
 def test_fleet_size_and_sites(seeded_store: Store) -> None:
@@ -91,6 +128,30 @@ def test_gpu_energy_is_the_counter_difference(seeded_store: Store, fleet: pl.Dat
     assert energy["energy_j"].sum() == pytest.approx(per_gpu["e"].sum())
 
 
+def test_energy_by_site_hour_reads_the_roll_up_with_location_based_carbon(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    # The worker's roll-up of the showcase's 30 minutes: per GPU, the counter's rise over the samples
+    # (the last minute ends at the last sample); sites without a country get the world's annual intensity.
+    per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
+    rolled = Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)
+    assert rolled.select("site_id", "hour").rows() == [("site-a", SEED_START), ("site-b", SEED_START)]
+    assert rolled["gpu_minutes"].to_list() == [32 * 30, 32 * 30]
+    assert rolled["energy_j"].sum() == pytest.approx(per_gpu["e"].sum(), rel=1e-9)
+    world = load_grid_intensity().filter((pl.col("country") == "WLD") & (pl.col("region") == "")).sort("year").row(-1, named=True)
+    assert rolled["g_per_kwh"].to_list() == [world["g_per_kwh"]] * 2
+    assert rolled["kgco2e"].to_list() == pytest.approx((rolled["energy_j"] / 3.6e6 * world["g_per_kwh"] / 1000).to_list())
+    assert Q.energy_by_site_hour(seeded_store, HOUR_AGO, END, site="site-b")["site_id"].to_list() == ["site-b"]
+    assert Q.energy_rollup_end(seeded_store) == END
+    # An hourly intensity series, where one covers the hour, wins over the annual figure.
+    seeded_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [SEED_START], "series": ['grid_intensity_g_per_kwh{site="site-a"}'], "value": [100.0]})))
+    try:
+        hourly = Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)
+        assert hourly.select("site_id", "g_per_kwh", "intensity_basis").rows()[0] == ("site-a", 100.0, "hourly")
+        assert hourly["kgco2e"][0] == pytest.approx(hourly["energy_j"][0] / 3.6e6 * 0.1)
+    finally:
+        with seeded_store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM metric_sample WHERE series_id IN (SELECT series_id FROM series WHERE name = 'grid_intensity_g_per_kwh')"))
+
+
 def test_health_events_and_findings(seeded_store: Store) -> None:
     over_time = Q.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
     assert over_time["events"].sum() == 6
@@ -100,14 +161,20 @@ def test_health_events_and_findings(seeded_store: Store) -> None:
     assert Q.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
     assert Q.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
     kinds = Q.findings_by_kind(seeded_store, HOUR_AGO, END)
-    assert set(kinds["kind"]) == {"straggler", "sdc_suspect"}
+    assert set(kinds["kind"]) >= {"straggler", "sdc_suspect", "gpu_send_for_repair", "node_drain_node"}
+    health = Q.findings(seeded_store, HOUR_AGO, END, analyzer="health")
+    assert sorted(health["kind"]) == ["gpu_send_for_repair", "node_drain_node"]
     straggler = Q.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
     assert straggler["subject"].to_list() == [f"job:{STRAGGLER_JOB}/rank:{STRAGGLER_RANK}"]
 
 
 def test_jobs_steps_and_stragglers(seeded_store: Store) -> None:
     jobs = Q.jobs(seeded_store, HOUR_AGO, END)
-    assert set(jobs["job_id"]) == {"job-llm-a", "job-llm-b", "job-llm-c"}
+    assert set(jobs["job_id"]) == {"job-llm-a", "job-llm-b", "job-llm-c"} | {f"job-sweep-n{n}" for n in SWEEP_WORLD_SIZES}
+    # goodput_ratio is the goodput analyzer's stored result (job_analysis), read in SQL on both databases.
+    goodput = dict(jobs.select("job_id", "goodput_ratio").rows())
+    assert goodput[STRAGGLER_JOB] == pytest.approx(Q.job_analyses(seeded_store, STRAGGLER_JOB)["goodput"]["goodput_ratio"])
+    assert goodput["job-sweep-n4"] == pytest.approx(1.0)
     assert Q.running_jobs(seeded_store, END)["job_id"].to_list() == [STRAGGLER_JOB]
     steps = Q.job_step_summary(seeded_store, STRAGGLER_JOB)
     assert steps.height == 40 and steps["ranks"].unique().to_list() == [16]
@@ -125,6 +192,34 @@ def test_jobs_steps_and_stragglers(seeded_store: Store) -> None:
     assert totals["steps"] == 40 and totals["ranks"] == 16 and totals["comm_intensity_bytes_per_flop"] > 0
     scaling = Q.scaling(seeded_store, "llama-7b")
     assert scaling["world_size"].to_list() == [8, 16, 32] and scaling["efficiency_ratio"][0] == pytest.approx(1.0)
+
+
+def test_stored_analyses_and_the_c3_breakdown(seeded_store: Store) -> None:
+    analyses = Q.job_analyses(seeded_store, STRAGGLER_JOB)
+    assert {"c3", "goodput", "stragglers", "checkpoint"} <= set(analyses)
+    assert analyses["goodput"]["computed_at"] == END and analyses["goodput"]["total_s"] > 0
+    c3 = Q.job_c3_steps(seeded_store, STRAGGLER_JOB)
+    assert c3.height == 40 and c3["ranks"].unique().to_list() == [16]
+    # C1 + C2 + C3 = step time (analyzers.c3.c3_breakdown), and the job's C1 share matches its summary.
+    assert ((c3["c1_compute_s"] + c3["c2_comm_s"] + c3["c3_coord_s"]) - c3["step_mean_s"]).abs().max() < 1e-9
+    assert c3["c1_compute_s"].sum() / c3["step_mean_s"].sum() == pytest.approx(analyses["c3"]["c1_ratio"], rel=1e-6)
+    assert Q.job_analyses(seeded_store, "nope") == {}
+
+
+def test_the_fleet_law_fit_recovers_the_sweep(seeded_store: Store) -> None:
+    fit = Q.scaling_fit(seeded_store, SWEEP_MODEL)
+    assert fit["runs"]["world_size"].to_list() == list(SWEEP_WORLD_SIZES)
+    assert fit["runs"]["step_time_mean_s"].to_list() == pytest.approx([sweep_step_s(n) for n in SWEEP_WORLD_SIZES], abs=1e-6)
+    f = fit["fit"]
+    assert (f["a_s"], f["b_s"], f["c_s"]) == pytest.approx((SWEEP_A_S, SWEEP_B_S, SWEEP_C_S), rel=1e-4)
+    assert f["n_opt"] == pytest.approx(math.sqrt(SWEEP_A_S / (2 * SWEEP_B_S)), rel=1e-4) and f["r2"] == pytest.approx(1.0)
+    curve = fit["curve"]
+    assert curve["world_size"].min() == pytest.approx(2.0) and curve["world_size"].max() == pytest.approx(128.0)
+    best = curve.sort("step_time_s").row(0, named=True)
+    assert 28 < best["world_size"] < 36  # the curve's lowest point sits at N*
+    assert curve.filter(pl.col("world_size") == 4.0)["efficiency_ratio"].to_list() == pytest.approx([1.0])
+    none = Q.scaling_fit(seeded_store, "nope")
+    assert none["fit"] is None and none["why"] == "0 distinct world sizes of nope; the fit needs three" and none["curve"].is_empty()
 
 
 def test_network(seeded_store: Store) -> None:
@@ -153,10 +248,7 @@ def test_reliability(seeded_store: Store) -> None:
 def test_table_helpers(seeded_store: Store) -> None:
     rows = dict(Q.table_rows(seeded_store).select("table", "rows").rows())
     assert rows["gpu"] == 64 and rows["health_event"] == 6 and rows["nccl_test"] == 40
-    assert Q.table_exists(seeded_store, "finding") and not Q.table_exists(seeded_store, "alert")
-    assert Q.table_preview(seeded_store, "site")["site_id"].to_list() == ["site-a", "site-b"]
-    assert Q.table_preview(seeded_store, 'site"; DROP TABLE site; --').is_empty()
-    assert Q.table_exists(seeded_store, "site")
+    assert {"finding", "alert_state", "aiact_export", "gpu_energy_minute"} <= set(Q.existing_tables(seeded_store))
 
 
 # --- empty database ---------------------------------------------------------------------------
@@ -188,7 +280,48 @@ CALLS = {
     "collective_busbw": lambda s: Q.collective_busbw(s, HOUR_AGO, END),
     "disruptions": lambda s: Q.disruptions(s, HOUR_AGO, END),
     "checkpoint_intervals": lambda s: Q.checkpoint_intervals(s, HOUR_AGO, END),
+    "job_c3_steps": lambda s: Q.job_c3_steps(s, "nope"),
+    "energy_by_site_hour": lambda s: Q.energy_by_site_hour(s, HOUR_AGO, END),
+    "alerts": lambda s: Q.alerts(s),
+    "silences": lambda s: Q.silences(s),
+    "notifications": lambda s: Q.notifications(s),
+    "models": lambda s: Q.models(s),
+    "audit_runs": lambda s: Q.audit_runs(s),
+    "audit_exports": lambda s: Q.audit_exports(s),
+    "rule_results": lambda s: Q.rule_results(s, "nope"),
+    "fairness_groups": lambda s: Q.fairness_groups(s),
 }
+
+
+def test_alerting_reads(seeded_store: Store) -> None:
+    alerts = Q.alerts(seeded_store)
+    assert sorted(alerts["alertname"]) == ["GpuFellOffBus", "GpuNeedsRepairOrDrain", "GpuNeedsRepairOrDrain", "SdcSuspect"]
+    assert set(alerts["state"]) == {"firing"} and alerts["silenced_by"].null_count() == 4
+    dead = Q.notifications(seeded_store, status="dead")
+    assert dead.height == 2 and set(dead["last_error"]) == {"no receiver named 'default'"}
+    assert Q.notification_counts(seeded_store) == {"pending": 0, "delivered": 0, "dead": 2, "disabled": 0}
+    assert Q.silences(seeded_store).is_empty()
+
+
+def test_governance_reads(seeded_store: Store) -> None:
+    assert Q.models(seeded_store)["model_name"].to_list() == ["gpt-1.3b", "llama-7b", "loan-screen"]
+    runs = Q.audit_runs(seeded_store)
+    run = runs.row(0, named=True)
+    assert runs.height == 1 and run["scope"] == "registry" and run["formats"] == "json, html, pdf" and run["exports"] == 1
+    results = Q.rule_results(seeded_store, run["audit_id"])
+    assert results.height == run["pass"] + run["fail"] + run["missing_evidence"] + run["not_applicable"]
+    assert results.filter(pl.col("status") == "fail")["model"].to_list() == ["loan-screen:1"]
+    exports = Q.audit_exports(seeded_store)
+    assert exports["audit_id"].to_list() == [run["audit_id"]] and exports["size_bytes"][0] > 0
+    fair = Q.fairness_groups(seeded_store)
+    assert set(fair["model"]) == {"loan-screen:1"} and set(fair["feature"]) == {"sex", "age_band", "sex&age_band"}  # and intersectional
+    fnr = fair.filter((pl.col("feature") == "sex") & (pl.col("metric") == "fnr")).sort("group")
+    # The simulated classifier misses more women's positives (fleetscope.sim.predictions): F's FNR is higher.
+    assert fnr["group"].to_list() == ["F", "M"] and fnr["value"][0] > fnr["value"][1]
+    assert ((fnr["ci_low"] <= fnr["value"]) & (fnr["value"] <= fnr["ci_high"])).all()
+    lineage = Q.model_lineage(seeded_store, "llama-7b", "1")
+    assert "dataset:s3://fleetscope-raw:forum-dump-2023" in {u["dataset"] for u in lineage["upstream"]}
+    assert Q.model_lineage(seeded_store, "nope", "1") is None
 
 
 def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
@@ -206,11 +339,13 @@ def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
     assert Q.power_now(empty_store, END)["power_w"][0] is None
     assert Q.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
     assert Q.job_totals(empty_store, "nope")["steps"][0] == 0
+    assert Q.energy_rollup_end(empty_store) is None and Q.job_analyses(empty_store, "nope") == {}
+    assert Q.scaling_fit(empty_store, "nope")["fit"] is None
 
 
 # --- read budget ----------------------------------------------------------------------------------
 
-BIG = ("gpu_sample", "metric_sample", "collective", "step")
+BIG = ("gpu_sample", "metric_sample", "collective", "step", "step_breakdown", "gpu_energy_minute")
 
 
 def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,12 +366,13 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     Q.job_step_summary(store, STRAGGLER_JOB)
     Q.job_rank_summary(store, STRAGGLER_JOB)
     Q.job_rank_step_times(store, STRAGGLER_JOB)
+    Q.job_c3_steps(store, STRAGGLER_JOB)
+    Q.scaling(store, SWEEP_MODEL)
+    Q.energy_rollup_end(store)
     Q.gpu_state_counts(store, END)
     Q.data_end(store)
     Q.table_rows(store)
     assert len(seen) > 30
-    from fleetscope.store import _epoch_us
-
     with store.engine.connect() as conn:
         cur = conn.connection.driver_connection.cursor()
         for sql, params in seen:
