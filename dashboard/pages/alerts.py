@@ -176,4 +176,5 @@ if dead.is_empty():
     ui.no_data("no dead letters.", "Notifications that exhaust their retries, or whose receiver does not exist, are kept here to be sent again.")
 else:
     st.caption("Fix the receiver, then send one again with its original webhook-id: `POST /api/v1/alerts/notifications/{id}/retry` (scope admin).")
-    st.dataframe(dead.select("notification_id", "receiver", "group_key", "created_at", "attempts", "last_status_code", "last_error"), hide_index=True)
+    st.dataframe(dead.select("notification_id", "receiver", "group_key", "created_at", "attempts", "last_status_code", "last_error"), hide_index=True,
+                 column_config={"created_at": st.column_config.DatetimeColumn("Created (UTC)", format="YYYY-MM-DD HH:mm:ss")})

@@ -161,7 +161,7 @@ else:
             color=alt.Color("status:N", scale=STATUS_COLORS, title="Status"),
             tooltip=["model", "rule_id", "title", "status", "reason", "citation"],
         ),
-        height=max(120, 40 * results["model"].n_unique()),
+        height=120 + 40 * results["model"].n_unique(),  # the height includes the axes: rule ids below take about 100 px
     )
     with st.expander(f"Results with reasons and evidence ({results.height})"):
         st.dataframe(results, hide_index=True)

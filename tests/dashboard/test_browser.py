@@ -9,7 +9,10 @@ Screenshots go to $FLEETSCOPE_TEST_ARTIFACTS/dashboard (default: test-artifacts/
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,10 @@ from typing import Any
 import pytest
 
 from dashboard import browser as B
+from fleetscope import queries as Q
+from fleetscope.store import Store
+from governance import exports
+from tests.dashboard.conftest import data_dir_of
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +31,22 @@ ARTIFACTS = Path(os.environ.get("FLEETSCOPE_TEST_ARTIFACTS", B.ROOT / "test-arti
 
 
 @pytest.fixture(scope="module")
-def base_url(seeded_sqlite_url: str) -> Iterator[str]:
+def data_dir(seeded_sqlite_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of the seeded database and its reports: this module creates silences in it."""
+    copy = tmp_path_factory.mktemp("dash-browser") / "data"
+    shutil.copytree(data_dir_of(seeded_sqlite_url), copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def base_url(data_dir: Path) -> Iterator[str]:
     why = B.missing_browser()
     if why:
         if os.environ.get("FLEETSCOPE_REQUIRE_BROWSER") == "1":
             pytest.fail(why + " and FLEETSCOPE_REQUIRE_BROWSER=1")
         pytest.skip(why)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with B.dashboard_server(seeded_sqlite_url, log=ARTIFACTS / "server.log") as url:
+    with B.dashboard_server(f"sqlite:///{data_dir / 'fleetscope.db'}", data_dir=data_dir, log=ARTIFACTS / "server.log") as url:
         yield url
 
 
@@ -49,12 +64,16 @@ def metric(page: Any, label: str) -> str:
 
 
 KEY_METRICS = {
-    "overview": {"GPUs": "64", "Unhealthy": "3"},
-    "jobs": {"World size": "16 GPUs", "Steps recorded": "40"},
+    "overview": {"GPUs": "64", "Unhealthy": "3", "GPU energy today (UTC)": "15.2 kWh", "CO2e today": "7.2 kg"},
+    "jobs": {"World size": "16 GPUs", "Steps recorded": "40", "C1 compute": "49%", "Runtime goodput": "84.6%"},
     "stragglers": {"Ranks ≥ 1.1× median compute": "1"},
     "reliability": {"Failures": "2", "Preemptions": "1"},
+    "governance": {"Fail": "1"},
+    "alerts": {"Firing": "4", "Dead": "2"},
 }
-MIN_CHARTS = {"overview": 3, "jobs": 4, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2}
+MIN_CHARTS = {"overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
+# Pages whose every panel has data in the showcase world (the Alerts page has no silence yet).
+NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1}
 
 
 @pytest.mark.parametrize("spec", B.PAGES, ids=[p.name for p in B.PAGES])
@@ -65,8 +84,56 @@ def test_every_page_renders_its_content(spec: B.PageSpec, base_url: str, page: A
     for label, value in KEY_METRICS.get(spec.name, {}).items():
         assert metric(page, label) == value, label
     assert page.locator('[data-testid="stVegaLiteChart"]').count() >= MIN_CHARTS.get(spec.name, 0)
-    if spec.name in ("governance", "alerts"):
-        assert page.get_by_text("No data yet", exact=False).count() >= 4
+    if spec.name in NO_DATA_YET:
+        assert page.get_by_text("No data yet", exact=False).count() == NO_DATA_YET[spec.name]
+
+
+def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any) -> None:
+    jobs = next(p for p in B.PAGES if p.name == "jobs")
+    B.open_page(page, base_url, jobs, query="?job=job-sweep-n32")
+    assert B.error_texts(page) == []
+    assert metric(page, "GPUs past which steps get slower") == "31.6"
+    assert metric(page, "η of this run") == "0.44"
+    page.screenshot(path=str(ARTIFACTS / "jobs-fleet-law.png"), full_page=True)
+
+
+def download(page: Any, label_start: str, to: Path) -> Path:
+    button = page.locator('[data-testid="stDownloadButton"] button').filter(has_text=label_start).first
+    with page.expect_download(timeout=60_000) as info:
+        button.click()
+    path = to / info.value.suggested_filename
+    info.value.save_as(path)
+    return path
+
+
+def test_reports_and_a_signed_bundle_download_and_verify(base_url: str, page: Any, data_dir: Path, tmp_path: Path) -> None:
+    governance = next(p for p in B.PAGES if p.name == "governance")
+    B.navigate(page, governance)
+    report = json.loads(download(page, "Report (JSON", tmp_path).read_text())
+    assert {m["model_name"] for m in report["models"]} == {"gpt-1.3b", "llama-7b", "loan-screen"}
+    assert download(page, "Report (PDF", tmp_path).read_bytes().startswith(b"%PDF")
+    bundle = download(page, "Export bundle (ZIP", tmp_path)
+    assert bundle.name.startswith("fleetscope-export-") and zipfile.is_zipfile(bundle)
+    # An auditor verifies it offline with the public half of the signing key.
+    key = exports.load_public_key((data_dir / "signing_key.pub.pem").read_bytes())
+    result = exports.verify(bundle.read_bytes(), key)
+    assert result.ok, result
+
+
+def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any, data_dir: Path) -> None:
+    alerts = next(p for p in B.PAGES if p.name == "alerts")
+    B.navigate(page, alerts)
+    page.get_by_role("textbox", name="Matchers, one per line").fill('alertname="SdcSuspect"')
+    page.get_by_role("textbox", name="Created by", exact=True).fill("browser-test")
+    page.get_by_role("textbox", name="Comment", exact=True).fill("checking the replica by hand")
+    page.get_by_role("button", name="Create silence").click()
+    page.get_by_text("Silence ", exact=False).filter(has_text="created").first.wait_for(timeout=60_000)
+    B.wait_rendered(page, alerts)
+    assert B.error_texts(page) == []
+    assert metric(page, "Muted") == "1"
+    silences = Q.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}"))
+    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="SdcSuspect"', "browser-test")]
+    page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)
 
 
 def test_a_deep_link_opens_the_job(base_url: str, page: Any) -> None:
