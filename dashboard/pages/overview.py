@@ -69,15 +69,18 @@ left, right = st.columns(2)
 with left:
     st.subheader("Energy and CO2e today")
     day_start = dt.datetime.combine(f.end.date(), dt.time(), dt.UTC)
-    rolled = ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=f.end, site=f.site)
+    # The roll-up holds nothing past its newest minute: ending the read there keeps one cache entry per
+    # roll-up (the worker writes every few minutes) instead of one per moving window end.
+    upto = ui.q(queries.energy_rollup_end, live=False)
+    rolled_end = min(f.end, upto) if upto else f.end
+    rolled = ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=rolled_end, site=f.site) if rolled_end > day_start else None
     c1, c2 = st.columns(2)
-    if rolled.height:
+    if rolled is not None and rolled.height:
         kg = rolled["kgco2e"].drop_nulls()
         c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(rolled["energy_j"].sum())), help="from the worker's per-minute energy roll-up; facility overhead (PUE) not included")
         c2.metric("CO2e today", "—" if kg.is_empty() else f"{float(kg.sum()):,.1f} kg", help="location-based: each site's grid intensity, hourly where the grid's series cover the hour")
-        upto = ui.q(queries.energy_rollup_end, live=False)
         bases = sorted(set(rolled["intensity_basis"].drop_nulls().to_list()))
-        st.caption(f"Rolled up to {upto:%H:%M} UTC. Grid intensity: {'; '.join(bases) or 'none (sites outside the inventory)'}.")
+        st.caption(f"Rolled up to {rolled_end:%H:%M} UTC. Grid intensity: {'; '.join(bases) or 'none (sites outside the inventory)'}.")
     else:
         # Before the first roll-up (a fresh install, or no worker): the energy counters still give the energy.
         counters = ui.q(queries.gpu_energy, live=False, start=day_start, end=f.end, site=f.site)
@@ -103,7 +106,7 @@ with right:
             },
         )
         if running["goodput_ratio"].null_count() == running.height:
-            st.caption("Goodput arrives with the goodput analyzer.")
+            st.caption("Goodput shows once the goodput analyzer has run on these jobs (the worker runs it on active jobs).")
 
 st.subheader("Firing alerts")
 firing = ui.q(queries.alerts, include_resolved=False).filter(pl.col("state") == "firing")

@@ -270,10 +270,16 @@ def _nccl_tests(start: dt.datetime, end: dt.datetime) -> F.Batch:
     return F.Batch(source="sim:showcase/nccl_tests", nccl_test=pl.DataFrame(rows))
 
 
-def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.datetime, *, rollup: bool = True, seed: int = 7) -> dict[str, Any]:
+# The worker's health tick reads the last 15 minutes of samples (fleetscope.worker.health_window).
+HEALTH_WINDOW = dt.timedelta(seconds=900)
+
+
+def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.datetime, *, rollup: bool = True, health: bool = True,
+                 seed: int = 7) -> dict[str, Any]:
     """What the worker and the API would have made of the showcase world by ``end``, through their own
     service functions: the energy roll-up of ``[start, end)`` (unless the caller wrote its own), every
-    job's analyses, the health window's findings, one alert evaluation (its notifications go to the default route's receiver, which is
+    job's analyses, the health tick's findings over the last 15 minutes (unless ``health`` is False, for a
+    caller that writes the telemetry afterwards), one alert evaluation (its notifications go to the default route's receiver, which is
     not configured here, so they are dead letters), the models registered with a fairness evaluation of a
     biased classifier, one EU AI Act audit with its reports and a signed export. ``settings.data_dir``
     receives the reports, the export and the signing key."""
@@ -290,7 +296,8 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
         out["energy"] = energy_service.rollup_window(store, start, end)
     job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()
     out["jobs"] = {j: analysis.analyze_job(store, j, now=end).to_dict() for j in job_ids}
-    out["health"] = health_service.health_window(store, start, end)["findings"].height
+    if health:
+        out["health"] = health_service.health_window(store, max(start, end - HEALTH_WINDOW), end)["findings"].height
     out["alerts"] = alert_state.evaluate_and_dispatch(store, load_config(), now=end).firing
     # Lineage as OpenLineage events through the API's path: llama-7b trains downstream of the quarantined
     # forum dump, the sweep's model on licensed books only (fleetscope.sim.lineage).
