@@ -24,9 +24,11 @@ from fleetscope import queries
 from fleetscope import settings as settings_mod
 from fleetscope.store import Store
 
-# Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often.
+# Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often;
+# settled windows (whole hours in the past, whose data no longer changes) seldom.
 LIVE_TTL_S = 15
 HISTORY_TTL_S = 60
+SETTLED_TTL_S = 6 * 3600
 
 RANGES_S: dict[str, int] = {"15 min": 900, "1 h": 3600, "6 h": 21_600, "24 h": 86_400, "7 d": 604_800, "30 d": 2_592_000}
 REFRESH_S: dict[str, int | None] = {"off": None, "10 s": 10, "30 s": 30, "60 s": 60}
@@ -60,15 +62,21 @@ def _history(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return getattr(queries, name)(_store(url), **dict(kwargs))
 
 
+@st.cache_data(ttl=SETTLED_TTL_S, show_spinner=False, max_entries=4096)
+def _settled(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    return getattr(queries, name)(_store(url), **dict(kwargs))
+
+
 def store() -> Store:
     """The configured store (one per database per server process), for the few actions a page takes
     through a service function (a silence, an export) rather than a read."""
     return _store(database_url())
 
 
-def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, **kwargs: Any) -> Any:
+def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled: bool = False, **kwargs: Any) -> Any:
     """Run ``fn`` (a function of ``fleetscope.queries``) on the configured store, through the cache
-    (``fresh``: around it, for small tables a page itself changes, so a change shows at once).
+    (``fresh``: around it, for small tables a page itself changes, so a change shows at once;
+    ``settled``: kept for hours, for a window wholly in the past).
 
     A database that does not answer gets a clear error on the page instead of a traceback.
     """
@@ -77,7 +85,7 @@ def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, **kwarg
     try:
         if fresh:
             return fn(store(), **kwargs)
-        cache = _live if live else _history
+        cache = _settled if settled else _live if live else _history
         return cache(database_url(), fn.__name__, tuple(sorted(kwargs.items())))
     except (SQLAlchemyError, sqlite3.Error) as exc:
         st.error(f"The database did not answer ({type(exc).__name__}): {str(exc).splitlines()[0][:300]}")

@@ -543,43 +543,99 @@ def energy_rollup_end(store: Store) -> dt.datetime | None:
     return None if t is None else t + dt.timedelta(minutes=1)
 
 
+_SITE_HOUR = {"site_id": pl.String, "hour": UTC, "gpus": pl.Int64, "energy_j": pl.Float64}
+_SITE_HOUR_CARBON = {**_SITE_HOUR, "g_per_kwh": pl.Float64, "intensity_basis": pl.String, "kgco2e": pl.Float64}
+
+
+def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """``energy`` (site_id, hour, gpus, energy_j) with location-based emissions (analyzers.carbon.location_based:
+    the site's hourly grid intensity where ``grid_intensity_g_per_kwh`` series cover the hour, else its
+    annual figure). Rows of sites outside the inventory keep null emissions."""
+    if energy.is_empty():
+        return pl.DataFrame(schema=_SITE_HOUR_CARBON)
+    from analyzers import carbon
+    from fleetscope.energy_service import metric_samples
+
+    site_rows = store.read("site")
+    known = energy.filter(pl.col("site_id").is_in(site_rows["site_id"].implode()))
+    intensity = metric_samples(store, (carbon.INTENSITY_SERIES,), start.replace(minute=0, second=0, microsecond=0), end)
+    located = carbon.location_based(known, site_rows, metric_sample=intensity, time_col="hour") if known.height else known
+    rest = energy.join(known.select("site_id", "hour"), on=["site_id", "hour"], how="anti", nulls_equal=True)
+    return pl.concat([located.select(list(_SITE_HOUR_CARBON)), rest], how="diagonal_relaxed").select(
+        [pl.col(c).cast(t) for c, t in _SITE_HOUR_CARBON.items()]
+    ).sort("site_id", "hour", nulls_last=True)
+
+
 def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy per site and UTC hour over ``[start, end)`` from the per-minute roll-ups the worker writes
-    (``gpu_energy_minute``, fleetscope.energy_service), with location-based emissions
-    (analyzers.carbon.location_based: the site's hourly grid intensity where ``grid_intensity_g_per_kwh``
-    series cover the hour, else its annual figure): ``site_id, hour, gpu_minutes, energy_j, g_per_kwh,
-    intensity_basis, kgco2e``. GPUs outside the inventory's sites come as site_id null, without emissions.
+    (``gpu_energy_minute``, fleetscope.energy_service), with location-based emissions: ``site_id, hour,
+    gpus, energy_j, g_per_kwh, intensity_basis, kgco2e``. GPUs outside the inventory's sites come as
+    site_id null, without emissions.
 
-    Reads the window's roll-up rows through the ``minute`` index, aggregated in SQL: the cost follows
-    GPUs × minutes in the window.
+    Reads the window's roll-up rows through the ``minute`` index: the cost follows GPUs × minutes, about
+    4 s an hour for 16,384 GPUs on SQLite, so fleet-wide headlines read the counters instead
+    (``counter_energy_by_site_hour``) and use this where a GPU has no energy counter.
     """
     start, end = _as_utc(start), _as_utc(end)
     params: list[Any] = [start, end]
     site_sql = _site_gpus(site, params, "m.gpu_uuid")
     sql = (
-        f"SELECT h.site_id, {_bucket_us(store, 'm.minute', 3600)} AS hour, COUNT(*) AS gpu_minutes, SUM(m.energy_j) AS energy_j"
+        f"SELECT h.site_id, {_bucket_us(store, 'm.minute', 3600)} AS hour, COUNT(DISTINCT m.gpu_uuid) AS gpus, SUM(m.energy_j) AS energy_j"
         " FROM gpu_energy_minute m LEFT JOIN gpu g ON g.gpu_uuid = m.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE m.minute >= ? AND m.minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2"
     )
-    energy = _fetch(store, sql, params, {"site_id": pl.String, "hour": UTC, "gpu_minutes": pl.Int64, "energy_j": pl.Float64})
-    out_schema = {**energy.schema, "g_per_kwh": pl.Float64, "intensity_basis": pl.String, "kgco2e": pl.Float64}
-    if energy.is_empty():
-        return pl.DataFrame(schema=out_schema)
-    from analyzers import carbon
+    return _location_carbon(store, _fetch(store, sql, params, _SITE_HOUR), start, end)
 
-    site_rows = store.read("site")
-    known = energy.filter(pl.col("site_id").is_in(site_rows["site_id"].implode()))
-    intensity = _fetch(
-        store,
-        "SELECT m.ts, s.series, m.value FROM metric_sample m JOIN series s ON s.series_id = m.series_id WHERE s.name = ? AND m.ts >= ? AND m.ts < ?",
-        [carbon.INTENSITY_SERIES, start.replace(minute=0, second=0, microsecond=0), end],
-        {"ts": UTC, "series": pl.String, "value": pl.Float64},
+
+def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """GPU energy per site and UTC hour over ``[start, end)`` from the GPUs' energy counters, with
+    location-based emissions (the columns of ``energy_by_site_hour``).
+
+    The counter is read at a probe after ``start`` (or the first sample), after each hour boundary and
+    after ``end`` (before it, where no sample follows ``end`` yet); a GPU's energy in an hour is the rise
+    of its counter between consecutive probes, and a counter that went backwards (driver reload) counts
+    as zero. Reading after each boundary gives the interval that straddles it to one hour only, so the
+    hours of a day read one by one add up to the day read at once (the dashboard caches settled hours).
+    The cost is GPUs × (hours + 1) probe rows, whatever the sample rate: about 0.2 s an hour for 16,384
+    GPUs on SQLite.
+    """
+    start, end = _as_utc(start), _as_utc(end)
+    first = data_start(store)
+    if first is None or end <= max(start, first):
+        return pl.DataFrame(schema=_SITE_HOUR_CARBON)
+    start = max(start, first)
+    probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
+    followed = _fetch(store, "SELECT ts FROM gpu_sample WHERE ts >= ? AND ts < ? LIMIT 1", [end, end + probe], {"ts": UTC}).height > 0
+    if not followed:
+        # The window runs past the data: close it at the newest sample instead.
+        last = _fetch(store, "SELECT MAX(ts) AS ts FROM gpu_sample WHERE ts < ?", [end], {"ts": UTC})["ts"][0]
+        if last is None or last < start:
+            return pl.DataFrame(schema=_SITE_HOUR_CARBON)
+        end = min(end, last + dt.timedelta(microseconds=1))
+    bounds = [start]
+    hour = start.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
+    while hour < end:
+        bounds.append(hour)
+        hour += dt.timedelta(hours=1)
+    parts: list[str] = []
+    params: list[Any] = []
+    closing = (end, "MIN", end, end + probe) if followed else (end, "MAX", end - probe, end)
+    # Probe k's reading closes hour k-1 and opens hour k; the last probe only closes.
+    for k, (at, agg, lo, hi) in enumerate([(b, "MIN", b, b + probe) for b in bounds] + [closing]):
+        params += [lo, hi]
+        site_sql = _site_gpus(site, params)
+        parts.append(f"SELECT {k} AS k, gpu_uuid, {agg}(energy_j) AS e FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid")
+    sql = (
+        "SELECT h.site_id, x.k, COUNT(*) AS gpus, SUM(CASE WHEN x.d > 0 THEN x.d ELSE 0 END) AS energy_j FROM ("
+        " SELECT k, gpu_uuid, LEAD(e) OVER (PARTITION BY gpu_uuid ORDER BY k) - e AS d FROM (" + " UNION ALL ".join(parts) + ") p"
+        " WHERE e IS NOT NULL) x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
+        " WHERE x.d IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2"
     )
-    located = carbon.location_based(known, site_rows, metric_sample=intensity, time_col="hour") if known.height else known
-    rest = energy.join(known.select("site_id", "hour"), on=["site_id", "hour"], how="anti", nulls_equal=True)
-    return pl.concat([located.select(list(out_schema)), rest], how="diagonal_relaxed").select(
-        [pl.col(c).cast(t) for c, t in out_schema.items()]
-    ).sort("site_id", "hour", nulls_last=True)
+    rises = _fetch(store, sql, params, {"site_id": pl.String, "k": pl.Int64, "gpus": pl.Int64, "energy_j": pl.Float64})
+    hours = pl.DataFrame({"k": list(range(len(bounds))), "hour": [b.replace(minute=0, second=0, microsecond=0) for b in bounds]},
+                         schema={"k": pl.Int64, "hour": UTC})
+    energy = rises.join(hours, on="k").group_by("site_id", "hour").agg(pl.col("gpus").max(), pl.col("energy_j").sum()).select(list(_SITE_HOUR))
+    return _location_carbon(store, energy, start, end)
 
 
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:

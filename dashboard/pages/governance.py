@@ -195,7 +195,7 @@ else:
             col.warning(f"{fmt.upper()}: {why}")
         else:
             col.download_button(f"Report ({fmt.upper()}, {len(data) / 1024:,.0f} KiB)", data, file_name=f"fleetscope-audit-{audit_id}.{fmt}",
-                                mime=MEDIA[fmt], key=f"gov_dl_{fmt}", width="stretch")
+                                mime=MEDIA[fmt], key=f"gov_dl_{fmt}", width="stretch", on_click="ignore")
 
     result = st.session_state.pop("gov_export_result", None)
     if result:
@@ -213,7 +213,8 @@ else:
         except au.AuditError as exc:
             st.warning(str(exc))
         else:
-            st.download_button(f"Export bundle (ZIP, {len(bundle) / 1024:,.0f} KiB)", bundle, file_name=name, mime="application/zip", key="gov_dl_export")
+            st.download_button(f"Export bundle (ZIP, {len(bundle) / 1024:,.0f} KiB)", bundle, file_name=name, mime="application/zip", key="gov_dl_export",
+                               on_click="ignore")
         st.caption("Verify offline with `fleetscope verify BUNDLE` and the public key (`GET /api/v1/signing-key`): SHA-256 manifest, Ed25519 signature.")
     st.button("Make a new signed export of this audit", on_click=new_export, key="gov_new_export",
               help="Bundles the audit's reports and the evidence behind them (rule results, declarations, lineage, registry, fairness, energy) and signs it.")

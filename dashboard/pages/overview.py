@@ -66,30 +66,45 @@ def live_panel() -> None:
 ui.live(live_panel)
 
 left, right = st.columns(2)
+# Whole hours older than this are settled: the counters' readings after their end have arrived.
+SETTLE = dt.timedelta(minutes=5)
+
+
+def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
+    """GPU energy and location-based CO2e per site and hour since 00:00 UTC, and where it came from.
+
+    From the GPUs' energy counters, each settled hour read once and kept (``ui.q(settled=True)``), the
+    hour under way read live: a day of a 16k-GPU fleet costs one hour's probes per visit, not a day's.
+    GPUs without an energy counter (power only) have no counter readings: the worker's roll-up, which
+    integrates their power, stands in."""
+    day_start = dt.datetime.combine(end.date(), dt.time(), dt.UTC)
+    live_from = max(day_start, (end - SETTLE).replace(minute=0, second=0, microsecond=0))
+    hours = [day_start + dt.timedelta(hours=i) for i in range(int((live_from - day_start).total_seconds() // 3600))]
+    parts = [ui.q(queries.counter_energy_by_site_hour, settled=True, start=h, end=h + dt.timedelta(hours=1), site=f.site) for h in hours]
+    parts.append(ui.q(queries.counter_energy_by_site_hour, live=False, start=live_from, end=end, site=f.site))
+    parts = [p for p in parts if p.height]
+    if parts:
+        return pl.concat(parts), "the GPUs' energy counters"
+    upto = ui.q(queries.energy_rollup_end, live=False)
+    if upto is None or min(end, upto) <= day_start:
+        return pl.DataFrame(), ""
+    # Ending at the roll-up's newest minute keeps one cache entry per roll-up, not one per window end.
+    return ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=min(end, upto), site=f.site), f"the energy roll-up (to {upto:%H:%M} UTC)"
+
+
 with left:
     st.subheader("Energy and CO2e today")
-    day_start = dt.datetime.combine(f.end.date(), dt.time(), dt.UTC)
-    # The roll-up holds nothing past its newest minute: ending the read there keeps one cache entry per
-    # roll-up (the worker writes every few minutes) instead of one per moving window end.
-    upto = ui.q(queries.energy_rollup_end, live=False)
-    rolled_end = min(f.end, upto) if upto else f.end
-    rolled = ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=rolled_end, site=f.site) if rolled_end > day_start else None
-    c1, c2 = st.columns(2)
-    if rolled is not None and rolled.height:
-        kg = rolled["kgco2e"].drop_nulls()
-        c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(rolled["energy_j"].sum())), help="from the worker's per-minute energy roll-up; facility overhead (PUE) not included")
-        c2.metric("CO2e today", "—" if kg.is_empty() else f"{float(kg.sum()):,.1f} kg", help="location-based: each site's grid intensity, hourly where the grid's series cover the hour")
-        bases = sorted(set(rolled["intensity_basis"].drop_nulls().to_list()))
-        st.caption(f"Rolled up to {rolled_end:%H:%M} UTC. Grid intensity: {'; '.join(bases) or 'none (sites outside the inventory)'}.")
+    energy, source = energy_today(f.end)
+    if energy.is_empty():
+        ui.no_data("no GPU energy today.", "It comes from the GPUs' energy counters, or the worker's energy roll-up (`fleetscope worker` and `fleetscope beat`).")
     else:
-        # Before the first roll-up (a fresh install, or no worker): the energy counters still give the energy.
-        counters = ui.q(queries.gpu_energy, live=False, start=day_start, end=f.end, site=f.site)
-        if counters.is_empty():
-            ui.no_data("no GPU energy today.", "The worker rolls GPU energy up every few minutes (`fleetscope worker` and `fleetscope beat`).")
-        else:
-            c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(counters["energy_j"].sum())), help="from the GPUs' energy counters; facility overhead (PUE) not included")
-            c2.metric("CO2e today", "—")
-            ui.no_data("no energy roll-up today, so no CO2e.", "The worker's energy roll-up attributes energy to sites and hours; CO2e follows from the grid's intensity.")
+        kg = energy["kgco2e"].drop_nulls()
+        c1, c2 = st.columns(2)
+        c1.metric("GPU energy today (UTC)", ui.fmt_energy(float(energy["energy_j"].sum())), help="facility overhead (PUE) not included")
+        c2.metric("CO2e today", "—" if kg.is_empty() else f"{float(kg.sum()):,.1f} kg",
+                  help="location-based: each hour's energy × its site's grid intensity (hourly where the grid's series cover the hour, else annual)")
+        bases = sorted(set(energy["intensity_basis"].drop_nulls().to_list()))
+        st.caption(f"From {source}. Grid intensity: {'; '.join(bases) or 'none (no site in the inventory)'}. Market-based figures are on the Energy & Carbon page.")
 with right:
     st.subheader("Jobs running")
     running = ui.q(queries.running_jobs, end=f.end, site=f.site)

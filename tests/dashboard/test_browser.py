@@ -99,6 +99,7 @@ def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any) -> None:
 
 def download(page: Any, label_start: str, to: Path) -> Path:
     button = page.locator('[data-testid="stDownloadButton"] button').filter(has_text=label_start).first
+    button.wait_for(state="visible", timeout=60_000)
     with page.expect_download(timeout=60_000) as info:
         button.click()
     path = to / info.value.suggested_filename

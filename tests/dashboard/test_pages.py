@@ -69,12 +69,14 @@ def _overview(at: AppTest, url: str) -> None:
     assert m["Unhealthy"] == "3"
     assert int(m["Busy"]) + int(m["Idle"]) + int(m["Unhealthy"]) + int(m["Silent"]) == 64
     assert m["Power now"].endswith("kW")
-    # Energy and CO2e today come from the worker's roll-up (30 minutes of the 64-GPU fleet) and the grid.
+    # Energy and CO2e today: the counters' rise over the 30 minutes of the 64-GPU fleet, at the world's
+    # annual grid intensity (the sites declare no country); the roll-up says the same.
     store = store_of(url)
     end = Q.data_end(store) + dt.timedelta(microseconds=1)
     rolled = Q.energy_by_site_hour(store, dt.datetime.combine(end.date(), dt.time(), dt.UTC), end)
     assert m["GPU energy today (UTC)"] == f"{rolled['energy_j'].sum() / 3.6e6:.1f} kWh" == "15.2 kWh"
     assert m["CO2e today"] == f"{rolled['kgco2e'].sum():,.1f} kg" == "7.2 kg"
+    assert any(c.value.startswith("From the GPUs' energy counters.") for c in at.caption)
     running = at.dataframe[0].value
     assert running["job_id"].tolist() == ["job-llm-a"]
     assert running["goodput_ratio"].tolist() == pytest.approx([0.846], abs=1e-3)  # from the goodput analyzer's stored result
@@ -215,6 +217,18 @@ def test_site_and_job_filters_from_the_url(seeded_sqlite_url: str, monkeypatch: 
     at.run()
     healthy(at)
     assert at.session_state["f_job"] == "All jobs"
+
+
+def test_gpus_without_an_energy_counter_get_their_energy_from_the_roll_up(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Power-only telemetry (no counter): the overview's energy comes from the worker's roll-up, which
+    # integrated the power (written here before the counters are blanked, as the worker would have).
+    with sqlite3.connect(seeded_copy.split("///", 1)[1]) as conn:
+        conn.execute("UPDATE gpu_sample SET energy_j = NULL")
+    at = open_page(seeded_copy, "overview", monkeypatch)
+    healthy(at)
+    m = metrics(at)
+    assert (m["GPU energy today (UTC)"], m["CO2e today"]) == ("15.2 kWh", "7.2 kg")
+    assert any(c.value.startswith("From the energy roll-up (to 12:30 UTC).") for c in at.caption)
 
 
 def test_the_fleet_law_fit_says_where_adding_gpus_stops_paying(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

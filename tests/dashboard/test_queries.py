@@ -133,8 +133,7 @@ def test_energy_by_site_hour_reads_the_roll_up_with_location_based_carbon(seeded
     # (the last minute ends at the last sample); sites without a country get the world's annual intensity.
     per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
     rolled = Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)
-    assert rolled.select("site_id", "hour").rows() == [("site-a", SEED_START), ("site-b", SEED_START)]
-    assert rolled["gpu_minutes"].to_list() == [32 * 30, 32 * 30]
+    assert rolled.select("site_id", "hour", "gpus").rows() == [("site-a", SEED_START, 32), ("site-b", SEED_START, 32)]
     assert rolled["energy_j"].sum() == pytest.approx(per_gpu["e"].sum(), rel=1e-9)
     world = load_grid_intensity().filter((pl.col("country") == "WLD") & (pl.col("region") == "")).sort("year").row(-1, named=True)
     assert rolled["g_per_kwh"].to_list() == [world["g_per_kwh"]] * 2
@@ -150,6 +149,38 @@ def test_energy_by_site_hour_reads_the_roll_up_with_location_based_carbon(seeded
     finally:
         with seeded_store.engine.begin() as conn:
             conn.execute(text("DELETE FROM metric_sample WHERE series_id IN (SELECT series_id FROM series WHERE name = 'grid_intensity_g_per_kwh')"))
+
+
+def test_counter_energy_by_hour_adds_up_hour_by_hour(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    # The counters' rise per GPU, read at probes after each boundary: the same total as the roll-up and
+    # gpu_energy over the showcase's half hour, and quarter-hours read one by one add up to it exactly.
+    per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
+    whole = Q.counter_energy_by_site_hour(seeded_store, HOUR_AGO, END)
+    assert whole.select("site_id", "hour", "gpus").rows() == [("site-a", SEED_START, 32), ("site-b", SEED_START, 32)]
+    assert whole["energy_j"].sum() == pytest.approx(per_gpu["e"].sum(), rel=1e-12)
+    assert whole["kgco2e"].to_list() == pytest.approx(Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)["kgco2e"].to_list(), rel=1e-9)
+    quarter = dt.timedelta(minutes=15)
+    parts = [Q.counter_energy_by_site_hour(seeded_store, SEED_START + i * quarter, SEED_START + (i + 1) * quarter) for i in range(2)]
+    assert sum(p["energy_j"].sum() for p in parts) == pytest.approx(whole["energy_j"].sum(), rel=1e-12)
+    assert Q.counter_energy_by_site_hour(seeded_store, SEED_START + dt.timedelta(minutes=10), END, site="site-b")["site_id"].to_list() == ["site-b"]
+    assert Q.counter_energy_by_site_hour(seeded_store, END, END + dt.timedelta(hours=1)).is_empty()
+
+
+def test_counter_energy_splits_at_the_hour(empty_sqlite_url: str) -> None:
+    # 40 minutes across 13:00: the first sample at or after 13:00 closes hour 12 and opens hour 13.
+    store = Store.open(empty_sqlite_url)
+    start = dt.datetime(2026, 3, 1, 12, 40, tzinfo=dt.UTC)
+    batch = gpu_fleet(SPEC, start, 2400)
+    store.write(batch)
+    s = batch.gpu_sample
+    at13 = s.filter(pl.col("ts") == dt.datetime(2026, 3, 1, 13, tzinfo=dt.UTC)).select("gpu_uuid", pl.col("energy_j").alias("e13"))
+    rise = s.group_by("gpu_uuid").agg(pl.col("energy_j").min().alias("e0"), pl.col("energy_j").max().alias("e1")).join(at13, on="gpu_uuid")
+    got = Q.counter_energy_by_site_hour(store, start, start + dt.timedelta(hours=1))
+    assert got.group_by("hour").agg(pl.col("energy_j").sum()).sort("hour").rows() == [
+        (dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC), pytest.approx((rise["e13"] - rise["e0"]).sum(), rel=1e-12)),
+        (dt.datetime(2026, 3, 1, 13, tzinfo=dt.UTC), pytest.approx((rise["e1"] - rise["e13"]).sum(), rel=1e-12)),
+    ]
+    store.engine.dispose()
 
 
 def test_health_events_and_findings(seeded_store: Store) -> None:
@@ -282,6 +313,7 @@ CALLS = {
     "checkpoint_intervals": lambda s: Q.checkpoint_intervals(s, HOUR_AGO, END),
     "job_c3_steps": lambda s: Q.job_c3_steps(s, "nope"),
     "energy_by_site_hour": lambda s: Q.energy_by_site_hour(s, HOUR_AGO, END),
+    "counter_energy_by_site_hour": lambda s: Q.counter_energy_by_site_hour(s, HOUR_AGO, END),
     "alerts": lambda s: Q.alerts(s),
     "silences": lambda s: Q.silences(s),
     "notifications": lambda s: Q.notifications(s),
@@ -369,6 +401,7 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     Q.job_c3_steps(store, STRAGGLER_JOB)
     Q.scaling(store, SWEEP_MODEL)
     Q.energy_rollup_end(store)
+    Q.counter_energy_by_site_hour(store, SEED_START + dt.timedelta(minutes=10), END)
     Q.gpu_state_counts(store, END)
     Q.data_end(store)
     Q.table_rows(store)
