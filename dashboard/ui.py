@@ -242,7 +242,28 @@ def no_data(what: str, later: str | None = None) -> None:
     st.info(text, icon=":material/hourglass_empty:")
 
 
+# --- actions ----------------------------------------------------------------------------------------
+
+
+def tell(key: str, ok: bool, text: str) -> None:
+    """Leave an action's outcome (from a widget callback) for the page to show once, where ``told`` is called."""
+    st.session_state[key] = (ok, text)
+
+
+def told(key: str) -> None:
+    """Show the outcome ``tell`` left under ``key``, if any, as a success or an error."""
+    outcome = st.session_state.pop(key, None)
+    if outcome:
+        (st.success if outcome[0] else st.error)(outcome[1])
+
+
 # --- formatting ----------------------------------------------------------------------------------
+
+
+def utc_column(label: str, seconds: bool = True) -> Any:
+    """A table column of UTC times, labelled so."""
+    return st.column_config.DatetimeColumn(f"{label} (UTC)", format="YYYY-MM-DD HH:mm:ss" if seconds else "YYYY-MM-DD HH:mm")
+
 
 
 def fmt_age(seconds: float) -> str:

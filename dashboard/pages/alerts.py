@@ -40,9 +40,9 @@ def firing() -> None:
         alerts.drop("fingerprint"),
         hide_index=True,
         column_config={
-            "active_at": st.column_config.DatetimeColumn("Active since (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "fired_at": st.column_config.DatetimeColumn("Fired (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "resolved_at": st.column_config.DatetimeColumn("Resolved (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "active_at": ui.utc_column("Active since"),
+            "fired_at": ui.utc_column("Fired"),
+            "resolved_at": ui.utc_column("Resolved"),
         },
     )
 
@@ -80,7 +80,7 @@ def create_silence() -> None:
     matchers = [line.strip() for line in s["sil_matchers"].splitlines() if line.strip()]
     problems = silence_problems(matchers, s["sil_created_by"], s["sil_comment"])
     if problems:
-        s["sil_result"] = ("error", " ".join(problems))
+        ui.tell("sil_result", False, " ".join(problems))
         return
     try:
         sil = alert_state.create_silence(
@@ -88,26 +88,24 @@ def create_silence() -> None:
             s["sil_created_by"].strip(), s["sil_comment"].strip(),
         )
     except ValueError as exc:  # a matcher that does not parse, a bad regex, an empty or inverted window
-        s["sil_result"] = ("error", f"The silence was not created: {exc}")
+        ui.tell("sil_result", False, f"The silence was not created: {exc}")
         return
-    s["sil_result"] = ("success", f"Silence {sil.id} created: {', '.join(str(m) for m in sil.matchers)} until {sil.ends_at:%Y-%m-%d %H:%M} UTC.")
+    ui.tell("sil_result", True, f"Silence {sil.id} created: {', '.join(str(m) for m in sil.matchers)} until {sil.ends_at:%Y-%m-%d %H:%M} UTC.")
 
 
 def expire_silence() -> None:
     s = st.session_state
     silence_id = s.get("sil_expire_id")
     if not silence_id:
-        s["sil_result"] = ("error", "Pick a silence to expire.")
+        ui.tell("sil_result", False, "Pick a silence to expire.")
     elif alert_state.expire_silence(ui.store().engine, silence_id):
-        s["sil_result"] = ("success", f"Silence {silence_id} expired.")
+        ui.tell("sil_result", True, f"Silence {silence_id} expired.")
     else:
-        s["sil_result"] = ("error", f"Silence {silence_id} is no longer active or pending: nothing to expire.")
+        ui.tell("sil_result", False, f"Silence {silence_id} is no longer active or pending: nothing to expire.")
 
 
 st.subheader("Silences")
-result = st.session_state.pop("sil_result", None)
-if result:
-    (st.success if result[0] == "success" else st.error)(result[1])
+ui.told("sil_result")
 silences = ui.q(queries.silences, fresh=True)
 if silences.is_empty():
     ui.no_data("no silences.", "Create one below to mute matching alerts for a while.")
@@ -116,8 +114,8 @@ else:
         silences,
         hide_index=True,
         column_config={
-            "starts_at": st.column_config.DatetimeColumn("Starts (UTC)", format="YYYY-MM-DD HH:mm"),
-            "ends_at": st.column_config.DatetimeColumn("Ends (UTC)", format="YYYY-MM-DD HH:mm"),
+            "starts_at": ui.utc_column("Starts", seconds=False),
+            "ends_at": ui.utc_column("Ends", seconds=False),
         },
     )
 
@@ -164,9 +162,9 @@ else:
         ui.q(queries.notifications, fresh=True, limit=200),
         hide_index=True,
         column_config={
-            "created_at": st.column_config.DatetimeColumn("Created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "next_attempt_at": st.column_config.DatetimeColumn("Next attempt (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "delivered_at": st.column_config.DatetimeColumn("Delivered (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "created_at": ui.utc_column("Created"),
+            "next_attempt_at": ui.utc_column("Next attempt"),
+            "delivered_at": ui.utc_column("Delivered"),
         },
     )
 
@@ -177,4 +175,4 @@ if dead.is_empty():
 else:
     st.caption("Fix the receiver, then send one again with its original webhook-id: `POST /api/v1/alerts/notifications/{id}/retry` (scope admin).")
     st.dataframe(dead.select("notification_id", "receiver", "group_key", "created_at", "attempts", "last_status_code", "last_error"), hide_index=True,
-                 column_config={"created_at": st.column_config.DatetimeColumn("Created (UTC)", format="YYYY-MM-DD HH:mm:ss")})
+                 column_config={"created_at": ui.utc_column("Created")})

@@ -174,9 +174,9 @@ def new_export() -> None:
     try:
         out = au.make_export(ui.store(), settings, audit_id=audit_id, requested_by="dashboard")
     except (au.AuditError, OSError) as exc:
-        st.session_state["gov_export_result"] = ("error", f"No export was made: {exc}")
+        ui.tell("gov_export_result", False, f"No export was made: {exc}")
         return
-    st.session_state["gov_export_result"] = ("success", f"Signed export {out['export_id'][:12]} of audit {out['audit_id']} made ({out['size_bytes']:,} bytes).")
+    ui.tell("gov_export_result", True, f"Signed export {out['export_id'][:12]} of audit {out['audit_id']} made ({out['size_bytes']:,} bytes).")
     st.session_state["gov_export"] = out["export_id"]  # offer the new bundle for download
 
 
@@ -197,9 +197,7 @@ else:
             col.download_button(f"Report ({fmt.upper()}, {len(data) / 1024:,.0f} KiB)", data, file_name=f"fleetscope-audit-{audit_id}.{fmt}",
                                 mime=MEDIA[fmt], key=f"gov_dl_{fmt}", width="stretch", on_click="ignore")
 
-    result = st.session_state.pop("gov_export_result", None)
-    if result:
-        (st.success if result[0] == "success" else st.error)(result[1])
+    ui.told("gov_export_result")
     exports = ui.q(queries.audit_exports, fresh=True)
     mine = exports.filter(pl.col("audit_id") == audit_id)
     if mine.is_empty():

@@ -77,6 +77,8 @@ def _overview(at: AppTest, url: str) -> None:
     assert m["GPU energy today (UTC)"] == f"{rolled['energy_j'].sum() / 3.6e6:.1f} kWh" == "15.2 kWh"
     assert m["CO2e today"] == f"{rolled['kgco2e'].sum():,.1f} kg" == "7.2 kg"
     assert any(c.value.startswith("From the GPUs' energy counters.") for c in at.caption)
+    # Fleet power: a probe a minute on the grid from 12:01 until five minutes before the data ends, and now.
+    assert "25 points, each the fleet's state over one sample interval." in [c.value for c in at.caption]
     running = at.dataframe[0].value
     assert running["job_id"].tolist() == ["job-llm-a"]
     assert running["goodput_ratio"].tolist() == pytest.approx([0.846], abs=1e-3)  # from the goodput analyzer's stored result
