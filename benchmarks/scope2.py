@@ -46,10 +46,12 @@ def fill(store: Store, gpus: int) -> None:
         metric_sample=pl.DataFrame({"ts": [T0, T0], "series": [f'grid_intensity_g_per_kwh{{site="{s}"}}' for s in ("site-a", "site-b")],
                                     "value": [50.0, 250.0]}),
     ))
-    for m in range(60):  # a minute per batch: one write of --gpus rows each
-        store.write(F.Batch(source="bench", gpu_energy_minute=pl.DataFrame({
+    gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+    for m in range(60):  # a minute per batch, with its per-site rows, as energy_service.rollup_window writes them
+        minutes = pl.DataFrame({
             "minute": pl.repeat(T0 + dt.timedelta(minutes=m), gpus, eager=True, dtype=F.UTC_US), "gpu_uuid": uuids,
-            "energy_j": [42_000.0] * gpus, "covered_s": [60.0] * gpus, "method": ["counter"] * gpus})))
+            "energy_j": [42_000.0] * gpus, "covered_s": [60.0] * gpus, "method": ["counter"] * gpus})
+        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, es.site_rollup(minutes, gpu, host))], source="bench")
     for iid, kind, mwh, g in (("ppa-1", "ppa", 50.0, 0.0), ("go-1", "go", 20.0, 0.0)):
         es.record_instrument(store, {"instrument_id": iid, "site_id": "site-a", "kind": kind, "start": T0, "end": T0 + 24 * H,
                                      "volume_mwh": mwh, "g_per_kwh": g}, recorded_by="bench")

@@ -562,7 +562,20 @@ ENERGY_INSTRUMENT = FrameSpec(
     doc="Contractual instruments (PPAs, certificates, supplier-specific rates) per site and period, for market-based Scope 2.",
 )
 
-ENERGY_FRAMES: dict[str, FrameSpec] = {ENERGY_INSTRUMENT.name: ENERGY_INSTRUMENT}
+SITE_ENERGY_MINUTE = FrameSpec(
+    "site_energy_minute",
+    (
+        _k("minute", UTC_US, doc="start of the UTC minute"),
+        _k("site_id", pl.String),
+        _f("energy_j", doc="GPU energy of the site's GPUs in that minute (sum of gpu_energy_minute)"),
+        _f("gpus", pl.Int64, doc="GPUs with a roll-up row in that minute"),
+    ),
+    on_conflict="update",
+    doc=("Per-minute per-site GPU energy, written with the per-GPU roll-up: a site's energy and carbon over any "
+         "period reads one row per minute instead of one per GPU-minute."),
+)
+
+ENERGY_FRAMES: dict[str, FrameSpec] = {ENERGY_INSTRUMENT.name: ENERGY_INSTRUMENT, SITE_ENERGY_MINUTE.name: SITE_ENERGY_MINUTE}
 
 # Order matters: inventory before the facts that point at it.
 FRAMES: dict[str, FrameSpec] = {

@@ -212,6 +212,8 @@ for _spec in AIACT_FRAMES.values():
     _frame_table(_spec, *_AIACT_INDEXES.get(_spec.name, ()))
 
 energy_instrument = _frame_table(F.ENERGY_INSTRUMENT, Index(None, "site_id", "start"))
+# Keyed (minute, site_id); a site's window reads the (site_id, minute) index.
+site_energy_minute = _frame_table(F.SITE_ENERGY_MINUTE, Index(None, "site_id", "minute"))
 
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
@@ -235,6 +237,7 @@ TIME_COLUMN: dict[str, str] = {
     "step_breakdown": "start",
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",
+    "site_energy_minute": "minute",
     "finding": "window_start",
 }
 from fleetscope.alerting import schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)

@@ -39,6 +39,32 @@ def test_rollup_matches_the_energy_counter_and_is_idempotent(store):
     assert store.read("gpu_energy_minute").height == minutes.height
 
 
+def test_rollup_writes_per_site_minutes_that_site_carbon_reads(store):
+    from fleetscope import energy_service as es
+
+    seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    sites = store.read("site_energy_minute")
+    per_gpu = store.read("gpu_energy_minute").join(store.read("gpu", columns=["gpu_uuid", "host"]), on="gpu_uuid") \
+        .join(store.read("host", columns=["host", "site_id"]), on="host").group_by("site_id", "minute") \
+        .agg(pl.col("energy_j").sum().alias("want"), pl.len().alias("n"))
+    both = sites.join(per_gpu, on=["site_id", "minute"])
+    assert both.height == sites.height == 2 * 20 and both["gpus"].to_list() == both["n"].cast(pl.Int64).to_list()
+    assert (both["energy_j"] - both["want"]).abs().max() < 1e-6
+    # a site's carbon from the per-site rows equals the one summed from the per-GPU rows
+    window = (T0 + dt.timedelta(minutes=3), T0 + dt.timedelta(minutes=17))
+    from_sites = es.site_scope2(store, *window, ["site-a", "site-b"])
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM site_energy_minute")
+    from_gpus = es.site_scope2(store, *window, ["site-a", "site-b"])
+    for col in ("gpu_energy_j", "location_kgco2e", "market_kgco2e"):
+        assert from_sites[col].to_list() == pytest.approx(from_gpus[col].to_list(), rel=1e-12), col
+    # idempotent: the same window rolled up again keeps one row per site and minute
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    assert store.read("site_energy_minute").height == 40
+
+
 def test_report_by_site_carries_location_based_carbon(store):
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
