@@ -51,6 +51,14 @@ def classification(url: str, data_dir: str, audit_id: str) -> dict[str, dict[str
             for m in doc.get("models", [])}
 
 
+def _dataset_of(node_id: str) -> dict[str, str]:
+    """A lineage node id ``dataset:<namespace>:<name>`` as the dataset's name and namespace, as an auditor
+    reads them (the namespace may hold colons itself: ``s3://bucket``)."""
+    kind, _, rest = node_id.partition(":")
+    namespace, _, name = rest.rpartition(":")
+    return {"dataset": name, "namespace": namespace} if kind == "dataset" and name else {"dataset": node_id, "namespace": ""}
+
+
 # --- models -----------------------------------------------------------------------------------------
 
 st.subheader("Models and risk class")
@@ -116,7 +124,7 @@ else:
         st.graphviz_chart("\n".join(dot))
         st.caption(f"{len(upstream)} upstream datasets of {pick}; red: a dataset whose flags (quarantine, personal data, licence) reach the model.")
         if lineage.get("taints"):
-            st.dataframe(pl.DataFrame([{"kind": t["kind"], "source": t["source"], "detail": t.get("detail")} for t in lineage["taints"]]), hide_index=True)
+            st.dataframe(pl.DataFrame([{"kind": t["kind"], **_dataset_of(t["source"]), "detail": t.get("detail")} for t in lineage["taints"]]), hide_index=True)
 
 # --- fairness ---------------------------------------------------------------------------------------
 
@@ -125,6 +133,8 @@ fair = ui.q(queries.fairness_groups, live=False)
 if fair.is_empty():
     ui.no_data("no fairness evaluations.", "Upload a model's predictions with `POST /api/v1/models/{name}/fairness`: metrics by group with bootstrap confidence intervals.")
 else:
+    # every evaluated model's verdict at a glance; the chart below shows one model's groups
+    st.dataframe(fair.unique("model", keep="first", maintain_order=True).select("model", "evaluated_at", "passed", "confidence"), hide_index=True)
     c1, c2 = st.columns(2)
     fmodel = c1.selectbox("Model evaluated", fair["model"].unique(maintain_order=True).to_list(), key="gov_fair_model")
     metric = c2.selectbox("Metric", ["fnr", "fpr", "tpr", "selection_rate", "accuracy", "ppv"], key="gov_fair_metric",

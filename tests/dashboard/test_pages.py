@@ -150,12 +150,15 @@ def _governance(at: AppTest, url: str) -> None:
     assert models.loc["gpt-1.3b", "risk_class"].startswith("undecided")
     # Lineage of the first model (the sweep's, trained on licensed books only), then of llama-7b, trained
     # downstream of the quarantined forum dump.
-    assert set(at.dataframe[1].value["source"]) == {"dataset:s3://fleetscope-raw:licensed-books-v2"}
+    assert set(at.dataframe[1].value["dataset"]) == {"licensed-books-v2"} and set(at.dataframe[1].value["namespace"]) == {"s3://fleetscope-raw"}
     assert at.get("graphviz_chart") and "licensed-books-v2" in at.get("graphviz_chart")[0].proto.spec
     at.selectbox(key="gov_lineage_model").set_value("llama-7b:1").run()
     healthy(at)
     taints = at.dataframe[1].value
-    assert "dataset:s3://fleetscope-raw:forum-dump-2023" in set(taints["source"]) and "quarantined" in set(taints["kind"])
+    assert "forum-dump-2023" in set(taints.loc[taints["kind"] == "quarantined", "dataset"])
+    # the fairness verdict of every evaluated model, as a table
+    verdicts = at.dataframe[2].value
+    assert list(verdicts.columns[:3]) == ["model", "evaluated_at", "passed"] and len(verdicts) == verdicts["model"].nunique()
     audit = Q.audit_runs(store_of(url)).row(0, named=True)
     m = metrics(at)
     assert (m["Pass"], m["Fail"], m["Missing evidence"]) == (str(audit["pass"]), str(audit["fail"]), str(audit["missing_evidence"]))
