@@ -36,7 +36,7 @@ from datetime import datetime
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform
+from fleetscope.frames import FINDING, UTC_US, conform, require_columns
 
 __all__ = [
     "canonical_op",
@@ -94,13 +94,6 @@ def _factor_expr(op: pl.Expr, n: pl.Expr) -> pl.Expr:
             .otherwise(None))
 
 
-def _require(df: object, frame: str, cols: tuple[str, ...]) -> None:
-    if not isinstance(df, pl.DataFrame):
-        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
-    for c in cols:
-        if c not in df.columns:
-            raise ValidationError("missing required column", frame=frame, field=c)
-
 
 def _canon_ops(df: pl.DataFrame) -> pl.DataFrame:
     ops = df.get_column("op").unique().to_list()
@@ -115,7 +108,7 @@ def check_bus_bandwidth(df: pl.DataFrame, *, nranks: int | None = None, rounding
     figures are rounded to 0.01 GB/s, so a row is ``consistent`` when |busbw − algbw·factor| ≤
     rounding·(1 + factor) (the rounding of both numbers, carried through).
     """
-    _require(df, "frame", ("op", "algbw_gbps", "busbw_gbps"))
+    require_columns(df, "frame", ("op", "algbw_gbps", "busbw_gbps"))
     if nranks is None and ("nranks" not in df.columns or df.get_column("nranks").null_count() == df.height):
         raise ValidationError("no rank count: pass nranks= (or infer it with infer_nranks)", frame="frame", field="nranks")
     d = _canon_ops(df)
@@ -151,7 +144,7 @@ def bandwidth_vs_peak(df: pl.DataFrame, peak_busbw_gbps: float | Mapping[str, fl
     """Median achieved busbw per (op, message size) against the fabric's expected peak busbw (one number,
     or per op). Works on ``nccl_test`` (``size_bytes``) and ``collective`` (``bytes``) rows."""
     size = "size_bytes" if "size_bytes" in df.columns else "bytes"
-    _require(df, "frame", ("op", size, "busbw_gbps"))
+    require_columns(df, "frame", ("op", size, "busbw_gbps"))
     d = _canon_ops(df).group_by("op_canonical", size).agg(
         pl.col("busbw_gbps").median().alias("busbw_gbps"), pl.len().alias("samples"))
     if isinstance(peak_busbw_gbps, Mapping):
@@ -172,7 +165,7 @@ def collective_groups(collective: pl.DataFrame, *, member: str = "rank") -> pl.D
     """One fabric figure per collective instance (job, communicator, seq, op): the best busbw any rank saw
     (the transfer without waiting), with its shape key (op, bytes, nranks) and its members (ranks, or
     hosts with ``member="host"``). Point-to-point rows (peer ≥ 0) are left to ``slow_links``."""
-    _require(collective, "collective", ("job_id", "rank", "comm_id", "seq", "op", "busbw_gbps", member))
+    require_columns(collective, "collective", ("job_id", "rank", "comm_id", "seq", "op", "busbw_gbps", member))
     c = collective
     if "peer" in c.columns:
         c = c.filter(pl.col("peer") < 0)
@@ -194,7 +187,7 @@ def collective_groups(collective: pl.DataFrame, *, member: str = "rank") -> pl.D
 def nccl_test_groups(nccl_test: pl.DataFrame, *, min_size_bytes: int = 1 << 26) -> pl.DataFrame:
     """One fabric figure per nccl-tests run: the median busbw over sizes ≥ ``min_size_bytes``
     (bandwidth-bound; small sizes measure latency), shape (op, nranks), members = the run's hosts."""
-    _require(nccl_test, "nccl_test", ("run_id", "op", "size_bytes", "busbw_gbps", "hosts"))
+    require_columns(nccl_test, "nccl_test", ("run_id", "op", "size_bytes", "busbw_gbps", "hosts"))
     big = nccl_test.filter(pl.col("size_bytes") >= min_size_bytes)
     nr = pl.col("nranks").first().cast(pl.String).fill_null("?") if "nranks" in big.columns else pl.lit("?")
     return _canon_ops(big).group_by("run_id").agg(
@@ -212,7 +205,7 @@ def slow_members(groups: pl.DataFrame, *, threshold: float = 0.8, min_groups: in
     over its groups (a median, so one unlucky group does not condemn it), ``slow`` when the score is below
     ``threshold`` over at least ``min_groups`` groups, and ``innocent_groups`` counts its groups at or above
     the threshold (a bad node leaves none)."""
-    _require(groups, "groups", ("group_id", "shape", "members", "busbw_gbps"))
+    require_columns(groups, "groups", ("group_id", "shape", "members", "busbw_gbps"))
     g = groups.filter(pl.col("busbw_gbps") > 0).with_columns(
         (pl.col("busbw_gbps") / pl.col("busbw_gbps").median().over("shape")).alias("ratio"),
         pl.len().over("shape").alias("_peers"),
@@ -229,7 +222,7 @@ def slow_members(groups: pl.DataFrame, *, threshold: float = 0.8, min_groups: in
 def slow_links(collective: pl.DataFrame, *, threshold: float = 0.8, min_ops: int = 3) -> pl.DataFrame:
     """Point-to-point pairs (rank → peer, with hosts where known) whose median bandwidth is below
     ``threshold`` × the median over all pairs moving the same message size."""
-    _require(collective, "collective", ("job_id", "rank", "peer", "op", "busbw_gbps"))
+    require_columns(collective, "collective", ("job_id", "rank", "peer", "op", "busbw_gbps"))
     p = collective.filter((pl.col("peer") >= 0) & pl.col("busbw_gbps").is_not_null())
     size = pl.col("bytes") if "bytes" in p.columns else pl.lit(0)
     pairs = p.group_by("job_id", "rank", "peer", size.alias("size_bytes")).agg(
@@ -251,7 +244,7 @@ def nccl_test_regressions(nccl_test: pl.DataFrame, *, min_size_bytes: int = 1 <<
     Per run and size ≥ ``min_size_bytes``: baseline = the median busbw of earlier runs at that size (both
     placements); the run's ``ratio`` is the median over sizes of busbw / baseline. ``regression`` when the
     ratio is below 1 − ``drop_ratio``. Runs need ``ts`` (nccl-tests prints no zone, so ingest stamps it)."""
-    _require(nccl_test, "nccl_test", ("run_id", "op", "size_bytes", "busbw_gbps", "ts"))
+    require_columns(nccl_test, "nccl_test", ("run_id", "op", "size_bytes", "busbw_gbps", "ts"))
     d = _canon_ops(nccl_test.filter(pl.col("size_bytes") >= min_size_bytes))
     if d.get_column("ts").null_count():
         raise ValidationError("a run without a timestamp cannot be ordered", frame="nccl_test", field="ts")
@@ -300,10 +293,10 @@ def alltoall_bound_gbps(nranks: int, bisection_gbps: float, link_gbps: float | N
 def alltoall_bisection_utilization(df: pl.DataFrame, bisection_gbps: float, *, nranks: int | None = None,
                                    link_gbps: float | None = None) -> pl.DataFrame:
     """All-to-all rows (nccl_test or collective) with the bound for their rank count and how close they came."""
-    _require(df, "frame", ("op", "algbw_gbps"))
+    require_columns(df, "frame", ("op", "algbw_gbps"))
     d = _canon_ops(df).filter(pl.col("op_canonical") == "alltoall")
     if nranks is None:
-        _require(d, "frame", ("nranks",))
+        require_columns(d, "frame", ("nranks",))
     ns = [nranks] * d.height if nranks is not None else d.get_column("nranks").to_list()
     bounds = [alltoall_bound_gbps(int(n), bisection_gbps, link_gbps)["algbw_gbps"] if n and n >= 2 else None for n in ns]
     return d.with_columns(pl.Series("bound_algbw_gbps", bounds, dtype=pl.Float64)).with_columns(

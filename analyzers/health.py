@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform
+from fleetscope.frames import FINDING, UTC_US, conform, require_columns
 
 __all__ = [
     "XID_CATALOG_PATH",
@@ -108,7 +108,7 @@ def xid_catalog() -> pl.DataFrame:
 def classify_xids(health_event: pl.DataFrame, catalog: pl.DataFrame | None = None) -> pl.DataFrame:
     """The ``xid`` rows of a health_event frame joined with the catalog (unknown codes: category
     ``unknown``, action ``investigate``, severity ``warning`` — a code newer than the table deserves a look)."""
-    _require(health_event, "health_event", ("ts", "kind", "code"))
+    require_columns(health_event, "health_event", ("ts", "kind", "code"))
     cat = catalog if catalog is not None else _catalog_cached()
     x = health_event.filter(pl.col("kind") == "xid")
     for c, default in (("host", ""), ("gpu_uuid", "")):
@@ -143,13 +143,6 @@ def counter_increase(values: pl.Expr) -> pl.Expr:
 def _resets(values: pl.Expr) -> pl.Expr:
     return (values.diff() < 0).sum()
 
-
-def _require(df: pl.DataFrame, frame: str, cols: Sequence[str]) -> None:
-    if not isinstance(df, pl.DataFrame):
-        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
-    for c in cols:
-        if c not in df.columns:
-            raise ValidationError("missing required column", frame=frame, field=c)
 
 
 def _check_finite(df: pl.DataFrame, frame: str, cols: Sequence[str]) -> None:
@@ -197,7 +190,7 @@ def gpu_health(
     expected, Xid counts, a ``score`` (100 healthy … 0), ``recommendation`` (one of ACTIONS) and
     ``reasons`` (why, most severe first).
     """
-    _require(gpu_sample, "gpu_sample", ("ts", "gpu_uuid"))
+    require_columns(gpu_sample, "gpu_sample", ("ts", "gpu_uuid"))
     if gpu_sample.height == 0:
         raise ValidationError("no samples to analyse", frame="gpu_sample")
     present = [c for c in _COUNTERS if c in gpu_sample.columns]
@@ -265,7 +258,7 @@ def gpu_health(
                                pl.lit(None, pl.UInt32).alias("xid_repeat_max_app"))
     per = per.with_columns(pl.col(c).fill_null(0) for c in ("xid_events", "xid_repeat_max_hw", "xid_repeat_max_app"))
     if gpu_host is not None:
-        _require(gpu_host, "gpu", ("gpu_uuid", "host"))
+        require_columns(gpu_host, "gpu", ("gpu_uuid", "host"))
         per = per.join(gpu_host.select("gpu_uuid", "host").unique("gpu_uuid"), on="gpu_uuid", how="left")
     else:
         per = per.with_columns(pl.lit(None, pl.String).alias("host"))
@@ -433,7 +426,7 @@ def node_health(gpu: pl.DataFrame, *, cooling_share: float = 0.5) -> pl.DataFram
     a node inherits ``reset_gpu``. When at least ``cooling_share`` of a node's GPUs throttle thermally the
     cause is likely the node's cooling, not the GPUs: the node gets a reason saying so.
     """
-    _require(gpu, "gpu_health", ("gpu_uuid", "host", "score", "recommendation"))
+    require_columns(gpu, "gpu_health", ("gpu_uuid", "host", "score", "recommendation"))
     g = gpu.filter(pl.col("host").is_not_null())
     thermal = (pl.col("thermal_throttle_ratio").fill_null(0) > 0.05) if "thermal_throttle_ratio" in g.columns else pl.lit(False)
     out = g.group_by("host").agg(
@@ -466,7 +459,7 @@ def health_findings(gpu: pl.DataFrame, node: pl.DataFrame | None = None, *, wind
     Severity: ``critical`` for drain / repair, ``warning`` for reset / investigate / restart, ``info``
     for watch. The evidence is the GPU's row (counters, ratios, Xids) as JSON.
     """
-    _require(gpu, "gpu_health", ("gpu_uuid", "score", "recommendation", "reasons"))
+    require_columns(gpu, "gpu_health", ("gpu_uuid", "score", "recommendation", "reasons"))
     sev = {"send_for_repair": "critical", "drain_node": "critical", "reset_gpu": "warning", "investigate": "warning",
            "restart_app": "warning", "watch": "info"}
     rows = []

@@ -29,8 +29,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, JOB_RECORD_KINDS, UTC_US, conform
+from fleetscope.frames import FINDING, JOB_RECORD_KINDS, UTC_US, conform, require_columns
 
 __all__ = [
     "LLAMA3_INTERRUPTIONS",
@@ -132,19 +131,12 @@ def categorize_cause(cause: str | None) -> str:
     return "Other"
 
 
-def _require(df: object, frame: str, cols: tuple[str, ...]) -> None:
-    if not isinstance(df, pl.DataFrame):
-        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
-    for c in cols:
-        if c not in df.columns:
-            raise ValidationError("missing required column", frame=frame, field=c)
-
 
 def interruptions(job_event: pl.DataFrame) -> pl.DataFrame:
     """Unexpected interruptions: ``failure`` events, one per job and instant (many ranks reporting the same
     crash are one interruption), with ``cause``, ``host`` and the Llama 3 ``category`` / ``component``.
     ``preempted`` events are planned and left out (the paper's table counts unexpected ones only)."""
-    _require(job_event, "job_event", ("job_id", "ts", "kind", "payload"))
+    require_columns(job_event, "job_event", ("job_id", "ts", "kind", "payload"))
     f = job_event.filter(pl.col("kind") == "failure").with_columns(
         pl.col("payload").str.json_path_match("$.cause").alias("cause"),
         pl.col("payload").str.json_path_match("$.host").alias("host"),
@@ -163,7 +155,7 @@ def root_cause_table(events: pl.DataFrame | None = None) -> pl.DataFrame:
     if events is None:
         counts = {c: n for c, _, n in LLAMA3_INTERRUPTIONS}
     else:
-        _require(events, "interruptions", ("category",))
+        require_columns(events, "interruptions", ("category",))
         counts = dict(events.group_by("category").len().iter_rows())
     total = sum(counts.values())
     rows = [{"category": c, "component": _COMPONENT[c], "interruptions": int(counts.get(c, 0)),
@@ -191,7 +183,7 @@ def job_mtbf_hours(gpu_mtbf_hours: float, gpus: int) -> float:
 def job_exposure(job_event: pl.DataFrame) -> pl.DataFrame:
     """Per job: ``wall_hours`` (first to last lifecycle event) and ``ranks_seen`` (distinct ranks ≥ 0).
     Records such as SDC replays (``JOB_RECORD_KINDS``) may come long after the job and are not exposure."""
-    _require(job_event, "job_event", ("job_id", "ts", "kind"))
+    require_columns(job_event, "job_event", ("job_id", "ts", "kind"))
     ev = job_event.filter(~pl.col("kind").is_in(list(JOB_RECORD_KINDS)))
     return ev.group_by("job_id").agg(
         ((pl.col("ts").max() - pl.col("ts").min()).dt.total_microseconds() / 3.6e9).alias("wall_hours"),
@@ -205,13 +197,13 @@ def mtbf_table(exposure: pl.DataFrame, interruption_rows: pl.DataFrame, job: pl.
     interruptions, MTBF per job (wall hours / interruptions) and per GPU (GPU-hours / interruptions);
     ``inf`` where there were none. ``exposure``: ``job_exposure`` output (job_id, wall_hours, ranks_seen);
     ``interruption_rows``: ``interruptions`` output."""
-    _require(exposure, "exposure", ("job_id", "wall_hours", "ranks_seen"))
-    _require(interruption_rows, "interruptions", ("job_id",))
+    require_columns(exposure, "exposure", ("job_id", "wall_hours", "ranks_seen"))
+    require_columns(interruption_rows, "interruptions", ("job_id",))
     fails = interruption_rows.group_by("job_id").len().rename({"len": "interruptions"}).with_columns(pl.col("interruptions").cast(pl.Int64))
     out = exposure.select("job_id", "wall_hours", pl.col("ranks_seen").cast(pl.Int64)).join(fails, on="job_id", how="left").with_columns(
         pl.col("interruptions").fill_null(0))
     if job is not None:
-        _require(job, "job", ("job_id", "world_size"))
+        require_columns(job, "job", ("job_id", "world_size"))
         out = out.join(job.select("job_id", pl.col("world_size").cast(pl.Int64)), on="job_id", how="left")
         gpus = pl.coalesce(pl.col("world_size"), pl.col("ranks_seen"))
     else:
@@ -311,7 +303,7 @@ def checkpoint_costs(job_event: pl.DataFrame) -> pl.DataFrame:
     """Per job, from ``checkpoint_save_start``/``_end`` pairs (job-level or rank 0): measured save cost δ
     (median seconds), saves seen, and the actual interval (median seconds between save starts, minus δ:
     the compute between checkpoints); and restore cost (median ``checkpoint_restore_*`` seconds)."""
-    _require(job_event, "job_event", ("job_id", "ts", "kind"))
+    require_columns(job_event, "job_event", ("job_id", "ts", "kind"))
     ev = job_event
     if "rank" in ev.columns:
         ev = ev.filter(pl.col("rank") <= 0)  # -1 job-level or rank 0; other ranks repeat the same save
@@ -354,9 +346,9 @@ def checkpoint_advice(costs: pl.DataFrame, mtbf_hours_by_job: Mapping[str, float
     """Young and Daly intervals per job and the expected lost fraction at the actual and the advised
     (Daly) interval. ``costs``: ``checkpoint_costs`` output; MTBF per job in hours (a mapping, or a frame
     with job_id and job_mtbf_hours such as ``fleet_mtbf``'s)."""
-    _require(costs, "checkpoint_costs", ("job_id", "save_cost_s", "interval_s", "restore_cost_s"))
+    require_columns(costs, "checkpoint_costs", ("job_id", "save_cost_s", "interval_s", "restore_cost_s"))
     if isinstance(mtbf_hours_by_job, pl.DataFrame):
-        _require(mtbf_hours_by_job, "mtbf", ("job_id", "job_mtbf_hours"))
+        require_columns(mtbf_hours_by_job, "mtbf", ("job_id", "job_mtbf_hours"))
         mtbf = dict(mtbf_hours_by_job.select("job_id", "job_mtbf_hours").iter_rows())
     else:
         mtbf = dict(mtbf_hours_by_job)
@@ -385,7 +377,7 @@ def checkpoint_findings(advice: pl.DataFrame, *, window_start: datetime, window_
                         min_gain: float = 0.01) -> pl.DataFrame:
     """A finding per job whose actual interval loses at least ``min_gain`` (absolute fraction of wall time)
     more than the advised one. Score = the fraction of wall time the change would win back."""
-    _require(advice, "checkpoint_advice", ("job_id", "lost_fraction_actual", "lost_fraction_advised", "daly_interval_s", "interval_s"))
+    require_columns(advice, "checkpoint_advice", ("job_id", "lost_fraction_actual", "lost_fraction_advised", "daly_interval_s", "interval_s"))
     rows = []
     for r in advice.to_dicts():
         a, b = r["lost_fraction_actual"], r["lost_fraction_advised"]

@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform
+from fleetscope.frames import FINDING, UTC_US, conform, require_columns
 
 __all__ = [
     "step_signals",
@@ -76,13 +76,6 @@ __all__ = [
 ]
 
 
-def _require(df: Any, frame: str, cols: Sequence[str]) -> None:
-    if not isinstance(df, pl.DataFrame):
-        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
-    for c in cols:
-        if c not in df.columns:
-            raise ValidationError("missing required column", frame=frame, field=c)
-
 
 # --- signals from job events --------------------------------------------------------------------------
 
@@ -107,7 +100,7 @@ def step_signals(job_event: pl.DataFrame, replica_groups: pl.DataFrame | Mapping
     replica_group) or a mapping rank → group. Without it a ``replica_group`` payload field is used,
     and without that every rank of a job is one group (pure data parallelism).
     """
-    _require(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
+    require_columns(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
     ev = job_event.filter((pl.col("kind") == "step") & (pl.col("rank") >= 0))
     if ev.filter(pl.col("step").is_null()).height:
         raise ValidationError("step event without a step number", frame="job_event", field="step")
@@ -128,7 +121,7 @@ def step_signals(job_event: pl.DataFrame, replica_groups: pl.DataFrame | Mapping
                               schema={"rank": pl.Int64, "_g": pl.String})
             on = ["rank"]
         else:
-            _require(replica_groups, "replica_groups", ("rank", "replica_group"))
+            require_columns(replica_groups, "replica_groups", ("rank", "replica_group"))
             on = ["job_id", "rank"] if "job_id" in replica_groups.columns else ["rank"]
             rg = replica_groups.select(*on, pl.col("replica_group").cast(pl.String).alias("_g"))
         out = out.join(rg, on=on, how="left").with_columns(pl.coalesce("_g", "replica_group").alias("replica_group")).drop("_g")
@@ -143,7 +136,7 @@ def checksum_mismatches(signals: pl.DataFrame) -> pl.DataFrame:
     listed, nobody is blamed). ``strict_majority`` says whether the winning checksum was held by more
     than half the group. Groups that agree produce no rows.
     """
-    _require(signals, "signals", ("job_id", "step", "rank", "param_checksum", "replica_group"))
+    require_columns(signals, "signals", ("job_id", "step", "rank", "param_checksum", "replica_group"))
     cs = signals.filter(pl.col("param_checksum").is_not_null())
     keys = ["job_id", "step", "replica_group"]
     counts = cs.group_by(*keys, "param_checksum").agg(pl.len().alias("n"))
@@ -181,7 +174,7 @@ def metric_spikes(signals: pl.DataFrame, metric: str = "loss", *, window_steps: 
         raise ValueError(f"metric must be 'loss' or 'grad_norm', not {metric!r}")
     if window_steps < 3 or min_history < 3 or min_history > window_steps:
         raise ValueError("need 3 <= min_history <= window_steps")
-    _require(signals, "signals", ("job_id", "rank", "step", metric))
+    require_columns(signals, "signals", ("job_id", "rank", "step", metric))
     x = pl.col(metric)
     roll = dict(window_size=window_steps, min_samples=min_history)
     s = signals.filter(x.is_not_null()).sort("job_id", "rank", "step").with_columns(
@@ -207,7 +200,7 @@ def nonfinite_onset(signals: pl.DataFrame) -> pl.DataFrame:
     ``pattern``: ``single_rank`` (one rank of several: suspect that rank's GPU), ``all_ranks`` (the job
     diverged: usually the model or data), ``some_ranks`` otherwise.
     """
-    _require(signals, "signals", ("job_id", "rank", "step", "loss_nonfinite", "grad_norm_nonfinite"))
+    require_columns(signals, "signals", ("job_id", "rank", "step", "loss_nonfinite", "grad_norm_nonfinite"))
     s = signals.with_columns((pl.col("loss_nonfinite") | pl.col("grad_norm_nonfinite")).alias("_bad"))
     first = s.filter("_bad").group_by("job_id").agg(pl.col("step").min().alias("step"))
     at = s.join(first, on=["job_id", "step"]).group_by("job_id", "step").agg(
@@ -268,7 +261,7 @@ def rerun_verdicts(reruns: pl.DataFrame) -> pl.DataFrame:
     ``expected`` (the healthy replicas' result) and ``job_id`` / ``rank`` / ``step`` / ``ts`` (carried
     through from the original run).
     """
-    _require(reruns, "reruns", ("case_id", "suspect_gpu", "gpu_uuid", "attempt", "result"))
+    require_columns(reruns, "reruns", ("case_id", "suspect_gpu", "gpu_uuid", "attempt", "result"))
     extra = [c for c in ("job_id", "rank", "step", "ts", "expected") if c in reruns.columns]
     rows = []
     for (case,), g in reruns.sort("case_id", "attempt").group_by(["case_id"], maintain_order=True):
@@ -317,7 +310,7 @@ def rerun_case_id(job_id: str, step: int, rank: int) -> str:
 def rerun_records(job_event: pl.DataFrame) -> pl.DataFrame:
     """The ``sdc_rerun`` records of a job-event frame (docs/job_events.md), their payload fields as columns:
     job_id, ts, step, rank, suspect_gpu, gpu_uuid, result, attempt (null for a replay that gave none), expected."""
-    _require(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
+    require_columns(job_event, "job_event", ("job_id", "ts", "kind", "rank", "step", "payload"))
     rec = job_event.filter(pl.col("kind") == "sdc_rerun")
     field = pl.col("payload").str.json_path_match
     return rec.select(
@@ -340,15 +333,15 @@ def rerun_runs(records: pl.DataFrame, signals: pl.DataFrame | None = None,
     conflicting originals or expected answers, no original result at all) goes to ``problems`` with the
     reason, and not to ``runs``.
     """
-    _require(records, "rerun records", ("job_id", "ts", "step", "rank", "suspect_gpu", "gpu_uuid", "result", "attempt", "expected"))
+    require_columns(records, "rerun records", ("job_id", "ts", "step", "rank", "suspect_gpu", "gpu_uuid", "result", "attempt", "expected"))
     own: dict[tuple[str, int, int], tuple[str, Any]] = {}
     if signals is not None and signals.height:
-        _require(signals, "signals", ("job_id", "step", "rank", "ts", "param_checksum"))
+        require_columns(signals, "signals", ("job_id", "step", "rank", "ts", "param_checksum"))
         for j, st, r, ts, cs in signals.filter(pl.col("param_checksum").is_not_null()).select("job_id", "step", "rank", "ts", "param_checksum").iter_rows():
             own.setdefault((j, st, r), (cs, ts))
     disputed: dict[tuple[str, int, int], str | None] = {}
     if checksums is not None and checksums.height:
-        _require(checksums, "checksums", ("job_id", "step", "rank", "majority_checksum"))
+        require_columns(checksums, "checksums", ("job_id", "step", "rank", "majority_checksum"))
         for j, st, r, maj in checksums.select("job_id", "step", "rank", "majority_checksum").iter_rows():
             disputed[(j, st, r)] = maj
     runs: list[dict[str, Any]] = []
@@ -405,8 +398,8 @@ def rerun_findings(verdicts: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """One finding (kind ``sdc_rerun``, subject ``gpu:<suspect>``) per judged case, with the evidence chain:
     the step, the rank, every run (GPU, same GPU or not, result, time, where it came from), the expected
     answer and the verdict. Severity: critical for ``persistent``, warning for ``transient``, info otherwise."""
-    _require(verdicts, "verdicts", ("case_id", "suspect_gpu", "verdict", "reason", "job_id", "step", "rank"))
-    _require(runs, "runs", ("case_id", "ts", "gpu_uuid", "attempt", "result", "source", "expected", "expected_source"))
+    require_columns(verdicts, "verdicts", ("case_id", "suspect_gpu", "verdict", "reason", "job_id", "step", "rank"))
+    require_columns(runs, "runs", ("case_id", "ts", "gpu_uuid", "attempt", "result", "source", "expected", "expected_source"))
     rows = []
     for v in verdicts.to_dicts():
         g = runs.filter(pl.col("case_id") == v["case_id"]).sort("attempt")
@@ -684,7 +677,7 @@ def sdc_findings(
             c["critical"] |= r["verdict"] == "persistent"
             c["ts"].append(r.get("ts"))
     if probes is not None:
-        _require(probes, "probes", ("gpu_uuid", "ts", "passed", "digest"))
+        require_columns(probes, "probes", ("gpu_uuid", "ts", "passed", "digest"))
         for r in probes.filter(pl.col("passed") == False).to_dicts():  # noqa: E712 (null = unknown, not failed)
             c = chain(f"gpu:{r['gpu_uuid']}")
             c["signals"].append({"signal": "probe_failed", "digest": r["digest"], "golden": r.get("golden"),
@@ -721,7 +714,7 @@ def _gpu_lookup(job_rank: pl.DataFrame | None) -> dict[tuple[str, int], str]:
     """(job, rank) → GPU, when the rank ran on exactly one GPU (a rank that moved is left as a rank)."""
     if job_rank is None or job_rank.height == 0:
         return {}
-    _require(job_rank, "job_rank", ("job_id", "rank", "gpu_uuid"))
+    require_columns(job_rank, "job_rank", ("job_id", "rank", "gpu_uuid"))
     one = job_rank.group_by("job_id", "rank").agg(pl.col("gpu_uuid").unique()).filter(pl.col("gpu_uuid").list.len() == 1)
     return {(j, r): g[0] for j, r, g in one.iter_rows()}
 

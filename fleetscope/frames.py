@@ -11,7 +11,7 @@ same definitions, so a column is declared exactly once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -720,6 +720,16 @@ def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
         if bad is not None:
             raise ValidationError(f"{out[bad]!r} is not a finite number", frame=spec.name, row=bad, field=col.name)
     return out
+
+
+def require_columns(df: object, frame: str, cols: Iterable[str]) -> None:
+    """The check an analyzer makes of its input: a polars frame (TypeError otherwise) holding ``cols``
+    (ValidationError naming the frame and the first missing column)."""
+    if not isinstance(df, pl.DataFrame):
+        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
+    for c in cols:
+        if c not in df.columns:
+            raise ValidationError("missing required column", frame=frame, field=c)
 
 
 def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
