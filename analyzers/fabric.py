@@ -36,7 +36,7 @@ from datetime import datetime
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform, require_columns
+from fleetscope.frames import UTC_US, findings_frame, require_columns
 
 __all__ = [
     "canonical_op",
@@ -333,9 +333,7 @@ def fabric_findings(*, members: pl.DataFrame | None = None, member_kind: str = "
                          "summary": f"nccl-tests {r['op']} on {r['hosts'] or 'its hosts'} ran at {r['ratio']:.0%} of its baseline "
                                     f"over {r['baseline_runs']} earlier run(s).",
                          "evidence": r})
-    if not rows:
-        return FINDING.empty()
     for r in rows:
         r["window_start"], r["window_end"] = window_start, window_end
         r["evidence"] = json.dumps(r["evidence"], default=str, sort_keys=True)
-    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+    return findings_frame(rows)

@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform, require_columns
+from fleetscope.frames import findings_frame, require_columns
 
 __all__ = [
     "XID_CATALOG_PATH",
@@ -488,6 +488,4 @@ def health_findings(gpu: pl.DataFrame, node: pl.DataFrame | None = None, *, wind
                            f"{'; ' + r['node_reason'] if r.get('node_reason') else ''}).",
                 "evidence": json.dumps({k: v for k, v in r.items() if v is not None}, default=str, sort_keys=True),
             })
-    if not rows:
-        return FINDING.empty()
-    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+    return findings_frame(rows)

@@ -29,7 +29,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import FINDING, JOB_RECORD_KINDS, UTC_US, conform, require_columns
+from fleetscope.frames import JOB_RECORD_KINDS, findings_frame, require_columns
 
 __all__ = [
     "LLAMA3_INTERRUPTIONS",
@@ -392,6 +392,4 @@ def checkpoint_findings(advice: pl.DataFrame, *, window_start: datetime, window_
                        f"checkpointing {direction} often, every {r['daly_interval_s'] / 60:.1f} min (Daly), would lose {b:.1%}.",
             "evidence": json.dumps({k: v for k, v in r.items() if v is not None}, default=str, sort_keys=True),
         })
-    if not rows:
-        return FINDING.empty()
-    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+    return findings_frame(rows)

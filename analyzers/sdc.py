@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, conform, require_columns
+from fleetscope.frames import FINDING, UTC_US, findings_frame, require_columns
 
 __all__ = [
     "step_signals",
@@ -416,9 +416,7 @@ def rerun_findings(verdicts: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
             "summary": f"Rerun of job {v['job_id']} step {v['step']} (rank {v['rank']}, {v['suspect_gpu']}): {v['verdict']} — {v['reason']}.",
             "evidence": json.dumps(evidence, default=str, sort_keys=True),
         })
-    if not rows:
-        return FINDING.empty()
-    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+    return findings_frame(rows)
 
 
 def rerun_report(job_event: pl.DataFrame, signals: pl.DataFrame | None = None,
@@ -705,9 +703,7 @@ def sdc_findings(
                                                 f" at steps {steps[0]}–{steps[-1]}" if steps else "") + ".",
             "evidence": json.dumps(evidence, default=str, sort_keys=True),
         })
-    if not rows:
-        return FINDING.empty()
-    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+    return findings_frame(rows)
 
 
 def _gpu_lookup(job_rank: pl.DataFrame | None) -> dict[tuple[str, int], str]:

@@ -732,6 +732,13 @@ def require_columns(df: object, frame: str, cols: Iterable[str]) -> None:
             raise ValidationError("missing required column", frame=frame, field=c)
 
 
+def findings_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """Finding rows (dicts with the ``finding`` columns) as a conformed frame; the empty frame for none."""
+    if not rows:
+        return FINDING.empty()
+    return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
+
+
 def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
     """Check ``df`` against ``spec`` and return it in canonical shape: every column, canonical dtypes,
     defaults filled, rows with a repeated natural key collapsed to one.
