@@ -40,7 +40,7 @@ from pathlib import Path
 import polars as pl
 
 from fleetscope.errors import ValidationError
-from fleetscope.frames import ENERGY_INSTRUMENT, UTC_US
+from fleetscope.frames import ENERGY_INSTRUMENT
 
 __all__ = [
     "GRID_TABLE_PATH",
