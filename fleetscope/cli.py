@@ -921,6 +921,32 @@ def energy_carbon(site_id: str, start_text: str, end_text: str, as_json: bool) -
     _emit(as_json, out, text)
 
 
+@energy.command("job")
+@click.argument("job_id")
+@click.option("--start", "start_text", help="RFC 3339: keep the part of the run from here.")
+@click.option("--end", "end_text", help="RFC 3339, exclusive.")
+@click.option("--json", "as_json", is_flag=True)
+def energy_job(job_id: str, start_text: str | None, end_text: str | None, as_json: bool) -> None:
+    """JOB_ID's energy and emissions (location- and market-based), per step and per million tokens."""
+    from fleetscope import energy_service as es
+
+    start = _when(start_text, "--start") if start_text else None
+    end = _when(end_text, "--end") if end_text else None
+    if start and end and end <= start:
+        raise click.BadParameter("must be after --start", param_hint="--end")
+    try:
+        out = es.job_report(_store(), job_id, start, end)
+    except es.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    text = (f"{job_id} {out['start']} .. {out['end']}: GPU {out['gpu_energy_kwh']:.3f} kWh, facility "
+            f"{num(out['facility_energy_j'] and out['facility_energy_j'] / 3.6e6, '.3f')} kWh{' (estimate)' if out['estimate'] else ''}\n"
+            f"  location-based {num(out['location_based_kgco2e'], '.3f')} kgCO2e, market-based {num(out['market_based_kgco2e'], '.3f')} kgCO2e\n"
+            f"  {num(out['energy_per_step_j'], '.1f')} J/step, {num(out['energy_per_mtok_j'], '.1f')} J per million tokens, "
+            f"{num(out['flops_per_j'], '.3g')} useful FLOP/J")
+    _emit(as_json, out, text)
+
+
 @energy.command("serving")
 @click.argument("model")
 @click.option("--projection-days", type=click.IntRange(1, 3650), default=28, show_default=True, help="Serving days the projection averages.")

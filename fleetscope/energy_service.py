@@ -50,10 +50,13 @@ def rollup_window(store: Store, start: dt.datetime, end: dt.datetime) -> dict[st
             return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": 0, "gpus": 0, "events": 0}
         roll = energy.energy_rollup(samples, window_start=start, window_end=end)
         minutes = roll.minutes.select(list(F.GPU_ENERGY_MINUTE.names))
-        sites = site_rollup(minutes, store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"]))
-        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, sites)], source=f"energy_rollup:{start.isoformat()}")
+        gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+        sites = site_rollup(minutes, gpu, host)
+        jobs = job_rollup(minutes, ranks_during(store, start, end), gpu, host)
+        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, sites), (F.JOB_ENERGY_MINUTE, jobs)],
+                           source=f"energy_rollup:{start.isoformat()}")
         return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
-                "gpus": roll.gpus.height, "events": roll.events.height,
+                "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": jobs.height,
                 "no_energy_data": int((roll.gpus["status"] == "no_energy_data").sum()) if "status" in roll.gpus.columns else 0}
 
 
@@ -74,9 +77,23 @@ def energy_report(store: Store, start: dt.datetime, end: dt.datetime, by: list[s
         located = carbon.location_based(summary.filter(pl.col("site_id").is_in(site["site_id"].implode())), site,
                                         metric_sample=store.read("metric_sample", start=start, end=end))
         summary = located.group_by(by).agg(pl.col("energy_j").sum(), pl.col("kgco2e").sum(), pl.col("intensity_basis").unique().sort().str.join("; "))
+        summary = _with_market(store, summary, start, end)
     elif "minute" not in by and "minute" in summary.columns:
         summary = summary.group_by(by).agg(pl.col("energy_j").sum())
     return summary.with_columns((pl.col("energy_j") / energy.J_PER_KWH).alias("energy_kwh")).sort(by, nulls_last=True)
+
+
+def _with_market(store: Store, summary: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Market-based kgCO2e beside the location-based figure of each row (GHG Protocol Scope 2: reported
+    beside it, never instead): the row's location-based kgCO2e × its site's market- to location-based
+    ratio over the period (:func:`site_scope2`), so both rest on the same energy."""
+    sites = summary["site_id"].drop_nulls().unique().sort().to_list()
+    ratio = site_scope2(store, start, end, sites).select(
+        "site_id",
+        pl.when(pl.col("location_kgco2e") > 0).then(pl.col("market_kgco2e") / pl.col("location_kgco2e")).alias("_ratio"),
+        pl.concat_str(pl.lit(MARKET_METHOD), pl.col("uncovered_basis")).alias("market_basis"),
+    )
+    return summary.join(ratio, on="site_id", how="left").with_columns((pl.col("kgco2e") * pl.col("_ratio")).alias("market_kgco2e")).drop("_ratio")
 
 
 def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
@@ -113,6 +130,32 @@ def site_rollup(minutes: pl.DataFrame, gpu: pl.DataFrame, host: pl.DataFrame) ->
         .group_by("minute", "site_id")
         .agg(pl.col("energy_j").sum(), pl.len().cast(pl.Int64).alias("gpus"))
         .select(list(F.SITE_ENERGY_MINUTE.names))
+    )
+
+
+def ranks_during(store: Store, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """``job_rank`` assignments that overlap [start, end): the few a roll-up window needs, not the table."""
+    schema = {c: F.JOB_RANK.schema[c] for c in ("job_id", "rank", "gpu_uuid", "start", "end")}
+    df = store.query('SELECT job_id, "rank", gpu_uuid, "start", "end" FROM job_rank WHERE "start" < ? AND ("end" IS NULL OR "end" > ?)',
+                     [end, start], schema)
+    return df.select(list(schema)) if df.height else pl.DataFrame(schema=schema)
+
+
+def job_rollup(minutes: pl.DataFrame, job_rank: pl.DataFrame, gpu: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    """Per-GPU minutes attributed to the jobs that held the GPUs (``analyzers.energy.attribute_to_jobs``),
+    summed per job, site and minute (``job_energy_minute``). Idle shares are left out: they belong to no
+    job. GPUs at no known site get site_id ``""`` (a key column cannot be null)."""
+    if minutes.height == 0 or job_rank.height == 0:
+        return F.JOB_ENERGY_MINUTE.empty()
+    att = energy.attribute_to_jobs(minutes, job_rank).filter(pl.col("job_id").is_not_null())
+    return (
+        att.join(gpu.select("gpu_uuid", "host"), on="gpu_uuid", how="left")
+        .join(host.select("host", "site_id"), on="host", how="left")
+        .with_columns(pl.col("site_id").fill_null(""))
+        .group_by("minute", "job_id", "site_id")
+        .agg(pl.col("energy_j").sum(), pl.col("covered_s").sum(), pl.col("allocated_s").sum(),
+             pl.col("gpu_uuid").n_unique().cast(pl.Int64).alias("gpus"))
+        .select(list(F.JOB_ENERGY_MINUTE.names))
     )
 
 
@@ -286,13 +329,45 @@ def model_jobs(store: Store, model_name: str) -> pl.DataFrame:
     return job
 
 
-def job_energy(store: Store, job_ids: list[str]) -> pl.DataFrame | None:
+def job_report(store: Store, job_id: str, start: dt.datetime | None = None, end: dt.datetime | None = None) -> dict[str, Any]:
+    """One job's energy and emissions over its run, or the part of it in [start, end): GPU and facility
+    energy, location- and market-based kgCO2e side by side (GHG Protocol Scope 2 dual reporting), per site
+    with the PUE and basis of each, and energy per step, per million tokens and useful FLOPs per J
+    (``analyzers.energy.energy_productivity``) from the job's step records in the same period.
+    ``NotFound`` where no roll-up covers the job."""
+    rows = _job_rows(store, [job_id], start, end)
+    if rows is None:
+        raise NotFound(f"no energy roll-up covers job {job_id!r}" + (" in that period" if start or end else "") + ": no rank-to-GPU assignments or no roll-ups yet")
+    minutes, parts = rows
+    total = job_energy(store, [job_id], start, end).row(0, named=True)
+    lo, hi = minutes["minute"].min(), minutes["minute"].max() + dt.timedelta(minutes=1)
+    steps = store.read("step", job_id=job_id, start=lo, end=hi, columns=["job_id", "rank", "step", "start", "tokens", "model_flops"])
+    prod = energy.energy_productivity(pl.DataFrame({"job_id": [job_id], "energy_j": [total["energy_j"]]}), steps).row(0, named=True)
+    per_site = minutes.group_by("site_id").agg(pl.col("gpu_energy_j").sum(), pl.col("kgco2e").sum(), pl.len().alias("minutes"))
+    return {
+        "job_id": job_id, "start": lo.isoformat(), "end": hi.isoformat(),
+        "gpu_energy_j": total["energy_j"], "gpu_energy_kwh": total["energy_j"] / energy.J_PER_KWH,
+        "facility_energy_j": total["facility_energy_j"], "estimate": total["estimate"],
+        "covered_s": total["covered_s"], "allocated_s": total["allocated_s"],
+        "location_based_kgco2e": total["kgco2e"], "market_based_kgco2e": total["market_kgco2e"], "market_basis": total["market_basis"],
+        "steps": prod["steps"], "tokens": prod["tokens"], "useful_flops": prod["useful_flops"],
+        "energy_per_step_j": prod["energy_per_step_j"], "energy_per_mtok_j": prod["energy_per_mtok_j"], "flops_per_j": prod["flops_per_j"],
+        "sites": [
+            {**_jsonable({k: v for k, v in p.items() if k != "market_kgco2e"}), "gpu_energy_j": s["gpu_energy_j"], "location_based_kgco2e": s["kgco2e"], "market_based_kgco2e": p["market_kgco2e"]}
+            for p in parts.iter_rows(named=True)
+            for s in per_site.filter(pl.col("site_id").eq_missing(p["site_id"])).iter_rows(named=True)
+        ],
+    }
+
+
+def job_energy(store: Store, job_ids: list[str], start: dt.datetime | None = None, end: dt.datetime | None = None) -> pl.DataFrame | None:
     """Energy and emissions per job from the stored roll-ups (None before any roll-up covers them): the
     input ``analyzers.carbon.model_footprint`` takes. GPU energy (energy_j, covered_s, allocated_s); where
     every site the jobs ran at has a PUE, facility_energy_j (GPU energy × PUE over the job's period there)
     and ``estimate`` (a declared PUE); kgco2e (location-based) and market_kgco2e with market_basis, both on
-    the facility energy where it is given, else on the GPU energy."""
-    rows = _job_rows(store, job_ids)
+    the facility energy where it is given, else on the GPU energy. ``start``/``end`` keep the part of
+    the jobs' runs inside that period."""
+    rows = _job_rows(store, job_ids, start, end)
     if rows is None:
         return None
     minutes, parts = rows
@@ -349,7 +424,7 @@ def serving_vs_training(store: Store, model_name: str, *, projection_days: int =
     }
 
 
-def _job_rows(store: Store, job_ids: list[str]) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+def _job_rows(store: Store, job_ids: list[str], start: dt.datetime | None = None, end: dt.datetime | None = None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """The jobs' energy per minute and site with carbon, and per job and site its period's PUE and
     market-based emissions; None where no roll-up covers the jobs.
 
@@ -363,16 +438,14 @@ def _job_rows(store: Store, job_ids: list[str]) -> tuple[pl.DataFrame, pl.DataFr
         return None
     lo = floor_minute(jr["start"].min())
     hi = None if jr["end"].null_count() else floor_minute(jr["end"].max()) + dt.timedelta(minutes=1)
-    minutes = store.read("gpu_energy_minute", start=lo, end=hi, gpu_uuid=jr["gpu_uuid"].unique().to_list())
-    att = energy.attribute_to_jobs(minutes, jr).filter(pl.col("job_id").is_in(job_ids))
+    lo = max(lo, start) if start else lo
+    hi = (min(hi, end) if hi else end) if end else hi
+    if hi is not None and hi <= lo:
+        return None
+    att = job_minutes(store, jr, lo, hi).rename({"energy_j": "gpu_energy_j"})
     if att.height == 0:
         return None
-    gpu, host, site = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"]), store.read("site")
-    att = (
-        att.join(gpu, on="gpu_uuid", how="left").join(host, on="host", how="left")
-        .group_by("job_id", "site_id", "minute")
-        .agg(pl.col("energy_j").sum().alias("gpu_energy_j"), pl.col("covered_s").sum(), pl.col("allocated_s").sum())
-    )
+    site = store.read("site")
     parts, located = [], []
     for (job_id, site_id), g in att.group_by("job_id", "site_id", maintain_order=True):
         start, end = g["minute"].min(), g["minute"].max() + dt.timedelta(minutes=1)
@@ -405,6 +478,33 @@ def _job_rows(store: Store, job_ids: list[str]) -> tuple[pl.DataFrame, pl.DataFr
     if not use_fac:
         parts_df = parts_df.with_columns(pl.lit("GPU energy only: a site these jobs ran at has no PUE, so facility overhead is left out").alias("energy_basis"))
     return pl.concat(rows, how="diagonal_relaxed").sort("job_id", "minute"), parts_df
+
+
+def job_minutes(store: Store, job_rank: pl.DataFrame, start: dt.datetime, end: dt.datetime | None) -> pl.DataFrame:
+    """Energy of the jobs of ``job_rank`` per job, site and minute over [start, end): job_id, site_id (null
+    for no known site), minute, energy_j, covered_s, allocated_s.
+
+    From ``job_energy_minute`` (one row per job, site and minute, written by :func:`rollup_window`), so a
+    long job's period costs what its minutes cost, not its GPU-minutes. A job with no rows there — its
+    assignments arrived after its minutes were rolled up — is attributed from the per-GPU roll-ups instead,
+    as the roll-up would have done.
+    """
+    job_ids = job_rank["job_id"].unique().to_list()
+    cols = ["job_id", "site_id", "minute", "energy_j", "covered_s", "allocated_s"]
+    stored = store.read("job_energy_minute", start=start, end=end, job_id=job_ids, columns=cols)
+    missing = job_rank.filter(~pl.col("job_id").is_in(stored["job_id"].unique().implode()))
+    parts = [stored] if stored.height else []
+    if missing.height:
+        minutes = store.read("gpu_energy_minute", start=start, end=end, gpu_uuid=missing["gpu_uuid"].unique().to_list())
+        gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+        parts.append(job_rollup(minutes, missing, gpu, host).select(cols))
+    if not parts:
+        return pl.DataFrame(schema={c: F.JOB_ENERGY_MINUTE.schema[c] for c in cols})
+    return (
+        pl.concat(parts).filter(pl.col("job_id").is_in(job_ids))
+        .with_columns(pl.when(pl.col("site_id") != "").then(pl.col("site_id")).alias("site_id"))
+        .sort("job_id", "site_id", "minute", nulls_last=True)
+    )
 
 
 def _lineage_jobs(store: Store, model_name: str) -> list[str]:

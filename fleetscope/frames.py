@@ -575,7 +575,25 @@ SITE_ENERGY_MINUTE = FrameSpec(
          "period reads one row per minute instead of one per GPU-minute."),
 )
 
-ENERGY_FRAMES: dict[str, FrameSpec] = {ENERGY_INSTRUMENT.name: ENERGY_INSTRUMENT, SITE_ENERGY_MINUTE.name: SITE_ENERGY_MINUTE}
+JOB_ENERGY_MINUTE = FrameSpec(
+    "job_energy_minute",
+    (
+        _k("minute", UTC_US, doc="start of the UTC minute"),
+        _k("job_id", pl.String),
+        _k("site_id", pl.String, doc="site of the GPUs; empty where the inventory places them at no site"),
+        _f("energy_j", doc="the job's share of its GPUs' energy in that minute (analyzers.energy.attribute_to_jobs)"),
+        _f("covered_s", doc="GPU-seconds of the job's share with energy data"),
+        _f("allocated_s", doc="GPU-seconds the job held in that minute"),
+        _f("gpus", pl.Int64, doc="GPUs the job held in that minute"),
+    ),
+    on_conflict="update",
+    doc=("Per-minute per-job GPU energy by site, written with the per-GPU roll-up from the rank-to-GPU "
+         "assignments known then: a job's energy over any period reads one row per minute and site."),
+)
+
+ENERGY_FRAMES: dict[str, FrameSpec] = {
+    ENERGY_INSTRUMENT.name: ENERGY_INSTRUMENT, SITE_ENERGY_MINUTE.name: SITE_ENERGY_MINUTE, JOB_ENERGY_MINUTE.name: JOB_ENERGY_MINUTE,
+}
 
 # Order matters: inventory before the facts that point at it.
 FRAMES: dict[str, FrameSpec] = {

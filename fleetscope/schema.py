@@ -214,6 +214,8 @@ for _spec in AIACT_FRAMES.values():
 energy_instrument = _frame_table(F.ENERGY_INSTRUMENT, Index(None, "site_id", "start"))
 # Keyed (minute, site_id); a site's window reads the (site_id, minute) index.
 site_energy_minute = _frame_table(F.SITE_ENERGY_MINUTE, Index(None, "site_id", "minute"))
+# Keyed (minute, job_id, site_id); a job's period reads the (job_id, minute) index.
+job_energy_minute = _frame_table(F.JOB_ENERGY_MINUTE, Index(None, "job_id", "minute"))
 
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
@@ -238,6 +240,7 @@ TIME_COLUMN: dict[str, str] = {
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",
     "site_energy_minute": "minute",
+    "job_energy_minute": "minute",
     "finding": "window_start",
 }
 from fleetscope.alerting import schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any
 
 import polars as pl
@@ -92,3 +93,26 @@ def get_sdc(request: Request, job_id: str) -> dict[str, Any]:
     (transient, persistent, not_gpu, no_fault, inconclusive) and cases that could not be judged."""
     _known(request, job_id)
     return analysis.job_sdc(request.app.state.store, job_id)
+
+
+@router.get("/{job_id}/energy", dependencies=[Depends(require("read"))])
+def get_energy(
+    request: Request,
+    job_id: str,
+    start: Annotated[dt.datetime | None, Query(description="keep the part of the run from this instant (RFC 3339)")] = None,
+    end: Annotated[dt.datetime | None, Query(description="... up to this one (exclusive)")] = None,
+) -> Response:
+    """The job's energy and emissions from the per-minute roll-ups: GPU and facility energy, location- and
+    market-based kgCO2e side by side, per site with PUE and basis, energy per step and per million tokens."""
+    import json
+
+    from fleetscope import energy_service as es
+
+    _known(request, job_id)
+    if start and end and end <= start:
+        raise HTTPException(400, "end must be after start")
+    try:
+        body = es.job_report(request.app.state.store, job_id, start, end)
+    except es.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    return Response(json.dumps(body, default=str), media_type="application/json")

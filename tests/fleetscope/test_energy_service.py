@@ -1,6 +1,7 @@
 """Energy roll-ups written to the store, and energy / carbon reports read from them."""
 
 import datetime as dt
+import json
 
 import httpx
 import polars as pl
@@ -155,3 +156,144 @@ def test_footprint_follows_lineage_from_model_to_fleet_job(store):
     gs.put_model(store, ModelEntry("ranker", "1", "rank", "provider", (run_id,)))
     fp = model_footprint(store, "ranker")
     assert fp["jobs"] == ["train-1"] and fp["energy_j"] > 0
+
+
+def seed_two_jobs(store):
+    """seed() plus a second job that moves to another GPU half way through a minute, and one job on a
+    GPU the inventory places at no site."""
+    batch = seed(store)
+    gpus = batch.gpu["gpu_uuid"].to_list()
+    t = lambda m: T0 + dt.timedelta(minutes=m)  # noqa: E731
+    store.write(F.Batch(job_rank=pl.DataFrame({
+        "job_id": ["serve-2", "serve-2", "serve-2"], "rank": [0, 1, 1],
+        "start": [t(2), t(2), t(9.5)], "end": [None, t(9.5), None], "gpu_uuid": [gpus[8], gpus[9], gpus[10]]})))
+    return batch
+
+
+def test_rollup_writes_job_minutes_equal_to_attributing_the_gpu_minutes(store):
+    from fleetscope import energy_service as es
+
+    seed_two_jobs(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    jm = store.read("job_energy_minute")
+    # train-1: 4 GPUs for minutes 5..14; serve-2: 2 GPUs from minute 2 to the end of the window (18 minutes)
+    per_job = jm.group_by("job_id").agg(pl.len(), pl.col("allocated_s").sum(), pl.col("gpus").min()).sort("job_id")
+    assert per_job.rows() == [("serve-2", 18, pytest.approx(2 * 18 * 60.0), 2), ("train-1", 10, pytest.approx(4 * 10 * 60.0), 4)]
+    # the minute serve-2's rank 1 moved holds both GPUs, half a minute each
+    moved = jm.filter((pl.col("job_id") == "serve-2") & (pl.col("minute") == T0 + dt.timedelta(minutes=9)))
+    assert moved["gpus"].to_list() == [3] and moved["allocated_s"].to_list() == [pytest.approx(120.0)]
+    # the job's energy read from these rows equals attributing the per-GPU minutes directly
+    window = (T0 + dt.timedelta(minutes=3), T0 + dt.timedelta(minutes=17))
+    stored = es.job_energy(store, ["train-1", "serve-2"])
+    from_rows = es.job_minutes(store, store.read("job_rank"), *window)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM job_energy_minute")
+    recomputed = es.job_energy(store, ["train-1", "serve-2"])
+    from_gpus = es.job_minutes(store, store.read("job_rank"), *window)
+    for col in ("energy_j", "allocated_s", "covered_s", "kgco2e", "market_kgco2e"):
+        assert stored[col].to_list() == pytest.approx(recomputed[col].to_list(), rel=1e-9), col
+    assert from_rows.drop("energy_j").equals(from_gpus.drop("energy_j"))
+    assert from_rows["energy_j"].to_list() == pytest.approx(from_gpus["energy_j"].to_list(), rel=1e-12)
+    assert from_rows["minute"].min() == window[0] and from_rows["minute"].max() == window[1] - dt.timedelta(minutes=1)
+    # idempotent
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    assert store.read("job_energy_minute").height == jm.height
+
+
+def test_a_job_whose_ranks_arrive_after_the_rollup_is_attributed_from_gpu_minutes(store):
+    from fleetscope import energy_service as es
+
+    batch = seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    gpus = batch.gpu["gpu_uuid"].to_list()
+    store.write(F.Batch(job_rank=pl.DataFrame({"job_id": ["late-3"], "rank": [0], "start": [T0 + dt.timedelta(minutes=4)],
+                                               "end": [T0 + dt.timedelta(minutes=6)], "gpu_uuid": [gpus[12]]})))
+    assert store.read("job_energy_minute", job_id="late-3").height == 0
+    e = es.job_energy(store, ["late-3"]).row(0, named=True)
+    want = store.read("gpu_energy_minute", gpu_uuid=gpus[12]).filter(
+        pl.col("minute").is_between(T0 + dt.timedelta(minutes=4), T0 + dt.timedelta(minutes=5)))["energy_j"].sum()
+    assert e["energy_j"] == pytest.approx(want) and e["allocated_s"] == pytest.approx(120.0)
+
+
+def test_migration_backfills_job_minutes_as_the_rollup_writes_them(db_url):
+    """Revision 0009 fills job_energy_minute from roll-ups written before it, as the roll-up would."""
+    from fleetscope import db
+    from fleetscope.store import Store
+
+    st = Store.open(db_url)
+    seed_two_jobs(st)
+    rollup_window(st, T0, T0 + dt.timedelta(minutes=20))
+    want = st.read("job_energy_minute").sort("job_id", "minute", "site_id")
+    st.engine.dispose()
+    db.downgrade(db_url, "0008")
+    db.upgrade(db_url)
+    st = Store.open(db_url)
+    got = st.read("job_energy_minute").sort("job_id", "minute", "site_id")
+    st.engine.dispose()
+    assert got.select("job_id", "minute", "site_id", "gpus").equals(want.select("job_id", "minute", "site_id", "gpus"))
+    for col in ("energy_j", "covered_s", "allocated_s"):
+        assert got[col].to_list() == pytest.approx(want[col].to_list(), rel=1e-9), col
+
+
+def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from fleetscope import cli
+    from fleetscope import energy_service as es
+
+    store = api.app.state.store
+    batch = seed(store)
+    gpus = batch.gpu["gpu_uuid"].to_list()
+    store.write(F.Batch(
+        job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}]),
+        step=pl.DataFrame({"job_id": ["train-1"] * 8, "rank": [0, 1, 2, 3] * 2, "step": [1] * 4 + [2] * 4,
+                           "start": [T0 + dt.timedelta(minutes=6)] * 4 + [T0 + dt.timedelta(minutes=9)] * 4,
+                           "end": [T0 + dt.timedelta(minutes=9)] * 4 + [T0 + dt.timedelta(minutes=12)] * 4,
+                           "tokens": [1_000_000] * 8, "model_flops": [2e15] * 8})))
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    body = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h).json()
+    gpu_j = store.read("gpu_energy_minute").filter(pl.col("gpu_uuid").is_in(gpus[:4]) & pl.col("minute").is_between(
+        T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=14)))["energy_j"].sum()
+    assert body["gpu_energy_j"] == pytest.approx(gpu_j) and body["allocated_s"] == pytest.approx(4 * 10 * 60.0)
+    assert body["start"] == (T0 + dt.timedelta(minutes=5)).isoformat() and body["end"] == (T0 + dt.timedelta(minutes=15)).isoformat()
+    # two steps, 8 M tokens, 1.6e16 useful FLOPs (each rank reports its share)
+    assert body["steps"] == 2 and body["energy_per_step_j"] == pytest.approx(gpu_j / 2)
+    assert body["energy_per_mtok_j"] == pytest.approx(gpu_j / 8) and body["flops_per_j"] == pytest.approx(1.6e16 / gpu_j)
+    assert body["location_based_kgco2e"] > 0 and body["market_based_kgco2e"] == pytest.approx(body["location_based_kgco2e"])  # no instruments
+    assert [s["site_id"] for s in body["sites"]] == ["site-a"] and body["sites"][0]["gpu_energy_j"] == pytest.approx(gpu_j)
+    part = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h,
+                     params={"start": (T0 + dt.timedelta(minutes=10)).isoformat(), "end": (T0 + dt.timedelta(minutes=12)).isoformat()}).json()
+    assert part["allocated_s"] == pytest.approx(4 * 2 * 60.0) and part["steps"] is None and part["energy_per_step_j"] is None
+    assert httpx.get(api.url + "/api/v1/jobs/nope/energy", headers=h).status_code == 404
+    early = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h, params={"end": T0.isoformat()})
+    assert early.status_code == 404 and "no energy roll-up covers job 'train-1' in that period" in early.json()["detail"]
+    bad = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h, params={"start": T0.isoformat(), "end": T0.isoformat()})
+    assert bad.status_code == 400
+    assert httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h, params={"start": "yesterday"}).status_code == 422
+    # the CLI reads the same store
+    monkeypatch.setattr(cli, "_store", lambda: store)
+    res = CliRunner().invoke(cli.main, ["energy", "job", "train-1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["gpu_energy_j"] == pytest.approx(gpu_j)
+    res = CliRunner().invoke(cli.main, ["energy", "job", "nope"])
+    assert res.exit_code == 1 and "no energy roll-up covers job 'nope'" in res.output
+    assert es.job_report(store, "train-1")["gpu_energy_j"] == pytest.approx(gpu_j)
+
+
+def test_energy_by_site_reports_market_beside_location(store):
+    from fleetscope import energy_service as es
+
+    seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    window = (T0, T0 + dt.timedelta(minutes=20))
+    before = energy_report(store, *window, ["site_id"])
+    assert before["market_kgco2e"].to_list() == pytest.approx(before["kgco2e"].to_list())  # no instruments: market = location
+    # a PPA covering all of site-a's energy at 0 g/kWh makes its market-based figure 0 and leaves site-b's alone
+    es.record_instrument(store, {"instrument_id": "ppa-1", "site_id": "site-a", "kind": "ppa", "start": T0, "end": T0 + dt.timedelta(days=1),
+                                 "volume_mwh": 10.0, "g_per_kwh": 0.0}, recorded_by="test")
+    after = energy_report(store, *window, ["site_id"])
+    assert after["kgco2e"].to_list() == pytest.approx(before["kgco2e"].to_list())
+    assert after["market_kgco2e"].to_list() == pytest.approx([0.0, before["kgco2e"][1]])
+    assert "market-based" in after["market_basis"][0]
