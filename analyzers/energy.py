@@ -702,10 +702,19 @@ def _parse_series(series: pl.Series) -> pl.DataFrame:
 def _meter_energy(metric_sample: pl.DataFrame, names: tuple[str, str], site_id: str, lo: int, hi: int, *, max_gap_s: float) -> pl.DataFrame:
     """Energy per meter series of one site in [lo, hi): counter series (names[0]) by differences with
     resets starting new segments, power series (names[1]) by trapezoid. Returns series, point, energy, covered_s."""
+    pieces = _meter_minutes(metric_sample, names, lo, hi, max_gap_s=max_gap_s, site_id=site_id)
+    return pieces.group_by("series", "point").agg(pl.col("energy").sum(), pl.col("covered_s").sum()).select("series", "point", "energy", "covered_s")
+
+
+def _meter_minutes(metric_sample: pl.DataFrame, names: tuple[str, str], lo: int, hi: int, *, max_gap_s: float,
+                   site_id: str | None = None) -> pl.DataFrame:
+    """Energy and covered seconds per meter series (of one site, or all) and UTC minute index ``m`` in
+    [lo, hi): series, site, point, m, energy, covered_s."""
+    schema = {"series": pl.String, "site": pl.String, "point": pl.String, "m": pl.Int64, "energy": pl.Float64, "covered_s": pl.Float64}
     if metric_sample.height == 0:
-        return pl.DataFrame(schema={"series": pl.String, "point": pl.String, "energy": pl.Float64, "covered_s": pl.Float64})
+        return pl.DataFrame(schema=schema)
     keys = _parse_series(metric_sample.get_column("series").unique())
-    keys = keys.filter((pl.col("site") == site_id) & pl.col("name").is_in(list(names)))
+    keys = keys.filter(pl.col("name").is_in(list(names)) & (pl.col("site") == site_id if site_id is not None else pl.col("site").is_not_null()))
     out = []
     for kind_name, is_counter in ((names[0], True), (names[1], False)):
         ks = keys.filter(pl.col("name") == kind_name)
@@ -723,10 +732,61 @@ def _meter_energy(metric_sample: pl.DataFrame, names: tuple[str, str], site_id: 
         )
         iv, _ = _intervals(df, "series", max_power_gap_s=max_gap_s, max_counter_gap_s=max_gap_s, max_power_w=None)
         pieces = _split_minutes(iv, "series", lo, hi)
-        out.append(pieces.group_by("series").agg(pl.col("energy_j").sum().alias("energy"), pl.col("covered_s").sum()))
+        out.append(pieces.group_by("series", "m").agg(pl.col("energy_j").sum().alias("energy"), pl.col("covered_s").sum()))
     if not out:
-        return pl.DataFrame(schema={"series": pl.String, "point": pl.String, "energy": pl.Float64, "covered_s": pl.Float64})
-    return pl.concat(out).join(keys.select("series", "point"), on="series", how="left")
+        return pl.DataFrame(schema=schema)
+    return pl.concat(out).join(keys.select("series", "site", "point"), on="series", how="left").select(list(schema)).cast(schema)
+
+
+def pue_series(
+    metric_sample: pl.DataFrame,
+    *,
+    window_start: dt.datetime,
+    window_end: dt.datetime,
+    bucket_s: int = 900,
+    max_gap_s: float = 900.0,
+    min_coverage_ratio: float = 0.95,
+) -> pl.DataFrame:
+    """PUE per site and time bucket from the facility and IT meters, the way :func:`pue` computes it for one
+    window (ISO/IEC 30134-2: facility energy / IT energy; the IT point nearest the equipment that the site
+    meters sets the category) — for a chart of PUE over time. A bucket needs both meters to cover
+    ``min_coverage_ratio`` of it. Buckets are UTC-aligned multiples of ``bucket_s`` (a whole number of
+    minutes). Returns site_id, ts (bucket start), pue, category, facility_energy_j, it_energy_j; sites with
+    no usable pair of meters have no rows. Sub-annual values are interim figures under the standard."""
+    if bucket_s < 60 or bucket_s % 60:
+        raise ValidationError("bucket_s must be a whole number of minutes", frame="pue_series", field="bucket_s")
+    out_schema = {"site_id": pl.String, "ts": pl.Datetime("us", "UTC"), "pue": pl.Float64, "category": pl.Int64,
+                  "facility_energy_j": pl.Float64, "it_energy_j": pl.Float64}
+    lo, hi = _as_us(window_start), _as_us(window_end)
+    if hi <= lo:
+        raise ValidationError("window_end must be after window_start", frame="window")
+    per = bucket_s // 60
+
+    def bucketed(names: tuple[str, str]) -> pl.DataFrame:
+        m = _meter_minutes(metric_sample, names, lo, hi, max_gap_s=max_gap_s)
+        return (m.with_columns((pl.col("m") // per * per).alias("b"))
+                .group_by("series", "site", "point", "b").agg(pl.col("energy").sum(), pl.col("covered_s").sum()))
+
+    def covered(df: pl.DataFrame) -> pl.DataFrame:
+        # the bucket's own length: the first and last bucket may be cut by the window
+        length_s = ((pl.min_horizontal((pl.col("b") + per) * _MINUTE_US, pl.lit(hi))
+                     - pl.max_horizontal(pl.col("b") * _MINUTE_US, pl.lit(lo))) / _US)
+        return df.filter(pl.col("covered_s") >= min_coverage_ratio * length_s)
+
+    fac = covered(bucketed((FACILITY_ENERGY, FACILITY_POWER)))
+    fac = fac.group_by("site", "b").agg(pl.col("energy").sum().alias("facility_energy_j"), pl.len().alias("feeds"))
+    it = covered(bucketed((IT_ENERGY, IT_POWER))).with_columns(
+        pl.col("point").replace_strict(_CATEGORY_BY_POINT, default=None, return_dtype=pl.Int64).alias("category")).drop_nulls("category")
+    # one category per site for the whole chart, so its line does not jump between measurement points
+    best = it.group_by("site").agg(pl.col("category").max())
+    it = it.join(best, on=["site", "category"]).group_by("site", "b", "category").agg(pl.col("energy").sum().alias("it_energy_j"))
+    both = fac.join(it, on=["site", "b"]).filter(pl.col("it_energy_j") > 0)
+    if both.height == 0:
+        return pl.DataFrame(schema=out_schema)
+    return both.select(
+        pl.col("site").alias("site_id"), (pl.col("b") * _MINUTE_US).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"),
+        (pl.col("facility_energy_j") / pl.col("it_energy_j")).alias("pue"), "category", "facility_energy_j", "it_energy_j",
+    ).cast(out_schema).sort("site_id", "ts")
 
 
 @dataclass(frozen=True)

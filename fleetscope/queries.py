@@ -638,6 +638,120 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     return _location_carbon(store, energy, start, end)
 
 
+def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, bucket_s: int = 900) -> pl.DataFrame:
+    """PUE per site and time bucket from the facility and IT meter series (``analyzers.energy.pue_series``:
+    ISO/IEC 30134-2, category from the IT metering point): ``site_id, ts, pue, category, facility_energy_j,
+    it_energy_j``. Reads the meter series by name only: a handful of series per site."""
+    from analyzers import energy
+    from fleetscope.energy_service import METER_SERIES, PAD, metric_samples
+
+    start, end = _as_utc(start), _as_utc(end)
+    bucket_s = max(60, int(bucket_s) // 60 * 60)
+    meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
+    if site is not None:
+        meters = meters.filter(pl.col("series").str.contains(f'site="{site}"', literal=True))
+    return energy.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
+
+
+_JOB_ENERGY = {"job_id": pl.String, "model_name": pl.String, "kind": pl.String, "energy_j": pl.Float64, "gpu_hours": pl.Float64,
+               "gpus": pl.Int64, "location_kgco2e": pl.Float64, "embodied_kgco2e": pl.Float64}
+
+
+def energy_by_job(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 50) -> pl.DataFrame:
+    """The jobs that used the most GPU energy in ``[start, end)``, from the per-job minutes the roll-up
+    writes (``job_energy_minute``): ``job_id, model_name, kind, energy_j, gpu_hours, gpus, location_kgco2e,
+    embodied_kgco2e``. Emissions are location-based (each hour's energy × its site's grid intensity);
+    embodied emissions are amortised by GPU-hours held (``analyzers.carbon.embodied_by``, BLOOM's method)."""
+    start, end = _as_utc(start), _as_utc(end)
+    params: list[Any] = [start, end]
+    site_sql = ""
+    if site is not None:
+        params.append(site)
+        site_sql = " AND e.site_id = ?"
+    params.append(int(limit))
+    hour = _bucket_us(store, "e.minute", 3600)
+    sql = (
+        f"WITH top AS (SELECT e.job_id, SUM(e.energy_j) AS energy_j FROM job_energy_minute e WHERE e.minute >= ? AND e.minute < ?{site_sql}"
+        " GROUP BY e.job_id ORDER BY 2 DESC LIMIT ?)"
+        f" SELECT e.job_id, e.site_id, {hour} AS hour, SUM(e.energy_j) AS energy_j, SUM(e.allocated_s) AS allocated_s, MAX(e.gpus) AS gpus"
+        f" FROM job_energy_minute e JOIN top t ON t.job_id = e.job_id WHERE e.minute >= ? AND e.minute < ?{site_sql} GROUP BY 1, 2, 3"
+    )
+    params += [start, end] + ([site] if site is not None else [])
+    rows = _fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
+                                      "allocated_s": pl.Float64, "gpus": pl.Int64})
+    if rows.is_empty():
+        return pl.DataFrame(schema=_JOB_ENERGY)
+    return _job_energy_totals(store, rows, ["job_id"], start, end).sort("energy_j", descending=True)
+
+
+def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """GPU energy of each ML model's jobs in ``[start, end)``, training and serving apart, from
+    ``job_energy_minute`` and the job inventory: ``model_name, kind, jobs, energy_j, gpu_hours,
+    location_kgco2e, embodied_kgco2e``. Jobs with no model in the inventory come as model_name null."""
+    start, end = _as_utc(start), _as_utc(end)
+    params: list[Any] = [start, end]
+    site_sql = ""
+    if site is not None:
+        params.append(site)
+        site_sql = " AND e.site_id = ?"
+    hour = _bucket_us(store, "e.minute", 3600)
+    sql = (
+        f"SELECT e.job_id, e.site_id, {hour} AS hour, SUM(e.energy_j) AS energy_j, SUM(e.allocated_s) AS allocated_s, MAX(e.gpus) AS gpus"
+        f" FROM job_energy_minute e WHERE e.minute >= ? AND e.minute < ?{site_sql} GROUP BY 1, 2, 3"
+    )
+    rows = _fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
+                                      "allocated_s": pl.Float64, "gpus": pl.Int64})
+    schema = {"model_name": pl.String, "kind": pl.String, "jobs": pl.Int64, "energy_j": pl.Float64, "gpu_hours": pl.Float64,
+              "location_kgco2e": pl.Float64, "embodied_kgco2e": pl.Float64}
+    if rows.is_empty():
+        return pl.DataFrame(schema=schema)
+    per_job = _job_energy_totals(store, rows, ["job_id"], start, end)
+    return (
+        per_job.group_by("model_name", "kind")
+        .agg(pl.len().cast(pl.Int64).alias("jobs"), pl.col("energy_j").sum(), pl.col("gpu_hours").sum(),
+             pl.col("location_kgco2e").sum(), pl.col("embodied_kgco2e").sum())
+        .select(list(schema)).cast(schema).sort("energy_j", descending=True)
+    )
+
+
+def _job_energy_totals(store: Store, rows: pl.DataFrame, by: list[str], start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Per-job totals of (job_id, site_id, hour) energy rows: location-based kgCO2e from the hours' grid
+    intensity, GPU-hours, embodied kgCO2e, and the job's model and kind from the inventory."""
+    from analyzers import carbon
+
+    rows = rows.with_columns(pl.when(pl.col("site_id") != "").then(pl.col("site_id")).alias("site_id"))
+    located = _location_carbon(store, rows.group_by("site_id", "hour").agg(pl.col("gpus").max(), pl.col("energy_j").sum()), start, end)
+    # each job's share of its site-hour's emissions, by energy
+    per_kwh = located.select("site_id", "hour", (pl.col("kgco2e") / pl.col("energy_j")).alias("kg_per_j"))
+    rows = rows.join(per_kwh, on=["site_id", "hour"], how="left", nulls_equal=True).with_columns(
+        (pl.col("energy_j") * pl.col("kg_per_j")).alias("location_kgco2e"))
+    totals = rows.group_by(by).agg(
+        pl.col("energy_j").sum(), pl.col("allocated_s").sum(), pl.col("gpus").max(),
+        pl.when(pl.col("location_kgco2e").null_count() == 0).then(pl.col("location_kgco2e").sum()).alias("location_kgco2e"))
+    emb = carbon.embodied_by(totals, by).select(*by, "gpu_hours", "embodied_kgco2e")
+    jobs = _fetch(store, "SELECT job_id, model_name, kind FROM job", [], {"job_id": pl.String, "model_name": pl.String, "kind": pl.String})
+    return totals.join(emb, on=by).join(jobs, on="job_id", how="left").select(list(_JOB_ENERGY)).cast(_JOB_ENERGY)
+
+
+def embodied_by_site(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """Embodied emissions of the GPUs and servers each site used in ``[start, end)``, amortised by GPU-hours
+    with energy data (``site_energy_minute.gpus``; ``analyzers.carbon.embodied_by``, the method of the BLOOM
+    footprint study): ``site_id, gpu_hours, embodied_kgco2e, embodied_basis``. Reported apart from Scope 2."""
+    from analyzers import carbon
+
+    params: list[Any] = [_as_utc(start), _as_utc(end)]
+    site_sql = ""
+    if site is not None:
+        params.append(site)
+        site_sql = " AND site_id = ?"
+    df = _fetch(store, f"SELECT site_id, SUM(gpus) * 60.0 AS allocated_s FROM site_energy_minute WHERE minute >= ? AND minute < ?{site_sql}"
+                " GROUP BY site_id ORDER BY site_id", params, {"site_id": pl.String, "allocated_s": pl.Float64})
+    schema = {"site_id": pl.String, "gpu_hours": pl.Float64, "embodied_kgco2e": pl.Float64, "embodied_basis": pl.String}
+    if df.is_empty():
+        return pl.DataFrame(schema=schema)
+    return carbon.embodied_by(df, ["site_id"]).select(list(schema))
+
+
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
     """Mean value per time bucket of the ``metric_sample`` series whose name matches ``name_like`` (SQL
     LIKE): ``ts, series, value_mean``. Facility meters (PUE, site power, grid intensity) arrive this way."""

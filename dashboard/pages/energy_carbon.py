@@ -1,4 +1,5 @@
-"""Energy & Carbon: GPU energy by site, power over time, PUE, location- and market-based carbon."""
+"""Energy & Carbon: GPU energy by site, power over time, PUE over time, location- and market-based carbon, energy by
+job and model, embodied emissions."""
 
 from __future__ import annotations
 
@@ -46,14 +47,22 @@ else:
     )
 
 st.subheader("PUE over time")
-pue = ui.q(queries.metric_series, live=False, name_like="%pue%", start=f.start, end=f.end, bucket_s=ui.bucket_for(f.range_s))
+pue = ui.q(queries.pue_over_time, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
 if pue.is_empty():
-    ui.no_data("no PUE or facility power series.", "Site meters arrive as metric series; PUE is computed by the energy & carbon analyzer.")
+    ui.no_data("no facility and IT meter readings in this time range.",
+               "PUE is facility energy over IT energy (ISO/IEC 30134-2) from `facility_power_w` / `facility_energy_j` and "
+               "`it_power_w` / `it_energy_j` series labelled with the site; sites without meters use their declared PUE.")
 else:
+    pue = pue.with_columns(pl.format("{} (PUE{})", pl.col("site_id"), pl.col("category")).alias("site"))
     ui.chart(
-        alt.Chart(pue).mark_line().encode(x=ui.time_x(), y=alt.Y("value_mean:Q", title="PUE (ratio)", scale=alt.Scale(zero=False)), color=alt.Color("series:N", title="Series")),
+        alt.Chart(pue).mark_line(point=True).encode(
+            x=ui.time_x(), y=alt.Y("pue:Q", title="PUE (ratio)", scale=alt.Scale(zero=False)), color=alt.Color("site:N", title="Site (category)"),
+            tooltip=["site_id", alt.Tooltip("ts:T", title="UTC"), alt.Tooltip("pue:Q", format=".3f"), "category"],
+        ),
         height=220,
     )
+    st.caption("PUE1: IT energy metered at the UPS output, PUE2: at the PDU output, PUE3: at the IT equipment input. "
+               "Values over less than a year are interim under ISO/IEC 30134-2.")
 
 st.subheader("Carbon: location- vs market-based")
 carbon = ui.q(queries.site_carbon, live=False, start=f.start, end=f.end, site=f.site)
@@ -78,8 +87,49 @@ else:
     st.dataframe(carbon, hide_index=True)
 
 st.subheader("Energy by job and model")
-by_job = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="energy%")
+by_job = ui.q(queries.energy_by_job, live=False, start=f.start, end=f.end, site=f.site, limit=50)
 if by_job.is_empty():
-    ui.no_data("no per-job energy.", "Attribution of GPU and facility energy to jobs and models arrives with the energy & carbon analyzer.")
+    ui.no_data("no per-job energy in this time range.", "Jobs get their share of their GPUs' energy once the roll-up has run over "
+               "minutes in which the scheduler's rank-to-GPU assignments place them.")
 else:
-    st.dataframe(by_job.select("subject", "kind", "score", "summary", "window_start"), hide_index=True)
+    by_model = ui.q(queries.energy_by_model, live=False, start=f.start, end=f.end, site=f.site)
+    c1, c2 = st.columns(2)
+    with c1:
+        top = by_job.head(15).with_columns(energy_kwh=pl.col("energy_j") / 3.6e6)
+        ui.chart(
+            alt.Chart(top).mark_bar().encode(
+                y=alt.Y("job_id:N", title="Job", sort="-x"), x=alt.X("energy_kwh:Q", title="GPU energy (kWh)"), color=alt.Color("kind:N", title="Kind"),
+                tooltip=["job_id", "model_name", "kind", alt.Tooltip("energy_kwh:Q", format=".1f"), alt.Tooltip("gpu_hours:Q", format=".1f"),
+                         alt.Tooltip("location_kgco2e:Q", format=".2f")],
+            ),
+            height=max(120, 24 * top.height),
+        )
+    with c2:
+        models = by_model.with_columns(energy_kwh=pl.col("energy_j") / 3.6e6, model_name=pl.col("model_name").fill_null("(no model)"))
+        ui.chart(
+            alt.Chart(models).mark_bar().encode(
+                y=alt.Y("model_name:N", title="Model", sort="-x"), x=alt.X("energy_kwh:Q", title="GPU energy (kWh)"),
+                color=alt.Color("kind:N", title="Kind"), tooltip=["model_name", "kind", "jobs", alt.Tooltip("energy_kwh:Q", format=".1f")],
+            ),
+            height=max(120, 30 * models.height),
+        )
+    st.dataframe(by_job.with_columns(energy_kwh=pl.col("energy_j") / 3.6e6).select(
+        "job_id", "model_name", "kind", "energy_kwh", "gpu_hours", "gpus", "location_kgco2e", "embodied_kgco2e"), hide_index=True)
+
+st.subheader("Embodied emissions")
+emb = ui.q(queries.embodied_by_site, live=False, start=f.start, end=f.end, site=f.site)
+if emb.is_empty():
+    ui.no_data("no GPU-hours rolled up in this time range.")
+else:
+    c1, c2 = st.columns([1, 2])
+    c1.metric("Embodied CO2e in range", _kg(float(emb["embodied_kgco2e"].sum())), help=emb["embodied_basis"][0])
+    with c2:
+        ui.chart(
+            alt.Chart(emb).mark_bar().encode(
+                y=alt.Y("site_id:N", title="Site"), x=alt.X("embodied_kgco2e:Q", title="Embodied kgCO2e (amortised)"),
+                tooltip=["site_id", alt.Tooltip("gpu_hours:Q", format=".1f"), alt.Tooltip("embodied_kgco2e:Q", format=".2f")],
+            ),
+            height=max(100, 40 * emb.height),
+        )
+    st.caption("Manufacturing emissions of GPUs and servers spread over their service life by hours used (Luccioni et al., BLOOM); "
+               "reported apart from Scope 2.")

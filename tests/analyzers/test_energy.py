@@ -258,6 +258,40 @@ def test_pue_prefers_the_category_nearest_the_it_equipment():
     assert r.category == 3 and r.pue == pytest.approx(1.5)
 
 
+def test_pue_series_per_bucket_equals_pue_of_that_bucket():
+    """Two sites over two hours at 1-minute meter readings: site s1 meters facility energy (a counter) and
+    IT power at the UPS and the IT input (category 3 wins); s2's IT load drops half way, so its PUE rises."""
+    n = 121
+    ms = pl.concat([
+        _meters("s1", {
+            'facility_energy_j{site="s1"}': [i * 60 * 1.25e5 for i in range(n)],
+            'it_power_w{point="ups",site="s1"}': [1.2e5] * n,
+            'it_power_w{point="it",site="s1"}': [1.0e5 + 2e4 * (i >= 60) for i in range(n)],
+        }),
+        _meters("s2", {
+            'facility_power_w{site="s2"}': [2.4e5] * n,
+            'it_power_w{point="pdu",site="s2"}': [2.0e5 if i < 60 else 1.6e5 for i in range(n)],
+        }),
+    ])
+    got = E.pue_series(ms, window_start=at(0), window_end=at(7200), bucket_s=1800)
+    assert got["site_id"].to_list() == ["s1"] * 4 + ["s2"] * 4
+    assert got["ts"].to_list() == [at(0), at(1800), at(3600), at(5400)] * 2
+    assert got["category"].to_list() == [3] * 4 + [2] * 4
+    for r in got.iter_rows(named=True):
+        one = E.pue(ms, r["site_id"], window_start=r["ts"], window_end=r["ts"] + dt.timedelta(seconds=1800))
+        assert r["pue"] == pytest.approx(one.pue, rel=1e-12) and r["category"] == one.category
+    # s1: 1.25e5 W facility over 1.0e5 then 1.2e5 W IT (the IT power ramps between the readings at 59 and 60 min, in the second bucket)
+    assert got["pue"].to_list()[:4] == pytest.approx([1.25, 1.25, 1.25 / 1.2, 1.25 / 1.2], rel=5e-3)
+    assert got["pue"].to_list()[4:] == pytest.approx([1.2, 1.2, 1.5, 1.5], rel=1e-2)
+    # a bucket its meters do not cover is left out, not reported from a sliver
+    gap = ms.filter(~((pl.col("series").str.contains("s2")) & (pl.col("ts") > at(300)) & (pl.col("ts") < at(1500))))
+    assert E.pue_series(gap, window_start=at(0), window_end=at(7200), bucket_s=1800).filter(pl.col("site_id") == "s2")["ts"].to_list() == [
+        at(1800), at(3600), at(5400)]
+    assert E.pue_series(ms.head(0), window_start=at(0), window_end=at(60), bucket_s=60).height == 0
+    with pytest.raises(ValidationError, match="bucket_s"):
+        E.pue_series(ms, window_start=at(0), window_end=at(60), bucket_s=90)
+
+
 def test_pue_without_meter_uses_declared_value_and_marks_estimates():
     site = pl.DataFrame({"site_id": ["s2"], "declared_pue": [1.4]})
     r = E.pue(_meters("s1", {}), "s2", window_start=at(0), window_end=at(3600), site=site)
