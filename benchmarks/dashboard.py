@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from analyzers.energy import energy_rollup  # noqa: E402
 from dashboard import browser as B  # noqa: E402
 from fleetscope import db, health_service  # noqa: E402
+from fleetscope import energy_service as es  # noqa: E402
 from fleetscope import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
 from fleetscope.alerting import state as alert_state  # noqa: E402
@@ -80,7 +81,17 @@ def _rollup(samples: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.D
 def write_telemetry(store: Store, spec: FleetSpec, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
     """The fleet's samples an hour at a time (energy counters continuing across hours), each hour written
     with the roll-up of the hour before: its last minute needs this hour's first sample to close it."""
-    rows = {"gpu_sample": 0, "gpu_energy_minute": 0}
+    rows = {"gpu_sample": 0, "gpu_energy_minute": 0, "site_energy_minute": 0, "job_energy_minute": 0}
+    # the inventory and rank assignments the worker's roll-up reads for its per-site and per-job rows
+    gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+    ranks = es.ranks_during(store, start, end)
+
+    def rolled(minutes: pl.DataFrame | None) -> list[tuple[F.FrameSpec, pl.DataFrame]]:
+        if minutes is None:
+            return []
+        return [(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, es.site_rollup(minutes, gpu, host)),
+                (F.JOB_ENERGY_MINUTE, es.job_rollup(minutes, ranks, gpu, host))]
+
     carry: pl.DataFrame | None = None
     prev: pl.DataFrame | None = None
     prev_start = start
@@ -101,7 +112,7 @@ def write_telemetry(store: Store, spec: FleetSpec, start: dt.datetime, end: dt.d
         if prev is not None:
             closing = samples.filter(pl.col("ts") == pl.col("ts").min()).select(ROLLUP_COLUMNS)
             minutes = _rollup(pl.concat([prev, closing]), prev_start, chunk_start)
-        written = store.write(F.Batch(source="bench:dashboard", gpu_sample=samples, gpu_energy_minute=minutes)).written
+        written = store.write_frames([(F.GPU_SAMPLE, samples), *rolled(minutes)], source="bench:dashboard").written
         for k in rows:
             rows[k] += written.get(k, 0)
         prev, prev_start = samples.select(ROLLUP_COLUMNS), chunk_start
@@ -109,7 +120,8 @@ def write_telemetry(store: Store, spec: FleetSpec, start: dt.datetime, end: dt.d
     if prev is not None:
         # The last hour, up to its last sample (the worker rolls up whole minutes as they close).
         minutes = _rollup(prev, prev_start, prev["ts"].max())
-        rows["gpu_energy_minute"] += store.write(F.Batch(source="bench:dashboard", gpu_energy_minute=minutes)).written.get("gpu_energy_minute", 0)
+        for k, n in store.write_frames(rolled(minutes), source="bench:dashboard").written.items():
+            rows[k] += n
     return rows
 
 
