@@ -89,7 +89,8 @@ Resolver = Callable[[str, int], Sequence[str]]
 
 
 def _system_resolver(host: str, port: int) -> list[str]:
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+    # getaddrinfo's order is the system's preference (RFC 6724): keep it, as a connection would try them
+    return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
 
 
 def address_refusal(ip: str, policy: OutboundPolicy) -> str | None:
@@ -125,6 +126,23 @@ def check_url(url: str, policy: OutboundPolicy, resolver: Resolver | None = None
         if why:
             raise UnsafeURL(f"refusing {url}: {parts.hostname} resolves to {why}")
     return addrs
+
+
+def pinned(url: str, addr: str) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` with its host replaced by ``addr``, an address :func:`check_url` approved, plus the ``Host``
+    header and TLS server name that keep the request addressed to the original host. Connecting to the
+    checked address closes the gap a second DNS lookup would leave between the check and the connection
+    (DNS rebinding: the name answers with a public address for the check, then with an internal one).
+    The certificate is still verified against the host name (httpcore's ``sni_hostname`` extension)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    netloc = f"[{ip}]" if ip.version == 6 else str(ip)
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    host_header = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port is not None else "")
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return parts._replace(netloc=netloc).geturl(), {"host": host_header}, extensions
 
 
 # --- Standard Webhooks signatures ------------------------------------------------------------------------
@@ -194,15 +212,28 @@ class Notifier:
         """Deliver ``msg``; return the HTTP status (2xx) or raise ``DeliveryError``."""
         now = now or dt.datetime.now(dt.UTC)
         url, body, headers = self.render(msg, now)
-        check_url(url, policy, resolver)
+        addrs = check_url(url, policy, resolver)
         try:
-            resp = client.post(url, content=body, headers=headers, timeout=self.timeout_s, follow_redirects=False)
+            resp = self._post_pinned(client, url, addrs, body, headers)
         except httpx.TimeoutException as exc:
             raise DeliveryError(f"timed out after {self.timeout_s:g} s: {type(exc).__name__}", retryable=True) from None
         except httpx.HTTPError as exc:
             raise DeliveryError(f"{type(exc).__name__}: {exc}", retryable=True) from None
         self.check_response(resp, now)
         return resp.status_code
+
+    def _post_pinned(self, client: httpx.Client, url: str, addrs: Sequence[str], body: bytes, headers: dict[str, str]) -> httpx.Response:
+        """POST to the checked addresses in turn (as a connection to the name would try each), never to a
+        fresh DNS answer."""
+        for i, addr in enumerate(addrs):
+            target, host, extensions = pinned(url, addr)
+            try:
+                return client.post(target, content=body, headers={**headers, **host}, timeout=self.timeout_s, follow_redirects=False,
+                                   extensions=extensions)
+            except httpx.ConnectError:
+                if i == len(addrs) - 1:
+                    raise
+        raise AssertionError("check_url returns at least one address")
 
     def check_response(self, resp: httpx.Response, now: dt.datetime) -> None:
         raise_for_status(resp.status_code, resp.headers.get("retry-after"), resp.text[:300], now)

@@ -203,3 +203,33 @@ def test_retry_after_http_date():
     now = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
     assert N.parse_retry_after("Fri, 01 Jan 2027 00:00:30 GMT", now) == 30
     assert N.parse_retry_after("garbage", now) is None
+
+
+def test_delivery_connects_to_the_address_that_was_checked():
+    """DNS rebinding: the name is resolved once, by the check, and the request goes to that address with
+    the name in the Host header. `rebind.test` resolves nowhere on this machine, so the delivery only
+    succeeds if the client never looks the name up again."""
+    with Receiver() as rx:
+        port = rx.url.rsplit(":", 1)[1].split("/")[0]
+        url = rx.url.replace("127.0.0.1", "rebind.test")
+        calls = []
+
+        def once(host, p):
+            calls.append((host, p))
+            return ["127.0.0.1"]
+
+        with httpx.Client() as client:
+            assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=once) == 200
+        assert calls == [("rebind.test", int(port))]
+        (req,) = rx.requests
+        assert req["headers"]["host"] == f"rebind.test:{port}"
+        # a first address that refuses connections is passed over for the next checked one
+        with httpx.Client() as client:
+            assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=lambda h, p: ["127.0.0.2", "127.0.0.1"]) == 200
+
+
+def test_pinned_url_keeps_name_for_host_header_and_tls():
+    assert N.pinned("https://hooks.example/x?y=1", "93.184.215.14") == (
+        "https://93.184.215.14/x?y=1", {"host": "hooks.example"}, {"sni_hostname": "hooks.example"})
+    assert N.pinned("http://hooks.example:8080/a", "2606:2800:21f:cb07:6820:80da:af6b:8b2c") == (
+        "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8080/a", {"host": "hooks.example:8080"}, {})
