@@ -18,7 +18,7 @@ import polars as pl
 
 from analyzers import carbon
 from fleetscope import governance_service as gs
-from fleetscope.energy_service import job_energy
+from fleetscope.energy_service import job_energy, model_jobs
 from fleetscope.errors import FleetscopeError
 from fleetscope.settings import Settings
 from fleetscope.store import Store
@@ -87,7 +87,9 @@ def declare(store: Store, model: str, version: str, kind: str, value: dict[str, 
 
 
 def _evidence(store: Store, settings: Settings, model: Any, now: dt.datetime, taints: dict[str, list[L.Taint]], graph: L.LineageGraph) -> M.Evidence:
-    job = store.read("job")
+    # the model's jobs as the footprint endpoint and the export find them: the scheduler's record, or a
+    # lineage run that trained the model naming the fleet job
+    job = model_jobs(store, model.name)
     job_ids = E.model_job_ids(job, model.name) if job.height else []
     events = store.read("job_event", job_id=job_ids) if job_ids else store.read("job_event", limit=0)
     oldest = events["ts"].min() if events.height else None

@@ -297,3 +297,33 @@ def test_energy_by_site_reports_market_beside_location(store):
     assert after["kgco2e"].to_list() == pytest.approx(before["kgco2e"].to_list())
     assert after["market_kgco2e"].to_list() == pytest.approx([0.0, before["kgco2e"][1]])
     assert "market-based" in after["market_basis"][0]
+
+
+def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path):
+    """The audit's Art. 51 evidence finds the same jobs the footprint does: here one the scheduler did not
+    tag with the model, which a lineage run that trained it names."""
+    import dataclasses
+
+    from fleetscope import audit_service
+    from fleetscope import governance_service as gs
+    from fleetscope import settings as settings_mod
+    from governance.registry import ModelEntry
+
+    seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    store.write(F.Batch(
+        job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}]),  # no model_name
+        step=pl.DataFrame({"job_id": ["train-1"] * 4, "rank": [0, 1, 2, 3], "step": [1] * 4, "start": [T0 + dt.timedelta(minutes=6)] * 4,
+                           "end": [T0 + dt.timedelta(minutes=9)] * 4, "tokens": [1000] * 4, "model_flops": [2.5e18] * 4})))
+    run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
+    event = {"eventType": "COMPLETE", "eventTime": T0.isoformat(), "producer": "p", "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+             "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": "train-1"}}},
+             "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
+    gs.record_lineage(store, json.dumps(event).encode())
+    gs.put_model(store, ModelEntry("ranker", "1", "rank", "provider", (run_id,)))
+    audit_service.declare(store, "ranker", "1", "classification", {"general_purpose": True}, entered_by="test")
+    settings = dataclasses.replace(settings_mod.load(), data_dir=tmp_path)
+    out = audit_service.run_audit(store, settings, model="ranker")
+    res = store.read("aiact_rule_result").filter(pl.col("rule_id") == "art51-52")
+    assert res.height == 1 and out["audit_id"]
+    assert res["status"][0] == "pass" and "training compute 1e+19 FLOPs does not exceed 10^25" in res["reason"][0], res.select("status", "reason").to_dicts()
