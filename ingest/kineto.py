@@ -23,6 +23,10 @@ What comes out:
 :func:`load` also returns the device timeline (every event with a CUDA stream) and the profiler-step spans
 as frames, for analyses that need kernel-level detail (``analyzers.c3.hta_temporal_breakdown``).
 
+:func:`parse_chunks` reads a trace given as an iterable of byte chunks (a file of any size, JSON or gzip) in
+bounded memory: ``traceEvents`` is decoded a piece at a time and each piece reduced at once to the columns the
+frames need; its Batch is the one :func:`parse` gives for the same bytes.
+
 The module is pure: bytes in, frames out. It raises :class:`fleetscope.errors.ParseError` naming the source
 and the event (``traceEvents[i].field``) for anything it cannot read.
 """
