@@ -186,11 +186,12 @@ def test_garbage_inside_an_event_names_its_byte_line_and_index():
     data = tricky_trace(indent=2)
     pos = data.index(b'"Memcpy HtoD"')
     bad = data[:pos] + b"@@garbage@@" + data[pos + 1:]
-    err = _bad(bad, piece=100)
-    assert "not valid JSON" in err.message
-    assert _byte(err) == pos and err.line == bad.count(b"\n", 0, pos) + 1
     n = json.loads(data)["traceEvents"].index(next(e for e in tricky_events() if e["name"] == "Memcpy HtoD"))
-    assert err.field == f"traceEvents[{n}]"
+    for piece in (100, 1 << 20):  # the bad event alone in its piece, or after others in one piece
+        err = _bad(bad, piece=piece)
+        assert "not valid JSON" in err.message
+        assert _byte(err) == pos and err.line == bad.count(b"\n", 0, pos) + 1
+        assert err.field == f"traceEvents[{n}]"
 
 
 @pytest.mark.parametrize(
