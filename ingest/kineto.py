@@ -731,13 +731,14 @@ _AT_ITEM = re.compile(r" - at `\$\[(\d+)\](.*)`$")
 
 
 class _Inflow:
-    """Decompressed bytes of a trace given as raw chunks (gzip detected by its magic); hashes the raw bytes."""
+    """Decompressed bytes of a trace given as raw chunks (gzip detected by its magic); with ``hashed``, the
+    sha256 of the raw bytes (the default job id) as well."""
 
-    def __init__(self, chunks: Iterable[bytes], source: str, block: int) -> None:
+    def __init__(self, chunks: Iterable[bytes], source: str, block: int, *, hashed: bool) -> None:
         self.it = iter(chunks)
         self.source = source
         self.block = block
-        self.sha = hashlib.sha256()
+        self.sha = hashlib.sha256() if hashed else None
         self.raw_bytes = 0  # raw bytes taken so far
         self.gz: bool | None = None
         self.pending = b""  # raw bytes not yet inflated (or, before detection, not yet returned)
@@ -748,7 +749,8 @@ class _Inflow:
         for chunk in self.it:
             if chunk:
                 chunk = bytes(chunk)
-                self.sha.update(chunk)
+                if self.sha is not None:
+                    self.sha.update(chunk)
                 self.raw_bytes += len(chunk)
                 return chunk
         self.raw_done = True
@@ -1030,9 +1032,9 @@ class _EventReader:
         self.cur.pos = end
 
 
-def _load_chunks(chunks: Iterable[bytes], source: str, piece_bytes: int) -> tuple[_Reduced, str]:
-    """Stream one trace: (its reduction, sha256 hex of the raw bytes)."""
-    inflow = _Inflow(chunks, source, min(_OUT_BLOCK, max(1, piece_bytes)))
+def _load_chunks(chunks: Iterable[bytes], source: str, piece_bytes: int, *, hashed: bool = False) -> tuple[_Reduced, str | None]:
+    """Stream one trace: (its reduction, sha256 hex of the raw bytes if ``hashed``)."""
+    inflow = _Inflow(chunks, source, min(_OUT_BLOCK, max(1, piece_bytes)), hashed=hashed)
     cur = _Cursor(inflow, source)
     scan = _Scan(source, compact=True)
     c = cur.peek()
@@ -1102,7 +1104,7 @@ def _load_chunks(chunks: Iterable[bytes], source: str, piece_bytes: int) -> tupl
         msg = str(e)
         m = _AT_PATH.search(msg)
         raise ParseError(msg[: m.start()] if m else msg, source=source, field=m.group(1) if m else None) from None
-    return scan.reduced(doc), inflow.sha.hexdigest()
+    return scan.reduced(doc), inflow.sha.hexdigest() if inflow.sha is not None else None
 
 
 def parse_chunks(chunks: Iterable[bytes], *, source: str = "", job_id: str | None = None,
@@ -1114,5 +1116,5 @@ def parse_chunks(chunks: Iterable[bytes], *, source: str = "", job_id: str | Non
     Raises :class:`ParseError` naming the source, the byte offset and line (of the decompressed text for
     gzip), and the event (``traceEvents[i]``) where known.
     """
-    t, sha = _load_chunks(chunks, source, piece_bytes)
-    return _batch([t], job_id or "kineto-" + sha[:16], source)
+    t, sha = _load_chunks(chunks, source, piece_bytes, hashed=job_id is None)
+    return _batch([t], job_id or f"kineto-{sha[:16]}", source)
