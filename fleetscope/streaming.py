@@ -59,8 +59,9 @@ from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, Options, Outc
 from fleetscope.store import Store, WriteResult
 
 CHUNK_BYTES = 64 * 2**20
-# Kineto traces: a file over the chunk size (or a gzip file over 1/16 of it: profiler JSON compresses
-# 10-20x) is decoded in pieces of at most this much JSON (ingest.kineto.parse_chunks).
+# Kineto traces: a file over the chunk size (or a gzip file over 1/16 of it, as profiler JSON compresses
+# 10-20x, or whose trailer says it holds more than the chunk size) is decoded in pieces of at most this much
+# JSON (ingest.kineto.parse_chunks).
 KINETO_PIECE_BYTES = 16 * 2**20
 KINETO_GZIP_RATIO = 16
 KINETO_READ_BYTES = 4 * 2**20
@@ -180,7 +181,7 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
         head = f.read(SNIFF_BYTES)
     gz = head.startswith(GZIP_MAGIC)
     formats = resolve(head, source=source, fmt=fmt)
-    if formats == ["kineto"] and (size > chunk_bytes or (gz and size > chunk_bytes // KINETO_GZIP_RATIO)):
+    if formats == ["kineto"] and (size > chunk_bytes or (gz and (size > chunk_bytes // KINETO_GZIP_RATIO or _gzip_isize(path) > chunk_bytes))):
         return _stream_kineto(store, path, source, fmt, opts, min(chunk_bytes, KINETO_PIECE_BYTES), progress)
     piece = min(chunk_bytes, STREAMED[formats[0]].max_piece) if formats[0] in STREAMED else chunk_bytes
     if len(formats) != 1 or formats[0] not in STREAMED or (size <= piece and not gz):
@@ -191,6 +192,13 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
     # One scrape time for the whole file, not one per piece.
     opts = dataclasses.replace(opts, ts=opts.ts or dt.datetime.now(dt.UTC))
     return _stream(store, path, formats[0], source, opts, piece, progress)
+
+
+def _gzip_isize(path: Path) -> int:
+    """The uncompressed size a gzip file's trailer records (RFC 1952 ISIZE: of its last member, mod 2^32)."""
+    with open(path, "rb") as f:
+        f.seek(-4, 2)
+        return int.from_bytes(f.read(4), "little")
 
 
 def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Options, piece_bytes: int,

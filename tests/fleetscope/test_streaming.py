@@ -255,6 +255,12 @@ def test_a_large_kineto_trace_streams_as_one_transaction_equal_to_a_whole_ingest
     plain.write_bytes(gzip.decompress(raw))
     assert streaming.ingest_file(store, plain, opts=Options(ts=T0, job_id="p"), chunk_bytes=1 << 20).notes["streamed"]
     assert "streamed" not in streaming.ingest_file(store, plain, opts=Options(ts=T0, job_id="q"), chunk_bytes=64 << 20).notes
+    assert "streamed" not in streaming.ingest_file(store, path, opts=Options(ts=T0, job_id="r"), chunk_bytes=16 << 20).notes
+    # a small gzip file that inflates far past the chunk size (its trailer says so) streams as well
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(gzip.compress(b"{" + b" " * 20_000_000 + gzip.decompress(raw).lstrip()[1:]))
+    assert padded.stat().st_size < 1 << 20
+    assert streaming.ingest_file(store, padded, fmt="kineto", opts=Options(ts=T0, job_id="s"), chunk_bytes=16 << 20).notes["streamed"]
 
 
 def test_a_truncated_large_kineto_trace_writes_nothing_and_names_the_byte(store, realdata, tmp_path):
