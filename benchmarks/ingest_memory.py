@@ -11,14 +11,18 @@ temporary directory and deleted afterwards:
   the real scrapes in ../shared/realdata/telemetry), ``--dcgm-gb`` GB in all; and the same without
   timestamps (concatenated scrapes are one instant: held rows merge, one row per GPU), ``--flat-gb``.
 - ``job_events``: job lifecycle JSON Lines (step events with a payload), ``--events-gb`` GB.
-- ``kineto``: real HTA traces' events repeated (timestamps shifted) to ``--kineto-mb`` sizes; the peak
-  over trace size gives the largest trace that stays under 1 GiB.
+- ``kineto``: real HTA traces' events repeated (timestamps shifted) to ``--kineto-mb`` sizes (a trace over
+  the chunk size is streamed since ``kineto.parse_chunks``; under it, parsed whole).
+- ``kineto_large``: the same construction written to disk as it is generated, ``--kineto-gb`` GB of JSON
+  (default 2.5), ingested as ``.json`` and as ``.json.gz`` (ISA-L level 1); ``json_mb`` is the JSON size,
+  and ``mb_per_s`` for the gzip file counts the JSON MB too (what was decoded), ``file_mb_per_s`` the file's.
+  Needs about 1.2x ``--kineto-gb`` GB free in the temporary directory (checked first).
 
 Prints one JSON line per run:
   {"bench": "ingest_memory", "format": "dcgm", "input_mb": ..., "peak_rss_mb": ..., "target_peak_mb": 1024, ...}
 
 Usage: python benchmarks/ingest_memory.py [--dcgm-gb 3] [--flat-gb 1] [--events-gb 0.5] [--kineto-mb 50,100,200]
-       [--gpus 4096] [--chunk-mb 64] [--only dcgm,flat,events,kineto]
+       [--kineto-gb 2.5] [--gpus 4096] [--chunk-mb 64] [--only dcgm,flat,events,kineto,kineto_large]
 """
 
 from __future__ import annotations
@@ -95,6 +99,38 @@ def write_kineto(path: Path, mb: float) -> int:
     return copies
 
 
+def write_kineto_large(path: Path, gz_path: Path, gb: float) -> dict:
+    """The real nccl_data trace's structure (keys before and after traceEvents, in its order) with its events
+    repeated, timestamps shifted, until the JSON is ``gb`` GB; written as generated, plain and gzip at once."""
+    import msgspec
+    from isal import igzip
+
+    src = REPO.parent / "shared" / "realdata" / "traces" / "hta" / "nccl_data_rank0_of_2" / "nccl_data.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    keys = list(doc)
+    at = keys.index("traceEvents")
+    events = doc["traceEvents"]
+    head = json.dumps({k: doc[k] for k in keys[:at]}, indent=2)[:-2].encode()  # without its closing "\n}"
+    tail = json.dumps({k: doc[k] for k in keys[at + 1:]}, indent=2)[1:].encode()  # without its opening "{"
+    span = max(e.get("ts", 0) + e.get("dur", 0) for e in events) - min(e.get("ts", 0) for e in events if "ts" in e) + 1
+    copies = 0
+    written = 0
+    with open(path, "wb") as f, igzip.open(gz_path, "wb", compresslevel=1) as g:
+        def put(b: bytes) -> None:
+            nonlocal written
+            f.write(b)
+            g.write(b)
+            written += len(b)
+
+        put(head + b',\n  "traceEvents": [\n')
+        while written < gb * 1e9:
+            shifted = [{**e, "ts": e["ts"] + copies * span} if "ts" in e else e for e in events]
+            put((b",\n" if copies else b"") + msgspec.json.encode(shifted)[1:-1].replace(b"},{", b"},\n{"))
+            copies += 1
+        put(b"\n  ],\n" + tail if keys[at + 1:] else b"\n  ]\n}")
+    return {"copies": copies, "events": copies * len(events), "json_mb": round(written / 1e6, 1)}
+
+
 def child(path: str, fmt: str, chunk_mb: float) -> None:
     sys.path.insert(0, str(REPO))
     from fleetscope import db, ingestion, streaming
@@ -125,8 +161,11 @@ def measure(label: str, path: Path, fmt: str, chunk_mb: float, **extra) -> None:
         print(json.dumps({"bench": "ingest_memory", "format": label, "error": proc.stderr.strip().splitlines()[-1:]}), flush=True)
         return
     r = json.loads(proc.stdout.strip().splitlines()[-1])
+    decoded_mb = extra.get("json_mb", size / 1e6)
     line = {"bench": "ingest_memory", "format": label, "input_mb": round(size / 1e6, 1), **extra, **r,
-            "mb_per_s": round(size / 1e6 / r["seconds"], 1) if r["seconds"] else None, "target_peak_mb": 1024}
+            "mb_per_s": round(decoded_mb / r["seconds"], 1) if r["seconds"] else None, "target_peak_mb": 1024}
+    if path.suffix == ".gz" and r["seconds"]:
+        line["file_mb_per_s"] = round(size / 1e6 / r["seconds"], 1)
     if r.get("values"):
         line["values_per_s"] = round(r["values"] / r["seconds"])
     print(json.dumps(line), flush=True)
@@ -141,9 +180,10 @@ def main() -> int:
     ap.add_argument("--flat-gb", type=float, default=1.0)
     ap.add_argument("--events-gb", type=float, default=0.5)
     ap.add_argument("--kineto-mb", default="50,100,200")
+    ap.add_argument("--kineto-gb", type=float, default=2.5)
     ap.add_argument("--gpus", type=int, default=4096)
     ap.add_argument("--chunk-mb", type=float, default=64.0)
-    ap.add_argument("--only", default="dcgm,flat,events,kineto")
+    ap.add_argument("--only", default="dcgm,flat,events,kineto,kineto_large")
     args = ap.parse_args()
     only = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="fleetscope-ingest-memory-"))
@@ -165,6 +205,17 @@ def main() -> int:
                 measure("kineto", path, "kineto", args.chunk_mb, copies=copies)
                 path.unlink()
                 (tmp / "bench.db").unlink(missing_ok=True)
+        if "kineto_large" in only:
+            free = shutil.disk_usage(tmp).free
+            if free < 1.2 * args.kineto_gb * 1e9:
+                print(json.dumps({"bench": "ingest_memory", "format": "kineto_large", "error": f"{free / 1e9:.1f} GB free in {tmp}"}))
+            else:
+                plain, gz = tmp / "large.json", tmp / "large.json.gz"
+                extra = write_kineto_large(plain, gz, args.kineto_gb)
+                for path in (plain, gz):
+                    measure("kineto_large" + (".gz" if path is gz else ""), path, "kineto", args.chunk_mb, **extra)
+                    path.unlink()
+                    (tmp / "bench.db").unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

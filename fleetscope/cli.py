@@ -282,6 +282,7 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
 
     A file up to the chunk size, or a one-document format (Kineto, nvidia-smi XML, nccl-tests), is written in
     one transaction: if it fails to parse it is reported and writes nothing, and the others still go in.
+    A Kineto trace over the chunk size is decoded in pieces, in bounded memory, and still written at once.
     Larger line-oriented files (dcgm-exporter text, nvidia-smi CSV, NCCL Inspector and job-event JSON
     Lines, NCCL logs) are streamed: each chunk is its own transaction, a bad chunk stops that file with
     the chunk and line named, chunks before it stay written, and re-running the file writes nothing new.

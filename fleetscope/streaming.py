@@ -2,7 +2,9 @@
 
 A file up to the chunk size, or in a format that is one document (Kineto traces, nvidia-smi XML,
 nccl-tests tables, OTLP/JSON), goes through ``ingestion.ingest_bytes``: one parse, one transaction, all or
-nothing. A larger file in a line-oriented format is cut into pieces of about the chunk size at record
+nothing. A Kineto trace over the chunk size (gzip: over a sixteenth of it) is still one transaction, but
+is decoded piece by piece (``ingest.kineto.parse_chunks``: 16 MiB of events at a time, reduced at once to
+the columns the step and collective frames need), so its memory does not grow with its JSON. A larger file in a line-oriented format is cut into pieces of about the chunk size at record
 boundaries safe for its format, and each piece is parsed and written as its own transaction. The chunk
 size is ``chunk_bytes`` (``--chunk-mb``) capped per format by what a piece's parse costs in memory: 32 MiB
 of dcgm-exporter text, 16 MiB of the others (JSON Lines and logs become Python objects per line):
@@ -53,10 +55,16 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
-from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, Options, Outcome, ingest_bytes, resolve
+from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
 
 CHUNK_BYTES = 64 * 2**20
+# Kineto traces: a file over the chunk size (or a gzip file over 1/16 of it, as profiler JSON compresses
+# 10-20x, or whose trailer says it holds more than the chunk size) is decoded in pieces of at most this much
+# JSON (ingest.kineto.parse_chunks).
+KINETO_PIECE_BYTES = 16 * 2**20
+KINETO_GZIP_RATIO = 16
+KINETO_READ_BYTES = 4 * 2**20
 
 
 def _cut_line(buf: bytes) -> int:
@@ -173,6 +181,8 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
         head = f.read(SNIFF_BYTES)
     gz = head.startswith(GZIP_MAGIC)
     formats = resolve(head, source=source, fmt=fmt)
+    if formats == ["kineto"] and (size > chunk_bytes or (gz and (size > chunk_bytes // KINETO_GZIP_RATIO or _gzip_isize(path) > chunk_bytes))):
+        return _stream_kineto(store, path, source, fmt, opts, min(chunk_bytes, KINETO_PIECE_BYTES), progress)
     piece = min(chunk_bytes, STREAMED[formats[0]].max_piece) if formats[0] in STREAMED else chunk_bytes
     if len(formats) != 1 or formats[0] not in STREAMED or (size <= piece and not gz):
         out = ingest_bytes(store, path.read_bytes(), source=source, fmt=fmt, opts=opts)
@@ -182,6 +192,46 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
     # One scrape time for the whole file, not one per piece.
     opts = dataclasses.replace(opts, ts=opts.ts or dt.datetime.now(dt.UTC))
     return _stream(store, path, formats[0], source, opts, piece, progress)
+
+
+def _gzip_isize(path: Path) -> int:
+    """The uncompressed size a gzip file's trailer records (RFC 1952 ISIZE: of its last member, mod 2^32)."""
+    with open(path, "rb") as f:
+        f.seek(-4, 2)
+        return int.from_bytes(f.read(4), "little")
+
+
+def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Options, piece_bytes: int,
+                   progress: Callable[[int], None] | None) -> Outcome:
+    """A large Kineto trace: decoded piece by piece (ingest.kineto.parse_chunks), written in one transaction.
+
+    The trace is one document, so it stays all or nothing as in ``ingest_bytes``: a ParseError raises and
+    nothing is written. The content hash is the one ``ingest_bytes`` would log for the same file and
+    options, so a trace ingested whole is not written again when streamed, and the other way round.
+    """
+    spec = FORMATS["kineto"]
+    module = importlib.import_module(spec.module)
+    sha = hashlib.sha256()
+
+    def chunks() -> Iterator[bytes]:
+        with open(path, "rb") as f:
+            while block := f.read(KINETO_READ_BYTES):
+                sha.update(block)
+                if progress:
+                    progress(len(block))
+                yield block
+
+    batch = module.parse_chunks(chunks(), source=source, job_id=opts.job_id, piece_bytes=piece_bytes)
+    batch.source = source
+    sha.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
+    digest = sha.hexdigest()
+    outcome = Outcome(source=source, formats=["kineto"], notes={**_notes(batch), "streamed": True})
+    if store.already_ingested(digest):
+        outcome.skipped_duplicate = True
+        outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())
+        return outcome
+    outcome.result = store.write(batch, content_sha256=digest)
+    return outcome
 
 
 def _stream(store: Store, path: Path, name: str, source: str, opts: Options, chunk_bytes: int,

@@ -17,6 +17,7 @@ from polars.testing import assert_frame_equal
 
 from fleetscope import frames as F
 from fleetscope import ingestion, streaming
+from fleetscope.errors import ParseError
 from fleetscope.ingestion import Options
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -235,3 +236,39 @@ def test_binary_junk_mid_file_names_its_line(store, tmp_path, junk, words):
     out = ingest(store, path, 4000)
     assert out.error and words in out.error and "line 251" in out.error
     assert 0 < store.read("job_event").height < 250
+
+
+def test_a_large_kineto_trace_streams_as_one_transaction_equal_to_a_whole_ingest(store, realdata, tmp_path):
+    raw = (realdata / "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz").read_bytes()  # 0.75 MB gzip, 9.8 MB JSON
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(raw)
+    seen: list[int] = []
+    out = streaming.ingest_file(store, path, opts=Options(ts=T0), chunk_bytes=1 << 20, progress=seen.append)
+    assert out.error is None and out.notes["streamed"] and out.formats == ["kineto"] and sum(seen) == len(raw)
+    assert out.result.written["step"] == 3 and out.result.written["collective"] == 21
+    same_rows(store, ingestion.parse(raw, source=str(path), opts=Options(ts=T0))[1], ("step", "collective"))
+    # the content hash is the whole path's: the same bytes ingested whole, or streamed again, write nothing
+    assert ingestion.ingest_bytes(store, raw, source=str(path), opts=Options(ts=T0)).skipped_duplicate
+    assert streaming.ingest_file(store, path, opts=Options(ts=T0), chunk_bytes=1 << 20).skipped_duplicate
+    # plain JSON over the chunk size streams too; under it, the whole-file path
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress(raw))
+    assert streaming.ingest_file(store, plain, opts=Options(ts=T0, job_id="p"), chunk_bytes=1 << 20).notes["streamed"]
+    assert "streamed" not in streaming.ingest_file(store, plain, opts=Options(ts=T0, job_id="q"), chunk_bytes=64 << 20).notes
+    assert "streamed" not in streaming.ingest_file(store, path, opts=Options(ts=T0, job_id="r"), chunk_bytes=16 << 20).notes
+    # a small gzip file that inflates far past the chunk size (its trailer says so) streams as well
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(gzip.compress(b"{" + b" " * 20_000_000 + gzip.decompress(raw).lstrip()[1:]))
+    assert padded.stat().st_size < 1 << 20
+    assert streaming.ingest_file(store, padded, fmt="kineto", opts=Options(ts=T0, job_id="s"), chunk_bytes=16 << 20).notes["streamed"]
+
+
+def test_a_truncated_large_kineto_trace_writes_nothing_and_names_the_byte(store, realdata, tmp_path):
+    data = gzip.decompress((realdata / "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz").read_bytes())
+    path = tmp_path / "trace.json"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ParseError) as ei:
+        streaming.ingest_file(store, path, opts=Options(ts=T0), chunk_bytes=1 << 20)
+    assert ei.value.source == str(path) and "truncated" in ei.value.message and "(byte " in ei.value.message
+    assert ei.value.line is not None and ei.value.field.startswith("traceEvents[")
+    assert store.read("step").height == 0 and store.read("collective").height == 0
