@@ -35,16 +35,26 @@ else:
         )
 
 st.subheader("GPU power over time")
-series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
+# From the per-site roll-up where the worker has written it (a day of a large fleet is a few thousand
+# rows); from probes of the raw samples where it has not.
+series = ui.q(queries.rollup_power, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
+by_site = not series.is_empty()
+if not by_site:
+    series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
 if series.is_empty():
     ui.no_data("no GPU telemetry in this time range.")
 else:
+    series = series.with_columns(power_kw=pl.col("power_w") / 1e3)
+    color = alt.Color("site_id:N", title="Site") if by_site else alt.value("#4c78a8")
     ui.chart(
-        alt.Chart(series.with_columns(power_kw=pl.col("power_w") / 1e3)).mark_area(opacity=0.7).encode(
-            x=ui.time_x(), y=alt.Y("power_kw:Q", title="GPU power (kW)"), tooltip=[alt.Tooltip("ts:T", title="UTC"), alt.Tooltip("power_kw:Q", format=".1f")]
+        alt.Chart(series).mark_area(opacity=0.7).encode(
+            x=ui.time_x(), y=alt.Y("power_kw:Q", title="GPU power (kW)", stack=True), color=color,
+            tooltip=[alt.Tooltip("ts:T", title="UTC"), *(["site_id"] if by_site else []), alt.Tooltip("power_kw:Q", format=".1f")],
         ),
         height=220,
     )
+    st.caption("Mean GPU power per bucket from the energy roll-up, by site." if by_site else
+               "GPU power at evenly spaced instants, from the samples (no energy roll-up covers this range yet).")
 
 st.subheader("PUE over time")
 pue = ui.q(queries.pue_over_time, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))

@@ -78,6 +78,13 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     pue = Q.pue_over_time(store, E0, end, bucket_s=300)
     assert pue["site_id"].unique().to_list() == ["site-a"] and pue["pue"].to_list() == pytest.approx([1.3] * 4)
     assert pue["category"].unique().to_list() == [2]
+    power = Q.rollup_power(store, E0, end, bucket_s=600)
+    site_min = store.read("site_energy_minute")
+    assert power.height == 4 and power["ts"].to_list() == [E0, E0, E0 + dt.timedelta(minutes=10), E0 + dt.timedelta(minutes=10)]
+    for r in power.iter_rows(named=True):
+        rows = site_min.filter((pl.col("site_id") == r["site_id"]) & (pl.col("minute") >= r["ts"]) & (pl.col("minute") < r["ts"] + dt.timedelta(minutes=10)))
+        assert r["power_w"] == pytest.approx(rows["energy_j"].sum() / (60 * rows.height)) and r["gpus"] == 8
+    assert Q.rollup_power(store, E0, end, site="site-b")["site_id"].unique().to_list() == ["site-b"]
     emb = Q.embodied_by_site(store, E0, end)
     assert emb["site_id"].to_list() == ["site-a", "site-b"] and emb["gpu_hours"].to_list() == pytest.approx([8 * 20 / 60] * 2)
     store.engine.dispose()
@@ -91,5 +98,6 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     assert "PUE" not in infos and "per-job energy" not in infos and "GPU-hours" not in infos, infos
     table = next(d.value for d in at.dataframe if "embodied_kgco2e" in d.value.columns and "job_id" in d.value.columns)
     assert table["job_id"].tolist() == jobs["job_id"].to_list()
+    assert any(c.value.startswith("Mean GPU power per bucket from the energy roll-up") for c in at.caption)
     m = {x.label: x.value for x in at.metric}
     assert m["Embodied CO2e in range"] == f"{float(emb['embodied_kgco2e'].sum()):.1f} kg"
