@@ -97,6 +97,14 @@ def _site_gpus(site: str | None, params: list[Any], column: str = "gpu_uuid") ->
     return f" AND {column} IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
 
 
+def _site_is(site: str | None, params: list[Any], column: str = "site_id") -> str:
+    """A filter on a table's own site column."""
+    if site is None:
+        return ""
+    params.append(site)
+    return f" AND {column} = ?"
+
+
 def _site_hosts(site: str | None, params: list[Any], column: str = "host") -> str:
     if site is None:
         return ""
@@ -493,10 +501,7 @@ def rollup_power(store: Store, start: dt.datetime, end: dt.datetime, site: str |
     inventory places at no site are not in the roll-up; empty before the first roll-up of the window."""
     start, end = _as_utc(start), _as_utc(end)
     params: list[Any] = [start, end]
-    site_sql = ""
-    if site is not None:
-        params.append(site)
-        site_sql = " AND site_id = ?"
+    site_sql = _site_is(site, params)
     bucket = _bucket_us(store, "minute", max(60, int(bucket_s)))
     sql = (f"SELECT {bucket} AS ts, site_id, SUM(energy_j) / (60.0 * COUNT(DISTINCT minute)) AS power_w, MAX(gpus) AS gpus"
            f" FROM site_energy_minute WHERE minute >= ? AND minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2")
@@ -680,25 +685,10 @@ def energy_by_job(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     embodied_kgco2e``. Emissions are location-based (each hour's energy × its site's grid intensity);
     embodied emissions are amortised by GPU-hours held (``analyzers.carbon.embodied_by``, BLOOM's method)."""
     start, end = _as_utc(start), _as_utc(end)
-    params: list[Any] = [start, end]
-    site_sql = ""
-    if site is not None:
-        params.append(site)
-        site_sql = " AND e.site_id = ?"
-    params.append(int(limit))
-    hour = _bucket_us(store, "e.minute", 3600)
-    sql = (
-        f"WITH top AS (SELECT e.job_id, SUM(e.energy_j) AS energy_j FROM job_energy_minute e WHERE e.minute >= ? AND e.minute < ?{site_sql}"
-        " GROUP BY e.job_id ORDER BY 2 DESC LIMIT ?)"
-        f" SELECT e.job_id, e.site_id, {hour} AS hour, SUM(e.energy_j) AS energy_j, SUM(e.allocated_s) AS allocated_s, MAX(e.gpus) AS gpus"
-        f" FROM job_energy_minute e JOIN top t ON t.job_id = e.job_id WHERE e.minute >= ? AND e.minute < ?{site_sql} GROUP BY 1, 2, 3"
-    )
-    params += [start, end] + ([site] if site is not None else [])
-    rows = _fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
-                                      "allocated_s": pl.Float64, "gpus": pl.Int64})
+    rows = _job_hours(store, start, end, site, top=int(limit))
     if rows.is_empty():
         return pl.DataFrame(schema=_JOB_ENERGY)
-    return _job_energy_totals(store, rows, ["job_id"], start, end).sort("energy_j", descending=True)
+    return _job_energy_totals(store, rows, start, end).sort("energy_j", descending=True)
 
 
 def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
@@ -706,32 +696,40 @@ def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: st
     ``job_energy_minute`` and the job inventory: ``model_name, kind, jobs, energy_j, gpu_hours,
     location_kgco2e, embodied_kgco2e``. Jobs with no model in the inventory come as model_name null."""
     start, end = _as_utc(start), _as_utc(end)
-    params: list[Any] = [start, end]
-    site_sql = ""
-    if site is not None:
-        params.append(site)
-        site_sql = " AND e.site_id = ?"
-    hour = _bucket_us(store, "e.minute", 3600)
-    sql = (
-        f"SELECT e.job_id, e.site_id, {hour} AS hour, SUM(e.energy_j) AS energy_j, SUM(e.allocated_s) AS allocated_s, MAX(e.gpus) AS gpus"
-        f" FROM job_energy_minute e WHERE e.minute >= ? AND e.minute < ?{site_sql} GROUP BY 1, 2, 3"
-    )
-    rows = _fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
-                                      "allocated_s": pl.Float64, "gpus": pl.Int64})
     schema = {"model_name": pl.String, "kind": pl.String, "jobs": pl.Int64, "energy_j": pl.Float64, "gpu_hours": pl.Float64,
               "location_kgco2e": pl.Float64, "embodied_kgco2e": pl.Float64}
+    rows = _job_hours(store, start, end, site)
     if rows.is_empty():
         return pl.DataFrame(schema=schema)
-    per_job = _job_energy_totals(store, rows, ["job_id"], start, end)
     return (
-        per_job.group_by("model_name", "kind")
+        _job_energy_totals(store, rows, start, end).group_by("model_name", "kind")
         .agg(pl.len().cast(pl.Int64).alias("jobs"), pl.col("energy_j").sum(), pl.col("gpu_hours").sum(),
              pl.col("location_kgco2e").sum(), pl.col("embodied_kgco2e").sum())
         .select(list(schema)).cast(schema).sort("energy_j", descending=True)
     )
 
 
-def _job_energy_totals(store: Store, rows: pl.DataFrame, by: list[str], start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+def _job_hours(store: Store, start: dt.datetime, end: dt.datetime, site: str | None, top: int | None = None) -> pl.DataFrame:
+    """``job_energy_minute`` summed per job, site and UTC hour (of the ``top`` jobs by energy, or all):
+    job_id, site_id, hour, energy_j, allocated_s, gpus."""
+    params: list[Any] = []
+    jobs_sql = ""
+    if top is not None:
+        params += [start, end]
+        jobs_sql = (f" AND e.job_id IN (SELECT job_id FROM job_energy_minute WHERE minute >= ? AND minute < ?{_site_is(site, params)}"
+                    " GROUP BY job_id ORDER BY SUM(energy_j) DESC LIMIT ?)")
+        params.append(top)
+    params = [start, end] + ([site] if site is not None else []) + params
+    sql = (
+        f"SELECT e.job_id, e.site_id, {_bucket_us(store, 'e.minute', 3600)} AS hour, SUM(e.energy_j) AS energy_j,"
+        " SUM(e.allocated_s) AS allocated_s, MAX(e.gpus) AS gpus FROM job_energy_minute e"
+        f" WHERE e.minute >= ? AND e.minute < ?{' AND e.site_id = ?' if site is not None else ''}{jobs_sql} GROUP BY 1, 2, 3"
+    )
+    return _fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
+                                      "allocated_s": pl.Float64, "gpus": pl.Int64})
+
+
+def _job_energy_totals(store: Store, rows: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per-job totals of (job_id, site_id, hour) energy rows: location-based kgCO2e from the hours' grid
     intensity, GPU-hours, embodied kgCO2e, and the job's model and kind from the inventory."""
     from analyzers import carbon
@@ -742,6 +740,7 @@ def _job_energy_totals(store: Store, rows: pl.DataFrame, by: list[str], start: d
     per_kwh = located.select("site_id", "hour", (pl.col("kgco2e") / pl.col("energy_j")).alias("kg_per_j"))
     rows = rows.join(per_kwh, on=["site_id", "hour"], how="left", nulls_equal=True).with_columns(
         (pl.col("energy_j") * pl.col("kg_per_j")).alias("location_kgco2e"))
+    by = ["job_id"]
     totals = rows.group_by(by).agg(
         pl.col("energy_j").sum(), pl.col("allocated_s").sum(), pl.col("gpus").max(),
         pl.when(pl.col("location_kgco2e").null_count() == 0).then(pl.col("location_kgco2e").sum()).alias("location_kgco2e"))
@@ -757,10 +756,7 @@ def embodied_by_site(store: Store, start: dt.datetime, end: dt.datetime, site: s
     from analyzers import carbon
 
     params: list[Any] = [_as_utc(start), _as_utc(end)]
-    site_sql = ""
-    if site is not None:
-        params.append(site)
-        site_sql = " AND site_id = ?"
+    site_sql = _site_is(site, params)
     df = _fetch(store, f"SELECT site_id, SUM(gpus) * 60.0 AS allocated_s FROM site_energy_minute WHERE minute >= ? AND minute < ?{site_sql}"
                 " GROUP BY site_id ORDER BY site_id", params, {"site_id": pl.String, "allocated_s": pl.Float64})
     schema = {"site_id": pl.String, "gpu_hours": pl.Float64, "embodied_kgco2e": pl.Float64, "embodied_basis": pl.String}

@@ -408,13 +408,17 @@ class _Scan:
         if self.n_events == 0:
             raise ParseError("trace has no events", source=self.source, field="traceEvents")
 
+    def _header(self, doc: _Doc) -> tuple[int, int, Any, bool, float]:
+        """rank, world size, distributedInfo, whether timestamps are relative, and the time origin (µs)."""
+        self.check()
+        rank, world, base_ns, dist = _top(doc, self.source)
+        relative = base_ns is None and self.max_ts < _EPOCH_US_FLOOR
+        return rank, world, dist, relative, (base_ns / 1000.0 if base_ns is not None else 0.0)
+
     def trace(self, doc: _Doc) -> KinetoTrace:
         """The whole-trace result (not compact): device timeline, steps and collectives."""
         source = self.source
-        self.check()
-        rank, world, base_ns, dist = _top(doc, source)
-        relative = base_ns is None and self.max_ts < _EPOCH_US_FLOOR
-        origin_us = base_ns / 1000.0 if base_ns is not None else 0.0
+        rank, world, dist, relative, origin_us = self._header(doc)
         launch = self.launch
         cols = list(zip(*self.dev_rows)) if self.dev_rows else [()] * 7
         d_cat, d_name, d_stream, d_corr, d_ts, d_dur, _ = (list(c) for c in cols)
@@ -437,10 +441,7 @@ class _Scan:
     def reduced(self, doc: _Doc) -> _Reduced:
         """The compact result: what the step and collective frames need."""
         source = self.source
-        self.check()
-        rank, world, base_ns, dist = _top(doc, source)
-        relative = base_ns is None and self.max_ts < _EPOCH_US_FLOOR
-        origin_us = base_ns / 1000.0 if base_ns is not None else 0.0
+        rank, world, dist, relative, origin_us = self._header(doc)
         # one column at a time, each piece list dropped once joined: the peak is ~25 bytes per work event
         ts = _join(self.work_ts, np.float64)
         self.work_ts = []

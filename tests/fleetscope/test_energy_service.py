@@ -136,24 +136,28 @@ def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
     assert httpx.get(api.url + "/api/v1/models/unknown/footprint", headers=h).status_code == 404
 
 
+def register_via_lineage(store, model: str, job_id: str) -> None:
+    """Register ``model`` trained by a lineage run whose fleetscope_job facet names ``job_id``."""
+    from fleetscope import governance_service as gs
+    from governance.registry import ModelEntry
+
+    run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
+    event = {"eventType": "COMPLETE", "eventTime": T0.isoformat(), "producer": "p", "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+             "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": job_id}}},
+             "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
+    gs.record_lineage(store, json.dumps(event).encode())
+    gs.put_model(store, ModelEntry(model, "1", "rank", "provider", (run_id,)))
+
+
 def test_footprint_follows_lineage_from_model_to_fleet_job(store):
     """A job the scheduler did not tag with the model still counts when a lineage run that trained the
     model names it in its fleetscope_job facet."""
-    from fleetscope import governance_service as gs
     from fleetscope.energy_service import model_footprint
-    from governance.registry import ModelEntry
 
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
     store.write(F.Batch(job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}])))  # no model_name
-    run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
-    event = {"eventType": "COMPLETE", "eventTime": T0.isoformat(), "producer": "p", "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
-             "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": "train-1"}}},
-             "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
-    import json
-
-    gs.record_lineage(store, json.dumps(event).encode())
-    gs.put_model(store, ModelEntry("ranker", "1", "rank", "provider", (run_id,)))
+    register_via_lineage(store, "ranker", "train-1")
     fp = model_footprint(store, "ranker")
     assert fp["jobs"] == ["train-1"] and fp["energy_j"] > 0
 
@@ -305,9 +309,7 @@ def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path)
     import dataclasses
 
     from fleetscope import audit_service
-    from fleetscope import governance_service as gs
     from fleetscope import settings as settings_mod
-    from governance.registry import ModelEntry
 
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -315,12 +317,7 @@ def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path)
         job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}]),  # no model_name
         step=pl.DataFrame({"job_id": ["train-1"] * 4, "rank": [0, 1, 2, 3], "step": [1] * 4, "start": [T0 + dt.timedelta(minutes=6)] * 4,
                            "end": [T0 + dt.timedelta(minutes=9)] * 4, "tokens": [1000] * 4, "model_flops": [2.5e18] * 4})))
-    run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
-    event = {"eventType": "COMPLETE", "eventTime": T0.isoformat(), "producer": "p", "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
-             "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": "train-1"}}},
-             "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
-    gs.record_lineage(store, json.dumps(event).encode())
-    gs.put_model(store, ModelEntry("ranker", "1", "rank", "provider", (run_id,)))
+    register_via_lineage(store, "ranker", "train-1")
     audit_service.declare(store, "ranker", "1", "classification", {"general_purpose": True}, entered_by="test")
     settings = dataclasses.replace(settings_mod.load(), data_dir=tmp_path)
     out = audit_service.run_audit(store, settings, model="ranker")
