@@ -7,13 +7,12 @@ import datetime as dt
 
 import polars as pl
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from fleetscope import energy_service as es
 from fleetscope import frames as F
 from fleetscope import queries as Q
 from fleetscope.store import Store
-from tests.dashboard.conftest import APP
+from tests.dashboard.test_pages import healthy, open_page
 from tests.fleetscope.test_scope2 import PPA, SUPPLIER, T0, world
 
 
@@ -30,11 +29,8 @@ def test_site_carbon_query_and_page(empty_sqlite_url: str, monkeypatch: pytest.M
     assert q["instruments"].to_list() == ["ppa-1,ssr-1"] and Q.site_carbon(store, T0, T0 + dt.timedelta(hours=10), site="s2").is_empty()
     store.engine.dispose()
 
-    monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", empty_sqlite_url)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.run()
-    at.switch_page("pages/energy_carbon.py").run()
-    assert not at.exception and not at.error
+    at = open_page(empty_sqlite_url, "energy_carbon", monkeypatch)
+    healthy(at)
     m = {x.label: x.value for x in at.metric}
     assert (m["Location-based CO2e"], m["Market-based CO2e"], m["Covered by instruments"]) == ("10.0 kg", "5.0 kg", "60%")
     table = next(d.value for d in at.dataframe if "market_kgco2e" in d.value.columns)
@@ -89,11 +85,8 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     assert emb["site_id"].to_list() == ["site-a", "site-b"] and emb["gpu_hours"].to_list() == pytest.approx([8 * 20 / 60] * 2)
     store.engine.dispose()
 
-    monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", empty_sqlite_url)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.run()
-    at.switch_page("pages/energy_carbon.py").run()
-    assert not at.exception and not at.error
+    at = open_page(empty_sqlite_url, "energy_carbon", monkeypatch)
+    healthy(at)
     infos = " ".join(i.value for i in at.info)
     assert "PUE" not in infos and "per-job energy" not in infos and "GPU-hours" not in infos, infos
     table = next(d.value for d in at.dataframe if "embodied_kgco2e" in d.value.columns and "job_id" in d.value.columns)
