@@ -54,12 +54,14 @@ for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from fleetscope.errors import ParseError
@@ -129,7 +131,7 @@ def decode(data: bytes, *, encoding: str, source: str = "") -> Any:
         try:
             req.ParseFromString(data)
         except (DecodeError, ValueError, RecursionError) as exc:
-            raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {exc}", source=source) from None
+            raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {locate_error(data) or exc}", source=source) from None
     elif encoding == "json":
         try:
             # OTLP/JSON is proto3 JSON with lowerCamelCase names and int64 as strings; unknown fields
@@ -159,117 +161,182 @@ def _attrs(kvs: Any) -> dict[str, str]:
 
 
 def parse(data: bytes, *, encoding: str, source: str = "") -> Batch:
-    """Parse an OTLP metrics request into a Batch; ``meta`` holds ``rejected_points`` and their reasons."""
+    """Parse an OTLP metrics request into a Batch; ``meta`` holds ``rejected_points`` and their reasons.
+
+    Protobuf bodies take the wire path (``_parse_protobuf``); its Batch is the one ``from_request`` gives
+    for the same request, which the tests check over varied requests."""
+    if encoding == "protobuf":
+        return _parse_protobuf(data, source)
     return from_request(decode(data, encoding=encoding, source=source), source=source)
 
 
 def from_request(req: Any, *, source: str = "") -> Batch:
-    """Columnar walk of a decoded request: per GPU metric, three lists (GPU id, time, value), pivoted
-    to wide rows by polars at the end. Attribute wrappers are what cost most in the protobuf runtime, so
-    a GPU's full attribute set is read only the first time the GPU is seen; after that only its id."""
-    parts: list[pl.DataFrame] = []
-    series_rows: dict[tuple[int, str], float] = {}
-    gpus: dict[str, dict[str, Any]] = {}
-    workloads: list[dict[str, Any]] = []
-    colls: dict[tuple[str, int, str, int, str, int], dict[str, Any]] = {}
-    rejected: Counter[str] = Counter()
-    accepted = 0
+    """Columnar walk of a decoded request: per GPU metric, three columns (GPU, time, value), put side by
+    side as wide rows at the end."""
+    walk = _Walk()
     for rm in req.resource_metrics:
         res = _attrs(rm.resource.attributes)
         host_default = res.get("host.name") or res.get("k8s.node.name")
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                kind = metric.WhichOneof("data")
-                if kind not in ("gauge", "sum"):
-                    n = len(getattr(metric, kind).data_points) if kind else 1
-                    rejected[f"{kind or 'empty'} metrics are not stored ({metric.name})"] += n
+                walk.metric(metric, res, host_default)
+    return walk.batch(source)
+
+
+class _Walk:
+    """What a walk over a request's metrics has gathered so far. The message path (``metric``) and the
+    wire path (``gpu_points``) both feed it, metric by metric in request order, so the Batch does not
+    depend on which path read a metric: GPUs are numbered in the order they are first seen, rejection
+    reasons counted in the order they first occur."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, str, np.ndarray]] = []  # (ts_us, GPU number, column, value)
+        self.series_rows: dict[tuple[int, str], float] = {}
+        self.gpu_index: dict[str, int] = {}
+        self.gpus: list[dict[str, Any]] = []
+        self.workloads: list[dict[str, Any]] = []
+        self.colls: dict[tuple[str, int, str, int, str, int], dict[str, Any]] = {}
+        self.rejected: Counter[str] = Counter()
+        self.accepted = 0
+
+    def register(self, uuid: str, attrs: Mapping[str, str], host_default: str | None, ts_ns: int) -> int:
+        """The GPU's number; the first point of a GPU gives its inventory row and pod."""
+        gid = self.gpu_index.get(uuid)
+        if gid is None:
+            gid = self.gpu_index[uuid] = len(self.gpus)
+            self.gpus.append({
+                "gpu_uuid": uuid,
+                "host": attrs.get("Hostname") or attrs.get("hostname") or attrs.get("host.name") or host_default,
+                "model_name": attrs.get("modelName") or attrs.get("model_name") or attrs.get("hw.model"),
+                "pci_bus_id": attrs.get("pci_bus_id"),
+            })
+            work = _workload(attrs)
+            if work:
+                self.workloads.append({"ts_us": ts_ns // 1000, "gpu_uuid": uuid, **work})
+        return gid
+
+    def metric(self, metric: Any, res: dict[str, str], host_default: str | None) -> None:
+        """One decoded ``Metric`` message."""
+        rejected = self.rejected
+        kind = metric.WhichOneof("data")
+        if kind not in ("gauge", "sum"):
+            n = len(getattr(metric, kind).data_points) if kind else 1
+            rejected[f"{kind or 'empty'} metrics are not stored ({metric.name})"] += n
+            return
+        name = metric.name
+        points = getattr(metric, kind).data_points
+        if name in _INSPECTOR_OPS:
+            self.accepted += _inspector_points(name, points, res, self.colls, self.series_rows, rejected)
+            return
+        static, typed = _gpu_target(name)
+        if static is None and typed is None:
+            self.accepted += _series_points(name, points, res, self.series_rows, rejected)
+            return
+        col = static if typed is None else typed
+        gids: list[int] = []
+        times: list[int] = []
+        values: list[float] = []
+        pos = -1  # where the GPU id sits in this metric's attribute lists; collectors keep one order
+        for dp in points:
+            # _value's checks, inlined: this loop runs once per GPU value
+            which = dp.WhichOneof("value")
+            if which is None:
+                rejected[f"data point without a value ({name})"] += 1
+                continue
+            value = float(dp.as_double if which == "as_double" else dp.as_int)
+            if not math.isfinite(value):
+                rejected[f"non-finite value ({name})"] += 1
+                continue
+            ts_ns = dp.time_unix_nano
+            if ts_ns <= 0:
+                rejected[f"data point without a timestamp ({name})"] += 1
+                continue
+            kvs = dp.attributes
+            attrs = None
+            uuid = None
+            if typed is not None:
+                # hw.power / hw.energy / hw.temperature describe any hardware; only GPUs are GPU samples.
+                attrs = _attrs(kvs)
+                if attrs.get("hw.type") != "gpu":
+                    self.accepted += _series_points(name, [dp], res, self.series_rows, rejected)
                     continue
-                name = metric.name
-                points = getattr(metric, kind).data_points
-                if name in _INSPECTOR_OPS:
-                    accepted += _inspector_points(name, points, res, colls, series_rows, rejected)
-                    continue
-                static, typed = _gpu_target(name)
-                if static is None and typed is None:
-                    accepted += _series_points(name, points, res, series_rows, rejected)
-                    continue
-                uuids: list[str] = []
-                times: list[int] = []
-                values: list[float] = []
-                columns: list[str] = []
-                pos = -1  # where the GPU id sits in this metric's attribute lists; collectors keep one order
-                for dp in points:
-                    # _value's checks, inlined: this loop runs once per GPU value and is the receiver's hot path
-                    which = dp.WhichOneof("value")
-                    if which is None:
-                        rejected[f"data point without a value ({name})"] += 1
-                        continue
-                    value = float(dp.as_double if which == "as_double" else dp.as_int)
-                    if not math.isfinite(value):
-                        rejected[f"non-finite value ({name})"] += 1
-                        continue
-                    ts_ns = dp.time_unix_nano
-                    if ts_ns <= 0:
-                        rejected[f"data point without a timestamp ({name})"] += 1
-                        continue
-                    kvs = dp.attributes
-                    attrs = None
-                    uuid = None
-                    col = static
-                    if typed is not None:
-                        # hw.power / hw.energy / hw.temperature describe any hardware; only GPUs are GPU samples.
-                        attrs = _attrs(kvs)
-                        if attrs.get("hw.type") != "gpu":
-                            accepted += _series_points(name, [dp], res, series_rows, rejected)
-                            continue
-                        col = typed
-                    elif 0 <= pos < len(kvs):
-                        kv = kvs[pos]
-                        if kv.key in _UUID_KEYS:
-                            uuid = kv.value.string_value
-                    if not uuid:
-                        attrs = attrs if attrs is not None else _attrs(kvs)
-                        pos, uuid = next(((i, attrs.get(kvs[i].key)) for i in range(len(kvs)) if kvs[i].key in _UUID_KEYS and attrs.get(kvs[i].key)), (-1, None))
-                    if not uuid:
-                        rejected[f"GPU metric without a GPU id attribute ({name})"] += 1
-                        continue
-                    if uuid not in gpus:
-                        attrs = attrs if attrs is not None else _attrs(kvs)
-                        gpus[uuid] = {
-                            "gpu_uuid": uuid,
-                            "host": attrs.get("Hostname") or attrs.get("hostname") or attrs.get("host.name") or host_default,
-                            "model_name": attrs.get("modelName") or attrs.get("model_name") or attrs.get("hw.model"),
-                            "pci_bus_id": attrs.get("pci_bus_id"),
-                        }
-                        work = _workload(attrs)
-                        if work:
-                            workloads.append({"ts_us": ts_ns // 1000, "gpu_uuid": uuid, **work})
-                    uuids.append(uuid)
-                    times.append(ts_ns // 1000)
-                    values.append(value * col[1])
-                    columns.append(col[0])
-                if uuids:
-                    accepted += len(uuids)
-                    parts.append(pl.DataFrame({"ts_us": times, "gpu_uuid": uuids, "column": columns, "value": values},
-                                              schema={"ts_us": pl.Int64, "gpu_uuid": pl.String, "column": pl.String, "value": pl.Float64}))
-    batch = Batch(source=source, meta={"accepted_points": accepted, "rejected_points": sum(rejected.values()), "rejected_reasons": dict(rejected)})
-    if parts:
-        batch.gpu_sample = _wide(pl.concat(parts))
-        batch.gpu = pl.DataFrame(list(gpus.values()), schema={"gpu_uuid": pl.String, "host": pl.String, "model_name": pl.String, "pci_bus_id": pl.String})
-        batch.health_event = dcgm_health_events(batch.gpu_sample, batch.gpu, source="otlp")
-    if workloads:
-        batch.gpu_workload = pl.DataFrame(workloads, schema={"ts_us": pl.Int64, "gpu_uuid": pl.String, "namespace": pl.String, "pod": pl.String, "container": pl.String}).select(
-            pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"), *GPU_WORKLOAD.names[1:])
-    if colls:
-        batch.collective = pl.DataFrame(list(colls.values()), schema=COLLECTIVE.schema)
-    if series_rows:
-        keys = list(series_rows)
-        batch.metric_sample = pl.DataFrame(
-            {"ts": pl.Series([k[0] for k in keys], dtype=pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC"),
-             "series": [k[1] for k in keys], "value": list(series_rows.values())},
-            schema={"ts": UTC_US, "series": pl.String, "value": pl.Float64},
-        ).select(list(METRIC_SAMPLE.names))
-    return batch
+            elif 0 <= pos < len(kvs):
+                kv = kvs[pos]
+                if kv.key in _UUID_KEYS:
+                    uuid = kv.value.string_value
+            if not uuid:
+                attrs = attrs if attrs is not None else _attrs(kvs)
+                pos, uuid = next(((i, attrs.get(kvs[i].key)) for i in range(len(kvs)) if kvs[i].key in _UUID_KEYS and attrs.get(kvs[i].key)), (-1, None))
+            if not uuid:
+                rejected[f"GPU metric without a GPU id attribute ({name})"] += 1
+                continue
+            gid = self.gpu_index.get(uuid)
+            if gid is None:
+                gid = self.register(uuid, attrs if attrs is not None else _attrs(kvs), host_default, ts_ns)
+            gids.append(gid)
+            times.append(ts_ns // 1000)
+            values.append(value * col[1])
+        if gids:
+            self.accepted += len(gids)
+            self.parts.append((np.array(times, np.int64), np.array(gids, np.int64), col[0], np.array(values, np.float64)))
+
+    def gpu_points(self, name: str, col: tuple[str, float], ts_ns: np.ndarray, values: np.ndarray, aids: np.ndarray,
+                   labels: _LabelSets, host_default: str | None) -> None:
+        """A GPU metric's points as columns (from the wire path), with the same checks, in the same order,
+        as ``metric``: a value, finite, a timestamp, a GPU id. Every label set is ``simple`` here, so a
+        point's GPU id does not depend on the points before it."""
+        finite = np.isfinite(values)
+        no_ts = finite & (ts_ns == 0)
+        has_uuid = labels.column("has_uuid")[aids]
+        ok = finite & ~no_ts & has_uuid
+        found = []
+        for mask, why in ((~finite, "non-finite value"), (no_ts, "data point without a timestamp"),
+                          (finite & ~no_ts & ~has_uuid, "GPU metric without a GPU id attribute")):
+            hits = np.flatnonzero(mask)
+            if hits.size:
+                found.append((hits[0], f"{why} ({name})", hits.size))
+        for _first, reason, n in sorted(found):
+            self.rejected[reason] += n
+        idx = np.flatnonzero(ok)
+        if not idx.size:
+            return
+        kept = aids[idx]
+        gid_of = labels.column("gid")
+        new = np.flatnonzero(gid_of[kept] < 0)
+        if new.size:
+            # GPUs registered in the order their first points come, as the message path does
+            _, first = np.unique(kept[new], return_index=True)
+            for i in np.sort(new[first]).tolist():
+                aid = int(kept[i])
+                labels.gid[aid] = self.register(labels.uuid[aid], labels.attrs[aid], host_default, int(ts_ns[idx[i]]))
+            labels.changed = True
+            gid_of = labels.column("gid")
+        self.accepted += idx.size
+        with np.errstate(over="ignore"):
+            scaled = values[idx] * col[1]
+        self.parts.append(((ts_ns[idx] // 1000).astype(np.int64), gid_of[kept], col[0], scaled))
+
+    def batch(self, source: str) -> Batch:
+        rejected = self.rejected
+        batch = Batch(source=source, meta={"accepted_points": self.accepted, "rejected_points": sum(rejected.values()), "rejected_reasons": dict(rejected)})
+        if self.parts:
+            batch.gpu_sample = _wide(self.parts, [g["gpu_uuid"] for g in self.gpus])
+            batch.gpu = pl.DataFrame({k: [g[k] for g in self.gpus] for k in ("gpu_uuid", "host", "model_name", "pci_bus_id")},
+                                     schema={"gpu_uuid": pl.String, "host": pl.String, "model_name": pl.String, "pci_bus_id": pl.String})
+            batch.health_event = dcgm_health_events(batch.gpu_sample, batch.gpu, source="otlp")
+        if self.workloads:
+            batch.gpu_workload = pl.DataFrame(self.workloads, schema={"ts_us": pl.Int64, "gpu_uuid": pl.String, "namespace": pl.String, "pod": pl.String, "container": pl.String}).select(
+                pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"), *GPU_WORKLOAD.names[1:])
+        if self.colls:
+            batch.collective = pl.DataFrame(list(self.colls.values()), schema=COLLECTIVE.schema)
+        if self.series_rows:
+            keys = list(self.series_rows)
+            batch.metric_sample = pl.DataFrame(
+                {"ts": pl.Series([k[0] for k in keys], dtype=pl.Int64).cast(pl.Datetime("us")).dt.replace_time_zone("UTC"),
+                 "series": [k[1] for k in keys], "value": list(self.series_rows.values())},
+                schema={"ts": UTC_US, "series": pl.String, "value": pl.Float64},
+            ).select(list(METRIC_SAMPLE.names))
+        return batch
 
 
 def _value(name: str, dp: Any, rejected: Counter[str]) -> float | None:
@@ -290,8 +357,11 @@ def _value(name: str, dp: Any, rejected: Counter[str]) -> float | None:
 
 def _workload(attrs: Mapping[str, str]) -> dict[str, str | None] | None:
     """Pod attribution of a GPU point, or None (no pod, or dcgm-exporter's own pod on an idle GPU)."""
+    pod = attrs.get("k8s.pod.name") or attrs.get("pod")
+    if not pod:
+        return None  # most GPU points: checked first, as this runs once per GPU
     work = {col: next((attrs[k] for k in keys if attrs.get(k)), None) for col, keys in _WORKLOAD_KEYS}
-    if not work["pod"] or any(EXPORTER_POD_MARK in (work[c] or "") for c in ("pod", "container")):
+    if any(EXPORTER_POD_MARK in (work[c] or "") for c in ("pod", "container")):
         return None
     return work
 
@@ -389,14 +459,40 @@ def _gpu_target(name: str) -> tuple[tuple[str, float] | None, tuple[str, float] 
     return None, None
 
 
-def _wide(long: pl.DataFrame) -> pl.DataFrame:
-    """(ts, GPU, column, value) points to one row per GPU and instant; the last point of a repeated
-    (ts, GPU, column) wins, as a re-sent point should."""
-    wide = long.pivot(on="column", index=["ts_us", "gpu_uuid"], values="value", aggregate_function="last")
+def _wide(parts: list[tuple[np.ndarray, np.ndarray, str, np.ndarray]], uuids: list[str]) -> pl.DataFrame:
+    """GPU points (ts_us, GPU number, column, value) to one row per GPU and instant, rows and columns in
+    the order they first come; the last point of a repeated (ts, GPU, column) wins, as a re-sent point
+    should."""
+    uuid_s = pl.Series("gpu_uuid", uuids, dtype=pl.String)
+    t0, g0 = parts[0][0], parts[0][1]
+    if all(np.array_equal(p[0], t0) and np.array_equal(p[1], g0) for p in parts[1:]) and _distinct(t0, g0):
+        # A scrape: every metric has the same points in the same order, so its values are a column as
+        # they stand (what the pivot below gives, without sorting out 30 x N long rows).
+        cols: dict[str, np.ndarray] = {}
+        for _t, _g, column, values in parts:
+            cols[column] = values  # a later metric of the same column wins; the column keeps its place
+        wide = pl.DataFrame({"ts_us": t0, "gpu_uuid": uuid_s.gather(g0), **cols})
+    else:
+        names = list(dict.fromkeys(p[2] for p in parts))
+        which = np.concatenate([np.full(p[0].size, names.index(p[2]), np.int64) for p in parts])
+        long = pl.DataFrame({
+            "ts_us": np.concatenate([p[0] for p in parts]),
+            "gpu_uuid": uuid_s.gather(np.concatenate([p[1] for p in parts])),
+            "column": pl.Series(names, dtype=pl.String).gather(which),
+            "value": np.concatenate([p[3] for p in parts]),
+        })
+        wide = long.pivot(on="column", index=["ts_us", "gpu_uuid"], values="value", aggregate_function="last")
     casts = [pl.col(c).round(0).cast(pl.Int64) for c in wide.columns if c in _INT_COLUMNS]
     return wide.with_columns(*casts, pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts")).drop("ts_us").select(
         "ts", "gpu_uuid", *[c for c in wide.columns if c not in ("ts_us", "gpu_uuid")]
     )
+
+
+def _distinct(ts_us: np.ndarray, gids: np.ndarray) -> bool:
+    """No (ts, GPU) pair twice."""
+    if not ts_us.size or (ts_us == ts_us[0]).all():
+        return np.unique(gids).size == gids.size
+    return not pl.DataFrame({"t": ts_us, "g": gids}).is_duplicated().any()
 
 
 def response(rejected: int, message: str, *, encoding: str) -> tuple[bytes, str]:
@@ -457,3 +553,471 @@ def gpu_observations(batch: Batch) -> dict[str, list[tuple[float, dict[str, str]
     if xids:
         out[GPU_EXPORT["xid_last"][0]] = [(float(x), attrs[u]) for u, x in xids.items()]
     return out
+
+
+# --- The wire path: protobuf bodies without a message object per data point ---------------------------
+#
+# Wire format: https://protobuf.dev/programming-guides/encoding/. Field numbers: opentelemetry-proto
+# collector/metrics/v1/metrics_service.proto, metrics/v1/metrics.proto, common/v1/common.proto.
+# upb still decodes the request, with one change to the schema: ``Gauge.data_points`` and
+# ``Sum.data_points`` are read as ``bytes``, so a data point costs a bytes object instead of a message
+# with attribute messages. A GPU metric's points are then read as columns when every point has the
+# layout collectors write (time, value, then only string attributes); any other metric, and any GPU
+# metric with a point of another shape, is decoded by upb with the real schema and walked as before.
+
+_MAX_DEPTH = 100  # upb's default recursion limit for nested messages
+_B8 = np.arange(8, dtype=np.int64)
+
+
+class _WireError(Exception):
+    """Malformed protobuf wire data: what, the byte offset in the body, and the field path."""
+
+    def __init__(self, what: str, offset: int, where: str = ""):
+        super().__init__(what)
+        self.what, self.offset, self.where = what, offset, where
+
+    def __str__(self) -> str:
+        return f"{self.what} at byte {self.offset}" + (f" (in {self.where})" if self.where else "")
+
+
+def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the base-128 varint at ``pos``."""
+    result = shift = 0
+    start = pos
+    while True:
+        if pos >= end:
+            raise _WireError("truncated varint", start)
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise _WireError("varint longer than 10 bytes", start)
+
+
+def _fields(data: bytes, pos: int, end: int, depth: int = 0) -> Iterator[tuple[int, int, int, int, int]]:
+    """The fields of the message in ``data[pos:end]``: (number, wire type, offset of the tag, start,
+    end) where start/end bound a LEN payload or a fixed value, and start is the value of a varint."""
+    while pos < end:
+        at = pos
+        key, pos = _uvarint(data, pos, end)
+        num, wt = key >> 3, key & 7
+        if num == 0 or key > 0xFFFFFFFF:
+            raise _WireError(f"invalid field number {num}", at)
+        if wt == 0:
+            value, pos = _uvarint(data, pos, end)
+            yield num, wt, at, value, pos
+        elif wt == 2:
+            n, pos = _uvarint(data, pos, end)
+            if n > end - pos:
+                raise _WireError(f"field {num} claims {n} bytes but only {end - pos} remain in its message", at)
+            yield num, wt, at, pos, pos + n
+            pos += n
+        elif wt in (1, 5):
+            size = 8 if wt == 1 else 4
+            if end - pos < size:
+                raise _WireError(f"field {num} is a truncated {size * 8}-bit value", at)
+            yield num, wt, at, pos, pos + size
+            pos += size
+        elif wt == 3:
+            start = pos
+            pos = _skip_group(data, pos, end, num, depth + 1)
+            yield num, wt, at, start, pos
+        elif wt == 4:
+            raise _WireError(f"end-group tag of field {num} without its start", at)
+        else:
+            raise _WireError(f"invalid wire type {wt} for field {num}", at)
+
+
+def _skip_group(data: bytes, pos: int, end: int, group: int, depth: int) -> int:
+    """Position after the end-group tag that closes ``group`` (deprecated proto2 groups: unknown fields
+    a decoder must still skip)."""
+    if depth > _MAX_DEPTH:
+        raise _WireError(f"groups nested deeper than {_MAX_DEPTH}", pos)
+    start = pos
+    while pos < end:
+        at = pos
+        key, pos = _uvarint(data, pos, end)
+        num, wt = key >> 3, key & 7
+        if num == 0 or key > 0xFFFFFFFF:
+            raise _WireError(f"invalid field number {num}", at)
+        if wt == 4:
+            if num != group:
+                raise _WireError(f"end-group tag of field {num} closes group {group}", at)
+            return pos
+        pos += _value_size(data, pos, end, wt, num, at, depth)
+    raise _WireError(f"group {group} has no end-group tag", start)
+
+
+def _value_size(data: bytes, pos: int, end: int, wt: int, num: int, at: int, depth: int) -> int:
+    if wt == 0:
+        return _uvarint(data, pos, end)[1] - pos
+    if wt == 1 or wt == 5:
+        if end - pos < (8 if wt == 1 else 4):
+            raise _WireError(f"field {num} is a truncated {32 if wt == 5 else 64}-bit value", at)
+        return 8 if wt == 1 else 4
+    if wt == 2:
+        n, after = _uvarint(data, pos, end)
+        if n > end - after:
+            raise _WireError(f"field {num} claims {n} bytes but only {end - after} remain in its message", at)
+        return after + n - pos
+    if wt == 3:
+        return _skip_group(data, pos, end, num, depth + 1) - pos
+    raise _WireError(f"invalid wire type {wt} for field {num}", at)
+
+
+def locate_error(data: bytes) -> str | None:
+    """Where an ``ExportMetricsServiceRequest`` body is malformed, walking it with the real schema: the
+    first wire error, invalid UTF-8 in a string field or nesting past upb's limit, with its byte offset
+    and field path. None where the walk finds nothing (upb's own message is then the best there is)."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    try:
+        _check(data, 0, len(data), ExportMetricsServiceRequest.DESCRIPTOR, 0, "request")
+    except _WireError as exc:
+        return str(exc)
+    except RecursionError:
+        return "messages nested too deeply"
+    return None
+
+
+def _check(data: bytes, pos: int, end: int, desc: Any, depth: int, path: str) -> None:
+    from google.protobuf.descriptor import FieldDescriptor
+
+    seen: dict[int, int] = {}
+    try:
+        for num, wt, at, a, b in _fields(data, pos, end, depth):
+            f = desc.fields_by_number.get(num)
+            if f is None or wt != 2:
+                continue
+            if f.type == FieldDescriptor.TYPE_MESSAGE:
+                i = seen[num] = seen.get(num, -1) + 1
+                where = f"{path}.{f.name}" + (f"[{i}]" if _repeated(f) else "")
+                if depth + 1 >= _MAX_DEPTH:
+                    raise _WireError(f"messages nested deeper than {_MAX_DEPTH}", at, where)
+                _check(data, a, b, f.message_type, depth + 1, where)
+            elif f.type == FieldDescriptor.TYPE_STRING:
+                try:
+                    data[a:b].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise _WireError("invalid UTF-8 in a string", a + exc.start, f"{path}.{f.name}") from None
+    except _WireError as exc:
+        exc.where = exc.where or path
+        raise
+
+
+def _repeated(f: Any) -> bool:
+    rep = getattr(f, "is_repeated", None)
+    return bool(rep) if rep is not None else f.label == f.LABEL_REPEATED
+
+
+def _prescan(data: bytes) -> bool:
+    """Walk request → ResourceMetrics → ScopeMetrics → Metric on the wire. False where a Metric carries
+    more than one of its ``data`` oneof fields: upb keeps the last but still decodes the others, and
+    only the real schema decodes points the same way. Raises _WireError on malformed structure here."""
+    n = len(data)
+    for num, wt, _at, a, b in _fields(data, 0, n):
+        if num != 1 or wt != 2:
+            continue
+        for num2, wt2, _at2, a2, b2 in _fields(data, a, b, 1):
+            if num2 != 2 or wt2 != 2:
+                continue
+            for num3, wt3, _at3, a3, b3 in _fields(data, a2, b2, 2):
+                if num3 != 2 or wt3 != 2:
+                    continue
+                data_fields = 0
+                for num4, wt4, _at4, _a4, _b4 in _fields(data, a3, b3, 3):
+                    if wt4 == 2 and num4 in (5, 7, 9, 10, 11):
+                        data_fields += 1
+                if data_fields > 1:
+                    return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _lite_request() -> Any:
+    """``ExportMetricsServiceRequest`` with Gauge/Sum ``data_points`` as ``bytes`` (same wire type, LEN),
+    in a pool of its own: every other field decodes, and is checked, exactly as with the real schema."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+    from opentelemetry.proto.resource.v1 import resource_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    for mod in (common_pb2, resource_pb2, metrics_pb2, metrics_service_pb2):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        mod.DESCRIPTOR.CopyToProto(fdp)
+        if mod is metrics_pb2:
+            for msg in fdp.message_type:
+                if msg.name == "Metric":
+                    for field in msg.field:
+                        if field.name in ("gauge", "sum"):
+                            field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                            field.ClearField("type_name")
+        pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("opentelemetry.proto.collector.metrics.v1.ExportMetricsServiceRequest"))
+
+
+def _len_field(num: int, payload: bytes) -> bytes:
+    n, head = len(payload), bytearray([num << 3 | 2])
+    while n >= 0x80:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + payload
+
+
+def _real_metric(metric: Any, data: bytes, source: str) -> Any:
+    """A wire-path Metric decoded with the real schema. It is wrapped in a request as deep as it sat in
+    the body, so that upb's nesting limit falls where it would have."""
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    body = _len_field(1, _len_field(2, _len_field(2, metric.SerializeToString())))
+    try:
+        return ExportMetricsServiceRequest.FromString(body).resource_metrics[0].scope_metrics[0].metrics[0]
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {locate_error(data) or exc}", source=source) from None
+
+
+class _LabelSets:
+    """Distinct attribute byte strings of GPU points, each decoded once: the same label set comes back in
+    every metric of a scrape. Only the plainest encoding is taken (each KeyValue a key then a string
+    AnyValue, nothing else); anything else sends its metric to upb."""
+
+    def __init__(self) -> None:
+        self.index: dict[bytes, int] = {}
+        self.attrs: list[dict[str, str]] = []
+        self.uuid: list[str | None] = []
+        self.simple: list[bool] = []
+        self.hw_gpu: list[bool] = []
+        self.gid: list[int] = []
+        self.changed = True
+        self._columns: dict[str, np.ndarray] = {}
+        self.layout: _Layout | None = None
+
+    def add(self, raw: bytes) -> int | None:
+        aid = self.index.get(raw)
+        if aid is not None:
+            return aid
+        kvs = _plain_attributes(raw)
+        if kvs is None:
+            return None
+        attrs: dict[str, str] = {}
+        for k, v in kvs:
+            attrs[k] = v
+        id_keys = [k for k, _ in kvs if k in _UUID_KEYS]
+        # The message path reads the id at the position where it last found it, else the first id
+        # attribute with a value. With at most one id attribute both give the same answer for every point.
+        self.simple.append(len(id_keys) <= 1)
+        self.uuid.append(next((attrs[k] for k in id_keys if attrs.get(k)), None))
+        self.attrs.append(attrs)
+        self.hw_gpu.append(attrs.get("hw.type") == "gpu")
+        self.gid.append(-1)
+        aid = self.index[raw] = len(self.attrs) - 1
+        self.changed = True
+        return aid
+
+    def column(self, name: str) -> np.ndarray:
+        if self.changed:
+            self._columns = {
+                "has_uuid": np.array([u is not None for u in self.uuid], dtype=bool),
+                "simple": np.array(self.simple, dtype=bool),
+                "hw_gpu": np.array(self.hw_gpu, dtype=bool),
+                "gid": np.array(self.gid, dtype=np.int64),
+            }
+            self.changed = False
+        return self._columns[name]
+
+
+def _plain_attributes(raw: bytes) -> list[tuple[str, str]] | None:
+    """``NumberDataPoint.attributes`` fields (number 7) as (key, string value), or None unless every one is
+    exactly ``KeyValue{key: 1, value: 2 AnyValue{string_value: 1}}``. Strings are checked as UTF-8, as
+    upb checks them. Lengths under 128 (one varint byte) are read inline: this runs once per GPU."""
+    out = []
+    pos, end = 0, len(raw)
+    try:
+        while pos < end:
+            if raw[pos] != 0x3A:
+                return None
+            n = raw[pos + 1]
+            if n < 0x80:
+                pos += 2
+            else:
+                n, pos = _uvarint(raw, pos + 1, end)
+            kv_end = pos + n
+            if kv_end > end or raw[pos] != 0x0A:
+                return None
+            n = raw[pos + 1]
+            if n < 0x80:
+                k = pos + 2
+            else:
+                n, k = _uvarint(raw, pos + 1, kv_end)
+            key_end = k + n
+            if key_end >= kv_end or raw[key_end] != 0x12:
+                return None
+            n = raw[key_end + 1]
+            if n < 0x80:
+                p = key_end + 2
+            else:
+                n, p = _uvarint(raw, key_end + 1, kv_end)
+            if p + n != kv_end or not n or raw[p] != 0x0A:
+                return None
+            n = raw[p + 1]
+            if n < 0x80:
+                p += 2
+            else:
+                n, p = _uvarint(raw, p + 1, kv_end)
+            if p + n != kv_end:
+                return None
+            out.append((raw[k:key_end].decode("utf-8"), raw[p:kv_end].decode("utf-8")))
+            pos = kv_end
+    except (IndexError, UnicodeDecodeError, _WireError):
+        return None
+    return out
+
+
+class _Layout:
+    """Where the fixed-size fields of each point of a Gauge/Sum payload sit, and the payload with those
+    bytes zeroed: a payload that equals the skeleton once the same bytes are zeroed has the same points,
+    lengths and attributes, differing only in times and values (the next metric of a scrape)."""
+
+    def __init__(self, size: int, time_at: np.ndarray, start_at: np.ndarray, aids: np.ndarray, payload: bytes):
+        self.size = size
+        self.aids = aids
+        self.time_idx = (time_at + 1)[:, None] + _B8
+        self.tag_at = time_at + 9
+        self.value_idx = (time_at + 10)[:, None] + _B8
+        self.zero = np.concatenate([self.time_idx.ravel(), self.tag_at, self.value_idx.ravel(), ((start_at + 1)[:, None] + _B8).ravel()])
+        self.skeleton = self.blank(payload)
+
+    def blank(self, payload: bytes) -> bytes:
+        arr = np.frombuffer(payload, np.uint8).copy()
+        arr[self.zero] = 0
+        return arr.tobytes()
+
+
+def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
+    """Walk a Gauge/Sum payload point by point. None unless every data point (field 1) is
+    ``[start_time_unix_nano (2)] time_unix_nano (3) as_double (4) | as_int (6)`` followed by plain
+    attributes (7) only, the order the Go and Python serializers write; other fields must be varints
+    (Sum's aggregation_temporality and is_monotonic)."""
+    pos, end = 0, len(payload)
+    time_at: list[int] = []
+    start_at: list[int] = []
+    aids: list[int] = []
+    get = labels.index.get
+    try:
+        while pos < end:
+            tag = payload[pos]
+            if tag == 0x0A:
+                n = payload[pos + 1]
+                if n < 0x80:
+                    s = pos + 2
+                else:
+                    n, s = _uvarint(payload, pos + 1, end)
+                e = s + n
+                if n < 18 or e > end:
+                    return None
+                t = s
+                if payload[s] == 0x11:  # fixed64 start_time_unix_nano
+                    if n < 27:
+                        return None
+                    start_at.append(s)
+                    t = s + 9
+                if payload[t] != 0x19 or payload[t + 9] not in (0x21, 0x31):  # fixed64 time; double / sfixed64 value
+                    return None
+                rest = payload[t + 18:e]
+                aid = get(rest)
+                if aid is None:
+                    aid = labels.add(rest)
+                    if aid is None:
+                        return None
+                time_at.append(t)
+                aids.append(aid)
+                pos = e
+            elif tag == 0x10 or tag == 0x18:
+                pos = _uvarint(payload, pos + 1, end)[1]
+            else:
+                return None
+    except (IndexError, _WireError):
+        return None
+    return _Layout(end, np.array(time_at, np.int64), np.array(start_at, np.int64), np.array(aids, np.int64), payload)
+
+
+def _wire_points(payload: bytes, labels: _LabelSets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(time_unix_nano, value, label set) columns of a Gauge/Sum payload, or None where a point is not of
+    the shape ``_split_points`` reads. The points are walked one by one only when the payload differs
+    from the last one walked in more than times and values."""
+    layout = labels.layout
+    if layout is None or layout.size != len(payload) or layout.blank(payload) != layout.skeleton:
+        layout = _split_points(payload, labels)
+        if layout is None:
+            return None
+        labels.layout = layout
+    buf = np.frombuffer(payload, np.uint8)
+    tag = buf[layout.tag_at]
+    is_int = tag == 0x31
+    if not (is_int | (tag == 0x21)).all():
+        return None
+    ts_ns = buf[layout.time_idx].view("<u8").ravel()
+    raw = buf[layout.value_idx]
+    values = raw.view("<f8").ravel().copy()
+    if is_int.any():
+        values[is_int] = raw.view("<i8").ravel()[is_int].astype(np.float64)
+    return ts_ns, values, layout.aids
+
+
+def _parse_protobuf(data: bytes, source: str) -> Batch:
+    from google.protobuf.message import DecodeError
+
+    try:
+        plain = _prescan(data)
+    except _WireError as exc:
+        raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {exc}", source=source) from None
+    except RecursionError:
+        raise ParseError("not an OTLP protobuf ExportMetricsServiceRequest: groups nested too deeply", source=source) from None
+    if not plain:
+        return from_request(decode(data, encoding="protobuf", source=source), source=source)
+    req = _lite_request()()
+    try:
+        req.ParseFromString(data)
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {locate_error(data) or exc}", source=source) from None
+    walk = _Walk()
+    labels = _LabelSets()
+    for rm in req.resource_metrics:
+        res = _attrs(rm.resource.attributes)
+        host_default = res.get("host.name") or res.get("k8s.node.name")
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if not _gpu_metric_wire(walk, metric, res, host_default, labels):
+                    walk.metric(_real_metric(metric, data, source), res, host_default)
+    return walk.batch(source)
+
+
+def _gpu_metric_wire(walk: _Walk, metric: Any, res: dict[str, str], host_default: str | None, labels: _LabelSets) -> bool:
+    """Feed a GPU gauge/sum to ``walk`` from its points' bytes; False (and nothing fed) where the metric
+    needs the message path."""
+    kind = metric.WhichOneof("data")
+    if kind not in ("gauge", "sum"):
+        return False
+    name = metric.name
+    if name in _INSPECTOR_OPS:
+        return False
+    static, typed = _gpu_target(name)
+    if static is None and typed is None:
+        return False
+    cols = _wire_points(getattr(metric, kind), labels)
+    if cols is None:
+        return False
+    ts_ns, values, aids = cols
+    if not labels.column("simple")[aids].all():
+        return False
+    if typed is not None and not labels.column("hw_gpu")[aids].all():
+        return False  # some points are other hardware: series, which the message path writes
+    walk.gpu_points(name, static if typed is None else typed, ts_ns, values, aids, labels, host_default)
+    return True
