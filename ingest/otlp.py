@@ -806,14 +806,62 @@ class _LabelSets:
         kvs = _plain_attributes(raw)
         if kvs is None:
             return None
-        attrs: dict[str, str] = {}
-        for k, v in kvs:
-            attrs[k] = v
-        id_keys = [k for k, _ in kvs if k in _UUID_KEYS]
+        return self._store(raw, tuple(k for k, _ in kvs), [v for _, v in kvs])
+
+    def add_many(self, raws: list[bytes]) -> bool:
+        """Decode new label sets together; False if one is not plain. Sets of one length usually share
+        their keys and value lengths (dcgm-exporter's labels: same keys, fixed-width UUID, PCI id, ...):
+        those are read as fixed columns of one byte matrix, one template decoded per shape."""
+        by_len: dict[int, list[bytes]] = {}
+        for raw in dict.fromkeys(raws):
+            if raw not in self.index:
+                by_len.setdefault(len(raw), []).append(raw)
+        for group in by_len.values():
+            while len(group) >= 8:
+                group = self._add_template(group)
+                if group is None:
+                    return False
+            for raw in group:
+                if self.add(raw) is None:
+                    return False
+        return True
+
+    def _add_template(self, group: list[bytes]) -> list[bytes] | None:
+        """Store the sets of ``group`` (all one length) laid out like its first; the rest are returned."""
+        spans = _plain_spans(group[0])
+        if spans is None:
+            return None
+        arr = np.frombuffer(b"".join(group), np.uint8).reshape(len(group), len(group[0]))
+        fixed = np.ones(arr.shape[1], bool)
+        for _k0, _k1, v0, v1 in spans:
+            fixed[v0:v1] = False
+        same = (arr[:, fixed] == arr[0, fixed]).all(axis=1)
+        rows = np.flatnonzero(same)
+        first = group[0]
+        keys = tuple(first[k0:k1].decode("utf-8") for k0, k1, _v0, _v1 in spans)
+        cols = []
+        try:
+            for _k0, _k1, v0, v1 in spans:
+                blob = arr[rows, v0:v1].tobytes()
+                w = v1 - v0
+                if blob.isascii():
+                    text = blob.decode("ascii")
+                    cols.append([text[i:i + w] for i in range(0, len(text), w)] if w else [""] * rows.size)
+                else:
+                    cols.append([blob[i:i + w].decode("utf-8") for i in range(0, len(blob), w)] if w else [""] * rows.size)
+        except UnicodeDecodeError:
+            return None  # upb refuses the body; the message path says so
+        for i, vals in zip(rows.tolist(), zip(*cols)):
+            self._store(group[i], keys, vals)
+        return [group[i] for i in np.flatnonzero(~same).tolist()]
+
+    def _store(self, raw: bytes, keys: tuple[str, ...], vals: Any) -> int:
+        attrs = dict(zip(keys, vals))  # repeated keys: the last value, at the first key's place, as _attrs
+        id_keys = [k for k in keys if k in _UUID_KEYS]
         # The message path reads the id at the position where it last found it, else the first id
         # attribute with a value. With at most one id attribute both give the same answer for every point.
         self.simple.append(len(id_keys) <= 1)
-        self.uuid.append(next((attrs[k] for k in id_keys if attrs.get(k)), None))
+        self.uuid.append(next((attrs[k] for k in id_keys if attrs[k]), None))
         self.attrs.append(attrs)
         self.hw_gpu.append(attrs.get("hw.type") == "gpu")
         self.gid.append(-1)
@@ -836,7 +884,19 @@ class _LabelSets:
 def _plain_attributes(raw: bytes) -> list[tuple[str, str]] | None:
     """``NumberDataPoint.attributes`` fields (number 7) as (key, string value), or None unless every one is
     exactly ``KeyValue{key: 1, value: 2 AnyValue{string_value: 1}}``. Strings are checked as UTF-8, as
-    upb checks them. Lengths under 128 (one varint byte) are read inline: this runs once per GPU."""
+    upb checks them."""
+    spans = _plain_spans(raw)
+    if spans is None:
+        return None
+    try:
+        return [(raw[k0:k1].decode("utf-8"), raw[v0:v1].decode("utf-8")) for k0, k1, v0, v1 in spans]
+    except UnicodeDecodeError:
+        return None
+
+
+def _plain_spans(raw: bytes) -> list[tuple[int, int, int, int]] | None:
+    """(key start, key end, value start, value end) of each plain attribute in ``raw`` (see
+    ``_plain_attributes``), or None. Lengths under 128 (one varint byte) are read inline."""
     out = []
     pos, end = 0, len(raw)
     try:
@@ -873,9 +933,9 @@ def _plain_attributes(raw: bytes) -> list[tuple[str, str]] | None:
                 n, p = _uvarint(raw, p + 1, kv_end)
             if p + n != kv_end:
                 return None
-            out.append((raw[k:key_end].decode("utf-8"), raw[p:kv_end].decode("utf-8")))
+            out.append((k, key_end, p, kv_end))
             pos = kv_end
-    except (IndexError, UnicodeDecodeError, _WireError):
+    except (IndexError, _WireError):
         return None
     return out
 
@@ -909,6 +969,7 @@ def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
     time_at: list[int] = []
     start_at: list[int] = []
     aids: list[int] = []
+    new: list[tuple[int, bytes]] = []  # label sets not seen yet: decoded together after the walk
     get = labels.index.get
     try:
         while pos < end:
@@ -933,9 +994,8 @@ def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
                 rest = payload[t + 18:e]
                 aid = get(rest)
                 if aid is None:
-                    aid = labels.add(rest)
-                    if aid is None:
-                        return None
+                    new.append((len(aids), rest))
+                    aid = -1
                 time_at.append(t)
                 aids.append(aid)
                 pos = e
@@ -945,6 +1005,11 @@ def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
                 return None
     except (IndexError, _WireError):
         return None
+    if new:
+        if not labels.add_many([rest for _, rest in new]):
+            return None
+        for i, rest in new:
+            aids[i] = labels.index[rest]
     return _Layout(end, np.array(time_at, np.int64), np.array(start_at, np.int64), np.array(aids, np.int64), payload)
 
 

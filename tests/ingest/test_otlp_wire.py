@@ -325,3 +325,35 @@ def test_deep_nesting_and_random_bytes_are_refused_quickly():
     for _ in range(200):
         check(bytes(rng.randrange(256) for _ in range(rng.randint(1, 200))))
     check(b"")  # an empty request is a valid one
+
+
+def test_label_sets_of_one_length_with_different_shapes():
+    """Sets of one byte length are decoded as fixed columns of a template; sets of another shape, and
+    every odd value, must come out as upb reads them."""
+    def labels(i: int) -> list[KeyValue]:
+        shape = i % 6
+        if shape == 0:
+            return dcgm_labels(i)
+        if shape == 1:
+            return dcgm_labels(i, Hostname=f"nöd-{i // 8:03d}")  # two bytes for ö: same byte length as node-000
+        if shape == 2:
+            return [kv("uuid" if i % 4 else "UUID", f"GPU-{i:04d}"), kv("x", "\x00" * (i % 3) + "ab"[: 2 - i % 3])]
+        if shape == 3:
+            return [kv("UUID", f"GPU-{i:04d}"), kv("UUID", f"GPU-{i + 1:04d}")]  # the same key twice
+        if shape == 4:
+            return [kv("UUID", ""), kv("hw.id", f"GPU-{i:04d}")]
+        return [kv("hw.type", "gpu"), kv("hw.id", f"GPU-{i:04d}")]
+
+    req = ExportMetricsServiceRequest()
+    sm = req.resource_metrics.add().scope_metrics.add()
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "hw.power", "DCGM_FI_DEV_POWER_USAGE"):
+        add_metric(sm, name, [(TS, float(i), labels(i)) for i in range(96)])
+    check(req)
+    only_plain = ExportMetricsServiceRequest()
+    sm = only_plain.resource_metrics.add().scope_metrics.add()
+    add_metric(sm, "DCGM_FI_DEV_GPU_TEMP", [(TS, float(i), labels(i)) for i in range(96) if i % 6 in (0, 1)])
+    body = only_plain.SerializeToString()
+    check(body)
+    bad = body.replace("nöd-001".encode(), b"n\xc3\x28d-001")  # an invalid UTF-8 sequence inside a templated value
+    assert bad != body
+    assert isinstance(check(bad), ParseError)
