@@ -54,7 +54,6 @@ for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
 
 from __future__ import annotations
 
-import functools
 import math
 import zlib
 from collections import Counter
@@ -559,11 +558,11 @@ def gpu_observations(batch: Batch) -> dict[str, list[tuple[float, dict[str, str]
 #
 # Wire format: https://protobuf.dev/programming-guides/encoding/. Field numbers: opentelemetry-proto
 # collector/metrics/v1/metrics_service.proto, metrics/v1/metrics.proto, common/v1/common.proto.
-# upb still decodes the request, with one change to the schema: ``Gauge.data_points`` and
-# ``Sum.data_points`` are read as ``bytes``, so a data point costs a bytes object instead of a message
-# with attribute messages. A GPU metric's points are then read as columns when every point has the
-# layout collectors write (time, value, then only string attributes); any other metric, and any GPU
-# metric with a point of another shape, is decoded by upb with the real schema and walked as before.
+# A short walk down to each Metric (``_strip``) cuts the points of GPU gauges/sums out of the body; upb
+# decodes the rest, so everything else is checked and read exactly as before. The cut points are read
+# as numpy columns when every point has the layout collectors write (time, value, then plain string
+# attributes), each distinct attribute byte string decoded once; a GPU metric with a point of another
+# shape is decoded by upb from its own bytes and walked as before. Either way ``_Walk`` gets the same.
 
 _MAX_DEPTH = 100  # upb's default recursion limit for nested messages
 _B8 = np.arange(8, dtype=np.int64)
@@ -713,52 +712,63 @@ def _repeated(f: Any) -> bool:
     return bool(rep) if rep is not None else f.label == f.LABEL_REPEATED
 
 
-def _prescan(data: bytes) -> bool:
-    """Walk request → ResourceMetrics → ScopeMetrics → Metric on the wire. False where a Metric carries
-    more than one of its ``data`` oneof fields: upb keeps the last but still decodes the others, and
-    only the real schema decodes points the same way. Raises _WireError on malformed structure here."""
-    n = len(data)
-    for num, wt, _at, a, b in _fields(data, 0, n):
+def _strip(data: bytes) -> tuple[bytes, list[tuple[int, int, int, int] | None]] | None:
+    """The request with the points of every GPU gauge/sum cut out (the field left, empty), and per Metric
+    in request order the (points start, points end, metric start, metric end) that was cut, or None.
+
+    upb decodes the stripped request, checking everything in it as before and making the messages the
+    other metrics are read from; the cut points are read by ``_wire_points``, or by upb from the metric's
+    own bytes where they have another shape. None where a Metric carries more than one ``data`` oneof
+    field: upb keeps the last but still checks the others, so that request goes to upb whole.
+    Raises _WireError on malformed structure down to the Metric."""
+    cuts: list[tuple[int, int, int, int] | None] = []
+    out = []
+    for num, wt, at, a, b in _fields(data, 0, len(data)):
         if num != 1 or wt != 2:
+            out.append(data[at:b])
             continue
-        for num2, wt2, _at2, a2, b2 in _fields(data, a, b, 1):
+        rm = []
+        for num2, wt2, at2, a2, b2 in _fields(data, a, b, 1):
             if num2 != 2 or wt2 != 2:
+                rm.append(data[at2:b2])
                 continue
-            for num3, wt3, _at3, a3, b3 in _fields(data, a2, b2, 2):
+            sm = []
+            for num3, wt3, at3, a3, b3 in _fields(data, a2, b2, 2):
                 if num3 != 2 or wt3 != 2:
+                    sm.append(data[at3:b3])
                     continue
-                data_fields = 0
-                for num4, wt4, _at4, _a4, _b4 in _fields(data, a3, b3, 3):
-                    if wt4 == 2 and num4 in (5, 7, 9, 10, 11):
-                        data_fields += 1
-                if data_fields > 1:
-                    return False
-    return True
+                metric = _strip_metric(data, a3, b3, cuts)
+                if metric is None:
+                    return None
+                sm.append(_len_field(2, metric))
+            rm.append(_len_field(2, b"".join(sm)))
+        out.append(_len_field(1, b"".join(rm)))
+    return b"".join(out), cuts
 
 
-@functools.lru_cache(maxsize=1)
-def _lite_request() -> Any:
-    """``ExportMetricsServiceRequest`` with Gauge/Sum ``data_points`` as ``bytes`` (same wire type, LEN),
-    in a pool of its own: every other field decodes, and is checked, exactly as with the real schema."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-    from opentelemetry.proto.common.v1 import common_pb2
-    from opentelemetry.proto.metrics.v1 import metrics_pb2
-    from opentelemetry.proto.resource.v1 import resource_pb2
-
-    pool = descriptor_pool.DescriptorPool()
-    for mod in (common_pb2, resource_pb2, metrics_pb2, metrics_service_pb2):
-        fdp = descriptor_pb2.FileDescriptorProto()
-        mod.DESCRIPTOR.CopyToProto(fdp)
-        if mod is metrics_pb2:
-            for msg in fdp.message_type:
-                if msg.name == "Metric":
-                    for field in msg.field:
-                        if field.name in ("gauge", "sum"):
-                            field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
-                            field.ClearField("type_name")
-        pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("opentelemetry.proto.collector.metrics.v1.ExportMetricsServiceRequest"))
+def _strip_metric(data: bytes, start: int, end: int, cuts: list[tuple[int, int, int, int] | None]) -> bytes | None:
+    name_at = None
+    found = []
+    for num, wt, at, a, b in _fields(data, start, end, 3):
+        if wt != 2:
+            continue
+        if num == 1:
+            name_at = (a, b)
+        elif num in (5, 7, 9, 10, 11):
+            found.append((num, at, a, b))
+    if len(found) > 1:
+        return None
+    if found and found[0][0] in (5, 7) and name_at is not None:
+        num, at, a, b = found[0]
+        try:
+            name = data[name_at[0]:name_at[1]].decode("utf-8")
+        except UnicodeDecodeError:
+            name = ""  # upb refuses the body on this name
+        if name not in _INSPECTOR_OPS and _gpu_target(name) != (None, None):
+            cuts.append((a, b, start, end))
+            return data[start:at] + bytes((num << 3 | 2, 0)) + data[b:end]
+    cuts.append(None)
+    return data[start:end]
 
 
 def _len_field(num: int, payload: bytes) -> bytes:
@@ -770,13 +780,13 @@ def _len_field(num: int, payload: bytes) -> bytes:
     return bytes(head) + payload
 
 
-def _real_metric(metric: Any, data: bytes, source: str) -> Any:
-    """A wire-path Metric decoded with the real schema. It is wrapped in a request as deep as it sat in
-    the body, so that upb's nesting limit falls where it would have."""
+def _real_metric(metric: bytes, data: bytes, source: str) -> Any:
+    """A Metric's bytes decoded with the real schema, wrapped in a request as deep as the Metric sat in
+    the body so that upb's nesting limit falls where it would have."""
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    body = _len_field(1, _len_field(2, _len_field(2, metric.SerializeToString())))
+    body = _len_field(1, _len_field(2, _len_field(2, metric)))
     try:
         return ExportMetricsServiceRequest.FromString(body).resource_metrics[0].scope_metrics[0].metrics[0]
     except (DecodeError, ValueError, RecursionError) as exc:
@@ -945,19 +955,25 @@ class _Layout:
     bytes zeroed: a payload that equals the skeleton once the same bytes are zeroed has the same points,
     lengths and attributes, differing only in times and values (the next metric of a scrape)."""
 
-    def __init__(self, size: int, time_at: np.ndarray, start_at: np.ndarray, aids: np.ndarray, payload: bytes):
-        self.size = size
+    def __init__(self, time_at: np.ndarray, start_at: np.ndarray, aids: np.ndarray, payload: bytes):
+        self.size = len(payload)
         self.aids = aids
         self.time_idx = (time_at + 1)[:, None] + _B8
         self.tag_at = time_at + 9
         self.value_idx = (time_at + 10)[:, None] + _B8
         self.zero = np.concatenate([self.time_idx.ravel(), self.tag_at, self.value_idx.ravel(), ((start_at + 1)[:, None] + _B8).ravel()])
-        self.skeleton = self.blank(payload)
+        self.skeleton = np.frombuffer(payload, np.uint8).copy()
+        self.skeleton[self.zero] = 0
+        self._scratch = np.empty_like(self.skeleton)  # reused: a fresh 3 MB array per metric costs page faults
 
-    def blank(self, payload: bytes) -> bytes:
-        arr = np.frombuffer(payload, np.uint8).copy()
-        arr[self.zero] = 0
-        return arr.tobytes()
+    def matches(self, payload: Any) -> bool:
+        if len(payload) != self.size:
+            return False
+        scratch = self._scratch
+        np.copyto(scratch, np.frombuffer(payload, np.uint8))
+        scratch[self.zero] = 0
+        np.bitwise_xor(scratch, self.skeleton, out=scratch)
+        return not scratch.any()
 
 
 def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
@@ -1010,16 +1026,16 @@ def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
             return None
         for i, rest in new:
             aids[i] = labels.index[rest]
-    return _Layout(end, np.array(time_at, np.int64), np.array(start_at, np.int64), np.array(aids, np.int64), payload)
+    return _Layout(np.array(time_at, np.int64), np.array(start_at, np.int64), np.array(aids, np.int64), payload)
 
 
-def _wire_points(payload: bytes, labels: _LabelSets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _wire_points(payload: Any, labels: _LabelSets) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(time_unix_nano, value, label set) columns of a Gauge/Sum payload, or None where a point is not of
     the shape ``_split_points`` reads. The points are walked one by one only when the payload differs
     from the last one walked in more than times and values."""
     layout = labels.layout
-    if layout is None or layout.size != len(payload) or layout.blank(payload) != layout.skeleton:
-        layout = _split_points(payload, labels)
+    if layout is None or not layout.matches(payload):
+        layout = _split_points(bytes(payload), labels)
         if layout is None:
             return None
         labels.layout = layout
@@ -1038,45 +1054,45 @@ def _wire_points(payload: bytes, labels: _LabelSets) -> tuple[np.ndarray, np.nda
 
 def _parse_protobuf(data: bytes, source: str) -> Batch:
     from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     try:
-        plain = _prescan(data)
+        stripped = _strip(data)
     except _WireError as exc:
         raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {exc}", source=source) from None
     except RecursionError:
         raise ParseError("not an OTLP protobuf ExportMetricsServiceRequest: groups nested too deeply", source=source) from None
-    if not plain:
+    if stripped is None:
         return from_request(decode(data, encoding="protobuf", source=source), source=source)
-    req = _lite_request()()
+    body, cuts = stripped
+    req = ExportMetricsServiceRequest()
     try:
-        req.ParseFromString(data)
+        req.ParseFromString(body)
     except (DecodeError, ValueError, RecursionError) as exc:
         raise ParseError(f"not an OTLP protobuf ExportMetricsServiceRequest: {locate_error(data) or exc}", source=source) from None
     walk = _Walk()
     labels = _LabelSets()
+    view = memoryview(data)  # the points are read in place
+    k = 0
     for rm in req.resource_metrics:
         res = _attrs(rm.resource.attributes)
         host_default = res.get("host.name") or res.get("k8s.node.name")
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if not _gpu_metric_wire(walk, metric, res, host_default, labels):
-                    walk.metric(_real_metric(metric, data, source), res, host_default)
+                cut = cuts[k]
+                k += 1
+                if cut is None:
+                    walk.metric(metric, res, host_default)
+                elif not _gpu_metric_wire(walk, metric.name, view[cut[0]:cut[1]], res, host_default, labels):
+                    walk.metric(_real_metric(data[cut[2]:cut[3]], data, source), res, host_default)
     return walk.batch(source)
 
 
-def _gpu_metric_wire(walk: _Walk, metric: Any, res: dict[str, str], host_default: str | None, labels: _LabelSets) -> bool:
-    """Feed a GPU gauge/sum to ``walk`` from its points' bytes; False (and nothing fed) where the metric
-    needs the message path."""
-    kind = metric.WhichOneof("data")
-    if kind not in ("gauge", "sum"):
-        return False
-    name = metric.name
-    if name in _INSPECTOR_OPS:
-        return False
+def _gpu_metric_wire(walk: _Walk, name: str, points: memoryview, res: dict[str, str], host_default: str | None, labels: _LabelSets) -> bool:
+    """Feed a GPU gauge/sum to ``walk`` from its Gauge/Sum payload; False (and nothing fed) where the
+    metric needs the message path."""
     static, typed = _gpu_target(name)
-    if static is None and typed is None:
-        return False
-    cols = _wire_points(getattr(metric, kind), labels)
+    cols = _wire_points(points, labels)
     if cols is None:
         return False
     ts_ns, values, aids = cols
