@@ -861,8 +861,21 @@ class _LabelSets:
                     cols.append([blob[i:i + w].decode("utf-8") for i in range(0, len(blob), w)] if w else [""] * rows.size)
         except UnicodeDecodeError:
             return None  # upb refuses the body; the message path says so
-        for i, vals in zip(rows.tolist(), zip(*cols)):
-            self._store(group[i], keys, vals)
+        # _store, for many sets of one key list: the id and hw.type positions are the template's
+        id_at = [j for j, k in enumerate(keys) if k in _UUID_KEYS]
+        if len(id_at) > 1 or len(set(keys)) < len(keys):
+            for i, vals in zip(rows.tolist(), zip(*cols)):
+                self._store(group[i], keys, vals)
+        else:
+            m = rows.size
+            n = len(self.attrs)
+            self.attrs.extend(dict(zip(keys, vals)) for vals in zip(*cols))
+            self.uuid.extend([v or None for v in cols[id_at[0]]] if id_at else [None] * m)
+            self.hw_gpu.extend([v == "gpu" for v in cols[keys.index("hw.type")]] if "hw.type" in keys else [False] * m)
+            self.simple.extend([True] * m)
+            self.gid.extend([-1] * m)
+            self.index.update(zip([group[i] for i in rows.tolist()], range(n, n + m)))
+            self.changed = True
         return [group[i] for i in np.flatnonzero(~same).tolist()]
 
     def _store(self, raw: bytes, keys: tuple[str, ...], vals: Any) -> int:
