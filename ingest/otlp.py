@@ -48,6 +48,11 @@ The other direction, ``gpu_observations``, is what the Fleetscope agent exports:
 hardware conventions define the field, the DCGM field name in DCGM's unit otherwise, so that this module
 reads back exactly what the agent sent.
 
+Protobuf bodies take a wire path (``_parse_protobuf``): the points of GPU gauges/sums are read from the
+protobuf wire format as numpy columns, each distinct attribute byte string decoded once, and everything
+else by upb as before; its Batch is the one ``from_request`` gives for the same body, and a malformed
+body's ParseError names what is wrong and its byte offset (https://protobuf.dev/programming-guides/encoding/).
+
 Spec: https://opentelemetry.io/docs/specs/otlp/ (OTLP/HTTP, JSON encoding) and the semantic conventions
 for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
 """
@@ -651,6 +656,7 @@ def _skip_group(data: bytes, pos: int, end: int, group: int, depth: int) -> int:
 
 
 def _value_size(data: bytes, pos: int, end: int, wt: int, num: int, at: int, depth: int) -> int:
+    """Bytes taken by the value of a field of wire type ``wt`` at ``pos`` (inside a group)."""
     if wt == 0:
         return _uvarint(data, pos, end)[1] - pos
     if wt == 1 or wt == 5:
@@ -1007,6 +1013,9 @@ def _split_points(payload: bytes, labels: _LabelSets) -> _Layout | None:
                 n = payload[pos + 1]
                 if n < 0x80:
                     s = pos + 2
+                elif payload[pos + 2] < 0x80:  # points of 128 bytes to 16 KiB: a DCGM point with its labels
+                    n = (n & 0x7F) | payload[pos + 2] << 7
+                    s = pos + 3
                 else:
                     n, s = _uvarint(payload, pos + 1, end)
                 e = s + n
