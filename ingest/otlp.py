@@ -305,16 +305,14 @@ class _Walk:
         if not idx.size:
             return
         kept = aids[idx]
-        gid_of = labels.column("gid")
+        gid_of = labels.column("gid")  # a view: the numbers registered below are written through it
         new = np.flatnonzero(gid_of[kept] < 0)
         if new.size:
             # GPUs registered in the order their first points come, as the message path does
             _, first = np.unique(kept[new], return_index=True)
             for i in np.sort(new[first]).tolist():
                 aid = int(kept[i])
-                labels.gid[aid] = self.register(labels.uuid[aid], labels.attrs[aid], host_default, int(ts_ns[idx[i]]))
-            labels.changed = True
-            gid_of = labels.column("gid")
+                gid_of[aid] = self.register(labels.uuid[aid], labels.attrs[aid], host_default, int(ts_ns[idx[i]]))
         self.accepted += idx.size
         with np.errstate(over="ignore"):
             scaled = values[idx] * col[1]
@@ -570,6 +568,7 @@ def gpu_observations(batch: Batch) -> dict[str, list[tuple[float, dict[str, str]
 # shape is decoded by upb from its own bytes and walked as before. Either way ``_Walk`` gets the same.
 
 _MAX_DEPTH = 100  # upb's default recursion limit for nested messages
+_WIRE_MIN_BYTES = 4096  # GPU metrics with smaller payloads (about 25 DCGM points) take the message path
 _B8 = np.arange(8, dtype=np.int64)
 
 
@@ -810,9 +809,8 @@ class _LabelSets:
         self.uuid: list[str | None] = []
         self.simple: list[bool] = []
         self.hw_gpu: list[bool] = []
-        self.gid: list[int] = []
-        self.changed = True
-        self._columns: dict[str, np.ndarray] = {}
+        self._columns = {"has_uuid": np.zeros(0, bool), "simple": np.zeros(0, bool), "hw_gpu": np.zeros(0, bool), "gid": np.zeros(0, np.int64)}
+        self._done = 0  # sets copied into _columns so far
         self.layout: _Layout | None = None
 
     def add(self, raw: bytes) -> int | None:
@@ -879,9 +877,7 @@ class _LabelSets:
             self.uuid.extend([v or None for v in cols[id_at[0]]] if id_at else [None] * m)
             self.hw_gpu.extend([v == "gpu" for v in cols[keys.index("hw.type")]] if "hw.type" in keys else [False] * m)
             self.simple.extend([True] * m)
-            self.gid.extend([-1] * m)
             self.index.update(zip([group[i] for i in rows.tolist()], range(n, n + m)))
-            self.changed = True
         return [group[i] for i in np.flatnonzero(~same).tolist()]
 
     def _store(self, raw: bytes, keys: tuple[str, ...], vals: Any) -> int:
@@ -893,21 +889,27 @@ class _LabelSets:
         self.uuid.append(next((attrs[k] for k in id_keys if attrs[k]), None))
         self.attrs.append(attrs)
         self.hw_gpu.append(attrs.get("hw.type") == "gpu")
-        self.gid.append(-1)
         aid = self.index[raw] = len(self.attrs) - 1
-        self.changed = True
         return aid
 
     def column(self, name: str) -> np.ndarray:
-        if self.changed:
-            self._columns = {
-                "has_uuid": np.array([u is not None for u in self.uuid], dtype=bool),
-                "simple": np.array(self.simple, dtype=bool),
-                "hw_gpu": np.array(self.hw_gpu, dtype=bool),
-                "gid": np.array(self.gid, dtype=np.int64),
-            }
-            self.changed = False
-        return self._columns[name]
+        """``has_uuid``, ``simple``, ``hw_gpu`` or ``gid`` (GPU number, -1 until registered) per set, as a
+        view of arrays that grow by doubling: a request of many small metrics adds sets a few at a time."""
+        n = len(self.attrs)
+        if n > self._done:
+            cols = self._columns
+            if n > cols["gid"].size:
+                cap = max(n, 2 * cols["gid"].size, 64)
+                for key, old in cols.items():
+                    grown = np.full(cap, -1, np.int64) if key == "gid" else np.zeros(cap, bool)
+                    grown[:self._done] = old[:self._done]
+                    cols[key] = grown
+            new = slice(self._done, n)
+            cols["has_uuid"][new] = [u is not None for u in self.uuid[new]]
+            cols["simple"][new] = self.simple[new]
+            cols["hw_gpu"][new] = self.hw_gpu[new]
+            self._done = n
+        return self._columns[name][:n]
 
 
 def _plain_attributes(raw: bytes) -> list[tuple[str, str]] | None:
@@ -1113,6 +1115,8 @@ def _parse_protobuf(data: bytes, source: str) -> Batch:
 def _gpu_metric_wire(walk: _Walk, name: str, points: memoryview, res: dict[str, str], host_default: str | None, labels: _LabelSets) -> bool:
     """Feed a GPU gauge/sum to ``walk`` from its Gauge/Sum payload; False (and nothing fed) where the
     metric needs the message path."""
+    if len(points) < _WIRE_MIN_BYTES:
+        return False  # a few points: numpy's fixed cost per metric is more than upb's per point
     static, typed = _gpu_target(name)
     cols = _wire_points(points, labels)
     if cols is None:

@@ -104,6 +104,12 @@ def check(req_or_body) -> object:
     return wire
 
 
+@pytest.fixture(autouse=True)
+def small_metrics_on_the_wire(monkeypatch):
+    """The requests here are small; the wire path must read them as it reads a fleet's."""
+    monkeypatch.setattr(otlp, "_WIRE_MIN_BYTES", 0)
+
+
 @pytest.fixture
 def wire_only(monkeypatch):
     """Fail if a metric leaves the wire path."""
@@ -357,3 +363,15 @@ def test_label_sets_of_one_length_with_different_shapes():
     bad = body.replace("nöd-001".encode(), b"n\xc3\x28d-001")  # an invalid UTF-8 sequence inside a templated value
     assert bad != body
     assert isinstance(check(bad), ParseError)
+
+
+def test_many_small_metrics_take_the_message_path_and_agree(monkeypatch):
+    monkeypatch.setattr(otlp, "_WIRE_MIN_BYTES", 4096)
+    req = ExportMetricsServiceRequest()
+    sm = req.resource_metrics.add().scope_metrics.add()
+    for i in range(300):
+        for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"):
+            add_metric(sm, name, [(TS, float(i), dcgm_labels(i))])
+    add_metric(sm, "DCGM_FI_DEV_GPU_TEMP", [(TS + 10**9, float(i), dcgm_labels(i)) for i in range(64)])  # over 4 KiB: wire
+    batch = check(req)
+    assert batch.gpu_sample.height == 364 and batch.meta["accepted_points"] == 664
