@@ -831,10 +831,15 @@ class _LabelSets:
             if raw not in self.index:
                 by_len.setdefault(len(raw), []).append(raw)
         for group in by_len.values():
-            while len(group) >= 8:
+            for _ in range(4):  # a few shapes per length; sets of one length in many shapes go one by one
+                if len(group) < 8:
+                    break
+                before = len(group)
                 group = self._add_template(group)
                 if group is None:
                     return False
+                if before - len(group) < 8:
+                    break
             for raw in group:
                 if self.add(raw) is None:
                     return False
