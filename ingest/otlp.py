@@ -857,9 +857,9 @@ class _LabelSets:
         same = (arr[:, fixed] == arr[0, fixed]).all(axis=1)
         rows = np.flatnonzero(same)
         first = group[0]
-        keys = tuple(first[k0:k1].decode("utf-8") for k0, k1, _v0, _v1 in spans)
         cols = []
         try:
+            keys = tuple(first[k0:k1].decode("utf-8") for k0, k1, _v0, _v1 in spans)
             for _k0, _k1, v0, v1 in spans:
                 blob = arr[rows, v0:v1].tobytes()
                 w = v1 - v0

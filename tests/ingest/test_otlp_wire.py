@@ -279,7 +279,7 @@ def test_mutated_bodies_agree_with_upb():
     """Byte flips, truncations and insertions of a small scrape: both paths read the same Batch or both
     refuse."""
     rng = random.Random(20261129)
-    base = scrape(gpus=3, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "hw.power", "app.x")).SerializeToString()
+    base = scrape(gpus=12, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "hw.power", "app.x"), start_ns=TS - 5).SerializeToString()
     refused = 0
     for _ in range(400):
         body = bytearray(base)
@@ -363,6 +363,8 @@ def test_label_sets_of_one_length_with_different_shapes():
     bad = body.replace("nöd-001".encode(), b"n\xc3\x28d-001")  # an invalid UTF-8 sequence inside a templated value
     assert bad != body
     assert isinstance(check(bad), ParseError)
+    bad_key = body.replace(b"Hostname", b"Hostn\xffme")  # and inside a key
+    assert isinstance(check(bad_key), ParseError)
 
 
 def test_many_small_metrics_take_the_message_path_and_agree(monkeypatch):
