@@ -41,8 +41,9 @@ included, prefixed ``resource.`` where they would clash).
 
 Rejected points are counted with a reason, as the OTLP partial-success response reports them
 (opentelemetry-proto, ``ExportMetricsPartialSuccess``): histograms and summaries (we keep scalars),
-points with no value, non-finite values, GPU series without a GPU id, Inspector operation points whose
-sequence number, size, rank count or communicator is missing or malformed.
+points with no value, non-finite values, values an integer column cannot hold (beyond int64 once in
+the column's unit), GPU series without a GPU id, Inspector operation points whose sequence number,
+size, rank count or communicator is missing or malformed.
 
 The other direction, ``gpu_observations``, is what the Fleetscope agent exports: the semconv names where the
 hardware conventions define the field, the DCGM field name in DCGM's unit otherwise, so that this module
@@ -106,6 +107,8 @@ _INSPECTOR_OPS = {
     "nccl_p2p_algobw_gbs": ("p2p", "algbw_gbps", 1.0),
 }
 _I64_MAX = 2**63 - 1
+# An integer gpu_sample column holds what rounds into int64: [-2**63, 2**63) as floats.
+_I64_MIN, _I64_END = -float(2**63), float(2**63)
 
 # What the agent sends per gpu_sample column: (metric name, unit, multiplier from the column's SI value,
 # extra attributes). Semconv first; every other column under its DCGM name, in DCGM's unit, which
@@ -251,6 +254,9 @@ class _Walk:
             if not math.isfinite(value):
                 rejected[f"non-finite value ({name})"] += 1
                 continue
+            if col[0] in _INT_COLUMNS and not _I64_MIN <= value * col[1] < _I64_END:
+                rejected[f"value out of range for {col[0]} ({name})"] += 1
+                continue
             ts_ns = dp.time_unix_nano
             if ts_ns <= 0:
                 rejected[f"data point without a timestamp ({name})"] += 1
@@ -287,15 +293,20 @@ class _Walk:
     def gpu_points(self, name: str, col: tuple[str, float], ts_ns: np.ndarray, values: np.ndarray, aids: np.ndarray,
                    labels: _LabelSets, host_default: str | None) -> None:
         """A GPU metric's points as columns (from the wire path), with the same checks, in the same order,
-        as ``metric``: a value, finite, a timestamp, a GPU id. Every label set is ``simple`` here, so a
-        point's GPU id does not depend on the points before it."""
+        as ``metric``: a value, finite, in range, a timestamp, a GPU id. Every label set is ``simple``
+        here, so a point's GPU id does not depend on the points before it."""
         finite = np.isfinite(values)
-        no_ts = finite & (ts_ns == 0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = values * col[1]
+        in_range = finite
+        if col[0] in _INT_COLUMNS:
+            in_range = finite & (scaled >= _I64_MIN) & (scaled < _I64_END)
+        no_ts = in_range & (ts_ns == 0)
         has_uuid = labels.column("has_uuid")[aids]
-        ok = finite & ~no_ts & has_uuid
+        ok = in_range & ~no_ts & has_uuid
         found = []
-        for mask, why in ((~finite, "non-finite value"), (no_ts, "data point without a timestamp"),
-                          (finite & ~no_ts & ~has_uuid, "GPU metric without a GPU id attribute")):
+        for mask, why in ((~finite, "non-finite value"), (finite & ~in_range, f"value out of range for {col[0]}"),
+                          (no_ts, "data point without a timestamp"), (in_range & ~no_ts & ~has_uuid, "GPU metric without a GPU id attribute")):
             hits = np.flatnonzero(mask)
             if hits.size:
                 found.append((hits[0], f"{why} ({name})", hits.size))
@@ -314,9 +325,7 @@ class _Walk:
                 aid = int(kept[i])
                 gid_of[aid] = self.register(labels.uuid[aid], labels.attrs[aid], host_default, int(ts_ns[idx[i]]))
         self.accepted += idx.size
-        with np.errstate(over="ignore"):
-            scaled = values[idx] * col[1]
-        self.parts.append(((ts_ns[idx] // 1000).astype(np.int64), gid_of[kept], col[0], scaled))
+        self.parts.append(((ts_ns[idx] // 1000).astype(np.int64), gid_of[kept], col[0], scaled[idx]))
 
     def batch(self, source: str) -> Batch:
         rejected = self.rejected

@@ -146,6 +146,17 @@ def test_odd_values(value):
     check(req)
 
 
+def test_values_an_integer_column_cannot_hold_are_rejected_not_a_crash():
+    big = {0: 2.0**53, 3: 1e300, 5: -(2.0**63) / 2**20}  # FB_USED in MiB: 2**53 MiB is past int64 bytes
+    req = scrape(gpus=8, fields=("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_POWER_USAGE"),
+                 value=lambda i, f: big.get(i, 7.0) if f < 2 else 1e300)
+    batch = check(req)
+    assert batch.meta["rejected_reasons"] == {"value out of range for fb_used_bytes (DCGM_FI_DEV_FB_USED)": 2,
+                                              "value out of range for xid_last (DCGM_FI_DEV_XID_ERRORS)": 1}
+    assert batch.gpu_sample.sort("gpu_uuid")["fb_used_bytes"].to_list() == [None, 7 * 2**20, 7 * 2**20, None, 7 * 2**20, -(2**63), 7 * 2**20, 7 * 2**20]
+    assert batch.gpu_sample["power_w"].to_list() == [1e300] * 8  # a float column takes it
+
+
 def test_rejections_count_in_the_order_they_come():
     req = scrape(gpus=6)
     pts = req.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
