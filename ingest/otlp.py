@@ -1094,6 +1094,10 @@ def _parse_protobuf(data: bytes, source: str) -> Batch:
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+    if b"DCGM_FI_" not in data and b"dcgm_fi_" not in data and b"hw." not in data:
+        # No GPU metric spelled as collectors and SDKs spell them (a mixed-case name still reads right
+        # on the message path): skip the walk, which only costs a request of many small series.
+        return from_request(decode(data, encoding="protobuf", source=source), source=source)
     try:
         stripped = _strip(data)
     except _WireError as exc:
