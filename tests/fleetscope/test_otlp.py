@@ -262,3 +262,18 @@ def test_malformed_inspector_operation_points_are_rejected_with_the_reason(attrs
     batch = otlp.from_request(_sdk_request({"nccl_bus_bandwidth_gbs": [(value, attrs)]}, {"service.name": "nccl-inspector"}))
     assert batch.collective is None and batch.metric_sample is None
     assert batch.meta["rejected_points"] == 1 and reason in next(iter(batch.meta["rejected_reasons"]))
+
+
+def test_malformed_protobuf_is_a_400_that_says_where(api):
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    req = ExportMetricsServiceRequest()
+    m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="DCGM_FI_DEV_GPU_TEMP")
+    m.gauge.data_points.add(time_unix_nano=1772366400000000000, as_double=60.0).attributes.add(key="UUID").value.string_value = "GPU-a"
+    body = req.SerializeToString()
+    for cut, says in ((body[:-3], f"claims {len(body) - 2} bytes but only {len(body) - 5} remain"), (body[:1], "truncated varint at byte 1")):
+        r = httpx.post(api.url + "/v1/metrics", content=gzip.compress(cut), headers={**headers(api), "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})
+        assert r.status_code == 400
+        st = status_pb2.Status.FromString(r.content)
+        assert st.code == 3 and says in st.message, st.message
+    assert sum(api.app.state.store.counts().values()) == 0
