@@ -10,7 +10,7 @@ saturated or the database is busy (retryable: the SDK exporters back off and res
 from __future__ import annotations
 
 import asyncio
-import zlib
+from isal import isal_zlib
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -43,8 +43,9 @@ def _status(code: int, message: str, encoding: str, http_status: int, headers: d
 
 
 def _gunzip(body: bytes, limit: int) -> bytes | None:
-    """Decompress with a ceiling: a gzip bomb must not expand past the body limit. None when over it."""
-    d = zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
+    """Decompress with a ceiling: a gzip bomb must not expand past the body limit. None when over it.
+    ISA-L's inflate (the zlib API, 2-3x zlib's speed): a fleet's scrape is ~100 MB inflated."""
+    d = isal_zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
     out = d.decompress(body, limit + 1)
     if len(out) > limit or d.unconsumed_tail:
         return None
@@ -68,7 +69,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
     if gzipped:
         try:
             inflated = _gunzip(body, limit)
-        except (zlib.error, ValueError) as exc:
+        except (isal_zlib.error, ValueError) as exc:
             raise _BadGzip(str(exc)) from None
         if inflated is None:
             raise _TooLarge
