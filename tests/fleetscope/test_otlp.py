@@ -89,8 +89,9 @@ def test_protobuf_body_and_non_finite_points(api):
         (b"{}", "text/plain", None, 415),
         (gzip.compress(b"\x00" * (3 * 2**20)), "application/x-protobuf", "gzip", 413),
         (gzip.compress(b'{"resourceMetrics": []}')[:15], "application/json", "gzip", 400),
+        (b"not gzip at all, whatever the header says", "application/x-protobuf", "gzip", 400),
     ],
-    ids=["protobuf-garbage", "truncated-json", "wrong-shape", "not-utf8", "content-type", "gzip-bomb", "truncated-gzip"],
+    ids=["protobuf-garbage", "truncated-json", "wrong-shape", "not-utf8", "content-type", "gzip-bomb", "truncated-gzip", "not-gzip"],
 )
 def test_bad_bodies_are_refused_and_change_nothing(api, content, ctype, encoding, status):
     h = {**headers(api), "Content-Type": ctype}
