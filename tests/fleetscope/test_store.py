@@ -69,18 +69,22 @@ def test_writing_twice_keeps_one_copy(store: Store):
     batch = inventory().merge(F.Batch(gpu_sample=samples()))
     first = store.write(batch)
     second = store.write(batch)
-    assert first.written["gpu_sample"] == 12
-    assert second.written["gpu_sample"] == 0
+    assert first.written["gpu_sample"] == 12 and first.written["gpu"] == 3
+    # The inventory rows are upserts: identical ones are not rewritten, so nothing counts as written.
+    assert second.written == {"site": 0, "host": 0, "gpu": 0, "job_rank": 0, "gpu_sample": 0}
     counts = store.counts()
     assert counts["gpu_sample"] == 12 and counts["gpu"] == 3 and counts["job_rank"] == 3
 
 
 def test_update_frames_merge_without_erasing_known_values(store: Store):
     store.write(inventory())
-    store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g0"], "model_name": ["NVIDIA H200"]})))
+    res = store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g0", "g1"], "model_name": ["NVIDIA H200", None], "host": [None, "n1"]})))
+    assert res.written["gpu"] == 1  # g1 brought nothing new: its host is already n1 and a null erases nothing
     gpu = store.read("gpu").filter(pl.col("gpu_uuid") == "g0")
     assert gpu["model_name"][0] == "NVIDIA H200"
     assert gpu["host"][0] == "n1"  # the second source did not know the host; it stays
+    assert store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g1"], "host": ["n2"]}))).written["gpu"] == 1
+    assert store.read("gpu").filter(pl.col("gpu_uuid") == "g1")["host"][0] == "n2"
 
 
 def test_bad_row_rejects_the_whole_batch_and_changes_nothing(store: Store):
