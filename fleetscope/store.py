@@ -28,6 +28,8 @@ from fleetscope.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 
 _COPY_CHUNK_BYTES = 8 * 2**20
+# Below this many rows the direct COPY's savepoint is not worth having (PostgreSQL path of Store._insert).
+_DIRECT_COPY_ROWS = 1000
 
 
 @dataclass
@@ -162,6 +164,19 @@ class Store:
                 cur.close()
         tmp = _q(f"_in_{table}")
         raw = conn.connection.driver_connection
+        if on_conflict != "update" and df.height >= _DIRECT_COPY_ROWS:
+            # New telemetry (the usual case) is COPYed straight into its table: the detour through the temp
+            # table and INSERT ... SELECT cost a third more (0.30 s against 0.22 s for a scrape's 32,768
+            # metric samples). A row already stored makes the COPY fail; the savepoint undoes it alone and
+            # the rows go the conflict-skipping way below, so a re-sent batch still writes nothing new.
+            import psycopg
+
+            try:
+                with raw.transaction(), raw.cursor() as cur:
+                    _copy_csv(cur, f"COPY {_q(table)} ({col_sql}) FROM STDIN (FORMAT CSV)", df)
+                return df.height
+            except psycopg.errors.UniqueViolation:
+                pass
         with raw.cursor() as cur:
             # A session temp table with the target's column types and none of its constraints; ON COMMIT
             # DELETE ROWS keeps it empty between batches so pooled connections can reuse it.

@@ -191,6 +191,22 @@ def test_large_batch_round_trip(store: Store):
     assert store.read("gpu_sample", columns=["power_w"])["power_w"].sum() == sum(range(n))
 
 
+def test_large_overlapping_batch_writes_only_its_new_rows(store: Store):
+    # Large enough for PostgreSQL's direct COPY, whose failure on the stored half must undo only itself.
+    def batch(first: int, n: int) -> F.Batch:
+        rows = range(first, first + n)
+        return F.Batch(gpu_sample=pl.DataFrame({"ts": [T0 + i * S for i in rows], "gpu_uuid": ["g0"] * n, "power_w": [float(i) for i in rows]}),
+                       metric_sample=pl.DataFrame({"ts": [T0 + i * S for i in rows], "series": ['up{job="x"}'] * n, "value": [float(i) for i in rows]}))
+
+    assert store.write(batch(0, 3000)).written == {"gpu_sample": 3000, "metric_sample": 3000}
+    assert store.write(batch(1500, 3000)).written == {"gpu_sample": 1500, "metric_sample": 1500}
+    assert store.write(batch(1500, 3000)).written == {"gpu_sample": 0, "metric_sample": 0}
+    got = store.read("gpu_sample")
+    assert got.height == 4500 and got["power_w"].sum() == sum(range(4500))
+    assert store.read("metric_sample")["value"].sum() == sum(range(4500))
+    assert store.counts()["metric_sample"] == 4500
+
+
 def test_unknown_frame_and_column_are_refused(store: Store):
     with pytest.raises(ValueError, match="unknown frame"):
         store.read("gpus")
