@@ -214,12 +214,20 @@ class Store:
                 cur.close()
         else:
             with conn.connection.driver_connection.cursor() as cur:
+                # RETURNING hands back the ids of the rows it created; only keys that already existed (stored
+                # by another process, or before this one started) are looked up. A fleet's first scrape
+                # creates all of its series, and the lookup of 32,768 keys was 0.2 s of it.
                 cur.execute(
-                    "INSERT INTO series (series, name) SELECT * FROM unnest(%s::text[], %s::text[]) ON CONFLICT (series) DO NOTHING",
+                    "INSERT INTO series (series, name) SELECT * FROM unnest(%s::text[], %s::text[]) ON CONFLICT (series) DO NOTHING"
+                    " RETURNING series_id, series",
                     (keys, names),
                 )
-                cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%s)", (keys,))
                 found = cur.fetchall()
+                if len(found) < len(keys):
+                    created = {k for _, k in found}
+                    existing = [k for k in keys if k not in created]
+                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%s)", (existing,))
+                    found.extend(cur.fetchall())
         return pl.DataFrame(found, schema={"series_id": pl.Int64, "series": pl.String}, orient="row")
 
     def _log_ingest(self, conn: Connection, source: str, sha: str | None, result: WriteResult) -> None:

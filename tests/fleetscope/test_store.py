@@ -236,3 +236,17 @@ def test_series_ids_from_a_rolled_back_write_are_not_remembered(store: Store, mo
     # a second scrape of the same series reuses the remembered id
     store.write(F.Batch(metric_sample=ms.with_columns(pl.lit(T0 + S).alias("ts"))))
     assert store.read("metric_sample").height == 2 and len(store._series_cache) == 1
+
+
+def test_series_stored_by_another_process_keep_their_ids(store: Store):
+    def ms(names: list[str]) -> pl.DataFrame:
+        return pl.DataFrame({"ts": [T0] * len(names), "series": [f'{n}{{gpu="0"}}' for n in names], "value": [1.0] * len(names)})
+
+    store.write(F.Batch(metric_sample=ms(["a", "b"])))
+    ids = dict(store.query("SELECT series, series_id FROM series").iter_rows())
+    other = Store(store.engine)  # nothing remembered: "a" and "b" exist, "c" is new
+    assert other.write(F.Batch(metric_sample=ms(["a", "b", "c"]).with_columns(pl.lit(T0 + S).alias("ts")))).written == {"metric_sample": 3}
+    after = dict(store.query("SELECT series, series_id FROM series").iter_rows())
+    assert {k: after[k] for k in ids} == ids and len(after) == 3 and other._series_cache == after
+    got = store.read("metric_sample").group_by("series").len().sort("series")
+    assert got.rows() == [('a{gpu="0"}', 2), ('b{gpu="0"}', 2), ('c{gpu="0"}', 1)]
