@@ -12,9 +12,11 @@ which is an order of magnitude faster than materialising one Python datetime per
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +80,11 @@ class Store:
         # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
         # process may remember them: a scrape re-sends the same 30k series every time.
         self._series_cache: dict[str, int] = {}
+        # SQLite takes one writer at a time. Writers of this process queue here, and the next one starts
+        # the moment the last commits, rather than in SQLite's busy handler, which polls with sleeps of
+        # up to 100 ms; the API runs ingests in a thread pool, and the parse of the next one overlaps
+        # the write ahead of it. Other processes still meet the busy timeout.
+        self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
 
@@ -114,7 +121,7 @@ class Store:
                 raise
             result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=values)
             new_series: dict[str, int] = {}
-            with self.engine.begin() as conn:
+            with self._write_lock, self.engine.begin() as conn:
                 for spec, df in conformed:
                     result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
                 self._log_ingest(conn, source, content_sha256, result)

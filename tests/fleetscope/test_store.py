@@ -250,3 +250,20 @@ def test_series_stored_by_another_process_keep_their_ids(store: Store):
     assert {k: after[k] for k in ids} == ids and len(after) == 3 and other._series_cache == after
     got = store.read("metric_sample").group_by("series").len().sort("series")
     assert got.rows() == [('a{gpu="0"}', 2), ('b{gpu="0"}', 2), ('c{gpu="0"}', 1)]
+
+
+def test_concurrent_writers_of_one_process_all_land(store: Store):
+    # The API ingests in a thread pool: on SQLite the writers queue on the store's lock, on PostgreSQL
+    # they run side by side; either way every batch is written once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def batch(k: int) -> F.Batch:
+        n = 2000
+        return F.Batch(gpu_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "gpu_uuid": [f"g{i}" for i in range(n)], "power_w": [float(k)] * n}),
+                       metric_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "series": [f'm{{gpu="{i}"}}' for i in range(n)], "value": [float(k)] * n}))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda k: store.write(batch(k)), range(8)))
+    assert [r.written for r in results] == [{"gpu_sample": 2000, "metric_sample": 2000}] * 8
+    assert store.counts()["gpu_sample"] == 16_000 and store.counts()["metric_sample"] == 16_000
+    assert store.read("gpu_sample").group_by("ts").agg(pl.col("power_w").first()).sort("ts")["power_w"].to_list() == [float(k) for k in range(8)]
