@@ -230,8 +230,10 @@ class Store:
                 # RETURNING hands back the ids of the rows it created; only keys that already existed (stored
                 # by another process, or before this one started) are looked up. A fleet's first scrape
                 # creates all of its series, and the lookup of 32,768 keys was 0.2 s of it.
+                # The key arrays go in binary (%b): psycopg escapes a text-format array element by element
+                # in Python, 0.43 s of CPU for 32,768 label sets against 0.02 s.
                 cur.execute(
-                    "INSERT INTO series (series, name) SELECT * FROM unnest(%s::text[], %s::text[]) ON CONFLICT (series) DO NOTHING"
+                    "INSERT INTO series (series, name) SELECT * FROM unnest(%b::text[], %b::text[]) ON CONFLICT (series) DO NOTHING"
                     " RETURNING series_id, series",
                     (keys, names),
                 )
@@ -239,7 +241,7 @@ class Store:
                 if len(found) < len(keys):
                     created = {k for _, k in found}
                     existing = [k for k in keys if k not in created]
-                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%s)", (existing,))
+                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%b)", (existing,))
                     found.extend(cur.fetchall())
         return pl.DataFrame(found, schema={"series_id": pl.Int64, "series": pl.String}, orient="row")
 
