@@ -213,6 +213,9 @@ class Store:
         return self._insert(conn, "metric_sample", mapped, ("series_id", "ts"), "ignore")
 
     def _series_ids(self, conn: Connection, keys: list[str]) -> pl.DataFrame:
+        # In one order for every writer: two transactions creating the same new series in different orders
+        # each wait for a key the other holds, and PostgreSQL aborts one as a deadlock.
+        keys = sorted(keys)
         names = [k.split("{", 1)[0] for k in keys]
         if self.dialect == "sqlite":
             cur = conn.connection.driver_connection.cursor()
