@@ -192,7 +192,11 @@ class Store:
             )
             cur.execute(f"TRUNCATE {tmp}")
             _copy_csv(cur, f"COPY {tmp} ({col_sql}) FROM STDIN (FORMAT CSV)", df)
-            cur.execute(f"INSERT INTO {_q(table)} ({col_sql}) SELECT {col_sql} FROM {tmp} {conflict}")
+            # In key order, as every writer takes them: two transactions upserting the same keys in different
+            # orders (two sources, or overlapping re-sends) each wait for a row the other holds, and one is
+            # aborted as a deadlock.
+            order = ", ".join(_q(k) for k in key)
+            cur.execute(f"INSERT INTO {_q(table)} ({col_sql}) SELECT {col_sql} FROM {tmp} ORDER BY {order} {conflict}")
             return max(cur.rowcount, 0)
 
     def _write_metric_samples(self, conn: Connection, df: pl.DataFrame, new_series: dict[str, int]) -> int:

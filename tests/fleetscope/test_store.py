@@ -259,11 +259,13 @@ def test_concurrent_writers_of_one_process_all_land(store: Store):
 
     def batch(k: int) -> F.Batch:
         n = 2000
-        return F.Batch(gpu_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "gpu_uuid": [f"g{i}" for i in range(n)], "power_w": [float(k)] * n}),
+        order = range(n) if k % 2 else reversed(range(n))  # inventory rows in two orders, as two sources send them
+        return F.Batch(gpu=pl.DataFrame({"gpu_uuid": [f"g{i}" for i in order], "host": [f"n{k}"] * n}),
+                       gpu_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "gpu_uuid": [f"g{i}" for i in range(n)], "power_w": [float(k)] * n}),
                        metric_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "series": [f'm{{gpu="{i}"}}' for i in range(n)], "value": [float(k)] * n}))
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda k: store.write(batch(k)), range(8)))
-    assert [r.written for r in results] == [{"gpu_sample": 2000, "metric_sample": 2000}] * 8
+    assert [r.written for r in results] == [{"gpu": 2000, "gpu_sample": 2000, "metric_sample": 2000}] * 8
     assert store.counts()["gpu_sample"] == 16_000 and store.counts()["metric_sample"] == 16_000
     assert store.read("gpu_sample").group_by("ts").agg(pl.col("power_w").first()).sort("ts")["power_w"].to_list() == [float(k) for k in range(8)]
