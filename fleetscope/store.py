@@ -180,7 +180,8 @@ class Store:
 
             try:
                 with raw.transaction(), raw.cursor() as cur:
-                    _copy_csv(cur, f"COPY {_q(table)} ({col_sql}) FROM STDIN (FORMAT CSV)", df)
+                    # Key order for the same reason as the ORDER BY below: concurrent writers of the same keys.
+                    _copy_csv(cur, f"COPY {_q(table)} ({col_sql}) FROM STDIN (FORMAT CSV)", df.sort(list(key)))
                 return df.height
             except psycopg.errors.UniqueViolation:
                 pass
