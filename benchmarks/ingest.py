@@ -67,9 +67,10 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
         seconds = time.perf_counter() - start
         values = values_per_scrape * scrapes
         # The first scrape also creates the fleet's series and inventory rows; the rest is the steady state
-        # of a service that has seen the fleet before (reported apart, never instead).
+        # of a service that has seen the fleet before (reported apart, never instead). With scrapes in
+        # flight together the second answer is not one scrape's work after the first, so none is given.
         answered.sort()
-        steady = {"steady_values_per_s": round(values_per_scrape * (scrapes - 1) / (answered[-1] - answered[0]))} if scrapes > 1 else {}
+        steady = {"steady_values_per_s": round(values_per_scrape * (scrapes - 1) / (answered[-1] - answered[0]))} if scrapes > 1 and in_flight == 1 else {}
         print(json.dumps({"bench": "dcgm_api_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "in_flight": in_flight,
                           "body_mb": round(len(body) / 2**20, 1), "gzip_mb": round(len(gz) / 2**20, 1), "values": values,
                           "seconds": round(seconds, 2), "values_per_s": round(values / seconds), **steady,
