@@ -8,21 +8,23 @@ chooses among them. Detection looks at content, not file names, because collecto
 from __future__ import annotations
 
 import datetime as dt
-import gzip
+import hashlib
 import importlib
 import json
 import re
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
+from isal import igzip, isal_zlib
 
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
-from fleetscope.store import Store, WriteResult, content_hash
+from fleetscope.store import Store, WriteResult
 
 SNIFF_BYTES = 256 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
@@ -189,14 +191,14 @@ def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Option
     """Parse ``data`` with the named format (or every detected one) into one Batch."""
     formats = resolve(data, source=source, fmt=fmt)
     batch = F.Batch(source=source)
+    plain: bytes | None = None  # decompressed once, however many formats read it
     for name in formats:
         spec = FORMATS[name]
         payload = data
         if data.startswith(GZIP_MAGIC) and not spec.gzip_aware:
-            try:
-                payload = gzip.decompress(data)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
+            if plain is None:
+                plain = gunzip(data, source)
+            payload = plain
         with tracer().start_as_current_span("ingest.parse") as span:
             span.set_attribute("fleetscope.format", name)
             span.set_attribute("fleetscope.source", source)
@@ -205,6 +207,24 @@ def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Option
         batch = batch.merge(part)
     batch.source = source
     return formats, batch
+
+
+def gunzip(data: bytes, source: str) -> bytes:
+    """The bytes of a gzip file, one member or several; ParseError naming ``source`` when it is corrupt
+    or cut short.
+
+    ISA-L's inflate takes about half of zlib's time on a 17 MB dcgm scrape (0.12 s against 0.26 s),
+    which is a fifth of the ingest's budget for a 16,384-GPU fleet per second. One member is what
+    collectors send; anything after it (concatenated files) takes the general multi-member reader.
+    """
+    try:
+        inflater = isal_zlib.decompressobj(31)
+        out = inflater.decompress(data)
+        if not inflater.eof:
+            raise EOFError("compressed stream ended before its end marker")
+        return igzip.decompress(data) if inflater.unused_data else out
+    except (OSError, EOFError, zlib.error, isal_zlib.error) as exc:
+        raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
 
 
 def _notes(batch: F.Batch) -> dict[str, Any]:
@@ -216,13 +236,27 @@ def _notes(batch: F.Batch) -> dict[str, Any]:
     return out
 
 
+_BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-hash")
+
+
+def _ingested_before(store: Store, data: bytes, fmt: str, opts: Options) -> tuple[str, bool]:
+    """The content hash of an input and whether the store has ingested that content before."""
+    # The options are part of what was ingested: the same trace under another job id is new data.
+    h = hashlib.sha256(data)
+    h.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
+    sha = h.hexdigest()
+    return sha, store.already_ingested(sha)
+
+
 def ingest_bytes(store: Store, data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> Outcome:
     """Parse and write one input atomically. A byte-identical input already ingested writes nothing."""
-    # The options are part of what was ingested: the same trace under another job id is new data.
-    sha = content_hash(data + json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
+    # Hashing the input and asking the store about it overlap the parse (hashlib and the database
+    # driver release the GIL; the server has a second core): 15 ms of a 17 MB scrape's ingest.
+    seen = _BESIDE.submit(_ingested_before, store, data, fmt, opts)
     formats, batch = parse(data, source=source, fmt=fmt, opts=opts)
     outcome = Outcome(source=source, formats=formats, notes=_notes(batch))
-    if store.already_ingested(sha):
+    sha, duplicate = seen.result()
+    if duplicate:
         # Natural keys would make the rewrite a no-op anyway; skipping saves the work and says so.
         outcome.skipped_duplicate = True
         outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())

@@ -65,6 +65,37 @@ class BodyLimit:
             await _too_large(self.limit)(scope, receive, send)
 
 
+class RequestTiming:
+    """Request latency by method, route and status (fleetscope_http_request_duration_seconds), from the
+    request's arrival to the last byte of its response; background tasks run after that are not counted.
+
+    Plain ASGI rather than Starlette's BaseHTTPMiddleware, which relays every chunk of the request body
+    through a memory stream between two tasks: with it, a 17 MB gzip scrape's post took 0.045 s to reach
+    the ingest on an idle machine (0.11 s with the CPUs shared), without it 0.034 s (0.04 s).
+    """
+
+    def __init__(self, app):  # type: ignore[no-untyped-def]
+        self.app = app
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def timed_send(message):  # type: ignore[no-untyped-def]
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                # The router has put the matched route in the scope by now.
+                route = scope.get("route")
+                REQUEST_SECONDS.labels(scope["method"], getattr(route, "path", "unmatched"), str(status)).observe(time.perf_counter() - start)
+
+        await self.app(scope, receive, timed_send)
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -115,16 +146,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.state.settings = settings
     app.state.store = store
 
-    @app.middleware("http")
-    async def timing(request: Request, call_next):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        REQUEST_SECONDS.labels(request.method, getattr(route, "path", "unmatched"), str(response.status_code)).observe(
-            time.perf_counter() - start
-        )
-        return response
-
+    app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)

@@ -69,18 +69,22 @@ def test_writing_twice_keeps_one_copy(store: Store):
     batch = inventory().merge(F.Batch(gpu_sample=samples()))
     first = store.write(batch)
     second = store.write(batch)
-    assert first.written["gpu_sample"] == 12
-    assert second.written["gpu_sample"] == 0
+    assert first.written["gpu_sample"] == 12 and first.written["gpu"] == 3
+    # The inventory rows are upserts: identical ones are not rewritten, so nothing counts as written.
+    assert second.written == {"site": 0, "host": 0, "gpu": 0, "job_rank": 0, "gpu_sample": 0}
     counts = store.counts()
     assert counts["gpu_sample"] == 12 and counts["gpu"] == 3 and counts["job_rank"] == 3
 
 
 def test_update_frames_merge_without_erasing_known_values(store: Store):
     store.write(inventory())
-    store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g0"], "model_name": ["NVIDIA H200"]})))
+    res = store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g0", "g1"], "model_name": ["NVIDIA H200", None], "host": [None, "n1"]})))
+    assert res.written["gpu"] == 1  # g1 brought nothing new: its host is already n1 and a null erases nothing
     gpu = store.read("gpu").filter(pl.col("gpu_uuid") == "g0")
     assert gpu["model_name"][0] == "NVIDIA H200"
     assert gpu["host"][0] == "n1"  # the second source did not know the host; it stays
+    assert store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["g1"], "host": ["n2"]}))).written["gpu"] == 1
+    assert store.read("gpu").filter(pl.col("gpu_uuid") == "g1")["host"][0] == "n2"
 
 
 def test_bad_row_rejects_the_whole_batch_and_changes_nothing(store: Store):
@@ -187,6 +191,22 @@ def test_large_batch_round_trip(store: Store):
     assert store.read("gpu_sample", columns=["power_w"])["power_w"].sum() == sum(range(n))
 
 
+def test_large_overlapping_batch_writes_only_its_new_rows(store: Store):
+    # Large enough for PostgreSQL's direct COPY, whose failure on the stored half must undo only itself.
+    def batch(first: int, n: int) -> F.Batch:
+        rows = range(first, first + n)
+        return F.Batch(gpu_sample=pl.DataFrame({"ts": [T0 + i * S for i in rows], "gpu_uuid": ["g0"] * n, "power_w": [float(i) for i in rows]}),
+                       metric_sample=pl.DataFrame({"ts": [T0 + i * S for i in rows], "series": ['up{job="x"}'] * n, "value": [float(i) for i in rows]}))
+
+    assert store.write(batch(0, 3000)).written == {"gpu_sample": 3000, "metric_sample": 3000}
+    assert store.write(batch(1500, 3000)).written == {"gpu_sample": 1500, "metric_sample": 1500}
+    assert store.write(batch(1500, 3000)).written == {"gpu_sample": 0, "metric_sample": 0}
+    got = store.read("gpu_sample")
+    assert got.height == 4500 and got["power_w"].sum() == sum(range(4500))
+    assert store.read("metric_sample")["value"].sum() == sum(range(4500))
+    assert store.counts()["metric_sample"] == 4500
+
+
 def test_unknown_frame_and_column_are_refused(store: Store):
     with pytest.raises(ValueError, match="unknown frame"):
         store.read("gpus")
@@ -216,3 +236,36 @@ def test_series_ids_from_a_rolled_back_write_are_not_remembered(store: Store, mo
     # a second scrape of the same series reuses the remembered id
     store.write(F.Batch(metric_sample=ms.with_columns(pl.lit(T0 + S).alias("ts"))))
     assert store.read("metric_sample").height == 2 and len(store._series_cache) == 1
+
+
+def test_series_stored_by_another_process_keep_their_ids(store: Store):
+    def ms(names: list[str]) -> pl.DataFrame:
+        return pl.DataFrame({"ts": [T0] * len(names), "series": [f'{n}{{gpu="0"}}' for n in names], "value": [1.0] * len(names)})
+
+    store.write(F.Batch(metric_sample=ms(["a", "b"])))
+    ids = dict(store.query("SELECT series, series_id FROM series").iter_rows())
+    other = Store(store.engine)  # nothing remembered: "a" and "b" exist, "c" is new
+    assert other.write(F.Batch(metric_sample=ms(["a", "b", "c"]).with_columns(pl.lit(T0 + S).alias("ts")))).written == {"metric_sample": 3}
+    after = dict(store.query("SELECT series, series_id FROM series").iter_rows())
+    assert {k: after[k] for k in ids} == ids and len(after) == 3 and other._series_cache == after
+    got = store.read("metric_sample").group_by("series").len().sort("series")
+    assert got.rows() == [('a{gpu="0"}', 2), ('b{gpu="0"}', 2), ('c{gpu="0"}', 1)]
+
+
+def test_concurrent_writers_of_one_process_all_land(store: Store):
+    # The API ingests in a thread pool: on SQLite the writers queue on the store's lock, on PostgreSQL
+    # they run side by side; either way every batch is written once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def batch(k: int) -> F.Batch:
+        n = 2000
+        order = range(n) if k % 2 else reversed(range(n))  # inventory rows in two orders, as two sources send them
+        return F.Batch(gpu=pl.DataFrame({"gpu_uuid": [f"g{i}" for i in order], "host": [f"n{k}"] * n}),
+                       gpu_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "gpu_uuid": [f"g{i}" for i in range(n)], "power_w": [float(k)] * n}),
+                       metric_sample=pl.DataFrame({"ts": [T0 + k * S] * n, "series": [f'm{{gpu="{i}"}}' for i in range(n)], "value": [float(k)] * n}))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda k: store.write(batch(k)), range(8)))
+    assert [r.written for r in results] == [{"gpu": 2000, "gpu_sample": 2000, "metric_sample": 2000}] * 8
+    assert store.counts()["gpu_sample"] == 16_000 and store.counts()["metric_sample"] == 16_000
+    assert store.read("gpu_sample").group_by("ts").agg(pl.col("power_w").first()).sort("ts")["power_w"].to_list() == [float(k) for k in range(8)]
