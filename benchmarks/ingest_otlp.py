@@ -3,7 +3,9 @@ posted to a running `fleetscope serve` and written to the store. Prints JSON lin
 
 Each request carries one scrape: 30 DCGM fields × N GPUs data points with dcgm-exporter's labels as
 attributes (gpu, UUID, device, modelName, Hostname, pci_bus_id). Measures parse-only rate in process, then
-end-to-end values/s through the API on SQLite and PostgreSQL.
+end-to-end values/s through the API on SQLite and PostgreSQL. As in a real fleet, the fault fields (last XID,
+ECC and row-remap counters) are zero on all but one GPU in a thousand, which report XID 13 and counts; with
+every GPU faulting, each scrape would also write ~65,000 health events.
 
     python benchmarks/ingest_otlp.py [--gpus 16384] [--scrapes 5] [--workers 1] [--no-postgres]
 """
@@ -31,6 +33,13 @@ sys.path.append(_HERE)
 from _server import served_api  # noqa: E402
 
 FIELDS = list(dict.fromkeys(F.DCGM_FIELDS))[:30]
+FAULT_FIELDS = {"DCGM_FI_DEV_XID_ERRORS", *(name for *_, name in F.DCGM_HEALTH_COUNTERS)}
+
+
+def value(field: str, f: int, i: int) -> float:
+    if field in FAULT_FIELDS:
+        return 13.0 if i % 1000 == 0 else 0.0
+    return float((i * 7 + f * 13) % 97)
 
 
 def build_request(gpus: int, ts_ns: int) -> bytes:
@@ -55,7 +64,7 @@ def build_request(gpus: int, ts_ns: int) -> bytes:
         for i in range(gpus):
             dp = m.gauge.data_points.add()
             dp.time_unix_nano = ts_ns
-            dp.as_double = float((i * 7 + f * 13) % 97)
+            dp.as_double = value(name, f, i)
             dp.attributes.extend(labels[i])
     return req.SerializeToString()
 

@@ -71,6 +71,10 @@ def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
     return list(value)
 
 
+_COUNTER_CODES = frozenset(code for _, _, code, _ in F.DCGM_HEALTH_COUNTERS)
+_COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
+
+
 class Store:
     """One database, SQLite or PostgreSQL, behind the canonical frames."""
 
@@ -80,6 +84,11 @@ class Store:
         # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
         # process may remember them: a scrape re-sends the same 30k series every time.
         self._series_cache: dict[str, int] = {}
+        # The last reading of each GPU's DCGM fault counters (ECC, row remap) this process wrote or saw
+        # unchanged: gpu_uuid, code, value. A counter above zero is in every scrape; only a changed reading
+        # is a new health event, or a GPU with one old corrected error would add an event every second.
+        self._counter_readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
+        self._counter_lock = threading.Lock()
         # SQLite takes one writer at a time. Writers of this process queue here, and the next one starts
         # the moment the last commits, rather than in SQLite's busy handler, which polls with sleeps of
         # up to 100 ms; the API runs ingests in a thread pool, and the parse of the next one overlaps
@@ -120,6 +129,12 @@ class Store:
                 BATCHES_REJECTED.labels("validation").inc()
                 raise
             result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=values)
+            readings = None
+            if any(spec.name == "health_event" for spec, _ in conformed):
+                events = next(df for spec, df in conformed if spec.name == "health_event")
+                changed, readings = self._changed_counter_readings(events)
+                conformed = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
+                conformed = [(spec, df) for spec, df in conformed if df.height]
             new_series: dict[str, int] = {}
             with self._write_lock, self.engine.begin() as conn:
                 for spec, df in conformed:
@@ -129,11 +144,40 @@ class Store:
             if len(self._series_cache) + len(new_series) > 2_000_000:
                 self._series_cache.clear()
             self._series_cache.update(new_series)
+            if readings is not None:
+                self._remember_counter_readings(readings)
             for name, n in result.written.items():
                 ROWS_WRITTEN.labels(name).inc(n)
             VALUES_WRITTEN.inc(result.values)
             span.set_attribute("fleetscope.rows", sum(result.written.values()))
             return result
+
+    def _changed_counter_readings(self, events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """``events`` without the DCGM fault-counter readings (``frames.DCGM_HEALTH_COUNTERS``) that repeat the
+        GPU's previous reading, in this batch (by time) or as this process last saw it; and each counter's
+        newest reading in the batch. A first reading, a rise, and a reading after a reset are kept. Other
+        health events (XIDs among them: rules read the repeating last-XID gauge) pass unchanged."""
+        is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES))
+        counters = events.filter(is_counter)
+        if counters.height == 0:
+            return events, counters.select(list(_COUNTER_SCHEMA))
+        with self._counter_lock:
+            known = self._counter_readings
+        counters = (
+            counters.sort("gpu_uuid", "code", "ts")
+            .join(known.rename({"value": "_seen"}), on=["gpu_uuid", "code"], how="left")
+            .with_columns(pl.coalesce(pl.col("value").shift(1).over("gpu_uuid", "code"), pl.col("_seen")).alias("_prev"))
+        )
+        kept = counters.filter(pl.col("_prev").is_null() | (pl.col("value") != pl.col("_prev"))).select(events.columns)
+        newest = counters.group_by("gpu_uuid", "code").agg(pl.col("value").last()).select(list(_COUNTER_SCHEMA))
+        return pl.concat([events.filter(~is_counter), kept]), newest
+
+    def _remember_counter_readings(self, newest: pl.DataFrame) -> None:
+        with self._counter_lock:
+            known = self._counter_readings
+            if known.height > 2_000_000:
+                known = known.clear()
+            self._counter_readings = pl.concat([known.join(newest, on=["gpu_uuid", "code"], how="anti"), newest])
 
     def _write_frame(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame, new_series: dict[str, int]) -> int:
         if spec.name == "metric_sample":

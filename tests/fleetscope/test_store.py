@@ -269,3 +269,41 @@ def test_concurrent_writers_of_one_process_all_land(store: Store):
     assert [r.written for r in results] == [{"gpu": 2000, "gpu_sample": 2000, "metric_sample": 2000}] * 8
     assert store.counts()["gpu_sample"] == 16_000 and store.counts()["metric_sample"] == 16_000
     assert store.read("gpu_sample").group_by("ts").agg(pl.col("power_w").first()).sort("ts")["power_w"].to_list() == [float(k) for k in range(8)]
+
+
+def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
+    """dcgm-exporter reports a GPU's ECC and row-remap counters in every scrape: an event is stored for a
+    first reading, a rise and a reading after a reset, not for each scrape that repeats the last one; XIDs
+    (the last-XID gauge the alert rules read) are kept as they come."""
+    t = [dt.datetime(2026, 5, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=s) for s in range(6)]
+
+    def ev(rows):
+        return F.Batch(health_event=pl.DataFrame(rows, schema={"ts": F.UTC_US, "gpu_uuid": pl.String, "host": pl.String, "kind": pl.String,
+                                                               "code": pl.Int64, "value": pl.Float64, "message": pl.String, "source": pl.String}))
+
+    def row(i, gpu, kind, code, value):
+        return {"ts": t[i], "gpu_uuid": gpu, "host": "h", "kind": kind, "code": code, "value": value, "message": f"{code}={value}", "source": "dcgm"}
+
+    # one batch holding three scrapes: SBE aggregate 4, 4, 5 on GPU-1; row-remap pending 1, 1, 1 on GPU-2; XID 13 thrice
+    first = [row(i, "GPU-1", "ecc", 312, v) for i, v in enumerate([4.0, 4.0, 5.0])] + [row(i, "GPU-2", "row_remap", 396, 1.0) for i in range(3)] \
+        + [row(i, "GPU-1", "xid", 13, 13.0) for i in range(3)]
+    res = store.write(ev(first))
+    assert res.offered["health_event"] == 9 and res.written["health_event"] == 6
+    # the next batch: GPU-1's counter repeats 5, then resets to 0 (not an event: zero readings never are) and reads 1
+    store.write(ev([row(3, "GPU-1", "ecc", 312, 5.0), row(4, "GPU-2", "row_remap", 396, 1.0), row(5, "GPU-1", "ecc", 312, 1.0)]))
+    got = store.read("health_event").sort("ts", "gpu_uuid", "kind")
+    assert got.select("ts", "gpu_uuid", "kind", "value").rows() == [
+        (t[0], "GPU-1", "ecc", 4.0), (t[0], "GPU-1", "xid", 13.0), (t[0], "GPU-2", "row_remap", 1.0),
+        (t[1], "GPU-1", "xid", 13.0), (t[2], "GPU-1", "ecc", 5.0), (t[2], "GPU-1", "xid", 13.0), (t[5], "GPU-1", "ecc", 1.0)]
+    # a write rolled back teaches the store nothing: the same reading is an event when it is written again
+    real = store._log_ingest
+
+    def fail(*a, **k):
+        raise RuntimeError("disk full")
+
+    store._log_ingest = fail
+    with pytest.raises(RuntimeError):
+        store.write(ev([row(0, "GPU-3", "ecc", 310, 2.0)]))
+    store._log_ingest = real
+    assert store.read("health_event", gpu_uuid="GPU-3").height == 0
+    assert store.write(ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
