@@ -13,7 +13,7 @@ import importlib
 import json
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +64,7 @@ FORMATS: dict[str, Format] = {
         Format("nvidia_smi_capture", "ingest.nvidia_smi", "multi-section nvidia-smi capture bundle",
                lambda m, d, s, o: m.parse_capture(d, source=s)),
         Format("kineto", "ingest.kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",
-               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id), gzip_aware=True),
+               lambda m, d, s, o: _kineto(m, d, s, o), gzip_aware=True),
         Format("nccl_inspector", "ingest.nccl_inspector", "NCCL Inspector JSON Lines (v4.0-v4.3)",
                lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id)),
         Format("nccl_inspector_prom", "ingest.nccl_inspector", "NCCL Inspector Prometheus textfile",
@@ -79,6 +79,54 @@ FORMATS: dict[str, Format] = {
                lambda m, d, s, o: m.parse(d, source=s)),
     )
 }
+
+
+# A Kineto trace parsed whole peaks at ~3.2x its JSON; above this many bytes of JSON it is decoded a piece
+# at a time instead (ingest.kineto.parse_chunks: same Batch, memory bounded by the piece), so the largest
+# request, or a .json.gz of any size, stays well under 1 GiB.
+KINETO_WHOLE_MAX_BYTES = 32 * 2**20
+# Most JSON a gzip Kineto body may inflate to: memory stays bounded either way, this bounds the time a
+# body of zeros or whitespace can take (about a minute at the streamed parse's ~120 MB/s).
+KINETO_MAX_INFLATED_BYTES = 8 * 2**30
+
+
+def _kineto(module: Any, data: bytes, source: str, opts: Options) -> F.Batch:
+    gz = data.startswith(GZIP_MAGIC)
+    # gzip's trailer holds the inflated size mod 2**32: enough to tell a small trace from a large one
+    inflated = int.from_bytes(data[-4:], "little") if gz and len(data) >= 18 else len(data)
+    if inflated <= KINETO_WHOLE_MAX_BYTES and len(data) <= KINETO_WHOLE_MAX_BYTES // 4:
+        return module.parse(data, source=source, job_id=opts.job_id)
+    if gz:
+        pieces = inflate_pieces(data, KINETO_MAX_INFLATED_BYTES, source)
+    else:
+        view = memoryview(data)
+        pieces = (bytes(view[i:i + module.PIECE_BYTES]) for i in range(0, len(data), module.PIECE_BYTES))
+    return module.parse_chunks(pieces, source=source, job_id=opts.job_id)
+
+
+def inflate_pieces(data: bytes, limit: int, source: str, piece_bytes: int = 8 * 2**20) -> Iterator[bytes]:
+    """The inflated bytes of a gzip body (every member), ``piece_bytes`` at a time, never holding more;
+    ``TooLarge`` past ``limit`` bytes in all, ``ParseError`` naming ``source`` for a corrupt or cut body."""
+    total, rest = 0, data
+    try:
+        while rest:
+            d = isal_zlib.decompressobj(31)
+            tail = rest
+            while True:
+                piece = d.decompress(tail, piece_bytes)
+                total += len(piece)
+                if total > limit:
+                    raise TooLarge(f"{source}: body inflates past the limit of {limit} bytes")
+                if piece:
+                    yield piece
+                tail = d.unconsumed_tail
+                if d.eof:
+                    break
+                if not tail and not piece:
+                    raise EOFError("compressed stream ended before its end marker")
+            rest = d.unused_data
+    except (OSError, EOFError, zlib.error, isal_zlib.error) as exc:
+        raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
 
 
 class UnknownFormat(FleetscopeError):
@@ -225,6 +273,33 @@ def gunzip(data: bytes, source: str) -> bytes:
         return igzip.decompress(data) if inflater.unused_data else out
     except (OSError, EOFError, zlib.error, isal_zlib.error) as exc:
         raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
+
+
+class TooLarge(FleetscopeError):
+    """Input that inflates past the size limit (a gzip bomb, or simply too much for one request)."""
+
+
+def gunzip_capped(data: bytes, limit: int, source: str) -> bytes:
+    """The bytes of a gzip (or zlib) body, refused with ``TooLarge`` once they pass ``limit`` bytes, so a
+    small bomb never expands in memory: ISA-L's inflate is asked for at most ``limit + 1`` bytes. A
+    corrupt or cut-short body is a ``ParseError`` naming ``source``. Members after the first are read
+    too, within the same limit."""
+    out: list[bytes] = []
+    total, rest = 0, data
+    try:
+        while rest:
+            d = isal_zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, detected
+            piece = d.decompress(rest, limit + 1 - total)
+            total += len(piece)
+            if total > limit or d.unconsumed_tail:
+                raise TooLarge(f"{source}: body inflates past the limit of {limit} bytes")
+            if not d.eof:
+                raise EOFError("compressed stream ended before its end marker")
+            out.append(piece)
+            rest = d.unused_data
+    except (OSError, EOFError, zlib.error, isal_zlib.error) as exc:
+        raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
+    return b"".join(out)
 
 
 def _notes(batch: F.Batch) -> dict[str, Any]:

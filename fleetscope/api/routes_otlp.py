@@ -10,7 +10,6 @@ saturated or the database is busy (retryable: the SDK exporters back off and res
 from __future__ import annotations
 
 import asyncio
-from isal import isal_zlib
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -19,7 +18,7 @@ from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
 from fleetscope.api.security import require
-from fleetscope.errors import FleetscopeError
+from fleetscope.errors import FleetscopeError, ParseError
 
 router = APIRouter(tags=["otlp"])
 
@@ -42,18 +41,6 @@ def _status(code: int, message: str, encoding: str, http_status: int, headers: d
     return Response(st.SerializeToString(), http_status, headers=headers, media_type="application/x-protobuf")
 
 
-def _gunzip(body: bytes, limit: int) -> bytes | None:
-    """Decompress with a ceiling: a gzip bomb must not expand past the body limit. None when over it.
-    ISA-L's inflate (the zlib API, 2-3x zlib's speed): a fleet's scrape is ~100 MB inflated."""
-    d = isal_zlib.decompressobj(wbits=47)  # 32 + 15: gzip or zlib header, detected
-    out = d.decompress(body, limit + 1)
-    if len(out) > limit or d.unconsumed_tail:
-        return None
-    if not d.eof:
-        raise ValueError("truncated gzip body")
-    return out
-
-
 class _TooLarge(Exception):
     """The decompressed body passes the limit."""
 
@@ -64,16 +51,16 @@ class _BadGzip(Exception):
 
 def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
     """The request body, inflated where gzip, as a Batch; ParseError where it cannot be decoded."""
+    from fleetscope import ingestion
     from ingest import otlp
 
     if gzipped:
         try:
-            inflated = _gunzip(body, limit)
-        except (isal_zlib.error, ValueError) as exc:
+            body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")
+        except ingestion.TooLarge:
+            raise _TooLarge from None
+        except ParseError as exc:
             raise _BadGzip(str(exc)) from None
-        if inflated is None:
-            raise _TooLarge
-        body = inflated
     return otlp.parse(body, encoding=encoding, source="otlp:/v1/metrics")
 
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from fleetscope import auth, ingestion
+from fleetscope import frames as F
 from fleetscope.store import Store
 
 TELEMETRY = "telemetry"
@@ -128,3 +129,46 @@ def test_api_ingest_needs_the_ingest_scope(api, realdata):
     assert httpx.post(api.url + "/api/v1/ingest/auto", content=data, headers=read_only).status_code == 403
     assert httpx.post(api.url + "/api/v1/ingest/auto", content=data).status_code == 401
     assert api.app.state.store.counts()["nccl_test"] == 0
+
+
+def test_api_refuses_a_gzip_bomb_before_it_inflates(api):
+    """1 MB is this server's body limit; 2 MB of gzip that would inflate to 2 GB of zeros is a 413 once the
+    inflated bytes pass the limit, and nothing is written; a body inflating to just under it is fine."""
+    limit = api.app.state.settings.max_body_bytes
+    bomb = gzip.compress(b"0" * (64 * limit), compresslevel=9)
+    assert len(bomb) < limit
+    r = httpx.post(api.url + "/api/v1/ingest/dcgm", content=bomb, headers=ingest_headers(api), timeout=60)
+    assert r.status_code == 413 and f"inflates past the limit of {limit} bytes" in r.json()["detail"]
+    multi = gzip.compress(b"# two members\n") + gzip.compress(b"DCGM_FI_DEV_GPU_TEMP{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"n1\"} 41\n")
+    ok = httpx.post(api.url + "/api/v1/ingest/dcgm", content=multi, headers=ingest_headers(api), params={"ts": "2026-03-01T12:00:00Z"})
+    assert ok.status_code == 200, ok.text
+    assert api.app.state.store.read("gpu_sample")["temp_c"].to_list() == [41.0]
+    cut = httpx.post(api.url + "/api/v1/ingest/dcgm", content=multi[:-10], headers=ingest_headers(api))
+    assert cut.status_code == 400 and "truncated or corrupt gzip" in cut.json()["detail"]
+    assert sum(api.app.state.store.counts().values()) == sum(ok.json()["written"].values())
+
+
+def test_api_streams_a_large_kineto_trace_and_bounds_its_inflation(api, realdata, monkeypatch):
+    """Above the whole-parse size a Kineto body is decoded a piece at a time (a gzip one inflated a piece at
+    a time too), with the same rows as the whole parse; a gzip trace that inflates past the Kineto limit is
+    a 413 and writes nothing."""
+    gz = (realdata / "traces/hta/nccl_data_rank0_of_2/nccl_data.json.gz").read_bytes()
+    plain = gzip.decompress(gz)
+    whole = ingestion.parse(plain, source="t", fmt="kineto", opts=ingestion.Options(job_id="j"))[1]
+    monkeypatch.setattr(ingestion, "KINETO_WHOLE_MAX_BYTES", 1024)
+    calls = []
+    real = ingestion.inflate_pieces
+    monkeypatch.setattr(ingestion, "inflate_pieces", lambda *a, **k: calls.append(1) or real(*a, **k))
+    r = httpx.post(api.url + "/api/v1/ingest/kineto", params={"job_id": "from-gz"}, content=gz, headers=ingest_headers(api), timeout=120)
+    assert r.status_code == 200, r.text
+    assert calls == [1]  # inflated a piece at a time, not whole
+    sliced = ingestion.parse(plain, source="t", fmt="kineto", opts=ingestion.Options(job_id="j"))[1]  # plain JSON, cut in pieces
+    assert sliced.collective.equals(whole.collective) and sliced.step.equals(whole.step)
+    store = api.app.state.store
+    got = store.read("collective", job_id="from-gz").drop("job_id").sort("rank", "comm_id", "seq")
+    want = F.conform(F.COLLECTIVE, whole.collective).drop("job_id").sort("rank", "comm_id", "seq")
+    assert got.equals(want.select(got.columns))
+    assert store.read("step", job_id="from-gz").height == whole.step.height == 3
+    monkeypatch.setattr(ingestion, "KINETO_MAX_INFLATED_BYTES", len(plain) // 2)
+    r = httpx.post(api.url + "/api/v1/ingest/kineto", params={"job_id": "too-big"}, content=gz, headers=ingest_headers(api), timeout=120)
+    assert r.status_code == 413 and store.read("step", job_id="too-big").height == 0
