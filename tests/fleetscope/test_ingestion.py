@@ -172,3 +172,20 @@ def test_api_streams_a_large_kineto_trace_and_bounds_its_inflation(api, realdata
     monkeypatch.setattr(ingestion, "KINETO_MAX_INFLATED_BYTES", len(plain) // 2)
     r = httpx.post(api.url + "/api/v1/ingest/kineto", params={"job_id": "too-big"}, content=gz, headers=ingest_headers(api), timeout=120)
     assert r.status_code == 413 and store.read("step", job_id="too-big").height == 0
+
+
+def test_a_gzip_document_read_whole_is_refused_past_the_inflation_limit(store, tmp_path, realdata, monkeypatch):
+    """Document formats are read whole; their gzip is inflated within WHOLE_INFLATED_MAX_BYTES, so a small
+    file cannot expand without bound. The real nccl-tests output passes; past the limit is TooLarge, and
+    nothing is written."""
+    from fleetscope import streaming
+
+    text = (realdata / "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt").read_bytes()
+    path = tmp_path / "all_reduce_perf.txt.gz"
+    path.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(ingestion, "WHOLE_INFLATED_MAX_BYTES", len(text) - 1)
+    with pytest.raises(ingestion.TooLarge, match=f"inflates past the limit of {len(text) - 1} bytes"):
+        streaming.ingest_file(store, path)
+    assert sum(store.counts().values()) == 0
+    monkeypatch.setattr(ingestion, "WHOLE_INFLATED_MAX_BYTES", len(text))
+    assert streaming.ingest_file(store, path).result.written["nccl_test"] > 0
