@@ -53,3 +53,16 @@ def test_xids_become_health_events_and_gpus_without_uuid_are_skipped():
     assert batch.gpu_sample["gpu_uuid"].to_list() == ["GPU-a"]
     assert batch.gpu_sample["energy_j"].to_list() == [123_456.789]
     assert batch.health_event.select("gpu_uuid", "kind", "code").rows() == [("GPU-a", "xid", 79)]
+
+
+def test_every_nvml_call_names_a_function_the_bindings_have():
+    """No GPU here to call them, but each NVML function and constant the collector uses must exist in
+    NVIDIA's bindings (a misspelt name would only fail on a GPU host)."""
+    import inspect
+    import re
+
+    import pynvml
+
+    used = set(re.findall(r"\bnv\.([A-Za-z_][A-Za-z0-9_]*)", inspect.getsource(nvml)))
+    assert {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage", "nvmlEventSetWait"} <= used
+    assert sorted(n for n in used if not hasattr(pynvml, n)) == []
