@@ -945,6 +945,9 @@ def energy_job(job_id: str, start_text: str | None, end_text: str | None, as_jso
             f"  location-based {num(out['location_based_kgco2e'], '.3f')} kgCO2e, market-based {num(out['market_based_kgco2e'], '.3f')} kgCO2e\n"
             f"  {num(out['energy_per_step_j'], '.1f')} J/step, {num(out['energy_per_mtok_j'], '.1f')} J per million tokens, "
             f"{num(out['flops_per_j'], '.3g')} useful FLOP/J")
+    hint = out["carbon_shift_hint"]
+    text += (f"\n  shifted to {hint['site_id']}'s cleanest hours within a day: {hint['saving_kgco2e']:.3f} kgCO2e less ({hint['saving_ratio']:.0%})"
+             if hint.get("feasible") else f"\n  no carbon-shift hint: {hint['basis']}")
     _emit(as_json, out, text)
 
 

@@ -106,7 +106,14 @@ def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -
         raise ValueError(f"no site {site_id!r} in the inventory")
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
     res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
-    return _jsonable(dataclasses.asdict(res))
+    # WUE (ISO/IEC 30134-9) over the IT energy the PUE used: metered where it was, else the GPUs' own
+    it_j, it_basis = res.it_energy_j, "IT energy from the site's IT meter"
+    if not it_j:
+        it_j = float(site_minutes(store, start, end, [site_id])["energy_j"].sum()) or None
+        it_basis = "GPU energy from the roll-ups (no IT meter): an upper bound on WUE"
+    w = energy.wue(meters, site_id, window_start=start, window_end=end, it_energy_j=it_j or 0.0)
+    return {**_jsonable(dataclasses.asdict(res)), "wue_l_per_kwh": w,
+            "wue_basis": f"ISO/IEC 30134-9: site water / {it_basis}" if w is not None else "no water meter (facility_water_l) at the site"}
 
 
 def metric_samples(store: Store, names: tuple[str, ...], start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
@@ -345,6 +352,7 @@ def job_report(store: Store, job_id: str, start: dt.datetime | None = None, end:
     prod = energy.energy_productivity(pl.DataFrame({"job_id": [job_id], "energy_j": [total["energy_j"]]}), steps).row(0, named=True)
     per_site = minutes.group_by("site_id").agg(pl.col("gpu_energy_j").sum(), pl.col("kgco2e").sum(), pl.len().alias("minutes"))
     return {
+        "carbon_shift_hint": _shift_hint(store, minutes, per_site),
         "job_id": job_id, "start": lo.isoformat(), "end": hi.isoformat(),
         "gpu_energy_j": total["energy_j"], "gpu_energy_kwh": total["energy_j"] / energy.J_PER_KWH,
         "facility_energy_j": total["facility_energy_j"], "estimate": total["estimate"],
@@ -358,6 +366,40 @@ def job_report(store: Store, job_id: str, start: dt.datetime | None = None, end:
             for s in per_site.filter(pl.col("site_id").eq_missing(p["site_id"])).iter_rows(named=True)
         ],
     }
+
+
+SHIFT_HORIZON_H = 24
+
+
+def _shift_hint(store: Store, minutes: pl.DataFrame, per_site: pl.DataFrame) -> dict[str, Any]:
+    """What running the job's energy at its main site in that site's lowest-intensity hours within a day of
+    its start would have saved (``analyzers.carbon.shift_hint``), from the hourly grid-intensity series; an
+    annual figure has no hours to choose between, so without the series there is no hint."""
+    main = per_site.filter(pl.col("site_id").is_not_null()).sort("gpu_energy_j", descending=True)
+    if main.height == 0:
+        return {"feasible": False, "basis": "the job's GPUs are at no known site"}
+    site_id = main["site_id"][0]
+    hourly = (minutes.filter(pl.col("site_id") == site_id).group_by(pl.col("minute").dt.truncate("1h").alias("hour"))
+              .agg(pl.col("gpu_energy_j").sum().alias("energy_j")))
+    lo = hourly["hour"].min()
+    series = metric_samples(store, (carbon.INTENSITY_SERIES,), lo, lo + dt.timedelta(hours=SHIFT_HORIZON_H + hourly.height))
+    intensity = carbon.hourly_intensity(series).filter(pl.col("site_id") == site_id).select("hour", "g_per_kwh")
+    if intensity.height == 0:
+        return {"feasible": False, "site_id": site_id, "basis": f"no hourly grid-intensity series ({carbon.INTENSITY_SERIES}) for site {site_id!r}"}
+    hint = carbon.shift_hint(hourly, intensity, horizon_h=SHIFT_HORIZON_H)
+    return {"site_id": site_id, **{k: ([h.isoformat() for h in v] if k == "best_hours" else v) for k, v in hint.items()}}
+
+
+def fleet_productivity(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """Fleet energy productivity ρ = useful FLOPs / J over [start, end) (``analyzers.energy``): the model
+    FLOPs of every step that counted, over all GPU energy the roll-ups hold for the period at the fleet's
+    sites, idle included (idle GPUs are the fleet's cost of doing that work)."""
+    total_j = float(site_minutes(store, start, end, store.read("site", columns=["site_id"])["site_id"].to_list())["energy_j"].sum())
+    steps = store.read("step", start=start, end=end, columns=["job_id", "rank", "step", "start", "tokens", "model_flops"])
+    rho = energy.fleet_energy_productivity(pl.DataFrame({"energy_j": [total_j]}), steps)
+    return {"start": start.isoformat(), "end": end.isoformat(), "gpu_energy_j": total_j, "useful_flops": None if rho is None else rho * total_j,
+            "flops_per_j": rho, "basis": "model FLOPs of the steps recorded in the period (each step once, ranks summed) "
+            "over the GPU energy of the per-site roll-ups, idle included"}
 
 
 def job_energy(store: Store, job_ids: list[str], start: dt.datetime | None = None, end: dt.datetime | None = None) -> pl.DataFrame | None:

@@ -162,6 +162,20 @@ def get_energy(
     return Response(df.write_json() if df.width else "[]", media_type="application/json")
 
 
+@router.get("/energy/productivity", dependencies=[Depends(require("read"))])
+def get_energy_productivity(
+    request: Request,
+    start: Annotated[dt.datetime, Query(description="inclusive start (RFC 3339)")],
+    end: Annotated[dt.datetime, Query(description="exclusive end")],
+) -> dict[str, Any]:
+    """Fleet energy productivity ρ = useful FLOPs / J over the period, idle GPU energy included."""
+    from fleetscope.energy_service import fleet_productivity
+
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+    return fleet_productivity(request.app.state.store, start, end)
+
+
 @router.get("/findings", dependencies=[Depends(require("read"))])
 def get_findings(
     request: Request,

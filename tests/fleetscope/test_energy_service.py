@@ -324,3 +324,44 @@ def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path)
     res = store.read("aiact_rule_result").filter(pl.col("rule_id") == "art51-52")
     assert res.height == 1 and out["audit_id"]
     assert res["status"][0] == "pass" and "training compute 1e+19 FLOPs does not exceed 10^25" in res["reason"][0], res.select("status", "reason").to_dicts()
+
+
+def test_shift_hint_wue_and_fleet_productivity(api):
+    """The carbon-aware hint moves a job's hour to its site's cleanest hour of the next day; WUE is water
+    over IT energy; fleet ρ is useful FLOPs over all GPU energy of the period, idle included."""
+    from fleetscope import energy_service as es
+
+    store = api.app.state.store
+    seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    assert es.job_report(store, "train-1")["carbon_shift_hint"] == {
+        "feasible": False, "site_id": "site-a", "basis": "no hourly grid-intensity series (grid_intensity_g_per_kwh) for site 'site-a'"}
+    hours = [T0 + dt.timedelta(hours=h) for h in range(24)]
+    g = [400.0, 300.0, 50.0] + [200.0] * 21
+    store.write(F.Batch(metric_sample=pl.DataFrame({"ts": hours, "series": ['grid_intensity_g_per_kwh{site="site-a"}'] * 24, "value": g})))
+    rep = es.job_report(store, "train-1")
+    hint = rep["carbon_shift_hint"]
+    kwh = rep["gpu_energy_j"] / 3.6e6
+    assert hint["feasible"] and hint["site_id"] == "site-a" and hint["best_hours"] == [(T0 + dt.timedelta(hours=2)).isoformat()]
+    assert hint["actual_kgco2e"] == pytest.approx(kwh * 0.4) and hint["saving_kgco2e"] == pytest.approx(kwh * 0.35)
+
+    # WUE: 2 L a minute of water against 10 kW of metered IT load is 12 L/kWh
+    n = 21
+    store.write(F.Batch(metric_sample=pl.DataFrame({
+        "ts": [T0 + dt.timedelta(minutes=i) for i in range(n)] * 3,
+        "series": ['facility_water_l{site="site-a"}'] * n + ['facility_power_w{site="site-a"}'] * n + ['it_power_w{point="it",site="site-a"}'] * n,
+        "value": [2.0 * i for i in range(n)] + [12_000.0] * n + [10_000.0] * n})))
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    window = {"start": (T0 + dt.timedelta(minutes=2)).isoformat(), "end": (T0 + dt.timedelta(minutes=18)).isoformat()}
+    pue = httpx.get(api.url + "/api/v1/sites/site-a/pue", params=window, headers=h).json()
+    assert pue["pue"] == pytest.approx(1.2) and pue["wue_l_per_kwh"] == pytest.approx(12.0) and "IT meter" in pue["wue_basis"]
+    assert httpx.get(api.url + "/api/v1/sites/site-b/pue", params=window, headers=h).json()["wue_l_per_kwh"] is None
+
+    # fleet ρ: four ranks of one step, 1e15 FLOPs each
+    store.write(F.Batch(step=pl.DataFrame({"job_id": ["train-1"] * 4, "rank": [0, 1, 2, 3], "step": [1] * 4, "start": [T0 + dt.timedelta(minutes=6)] * 4,
+                                           "end": [T0 + dt.timedelta(minutes=7)] * 4, "model_flops": [1e15] * 4})))
+    rho = httpx.get(api.url + "/api/v1/energy/productivity", params={"start": T0.isoformat(), "end": (T0 + dt.timedelta(minutes=20)).isoformat()}, headers=h).json()
+    total_j = store.read("site_energy_minute")["energy_j"].sum()
+    assert rho["gpu_energy_j"] == pytest.approx(total_j) and rho["useful_flops"] == pytest.approx(4e15)
+    assert rho["flops_per_j"] == pytest.approx(4e15 / total_j)
+    assert httpx.get(api.url + "/api/v1/energy/productivity", params={"start": T0.isoformat(), "end": T0.isoformat()}, headers=h).status_code == 400
