@@ -609,15 +609,20 @@ def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
             raise _WireError("varint longer than 10 bytes", start)
 
 
+def _tag(data: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
+    """The field tag at ``pos``: (field number, wire type, offset of the tag, position after it)."""
+    key, after = _uvarint(data, pos, end)
+    num, wt = key >> 3, key & 7
+    if num == 0 or key > 0xFFFFFFFF:
+        raise _WireError(f"invalid field number {num}", pos)
+    return num, wt, pos, after
+
+
 def _fields(data: bytes, pos: int, end: int, depth: int = 0) -> Iterator[tuple[int, int, int, int, int]]:
     """The fields of the message in ``data[pos:end]``: (number, wire type, offset of the tag, start,
     end) where start/end bound a LEN payload or a fixed value, and start is the value of a varint."""
     while pos < end:
-        at = pos
-        key, pos = _uvarint(data, pos, end)
-        num, wt = key >> 3, key & 7
-        if num == 0 or key > 0xFFFFFFFF:
-            raise _WireError(f"invalid field number {num}", at)
+        num, wt, at, pos = _tag(data, pos, end)
         if wt == 0:
             value, pos = _uvarint(data, pos, end)
             yield num, wt, at, value, pos
@@ -650,11 +655,7 @@ def _skip_group(data: bytes, pos: int, end: int, group: int, depth: int) -> int:
         raise _WireError(f"groups nested deeper than {_MAX_DEPTH}", pos)
     start = pos
     while pos < end:
-        at = pos
-        key, pos = _uvarint(data, pos, end)
-        num, wt = key >> 3, key & 7
-        if num == 0 or key > 0xFFFFFFFF:
-            raise _WireError(f"invalid field number {num}", at)
+        num, wt, at, pos = _tag(data, pos, end)
         if wt == 4:
             if num != group:
                 raise _WireError(f"end-group tag of field {num} closes group {group}", at)
