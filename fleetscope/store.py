@@ -222,13 +222,18 @@ class Store:
             # the rows go the conflict-skipping way below, so a re-sent batch still writes nothing new.
             import psycopg
 
+            # SQLAlchemy's savepoint, not psycopg's raw.transaction(): with no statement sent yet the driver
+            # has no transaction open, and psycopg would then run the COPY in a BEGIN ... COMMIT of its
+            # own, committing these rows even if the rest of the batch fails.
+            savepoint = conn.begin_nested()
             try:
-                with raw.transaction(), raw.cursor() as cur:
+                with raw.cursor() as cur:
                     # Key order for the same reason as the ORDER BY below: concurrent writers of the same keys.
                     _copy_csv(cur, f"COPY {_q(table)} ({col_sql}) FROM STDIN (FORMAT CSV)", df.sort(list(key)))
+                savepoint.commit()
                 return df.height
             except psycopg.errors.UniqueViolation:
-                pass
+                savepoint.rollback()
         with raw.cursor() as cur:
             # A session temp table with the target's column types and none of its constraints; ON COMMIT
             # DELETE ROWS keeps it empty between batches so pooled connections can reuse it.

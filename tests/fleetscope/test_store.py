@@ -307,3 +307,22 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
     store._log_ingest = real
     assert store.read("health_event", gpu_uuid="GPU-3").height == 0
     assert store.write(ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
+
+
+def test_a_large_first_frame_is_rolled_back_with_the_rest(store):
+    """All or nothing, whatever path a frame takes: on PostgreSQL new telemetry of 1,000 rows or more is
+    COPYed straight into its table; a failure after it (here, logging the ingest) must undo it too."""
+    t0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+    samples = pl.DataFrame({"ts": [t0 + dt.timedelta(seconds=i) for i in range(2000)], "gpu_uuid": ["GPU-x"] * 2000, "power_w": [300.0] * 2000})
+    real = store._log_ingest
+
+    def fail(*a, **k):
+        raise RuntimeError("connection lost")
+
+    store._log_ingest = fail
+    with pytest.raises(RuntimeError):
+        store.write(F.Batch(gpu_sample=samples))
+    store._log_ingest = real
+    assert store.counts()["gpu_sample"] == 0
+    assert store.write(F.Batch(gpu_sample=samples)).written["gpu_sample"] == 2000
+    assert store.write(F.Batch(gpu_sample=samples)).written.get("gpu_sample", 0) == 0  # re-sent: the COPY conflicts, the fallback skips
