@@ -24,6 +24,7 @@ from isal import isal_zlib
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
+from fleetscope.textinput import MAX_GZIP_MEMBERS
 from fleetscope.store import Store, WriteResult
 
 SNIFF_BYTES = 256 * 1024
@@ -92,16 +93,20 @@ KINETO_MAX_INFLATED_BYTES = 8 * 2**30
 
 def _kineto(module: Any, data: bytes, source: str, opts: Options) -> F.Batch:
     gz = data.startswith(GZIP_MAGIC)
-    # gzip's trailer holds the inflated size mod 2**32: enough to tell a small trace from a large one
-    inflated = int.from_bytes(data[-4:], "little") if gz and len(data) >= 18 else len(data)
-    if inflated <= KINETO_WHOLE_MAX_BYTES and len(data) <= KINETO_WHOLE_MAX_BYTES // 4:
-        return module.parse(data, source=source, job_id=opts.job_id)
     if gz:
-        pieces = inflate_pieces(data, KINETO_MAX_INFLATED_BYTES, source)
+        # Inflated within the whole-parse size, never trusting the trailer's size (the sender's to forge,
+        # and only mod 2**32); a trace past it is inflated again a piece at a time.
+        job_id = opts.job_id or module.default_job_id(data)  # the file's id, not its inflated text's
+        try:
+            return module.parse(gunzip_capped(data, KINETO_WHOLE_MAX_BYTES, source), source=source, job_id=job_id)
+        except TooLarge:
+            pieces = inflate_pieces(data, KINETO_MAX_INFLATED_BYTES, source)
+    elif len(data) <= KINETO_WHOLE_MAX_BYTES:
+        return module.parse(data, source=source, job_id=opts.job_id)
     else:
         view = memoryview(data)
         pieces = (bytes(view[i:i + module.PIECE_BYTES]) for i in range(0, len(data), module.PIECE_BYTES))
-    return module.parse_chunks(pieces, source=source, job_id=opts.job_id)
+    return module.parse_chunks(pieces, source=source, job_id=opts.job_id or module.default_job_id(data))
 
 
 def inflate_pieces(data: bytes, limit: int, source: str, piece_bytes: int = 8 * 2**20) -> Iterator[bytes]:
@@ -109,7 +114,10 @@ def inflate_pieces(data: bytes, limit: int, source: str, piece_bytes: int = 8 * 
     ``TooLarge`` past ``limit`` bytes in all, ``ParseError`` naming ``source`` for a corrupt or cut body."""
     total, rest = 0, data
     try:
-        while rest:
+        for member in range(MAX_GZIP_MEMBERS + 1):
+            if not rest:
+                break
+            _member_check(member, source)
             d = isal_zlib.decompressobj(31)
             tail = rest
             while True:
@@ -275,7 +283,10 @@ def gunzip_capped(data: bytes, limit: int, source: str) -> bytes:
     out: list[bytes] = []
     total, rest = 0, data
     try:
-        while rest:
+        for member in range(MAX_GZIP_MEMBERS + 1):
+            if not rest:
+                break
+            _member_check(member, source)
             d = isal_zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, detected
             piece = d.decompress(rest, limit + 1 - total)
             total += len(piece)
@@ -288,6 +299,12 @@ def gunzip_capped(data: bytes, limit: int, source: str) -> bytes:
     except (OSError, EOFError, zlib.error, isal_zlib.error) as exc:
         raise ParseError(f"truncated or corrupt gzip: {exc}", source=source) from None
     return b"".join(out)
+
+
+def _member_check(member: int, source: str) -> None:
+    """``ParseError`` once a gzip input reaches member ``MAX_GZIP_MEMBERS`` + 1 (counting from 0)."""
+    if member >= MAX_GZIP_MEMBERS:
+        raise ParseError(f"more than {MAX_GZIP_MEMBERS} gzip members", source=source)
 
 
 def _notes(batch: F.Batch) -> dict[str, Any]:

@@ -10,6 +10,11 @@ from typing import Any
 
 from fleetscope.errors import ParseError
 
+# Most gzip members one input may hold. Collectors and the profiler write one; concatenated files a few.
+# Each member restarts the inflater on the rest of the input, so without a bound a body of thousands of
+# empty 20-byte members costs CPU quadratic in its size.
+MAX_GZIP_MEMBERS = 64
+
 
 def input_lines(data: bytes, source: str, *, max_input_bytes: int, max_line_bytes: int, strip: bool = True) -> list[tuple[int, str]]:
     """Non-blank lines with their 1-based numbers. ``strip`` trims each line; without it only a leading

@@ -47,6 +47,7 @@ from isal import igzip, isal_zlib
 import polars as pl
 
 from fleetscope.errors import ParseError
+from fleetscope.textinput import MAX_GZIP_MEMBERS
 from fleetscope.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
 
 __all__ = ["KinetoTrace", "load", "parse", "parse_chunks", "parse_many", "DTYPE_BYTES", "PIECE_BYTES"]
@@ -647,8 +648,9 @@ def _collective_rows(t: _Reduced, job_id: str) -> pl.DataFrame:
     ).sort("rank", "comm_id", "seq")
 
 
-def _default_job_id(data: bytes) -> str:
-    # Deterministic, so re-ingesting the same file lands on the same natural keys (idempotent writes).
+def default_job_id(data: bytes) -> str:
+    """The job id of a trace ingested without one: from the hash of its bytes as given (compressed or
+    not), so re-ingesting the same file lands on the same natural keys (idempotent writes)."""
     return "kineto-" + hashlib.sha256(data).hexdigest()[:16]
 
 
@@ -676,7 +678,7 @@ def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
     Raises :class:`ParseError` (see :func:`load`).
     """
     t = _reduce(load(data, source=source))
-    return _batch([t], job_id or _default_job_id(bytes(data)), source)
+    return _batch([t], job_id or default_job_id(bytes(data)), source)
 
 
 def parse_many(files: Sequence[tuple[str, bytes | Iterable[bytes]]], *, job_id: str,
@@ -741,6 +743,7 @@ class _Inflow:
         self.block = block
         self.sha = hashlib.sha256() if hashed else None
         self.raw_bytes = 0  # raw bytes taken so far
+        self.members = 1
         self.gz: bool | None = None
         self.pending = b""  # raw bytes not yet inflated (or, before detection, not yet returned)
         self.inflater: Any = None
@@ -783,6 +786,9 @@ class _Inflow:
                         continue
                     if rest[:2] != _GZIP_MAGIC:  # as igzip.decompress: only another member may follow
                         raise isal_zlib.error("data after the end of the gzip stream is not another member")
+                    self.members += 1
+                    if self.members > MAX_GZIP_MEMBERS:
+                        raise isal_zlib.error(f"more than {MAX_GZIP_MEMBERS} gzip members")
                     self.inflater = isal_zlib.decompressobj(31)
                     self.pending = rest
                 if not self.pending and self.raw_done:

@@ -11,6 +11,7 @@ import pytest
 
 from fleetscope import auth, ingestion
 from fleetscope import frames as F
+from fleetscope.errors import ParseError
 from fleetscope.store import Store
 
 TELEMETRY = "telemetry"
@@ -189,3 +190,25 @@ def test_a_gzip_document_read_whole_is_refused_past_the_inflation_limit(store, t
     assert sum(store.counts().values()) == 0
     monkeypatch.setattr(ingestion, "WHOLE_INFLATED_MAX_BYTES", len(text))
     assert streaming.ingest_file(store, path).result.written["nccl_test"] > 0
+
+
+def test_gzip_members_are_bounded_and_a_forged_trailer_is_not_trusted(monkeypatch):
+    from fleetscope.textinput import MAX_GZIP_MEMBERS
+    from ingest import kineto
+
+    many = gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1)
+    for inflate in (lambda: ingestion.gunzip_capped(many, 2**20, "bomb.gz"), lambda: list(ingestion.inflate_pieces(many, 2**20, "bomb.gz")),
+                    lambda: kineto.parse_chunks([many], source="bomb.gz")):
+        with pytest.raises(ParseError, match=f"more than {MAX_GZIP_MEMBERS} gzip members"):
+            inflate()
+    assert ingestion.gunzip_capped(gzip.compress(b"a") * MAX_GZIP_MEMBERS, 2**20, "ok.gz") == b"a" * MAX_GZIP_MEMBERS
+    # 40 MB of whitespace in a trace whose trailer claims 100 bytes: inflated within the whole-parse size,
+    # found too large, and taken a piece at a time, never whole
+    body = bytearray(gzip.compress(b'{"traceEvents": [' + b" " * (40 * 2**20)))
+    body[-4:] = (100).to_bytes(4, "little")
+    pieces = []
+    real = ingestion.inflate_pieces
+    monkeypatch.setattr(ingestion, "inflate_pieces", lambda *a, **k: pieces.append(1) or real(*a, **k))
+    with pytest.raises(ParseError):
+        ingestion.parse(bytes(body), source="forged.json.gz", fmt="kineto")
+    assert pieces == [1]
