@@ -132,7 +132,8 @@ class Store:
             readings = None
             if any(spec.name == "health_event" for spec, _ in conformed):
                 events = next(df for spec, df in conformed if spec.name == "health_event")
-                changed, readings = self._changed_counter_readings(events)
+                samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
+                changed, readings = self._changed_counter_readings(events, samples)
                 conformed = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
                 conformed = [(spec, df) for spec, df in conformed if df.height]
             new_series: dict[str, int] = {}
@@ -152,24 +153,32 @@ class Store:
             span.set_attribute("fleetscope.rows", sum(result.written.values()))
             return result
 
-    def _changed_counter_readings(self, events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def _changed_counter_readings(self, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame]:
         """``events`` without the DCGM fault-counter readings (``frames.DCGM_HEALTH_COUNTERS``) that repeat the
-        GPU's previous reading, in this batch (by time) or as this process last saw it; and each counter's
-        newest reading in the batch. A first reading, a rise, and a reading after a reset are kept. Other
-        health events (XIDs among them: rules read the repeating last-XID gauge) pass unchanged."""
-        is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES))
+        GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
+        included, since a zero reading is no event) or as this process last saw it; and each counter's
+        newest reading. A first reading, a change, a reading after a reset to zero and a null value are
+        kept. Other health events (XIDs among them: rules read the repeating last-XID gauge) pass unchanged."""
+        is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES)) & (pl.col("gpu_uuid") != "")
         counters = events.filter(is_counter)
-        if counters.height == 0:
-            return events, counters.select(list(_COUNTER_SCHEMA))
+        seen = [counters.select("ts", "gpu_uuid", "code", "value")]
+        if samples is not None:
+            for col, _, code, _ in F.DCGM_HEALTH_COUNTERS:
+                if col in samples.columns:
+                    seen.append(samples.filter(pl.col(col).is_not_null()).select(
+                        "ts", "gpu_uuid", pl.lit(code, pl.Int64).alias("code"), pl.col(col).cast(pl.Float64).alias("value")))
+        seq = pl.concat(seen).unique(["gpu_uuid", "code", "ts"], keep="first").sort("gpu_uuid", "code", "ts")
+        if seq.height == 0:
+            return events, seq.select(list(_COUNTER_SCHEMA))
         with self._counter_lock:
             known = self._counter_readings
-        counters = (
-            counters.sort("gpu_uuid", "code", "ts")
-            .join(known.rename({"value": "_seen"}), on=["gpu_uuid", "code"], how="left")
-            .with_columns(pl.coalesce(pl.col("value").shift(1).over("gpu_uuid", "code"), pl.col("_seen")).alias("_prev"))
-        )
-        kept = counters.filter(pl.col("_prev").is_null() | (pl.col("value") != pl.col("_prev"))).select(events.columns)
-        newest = counters.group_by("gpu_uuid", "code").agg(pl.col("value").last()).select(list(_COUNTER_SCHEMA))
+        seq = seq.join(known.rename({"value": "_seen"}), on=["gpu_uuid", "code"], how="left").with_columns(
+            pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
+            .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
+        kept = (counters.join(seq.select("gpu_uuid", "code", "ts", "_prev"), on=["gpu_uuid", "code", "ts"], how="left")
+                .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
+                .select(events.columns))
+        newest = seq.group_by("gpu_uuid", "code").agg(pl.col("value").last()).select(list(_COUNTER_SCHEMA))
         return pl.concat([events.filter(~is_counter), kept]), newest
 
     def _remember_counter_readings(self, newest: pl.DataFrame) -> None:

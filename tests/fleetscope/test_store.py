@@ -295,6 +295,12 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
     assert got.select("ts", "gpu_uuid", "kind", "value").rows() == [
         (t[0], "GPU-1", "ecc", 4.0), (t[0], "GPU-1", "xid", 13.0), (t[0], "GPU-2", "row_remap", 1.0),
         (t[1], "GPU-1", "xid", 13.0), (t[2], "GPU-1", "ecc", 5.0), (t[2], "GPU-1", "xid", 13.0), (t[5], "GPU-1", "ecc", 1.0)]
+    # a reset to zero (seen in the samples: zero readings are no event) makes the same value new again
+    t2 = [t[0] + dt.timedelta(minutes=1, seconds=s) for s in range(3)]
+    store.write(F.Batch(gpu_sample=pl.DataFrame({"ts": t2[:2], "gpu_uuid": ["GPU-2"] * 2, "remap_pending": [1, 0]}),
+                        health_event=ev([{**row(0, "GPU-2", "row_remap", 396, 1.0), "ts": t2[0]}]).health_event))
+    again = store.write(ev([{**row(0, "GPU-2", "row_remap", 396, 1.0), "ts": t2[2]}]))
+    assert again.written["health_event"] == 1
     # a write rolled back teaches the store nothing: the same reading is an event when it is written again
     real = store._log_ingest
 
