@@ -133,16 +133,16 @@ def pinned(url: str, addr: str) -> tuple[str, dict[str, str], dict[str, Any]]:
     header and TLS server name that keep the request addressed to the original host. Connecting to the
     checked address closes the gap a second DNS lookup would leave between the check and the connection
     (DNS rebinding: the name answers with a public address for the check, then with an internal one).
-    The certificate is still verified against the host name (httpcore's ``sni_hostname`` extension)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
+    The certificate is still verified against the host name (httpcore's ``sni_hostname`` extension); an
+    internationalised name goes as its IDNA form, and credentials in the URL stay on it (httpx sends them
+    as Basic auth)."""
+    u = httpx.URL(url)
+    host = u.raw_host.decode("ascii")  # IDNA ("xn--...") where the name is not ASCII
     ip = ipaddress.ip_address(addr.split("%", 1)[0])
-    netloc = f"[{ip}]" if ip.version == 6 else str(ip)
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    host_header = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port is not None else "")
-    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
-    return parts._replace(netloc=netloc).geturl(), {"host": host_header}, extensions
+    explicit_port = urlsplit(url).port
+    host_header = (f"[{host}]" if ":" in host else host) + (f":{explicit_port}" if explicit_port is not None else "")
+    extensions = {"sni_hostname": host} if u.scheme == "https" else {}
+    return str(u.copy_with(host=str(ip))), {"host": host_header}, extensions
 
 
 # --- Standard Webhooks signatures ------------------------------------------------------------------------
@@ -227,8 +227,10 @@ class Notifier:
         fresh DNS answer."""
         for i, addr in enumerate(addrs):
             target, host, extensions = pinned(url, addr)
+            # the Host header is the checked URL's, whatever a receiver's configured headers say
+            sent = {**{k: v for k, v in headers.items() if k.lower() != "host"}, **host}
             try:
-                return client.post(target, content=body, headers={**headers, **host}, timeout=self.timeout_s, follow_redirects=False,
+                return client.post(target, content=body, headers=sent, timeout=self.timeout_s, follow_redirects=False,
                                    extensions=extensions)
             except httpx.ConnectError:
                 if i == len(addrs) - 1:

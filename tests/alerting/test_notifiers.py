@@ -233,3 +233,17 @@ def test_pinned_url_keeps_name_for_host_header_and_tls():
         "https://93.184.215.14/x?y=1", {"host": "hooks.example"}, {"sni_hostname": "hooks.example"})
     assert N.pinned("http://hooks.example:8080/a", "2606:2800:21f:cb07:6820:80da:af6b:8b2c") == (
         "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8080/a", {"host": "hooks.example:8080"}, {})
+    # an internationalised name goes as IDNA; credentials stay on the URL for httpx's Basic auth
+    assert N.pinned("https://ops:s%40cret@bücher.example/x", "93.184.215.14") == (
+        "https://ops:s%40cret@93.184.215.14/x", {"host": "xn--bcher-kva.example"}, {"sni_hostname": "xn--bcher-kva.example"})
+
+
+def test_pinned_delivery_keeps_url_credentials():
+    with Receiver() as rx:
+        port = rx.url.rsplit(":", 1)[1].split("/")[0]
+        url = rx.url.replace("http://127.0.0.1", "http://ops:s%40cret@hooks.test")
+        with httpx.Client() as client:
+            assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=lambda h, p: ["127.0.0.1"]) == 200
+        (req,) = rx.requests
+        assert req["headers"]["authorization"] == "Basic " + base64.b64encode(b"ops:s@cret").decode()
+        assert req["headers"]["host"] == f"hooks.test:{port}"
