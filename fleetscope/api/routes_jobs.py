@@ -109,6 +109,7 @@ def get_energy(
     from fleetscope import energy_service as es
 
     _known(request, job_id)
+    start, end = (t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t for t in (start, end))
     if start and end and end <= start:
         raise HTTPException(400, "end must be after start")
     try:

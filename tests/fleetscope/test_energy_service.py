@@ -276,6 +276,9 @@ def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
     bad = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h, params={"start": T0.isoformat(), "end": T0.isoformat()})
     assert bad.status_code == 400
     assert httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h, params={"start": "yesterday"}).status_code == 422
+    naive = httpx.get(api.url + "/api/v1/jobs/train-1/energy", headers=h,
+                      params={"start": "2026-03-01T12:10:00", "end": (T0 + dt.timedelta(minutes=12)).isoformat()})  # no zone: UTC
+    assert naive.status_code == 200 and naive.json()["allocated_s"] == pytest.approx(4 * 2 * 60.0)
     # the CLI reads the same store
     monkeypatch.setattr(cli, "_store", lambda: store)
     res = CliRunner().invoke(cli.main, ["energy", "job", "train-1", "--json"])
