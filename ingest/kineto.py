@@ -721,7 +721,7 @@ def parse_many(files: Sequence[tuple[str, bytes | Iterable[bytes]]], *, job_id: 
 # brackets finds the boundary, so adversarial strings cost time, never a wrong cut.
 
 PIECE_BYTES = 16 * 2**20
-_MAX_EVENT_BYTES = 256 * 2**20  # one event (or the bytes of one piece) larger than this is refused
+_MAX_EVENT_BYTES = 32 * 2**20  # one event (or the bytes of one piece) larger than this is refused: real ones are KBs
 _MAX_TOP_BYTES = 64 * 2**20  # the top-level values other than traceEvents, together
 _OUT_BLOCK = 8 * 2**20  # most decompressed bytes produced per inflate call: bounds a gzip bomb's buffer
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
@@ -975,24 +975,31 @@ class _EventReader:
     def _piece(self) -> None:
         """Decode and feed the complete events at ``pos`` (at least one), reading more if none is complete."""
         cur = self.cur
+        tried = 0  # bytes from the event's start at the last attempt that found no whole event
         while True:
             buf, start = cur.buf, cur.pos
-            k = buf.rfind(b"}", start)
-            misses = 0
-            while k > start and misses < 2:
-                if _AFTER_EVENT.match(buf, k + 1):
-                    events = self._decode(start, k + 1, final=False)
-                    if events is not None:
-                        return self._feed(events, k + 1)
-                    misses += 1
-                k = buf.rfind(b"}", start, k)
-            end, _ = _event_end(buf, start)
-            if end is not None and (misses or end < len(buf) or cur.eof):
-                return self._feed(self._decode(start, end, final=True), end)
-            if len(buf) - start > _MAX_EVENT_BYTES:
+            size = len(buf) - start
+            # Look again only once the text has doubled (or ends): each look scans from the event's start,
+            # so one huge event would otherwise cost time quadratic in its size, fill after fill.
+            if size >= 2 * tried or cur.eof:
+                k = buf.rfind(b"}", start)
+                misses = 0
+                while k > start and misses < 2:
+                    if _AFTER_EVENT.match(buf, k + 1):
+                        events = self._decode(start, k + 1, final=False)
+                        if events is not None:
+                            return self._feed(events, k + 1)
+                        misses += 1
+                    k = buf.rfind(b"}", start, k)
+                end, _ = _event_end(buf, start)
+                if end is not None and (misses or end < len(buf) or cur.eof):
+                    return self._feed(self._decode(start, end, final=True), end)
+                if cur.eof:
+                    raise cur.error("input ends inside an event (truncated file?)", at=len(cur.buf), field=f"traceEvents[{self.index}]")
+                tried = max(size, 1)
+            if size > _MAX_EVENT_BYTES:
                 raise cur.error(f"no end of event within {_MAX_EVENT_BYTES >> 20} MiB", at=start, field=f"traceEvents[{self.index}]")
-            if not cur.fill():
-                raise cur.error("input ends inside an event (truncated file?)", at=len(cur.buf), field=f"traceEvents[{self.index}]")
+            cur.fill()
 
     def _decode(self, start: int, end: int, *, final: bool) -> list[_Event] | None:
         """The events in ``buf[start:end]``; None (unless ``final``) if that is not a run of whole events."""

@@ -242,3 +242,16 @@ def test_strings_full_of_fake_boundaries_cost_time_not_correctness():
     data = tricky_trace().replace(b'"traceEvents": [', b'"traceEvents": [' + json.dumps(_x(name, 5, 1, cat="cpu_op")).encode() + b", ", 1)
     whole = kineto.parse(data, source="t.json")
     assert_same(whole, streamed(data, chunk=1 << 16, piece=1 << 14, job_id=whole.job["job_id"].item()))
+
+
+def test_an_event_past_the_size_cap_is_refused_naming_it(monkeypatch):
+    """One event larger than the cap (a body of nothing but one open-ended event) is a ParseError naming
+    the event, found in time linear in its size: the text is looked at again only when it has doubled."""
+    monkeypatch.setattr(kineto, "_MAX_EVENT_BYTES", 2**20)
+    looks = []
+    real = kineto._event_end
+    monkeypatch.setattr(kineto, "_event_end", lambda buf, start: looks.append(len(buf) - start) or real(buf, start))
+    body = b'{"traceEvents": [{"ph": "X", "name": "' + b"a" * (3 * 2**20)
+    with pytest.raises(ParseError, match=r"traceEvents\[0\].*no end of event within 1 MiB"):
+        kineto.parse_chunks([body[i:i + 4096] for i in range(0, len(body), 4096)], source="huge.json", job_id="j", piece_bytes=4096)
+    assert len(looks) <= 12 and all(b >= 2 * a for a, b in zip(looks, looks[1:]))
