@@ -166,6 +166,38 @@ def job_rollup(minutes: pl.DataFrame, job_rank: pl.DataFrame, gpu: pl.DataFrame,
     )
 
 
+def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
+    """Rewrite the ``job_energy_minute`` rows of these jobs from the per-GPU roll-ups, over their runs up to
+    the newest rolled-up minute: for assignments written after the minutes they cover were rolled up (a
+    rank added or moved mid-run, a scheduler record that arrives late). The per-GPU minutes are the
+    truth; every job holding the jobs' GPUs is read, so shared GPUs split as in the roll-up."""
+    from sqlalchemy import delete
+
+    from fleetscope import schema
+
+    jr = store.read("job_rank", job_id=job_ids)
+    newest = store.query('SELECT MAX("minute") AS m FROM gpu_energy_minute', [], {"m": F.UTC_US})["m"]
+    if jr.height == 0 or newest.is_empty() or newest[0] is None:
+        return {"jobs": 0, "rows": 0}
+    lo, hi = floor_minute(jr["start"].min()), newest[0] + dt.timedelta(minutes=1)
+    if not jr["end"].null_count():
+        hi = min(hi, floor_minute(jr["end"].max()) + dt.timedelta(minutes=1))
+    if hi <= lo:
+        return {"jobs": 0, "rows": 0}
+    gpus = jr["gpu_uuid"].unique().to_list()
+    minutes = store.read("gpu_energy_minute", start=lo, end=hi, gpu_uuid=gpus)
+    ranks = ranks_during(store, lo, hi).filter(pl.col("gpu_uuid").is_in(gpus))
+    gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+    rows = job_rollup(minutes, ranks, gpu, host).filter(pl.col("job_id").is_in(job_ids))
+    t = schema.metadata.tables["job_energy_minute"]
+    # Rows a moved rank no longer earns go too. Between the two transactions the jobs have no rows for
+    # the period, and readers attribute from the per-GPU minutes meanwhile: the same figures.
+    with store.engine.begin() as conn:
+        conn.execute(delete(t).where(t.c.job_id.in_(job_ids) & (t.c.minute >= lo) & (t.c.minute < hi)))
+    store.write_frames([(F.JOB_ENERGY_MINUTE, rows)], source=f"energy_reroll:{lo.isoformat()}")
+    return {"jobs": len(set(rows["job_id"].to_list())), "rows": rows.height, "start": lo.isoformat(), "end": hi.isoformat()}
+
+
 def site_minutes(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:
     """GPU energy per site and minute over [start, end): site_id, minute, energy_j.
 

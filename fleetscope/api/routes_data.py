@@ -64,6 +64,11 @@ async def post_batch(request: Request, background: BackgroundTasks) -> JSONRespo
     result = await run_in_threadpool(store.write, batch, content_sha256=content_hash(body))
     if result.written.get("health_event"):
         background.add_task(kick_evaluation, request.app, batch.health_event)
+    if result.written.get("job_rank"):
+        # assignments for minutes already rolled up: the jobs' per-job minutes are rewritten after the answer
+        from fleetscope.energy_service import reroll_jobs
+
+        background.add_task(run_in_threadpool, reroll_jobs, store, batch.job_rank["job_id"].unique().to_list())
     return JSONResponse(result.to_dict())
 
 

@@ -368,3 +368,29 @@ def test_shift_hint_wue_and_fleet_productivity(api):
     assert rho["gpu_energy_j"] == pytest.approx(total_j) and rho["useful_flops"] == pytest.approx(4e15)
     assert rho["flops_per_j"] == pytest.approx(4e15 / total_j)
     assert httpx.get(api.url + "/api/v1/energy/productivity", params={"start": T0.isoformat(), "end": T0.isoformat()}, headers=h).status_code == 400
+
+
+def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
+    """train-1 gains a fifth GPU for minutes 5-15 after those minutes were rolled up: the scheduler's batch
+    through the API rewrites the job's per-job minutes, and the job's energy counts the new GPU."""
+    import time
+
+    from fleetscope import energy_service as es
+
+    store = api.app.state.store
+    batch = seed(store)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
+    gpus = batch.gpu["gpu_uuid"].to_list()
+    before = es.job_energy(store, ["train-1"]).row(0, named=True)
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "t", ["ingest"])}
+    rank = {"job_id": "train-1", "rank": 4, "start": (T0 + dt.timedelta(minutes=5)).isoformat(), "end": (T0 + dt.timedelta(minutes=15)).isoformat(),
+            "gpu_uuid": gpus[4]}
+    assert httpx.post(api.url + "/api/v1/batches", json={"source": "scheduler", "frames": {"job_rank": [rank]}}, headers=h).status_code == 200
+    fifth = store.read("gpu_energy_minute", gpu_uuid=gpus[4]).filter(
+        pl.col("minute").is_between(T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=14)))["energy_j"].sum()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and store.read("job_energy_minute", job_id="train-1")["allocated_s"].sum() < 5 * 600 - 1e-6:
+        time.sleep(0.1)
+    after = es.job_energy(store, ["train-1"]).row(0, named=True)
+    assert after["allocated_s"] == pytest.approx(5 * 10 * 60.0) and after["energy_j"] == pytest.approx(before["energy_j"] + fifth)
+    assert es.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}
