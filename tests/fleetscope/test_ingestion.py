@@ -149,6 +149,21 @@ def test_api_refuses_a_gzip_bomb_before_it_inflates(api):
     assert sum(api.app.state.store.counts().values()) == sum(ok.json()["written"].values())
 
 
+def spy_streamed_inflate(monkeypatch) -> list[int]:
+    """A list that gets a 1 for each streamed inflate (gunzip_capped's whole one, which also takes a zlib
+    header, is not counted)."""
+    seen: list[int] = []
+    real = ingestion.inflate_pieces
+
+    def spy(*a, **k):
+        if "wbits" not in k:
+            seen.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ingestion, "inflate_pieces", spy)
+    return seen
+
+
 def test_api_streams_a_large_kineto_trace_and_bounds_its_inflation(api, realdata, monkeypatch):
     """Above the whole-parse size a Kineto body is decoded a piece at a time (a gzip one inflated a piece at
     a time too), with the same rows as the whole parse; a gzip trace that inflates past the Kineto limit is
@@ -157,9 +172,7 @@ def test_api_streams_a_large_kineto_trace_and_bounds_its_inflation(api, realdata
     plain = gzip.decompress(gz)
     whole = ingestion.parse(plain, source="t", fmt="kineto", opts=ingestion.Options(job_id="j"))[1]
     monkeypatch.setattr(ingestion, "KINETO_WHOLE_MAX_BYTES", 1024)
-    calls = []
-    real = ingestion.inflate_pieces
-    monkeypatch.setattr(ingestion, "inflate_pieces", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = spy_streamed_inflate(monkeypatch)
     r = httpx.post(api.url + "/api/v1/ingest/kineto", params={"job_id": "from-gz"}, content=gz, headers=ingest_headers(api), timeout=120)
     assert r.status_code == 200, r.text
     assert calls == [1]  # inflated a piece at a time, not whole
@@ -206,9 +219,7 @@ def test_gzip_members_are_bounded_and_a_forged_trailer_is_not_trusted(monkeypatc
     # found too large, and taken a piece at a time, never whole
     body = bytearray(gzip.compress(b'{"traceEvents": [' + b" " * (40 * 2**20)))
     body[-4:] = (100).to_bytes(4, "little")
-    pieces = []
-    real = ingestion.inflate_pieces
-    monkeypatch.setattr(ingestion, "inflate_pieces", lambda *a, **k: pieces.append(1) or real(*a, **k))
+    pieces = spy_streamed_inflate(monkeypatch)
     with pytest.raises(ParseError):
         ingestion.parse(bytes(body), source="forged.json.gz", fmt="kineto")
     assert pieces == [1]
