@@ -93,6 +93,10 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen], timeout_s: float = 90
     raise click.ClickException(f"{url} not healthy after {timeout_s:.0f} s")
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -285,6 +289,11 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         "dashboard": [*cli, "dashboard", "--host", settings.api_host, "--port", str(dash_port)],
     }
     procs: list[subprocess.Popen] = []
+    # Stopped by a service manager, `timeout` or a closed terminal rather than Ctrl-C, the demo still
+    # stops its servers: SIGTERM and SIGHUP take the Ctrl-C path (by default they end Python at once,
+    # leaving the children, each in its own session, running).
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in caught} if threading.current_thread() is threading.main_thread() else {}
     try:
         for name, args in specs.items():
             with open(logs / f"{name}.log", "ab") as out:
@@ -342,3 +351,5 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     finally:
         _stop(procs)
         sink.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -3,6 +3,7 @@ the simulator's files ingested through the API, and every injected fault found b
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,12 +20,18 @@ def test_demo_finds_every_injected_fault(tmp_path):
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
     env["FLEETSCOPE_DATA_DIR"] = str(tmp_path / "data")
-    proc = subprocess.run(
-        [sys.executable, "-m", "fleetscope.cli", "demo", "--size", "small", "--exit-after", "1", "--port", str(port), "--json"],
-        env=env, capture_output=True, text=True, timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Run as a service manager would, then stopped with SIGTERM (not Ctrl-C): it must still stop its servers.
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "demo", "--size", "small", "--port", str(port), "--json"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # the summary, printed once everything is up
+        assert line.startswith("{"), line + proc.stderr.read()[-3000:] if proc.poll() is not None else line
+        summary = json.loads(line)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     faults = {f["fault"]: f for f in summary["faults"]}
     # the simulator's injected faults, plus the governance ones
     assert set(faults) == {"thermal_straggler", "slow_link", "sdc", "row_remap_failure", "gpu_failure", "preemption",
@@ -37,7 +44,7 @@ def test_demo_finds_every_injected_fault(tmp_path):
     assert summary["ready_s"] < 90
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
     assert_visible_on_the_dashboard(tmp_path / "data")
-    # Ctrl-C path: every child was stopped, so the API port is free again and nothing answers there.
+    # every child was stopped, so the API port is free again and nothing answers there
     with pytest.raises(httpx.HTTPError):
         httpx.get(summary["api_url"] + "/healthz", timeout=2)
     with socket.socket() as s:
