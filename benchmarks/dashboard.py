@@ -87,10 +87,7 @@ def write_telemetry(store: Store, spec: FleetSpec, start: dt.datetime, end: dt.d
     ranks = es.ranks_during(store, start, end)
 
     def rolled(minutes: pl.DataFrame | None) -> list[tuple[F.FrameSpec, pl.DataFrame]]:
-        if minutes is None:
-            return []
-        return [(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, es.site_rollup(minutes, gpu, host)),
-                (F.JOB_ENERGY_MINUTE, es.job_rollup(minutes, ranks, gpu, host))]
+        return [] if minutes is None else es.rollup_frames(minutes, ranks, gpu, host)
 
     carry: pl.DataFrame | None = None
     prev: pl.DataFrame | None = None

@@ -51,13 +51,18 @@ def rollup_window(store: Store, start: dt.datetime, end: dt.datetime) -> dict[st
         roll = energy.energy_rollup(samples, window_start=start, window_end=end)
         minutes = roll.minutes.select(list(F.GPU_ENERGY_MINUTE.names))
         gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
-        sites = site_rollup(minutes, gpu, host)
-        jobs = job_rollup(minutes, ranks_during(store, start, end), gpu, host)
-        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, sites), (F.JOB_ENERGY_MINUTE, jobs)],
-                           source=f"energy_rollup:{start.isoformat()}")
+        frames = rollup_frames(minutes, ranks_during(store, start, end), gpu, host)
+        store.write_frames(frames, source=f"energy_rollup:{start.isoformat()}")
         return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
-                "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": jobs.height,
+                "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": frames[2][1].height,
                 "no_energy_data": int((roll.gpus["status"] == "no_energy_data").sum()) if "status" in roll.gpus.columns else 0}
+
+
+def rollup_frames(minutes: pl.DataFrame, job_rank: pl.DataFrame, gpu: pl.DataFrame, host: pl.DataFrame) -> list[tuple[F.FrameSpec, pl.DataFrame]]:
+    """What a roll-up writes for per-GPU ``minutes``: those minutes, their per-site sums and the jobs'
+    shares (``job_rank``: the assignments overlapping them), in that order."""
+    return [(F.GPU_ENERGY_MINUTE, minutes), (F.SITE_ENERGY_MINUTE, site_rollup(minutes, gpu, host)),
+            (F.JOB_ENERGY_MINUTE, job_rollup(minutes, job_rank, gpu, host))]
 
 
 def energy_report(store: Store, start: dt.datetime, end: dt.datetime, by: list[str]) -> pl.DataFrame:
