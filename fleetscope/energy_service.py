@@ -179,12 +179,13 @@ def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
     from sqlalchemy import delete
 
     from fleetscope import schema
+    from fleetscope.queries import energy_rollup_end
 
     jr = store.read("job_rank", job_id=job_ids)
-    newest = store.query('SELECT MAX("minute") AS m FROM gpu_energy_minute', [], {"m": F.UTC_US})["m"]
-    if jr.height == 0 or newest.is_empty() or newest[0] is None:
+    rolled_to = energy_rollup_end(store)
+    if jr.height == 0 or rolled_to is None:
         return {"jobs": 0, "rows": 0}
-    lo, hi = floor_minute(jr["start"].min()), newest[0] + dt.timedelta(minutes=1)
+    lo, hi = floor_minute(jr["start"].min()), rolled_to
     if not jr["end"].null_count():
         hi = min(hi, floor_minute(jr["end"].max()) + dt.timedelta(minutes=1))
     if hi <= lo:
