@@ -670,9 +670,9 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     start, end = _as_utc(start), _as_utc(end)
     bucket_s = max(60, int(bucket_s) // 60 * 60)
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
-    if site is not None:
-        meters = meters.filter(pl.col("series").str.contains(f'site="{site}"', literal=True))
-    return energy.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
+    # by the site label pue_series itself parses, not a second text match on the series key
+    out = energy.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
+    return out if site is None else out.filter(pl.col("site_id") == site)
 
 
 _JOB_ENERGY = {"job_id": pl.String, "model_name": pl.String, "kind": pl.String, "energy_j": pl.Float64, "gpu_hours": pl.Float64,

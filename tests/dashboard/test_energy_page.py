@@ -74,6 +74,7 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     pue = Q.pue_over_time(store, E0, end, bucket_s=300)
     assert pue["site_id"].unique().to_list() == ["site-a"] and pue["pue"].to_list() == pytest.approx([1.3] * 4)
     assert pue["category"].unique().to_list() == [2]
+    assert Q.pue_over_time(store, E0, end, site="site-a", bucket_s=300).equals(pue) and Q.pue_over_time(store, E0, end, site="site-b").is_empty()
     power = Q.rollup_power(store, E0, end, bucket_s=600)
     site_min = store.read("site_energy_minute")
     assert power.height == 4 and power["ts"].to_list() == [E0, E0, E0 + dt.timedelta(minutes=10), E0 + dt.timedelta(minutes=10)]
