@@ -379,9 +379,11 @@ def job_report(store: Store, job_id: str, start: dt.datetime | None = None, end:
     energy, location- and market-based kgCO2e side by side (GHG Protocol Scope 2 dual reporting), per site
     with the PUE and basis of each, and energy per step, per million tokens and useful FLOPs per J
     (``analyzers.energy.energy_productivity``) from the job's step records in the same period.
-    ``NotFound`` where no roll-up covers the job."""
+    ``NotFound`` where no roll-up covers the job, ``ValueError`` for an empty period."""
     # an instant without a zone is taken as UTC, as the rest of the API reads time
     start, end = (t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t for t in (start, end))
+    if start and end and end <= start:
+        raise ValueError("end must be after start")
     rows = _job_rows(store, [job_id], start, end)
     if rows is None:
         raise NotFound(f"no energy roll-up covers job {job_id!r}" + (" in that period" if start or end else "") + ": no rank-to-GPU assignments or no roll-ups yet")
