@@ -41,10 +41,6 @@ def _status(code: int, message: str, encoding: str, http_status: int, headers: d
     return Response(st.SerializeToString(), http_status, headers=headers, media_type="application/x-protobuf")
 
 
-class _TooLarge(Exception):
-    """The decompressed body passes the limit."""
-
-
 class _BadGzip(Exception):
     """A body that says gzip and is not (or is cut short)."""
 
@@ -56,9 +52,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
 
     if gzipped:
         try:
-            body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")
-        except ingestion.TooLarge:
-            raise _TooLarge from None
+            body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")  # ingestion.TooLarge past the limit
         except ParseError as exc:
             raise _BadGzip(str(exc)) from None
     return otlp.parse(body, encoding=encoding, source="otlp:/v1/metrics")
@@ -68,6 +62,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
 async def otlp_metrics(request: Request) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
     global _in_flight
+    from fleetscope import ingestion
     from ingest import otlp
 
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -87,7 +82,7 @@ async def otlp_metrics(request: Request) -> Response:
             # Decompression and decoding together in a worker thread: at a large fleet's scrape (~100 MB
             # inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
             batch = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
-        except _TooLarge:
+        except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:
             return _status(3, f"invalid gzip body: {exc}", encoding, 400)
