@@ -1,0 +1,190 @@
+"""ingest.dcgm_lines: the small-body reader gives the columnar parser's Batch, or declines.
+
+Every body here is read both ways: where the line reader accepts one, each frame and each count must
+equal ingest.dcgm.parse's; where it declines, the columnar parser is the one that answers (and raises
+its ParseError with the line)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from fleetscope.errors import ParseError
+from fleetscope import frames as F
+from fleetscope.frames import Batch
+from ingest import dcgm, dcgm_lines
+
+REPO = Path(__file__).resolve().parents[2]
+TELEMETRY = REPO.parent / "shared" / "realdata" / "telemetry"
+TS = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+_spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+
+
+def _us(ts: datetime) -> int:
+    return dcgm._to_us(ts)
+
+
+def _frames_equal(a: Batch, b: Batch) -> None:
+    for name in ("gpu", "gpu_sample", "gpu_workload", "health_event", "metric_sample"):
+        x, y = getattr(a, name), getattr(b, name)
+        if (x is None or x.height == 0) and (y is None or y.height == 0):
+            continue
+        assert x is not None and y is not None, name
+        # As the store gets them: conformed, one row per natural key.
+        x, y = F.conform(F.FRAMES[name], x), F.conform(F.FRAMES[name], y)
+        assert_frame_equal(x.sort(x.columns), y.sort(y.columns), check_column_order=True), name
+
+
+def _same_as_columnar(body: bytes, ts: datetime = TS) -> bool:
+    """True when the line reader took the body (and matched); False when it declined."""
+    lines = dcgm_lines.read(body)
+    if lines is None:
+        return False
+    full = dcgm.parse(body, source="s", ts=ts)
+    _frames_equal(full, dcgm_lines.assemble([(lines, _us(ts))], source="s"))
+    # "lexer" and "lines" say which way the body was read, not what it held.
+    meta = {k: v for k, v in full.meta.items() if k not in ("lexer", "lines")}
+    assert meta == {k: v for k, v in lines.meta.items() if k != "lexer"}
+    assert lines.values() == full.values()
+    return True
+
+
+@pytest.mark.parametrize("name", [
+    "dcgm-exporter_metrics_8xH100_k8s-pod-labels_sampled_nvidia-aicr.prom",
+    "dcgm-exporter_metrics_1xL4_default-counters_full_cncf-kops.prom",
+    "dcgm-exporter_metrics_L40S_helm-default_full_cncf-upcloud.prom",
+])
+def test_real_bodies_read_alike(name):
+    path = TELEMETRY / name
+    if not path.exists():
+        pytest.skip(f"{path} absent (shared/realdata)")
+    assert _same_as_columnar(path.read_bytes())
+
+
+def test_agent_bodies_with_pods_faults_and_xids():
+    for h in range(12):
+        body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.5, xids={8 * h + 3: 79})
+        assert _same_as_columnar(body)
+
+
+def test_blanks_nonfinite_duplicates_unmapped_and_skipped_alike():
+    u = 'gpu="0",UUID="GPU-a",Hostname="n1",modelName="H100",pci_bus_id="00000000:53:00.0",DCGM_FI_DRIVER_VERSION="580"'
+    body = (
+        "# HELP DCGM_FI_DEV_GPU_TEMP t\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"
+        f"DCGM_FI_DEV_GPU_TEMP{{{u}}} 41\n"
+        f"DCGM_FI_DEV_GPU_TEMP{{{u}}} 99\n"  # a duplicate: the first stays
+        f"DCGM_FI_DEV_POWER_USAGE{{{u}}} 140737488355328\n"  # FP64 blank
+        f"DCGM_FI_DEV_SM_CLOCK{{{u}}} 2147483632\n"  # INT32 blank
+        f"DCGM_FI_DEV_MEM_CLOCK{{{u}}} NaN\n"
+        f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{u}}} 123456789\n"
+        f"DCGM_FI_DEV_FB_USED{{{u}}} 1.5e3\n"
+        f"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{u}}} 17\n"  # no gpu_sample column: metric_sample
+        f"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{u}}} 18\n"
+        f'DCGM_FI_DEV_XID_ERRORS{{{u}}} 79\n'
+        'go_goroutines{instance="x"} 12\n'
+        f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{u}}} 2\n"
+    ).encode()
+    assert _same_as_columnar(body)
+    lines = dcgm_lines.read(body)
+    batch = dcgm_lines.assemble([(lines, _us(TS))])
+    row = batch.gpu_sample.row(0, named=True)
+    assert row["temp_c"] == 41 and row["power_w"] is None and row["sm_clock_mhz"] is None
+    assert row["energy_j"] == pytest.approx(123456.789) and row["fb_used_bytes"] == 1500 * 2**20
+    assert lines.meta["duplicates_dropped"] == 2 and lines.meta["dcgm_blank_dropped"] == 2 and lines.meta["non_finite_dropped"] == 1
+    assert lines.meta["skipped_names"] == {"go_goroutines": 1}
+    assert sorted(batch.health_event["kind"].to_list()) == ["ecc", "xid"]
+
+
+def test_mig_and_extra_labels_alike():
+    base = 'gpu="0",UUID="GPU-m",Hostname="n1",modelName="A100",GPU_I_PROFILE="1g.10gb",GPU_I_ID="{i}"'
+    body = "".join(
+        f'DCGM_FI_DEV_GPU_UTIL{{{base.format(i=i)}}} {i * 10}\nDCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{base.format(i=i)},link="{i}"}} 5\n'
+        for i in range(3)
+    ).encode()
+    # A metric_sample line with an extra label has a second block for the same GPU: declined, and the
+    # columnar parser reads it.
+    assert dcgm_lines.read(body) is None
+    plain = b"".join(line + b"\n" for line in body.split(b"\n") if b"GPU_UTIL" in line)
+    assert _same_as_columnar(plain)
+    b = dcgm_lines.assemble([(dcgm_lines.read(plain), _us(TS))])
+    assert sorted(b.gpu_sample["gpu_uuid"].to_list()) == ["GPU-m/mig0", "GPU-m/mig1", "GPU-m/mig2"]
+
+
+@pytest.mark.parametrize("body", [
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a"} 41 1700000000000\n',  # its own timestamp
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a"} 41',  # no final newline: a cut body
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a"}\t41\n',
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",x="a\\"b"} 41\n',  # an escape
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",x="}"} 41\n',  # a brace in a value
+    b'DCGM_FI_DEV_GPU_TEMP 41\n',  # no labels
+    b'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 41\n',  # no UUID
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a"} 0x29\n',
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",UUID="GPU-b"} 41\n',
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a\x00"} 41\n',
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-\xff"} 41\n',  # not UTF-8
+    b'9DCGM{UUID="GPU-a"} 41\n',
+    b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",gpu="x"} 41\n',
+])
+def test_unusual_bodies_are_declined(body):
+    assert dcgm_lines.read(body) is None
+
+
+def test_oversized_body_is_left_to_the_columnar_parser():
+    body = _bench.synth_scrape(8 * 40, seed=3)
+    assert len(body) > dcgm_lines.MAX_BYTES
+    assert dcgm_lines.read(body) is None
+
+
+def test_mutated_bodies_read_alike_or_are_declined():
+    """Random cuts, swaps and byte flips of an agent body: never a different answer than the columnar parser's."""
+    rng = random.Random(7)
+    base = _bench.synth_scrape(8, seed=11, busy_fraction=0.5).split(b"\n")
+    accepted = declined = 0
+    for _ in range(150):
+        lines = list(base)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(lines))
+            op = rng.randrange(5)
+            if op == 0:
+                del lines[i]
+            elif op == 1:
+                lines.insert(i, lines[rng.randrange(len(lines))])
+            elif op == 2 and lines[i]:
+                j = rng.randrange(len(lines[i]))
+                lines[i] = lines[i][:j] + bytes([rng.choice(b' {}"=,\\#9aZ.\n')]) + lines[i][j + 1:]
+            elif op == 3:
+                lines[i] = lines[i].replace(b" ", b"  ", 1)
+            else:
+                rng.shuffle(lines)
+        body = b"\n".join(lines)
+        try:
+            ok = _same_as_columnar(body)
+        except ParseError:
+            # The columnar parser refuses it; the line reader must have declined it, never read it.
+            assert dcgm_lines.read(body) is None
+            ok = False
+        accepted += ok
+        declined += not ok
+    assert accepted > 20 and declined > 20
+
+
+def test_many_bodies_assemble_as_their_merged_parses():
+    bodies = [_bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.3) for h in range(6)]
+    bodies.append(bodies[0])  # the same node again, a scrape later: its own rows
+    times = [TS + timedelta(seconds=k) for k in range(len(bodies))]
+    merged = Batch(source="s")
+    for body, ts in zip(bodies, times):
+        merged = merged.merge(dcgm.parse(body, source="s", ts=ts))
+    group = dcgm_lines.assemble([(dcgm_lines.read(b), _us(t)) for b, t in zip(bodies, times)], source="s")
+    _frames_equal(merged, group)
+    assert group.gpu_sample.height == 8 * 7
+    again = dcgm_lines.read(bodies[0]).keys[0]
+    assert group.gpu_sample.filter(pl.col("gpu_uuid") == again)["ts"].to_list() == [times[0], times[-1]]
