@@ -42,13 +42,14 @@ def value(field: str, f: int, i: int) -> float:
     return float((i * 7 + f * 13) % 97)
 
 
-def build_request(gpus: int, ts_ns: int) -> bytes:
+def build_request(gpus: int, ts_ns: int, first: int = 0) -> bytes:
+    """One OTLP request of ``gpus`` GPUs' DCGM fields, numbered from ``first`` (8 to a host)."""
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
     rm.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="dcgm-exporter")))
     sm = rm.scope_metrics.add()
     labels = []
-    for i in range(gpus):
+    for i in range(first, first + gpus):
         host = f"gpu-node-{i // 8:05d}"
         labels.append([
             KeyValue(key="gpu", value=AnyValue(string_value=str(i % 8))),
@@ -61,11 +62,11 @@ def build_request(gpus: int, ts_ns: int) -> bytes:
     for f, name in enumerate(FIELDS):
         m = sm.metrics.add()
         m.name = name
-        for i in range(gpus):
+        for k, i in enumerate(range(first, first + gpus)):
             dp = m.gauge.data_points.add()
             dp.time_unix_nano = ts_ns
             dp.as_double = value(name, f, i)
-            dp.attributes.extend(labels[i])
+            dp.attributes.extend(labels[k])
     return req.SerializeToString()
 
 

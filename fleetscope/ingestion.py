@@ -21,11 +21,13 @@ from typing import Any
 import polars as pl
 from isal import isal_zlib
 
+from fleetscope import door
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
 from fleetscope.textinput import MAX_GZIP_MEMBERS
 from fleetscope.store import Store, WriteResult
+from ingest import dcgm_lines
 
 SNIFF_BYTES = 256 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
@@ -292,39 +294,49 @@ def _member_check(member: int, source: str) -> None:
 
 
 def _notes(batch: F.Batch) -> dict[str, Any]:
-    """The parsers' small scalar notes (skipped lines, averages, where an id came from), JSON-safe."""
-    out: dict[str, Any] = {}
-    for k, v in batch.meta.items():
-        if isinstance(v, (int, float, str, bool)) or v is None:
-            out[k] = v
-    return out
+    return door.notes(batch.meta)
+
+
+def _content_sha(data: bytes, fmt: str, opts: Options) -> str:
+    """The content hash of an input: its bytes and the options it was ingested with (the same trace under
+    another job id is new data)."""
+    h = hashlib.sha256(data)
+    h.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
+    return h.hexdigest()
 
 
 _BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-hash")
 
 
-def _ingested_before(store: Store, data: bytes, fmt: str, opts: Options) -> tuple[str, bool]:
-    """The content hash of an input and whether the store has ingested that content before."""
-    # The options are part of what was ingested: the same trace under another job id is new data.
-    h = hashlib.sha256(data)
-    h.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
-    sha = h.hexdigest()
-    return sha, store.already_ingested(sha)
+def to_push(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options(), now: dt.datetime | None = None,
+            formats: list[str] | None = None) -> door.Push:
+    """An input made ready for the ingest door: parsed, or, for a small dcgm-exporter body (an agent's
+    per-node push), left for the door to read with the rest of its group. ``now`` stamps formats without
+    timestamps when ``opts.ts`` does not (the time the input was received); ``formats``, where the caller
+    has resolved them already."""
+    formats = formats or resolve(data, source=source, fmt=fmt)
+    if formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES and not data.startswith(GZIP_MAGIC):
+        when = opts.ts or now or dt.datetime.now(dt.UTC)
+        return door.Push(source, _content_sha(data, fmt, opts), formats, dcgm=data, ts_us=_epoch_us(when))
+    # Hashing the input overlaps the parse (hashlib releases the GIL; the server has a second core):
+    # 15 ms of a 17 MB scrape's ingest.
+    sha = _BESIDE.submit(_content_sha, data, fmt, opts)
+    formats, batch = parse(data, source=source, fmt=formats[0] if len(formats) == 1 else fmt, opts=opts)
+    return door.Push(source, sha.result(), formats, batch=batch, notes=_notes(batch))
+
+
+def _epoch_us(when: dt.datetime) -> int:
+    when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def outcome_of(accepted: door.Accepted) -> Outcome:
+    return Outcome(source=accepted.source, formats=accepted.formats, result=accepted.result, skipped_duplicate=accepted.skipped_duplicate,
+                   notes=accepted.notes, health_event=accepted.health_event)
 
 
 def ingest_bytes(store: Store, data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> Outcome:
-    """Parse and write one input atomically. A byte-identical input already ingested writes nothing."""
-    # Hashing the input and asking the store about it overlap the parse (hashlib and the database
-    # driver release the GIL; the server has a second core): 15 ms of a 17 MB scrape's ingest.
-    seen = _BESIDE.submit(_ingested_before, store, data, fmt, opts)
-    formats, batch = parse(data, source=source, fmt=fmt, opts=opts)
-    outcome = Outcome(source=source, formats=formats, notes=_notes(batch))
-    sha, duplicate = seen.result()
-    if duplicate:
-        # Natural keys would make the rewrite a no-op anyway; skipping saves the work and says so.
-        outcome.skipped_duplicate = True
-        outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())
-        return outcome
-    outcome.result = store.write(batch, content_sha256=sha)
-    outcome.health_event = batch.health_event
-    return outcome
+    """Parse and write one input atomically, through the ingest door. A byte-identical input (with the
+    same options) already ingested writes nothing."""
+    return outcome_of(door.for_store(store).accept(to_push(data, source=source, fmt=fmt, opts=opts)))

@@ -23,6 +23,11 @@ REQUEST_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+INGEST_GROUP_PUSHES = Histogram(
+    "fleetscope_ingest_group_pushes", "Pushes written together in one group commit", registry=REGISTRY,
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+INGEST_REFUSED_OVERLOAD = Counter("fleetscope_ingest_refused_overload", "Pushes refused with 503 because too many were waiting", registry=REGISTRY)
 TASKS = Counter("fleetscope_tasks", "Celery task outcomes, by task and state", ["task", "state"], registry=REGISTRY)
 
 _configured = False

@@ -38,6 +38,19 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number") from None
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name}={raw!r}: expected a finite number of at least 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting, with the environment variable that sets it in ``metadata["env"]``."""
@@ -50,6 +63,9 @@ class Settings:
     api_port: int = field(metadata={"env": "FLEETSCOPE_API_PORT", "doc": "port `fleetscope serve` binds", "default": "8000"})
     api_url: str = field(metadata={"env": "FLEETSCOPE_API_URL", "doc": "where the agent and CLI reach the API", "default": "http://$FLEETSCOPE_API_HOST:$FLEETSCOPE_API_PORT"})
     max_body_bytes: int = field(metadata={"env": "FLEETSCOPE_MAX_BODY_BYTES", "doc": "largest request body the API accepts (413 above)", "default": str(256 * 2**20)})
+    group_commit_ms: float = field(metadata={"env": "FLEETSCOPE_GROUP_COMMIT_MS", "doc": "how long the ingest door waits for more pushes to commit with the first", "default": "2"})
+    ingest_max_pending: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING", "doc": "pushes waiting to be written per API process before 503 + Retry-After", "default": "1024"})
+    ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After", "default": "512"})
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
@@ -83,6 +99,9 @@ def load() -> Settings:
         api_port=port,
         api_url=_env("FLEETSCOPE_API_URL", f"http://{host}:{port}"),
         max_body_bytes=_int("FLEETSCOPE_MAX_BODY_BYTES", 256 * 2**20),
+        group_commit_ms=_float("FLEETSCOPE_GROUP_COMMIT_MS", 2.0),
+        ingest_max_pending=_int("FLEETSCOPE_INGEST_MAX_PENDING", 1024),
+        ingest_max_pending_mb=_int("FLEETSCOPE_INGEST_MAX_PENDING_MB", 512),
         auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
         retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
         otel_exporter=otel,

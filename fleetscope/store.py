@@ -17,12 +17,12 @@ import datetime as dt
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, select, text
 
 from fleetscope import frames as F
 from fleetscope import schema, sqlite_reader
@@ -75,6 +75,10 @@ _COUNTER_CODES = frozenset(code for _, _, code, _ in F.DCGM_HEALTH_COUNTERS)
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
 
 
+# What an ingest-log row holds: source, content hash, rows written per frame, values.
+LogRows = Callable[[WriteResult], list[tuple[str, str | None, dict[str, int], int]]]
+
+
 class Store:
     """One database, SQLite or PostgreSQL, behind the canonical frames."""
 
@@ -105,18 +109,24 @@ class Store:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def write(self, batch: F.Batch, *, content_sha256: str | None = None) -> WriteResult:
+    def write(self, batch: F.Batch, *, content_sha256: str | None = None, ingest_log: LogRows | None = None) -> WriteResult:
         """Write every frame of ``batch`` in one transaction: all of it or, on any error, nothing.
 
         Rows whose natural key is already stored are skipped (telemetry) or update the stored row
         (inventory, findings), so writing the same Batch twice leaves one copy.
         """
-        return self.write_frames(list(batch.frames()), source=batch.source, values=batch.values(), content_sha256=content_sha256)
+        return self.write_frames(list(batch.frames()), source=batch.source, values=batch.values(), content_sha256=content_sha256,
+                                 ingest_log=ingest_log)
 
     def write_frames(
-        self, frames: Sequence[tuple[F.FrameSpec, pl.DataFrame]], *, source: str, values: int = 0, content_sha256: str | None = None
+        self, frames: Sequence[tuple[F.FrameSpec, pl.DataFrame]], *, source: str, values: int = 0, content_sha256: str | None = None,
+        ingest_log: LogRows | None = None,
     ) -> WriteResult:
-        """Write frames of any registered spec (canonical or governance) in one transaction, all or nothing."""
+        """Write frames of any registered spec (canonical or governance) in one transaction, all or nothing.
+
+        The ingest log gets one row for the write, or, with ``ingest_log``, the rows it makes of the write's
+        result — (source, content hash, rows written per frame, values) per input of a group commit —
+        in the same transaction."""
         with tracer().start_as_current_span("store.write") as span:
             span.set_attribute("fleetscope.source", source)
             span.set_attribute("db.system", self.dialect)
@@ -140,7 +150,8 @@ class Store:
             with self._write_lock, self.engine.begin() as conn:
                 for spec, df in conformed:
                     result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
-                self._log_ingest(conn, source, content_sha256, result)
+                entries = ingest_log(result) if ingest_log is not None else [(source, content_sha256, result.written, result.values)]
+                self._log_ingest(conn, entries)
             # Only ids from a committed transaction are remembered: a rolled-back insert never existed.
             if len(self._series_cache) + len(new_series) > 2_000_000:
                 self._series_cache.clear()
@@ -311,16 +322,12 @@ class Store:
                     found.extend(cur.fetchall())
         return pl.DataFrame(found, schema={"series_id": pl.Int64, "series": pl.String}, orient="row")
 
-    def _log_ingest(self, conn: Connection, source: str, sha: str | None, result: WriteResult) -> None:
-        conn.execute(
-            schema.ingest_log.insert().values(
-                at=dt.datetime.now(dt.UTC),
-                source=source[:2000],
-                content_sha256=sha,
-                rows_json=json.dumps(result.written, sort_keys=True),
-                values=result.values,
-            )
-        )
+    def _log_ingest(self, conn: Connection, entries: list[tuple[str, str | None, dict[str, int], int]]) -> None:
+        at = dt.datetime.now(dt.UTC)
+        conn.execute(schema.ingest_log.insert(), [
+            {"at": at, "source": source[:2000], "content_sha256": sha, "rows_json": json.dumps(written, sort_keys=True), "values": values}
+            for source, sha, written, values in entries
+        ])
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -521,6 +528,15 @@ class Store:
             for name in F.FRAMES:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
         return out
+
+    def ingested(self, shas: Sequence[str]) -> set[str]:
+        """Which of these content hashes the ingest log holds (one query for a whole group commit)."""
+        found: set[str] = set()
+        t = schema.ingest_log.c.content_sha256
+        with self.engine.connect() as conn:
+            for i in range(0, len(shas), 500):
+                found.update(conn.execute(select(t).where(t.in_(list(shas[i : i + 500])))).scalars())
+        return found
 
     def already_ingested(self, content_sha256: str) -> bool:
         with self.engine.connect() as conn:

@@ -55,6 +55,7 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
+from fleetscope import door
 from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
 
@@ -226,11 +227,9 @@ def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Option
     sha.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
     digest = sha.hexdigest()
     outcome = Outcome(source=source, formats=["kineto"], notes={**_notes(batch), "streamed": True})
-    if store.already_ingested(digest):
-        outcome.skipped_duplicate = True
-        outcome.result = WriteResult(offered=batch.rows(), written={k: 0 for k in batch.rows()}, values=batch.values())
-        return outcome
-    outcome.result = store.write(batch, content_sha256=digest)
+    accepted = door.for_store(store).accept(door.Push(source, digest, ["kineto"], batch=batch))
+    outcome.skipped_duplicate = accepted.skipped_duplicate
+    outcome.result = accepted.result
     return outcome
 
 
@@ -328,18 +327,14 @@ def _write(store: Store, batch: F.Batch, sha: str, outcome: Outcome, where: str)
         return True
     batch.source = outcome.source
     result = outcome.result
-    if store.already_ingested(sha):
-        outcome.notes["chunks_already_ingested"] = outcome.notes.get("chunks_already_ingested", 0) + 1
-        for k, v in batch.rows().items():
-            result.offered[k] = result.offered.get(k, 0) + v
-            result.written.setdefault(k, 0)
-        result.values += batch.values()
-        return True
     try:
-        wrote = store.write(batch, content_sha256=sha)
+        accepted = door.for_store(store).accept(door.Push(outcome.source, sha, outcome.formats, batch=batch))
     except ValidationError as exc:
         outcome.error = f"{outcome.source}: {where}: {exc}"
         return False
+    wrote = accepted.result
+    if accepted.skipped_duplicate:
+        outcome.notes["chunks_already_ingested"] = outcome.notes.get("chunks_already_ingested", 0) + 1
     for k, v in wrote.offered.items():
         result.offered[k] = result.offered.get(k, 0) + v
     for k, v in wrote.written.items():

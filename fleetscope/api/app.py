@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import polars as pl
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -11,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from sqlalchemy import func, select, text
 
-from fleetscope import __version__, db, schema
+from fleetscope import __version__, db, door, schema
 from fleetscope import settings as settings_mod
 from fleetscope.api.security import require
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
@@ -145,6 +146,11 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.state.settings = settings
     app.state.store = store
+    app.state.door = door.Door(
+        store, window_s=settings.group_commit_ms / 1000, max_pending=settings.ingest_max_pending,
+        max_pending_bytes=settings.ingest_max_pending_mb * 2**20, after_commit=lambda health, jobs: _after_commit(app, health, jobs),
+    )
+    app.router.on_shutdown.append(app.state.door.close)
 
     app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -201,6 +207,19 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_jobs.router)
     app.include_router(routes_otlp.router)
     return app
+
+
+def _after_commit(app: FastAPI, health: pl.DataFrame | None, job_ids: list[str]) -> None:
+    """What follows a group commit, off the writer: an alert evaluation now when the health events are ones
+    a rule reads, and the per-job energy minutes of jobs whose rank assignments came after their roll-up."""
+    from fleetscope.api.routes_alerts import kick_evaluation
+
+    if health is not None:
+        kick_evaluation(app, health)
+    if job_ids:
+        from fleetscope.energy_service import reroll_jobs
+
+        reroll_jobs(app.state.store, job_ids)
 
 
 def _registry_with(store: Store):  # type: ignore[no-untyped-def]

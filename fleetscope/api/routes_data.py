@@ -7,21 +7,24 @@ import json
 from typing import Annotated, Any
 
 import polars as pl
-from fastapi import APIRouter, BackgroundTasks, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from fleetscope import auth
+from fleetscope import auth, door
 from fleetscope import frames as F
-from fleetscope.api.routes_alerts import kick_evaluation
 from fleetscope.api.security import require
 from fleetscope.errors import ValidationError
 from fleetscope.store import content_hash
+from ingest import dcgm_lines
 
 router = APIRouter(prefix="/api/v1", tags=["data"])
 
 MAX_READ_ROWS = 100_000
+# Bodies up to this size are made ready on the event loop (see post_ingest).
+SMALL_BODY_BYTES = 64 * 1024
 MAX_PARTS = 10**9  # more GPUs than any fleet has; A^N of anything larger is a typo or an attack
 
 
@@ -39,7 +42,7 @@ def _decode_json(body: bytes) -> Any:
 
 
 @router.post("/batches", dependencies=[Depends(require("ingest"))])
-async def post_batch(request: Request, background: BackgroundTasks) -> JSONResponse:
+async def post_batch(request: Request) -> JSONResponse:
     """Write one Batch given as ``{"source": "...", "frames": {"gpu_sample": [{...}, ...], ...}}``.
 
     All frames are written in one transaction, or none: a bad record anywhere gets 422 naming the frame,
@@ -60,16 +63,20 @@ async def post_batch(request: Request, background: BackgroundTasks) -> JSONRespo
         if not isinstance(records, list):
             raise HTTPException(400, f"frames.{name} must be a list of records")
         setattr(batch, name, F.from_records(F.FRAMES[name], records))
-    store = request.app.state.store
-    result = await run_in_threadpool(store.write, batch, content_sha256=content_hash(body))
-    if result.written.get("health_event"):
-        background.add_task(kick_evaluation, request.app, batch.health_event)
-    if result.written.get("job_rank"):
-        # assignments for minutes already rolled up: the jobs' per-job minutes are rewritten after the answer
-        from fleetscope.energy_service import reroll_jobs
+    push = door.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False)
+    accepted = await accept(request, push)
+    return JSONResponse(accepted.result.to_dict())
 
-        background.add_task(run_in_threadpool, reroll_jobs, store, batch.job_rank["job_id"].unique().to_list())
-    return JSONResponse(result.to_dict())
+
+async def accept(request: Request, push: door.Push) -> door.Accepted:
+    """Through the app's ingest door; 503 with ``Retry-After`` when it is full or the database is busy
+    (retryable: nothing of the push was stored)."""
+    try:
+        return await request.app.state.door.accept_async(push)
+    except door.Overloaded as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except OperationalError:
+        raise HTTPException(503, "database busy or unreachable; retry shortly", headers={"Retry-After": "2"}) from None
 
 
 @router.get("/frames/{frame}", dependencies=[Depends(require("read"))])
@@ -106,7 +113,6 @@ def get_counts(request: Request) -> dict[str, int]:
 async def post_ingest(
     request: Request,
     fmt: str,
-    background: BackgroundTasks,
     source: Annotated[str, Query(max_length=2000)] = "api",
     job_id: Annotated[str | None, Query(max_length=500)] = None,
     ts: Annotated[dt.datetime | None, Query(description="timestamp for formats without their own (RFC 3339, with zone)")] = None,
@@ -125,26 +131,37 @@ async def post_ingest(
     body = await request.body()
     if not body:
         raise HTTPException(400, "empty body")
-    store = request.app.state.store
     limit = request.app.state.settings.max_body_bytes
+    received = dt.datetime.now(dt.UTC)
+    opts = ingestion.Options(job_id=job_id, ts=ts)
 
-    def run() -> ingestion.Outcome:
-        data = body
+    def inflate() -> tuple[bytes, list[str]]:
         # A gzip body is inflated here, within the body limit, so no parser ever holds a bomb's output;
         # a Kineto trace stays compressed: its parser inflates it a piece at a time, whatever its size.
-        if body.startswith(ingestion.GZIP_MAGIC) and ingestion.resolve(body, source=source, fmt=fmt) != ["kineto"]:
-            data = ingestion.gunzip_capped(body, limit, source)
-        return ingestion.ingest_bytes(store, data, source=source, fmt=fmt, opts=ingestion.Options(job_id=job_id, ts=ts))
+        formats = ingestion.resolve(body, source=source, fmt=fmt)
+        if body.startswith(ingestion.GZIP_MAGIC) and formats != ["kineto"]:
+            return ingestion.gunzip_capped(body, limit, source), formats
+        return body, formats
+
+    def prepare(data: bytes, formats: list[str]) -> door.Push:
+        return ingestion.to_push(data, source=source, fmt=fmt, opts=opts, now=received, formats=formats)
 
     try:
-        outcome = await run_in_threadpool(run)
+        # A node's push (tens of kB) is inflated and sniffed here, and a small dcgm body left for the door's
+        # writer to read: a hop to the thread pool costs more than that. Anything else is parsed off the
+        # event loop.
+        if len(body) <= SMALL_BODY_BYTES:
+            data, formats = inflate()
+            small = formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES
+            push = prepare(data, formats) if small else await run_in_threadpool(prepare, data, formats)
+        else:
+            push = await run_in_threadpool(lambda: prepare(*inflate()))
     except ingestion.UnknownFormat as exc:
         raise HTTPException(415, str(exc)) from None
     except ingestion.TooLarge as exc:
         raise HTTPException(413, str(exc)) from None
-    if outcome.result and outcome.result.written.get("health_event"):
-        background.add_task(kick_evaluation, request.app, outcome.health_event)
-    return JSONResponse(json.loads(json.dumps(outcome.to_dict(), default=str)))
+    accepted = await accept(request, push)
+    return JSONResponse(json.loads(json.dumps(ingestion.outcome_of(accepted).to_dict(), default=str)))
 
 
 @router.get("/energy", dependencies=[Depends(require("read"))])

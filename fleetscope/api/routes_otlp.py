@@ -17,14 +17,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
+from fleetscope import door
 from fleetscope.api.security import require
+from fleetscope.store import content_hash
 from fleetscope.errors import FleetscopeError, ParseError
 
 router = APIRouter(tags=["otlp"])
 
-# Requests decoded and written at once; beyond this the server answers 503 + Retry-After rather than
-# queueing work it cannot finish before the client's timeout.
-MAX_IN_FLIGHT = 8
+# Requests being decoded or waiting at the door at once: enough for a fleet's agents over many
+# connections, few enough to bound the memory of large bodies; beyond this the server answers 503 +
+# Retry-After rather than queueing work it cannot finish before the client's timeout.
+MAX_IN_FLIGHT = 64
 _in_flight = 0
 _lock = asyncio.Lock()
 
@@ -45,8 +48,9 @@ class _BadGzip(Exception):
     """A body that says gzip and is not (or is cut short)."""
 
 
-def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
-    """The request body, inflated where gzip, as a Batch; ParseError where it cannot be decoded."""
+def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any, str]:
+    """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
+    where it cannot be decoded."""
     from fleetscope import ingestion
     from ingest import otlp
 
@@ -55,7 +59,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> Any:
             body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")  # ingestion.TooLarge past the limit
         except ParseError as exc:
             raise _BadGzip(str(exc)) from None
-    return otlp.parse(body, encoding=encoding, source="otlp:/v1/metrics")
+    return otlp.parse(body, encoding=encoding, source="otlp:/v1/metrics"), content_hash(body + encoding.encode())
 
 
 @router.post("/v1/metrics", dependencies=[Depends(require("ingest"))])
@@ -77,11 +81,10 @@ async def otlp_metrics(request: Request) -> Response:
         body = await request.body()
         limit = request.app.state.settings.max_body_bytes
         gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
-        store = request.app.state.store
         try:
             # Decompression and decoding together in a worker thread: at a large fleet's scrape (~100 MB
             # inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
-            batch = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
+            batch, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:
@@ -89,7 +92,12 @@ async def otlp_metrics(request: Request) -> Response:
         except FleetscopeError as exc:
             return _status(3, str(exc), encoding, 400)
         try:
-            await run_in_threadpool(store.write, batch)
+            # Through the ingest door: group-committed with the other pushes, logged, and alert evaluation
+            # woken when it carries health events a rule reads. An exporter's retry of a body already
+            # stored writes nothing.
+            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], batch=batch, nbytes=len(body)))
+        except door.Overloaded as exc:
+            return _status(14, str(exc), encoding, 503, {"Retry-After": str(exc.retry_after_s)})
         except FleetscopeError as exc:
             return _status(3, str(exc), encoding, 400)
         except OperationalError:

@@ -1,0 +1,232 @@
+"""Ingest at fleet shape: an agent per node, each pushing its own small body, many at once.
+
+2,048 hosts x 8 GPUs x 30 DCGM fields (240 values a push), posted over 16 keep-alive connections for 3 rounds
+(every host once a round, each round a new scrape time), as dcgm-exporter text to
+``POST /api/v1/ingest/dcgm`` and as OTLP protobuf to ``POST /v1/metrics``, against a running
+`fleetscope serve` on SQLite and on PostgreSQL; and, where the ``victoria-metrics`` binary is installed,
+the same dcgm bodies to VictoriaMetrics' ``/api/v1/import/prometheus`` in the same run. One JSON line per
+system and body kind: requests/s, values/s, p50/p99 latency, and the ratio to VictoriaMetrics.
+
+The load generator is a small asyncio HTTP/1.1 client over pre-built requests, so that it costs the
+2-core machine as little as it can: its CPU is taken from the server under test, for every system alike.
+
+    python benchmarks/ingest_agents.py [--hosts 2048] [--rounds 3] [--connections 16] [--workers 2]
+                                       [--no-postgres] [--no-sqlite] [--only dcgm|otlp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import gzip
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_dcgm = _load("ingest_dcgm")
+_otlp = _load("ingest_otlp")
+_server = _load("_server")
+
+VALUES_PER_HOST = 8 * 30
+T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+
+
+def dcgm_requests(hosts: int, rounds: int, host_header: str, path: str, token: str | None, ts_param: str) -> list[list[bytes]]:
+    """Per round, one raw HTTP request per host: its exporter body, stamped with the round's scrape time."""
+    bodies = [_dcgm.synth_scrape(8, first_gpu=8 * h, seed=h) for h in range(hosts)]
+    out = []
+    for r in range(rounds):
+        when = T0 + dt.timedelta(seconds=10 * r)
+        stamp = when.isoformat().replace("+", "%2B") if ts_param == "ts" else str(int(when.timestamp() * 1000))
+        reqs = []
+        for h, body in enumerate(bodies):
+            target = f"{path}?{ts_param}={stamp}&source=agent-{h}" if ts_param == "ts" else f"{path}?timestamp={stamp}"
+            reqs.append(_request(target, host_header, body, "text/plain", token))
+        out.append(reqs)
+    return out
+
+
+def otlp_requests(hosts: int, rounds: int, host_header: str, token: str) -> list[list[bytes]]:
+    out = []
+    for r in range(rounds):
+        ts_ns = int((T0 + dt.timedelta(seconds=10 * r)).timestamp()) * 10**9
+        out.append([_request("/v1/metrics", host_header, gzip.compress(_otlp.build_request(8, ts_ns, first=8 * h), compresslevel=1),
+                             "application/x-protobuf", token, gzip_=True) for h in range(hosts)])
+    return out
+
+
+def _request(target: str, host: str, body: bytes, ctype: str, token: str | None, gzip_: bool = False) -> bytes:
+    head = [f"POST {target} HTTP/1.1", f"Host: {host}", f"Content-Type: {ctype}", f"Content-Length: {len(body)}"]
+    if token:
+        head.append(f"Authorization: Bearer {token}")
+    if gzip_:
+        head.append("Content-Encoding: gzip")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list[float], statuses: dict[int, int]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while True:
+            try:
+                req = work.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            t = time.perf_counter()
+            writer.write(req)
+            status_line = await reader.readline()
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if length:
+                await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t)
+            code = int(status_line.split()[1]) if status_line else 0
+            statuses[code] = statuses.get(code, 0) + 1
+    finally:
+        writer.close()
+
+
+async def _drive(base: str, rounds: list[list[bytes]], connections: int) -> tuple[float, list[float], dict[int, int]]:
+    host, port = base.split("//")[1].split(":")
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    start = time.perf_counter()
+    for reqs in rounds:
+        work: asyncio.Queue = asyncio.Queue()
+        for r in reqs:
+            work.put_nowait(r)
+        await asyncio.gather(*(_connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
+    return time.perf_counter() - start, latencies, statuses
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def report(system: str, body: str, hosts: int, seconds: float, latencies: list[float], statuses: dict[int, int], peer: dict | None,
+           **extra: object) -> dict:
+    n = len(latencies)
+    line = {
+        "bench": "ingest_agents", "system": system, "body": body, "hosts": hosts, "requests": n,
+        "seconds": round(seconds, 2), "requests_per_s": round(n / seconds), "values_per_s": round(n * VALUES_PER_HOST / seconds),
+        "p50_ms": round(_quantile(latencies, 0.5) * 1e3, 1), "p99_ms": round(_quantile(latencies, 0.99) * 1e3, 1),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())}, "target_requests_per_s": 1000, "target_p99_ms": 100, **extra,
+    }
+    if peer:
+        line["ratio_to_victoriametrics"] = round(line["requests_per_s"] / peer["requests_per_s"], 2)
+    print(json.dumps(line), flush=True)
+    return line
+
+
+@contextlib.contextmanager
+def victoria_metrics() -> Iterator[str | None]:
+    binary = shutil.which("victoria-metrics")
+    if not binary:
+        yield None
+        return
+    port = _server.free_port()
+    data = tempfile.mkdtemp(prefix="vm-bench-")
+    proc = subprocess.Popen([binary, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def stored_rows(url: str) -> int:
+    """gpu_sample rows in the store after the dcgm load: every acknowledged push must be there."""
+    from sqlalchemy import text
+
+    from fleetscope import db
+
+    with db.make_engine(url).connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--no-sqlite", action="store_true")
+    ap.add_argument("--only", choices=("dcgm", "otlp"))
+    args = ap.parse_args()
+
+    peer = None
+    if args.only != "otlp":
+        with victoria_metrics() as vm:
+            if vm:
+                reqs = dcgm_requests(args.hosts, args.rounds, vm.split("//")[1], "/api/v1/import/prometheus", None, "timestamp")
+                seconds, lat, st = asyncio.run(_drive(vm, reqs, args.connections))
+                peer = report("victoria-metrics", "dcgm", args.hosts, seconds, lat, st, None)
+    if not args.no_sqlite:
+        run_db("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-agents-')}/fleetscope.db", args, peer)
+    if not args.no_postgres:
+        from fleetscope import db
+
+        base = os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+        try:
+            with db.scratch_database(base, "fleetscope_bench_agents") as url:
+                run_db("postgresql", url, args, peer)
+        except Exception as exc:  # noqa: BLE001 - a missing server is a skipped measurement
+            print(json.dumps({"bench": "ingest_agents", "system": "fleetscope-postgresql", "skipped": str(exc).splitlines()[0]}))
+
+
+def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) -> None:
+    for kind in ("dcgm", "otlp"):
+        if args.only and kind != args.only:
+            continue
+        with _server.served_api(url, args.workers) as (base, token):
+            hh = base.split("//")[1]
+            reqs = (dcgm_requests(args.hosts, args.rounds, hh, "/api/v1/ingest/dcgm", token, "ts") if kind == "dcgm"
+                    else otlp_requests(args.hosts, args.rounds, hh, token))
+            before = stored_rows(url)
+            seconds, lat, st = asyncio.run(_drive(base, reqs, args.connections))
+            report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None,
+                   workers=args.workers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
+
+
+if __name__ == "__main__":
+    main()

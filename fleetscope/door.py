@@ -1,0 +1,347 @@
+"""The ingest door: the one accept path of every push (the ingest and batch routes, OTLP, remote write,
+`fleetscope ingest` and the agent through them). It validates, writes, records the ingest log, and wakes
+alert evaluation, and it commits concurrent pushes together.
+
+Group commit. A fleet arrives as thousands of small pushes (an agent per node, ~240 values each), and a
+write's fixed costs — a transaction, a frame conform, a duplicate-input query, an inventory compare — do not
+shrink with the push. One writer thread per process takes every push that is waiting (after at most
+``FLEETSCOPE_GROUP_COMMIT_MS`` for company), builds the group's frames once, and writes them in one
+transaction with one ingest-log row per push. Small dcgm-exporter bodies are not even parsed alone:
+:mod:`ingest.dcgm_lines` reads each into lists and the group is assembled into frames in one go.
+
+What each push is promised:
+- *Acknowledged means stored.* A push's future resolves only after the transaction holding its rows
+  has committed; the API answers from that.
+- *Alone when it must be.* A push that does not parse is refused alone before the group forms; if a
+  group's write fails, each of its pushes is written again alone, so each gets its own answer and a bad
+  one never spoils the rest.
+- *Idempotent.* A push whose content (bytes and options) is in the ingest log, or earlier in the same
+  group, writes nothing and says so; rows already stored are skipped by their natural keys anyway.
+- *Bounded.* Past ``FLEETSCOPE_INGEST_MAX_PENDING`` pushes or ``FLEETSCOPE_INGEST_MAX_PENDING_MB`` waiting,
+  :class:`Overloaded` is raised at once (the API answers 503 with ``Retry-After``), never a hang.
+
+``written`` in a push's result: exact for a group of one. In a group of several, a frame whose rows were
+all new (or all already stored) is exact too; where only some were, the group's count is given to its
+pushes in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+from sqlalchemy.exc import OperationalError
+
+from fleetscope import frames as F
+from fleetscope.errors import FleetscopeError
+from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
+from fleetscope.store import Store, WriteResult
+from ingest import dcgm_lines
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(FleetscopeError):
+    """More pushes are waiting than the door holds; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Push:
+    """One input at the door: parsed already (``batch``), or a small dcgm body the writer reads (``dcgm``)."""
+
+    source: str
+    sha: str | None  # content hash of the input, for the ingest log
+    formats: list[str]
+    batch: F.Batch | None = None
+    dcgm: bytes | None = None
+    ts_us: int = 0  # scrape time of a ``dcgm`` body
+    notes: dict[str, Any] = field(default_factory=dict)
+    nbytes: int = 0
+    # An input whose hash the ingest log holds writes nothing. Off for JSON batches, whose update-on-
+    # conflict frames (sites, findings) may be sent again on purpose to put a value back.
+    dedupe: bool = True
+
+
+@dataclass
+class Accepted:
+    """What the door did with one push."""
+
+    source: str
+    formats: list[str]
+    result: WriteResult
+    skipped_duplicate: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 1
+    health_event: pl.DataFrame | None = field(default=None, repr=False)
+    job_ids: list[str] = field(default_factory=list, repr=False)  # jobs whose rank assignments were written
+
+
+Hook = Callable[[pl.DataFrame | None, list[str]], None]
+
+
+def notes(meta: dict[str, Any]) -> dict[str, Any]:
+    """The parsers' small scalar notes (skipped lines, averages, where an id came from), JSON-safe."""
+    return {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def _prepare(push: Push) -> None:
+    """Give a ``dcgm`` push its rows: the line reader's, or the columnar parser's where it declines."""
+    if push.dcgm is None or push.batch is not None:
+        return
+    lines = dcgm_lines.read(push.dcgm)
+    if lines is not None:
+        push.notes = notes(lines.meta)
+        push.batch = None
+        push._lines = lines  # type: ignore[attr-defined]
+        return
+    from ingest import dcgm
+
+    push.batch = dcgm.parse(push.dcgm, source=push.source, ts=dt.datetime.fromtimestamp(push.ts_us / 1e6, dt.UTC))
+    push.notes = notes(push.batch.meta)
+
+
+def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
+    """The group's Batch, each push's rows offered per frame, and each push's values."""
+    lined = [p for p in pushes if getattr(p, "_lines", None) is not None]
+    batches = [p.batch for p in pushes if p.batch is not None]
+    parts: list[F.Batch] = []
+    offered: list[dict[str, int]] = []
+    values: list[int] = []
+    if lined:
+        parts.append(dcgm_lines.assemble([(p._lines, p.ts_us) for p in lined], source=source))  # type: ignore[attr-defined]
+    parts.extend(b for b in batches if b is not None)
+    health = parts[0].health_event if lined else None
+    for p in pushes:
+        lines = getattr(p, "_lines", None)
+        if lines is not None:
+            n = len(lines.keys)
+            rows = {"gpu": n, "gpu_sample": n}
+            pods = sum(1 for lab in lines.labels if lab[dcgm_lines._OUT_INDEX["pod"]])
+            pods -= lines.meta["exporter_pod_labels_ignored"]
+            if pods:
+                rows["gpu_workload"] = pods
+            if lines.metrics:
+                rows["metric_sample"] = len(lines.metrics)
+            if health is not None and health.height:
+                keys = set(lines.keys)
+                hits = sum(1 for u, t in zip(health["gpu_uuid"].to_list(), health["ts"].dt.epoch("us").to_list()) if t == p.ts_us and u in keys)
+                if hits:
+                    rows["health_event"] = hits
+            offered.append({k: v for k, v in rows.items() if v})
+            values.append(lines.values())
+        else:
+            assert p.batch is not None
+            offered.append(p.batch.rows())
+            values.append(p.batch.values())
+    batch = parts[0]
+    for other in parts[1:]:
+        batch = batch.merge(other)
+    batch.source = source
+    return batch, offered, values
+
+
+def _attribute(group: WriteResult, offered: list[dict[str, int]]) -> list[dict[str, int]]:
+    """Each push's share of the group's rows written (see the module docstring)."""
+    out: list[dict[str, int]] = [dict.fromkeys(o, 0) for o in offered]
+    for frame, written in group.written.items():
+        total = sum(o.get(frame, 0) for o in offered)
+        left = written
+        for share, o in zip(out, offered):
+            n = o.get(frame, 0)
+            if not n:
+                continue
+            if written >= total:
+                share[frame] = n
+            else:
+                share[frame] = min(n, left)
+                left -= share[frame]
+    return out
+
+
+class Door:
+    """The accept path of one process: call :meth:`accept` from any thread, or await :meth:`accept_async`."""
+
+    def __init__(self, store: Store, *, window_s: float = 0.002, max_pending: int = 1024, max_pending_bytes: int = 512 * 2**20,
+                 max_group: int = 512, max_group_bytes: int = 64 * 2**20, after_commit: Hook | None = None):
+        self.store = store
+        self.window_s = window_s
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.max_group = max_group
+        self.max_group_bytes = max_group_bytes
+        self.after_commit = after_commit
+        self._queue: queue.SimpleQueue[tuple[Push, cf.Future[Accepted]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._pending_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._hooks = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="door-hooks")
+        self._closed = False
+
+    # --- the way in ------------------------------------------------------------------------------------
+
+    def submit(self, push: Push) -> cf.Future[Accepted]:
+        """Queue ``push`` for the next group; ``Overloaded`` at once when the door is full."""
+        push.nbytes = push.nbytes or len(push.dcgm or b"") or (push.batch.values() * 8 if push.batch is not None else 0)
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the ingest door is closing; retry shortly", 2)
+            if self._pending >= self.max_pending or (self._pending and self._pending_bytes + push.nbytes > self.max_pending_bytes):
+                INGEST_REFUSED_OVERLOAD.inc()
+                raise Overloaded(f"{self._pending} pushes ({self._pending_bytes >> 20} MiB) are waiting to be written; retry shortly")
+            self._pending += 1
+            self._pending_bytes += push.nbytes
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ingest-door", daemon=True)
+                self._thread.start()
+        fut: cf.Future[Accepted] = cf.Future()
+        self._queue.put((push, fut))
+        return fut
+
+    def accept(self, push: Push, timeout_s: float | None = None) -> Accepted:
+        return self.submit(push).result(timeout_s)
+
+    async def accept_async(self, push: Push) -> Accepted:
+        return await asyncio.wrap_future(self.submit(push))
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=60)
+        self._hooks.shutdown(wait=True)
+
+    # --- the writer --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            group = [first]
+            size = first[0].nbytes
+            deadline = time.monotonic() + self.window_s
+            stop = False
+            while len(group) < self.max_group and size < self.max_group_bytes:
+                wait = deadline - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                group.append(item)
+                size += item[0].nbytes
+            try:
+                self._commit(group)
+            except BaseException as exc:  # noqa: BLE001 - the writer must outlive any one group
+                log.exception("ingest group failed")
+                for _, fut in group:
+                    if not fut.done():
+                        fut.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._pending -= len(group)
+                    self._pending_bytes -= size
+            if stop:
+                return
+
+    def _commit(self, group: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+        live: list[tuple[Push, cf.Future[Accepted]]] = []
+        for push, fut in group:
+            try:
+                _prepare(push)
+            except Exception as exc:  # noqa: BLE001 - this push's own error, told to it alone
+                fut.set_exception(exc)
+                continue
+            live.append((push, fut))
+        if not live:
+            return
+        INGEST_GROUP_PUSHES.observe(len(live))
+        shas = [p.sha for p, _ in live if p.sha and p.dedupe]
+        stored = self.store.ingested(shas) if shas else set()
+        fresh: list[tuple[Push, cf.Future[Accepted]]] = []
+        dups: list[tuple[Push, cf.Future[Accepted]]] = []
+        seen: set[str] = set()
+        for push, fut in live:
+            if push.sha and push.dedupe and (push.sha in stored or push.sha in seen):
+                dups.append((push, fut))
+            else:
+                if push.sha and push.dedupe:
+                    seen.add(push.sha)
+                fresh.append((push, fut))
+        try:
+            if fresh:
+                self._write(fresh)
+        finally:
+            # A duplicate is told only once its first copy has been written (or has failed).
+            for push, fut in dups:
+                if not fut.done():
+                    batch, offered, values = _assemble([push], push.source)
+                    fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=offered[0], written=dict.fromkeys(offered[0], 0),
+                                                                                     values=values[0]), skipped_duplicate=True, notes=push.notes))
+
+    def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+        pushes = [p for p, _ in fresh]
+        source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
+        try:
+            batch, offered, values = _assemble(pushes, source)
+            result = self.store.write(batch, ingest_log=lambda r: [
+                (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
+        except OperationalError as exc:
+            # The database is busy or gone: every push may retry; none was stored.
+            for _, fut in fresh:
+                fut.set_exception(exc)
+            return
+        except Exception:
+            if len(fresh) == 1:
+                raise
+            log.info("a group of %d pushes failed; writing each alone", len(fresh))
+            for item in fresh:
+                try:
+                    self._write([item])
+                except Exception as exc:  # noqa: BLE001 - that push's own answer
+                    item[1].set_exception(exc)
+            return
+        shares = _attribute(result, offered)
+        written_health = batch.health_event if result.written.get("health_event") else None
+        job_ids = batch.job_rank["job_id"].unique().to_list() if result.written.get("job_rank") and batch.job_rank is not None else []
+        for (push, fut), share, off, v in zip(fresh, shares, offered, values):
+            fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=off, written=share, values=v), notes=push.notes,
+                                    group_size=len(fresh), health_event=push.batch.health_event if push.batch is not None else written_health,
+                                    job_ids=job_ids))
+        if self.after_commit is not None and (written_health is not None or job_ids):
+            self._hooks.submit(self._hook, written_health, job_ids)
+
+    def _hook(self, health: pl.DataFrame | None, job_ids: list[str]) -> None:
+        try:
+            assert self.after_commit is not None
+            self.after_commit(health, job_ids)
+        except Exception:  # noqa: BLE001 - the pushes are stored; beat's next tick covers a lost wake-up
+            log.warning("post-commit hook failed", exc_info=True)
+
+
+def for_store(store: Store) -> Door:
+    """The door of this process for ``store`` (the CLI's and tests' way in; the API makes its own with
+    the service's settings and wake-ups)."""
+    door = getattr(store, "_door", None)
+    if door is None:
+        door = store._door = Door(store)  # type: ignore[attr-defined]
+    return door

@@ -1,0 +1,199 @@
+"""The ingest door: group commit on SQLite and PostgreSQL, each push answered for itself."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import json
+import importlib.util
+import threading
+from pathlib import Path
+
+import polars as pl
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from fleetscope import door, ingestion
+from fleetscope import frames as F
+from fleetscope.errors import ParseError, ValidationError
+from fleetscope.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+
+
+def _agent_push(h: int, when: dt.datetime = T0, **kw) -> door.Push:
+    body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, **kw)
+    return ingestion.to_push(body, source=f"agent-{h}", fmt="dcgm", opts=ingestion.Options(ts=when))
+
+
+def _count(store: Store, table: str) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def _gated(store: Store) -> tuple[door.Door, threading.Event]:
+    """A door whose writer waits at its first group until the event is set: pushes pile up meanwhile."""
+    gate = threading.Event()
+    d = door.Door(store, window_s=0.0)
+    original = d._commit
+
+    def commit(group):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        return original(group)
+
+    d._commit = commit  # type: ignore[method-assign]
+    return d, gate
+
+
+def test_concurrent_pushes_commit_together_and_each_is_answered(store):
+    d, gate = _gated(store)
+    pushes = [_agent_push(h) for h in range(25)]
+    first = d.submit(pushes[0])  # the writer takes it and waits at the gate
+    futures = [d.submit(p) for p in pushes[1:]]
+    gate.set()
+    results = [f.result(30) for f in [first, *futures]]
+    d.close()
+    assert [r.result.written["gpu_sample"] for r in results] == [8] * 25
+    assert [r.result.values for r in results] == [_bench.synth_scrape(8, first_gpu=8 * h, seed=h).count(b"\n") - 2 * 30
+                                                  for h in range(25)]
+    # What queued while the first group was held went in one transaction (the first group may have
+    # taken a few that were queued before it formed).
+    assert results[-1].group_size >= 20 and sum(1 / r.group_size for r in results) <= 2.01
+    assert _count(store, "gpu_sample") == 25 * 8
+    assert _count(store, "gpu") == 25 * 8
+    # One ingest-log row per push, each with its own source and counts.
+    log = store.query("SELECT source, rows_json FROM ingest_log ORDER BY source", (), {})
+    assert log.height == 25
+    logged = json.loads(log.filter(pl.col("source") == "agent-7")["rows_json"].item())
+    assert logged == results[7].result.written == results[7].result.offered and logged["gpu_sample"] == 8
+
+
+def test_a_bad_push_is_refused_alone(store):
+    d, gate = _gated(store)
+    first = d.submit(_agent_push(0))
+    good = [d.submit(_agent_push(h)) for h in (1, 2, 3)]
+    # A batch that parses but fails validation at the write (a NaN power reading).
+    bad_batch = F.Batch(source="bad", gpu_sample=pl.DataFrame({"ts": [T0], "gpu_uuid": ["GPU-x"], "power_w": [float("nan")]}))
+    bad = d.submit(door.Push("bad", "f" * 64, ["batch"], batch=bad_batch))
+    # A small dcgm body the line reader declines and the columnar parser refuses.
+    cut = d.submit(ingestion.to_push(b'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 41\n', source="cut", fmt="dcgm", opts=ingestion.Options(ts=T0)))
+    more = [d.submit(_agent_push(h)) for h in (4, 5)]
+    gate.set()
+    assert first.result(30).result.written["gpu_sample"] == 8
+    for f in good + more:
+        assert f.result(30).result.written["gpu_sample"] == 8
+    with pytest.raises(ValidationError) as bad_err:
+        bad.result(30)
+    assert bad_err.value.frame == "gpu_sample" and bad_err.value.field == "power_w"
+    with pytest.raises(ParseError) as cut_err:
+        cut.result(30)
+    assert cut_err.value.field == "UUID"
+    d.close()
+    assert _count(store, "gpu_sample") == 6 * 8
+    assert "GPU-x" not in store.read("gpu_sample")["gpu_uuid"].to_list()
+    assert store.query("SELECT count(*) AS n FROM ingest_log WHERE source IN ('bad', 'cut')", (), {})["n"].item() == 0
+
+
+def test_resent_pushes_write_nothing_new(store):
+    d = door.Door(store)
+    one = d.accept(_agent_push(3), timeout_s=30)
+    assert not one.skipped_duplicate and one.result.written["gpu_sample"] == 8
+    again = d.accept(_agent_push(3), timeout_s=30)
+    assert again.skipped_duplicate and again.result.offered == one.result.offered
+    assert set(again.result.written.values()) == {0}
+    # Twice in one group: the second is the duplicate of the first.
+    d2, gate = _gated(store)
+    a = d2.submit(_agent_push(4))
+    b, c = d2.submit(_agent_push(5)), d2.submit(_agent_push(5))
+    gate.set()
+    assert a.result(30).result.written["gpu_sample"] == 8
+    assert b.result(30).result.written["gpu_sample"] == 8 and c.result(30).skipped_duplicate
+    # The same node a scrape later is new data.
+    later = d.accept(_agent_push(3, T0 + dt.timedelta(seconds=10)), timeout_s=30)
+    assert later.result.written["gpu_sample"] == 8
+    d.close()
+    d2.close()
+    assert _count(store, "gpu_sample") == 4 * 8
+    assert _count(store, "ingest_log") == 4
+
+
+def test_acknowledged_means_readable_by_another_connection(store):
+    d = door.Door(store)
+    futures = [d.submit(_agent_push(h)) for h in range(6)]
+    other = Store.open(str(store.engine.url.render_as_string(hide_password=False)))
+    try:
+        for h, f in enumerate(futures):
+            f.result(30)
+            uuids = set(_bench_uuids(h))
+            got = set(other.read("gpu_sample", gpu_uuid=list(uuids))["gpu_uuid"].to_list())
+            assert got == uuids
+    finally:
+        other.engine.dispose()
+        d.close()
+
+
+def _bench_uuids(h: int) -> list[str]:
+    from ingest import dcgm_lines
+
+    return dcgm_lines.read(_bench.synth_scrape(8, first_gpu=8 * h, seed=h)).keys
+
+
+def test_a_full_door_refuses_at_once(store):
+    d, gate = _gated(store)
+    d.max_pending = 3
+    held = [d.submit(_agent_push(h)) for h in range(3)]
+    with pytest.raises(door.Overloaded) as exc:
+        d.submit(_agent_push(9))
+    assert exc.value.retry_after_s >= 1 and "waiting" in str(exc.value)
+    gate.set()
+    for f in held:
+        f.result(30)
+    assert d.accept(_agent_push(9), timeout_s=30).result.written["gpu_sample"] == 8  # room again
+    d.close()
+
+
+def test_a_database_error_fails_the_group_and_stores_nothing(store, monkeypatch):
+    d, gate = _gated(store)
+    futures = [d.submit(_agent_push(h)) for h in range(4)]
+
+    def down(*a, **k):  # type: ignore[no-untyped-def]
+        raise OperationalError("INSERT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(store, "write", down)
+    gate.set()
+    for f in futures:
+        with pytest.raises(OperationalError):
+            f.result(30)
+    monkeypatch.undo()
+    d.close()
+    assert _count(store, "gpu_sample") == 0
+
+
+def test_health_events_wake_alerting_once_per_group(store):
+    woken: list[int] = []
+    d = door.Door(store, after_commit=lambda health, jobs: woken.append(health.height))
+    gate = threading.Event()
+    original = d._commit
+    d._commit = lambda group: (gate.wait(10), original(group))[1]  # type: ignore[method-assign]
+    futures = [d.submit(_agent_push(h, xids={8 * h: 79})) for h in range(5)]
+    gate.set()
+    for f in futures:
+        assert f.result(30).result.written.get("health_event") == 1
+    d.close()
+    assert sum(woken) == 5 and len(woken) <= 2
+
+
+def test_many_threads_many_pushes(store):
+    """Sixteen agents' worth of threads: every push stored exactly once, whatever the grouping."""
+    d = door.Door(store, window_s=0.002)
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda h: d.accept(_agent_push(h % 32, T0 + dt.timedelta(seconds=10 * (h // 32))), timeout_s=60), range(96)))
+    d.close()
+    assert all(r.result.written["gpu_sample"] == 8 for r in results)
+    assert _count(store, "gpu_sample") == 96 * 8
+    assert _count(store, "ingest_log") == 96
