@@ -103,6 +103,13 @@ class _Cache:
 _cache = _Cache()
 
 
+def cached(secret: str) -> tuple[bool, Token | None]:
+    """(True, the token or None) where ``secret`` was verified within the cache's lifetime, else (False, None)."""
+    if not secret.startswith(PREFIX) or len(secret) > 200:
+        return True, None
+    return _cache.get(_hash(secret))
+
+
 def verify(engine: Engine, secret: str) -> Token | None:
     """The token for ``secret`` if it exists, is not revoked and has not expired."""
     if not secret.startswith(PREFIX) or len(secret) > 200:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -93,11 +95,11 @@ class Store:
         # is a new health event, or a GPU with one old corrected error would add an event every second.
         self._counter_readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
         self._counter_lock = threading.Lock()
-        # SQLite takes one writer at a time. Writers of this process queue here, and the next one starts
-        # the moment the last commits, rather than in SQLite's busy handler, which polls with sleeps of
-        # up to 100 ms; the API runs ingests in a thread pool, and the parse of the next one overlaps
-        # the write ahead of it. Other processes still meet the busy timeout.
-        self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+        # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
+        # last commits, rather than in SQLite's busy handler, which polls with sleeps of up to 100 ms:
+        # threads of this process on a lock, other processes (API workers, the worker, the CLI) on an
+        # advisory lock of the database file's, which the kernel hands on at once.
+        self._write_lock: Any = _SqliteWriteLock(engine.url.database) if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
 
@@ -544,6 +546,34 @@ class Store:
                 schema.ingest_log.select().where(schema.ingest_log.c.content_sha256 == content_sha256).limit(1)
             ).first()
             return row is not None
+
+
+class _SqliteWriteLock:
+    """This process's threads, then the processes sharing the database file, one writer at a time."""
+
+    def __init__(self, database: str | None):
+        self._thread = threading.Lock()
+        self._path = f"{database}-writelock" if database and database != ":memory:" else None
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._thread.acquire()
+        if self._path is None:
+            return
+        try:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            # A read-only folder, say: SQLite's own busy handler still keeps writers apart.
+            self._path = None
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._path is not None and self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread.release()
 
 
 def content_hash(data: bytes) -> str:

@@ -14,6 +14,7 @@ from sqlalchemy import func, select, text
 
 from fleetscope import __version__, db, door, schema
 from fleetscope import settings as settings_mod
+from fleetscope.api import fastlane
 from fleetscope.api.security import require
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
@@ -113,6 +114,16 @@ def _too_large(limit: int) -> JSONResponse:
     return JSONResponse({"detail": f"request body over the limit of {limit} bytes (FLEETSCOPE_MAX_BODY_BYTES)"}, 413)
 
 
+def error_response(exc: FleetscopeError) -> JSONResponse:
+    """The answer to bad input: 422 naming frame, row and field for a value, 400 naming source, line and
+    field for text that does not parse, 400 otherwise."""
+    if isinstance(exc, ValidationError):
+        return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
+    if isinstance(exc, ParseError):
+        return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
+    return JSONResponse({"detail": str(exc)}, 400)
+
+
 class _TaskRunCollector:
     """Task outcomes recorded by the workers (table task_run), exposed as a counter at scrape time:
     workers run in other processes, so their in-memory counters are not this process's to read."""
@@ -152,6 +163,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.router.on_shutdown.append(app.state.door.close)
 
+    app.add_middleware(fastlane.FastLane)
     app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
@@ -163,17 +175,9 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSONResponse({"detail": detail}, 422)
 
-    @app.exception_handler(ValidationError)
-    async def _validation(_request: Request, exc: ValidationError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
-
-    @app.exception_handler(ParseError)
-    async def _parse(_request: Request, exc: ParseError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
-
     @app.exception_handler(FleetscopeError)
-    async def _other(_request: Request, exc: FleetscopeError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 400)
+    async def _fleetscope_error(_request: Request, exc: FleetscopeError) -> JSONResponse:
+        return error_response(exc)
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> JSONResponse:

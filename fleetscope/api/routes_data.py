@@ -64,15 +64,15 @@ async def post_batch(request: Request) -> JSONResponse:
             raise HTTPException(400, f"frames.{name} must be a list of records")
         setattr(batch, name, F.from_records(F.FRAMES[name], records))
     push = door.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False)
-    accepted = await accept(request, push)
+    accepted = await accept(request.app, push)
     return JSONResponse(accepted.result.to_dict())
 
 
-async def accept(request: Request, push: door.Push) -> door.Accepted:
+async def accept(app: Any, push: door.Push) -> door.Accepted:
     """Through the app's ingest door; 503 with ``Retry-After`` when it is full or the database is busy
     (retryable: nothing of the push was stored)."""
     try:
-        return await request.app.state.door.accept_async(push)
+        return await app.state.door.accept_async(push)
     except door.Overloaded as exc:
         raise HTTPException(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except OperationalError:
@@ -120,18 +120,24 @@ async def post_ingest(
     """Ingest a file in a named format (``auto`` detects it), raw in the body, gzip allowed.
 
     The whole input is written in one transaction or not at all: unparseable input gets 400 naming
-    the line and field, a bad value 422, and nothing is written.
+    the line and field, a bad value 422, and nothing is written. An agent's small push is usually answered
+    by ``fleetscope.api.fastlane`` through the same ``ingest_body``.
     """
+    return await ingest_body(request.app, fmt, await request.body(), source=source, job_id=job_id, ts=ts)
+
+
+async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str, job_id: str | None, ts: dt.datetime | None) -> JSONResponse:
+    """What ``POST /api/v1/ingest/{fmt}`` does once its token and query are checked: HTTPException for a
+    refusal, FleetscopeError for bad input."""
     from fleetscope import ingestion
 
     if fmt != "auto" and fmt not in ingestion.FORMATS:
         raise HTTPException(404, f"unknown format {fmt[:100]!r}: expected auto or one of {', '.join(ingestion.FORMATS)}")
     if ts is not None and ts.tzinfo is None:
         raise HTTPException(400, "ts needs a time zone")
-    body = await request.body()
     if not body:
         raise HTTPException(400, "empty body")
-    limit = request.app.state.settings.max_body_bytes
+    limit = app.state.settings.max_body_bytes
     received = dt.datetime.now(dt.UTC)
     opts = ingestion.Options(job_id=job_id, ts=ts)
 
@@ -160,7 +166,7 @@ async def post_ingest(
         raise HTTPException(415, str(exc)) from None
     except ingestion.TooLarge as exc:
         raise HTTPException(413, str(exc)) from None
-    accepted = await accept(request, push)
+    accepted = await accept(app, push)
     return JSONResponse(json.loads(json.dumps(ingestion.outcome_of(accepted).to_dict(), default=str)))
 
 

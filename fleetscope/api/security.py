@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from fleetscope import auth
@@ -18,10 +19,14 @@ def require(scope: str):  # type: ignore[no-untyped-def]
     changes nothing.
     """
 
-    def check(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> auth.Token:
+    async def check(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> auth.Token:
         if creds is None or creds.scheme.lower() != "bearer":
             raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-        token = auth.verify(request.app.state.store.engine, creds.credentials)
+        # A token seen in the last few seconds is answered here; only a lookup in the database leaves the
+        # event loop (a sync dependency would cost every request a hop to the thread pool).
+        hit, token = auth.cached(creds.credentials)
+        if not hit:
+            token = await run_in_threadpool(auth.verify, request.app.state.store.engine, creds.credentials)
         if token is None:
             raise HTTPException(401, "invalid, expired or revoked token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
         if not token.allows(scope):

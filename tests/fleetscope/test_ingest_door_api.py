@@ -1,0 +1,184 @@
+"""The ingest door over HTTP: agents' concurrent pushes, overload, slow and malformed clients, and a
+SIGKILL of the API in the middle of an agent-shaped load."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import gzip
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from fleetscope import auth, db
+from ingest import dcgm_lines
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+
+
+def _headers(engine, scope: str = "ingest") -> dict[str, str]:
+    return {"Authorization": "Bearer " + auth.create_token(engine, "agents", [scope])}
+
+
+def _body(h: int) -> bytes:
+    return _bench.synth_scrape(8, first_gpu=8 * h, seed=h)
+
+
+def test_agents_pushing_at_once_are_all_stored(api):
+    h = _headers(api.app.state.store.engine)
+
+    def push(k: int) -> dict:
+        when = (T0 + dt.timedelta(seconds=10 * (k // 40))).isoformat()
+        body = _body(k % 40)
+        extra = {"Content-Encoding": "gzip"} if k % 2 else {}
+        r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": when, "source": f"node-{k % 40}"},
+                       content=gzip.compress(body) if k % 2 else body, headers={**h, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(push, range(120)))
+    assert all(a["written"]["gpu_sample"] == 8 and a["formats"] == ["dcgm"] for a in answers)
+    with api.app.state.store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one() == 120 * 8
+        assert conn.execute(text("SELECT count(*) FROM ingest_log")).scalar_one() == 120
+
+
+def test_a_full_door_answers_503_with_retry_after(api):
+    h = _headers(api.app.state.store.engine)
+    d = api.app.state.door
+    before = d.max_pending
+    d.max_pending = 0
+    try:
+        r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=_body(1), headers=h)
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+        assert "waiting" in r.json()["detail"]
+        b = httpx.post(f"{api.url}/api/v1/batches", json={"frames": {"gpu": [{"gpu_uuid": "GPU-1"}]}}, headers=h)
+        assert b.status_code == 503 and "Retry-After" in b.headers
+        o = httpx.post(f"{api.url}/v1/metrics", content=b"", headers={**h, "Content-Type": "application/x-protobuf"})
+        assert o.status_code == 503 and "Retry-After" in o.headers
+    finally:
+        d.max_pending = before
+    assert api.app.state.store.counts()["gpu_sample"] == 0
+    r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=_body(1), headers=h)
+    assert r.status_code == 200 and r.json()["written"]["gpu_sample"] == 8
+
+
+def test_slow_and_malformed_clients_do_not_hold_up_the_others(api):
+    h = _headers(api.app.state.store.engine)
+    host, port = api.url.split("//")[1].split(":")
+    slow = socket.create_connection((host, int(port)))
+    try:
+        # A client that promises 50 kB and sends it a few bytes at a time.
+        slow.sendall(f"POST /api/v1/ingest/dcgm HTTP/1.1\r\nHost: x\r\nAuthorization: {h['Authorization']}\r\n"
+                     "Content-Length: 50000\r\n\r\nDCGM_FI_DEV_GPU_TEMP{".encode())
+        bad = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=b'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 41\n', headers=h)
+        assert bad.status_code == 400 and bad.json()["field"] == "UUID"
+        cut = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=_body(2)[:-7], headers=h)
+        assert cut.status_code in (200, 400)
+        start = time.monotonic()
+        ok = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=_body(3), headers=h, timeout=10)
+        assert ok.status_code == 200 and ok.json()["written"]["gpu_sample"] == 8
+        assert time.monotonic() - start < 5
+    finally:
+        slow.close()
+    uuids = dcgm_lines.read(_body(3)).keys
+    assert set(api.app.state.store.read("gpu_sample", gpu_uuid=uuids)["gpu_uuid"].to_list()) == set(uuids)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(url: str, port: int, data_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "FLEETSCOPE_DATABASE_URL": url, "FLEETSCOPE_DATA_DIR": str(data_dir), "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("fleetscope serve did not start")
+
+
+@pytest.mark.slow
+def test_sigkill_during_agent_load_loses_nothing_acknowledged(db_url, tmp_path):
+    """16 agent threads push 3 scrapes of 24 nodes; the API is killed with SIGKILL mid-load and restarted.
+    Every answered push has all its rows; no push has part of them; the agents' retries fill the gap."""
+    engine = db.make_engine(db_url)
+    h = _headers(engine)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = _serve(db_url, port, tmp_path)
+    nodes, rounds = 24, 3
+    pushes = [(r, n) for r in range(rounds) for n in range(nodes)]
+    acknowledged: list[tuple[int, int]] = []
+    refused_or_lost = 0
+    lock = threading.Lock()
+    killed = threading.Event()
+
+    def agent(items: list[tuple[int, int]]) -> None:
+        nonlocal refused_or_lost
+        with httpx.Client(timeout=30) as client:
+            for r, n in items:
+                when = (T0 + dt.timedelta(seconds=10 * r)).isoformat()
+                deadline = time.monotonic() + 120
+                while True:
+                    try:
+                        resp = client.post(f"{base}/api/v1/ingest/dcgm", params={"ts": when, "source": f"node-{n}"},
+                                           content=_body(n), headers=h)
+                        if resp.status_code == 200:
+                            with lock:
+                                acknowledged.append((r, n))
+                            break
+                        assert resp.status_code in (429, 503), resp.text
+                    except httpx.HTTPError:
+                        pass
+                    with lock:
+                        refused_or_lost += 1
+                    assert time.monotonic() < deadline, "the API never came back"
+                    time.sleep(0.2)
+
+    per_agent = [pushes[k::16] for k in range(16)]
+    with cf.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(agent, items) for items in per_agent]
+        while len(acknowledged) < len(pushes) // 3:
+            time.sleep(0.02)
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        killed.set()
+        at_kill = len(acknowledged)
+        server = _serve(db_url, port, tmp_path)
+        try:
+            for f in futures:
+                f.result(300)
+        finally:
+            server.terminate()
+            server.wait(30)
+    assert at_kill < len(pushes) and refused_or_lost > 0  # the kill interrupted the load
+    assert sorted(acknowledged) == sorted(pushes)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT g.host, s.ts, count(*) FROM gpu_sample s JOIN gpu g ON g.gpu_uuid = s.gpu_uuid GROUP BY g.host, s.ts")).all()
+    # every (node, scrape) whole and exactly once: 8 GPUs, never part of them
+    assert len(rows) == len(pushes) and {n for *_, n in rows} == {8}
+    engine.dispose()
