@@ -130,3 +130,15 @@ def test_a_busy_database_is_retryable(api, monkeypatch):
     monkeypatch.undo()
     assert post(api, snappy(small_request()), auth_headers(api)).status_code == 204
     assert api.app.state.store.counts()["gpu_sample"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="gpu_sample keeps the first row per (ts, gpu_uuid) (on_conflict ignore): the fields of "
+                   "a GPU's scrape that a sender puts in a later request are dropped; needs a COALESCE upsert for gpu_sample")
+def test_a_scrape_split_over_two_requests_keeps_both_halves(api):
+    h = auth_headers(api)
+    first = write_request([({"__name__": "DCGM_FI_DEV_GPU_TEMP", **BASE}, [(45.0, TS_MS)])])
+    second = write_request([({"__name__": "DCGM_FI_DEV_POWER_USAGE", **BASE}, [(312.25, TS_MS)])])
+    assert post(api, snappy(first), h).status_code == 204
+    assert post(api, snappy(second), h).status_code == 204
+    row = api.app.state.store.read("gpu_sample").row(0, named=True)
+    assert (row["temp_c"], row["power_w"]) == (45, 312.25)
