@@ -204,14 +204,15 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
     return _assemble(long, blocks, None, source, scrape_us, meta, exact=True)
 
 
-def from_samples(samples: pl.DataFrame, label_sets: list[dict[str, str]], *, source: str = "", meta: dict | None = None) -> Batch:
+def from_samples(samples: pl.DataFrame, labels: pl.DataFrame, *, source: str = "", meta: dict | None = None) -> Batch:
     """The Batch for dcgm-exporter series that arrived by another transport than the text format (Prometheus
     remote write), mapped by exactly the code that maps a ``/metrics`` body.
 
     ``samples``: one row per sample, columns ``line`` (UInt32, the sample's position in its input, which
-    errors cite as the line), ``name`` (metric name), ``bid`` (UInt32 index into ``label_sets``), ``value``
-    (Float64, as exported) and ``ts_ms`` (Int64 milliseconds since the epoch, never null).
-    ``label_sets``: the labels of each ``bid`` other than ``__name__``. ``meta`` is merged into the Batch's.
+    errors cite as the line), ``name`` (metric name), ``bid`` (UInt32, its label set), ``value`` (Float64,
+    as exported) and ``ts_ms`` (Int64 milliseconds since the epoch, never null).
+    ``labels``: the label sets, one row per label: ``bid``, ``name`` (a valid label name, ``__name__``
+    aside, at most once per set), ``value``. ``meta`` is merged into the Batch's.
     Raises :class:`ParseError` for a DCGM series without a ``UUID``/``uuid`` label, as ``parse`` does.
     """
     meta = {
@@ -227,8 +228,13 @@ def from_samples(samples: pl.DataFrame, label_sets: list[dict[str, str]], *, sou
         pl.col("value").cast(pl.Float64),
         pl.col("ts_ms").cast(pl.Int64),
     )
-    text = [",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) for labels in label_sets]
-    blocks = pl.DataFrame({"bid": pl.Series(range(len(text)), dtype=pl.UInt32), "text": pl.Series(text, dtype=pl.String)})
+    # Each set as a text-format label block (`name="value",...`, values escaped), which _assemble reads.
+    v = pl.col("value").str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
+    v = v.str.replace_all('"', '\\"', literal=True)
+    text = labels.select(pl.col("bid").cast(pl.UInt32), t=pl.col("name") + '="' + v + '"').group_by("bid", maintain_order=True).agg(
+        text=pl.col("t").str.join(",")
+    )
+    blocks = long.select(pl.col("bid").unique()).join(text, on="bid", how="left").with_columns(pl.col("text").fill_null(""))
     return _assemble(long, blocks, None, source, None, meta, exact=True)
 
 

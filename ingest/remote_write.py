@@ -45,6 +45,7 @@ import struct
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from fleetscope.errors import ParseError
 from fleetscope.frames import Batch
@@ -97,10 +98,12 @@ class _Reader:
         self.names: dict[bytes, int] = {}  # raw __name__ Label message -> metric name code
         self.name_list: list[str] = []
         self.name_code: dict[str, int] = {}
-        self.bids: dict[tuple[bytes, ...], int] = {}  # raw labels of a series but its name -> label set id
-        self.bid_of_set: dict[tuple[tuple[str, str], ...], int] = {}  # normalised label set -> id
-        self.label_sets: list[dict[str, str]] = []
-        self.target_labels_dropped: set[str] = set()
+        # Label sets (a series' labels but __name__), numbered in order of first appearance. The columnar
+        # path tells them apart by the bytes before and after the __name__ label, the exact path by its labels'.
+        self.exact_bids: dict[tuple[bytes, ...], int] = {}
+        self.set_where: list[tuple[int, int]] = []  # (time series, byte offset) of each set's first sight
+        self.set_ranges: list[tuple[int, int, int, int, int]] = []  # columnar: (bid, a, b, d, z)
+        self.set_rows: list[tuple[int, str, str]] = []  # exact: (bid, label name, value)
 
     # --- the request: where each TimeSeries lies ---------------------------------------------------
 
@@ -110,12 +113,15 @@ class _Reader:
         stops: list[int] = []
         pos = 0
         while pos < end:
-            if data[pos] == 0x0A and pos + 2 < end and data[pos + 1] < 0x80:  # one-byte length
-                n, s = data[pos + 1], pos + 2
-            elif data[pos] == 0x0A and pos + 3 < end and data[pos + 2] < 0x80:  # two-byte length
-                n, s = (data[pos + 1] & 0x7F) | (data[pos + 2] << 7), pos + 3
+            at = pos
+            # The common header inline: tag 0x0a and a length of one or two bytes (series up to 16 KiB).
+            n = data[pos + 1] if data[pos] == 0x0A and pos + 2 < end else 0xFF
+            if n < 0x80:
+                s = pos + 2
+            elif n != 0xFF and data[pos + 2] < 0x80 and pos + 3 < end:
+                n, s = (n & 0x7F) | (data[pos + 2] << 7), pos + 3
             else:
-                num, wt, at, start, stop = next(fields(data, pos, end))
+                num, wt, _, start, stop = next(fields(data, pos, end))
                 if num == 1:
                     self._expect_len(num, wt, at, "WriteRequest.timeseries")
                     starts.append(start)
@@ -127,11 +133,11 @@ class _Reader:
                     self.metadata += 1
                 pos = stop
                 continue
-            if n > end - s:
-                raise WireError(f"TimeSeries claims {n} bytes but only {end - s} remain", pos, "WriteRequest.timeseries")
-            starts.append(s)
-            stops.append(s + n)
             pos = s + n
+            if pos > end:
+                raise WireError(f"TimeSeries claims {n} bytes but only {end - s} remain", at, "WriteRequest.timeseries")
+            starts.append(s)
+            stops.append(pos)
         self.n_series = len(starts)
         start_a, stop_a = np.array(starts, dtype=np.int64), np.array(stops, dtype=np.int64)
         slow = self._columnar(start_a, stop_a)
@@ -171,6 +177,7 @@ class _Reader:
         # Labels: exactly one __name__, and all labels before the first sample (steps 0..L-1).
         n_labels = np.bincount(sid[is_label], minlength=n)
         name = is_label & (e - s >= 10)
+        name[name] = (buf[s[name] + 1] == 0x08) & (buf[s[name] + 2] == 0x5F)  # 8 bytes, starting with "_"
         name[name] = (buf[s[name, None] + np.arange(10)] == np.frombuffer(_NAME_LABEL, np.uint8)).all(axis=1)
         slow |= np.bincount(sid[name], minlength=n) != 1
         slow[sid[is_label & (it >= n_labels[sid])]] = True
@@ -190,25 +197,31 @@ class _Reader:
         fast = ~slow
         keep = name & fast[sid]
         nsid, nat, ns, ne = sid[keep], at[keep], s[keep], e[keep]
+        order = np.argsort(nsid)
+        nsid, nat, ns, ne = nsid[order], nat[order], ns[order], ne[order]
         last = np.zeros(n, dtype=np.int64)
         lab_keep = is_label & fast[sid] & (it == n_labels[sid] - 1)
         last[sid[lab_keep]] = e[lab_keep]
-        data, bids, names = self.data, self.bids, self.names
-        bid_l, code_l = [], []
-        for i, a, b, c, d, z in zip(nsid.tolist(), start[nsid].tolist(), nat.tolist(), ns.tolist(), ne.tolist(), last[nsid].tolist()):
-            # Prefix (labels before __name__) and suffix (after it): the series' label set but its name.
-            k = (data[a:b], data[d:z])
-            got = bids.get(k)
-            if got is None:
-                got = bids[k] = self._ranges_set(i + 1, a, b, d, z)
-            bid_l.append(got)
-            raw = data[c:d]
-            nc = names.get(raw)
-            code_l.append(nc if nc is not None else self._metric_name(i + 1, raw, c))
+        a, z = start[nsid], last[nsid]
+        # Cut each series into prefix (labels before __name__), name, suffix (labels after it), without a
+        # copy per series, and number the distinct (prefix, suffix) pairs and names with polars.
+        cuts = _pieces(self.data, np.stack([a, nat, ns, ne, z], axis=1).ravel(), (0, 2, 3), 5)
+        keys = pl.DataFrame({"pre": cuts[0], "name": cuts[1], "post": cuts[2]}).with_row_index("row")
+        sets = keys.unique(["pre", "post"], keep="first", maintain_order=True).select("row", "pre", "post").with_row_index("g")
+        rows = sets["row"].to_numpy()
+        first_bid = len(self.set_where)
+        for i, r in enumerate(rows.tolist()):
+            self._new_set(int(nsid[r]) + 1, int(a[r]))
+            self.set_ranges.append((first_bid + i, int(a[r]), int(nat[r]), int(ne[r]), int(z[r])))
+        uniq_names = keys.unique("name", keep="first", maintain_order=True).select("row", "name")
+        codes = [self._metric_name(int(nsid[r]) + 1, raw, int(ns[r])) for r, raw in uniq_names.iter_rows()]
+        mapped = keys.join(sets.select("pre", "post", "g"), on=["pre", "post"], how="left", maintain_order="left").join(
+            uniq_names.select("name", code=pl.Series(codes, dtype=pl.Int64)), on="name", how="left", maintain_order="left"
+        )
         bid = np.full(n, -1, dtype=np.int64)
         code = np.full(n, -1, dtype=np.int64)
-        bid[nsid] = bid_l
-        code[nsid] = code_l
+        bid[nsid] = mapped["g"].to_numpy().astype(np.int64) + first_bid
+        code[nsid] = mapped["code"].to_numpy()
         ok = good & fast[sid[smp]]
         ssid = sid[smp][ok]
         order = np.argsort(ssid, kind="stable")
@@ -217,15 +230,100 @@ class _Reader:
         self.parts.append((ssid + 1, code[ssid], bid[ssid], value[ok][order], ts))
         return slow
 
-    def _ranges_set(self, series: int, a: int, b: int, d: int, e: int) -> int:
-        raw = []
-        for lo, hi in ((a, b), (d, e)):
-            for num, wt, at, s, stop in fields(self.data, lo, hi):
-                lab = self.data[s:stop]
-                raw.append(lab)
-                if lab not in self.labels:
-                    self.labels[lab] = self._label(series, s, stop)
-        return self._label_set(series, raw, a)
+    def _new_set(self, series: int, at: int) -> int:
+        self.set_where.append((series, at))
+        return len(self.set_where) - 1
+
+    def _set_labels(self) -> pl.DataFrame:
+        """(bid, name, value) of every label of every set, the columnar sets decoded all at once: each
+        Label must be ``0x0a len name [0x12 len value]`` with one-byte lengths, else its set is decoded
+        by the exact path (which names what is wrong)."""
+        buf = self.buf
+        exact: list[int] = []
+        frames = []
+        if self.set_ranges:
+            r = np.array(self.set_ranges, dtype=np.int64)
+            seg_bid = np.concatenate([r[:, 0], r[:, 0]])
+            pos = np.concatenate([r[:, 1], r[:, 3]])
+            end = np.concatenate([r[:, 2], r[:, 4]])
+            bad = np.zeros(len(self.set_where), dtype=bool)
+            last = len(buf) - 1
+            recs = []
+            act = np.flatnonzero(pos < end)
+            while act.size:  # one Label of every segment per step
+                p, e = pos[act], end[act]
+                n = buf[np.minimum(p + 1, last)].astype(np.int64)
+                ok = (buf[p] == 0x0A) & (p + 1 < e) & (n < 0x80) & (p + 2 + n <= e)
+                bad[seg_bid[act[~ok]]] = True
+                act, p, n = act[ok], p[ok], n[ok]
+                recs.append((seg_bid[act], p + 2, p + 2 + n))
+                pos[act] = p + 2 + n
+                act = act[pos[act] < end[act]]
+            if recs:
+                bid, s, e = (np.concatenate(c) for c in zip(*recs))
+                nlen = buf[np.minimum(s + 1, last)].astype(np.int64)
+                ns, ne = s + 2, s + 2 + nlen
+                vtag = buf[np.minimum(ne, last)]
+                vlen = buf[np.minimum(ne + 1, last)].astype(np.int64)
+                no_value = ne == e
+                ok = (buf[s] == 0x0A) & (nlen < 0x80) & (ne <= e) & (no_value | ((vtag == 0x12) & (vlen < 0x80) & (ne + 2 + vlen == e)))
+                bad[bid[~ok]] = True
+                keep = ~bad[bid]
+                bid, ns, ne, e, no_value = bid[keep], ns[keep], ne[keep], e[keep], no_value[keep]
+                vs = np.where(no_value, e, ne + 2)
+                order = np.argsort(ns)
+                bid, ns, ne, vs, e = bid[order], ns[order], ne[order], vs[order], e[order]
+                names, values = _strings(self.data, ns, ne, vs, e)
+                if names is None:  # invalid UTF-8 somewhere: the exact path finds and names it
+                    bad[bid] = True
+                else:
+                    frames.append(pl.DataFrame({"bid": bid.astype(np.uint32), "name": names, "value": values}))
+            exact = np.flatnonzero(bad).tolist()
+        by_bid = {row[0]: row for row in self.set_ranges}
+        for b in exact:
+            _, a, lo, d, z = by_bid[b]
+            series = self.set_where[b][0]
+            for first, stop in ((a, lo), (d, z)):
+                for num, wt, at, ps, pe in fields(self.data, first, stop):
+                    self._expect_len(num, wt, at, f"timeseries {series}")
+                    lab = self.data[ps:pe]
+                    name, value = self.labels.get(lab) or self._label(series, ps, pe)
+                    self.set_rows.append((b, name, value))
+        if exact:
+            frames = [f.filter(~pl.col("bid").is_in(exact)) for f in frames]
+        if self.set_rows:
+            rows = self.set_rows
+            frames.append(pl.DataFrame({"bid": [r[0] for r in rows], "name": [r[1] for r in rows], "value": [r[2] for r in rows]},
+                                       schema={"bid": pl.UInt32, "name": pl.String, "value": pl.String}))
+        if not frames:
+            return pl.DataFrame(schema={"bid": pl.UInt32, "name": pl.String, "value": pl.String})
+        return pl.concat(frames)
+
+    def _normalised(self, labels: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+        """The labels checked (names, no name twice in a set), then what the sender added undone: target
+        labels dropped, ``exported_X`` restored as ``X`` (replacing the target's), empty values removed."""
+        bad = labels.filter(~pl.col("name").str.contains(r"^[a-zA-Z_][a-zA-Z0-9_]*$") | (pl.col("name") == "__name__"))
+        twice = labels.filter(pl.struct("bid", "name").is_duplicated())
+        for frame, what in ((bad, "invalid label name {!r}"), (twice, "label {!r} given twice")):
+            if frame.height:
+                b, name = frame.sort("bid").row(0)[:2]
+                series, at = self.set_where[b]
+                raise WireError(what.format(name[:100]), at, f"timeseries {series}")
+        target = labels.filter(pl.col("name").is_in(list(_TARGET_LABELS)))
+        dropped = sorted(target["name"].unique().to_list())
+        exported = pl.col("name").str.starts_with(_EXPORTED) & (pl.col("name").str.len_chars() > len(_EXPORTED))
+        out = (
+            labels.filter(~pl.col("name").is_in(list(_TARGET_LABELS)))
+            .with_columns(
+                pri=pl.when(exported).then(0).otherwise(1),
+                name=pl.when(exported).then(pl.col("name").str.slice(len(_EXPORTED))).otherwise(pl.col("name")),
+            )
+            .sort("bid", "name", "pri")
+            .unique(["bid", "name"], keep="first", maintain_order=True)
+            .filter(pl.col("value") != "")
+            .drop("pri")
+        )
+        return out, dropped
 
     # --- the exact path ------------------------------------------------------------------------------
 
@@ -267,9 +365,10 @@ class _Reader:
         code = self.names.get(name_raw)
         if code is None:
             code = self._metric_name(series, name_raw, name_at)
-        bid = self.bids.get(key := tuple(raw))
+        bid = self.exact_bids.get(key := tuple(raw))
         if bid is None:
-            bid = self.bids[key] = self._label_set(series, raw, series_at)
+            bid = self.exact_bids[key] = self._new_set(series, series_at)
+            self.set_rows.extend((bid, *self.labels[lab]) for lab in raw)
         k = len(samples)
         self.parts.append((
             np.full(k, series, dtype=np.int64), np.full(k, code, dtype=np.int64), np.full(k, bid, dtype=np.int64),
@@ -326,30 +425,6 @@ class _Reader:
         self.names[raw] = code
         return code
 
-    def _label_set(self, series: int, raw: list[bytes], at: int) -> int:
-        """The id of a series' labels (``__name__`` aside) once the sender's additions are undone."""
-        labels: dict[str, str] = {}
-        for lab in raw:
-            name, value = self.labels[lab]
-            if name in labels or name == "__name__":
-                raise WireError(f"label {name!r} given twice", at, f"timeseries {series}")
-            labels[name] = value
-        out: dict[str, str] = {}
-        for name, value in labels.items():
-            if name in _TARGET_LABELS:
-                self.target_labels_dropped.add(name)
-            elif name.startswith(_EXPORTED) and len(name) > len(_EXPORTED):
-                if value:
-                    out[name[len(_EXPORTED):]] = value
-            elif value and f"{_EXPORTED}{name}" not in labels:
-                out[name] = value
-        key = tuple(sorted(out.items()))
-        bid = self.bid_of_set.get(key)
-        if bid is None:
-            bid = self.bid_of_set[key] = len(self.label_sets)
-            self.label_sets.append(out)
-        return bid
-
     # --- the batch -------------------------------------------------------------------------------
 
     def batch(self) -> Batch:
@@ -379,16 +454,20 @@ class _Reader:
         )
         if n_stale:
             samples = samples.filter(pl.Series(~stale))
+        try:
+            labels, dropped = self._normalised(self._set_labels())
+        except WireError as exc:
+            raise ParseError(f"malformed remote-write WriteRequest: {exc}", source=self.source) from None
         meta = {
             "format": "prometheus-remote-write-1.0",
             "timeseries": self.n_series,
             "samples_received": len(value),
             "stale_markers_dropped": n_stale,
-            "target_labels_dropped": sorted(self.target_labels_dropped),
+            "target_labels_dropped": dropped,
             "metadata_entries": self.metadata,
         }
         try:
-            return from_samples(samples, self.label_sets, source=self.source, meta=meta)
+            return from_samples(samples, labels, source=self.source, meta=meta)
         except ParseError as exc:  # the text parser's "line" is a time series here
             where = f" (timeseries {exc.line})" if exc.line is not None else ""
             raise ParseError(exc.message + where, source=self.source, field=exc.field) from None
@@ -397,20 +476,45 @@ class _Reader:
 def _varints(buf: np.ndarray, pos: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Base-128 varints at ``pos`` (each bounded by ``end``), all at once: (value as uint64, position
     after, ok). Not ok: cut off by ``end``, or past 64 bits; the exact path then names the fault."""
-    val = np.zeros(pos.size, dtype=np.uint64)
-    after = np.full(pos.size, -1, dtype=np.int64)
-    ok = np.zeros(pos.size, dtype=bool)
-    live = np.ones(pos.size, dtype=bool)
     last = len(buf) - 1
-    for k in range(10):
-        q = pos + k
-        live &= q < end
-        if not live.any():
+    inside = pos < end
+    b = buf[np.where(inside, pos, 0).clip(0, last)]
+    val = b.astype(np.uint64) & np.uint64(0x7F)
+    ok = inside & (b < 0x80)
+    after = np.where(ok, pos + 1, -1)
+    live = np.flatnonzero(inside & (b >= 0x80))  # the few longer ones, byte by byte
+    for k in range(1, 10):
+        if not live.size:
             break
-        b = buf[np.where(live, q, 0).clip(0, last)].astype(np.uint64)
-        val |= np.where(live, (b & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        done = live & (b < 0x80) & ((b <= 1) if k == 9 else True)
-        after[done] = q[done] + 1
-        ok |= done
-        live &= b >= 0x80
+        q = pos[live] + k
+        live, q = live[q < end[live]], q[q < end[live]]
+        b = buf[q]
+        val[live] |= (b.astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * k)
+        done = (b < 0x80) & ((b <= 1) if k == 9 else True)
+        ok[live[done]] = True
+        after[live[done]] = q[done] + 1
+        live = live[b >= 0x80]
     return val, after, ok
+
+
+def _pieces(data: bytes, bounds: np.ndarray, take: tuple[int, ...], stride: int) -> list[pa.Array]:
+    """Byte strings of ``data`` cut at ``bounds`` (non-decreasing offsets), without a copy per string: an
+    Arrow array over the body's buffer whose element i is ``data[bounds[i]:bounds[i + 1]]``; element
+    ``k * stride + t`` for each ``t`` in ``take``."""
+    if bounds.size == 0:
+        return [pa.array([], pa.large_binary()) for _ in take]
+    whole = pa.LargeBinaryArray.from_buffers(pa.large_binary(), bounds.size - 1, [None, pa.py_buffer(bounds.astype(np.int64)), pa.py_buffer(data)])
+    base = np.arange(bounds.size // stride, dtype=np.int64) * stride
+    return [whole.take(pa.array(base + t)) for t in take]
+
+
+def _strings(data: bytes, ns: np.ndarray, ne: np.ndarray, vs: np.ndarray, ve: np.ndarray) -> tuple[pl.Series | None, pl.Series | None]:
+    """The UTF-8 strings at byte ranges [ns, ne) and [vs, ve) of ``data`` (disjoint, in increasing order);
+    (None, None) when one is not UTF-8."""
+    if not ns.size:
+        return pl.Series([], dtype=pl.String), pl.Series([], dtype=pl.String)
+    names, values = _pieces(data, np.stack([ns, ne, vs, ve], axis=1).ravel(), (0, 2), 4)
+    try:
+        return pl.Series(names.cast(pa.large_string()), dtype=pl.String), pl.Series(values.cast(pa.large_string()), dtype=pl.String)
+    except pa.ArrowInvalid:
+        return None, None
