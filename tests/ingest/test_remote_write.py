@@ -4,10 +4,12 @@ bodies built byte by byte."""
 
 from __future__ import annotations
 
+import random
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -255,3 +257,37 @@ def test_a_large_request_reads_every_value():
     assert b.gpu_sample.height == 500 and b.values() == 1500
     g = b.gpu_sample.filter(pl.col("gpu_uuid") == "GPU-321").row(0, named=True)
     assert g["temp_c"] == 321 and g["power_w"] == 321.0 and g["fb_used_bytes"] == 321 * MiB
+
+
+def _exact_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote_write._Reader, "_columnar", lambda self, start, stop: np.ones(len(start), dtype=bool))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_columnar_and_exact_paths_give_the_same_batch(seed: int, monkeypatch: pytest.MonkeyPatch):
+    """Varied requests (zero values left out of the wire, stale markers, several samples, workload and
+    relabelled labels, escapes, long lengths, non-DCGM series) read the same by both paths."""
+    rng = random.Random(seed)
+    names = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS",
+             "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_PROF_SM_ACTIVE", "up", "node_load1"]
+    rows = []
+    for g in range(rng.randint(1, 40)):
+        labels = {**BASE, "UUID": f"GPU-{seed}-{g}", **TARGET}
+        if rng.random() < 0.3:
+            labels.update(exported_pod=f"job-{g}", pod="dcgm-exporter-abc", namespace="ml")
+        if rng.random() < 0.2:
+            labels["cluster"] = 'eu "1"\\\n' + "x" * rng.randint(0, 300)
+        for name in rng.sample(names, rng.randint(1, len(names))):
+            samples = [(rng.choice([0.0, 1.0, 79.0, 312.5, STALE_NAN, float("nan"), 2.0**47]), TS_MS + 1000 * k) for k in range(rng.randint(1, 3))]
+            rows.append(({"__name__": name, **labels}, samples))
+    rng.shuffle(rows)
+    body = write_request(rows)
+    columnar = remote_write.parse(body)
+    _exact_only(monkeypatch)
+    exact = remote_write.parse(body)
+    for frame in ("gpu_sample", "gpu", "gpu_workload", "health_event", "metric_sample"):
+        a, b = getattr(columnar, frame), getattr(exact, frame)
+        assert (a is None) == (b is None), frame
+        if a is not None:
+            assert_frame_equal(a, b)
+    assert columnar.meta == exact.meta
