@@ -80,6 +80,10 @@ FORMATS: dict[str, Format] = {
                lambda m, d, s, o: m.parse(d, encoding="json", source=s)),
         Format("job_events", "ingest.job_events", "job lifecycle events, JSON Lines (docs/job_events.md)",
                lambda m, d, s, o: m.parse(d, source=s)),
+        # Never detected from content (a protobuf body has no signature); POST /api/v1/write names it.
+        Format("prometheus_remote_write", "ingest.remote_write",
+               "Prometheus remote write 1.0 WriteRequest, snappy-decompressed protobuf",
+               lambda m, d, s, o: m.parse(d, source=s)),
     )
 }
 

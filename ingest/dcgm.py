@@ -74,7 +74,7 @@ from fleetscope.frames import (
     series_key,
 )
 
-__all__ = ["FIELDS", "parse"]
+__all__ = ["FIELDS", "from_samples", "parse"]
 
 # (DCGM field, gpu_sample column, multiplier to SI, DCGM value type: "i" int64 / "d" double).
 # Names, columns and unit factors come from frames.DCGM_FIELDS, shared with the OTLP path; what is
@@ -202,6 +202,40 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
     blocks = pl.DataFrame({"bid": uniq.to_physical(), "text": uniq.cast(pl.String)})
     long = long.with_columns(bid=long["labels"].to_physical()).drop("labels")
     return _assemble(long, blocks, None, source, scrape_us, meta, exact=True)
+
+
+def from_samples(samples: pl.DataFrame, labels: pl.DataFrame, *, source: str = "", meta: dict | None = None) -> Batch:
+    """The Batch for dcgm-exporter series that arrived by another transport than the text format (Prometheus
+    remote write), mapped by exactly the code that maps a ``/metrics`` body.
+
+    ``samples``: one row per sample, columns ``line`` (UInt32, the sample's position in its input, which
+    errors cite as the line), ``name`` (metric name), ``bid`` (UInt32, its label set), ``value`` (Float64,
+    as exported) and ``ts_ms`` (Int64 milliseconds since the epoch, never null).
+    ``labels``: the label sets, one row per label: ``bid``, ``name`` (a valid label name, ``__name__``
+    aside, at most once per set), ``value``. ``meta`` is merged into the Batch's.
+    Raises :class:`ParseError` for a DCGM series without a ``UUID``/``uuid`` label, as ``parse`` does.
+    """
+    meta = {
+        "samples": 0, "skipped_series": 0, "skipped_names": {}, "dcgm_blank_dropped": 0, "non_finite_dropped": 0,
+        "duplicates_dropped": 0, "exporter_pod_labels_ignored": 0, "unmapped_fields": {}, **(meta or {}),
+    }
+    if not samples.height:
+        return _empty(source, meta)
+    long = samples.select(
+        pl.col("line").cast(pl.UInt32),
+        pl.col("name").cast(pl.String).cast(pl.Categorical),
+        pl.col("bid").cast(pl.UInt32),
+        pl.col("value").cast(pl.Float64),
+        pl.col("ts_ms").cast(pl.Int64),
+    )
+    # Each set as a text-format label block (`name="value",...`, values escaped), which _assemble reads.
+    v = pl.col("value").str.replace_all("\\", "\\\\", literal=True).str.replace_all("\n", "\\n", literal=True)
+    v = v.str.replace_all('"', '\\"', literal=True)
+    text = labels.select(pl.col("bid").cast(pl.UInt32), t=pl.col("name") + '="' + v + '"').group_by("bid", maintain_order=True).agg(
+        text=pl.col("t").str.join(",")
+    )
+    blocks = long.select(pl.col("bid").unique()).join(text, on="bid", how="left").with_columns(pl.col("text").fill_null(""))
+    return _assemble(long, blocks, None, source, None, meta, exact=True)
 
 
 # --- lexing ---------------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
-    from fleetscope.api import routes_alerts, routes_audit, routes_data, routes_governance, routes_jobs, routes_otlp
+    from fleetscope.api import routes_alerts, routes_audit, routes_data, routes_governance, routes_jobs, routes_otlp, routes_remote_write
 
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
@@ -210,6 +210,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_governance.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_otlp.router)
+    app.include_router(routes_remote_write.router)
     return app
 
 
