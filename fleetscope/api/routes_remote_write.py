@@ -10,19 +10,19 @@ the content-hash dedup then writes only once).
 
 The decompressed size is read from the snappy preamble (the block format starts with the uncompressed
 length as a varint) and refused past ``FLEETSCOPE_MAX_BODY_BYTES`` before anything is inflated. The body
-then goes through ``ingestion.ingest_bytes`` as format ``prometheus_remote_write``, like any other ingest.
+then goes through the ingest door as format ``prometheus_remote_write``, like any other push.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy.exc import OperationalError
 
-from fleetscope.api.routes_alerts import kick_evaluation
+from fleetscope import door
 from fleetscope.api.security import require
 from fleetscope.errors import ParseError
 
@@ -30,9 +30,10 @@ router = APIRouter(tags=["remote write"])
 
 SOURCE = "prometheus-remote-write:/api/v1/write"
 FORMAT = "prometheus_remote_write"
-# Requests decoded and written at once; past this the sender is told to come back (503 + Retry-After)
-# rather than queued behind work it would time out on. Prometheus runs up to max_shards senders.
-MAX_IN_FLIGHT = 8
+# Requests being decoded or waiting at the door at once; past this the sender is told to come back (503 +
+# Retry-After) rather than queued behind work it would time out on. Prometheus runs up to max_shards
+# senders, and a fleet's vmagents more.
+MAX_IN_FLIGHT = 64
 _in_flight = 0
 _lock = asyncio.Lock()
 
@@ -90,7 +91,7 @@ def _media_type_error(request: Request) -> str | None:
 @router.post("/api/v1/write", status_code=204, dependencies=[Depends(require("ingest"))],
              responses={400: {"description": "undecodable body (not retried)"}, 413: {"description": "too large"},
                         415: {"description": "not remote write 1.0"}, 503: {"description": "busy; retry after Retry-After"}})
-async def remote_write(request: Request, background: BackgroundTasks) -> Response:
+async def remote_write(request: Request) -> Response:
     """Receive Prometheus remote write 1.0 (Prometheus, vmagent, the OTel Collector's prometheusremotewrite
     exporter): dcgm-exporter series become gpu_sample, gpu, gpu_workload, health_event and metric_sample rows."""
     global _in_flight
@@ -107,25 +108,26 @@ async def remote_write(request: Request, background: BackgroundTasks) -> Respons
         body = await request.body()
         if not body:
             return PlainTextResponse("empty body: expected a snappy-compressed prometheus.WriteRequest", 400)
-        store = request.app.state.store
         limit = request.app.state.settings.max_body_bytes
 
-        def run() -> ingestion.Outcome:
+        def prepare() -> door.Push:
             # Inflating and parsing in a worker thread: a large request takes tens of ms of CPU.
-            return ingestion.ingest_bytes(store, unsnappy(body, limit), source=SOURCE, fmt=FORMAT)
+            return ingestion.to_push(unsnappy(body, limit), source=SOURCE, fmt=FORMAT)
 
         try:
-            outcome = await run_in_threadpool(run)
+            push = await run_in_threadpool(prepare)
+            # Through the ingest door: group-committed, logged, alert evaluation woken for health events.
+            await request.app.state.door.accept_async(push)
         except ingestion.TooLarge as exc:
             return PlainTextResponse(str(exc), 413)
         except (ParseError, SnappyError) as exc:
             return PlainTextResponse(str(exc), 400)
+        except door.Overloaded as exc:
+            return PlainTextResponse(str(exc), 503, headers={"Retry-After": str(exc.retry_after_s)})
         except OperationalError:
             # Locked or unreachable database: retryable, so say when to come back.
             return PlainTextResponse("database busy, retry later", 503, headers={"Retry-After": "2"})
     finally:
         async with _lock:
             _in_flight -= 1
-    if outcome.result and outcome.result.written.get("health_event"):
-        background.add_task(kick_evaluation, request.app, outcome.health_event)
     return Response(status_code=204)
