@@ -15,6 +15,7 @@ so frames are built once per group commit rather than once per request.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ __all__ = ["MAX_BYTES", "Lines", "read", "assemble"]
 MAX_BYTES = 512 * 1024
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# A sample's value: what follows "} " up to the end of its line (no look-behind: a tenth of the time).
+_VALUE_CUT = re.compile(rb"\} ([^ \n]*)\n")
+_PLAIN_NUMBERS = re.compile(rb"[0-9eE.+\- ]*")
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
@@ -65,6 +69,9 @@ _SAMPLE_SCHEMA = {c: _STRING_OF[c] for c in _GPU_COLS}
 # 100,000-GPU fleet's blocks fit); cleared whole when full rather than tracked by age.
 _BLOCKS: dict[str, tuple[str, tuple[str | None, ...], str]] = {}
 _MAX_BLOCKS = 200_000
+# Bodies' templates by the SHA-1 of their text around the values: one a node, a fleet's worth per process.
+_TEMPLATES: dict[bytes, _Template] = {}
+_MAX_TEMPLATES = 16_384
 # Fields whose nonzero reading is a health event (frames.dcgm_health_events).
 _FAULT_COLUMNS = ("xid_last", *(c for c, *_ in DCGM_HEALTH_COUNTERS))
 _INVENTORY_SCHEMA = {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "pci_bus_id": pl.String, "model_name": pl.String,
@@ -97,9 +104,35 @@ def _blank(value: float, kind: str) -> bool:
 
 
 def read(data: bytes) -> Lines | None:
-    """The body's samples, or None where the columnar parser must read it (see the module docstring)."""
+    """The body's samples, or None where the columnar parser must read it (see the module docstring).
+
+    A node sends the same lines every interval with new values. The body is cut at its values in one
+    regex pass; a body whose text around the values was seen before (by its SHA-1) is filled in from that
+    body's template instead of being read line by line, as long as its values are plain numbers outside
+    DCGM's blank bands. Anything else is read line by line, which may leave a template for next time."""
     if len(data) > MAX_BYTES or not data.endswith(b"\n"):
         return None
+    parts = _VALUE_CUT.split(data)
+    values = parts[1::2]
+    digest = hashlib.sha1(b"".join(parts[0::2])).digest()
+    template = _TEMPLATES.get(digest)
+    if template is not None:
+        out = template.fill(values)
+        if out is not None:
+            return out
+    raws: list[str] = []
+    slots: list[_Slot] = []
+    out = _read_lines(data, raws, slots)
+    if (out is not None and not out.meta["dcgm_blank_dropped"] and not out.meta["non_finite_dropped"]
+            and [v.decode() for v in values] == raws):
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        _TEMPLATES[digest] = _Template(out, slots)
+    return out
+
+
+def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | None:
+    """``read`` line by line; ``raws`` gets each sample's value text and ``slots`` where it went."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -116,6 +149,7 @@ def read(data: bytes) -> Lines | None:
     names_ok: set[str] = set()
     plain_blocks: set[str] = set()
     unmapped: dict[str, int] = {}  # every DCGM_FI_* sample without a column, as the columnar parser counts
+    seen_metrics: set[tuple[int, str]] = set()
     for line in text.split("\n"):
         if not line or line[0] == "#":
             continue
@@ -132,6 +166,7 @@ def read(data: bytes) -> Lines | None:
                 return None
             names_ok.add(name)
         samples += 1
+        raws.append(raw)
         spec = _FIELD_BY_NAME.get(name)
         if spec is None and not name.startswith("DCGM_FI_"):
             if block not in plain_blocks:
@@ -139,6 +174,7 @@ def read(data: bytes) -> Lines | None:
                     return None
                 plain_blocks.add(block)
             skipped[name] = skipped.get(name, 0) + 1
+            slots.append(None)
             continue
         k = block_key.get(block)
         if k is None:
@@ -166,14 +202,19 @@ def read(data: bytes) -> Lines | None:
             return None
         if spec is None:
             unmapped[name] = unmapped.get(name, 0) + 1
+        slots.append(None)
         if not math.isfinite(value):
             nonfinite += 1
             continue
         if spec is None:
             if value >= _INT32_BLANK and _blank(value, "?"):
                 blank += 1
+            elif (k, name) in seen_metrics:  # a duplicated series: the first one stays
+                dups += 1
             else:
+                seen_metrics.add((k, name))
                 out.metrics.append((k, name, value))
+                slots[-1] = (k, name, 0.0, "m")
             continue
         _, col, factor, kind = spec
         if value >= _INT32_BLANK and _blank(value, kind):  # every sentinel band starts above 2**31 - 16
@@ -183,23 +224,8 @@ def read(data: bytes) -> Lines | None:
         if col in row:
             dups += 1
             continue
-        scaled = value * factor
-        if col in _INT_COLUMNS:
-            r = round(scaled)
-            row[col] = r if -(2**63) <= r < 2**63 else None
-        else:
-            row[col] = scaled
-    # Duplicated DCGM_FI_* samples without a column: the first one stays.
-    if out.metrics:
-        seen: set[tuple[int, str]] = set()
-        kept = []
-        for item in out.metrics:
-            if (item[0], item[1]) in seen:
-                dups += 1
-            else:
-                seen.add((item[0], item[1]))
-                kept.append(item)
-        out.metrics = kept
+        row[col] = _scaled(value, factor, col in _INT_COLUMNS)
+        slots[-1] = (k, col, factor, "i" if col in _INT_COLUMNS else "f", kind)
     for labels in out.labels:
         pod, container = labels[_OUT_INDEX["pod"]], labels[_OUT_INDEX["container"]]
         if pod and (EXPORTER_POD_MARK in pod or EXPORTER_POD_MARK in (container or "")):
@@ -212,6 +238,51 @@ def read(data: bytes) -> Lines | None:
     )
     meta["unmapped_fields"] = dict(sorted(unmapped.items()))
     return out
+
+
+def _scaled(value: float, factor: float, integer: bool) -> float | int | None:
+    scaled = value * factor
+    if not integer:
+        return scaled
+    r = round(scaled)
+    return r if -(2**63) <= r < 2**63 else None
+
+
+# Where a sample's value went: (key index, gpu_sample column, factor, "i"/"f" for an integer or float
+# column, DCGM type) or (key index, DCGM field, 0.0, "m") for a metric_sample; None where it was dropped.
+_Slot = tuple[Any, ...] | None
+
+
+class _Template:
+    """What a body's lines are, apart from their values: fills a later body with the same text around them."""
+
+    def __init__(self, lines: Lines, slots: list[_Slot]):
+        self.lines = lines
+        self.slots = slots
+
+    def fill(self, values: list[bytes]) -> Lines | None:
+        if len(values) != len(self.slots) or not _PLAIN_NUMBERS.fullmatch(b" ".join(values)):
+            return None
+        try:
+            numbers = list(map(float, values))
+        except ValueError:
+            return None
+        if numbers and min(numbers) == -math.inf:
+            return None
+        base = self.lines
+        fields: list[dict[str, float | int | None]] = [{} for _ in base.keys]
+        metrics: list[tuple[int, str, float]] = []
+        for value, slot in zip(numbers, self.slots):
+            if slot is None:
+                continue
+            k, col, factor, how = slot[0], slot[1], slot[2], slot[3]
+            if value >= _INT32_BLANK and _blank(value, slot[4] if how != "m" else "?"):
+                return None  # a blank or an infinity: dropped and counted line by line
+            if how == "m":
+                metrics.append((k, col, value))
+            else:
+                fields[k][col] = _scaled(value, factor, how == "i")
+        return Lines(keys=base.keys, fields=fields, labels=base.labels, extra=base.extra, metrics=metrics, meta=dict(base.meta))
 
 
 def _plain(block: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import polars as pl
 from fastapi import Depends, FastAPI, Request
@@ -39,7 +40,7 @@ class BodyLimit:
                 except ValueError:
                     return await JSONResponse({"detail": "invalid Content-Length header"}, 400)(scope, receive, send)
                 if too_big:
-                    return await _too_large(self.limit)(scope, receive, send)
+                    return await too_large(self.limit)(scope, receive, send)
         seen = 0
 
         async def counted():  # type: ignore[no-untyped-def]
@@ -64,7 +65,7 @@ class BodyLimit:
             # Middleware built on BaseHTTPMiddleware re-raises inside an ExceptionGroup.
             if not _caused_by_limit(exc) or started:
                 raise
-            await _too_large(self.limit)(scope, receive, send)
+            await too_large(self.limit)(scope, receive, send)
 
 
 class RequestTiming:
@@ -110,8 +111,18 @@ def _caused_by_limit(exc: BaseException) -> bool:
     return False
 
 
-def _too_large(limit: int) -> JSONResponse:
+def too_large(limit: int) -> JSONResponse:
     return JSONResponse({"detail": f"request body over the limit of {limit} bytes (FLEETSCOPE_MAX_BODY_BYTES)"}, 413)
+
+
+class FleetscopeAPI(FastAPI):
+    """FastAPI with the agents' lane (``api.fastlane``) in front of its middleware and routing: a plain
+    ingest push is answered there, everything else as FastAPI would."""
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:  # type: ignore[override]
+        if scope["type"] == "http" and await fastlane.handle(self, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
 
 
 def error_response(exc: FleetscopeError) -> JSONResponse:
@@ -150,7 +161,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         store = Store(db.make_engine(settings.database_url))
         db.ensure_schema(settings, store.engine)
 
-    app = FastAPI(
+    app = FleetscopeAPI(
         title="Fleetscope",
         version=__version__,
         description="Observability, ops and governance for GPU training and serving fleets.",
@@ -163,7 +174,6 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.router.on_shutdown.append(app.state.door.close)
 
-    app.add_middleware(fastlane.FastLane)
     app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from typing import Annotated, Any
 
+import orjson
 import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -167,7 +168,7 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str, job_id: s
     except ingestion.TooLarge as exc:
         raise HTTPException(413, str(exc)) from None
     accepted = await accept(app, push)
-    return JSONResponse(json.loads(json.dumps(ingestion.outcome_of(accepted).to_dict(), default=str)))
+    return Response(orjson.dumps(ingestion.outcome_of(accepted).to_dict(), default=str), media_type="application/json")
 
 
 @router.get("/energy", dependencies=[Depends(require("read"))])

@@ -188,3 +188,26 @@ def test_many_bodies_assemble_as_their_merged_parses():
     assert group.gpu_sample.height == 8 * 7
     again = dcgm_lines.read(bodies[0]).keys[0]
     assert group.gpu_sample.filter(pl.col("gpu_uuid") == again)["ts"].to_list() == [times[0], times[-1]]
+
+
+def test_a_node_seen_before_is_filled_from_its_template_and_reads_alike():
+    dcgm_lines._TEMPLATES.clear()
+    first = _bench.synth_scrape(8, first_gpu=800, seed=5, busy_fraction=0.5)
+    assert _same_as_columnar(first)
+    assert len(dcgm_lines._TEMPLATES) == 1
+    # The same node a scrape later: same lines, new values (another seed keeps the labels of GPU 800+).
+    later = _bench.synth_scrape(8, first_gpu=800, seed=5, busy_fraction=0.5).replace(b"} 3", b"} 4")
+    assert later != first
+    template = next(iter(dcgm_lines._TEMPLATES.values()))
+    parts = dcgm_lines._VALUE_CUT.split(later)
+    assert template.fill(parts[1::2]) is not None  # the template path is the one taken
+    assert _same_as_columnar(later)
+    # Values the template does not vouch for go line by line, and still read alike (or are refused alike).
+    for odd in (b"NaN", b"2147483647", b"1e999", b"-1e999", b"1_0", b".", b"0x1", b""):
+        start = later.index(b"} ") + 2
+        body = later[:start] + odd + later[later.index(b"\n", start):]
+        assert template.fill(dcgm_lines._VALUE_CUT.split(body)[1::2]) is None, odd
+        try:
+            _same_as_columnar(body)
+        except ParseError:
+            assert dcgm_lines.read(body) is None
