@@ -545,12 +545,12 @@ class Agent:
 
     def _retry_later(self, why: str, retry_after: float | None, batch: list[Reading]) -> None:
         self.failures += 1
+        # exponential backoff with "equal jitter": between half and all of the capped delay; a Retry-After
+        # from the server is the least wait (so "Retry-After: 0" cannot make the agent hammer a busy API)
+        cap = min(self.backoff_cap_s, BACKOFF_BASE_S * 2 ** min(self.failures - 1, 30))
+        delay = self.rng.uniform(cap / 2, cap)
         if retry_after is not None:
-            delay = retry_after
-        else:
-            # exponential backoff with "equal jitter": between half and all of the capped delay
-            cap = min(self.backoff_cap_s, BACKOFF_BASE_S * 2 ** min(self.failures - 1, 30))
-            delay = self.rng.uniform(cap / 2, cap)
+            delay = max(delay, retry_after)
         self.retry_at = self.clock() + delay
         self.last_error = why.splitlines()[0][:300] if why else "send failed"
         log.warning("push failed (%s): %d readings (%.1f MiB, oldest measured %s) kept; next try in %.1f s",
