@@ -27,9 +27,11 @@ directory every kept request is also a file, so an agent restart loses nothing e
 refuses as bad data (another 4xx, or 413: too large) would be refused again: it is logged, counted and
 dropped. Retries back off exponentially with jitter (capped at ``backoff_cap_s``; a ``Retry-After`` the
 server sends is honoured) and never hold up collection: each tick collects first, then sends what is
-waiting, oldest first, until the next tick is due. Several waiting OTLP requests, or NVML batches, go
-together in one request (protobuf requests concatenate; batch frames concatenate) up to ``merge_bytes``;
-exporter bodies each have their own ``ts`` and go one request each, back to back. Re-sending is safe:
+waiting, oldest first, until the next tick is due. Several waiting NVML batches go together in one
+request (their frames concatenate) up to ``merge_bytes``; exporter bodies each have their own ``ts``, and
+OTLP requests each carry one tick (the server takes a GPU's pod attribution from its first point in a
+request, so merged ticks would lose the later ticks' ``gpu_workload`` rows): those go one request each,
+back to back. Re-sending is safe:
 stored rows are keyed by GPU and time, so a request the server wrote but whose answer was lost writes
 nothing new the second time.
 """
@@ -97,7 +99,7 @@ class Reading:
     path: str  # API path it goes to
     body: bytes  # gzip when ``gzipped``
     content_type: str
-    kind: str  # readings of one kind may share a request: "otlp", "batch:<source>"; "" never shares
+    kind: str  # readings of one kind may share a request: "batch:<source>" (NVML batches); "" never shares
     params: dict[str, str] = field(default_factory=dict)
     sources: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> what it read (TickReport.pushed)
     gzipped: bool = False
@@ -221,7 +223,7 @@ class Backlog:
 
 
 def _raw_size(r: Reading) -> int:
-    # gzip'd OTLP protobuf and JSON shrink ~5-10x; a generous estimate keeps merged requests under the limit
+    # gzip'd bodies shrink ~5-10x; a generous estimate keeps merged requests under the limit
     return r.nbytes * 10 if r.gzipped else r.nbytes
 
 
@@ -402,7 +404,7 @@ class Agent:
             if body is None:  # sources read fine but held no GPU samples: nothing to send
                 report.pushed.update(sources)
             else:
-                out.append(Reading(now, "/v1/metrics", gzip.compress(body, 6), "application/x-protobuf", "otlp",
+                out.append(Reading(now, "/v1/metrics", gzip.compress(body, 6), "application/x-protobuf", "",
                                    sources=sources, gzipped=True))
         return out
 
@@ -504,10 +506,7 @@ class Agent:
         headers = {"Content-Type": first.content_type}
         if len(batch) == 1:
             body, gz = first.body, first.gzipped
-        elif first.kind == "otlp":
-            # Serialized protobuf messages concatenate into their merge: one request, every resource_metrics
-            body, gz = gzip.compress(b"".join(r.raw() for r in batch), 6), True
-        else:
+        else:  # NVML batches of one source: the frames concatenate
             frames: dict[str, list[Any]] = {}
             doc: dict[str, Any] = {}
             for r in batch:
@@ -515,7 +514,7 @@ class Agent:
                 for name, records in doc["frames"].items():
                     frames.setdefault(name, []).extend(records)
             body, gz = json.dumps({"source": doc.get("source"), "frames": frames}).encode(), False
-        if gz and first.kind == "otlp":
+        if gz and first.path == "/v1/metrics":  # the ingest route sniffs gzip itself
             headers["Content-Encoding"] = "gzip"
         return self.client.post(f"{self.api_url}{first.path}", content=body, params=first.params, headers=headers, timeout=timeout)
 
@@ -523,7 +522,7 @@ class Agent:
         self.backlog.remove(batch)
         self.failures, self.retry_at = 0, -math.inf
         self._solo = max(0, self._solo - len(batch))
-        if batch[0].kind == "otlp":
+        if batch[0].path == "/v1/metrics":
             from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
             try:

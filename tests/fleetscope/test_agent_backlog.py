@@ -231,11 +231,18 @@ def test_api_down_for_three_ticks_then_back_stores_every_tick_at_its_time(api, e
     assert report.pushed[exporter.url]["gpu_sample"] == 8
     # every tick's readings, at the time they were measured, with the values read then
     assert temps_by_ts(api.store) == {T0 + i * INTERVAL: [40.0 + i] * 8 for i in range(4)}
+    # the pod that held a GPU at each tick, and the inventory, as if the API had never been away
+    work = api.store.read("gpu_workload").sort("ts")
+    assert work.select("ts", "gpu_uuid", "pod").rows() == [
+        (T0 + i * INTERVAL, "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", "vllm-agg-0-vllmdecodeworker-s65j5") for i in range(4)]
+    assert api.store.read("gpu").height == 8
     agent.close()
 
 
-def test_readings_waiting_in_otlp_mode_go_in_one_request(api, exporter):
-    """After an outage the waiting OTLP requests are concatenated into one (protobuf messages merge)."""
+def test_waiting_otlp_requests_go_back_to_back_oldest_first(api, exporter):
+    """After an outage each tick's OTLP request goes on its own (the server takes a GPU's pod from its
+    first point in a request: merged ticks would lose the later ticks' attribution), oldest first, all
+    within the tick that finds the API back."""
     front = Front(api.url)
     try:
         clock = Clock()
@@ -246,7 +253,7 @@ def test_readings_waiting_in_otlp_mode_go_in_one_request(api, exporter):
         api.up()
         front.seen.clear()
         report = tick(agent, clock, exporter, 3)
-        assert report.replayed == 3 and front.seen == [("/v1/metrics", 200)]
+        assert report.replayed == 3 and front.seen == [("/v1/metrics", 200)] * 4
         assert temps_by_ts(api.store) == {T0 + i * INTERVAL: [40.0 + i] * 8 for i in range(4)}
     finally:
         front.close()
@@ -304,7 +311,7 @@ def test_503_with_retry_after_is_honoured(api, front, exporter):
         report = tick(agent, clock, exporter, i)
         assert len(front.seen) == 1 and report.buffered == i + 1
     report = tick(agent, clock, exporter, 3)  # 30 s after the 503: due
-    assert front.seen[1:] == [("/v1/metrics", 200)] and report.replayed == 3 and report.buffered == 0
+    assert front.seen[1:] == [("/v1/metrics", 200)] * 4 and report.replayed == 3 and report.buffered == 0
     assert temps_by_ts(api.store) == {T0 + i * INTERVAL: [40.0 + i] * 8 for i in range(4)}
 
 
@@ -391,23 +398,6 @@ def test_413_is_dropped_with_a_clear_log_line(api, front, exporter, caplog):
     assert f"dropped the reading of {exporter.url} measured {T0.isoformat()}: too large for the API (413); not split" in caplog.text
 
 
-def test_a_refused_merged_request_is_resent_one_reading_at_a_time(api, front, exporter):
-    """Three waiting OTLP requests go as one; when the API refuses that one, each is sent on its own so
-    that only a reading at fault would be dropped."""
-    clock = Clock()
-    agent = make_agent(front.url, api.token, exporter, clock)
-    front.plan = [(503, {"Retry-After": "0"}), (400, {})]
-    tick(agent, clock, exporter, 0)
-    front.plan.insert(0, (503, {"Retry-After": "0"}))
-    tick(agent, clock, exporter, 1)
-    report = tick(agent, clock, exporter, 2)  # sends 0+1+2 merged: 400; then 0, 1, 2 alone: 200 each
-    assert [s for _, s in front.seen] == [503, 503, 400, 200, 200, 200]
-    assert report.discarded == 0 and report.replayed == 2 and report.buffered == 0
-    assert temps_by_ts(api.store) == {T0 + i * INTERVAL: [40.0 + i] * 8 for i in range(3)}
-    report = tick(agent, clock, exporter, 3)
-    assert [s for _, s in front.seen][-1:] == [200]
-
-
 def test_a_refused_token_stops_the_agent_and_keeps_the_readings(api, front, exporter):
     from fleetscope.agent import AgentStopped
 
@@ -422,14 +412,19 @@ def test_a_refused_token_stops_the_agent_and_keeps_the_readings(api, front, expo
 # --- NVML rows keep their own ts; several waiting batches go as one ---------------------------------
 
 
-def test_nvml_batches_keep_their_ts_and_go_together(api, front, monkeypatch):
+@pytest.fixture
+def nvml_gpu(monkeypatch):
+    """NVML as the agent calls it, for one H100 whose power rises 50 W a reading, with XID 79 in the first."""
     from ingest import nvml
 
-    power = iter(range(250, 1000, 50))
+    power = iter(range(250, 10_000, 50))
     monkeypatch.setattr(nvml, "read_devices", lambda: [{"index": 0, "uuid": "GPU-a", "name": "NVIDIA H100 80GB HBM3", "power_mw": next(power) * 1000,
                                                         "temp_c": 59}])
-    xids = iter([[{"uuid": "GPU-a", "xid": 79}], [], []])
-    monkeypatch.setattr(nvml, "xid_events", lambda *_: next(xids))
+    xids = iter([[{"uuid": "GPU-a", "xid": 79}]])
+    monkeypatch.setattr(nvml, "xid_events", lambda *_: next(xids, []))
+
+
+def test_nvml_batches_keep_their_ts_and_go_together(api, front, nvml_gpu):
     clock = Clock()
     agent = Agent(front.url, api.token, nvml=True, host="gpu-node-9", push="batch", clock=clock, sleep=clock.sleep, rng=random.Random(1))
     front.plan = [(503, {"Retry-After": "1"})]
@@ -445,6 +440,23 @@ def test_nvml_batches_keep_their_ts_and_go_together(api, front, monkeypatch):
     assert got.select("gpu_uuid", "ts", "power_w").rows() == [("GPU-a", T0 + i * INTERVAL, 250.0 + 50 * i) for i in range(3)]
     ev = api.store.read("health_event")
     assert ev.select("gpu_uuid", "ts", "kind", "code").rows() == [("GPU-a", T0, "xid", 79)]  # the XID of the first tick, at its time
+
+
+def test_a_refused_merged_batch_is_resent_one_reading_at_a_time(api, front, nvml_gpu):
+    """Three waiting NVML batches go as one; when the API refuses that one, each is sent on its own so
+    that only a reading at fault would be dropped."""
+    clock = Clock()
+    agent = Agent(front.url, api.token, nvml=True, host="gpu-node-9", push="batch", clock=clock, sleep=clock.sleep, rng=random.Random(1))
+    front.plan = [(503, {}), (503, {}), (400, {})]
+    for i in range(3):  # 503, 503 (ticks 0+1 as one request), 400 (ticks 0+1+2); then 0, 1, 2 alone
+        clock.t += 10
+        report = agent.tick(T0 + i * INTERVAL)
+    assert front.seen == [("/api/v1/batches", s) for s in (503, 503, 400, 200, 200, 200)]
+    assert report.discarded == 0 and report.replayed == 2 and report.buffered == 0
+    assert api.store.read("gpu_sample").sort("ts")["power_w"].to_list() == [250.0, 300.0, 350.0]
+    clock.t += 10
+    agent.tick(T0 + 3 * INTERVAL)
+    assert front.seen[-1] == ("/api/v1/batches", 200)  # merged again once the refused ones are through
 
 
 # --- the spool: an agent restart loses nothing either -------------------------------------------------
