@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import http.server
+import json
 import logging
 import os
 import random
@@ -479,6 +480,30 @@ def test_the_spool_keeps_readings_across_an_agent_restart(api, exporter, tmp_pat
     assert report.replayed == 3 and report.buffered == 0 and list(spool.iterdir()) == []
     assert temps_by_ts(api.store) == {T0 + i * INTERVAL: [40.0 + i] * 8 for i in range(4)}
     second.close()
+
+
+def test_cli_once_spools_while_the_api_is_down_and_sends_next_time(api, exporter, tmp_path):
+    """`fleetscope agent --once --spool DIR` as cron runs it: the run that finds the API down exits 1 and
+    leaves its readings in DIR; the next run delivers them before its own."""
+    spool = tmp_path / "spool"
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path / "cli")}
+    cmd = [sys.executable, "-m", "fleetscope.cli", "agent", "--dcgm", exporter.url, "--once", "--json", "--api", api.url, "--token", api.token,
+           "--spool", str(spool), "--buffer-mb", "8", "--buffer-ticks", "10"]
+    down = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 1, down.stderr
+    out = json.loads(down.stdout)
+    assert out["buffered"] == 1 and out["dropped"] == 0 and "kept to resend" in out["errors"][exporter.url]
+    assert len(list(spool.glob("*.reading"))) == 1
+
+    api.up()
+    exporter.temp = 41
+    up = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    out = json.loads(up.stdout)
+    assert out["replayed"] == 1 and out["buffered"] == 0 and out["pushed"][exporter.url]["gpu_sample"] == 8
+    got = temps_by_ts(api.store)
+    assert list(got.values()) == [[40.0] * 8, [41.0] * 8]  # the first run's readings at the first run's time
+    assert list(spool.iterdir()) == []
 
 
 def test_a_damaged_spool_file_is_skipped(tmp_path, caplog):
