@@ -451,7 +451,8 @@ class Agent:
         for r in fresh:
             if id(r) in waiting:
                 for name in r.sources:
-                    report.errors.setdefault(name, f"not delivered yet, kept to resend ({self.last_error})")
+                    why = self.last_error if self.failures else "older readings were still being sent when the tick's time ran out"
+                    report.errors.setdefault(name, f"not delivered yet, kept to resend ({why})")
         report.buffered, report.buffered_bytes = len(self.backlog), self.backlog.nbytes
         return report
 

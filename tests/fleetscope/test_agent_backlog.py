@@ -260,6 +260,31 @@ def test_waiting_otlp_requests_go_back_to_back_oldest_first(api, exporter):
         front.close()
 
 
+def test_a_long_backlog_is_sent_within_the_tick_budget_and_the_rest_next_tick(api, exporter):
+    """Sending what waited stops when the next tick is due; the rest goes at the next tick, in order."""
+    clock = Clock()
+    agent = make_agent(api.url, api.token, exporter, clock, push="batch", backoff_cap_s=1.0)
+    for i in range(6):
+        tick(agent, clock, exporter, i)
+    api.up()
+    exporter.temp = 46
+
+    class Slow(Clock):  # every look at the clock finds a send's worth of time gone
+        def __call__(self) -> float:
+            self.t += 3.0
+            return self.t
+
+    agent.clock = slow = Slow()
+    slow.t = 1060.0
+    report = agent.tick(T0 + 6 * INTERVAL, deadline=slow.t + 10.0)
+    assert report.replayed == 3 and report.buffered == 4 and report.pushed == {}
+    assert "older readings were still being sent" in report.errors[exporter.url]
+    assert sorted(temps_by_ts(api.store)) == [T0 + i * INTERVAL for i in range(3)]  # the oldest first
+    report = agent.tick(T0 + 7 * INTERVAL)  # no deadline: everything
+    assert report.replayed == 4 and report.buffered == 0
+    assert list(temps_by_ts(api.store).values()) == [[40.0 + i] * 8 for i in range(7)] + [[46.0] * 8]
+
+
 # --- (b) a full backlog drops the oldest and counts --------------------------------------------------
 
 
