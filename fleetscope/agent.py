@@ -4,28 +4,54 @@ and pushes what it reads to the Fleetscope API, so GPU hosts need no database ac
 Two ways to push (``push``):
 
 - ``otlp`` (default): the readings go out as OpenTelemetry metrics, through the OpenTelemetry SDK's
-  ``MeterProvider`` and its OTLP/HTTP exporter (protobuf, gzip) to the server's ``POST /v1/metrics``, with
-  the token as a bearer header. Names are the ones ``ingest.otlp`` reads back (``ingest.otlp.GPU_EXPORT``:
-  the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise), so the same agent can also
-  feed any OTLP receiver, e.g. an OpenTelemetry Collector. The resource says ``service.name``
-  ``fleetscope-agent`` and ``host.name``; each point carries the GPU as ``hw.id``. Each tick collects once
-  and exports all sources in one request; the SDK stamps points with the collection time.
-- ``batch``: the exporter's body is forwarded to ``POST /api/v1/ingest/dcgm`` and NVML readings go to
-  ``POST /api/v1/batches``: everything the parsers read, including DCGM fields without a gpu_sample column
-  (kept as metric_sample series), which OTLP mode does not send.
+  ``MeterProvider`` and the OTLP exporter's protobuf encoder, gzipped, to the server's ``POST /v1/metrics``
+  with the token as a bearer header. Names are the ones ``ingest.otlp`` reads back
+  (``ingest.otlp.GPU_EXPORT``: the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise),
+  so the same agent can also feed any OTLP receiver, e.g. an OpenTelemetry Collector. The resource says
+  ``service.name`` ``fleetscope-agent`` and ``host.name``; each point carries the GPU as ``hw.id``. Each
+  tick collects once into one request, whose points are stamped with the tick's time (when the sources
+  were read), not with the time the request happens to be sent.
+- ``batch``: the exporter's body is forwarded to ``POST /api/v1/ingest/dcgm`` with the scrape time as
+  ``ts`` and NVML readings (which carry their own ``ts``) go to ``POST /api/v1/batches``: everything the
+  parsers read, including DCGM fields without a gpu_sample column (kept as metric_sample series), which
+  OTLP mode does not send.
 
-A failed scrape or push is logged and counted, and the next tick goes on: one exporter down must not stop
-the others. A refused token (401/403) stops the agent, since every later push would be refused too.
+A failed scrape is logged and counted, and the next tick goes on: one exporter down must not stop the
+others. A refused token (401/403) stops the agent, since every later push would be refused too.
+
+What could not be delivered is kept (``Backlog``): a push that fails for a reason that may pass
+(connection refused or reset, timeout, 408, 429, 5xx) leaves the tick's readings as the very request that
+would deliver them, measurement time included, and they are sent again later, oldest first. The backlog is
+bounded by bytes and by ticks; when full, the oldest readings are dropped, logged and counted. With a spool
+directory every kept request is also a file, so an agent restart loses nothing either. A reading the API
+refuses as bad data (another 4xx, or 413: too large) would be refused again: it is logged, counted and
+dropped. Retries back off exponentially with jitter (capped at ``backoff_cap_s``; a ``Retry-After`` the
+server sends is honoured) and never hold up collection: each tick collects first, then sends what is
+waiting, oldest first, until the next tick is due. Several waiting NVML batches go together in one
+request (their frames concatenate) up to ``merge_bytes``; exporter bodies each have their own ``ts``, and
+OTLP requests each carry one tick (the server takes a GPU's pod attribution from its first point in a
+request, so merged ticks would lose the later ticks' ``gpu_workload`` rows): those go one request each,
+back to back. Re-sending is safe:
+stored rows are keyed by GPU and time, so a request the server wrote but whose answer was lost writes
+nothing new the second time.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import gzip
+import json
 import logging
+import math
+import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +59,13 @@ import httpx
 log = logging.getLogger("fleetscope.agent")
 
 PUSH_MODES = ("otlp", "batch")
+DEFAULT_BUFFER_MB = 64
+DEFAULT_BUFFER_TICKS = 360  # an hour at the default 10 s interval
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+RETRY_AFTER_CAP_S = 300.0  # a Retry-After beyond this is taken as this: a bad header must not silence the agent
+MERGE_BYTES = 4 * 2**20  # uncompressed bytes of one request that carries several waiting readings
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class AgentStopped(RuntimeError):
@@ -44,52 +77,212 @@ class TickReport:
     ts: dt.datetime
     pushed: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    points: int = 0  # OTLP data points exported this tick
-    rejected_points: int = 0  # of which the receiver refused (OTLP partial success)
+    points: int = 0  # OTLP data points collected this tick
+    rejected_points: int = 0  # of the points delivered this tick, those the receiver refused (OTLP partial success)
+    replayed: int = 0  # readings of earlier ticks delivered during this tick
+    buffered: int = 0  # readings waiting to be sent after this tick
+    buffered_bytes: int = 0
+    dropped: int = 0  # waiting readings dropped this tick to stay within the backlog's bounds, oldest first
+    discarded: int = 0  # readings the API refused as bad data or too large this tick: not sent again
 
 
-class OtlpPusher:
+def _ns(ts: dt.datetime) -> int:
+    return (ts - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+
+
+@dataclass(eq=False)
+class Reading:
+    """What one source (in OTLP mode: all sources) read at one tick, as the request that delivers it:
+    kept as is until the API has it, so a resend carries the time it was measured."""
+
+    ts: dt.datetime  # when it was measured
+    path: str  # API path it goes to
+    body: bytes  # gzip when ``gzipped``
+    content_type: str
+    kind: str  # readings of one kind may share a request: "batch:<source>" (NVML batches); "" never shares
+    params: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> what it read (TickReport.pushed)
+    gzipped: bool = False
+    file: Path | None = None  # its spool file
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.body)
+
+    def raw(self) -> bytes:
+        return gzip.decompress(self.body) if self.gzipped else self.body
+
+    def header(self) -> dict[str, Any]:
+        return {"ts": self.ts.isoformat(), "path": self.path, "content_type": self.content_type, "kind": self.kind,
+                "params": self.params, "sources": self.sources, "gzipped": self.gzipped}
+
+
+class Backlog:
+    """Readings not yet delivered, oldest first, bounded by bytes and by ticks; past either bound the
+    oldest are dropped (and counted in ``dropped``). With ``spool`` every reading is also a file there
+    (``<sequence>.reading``: a JSON header line, then the body), written before it is kept and removed
+    once delivered or dropped, and a new Backlog over the same directory starts with what it holds."""
+
+    def __init__(self, max_bytes: int, max_ticks: int, spool: str | Path | None = None) -> None:
+        if max_bytes < 1 or max_ticks < 1:
+            raise ValueError("the backlog needs room for at least one byte and one tick")
+        self.max_bytes, self.max_ticks = max_bytes, max_ticks
+        self.items: collections.deque[Reading] = collections.deque()
+        self.nbytes = 0
+        self.dropped = 0
+        self._ticks: collections.Counter[dt.datetime] = collections.Counter()
+        self._seq = 0
+        self.spool = Path(spool) if spool is not None else None
+        if self.spool is not None:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            self._load()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def ticks(self) -> int:
+        return len(self._ticks)
+
+    def add(self, r: Reading) -> list[Reading]:
+        """Keep ``r`` (newest); returns the readings dropped to stay within the bounds, oldest first."""
+        if self.spool is not None and r.file is None:
+            self._seq += 1
+            r.file = self.spool / f"{self._seq:012d}.reading"
+            tmp = r.file.with_suffix(".tmp")
+            try:
+                tmp.write_bytes(json.dumps(r.header()).encode() + b"\n" + r.body)
+                os.replace(tmp, r.file)
+            except OSError as exc:  # a full or read-only disk: the reading is still kept in memory
+                log.warning("spool: cannot write %s (%s); this reading is kept in memory only", r.file, exc)
+                tmp.unlink(missing_ok=True)
+                r.file = None
+        self.items.append(r)
+        self.nbytes += r.nbytes
+        self._ticks[r.ts] += 1
+        dropped = []
+        while self.items and (self.nbytes > self.max_bytes or len(self._ticks) > self.max_ticks):
+            dropped.append(self._pop())
+        self.dropped += len(dropped)
+        return dropped
+
+    def head(self, max_bytes: int, max_items: int | None = None) -> list[Reading]:
+        """The oldest reading and the ones after it that may share its request, within ``max_bytes``
+        (uncompressed, estimated from the stored size) and ``max_items``."""
+        if not self.items:
+            return []
+        first = self.items[0]
+        out, size = [first], _raw_size(first)
+        for r in list(self.items)[1:]:
+            if not first.kind or r.kind != first.kind or (max_items is not None and len(out) >= max_items):
+                break
+            size += _raw_size(r)
+            if size > max_bytes:
+                break
+            out.append(r)
+        return out
+
+    def remove(self, done: Iterable[Reading]) -> None:
+        """Forget readings from the head (delivered, or refused for good)."""
+        for r in done:
+            if not self.items or self.items[0] is not r:
+                raise RuntimeError("only the oldest readings leave the backlog")
+            self._pop()
+
+    def _pop(self) -> Reading:
+        r = self.items.popleft()
+        self.nbytes -= r.nbytes
+        self._ticks[r.ts] -= 1
+        if not self._ticks[r.ts]:
+            del self._ticks[r.ts]
+        if r.file is not None:
+            r.file.unlink(missing_ok=True)
+        return r
+
+    def _load(self) -> None:
+        assert self.spool is not None
+        for tmp in self.spool.glob("*.tmp"):  # a write cut short by a crash: never became a reading
+            tmp.unlink(missing_ok=True)
+        files = sorted(self.spool.glob("*.reading"))
+        for f in files:
+            try:
+                head, _, body = f.read_bytes().partition(b"\n")
+                h = json.loads(head)
+                r = Reading(ts=dt.datetime.fromisoformat(h["ts"]), path=h["path"], body=body, content_type=h["content_type"],
+                            kind=h["kind"], params=h["params"], sources=h["sources"], gzipped=h["gzipped"], file=f)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("spool: %s is unreadable (%s); removed", f.name, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                f.unlink(missing_ok=True)
+                continue
+            self.add(r)
+        self._seq = max((int(f.stem) for f in files if f.stem.isdigit()), default=0)
+        if self.items:
+            log.info("spool: %d readings from %s to %s waiting to be sent", len(self.items), self.items[0].ts.isoformat(), self.items[-1].ts.isoformat())
+        if self.dropped:
+            log.warning("spool: dropped the %d oldest readings to fit the backlog's bounds", self.dropped)
+
+
+def _raw_size(r: Reading) -> int:
+    # gzip'd bodies shrink ~5-10x; a generous estimate keeps merged requests under the limit
+    return r.nbytes * 10 if r.gzipped else r.nbytes
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date, RFC 9110 10.2.3)."""
+    value = resp.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        seconds = (when - dt.datetime.now(dt.UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
+
+
+class OtlpEncoder:
     """The OpenTelemetry SDK pipeline of the agent: observable instruments whose callbacks hand out the
-    readings of the current tick, a reader that collects on demand, and the OTLP/HTTP exporter.
+    readings of the current tick, a reader that collects on demand, and the OTLP exporter's encoder, which
+    turns the collection into an ``ExportMetricsServiceRequest``.
 
-    The SDK exporter reports success or failure only; a ``requests`` response hook keeps the last HTTP
-    status and body so that a refused token stops the agent and a partial success is counted.
+    The SDK's OTLP/HTTP exporter would retry inside the tick (sleeping) and forget the request once it
+    gave up, and its points carry the collection time; the agent sends the encoded request itself so that
+    a failed one is kept with the time its readings were taken (``encode`` stamps every point with it).
     """
 
-    def __init__(self, endpoint: str, token: str, *, host: str, timeout_s: float) -> None:
-        import requests
-        from opentelemetry.exporter.otlp.proto.http import Compression
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    def __init__(self, *, host: str) -> None:
+        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
         from opentelemetry.sdk.metrics import MeterProvider, ObservableCounter, ObservableGauge
-        from opentelemetry.sdk.metrics.export import MetricExportResult, MetricReader
+        from opentelemetry.sdk.metrics.export import MetricReader
         from opentelemetry.sdk.resources import Resource
 
         from fleetscope import __version__
         from ingest.otlp import GPU_EXPORT
 
         self._pending: dict[str, list[tuple[float, dict[str, str]]]] = {}
-        self.last_status: int | None = None
-        self.last_body = b""
-        session = requests.Session()
-        session.hooks["response"].append(self._on_response)
-        exporter = OTLPMetricExporter(endpoint=endpoint, headers={"Authorization": f"Bearer {token}"},
-                                      compression=Compression.Gzip, timeout=timeout_s, session=session)
-        success = MetricExportResult.SUCCESS
+        encoded: list[Any] = []
+        self._encoded = encoded
 
         class TickReader(MetricReader):
-            """Collects only when asked (once per tick) and remembers whether the export went through."""
+            """Collects only when asked (once per tick) and keeps the encoded request."""
 
             def __init__(self) -> None:
                 # One point per GPU and metric: raise the SDK's default cap of 2,000 attribute sets per
                 # instrument, past which points would be folded into an overflow series.
                 super().__init__(cardinality_limits={ObservableGauge: 1_000_000, ObservableCounter: 1_000_000})
-                self.ok = True
 
             def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> None:
-                self.ok = exporter.export(metrics_data, timeout_millis=timeout_millis) == success
+                encoded.append(encode_metrics(metrics_data))
 
             def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-                exporter.shutdown(timeout_millis=timeout_millis)
+                pass
 
         self.reader = TickReader()
         self.provider = MeterProvider(
@@ -110,33 +303,37 @@ class OtlpPusher:
 
         return observe
 
-    def _on_response(self, resp: Any, *args: Any, **kwargs: Any) -> None:
-        self.last_status, self.last_body = resp.status_code, resp.content
-
     def add(self, observations: dict[str, list[tuple[float, dict[str, str]]]]) -> int:
-        """Queue one source's readings for this tick's export; returns the number of points."""
+        """Queue one source's readings for this tick's request; returns the number of points."""
         for name, obs in observations.items():
             self._pending.setdefault(name, []).extend(obs)
         return sum(len(o) for o in observations.values())
 
-    def export(self) -> int:
-        """Collect and export what was queued; returns the points the receiver rejected. Raises
-        AgentStopped on a refused token and RuntimeError when the export failed."""
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-
-        self.last_status, self.last_body = None, b""
+    def encode(self, ts: dt.datetime) -> bytes | None:
+        """Collect what was queued into a serialized ``ExportMetricsServiceRequest`` whose points say
+        ``ts``; None when nothing was queued."""
+        self._encoded.clear()
         try:
             self.reader.collect()
         finally:
             self._pending = {}
-        if self.last_status in (401, 403):
-            raise AgentStopped(f"the API refused the token ({self.last_status}) on OTLP export: {self.last_body[:200]!r}")
-        if not self.reader.ok:
-            raise RuntimeError(f"OTLP export failed (HTTP {self.last_status or 'no response'}): {self.last_body[:300]!r}")
-        try:
-            return int(ExportMetricsServiceResponse.FromString(self.last_body).partial_success.rejected_data_points)
-        except Exception:  # noqa: BLE001 - an empty or foreign 2xx body means nothing was rejected
-            return 0
+        if not self._encoded:
+            return None
+        req = self._encoded[-1]
+        at = _ns(ts)
+        n = 0
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind not in ("gauge", "sum"):
+                        continue
+                    for p in getattr(m, kind).data_points:
+                        p.time_unix_nano = at
+                        if p.start_time_unix_nano > at:  # a counter's first collection starts after the reading
+                            p.start_time_unix_nano = at
+                        n += 1
+        return req.SerializeToString() if n else None
 
     def close(self) -> None:
         self.provider.shutdown()
@@ -151,89 +348,254 @@ class Agent:
     host: str = field(default_factory=socket.gethostname)
     timeout_s: float = 10.0
     push: str = "otlp"
+    buffer_bytes: int = DEFAULT_BUFFER_MB * 2**20
+    buffer_ticks: int = DEFAULT_BUFFER_TICKS
+    spool: str | Path | None = None
+    backoff_cap_s: float = BACKOFF_CAP_S
+    merge_bytes: int = MERGE_BYTES
+    clock: Callable[[], float] = time.monotonic  # for retry times and tick budgets; tests inject their own
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
         if self.push not in PUSH_MODES:
             raise ValueError(f"push must be one of {', '.join(PUSH_MODES)}, not {self.push!r}")
         self.client = httpx.Client(timeout=self.timeout_s, headers={"Authorization": f"Bearer {self.token}"})
-        self.otlp = OtlpPusher(f"{self.api_url}/v1/metrics", self.token, host=self.host, timeout_s=self.timeout_s) if self.push == "otlp" else None
+        self.otlp = OtlpEncoder(host=self.host) if self.push == "otlp" else None
+        self.backlog = Backlog(self.buffer_bytes, self.buffer_ticks, self.spool)
+        self.retry_at = -math.inf  # clock time before which no send is tried
+        self.failures = 0  # failed sends in a row
+        self.last_error = ""
+        self.discarded = 0  # readings refused for good since start
+        self._solo = 0  # how many of the oldest readings go one request each (after a merged request was refused)
 
-    def _push(self, resp: httpx.Response, what: str) -> dict[str, int]:
-        if resp.status_code in (401, 403):
-            raise AgentStopped(f"the API refused the token ({resp.status_code}) while pushing {what}: {resp.text[:200]}")
-        if resp.status_code != 200:
-            raise RuntimeError(f"API answered {resp.status_code}: {resp.text[:300]}")
-        return resp.json().get("written", {})
+    # --- collection ---------------------------------------------------------------------------------
 
-    def _queue(self, batch: Any) -> dict[str, int]:
-        from ingest.otlp import gpu_observations
-
-        points = self.otlp.add(gpu_observations(batch))
-        return {"gpu_sample": batch.gpu_sample.height if batch.gpu_sample is not None else 0, "points": points}
-
-    def _source(self, report: TickReport, name: str, read: Callable[[], dict[str, int]]) -> None:
+    def _source(self, report: TickReport, name: str, read: Callable[[], Any]) -> Any:
         try:
-            report.pushed[name] = read()
+            return read()
         except AgentStopped:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, and the other sources go on
-            report.errors[name] = str(exc).splitlines()[0][:300]
+            report.errors[name] = str(exc).splitlines()[0][:300] or type(exc).__name__
             log.warning("%s: %s", name, report.errors[name])
+            return None
 
-    def tick(self, now: dt.datetime | None = None) -> TickReport:
-        now = now or dt.datetime.now(dt.UTC)
-        report = TickReport(ts=now)
+    def collect(self, report: TickReport) -> list[Reading]:
+        """Read every source once; the readings as the requests that will deliver them."""
+        now = report.ts
+        out: list[Reading] = []
+        sources: dict[str, dict[str, int]] = {}
         for url in self.dcgm_urls:
-            self._source(report, url, lambda url=url: self._dcgm(url, now))
+            r = self._source(report, url, lambda url=url: self._dcgm(url, now))
+            if isinstance(r, Reading):
+                out.append(r)
+            elif r is not None:
+                sources[url] = r
         if self.nvml:
-            self._source(report, "nvml", lambda: self._nvml(now))
-        if self.otlp is not None and report.pushed:
-            report.points = sum(p.get("points", 0) for p in report.pushed.values())
-            try:
-                report.rejected_points = self.otlp.export()
-            except AgentStopped:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the readings of this tick are lost; the next tick tries again
-                msg = str(exc).splitlines()[0][:300]
-                for name in report.pushed:
-                    report.errors[name] = msg
-                report.pushed = {}
-                log.warning("otlp export: %s", msg)
-        return report
+            r = self._source(report, "nvml", lambda: self._nvml(now))
+            if isinstance(r, Reading):
+                out.append(r)
+            elif r is not None:
+                sources["nvml"] = r
+        if self.otlp is not None and sources:
+            report.points = sum(p.get("points", 0) for p in sources.values())
+            body = self.otlp.encode(now)
+            if body is None:  # sources read fine but held no GPU samples: nothing to send
+                report.pushed.update(sources)
+            else:
+                out.append(Reading(now, "/v1/metrics", gzip.compress(body, 6), "application/x-protobuf", "",
+                                   sources=sources, gzipped=True))
+        return out
 
-    def _dcgm(self, url: str, now: dt.datetime) -> dict[str, int]:
+    def _dcgm(self, url: str, now: dt.datetime) -> Reading | dict[str, int]:
         body = self.client.get(url).raise_for_status().content
         if self.push == "batch":
-            resp = self.client.post(f"{self.api_url}/api/v1/ingest/dcgm", content=body,
-                                    params={"ts": now.isoformat(), "source": url}, headers={"Content-Type": "text/plain"})
-            return self._push(resp, url)
+            # gzip: the API inflates it (it sniffs the magic), and a backlog of scrapes takes a tenth of the room
+            return Reading(now, "/api/v1/ingest/dcgm", gzip.compress(body, 6), "text/plain", "",
+                           params={"ts": now.isoformat(), "source": url}, sources={url: {}})
         from ingest import dcgm
 
         return self._queue(dcgm.parse(body, source=url, ts=now))
 
-    def _nvml(self, now: dt.datetime) -> dict[str, int]:
+    def _nvml(self, now: dt.datetime) -> Reading | dict[str, int]:
         from ingest import nvml
 
         batch = nvml.to_batch(nvml.read_devices(), ts=now, host=self.host, xids=nvml.xid_events(0), source=f"nvml:{self.host}")
         if self.push == "batch":
             from fleetscope.demo import batch_to_json
 
-            return self._push(self.client.post(f"{self.api_url}/api/v1/batches", json=batch_to_json(batch)), "nvml")
+            body = json.dumps(batch_to_json(batch), default=str).encode()
+            return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"nvml": {}})
         return self._queue(batch)
 
+    def _queue(self, batch: Any) -> dict[str, int]:
+        from ingest.otlp import gpu_observations
+
+        assert self.otlp is not None
+        points = self.otlp.add(gpu_observations(batch))
+        return {"gpu_sample": batch.gpu_sample.height if batch.gpu_sample is not None else 0, "points": points}
+
+    # --- delivery -----------------------------------------------------------------------------------
+
+    def tick(self, now: dt.datetime | None = None, *, deadline: float | None = None) -> TickReport:
+        """Collect once, then send what is waiting, oldest first and this tick's readings last, until the
+        clock reaches ``deadline`` (no limit when None) or a send fails."""
+        now = now or dt.datetime.now(dt.UTC)
+        report = TickReport(ts=now)
+        fresh = self.collect(report)
+        for r in fresh:
+            self._keep(r, report)
+        self.drain(report, deadline=deadline)
+        waiting = {id(r) for r in self.backlog.items}
+        for r in fresh:
+            if id(r) in waiting:
+                for name in r.sources:
+                    why = self.last_error if self.failures else "older readings were still being sent when the tick's time ran out"
+                    report.errors.setdefault(name, f"not delivered yet, kept to resend ({why})")
+        report.buffered, report.buffered_bytes = len(self.backlog), self.backlog.nbytes
+        return report
+
+    def _keep(self, r: Reading, report: TickReport) -> None:
+        dropped = self.backlog.add(r)
+        if dropped:
+            report.dropped += len(dropped)
+            log.warning("backlog full (%d readings, %.1f MiB, %d ticks): dropped the %d oldest, measured %s to %s; %d dropped since start",
+                        len(self.backlog), self.backlog.nbytes / 2**20, self.backlog.ticks, len(dropped),
+                        dropped[0].ts.isoformat(), dropped[-1].ts.isoformat(), self.backlog.dropped)
+            for d in dropped:
+                if d.ts == report.ts:
+                    for name in d.sources:
+                        report.errors[name] = "dropped: larger than the whole backlog"
+
+    def drain(self, report: TickReport, *, deadline: float | None = None) -> None:
+        """Send waiting readings, oldest first, while sends succeed, the retry time has come, and the
+        clock is short of ``deadline``."""
+        while self.backlog:
+            t = self.clock()
+            if t < self.retry_at or (deadline is not None and t >= deadline):
+                return
+            batch = self.backlog.head(self.merge_bytes, 1 if self._solo else None)
+            timeout = self.timeout_s if deadline is None else min(self.timeout_s, max(1.0, deadline - t))
+            try:
+                resp = self._post(batch, timeout)
+            except httpx.TransportError as exc:  # refused, reset, timed out: the API may come back
+                self._retry_later(f"{type(exc).__name__}: {str(exc)[:200]}", None, batch)
+                return
+            status = resp.status_code
+            if 200 <= status < 300:
+                self._delivered(batch, resp, report)
+                continue
+            what = f"API answered {status} on {batch[0].path}: {resp.text[:300]}"
+            if status in (401, 403):
+                raise AgentStopped(f"the API refused the token ({status}) while pushing {', '.join(batch[0].sources) or batch[0].path}: {resp.text[:200]}")
+            if status in (408, 429) or status >= 500:
+                self._retry_later(what, _retry_after(resp), batch)
+                return
+            if len(batch) > 1:
+                # One request for several readings was refused: send them one by one, so that only the
+                # one at fault (if any) is dropped; a 413 also says requests must be smaller from now on.
+                self._solo = len(batch)
+                if status == 413:
+                    self.merge_bytes = max(1, sum(_raw_size(r) for r in batch) // 2)
+                log.info("%s; sending the %d readings it carried one by one", what, len(batch))
+                continue
+            self._discard(batch[0], report, what)
+
+    def _post(self, batch: list[Reading], timeout: float) -> httpx.Response:
+        first = batch[0]
+        headers = {"Content-Type": first.content_type}
+        if len(batch) == 1:
+            body, gz = first.body, first.gzipped
+        else:  # NVML batches of one source: the frames concatenate
+            frames: dict[str, list[Any]] = {}
+            doc: dict[str, Any] = {}
+            for r in batch:
+                doc = json.loads(r.raw())
+                for name, records in doc["frames"].items():
+                    frames.setdefault(name, []).extend(records)
+            body, gz = json.dumps({"source": doc.get("source"), "frames": frames}).encode(), False
+        if gz and first.path == "/v1/metrics":  # the ingest route sniffs gzip itself
+            headers["Content-Encoding"] = "gzip"
+        return self.client.post(f"{self.api_url}{first.path}", content=body, params=first.params, headers=headers, timeout=timeout)
+
+    def _delivered(self, batch: list[Reading], resp: httpx.Response, report: TickReport) -> None:
+        self.backlog.remove(batch)
+        self.failures, self.retry_at = 0, -math.inf
+        self._solo = max(0, self._solo - len(batch))
+        if batch[0].path == "/v1/metrics":
+            from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+            try:
+                report.rejected_points += int(ExportMetricsServiceResponse.FromString(resp.content).partial_success.rejected_data_points)
+            except Exception:  # noqa: BLE001 - an empty or foreign 2xx body means nothing was rejected
+                pass
+            written = None
+        else:
+            try:
+                written = resp.json().get("written", {})
+            except (ValueError, AttributeError):
+                written = {}
+        for r in batch:
+            if r.ts == report.ts:
+                for name, counts in r.sources.items():
+                    report.pushed[name] = counts if written is None else written
+            else:
+                report.replayed += 1
+
+    def _retry_later(self, why: str, retry_after: float | None, batch: list[Reading]) -> None:
+        self.failures += 1
+        # exponential backoff with "equal jitter": between half and all of the capped delay; a Retry-After
+        # from the server is the least wait (so "Retry-After: 0" cannot make the agent hammer a busy API)
+        cap = min(self.backoff_cap_s, BACKOFF_BASE_S * 2 ** min(self.failures - 1, 30))
+        delay = self.rng.uniform(cap / 2, cap)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        self.retry_at = self.clock() + delay
+        self.last_error = why.splitlines()[0][:300] if why else "send failed"
+        log.warning("push failed (%s): %d readings (%.1f MiB, oldest measured %s) kept; next try in %.1f s",
+                    self.last_error, len(self.backlog), self.backlog.nbytes / 2**20, batch[0].ts.isoformat(), delay)
+
+    def _discard(self, r: Reading, report: TickReport, why: str) -> None:
+        self.backlog.remove([r])
+        self._solo = max(0, self._solo - 1)
+        self.discarded += 1
+        report.discarded += 1
+        what = "too large for the API (413); not split" if why.startswith("API answered 413") else "refused as bad data; it would be refused again"
+        log.error("dropped the reading of %s measured %s: %s: %s", ", ".join(r.sources) or r.path, r.ts.isoformat(), what, why)
+        if r.ts == report.ts:
+            for name in r.sources:
+                report.errors[name] = f"dropped, {what}: {why}"[:300]
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
     def close(self) -> None:
+        if self.backlog and self.backlog.spool is None:
+            log.warning("%d readings (oldest measured %s) were never delivered and are lost; --spool DIR keeps them across restarts",
+                        len(self.backlog), self.backlog.items[0].ts.isoformat())
         self.client.close()
         if self.otlp is not None:
             self.otlp.close()
 
     def run(self, interval_s: float, *, ticks: int | None = None, on_tick: Any = None) -> None:
-        """Tick every ``interval_s`` on a fixed schedule (a slow tick does not shift the next ones)."""
+        """Tick every ``interval_s`` on a fixed schedule (a slow tick does not shift the next ones). Between
+        ticks, waiting readings are sent as soon as their retry time comes, never past the next tick's."""
         n = 0
-        next_at = time.monotonic()
+        next_at = self.clock()
         while ticks is None or n < ticks:
-            report = self.tick()
+            next_at += interval_s
+            report = self.tick(deadline=next_at)
             if on_tick:
                 on_tick(report)
             n += 1
-            next_at += interval_s
-            time.sleep(max(0.0, next_at - time.monotonic()))
+            if ticks is not None and n >= ticks:
+                return
+            while (left := next_at - self.clock()) > 0:
+                if self.backlog and self.retry_at < next_at:
+                    self.sleep(min(left, max(0.0, self.retry_at - self.clock())))
+                    between = TickReport(ts=dt.datetime.now(dt.UTC))
+                    self.drain(between, deadline=next_at)
+                    if between.replayed:
+                        log.info("sent %d waiting readings; %d still waiting", between.replayed, len(self.backlog))
+                else:
+                    self.sleep(left)

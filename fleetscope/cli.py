@@ -675,10 +675,19 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
 @click.option("--push", "push", type=click.Choice(["otlp", "batch"]), default="otlp", show_default=True,
               help="otlp: OpenTelemetry SDK metrics to /v1/metrics; batch: the exporter body to /api/v1/ingest/dcgm and NVML rows to /api/v1/batches.")
-@click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed).")
+@click.option("--buffer-mb", "buffer_mb", type=click.FloatRange(min=0, min_open=True), envvar="FLEETSCOPE_AGENT_BUFFER_MB",
+              default=64, show_default=True, help="Most MiB of undelivered readings kept while the API is unreachable; the oldest go first (or FLEETSCOPE_AGENT_BUFFER_MB).")
+@click.option("--buffer-ticks", "buffer_ticks", type=click.IntRange(min=1), envvar="FLEETSCOPE_AGENT_BUFFER_TICKS",
+              default=360, show_default=True, help="Most ticks of undelivered readings kept; the oldest go first (or FLEETSCOPE_AGENT_BUFFER_TICKS).")
+@click.option("--spool", "spool", type=click.Path(file_okay=False), envvar="FLEETSCOPE_AGENT_SPOOL", default=None,
+              help="Directory that also holds the undelivered readings, so an agent restart loses none; one agent per directory (or FLEETSCOPE_AGENT_SPOOL).")
+@click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
-def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str, once: bool, as_json: bool) -> None:
-    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default)."""
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str,
+          buffer_mb: float, buffer_ticks: int, spool: str | None, once: bool, as_json: bool) -> None:
+    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default).
+    Readings the API does not take (unreachable, 429, 5xx) are kept, bounded, and sent again later with
+    the time they were measured."""
     from fleetscope.agent import Agent, AgentStopped
 
     if not dcgm_urls and not nvml:
@@ -690,7 +699,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
             nvml_mod.read_devices()
         except nvml_mod.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
-    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push)
+    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
+               buffer_ticks=buffer_ticks, spool=spool)
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]
@@ -700,11 +710,17 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
             out = {"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}
             if push == "otlp":
                 out |= {"points": report.points, "rejected_points": report.rejected_points}
+            out |= {"replayed": report.replayed, "buffered": report.buffered, "buffered_bytes": report.buffered_bytes,
+                    "dropped": report.dropped, "discarded": report.discarded}
             click.echo(json.dumps(out))
         else:
             rows = sum(n for w in report.pushed.values() for k, n in w.items() if k != "points")
             otlp = f" ({report.points} OTLP points, {report.rejected_points} rejected)" if push == "otlp" else ""
-            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}" + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
+            backlog = "".join(f", {n} {what}" for n, what in ((report.replayed, "earlier readings resent"), (report.buffered, "readings waiting"),
+                                                              (report.dropped, "oldest readings dropped (backlog full)"),
+                                                              (report.discarded, "readings refused as bad data")) if n)
+            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}{backlog}"
+                       + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
 
     try:
         ag.run(interval_s, ticks=1 if once else None, on_tick=show)
