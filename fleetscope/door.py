@@ -44,7 +44,7 @@ from sqlalchemy.exc import OperationalError
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
-from fleetscope.store import Store, WriteResult
+from fleetscope.store import Rows, Store, WriteResult
 from ingest import dcgm_lines
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,32 @@ def _prepare(push: Push) -> None:
     push.notes = notes(push.batch.meta)
 
 
+def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
+    """Rows a line-read body offers per frame (health events aside)."""
+    n = len(lines.keys)
+    rows = {"gpu": n, "gpu_sample": n}
+    pods = sum(1 for lab in lines.labels if lab[dcgm_lines._OUT_INDEX["pod"]]) - lines.meta["exporter_pod_labels_ignored"]
+    if pods:
+        rows["gpu_workload"] = pods
+    if lines.metrics:
+        rows["metric_sample"] = len(lines.metrics)
+    return {k: v for k, v in rows.items() if v}
+
+
+def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], list[dict[str, int]], list[int]] | None:
+    """A group of line-read dcgm bodies without fault readings as plain rows (``Store.write_rows``): the
+    frame machinery's fixed costs are most of a small group's write. None for any other group."""
+    parts = []
+    for p in pushes:
+        lines = getattr(p, "_lines", None)
+        if lines is None or dcgm_lines.faulty(lines):
+            return None
+        parts.append((lines, p.ts_us))
+    frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in dcgm_lines.tuples(parts).items() if rows]
+    lines_of = [p._lines for p in pushes]  # type: ignore[attr-defined]
+    return frames, [_offered(lines) for lines in lines_of], [lines.values() for lines in lines_of]
+
+
 def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
     """The group's Batch, each push's rows offered per frame, and each push's values."""
     lined = [p for p in pushes if getattr(p, "_lines", None) is not None]
@@ -127,20 +153,13 @@ def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[s
     for p in pushes:
         lines = getattr(p, "_lines", None)
         if lines is not None:
-            n = len(lines.keys)
-            rows = {"gpu": n, "gpu_sample": n}
-            pods = sum(1 for lab in lines.labels if lab[dcgm_lines._OUT_INDEX["pod"]])
-            pods -= lines.meta["exporter_pod_labels_ignored"]
-            if pods:
-                rows["gpu_workload"] = pods
-            if lines.metrics:
-                rows["metric_sample"] = len(lines.metrics)
+            rows = _offered(lines)
             if health is not None and health.height:
                 keys = set(lines.keys)
                 hits = sum(1 for u, t in zip(health["gpu_uuid"].to_list(), health["ts"].dt.epoch("us").to_list()) if t == p.ts_us and u in keys)
                 if hits:
                     rows["health_event"] = hits
-            offered.append({k: v for k, v in rows.items() if v})
+            offered.append(rows)
             values.append(lines.values())
         else:
             assert p.batch is not None
@@ -301,10 +320,17 @@ class Door:
     def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> None:
         pushes = [p for p, _ in fresh]
         source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
+        batch = None
         try:
-            batch, offered, values = _assemble(pushes, source)
-            result = self.store.write(batch, ingest_log=lambda r: [
-                (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
+            as_rows = _as_rows(pushes)
+            if as_rows is not None:
+                frames, offered, values = as_rows
+                result = self.store.write_rows(frames, values=sum(values), ingest_log=lambda r: [
+                    (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
+            else:
+                batch, offered, values = _assemble(pushes, source)
+                result = self.store.write(batch, ingest_log=lambda r: [
+                    (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
         except OperationalError as exc:
             # The database is busy or gone: every push may retry; none was stored.
             for _, fut in fresh:
@@ -321,8 +347,9 @@ class Door:
                     item[1].set_exception(exc)
             return
         shares = _attribute(result, offered)
-        written_health = batch.health_event if result.written.get("health_event") else None
-        job_ids = batch.job_rank["job_id"].unique().to_list() if result.written.get("job_rank") and batch.job_rank is not None else []
+        written_health = batch.health_event if batch is not None and result.written.get("health_event") else None
+        job_ids = (batch.job_rank["job_id"].unique().to_list()
+                   if batch is not None and result.written.get("job_rank") and batch.job_rank is not None else [])
         for (push, fut), share, off, v in zip(fresh, shares, offered, values):
             fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=off, written=share, values=v), notes=push.notes,
                                     group_size=len(fresh), health_event=push.batch.health_event if push.batch is not None else written_health,

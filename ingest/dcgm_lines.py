@@ -48,7 +48,7 @@ from ingest.dcgm import (
     _LABELS,
 )
 
-__all__ = ["MAX_BYTES", "Lines", "read", "assemble"]
+__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty"]
 
 # Bodies larger than this are a scrape of many GPUs: the columnar parser is faster there.
 MAX_BYTES = 512 * 1024
@@ -313,6 +313,57 @@ def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     return key, wanted, extra
 
 
+def _series(lines: Lines, k: int, name: str) -> str:
+    """The metric_sample series key of DCGM field ``name`` on the body's ``k``-th GPU."""
+    key = lines.keys[k]
+    if lines.extra[k]:
+        extra = {n: v for n, v in _PAIR.findall(lines.extra[k]) if n not in _KNOWN_LABELS}
+        return series_key(name, {**extra, "gpu_uuid": key})
+    return name + '{gpu_uuid="' + key.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"}'
+
+
+def faulty(lines: Lines) -> bool:
+    """Whether a body carries a fault reading (an XID, ECC or row-remap count above zero): a health event."""
+    return any(row.get(c) for row in lines.fields for c in _FAULT_COLUMNS)
+
+
+_TUPLE_COLUMNS = {
+    "gpu": ("gpu_uuid", "host", "gpu_index", "pci_bus_id", "model_name", "mig_profile", "mig_instance_id", "driver_version"),
+    "gpu_workload": ("ts", "gpu_uuid", "namespace", "pod", "container"),
+    "metric_sample": ("ts", "series", "value"),
+}
+
+
+def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
+    """Many bodies' rows as plain tuples per frame, ``(columns, rows)``, without building frames: what
+    ``assemble`` gives, conformed (one row per natural key: the first for telemetry, the last for
+    inventory; a column null in every row left out; timestamps as epoch microseconds). For bodies without
+    fault readings only (see ``faulty``): health events need the frame path."""
+    L = _OUT_INDEX
+    samples: dict[tuple[int, str], dict[str, Any]] = {}
+    inventory: dict[str, tuple[Any, ...]] = {}
+    workload: dict[tuple[int, str], tuple[Any, ...]] = {}
+    metrics: dict[tuple[int, str], tuple[Any, ...]] = {}
+    for lines, t in parts:
+        for key, row, labels in zip(lines.keys, lines.fields, lines.labels):
+            samples.setdefault((t, key), row)
+            inventory[key] = (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
+                              labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]])
+            pod, container = labels[L["pod"]], labels[L["container"]]
+            if pod and EXPORTER_POD_MARK not in pod and EXPORTER_POD_MARK not in (container or ""):
+                workload.setdefault((t, key), (t, key, labels[L["namespace"]], pod, container))
+        for k, name, value in lines.metrics:
+            series = _series(lines, k, name)
+            metrics.setdefault((t, series), (t, series, value))
+    fields = [c for c in _GPU_COLS if any(c in row for row in samples.values())]
+    out = {"gpu_sample": (("ts", "gpu_uuid", *fields), [(t, key, *(row.get(c) for c in fields)) for (t, key), row in samples.items()])}
+    for name, rows in (("gpu", list(inventory.values())), ("gpu_workload", list(workload.values())), ("metric_sample", list(metrics.values()))):
+        cols = _TUPLE_COLUMNS[name]
+        keep = [i for i, c in enumerate(cols) if i == 0 or c in ("ts", "gpu_uuid") or any(r[i] is not None for r in rows)]
+        out[name] = (tuple(cols[i] for i in keep), [tuple(r[i] for i in keep) for r in rows])
+    return out
+
+
 def _int_or_none(v: str | None) -> int | None:
     return int(v) if v else None
 
@@ -350,14 +401,8 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
                 work["pod"].append(pod)
                 work["container"].append(container)
         for k, name, value in lines.metrics:
-            key = lines.keys[k]
-            if lines.extra[k]:
-                extra = {n: v for n, v in _PAIR.findall(lines.extra[k]) if n not in _KNOWN_LABELS}
-                series = series_key(name, {**extra, "gpu_uuid": key})
-            else:
-                series = name + '{gpu_uuid="' + key.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"}'
             ms["ts"].append(t)
-            ms["series"].append(series)
+            ms["series"].append(_series(lines, k, name))
             ms["value"].append(value)
     n = len(uuids)
     ts = pl.Series("ts", ts_us, dtype=pl.Int64).cast(UTC_US)
@@ -380,7 +425,7 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
         metric_sample = pl.DataFrame(ms, schema={"ts": pl.Int64, "series": pl.String, "value": pl.Float64}).with_columns(
             pl.col("ts").cast(UTC_US)).select(METRIC_SAMPLE.names)
     health = None
-    if any(row.get(c) for row in rows for c in _FAULT_COLUMNS):
+    if any(faulty(lines) for lines, _ in parts):
         health = dcgm_health_events(gpu_sample, inventory.select("gpu_uuid", "host", "err_msg"), source="dcgm")
     return Batch(source=source, gpu=gpu if n else GPU.empty(), gpu_sample=gpu_sample, gpu_workload=workload,
                  health_event=health, metric_sample=metric_sample, meta={})

@@ -165,6 +165,7 @@ def test_a_database_error_fails_the_group_and_stores_nothing(store, monkeypatch)
         raise OperationalError("INSERT", {}, Exception("database is locked"))
 
     monkeypatch.setattr(store, "write", down)
+    monkeypatch.setattr(store, "write_rows", down)
     gate.set()
     for f in futures:
         with pytest.raises(OperationalError):
@@ -197,3 +198,41 @@ def test_many_threads_many_pushes(store):
     assert all(r.result.written["gpu_sample"] == 8 for r in results)
     assert _count(store, "gpu_sample") == 96 * 8
     assert _count(store, "ingest_log") == 96
+
+
+def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path):
+    """A group of plain agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
+    as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included."""
+    from fleetscope import db as dbm
+
+    other_url = f"sqlite:///{tmp_path / 'frames.db'}"
+    dbm.upgrade(other_url)
+    rows_store, frames_store = Store.open(db_url), Store.open(other_url)
+
+    def pushes() -> list[door.Push]:
+        out = []
+        for h in range(6):
+            body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.6)
+            body += f'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{gpu="0",UUID="GPU-extra-{h}",Hostname="n{h}"}} {h}\n'.encode()
+            out.append(ingestion.to_push(body, source=f"agent-{h}", fmt="dcgm", opts=ingestion.Options(ts=T0)))
+        out.append(ingestion.to_push(_bench.synth_scrape(8, seed=0, busy_fraction=0.6), source="again", fmt="dcgm",
+                                     opts=ingestion.Options(ts=T0 + dt.timedelta(seconds=10))))
+        for p in out:
+            door._prepare(p)
+        return out
+
+    group = pushes()
+    assert door._as_rows(group) is not None
+    d = door.Door(rows_store)
+    d._write([(p, cf.Future()) for p in group])
+    batch, offered, values = door._assemble(pushes(), "frames")
+    frames_store.write(batch)
+    try:
+        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample"):
+            a, b = rows_store.read(frame), frames_store.read(frame)
+            assert a.height > 0, frame
+            assert a.sort(a.columns).equals(b.sort(b.columns)), frame
+    finally:
+        d.close()
+        rows_store.engine.dispose()
+        frames_store.engine.dispose()
