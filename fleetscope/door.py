@@ -7,7 +7,8 @@ write's fixed costs — a transaction, a frame conform, a duplicate-input query,
 shrink with the push. One writer thread per process takes every push that is waiting (after at most
 ``FLEETSCOPE_GROUP_COMMIT_MS`` for company), builds the group's frames once, and writes them in one
 transaction with one ingest-log row per push. Small dcgm-exporter bodies are not even parsed alone:
-:mod:`ingest.dcgm_lines` reads each into lists and the group is assembled into frames in one go.
+:mod:`ingest.dcgm_lines` reads each into lists, and a group of them goes to the store as plain rows
+(``Store.write_rows``), or, where a body carries a fault reading, is assembled into frames in one go.
 
 What each push is promised:
 - *Acknowledged means stored.* A push's future resolves only after the transaction holding its rows
