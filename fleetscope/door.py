@@ -46,7 +46,7 @@ from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
 from fleetscope.store import Rows, Store, WriteResult
-from ingest import dcgm_lines
+from ingest import dcgm_lines, otlp
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Push:
     batch: F.Batch | None = None
     dcgm: bytes | None = None
     ts_us: int = 0  # scrape time of a ``dcgm`` body
+    otlp: Any = None  # an OTLP request's readings (``ingest.otlp.read``), built into frames with its group's
     notes: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
     # An input whose hash the ingest log holds writes nothing. Off for JSON batches, whose update-on-
@@ -143,25 +144,47 @@ def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], li
 def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
     """The group's Batch, each push's rows offered per frame, and each push's values."""
     lined = [p for p in pushes if getattr(p, "_lines", None) is not None]
-    batches = [p.batch for p in pushes if p.batch is not None]
     parts: list[F.Batch] = []
     offered: list[dict[str, int]] = []
     values: list[int] = []
     if lined:
         parts.append(dcgm_lines.assemble([(p._lines, p.ts_us) for p in lined], source=source))  # type: ignore[attr-defined]
-    parts.extend(b for b in batches if b is not None)
-    health = parts[0].health_event if lined else None
+    # OTLP requests about distinct GPUs are built into frames together; one about a GPU already in the
+    # group is built alone, so that which copy of a point is stored does not depend on the grouping.
+    walks, seen = [], set()
+    for p in pushes:
+        if p.otlp is not None:
+            uuids = otlp.gpu_uuids(p.otlp)
+            if seen.isdisjoint(uuids):
+                seen.update(uuids)
+                walks.append(p.otlp)
+            else:
+                p.batch = p.otlp.batch(p.source)
+    otlp_batch = otlp.gather(walks, source) if walks else None
+    if otlp_batch is not None:
+        parts.append(otlp_batch)
+    parts.extend(p.batch for p in pushes if p.batch is not None)
+    grouped = [b.health_event for b in parts[: (1 if lined else 0) + (1 if otlp_batch is not None else 0)]
+               if b.health_event is not None and b.health_event.height]
+    health = pl.concat(grouped, how="diagonal_relaxed") if grouped else None
+    events = list(zip(health["gpu_uuid"].to_list(), health["ts"].dt.epoch("us").to_list())) if health is not None else []
     for p in pushes:
         lines = getattr(p, "_lines", None)
         if lines is not None:
             rows = _offered(lines)
-            if health is not None and health.height:
-                keys = set(lines.keys)
-                hits = sum(1 for u, t in zip(health["gpu_uuid"].to_list(), health["ts"].dt.epoch("us").to_list()) if t == p.ts_us and u in keys)
-                if hits:
-                    rows["health_event"] = hits
+            hits = sum(1 for u, t in events if t == p.ts_us and u in set(lines.keys)) if events else 0
+            if hits:
+                rows["health_event"] = hits
             offered.append(rows)
             values.append(lines.values())
+        elif p.otlp is not None and p.batch is None:
+            rows, n = otlp.counts(p.otlp)
+            uuids = set(otlp.gpu_uuids(p.otlp))
+            hits = sum(1 for u, _ in events if u in uuids) if events else 0
+            if hits:
+                rows["health_event"] = hits
+            offered.append(rows)
+            values.append(n)
         else:
             assert p.batch is not None
             offered.append(p.batch.rows())

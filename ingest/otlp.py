@@ -177,14 +177,68 @@ def parse(data: bytes, *, encoding: str, source: str = "") -> Batch:
 
     Protobuf bodies take the wire path (``_parse_protobuf``); its Batch is the one ``from_request`` gives
     for the same request, which the tests check over varied requests."""
+    return read(data, encoding=encoding, source=source).batch(source)
+
+
+def read(data: bytes, *, encoding: str, source: str = "") -> _Walk:
+    """What ``parse`` gathers from a request before building its frames: many requests' readings are
+    built into one Batch by ``gather`` (a group commit of agents' pushes), each frame once."""
     if encoding == "protobuf":
         return _parse_protobuf(data, source)
-    return from_request(decode(data, encoding=encoding, source=source), source=source)
+    return _walk_request(decode(data, encoding=encoding, source=source))
+
+
+def gather(walks: list[_Walk], source: str = "") -> Batch:
+    """One Batch of many requests' readings: equal, once conformed, to merging their ``parse`` Batches, as
+    long as no GPU is in two of them (the caller keeps such requests apart: whose copy of a point is
+    stored then follows from the order they are written in)."""
+    if len(walks) == 1:
+        return walks[0].batch(source)
+    merged = _Walk()
+    for w in walks:
+        offset = len(merged.gpus)
+        if any(g["gpu_uuid"] in merged.gpu_index for g in w.gpus):
+            raise ValueError("a GPU is in two of the requests gathered")
+        for g in w.gpus:
+            merged.gpu_index[g["gpu_uuid"]] = len(merged.gpus)
+            merged.gpus.append(g)
+        merged.workloads.extend(w.workloads)
+        merged.parts.extend((t, gid + offset, col, v) for t, gid, col, v in w.parts)
+        for k, v in w.series_rows.items():
+            merged.series_rows.setdefault(k, v)
+        for k, v in w.colls.items():
+            merged.colls.setdefault(k, v)
+        merged.rejected.update(w.rejected)
+        merged.accepted += w.accepted
+    return merged.batch(source)
+
+
+def gpu_uuids(walk: _Walk) -> list[str]:
+    """The GPUs a request's readings are about (to keep apart requests that share one)."""
+    return [g["gpu_uuid"] for g in walk.gpus]
+
+
+def counts(walk: _Walk) -> tuple[dict[str, int], int]:
+    """Rows a request offers per frame (health events aside) and the values it carries, as its ``parse``
+    Batch would count them, without building the frames."""
+    cells = {(t, g, col) for ts, gids, col, _ in walk.parts for t, g in zip(ts.tolist(), gids.tolist())}
+    rows = {"gpu_sample": len({(t, g) for t, g, _ in cells}), "gpu": len(walk.gpus), "gpu_workload": len(walk.workloads),
+            "metric_sample": len(walk.series_rows), "collective": len(walk.colls)}
+    return {k: v for k, v in rows.items() if v}, len(cells) + len(walk.series_rows)
+
+
+def rejected(walk: _Walk) -> tuple[int, dict[str, int]]:
+    """Points a request's walk refused, and why (OTLP partial success)."""
+    return sum(walk.rejected.values()), dict(walk.rejected)
 
 
 def from_request(req: Any, *, source: str = "") -> Batch:
     """Columnar walk of a decoded request: per GPU metric, three columns (GPU, time, value), put side by
     side as wide rows at the end."""
+    return _walk_request(req).batch(source)
+
+
+def _walk_request(req: Any) -> _Walk:
     walk = _Walk()
     for rm in req.resource_metrics:
         res = _attrs(rm.resource.attributes)
@@ -192,7 +246,7 @@ def from_request(req: Any, *, source: str = "") -> Batch:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 walk.metric(metric, res, host_default)
-    return walk.batch(source)
+    return walk
 
 
 class _Walk:
@@ -994,14 +1048,14 @@ def _wire_points(payload: Any, labels: _LabelSets) -> tuple[np.ndarray, np.ndarr
     return ts_ns, values, layout.aids
 
 
-def _parse_protobuf(data: bytes, source: str) -> Batch:
+def _parse_protobuf(data: bytes, source: str) -> _Walk:
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     if b"DCGM_FI_" not in data and b"dcgm_fi_" not in data and b"hw." not in data:
         # No GPU metric spelled as collectors and SDKs spell them (a mixed-case name still reads right
         # on the message path): skip the walk, which only costs a request of many small series.
-        return from_request(decode(data, encoding="protobuf", source=source), source=source)
+        return _walk_request(decode(data, encoding="protobuf", source=source))
     try:
         stripped = _strip(data)
     except _WireError as exc:
@@ -1009,7 +1063,7 @@ def _parse_protobuf(data: bytes, source: str) -> Batch:
     except RecursionError:
         raise ParseError("not an OTLP protobuf ExportMetricsServiceRequest: groups nested too deeply", source=source) from None
     if stripped is None:
-        return from_request(decode(data, encoding="protobuf", source=source), source=source)
+        return _walk_request(decode(data, encoding="protobuf", source=source))
     body, cuts = stripped
     req = ExportMetricsServiceRequest()
     try:
@@ -1031,7 +1085,7 @@ def _parse_protobuf(data: bytes, source: str) -> Batch:
                     walk.metric(metric, res, host_default)
                 elif not _gpu_metric_wire(walk, metric.name, view[cut[0]:cut[1]], res, host_default, labels):
                     walk.metric(_real_metric(data[cut[2]:cut[3]], data, source), res, host_default)
-    return walk.batch(source)
+    return walk
 
 
 def _gpu_metric_wire(walk: _Walk, name: str, points: memoryview, res: dict[str, str], host_default: str | None, labels: _LabelSets) -> bool:

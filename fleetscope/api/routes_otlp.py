@@ -59,7 +59,8 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any,
             body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")  # ingestion.TooLarge past the limit
         except ParseError as exc:
             raise _BadGzip(str(exc)) from None
-    return otlp.parse(body, encoding=encoding, source="otlp:/v1/metrics"), content_hash(body + encoding.encode())
+    # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
+    return otlp.read(body, encoding=encoding, source="otlp:/v1/metrics"), content_hash(body + encoding.encode())
 
 
 @router.post("/v1/metrics", dependencies=[Depends(require("ingest"))])
@@ -84,7 +85,7 @@ async def otlp_metrics(request: Request) -> Response:
         try:
             # Decompression and decoding together in a worker thread: at a large fleet's scrape (~100 MB
             # inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
-            batch, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
+            walk, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:
@@ -95,7 +96,7 @@ async def otlp_metrics(request: Request) -> Response:
             # Through the ingest door: group-committed with the other pushes, logged, and alert evaluation
             # woken when it carries health events a rule reads. An exporter's retry of a body already
             # stored writes nothing.
-            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], batch=batch, nbytes=len(body)))
+            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body)))
         except door.Overloaded as exc:
             return _status(14, str(exc), encoding, 503, {"Retry-After": str(exc.retry_after_s)})
         except FleetscopeError as exc:
@@ -103,9 +104,9 @@ async def otlp_metrics(request: Request) -> Response:
         except OperationalError:
             # Locked or unreachable database: retryable by the client, so say when to come back.
             return _status(14, "database busy, retry later", encoding, 503, {"Retry-After": "2"})
-        meta = batch.meta
-        reasons = "; ".join(f"{n} × {why}" for why, n in list(meta["rejected_reasons"].items())[:10])
-        content, media = otlp.response(meta["rejected_points"], reasons, encoding=encoding)
+        n_rejected, why = otlp.rejected(walk)
+        reasons = "; ".join(f"{n} × {w}" for w, n in list(why.items())[:10])
+        content, media = otlp.response(n_rejected, reasons, encoding=encoding)
         return Response(content, 200, media_type=media)
     finally:
         async with _lock:

@@ -236,3 +236,27 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path):
         d.close()
         rows_store.engine.dispose()
         frames_store.engine.dispose()
+
+
+def test_otlp_pushes_are_built_together_and_a_repeated_gpu_stays_apart(store):
+    """A group of OTLP requests is built into frames once; a request about a GPU already in the group (the
+    same node a scrape later) is built alone; each is answered for itself and every row is stored."""
+    from ingest import otlp
+
+    spec = importlib.util.spec_from_file_location("_bench_otlp", REPO / "benchmarks" / "ingest_otlp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    t_ns = 1_800_000_000 * 10**9
+    bodies = [bench.build_request(8, t_ns, first=8 * h) for h in range(5)] + [bench.build_request(8, t_ns + 10**10, first=0)]
+    d, gate = _gated(store)
+    first = d.submit(_agent_push(40))
+    futures = [d.submit(door.Push(f"otlp-{i}", f"{i:064x}", ["otlp"], otlp=otlp.read(b, encoding="protobuf"))) for i, b in enumerate(bodies)]
+    gate.set()
+    first.result(30)
+    answers = [f.result(30) for f in futures]
+    d.close()
+    assert [a.result.written["gpu_sample"] for a in answers] == [8] * 6
+    assert answers[0].result.offered.get("health_event") == answers[0].result.written.get("health_event") > 0  # GPU 0 faults
+    assert _count(store, "gpu_sample") == 8 * 7
+    gpu0 = store.read("gpu_sample", gpu_uuid=otlp.gpu_uuids(otlp.read(bodies[0], encoding="protobuf"))[:1])
+    assert gpu0.height == 2
