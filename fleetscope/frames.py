@@ -50,7 +50,10 @@ class FrameSpec:
     """A canonical frame: its columns, natural key and how a re-sent row is treated.
 
     ``on_conflict``: ``"ignore"`` keeps the first copy (telemetry is immutable once observed);
-    ``"update"`` lets the newer row win (inventory and findings describe current state).
+    ``"fill"`` keeps the first copy of each field and fills in the fields the stored row lacks from a later
+    copy (a wide sample whose fields a sender split over several requests, as Prometheus remote write
+    and OpenTelemetry Collectors do past their batch size); ``"update"`` lets the newer row win (inventory
+    and findings describe current state).
     """
 
     name: str
@@ -263,6 +266,7 @@ def dcgm_health_events(gpu_sample: pl.DataFrame, inventory: pl.DataFrame, *, sou
 GPU_SAMPLE = FrameSpec(
     "gpu_sample",
     (_k("ts", UTC_US), _k("gpu_uuid", pl.String), *GPU_FIELDS),
+    on_conflict="fill",
     doc="One GPU at one instant (wide).",
 )
 
@@ -817,8 +821,13 @@ def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
         out[col.name] = s.alias(col.name)
     frame = pl.DataFrame(out)
     if spec.key and frame.height > 1:
-        keep = "last" if spec.on_conflict == "update" else "first"
-        frame = frame.unique(subset=list(spec.key), keep=keep, maintain_order=True)
+        if spec.on_conflict == "fill":
+            key = list(spec.key)
+            if frame.select(pl.struct(key).is_duplicated().any()).item():
+                frame = frame.group_by(key, maintain_order=True).agg(pl.exclude(key).drop_nulls().first()).select(frame.columns)
+        else:
+            keep = "last" if spec.on_conflict == "update" else "first"
+            frame = frame.unique(subset=list(spec.key), keep=keep, maintain_order=True)
     return frame
 
 

@@ -284,6 +284,12 @@ class Store:
                 f"(excluded.{_q(c)} IS NOT NULL AND excluded.{_q(c)} {distinct} {_q(table)}.{_q(c)})" for c in cols if c not in key
             )
             conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {changed}"
+        elif on_conflict == "fill" and len(cols) > len(key):
+            # The stored copy's values stay; only fields it lacks are taken from this one, and only rows that
+            # gain a field are rewritten.
+            sets = ", ".join(f"{_q(c)} = COALESCE({_q(table)}.{_q(c)}, excluded.{_q(c)})" for c in cols if c not in key)
+            gains = " OR ".join(f"({_q(table)}.{_q(c)} IS NULL AND excluded.{_q(c)} IS NOT NULL)" for c in cols if c not in key)
+            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {gains}"
         else:
             conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
         if self.dialect == "sqlite":

@@ -336,8 +336,9 @@ _TUPLE_COLUMNS = {
 
 def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
     """Many bodies' rows as plain tuples per frame, ``(columns, rows)``, without building frames: what
-    ``assemble`` gives, conformed (one row per natural key: the first for telemetry, the last for
-    inventory; a column null in every row left out; timestamps as epoch microseconds). For bodies without
+    ``assemble`` gives, conformed (one row per natural key: for gpu_sample the first copy of each field,
+    the first row for other telemetry, the last for inventory; a column null in every row left out;
+    timestamps as epoch microseconds). For bodies without
     fault readings only (see ``faulty``): health events need the frame path."""
     L = _OUT_INDEX
     samples: dict[tuple[int, str], dict[str, Any]] = {}
@@ -346,7 +347,11 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
     metrics: dict[tuple[int, str], tuple[Any, ...]] = {}
     for lines, t in parts:
         for key, row, labels in zip(lines.keys, lines.fields, lines.labels):
-            samples.setdefault((t, key), row)
+            kept = samples.get((t, key))
+            if kept is None:
+                samples[(t, key)] = row
+            else:  # the same GPU and instant twice: the first copy of each field stays ("fill")
+                samples[(t, key)] = {**row, **kept}
             inventory[key] = (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
                               labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]])
             pod, container = labels[L["pod"]], labels[L["container"]]

@@ -132,8 +132,6 @@ def test_a_busy_database_is_retryable(api, monkeypatch):
     assert api.app.state.store.counts()["gpu_sample"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="gpu_sample keeps the first row per (ts, gpu_uuid) (on_conflict ignore): the fields of "
-                   "a GPU's scrape that a sender puts in a later request are dropped; needs a COALESCE upsert for gpu_sample")
 def test_a_scrape_split_over_two_requests_keeps_both_halves(api):
     h = auth_headers(api)
     first = write_request([({"__name__": "DCGM_FI_DEV_GPU_TEMP", **BASE}, [(45.0, TS_MS)])])
