@@ -21,6 +21,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, tries: int = 300) -> None:
+    """Until ``url`` answers 200 (a server starting), at most ``tries`` tenths of a second."""
+    for _ in range(tries):
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
@@ -36,12 +46,7 @@ def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | Non
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_healthy(base + "/healthz")
         yield base, token
     finally:
         server.terminate()

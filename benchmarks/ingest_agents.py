@@ -160,12 +160,7 @@ def victoria_metrics() -> Iterator[str | None]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        _server.wait_healthy(base + "/health")
         yield base
     finally:
         proc.terminate()
