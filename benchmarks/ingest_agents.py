@@ -32,7 +32,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
