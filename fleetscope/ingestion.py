@@ -1,8 +1,10 @@
 """Which parser reads which bytes: the format registry, content sniffing and the ingest entry point
 shared by `fleetscope ingest` and `POST /api/v1/ingest/{format}`.
 
-Parsers in ``ingest/`` are pure and never import each other; this module is where the service layer
-chooses among them. Detection looks at content, not file names, because collectors name files freely.
+Each format declares itself at the end of its module in ``ingest/`` (``FORMATS``, a tuple of
+``ingest.format.FormatSpec``); this module collects the declarations of the modules in ``FORMAT_MODULES``
+and is where the service layer chooses among them. Detection looks at content, not file names, because
+collectors name files freely.
 """
 
 from __future__ import annotations
