@@ -1,19 +1,21 @@
 """Which parser reads which bytes: the format registry, content sniffing and the ingest entry point
 shared by `fleetscope ingest` and `POST /api/v1/ingest/{format}`.
 
-Parsers in ``ingest/`` are pure and never import each other; this module is where the service layer
-chooses among them. Detection looks at content, not file names, because collectors name files freely.
+Each format declares itself at the end of its module in ``ingest/`` (``FORMATS``, a tuple of
+``ingest.format.FormatSpec``); this module collects the declarations of the modules in ``FORMAT_MODULES``
+and is where the service layer chooses among them. Detection looks at content, not file names, because
+collectors name files freely.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import importlib
 import json
-import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,64 +30,110 @@ from fleetscope.observability import tracer
 from fleetscope.textinput import MAX_GZIP_MEMBERS
 from fleetscope.store import Store, WriteResult
 from ingest import dcgm_lines
+from ingest.format import FormatSpec, Options, Sniff, SniffView
 
 SNIFF_BYTES = 256 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-@dataclass(frozen=True)
-class Options:
-    """What a caller may tell a parser that the bytes do not say."""
-
-    job_id: str | None = None
-    ts: dt.datetime | None = None  # stamps formats without their own timestamps (scrapes, textfiles)
-    op: str | None = None
+# The modules whose ``FORMATS`` declarations (ingest.format.FormatSpec) make up the registry, in the order
+# `fleetscope formats` lists them. A new source is one module in ingest/ plus its line here.
+FORMAT_MODULES: list[str] = [
+    "ingest.dcgm",
+    "ingest.nvidia_smi",
+    "ingest.kineto",
+    "ingest.nccl_inspector",
+    "ingest.nccl_log",
+    "ingest.nccl_tests",
+    "ingest.otlp",
+    "ingest.job_events",
+    "ingest.remote_write",
+]
 
 
 @dataclass(frozen=True)
 class Format:
+    """A registered format as the service calls it: ``call(module, data, source, opts)``."""
+
     name: str
     module: str
     description: str
     call: Callable[[Any, bytes, str, Options], F.Batch]
     gzip_aware: bool = False  # the parser reads gzip itself
+    spec: FormatSpec | None = field(default=None, repr=False, compare=False)
 
 
 def _now(opts: Options) -> dt.datetime:
     return opts.ts or dt.datetime.now(dt.UTC)
 
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        Format("dcgm", "ingest.dcgm", "dcgm-exporter /metrics body (Prometheus text)",
-               lambda m, d, s, o: m.parse(d, source=s, ts=_now(o))),
-        Format("nvidia_smi_csv", "ingest.nvidia_smi", "nvidia-smi --query-gpu=... --format=csv",
-               lambda m, d, s, o: m.parse_csv(d, source=s, ts=o.ts)),
-        Format("nvidia_smi_xml", "ingest.nvidia_smi", "nvidia-smi -q -x",
-               lambda m, d, s, o: m.parse_xml(d, source=s, ts=o.ts)),
-        Format("nvidia_smi_capture", "ingest.nvidia_smi", "multi-section nvidia-smi capture bundle",
-               lambda m, d, s, o: m.parse_capture(d, source=s)),
-        Format("kineto", "ingest.kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",
-               lambda m, d, s, o: _kineto(m, d, s, o), gzip_aware=True),
-        Format("nccl_inspector", "ingest.nccl_inspector", "NCCL Inspector JSON Lines (v4.0-v4.3)",
-               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id)),
-        Format("nccl_inspector_prom", "ingest.nccl_inspector", "NCCL Inspector Prometheus textfile",
-               lambda m, d, s, o: m.parse_prometheus(d, source=s, job_id=o.job_id, ts=_now(o))),
-        Format("nccl_log", "ingest.nccl_log", "NCCL debug log (NCCL_DEBUG=INFO)",
-               lambda m, d, s, o: m.parse(d, source=s, job_id=o.job_id, default_ts=o.ts)),
-        Format("nccl_tests", "ingest.nccl_tests", "nccl-tests output (text table or -J JSON)",
-               lambda m, d, s, o: m.parse(d, source=s, op=o.op, ts=o.ts)),
-        Format("otlp_json", "ingest.otlp", "OTLP/JSON ExportMetricsServiceRequest (as posted to /v1/metrics)",
-               lambda m, d, s, o: m.parse(d, encoding="json", source=s)),
-        Format("job_events", "ingest.job_events", "job lifecycle events, JSON Lines (docs/job_events.md)",
-               lambda m, d, s, o: m.parse(d, source=s)),
-        # Never detected from content (a protobuf body has no signature); POST /api/v1/write names it.
-        Format("prometheus_remote_write", "ingest.remote_write",
-               "Prometheus remote write 1.0 WriteRequest, snappy-decompressed protobuf",
-               lambda m, d, s, o: m.parse(d, source=s)),
-    )
-}
+def _adapter(spec: FormatSpec) -> Callable[[Any, bytes, str, Options], F.Batch]:
+    parse_ = spec.parse
+    if spec.needs_ts:  # the clock is read here, in the service, never in ingest/
+        return lambda m, d, s, o: parse_(d, s, o if o.ts is not None else dataclasses.replace(o, ts=_now(o)))
+    return lambda m, d, s, o: parse_(d, s, o)
+
+
+@dataclass(frozen=True)
+class _Registry:
+    formats: dict[str, Format]
+    sniffers: tuple[tuple[Sniff, str], ...]  # every Sniff of every format, in priority order
+
+
+def _collect(modules: tuple[str, ...]) -> _Registry:
+    formats: dict[str, Format] = {}
+    sniffers: list[tuple[Sniff, str]] = []
+    for module in modules:
+        declared = getattr(importlib.import_module(module), "FORMATS", None)
+        if not declared:
+            raise TypeError(f"{module} declares no FORMATS (a tuple of ingest.format.FormatSpec)")
+        for spec in declared:
+            if spec.name in formats or spec.name == "auto":
+                raise ValueError(f"format {spec.name!r} of {module} is already registered (by {formats[spec.name].module})"
+                                 if spec.name in formats else f"{module}: 'auto' is not a format name")
+            call = _SERVICE_CALLS.get(spec.name, _adapter(spec))
+            formats[spec.name] = Format(spec.name, module, spec.description, call, spec.gzip_aware, spec)
+            sniffers.extend((sniff, spec.name) for sniff in spec.sniff)
+    sniffers.sort(key=lambda x: x[0].priority)  # stable: equal priorities keep registration order
+    return _Registry(formats, tuple(sniffers))
+
+
+_registries: dict[tuple[str, ...], _Registry] = {}
+
+
+def registry() -> _Registry:
+    """The formats declared by the modules in ``FORMAT_MODULES`` now (collected once per list)."""
+    key = tuple(FORMAT_MODULES)
+    reg = _registries.get(key)
+    if reg is None:
+        reg = _registries[key] = _collect(key)
+    return reg
+
+
+class LiveView(Mapping[str, Any]):
+    """A read-only mapping computed from the registry whenever it is read, so it follows ``FORMAT_MODULES``."""
+
+    def __init__(self, build: Callable[[_Registry], Mapping[str, Any]]) -> None:
+        self._build = build
+
+    def _current(self) -> Mapping[str, Any]:
+        return self._build(registry())
+
+    def __getitem__(self, name: str) -> Any:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __repr__(self) -> str:
+        return f"LiveView({dict(self._current())!r})"
+
+
+# name -> Format, in FORMAT_MODULES order: what `fleetscope formats`, `--format` and /api/v1/ingest/{name} know.
+FORMATS: Mapping[str, Format] = LiveView(lambda reg: reg.formats)
 
 
 # A Kineto trace parsed whole peaks at ~3.2x its JSON; above this many bytes of JSON it is decoded a piece
@@ -113,6 +161,13 @@ def _kineto(module: Any, data: bytes, source: str, opts: Options) -> F.Batch:
         view = memoryview(data)
         pieces = (bytes(view[i:i + module.PIECE_BYTES]) for i in range(0, len(data), module.PIECE_BYTES))
     return module.parse_chunks(pieces, source=source, job_id=opts.job_id or module.default_job_id(data))
+
+
+# Formats whose call the service wraps: what a request may inflate and hold in memory is its policy, not the
+# parser's (ingest.kineto declares the whole parse; the bounded, piecewise reading of a large body is here).
+_SERVICE_CALLS: dict[str, Callable[[Any, bytes, str, Options], F.Batch]] = {
+    "kineto": lambda m, d, s, o: _kineto(m, d, s, o),
+}
 
 
 def inflate_pieces(data: bytes, limit: int, source: str, piece_bytes: int = 8 * 2**20, wbits: int = 31) -> Iterator[bytes]:
@@ -148,28 +203,12 @@ class UnknownFormat(FleetscopeError):
     """Bytes that no registered parser recognises."""
 
 
-def _first_json_object(text: str) -> dict[str, Any] | None:
-    line = text.lstrip().split("\n", 1)[0].strip()
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-# The result table's header row, and the closing average, as nccl-tests prints them (possibly behind an
-# mpirun "[1,0]<stdout>:" tag). Prose that merely mentions them does not match.
-_NCCL_TESTS_HEADER = re.compile(r"^\S*#\s+size\s+count\s+type\b.*#wrong", re.MULTILINE)
-# A sample line of the Prometheus text format with a DCGM metric name: name, optional labels, a number.
-_DCGM_LINE = re.compile(r"^(?:DCGM_FI_[A-Z0-9_]+|dcgm_[a-z0-9_]+)(?:\{[^\n]*\})?[ \t]+[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|Inf)", re.MULTILINE)
-_NCCL_TESTS_AVG = re.compile(r"^\S*#\s*Avg bus bandwidth\s*:\s*[0-9.]+", re.MULTILINE)
-
-
 def detect(data: bytes) -> list[str]:
     """The formats ``data`` holds, most specific first; empty when none is recognised.
 
-    One file can hold two: nccl-tests run with NCCL_DEBUG=INFO prints the debug log and the result
-    table interleaved, and both are worth keeping.
+    The registered sniffers (``FormatSpec.sniff``) run in priority order over the decoded head; the first
+    match is the answer, except that formats which can share a file (``Sniff.combines``: nccl-tests run
+    with NCCL_DEBUG=INFO prints the debug log and the result table interleaved) are all kept.
     """
     head = data[:SNIFF_BYTES]
     if head.startswith(GZIP_MAGIC):
@@ -177,38 +216,16 @@ def detect(data: bytes) -> list[str]:
             head = zlib.decompressobj(wbits=31).decompress(head, SNIFF_BYTES)
         except zlib.error:
             return []
-    text = head.decode("utf-8", errors="replace")
-    stripped = text.lstrip()
+    view = SniffView(head.decode("utf-8", errors="replace"))
     found: list[str] = []
-    if stripped.startswith("{"):
-        if '"traceEvents"' in text or '"distributedInfo"' in text or ('"schemaVersion"' in text and '"ph"' in text):
-            return ["kineto"]
-        if '"resourceMetrics"' in text[:4096]:
-            return ["otlp_json"]
-        obj = _first_json_object(text)
-        if obj is not None:
-            if "header" in obj or "dump_stats" in obj:
-                return ["nccl_inspector"]
-            if "job_id" in obj and "kind" in obj:
-                return ["job_events"]
-        if '"results"' in text and ('"busbw"' in text or '"bus_bw"' in text or '"algbw"' in text or '"alg_bw"' in text):
-            return ["nccl_tests"]
-    if "<nvidia_smi_log" in text[:4096]:
-        return ["nvidia_smi_xml"]
-    if "$ nvidia-smi" in text[:8192]:
-        return ["nvidia_smi_capture"]
-    if _DCGM_LINE.search(text):
-        return ["dcgm"]
-    # nvidia-smi's CSV header names query fields (dotted, lower case), never label blocks.
-    first = stripped.split("\n", 1)[0].lower()
-    if "," in first and "{" not in first and any(k in first for k in ("pci.bus_id", "uuid", "power.draw", "utilization.gpu", "memory.used")):
-        return ["nvidia_smi_csv"]
-    if "NCCL INFO" in text or "NCCL WARN" in text:
-        found.append("nccl_log")
-    if _NCCL_TESTS_HEADER.search(text) or _NCCL_TESTS_AVG.search(text):
-        found.append("nccl_tests")
-    if not found and any(line.startswith(("nccl_bus_bandwidth", "nccl_collective_", "nccl_p2p_")) for line in text.splitlines()[:200]):
-        found.append("nccl_inspector_prom")
+    for sniff, name in registry().sniffers:
+        if found and not sniff.combines:
+            continue
+        if sniff.test(view):
+            if not sniff.combines:
+                return [name]
+            if name not in found:
+                found.append(name)
     return found
 
 

@@ -46,8 +46,7 @@ import importlib
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,8 +55,9 @@ import polars as pl
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope import door
-from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, Options, Outcome, _notes, ingest_bytes, resolve
+from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
+from ingest.format import Splitting
 
 CHUNK_BYTES = 64 * 2**20
 # Kineto traces: a file over the chunk size (or a gzip file over 1/16 of it, as profiler JSON compresses
@@ -68,62 +68,12 @@ KINETO_GZIP_RATIO = 16
 KINETO_READ_BYTES = 4 * 2**20
 
 
-def _cut_line(buf: bytes) -> int:
-    return buf.rfind(b"\n") + 1
+# The cutting rules live with their formats (ingest.format.FormatSpec.streaming); the old name stays.
+_Splitting = Splitting
 
-
-def _cut_family(buf: bytes) -> int:
-    """Before the last ``# HELP`` line in the second half of the buffer, else at the last line."""
-    i = buf.rfind(b"\n# HELP ", len(buf) // 2)
-    return i + 1 if i >= 0 else _cut_line(buf)
-
-
-def _cut_inspector(buf: bytes) -> int:
-    """Before the last line that carries its own header (bare v4.3 records never do); 0 if none yet."""
-    i = buf.rfind(b'"header"')
-    while i >= 0:
-        start = buf.rfind(b"\n", 0, i) + 1
-        if start > 0:
-            return start
-        i = buf.rfind(b'"header"', 0, i)
-    return 0
-
-
-_INIT_MARK = b" - Init COMPLETE"
-_VERSION_MARK = b"NCCL version "
-
-
-def _nccl_context(piece: bytes) -> list[bytes]:
-    """The lines of a piece that later pieces need: communicator Init COMPLETE lines and the NCCL version."""
-    out = []
-    for mark in (_VERSION_MARK, _INIT_MARK):
-        i = piece.find(mark)
-        while i >= 0:
-            start, end = piece.rfind(b"\n", 0, i) + 1, piece.find(b"\n", i)
-            out.append(piece[start: end if end >= 0 else len(piece)])
-            i = piece.find(mark, end if end >= 0 else len(piece))
-    return out
-
-
-@dataclass(frozen=True)
-class _Splitting:
-    cut: Callable[[bytes], int]  # where a piece may end in a buffer (after a newline); 0: not yet
-    header: bool = False  # repeat the file's first line before every later piece
-    wide: bool = False  # rows of one instant may span pieces: hold and merge them
-    context: Callable[[bytes], list[bytes]] | None = None  # lines every later piece needs in front
-    # Largest piece, whatever chunk size is asked for: what its parse costs. The dcgm parser is columnar
-    # (~3.5x its text); the JSON Lines and log parsers build Python objects per line (~13x for job events,
-    # measured by benchmarks/ingest_memory.py).
-    max_piece: int = 16 * 2**20
-
-
-STREAMED: dict[str, _Splitting] = {
-    "dcgm": _Splitting(_cut_family, wide=True, max_piece=32 * 2**20),
-    "nvidia_smi_csv": _Splitting(_cut_line, header=True),
-    "nccl_inspector": _Splitting(_cut_inspector),
-    "job_events": _Splitting(_cut_line),
-    "nccl_log": _Splitting(_cut_line, context=_nccl_context),
-}
+# name -> Splitting, for every registered format that declares one: the formats a large file is streamed in.
+STREAMED: Mapping[str, Splitting] = LiveView(lambda reg: {n: f.spec.streaming for n, f in reg.formats.items()
+                                                          if f.spec is not None and f.spec.streaming is not None})
 
 
 class _Reader:

@@ -73,6 +73,7 @@ from fleetscope.frames import (
     dcgm_health_events,
     series_key,
 )
+from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["FIELDS", "from_samples", "parse"]
 
@@ -1061,3 +1062,27 @@ def _to_us(ts: datetime) -> int:
     delta = ts.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
     return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
 
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+# A sample line of the Prometheus text format with a DCGM metric name: name, optional labels, a number.
+_DCGM_LINE = re.compile(r"^(?:DCGM_FI_[A-Z0-9_]+|dcgm_[a-z0-9_]+)(?:\{[^\n]*\})?[ \t]+[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|Inf)", re.MULTILINE)
+
+
+def _looks_like(view: SniffView) -> bool:
+    return bool(_DCGM_LINE.search(view.text))
+
+
+def cut_family(buf: bytes) -> int:
+    """Before the last ``# HELP`` line in the second half of the buffer (a new metric family, which keeps
+    the parser on its fast path), else at the last line."""
+    i = buf.rfind(b"\n# HELP ", len(buf) // 2)
+    return i + 1 if i >= 0 else cut_line(buf)
+
+
+FORMATS = (
+    FormatSpec("dcgm", "dcgm-exporter /metrics body (Prometheus text)",
+               lambda d, s, o: parse(d, source=s, ts=o.ts), sniff=Sniff(30, _looks_like), needs_ts=True,
+               streaming=Splitting(cut_family, wide=True, max_piece=32 * 2**20)),
+)

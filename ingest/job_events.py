@@ -75,6 +75,7 @@ import polars as pl
 from fleetscope.errors import ParseError
 from fleetscope.textinput import input_lines, json_object
 from fleetscope.frames import JOB, JOB_EVENT, JOB_EVENT_KINDS, STEP, Batch
+from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 MAX_LINE_BYTES = 1 << 20
 MAX_INPUT_BYTES = 1 << 30
@@ -308,3 +309,17 @@ class _Fields:
 
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:
     return input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES)
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+
+def _looks_like(view: SniffView) -> bool:
+    obj = view.first_object if view.is_json else None
+    return obj is not None and "job_id" in obj and "kind" in obj
+
+
+FORMATS = (
+    FormatSpec("job_events", "job lifecycle events, JSON Lines (docs/job_events.md)",
+               lambda d, s, o: parse(d, source=s), sniff=Sniff(13, _looks_like), streaming=Splitting(cut_line)),
+)

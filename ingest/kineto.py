@@ -49,6 +49,7 @@ import polars as pl
 from fleetscope.errors import ParseError
 from fleetscope.textinput import MAX_GZIP_MEMBERS
 from fleetscope.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
+from ingest.format import FormatSpec, Sniff, SniffView
 
 __all__ = ["KinetoTrace", "load", "parse", "parse_chunks", "parse_many", "DTYPE_BYTES", "PIECE_BYTES"]
 
@@ -1132,3 +1133,20 @@ def parse_chunks(chunks: Iterable[bytes], *, source: str = "", job_id: str | Non
     """
     t, sha = _load_chunks(chunks, source, piece_bytes, hashed=job_id is None)
     return _batch([t], job_id or f"kineto-{sha[:16]}", source)
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+
+def _looks_like(view: SniffView) -> bool:
+    text = view.text
+    return view.is_json and ('"traceEvents"' in text or '"distributedInfo"' in text or ('"schemaVersion"' in text and '"ph"' in text))
+
+
+# ``parse`` reads a whole trace, plain or gzip. The service bounds what a request may inflate and decodes a
+# large body piece by piece with parse_chunks instead (fleetscope.ingestion._kineto; fleetscope.streaming
+# for files), which is the same Batch in bounded memory.
+FORMATS = (
+    FormatSpec("kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",
+               lambda d, s, o: parse(d, source=s, job_id=o.job_id), sniff=Sniff(10, _looks_like), gzip_aware=True),
+)

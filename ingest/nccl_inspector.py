@@ -67,6 +67,7 @@ import polars as pl
 from fleetscope.errors import ParseError
 from fleetscope.textinput import input_lines, json_object
 from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
+from ingest.format import FormatSpec, Sniff, SniffView, Splitting
 
 MAX_LINE_BYTES = 1 << 20  # a verbose coll_perf line is ~1 KB; the plugin never writes megabytes
 MAX_INPUT_BYTES = 1 << 30
@@ -385,3 +386,38 @@ def _nonneg(v: Any, source: str, line: int, field: str) -> float:
     if not math.isfinite(x) or x < 0:
         raise ParseError(f"value {v} is not a finite non-negative number", source=source, line=line, field=field)
     return x
+
+
+# --- declarations (ingest.format) --------------------------------------------------------------------
+
+
+def _looks_like(view: SniffView) -> bool:
+    obj = view.first_object if view.is_json else None
+    return obj is not None and ("header" in obj or "dump_stats" in obj)
+
+
+def _looks_like_prometheus(view: SniffView) -> bool:
+    return any(line.startswith(("nccl_bus_bandwidth", "nccl_collective_", "nccl_p2p_")) for line in view.text.splitlines()[:200])
+
+
+def cut_dump(buf: bytes) -> int:
+    """Before the last line that carries its own header (a v4.3 dump marker or a self-contained v4.0-v4.2
+    line; bare v4.3 records never do), never inside a dump whose records inherit it; 0 if none yet."""
+    i = buf.rfind(b'"header"')
+    while i >= 0:
+        start = buf.rfind(b"\n", 0, i) + 1
+        if start > 0:
+            return start
+        i = buf.rfind(b'"header"', 0, i)
+    return 0
+
+
+FORMATS = (
+    FormatSpec("nccl_inspector", "NCCL Inspector JSON Lines (v4.0-v4.3)",
+               lambda d, s, o: parse(d, source=s, job_id=o.job_id), sniff=Sniff(12, _looks_like),
+               streaming=Splitting(cut_dump)),
+    # Tried last: only a text that nothing else claimed (its metric names are generic enough).
+    FormatSpec("nccl_inspector_prom", "NCCL Inspector Prometheus textfile",
+               lambda d, s, o: parse_prometheus(d, source=s, job_id=o.job_id, ts=o.ts),
+               sniff=Sniff(90, _looks_like_prometheus), needs_ts=True),
+)

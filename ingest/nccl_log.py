@@ -54,6 +54,7 @@ import polars as pl
 from fleetscope.errors import ParseError
 from fleetscope.textinput import input_lines
 from fleetscope.frames import COLLECTIVE, HEALTH_EVENT, Batch
+from ingest.format import FormatSpec, Sniff, Splitting, cut_line
 
 MAX_LINE_BYTES = 1 << 16  # NCCL formats into a 1024-byte buffer; launcher prefixes add little
 MAX_INPUT_BYTES = 1 << 30
@@ -319,3 +320,31 @@ def _job_ranks(communicators: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:
     return input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES, strip=False)
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+_INIT_MARK = b" - Init COMPLETE"
+_VERSION_MARK = b"NCCL version "
+
+
+def context_lines(piece: bytes) -> list[bytes]:
+    """The lines of a piece that later pieces need to resolve their collective calls' rank and
+    communicator: communicator ``Init COMPLETE`` lines and the ``NCCL version`` line."""
+    out = []
+    for mark in (_VERSION_MARK, _INIT_MARK):
+        i = piece.find(mark)
+        while i >= 0:
+            start, end = piece.rfind(b"\n", 0, i) + 1, piece.find(b"\n", i)
+            out.append(piece[start: end if end >= 0 else len(piece)])
+            i = piece.find(mark, end if end >= 0 else len(piece))
+    return out
+
+
+FORMATS = (
+    # Combines: nccl-tests run with NCCL_DEBUG=INFO prints the debug log and its result table interleaved.
+    FormatSpec("nccl_log", "NCCL debug log (NCCL_DEBUG=INFO)",
+               lambda d, s, o: parse(d, source=s, job_id=o.job_id, default_ts=o.ts),
+               sniff=Sniff(50, lambda v: "NCCL INFO" in v.text or "NCCL WARN" in v.text, combines=True),
+               streaming=Splitting(cut_line, context=context_lines)),
+)

@@ -46,6 +46,7 @@ import polars as pl
 
 from fleetscope.errors import ParseError
 from fleetscope.frames import NCCL_TEST, Batch
+from ingest.format import FormatSpec, Sniff, SniffView
 
 MAX_LINE_BYTES = 1 << 20  # no legitimate nccl-tests line is near this; bigger means garbage
 MAX_INPUT_BYTES = 256 << 20
@@ -404,3 +405,29 @@ def _utc(ts: datetime | None) -> datetime | None:
     if ts.tzinfo is None:
         raise ValueError("ts must be timezone-aware")
     return ts.astimezone(timezone.utc)
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+# The result table's header row, and the closing average, as nccl-tests prints them (possibly behind an
+# mpirun "[1,0]<stdout>:" tag). Prose that merely mentions them does not match.
+_SNIFF_HEADER = re.compile(r"^\S*#\s+size\s+count\s+type\b.*#wrong", re.MULTILINE)
+_SNIFF_AVG = re.compile(r"^\S*#\s*Avg bus bandwidth\s*:\s*[0-9.]+", re.MULTILINE)
+
+
+def _looks_like_json(view: SniffView) -> bool:
+    text = view.text
+    return view.is_json and '"results"' in text and ('"busbw"' in text or '"bus_bw"' in text or '"algbw"' in text or '"alg_bw"' in text)
+
+
+def _looks_like_table(view: SniffView) -> bool:
+    return bool(_SNIFF_HEADER.search(view.text) or _SNIFF_AVG.search(view.text))
+
+
+FORMATS = (
+    # The -J JSON output is told among the JSON formats; the text table may share its file with the NCCL
+    # debug log (NCCL_DEBUG=INFO), so it combines, after the log.
+    FormatSpec("nccl_tests", "nccl-tests output (text table or -J JSON)",
+               lambda d, s, o: parse(d, source=s, op=o.op, ts=o.ts),
+               sniff=(Sniff(14, _looks_like_json), Sniff(51, _looks_like_table, combines=True))),
+)

@@ -37,6 +37,7 @@ import polars as pl
 
 from fleetscope.errors import ParseError
 from fleetscope.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE, Batch, series_key
+from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["CSV_FIELDS", "parse_capture", "parse_csv", "parse_xml"]
 
@@ -525,3 +526,25 @@ def _batch(records: list[dict], source: str, meta: dict) -> Batch:
 def _empty(source: str, meta: dict) -> Batch:
     return Batch(source=source, gpu=GPU.empty(), gpu_sample=GPU_SAMPLE.empty(), meta=meta)
 
+
+
+# --- declarations (ingest.format) --------------------------------------------------------------------
+
+# Query fields an nvidia-smi CSV header names (dotted, lower case, never label blocks).
+_CSV_HEADER_FIELDS = ("pci.bus_id", "uuid", "power.draw", "utilization.gpu", "memory.used")
+
+
+def _looks_like_csv(view: SniffView) -> bool:
+    first = view.stripped.split("\n", 1)[0].lower()
+    return "," in first and "{" not in first and any(k in first for k in _CSV_HEADER_FIELDS)
+
+
+FORMATS = (
+    FormatSpec("nvidia_smi_csv", "nvidia-smi --query-gpu=... --format=csv",
+               lambda d, s, o: parse_csv(d, source=s, ts=o.ts), sniff=Sniff(40, _looks_like_csv),
+               streaming=Splitting(cut_line, header=True)),
+    FormatSpec("nvidia_smi_xml", "nvidia-smi -q -x",
+               lambda d, s, o: parse_xml(d, source=s, ts=o.ts), sniff=Sniff(20, lambda v: "<nvidia_smi_log" in v.text[:4096])),
+    FormatSpec("nvidia_smi_capture", "multi-section nvidia-smi capture bundle",
+               lambda d, s, o: parse_capture(d, source=s), sniff=Sniff(21, lambda v: "$ nvidia-smi" in v.text[:8192])),
+)

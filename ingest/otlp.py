@@ -87,6 +87,7 @@ from fleetscope.frames import (
     dcgm_health_events,
     series_key,
 )
+from ingest.format import FormatSpec, Sniff
 
 _HW_GPU = {
     "hw.gpu.utilization": ("util_ratio", 1.0),
@@ -1104,3 +1105,12 @@ def _gpu_metric_wire(walk: _Walk, name: str, points: memoryview, res: dict[str, 
         return False  # some points are other hardware: series, which the message path writes
     walk.gpu_points(name, static if typed is None else typed, ts_ns, values, aids, labels, host_default)
     return True
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+FORMATS = (
+    FormatSpec("otlp_json", "OTLP/JSON ExportMetricsServiceRequest (as posted to /v1/metrics)",
+               lambda d, s, o: parse(d, encoding="json", source=s),
+               sniff=Sniff(11, lambda v: v.is_json and '"resourceMetrics"' in v.text[:4096])),
+)

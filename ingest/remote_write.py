@@ -51,6 +51,7 @@ from fleetscope.errors import ParseError
 from fleetscope.frames import Batch
 from fleetscope.protowire import WireError, fields, tag, uvarint
 from ingest.dcgm import from_samples
+from ingest.format import FormatSpec
 
 __all__ = ["STALE_NAN_BITS", "parse"]
 
@@ -518,3 +519,12 @@ def _strings(data: bytes, ns: np.ndarray, ne: np.ndarray, vs: np.ndarray, ve: np
         return pl.Series(names.cast(pa.large_string()), dtype=pl.String), pl.Series(values.cast(pa.large_string()), dtype=pl.String)
     except pa.ArrowInvalid:
         return None, None
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+# Never detected from content (a protobuf body has no signature); POST /api/v1/write names it.
+FORMATS = (
+    FormatSpec("prometheus_remote_write", "Prometheus remote write 1.0 WriteRequest, snappy-decompressed protobuf",
+               lambda d, s, o: parse(d, source=s)),
+)
