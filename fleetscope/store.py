@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,7 +302,9 @@ class Store:
                 return max(cur.rowcount, 0)
             finally:
                 cur.close()
-        tmp = _q(f"_in_{table}")
+        # One temp table per column list: a session's tables keep the columns they were made with, and
+        # writes of one table may carry different columns (all-null ones left out of a group's rows).
+        tmp = _q(f"_in_{table}_{zlib.crc32(col_sql.encode()):08x}")
         raw = conn.connection.driver_connection
         if on_conflict != "update" and df.height >= _DIRECT_COPY_ROWS:
             # New telemetry (the usual case) is COPYed straight into its table: the detour through the temp
