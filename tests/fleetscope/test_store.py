@@ -335,17 +335,18 @@ def test_a_large_first_frame_is_rolled_back_with_the_rest(store):
 
 
 def test_gpu_sample_fills_fields_from_later_copies_and_never_overwrites(store: Store):
-    """A scrape split over writes with different columns (the second a group's plain rows, all-null columns
-    left out): the row gathers both halves; a later copy of a stored field changes nothing."""
+    """A scrape split over writes with different columns (the first a group's plain rows, all-null columns
+    left out; the next a whole frame): the row gathers both halves; a later copy of a stored field changes
+    nothing."""
     from fleetscope.store import Rows
 
     t = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
-    first = F.Batch(source="a", gpu_sample=pl.DataFrame({"ts": [t], "gpu_uuid": ["GPU-f"], "power_w": [300.0]}))
-    assert store.write(first).written["gpu_sample"] == 1
     us = int(t.timestamp() * 1_000_000)
     half = Rows(("ts", "gpu_uuid", "temp_c"), [(us, "GPU-f", 61)])
-    written = store.write_rows([(F.GPU_SAMPLE, half)], ingest_log=lambda r: [("b", None, r.written, 1)], values=1)
-    assert written.written["gpu_sample"] == 1  # the row gained a field
+    written = store.write_rows([(F.GPU_SAMPLE, half)], ingest_log=lambda r: [("a", None, r.written, 1)], values=1)
+    assert written.written["gpu_sample"] == 1
+    other = F.Batch(source="b", gpu_sample=pl.DataFrame({"ts": [t], "gpu_uuid": ["GPU-f"], "power_w": [300.0]}))
+    assert store.write(other).written["gpu_sample"] == 1  # the row gained a field
     again = F.Batch(source="c", gpu_sample=pl.DataFrame({"ts": [t], "gpu_uuid": ["GPU-f"], "power_w": [999.0], "temp_c": [99]}))
     assert store.write(again).written["gpu_sample"] == 0  # nothing to fill: the stored values stay
     row = store.read("gpu_sample").row(0, named=True)
