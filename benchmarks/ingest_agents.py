@@ -114,17 +114,24 @@ async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list
         writer.close()
 
 
-async def _drive(base: str, rounds: list[list[bytes]], connections: int) -> tuple[float, list[float], dict[int, int]]:
+async def _drive(base: str, rounds: list[list[bytes]], connections: int) -> tuple[float, list[float], dict[int, int], dict]:
+    """Seconds, latencies and statuses of all rounds, and the same for the rounds after the first as
+    ``{"seconds", "latencies"}``: the first round is the service meeting every node for the first time
+    (series, inventory, a template per node), the rest the steady state of a fleet it knows."""
     host, port = base.split("//")[1].split(":")
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     start = time.perf_counter()
-    for reqs in rounds:
+    after_first = start
+    for i, reqs in enumerate(rounds):
         work: asyncio.Queue = asyncio.Queue()
         for r in reqs:
             work.put_nowait(r)
         await asyncio.gather(*(_connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
-    return time.perf_counter() - start, latencies, statuses
+        if i == 0:
+            after_first, first_n = time.perf_counter(), len(latencies)
+    end = time.perf_counter()
+    return end - start, latencies, statuses, {"seconds": end - after_first, "latencies": latencies[first_n:]}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -133,7 +140,7 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def report(system: str, body: str, hosts: int, seconds: float, latencies: list[float], statuses: dict[int, int], peer: dict | None,
-           **extra: object) -> dict:
+           steady: dict | None = None, **extra: object) -> dict:
     n = len(latencies)
     line = {
         "bench": "ingest_agents", "system": system, "body": body, "hosts": hosts, "requests": n,
@@ -141,8 +148,15 @@ def report(system: str, body: str, hosts: int, seconds: float, latencies: list[f
         "p50_ms": round(_quantile(latencies, 0.5) * 1e3, 1), "p99_ms": round(_quantile(latencies, 0.99) * 1e3, 1),
         "statuses": {str(k): v for k, v in sorted(statuses.items())}, "target_requests_per_s": 1000, "target_p99_ms": 100, **extra,
     }
+    if steady and steady["latencies"]:
+        # Reported beside the whole run, never instead of it.
+        n_s = len(steady["latencies"])
+        line.update(steady_requests_per_s=round(n_s / steady["seconds"]), steady_p50_ms=round(_quantile(steady["latencies"], 0.5) * 1e3, 1),
+                    steady_p99_ms=round(_quantile(steady["latencies"], 0.99) * 1e3, 1))
     if peer:
         line["ratio_to_victoriametrics"] = round(line["requests_per_s"] / peer["requests_per_s"], 2)
+        if "steady_requests_per_s" in line and "steady_requests_per_s" in peer:
+            line["steady_ratio_to_victoriametrics"] = round(line["steady_requests_per_s"] / peer["steady_requests_per_s"], 2)
     print(json.dumps(line), flush=True)
     return line
 
@@ -193,8 +207,8 @@ def main() -> None:
         with victoria_metrics() as vm:
             if vm:
                 reqs = dcgm_requests(args.hosts, args.rounds, vm.split("//")[1], "/api/v1/import/prometheus", None, "timestamp")
-                seconds, lat, st = asyncio.run(_drive(vm, reqs, args.connections))
-                peer = report("victoria-metrics", "dcgm", args.hosts, seconds, lat, st, None)
+                seconds, lat, st, steady = asyncio.run(_drive(vm, reqs, args.connections))
+                peer = report("victoria-metrics", "dcgm", args.hosts, seconds, lat, st, None, steady)
     if not args.no_sqlite:
         run_db("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-agents-')}/fleetscope.db", args, peer)
     if not args.no_postgres:
@@ -217,8 +231,8 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
             reqs = (dcgm_requests(args.hosts, args.rounds, hh, "/api/v1/ingest/dcgm", token, "ts") if kind == "dcgm"
                     else otlp_requests(args.hosts, args.rounds, hh, token))
             before = stored_rows(url)
-            seconds, lat, st = asyncio.run(_drive(base, reqs, args.connections))
-            report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None,
+            seconds, lat, st, steady = asyncio.run(_drive(base, reqs, args.connections))
+            report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
                    workers=args.workers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 
 
