@@ -119,7 +119,7 @@ def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
     """Rows a line-read body offers per frame (health events aside)."""
     n = len(lines.keys)
     rows = {"gpu": n, "gpu_sample": n}
-    pods = sum(1 for lab in lines.labels if lab[dcgm_lines._OUT_INDEX["pod"]]) - lines.meta["exporter_pod_labels_ignored"]
+    pods = sum(1 for lab in lines.labels if dcgm_lines.workload_of(lab) is not None)
     if pods:
         rows["gpu_workload"] = pods
     if lines.metrics:

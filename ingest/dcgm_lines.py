@@ -142,7 +142,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
     out = Lines()
     meta = out.meta
     skipped: dict[str, int] = {}
-    blank = nonfinite = dups = samples = exporter = 0
+    blank = nonfinite = dups = samples = 0
     block_key: dict[str, int] = {}  # label block -> key index
     key_index: dict[str, int] = {}
     match_number = _NUMBER.fullmatch
@@ -226,10 +226,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
             continue
         row[col] = _scaled(value, factor, col in _INT_COLUMNS)
         slots[-1] = (k, col, factor, "i" if col in _INT_COLUMNS else "f", kind)
-    for labels in out.labels:
-        pod, container = labels[_OUT_INDEX["pod"]], labels[_OUT_INDEX["container"]]
-        if pod and (EXPORTER_POD_MARK in pod or EXPORTER_POD_MARK in (container or "")):
-            exporter += 1
+    exporter = sum(1 for labels in out.labels if labels[_OUT_INDEX["pod"]] and workload_of(labels) is None)
     meta.update(
         format="prometheus-text-0.0.4", lexer="lines-small", samples=samples,
         skipped_series=sum(skipped.values()), skipped_names=dict(sorted(skipped.items())),
@@ -328,7 +325,7 @@ def faulty(lines: Lines) -> bool:
 
 
 _TUPLE_COLUMNS = {
-    "gpu": ("gpu_uuid", "host", "gpu_index", "pci_bus_id", "model_name", "mig_profile", "mig_instance_id", "driver_version"),
+    "gpu": tuple(_INVENTORY_SCHEMA)[:-1],
     "gpu_workload": ("ts", "gpu_uuid", "namespace", "pod", "container"),
     "metric_sample": ("ts", "series", "value"),
 }
@@ -340,7 +337,6 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
     the first row for other telemetry, the last for inventory; a column null in every row left out;
     timestamps as epoch microseconds). For bodies without
     fault readings only (see ``faulty``): health events need the frame path."""
-    L = _OUT_INDEX
     samples: dict[tuple[int, str], dict[str, Any]] = {}
     inventory: dict[str, tuple[Any, ...]] = {}
     workload: dict[tuple[int, str], tuple[Any, ...]] = {}
@@ -352,11 +348,10 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
                 samples[(t, key)] = row
             else:  # the same GPU and instant twice: the first copy of each field stays ("fill")
                 samples[(t, key)] = {**row, **kept}
-            inventory[key] = (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
-                              labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]])
-            pod, container = labels[L["pod"]], labels[L["container"]]
-            if pod and EXPORTER_POD_MARK not in pod and EXPORTER_POD_MARK not in (container or ""):
-                workload.setdefault((t, key), (t, key, labels[L["namespace"]], pod, container))
+            inventory[key] = _inventory_row(key, labels)[:-1]  # gpu has no err_msg column
+            work = workload_of(labels)
+            if work is not None:
+                workload.setdefault((t, key), (t, key, *work))
         for k, name, value in lines.metrics:
             series = _series(lines, k, name)
             metrics.setdefault((t, series), (t, series, value))
@@ -373,42 +368,43 @@ def _int_or_none(v: str | None) -> int | None:
     return int(v) if v else None
 
 
+def _inventory_row(key: str, labels: tuple[str | None, ...]) -> tuple[Any, ...]:
+    """A GPU's inventory from its label block, in ``_INVENTORY_SCHEMA``'s order (``err_msg`` last)."""
+    L = _OUT_INDEX
+    return (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
+            labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]], labels[L["err_msg"]])
+
+
+def workload_of(labels: tuple[str | None, ...]) -> tuple[str | None, str, str | None] | None:
+    """(namespace, pod, container) of the pod a label block attributes its GPU to; None without a pod, or
+    where the pod is dcgm-exporter's own (the columnar parser's ``_workload`` rule)."""
+    L = _OUT_INDEX
+    pod, container = labels[L["pod"]], labels[L["container"]]
+    if not pod or EXPORTER_POD_MARK in pod or EXPORTER_POD_MARK in (container or ""):
+        return None
+    return labels[L["namespace"]], pod, container
+
+
 def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
     """One Batch of many bodies, each ``(lines, scrape time in µs since the epoch)``; equal, frame by frame,
     to merging :func:`ingest.dcgm.parse` of each body (duplicate keys across bodies included: the
     store keeps the first copy)."""
-    L = _OUT_INDEX
     uuids: list[str] = []
     ts_us: list[int] = []
-    inv: dict[str, list[Any]] = {k: [] for k in _INVENTORY_SCHEMA}
-    work: dict[str, list[Any]] = {k: [] for k in ("ts", "gpu_uuid", "namespace", "pod", "container")}
-    ms: dict[str, list[Any]] = {"ts": [], "series": [], "value": []}
+    inv: list[tuple[Any, ...]] = []
+    work: list[tuple[Any, ...]] = []
+    ms: list[tuple[int, str, float]] = []
     rows: list[dict[str, Any]] = []
     for lines, t in parts:
         rows.extend(lines.fields)
         for key, labels in zip(lines.keys, lines.labels):
             uuids.append(key)
             ts_us.append(t)
-            inv["gpu_uuid"].append(key)
-            inv["host"].append(labels[L["host"]])
-            inv["gpu_index"].append(_int_or_none(labels[L["gpu"]]))
-            inv["pci_bus_id"].append(labels[L["pci_bus_id"]])
-            inv["model_name"].append(labels[L["model"]])
-            inv["mig_profile"].append(labels[L["gpu_i_profile"]])
-            inv["mig_instance_id"].append(_int_or_none(labels[L["gpu_i_id"]]))
-            inv["driver_version"].append(labels[L["driver"]])
-            inv["err_msg"].append(labels[L["err_msg"]])
-            pod, container = labels[L["pod"]], labels[L["container"]]
-            if pod and EXPORTER_POD_MARK not in pod and EXPORTER_POD_MARK not in (container or ""):
-                work["ts"].append(t)
-                work["gpu_uuid"].append(key)
-                work["namespace"].append(labels[L["namespace"]])
-                work["pod"].append(pod)
-                work["container"].append(container)
-        for k, name, value in lines.metrics:
-            ms["ts"].append(t)
-            ms["series"].append(_series(lines, k, name))
-            ms["value"].append(value)
+            inv.append(_inventory_row(key, labels))
+            pod = workload_of(labels)
+            if pod is not None:
+                work.append((t, key, *pod))
+        ms.extend((t, _series(lines, k, name), value) for k, name, value in lines.metrics)
     n = len(uuids)
     ts = pl.Series("ts", ts_us, dtype=pl.Int64).cast(UTC_US)
     # polars reads the row dicts in Rust (a missing field is null): a tenth of building the columns in Python.
@@ -416,18 +412,18 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
     gpu_sample = fields.with_columns(ts=ts, gpu_uuid=pl.Series(uuids, dtype=pl.String)).select(GPU_SAMPLE.names)
     # Every frame operation costs ~0.1-0.2 ms here whatever its size, so work a group does not need (a
     # node twice, a pod, a fault) is found in Python first and skipped.
-    inventory = pl.DataFrame(inv, schema=_INVENTORY_SCHEMA)
+    inventory = pl.DataFrame(inv, schema=_INVENTORY_SCHEMA, orient="row")
     if len(set(uuids)) < n:
         inventory = inventory.unique("gpu_uuid", keep="first", maintain_order=True)
     gpu = inventory.select(GPU.names)
     workload = None
-    if work["ts"]:
-        workload = (pl.DataFrame(work, schema={"ts": pl.Int64, **dict.fromkeys(list(work)[1:], pl.String)})
+    if work:
+        workload = (pl.DataFrame(work, schema={"ts": pl.Int64, **dict.fromkeys(GPU_WORKLOAD.names[1:], pl.String)}, orient="row")
                     .with_columns(pl.col("ts").cast(UTC_US)).sort("gpu_uuid", "ts", "namespace", "pod", "container", nulls_last=True)
                     .unique(["ts", "gpu_uuid"], keep="first", maintain_order=True).select(GPU_WORKLOAD.names))
     metric_sample = None
-    if ms["ts"]:
-        metric_sample = pl.DataFrame(ms, schema={"ts": pl.Int64, "series": pl.String, "value": pl.Float64}).with_columns(
+    if ms:
+        metric_sample = pl.DataFrame(ms, schema={"ts": pl.Int64, "series": pl.String, "value": pl.Float64}, orient="row").with_columns(
             pl.col("ts").cast(UTC_US)).select(METRIC_SAMPLE.names)
     health = None
     if any(faulty(lines) for lines, _ in parts):
