@@ -70,6 +70,7 @@ class Push:
     dcgm: bytes | None = None
     ts_us: int = 0  # scrape time of a ``dcgm`` body
     otlp: Any = None  # an OTLP request's readings (``ingest.otlp.read``), built into frames with its group's
+    lines: dcgm_lines.Lines | None = None  # a ``dcgm`` body as the line reader read it (``_prepare``)
     notes: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
     # An input whose hash the ingest log holds writes nothing. Off for JSON batches, whose update-on-
@@ -87,8 +88,6 @@ class Accepted:
     skipped_duplicate: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
     group_size: int = 1
-    health_event: pl.DataFrame | None = field(default=None, repr=False)
-    job_ids: list[str] = field(default_factory=list, repr=False)  # jobs whose rank assignments were written
 
 
 Hook = Callable[[pl.DataFrame | None, list[str]], None]
@@ -101,13 +100,11 @@ def notes(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _prepare(push: Push) -> None:
     """Give a ``dcgm`` push its rows: the line reader's, or the columnar parser's where it declines."""
-    if push.dcgm is None or push.batch is not None:
+    if push.dcgm is None or push.batch is not None or push.lines is not None:
         return
-    lines = dcgm_lines.read(push.dcgm)
-    if lines is not None:
-        push.notes = notes(lines.meta)
-        push.batch = None
-        push._lines = lines  # type: ignore[attr-defined]
+    push.lines = dcgm_lines.read(push.dcgm)
+    if push.lines is not None:
+        push.notes = notes(push.lines.meta)
         return
     from ingest import dcgm
 
@@ -130,25 +127,22 @@ def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
 def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], list[dict[str, int]], list[int]] | None:
     """A group of line-read dcgm bodies without fault readings as plain rows (``Store.write_rows``): the
     frame machinery's fixed costs are most of a small group's write. None for any other group."""
-    parts = []
-    for p in pushes:
-        lines = getattr(p, "_lines", None)
-        if lines is None or dcgm_lines.faulty(lines):
-            return None
-        parts.append((lines, p.ts_us))
-    frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in dcgm_lines.tuples(parts).items() if rows]
-    lines_of = [p._lines for p in pushes]  # type: ignore[attr-defined]
+    if any(p.lines is None or dcgm_lines.faulty(p.lines) for p in pushes):
+        return None
+    lines_of: list[dcgm_lines.Lines] = [p.lines for p in pushes]  # type: ignore[misc]
+    rows_of = dcgm_lines.tuples([(lines, p.ts_us) for lines, p in zip(lines_of, pushes)])
+    frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in rows_of.items() if rows]
     return frames, [_offered(lines) for lines in lines_of], [lines.values() for lines in lines_of]
 
 
 def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
     """The group's Batch, each push's rows offered per frame, and each push's values."""
-    lined = [p for p in pushes if getattr(p, "_lines", None) is not None]
+    lined = [p for p in pushes if p.lines is not None]
     parts: list[F.Batch] = []
     offered: list[dict[str, int]] = []
     values: list[int] = []
     if lined:
-        parts.append(dcgm_lines.assemble([(p._lines, p.ts_us) for p in lined], source=source))  # type: ignore[attr-defined]
+        parts.append(dcgm_lines.assemble([(p.lines, p.ts_us) for p in lined], source=source))  # type: ignore[misc]
     # OTLP requests about distinct GPUs are built into frames together; one about a GPU already in the
     # group is built alone, so that which copy of a point is stored does not depend on the grouping.
     walks, seen = [], set()
@@ -169,10 +163,11 @@ def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[s
     health = pl.concat(grouped, how="diagonal_relaxed") if grouped else None
     events = list(zip(health["gpu_uuid"].to_list(), health["ts"].dt.epoch("us").to_list())) if health is not None else []
     for p in pushes:
-        lines = getattr(p, "_lines", None)
+        lines = p.lines
         if lines is not None:
             rows = _offered(lines)
-            hits = sum(1 for u, t in events if t == p.ts_us and u in set(lines.keys)) if events else 0
+            keys = set(lines.keys)
+            hits = sum(1 for u, t in events if t == p.ts_us and u in keys)
             if hits:
                 rows["health_event"] = hits
             offered.append(rows)
@@ -180,7 +175,7 @@ def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[s
         elif p.otlp is not None and p.batch is None:
             rows, n = otlp.counts(p.otlp)
             uuids = set(otlp.gpu_uuids(p.otlp))
-            hits = sum(1 for u, _ in events if u in uuids) if events else 0
+            hits = sum(1 for u, _ in events if u in uuids)
             if hits:
                 rows["health_event"] = hits
             offered.append(rows)
@@ -238,7 +233,9 @@ class Door:
 
     def submit(self, push: Push) -> cf.Future[Accepted]:
         """Queue ``push`` for the next group; ``Overloaded`` at once when the door is full."""
-        push.nbytes = push.nbytes or len(push.dcgm or b"") or (push.batch.values() * 8 if push.batch is not None else 0)
+        # What the push holds in memory while it waits; a frame's size is read off its buffers, not counted.
+        push.nbytes = push.nbytes or len(push.dcgm or b"") or (
+            sum(df.estimated_size() for _, df in push.batch.frames()) if push.batch is not None else 0)
         with self._lock:
             if self._closed:
                 raise Overloaded("the ingest door is closing; retry shortly", 2)
@@ -345,16 +342,18 @@ class Door:
         pushes = [p for p, _ in fresh]
         source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
         batch = None
+
+        def log_rows(result: WriteResult) -> list[tuple[str, str | None, dict[str, int], int]]:
+            return [(p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(result, offered), values)]
+
         try:
             as_rows = _as_rows(pushes)
             if as_rows is not None:
                 frames, offered, values = as_rows
-                result = self.store.write_rows(frames, values=sum(values), ingest_log=lambda r: [
-                    (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
+                result = self.store.write_rows(frames, values=sum(values), ingest_log=log_rows)
             else:
                 batch, offered, values = _assemble(pushes, source)
-                result = self.store.write(batch, ingest_log=lambda r: [
-                    (p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(r, offered), values)])
+                result = self.store.write(batch, ingest_log=log_rows)
         except OperationalError as exc:
             # The database is busy or gone: every push may retry; none was stored.
             for _, fut in fresh:
@@ -376,8 +375,7 @@ class Door:
                    if batch is not None and result.written.get("job_rank") and batch.job_rank is not None else [])
         for (push, fut), share, off, v in zip(fresh, shares, offered, values):
             fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=off, written=share, values=v), notes=push.notes,
-                                    group_size=len(fresh), health_event=push.batch.health_event if push.batch is not None else written_health,
-                                    job_ids=job_ids))
+                                    group_size=len(fresh)))
         if self.after_commit is not None and (written_health is not None or job_ids):
             self._hooks.submit(self._hook, written_health, job_ids)
 

@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import polars as pl
 from isal import isal_zlib
 
 from fleetscope import door
@@ -239,8 +238,6 @@ class Outcome:
     error: str | None = None
     skipped_duplicate: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
-    # The health events written, for the API's alerting kick (fleetscope.alerting.kick); not reported.
-    health_event: pl.DataFrame | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -354,7 +351,7 @@ def _epoch_us(when: dt.datetime) -> int:
 
 def outcome_of(accepted: door.Accepted) -> Outcome:
     return Outcome(source=accepted.source, formats=accepted.formats, result=accepted.result, skipped_duplicate=accepted.skipped_duplicate,
-                   notes=accepted.notes, health_event=accepted.health_event)
+                   notes=accepted.notes)
 
 
 def ingest_bytes(store: Store, data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options()) -> Outcome:

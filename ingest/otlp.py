@@ -73,7 +73,6 @@ from fleetscope.errors import ParseError
 from fleetscope.protowire import MAX_DEPTH as _MAX_DEPTH
 from fleetscope.protowire import WireError as _WireError
 from fleetscope.protowire import fields as _fields
-from fleetscope.protowire import tag as _tag
 from fleetscope.protowire import uvarint as _uvarint
 from fleetscope.frames import (
     COLLECTIVE,
