@@ -171,17 +171,21 @@ class Store:
                     result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
                 entries = ingest_log(result) if ingest_log is not None else [(source, content_sha256, result.written, result.values)]
                 self._log_ingest(conn, entries)
-            # Only ids from a committed transaction are remembered: a rolled-back insert never existed.
-            if len(self._series_cache) + len(new_series) > 2_000_000:
-                self._series_cache.clear()
-            self._series_cache.update(new_series)
             if readings is not None:
                 self._remember_counter_readings(readings)
-            for name, n in result.written.items():
-                ROWS_WRITTEN.labels(name).inc(n)
-            VALUES_WRITTEN.inc(result.values)
-            span.set_attribute("fleetscope.rows", sum(result.written.values()))
+            self._committed(result, new_series, span)
             return result
+
+    def _committed(self, result: WriteResult, new_series: dict[str, int], span: Any) -> None:
+        """What follows a committed write: remember the series ids it created, count what it wrote."""
+        # Only ids from a committed transaction are remembered: a rolled-back insert never existed.
+        if len(self._series_cache) + len(new_series) > 2_000_000:
+            self._series_cache.clear()
+        self._series_cache.update(new_series)
+        for name, n in result.written.items():
+            ROWS_WRITTEN.labels(name).inc(n)
+        VALUES_WRITTEN.inc(result.values)
+        span.set_attribute("fleetscope.rows", sum(result.written.values()))
 
     def write_rows(self, frames: Sequence[tuple[F.FrameSpec, Rows]], *, ingest_log: LogRows, values: int = 0) -> WriteResult:
         """Write frames given as ``Rows`` in one transaction, all or nothing, as ``write_frames`` does, without
@@ -202,12 +206,7 @@ class Store:
                         result.written[spec.name] = self._insert(conn, spec.name, r if self.dialect == "sqlite" else r.frame(spec),
                                                                  spec.key, spec.on_conflict)
                 self._log_ingest(conn, ingest_log(result))
-            if len(self._series_cache) + len(new_series) > 2_000_000:
-                self._series_cache.clear()
-            self._series_cache.update(new_series)
-            for name, n in result.written.items():
-                ROWS_WRITTEN.labels(name).inc(n)
-            VALUES_WRITTEN.inc(result.values)
+            self._committed(result, new_series, span)
             return result
 
     def _write_metric_rows(self, conn: Connection, r: Rows, new_series: dict[str, int]) -> int:
@@ -615,13 +614,6 @@ class Store:
             finally:
                 cur.close()
         return found
-
-    def already_ingested(self, content_sha256: str) -> bool:
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                schema.ingest_log.select().where(schema.ingest_log.c.content_sha256 == content_sha256).limit(1)
-            ).first()
-            return row is not None
 
 
 class _SqliteWriteLock:
