@@ -9,7 +9,6 @@ saturated or the database is busy (retryable: the SDK exporters back off and res
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -18,6 +17,7 @@ from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
 from fleetscope import door
+from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.store import content_hash
 from fleetscope.errors import FleetscopeError, ParseError
@@ -28,8 +28,7 @@ router = APIRouter(tags=["otlp"])
 # connections, few enough to bound the memory of large bodies; beyond this the server answers 503 +
 # Retry-After rather than queueing work it cannot finish before the client's timeout.
 MAX_IN_FLIGHT = 64
-_in_flight = 0
-_lock = asyncio.Lock()
+_in_flight = InFlight(MAX_IN_FLIGHT)
 
 _ENCODINGS = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
 
@@ -66,7 +65,6 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any,
 @router.post("/v1/metrics", dependencies=[Depends(require("ingest"))])
 async def otlp_metrics(request: Request) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
-    global _in_flight
     from fleetscope import ingestion
     from ingest import otlp
 
@@ -74,10 +72,8 @@ async def otlp_metrics(request: Request) -> Response:
     encoding = _ENCODINGS.get(ctype)
     if encoding is None:
         return Response(f"unsupported content type {ctype!r}: use application/x-protobuf or application/json", 415)
-    async with _lock:
-        if _in_flight >= MAX_IN_FLIGHT:
-            return _status(14, "server saturated, retry later", encoding, 503, {"Retry-After": "1"})
-        _in_flight += 1
+    if not _in_flight.enter():
+        return _status(14, "server saturated, retry later", encoding, 503, {"Retry-After": "1"})
     try:
         body = await request.body()
         limit = request.app.state.settings.max_body_bytes
@@ -109,5 +105,4 @@ async def otlp_metrics(request: Request) -> Response:
         content, media = otlp.response(n_rejected, reasons, encoding=encoding)
         return Response(content, 200, media_type=media)
     finally:
-        async with _lock:
-            _in_flight -= 1
+        _in_flight.exit()

@@ -15,7 +15,6 @@ then goes through the ingest door as format ``prometheus_remote_write``, like an
 
 from __future__ import annotations
 
-import asyncio
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -23,6 +22,7 @@ from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy.exc import OperationalError
 
 from fleetscope import door
+from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.errors import ParseError
 
@@ -34,8 +34,7 @@ FORMAT = "prometheus_remote_write"
 # Retry-After) rather than queued behind work it would time out on. Prometheus runs up to max_shards
 # senders, and a fleet's vmagents more.
 MAX_IN_FLIGHT = 64
-_in_flight = 0
-_lock = asyncio.Lock()
+_in_flight = InFlight(MAX_IN_FLIGHT)
 
 
 class SnappyError(Exception):
@@ -94,16 +93,13 @@ def _media_type_error(request: Request) -> str | None:
 async def remote_write(request: Request) -> Response:
     """Receive Prometheus remote write 1.0 (Prometheus, vmagent, the OTel Collector's prometheusremotewrite
     exporter): dcgm-exporter series become gpu_sample, gpu, gpu_workload, health_event and metric_sample rows."""
-    global _in_flight
     from fleetscope import ingestion
 
     problem = _media_type_error(request)
     if problem:
         return PlainTextResponse(problem, 415)
-    async with _lock:
-        if _in_flight >= MAX_IN_FLIGHT:
-            return PlainTextResponse("server saturated, retry later", 503, headers={"Retry-After": "1"})
-        _in_flight += 1
+    if not _in_flight.enter():
+        return PlainTextResponse("server saturated, retry later", 503, headers={"Retry-After": "1"})
     try:
         body = await request.body()
         if not body:
@@ -128,6 +124,5 @@ async def remote_write(request: Request) -> Response:
             # Locked or unreachable database: retryable, so say when to come back.
             return PlainTextResponse("database busy, retry later", 503, headers={"Retry-After": "2"})
     finally:
-        async with _lock:
-            _in_flight -= 1
+        _in_flight.exit()
     return Response(status_code=204)
