@@ -4,11 +4,9 @@ the body states, unit-converted."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import subprocess
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 from benchmarks._server import free_port, served_api
 from fleetscope.store import Store
 from ingest import dcgm
+from tests.fleetscope.test_agent import serving
 
 TELEMETRY = Path(__file__).resolve().parents[2].parent / "shared" / "realdata" / "telemetry"
 BODY = TELEMETRY / "dcgm-exporter_metrics_8xH100_k8s-pod-labels_sampled_nvidia-aicr.prom"
@@ -27,25 +26,6 @@ REQUIRE = os.environ.get("FLEETSCOPE_REQUIRE_SERVICES") == "1"
 WAIT_S = 60
 
 pytestmark = pytest.mark.slow
-
-
-def _exporter(body: bytes) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """A stand-in dcgm-exporter: serves ``body`` at /metrics as text format 0.0.4."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"127.0.0.1:{server.server_address[1]}"
 
 
 def test_prometheus_remote_writes_a_dcgm_scrape_into_the_store(tmp_path):
@@ -58,11 +38,11 @@ def test_prometheus_remote_writes_a_dcgm_scrape_into_the_store(tmp_path):
         pytest.skip(f"real dcgm-exporter body not found at {BODY}")
     body = BODY.read_bytes()  # read in place, never copied into the repository
     expected = dcgm.parse(body, ts=datetime.now(UTC)).gpu_sample  # the values, unit-converted; Prometheus sets the times
-    exporter, target = _exporter(body)
-    url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
-    prom_port = free_port()
-    log = tmp_path / "prometheus.log"
-    try:
+    with serving(body) as metrics_url:  # a stand-in dcgm-exporter: serves the body at /metrics
+        target = metrics_url.split("//", 1)[1].split("/", 1)[0]
+        url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+        prom_port = free_port()
+        log = tmp_path / "prometheus.log"
         with served_api(url) as (base, token):
             (tmp_path / "prometheus.yml").write_text(
                 f"""global:
@@ -108,9 +88,6 @@ remote_write:
             workload = store.read("gpu_workload")
             assert workload["pod"].unique().to_list() == ["vllm-agg-0-vllmdecodeworker-s65j5"]
             store.engine.dispose()
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
 
 
 def _wait_for(store: Store, uuids: list[str], prom: subprocess.Popen) -> pl.DataFrame | None:
