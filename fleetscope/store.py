@@ -193,7 +193,7 @@ class Store:
         (their fault-counter memory needs the frame path)."""
         with tracer().start_as_current_span("store.write") as span:
             span.set_attribute("db.system", self.dialect)
-            if any(spec.name in ("health_event",) or spec.name not in schema.FRAME_SPECS for spec, _ in frames):
+            if any(spec.name == "health_event" or spec.name not in schema.FRAME_SPECS for spec, _ in frames):
                 raise ValueError("write_rows takes telemetry and inventory frames only")
             frames = [(spec, r) for spec, r in frames if r.rows]
             result = WriteResult(offered={spec.name: len(r.rows) for spec, r in frames}, values=values)

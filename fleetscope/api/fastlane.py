@@ -41,6 +41,7 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     params = _plain(scope)
     if params is None:
         return False
+    # Here, not at the top: api.app imports this module, and routes_data is loaded by the app.
     from fleetscope.api.app import error_response, too_large
     from fleetscope.api.routes_data import ingest_body
 
