@@ -309,7 +309,9 @@ def alltoall_bisection_utilization(df: pl.DataFrame, bisection_gbps: float, *, n
 def fabric_findings(*, members: pl.DataFrame | None = None, member_kind: str = "host", links: pl.DataFrame | None = None,
                     regressions: pl.DataFrame | None = None, window_start: datetime, window_end: datetime) -> pl.DataFrame:
     """Findings for slow members (``slow_members`` output; ``member_kind`` host or rank), slow links and
-    nccl-tests regressions."""
+    nccl-tests regressions. A regression's window is its run's own time, not the sweep's: re-running the
+    sweep then updates one finding per run (the ``finding`` key) instead of making a new one every time,
+    so an alert on it ends once the run is older than the rule's lookback."""
     rows = []
     if members is not None:
         for r in members.filter("slow").to_dicts():
@@ -332,8 +334,9 @@ def fabric_findings(*, members: pl.DataFrame | None = None, member_kind: str = "
                          "score": float(r["ratio"]), "severity": "warning",
                          "summary": f"nccl-tests {r['op']} on {r['hosts'] or 'its hosts'} ran at {r['ratio']:.0%} of its baseline "
                                     f"over {r['baseline_runs']} earlier run(s).",
-                         "evidence": r})
+                         "evidence": r, "window_start": r["ts"], "window_end": r["ts"]})
     for r in rows:
-        r["window_start"], r["window_end"] = window_start, window_end
+        r.setdefault("window_start", window_start)
+        r.setdefault("window_end", window_end)
         r["evidence"] = json.dumps(r["evidence"], default=str, sort_keys=True)
     return findings_frame(rows)

@@ -489,3 +489,29 @@ def health_findings(gpu: pl.DataFrame, node: pl.DataFrame | None = None, *, wind
                 "evidence": json.dumps({k: v for k, v in r.items() if v is not None}, default=str, sort_keys=True),
             })
     return findings_frame(rows)
+
+
+def throttle_findings(gpu: pl.DataFrame, *, thermal_ratio: float = 0.2, window_start: datetime | None = None,
+                      window_end: datetime | None = None) -> pl.DataFrame:
+    """``thermal_throttle`` findings (warning) for GPUs held back by heat in at least ``thermal_ratio`` of
+    their loaded samples or of the window's time (the SW/HW thermal slowdown clock-event reasons, NVML's
+    ``nvmlClocksEventReasons``; DCGM's thermal violation counter). Distinct from the health score's
+    ``gpu_watch``: a watch is for a person to look at, a throttle slows the whole job the GPU is in (a
+    synchronous collective waits for its slowest rank), so it is what the thermal alert pages on."""
+    require_columns(gpu, "gpu_health", ("gpu_uuid",))
+    ratios = [c for c in ("thermal_throttle_ratio", "thermal_violation_ratio") if c in gpu.columns]
+    if not ratios or gpu.height == 0:
+        return findings_frame([])
+    hot = gpu.with_columns(pl.max_horizontal([pl.col(c).fill_null(0) for c in ratios]).alias("_ratio")).filter(pl.col("_ratio") >= thermal_ratio)
+    rows = []
+    for r in hot.to_dicts():
+        where = f" on {r['host']}" if r.get("host") else ""
+        rows.append({
+            "analyzer": "health", "kind": "thermal_throttle", "subject": f"gpu:{r['gpu_uuid']}",
+            "window_start": window_start or r.get("window_start"), "window_end": window_end or r.get("window_end"),
+            "severity": "warning", "score": float(r["_ratio"]),
+            "summary": f"GPU {r['gpu_uuid']}{where} throttled by heat in {r['_ratio']:.0%} of the window.",
+            "evidence": json.dumps({k: r.get(k) for k in ("host", *ratios, "sm_clock_loaded_median_mhz", "low_clock_ratio") if r.get(k) is not None},
+                                   default=str, sort_keys=True),
+        })
+    return findings_frame(rows)

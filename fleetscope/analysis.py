@@ -99,6 +99,7 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
                                "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
                                "disruptions": rg.disruptions, "finished": finished}
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
+                batch.metric_sample = goodput_series(job_id, now, rg.goodput_ratio)
             _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
             lifecycle = events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
             if lifecycle.height:
@@ -110,6 +111,20 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
             store.write(batch)
         out.batch = batch
     return out
+
+
+GOODPUT_SERIES = "job_goodput_ratio"
+"""The series the ``JobGoodputLow`` rule reads and ``/metrics/fleet`` exposes: a job's runtime goodput
+ratio as of each analysis (labels: job_id)."""
+
+
+def goodput_series(job_id: str, ts: dt.datetime, goodput_ratio: float | None) -> pl.DataFrame | None:
+    """One ``metric_sample`` row of ``job_goodput_ratio{job_id}`` at the analysis time; none when the ratio is
+    undefined (a job with no elapsed time yet)."""
+    if goodput_ratio is None or not math.isfinite(goodput_ratio):
+        return None
+    return pl.DataFrame({"ts": [ts], "series": [F.series_key(GOODPUT_SERIES, {"job_id": job_id})], "value": [float(goodput_ratio)]},
+                        schema=F.METRIC_SAMPLE.schema)
 
 
 def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:

@@ -52,10 +52,36 @@ def rollup_window(store: Store, start: dt.datetime, end: dt.datetime) -> dict[st
         minutes = roll.minutes.select(list(F.GPU_ENERGY_MINUTE.names))
         gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
         frames = rollup_frames(minutes, ranks_during(store, start, end), gpu, host)
+        pues = site_pue_samples(store, end)
+        if pues.height:
+            frames.append((F.METRIC_SAMPLE, pues))
         store.write_frames(frames, source=f"energy_rollup:{start.isoformat()}")
-        return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
+        return {"site_pue": pues.height, "window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
                 "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": frames[2][1].height,
                 "no_energy_data": int((roll.gpus["status"] == "no_energy_data").sum()) if "status" in roll.gpus.columns else 0}
+
+
+PUE_SERIES = "site_pue_ratio"
+"""The series the ``PueOutOfRange`` and ``PueImplausible`` rules read: each metered site's PUE over the
+``PUE_WINDOW`` ending at each roll-up (labels: site)."""
+PUE_WINDOW = dt.timedelta(minutes=15)
+
+
+def site_pue_samples(store: Store, end: dt.datetime) -> pl.DataFrame:
+    """``site_pue_ratio{site}`` at ``end`` for every site whose facility and IT meters cover the last
+    ``PUE_WINDOW`` (ISO/IEC 30134-2 through ``analyzers.energy.pue``; interim, since the standard's PUE is
+    annual). Declared PUEs are not measurements and are not written: an alert on them would page on a
+    number someone typed."""
+    start = end - PUE_WINDOW
+    meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
+    site = store.read("site")
+    rows = []
+    if meters.height and site.height:
+        for site_id in site["site_id"].to_list():
+            res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
+            if res.pue is not None and not res.estimate and res.basis == "measured":
+                rows.append({"ts": end, "series": F.series_key(PUE_SERIES, {"site": site_id}), "value": float(res.pue)})
+    return pl.DataFrame(rows, schema=F.METRIC_SAMPLE.schema)
 
 
 def rollup_frames(minutes: pl.DataFrame, job_rank: pl.DataFrame, gpu: pl.DataFrame, host: pl.DataFrame) -> list[tuple[F.FrameSpec, pl.DataFrame]]:

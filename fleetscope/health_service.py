@@ -13,8 +13,11 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import fabric, health, sdc
+from sqlalchemy import select
+
+from analyzers import absence, fabric, health, sdc
 from fleetscope import frames as F
+from fleetscope import schema
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 
@@ -37,6 +40,8 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             gpu_rows = health.gpu_health(samples, events.filter(pl.col("kind") == "xid") if events.height else None, gpu_host=gpus if gpus.height else None)
             node_rows = health.node_health(gpu_rows) if "host" in gpu_rows.columns else pl.DataFrame()
             findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
+            findings.append(health.throttle_findings(gpu_rows, window_start=start, window_end=end))
+        findings.append(absent(store, samples, gpus, start, end))
         probes = probe_results(events)
         if probes.height:
             # a GPU that fails the known-answer probe is a confirmed SDC suspect
@@ -50,6 +55,28 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
         if write and found.height:
             store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
         return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
+
+
+ABSENCE_CARRY = dt.timedelta(minutes=30)
+"""How long after its last update an absence finding is still carried into the next sweep: longer than
+any beat interval, so a sweep that was skipped does not end an outage early."""
+
+
+def absent(store: Store, samples: pl.DataFrame, gpus: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Absence findings at ``end``: members with samples in [start, end) that went quiet, plus those still
+    quiet from earlier absence findings (``analyzers.absence``)."""
+    seen = absence.last_seen(samples, gpus) if samples.height else pl.DataFrame(schema=absence.SEEN_SCHEMA)
+    f = schema.metadata.tables["finding"]
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(f.c.kind, f.c.subject, f.c.window_start, f.c.evidence)
+                            .where(f.c.analyzer == "absence", f.c.window_end >= end - ABSENCE_CARRY)).all()
+    open_ = pl.DataFrame([dict(r._mapping) for r in rows],
+                         schema={"kind": pl.String, "subject": pl.String, "window_start": F.UTC_US, "evidence": pl.String})
+    host_site = store.read("host", columns=["host", "site_id"])
+    if open_.height:
+        earlier = absence.carried(open_, gpus, host_site).filter(~pl.col("gpu_uuid").is_in(seen["gpu_uuid"].to_list()))
+        seen = pl.concat([seen.select(earlier.columns), earlier], how="vertical_relaxed")
+    return absence.absence_findings(seen, now=end, host_site=host_site)
 
 
 def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None,

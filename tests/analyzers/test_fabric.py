@@ -180,6 +180,8 @@ def test_regression_of_a_run_against_its_history():
     assert not r.filter(pl.col("run_id") != "today")["regression"].any()
     f = fabric.fabric_findings(regressions=r, window_start=T0, window_end=T0 + timedelta(days=2))
     assert f["kind"].to_list() == ["nccl_test_regression"] and json.loads(f["evidence"][0])["run_id"] == "today"
+    # dated by its run, not by the sweep that found it: a later sweep updates the same finding
+    assert f["window_start"][0] == f["window_end"][0] == today["ts"]
 
 
 def test_regressions_need_timestamps():
