@@ -15,7 +15,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, health, sdc
+from analyzers import absence, fabric, hangs, health, sdc
 from fleetscope import frames as F
 from fleetscope import schema
 from fleetscope.observability import tracer
@@ -42,6 +42,7 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
             findings.append(health.throttle_findings(gpu_rows, window_start=start, window_end=end))
         findings.append(absent(store, samples, gpus, start, end))
+        findings.append(hangs.hang_findings(job_progress(store, end), now=end))
         probes = probe_results(events)
         if probes.height:
             # a GPU that fails the known-answer probe is a confirmed SDC suspect
@@ -77,6 +78,40 @@ def absent(store: Store, samples: pl.DataFrame, gpus: pl.DataFrame, start: dt.da
         earlier = absence.carried(open_, gpus, host_site).filter(~pl.col("gpu_uuid").is_in(seen["gpu_uuid"].to_list()))
         seen = pl.concat([seen.select(earlier.columns), earlier], how="vertical_relaxed")
     return absence.absence_findings(seen, now=end, host_site=host_site)
+
+
+PROGRESS_LOOKBACK = dt.timedelta(hours=24)
+"""How far back a sweep looks for a job's steps: a job stalled for longer is still found (its last step
+is in range) for a day, long past any collective timeout."""
+_TERMINAL = ("finished", "failure", "preempted")
+
+
+def job_progress(store: Store, now: dt.datetime) -> pl.DataFrame:
+    """Per job with steps in the last ``PROGRESS_LOOKBACK``: first and last step time and distinct steps
+    (from per-rank ``step`` rows or ``step`` job events, whichever saw more), its last terminal event, and
+    the GPUs its ranks still hold (open ``job_rank`` rows)."""
+    since = now - PROGRESS_LOOKBACK
+    ts = F.UTC_US
+    sched = {"job_id": pl.String, "last": ts, "first": ts, "steps": pl.Int64}
+    a = store.query('SELECT job_id, MAX("end") AS last, MIN("start") AS first, COUNT(DISTINCT step) AS steps FROM step '
+                    'WHERE "start" >= ? AND "start" <= ? GROUP BY job_id', [since, now], sched)
+    b = store.query("SELECT job_id, MAX(ts) AS last, MIN(ts) AS first, COUNT(DISTINCT step) AS steps FROM job_event "
+                    "WHERE kind = 'step' AND ts >= ? AND ts <= ? GROUP BY job_id", [since, now], sched)
+    both = pl.concat([a, b]).sort("steps", descending=True).unique("job_id", keep="first")
+    if both.height == 0:
+        return pl.DataFrame(schema=hangs.PROGRESS_SCHEMA)
+    marks = ", ".join("?" for _ in _TERMINAL)
+    stopped = store.query(f"SELECT job_id, MAX(ts) AS stopped_ts FROM job_event WHERE kind IN ({marks}) AND ts >= ? AND ts <= ? GROUP BY job_id",
+                          [*_TERMINAL, since, now], {"job_id": pl.String, "stopped_ts": ts})
+    # 0 for a job whose ranks were all released; absent (unknown) for one never assigned through job_rank
+    held = store.query('SELECT job_id, SUM(CASE WHEN "start" <= ? AND ("end" IS NULL OR "end" > ?) THEN 1 ELSE 0 END) AS gpus '
+                       "FROM job_rank GROUP BY job_id", [now, now], {"job_id": pl.String, "gpus": pl.Int64})
+    ended = store.query("SELECT job_id, ended_at FROM job WHERE ended_at IS NOT NULL AND ended_at <= ?", [now], {"job_id": pl.String, "ended_at": ts})
+    out = (both.rename({"last": "last_progress_ts", "first": "first_progress_ts"})
+           .join(stopped, on="job_id", how="left").join(ended, on="job_id", how="left")
+           .with_columns(pl.max_horizontal("stopped_ts", "ended_at").alias("stopped_ts"))
+           .join(held, on="job_id", how="left"))
+    return out.select(list(hangs.PROGRESS_SCHEMA)).cast(hangs.PROGRESS_SCHEMA)
 
 
 def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None,

@@ -104,18 +104,27 @@ def probe_failure(a: dt.datetime, b: dt.datetime) -> F.Batch:
 
 
 def slow_rank_steps(a: dt.datetime, b: dt.datetime) -> F.Batch:
-    """An 8-rank job stepping every 10 s for 20 minutes; rank 5 computes 60 % slower."""
+    """An 8-rank job stepping every 10 s for an hour; rank 5 computes 60 % slower for the first 20 minutes."""
     rows = []
     t = max(a, T)
-    end = T + 20 * MIN
+    end = T + 60 * MIN
     while t < min(b, end):
         s = int((t - T).total_seconds() // 10)
         for r in range(8):
-            compute = 1.6 if r == 5 else 1.0
+            compute = 1.6 if r == 5 and t < T + 20 * MIN else 1.0
             rows.append({"job_id": "train-1", "rank": r, "step": s, "start": t, "end": t + dt.timedelta(seconds=compute + 0.2),
                          "compute_s": compute, "comm_s": 0.2, "comm_overlap_s": 0.0, "idle_s": 0.0})
         t += dt.timedelta(seconds=10)
     return F.Batch(step=pl.DataFrame(rows, schema_overrides={"start": F.UTC_US, "end": F.UTC_US}) if rows else None)
+
+
+def stalled_steps(a: dt.datetime, b: dt.datetime) -> F.Batch:
+    """The 8-rank job stops stepping from minute 10 to 30 (every rank stuck in a collective), then goes on."""
+    batch = slow_rank_steps(a, b)
+    if batch.step is not None:
+        t = pl.col("start")
+        batch.step = batch.step.with_columns(pl.lit(1.0).alias("compute_s")).filter((t < T + 10 * MIN) | (t >= T + 30 * MIN))
+    return batch
 
 
 def failing_job(a: dt.datetime, b: dt.datetime) -> F.Batch:
@@ -159,6 +168,7 @@ SCENARIOS = {
     "xid64": Scenario(extra=xid(64, T + 3 * MIN), minutes=110, rules=("GpuRowRemapFailure", "GpuNeedsRepairOrDrain")),
     "sdc_probe": Scenario(extra=probe_failure, minutes=110, rules=("SdcSuspect",)),
     "straggler": Scenario(extra=slow_rank_steps, rules=("Straggler",)),
+    "hang": Scenario(extra=stalled_steps, rules=("JobHung",)),
     "thermal": Scenario(gpu=hot, rules=("GpuThermalThrottling",)),
     "goodput": Scenario(extra=failing_job, minutes=90, rules=("JobGoodputLow",)),
     "nccl": Scenario(extra=nccl_runs, minutes=160, rules=("NcclBandwidthRegression",)),
