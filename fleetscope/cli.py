@@ -1056,6 +1056,29 @@ def formats_cmd(as_json: bool) -> None:
     _emit(as_json, rows, "\n".join(f"{r['name']:<22} {r['description']}" for r in rows))
 
 
+@main.command("metrics")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to this file (atomically, for node_exporter's textfile collector) instead of stdout.")
+def metrics_cmd(out_path: str | None) -> None:
+    """Print the derived fleet series (goodput, C3 shares, stragglers, hangs, GPU health and absence, site PUE
+    and power) in the Prometheus text format: what GET /api/v1/fleet/metrics serves.
+
+    \b
+    Examples:
+      fleetscope metrics | grep fleetscope_job_goodput_ratio
+      fleetscope metrics --out /var/lib/node_exporter/textfile/fleetscope.prom
+    """
+    from fleetscope.fleet_metrics import exposition
+
+    text = exposition(_store())
+    if out_path is None:
+        click.echo(text.decode(), nl=False)
+        return
+    tmp = Path(out_path).with_name(Path(out_path).name + ".tmp")
+    tmp.write_bytes(text)
+    tmp.replace(out_path)  # a scrape never reads half a file
+
+
 # --- demo --------------------------------------------------------------------------------------
 
 

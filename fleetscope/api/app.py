@@ -212,11 +212,12 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
-    from fleetscope.api import routes_alerts, routes_audit, routes_data, routes_governance, routes_jobs, routes_otlp, routes_remote_write
+    from fleetscope.api import routes_alerts, routes_audit, routes_data, routes_fleet, routes_governance, routes_jobs, routes_otlp, routes_remote_write
 
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_data.router)
+    app.include_router(routes_fleet.router)
     app.include_router(routes_governance.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_otlp.router)

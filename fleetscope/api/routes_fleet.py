@@ -1,0 +1,19 @@
+"""The derived fleet series for a site's own Prometheus to scrape."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from fleetscope import fleet_metrics
+from fleetscope.api.security import require
+
+router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
+
+
+@router.get("/metrics", dependencies=[Depends(require("read"))])
+def fleet_series(request: Request) -> Response:
+    """Goodput, badput and C³ shares per job, stragglers and hangs, GPU health findings and absence (with
+    dcgm-exporter's ``UUID`` and ``Hostname`` labels), and PUE and GPU power per site, in the Prometheus
+    text format. Scrape it with a read token (``authorization: {credentials: ...}`` in the scrape job)."""
+    return Response(fleet_metrics.exposition(request.app.state.store), media_type=fleet_metrics.CONTENT_TYPE)
