@@ -87,7 +87,7 @@ _MATCHER_RE = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?
 
 
 MAX_PATTERN_CHARS = 4096
-MAX_VALUE_CHARS = 65536
+MAX_VALUE_CHARS = 131072
 _RE2_MAX_MEM_BYTES = 8 << 20  # RE2's own default, stated: a pattern whose program needs more is refused
 
 
