@@ -294,6 +294,19 @@ def test_slow_name_resolution_counts_against_the_deadline(hostile):
     assert took < 2 * DEADLINE_S and h.requests == 0
 
 
+def test_proxy_settings_in_the_environment_are_not_used(hostile, monkeypatch):
+    """A proxy would resolve the name again (and reach what the check refused): the request goes to the
+    checked address itself whatever HTTP_PROXY says."""
+    proxy = hostile(answer_nothing)
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url.rsplit("/", 1)[0])
+    with Receiver() as rx, N.OutboundClient() as client:
+        assert N.WebhookNotifier(rx.url.replace("127.0.0.1", "hooks.test") + "/hook").send(message(), client, LOOPBACK,
+                                                                                            resolver=lambda h, p: ["127.0.0.1"]) == 200
+        assert len(rx.requests) == 1 and rx.requests[0]["headers"]["accept-encoding"] == "identity"
+    assert proxy.requests == 0
+
+
 def test_deadline_holds_through_the_deliverer(hostile, store):
     """The worker's path: the receiver's own timeout_s cannot outlast the global deadline (the outbox
     lease is sized by it), and the dripping receiver's attempt is recorded with the limit it hit."""
