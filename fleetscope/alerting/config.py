@@ -30,6 +30,24 @@ def _float(name: str, default: float) -> float:
     return value
 
 
+def _positive(name: str, default: float) -> float:
+    value = _float(name, default)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}={value!r}: expected a positive, finite number of seconds")
+    return value
+
+
+def _bytes(name: str, default: int) -> int:
+    raw = _env(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a whole number of bytes") from None
+    if not 1024 <= value <= 64 * 1024 * 1024:
+        raise ValueError(f"{name}={raw!r}: expected 1024 to 67108864 bytes")
+    return value
+
+
 def _bool(name: str, default: bool) -> bool:
     raw = _env(name, "1" if default else "0").lower()
     if raw in ("1", "true", "yes", "on"):
@@ -48,7 +66,8 @@ class AlertSettings:
     rules_path: Path | None = _f("FLEETSCOPE_ALERT_RULES", "shipped default_rules.yaml", "alerting YAML (rules, route, inhibit_rules) loaded at start; API rule edits are layered on top")
     eval_interval_s: float = _f("FLEETSCOPE_ALERT_EVAL_INTERVAL_S", "5", "how often beat evaluates the rules and flushes notification groups")
     deliver_interval_s: float = _f("FLEETSCOPE_ALERT_DELIVER_INTERVAL_S", "5", "how often beat sweeps the outbox for due retries and deliveries a dead worker left")
-    delivery_timeout_s: float = _f("FLEETSCOPE_ALERT_DELIVERY_TIMEOUT_S", "10", "HTTP timeout of one delivery attempt")
+    delivery_timeout_s: float = _f("FLEETSCOPE_ALERT_DELIVERY_TIMEOUT_S", "10", "deadline of one delivery attempt: resolving, connecting, sending and the answer together (a receiver's timeout_s option can shorten it, not lengthen it)")
+    response_max_bytes: int = _f("FLEETSCOPE_ALERT_RESPONSE_MAX_BYTES", "65536", "most bytes of a receiver's refusing (non-2xx) answer read for the error text; a 2xx answer's body is not read")
     backoff_base_s: float = _f("FLEETSCOPE_ALERT_BACKOFF_BASE_S", "2", "first retry delay; doubles per attempt, with jitter")
     backoff_cap_s: float = _f("FLEETSCOPE_ALERT_BACKOFF_CAP_S", "300", "longest delay between retries")
     dead_after_s: float = _f("FLEETSCOPE_ALERT_DEAD_AFTER_S", "86400", "a notification not delivered after this long is dead-lettered")
@@ -73,7 +92,8 @@ def load(settings: settings_mod.Settings | None = None) -> AlertSettings:
         rules_path=Path(rules).expanduser() if rules else None,
         eval_interval_s=_float("FLEETSCOPE_ALERT_EVAL_INTERVAL_S", 5.0),
         deliver_interval_s=_float("FLEETSCOPE_ALERT_DELIVER_INTERVAL_S", 5.0),
-        delivery_timeout_s=_float("FLEETSCOPE_ALERT_DELIVERY_TIMEOUT_S", 10.0),
+        delivery_timeout_s=_positive("FLEETSCOPE_ALERT_DELIVERY_TIMEOUT_S", 10.0),
+        response_max_bytes=_bytes("FLEETSCOPE_ALERT_RESPONSE_MAX_BYTES", 65536),
         backoff_base_s=_float("FLEETSCOPE_ALERT_BACKOFF_BASE_S", 2.0),
         backoff_cap_s=_float("FLEETSCOPE_ALERT_BACKOFF_CAP_S", 300.0),
         dead_after_s=_float("FLEETSCOPE_ALERT_DEAD_AFTER_S", 86400.0),

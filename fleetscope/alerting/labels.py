@@ -8,6 +8,13 @@ both are computed the way Prometheus' ``common/model`` and Alertmanager's dispat
 - label set string: ``{a="1", b="2"}``, names sorted, values quoted as Go's ``%q`` does;
 - matchers: ``=``, ``!=``, ``=~``, ``!~``, regexes anchored at both ends, a missing label reads as ""
   (Alertmanager configuration docs, "<matcher>").
+
+Matcher regexes are RE2, the syntax and semantics of Go's ``regexp`` that Alertmanager uses (RE2 wiki,
+"Syntax"): matching takes time linear in the value's length, so no pattern can make a worker backtrack
+for ever (``(a+)+$`` against a long run of ``a`` is the classic case). Patterns RE2 does not accept
+(backreferences, lookaround) are refused when the matcher is made, naming it. ``.`` matches a newline
+too, as Fleetscope's matchers always have. A pattern is at most ``MAX_PATTERN_CHARS`` long, and a label
+value longer than ``MAX_VALUE_CHARS`` is not matched by any regex (``=~`` false, ``!~`` true).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+
+import re2
 
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
@@ -77,10 +86,33 @@ def labelset_string(labels: LabelSet) -> str:
 _MATCHER_RE = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^\s"]*))\s*$')
 
 
+MAX_PATTERN_CHARS = 4096
+MAX_VALUE_CHARS = 131072
+_RE2_MAX_MEM_BYTES = 8 << 20  # RE2's own default, stated: a pattern whose program needs more is refused
+
+
+def _re2_options() -> re2.Options:
+    o = re2.Options()
+    o.dot_nl = True
+    o.log_errors = False  # a refused pattern is reported to the caller, not printed on stderr
+    o.max_mem = _RE2_MAX_MEM_BYTES
+    return o
+
+
+_OPTIONS = _re2_options()
+
+
 @lru_cache(maxsize=4096)
-def _anchored(pattern: str) -> re.Pattern[str]:
-    # Alertmanager anchors matcher regexes: "^(?:" + pattern + ")$".
-    return re.compile(f"^(?:{pattern})$", re.DOTALL)
+def _anchored(pattern: str) -> re2._Regexp:
+    # Alertmanager anchors matcher regexes ("^(?:" + pattern + ")$"); ``fullmatch`` on the pattern compiled
+    # alone anchors the same way, and a pattern such as "a)|(b" that would escape the wrapping by
+    # closing its group does not compile alone.
+    return re2.compile(pattern, _OPTIONS)
+
+
+def _re2_reason(exc: Exception) -> str:
+    raw = exc.args[0] if exc.args else exc
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 @dataclass(frozen=True)
@@ -95,10 +127,13 @@ class Matcher:
         if self.op not in ("=", "!=", "=~", "!~"):
             raise ValueError(f"matcher {self.name!r}: unknown operator {self.op!r} (expected =, !=, =~ or !~)")
         if self.op in ("=~", "!~"):
+            if len(self.value) > MAX_PATTERN_CHARS:
+                raise ValueError(f"matcher {self.name!r}: the regex is {len(self.value)} characters, over the {MAX_PATTERN_CHARS}-character limit")
             try:
                 _anchored(self.value)
-            except re.error as exc:
-                raise ValueError(f"matcher {self.name!r}: bad regex {self.value!r}: {exc}") from None
+            except re2.error as exc:
+                raise ValueError(f"matcher {self.name!r}: {self.value!r} is not an RE2 regex (Alertmanager's syntax: no backreferences "
+                                 f"or lookaround): {_re2_reason(exc)}") from None
 
     def matches(self, labels: LabelSet) -> bool:
         v = labels.get(self.name, "")
@@ -106,7 +141,7 @@ class Matcher:
             return v == self.value
         if self.op == "!=":
             return v != self.value
-        hit = _anchored(self.value).match(v) is not None
+        hit = len(v) <= MAX_VALUE_CHARS and _anchored(self.value).fullmatch(v) is not None
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""Notifiers: one small class per channel over a shared base, the delivery policy, outbound safety.
+"""Notifiers: one small class per channel over a shared base, and the delivery policy.
 
 A notifier turns one notification (Alertmanager's ``template.Data``, as built by ``dispatch``) into one
 HTTP request and either returns or raises ``DeliveryError``, which says whether trying again can help
@@ -17,7 +17,8 @@ Channels:
   during a rotation both secrets sign, space-separated, so receivers switch keys without downtime.
 
 Every request carries ``webhook-id``: the same for every retry of one notification, it is the receiver's
-idempotency key (delivery is at least once).
+idempotency key (delivery is at least once). Where a request may go, how long it may take and how much
+of the answer is read are ``fleetscope.alerting.outbound``'s.
 """
 
 from __future__ import annotations
@@ -27,122 +28,33 @@ import datetime as dt
 import email.utils
 import hashlib
 import hmac
-import ipaddress
 import json
 import random
 import secrets as secrets_mod
-import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
-
-import httpx
 
 from fleetscope import __version__
+from fleetscope.alerting.outbound import (  # noqa: F401 - re-exported: the notifiers' error type and policy
+    DEFAULT_MAX_BYTES,
+    SNIPPET_CHARS,
+    Answer,
+    Deadline,
+    DeliveryError,
+    OutboundClient,
+    OutboundPolicy,
+    Resolver,
+    UnsafeURL,
+    address_refusal,
+    check_url,
+    classify,
+    redact_text,
+    redact_url,
+    with_limit_note,
+)
 
 USER_AGENT = f"Fleetscope/{__version__}"
-
-
-class DeliveryError(Exception):
-    """A failed delivery. ``retryable``: whether trying again later can succeed; ``disable``: the endpoint
-    said it is gone for good (410); ``retry_after_s``: the receiver asked us to wait this long."""
-
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None, retry_after_s: float | None = None, disable: bool = False):
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
-        self.status_code = status_code
-        self.retry_after_s = retry_after_s
-        self.disable = disable
-
-
-class UnsafeURL(DeliveryError):
-    """A URL the outbound policy refuses (metadata, link-local, private or loopback address)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, retryable=False)
-
-
-# --- outbound safety ---------------------------------------------------------------------------------
-
-# Refused whatever the settings say: cloud metadata services and link-local addresses (where they live),
-# and addresses that are not a real destination.
-_ALWAYS_BLOCKED = [ipaddress.ip_network(n) for n in (
-    "169.254.0.0/16", "fe80::/10", "100.100.100.200/32", "fd00:ec2::254/128",
-    "0.0.0.0/8", "::/128", "224.0.0.0/4", "ff00::/8", "240.0.0.0/4",
-)]
-_LOOPBACK = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128")]
-_PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")]
-
-
-@dataclass(frozen=True)
-class OutboundPolicy:
-    """Where webhooks may go. Loopback and private addresses are refused unless allowed: a webhook URL is
-    user input, and without this it reaches the cloud metadata service or internal admin ports (SSRF)."""
-
-    allow_loopback: bool = False
-    allow_private: bool = False
-
-
-Resolver = Callable[[str, int], Sequence[str]]
-
-
-def _system_resolver(host: str, port: int) -> list[str]:
-    # getaddrinfo's order is the system's preference (RFC 6724): keep it, as a connection would try them
-    return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
-
-
-def address_refusal(ip: str, policy: OutboundPolicy) -> str | None:
-    """Why ``ip`` may not be contacted, or None. IPv4-mapped IPv6 addresses are judged as their IPv4."""
-    addr = ipaddress.ip_address(ip.split("%", 1)[0])
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    if any(addr in n for n in _ALWAYS_BLOCKED):
-        return f"{addr} is a link-local, metadata or reserved address"
-    if any(addr in n for n in _LOOPBACK):
-        return None if policy.allow_loopback else f"{addr} is a loopback address (FLEETSCOPE_ALERT_ALLOW_LOOPBACK=1 allows it)"
-    if any(addr in n for n in _PRIVATE):
-        return None if policy.allow_private else f"{addr} is a private address (FLEETSCOPE_ALERT_ALLOW_PRIVATE=1 allows it)"
-    return None
-
-
-def check_url(url: str, policy: OutboundPolicy, resolver: Resolver | None = None) -> list[str]:
-    """Refuse (``UnsafeURL``) a URL that is not http(s) or whose host resolves to any refused address;
-    return the addresses. Checked when a receiver is saved and again before every request, since DNS
-    answers change."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UnsafeURL(f"{url!r}: only http and https URLs with a host are allowed")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        addrs = list((resolver or _system_resolver)(parts.hostname, port))
-    except (OSError, UnicodeError) as exc:
-        raise DeliveryError(f"cannot resolve {parts.hostname!r}: {exc}", retryable=True) from None
-    if not addrs:
-        raise DeliveryError(f"{parts.hostname!r} resolves to no address", retryable=True)
-    for ip in addrs:
-        why = address_refusal(ip, policy)
-        if why:
-            raise UnsafeURL(f"refusing {url}: {parts.hostname} resolves to {why}")
-    return addrs
-
-
-def pinned(url: str, addr: str) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """``url`` with its host replaced by ``addr``, an address :func:`check_url` approved, plus the ``Host``
-    header and TLS server name that keep the request addressed to the original host. Connecting to the
-    checked address closes the gap a second DNS lookup would leave between the check and the connection
-    (DNS rebinding: the name answers with a public address for the check, then with an internal one).
-    The certificate is still verified against the host name (httpcore's ``sni_hostname`` extension); an
-    internationalised name goes as its IDNA form, and credentials in the URL stay on it (httpx sends them
-    as Basic auth)."""
-    u = httpx.URL(url)
-    host = u.raw_host.decode("ascii")  # IDNA ("xn--...") where the name is not ASCII
-    ip = ipaddress.ip_address(addr.split("%", 1)[0])
-    explicit_port = urlsplit(url).port
-    host_header = (f"[{host}]" if ":" in host else host) + (f":{explicit_port}" if explicit_port is not None else "")
-    extensions = {"sni_hostname": host} if u.scheme == "https" else {}
-    return str(u.copy_with(host=str(ip))), {"host": host_header}, extensions
 
 
 # --- Standard Webhooks signatures ------------------------------------------------------------------------
@@ -188,7 +100,8 @@ class Notifier:
 
     url: str
     name: str = ""
-    timeout_s: float = 10.0
+    timeout_s: float = 10.0  # the whole attempt's deadline
+    max_response_bytes: int = DEFAULT_MAX_BYTES
     max_alerts: int = 0  # 0: all
     send_resolved: bool = True
     secrets: Sequence[str] = field(default_factory=tuple)
@@ -207,38 +120,24 @@ class Notifier:
         body = json.dumps(self.body(msg), separators=(",", ":"), ensure_ascii=False).encode()
         return self.target(), body, self.headers(msg, body, now)
 
-    def send(self, msg: Message, client: httpx.Client, policy: OutboundPolicy, *, now: dt.datetime | None = None,
+    def send(self, msg: Message, client: OutboundClient, policy: OutboundPolicy, *, now: dt.datetime | None = None,
              resolver: Resolver | None = None) -> int:
-        """Deliver ``msg``; return the HTTP status (2xx) or raise ``DeliveryError``."""
+        """Deliver ``msg``; return the HTTP status (2xx) or raise ``DeliveryError``. One deadline of
+        ``timeout_s`` covers resolving, connecting, sending and the answer; at most
+        ``max_response_bytes`` of a refusing answer are read."""
         now = now or dt.datetime.now(dt.UTC)
+        deadline = Deadline(self.timeout_s)
         url, body, headers = self.render(msg, now)
-        addrs = check_url(url, policy, resolver)
+        addrs = check_url(url, policy, resolver, deadline=deadline)
+        answer = client.post(url, addrs, body, headers, deadline=deadline, max_bytes=self.max_response_bytes)
         try:
-            resp = self._post_pinned(client, url, addrs, body, headers)
-        except httpx.TimeoutException as exc:
-            raise DeliveryError(f"timed out after {self.timeout_s:g} s: {type(exc).__name__}", retryable=True) from None
-        except httpx.HTTPError as exc:
-            raise DeliveryError(f"{type(exc).__name__}: {exc}", retryable=True) from None
-        self.check_response(resp, now)
-        return resp.status_code
+            self.check_response(answer, now)
+        except DeliveryError as err:
+            raise with_limit_note(err, answer, self.max_response_bytes, self.timeout_s) from None
+        return answer.status
 
-    def _post_pinned(self, client: httpx.Client, url: str, addrs: Sequence[str], body: bytes, headers: dict[str, str]) -> httpx.Response:
-        """POST to the checked addresses in turn (as a connection to the name would try each), never to a
-        fresh DNS answer."""
-        for i, addr in enumerate(addrs):
-            target, host, extensions = pinned(url, addr)
-            # the Host header is the checked URL's, whatever a receiver's configured headers say
-            sent = {**{k: v for k, v in headers.items() if k.lower() != "host"}, **host}
-            try:
-                return client.post(target, content=body, headers=sent, timeout=self.timeout_s, follow_redirects=False,
-                                   extensions=extensions)
-            except httpx.ConnectError:
-                if i == len(addrs) - 1:
-                    raise
-        raise AssertionError("check_url returns at least one address")
-
-    def check_response(self, resp: httpx.Response, now: dt.datetime) -> None:
-        raise_for_status(resp.status_code, resp.headers.get("retry-after"), resp.text[:300], now)
+    def check_response(self, answer: Answer, now: dt.datetime) -> None:
+        raise_for_status(answer.status, answer.headers.get("retry-after"), answer.text(), now)
 
     def truncated(self, data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
         alerts = list(data["alerts"])
@@ -271,7 +170,7 @@ def raise_for_status(status: int, retry_after: str | None, text: str, now: dt.da
     (redirects included: following one would skip the outbound address check)."""
     if 200 <= status < 300:
         return
-    snippet = " ".join(text.split())[:200]
+    snippet = " ".join(text.split())[:SNIPPET_CHARS]
     msg = f"HTTP {status}" + (f": {snippet}" if snippet else "")
     if status == 410:
         raise DeliveryError(msg, retryable=False, status_code=status, disable=True)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import math
+
 import polars as pl
 from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -77,9 +78,21 @@ class SecretBox:
 
 
 def rule_overrides(engine: Engine) -> dict[str, Rule | None]:
+    """The API's rule edits by name (None: deleted). A stored rule that no longer validates (e.g. a regex
+    RE2 refuses, saved before matchers were RE2) is left out with an error in the log, so one bad row
+    does not stop every other rule; the file's rule of that name, if any, applies."""
     with engine.connect() as conn:
         rows = conn.execute(select(S.alert_rule.c.name, S.alert_rule.c.spec_json)).all()
-    return {name: None if spec is None else parse_rule(json.loads(spec), source="alert_rule") for name, spec in rows}
+    out: dict[str, Rule | None] = {}
+    for name, spec in rows:
+        if spec is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = parse_rule(json.loads(spec), source="alert_rule")
+        except ValueError as exc:
+            log.error("stored alert rule %r is skipped: %s (save it again through the API to fix it)", name, exc)
+    return out
 
 
 def effective_config(engine: Engine, base: AlertingConfig) -> AlertingConfig:
@@ -142,8 +155,14 @@ def expire_silence(engine: Engine, silence_id: str, *, now: dt.datetime | None =
     return True
 
 
-def _silence(row: Any) -> D.Silence:
-    return D.Silence(row.silence_id, tuple(Matcher.from_any(m) for m in json.loads(row.matchers_json)), row.starts_at, row.ends_at, row.created_by, row.comment)
+def _silence(row: Any) -> D.Silence | None:
+    try:
+        matchers = tuple(Matcher.from_any(m) for m in json.loads(row.matchers_json))
+    except ValueError as exc:
+        # Saved before matchers were RE2 (a backreference, a lookaround): it can no longer be judged.
+        log.error("silence %s is skipped: %s (expire it and create it again)", row.silence_id, exc)
+        return None
+    return D.Silence(row.silence_id, matchers, row.starts_at, row.ends_at, row.created_by, row.comment)
 
 
 def list_silences(conn_or_engine: Connection | Engine, *, now: dt.datetime | None = None, active_only: bool = False) -> list[D.Silence]:
@@ -154,8 +173,10 @@ def list_silences(conn_or_engine: Connection | Engine, *, now: dt.datetime | Non
     q = q.order_by(S.alert_silence.c.ends_at.desc())
     if isinstance(conn_or_engine, Engine):
         with conn_or_engine.connect() as conn:
-            return [_silence(r) for r in conn.execute(q)]
-    return [_silence(r) for r in conn_or_engine.execute(q)]
+            rows = list(conn.execute(q))
+    else:
+        rows = list(conn_or_engine.execute(q))
+    return [s for s in map(_silence, rows) if s is not None]
 
 
 def silence_dict(s: D.Silence, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -180,6 +201,7 @@ def put_receiver(engine: Engine, box: SecretBox, name: str, kind: str, url: str,
     bad = set(options) - RECEIVER_OPTIONS
     if bad:
         raise ValueError(f"unknown receiver option {sorted(bad)[0]!r}: expected some of {', '.join(sorted(RECEIVER_OPTIONS))}")
+    _check_options(options)
     N.check_url(url, policy, resolver)
     for s in secrets or ():
         N.secret_bytes(s)
@@ -198,6 +220,21 @@ def put_receiver(engine: Engine, box: SecretBox, name: str, kind: str, url: str,
                 raise ValueError("a standard (signed) webhook receiver needs a secret")
             conn.execute(insert(S.alert_receiver).values(name=name, created_at=now, **{"secrets_encrypted": None, **values}))
     return receiver_info(engine, name)  # type: ignore[return-value]
+
+
+MAX_RECEIVER_TIMEOUT_S = 300.0
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    t = options.get("timeout_s")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= MAX_RECEIVER_TIMEOUT_S or math.isnan(t)):
+        raise ValueError(f"receiver option timeout_s: {t!r} is not a number of seconds in (0, {MAX_RECEIVER_TIMEOUT_S:g}]")
+    m = options.get("max_alerts")
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+        raise ValueError(f"receiver option max_alerts: {m!r} is not a whole number >= 0")
+    r = options.get("send_resolved")
+    if r is not None and not isinstance(r, bool):
+        raise ValueError(f"receiver option send_resolved: {r!r} is not true or false")
 
 
 def receiver_info(engine: Engine, name: str | None = None) -> list[dict[str, Any]] | dict[str, Any] | None:
@@ -220,8 +257,10 @@ def delete_receiver(engine: Engine, name: str) -> bool:
         return conn.execute(delete(S.alert_receiver).where(S.alert_receiver.c.name == name)).rowcount > 0
 
 
-def load_notifier(conn: Connection, box: SecretBox, name: str, timeout_s: float) -> tuple[N.Notifier | None, str | None]:
-    """The notifier of receiver ``name``, or None and why (unknown, disabled)."""
+def load_notifier(conn: Connection, box: SecretBox, name: str, timeout_s: float,
+                  max_response_bytes: int = N.DEFAULT_MAX_BYTES) -> tuple[N.Notifier | None, str | None]:
+    """The notifier of receiver ``name``, or None and why (unknown, disabled). A receiver's own
+    ``timeout_s`` may shorten ``timeout_s``, never lengthen it: the outbox lease is sized by the latter."""
     row = conn.execute(select(S.alert_receiver).where(S.alert_receiver.c.name == name)).first()
     if row is None:
         return None, f"no receiver named {name!r}"
@@ -229,7 +268,9 @@ def load_notifier(conn: Connection, box: SecretBox, name: str, timeout_s: float)
         return None, f"receiver {name!r} is disabled: {row.disabled_reason}"
     opts = json.loads(row.options_json or "{}")
     secrets = json.loads(box.decrypt(row.secrets_encrypted)) if row.secrets_encrypted else ()
-    return N.make_notifier(row.kind, box.decrypt(row.url_encrypted), name=name, timeout_s=float(opts.get("timeout_s", timeout_s)),
+    own = opts.get("timeout_s")
+    deadline_s = timeout_s if own is None else min(float(own), timeout_s)
+    return N.make_notifier(row.kind, box.decrypt(row.url_encrypted), name=name, timeout_s=deadline_s, max_response_bytes=max_response_bytes,
                            max_alerts=int(opts.get("max_alerts", 0)), send_resolved=bool(opts.get("send_resolved", True)),
                            secrets=tuple(secrets)), None
 
@@ -390,6 +431,16 @@ def evaluate_and_dispatch(store: Store, config: AlertingConfig, *, now: dt.datet
 # --- delivery --------------------------------------------------------------------------------------------
 
 
+def _redacted(error: N.DeliveryError, url: str) -> N.DeliveryError:
+    """``error`` with ``url`` and any other URL in its message redacted: the message is stored in
+    ``last_error`` and the attempt log, which read-scope tokens see, and logged."""
+    message = N.redact_text(error.message, (url,))
+    if message == error.message:
+        return error
+    return N.DeliveryError(message, retryable=error.retryable, status_code=error.status_code, retry_after_s=error.retry_after_s,
+                           disable=error.disable, limit=error.limit)
+
+
 @dataclass
 class Deliverer:
     """Delivers outbox rows: claims with a lease, posts through the receiver's notifier, records."""
@@ -401,9 +452,11 @@ class Deliverer:
     timeout_s: float = 10.0
     resolver: N.Resolver | None = None
     rng: random.Random | None = None
+    max_response_bytes: int = N.DEFAULT_MAX_BYTES
 
     @property
     def lease_s(self) -> float:
+        # an attempt ends by its deadline (timeout_s), so the lease outlives it with room to record
         return 2 * self.timeout_s + 5
 
     def claim(self, notification_id: int, now: dt.datetime) -> Any | None:
@@ -417,7 +470,7 @@ class Deliverer:
                 return None
             return conn.execute(select(t).where(t.c.notification_id == notification_id)).first()
 
-    def deliver(self, notification_id: int, client: httpx.Client | None = None, *, now: dt.datetime | None = None) -> str | None:
+    def deliver(self, notification_id: int, client: N.OutboundClient | None = None, *, now: dt.datetime | None = None) -> str | None:
         """One attempt at one notification if it is due and nobody holds it; returns the new status, or
         None when there was nothing to do."""
         now = now or _now()
@@ -425,7 +478,7 @@ class Deliverer:
         if row is None:
             return None
         with self.store.engine.connect() as conn:
-            notifier, why_not = load_notifier(conn, self.box, row.receiver, self.timeout_s)
+            notifier, why_not = load_notifier(conn, self.box, row.receiver, self.timeout_s, self.max_response_bytes)
         started = time.perf_counter()
         error: N.DeliveryError | None = None
         code: int | None = None
@@ -434,17 +487,24 @@ class Deliverer:
         else:
             msg = N.Message(row.webhook_id, json.loads(row.payload_json), row.created_at)
             own = client is None
-            http = client or httpx.Client()
+            http = client or N.OutboundClient()
             try:
                 code = notifier.send(msg, http, self.policy, now=now, resolver=self.resolver)
             except N.DeliveryError as exc:
                 error, code = exc, exc.status_code
             except Exception as exc:  # noqa: BLE001 - a bug in a notifier must not lose the notification
-                log.exception("notifier %s failed", row.receiver)
-                error = N.DeliveryError(f"{type(exc).__name__}: {exc}", retryable=True)
+                # no traceback: an exception's text can quote the receiver's URL, credentials and all
+                where = exc.__traceback__
+                while where is not None and where.tb_next is not None:
+                    where = where.tb_next
+                at = f" at {where.tb_frame.f_code.co_filename}:{where.tb_lineno}" if where is not None else ""
+                error = N.DeliveryError(f"{type(exc).__name__}{at}: {exc}", retryable=True)
+                log.error("notifier %s failed: %s", row.receiver, N.redact_text(error.message, (notifier.url,)))
             finally:
                 if own:
                     http.close()
+            if error is not None:
+                error = _redacted(error, notifier.url)
         decision = N.decide(error, row.attempts, row.created_at, now, self.retry, self.rng)
         self._record(row, decision, code, error, time.perf_counter() - started, now)
         return decision.status
@@ -490,7 +550,7 @@ class Deliverer:
 
     def deliver_due(self, *, now: dt.datetime | None = None, limit: int = 100) -> dict[str, int]:
         out: dict[str, int] = {}
-        with httpx.Client() as client:
+        with N.OutboundClient() as client:
             for nid in self.due(now or _now(), limit):
                 status = self.deliver(nid, client, now=now)
                 if status:
@@ -514,13 +574,21 @@ def list_notifications(engine: Engine, *, status: str | None = None, limit: int 
     if status:
         q = q.where(t.c.status == status)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q.order_by(t.c.notification_id.desc()).limit(limit))]
+        rows = [dict(r._mapping) for r in conn.execute(q.order_by(t.c.notification_id.desc()).limit(limit))]
+    for r in rows:
+        if r["last_error"]:
+            r["last_error"] = N.redact_text(r["last_error"])
+    return rows
 
 
 def list_attempts(engine: Engine, notification_id: int) -> list[dict[str, Any]]:
     a = S.alert_delivery_attempt
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(select(a).where(a.c.notification_id == notification_id).order_by(a.c.attempt))]
+        rows = [dict(r._mapping) for r in conn.execute(select(a).where(a.c.notification_id == notification_id).order_by(a.c.attempt))]
+    for r in rows:
+        if r["error"]:
+            r["error"] = N.redact_text(r["error"])
+    return rows
 
 
 def list_alerts(engine: Engine, config: AlertingConfig | None = None, *, now: dt.datetime | None = None, include_resolved: bool = False) -> list[dict[str, Any]]:

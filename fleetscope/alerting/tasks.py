@@ -35,7 +35,8 @@ def context() -> Alerting:
 
 def _deliverer() -> ST.Deliverer:
     c = context()
-    return ST.Deliverer(store(), c.box, c.settings.outbound, c.settings.retry, timeout_s=c.settings.delivery_timeout_s)
+    return ST.Deliverer(store(), c.box, c.settings.outbound, c.settings.retry, timeout_s=c.settings.delivery_timeout_s,
+                        max_response_bytes=c.settings.response_max_bytes)
 
 
 def _queue(task: Any) -> str | None:

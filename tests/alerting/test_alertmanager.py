@@ -73,7 +73,7 @@ def message(resolved: bool = False) -> N.Message:
 
 def test_push_is_accepted_and_fingerprints_match(alertmanager):
     url, rx = alertmanager
-    with httpx.Client() as client:
+    with N.OutboundClient() as client:
         assert N.AlertmanagerNotifier(url).send(message(), client, N.OutboundPolicy(allow_loopback=True)) == 200
         got = httpx.get(url + "/api/v2/alerts").json()
         assert len(got) == 2
@@ -107,6 +107,6 @@ def test_push_is_accepted_and_fingerprints_match(alertmanager):
 def test_push_rejected_alert_is_permanent(alertmanager):
     url, _ = alertmanager
     bad = N.Message("msg_bad", {"alerts": [{"status": "firing", "labels": {}, "annotations": {}, "startsAt": "2027-01-01T00:00:00Z", "generatorURL": ""}]}, dt.datetime.now(dt.UTC))
-    with httpx.Client() as client, pytest.raises(N.DeliveryError) as exc:
+    with N.OutboundClient() as client, pytest.raises(N.DeliveryError) as exc:
         N.AlertmanagerNotifier(url).send(bad, client, N.OutboundPolicy(allow_loopback=True))
     assert exc.value.status_code == 400 and not exc.value.retryable

@@ -8,7 +8,6 @@ import hmac
 import json
 import random
 
-import httpx
 import pytest
 
 from fleetscope.alerting import dispatch as D
@@ -157,7 +156,7 @@ def test_outbound_policy_settings_and_dns():
 
 def test_unsafe_url_refused_before_any_request():
     with Receiver() as rx:
-        with httpx.Client() as client, pytest.raises(N.UnsafeURL):
+        with N.OutboundClient() as client, pytest.raises(N.UnsafeURL):
             N.WebhookNotifier(rx.url).send(message(), client, N.OutboundPolicy())
         assert rx.requests == []
 
@@ -183,7 +182,7 @@ def test_retry_policy():
 @pytest.mark.parametrize("status, retryable, disable", [(500, True, False), (503, True, False), (408, True, False), (429, True, False),
                                                         (400, False, False), (404, False, False), (301, False, False), (410, False, True)])
 def test_http_statuses_against_a_real_receiver(status, retryable, disable):
-    with Receiver(answer=lambda req: (status, {"retry-after": "7"} if status == 429 else {})) as rx, httpx.Client() as client:
+    with Receiver(answer=lambda req: (status, {"retry-after": "7"} if status == 429 else {})) as rx, N.OutboundClient() as client:
         with pytest.raises(N.DeliveryError) as exc:
             N.WebhookNotifier(rx.url + "/hook").send(message(), client, LOOPBACK)
         assert (exc.value.retryable, exc.value.disable, exc.value.status_code) == (retryable, disable, status)
@@ -194,7 +193,7 @@ def test_http_statuses_against_a_real_receiver(status, retryable, disable):
 
 def test_connection_refused_is_retryable():
     port = Receiver().port  # nothing listens there
-    with httpx.Client() as client, pytest.raises(N.DeliveryError) as exc:
+    with N.OutboundClient() as client, pytest.raises(N.DeliveryError) as exc:
         N.WebhookNotifier(f"http://127.0.0.1:{port}/").send(message(), client, LOOPBACK)
     assert exc.value.retryable
 
@@ -218,31 +217,39 @@ def test_delivery_connects_to_the_address_that_was_checked():
             calls.append((host, p))
             return ["127.0.0.1"]
 
-        with httpx.Client() as client:
+        with N.OutboundClient() as client:
             assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=once) == 200
         assert calls == [("rebind.test", int(port))]
         (req,) = rx.requests
         assert req["headers"]["host"] == f"rebind.test:{port}"
         # a first address that refuses connections is passed over for the next checked one
-        with httpx.Client() as client:
+        with N.OutboundClient() as client:
             assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=lambda h, p: ["127.0.0.2", "127.0.0.1"]) == 200
 
 
 def test_pinned_url_keeps_name_for_host_header_and_tls():
-    assert N.pinned("https://hooks.example/x?y=1", "93.184.215.14") == (
-        "https://93.184.215.14/x?y=1", {"host": "hooks.example"}, {"sni_hostname": "hooks.example"})
-    assert N.pinned("http://hooks.example:8080/a", "2606:2800:21f:cb07:6820:80da:af6b:8b2c") == (
-        "http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8080/a", {"host": "hooks.example:8080"}, {})
-    # an internationalised name goes as IDNA; credentials stay on the URL for httpx's Basic auth
-    assert N.pinned("https://ops:s%40cret@bücher.example/x", "93.184.215.14") == (
-        "https://ops:s%40cret@93.184.215.14/x", {"host": "xn--bcher-kva.example"}, {"sni_hostname": "xn--bcher-kva.example"})
+    from fleetscope.alerting.outbound import _target
+
+    def shown(url, addr):
+        target, headers, ext = _target(url, addr)
+        return (target.scheme, target.host, target.port, target.target), dict(headers), ext
+
+    assert shown("https://hooks.example/x?y=1", "93.184.215.14") == (
+        (b"https", b"93.184.215.14", 443, b"/x?y=1"), {b"host": b"hooks.example"}, {"sni_hostname": "hooks.example"})
+    assert shown("http://hooks.example:8080/a", "2606:2800:21f:cb07:6820:80da:af6b:8b2c") == (
+        (b"http", b"2606:2800:21f:cb07:6820:80da:af6b:8b2c", 8080, b"/a"), {b"host": b"hooks.example:8080"}, {})
+    # an internationalised name goes as IDNA; credentials in the URL go as Basic auth (RFC 7617)
+    assert shown("https://ops:s%40cret@bücher.example/x", "93.184.215.14") == (
+        (b"https", b"93.184.215.14", 443, b"/x"),
+        {b"host": b"xn--bcher-kva.example", b"authorization": b"Basic " + base64.b64encode(b"ops:s@cret")},
+        {"sni_hostname": "xn--bcher-kva.example"})
 
 
 def test_pinned_delivery_keeps_url_credentials():
     with Receiver() as rx:
         port = rx.url.rsplit(":", 1)[1].split("/")[0]
         url = rx.url.replace("http://127.0.0.1", "http://ops:s%40cret@hooks.test")
-        with httpx.Client() as client:
+        with N.OutboundClient() as client:
             assert N.WebhookNotifier(url).send(message(), client, LOOPBACK, resolver=lambda h, p: ["127.0.0.1"]) == 200
         (req,) = rx.requests
         assert req["headers"]["authorization"] == "Basic " + base64.b64encode(b"ops:s@cret").decode()
