@@ -1039,15 +1039,16 @@ def alerts_list(as_json: bool) -> None:
 @click.option("--by", "created_by", required=True, help="Who silences (kept with the silence).")
 @click.option("--comment", required=True, help="Why.")
 def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, comment: str) -> None:
-    """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*")."""
-    from fleetscope.alerting import state as ST
+    """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*").
+    Audit-logged with the --by name."""
+    from fleetscope.alerting import service as AS
 
     units = {"m": 60, "h": 3600, "d": 86400}
     if not duration or duration[-1] not in units or not duration[:-1].isdigit():
         raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint="--for")
     ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(duration[:-1]) * units[duration[-1]])
     try:
-        sil = ST.create_silence(_engine(_settings()), list(matchers), None, ends, created_by, comment)
+        sil = AS.create_silence(_store(), list(matchers), None, ends, created_by=created_by, comment=comment, actor=created_by)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"silence {sil.id} until {ends:%Y-%m-%d %H:%M} UTC")
@@ -1056,10 +1057,10 @@ def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, co
 @alerts.command("expire")
 @click.argument("silence_id")
 def alerts_expire(silence_id: str) -> None:
-    """End a silence now."""
-    from fleetscope.alerting import state as ST
+    """End a silence now (audit-logged with the OS user's name)."""
+    from fleetscope.alerting import service as AS
 
-    if not ST.expire_silence(_engine(_settings()), silence_id):
+    if not AS.expire_silence(_store(), silence_id, actor=_os_user()):
         raise click.ClickException(f"no active silence {silence_id!r}")
     click.echo(f"expired {silence_id}")
 
