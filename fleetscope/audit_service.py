@@ -6,6 +6,7 @@ every governance write is appended to. Pure logic: ``governance/aiact``, ``repor
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import hashlib
@@ -64,8 +65,19 @@ def bind(store: Store, settings: Settings) -> None:
 
 
 def _settings_of(store: Store) -> Settings:
+    """The bound settings; else the environment's, which describe the CLI's and the dashboard's store.
+    A SQLite file the environment does not name (a store opened by hand) keeps its key and checkpoints
+    in its own folder, as the embedded layout does, rather than in another database's data directory."""
     bound = _BOUND.get(store.engine)
-    return bound if bound is not None else settings_mod.load()
+    if bound is not None:
+        return bound
+    env = settings_mod.load()
+    path = store.engine.url.database if store.dialect == "sqlite" else None
+    if path and path != ":memory:" and env.database_url.startswith("sqlite") and "///" in env.database_url:
+        mine, named = Path(path).resolve(), Path(env.database_url.split("///", 1)[1]).resolve()
+        if mine != named:
+            return dataclasses.replace(env, data_dir=mine.parent, audit_key_file="", audit_checkpoint_file="")
+    return env
 
 
 def audit_key_path(settings: Settings) -> Path:
