@@ -177,15 +177,21 @@ def log(store: Store, *, actor: str, action: str, subject: str, payload: dict[st
 def _log(store: Store, *, actor: str, action: str, subject: str, payload: dict[str, Any],
          now: dt.datetime | None = None) -> tuple[auditlog.AuditEntry, auditlog.Checkpoint]:
     settings = _settings_of(store)
-    key = audit_key(settings, create=True)
-    assert key is not None
-    signer = signing_key(settings)
+    key, signer = _append_keys(settings)
     with _Checkpoints(checkpoint_path(settings)) as cps:
         log_id, keyed_from, _ = _keyed(store, cps, key, signer, actor, now)
         entry = _insert(store, key, actor=actor, action=action, subject=subject, payload=payload, now=now)
         cp = auditlog.checkpoint(entry, log=log_id or entry.hash, keyed_from=keyed_from, key=key, signing_key=signer, ts=dt.datetime.now(dt.UTC))
         cps.write(cp)
     return entry, cp
+
+
+def _append_keys(settings: Settings) -> tuple[bytes, Any]:
+    """The audit key (created on first use) and the checkpoint signing key."""
+    key = audit_key(settings, create=True)
+    if key is None:  # create=True makes one or raises
+        raise AuditError(f"no audit key at {audit_key_path(settings)}")
+    return key, signing_key(settings)
 
 
 def _keyed(store: Store, cps: _Checkpoints, key: bytes, signer: Any, actor: str,
@@ -234,9 +240,7 @@ def anchor(store: Store, *, actor: str) -> dict[str, Any]:
     """Key and checkpoint a log written before keying now (the ``auditlog_keyed`` entry, logged as
     ``actor``) rather than at the next governance write; an empty or already anchored log is left as it is."""
     settings = _settings_of(store)
-    key = audit_key(settings, create=True)
-    assert key is not None
-    signer = signing_key(settings)
+    key, signer = _append_keys(settings)
     with _Checkpoints(checkpoint_path(settings)) as cps:
         _, keyed_from, marker = _keyed(store, cps, key, signer, actor, None)
     if marker is None:
@@ -262,7 +266,12 @@ def verify_log(store: Store) -> dict[str, Any]:
     finally:
         if fd is not None:
             os.close(fd)
-    key = audit_key(settings, create=False)
+    try:
+        key = audit_key(settings, create=False)
+    except AuditError as exc:  # a key file that is named but gone, open to others, or not a key: the answer, not a crash
+        return {"ok": False, "entries": len(entries), "head": entries[-1].hash if entries else auditlog.GENESIS,
+                "head_seq": entries[-1].seq if entries else None, "keyed_from": None, "checkpoints": 0, "latest_checkpoint": None,
+                "first_break": auditlog.Break(None, str(exc)).to_dict()}
     verdict = auditlog.verify(entries, key=key, checkpoint_lines=lines, public_key=_signing_public_key(settings))
     latest = verdict.latest
     return {"ok": verdict.ok, "entries": verdict.entries, "head": verdict.head, "head_seq": verdict.head_seq, "keyed_from": verdict.keyed_from,
@@ -283,10 +292,12 @@ def _read_lines(fd: int) -> list[str]:
 
 
 def _signing_public_key(settings: Settings) -> Any:
+    """The signing key's public half, or None when there is no usable key (verify then says so)."""
     path = _key_path(settings)
-    if not path.exists():
+    try:
+        return exports.load_private_key(path.read_bytes()).public_key()
+    except (OSError, ValueError, TypeError):
         return None
-    return exports.load_private_key(path.read_bytes()).public_key()
 
 
 # --- declarations ----------------------------------------------------------------------------------

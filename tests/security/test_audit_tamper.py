@@ -246,3 +246,10 @@ def test_governance_and_alerting_changes_are_logged_with_the_token_name(api) -> 
     assert "s3cret" not in log[2].payload and "p4th" not in log[2].payload and "whsec_" not in log[2].payload
     assert json.loads(log[4].payload)["created_by"] == "ops-alice"
     assert au.verify_log(api.app.state.store)["ok"] is True
+
+
+def test_a_key_file_open_to_others_is_the_verdict_not_a_crash(logged) -> None:
+    store, settings = logged
+    (settings.data_dir / "audit.key").chmod(0o640)
+    out = au.verify_log(store)
+    assert out["ok"] is False and out["entries"] == N and "chmod 600" in out["first_break"]["why"]
