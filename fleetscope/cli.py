@@ -1040,7 +1040,7 @@ def alerts_list(as_json: bool) -> None:
 @click.option("--comment", required=True, help="Why.")
 def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, comment: str) -> None:
     """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*").
-    Audit-logged with the --by name."""
+    Audit-logged as the OS user, with the --by name in the entry."""
     from fleetscope.alerting import service as AS
 
     units = {"m": 60, "h": 3600, "d": 86400}
@@ -1048,7 +1048,7 @@ def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, co
         raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint="--for")
     ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(duration[:-1]) * units[duration[-1]])
     try:
-        sil = AS.create_silence(_store(), list(matchers), None, ends, created_by=created_by, comment=comment, actor=created_by)
+        sil = AS.create_silence(_store(), list(matchers), None, ends, created_by=created_by, comment=comment, actor=_os_user())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"silence {sil.id} until {ends:%Y-%m-%d %H:%M} UTC")

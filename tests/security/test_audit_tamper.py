@@ -253,3 +253,22 @@ def test_a_key_file_open_to_others_is_the_verdict_not_a_crash(logged) -> None:
     (settings.data_dir / "audit.key").chmod(0o640)
     out = au.verify_log(store)
     assert out["ok"] is False and out["entries"] == N and "chmod 600" in out["first_break"]["why"]
+
+
+def test_cli_silences_are_logged_as_the_os_user(tmp_path: Path) -> None:
+    import getpass
+
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    made = run("alerts", "silence", 'host="n1"', "--for", "1h", "--by", "oncall", "--comment", "GPU swap")
+    assert made.returncode == 0, made.stderr
+    sid = made.stdout.split()[1]
+    assert run("alerts", "expire", sid).returncode == 0
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    log = rows(store)
+    store.engine.dispose()
+    assert [(e.action, e.actor, e.subject) for e in log] == [("silence_create", getpass.getuser(), f"silence:{sid}"),
+                                                            ("silence_expire", getpass.getuser(), f"silence:{sid}")]
+    assert json.loads(log[0].payload)["created_by"] == "oncall"
+    assert run("auditlog", "verify").returncode == 0
