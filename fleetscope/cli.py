@@ -494,6 +494,16 @@ def _store():  # type: ignore[no-untyped-def]
     return Store(_engine(_settings()))
 
 
+def _os_user() -> str:
+    """Who runs the command, for the audit log of writes that take no ``--by``: the OS user, else ``cli``."""
+    import getpass
+
+    try:
+        return getpass.getuser() or "cli"
+    except (KeyError, OSError):  # no user name in the environment nor the password database
+        return "cli"
+
+
 @main.group()
 def lineage() -> None:
     """Data lineage: which data trained which model."""
@@ -576,7 +586,7 @@ def registry_dataset(namespace: str, name: str, license_: str | None, personal_d
                              provenance, quarantine_reason is not None, quarantine_reason)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    gs.put_dataset(_store(), entry)
+    gs.put_dataset(_store(), entry, actor=_os_user())
     click.echo(f"recorded {entry.node_id}" + "".join(f"\n  issue: {i}" for i in entry.issues()))
 
 
@@ -595,7 +605,7 @@ def registry_model(name: str, version: str, purpose: str, role: str, runs: tuple
         entry = ModelEntry(name, version, purpose, role, runs)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    gs.put_model(_store(), entry)
+    gs.put_model(_store(), entry, actor=_os_user())
     click.echo(f"registered {entry.node_id}")
 
 
@@ -624,7 +634,8 @@ def fairness_evaluate(predictions: str, model: str, version: str | None, sensiti
 
     try:
         out = gs.evaluate_fairness(_store(), model, Path(predictions).read_bytes(), sensitive=list(sensitive), version=version,
-                                   y_true=y_true, y_pred=y_pred, y_score=y_score, positive_label=positive_label, min_group_size=min_group_size)
+                                   y_true=y_true, y_pred=y_pred, y_score=y_score, positive_label=positive_label, min_group_size=min_group_size,
+                                   actor=_os_user())
     except (gs.NotFound, FairnessInputError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -774,7 +785,7 @@ def report(model: str | None, version: str | None, as_json: bool) -> None:
 
     s = _settings()
     try:
-        out = au.run_audit(_store(), s, model=model, version=version, trigger="cli", requested_by=os.environ.get("USER", "cli"))
+        out = au.run_audit(_store(), s, model=model, version=version, trigger="cli", requested_by=_os_user())
     except (au.AuditError, gs.NotFound) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -797,7 +808,7 @@ def export(audit_id: str | None, out_path: str | None, as_json: bool) -> None:
     from fleetscope import audit_service as au
 
     try:
-        out = au.make_export(_store(), _settings(), audit_id=audit_id, requested_by=os.environ.get("USER", "cli"))
+        out = au.make_export(_store(), _settings(), audit_id=audit_id, requested_by=_os_user())
     except au.AuditError as exc:
         raise click.ClickException(str(exc)) from None
     if out_path:
@@ -830,23 +841,41 @@ def verify(bundle: str, key_path: str, as_json: bool) -> None:
 
 @main.group("auditlog")
 def auditlog_group() -> None:
-    """The hash-chained log of governance writes."""
+    """The keyed, checkpointed log of governance writes."""
 
 
 @auditlog_group.command("verify")
 @click.option("--json", "as_json", is_flag=True)
 def auditlog_verify(as_json: bool) -> None:
-    """Walk the chain; exit 0 when it holds, 8 naming the first broken entry."""
+    """Check every entry under the audit key and against the signed checkpoints; exit 0 when the log
+    holds, 8 naming the first bad entry (seq and why)."""
     from fleetscope import audit_service as au
 
-    out = au.verify_log(_store())
+    try:
+        out = au.verify_log(_store())
+    except au.AuditError as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(out))
     elif out["ok"]:
-        click.echo(f"audit log intact: {out['entries']} entries, head {out['head'][:16]}")
+        click.echo(f"audit log intact: {out['entries']} entries, head {out['head'][:16]} (seq {out['head_seq']}), "
+                   f"{out['checkpoints']} signed checkpoints" + (f", keyed from seq {out['keyed_from']}" if out["keyed_from"] else ""))
     else:
-        click.echo(f"audit log BROKEN at seq {out['first_break']['seq']}: {out['first_break']['why']}")
+        brk = out["first_break"]
+        click.echo(f"audit log BROKEN at seq {brk['seq']}: {brk['why']}" if brk["seq"] is not None else f"audit log BROKEN: {brk['why']}")
     sys.exit(0 if out["ok"] else 8)
+
+
+@auditlog_group.command("anchor")
+def auditlog_anchor() -> None:
+    """Key and checkpoint a log written before keying now (otherwise the next governance write does)."""
+    from fleetscope import audit_service as au
+
+    try:
+        out = au.anchor(_store(), actor=_os_user())
+    except au.AuditError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"anchored: keyed from seq {out['keyed_from']}, head {out['head'][:16]}" if out["anchored"] else f"nothing to do: {out['why']}")
 
 
 # --- energy and carbon -----------------------------------------------------------------------------
@@ -1010,15 +1039,16 @@ def alerts_list(as_json: bool) -> None:
 @click.option("--by", "created_by", required=True, help="Who silences (kept with the silence).")
 @click.option("--comment", required=True, help="Why.")
 def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, comment: str) -> None:
-    """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*")."""
-    from fleetscope.alerting import state as ST
+    """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*").
+    Audit-logged as the OS user, with the --by name in the entry."""
+    from fleetscope.alerting import service as AS
 
     units = {"m": 60, "h": 3600, "d": 86400}
     if not duration or duration[-1] not in units or not duration[:-1].isdigit():
         raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint="--for")
     ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(duration[:-1]) * units[duration[-1]])
     try:
-        sil = ST.create_silence(_engine(_settings()), list(matchers), None, ends, created_by, comment)
+        sil = AS.create_silence(_store(), list(matchers), None, ends, created_by=created_by, comment=comment, actor=_os_user())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"silence {sil.id} until {ends:%Y-%m-%d %H:%M} UTC")
@@ -1027,10 +1057,10 @@ def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, co
 @alerts.command("expire")
 @click.argument("silence_id")
 def alerts_expire(silence_id: str) -> None:
-    """End a silence now."""
-    from fleetscope.alerting import state as ST
+    """End a silence now (audit-logged with the OS user's name)."""
+    from fleetscope.alerting import service as AS
 
-    if not ST.expire_silence(_engine(_settings()), silence_id):
+    if not AS.expire_silence(_store(), silence_id, actor=_os_user()):
         raise click.ClickException(f"no active silence {silence_id!r}")
     click.echo(f"expired {silence_id}")
 

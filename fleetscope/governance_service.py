@@ -48,13 +48,15 @@ def _log(store: Store, actor: str, action: str, subject: str, payload: dict[str,
     audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
 
 
-def put_dataset(store: Store, entry: DatasetEntry, *, actor: str = "api") -> dict[str, int]:
+def put_dataset(store: Store, entry: DatasetEntry, *, actor: str) -> dict[str, int]:
+    """Create or update a dataset's registry entry, logged with ``actor`` (the API token's name, the OS user)."""
     written = _write(store, GF.registry_frames(datasets=[entry], now=dt.datetime.now(dt.UTC)), "registry")
     _log(store, actor, "registry_dataset", entry.node_id, {k: v for k, v in entry.__dict__.items()})
     return written
 
 
-def put_model(store: Store, entry: ModelEntry, *, actor: str = "api") -> dict[str, int]:
+def put_model(store: Store, entry: ModelEntry, *, actor: str) -> dict[str, int]:
+    """Register a model version, logged with ``actor``."""
     written = _write(store, GF.registry_frames(models=[entry], now=dt.datetime.now(dt.UTC)), "registry")
     _log(store, actor, "registry_model", entry.node_id, {"intended_purpose": entry.intended_purpose, "role": entry.role,
                                                           "training_run_ids": list(entry.training_run_ids)})
@@ -130,7 +132,7 @@ def evaluate_fairness(
     positive_label: Any = None,
     min_group_size: int = 30,
     policy: fairness.FairnessPolicy | None = None,
-    actor: str = "api",
+    actor: str,
     keep_upload_dir: Any = None,
 ) -> dict[str, Any]:
     """Evaluate an uploaded prediction table for a registered model and record the aggregates.

@@ -72,6 +72,8 @@ class Settings:
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
     report_schedule: str = field(metadata={"env": "FLEETSCOPE_REPORT_SCHEDULE", "doc": "crontab (UTC) of the scheduled EU AI Act audit report", "default": "0 6 * * 1"})
     signing_key: str = field(metadata={"env": "FLEETSCOPE_SIGNING_KEY", "doc": "Ed25519 private key (PEM file) that signs export bundles; embedded: generated into the data dir", "default": "$FLEETSCOPE_DATA_DIR/signing_key.pem"})
+    audit_key_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_KEY_FILE", "doc": "secret key (hex) of the audit log's HMAC chain, kept outside the database; embedded: generated into the data dir (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit.key"})
+    audit_checkpoint_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_CHECKPOINT_FILE", "doc": "append-only file of the audit log's signed checkpoints (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit_checkpoints.jsonl"})
     log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
 
     @property
@@ -108,6 +110,8 @@ def load() -> Settings:
         otel_endpoint=_env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
         report_schedule=_env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),
         signing_key=_env("FLEETSCOPE_SIGNING_KEY", ""),
+        audit_key_file=_env("FLEETSCOPE_AUDIT_KEY_FILE", ""),
+        audit_checkpoint_file=_env("FLEETSCOPE_AUDIT_CHECKPOINT_FILE", ""),
         log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
     )
 

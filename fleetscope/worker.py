@@ -87,6 +87,9 @@ def store() -> Store:
         settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
         _store = Store(db.make_engine(settings.database_url))
         db.ensure_schema(settings, _store.engine)
+        from fleetscope import audit_service
+
+        audit_service.bind(_store, settings)  # the audit log's key and checkpoints are the worker's settings'
     return _store
 
 

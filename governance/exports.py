@@ -9,6 +9,9 @@ A bundle is a zip holding::
     report/report.pdf
     evidence/<frame>.csv   each evidence frame (lineage edges, fairness tables, energy and compute,
     evidence/<frame>.json  declarations and incidents, rule results) as CSV and as JSON records
+    auditlog/checkpoint.json    the audit log's signed checkpoint (governance.auditlog) of the
+                                export's own log entry, whose hash the manifest's meta records
+    auditlog/export_entry.json  that entry
 
 The signature covers the manifest and the manifest covers every file, so one signature check plus one
 hash per file proves the whole bundle (the scheme of signed checksum files, e.g. ``SHA256SUMS.sig``).
@@ -45,6 +48,8 @@ from governance.aiact.model import canonical_json, iso, utc
 BUNDLE_FORMAT = "fleetscope-aiact-bundle/1"
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
+AUDITLOG_CHECKPOINT = "auditlog/checkpoint.json"
+AUDITLOG_ENTRY = "auditlog/export_entry.json"
 _SAFE_FRAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

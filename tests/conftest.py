@@ -81,8 +81,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(db_url: str) -> Store:
+def store(db_url: str, tmp_path: Path) -> Store:
+    from fleetscope import audit_service
+
     st = Store.open(db_url)
+    audit_service.bind(st, make_settings(tmp_path, db_url))  # audit key and checkpoints in this test's folder
     yield st
     st.engine.dispose()
 

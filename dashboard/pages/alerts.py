@@ -1,7 +1,8 @@
 """Alerts: firing and recent alerts, silences (create and expire), delivery status and dead letters.
 
-Everything here goes through the alerting service's own functions (``fleetscope.alerting.state``), the
-ones the API's ``/api/v1/alerts`` endpoints call, so a silence made here is the same as one made there.
+Everything here goes through the alerting service's own functions (``fleetscope.alerting.service``), the
+ones the API's ``/api/v1/alerts`` endpoints call, so a silence made here is the same as one made there
+and is audit-logged the same way (as ``dashboard`` until the dashboard signs its users in).
 These tables are small and the page changes some of them, so they are read fresh on every run.
 """
 
@@ -13,7 +14,7 @@ import streamlit as st
 
 from dashboard import ui
 from fleetscope import queries
-from fleetscope.alerting import state as alert_state
+from fleetscope.alerting import service as alert_service
 
 MAX_CREATED_BY = 200  # the column's width (alert_silence.created_by)
 MAX_COMMENT = 2000
@@ -83,9 +84,9 @@ def create_silence() -> None:
         ui.tell("sil_result", False, " ".join(problems))
         return
     try:
-        sil = alert_state.create_silence(
-            ui.store().engine, matchers, _utc(s["sil_start_day"], s["sil_start_time"]), _utc(s["sil_end_day"], s["sil_end_time"]),
-            s["sil_created_by"].strip(), s["sil_comment"].strip(),
+        sil = alert_service.create_silence(
+            ui.store(), matchers, _utc(s["sil_start_day"], s["sil_start_time"]), _utc(s["sil_end_day"], s["sil_end_time"]),
+            created_by=s["sil_created_by"].strip(), comment=s["sil_comment"].strip(), actor="dashboard",
         )
     except ValueError as exc:  # a matcher that does not parse, a bad regex, an empty or inverted window
         ui.tell("sil_result", False, f"The silence was not created: {exc}")
@@ -98,7 +99,7 @@ def expire_silence() -> None:
     silence_id = s.get("sil_expire_id")
     if not silence_id:
         ui.tell("sil_result", False, "Pick a silence to expire.")
-    elif alert_state.expire_silence(ui.store().engine, silence_id):
+    elif alert_service.expire_silence(ui.store(), silence_id, actor="dashboard"):
         ui.tell("sil_result", True, f"Silence {silence_id} expired.")
     else:
         ui.tell("sil_result", False, f"Silence {silence_id} is no longer active or pending: nothing to expire.")

@@ -168,6 +168,9 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.state.settings = settings
     app.state.store = store
+    from fleetscope import audit_service
+
+    audit_service.bind(store, settings)  # the audit log's key and checkpoints are this app's settings'
     app.state.door = door.Door(
         store, window_s=settings.group_commit_ms / 1000, max_pending=settings.ingest_max_pending,
         max_pending_bytes=settings.ingest_max_pending_mb * 2**20, after_commit=lambda health, jobs: _after_commit(app, health, jobs),

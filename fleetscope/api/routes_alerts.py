@@ -1,5 +1,6 @@
 """Alerting over HTTP: alerts (read), rules CRUD (admin), silences (admin to change), receivers (admin),
-the outbox and its dead letters (read; admin to retry).
+the outbox and its dead letters (read; admin to retry). Rule, silence and receiver changes are
+audit-logged with the token's name (``fleetscope.alerting.service``).
 
 Include with ``app.include_router(routes_alerts.router)``. Silences take and return Alertmanager API v2's
 shapes (``matchers`` with name/value/isRegex/isEqual, ``startsAt``/``endsAt``, ``createdBy``, ``comment``)
@@ -24,6 +25,7 @@ from fleetscope.alerting import state as ST
 from fleetscope.alerting.kick import celery_kicker, needs_evaluation
 from fleetscope.alerting.notifiers import DeliveryError
 from fleetscope.alerting.rules import RuleError
+from fleetscope.alerting import service as AS
 from fleetscope.alerting.service import Alerting, open_alerting
 from fleetscope.api.security import require
 
@@ -120,7 +122,7 @@ async def put_rule(request: Request, name: str, token: auth.Token = Depends(requ
         raise HTTPException(422, f"the rule's name {given!r} differs from the path's {name!r}")
     doc.setdefault("alert", name)
     try:
-        rule = await run_in_threadpool(ST.put_rule, _engine(request), doc, by=token.name)
+        rule = await run_in_threadpool(AS.put_rule, request.app.state.store, doc, actor=token.name)
     except RuleError as exc:
         return _rule_error(exc)
     return _json({"name": rule.name, "source": "api", "spec": dict(rule.spec)})
@@ -128,7 +130,7 @@ async def put_rule(request: Request, name: str, token: auth.Token = Depends(requ
 
 @router.delete("/rules/{name}", status_code=204)
 def delete_rule(request: Request, name: str, token: auth.Token = Depends(require("admin"))) -> None:
-    ST.delete_rule(_engine(request), name, by=token.name)
+    AS.delete_rule(request.app.state.store, name, actor=token.name)
 
 
 # --- silences -------------------------------------------------------------------------------------------
@@ -156,22 +158,24 @@ def list_silences(request: Request) -> JSONResponse:
 @router.post("/silences", status_code=201)
 async def create_silence(request: Request, token: auth.Token = Depends(require("admin"))) -> JSONResponse:
     """``{"matchers": [...], "startsAt"?, "endsAt", "createdBy"?, "comment"}``; matchers as API v2 objects or
-    text (``host=~"n1.*"``). Returns ``{"silenceID"}``."""
+    text (``host=~"n1.*"``). Returns ``{"silenceID"}``. ``createdBy`` is the token's name: a value in the
+    body is ignored (Alertmanager clients such as amtool always send one), so nobody silences in
+    another's name."""
     doc = await _body(request)
-    ends = _time(doc, "endsAt")
+    starts, ends = _time(doc, "startsAt"), _time(doc, "endsAt")
     if ends is None:
         raise HTTPException(422, "endsAt is required")
     try:
-        sil = ST.create_silence(_engine(request), doc.get("matchers") or [], _time(doc, "startsAt"), ends,
-                                str(doc.get("createdBy") or token.name), str(doc.get("comment") or ""))
+        sil = await run_in_threadpool(lambda: AS.create_silence(request.app.state.store, doc.get("matchers") or [], starts, ends,
+                                                                created_by=token.name, comment=str(doc.get("comment") or ""), actor=token.name))
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     return _json({"silenceID": sil.id}, 201)
 
 
 @router.delete("/silences/{silence_id}", status_code=204)
-def expire_silence(request: Request, silence_id: str, _: auth.Token = Depends(require("admin"))) -> None:
-    if not ST.expire_silence(_engine(request), silence_id):
+def expire_silence(request: Request, silence_id: str, token: auth.Token = Depends(require("admin"))) -> None:
+    if not AS.expire_silence(request.app.state.store, silence_id, actor=token.name):
         raise HTTPException(404, f"no active or pending silence {silence_id!r}")
 
 
@@ -185,7 +189,7 @@ def list_receivers(request: Request) -> JSONResponse:
 
 
 @router.put("/receivers/{name}")
-async def put_receiver(request: Request, name: str, _: auth.Token = Depends(require("admin"))) -> JSONResponse:
+async def put_receiver(request: Request, name: str, token: auth.Token = Depends(require("admin"))) -> JSONResponse:
     """``{"kind": "webhook|alertmanager|slack|standard", "url": "...", "secrets"?: ["whsec_..."], "options"?: {...}}``.
     The URL is refused (422) if it points at a metadata, link-local or (unless allowed) private address."""
     doc = await _body(request)
@@ -194,9 +198,9 @@ async def put_receiver(request: Request, name: str, _: auth.Token = Depends(requ
     if secrets is not None and (not isinstance(secrets, list) or not all(isinstance(s, str) for s in secrets)):
         raise HTTPException(422, "secrets must be a list of whsec_ strings")
     try:
-        info = await run_in_threadpool(lambda: ST.put_receiver(
-            _engine(request), ctx.box, name, str(doc.get("kind", "")), str(doc.get("url", "")), secrets=secrets,
-            options=doc.get("options") or {}, policy=ctx.settings.outbound))
+        info = await run_in_threadpool(lambda: AS.put_receiver(
+            request.app.state.store, ctx, name, str(doc.get("kind", "")), str(doc.get("url", "")), actor=token.name, secrets=secrets,
+            options=doc.get("options") or {}))
     except DeliveryError as exc:
         raise HTTPException(422, exc.message) from None
     except ValueError as exc:
@@ -205,8 +209,8 @@ async def put_receiver(request: Request, name: str, _: auth.Token = Depends(requ
 
 
 @router.delete("/receivers/{name}", status_code=204)
-def delete_receiver(request: Request, name: str, _: auth.Token = Depends(require("admin"))) -> None:
-    if not ST.delete_receiver(_engine(request), name):
+def delete_receiver(request: Request, name: str, token: auth.Token = Depends(require("admin"))) -> None:
+    if not AS.delete_receiver(request.app.state.store, name, actor=token.name):
         raise HTTPException(404, f"no receiver {name!r}")
 
 

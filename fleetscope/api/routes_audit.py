@@ -118,5 +118,6 @@ def get_signing_key(request: Request, _: Gov) -> Response:
 
 @router.get("/auditlog/verify")
 def verify_auditlog(request: Request, _: Gov) -> dict[str, Any]:
-    """Walk the hash chain of governance writes; report the first broken link."""
+    """Check the audit log under its key and against its signed checkpoints; ``first_break`` names the
+    first bad entry (seq and why), ``ok`` is true only when nothing is wrong."""
     return au.verify_log(request.app.state.store)

@@ -1,5 +1,6 @@
 """Governance API: OpenLineage intake (Marquez-compatible), the dataset and model registry, lineage
-questions, and fairness evaluations. Scope ``governance`` throughout."""
+questions, and fairness evaluations. Scope ``governance`` throughout; writes are audit-logged with the
+token's name."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetscope import auth
 from fleetscope import governance_service as gs
 from fleetscope.api.security import require
 from governance import fairness
 from governance import lineage as L
 from governance.registry import DatasetEntry, ModelEntry
 
-router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(require("governance"))])
+_governance = require("governance")
+# The same dependency object on the router and on a route runs once per request (FastAPI caches it), so a
+# route that needs the token's name gets it without a second check.
+router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(_governance)])
+Gov = Annotated[auth.Token, Depends(_governance)]
 
 
 def _not_found(exc: gs.NotFound) -> HTTPException:
@@ -83,14 +89,14 @@ class ModelIn(BaseModel):
 
 
 @router.put("/datasets")
-def put_dataset(request: Request, body: DatasetIn) -> dict[str, Any]:
+def put_dataset(request: Request, body: DatasetIn, token: Gov) -> dict[str, Any]:
     """Create or update a dataset's governance attributes (licence, personal / special-category data,
     legal basis, provenance, quarantine)."""
     try:
         entry = DatasetEntry(**body.model_dump())
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    gs.put_dataset(request.app.state.store, entry)
+    gs.put_dataset(request.app.state.store, entry, actor=token.name)
     return {"dataset": entry.node_id, "issues": entry.issues()}
 
 
@@ -101,13 +107,13 @@ def list_datasets(request: Request) -> list[dict[str, Any]]:
 
 
 @router.put("/models/{name}/{version}")
-def put_model(request: Request, name: str, version: str, body: ModelIn) -> dict[str, Any]:
+def put_model(request: Request, name: str, version: str, body: ModelIn, token: Gov) -> dict[str, Any]:
     """Register a model version: intended purpose, provider/deployer role, the lineage runs that trained it."""
     try:
         entry = ModelEntry(name, version, body.intended_purpose, body.role, tuple(body.training_run_ids))
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    gs.put_model(request.app.state.store, entry)
+    gs.put_model(request.app.state.store, entry, actor=token.name)
     return {"model": entry.node_id}
 
 
@@ -139,6 +145,7 @@ def model_ingested(request: Request, name: str, dataset: str, namespace: str | N
 async def post_fairness(
     request: Request,
     name: str,
+    token: Gov,
     sensitive: Annotated[list[str], Query(min_length=1, description="sensitive feature columns; repeat for several")],
     version: str | None = None,
     y_true: str = "y_true",
@@ -156,7 +163,7 @@ async def post_fairness(
     try:
         out = await run_in_threadpool(
             gs.evaluate_fairness, request.app.state.store, name, body, sensitive=sensitive, version=version, fmt=format,
-            y_true=y_true, y_pred=y_pred, y_score=y_score, positive_label=positive_label, min_group_size=min_group_size,
+            y_true=y_true, y_pred=y_pred, y_score=y_score, positive_label=positive_label, min_group_size=min_group_size, actor=token.name,
             keep_upload_dir=request.app.state.settings.data_dir / "fairness-uploads" if keep_upload else None,
         )
     except gs.NotFound as exc:

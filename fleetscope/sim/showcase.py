@@ -282,7 +282,7 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     caller that writes the telemetry afterwards), one alert evaluation (its notifications go to the default route's receiver, which is
     not configured here, so they are dead letters), the models registered with a fairness evaluation of a
     biased classifier, one EU AI Act audit with its reports and a signed export. ``settings.data_dir``
-    receives the reports, the export and the signing key."""
+    receives the reports, the export, the signing key and the audit log's key and checkpoints."""
     from fleetscope import analysis, audit_service, energy_service, health_service
     from fleetscope import governance_service as gs
     from fleetscope.alerting import state as alert_state
@@ -292,6 +292,7 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     from governance.registry import DatasetEntry, ModelEntry
 
     out: dict[str, Any] = {}
+    audit_service.bind(store, settings)  # the audit log's key and checkpoints go beside the reports
     if rollup:
         out["energy"] = energy_service.rollup_window(store, start, end)
     job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()

@@ -146,7 +146,7 @@ def register_via_lineage(store, model: str, job_id: str) -> None:
              "run": {"runId": run_id, "facets": {"fleetscope_job": {"_producer": "p", "_schemaURL": "https://fleetscope.dev/spec/facets/1-0-0/FleetscopeJobRunFacet.json", "jobId": job_id}}},
              "job": {"namespace": "ml", "name": "train"}, "inputs": [], "outputs": []}
     gs.record_lineage(store, json.dumps(event).encode())
-    gs.put_model(store, ModelEntry(model, "1", "rank", "provider", (run_id,)))
+    gs.put_model(store, ModelEntry(model, "1", "rank", "provider", (run_id,)), actor="test")
 
 
 def test_footprint_follows_lineage_from_model_to_fleet_job(store):
