@@ -12,12 +12,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetscope import governance_service as gs
+from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance import fairness
 from governance import lineage as L
 from governance.registry import DatasetEntry, ModelEntry
 
-router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(require("governance"))])
+router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(require("governance"))], route_class=CheckedRoute)
 
 
 def _not_found(exc: gs.NotFound) -> HTTPException:
