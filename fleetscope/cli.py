@@ -165,7 +165,10 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
 
     s = _settings()
     _engine(s)  # migrate once here, not in every worker process
-    uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower())
+    from fleetscope.api.server import uvicorn_options
+
+    uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
+                **uvicorn_options(s.max_header_bytes))
 
 
 ALERTING_WORKER_THREADS = 4  # evaluations take a lock and run one at a time; deliveries wait on receivers

@@ -327,7 +327,7 @@ async def put_instrument(request: Request, site_id: SiteId, instrument_id: Instr
     from fleetscope import energy_service as es
 
     try:
-        body = InstrumentIn.model_validate(_decode_json(await request.body()))
+        body = InstrumentIn.model_validate(jsonbody.loads(await request.body(), request.app.state.settings.max_json_depth))
     except BodyError as exc:
         # without the input echoed back: it may hold NaN or Infinity, which JSON cannot carry
         return JSONResponse({"detail": exc.errors(include_input=False, include_context=False, include_url=False)}, 422)
