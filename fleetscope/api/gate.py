@@ -23,6 +23,7 @@ from the event loop only.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -34,6 +35,8 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from fleetscope import auth
+
+log = logging.getLogger(__name__)
 
 TOKEN_KEY = "fleetscope.token"  # where the verified token is left in the ASGI scope
 PUBLIC = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -218,7 +221,11 @@ class Gate:
             problem = "invalid, expired or revoked token"
             hit, token = auth.cached(secret)
             if not hit:
-                token = await run_in_threadpool(auth.verify, self.app.state.store.engine, secret)
+                try:
+                    token = await run_in_threadpool(auth.verify, self.app.state.store.engine, secret)
+                except Exception:  # noqa: BLE001 - the database is down or busy: the caller may retry
+                    log.warning("token lookup failed", exc_info=True)
+                    return None, _refusal(503, "database busy or unreachable; retry shortly", {"Retry-After": "2"})
         if token is None:
             self.failures.take(address)
             challenge = "Bearer" if problem == "missing bearer token" else 'Bearer error="invalid_token"'
