@@ -149,23 +149,21 @@ def _not_bound(kind: str, named: str | None, binding: Binding, where: str) -> Fo
 
 
 def _describe_row(spec: F.FrameSpec, df: pl.DataFrame, row: int) -> str:
-    keys = ", ".join(f"{k}={str(df.get_column(k)[row])[:200]!r}" for k in spec.key if k in df.columns and not _TIME_COLUMNS[spec.name].count(k))
+    keys = ", ".join(f"{k}={str(df.get_column(k)[row])[:200]!r}" for k in spec.key if k in df.columns and k not in _TIME_COLUMNS[spec.name])
     return f"{spec.name} row {row}" + (f" ({keys})" if keys else "")
 
 
 def _screen_batch(batch: F.Batch, horizon_us: int | None, skew_s: float, binding: Binding | None) -> None:
     for spec, df in list(batch.frames()):
-        times = [c for c in _TIME_COLUMNS[spec.name] if c in df.columns]
-        if horizon_us is not None and times:
-            if any(not isinstance(df.schema[c], pl.Datetime) for c in times):
-                df = F.conform(spec, df)  # JSON records hold RFC 3339 text until conformed
-                setattr(batch, spec.name, df)
-            for c in times:
-                late = df.get_column(c).dt.epoch("us") > horizon_us
-                if late.any():
-                    row = int(late.arg_true()[0])
-                    ts_us = int(df.get_column(c).dt.epoch("us")[row])
-                    raise _too_late(spec.name, row, c, f"{_describe_row(spec, df, row)}: {c}", ts_us, horizon_us, skew_s)
+        times = [c for c in _TIME_COLUMNS[spec.name] if c in df.columns] if horizon_us is not None else []
+        for c in times:
+            # JSON records hold RFC 3339 text until the store conforms them: read it the way the store will
+            # (a value that does not parse is refused here as it would be there), rows kept in their order.
+            at_us = F._cast_column(spec, spec.col(c), df.get_column(c)).dt.epoch("us")
+            late = at_us > horizon_us
+            if late.any():
+                row = int(late.arg_true()[0])
+                raise _too_late(spec.name, row, c, f"{_describe_row(spec, df, row)}: {c}", int(at_us[row]), horizon_us, skew_s)
         if binding is None:
             continue
         for kind, frames_with, column, bound in (("host", _HOST_FRAMES, "host", binding.host), ("site", _SITE_FRAMES, "site_id", binding.site)):
