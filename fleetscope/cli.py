@@ -107,15 +107,24 @@ def token_group() -> None:
 @click.option("--scope", "scopes", multiple=True, required=True, type=click.Choice(["ingest", "read", "governance", "admin"]), help="Repeat for several.")
 @click.option("--name", default="cli", show_default=True, help="What the token is for.")
 @click.option("--expires-days", type=int, default=None, help="Expire after this many days.")
+@click.option("--site", default=None, help="Bind: rows the token pushes that name a site must name this one.")
+@click.option("--host", default=None, help="Bind: rows the token pushes that name a host must name this one (a node agent's token).")
+@click.option("--source", default=None, help="Bind: pushes must claim this source (the default source of its pushes).")
 @click.option("--json", "as_json", is_flag=True)
-def token_create(scopes: tuple[str, ...], name: str, expires_days: int | None, as_json: bool) -> None:
+def token_create(scopes: tuple[str, ...], name: str, expires_days: int | None, site: str | None, host: str | None, source: str | None,
+                 as_json: bool) -> None:
     """Create a token and print its secret. It is shown only this once."""
     from fleetscope import auth
 
     s = _settings()
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(days=expires_days) if expires_days else None
-    secret = auth.create_token(_engine(s), name, list(scopes), expires_at=expires)
-    _emit(as_json, {"token": secret, "name": name, "scopes": sorted(scopes), "expires_at": expires}, secret)
+    try:
+        binding = auth.check_binding(auth.Binding(site, host, source))
+        secret = auth.create_token(_engine(s), name, list(scopes), expires_at=expires, binding=binding)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    bound = {"site": binding.site, "host": binding.host, "source": binding.source} if binding else None
+    _emit(as_json, {"token": secret, "name": name, "scopes": sorted(scopes), "expires_at": expires, "binding": bound}, secret)
 
 
 @token_group.command("list")
@@ -125,7 +134,10 @@ def token_list(as_json: bool) -> None:
     from fleetscope import auth
 
     rows = auth.list_tokens(_engine(_settings()))
-    lines = [f"{r['token_id']:>4}  {r['name']:<20} {r['scopes']:<30} {'revoked' if r['revoked_at'] else 'active'}" for r in rows]
+    def bound(r: dict) -> str:
+        return " ".join(f"{k}={r['bound_' + k]}" for k in ("site", "host", "source") if r["bound_" + k] is not None)
+
+    lines = [f"{r['token_id']:>4}  {r['name']:<20} {r['scopes']:<30} {'revoked' if r['revoked_at'] else 'active':<8} {bound(r)}".rstrip() for r in rows]
     _emit(as_json, rows, "\n".join(lines) or "no tokens")
 
 
@@ -153,7 +165,10 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
 
     s = _settings()
     _engine(s)  # migrate once here, not in every worker process
-    uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower())
+    from fleetscope.api.server import uvicorn_options
+
+    uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
+                **uvicorn_options(s.max_header_bytes))
 
 
 ALERTING_WORKER_THREADS = 4  # evaluations take a lock and run one at a time; deliveries wait on receivers

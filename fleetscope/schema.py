@@ -168,6 +168,9 @@ api_token = Table(
     Column("expires_at", UTCDateTime(), nullable=True),
     Column("revoked_at", UTCDateTime(), nullable=True),
     Column("last_used_at", UTCDateTime(), nullable=True),
+    Column("bound_site", String(200), nullable=True, comment="pushes may name only this site (null: any)"),
+    Column("bound_host", String(500), nullable=True, comment="pushes may name only this host (null: any)"),
+    Column("bound_source", String(2000), nullable=True, comment="pushes must claim this source (null: any)"),
 )
 
 ingest_log = Table(

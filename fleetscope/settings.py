@@ -38,6 +38,13 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+def _positive(name: str, default: int) -> int:
+    value = _int(name, default)
+    if value < 1:
+        raise ValueError(f"{name}={value}: expected an integer of at least 1")
+    return value
+
+
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -75,6 +82,14 @@ class Settings:
     audit_key_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_KEY_FILE", "doc": "secret key (hex) of the audit log's HMAC chain, kept outside the database; embedded: generated into the data dir (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit.key"})
     audit_checkpoint_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_CHECKPOINT_FILE", "doc": "append-only file of the audit log's signed checkpoints (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit_checkpoints.jsonl"})
     log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
+    # API request limits (README "Scopes, bindings and limits")
+    max_header_bytes: int = field(default=16384, metadata={"env": "FLEETSCOPE_MAX_HEADER_BYTES", "doc": "largest request head (request line and headers) the API reads; 431 above", "default": "16384"})
+    max_json_depth: int = field(default=64, metadata={"env": "FLEETSCOPE_MAX_JSON_DEPTH", "doc": "deepest nesting of arrays and objects a JSON body may have (400 above)", "default": "64"})
+    max_future_skew_s: float = field(default=300.0, metadata={"env": "FLEETSCOPE_MAX_FUTURE_SKEW_S", "doc": "how far past the server's clock a pushed timestamp may lie (the whole push is refused with 422 beyond)", "default": "300"})
+    token_rate_per_s: float = field(default=1000.0, metadata={"env": "FLEETSCOPE_TOKEN_RATE_PER_S", "doc": "requests per second one token may make to one API process, on average (429 + Retry-After above; 0: no limit)", "default": "1000"})
+    token_burst: int = field(default=4096, metadata={"env": "FLEETSCOPE_TOKEN_BURST", "doc": "requests one token may make at once before its rate applies", "default": "4096"})
+    auth_fail_rate_per_s: float = field(default=1.0, metadata={"env": "FLEETSCOPE_AUTH_FAIL_RATE_PER_S", "doc": "refused tokens per second one client address may present to one API process, on average (429 above; 0: no limit)", "default": "1"})
+    auth_fail_burst: int = field(default=20, metadata={"env": "FLEETSCOPE_AUTH_FAIL_BURST", "doc": "refused tokens one client address may present at once before that rate applies", "default": "20"})
 
     @property
     def is_sqlite(self) -> bool:
@@ -113,6 +128,13 @@ def load() -> Settings:
         audit_key_file=_env("FLEETSCOPE_AUDIT_KEY_FILE", ""),
         audit_checkpoint_file=_env("FLEETSCOPE_AUDIT_CHECKPOINT_FILE", ""),
         log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
+        max_header_bytes=_positive("FLEETSCOPE_MAX_HEADER_BYTES", 16384),
+        max_json_depth=_positive("FLEETSCOPE_MAX_JSON_DEPTH", 64),
+        max_future_skew_s=_float("FLEETSCOPE_MAX_FUTURE_SKEW_S", 300.0),
+        token_rate_per_s=_float("FLEETSCOPE_TOKEN_RATE_PER_S", 1000.0),
+        token_burst=_positive("FLEETSCOPE_TOKEN_BURST", 4096),
+        auth_fail_rate_per_s=_float("FLEETSCOPE_AUTH_FAIL_RATE_PER_S", 1.0),
+        auth_fail_burst=_positive("FLEETSCOPE_AUTH_FAIL_BURST", 20),
     )
 
 

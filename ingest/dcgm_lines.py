@@ -48,7 +48,7 @@ from ingest.dcgm import (
     _LABELS,
 )
 
-__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty"]
+__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "host_of"]
 
 # Bodies larger than this are a scrape of many GPUs: the columnar parser is faster there.
 MAX_BYTES = 512 * 1024
@@ -373,6 +373,11 @@ def _inventory_row(key: str, labels: tuple[str | None, ...]) -> tuple[Any, ...]:
     L = _OUT_INDEX
     return (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
             labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]], labels[L["err_msg"]])
+
+
+def host_of(labels: tuple[str | None, ...]) -> str | None:
+    """The host a GPU's label block names (``Hostname``), or None."""
+    return labels[_OUT_INDEX["host"]]
 
 
 def workload_of(labels: tuple[str | None, ...]) -> tuple[str | None, str, str | None] | None:

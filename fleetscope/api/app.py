@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import polars as pl
 from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,11 +18,13 @@ from sqlalchemy import func, select, text
 from fleetscope import __version__, db, door, schema
 from fleetscope import settings as settings_mod
 from fleetscope.api import fastlane
+from fleetscope.api.gate import Gate
 from fleetscope.api.security import require
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store
 
+log = logging.getLogger(__name__)
 
 class BodyLimit:
     """Refuse bodies over ``limit`` bytes with 413 before the endpoint reads them: by Content-Length
@@ -116,12 +120,21 @@ def too_large(limit: int) -> JSONResponse:
 
 
 class FleetscopeAPI(FastAPI):
-    """FastAPI with the agents' lane (``api.fastlane``) in front of its middleware and routing: a plain
-    ingest push is answered there, everything else as FastAPI would."""
+    """FastAPI with the gate (``api.gate``: head size, token, scope, rate) in front of everything, then the
+    agents' lane (``api.fastlane``): a plain ingest push is answered there, everything else as FastAPI
+    would. Nothing of a body is read before the gate has let its request through."""
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:  # type: ignore[override]
-        if scope["type"] == "http" and await fastlane.handle(self, scope, receive, send):
-            return
+        if scope["type"] == "http":
+            start = time.perf_counter()
+            gate: Gate | None = getattr(self.state, "gate", None)
+            refusal = await gate.refuse(scope) if gate is not None else None
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                REQUEST_SECONDS.labels(scope["method"], "refused by the gate", str(refusal.status_code)).observe(time.perf_counter() - start)
+                return
+            if await fastlane.handle(self, scope, receive, send):
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -132,6 +145,8 @@ def error_response(exc: FleetscopeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
     if isinstance(exc, ParseError):
         return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
+    if isinstance(exc, door.Forbidden):
+        return JSONResponse({"detail": str(exc)}, 403)
     return JSONResponse({"detail": str(exc)}, 400)
 
 
@@ -174,7 +189,9 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.state.door = door.Door(
         store, window_s=settings.group_commit_ms / 1000, max_pending=settings.ingest_max_pending,
         max_pending_bytes=settings.ingest_max_pending_mb * 2**20, after_commit=lambda health, jobs: _after_commit(app, health, jobs),
+        max_future_skew_s=settings.max_future_skew_s,
     )
+    app.state.gate = Gate(app, settings)
     app.router.on_shutdown.append(app.state.door.close)
 
     app.add_middleware(RequestTiming)
@@ -192,21 +209,31 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     async def _fleetscope_error(_request: Request, exc: FleetscopeError) -> JSONResponse:
         return error_response(exc)
 
-    @app.get("/healthz", tags=["service"])
-    def healthz() -> JSONResponse:
-        """Liveness and readiness: the database answers and its schema is current. No token needed."""
+    def health() -> tuple[bool, dict[str, Any]]:
         try:
             with store.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
             current = db.current_revision(store.engine)
             head = db.head_revision(settings.database_url)
-        except Exception as exc:  # noqa: BLE001 - health reports, it does not raise
-            return JSONResponse({"status": "error", "database": str(exc).splitlines()[0]}, 503)
-        ok = current == head
-        return JSONResponse(
-            {"status": "ok" if ok else "degraded", "version": __version__, "database": store.dialect, "schema": current, "schema_head": head},
-            200 if ok else 503,
-        )
+        except Exception:  # noqa: BLE001 - health reports, it does not raise
+            log.warning("health check: the database does not answer", exc_info=True)
+            return False, {"database": store.dialect, "reachable": False}
+        if current != head:
+            log.warning("health check: schema at %s, code expects %s", current, head)
+        return current == head, {"version": __version__, "database": store.dialect, "reachable": True, "schema": current, "schema_head": head}
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz(request: Request) -> JSONResponse:
+        """Liveness and readiness: the database answers and its schema is current. No token needed for the
+        verdict (``ok`` or ``not ok``); a token with ``read`` also gets the versions, and the reason is logged,
+        never told to an unauthenticated caller."""
+        ok, details = await run_in_threadpool(health)
+        body: dict[str, Any] = {"status": "ok" if ok else "not ok"}
+        if any(name == b"authorization" for name, _ in request.scope.get("headers", [])):
+            token, _refusal = await app.state.gate.authenticate(request.scope)
+            if token is not None and token.allows("read"):
+                body.update(details)
+        return JSONResponse(body, 200 if ok else 503)
 
     REGISTRY_WITH_TASKS = _registry_with(store)
 
@@ -215,7 +242,8 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
-    from fleetscope.api import routes_alerts, routes_audit, routes_data, routes_fleet, routes_governance, routes_jobs, routes_otlp, routes_remote_write
+    from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fleet, routes_governance, routes_jobs, routes_otlp,
+                                routes_remote_write, routes_tokens)
 
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
@@ -225,6 +253,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_jobs.router)
     app.include_router(routes_otlp.router)
     app.include_router(routes_remote_write.router)
+    app.include_router(routes_tokens.router)
     return app
 
 

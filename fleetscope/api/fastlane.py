@@ -3,7 +3,7 @@
 A fleet's agents send thousands of small pushes a second, and for each FastAPI's routing, dependency
 solving and parameter models cost more than reading and storing the push itself (about 1 ms against
 0.5 ms on this 2-core machine). This ASGI layer takes the plain case — a known format, a query of at most
-``ts``, ``source`` and ``job_id``, a bearer token verified in the last few seconds with the ingest scope —
+``ts``, ``source`` and ``job_id``, a request the gate (``api.gate``) has let through with its token —
 and runs the route's own ``ingest_body`` on it, ahead of the middleware stack (``api.app.FleetscopeAPI``). Everything else (other routes, an unknown or uncached
 token, an odd query, a malformed timestamp) goes on to FastAPI, which answers exactly as documented, so
 the lane never decides a refusal the route would make differently.
@@ -20,6 +20,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 
 from fleetscope import auth
+from fleetscope.api.gate import TOKEN_KEY
 from fleetscope.errors import FleetscopeError
 from fleetscope.observability import REQUEST_SECONDS
 
@@ -47,7 +48,7 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
 
     start = time.perf_counter()
     limit = app.state.settings.max_body_bytes
-    fmt, source, job_id, ts, length = params
+    fmt, source, job_id, ts, length, token = params
     if length is not None and length > limit:
         response: Any = too_large(limit)
     else:
@@ -58,7 +59,7 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
             response = too_large(limit)
         else:
             try:
-                response = await ingest_body(app, fmt, body, source=source, job_id=job_id, ts=ts)
+                response = await ingest_body(app, fmt, body, source=source, job_id=job_id, ts=ts, token=token)
             except HTTPException as exc:
                 response = JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
             except FleetscopeError as exc:
@@ -68,27 +69,20 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     return True
 
 
-def _plain(scope: dict) -> tuple[str, str, str | None, dt.datetime | None, int | None] | None:
-    """(format, source, job id, ts, Content-Length) when the lane may answer this request, else None."""
+def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None, int | None, auth.Token] | None:
+    """(format, source, job id, ts, Content-Length, token) when the lane may answer this request, else None."""
     fmt = scope["path"][len(PREFIX):]
     if not fmt or "/" in fmt:
         return None
-    token = None
+    found: auth.Token | None = scope.get(TOKEN_KEY)
+    if found is None or not found.allows("ingest"):
+        return None
     length = None
     for name, value in scope["headers"]:
-        if name == b"authorization":
-            if token is not None:
-                return None
-            token = value
-        elif name == b"content-length":
+        if name == b"content-length":
             if length is not None or not value.isdigit():
                 return None  # FastAPI's stack answers a bad or repeated length
             length = int(value)
-    if token is None or not token[:7].lower() == b"bearer ":
-        return None
-    hit, found = auth.cached(token[7:].strip().decode("latin-1"))
-    if not hit or found is None or not found.allows("ingest"):
-        return None
     query: dict[str, str] = {}
     for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
         if k not in _QUERY or k in query or len(v) > _QUERY[k]:
@@ -102,7 +96,7 @@ def _plain(scope: dict) -> tuple[str, str, str | None, dt.datetime | None, int |
             return None
         if ts.tzinfo is None:
             return None
-    return fmt, query.get("source", "api"), query.get("job_id"), ts, length
+    return fmt, query.get("source"), query.get("job_id"), ts, length, found
 
 
 _TOO_LARGE = object()

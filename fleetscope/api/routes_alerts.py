@@ -27,6 +27,7 @@ from fleetscope.alerting.notifiers import DeliveryError
 from fleetscope.alerting.rules import RuleError
 from fleetscope.alerting import service as AS
 from fleetscope.alerting.service import Alerting, open_alerting
+from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
@@ -74,10 +75,7 @@ def _json(value: Any, status: int = 200) -> JSONResponse:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        doc = json.loads(await request.body() or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPException(400, f"malformed JSON: {exc}") from None
+    doc = jsonbody.loads(await request.body(), jsonbody.max_depth(request))
     if not isinstance(doc, dict):
         raise HTTPException(400, "expected a JSON object")
     return doc

@@ -13,10 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetscope import audit_service as au
 from fleetscope import auth
 from fleetscope import governance_service as gs
+from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance.aiact import model as M
 
-router = APIRouter(prefix="/api/v1", tags=["ai act"])
+router = APIRouter(prefix="/api/v1", tags=["ai act"], route_class=CheckedRoute)
 Gov = Annotated[auth.Token, Depends(require("governance"))]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Annotated, Any
 
 import orjson
@@ -16,12 +15,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from fleetscope import auth, door
 from fleetscope import frames as F
+from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.errors import ValidationError
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
 
-router = APIRouter(prefix="/api/v1", tags=["data"])
+router = APIRouter(prefix="/api/v1", tags=["data"], route_class=jsonbody.CheckedRoute)
 
 MAX_READ_ROWS = 100_000
 # Bodies up to this size are made ready on the event loop (see post_ingest).
@@ -29,42 +29,47 @@ SMALL_BODY_BYTES = 64 * 1024
 MAX_PARTS = 10**9  # more GPUs than any fleet has; A^N of anything larger is a typo or an attack
 
 
-def _decode_json(body: bytes) -> Any:
-    if not body:
-        raise HTTPException(400, "empty body: expected a JSON object")
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError as exc:
-        raise HTTPException(400, f"body is not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise HTTPException(400, f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise HTTPException(400, "JSON nested too deeply") from None
+def claimed_source(token: auth.Token | None, given: str | None) -> str:
+    """The source a push is recorded under: the one given, else the token's bound one, else ``api``;
+    403 where the token is bound to another."""
+    bound = token.binding.source if token is not None and token.binding is not None else None
+    if bound is not None and given not in (None, "", bound):
+        raise HTTPException(403, f"the push claims source {given[:200]!r}, and the token {token.name!r} is bound to source {bound!r}")  # type: ignore[index,union-attr]
+    return given or bound or "api"
 
 
-@router.post("/batches", dependencies=[Depends(require("ingest"))])
-async def post_batch(request: Request) -> JSONResponse:
+def binding_of(token: auth.Token | None) -> auth.Binding | None:
+    return token.binding if token is not None else None
+
+
+@router.post("/batches")
+async def post_batch(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> JSONResponse:
     """Write one Batch given as ``{"source": "...", "frames": {"gpu_sample": [{...}, ...], ...}}``.
 
     All frames are written in one transaction, or none: a bad record anywhere gets 422 naming the frame,
     the record (0-based) and the field. Records whose natural key is already stored are skipped, so a
-    re-sent batch writes nothing new.
+    re-sent batch writes nothing new. The ``ingest`` scope writes raw frames (``auth.RAW_FRAMES``); derived
+    ones (findings, analyses, roll-ups, sites) need ``admin``: 403 names the frame.
     """
     body = await request.body()
-    doc = _decode_json(body)
+    doc = jsonbody.loads(body, request.app.state.settings.max_json_depth)
     if not isinstance(doc, dict) or not isinstance(doc.get("frames"), dict):
         raise HTTPException(400, 'expected {"source": "...", "frames": {"<frame>": [records]}}')
-    source = doc.get("source", "api")
-    if not isinstance(source, str) or len(source) > 2000:
+    source = doc.get("source")
+    if source is not None and (not isinstance(source, str) or len(source) > 2000):
         raise HTTPException(400, "source must be a string of at most 2000 characters")
-    batch = F.Batch(source=source or "api")
-    for name, records in doc["frames"].items():
+    batch = F.Batch(source=claimed_source(token, source))
+    for name in doc["frames"]:
         if name not in F.FRAMES:
             raise HTTPException(400, f"unknown frame {str(name)[:100]!r}: expected some of {', '.join(F.FRAMES)}")
+        if not token.may_write(name):
+            raise HTTPException(403, f"frame {name!r} is derived by the service or declared by an operator: writing it needs the 'admin' scope, "
+                                     f"and token {token.name!r} has {' '.join(sorted(token.scopes))}")
+    for name, records in doc["frames"].items():
         if not isinstance(records, list):
             raise HTTPException(400, f"frames.{name} must be a list of records")
         setattr(batch, name, F.from_records(F.FRAMES[name], records))
-    push = door.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False)
+    push = door.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False, binding=binding_of(token))
     accepted = await accept(request.app, push)
     return JSONResponse(accepted.result.to_dict())
 
@@ -110,11 +115,12 @@ def get_counts(request: Request) -> dict[str, int]:
     return request.app.state.store.counts()
 
 
-@router.post("/ingest/{fmt}", dependencies=[Depends(require("ingest"))])
+@router.post("/ingest/{fmt}")
 async def post_ingest(
     request: Request,
     fmt: str,
-    source: Annotated[str, Query(max_length=2000)] = "api",
+    token: Annotated[auth.Token, Depends(require("ingest"))],
+    source: Annotated[str | None, Query(max_length=2000, description="recorded as the push's source (default: the token's bound source, else api)")] = None,
     job_id: Annotated[str | None, Query(max_length=500)] = None,
     ts: Annotated[dt.datetime | None, Query(description="timestamp for formats without their own (RFC 3339, with zone)")] = None,
 ) -> JSONResponse:
@@ -124,14 +130,16 @@ async def post_ingest(
     the line and field, a bad value 422, and nothing is written. An agent's small push is usually answered
     by ``fleetscope.api.fastlane`` through the same ``ingest_body``.
     """
-    return await ingest_body(request.app, fmt, await request.body(), source=source, job_id=job_id, ts=ts)
+    return await ingest_body(request.app, fmt, await request.body(), source=source, job_id=job_id, ts=ts, token=token)
 
 
-async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str, job_id: str | None, ts: dt.datetime | None) -> JSONResponse:
+async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, job_id: str | None, ts: dt.datetime | None,
+                      token: auth.Token | None = None) -> JSONResponse:
     """What ``POST /api/v1/ingest/{fmt}`` does once its token and query are checked: HTTPException for a
     refusal, FleetscopeError for bad input."""
     from fleetscope import ingestion
 
+    source = claimed_source(token, source)
     if fmt != "auto" and fmt not in ingestion.FORMATS:
         raise HTTPException(404, f"unknown format {fmt[:100]!r}: expected auto or one of {', '.join(ingestion.FORMATS)}")
     if ts is not None and ts.tzinfo is None:
@@ -167,6 +175,10 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str, job_id: s
         raise HTTPException(415, str(exc)) from None
     except ingestion.TooLarge as exc:
         raise HTTPException(413, str(exc)) from None
+    except RecursionError:
+        # A parser that recurses on nesting (JSON formats) met a body nested past Python's stack limit.
+        raise HTTPException(400, f"{source[:200]}: input nested too deeply to read") from None
+    push.binding = binding_of(token)
     accepted = await accept(app, push)
     return Response(orjson.dumps(ingestion.outcome_of(accepted).to_dict(), default=str), media_type="application/json")
 
@@ -315,7 +327,7 @@ async def put_instrument(request: Request, site_id: SiteId, instrument_id: Instr
     from fleetscope import energy_service as es
 
     try:
-        body = InstrumentIn.model_validate(_decode_json(await request.body()))
+        body = InstrumentIn.model_validate(jsonbody.loads(await request.body(), request.app.state.settings.max_json_depth))
     except BodyError as exc:
         # without the input echoed back: it may hold NaN or Infinity, which JSON cannot carry
         return JSONResponse({"detail": exc.errors(include_input=False, include_context=False, include_url=False)}, 422)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetscope import auth
 from fleetscope import governance_service as gs
+from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance import fairness
 from governance import lineage as L
@@ -22,7 +23,7 @@ from governance.registry import DatasetEntry, ModelEntry
 _governance = require("governance")
 # The same dependency object on the router and on a route runs once per request (FastAPI caches it), so a
 # route that needs the token's name gets it without a second check.
-router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(_governance)])
+router = APIRouter(prefix="/api/v1", tags=["governance"], dependencies=[Depends(_governance)], route_class=CheckedRoute)
 Gov = Annotated[auth.Token, Depends(_governance)]
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import door
+from fleetscope import auth, door
+from fleetscope.api import jsonbody
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.store import content_hash
@@ -47,9 +50,9 @@ class _BadGzip(Exception):
     """A body that says gzip and is not (or is cut short)."""
 
 
-def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any, str]:
+def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64) -> tuple[Any, str]:
     """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
-    where it cannot be decoded."""
+    where it cannot be decoded (a JSON body nested past ``max_depth`` included)."""
     from fleetscope import ingestion
     from ingest import otlp
 
@@ -58,12 +61,14 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any,
             body = ingestion.gunzip_capped(body, limit, "otlp:/v1/metrics")  # ingestion.TooLarge past the limit
         except ParseError as exc:
             raise _BadGzip(str(exc)) from None
+    if encoding == "json" and jsonbody.depth_over(body, max_depth):
+        raise ParseError(str(jsonbody.TooDeep(max_depth)), source="otlp:/v1/metrics")
     # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
     return otlp.read(body, encoding=encoding, source="otlp:/v1/metrics"), content_hash(body + encoding.encode())
 
 
-@router.post("/v1/metrics", dependencies=[Depends(require("ingest"))])
-async def otlp_metrics(request: Request) -> Response:
+@router.post("/v1/metrics")
+async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
     from fleetscope import ingestion
     from ingest import otlp
@@ -81,18 +86,22 @@ async def otlp_metrics(request: Request) -> Response:
         try:
             # Decompression and decoding together in a worker thread: at a large fleet's scrape (~100 MB
             # inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
-            walk, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding)
+            walk, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding, request.app.state.settings.max_json_depth)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:
             return _status(3, f"invalid gzip body: {exc}", encoding, 400)
         except FleetscopeError as exc:
             return _status(3, str(exc), encoding, 400)
+        except RecursionError:
+            return _status(3, "request nested too deeply to decode", encoding, 400)
         try:
             # Through the ingest door: group-committed with the other pushes, logged, and alert evaluation
             # woken when it carries health events a rule reads. An exporter's retry of a body already
             # stored writes nothing.
-            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body)))
+            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body), binding=token.binding))
+        except door.Forbidden as exc:
+            return _status(7, str(exc), encoding, 403)  # google.rpc.Code PERMISSION_DENIED
         except door.Overloaded as exc:
             return _status(14, str(exc), encoding, 503, {"Retry-After": str(exc.retry_after_s)})
         except FleetscopeError as exc:

@@ -16,12 +16,14 @@ then goes through the ingest door as format ``prometheus_remote_write``, like an
 from __future__ import annotations
 
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import door
+from fleetscope import auth, door
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.errors import ParseError
@@ -87,10 +89,10 @@ def _media_type_error(request: Request) -> str | None:
     return None
 
 
-@router.post("/api/v1/write", status_code=204, dependencies=[Depends(require("ingest"))],
+@router.post("/api/v1/write", status_code=204,
              responses={400: {"description": "undecodable body (not retried)"}, 413: {"description": "too large"},
                         415: {"description": "not remote write 1.0"}, 503: {"description": "busy; retry after Retry-After"}})
-async def remote_write(request: Request) -> Response:
+async def remote_write(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive Prometheus remote write 1.0 (Prometheus, vmagent, the OTel Collector's prometheusremotewrite
     exporter): dcgm-exporter series become gpu_sample, gpu, gpu_workload, health_event and metric_sample rows."""
     from fleetscope import ingestion
@@ -108,7 +110,9 @@ async def remote_write(request: Request) -> Response:
 
         def prepare() -> door.Push:
             # Inflating and parsing in a worker thread: a large request takes tens of ms of CPU.
-            return ingestion.to_push(unsnappy(body, limit), source=SOURCE, fmt=FORMAT)
+            push = ingestion.to_push(unsnappy(body, limit), source=SOURCE, fmt=FORMAT)
+            push.binding = token.binding
+            return push
 
         try:
             push = await run_in_threadpool(prepare)

@@ -30,11 +30,13 @@ def counts(api) -> dict[str, int]:
     return api.app.state.store.counts()
 
 
-def test_healthz_needs_no_token_and_reports_schema(api):
+def test_healthz_needs_no_token_and_tells_the_schema_only_to_a_reader(api):
     r = httpx.get(api.url + "/healthz")
-    assert r.status_code == 200
-    body = r.json()
-    assert body["status"] == "ok" and body["schema"] == body["schema_head"]
+    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+    assert httpx.get(api.url + "/healthz", headers={"Authorization": "Bearer fs_guess"}).json() == {"status": "ok"}
+    assert httpx.get(api.url + "/healthz", headers=token(api, "ingest")).json() == {"status": "ok"}
+    body = httpx.get(api.url + "/healthz", headers=token(api, "read")).json()
+    assert body["status"] == "ok" and body["schema"] == body["schema_head"] and body["reachable"] is True
     assert body["schema"] == sorted(p.name[:4] for p in (Path(__file__).resolve().parents[2] / "migrations" / "versions").glob("0*.py"))[-1]
 
 
@@ -124,7 +126,8 @@ def test_missing_key_is_named(api):
         (b"[1, 2, 3]", "expected {"),
         (b'{"frames": {"gpus": []}}', "unknown frame 'gpus'"),
         (b'{"frames": {"gpu_sample": {"ts": 1}}}', "must be a list"),
-        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64 levels"),
+        (b"[" * 65 + b"]" * 65, "nested deeper than 64 levels"),
         (b'{"source": 5, "frames": {}}', "source must be a string"),
     ],
 )

@@ -1,0 +1,261 @@
+"""The HTTP API against an attacker's requests, on a real uvicorn server over SQLite and PostgreSQL: each
+answer is the refusal it should be, never a 5xx, and nothing stored changes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import secrets
+import socket
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetscope import auth
+from fleetscope.api import create_app
+from fleetscope.api.server import uvicorn_options
+from tests.conftest import LiveServer, make_settings
+
+T = "2026-03-01T12:00:00Z"
+SDC = {"analyzer": "sdc", "kind": "sdc_suspect", "subject": "gpu:GPU-7", "window_start": T, "severity": "critical", "summary": "checksum mismatch"}
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def make_token(api, *scopes: str, **binding: str) -> dict[str, str]:
+    return bearer(auth.create_token(api.app.state.store.engine, "t", list(scopes), binding=auth.Binding(**binding) if binding else None))
+
+
+def snapshot(api) -> dict[str, list]:
+    """Every stored row of the frames an attacker aims at, to compare before and after."""
+    store = api.app.state.store
+    return {f: sorted(map(str, store.read(f).rows())) for f in ("gpu_sample", "gpu", "finding", "site", "host", "health_event", "job_analysis")}
+
+
+@pytest.fixture
+def big_api(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A live API with the production body limit (256 MiB), so only the gate can stop a large body early."""
+    app = create_app(make_settings(tmp_path, db_url))
+    with LiveServer(app) as server:
+        server.app = app
+        yield server
+    app.state.store.engine.dispose()
+
+
+def _answer_while_sending(url: str, head: bytes, body: bytes) -> tuple[int, int]:
+    """Send ``head`` then ``body`` in 64 KiB pieces from another thread while reading the answer here:
+    (status, body bytes sent when the answer came)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sent = 0
+    done = threading.Event()
+
+    def feed() -> None:
+        nonlocal sent
+        try:
+            sock.sendall(head)
+            for i in range(0, len(body), 65536):
+                if done.is_set():
+                    return
+                sock.sendall(body[i:i + 65536])
+                sent += len(body[i:i + 65536])
+        except OSError:
+            pass  # the server closed the connection after answering: the rest was never wanted
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    at = sent
+    done.set()
+    sock.close()
+    writer.join(timeout=30)
+    return int(data.split(b" ")[1]), at
+
+
+@pytest.mark.parametrize(("path", "method"), [("/api/v1/datasets", "PUT"), ("/api/v1/batches", "POST"), ("/api/v1/declarations", "POST"),
+                                              ("/api/v1/alerts/rules/x", "PUT")])
+def test_unauthenticated_16_mib_deep_body_is_401_before_it_is_read(big_api, path, method):
+    body = b"[" * (8 * 2**20) + b"]" * (8 * 2**20)
+    head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    status, sent = _answer_while_sending(big_api.url, head, body)
+    assert status == 401
+    assert sent < len(body)  # answered before the body was through: it was never read
+
+
+def test_unauthenticated_15_mib_of_empty_arrays_is_401(big_api):
+    body = b"[" + b"[]," * (5 * 2**20) + b"[]]"
+    r = httpx.put(big_api.url + "/api/v1/datasets", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 401
+    assert snapshot(big_api) == {k: [] for k in snapshot(big_api)}
+
+
+@pytest.mark.parametrize(("path", "scope", "ctype"), [
+    ("/api/v1/batches", "ingest", "application/json"),
+    ("/api/v1/alerts/rules/r", "admin", "application/json"),
+    ("/api/v1/alerts/silences", "admin", "application/json"),
+    ("/api/v1/datasets", "governance", "application/json"),
+    ("/api/v1/models/m/1", "governance", "application/json"),
+    ("/api/v1/declarations", "governance", "application/json"),
+    ("/api/v1/tokens", "admin", "application/json"),
+    ("/api/v1/lineage", "governance", "application/json"),
+    ("/v1/metrics", "ingest", "application/json"),
+    ("/api/v1/ingest/otlp_json", "ingest", "application/json"),
+    ("/api/v1/ingest/job_events", "ingest", "application/json"),
+    ("/api/v1/ingest/nccl_inspector", "ingest", "application/json"),
+    ("/api/v1/ingest/kineto", "ingest", "application/json"),
+    ("/api/v1/ingest/auto", "ingest", "application/json"),
+])
+@pytest.mark.parametrize("shape", ["array", "object"])
+def test_deep_json_is_a_clean_refusal_everywhere(api, path, scope, ctype, shape):
+    n = 50_000
+    deep = (b"[" * n + b"]" * n) if shape == "array" else (b'{"a":' * n + b"1" + b"}" * n)
+    method = "PUT" if path.startswith(("/api/v1/alerts/rules", "/api/v1/datasets", "/api/v1/models")) else "POST"
+    before = snapshot(api)
+    r = httpx.request(method, api.url + path, content=deep, headers={**make_token(api, scope), "Content-Type": ctype}, timeout=60)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    assert snapshot(api) == before
+
+
+def test_deep_otlp_json_inside_gzip_is_400(api):
+    n = 50_000
+    r = httpx.post(api.url + "/v1/metrics", content=gzip.compress(b"[" * n + b"]" * n),
+                   headers={**make_token(api, "ingest"), "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "FLEETSCOPE_MAX_JSON_DEPTH" in r.text
+
+
+def test_a_leaked_ingest_token_cannot_downgrade_a_finding_or_a_sites_pue(api):
+    admin = make_token(api, "admin")
+    seeded = {"frames": {"site": [{"site_id": "dc1", "declared_pue": 1.3}], "finding": [SDC]}}
+    assert httpx.post(api.url + "/api/v1/batches", json=seeded, headers=admin).status_code == 200
+    before = snapshot(api)
+    leaked = make_token(api, "ingest")
+    for frames in ({"finding": [{**SDC, "severity": "info"}]}, {"site": [{"site_id": "dc1", "declared_pue": 1.0}]},
+                   {"gpu_sample": [{"ts": T, "gpu_uuid": "GPU-7"}], "finding": [{**SDC, "severity": "info"}]}):
+        r = httpx.post(api.url + "/api/v1/batches", json={"frames": frames}, headers=leaked)
+        assert r.status_code == 403 and "needs the 'admin' scope" in r.json()["detail"]
+    assert snapshot(api) == before
+    assert api.app.state.store.read("finding")["severity"].to_list() == ["critical"]
+
+
+def test_a_forged_binding_is_refused_on_every_way_in(api):
+    from tests.fleetscope.test_api_limits import _dcgm
+
+    h = make_token(api, "ingest", host="n7", site="dc1")
+    before = snapshot(api)
+    attempts = [
+        httpx.post(api.url + "/api/v1/ingest/dcgm", params={"ts": T}, content=_dcgm("n8"), headers=h),
+        httpx.post(api.url + "/api/v1/batches", json={"frames": {"gpu": [{"gpu_uuid": "GPU-9", "host": "n8"}]}}, headers=h),
+        httpx.post(api.url + "/api/v1/batches", json={"frames": {"host": [{"host": "n7", "site_id": "dc2"}]}}, headers=h),
+        httpx.post(api.url + "/api/v1/batches", json={"frames": {"health_event": [{"ts": T, "host": "n8", "gpu_uuid": "G", "kind": "xid", "code": 79}]}},
+                   headers=h),
+        httpx.post(api.url + "/api/v1/batches", json={"frames": {"nccl_test": [{"run_id": "r", "op": "all_reduce", "size_bytes": 8, "in_place": True,
+                                                                              "hosts": "n7,n8"}]}}, headers=h),
+    ]
+    assert [r.status_code for r in attempts] == [403] * len(attempts), [r.text for r in attempts]
+    assert all("nothing of the push was stored" in r.json()["detail"] for r in attempts)
+    assert snapshot(api) == before
+
+
+def test_a_forged_binding_over_otlp_is_403_permission_denied(api):
+    doc = {"resourceMetrics": [{"resource": {"attributes": [{"key": "host.name", "value": {"stringValue": "n8"}}]}, "scopeMetrics": [{"metrics": [
+        {"name": "DCGM_FI_DEV_GPU_TEMP", "gauge": {"dataPoints": [{"timeUnixNano": "1772366400000000000", "asDouble": 60.0,
+                                                                    "attributes": [{"key": "UUID", "value": {"stringValue": "GPU-x"}}]}]}}]}]}]}
+    r = httpx.post(api.url + "/v1/metrics", content=json.dumps(doc), headers={**make_token(api, "ingest", host="n7"), "Content-Type": "application/json"})
+    assert r.status_code == 403 and r.json()["code"] == 7 and "bound to host 'n7'" in r.json()["message"]
+    assert api.app.state.store.counts()["gpu_sample"] == 0
+    ok = httpx.post(api.url + "/v1/metrics", content=json.dumps(doc), headers={**make_token(api, "ingest", host="n8"), "Content-Type": "application/json"})
+    assert ok.status_code == 200 and api.app.state.store.counts()["gpu_sample"] == 1
+
+
+def test_future_dated_samples_cannot_preempt_real_ones(api):
+    h = make_token(api, "ingest")
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(days=30)).replace(microsecond=0)
+    forged = {"frames": {"gpu_sample": [{"ts": future.isoformat(), "gpu_uuid": "GPU-7", "power_w": 0.0, "temp_c": 20.0}]}}
+    r = httpx.post(api.url + "/api/v1/batches", json=forged, headers=h)
+    assert r.status_code == 422 and r.json()["frame"] == "gpu_sample" and future.isoformat().replace("+00:00", "Z") in r.json()["detail"]
+    from tests.fleetscope.test_api_limits import _dcgm
+
+    r = httpx.post(api.url + "/api/v1/ingest/dcgm", params={"ts": future.isoformat()}, content=_dcgm("n1", "GPU-7"), headers=h)
+    assert r.status_code == 422
+    assert api.app.state.store.counts()["gpu_sample"] == 0
+    with api.app.state.store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM ingest_log").scalar() == 0
+
+
+def test_a_token_flood_is_throttled_and_never_evicts_a_working_token(api):
+    good = make_token(api, "read")
+    assert httpx.get(api.url + "/api/v1/counts", headers=good).status_code == 200
+    statuses = []
+    with httpx.Client(base_url=api.url) as client:
+        for _ in range(60):
+            statuses.append(client.get("/api/v1/counts", headers=bearer("fs_" + secrets.token_urlsafe(32))).status_code)
+    assert set(statuses) == {401, 429} and statuses.index(429) == 20  # FLEETSCOPE_AUTH_FAIL_BURST
+    assert not any(s >= 500 for s in statuses)
+    hit, found = auth.cached(good["Authorization"].removeprefix("Bearer "))
+    assert hit and found is not None
+    assert httpx.get(api.url + "/api/v1/counts", headers=good).status_code == 200
+    assert auth._cache.sizes()[1] <= auth.CACHE_MAX_UNKNOWN
+
+
+def test_a_header_flood_is_refused_by_the_gate(api):
+    h = make_token(api, "read")
+    big = httpx.get(api.url + "/api/v1/counts", headers={**h, "X-Flood": "a" * 20_000})
+    assert big.status_code == 431 and "FLEETSCOPE_MAX_HEADER_BYTES" in big.json()["detail"]
+    many = httpx.get(api.url + "/api/v1/counts", headers={**h, **{f"X-F{i}": "1" for i in range(150)}})
+    assert many.status_code == 431 and "over the limit of 100" in many.json()["detail"]
+
+
+def test_a_header_flood_is_cut_off_while_the_server_reads_it(tmp_path):
+    """`fleetscope serve`'s protocol answers 431 past the cap without buffering the rest of the head."""
+    import uvicorn
+
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}", max_header_bytes=8192))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **uvicorn_options(8192)))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        port = sock.getsockname()[1]
+        for _ in range(200):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                threading.Event().wait(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            try:
+                for _ in range(1000):  # up to 64 MiB of headers, never finished
+                    conn.sendall(b"X-Flood: " + b"a" * 65536 + b"\r\n")
+            except OSError:
+                pass  # closed by the server once over the cap
+            answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 431") and b"FLEETSCOPE_MAX_HEADER_BYTES" in answer
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        app.state.store.engine.dispose()
+
+
+def test_healthz_never_echoes_the_database_error(tmp_path):
+    from fleetscope import db
+    from fleetscope.store import Store
+
+    url = "postgresql+psycopg://admin:hunter2@127.0.0.1:1/prod?connect_timeout=2"
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'x.db'}"), store=Store(db.make_engine(url)))
+    with LiveServer(app) as server:
+        r = httpx.get(server.url + "/healthz", headers={"Authorization": "Bearer fs_guess"}, timeout=30)
+    assert r.status_code == 503 and r.json() == {"status": "not ok"}
+    assert "hunter2" not in r.text and "127.0.0.1" not in r.text
