@@ -44,6 +44,7 @@ import gzip
 import hashlib
 import importlib
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -54,7 +55,7 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
-from fleetscope import door
+from fleetscope import door, safefiles
 from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
 from ingest.format import Splitting
@@ -80,7 +81,7 @@ class _Reader:
     """A file, decompressed if gzip, read in pieces; ``pos`` is the offset in the file as stored."""
 
     def __init__(self, path: Path) -> None:
-        self.raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.raw: IO[bytes] = safefiles.open_regular(path)
         self.gz = self.raw.read(2) == GZIP_MAGIC
         self.raw.seek(0)
         self.f: IO[bytes] = gzip.GzipFile(fileobj=self.raw) if self.gz else self.raw
@@ -119,16 +120,21 @@ def _pieces(reader: _Reader, cut: Callable[[bytes], int], size: int) -> Iterator
 
 
 def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str = "auto", opts: Options = Options(),
-                chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None) -> Outcome:
+                chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None,
+                follow_symlinks: bool = False) -> Outcome:
     """Ingest one file: whole (small files, document formats) or streamed in chunks (see the module doc).
 
     ``progress`` is called with the number of bytes of the file consumed since its last call. Returns the
     Outcome; a streamed file that fails part-way has ``error`` set and ``result`` counting what was
     written before the failing chunk. A small file that fails raises, as ``ingest_bytes`` does.
+    A symbolic link is refused unless ``follow_symlinks``, and anything but a regular file always is
+    (``safefiles.NotRegularFileError``), before anything is read.
     """
     source = source or str(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    if follow_symlinks:
+        path = Path(path).resolve()  # every later open refuses links: they are all behind us now
+    with safefiles.open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(SNIFF_BYTES)
     gz = head.startswith(GZIP_MAGIC)
     formats = resolve(head, source=source, fmt=fmt)
@@ -136,7 +142,9 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
         return _stream_kineto(store, path, source, fmt, opts, min(chunk_bytes, KINETO_PIECE_BYTES), progress)
     piece = min(chunk_bytes, STREAMED[formats[0]].max_piece) if formats[0] in STREAMED else chunk_bytes
     if len(formats) != 1 or formats[0] not in STREAMED or (size <= piece and not gz):
-        out = ingest_bytes(store, path.read_bytes(), source=source, fmt=fmt, opts=opts)
+        with safefiles.open_regular(path) as f:
+            data = f.read()
+        out = ingest_bytes(store, data, source=source, fmt=fmt, opts=opts)
         if progress:
             progress(size)
         return out
@@ -147,7 +155,7 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
 
 def _gzip_isize(path: Path) -> int:
     """The uncompressed size a gzip file's trailer records (RFC 1952 ISIZE: of its last member, mod 2^32)."""
-    with open(path, "rb") as f:
+    with safefiles.open_regular(path) as f:
         f.seek(-4, 2)
         return int.from_bytes(f.read(4), "little")
 
@@ -165,7 +173,7 @@ def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Option
     sha = hashlib.sha256()
 
     def chunks() -> Iterator[bytes]:
-        with open(path, "rb") as f:
+        with safefiles.open_regular(path) as f:
             while block := f.read(KINETO_READ_BYTES):
                 sha.update(block)
                 if progress:
