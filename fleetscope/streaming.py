@@ -58,6 +58,7 @@ from fleetscope.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope import door, safefiles
 from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
+from fleetscope.textinput import require_final_newline
 from ingest.format import Splitting
 
 CHUNK_BYTES = 64 * 2**20
@@ -67,6 +68,8 @@ CHUNK_BYTES = 64 * 2**20
 KINETO_PIECE_BYTES = 16 * 2**20
 KINETO_GZIP_RATIO = 16
 KINETO_READ_BYTES = 4 * 2**20
+# How much of a file's end is read to find its last line feed before streaming it.
+TAIL_CHECK_BYTES = 64 * 2**10
 
 
 # The cutting rules live with their formats (ingest.format.FormatSpec.streaming); the old name stays.
@@ -148,9 +151,29 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
         if progress:
             progress(size)
         return out
+    spec = FORMATS[formats[0]].spec
+    if spec is not None and spec.final_newline and not gz:
+        _require_final_newline(path, size, source)
     # One scrape time for the whole file, not one per piece.
     opts = dataclasses.replace(opts, ts=opts.ts or dt.datetime.now(dt.UTC))
     return _stream(store, path, formats[0], source, opts, piece, progress)
+
+
+def _require_final_newline(path: Path, size: int, source: str) -> None:
+    """A file of a format whose every line ends with a line feed, checked at its end before any piece of it
+    is written (the parser would refuse the cut last line only in the last piece, after the others were
+    written). A gzip file is checked by the parser of its last piece: its end is known only once inflated."""
+    with safefiles.open_regular(path) as f:
+        f.seek(max(0, size - TAIL_CHECK_BYTES))
+        tail = f.read()
+    try:
+        require_final_newline(tail[tail.rfind(b"\n") + 1 :], source)
+    except ParseError as exc:
+        lines = 1
+        with safefiles.open_regular(path) as f:
+            while block := f.read(KINETO_READ_BYTES):
+                lines += block.count(b"\n")
+        raise ParseError(exc.message, source=source, line=lines, field=exc.field) from None
 
 
 def _gzip_isize(path: Path) -> int:

@@ -45,6 +45,23 @@ def input_lines(data: bytes, source: str, *, max_input_bytes: int, max_line_byte
     return out
 
 
+def require_final_newline(data: bytes, source: str) -> None:
+    """Refuse a body whose last line has no line feed: it was cut in transit (a dropped connection, a
+    size limit, a partly written file), and what remains of it can still parse as a different value
+    (``} 22563`` cut to ``} 225``). The Prometheus text exposition format 0.0.4 requires it: "Lines are
+    separated by a line feed character (\n). The last line must end with a line feed character."
+    (https://prometheus.io/docs/instrumenting/exposition_formats/). Blanks after the last line feed
+    carry no value and are not a cut line. The error names the line and shows its end."""
+    end = data.rfind(b"\n") + 1
+    tail = bytes(data[end:])
+    if not tail.strip():
+        return
+    line = data.count(b"\n") + 1
+    shown = tail[-40:].decode("utf-8", "replace")
+    raise ParseError(f"the last line ends without a line feed (…{shown!r}): the input was cut mid-line, and its value may be "
+                     "wrong, so nothing is stored; a complete file needs its final newline", source=source, line=line, field="line")
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name} is not JSON")
 
