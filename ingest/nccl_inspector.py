@@ -65,7 +65,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines, json_object, require_final_newline
+from fleetscope.textinput import input_lines, json_object, require_final_newline, unterminated_line
 from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting
 
@@ -95,9 +95,10 @@ def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
     ctx: dict[str, Any] | None = None  # the v4.3 marker whose records are being read
     remaining: dict[str, int] = {}
     ctx_line = 0
+    cut = unterminated_line(data)
 
     for lineno, text in lines:
-        obj = json_object(text, source, lineno)
+        obj = json_object(text, source, lineno, unterminated=lineno == cut)
         if "dump_stats" in obj:
             if any(remaining.values()):
                 raise ParseError(

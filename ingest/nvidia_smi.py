@@ -319,13 +319,15 @@ class _InternalSubset(Exception):
 
 class _Parser(DefusedXMLParser):
     """defusedxml's parser (entity declarations and external references refused), which also refuses a
-    DOCTYPE with an internal subset, where a later expat or parser change could let a declaration through."""
+    DOCTYPE with an internal subset as soon as it opens: entities are declared there (an external DTD is
+    never read), and nvidia-smi writes none."""
 
     def __init__(self) -> None:
         super().__init__(forbid_dtd=False, forbid_entities=True, forbid_external=True)
-        self.parser.StartDoctypeDeclHandler = self._doctype
+        # Not named _doctype: ElementTree's XMLParser keeps an attribute of that name.
+        self.parser.StartDoctypeDeclHandler = self._refuse_internal_subset
 
-    def _doctype(self, name: str, sysid: str | None, pubid: str | None, has_internal_subset: int) -> None:
+    def _refuse_internal_subset(self, name: str, sysid: str | None, pubid: str | None, has_internal_subset: int) -> None:
         if has_internal_subset:
             raise _InternalSubset(name)
 
@@ -341,7 +343,8 @@ def _parse_xml(raw: bytes, source: str) -> ET.Element:
     except defusedxml.ExternalReferenceForbidden as e:
         raise ParseError(f"XML references external entity {e.sysid!r}; refused", source=source, line=_line(parser), field="xml") from None
     except _InternalSubset as e:
-        raise ParseError(f"XML DOCTYPE {e.name} has an internal subset; refused", source=source, line=_line(parser), field="xml") from None
+        raise ParseError(f"XML DOCTYPE {e.name} has an internal subset, where entities are declared; refused (entity expansion)",
+                         source=source, line=_line(parser), field="xml") from None
     except ET.ParseError as e:
         line = e.position[0] if getattr(e, "position", None) else None
         raise ParseError(f"not well-formed XML: {e}", source=source, line=line, field="xml") from None
