@@ -276,26 +276,30 @@ def _iter_paths(paths: tuple[str, ...], *, follow_symlinks: bool = False) -> tup
     def walk(top: Path) -> None:
         st = top.stat()
         if (st.st_dev, st.st_ino) in seen_dirs:
-            skipped.append((top, "a directory already read through another link (a loop)"))
+            skipped.append((top, "a directory already read (a loop, or a second link to it)"))
             return
         seen_dirs.add((st.st_dev, st.st_ino))
-        with os.scandir(top) as entries:
-            for e in sorted(entries, key=lambda e: e.name):
-                p = Path(e.path)
-                try:
-                    if e.is_symlink() and not follow_symlinks:
-                        skipped.append((p, "a symbolic link, not followed (--follow-symlinks reads what it points to)"))
-                        continue
-                    mode = os.stat(p).st_mode  # follows the link when following is asked for
-                except FileNotFoundError:
-                    skipped.append((p, "a broken symbolic link"))
-                    continue
-                if stat.S_ISDIR(mode):
-                    walk(p)
-                elif stat.S_ISREG(mode):
-                    files.append(p)
-                else:
-                    skipped.append((p, f"{kind_of(mode)}, not a regular file"))
+        try:
+            with os.scandir(top) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append((top, f"a directory that cannot be listed ({exc.strerror})"))
+            return
+        for e in entries:
+            p = Path(e.path)
+            try:
+                mode = os.stat(p, follow_symlinks=follow_symlinks).st_mode
+            except FileNotFoundError:
+                skipped.append((p, "a broken symbolic link" if os.path.islink(p) else "gone while the directory was read"))
+                continue
+            if stat.S_ISLNK(mode):
+                skipped.append((p, "a symbolic link, not followed (--follow-symlinks reads what it points to)"))
+            elif stat.S_ISDIR(mode):
+                walk(p)
+            elif stat.S_ISREG(mode):
+                files.append(p)
+            else:
+                skipped.append((p, f"{kind_of(mode)}, not a regular file"))
 
     for p in map(Path, paths):
         try:

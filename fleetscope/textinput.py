@@ -62,7 +62,7 @@ def require_final_newline(data: bytes, source: str) -> None:
     line = unterminated_line(data)
     if line is None:
         return
-    shown = bytes(data[-40:]).decode("utf-8", "replace")
+    shown = bytes(data[data.rfind(b"\n") + 1 :][-40:]).decode("utf-8", "replace")
     raise ParseError(f"the last line ends without a line feed (…{shown!r}): the input was cut mid-line, and its value may be "
                      "wrong, so nothing is stored; a complete file needs its final newline", source=source, line=line, field="line")
 

@@ -65,7 +65,6 @@ from datetime import UTC, datetime
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.textinput import require_final_newline
 from fleetscope.frames import (
     DCGM_FIELDS,
     EXPORTER_POD_MARK,
@@ -78,6 +77,7 @@ from fleetscope.frames import (
     dcgm_health_events,
     series_key,
 )
+from fleetscope.textinput import require_final_newline
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["FIELDS", "from_samples", "parse"]
