@@ -56,6 +56,8 @@ from typing import Any
 
 import httpx
 
+from fleetscope import safefiles
+
 log = logging.getLogger("fleetscope.agent")
 
 PUSH_MODES = ("otlp", "batch")
@@ -134,7 +136,7 @@ class Backlog:
         self._seq = 0
         self.spool = Path(spool) if spool is not None else None
         if self.spool is not None:
-            self.spool.mkdir(parents=True, exist_ok=True)
+            safefiles.private_dir(self.spool)
             self._load()
 
     def __len__(self) -> int:
@@ -151,7 +153,7 @@ class Backlog:
             r.file = self.spool / f"{self._seq:012d}.reading"
             tmp = r.file.with_suffix(".tmp")
             try:
-                tmp.write_bytes(json.dumps(r.header()).encode() + b"\n" + r.body)
+                safefiles.write_private(tmp, json.dumps(r.header()).encode() + b"\n" + r.body)
                 os.replace(tmp, r.file)
             except OSError as exc:  # a full or read-only disk: the reading is still kept in memory
                 log.warning("spool: cannot write %s (%s); this reading is kept in memory only", r.file, exc)

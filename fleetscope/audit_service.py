@@ -25,6 +25,7 @@ import polars as pl
 
 from analyzers import carbon
 from fleetscope import governance_service as gs
+from fleetscope import safefiles
 from fleetscope.energy_service import job_energy, model_jobs
 from fleetscope.errors import FleetscopeError
 from fleetscope import settings as settings_mod
@@ -359,11 +360,10 @@ def run_audit(store: Store, settings: Settings, *, model: str | None = None, ver
     audit_id = f"{started:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     report = reports.build_report(audits, now=started, scope=scope)
     files = reports.render_all(report)
-    folder = settings.data_dir / "reports" / audit_id
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = safefiles.private_dir(settings.data_dir / "reports" / audit_id)
     rows = []
     for name, data in files.items():
-        (folder / name).write_bytes(data)
+        safefiles.write_private(folder / name, data)
         fmt = name.rsplit(".", 1)[-1]
         rows.append({"report_id": f"{audit_id}.{fmt}", "audit_id": audit_id, "format": fmt, "sha256": hashlib.sha256(data).hexdigest(),
                      "size_bytes": len(data), "created_at": started, "location": str((folder / name).relative_to(settings.data_dir)),
@@ -389,7 +389,7 @@ def report_file(store: Store, settings: Settings, audit_id: str, fmt: str) -> tu
     if rows.height == 0:
         raise AuditError(f"no {fmt} report for audit {audit_id!r}")
     r = rows.row(0, named=True)
-    data = (settings.data_dir / r["location"]).read_bytes()
+    data = safefiles.contained(settings.data_dir, r["location"], what="report location").read_bytes()
     if hashlib.sha256(data).hexdigest() != r["sha256"]:
         raise AuditError(f"report file {r['location']} no longer matches the hash recorded when it was made")
     return data, {"json": "application/json", "html": "text/html; charset=utf-8", "pdf": "application/pdf"}[fmt]
@@ -401,9 +401,8 @@ def export_file(store: Store, settings: Settings, export_id: str) -> tuple[bytes
     rows = store.read("aiact_export").filter(pl.col("export_id") == export_id)
     if rows.height == 0:
         raise AuditError(f"no export {export_id[:100]!r}")
-    path = settings.data_dir / rows["location"][0]
     try:
-        data = path.read_bytes()
+        data = safefiles.contained(settings.data_dir, rows["location"][0], what="export location").read_bytes()
     except OSError as exc:
         raise AuditError(f"export {export_id[:12]}: its file {rows['location'][0]} cannot be read ({exc.strerror})") from None
     return data, f"fleetscope-export-{export_id[:12]}.zip"
@@ -426,12 +425,9 @@ def signing_key(settings: Settings) -> Any:
     if not path.exists():
         if settings.signing_key:
             raise AuditError(f"FLEETSCOPE_SIGNING_KEY={path}: no such file")
-        path.parent.mkdir(parents=True, exist_ok=True)
         private, public = exports.generate_keypair()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(private)
-        path.with_name("signing_key.pub.pem").write_bytes(public)
+        safefiles.write_private(path, private, exclusive=True)
+        safefiles.write_private(path.with_name("signing_key.pub.pem"), public)
     return exports.load_private_key(path.read_bytes())
 
 
@@ -470,10 +466,7 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
                                   extra_files={exports.AUDITLOG_CHECKPOINT: (cp.line() + "\n").encode(),
                                                exports.AUDITLOG_ENTRY: (json.dumps(entry.to_dict(), ensure_ascii=False, indent=1) + "\n").encode()})
     export_id = hashlib.sha256(bundle).hexdigest()
-    folder = settings.data_dir / "exports"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"fleetscope-export-{audit_id}-{export_id[:12]}.zip"
-    path.write_bytes(bundle)
+    path = safefiles.write_private(safefiles.private_dir(settings.data_dir / "exports") / f"fleetscope-export-{audit_id}-{export_id[:12]}.zip", bundle)
     manifest = zipfile.ZipFile(io.BytesIO(bundle)).read(exports.MANIFEST)
     _write(store, {"aiact_export": pl.DataFrame([{"export_id": export_id, "audit_id": audit_id, "created_at": now,
                                                   "manifest_sha256": hashlib.sha256(manifest).hexdigest(),

@@ -251,6 +251,9 @@ def beat(ctx: click.Context) -> None:
     """Run Celery beat, which schedules the analyzers, alerts, rollups, retention and audit reports."""
     from fleetscope.worker import celery_app
 
+    # Beat's schedule (celerybeat-schedule in the data dir) is a shelve Celery creates with no mode of
+    # ours: what this process creates is private to its account.
+    os.umask(0o077)
     celery_app.start(["beat", "--loglevel=INFO", *ctx.args])
 
 
@@ -269,16 +272,61 @@ def _utc_option(value: str | None, name: str) -> dt.datetime | None:
     return t
 
 
-def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
-    out: list[Path] = []
+def _iter_paths(paths: tuple[str, ...], *, follow_symlinks: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(files to read, (path, why) of what a directory held that is not read).
+
+    In a directory, symbolic links are skipped unless ``follow_symlinks`` (a link may lead anywhere:
+    /etc/shadow, out of the tree, into a loop), and so is anything that is not a regular file (a FIFO
+    would block the reader, a device never ends). A path named on the command line is always tried, and
+    refused by the reader with the same reason if it is one of those.
+    """
+    import stat
+
+    from fleetscope.safefiles import kind_of
+
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    seen_dirs: set[tuple[int, int]] = set()
+
+    def walk(top: Path) -> None:
+        st = top.stat()
+        if (st.st_dev, st.st_ino) in seen_dirs:
+            skipped.append((top, "a directory already read (a loop, or a second link to it)"))
+            return
+        seen_dirs.add((st.st_dev, st.st_ino))
+        try:
+            with os.scandir(top) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append((top, f"a directory that cannot be listed ({exc.strerror})"))
+            return
+        for e in entries:
+            p = Path(e.path)
+            try:
+                mode = os.stat(p, follow_symlinks=follow_symlinks).st_mode
+            except FileNotFoundError:
+                skipped.append((p, "a broken symbolic link" if os.path.islink(p) else "gone while the directory was read"))
+                continue
+            if stat.S_ISLNK(mode):
+                skipped.append((p, "a symbolic link, not followed (--follow-symlinks reads what it points to)"))
+            elif stat.S_ISDIR(mode):
+                walk(p)
+            elif stat.S_ISREG(mode):
+                files.append(p)
+            else:
+                skipped.append((p, f"{kind_of(mode)}, not a regular file"))
+
     for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(q for q in p.rglob("*") if q.is_file()))
-        elif p.exists():
-            out.append(p)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            raise click.ClickException(f"{p}: no such file or directory") from None
+        is_dir = stat.S_ISDIR(st.st_mode) or (follow_symlinks and stat.S_ISLNK(st.st_mode) and p.is_dir())
+        if is_dir:
+            walk(p)
         else:
-            raise click.ClickException(f"{p}: no such file or directory")
-    return out
+            files.append(p)
+    return files, skipped
 
 
 @main.command()
@@ -290,9 +338,10 @@ def _iter_paths(paths: tuple[str, ...]) -> list[Path]:
               help="Chunk size for large line-oriented files, capped at 32 MiB of dcgm-exporter text and 16 MiB of JSON Lines, CSV or logs; smaller files are one transaction.")
 @click.option("--api", "api_url", default=None, help="Send to a running API instead of writing the local database.")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", default=None, help="API token with the ingest scope (or FLEETSCOPE_TOKEN).")
+@click.option("--follow-symlinks", is_flag=True, help="Read the files symbolic links point to (default: links are skipped, and named ones refused).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per input and a summary.")
 def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | None, chunk_mb: float, api_url: str | None,
-           token: str | None, as_json: bool) -> None:
+           token: str | None, follow_symlinks: bool, as_json: bool) -> None:
     """Ingest telemetry files (or directories of them). The format is detected from content.
 
     A file up to the chunk size, or a one-document format (Kineto, nvidia-smi XML, nccl-tests), is written in
@@ -301,40 +350,50 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
     Larger line-oriented files (dcgm-exporter text, nvidia-smi CSV, NCCL Inspector and job-event JSON
     Lines, NCCL logs) are streamed: each chunk is its own transaction, a bad chunk stops that file with
     the chunk and line named, chunks before it stay written, and re-running the file writes nothing new.
+    Symbolic links are not followed unless --follow-symlinks, and FIFOs, devices and sockets are never
+    read: in a directory they are skipped with a note saying which and why; named, they are rejected.
     Exits 1 if any file was rejected.
     """
     from tqdm import tqdm
 
-    from fleetscope import streaming
+    from fleetscope import safefiles, streaming
     from fleetscope.store import Store
 
-    files = _iter_paths(paths)
+    files, skipped = _iter_paths(paths, follow_symlinks=follow_symlinks)
+    for path, why in skipped:
+        if as_json:
+            click.echo(json.dumps({"source": str(path), "skipped": why}))
+        else:
+            click.echo(f"skipped   {path}: {why}", err=True)
     ts = _utc_option(ts_text, "--ts")
     store = None if api_url else Store(_engine(_settings()))
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     totals: dict[str, int] = {}
     rejected = 0
-    sizes = {p: p.stat().st_size for p in files}
+    sizes = {p: _size(p, follow_symlinks) for p in files}
     bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                disable=as_json or (len(files) < 2 and sum(sizes.values()) <= chunk_bytes))
     # Lines go through the bar while it is drawn, so they do not tear it.
     say = click.echo if bar.disable else (lambda text, err=False: bar.write(text, file=sys.stderr if err else sys.stdout))
     for path in files:
         bar.set_postfix_str(path.name[:40])
-        file_ts = ts or dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
         try:
+            file_ts = ts or dt.datetime.fromtimestamp((path.stat() if follow_symlinks else path.lstat()).st_mtime, dt.UTC)
             if api_url:
-                out = _ingest_via_api(api_url, token, path.read_bytes(), str(path), fmt, job_id, file_ts)
+                with safefiles.open_regular(path, follow_symlinks=follow_symlinks) as f:
+                    data = f.read()
+                out = _ingest_via_api(api_url, token, data, str(path), fmt, job_id, file_ts)
                 bar.update(sizes[path])
             else:
                 out = streaming.ingest_file(store, path, fmt=fmt, opts=_ingest_options(job_id, file_ts), chunk_bytes=chunk_bytes,
-                                            progress=bar.update).to_dict()
+                                            progress=bar.update, follow_symlinks=follow_symlinks).to_dict()
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the rest; it is reported
             from fleetscope.errors import FleetscopeError
 
-            if not isinstance(exc, (FleetscopeError, ValueError, click.ClickException)):
+            if not isinstance(exc, (FleetscopeError, ValueError, click.ClickException, OSError)):
                 raise
-            out = {"source": str(path), "error": str(exc), "written": {}}
+            why = f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+            out = {"source": str(path), "error": why, "written": {}}
         if out.get("error"):
             rejected += 1
         for k, v in out.get("written", {}).items():
@@ -352,13 +411,22 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
             how = f" in {chunks} chunks" if chunks else ""
             say(f"ingested  {path} [{', '.join(out.get('formats', []))}]{how}: " + (", ".join(f"{k} {v}" for k, v in out["written"].items()) or "nothing new") + dup)
     bar.close()
-    summary = {"files": len(files), "rejected": rejected, "written": totals}
+    summary = {"files": len(files), "rejected": rejected, "skipped": len(skipped), "written": totals}
     if as_json:
         click.echo(json.dumps({"summary": summary}))
     else:
-        click.echo(f"{len(files) - rejected} of {len(files)} files ingested; rows written: " + (", ".join(f"{k} {v}" for k, v in totals.items()) or "none"))
+        not_read = f" ({len(skipped)} skipped)" if skipped else ""
+        click.echo(f"{len(files) - rejected} of {len(files)} files ingested{not_read}; rows written: " + (", ".join(f"{k} {v}" for k, v in totals.items()) or "none"))
     if rejected:
         sys.exit(1)
+
+
+def _size(path: Path, follow_symlinks: bool) -> int:
+    """A file's size for the progress bar; 0 where it cannot be had (the reader then says why)."""
+    try:
+        return (path.stat() if follow_symlinks else path.lstat()).st_size
+    except OSError:
+        return 0
 
 
 def _ingest_options(job_id: str | None, ts: dt.datetime):  # type: ignore[no-untyped-def]
@@ -818,16 +886,15 @@ def report(model: str | None, version: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def export(audit_id: str | None, out_path: str | None, as_json: bool) -> None:
     """Make a signed compliance export bundle (zip: reports, evidence, SHA-256 manifest, Ed25519 signature)."""
-    import shutil
-
     from fleetscope import audit_service as au
+    from fleetscope import safefiles
 
     try:
         out = au.make_export(_store(), _settings(), audit_id=audit_id, requested_by=_os_user())
     except au.AuditError as exc:
         raise click.ClickException(str(exc)) from None
     if out_path:
-        shutil.copyfile(out["path"], out_path)
+        safefiles.write_private(out_path, Path(out["path"]).read_bytes())
         out["path"] = out_path
     _emit(as_json, out, f"bundle {out['path']}\n  signed by key {out['key_fingerprint']} (public key: {out['public_key']})")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import BigInteger, DateTime, Engine, create_engine, event, inspect
 
-from fleetscope import schema
+from fleetscope import safefiles, schema
 
 from fleetscope.settings import Settings
 
@@ -30,12 +30,28 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.close()
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (``sqlite:///``, Celery's ``sqla+sqlite:///`` and ``db+sqlite:///``);
+    None for another database or an in-memory one."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or "sqlite" not in scheme.split("+"):
+        return None
+    path = rest.split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def create_sqlite_file(url: str) -> None:
+    """Create a SQLite URL's database file (and its folder) private to this account, if it is not there yet:
+    SQLite gives the ``-wal`` and ``-shm`` files it adds the database file's mode."""
+    path = sqlite_file(url)
+    if path is not None:
+        safefiles.create_private(path)
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite files get their directory created and WAL mode."""
+    """An engine for ``url``; SQLite files get their directory created (0700), the file itself (0600) and WAL mode."""
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        create_sqlite_file(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

@@ -25,7 +25,7 @@ from typing import Any
 import click
 import httpx
 
-from fleetscope import auth, db
+from fleetscope import auth, db, safefiles
 from fleetscope import frames as F
 from fleetscope.settings import Settings
 
@@ -253,7 +253,7 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
 
     started = time.monotonic()
     say = (lambda *_: None) if as_json else click.echo
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    safefiles.private_dir(settings.data_dir)
     engine = db.make_engine(settings.database_url)
     db.upgrade(settings.database_url)
     say(f"database   {engine.url.render_as_string(hide_password=True)} (schema {db.current_revision(engine)})")
@@ -279,8 +279,7 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(settings.data_dir), "FLEETSCOPE_DATABASE_URL": settings.database_url,
            "FLEETSCOPE_BROKER_URL": settings.broker_url, "FLEETSCOPE_RESULT_BACKEND": settings.result_backend,
            "FLEETSCOPE_API_URL": url, "FLEETSCOPE_ALERT_ALLOW_LOOPBACK": "true", "FLEETSCOPE_ALERT_EXTERNAL_URL": url}
-    logs = settings.data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = safefiles.private_dir(settings.data_dir / "logs")
     cli = [sys.executable, "-m", "fleetscope.cli"]
     specs = {
         "api": [*cli, "serve", "--host", settings.api_host, "--port", str(api_port), "--workers", "2"],
@@ -296,7 +295,7 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     previous = {sig: signal.signal(sig, _interrupt) for sig in caught} if threading.current_thread() is threading.main_thread() else {}
     try:
         for name, args in specs.items():
-            with open(logs / f"{name}.log", "ab") as out:
+            with safefiles.open_private_append(logs / f"{name}.log") as out:
                 procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         _wait_healthy(url + "/healthz", procs)
         api = Api(url, admin)

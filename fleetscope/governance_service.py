@@ -6,10 +6,12 @@ database and the clock.
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from fleetscope import safefiles
 from fleetscope.errors import FleetscopeError
 from fleetscope.store import Store
 from governance import fairness
@@ -133,7 +135,7 @@ def evaluate_fairness(
     min_group_size: int = 30,
     policy: fairness.FairnessPolicy | None = None,
     actor: str,
-    keep_upload_dir: Any = None,
+    keep_upload_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate an uploaded prediction table for a registered model and record the aggregates.
 
@@ -144,20 +146,41 @@ def evaluate_fairness(
     frame = fairness.read_predictions(data, fmt)
     kept = None
     if keep_upload_dir is not None:
-        # Kept only when the user asked: by default the rows are dropped once the aggregates are computed.
-        keep_upload_dir.mkdir(parents=True, exist_ok=True)
-        kept = keep_upload_dir / f"{model.name}@{model.version}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.{fmt or 'csv'}"
-        kept.write_bytes(data)
+        # Names come from the registry, which takes any text: checked before anything is evaluated or written.
+        stamp = f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
+        try:
+            kept = safefiles.contained(keep_upload_dir, f"{model.name}@{model.version}-{stamp}.{fmt or 'csv'}", what="kept upload (model name@version)")
+        except safefiles.UnsafePathError as exc:
+            raise fairness.FairnessInputError(f"keep_upload: {exc}") from None
     result = fairness.evaluate(frame, y_true=y_true, y_pred=y_pred, sensitive=sensitive, y_score=y_score,
                                positive_label=positive_label, min_group_size=min_group_size)
     policy = policy or fairness.FairnessPolicy()
     outcome = fairness.judge(result, policy)
     frames = GF.fairness_frames(model, result, policy, outcome, now=dt.datetime.now(dt.UTC))
-    _write(store, frames, f"fairness:{model.name}@{model.version}")
+    if kept is not None:
+        # Kept only when the user asked: by default the rows are dropped once the aggregates are computed.
+        kept = _keep(kept, data)
+    try:
+        _write(store, frames, f"fairness:{model.name}@{model.version}")
+    except BaseException:
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+        raise
     eid = frames["fairness_evaluation"]["evaluation_id"][0]
     _log(store, actor, "fairness_evaluation", model.node_id, {"evaluation_id": eid, "passed": outcome.passed, "n": result.n})
     return {"evaluation_id": frames["fairness_evaluation"]["evaluation_id"][0], "model": model.name, "version": model.version,
             "passed": outcome.passed, "result": result.to_dict(), "outcome": outcome.to_dict(), "upload_kept_at": str(kept) if kept else None}
+
+
+def _keep(path: Path, data: bytes) -> Path:
+    """Write a kept upload without replacing an earlier one of the same second (``-2``, ``-3``, ... appended)."""
+    candidate = path
+    for n in range(2, 1000):
+        try:
+            return safefiles.write_private(candidate, data, exclusive=True)
+        except FileExistsError:
+            candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    raise FileExistsError(f"{path}: too many kept uploads of this model in one second")
 
 
 def fairness_evaluations(store: Store, name: str) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ import gzip
 import hashlib
 import importlib
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -54,9 +55,10 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.errors import FleetscopeError, ParseError, ValidationError
-from fleetscope import door
+from fleetscope import door, safefiles
 from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
+from fleetscope.textinput import require_final_newline
 from ingest.format import Splitting
 
 CHUNK_BYTES = 64 * 2**20
@@ -66,6 +68,8 @@ CHUNK_BYTES = 64 * 2**20
 KINETO_PIECE_BYTES = 16 * 2**20
 KINETO_GZIP_RATIO = 16
 KINETO_READ_BYTES = 4 * 2**20
+# How much of a file's end is read to find its last line feed before streaming it.
+TAIL_CHECK_BYTES = 64 * 2**10
 
 
 # The cutting rules live with their formats (ingest.format.FormatSpec.streaming); the old name stays.
@@ -80,7 +84,7 @@ class _Reader:
     """A file, decompressed if gzip, read in pieces; ``pos`` is the offset in the file as stored."""
 
     def __init__(self, path: Path) -> None:
-        self.raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.raw: IO[bytes] = safefiles.open_regular(path)
         self.gz = self.raw.read(2) == GZIP_MAGIC
         self.raw.seek(0)
         self.f: IO[bytes] = gzip.GzipFile(fileobj=self.raw) if self.gz else self.raw
@@ -119,16 +123,21 @@ def _pieces(reader: _Reader, cut: Callable[[bytes], int], size: int) -> Iterator
 
 
 def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str = "auto", opts: Options = Options(),
-                chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None) -> Outcome:
+                chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None,
+                follow_symlinks: bool = False) -> Outcome:
     """Ingest one file: whole (small files, document formats) or streamed in chunks (see the module doc).
 
     ``progress`` is called with the number of bytes of the file consumed since its last call. Returns the
     Outcome; a streamed file that fails part-way has ``error`` set and ``result`` counting what was
     written before the failing chunk. A small file that fails raises, as ``ingest_bytes`` does.
+    A symbolic link is refused unless ``follow_symlinks``, and anything but a regular file always is
+    (``safefiles.NotRegularFileError``), before anything is read.
     """
     source = source or str(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    if follow_symlinks:
+        path = Path(path).resolve()  # every later open refuses links: they are all behind us now
+    with safefiles.open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(SNIFF_BYTES)
     gz = head.startswith(GZIP_MAGIC)
     formats = resolve(head, source=source, fmt=fmt)
@@ -136,18 +145,40 @@ def ingest_file(store: Store, path: Path, *, source: str | None = None, fmt: str
         return _stream_kineto(store, path, source, fmt, opts, min(chunk_bytes, KINETO_PIECE_BYTES), progress)
     piece = min(chunk_bytes, STREAMED[formats[0]].max_piece) if formats[0] in STREAMED else chunk_bytes
     if len(formats) != 1 or formats[0] not in STREAMED or (size <= piece and not gz):
-        out = ingest_bytes(store, path.read_bytes(), source=source, fmt=fmt, opts=opts)
+        with safefiles.open_regular(path) as f:
+            data = f.read()
+        out = ingest_bytes(store, data, source=source, fmt=fmt, opts=opts)
         if progress:
             progress(size)
         return out
+    spec = FORMATS[formats[0]].spec
+    if spec is not None and spec.final_newline and not gz:
+        _require_final_newline(path, size, source)
     # One scrape time for the whole file, not one per piece.
     opts = dataclasses.replace(opts, ts=opts.ts or dt.datetime.now(dt.UTC))
     return _stream(store, path, formats[0], source, opts, piece, progress)
 
 
+def _require_final_newline(path: Path, size: int, source: str) -> None:
+    """A file of a format whose every line ends with a line feed, checked at its end before any piece of it
+    is written (the parser would refuse the cut last line only in the last piece, after the others were
+    written). A gzip file is checked by the parser of its last piece: its end is known only once inflated."""
+    with safefiles.open_regular(path) as f:
+        f.seek(max(0, size - TAIL_CHECK_BYTES))
+        tail = f.read()
+    try:
+        require_final_newline(tail[tail.rfind(b"\n") + 1 :], source)
+    except ParseError as exc:
+        lines = 1
+        with safefiles.open_regular(path) as f:
+            while block := f.read(KINETO_READ_BYTES):
+                lines += block.count(b"\n")
+        raise ParseError(exc.message, source=source, line=lines, field=exc.field) from None
+
+
 def _gzip_isize(path: Path) -> int:
     """The uncompressed size a gzip file's trailer records (RFC 1952 ISIZE: of its last member, mod 2^32)."""
-    with open(path, "rb") as f:
+    with safefiles.open_regular(path) as f:
         f.seek(-4, 2)
         return int.from_bytes(f.read(4), "little")
 
@@ -165,7 +196,7 @@ def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Option
     sha = hashlib.sha256()
 
     def chunks() -> Iterator[bytes]:
-        with open(path, "rb") as f:
+        with safefiles.open_regular(path) as f:
             while block := f.read(KINETO_READ_BYTES):
                 sha.update(block)
                 if progress:

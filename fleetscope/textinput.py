@@ -45,16 +45,44 @@ def input_lines(data: bytes, source: str, *, max_input_bytes: int, max_line_byte
     return out
 
 
+def unterminated_line(data: bytes) -> int | None:
+    """The number of the last line when it is not blank and has no line feed (a record that may have been
+    cut in transit), else None."""
+    end = data.rfind(b"\n") + 1
+    return data.count(b"\n") + 1 if bytes(data[end:]).strip() else None
+
+
+def require_final_newline(data: bytes, source: str) -> None:
+    """Refuse a body whose last line has no line feed: it was cut in transit (a dropped connection, a
+    size limit, a partly written file), and what remains of it can still parse as a different value
+    (``} 22563`` cut to ``} 225``). The Prometheus text exposition format 0.0.4 requires it: "Lines are
+    separated by a line feed character (\n). The last line must end with a line feed character."
+    (https://prometheus.io/docs/instrumenting/exposition_formats/). Blanks after the last line feed
+    carry no value and are not a cut line. The error names the line and shows its end."""
+    line = unterminated_line(data)
+    if line is None:
+        return
+    shown = bytes(data[data.rfind(b"\n") + 1 :][-40:]).decode("utf-8", "replace")
+    raise ParseError(f"the last line ends without a line feed (…{shown!r}): the input was cut mid-line, and its value may be "
+                     "wrong, so nothing is stored; a complete file needs its final newline", source=source, line=line, field="line")
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name} is not JSON")
 
 
-def json_object(text: str, source: str, line: int) -> dict[str, Any]:
-    """One JSON Lines record, which must be an object; NaN/Infinity literals are refused (RFC 8259 has none)."""
+def json_object(text: str, source: str, line: int, *, unterminated: bool = False) -> dict[str, Any]:
+    """One JSON Lines record, which must be an object; NaN/Infinity literals are refused (RFC 8259 has none).
+    ``unterminated``: the input's last line, without its line feed (``unterminated_line``); if it does not
+    parse it is a record cut short, and said to be. Whole, it is read: JSON Lines asks for the line feed
+    (https://jsonlines.org/) but a cut object cannot still parse as one."""
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        what = "truncated JSON line" if e.pos >= len(text) - 1 else f"malformed JSON ({e.msg})"
+        if unterminated:
+            what = f"truncated JSON line: the last line ends without a line feed and is not whole JSON ({e.msg}); nothing is stored"
+        else:
+            what = "truncated JSON line" if e.pos >= len(text) - 1 else f"malformed JSON ({e.msg})"
         raise ParseError(what, source=source, line=line) from None
     except ValueError as e:  # NaN/Infinity literals, integers with thousands of digits
         raise ParseError(f"malformed JSON ({e})", source=source, line=line) from None

@@ -17,7 +17,7 @@ from celery import Celery, signals
 from celery.schedules import crontab
 from sqlalchemy import delete, text
 
-from fleetscope import db, schema
+from fleetscope import db, safefiles, schema
 from fleetscope import settings as settings_mod
 from fleetscope.observability import TASKS, setup_tracing, tracer
 from fleetscope.store import Store
@@ -43,7 +43,10 @@ ALERTING_QUEUE = "alerting"
 
 def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
     settings = settings or settings_mod.load()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    safefiles.private_dir(settings.data_dir)
+    # The embedded broker and result store are SQLite files Celery would create with the umask's mode.
+    for url in (settings.broker_url, settings.result_backend):
+        db.create_sqlite_file(url)
     app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker", "fleetscope.alerting.tasks"])
     app.conf.update(
         task_serializer="json",

@@ -16,7 +16,11 @@ What comes out
   ``DCGM_FI_DEV_VGPU_LICENSE_STATUS``, the other violation counters, ...), as exported (no unit
   conversion), series ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
 - ``meta``: counts of what was dropped and why (``skipped_series`` for non-DCGM metrics, ``dcgm_blank_dropped``,
-  ``non_finite_dropped``, ``duplicates_dropped``, ``exporter_pod_labels_ignored``, ``truncated_last_line``).
+  ``non_finite_dropped``, ``duplicates_dropped``, ``exporter_pod_labels_ignored``).
+
+A body whose last line has no line feed is refused whole (:class:`ParseError` naming that line): it was
+cut in transit, and a value cut short (``} 22563`` -> ``} 225``) still parses. The text format requires
+the final line feed (:func:`fleetscope.textinput.require_final_newline`).
 
 MIG: a MIG instance is its own row, keyed ``f"{parent_uuid}/mig{GPU_I_ID}"`` (dcgm-exporter labels a MIG
 instance's series with the parent GPU's UUID plus ``GPU_I_ID``/``GPU_I_PROFILE``); the parent GPU keeps
@@ -35,7 +39,7 @@ columnar, never line by line in Python:
    numbers them by position; families that differ are matched by text. Each DISTINCT block is then
    parsed once (~16k blocks for ~500k samples), by splitting the blocks at ``"`` with the CSV reader.
 2. Line path (anything the records path does not vouch for: labels without braces, braces in label
-   values or comments, timestamps, tabs, CRLF, a missing final newline, invalid UTF-8). The reader cuts
+   values or comments, timestamps, tabs, CRLF, invalid UTF-8). The reader cuts
    lines at ``}`` with one row per physical line, so row number = line number; lines that are not plainly
    well formed are re-read by an exact lexer that either normalises them or raises :class:`ParseError`
    with the source, line and field. Bodies over 256 MB are read in pieces so memory stays bounded.
@@ -73,6 +77,7 @@ from fleetscope.frames import (
     dcgm_health_events,
     series_key,
 )
+from fleetscope.textinput import require_final_newline
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["FIELDS", "from_samples", "parse"]
@@ -170,11 +175,12 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
     ``ts`` is the scrape time (UTC; a naive datetime is taken as UTC). A sample that carries its own
     Prometheus timestamp (milliseconds since the epoch, exposition format 0.0.4) uses that instead; a
     sample with neither is a :class:`ParseError`. An empty body is a valid, empty batch.
-    Raises :class:`ParseError` naming source, line and field for malformed lines and for a DCGM series
-    without a ``UUID``/``uuid`` label.
+    Raises :class:`ParseError` naming source, line and field for malformed lines, for a DCGM series
+    without a ``UUID``/``uuid`` label, and for a last line without its line feed (a cut body).
     """
     if isinstance(data, str):
         data = data.encode()
+    require_final_newline(data, source)
     scrape_us = _to_us(ts) if ts is not None else None
     meta: dict = {
         "format": "prometheus-text-0.0.4",
@@ -186,7 +192,6 @@ def parse(data: bytes, *, source: str = "", ts: datetime | None = None) -> Batch
         "duplicates_dropped": 0,
         "exporter_pod_labels_ignored": 0,
         "unmapped_fields": {},
-        "truncated_last_line": False,
     }
     if scrape_us is not None and len(data) <= _PIECE_BYTES:
         lexed = _lex_records(data)
@@ -428,17 +433,15 @@ def _read(piece: bytes) -> pl.DataFrame | None:
 
 def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
     """Long frame (line, name, labels, value, ts_ms) of every sample line, in body order."""
-    truncated_tail = bool(data) and not data.endswith(b"\n")
     clean: list[pl.DataFrame] = []
     bad: list[int] = []
     first_line = 1
     pieces = list(_piece_bounds(data))
-    for i, (start, end) in enumerate(pieces):
+    for start, end in pieces:
         piece = data if len(pieces) == 1 else data[start:end]
         raw = _read(piece)
         if raw is None:
-            is_last = i == len(pieces) - 1
-            rows, n_lines = _lex_slow(piece, first_line, source, meta, truncated_tail and is_last)
+            rows, n_lines = _lex_slow(piece, first_line, source)
             clean.append(rows)
             first_line += n_lines
             continue
@@ -460,7 +463,7 @@ def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
         bad.extend(long.filter(is_bad)["line"].to_list())
         long = long.filter(~is_bad)
     if bad:
-        fixed = _relex(data, sorted(bad), source, meta, truncated_tail, last_line)
+        fixed = _relex(data, sorted(bad), source)
         long = pl.concat([long, fixed]).sort("line")
     return long
 
@@ -505,15 +508,13 @@ def _lex_rows(raw: pl.DataFrame, first_line: int) -> tuple[pl.DataFrame, list[in
     return clean, bad_lines
 
 
-def _relex(
-    data: bytes, line_nos: list[int], source: str, meta: dict, truncated_tail: bool, last_line: int
-) -> pl.DataFrame:
+def _relex(data: bytes, line_nos: list[int], source: str) -> pl.DataFrame:
     """Exact lexing of the given lines, found by walking the body (never a list of all its lines)."""
     wanted, last_wanted = set(line_nos), max(line_nos)
     rows = []
     for n, raw in enumerate(io.BytesIO(data), start=1):
         if n in wanted:
-            row = _lex_line_checked(raw.rstrip(b"\n"), n, source, meta, truncated_tail and n == last_line)
+            row = _lex_line_checked(raw.rstrip(b"\n"), n, source)
             if row is not None:
                 rows.append(row)
         if n >= last_wanted:
@@ -521,14 +522,13 @@ def _relex(
     return _rows_frame(rows)
 
 
-def _lex_slow(piece: bytes, first_line: int, source: str, meta: dict, truncated_tail: bool) -> tuple[pl.DataFrame, int]:
+def _lex_slow(piece: bytes, first_line: int, source: str) -> tuple[pl.DataFrame, int]:
     """Exact lexing of every line of a piece the reader refused (invalid UTF-8): finds the bad line."""
     rows = []
     n_lines = 0
     for i, raw in enumerate(io.BytesIO(piece)):
         n_lines += 1
-        is_last = truncated_tail and not raw.endswith(b"\n")
-        row = _lex_line_checked(raw.rstrip(b"\n"), first_line + i, source, meta, is_last)
+        row = _lex_line_checked(raw.rstrip(b"\n"), first_line + i, source)
         if row is not None:
             rows.append(row)
     return _rows_frame(rows), n_lines
@@ -542,19 +542,12 @@ def _rows_frame(rows: list[tuple]) -> pl.DataFrame:
     ).with_columns(pl.col("name").cast(pl.Categorical), pl.col("labels").cast(pl.Categorical))
 
 
-def _lex_line_checked(raw: bytes, n: int, source: str, meta: dict, may_be_cut: bool) -> tuple | None:
+def _lex_line_checked(raw: bytes, n: int, source: str) -> tuple | None:
     try:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ParseError(f"not UTF-8 text (byte {e.start})", source=source, line=n, field="line") from None
-        return _lex_line(text, n, source)
-    except ParseError:
-        # A body cut off mid-line (connection dropped, size limit) still has good lines before the cut.
-        if may_be_cut:
-            meta["truncated_last_line"] = True
-            return None
-        raise
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParseError(f"not UTF-8 text (byte {e.start})", source=source, line=n, field="line") from None
+    return _lex_line(text, n, source)
 
 
 def _lex_line(text: str, n: int, source: str) -> tuple | None:
@@ -1084,5 +1077,5 @@ def cut_family(buf: bytes) -> int:
 FORMATS = (
     FormatSpec("dcgm", "dcgm-exporter /metrics body (Prometheus text)",
                lambda d, s, o: parse(d, source=s, ts=o.ts), sniff=Sniff(30, _looks_like), needs_ts=True,
-               streaming=Splitting(cut_family, wide=True, max_piece=32 * 2**20)),
+               streaming=Splitting(cut_family, wide=True, max_piece=32 * 2**20), final_newline=True),
 )

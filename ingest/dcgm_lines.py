@@ -231,7 +231,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
         format="prometheus-text-0.0.4", lexer="lines-small", samples=samples,
         skipped_series=sum(skipped.values()), skipped_names=dict(sorted(skipped.items())),
         dcgm_blank_dropped=blank, non_finite_dropped=nonfinite, duplicates_dropped=dups,
-        exporter_pod_labels_ignored=exporter, truncated_last_line=False,
+        exporter_pod_labels_ignored=exporter,
     )
     meta["unmapped_fields"] = dict(sorted(unmapped.items()))
     return out

@@ -107,6 +107,9 @@ class FormatSpec:
     gzip_aware: bool = False
     needs_ts: bool = False  # no timestamps of its own: stamped with opts.ts or the time received
     streaming: Splitting | None = None
+    # Every line, the last included, ends with a line feed (Prometheus text): the parser refuses a cut
+    # last line, and a file streamed in pieces is checked for it before its first piece is written.
+    final_newline: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.sniff, Sniff):

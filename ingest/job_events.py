@@ -73,7 +73,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines, json_object
+from fleetscope.textinput import input_lines, json_object, unterminated_line
 from fleetscope.frames import JOB, JOB_EVENT, JOB_EVENT_KINDS, STEP, Batch
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
@@ -97,8 +97,10 @@ def parse(data: bytes, *, source: str = "") -> Batch:
     meta: dict[str, Any] = {"duplicates_dropped": 0, "conflicting_duplicates": 0, "steps_without_span": 0,
                             "job_lines": 0}
 
-    for lineno, text in _lines(data, source):
-        obj = json_object(text, source, lineno)
+    lines = _lines(data, source)
+    cut = unterminated_line(data)
+    for lineno, text in lines:
+        obj = json_object(text, source, lineno, unterminated=lineno == cut)
         f = _Fields(source, lineno)
         job_id = f.string(obj.get("job_id"), "job_id", required=True, max_len=256)
         ts = f.timestamp(obj.get("ts"), "ts", required=True)

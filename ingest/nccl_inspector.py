@@ -65,7 +65,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines, json_object
+from fleetscope.textinput import input_lines, json_object, require_final_newline, unterminated_line
 from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting
 
@@ -95,9 +95,10 @@ def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
     ctx: dict[str, Any] | None = None  # the v4.3 marker whose records are being read
     remaining: dict[str, int] = {}
     ctx_line = 0
+    cut = unterminated_line(data)
 
     for lineno, text in lines:
-        obj = json_object(text, source, lineno)
+        obj = json_object(text, source, lineno, unterminated=lineno == cut)
         if "dump_stats" in obj:
             if any(remaining.values()):
                 raise ParseError(
@@ -293,8 +294,10 @@ def parse_prometheus(
 
     The textfile has no timestamps (node exporter stamps samples at scrape time), so ``ts`` —
     timezone-aware, typically the file's modification time — is required unless every sample
-    carries the optional millisecond timestamp of the exposition format.
+    carries the optional millisecond timestamp of the exposition format. A last line without its line
+    feed is refused: the file was cut mid-line (``fleetscope.textinput.require_final_newline``).
     """
+    require_final_newline(data, source)
     lines = _lines(data, source)
     ts_utc = None
     if ts is not None:
@@ -419,5 +422,5 @@ FORMATS = (
     # Tried last: only a text that nothing else claimed (its metric names are generic enough).
     FormatSpec("nccl_inspector_prom", "NCCL Inspector Prometheus textfile",
                lambda d, s, o: parse_prometheus(d, source=s, job_id=o.job_id, ts=o.ts),
-               sniff=Sniff(90, _looks_like_prometheus), needs_ts=True),
+               sniff=Sniff(90, _looks_like_prometheus), needs_ts=True, final_newline=True),
 )

@@ -9,10 +9,14 @@ readings without a ``gpu_sample`` column, ``meta`` for what was skipped):
   ``[Not Supported]``, ``[Requested functionality has been deprecated]``, ``[Unknown Error]`` and so
   on: anything in square brackets, ``N/A`` and an empty field are "no value" and never stored.
 - :func:`parse_xml` reads ``nvidia-smi -q -x`` (DTD ``nvsmi_device_v1x``), including MIG devices.
-  The document is refused (:class:`ParseError`) if it declares entities or carries an internal DTD
-  subset: that is how entity-expansion ("billion laughs") and external-entity attacks start, and
-  nvidia-smi never writes either. A plain external ``<!DOCTYPE nvidia_smi_log SYSTEM "...dtd">``, which
-  nvidia-smi does write, is allowed: ElementTree never fetches it.
+  The document is refused (:class:`ParseError`) if it declares entities, references an external
+  entity or carries an internal DTD subset: that is how entity-expansion ("billion laughs", CWE-776)
+  and external-entity (XXE, CWE-611) attacks start, and nvidia-smi never writes either. The refusal is
+  made by the XML parser as it meets the declaration (defusedxml's expat handlers), after it decoded
+  the document, so it holds in every encoding expat reads (UTF-8, UTF-16 LE/BE with or without a
+  byte-order mark, an 8-bit encoding named in the XML declaration); an encoding expat cannot read
+  (UTF-32, UTF-7, ...) is refused as not well-formed. A plain external
+  ``<!DOCTYPE nvidia_smi_log SYSTEM "...dtd">``, which nvidia-smi does write, is allowed: it is never fetched.
 - :func:`parse_capture` reads a multi-section capture bundle as collected by nvidia_gpu_exporter's
   capture tool (sections headed ``# <phase> :: <what>`` / ``# $ <command>``) and parses every
   ``--query-gpu`` CSV section in it.
@@ -33,7 +37,9 @@ import re
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 
+import defusedxml
 import polars as pl
+from defusedxml.ElementTree import DefusedXMLParser
 
 from fleetscope.errors import ParseError
 from fleetscope.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE, Batch, series_key
@@ -253,12 +259,7 @@ def parse_xml(data: bytes | str, *, source: str = "", ts: datetime | None = None
     for documents that are not well-formed or not an ``nvidia_smi_log``.
     """
     raw = data.encode() if isinstance(data, str) else data
-    _refuse_dtd_tricks(raw, source)
-    try:
-        root = ET.fromstring(raw)
-    except ET.ParseError as e:
-        line = e.position[0] if getattr(e, "position", None) else None
-        raise ParseError(f"not well-formed XML: {e}", source=source, line=line, field="xml") from None
+    root = _parse_xml(raw, source)
     if root.tag != "nvidia_smi_log":
         raise ParseError(f"root element is <{root.tag}>, not <nvidia_smi_log>", source=source, field="xml")
     when = ts
@@ -311,15 +312,46 @@ def parse_xml(data: bytes | str, *, source: str = "", ts: datetime | None = None
     return _batch(records, source, {"format": "nvidia-smi-xml", "gpus": len(root.findall("gpu"))})
 
 
-def _refuse_dtd_tricks(raw: bytes, source: str) -> None:
-    if b"<!ENTITY" in raw:
-        raise ParseError("XML declares entities; refused (entity expansion)", source=source, field="xml")
-    start = raw.find(b"<!DOCTYPE")
-    if start >= 0:
-        end = raw.find(b">", start)
-        decl = raw[start : end if end >= 0 else len(raw)]
-        if b"[" in decl:
-            raise ParseError("XML DOCTYPE has an internal subset; refused", source=source, field="xml")
+class _InternalSubset(Exception):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Parser(DefusedXMLParser):
+    """defusedxml's parser (entity declarations and external references refused), which also refuses a
+    DOCTYPE with an internal subset as soon as it opens: entities are declared there (an external DTD is
+    never read), and nvidia-smi writes none."""
+
+    def __init__(self) -> None:
+        super().__init__(forbid_dtd=False, forbid_entities=True, forbid_external=True)
+        # Not named _doctype: ElementTree's XMLParser keeps an attribute of that name.
+        self.parser.StartDoctypeDeclHandler = self._refuse_internal_subset
+
+    def _refuse_internal_subset(self, name: str, sysid: str | None, pubid: str | None, has_internal_subset: int) -> None:
+        if has_internal_subset:
+            raise _InternalSubset(name)
+
+
+def _parse_xml(raw: bytes, source: str) -> ET.Element:
+    parser = _Parser()
+    try:
+        parser.feed(raw)
+        return parser.close()
+    except defusedxml.EntitiesForbidden as e:
+        raise ParseError(f"XML declares entity {e.name!r}; refused (entity expansion)", source=source, line=_line(parser),
+                         field="xml") from None
+    except defusedxml.ExternalReferenceForbidden as e:
+        raise ParseError(f"XML references external entity {e.sysid!r}; refused", source=source, line=_line(parser), field="xml") from None
+    except _InternalSubset as e:
+        raise ParseError(f"XML DOCTYPE {e.name} has an internal subset, where entities are declared; refused (entity expansion)",
+                         source=source, line=_line(parser), field="xml") from None
+    except ET.ParseError as e:
+        line = e.position[0] if getattr(e, "position", None) else None
+        raise ParseError(f"not well-formed XML: {e}", source=source, line=line, field="xml") from None
+
+
+def _line(parser: _Parser) -> int | None:
+    return getattr(parser.parser, "CurrentLineNumber", None)
 
 
 def _text(el: ET.Element, path: str) -> str | None:

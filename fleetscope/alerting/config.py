@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from fleetscope import safefiles
 from fleetscope import settings as settings_mod
 from fleetscope.alerting.notifiers import OutboundPolicy, RetryPolicy
 
@@ -117,7 +118,7 @@ def secret_keys(settings: settings_mod.Settings, alert_settings: AlertSettings) 
     from cryptography.fernet import Fernet
 
     path = settings.data_dir / "secret.key"
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    safefiles.private_dir(settings.data_dir)
     try:
         # O_EXCL: two processes starting together must not each write a different key.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

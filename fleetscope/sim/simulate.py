@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetscope import safefiles
 from fleetscope.sim import formats
 from fleetscope.sim.facility import facility_series
 from fleetscope.sim.faults import InjectedFault, plan_faults
@@ -122,9 +123,7 @@ def _stamp(t: dt.datetime) -> str:
 
 
 def _write(root: Path, rel: str, data: bytes, files: dict[str, list[str]], kind: str) -> None:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
+    safefiles.write_private(root / rel, data)
     files.setdefault(kind, []).append(rel)
 
 
@@ -132,7 +131,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
     """Simulate ``spec`` and write every output under ``out_dir`` (created; existing files are replaced).
     Returns the manifest, also written as ``out_dir/manifest.json``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    safefiles.private_dir(out)
     g = spec.gpus_per_node
     D = spec.duration_s
     topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, g, spec.gpu.name, spec.seed)
@@ -242,7 +241,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
                   "series": ["facility_power_w", "it_power_w", "grid_intensity_g_per_kwh"]},
         notes=notes,
     )
-    (out / "manifest.json").write_text(manifest.to_json() + "\n")
+    safefiles.write_private(out / "manifest.json", (manifest.to_json() + "\n").encode())
     return manifest
 
 

@@ -69,7 +69,7 @@ def test_cli_ingests_good_files_reports_bad_ones_and_exits_1(realdata, tmp_path)
     assert lines[0]["formats"] == ["nccl_tests"] and lines[0]["written"] == {"nccl_test": 64}
     assert lines[0]["notes"]["avg_busbw_gbps"] == 123.343  # as printed in the file
     assert "broken.jsonl" in lines[1]["error"] and "line 2" in lines[1]["error"]
-    assert lines[2]["summary"] == {"files": 2, "rejected": 1, "written": {"nccl_test": 64}}
+    assert lines[2]["summary"] == {"files": 2, "rejected": 1, "skipped": 0, "written": {"nccl_test": 64}}
     store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
     assert store.counts()["job_event"] == 0  # the broken file wrote nothing, not even its good first line
     again = run_cli(tmp_path, "ingest", "--json", str(good))

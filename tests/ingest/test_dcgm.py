@@ -314,15 +314,21 @@ def test_empty_body_is_an_empty_batch():
         assert b.gpu_sample.schema == GPU_SAMPLE.schema
 
 
-def test_truncated_last_line_is_dropped_and_flagged():
-    full = _line("DCGM_FI_DEV_GPU_TEMP", "33") + _line("DCGM_FI_DEV_POWER_USAGE", "250", gpu=1, uuid="GPU-2")
-    cut = full[: full.index("Hostname", len(full) // 2)]  # mid-way through the second line's labels
-    b = dcgm.parse(cut.encode(), ts=TS)
-    assert b.gpu_sample["gpu_uuid"].to_list() == ["GPU-1"]
-    assert b.meta["truncated_last_line"] is True
-    # A complete last line without its newline is kept.
-    b = dcgm.parse(full.rstrip("\n").encode(), ts=TS)
-    assert _gpu_row(b, "GPU-2")["power_w"] == 250
+@pytest.mark.parametrize("cut_at", ["labels", "value", "newline"])
+def test_a_last_line_without_its_line_feed_refuses_the_body(cut_at):
+    full = _line("DCGM_FI_DEV_GPU_TEMP", "33") + _line("DCGM_FI_DEV_POWER_USAGE", "22563", gpu=1, uuid="GPU-2")
+    # Mid-way through the second line's labels; inside its value (22563 -> 225, which still parses); or
+    # only its line feed missing: the text format requires it, and a cut cannot be told from a whole value.
+    cut = {"labels": full[: full.index("Hostname", len(full) // 2)], "value": full[: full.rindex("22563") + 3],
+           "newline": full[:-1]}[cut_at]
+    for lexer_ts in (TS, None):  # records and line paths alike
+        with pytest.raises(ParseError) as e:
+            dcgm.parse(cut.encode(), source="node-a", ts=lexer_ts)
+        assert (e.value.source, e.value.line, e.value.field) == ("node-a", 2, "line")
+        assert "without a line feed" in e.value.message and "nothing is stored" in e.value.message
+    # Blanks after the last line feed are no line.
+    b = dcgm.parse((full + "  \n\t").encode(), ts=TS)
+    assert _gpu_row(b, "GPU-2")["power_w"] == 22563
 
 
 def test_binary_garbage_is_a_parse_error_naming_the_line():
