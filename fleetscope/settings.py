@@ -73,6 +73,10 @@ class Settings:
     report_schedule: str = field(metadata={"env": "FLEETSCOPE_REPORT_SCHEDULE", "doc": "crontab (UTC) of the scheduled EU AI Act audit report", "default": "0 6 * * 1"})
     signing_key: str = field(metadata={"env": "FLEETSCOPE_SIGNING_KEY", "doc": "Ed25519 private key (PEM file) that signs export bundles; embedded: generated into the data dir", "default": "$FLEETSCOPE_DATA_DIR/signing_key.pem"})
     log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
+    tls_cert: str = field(metadata={"env": "FLEETSCOPE_TLS_CERT", "doc": "PEM certificate (chain) `fleetscope serve` and `fleetscope dashboard` serve HTTPS with; empty: plain HTTP", "default": ""})
+    tls_key: str = field(metadata={"env": "FLEETSCOPE_TLS_KEY", "doc": "PEM private key of FLEETSCOPE_TLS_CERT", "default": ""})
+    dashboard_auth: str = field(metadata={"env": "FLEETSCOPE_DASHBOARD_AUTH", "doc": "how dashboard users sign in: token (a Fleetscope API token) or oidc (Streamlit's st.login, `[auth]` in secrets.toml)", "default": "token"})
+    dashboard_oidc_scopes: str = field(metadata={"env": "FLEETSCOPE_DASHBOARD_OIDC_SCOPES", "doc": "with oidc: who gets which scopes, e.g. alice@x.org=admin;*@x.org=read;group:sre=read,admin", "default": ""})
 
     @property
     def is_sqlite(self) -> bool:
@@ -90,6 +94,9 @@ def load() -> Settings:
     otel = _env("FLEETSCOPE_OTEL_EXPORTER", "none").lower()
     if otel not in ("none", "console", "otlp"):
         raise ValueError(f"FLEETSCOPE_OTEL_EXPORTER={otel!r}: expected none, console or otlp")
+    dashboard_auth = _env("FLEETSCOPE_DASHBOARD_AUTH", "token").lower()
+    if dashboard_auth not in ("token", "oidc"):
+        raise ValueError(f"FLEETSCOPE_DASHBOARD_AUTH={dashboard_auth!r}: expected token or oidc")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -109,6 +116,10 @@ def load() -> Settings:
         report_schedule=_env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),
         signing_key=_env("FLEETSCOPE_SIGNING_KEY", ""),
         log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
+        tls_cert=_env("FLEETSCOPE_TLS_CERT", ""),
+        tls_key=_env("FLEETSCOPE_TLS_KEY", ""),
+        dashboard_auth=dashboard_auth,
+        dashboard_oidc_scopes=_env("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", ""),
     )
 
 

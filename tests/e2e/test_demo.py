@@ -63,7 +63,7 @@ def page_cells(db_url: str, page: str, monkeypatch_env: dict[str, str]) -> dict[
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     if page != "overview":
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     assert not at.exception and not at.error, (page, [e.message for e in at.exception], [e.value for e in at.error])
     cells: dict[str, set[str]] = {}
     for df in at.dataframe:
