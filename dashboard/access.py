@@ -62,10 +62,13 @@ class Access:
     def may(self, action: str) -> bool:
         return self.allows(ACTION_SCOPES[action])
 
+    def holding(self) -> str:
+        """Who this is and what they hold, as a user reads it: ``ana has read, governance``."""
+        return f"{self.name} has {', '.join(sorted(self.scopes)) or 'no scope'}"
+
     def why_not(self, scope: str) -> str:
         """What a user is told where a page or control needs a scope they lack."""
-        held = ", ".join(sorted(self.scopes)) or "no scope"
-        return f"This needs the {scope} scope; {self.name} has {held}."
+        return f"This needs the {scope} scope; {self.holding()}."
 
 
 # --- single sign-on: who gets which scopes -----------------------------------------------------------

@@ -88,9 +88,8 @@ def gate(settings: Settings) -> Access | None:
         return None
     if not any(found.allows(s) for s in USABLE):
         st.title("Fleetscope")
-        held = ", ".join(sorted(found.scopes)) or "no scope"
         ask = " Ask an administrator to add you to FLEETSCOPE_DASHBOARD_OIDC_SCOPES." if found.via == "oidc" else ""
-        st.error(f"{found.name} has {held}: the dashboard needs read, governance or admin.{ask}")
+        st.error(f"{found.holding()}: the dashboard needs read, governance or admin.{ask}")
         sign_out_button(found, st)
         return None
     st.session_state[SESSION_KEY] = found

@@ -113,7 +113,7 @@ st.subheader("Silences")
 ui.told("sil_result")
 silences = ui.q(queries.silences, fresh=True)
 if silences.is_empty():
-    ui.no_data("no silences.", "Create one below to mute matching alerts for a while.")
+    ui.no_data("no silences.", "Create one below to mute matching alerts for a while." if who.may("create_silence") else None)
 else:
     st.dataframe(
         silences,
@@ -126,7 +126,7 @@ else:
 
 now = dt.datetime.now(dt.UTC)
 if not who.may("create_silence"):
-    st.caption(f"Creating and expiring silences needs the admin scope, as `POST /api/v1/alerts/silences` does. {who.why_not('admin')}")
+    st.caption(f"Creating and expiring silences needs the admin scope, as `POST /api/v1/alerts/silences` does; {who.holding()}.")
 else:
     with st.expander("Create a silence", expanded=silences.is_empty()):
         with st.form("create_silence", clear_on_submit=False):

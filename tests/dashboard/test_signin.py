@@ -75,6 +75,14 @@ def nav_titles(at: AppTest) -> list[str]:
     return [info["page_name"] for info in at._registered_pages.values() if info.get("script_path")]
 
 
+def test_no_page_can_run_without_the_main_script() -> None:
+    # Streamlit runs a pages/ folder beside the main script as pages of their own (without app.py, so
+    # without the sign-in) until a run reaches st.navigation: the dashboard's pages live elsewhere.
+    assert not (APP.parent / "pages").exists()
+    assert sorted(p.stem for p in (APP.parent / "views").glob("*.py") if p.stem != "__init__") == sorted(
+        ["overview", "health_sdc", "reliability", "network", "energy_carbon", "jobs", "stragglers", "alerts", "governance"])
+
+
 def test_without_sign_in_no_page_content_appears(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(url, monkeypatch)
     at.run()
@@ -173,6 +181,7 @@ def test_a_read_token_sees_fleet_pages_but_no_governance_and_no_silence_form(url
     assert metrics(at)["Firing"] == "4"
     assert not at.main.button and not at.main.text_area  # neither the create nor the expire form
     assert any("needs the admin scope" in c.value and "viewer has read" in c.value for c in at.caption)
+    assert [i.value for i in at.info if "silences" in i.value] == ["No data yet: no silences."]  # no "create one below"
 
 
 def test_a_governance_token_sees_only_the_governance_page(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
