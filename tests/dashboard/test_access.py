@@ -96,3 +96,17 @@ def test_backoff_doubles_the_lock_after_each_failure_up_to_a_cap() -> None:
     assert b.failures == 23 and b.wait_s(200.0) == MAX_LOCK_S
     b.succeeded()
     assert b.failures == 0 and b.wait_s(200.0) == 0
+
+
+def test_the_dashboard_verb_refuses_a_bad_mapping_before_starting(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from fleetscope.cli import main
+
+    monkeypatch.setenv("FLEETSCOPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FLEETSCOPE_DASHBOARD_AUTH", "oidc")
+    monkeypatch.setenv("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", "*@x.org=read;anyone=admin")
+    result = CliRunner().invoke(main, ["dashboard", "--host", "127.0.0.1"])
+    assert result.exit_code == 1
+    assert "FLEETSCOPE_DASHBOARD_OIDC_SCOPES entry 2 ('anyone=admin'): a pattern is an e-mail address" in result.output
+    assert not (tmp_path / "data").exists()
