@@ -65,6 +65,16 @@ def acting(action: str) -> Access | None:
     return who if who is not None and who.may(action) else None
 
 
+def unchanged() -> bool:
+    """Whether the session is still signed in as the gate last found it (same user, same scopes): what an
+    auto-refreshing fragment, which reruns without the gate, checks before it draws."""
+    try:
+        now = resolve(settings_mod.load())
+    except (SQLAlchemyError, sqlite3.Error, MappingError, LookupError):
+        return False
+    return now is not None and now == st.session_state.get(SESSION_KEY)
+
+
 def gate(settings: Settings) -> Access | None:
     """Establish who is signed in. Returns their access; otherwise draws the sign-in (and nothing else) and
     returns None, and the caller shows no page."""

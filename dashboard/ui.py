@@ -9,6 +9,7 @@ viewers costs one query per TTL, and live panels still move.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -246,12 +247,24 @@ def live_end(f: Filters) -> dt.datetime:
 
 
 def live(body: Callable[[], None]) -> None:
-    """Run ``body`` as a fragment that reruns on its own every refresh interval (or once, when off)."""
+    """Run ``body`` as a fragment that reruns on its own every refresh interval (or once, when off).
+
+    A fragment's rerun skips app.py and so its sign-in gate: each one checks the session is still signed in
+    with the same scopes, and otherwise reruns the whole app, whose gate then asks for a sign-in."""
     f = filters()
-    if f.refresh_s:
-        st.fragment(run_every=f.refresh_s)(body)()
-    else:
+    if not f.refresh_s:
         body()
+        return
+
+    @functools.wraps(body)  # the fragment is known by its function's name: keep the page's own
+    def checked() -> None:
+        from dashboard import signin  # imported here: signin builds on this module
+
+        if not signin.unchanged():
+            st.rerun()
+        body()
+
+    st.fragment(run_every=f.refresh_s)(checked)()
 
 
 def pick_job(f: Filters, label: str = "Job", key: str = "page_job", require: Callable[[str], bool] | None = None) -> str | None:

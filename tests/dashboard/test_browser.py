@@ -57,7 +57,8 @@ def tokens(data_dir: Path) -> dict[str, str]:
     """Secrets of an admin and a read-only token in the module's database, by name."""
     store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
     try:
-        return {name: auth.create_token(store.engine, name, [scope]) for name, scope in (("browser-admin", "admin"), ("browser-reader", "read"))}
+        return {name: auth.create_token(store.engine, name, [scope])
+                for name, scope in (("browser-admin", "admin"), ("browser-reader", "read"), ("browser-revoked", "read"))}
     finally:
         store.engine.dispose()
 
@@ -152,6 +153,21 @@ KEY_METRICS = {
 MIN_CHARTS = {"overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
 # Pages whose every panel has data in the showcase world (the Alerts page has no silence yet).
 NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1}
+
+
+def test_a_token_revoked_while_live_panels_refresh_ends_the_session(base_url: str, visitor: Any, tokens: dict[str, str], data_dir: Path) -> None:
+    # An auto-refreshing panel reruns without app.py's gate; it checks the session itself.
+    B.open_page(visitor, base_url, B.PAGES[0], timeout_s=120, token=tokens["browser-revoked"])
+    visitor.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Auto-refresh live panels").click()
+    visitor.get_by_role("option", name="10 s").click()
+    B.wait_rendered(visitor, B.PAGES[0])
+    assert metric(visitor, "GPUs") == "64"
+    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
+    assert auth.revoke_token(store.engine, next(t["token_id"] for t in auth.list_tokens(store.engine) if t["name"] == "browser-revoked"))
+    store.engine.dispose()
+    # within the refresh interval plus the server's few seconds of token cache, with nothing clicked
+    visitor.get_by_text("The token this session signed in with is no longer valid (revoked or expired): sign in again.", exact=True).wait_for(timeout=90_000)
+    shows_only_the_sign_in(visitor)
 
 
 @pytest.mark.parametrize("spec", B.PAGES, ids=[p.name for p in B.PAGES])
