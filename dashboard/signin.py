@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
+from typing import Any
 
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
@@ -106,15 +107,16 @@ def gate(settings: Settings) -> Access | None:
     return found
 
 
-def sign_out_button(who: Access, where: object) -> None:
-    """Who is signed in, with which scopes, and a button that signs them out."""
-    where.caption(f"Signed in as **{who.name}** ({', '.join(sorted(who.scopes)) or 'no scope'})")  # type: ignore[attr-defined]
+def sign_out_button(who: Access, where: Any) -> None:
+    """Who is signed in, with which scopes, and a button that signs them out, drawn in ``where`` (``st`` or
+    ``st.sidebar``)."""
+    where.caption(f"Signed in as **{who.name}** ({', '.join(sorted(who.scopes)) or 'no scope'})")
     if who.via == "oidc":
-        if where.button("Sign out", key="signout"):  # type: ignore[attr-defined]
+        if where.button("Sign out", key="signout"):
             st.session_state.clear()
             st.logout()
     else:
-        where.button("Sign out", key="signout", on_click=_sign_out)  # type: ignore[attr-defined]
+        where.button("Sign out", key="signout", on_click=_sign_out)
 
 
 def _sign_out() -> None:
