@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from analyzers.energy import energy_rollup  # noqa: E402
 from dashboard import browser as B  # noqa: E402
-from fleetscope import db, health_service  # noqa: E402
+from fleetscope import auth, db, health_service  # noqa: E402
 from fleetscope import energy_service as es  # noqa: E402
 from fleetscope import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
@@ -181,8 +181,11 @@ def main() -> None:
         print(json.dumps({"bench": "dashboard", "what": "seed", **common, **seed(url, path.parent, spec, end, args.hours)}), flush=True)
 
     log = Path(args.log).resolve() if args.log else None
+    engine = db.make_engine(url)
+    token = auth.create_token(engine, "bench-dashboard", ["admin"])  # the dashboard shows nothing before sign-in
+    engine.dispose()
     with B.dashboard_server(url, data_dir=path.parent, timeout_s=args.timeout_s, log=log) as base, B.browser_page() as page:
-        first = B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s)
+        first = B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s, token=token)
         print(json.dumps({"bench": "dashboard", "what": "first_load", "page": "overview", **common, "seconds": round(first, 2)}), flush=True)
         order = list(B.PAGES[1:]) + [B.PAGES[0]]
         visits: dict[str, list[float | None]] = {p.name: [] for p in order}
@@ -196,7 +199,7 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError and friends
                 visits[p.name].append(None)
                 errors.setdefault(p.name, []).append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s)
+                B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s, token=token)
                 return
             errors.setdefault(p.name, []).extend(B.error_texts(page))
 

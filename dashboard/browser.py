@@ -129,18 +129,28 @@ def dashboard_server(
             out.close()  # type: ignore[union-attr]
 
 
+VIEWPORT = {"width": 1440, "height": 1800}
+
+
 @contextmanager
-def browser_page(width: int = 1440, height: int = 1800) -> Iterator[Any]:
-    """A fresh headless Chromium page (Playwright ``Page``)."""
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (Playwright ``Browser``): ``new_page()`` on it is a fresh visitor, with no
+    session or cookie of another page. Playwright's sync API allows one of these per thread at a time."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def browser_page(width: int = VIEWPORT["width"], height: int = VIEWPORT["height"]) -> Iterator[Any]:
+    """A fresh headless Chromium page (Playwright ``Page``)."""
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": width, "height": height})
 
 
 # Streamlit marks the app root with the script's state; elements whose code is still loading show as
@@ -161,10 +171,24 @@ def wait_rendered(page: Any, spec: PageSpec, timeout_s: float = 60) -> None:
     page.wait_for_function(_CHARTS_DRAWN, timeout=ms)
 
 
-def open_page(page: Any, base: str, spec: PageSpec, timeout_s: float = 60, query: str = "") -> float:
-    """Load ``spec``'s page fresh and return the seconds until its content has rendered."""
+SIGN_IN_TITLE = "Sign in to Fleetscope"
+
+
+def sign_in(page: Any, token: str, timeout_s: float = 60) -> None:
+    """Fill the dashboard's sign-in form (shown on every address until a session signs in) with ``token``."""
+    field = page.get_by_label("API token", exact=True)
+    field.wait_for(state="visible", timeout=timeout_s * 1000)
+    field.fill(token)
+    page.get_by_role("button", name="Sign in", exact=True).click(timeout=timeout_s * 1000)
+
+
+def open_page(page: Any, base: str, spec: PageSpec, timeout_s: float = 60, query: str = "", token: str | None = None) -> float:
+    """Load ``spec``'s page fresh (a new session: signed in with ``token`` first where given) and return the
+    seconds until its content has rendered."""
     t0 = time.perf_counter()
     page.goto(f"{base}/{spec.path}{query}", wait_until="domcontentloaded", timeout=timeout_s * 1000)
+    if token is not None:
+        sign_in(page, token, timeout_s)
     wait_rendered(page, spec, timeout_s)
     return time.perf_counter() - t0
 

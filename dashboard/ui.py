@@ -9,6 +9,8 @@ viewers costs one query per TTL, and live panels still move.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import streamlit as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from dashboard.access import SESSION_KEY, Access
 from fleetscope import queries
 from fleetscope import settings as settings_mod
 from fleetscope.store import Store
@@ -37,6 +40,8 @@ ANCHORS = ("latest data", "now")
 STALE_AFTER_S = 600
 
 TIME_AXIS = "Time (UTC)"
+
+log = logging.getLogger(__name__)
 
 
 # --- the store and cached queries ------------------------------------------------------------------
@@ -93,7 +98,8 @@ def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled
 
 
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False)
-def _schema_problem(url: str) -> str | None:
+def _schema_problem(url: str) -> tuple[bool, str] | None:
+    """(whether the database was unreachable, what to tell), or None where it answers with the current schema."""
     from fleetscope import db
 
     try:
@@ -101,18 +107,46 @@ def _schema_problem(url: str) -> str | None:
         current, head = db.current_revision(engine), db.head_revision(url)
     except (SQLAlchemyError, sqlite3.Error) as exc:
         shown = make_url(url).render_as_string(hide_password=True)
-        return f"Cannot reach the database at {shown}: {str(exc).splitlines()[0][:300]}"
+        return True, f"Cannot reach the database at {shown}: {str(exc).splitlines()[0][:300]}"
     if current != head:
-        return f"The database schema is at {current or 'nothing'}, this version expects {head}: run `fleetscope db upgrade`."
+        return False, f"The database schema is at {current or 'nothing'}, this version expects {head}: run `fleetscope db upgrade`."
     return None
 
 
-def check_database() -> None:
-    """Stop with a clear message where the database is unreachable or its schema is behind."""
+def check_database(signed_in: bool = True) -> None:
+    """Stop with a clear message where the database is unreachable or its schema is behind. Before sign-in
+    (``signed_in=False``) an unreachable database is reported without its address or the driver's error,
+    which go to the server's log instead."""
     problem = _schema_problem(database_url())
     if problem:
-        st.error(problem)
+        unreachable, text = problem
+        if unreachable and not signed_in:
+            log.error("dashboard: %s", text)
+            text = "The database does not answer, so nobody can sign in yet; the server's log says why."
+        st.error(text)
         st.stop()
+
+
+# --- who is signed in ---------------------------------------------------------------------------------
+
+
+def access() -> Access:
+    """The signed-in user of this run (``dashboard.signin.gate``, run by app.py before any page). A page
+    reached without one draws nothing."""
+    who = st.session_state.get(SESSION_KEY)
+    if not isinstance(who, Access):
+        st.stop()
+    return who
+
+
+def require(scope: str) -> Access:
+    """The signed-in user, where they hold ``scope``; otherwise the page says which scope it needs and stops.
+    app.py shows no page the user may not see, so this is the page's own guard behind the navigation's."""
+    who = access()
+    if not who.allows(scope):
+        st.warning(who.why_not(scope))
+        st.stop()
+    return who
 
 
 # --- filters -----------------------------------------------------------------------------------------
@@ -198,7 +232,9 @@ def sidebar() -> Filters:
 
 
 def filters() -> Filters:
-    """The filters the sidebar set on this run (pages are run after the sidebar, by app.py)."""
+    """The filters the sidebar set on this run (pages are run after the sidebar, by app.py). Fleet pages
+    call it first: it also stops a page whose user lacks the read scope."""
+    require("read")
     f = st.session_state.get("_filters")
     if f is None:  # a page run on its own (tests of a single page): draw the sidebar here
         f = sidebar()
@@ -211,12 +247,24 @@ def live_end(f: Filters) -> dt.datetime:
 
 
 def live(body: Callable[[], None]) -> None:
-    """Run ``body`` as a fragment that reruns on its own every refresh interval (or once, when off)."""
+    """Run ``body`` as a fragment that reruns on its own every refresh interval (or once, when off).
+
+    A fragment's rerun skips app.py and so its sign-in gate: each one checks the session is still signed in
+    with the same scopes, and otherwise reruns the whole app, whose gate then asks for a sign-in."""
     f = filters()
-    if f.refresh_s:
-        st.fragment(run_every=f.refresh_s)(body)()
-    else:
+    if not f.refresh_s:
         body()
+        return
+
+    @functools.wraps(body)  # the fragment is known by its function's name: keep the page's own
+    def checked() -> None:
+        from dashboard import signin  # imported here: signin builds on this module
+
+        if not signin.unchanged():
+            st.rerun()
+        body()
+
+    st.fragment(run_every=f.refresh_s)(checked)()
 
 
 def pick_job(f: Filters, label: str = "Job", key: str = "page_job", require: Callable[[str], bool] | None = None) -> str | None:

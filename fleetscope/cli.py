@@ -155,20 +155,59 @@ def token_revoke(token_id: int) -> None:
 # --- processes ---------------------------------------------------------------------------------
 
 
+def _tls_options(f):  # type: ignore[no-untyped-def]
+    f = click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert (or FLEETSCOPE_TLS_KEY).")(f)
+    return click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                        help="Serve HTTPS with this PEM certificate (chain) (or FLEETSCOPE_TLS_CERT); needs --tls-key.")(f)
+
+
+def _tls(cert: str | None, key: str | None, s: settings_mod.Settings) -> tuple[str, str] | None:
+    """The certificate and key to serve HTTPS with (options first, then settings), checked to load as a
+    pair before the server starts; None for plain HTTP."""
+    import ssl
+
+    cert, key = cert or s.tls_cert, key or s.tls_key
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        given, missing = (("--tls-cert (or FLEETSCOPE_TLS_CERT)", "--tls-key (or FLEETSCOPE_TLS_KEY)") if cert
+                          else ("--tls-key (or FLEETSCOPE_TLS_KEY)", "--tls-cert (or FLEETSCOPE_TLS_CERT)"))
+        raise click.ClickException(f"{given} was given without {missing}: HTTPS needs both the certificate and its private key")
+    for name, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(path).is_file():
+            raise click.ClickException(f"{name}: no file at {path}")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise click.ClickException(f"--tls-cert {cert} and --tls-key {key} do not load as a PEM certificate and its private key: {exc}") from None
+    return str(Path(cert).resolve()), str(Path(key).resolve())
+
+
+def _warn_plain_http(host: str, what: str) -> None:
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        click.echo(f"warning: {what} serves plain HTTP on {host}: tokens cross the network readable unless a TLS proxy is in front "
+                   "(or give --tls-cert and --tls-key)", err=True)
+
+
 @main.command()
 @click.option("--host", default=None, help="Bind address (default FLEETSCOPE_API_HOST).")
 @click.option("--port", type=int, default=None, help="Port (default FLEETSCOPE_API_PORT).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Uvicorn worker processes.")
-def serve(host: str | None, port: int | None, workers: int) -> None:
-    """Run the HTTP API (FastAPI under uvicorn)."""
+@_tls_options
+def serve(host: str | None, port: int | None, workers: int, tls_cert: str | None, tls_key: str | None) -> None:
+    """Run the HTTP API (FastAPI under uvicorn), over HTTPS with --tls-cert and --tls-key."""
     import uvicorn
 
     s = _settings()
+    tls = _tls(tls_cert, tls_key, s)
+    host = host or s.api_host
+    if tls is None:
+        _warn_plain_http(host, "the API")
     _engine(s)  # migrate once here, not in every worker process
     from fleetscope.api.server import uvicorn_options
 
-    uvicorn.run("fleetscope.api:create_app", factory=True, host=host or s.api_host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
-                **uvicorn_options(s.max_header_bytes))
+    uvicorn.run("fleetscope.api:create_app", factory=True, host=host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
+                ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None, **uvicorn_options(s.max_header_bytes))
 
 
 ALERTING_WORKER_THREADS = 4  # evaluations take a lock and run one at a time; deliveries wait on receivers
@@ -224,12 +263,25 @@ def _die_with_parent() -> None:
 @main.command("dashboard", context_settings={"ignore_unknown_options": True})
 @click.option("--host", envvar="FLEETSCOPE_DASHBOARD_HOST", default="127.0.0.1", show_default=True, help="Bind address (or FLEETSCOPE_DASHBOARD_HOST).")
 @click.option("--port", envvar="FLEETSCOPE_DASHBOARD_PORT", type=int, default=8501, show_default=True, help="Port (or FLEETSCOPE_DASHBOARD_PORT).")
+@_tls_options
 @click.argument("streamlit_args", nargs=-1, type=click.UNPROCESSED)
-def dashboard_cmd(host: str, port: int, streamlit_args: tuple[str, ...]) -> None:
-    """Run the Streamlit dashboard (extra arguments go to `streamlit run`)."""
+def dashboard_cmd(host: str, port: int, tls_cert: str | None, tls_key: str | None, streamlit_args: tuple[str, ...]) -> None:
+    """Run the Streamlit dashboard (extra arguments go to `streamlit run`), over HTTPS with --tls-cert and --tls-key.
+
+    Users sign in with an API token, or through an OIDC provider with FLEETSCOPE_DASHBOARD_AUTH=oidc."""
     import importlib.util
 
     s = _settings()
+    tls = _tls(tls_cert, tls_key, s)
+    if tls is None:
+        _warn_plain_http(host, "the dashboard")
+    if s.dashboard_auth == "oidc":
+        from dashboard.access import MappingError, parse_mapping
+
+        try:
+            parse_mapping(s.dashboard_oidc_scopes)
+        except MappingError as exc:
+            raise click.ClickException(str(exc)) from None
     _engine(s)  # migrate the embedded database on first start, as `serve` does; the dashboard only reads
     spec = importlib.util.find_spec("dashboard")
     if spec is None or spec.origin is None:
@@ -239,7 +291,8 @@ def dashboard_cmd(host: str, port: int, streamlit_args: tuple[str, ...]) -> None
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(s.data_dir), "FLEETSCOPE_DATABASE_URL": s.database_url}
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true", "--server.port", str(port),
            "--server.address", host, "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-           "--client.toolbarMode", "viewer", *streamlit_args]
+           "--client.toolbarMode", "viewer",
+           *(["--server.sslCertFile", tls[0], "--server.sslKeyFile", tls[1]] if tls else []), *streamlit_args]
     if os.name == "posix":
         os.execve(sys.executable, cmd, env)  # streamlit takes this pid, so signals and supervisors reach it directly
     sys.exit(subprocess.call(cmd, env=env))

@@ -335,8 +335,9 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         if as_json:
             click.echo(json.dumps(summary, default=str))
         else:
-            say(f"dashboard  {summary['dashboard_url']}")
-            say(f"token      {admin}   (scope admin; try: curl -H 'Authorization: Bearer {admin}' {url}/api/v1/jobs)")
+            say(f"dashboard  {summary['dashboard_url']}  (sign in with the token below)")
+            say(f"token      {admin}   (scope admin: paste it into the dashboard's sign-in; for the API, try: "
+                f"curl -H 'Authorization: Bearer {admin}' {url}/api/v1/jobs)")
             say(f"logs       {logs}")
             say(f"ready in {summary['ready_s']} s. Ctrl-C stops everything.")
         deadline = None if exit_after is None else time.monotonic() + exit_after

@@ -82,6 +82,10 @@ class Settings:
     audit_key_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_KEY_FILE", "doc": "secret key (hex) of the audit log's HMAC chain, kept outside the database; embedded: generated into the data dir (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit.key"})
     audit_checkpoint_file: str = field(metadata={"env": "FLEETSCOPE_AUDIT_CHECKPOINT_FILE", "doc": "append-only file of the audit log's signed checkpoints (0600)", "default": "$FLEETSCOPE_DATA_DIR/audit_checkpoints.jsonl"})
     log_level: str = field(metadata={"env": "FLEETSCOPE_LOG_LEVEL", "doc": "Python log level", "default": "INFO"})
+    tls_cert: str = field(metadata={"env": "FLEETSCOPE_TLS_CERT", "doc": "PEM certificate (chain) `fleetscope serve` and `fleetscope dashboard` serve HTTPS with; empty: plain HTTP", "default": ""})
+    tls_key: str = field(metadata={"env": "FLEETSCOPE_TLS_KEY", "doc": "PEM private key of FLEETSCOPE_TLS_CERT", "default": ""})
+    dashboard_auth: str = field(metadata={"env": "FLEETSCOPE_DASHBOARD_AUTH", "doc": "how dashboard users sign in: token (a Fleetscope API token) or oidc (Streamlit's st.login, `[auth]` in secrets.toml)", "default": "token"})
+    dashboard_oidc_scopes: str = field(metadata={"env": "FLEETSCOPE_DASHBOARD_OIDC_SCOPES", "doc": "with oidc: who gets which scopes, e.g. alice@x.org=admin;*@x.org=read;group:sre=read,admin", "default": ""})
     # API request limits (README "Scopes, bindings and limits")
     max_header_bytes: int = field(default=16384, metadata={"env": "FLEETSCOPE_MAX_HEADER_BYTES", "doc": "largest request head (request line and headers) the API reads; 431 above", "default": "16384"})
     max_json_depth: int = field(default=64, metadata={"env": "FLEETSCOPE_MAX_JSON_DEPTH", "doc": "deepest nesting of arrays and objects a JSON body may have (400 above)", "default": "64"})
@@ -107,6 +111,9 @@ def load() -> Settings:
     otel = _env("FLEETSCOPE_OTEL_EXPORTER", "none").lower()
     if otel not in ("none", "console", "otlp"):
         raise ValueError(f"FLEETSCOPE_OTEL_EXPORTER={otel!r}: expected none, console or otlp")
+    dashboard_auth = _env("FLEETSCOPE_DASHBOARD_AUTH", "token").lower()
+    if dashboard_auth not in ("token", "oidc"):
+        raise ValueError(f"FLEETSCOPE_DASHBOARD_AUTH={dashboard_auth!r}: expected token or oidc")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -128,6 +135,10 @@ def load() -> Settings:
         audit_key_file=_env("FLEETSCOPE_AUDIT_KEY_FILE", ""),
         audit_checkpoint_file=_env("FLEETSCOPE_AUDIT_CHECKPOINT_FILE", ""),
         log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
+        tls_cert=_env("FLEETSCOPE_TLS_CERT", ""),
+        tls_key=_env("FLEETSCOPE_TLS_KEY", ""),
+        dashboard_auth=dashboard_auth,
+        dashboard_oidc_scopes=_env("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", ""),
         max_header_bytes=_positive("FLEETSCOPE_MAX_HEADER_BYTES", 16384),
         max_json_depth=_positive("FLEETSCOPE_MAX_JSON_DEPTH", 64),
         max_future_skew_s=_float("FLEETSCOPE_MAX_FUTURE_SKEW_S", 300.0),

@@ -1,13 +1,17 @@
 """docker-compose.yml: the production-shaped stack is complete and consistent.
 
 `docker compose config` validates it where the compose plugin exists (.ci/run runs it then); this test
-checks what matters to an operator on every machine.
+checks what matters to an operator on every machine, and runs the proxy's own configuration
+(deploy/Caddyfile) in a real Caddy, where one is installed, in front of a real API and dashboard.
 """
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -15,13 +19,50 @@ from fleetscope import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+CADDYFILE = ROOT / "deploy" / "Caddyfile"
 
 
 def test_services_and_health_checks():
     services = COMPOSE["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker", "beat", "dashboard"} <= set(services)
-    for name in ("postgres", "redis", "api", "worker", "beat", "dashboard"):
+    assert {"postgres", "redis", "migrate", "api", "worker", "beat", "dashboard", "proxy"} <= set(services)
+    for name in ("postgres", "redis", "api", "worker", "beat", "dashboard", "proxy"):
         assert "healthcheck" in services[name], name
+
+
+def _published(service: dict) -> list[str]:
+    """A service's published ports in compose's short syntax ("[IP:]HOST:CONTAINER") or long syntax."""
+    out = []
+    for p in service.get("ports", []):
+        if isinstance(p, dict):
+            out.append(f"{p.get('host_ip', '')}:{p.get('published', '')}:{p.get('target')}".lstrip(":"))
+        else:
+            out.append(str(p))
+    return out
+
+
+def test_only_the_tls_proxy_is_published():
+    services = COMPOSE["services"]
+    assert services["proxy"]["image"].startswith("caddy:")
+    assert _published(services["proxy"]) == ["443:443"]
+    for name, svc in services.items():
+        if name == "proxy":
+            continue
+        # anything else reachable from outside the host would skip the proxy's TLS: loopback at most
+        assert all(p.startswith("127.0.0.1:") for p in _published(svc)), (name, _published(svc))
+    assert services["api"]["expose"] == ["8000"] and services["dashboard"]["expose"] == ["8501"]
+    for name in ("api", "dashboard"):
+        assert services["proxy"]["depends_on"][name]["condition"] == "service_healthy"
+
+
+def test_the_proxy_reads_the_repositorys_caddyfile_and_the_operators_certificate():
+    volumes = COMPOSE["services"]["proxy"]["volumes"]
+    assert "./deploy/Caddyfile:/etc/caddy/Caddyfile:ro" in volumes
+    assert "${TLS_CERT_DIR:-./deploy/tls}:/etc/caddy/tls:ro" in volumes
+    text = CADDYFILE.read_text()
+    assert "tls {$PROXY_CERT:/etc/caddy/tls/fleetscope.crt} {$PROXY_KEY:/etc/caddy/tls/fleetscope.key}" in text
+    assert "reverse_proxy {$PROXY_API:api:8000}" in text and "reverse_proxy {$PROXY_DASHBOARD:dashboard:8501}" in text
+    # the certificate folder exists in a checkout and keeps keys out of git
+    assert (ROOT / "deploy" / "tls" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
 
 
 def test_migrations_run_once_before_the_service_processes():
@@ -71,3 +112,71 @@ def _compose() -> list[str] | None:
 def test_docker_compose_config_validates():
     proc = subprocess.run([*_compose(), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def _caddy_env(tmp_path: Path, **proxy: str) -> dict[str, str]:
+    # Caddy keeps its state under $HOME / XDG folders: keep them in the test's folder.
+    return {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), **proxy}
+
+
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="Caddy is not installed (apt-get install caddy)")
+def test_the_caddyfile_validates(tmp_path):
+    from tests.fleetscope.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    env = _caddy_env(tmp_path, PROXY_CERT=str(cert), PROXY_KEY=str(key))
+    proc = subprocess.run(["caddy", "validate", "--config", str(CADDYFILE), "--adapter", "caddyfile"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="Caddy is not installed (apt-get install caddy)")
+def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
+    """deploy/Caddyfile in a real Caddy on a loopback port, in front of `fleetscope serve` and `fleetscope
+    dashboard` on plain loopback HTTP, as the compose stack runs them: the API's paths reach the API, the
+    rest (the dashboard's websocket included) the dashboard, and only over TLS."""
+    from websockets.sync.client import connect
+
+    from dashboard.browser import free_port
+    from fleetscope import auth, db
+    from tests.fleetscope.test_tls import env_for, running, self_signed, trusting
+
+    cert, key = self_signed(tmp_path)
+    ctx = trusting(cert)
+    api_port, dash_port, proxy_port = free_port(), free_port(), free_port()
+    env = env_for(tmp_path)
+    proxy = _caddy_env(tmp_path, PROXY_LISTEN=f":{proxy_port}", PROXY_CERT=str(cert), PROXY_KEY=str(key),
+                       PROXY_API=f"127.0.0.1:{api_port}", PROXY_DASHBOARD=f"127.0.0.1:{dash_port}")
+    base = f"https://127.0.0.1:{proxy_port}"
+    with running(["serve", "--host", "127.0.0.1", "--port", str(api_port)], env, f"http://127.0.0.1:{api_port}/healthz", ctx, tmp_path / "api.log"), \
+         running(["dashboard", "--host", "127.0.0.1", "--port", str(dash_port)], env, f"http://127.0.0.1:{dash_port}/_stcore/health", ctx, tmp_path / "dash.log"):
+        caddy = subprocess.Popen(["caddy", "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"], env=proxy,
+                                 stdout=(tmp_path / "caddy.log").open("wb"), stderr=subprocess.STDOUT)
+        try:
+            health = None
+            for _ in range(100):
+                try:
+                    health = httpx.get(base + "/healthz", verify=ctx, timeout=5)
+                    break
+                except httpx.ConnectError:
+                    assert caddy.poll() is None, (tmp_path / "caddy.log").read_text()[-3000:]
+                    time.sleep(0.2)
+            assert health is not None and health.status_code == 200 and health.json()["status"] == "ok"  # the API's answer
+            assert health.headers["strict-transport-security"] == "max-age=31536000"
+            engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}")
+            secret = auth.create_token(engine, "proxy-reader", ["read"])
+            engine.dispose()
+            jobs = httpx.get(base + "/api/v1/jobs", headers={"Authorization": f"Bearer {secret}"}, verify=ctx, timeout=10)
+            assert jobs.status_code == 200 and jobs.json() == []
+            assert httpx.get(base + "/api/v1/jobs", verify=ctx, timeout=10).status_code == 401
+            page = httpx.get(base + "/", verify=ctx, timeout=10)
+            assert page.status_code == 200 and "<title>Streamlit</title>" in page.text  # the dashboard's shell
+            assert httpx.get(base + "/_stcore/health", verify=ctx, timeout=10).text == "ok"
+            with connect(f"wss://127.0.0.1:{proxy_port}/_stcore/stream", ssl=ctx, open_timeout=10) as ws:
+                assert ws.protocol.state.name == "OPEN"  # the upgrade went through to Streamlit
+            # Plain HTTP to the TLS port is refused by the TLS server itself, never forwarded.
+            plain = httpx.get(f"http://127.0.0.1:{proxy_port}/healthz", timeout=5)
+            assert plain.status_code == 400 and "HTTP request to an HTTPS server" in plain.text
+        finally:
+            caddy.terminate()
+            caddy.wait(timeout=20)

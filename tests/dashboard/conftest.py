@@ -16,11 +16,13 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from fleetscope import db
+from dashboard import signin
+from fleetscope import auth, db
 from fleetscope import settings as settings_mod
 from fleetscope.sim.fleet import FleetSpec
 from fleetscope.sim.showcase import run_services, showcase
@@ -31,6 +33,19 @@ SEED_START = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 SEED_DURATION_S = 1800
 SPEC = FleetSpec()
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+def sign_in(at: Any, url: str, scopes: tuple[str, ...] = ("admin",), name: str | None = None) -> str:
+    """Sign an AppTest session in the way the sign-in form leaves it: a real token created in ``url``'s store
+    (named ``name``, default ``test-<scopes>``), its secret in the session state the app verifies on every
+    run. Returns the secret."""
+    store = Store.open(url)
+    try:
+        secret = auth.create_token(store.engine, name or "test-" + "-".join(scopes), list(scopes))
+    finally:
+        store.engine.dispose()
+    at.session_state[signin.TOKEN_KEY] = secret
+    return secret
 
 
 def seed(url: str, data_dir: Path, start: dt.datetime = SEED_START, duration_s: int = SEED_DURATION_S, spec: FleetSpec = SPEC) -> dict:

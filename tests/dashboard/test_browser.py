@@ -1,5 +1,6 @@
 """The dashboard in a real browser: `fleetscope dashboard` on a loopback port against the showcase world,
-every page visited in headless Chromium, key content asserted, no error element, a screenshot of each.
+signed in with API tokens, every page visited in headless Chromium, key content asserted, no error element,
+a screenshot of each; and what a visitor without a valid token, or with a read-only one, gets.
 
 Needs Debian's chromium and Playwright's Python API (CI: `apt-get install -y chromium` and
 `pip install playwright`; never `playwright install`, which downloads browsers). Skips with that reason
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from dashboard import browser as B
+from fleetscope import auth
 from fleetscope import queries as Q
 from fleetscope.store import Store
 from governance import exports
@@ -51,11 +53,88 @@ def base_url(data_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def page(base_url: str) -> Iterator[Any]:
-    with B.browser_page() as p:
-        # The first load pays for Python imports and the frontend bundle; give it room on a slow machine.
-        B.open_page(p, base_url, B.PAGES[0], timeout_s=180)
-        yield p
+def tokens(data_dir: Path) -> dict[str, str]:
+    """Secrets of an admin and a read-only token in the module's database, by name."""
+    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
+    try:
+        return {name: auth.create_token(store.engine, name, [scope])
+                for name, scope in (("browser-admin", "admin"), ("browser-reader", "read"), ("browser-revoked", "read"))}
+    finally:
+        store.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def browser(base_url: str) -> Iterator[Any]:
+    with B.chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def visitor(browser: Any) -> Iterator[Any]:
+    """A new visitor: a page of its own, with no session or cookie of the others."""
+    context = browser.new_context(viewport=B.VIEWPORT)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def page(base_url: str, browser: Any, tokens: dict[str, str]) -> Iterator[Any]:
+    """The admin's page, signed in once; the page-by-page tests move through it as a user does."""
+    context = browser.new_context(viewport=B.VIEWPORT)
+    p = context.new_page()
+    # The first load pays for Python imports and the frontend bundle; give it room on a slow machine.
+    B.open_page(p, base_url, B.PAGES[0], timeout_s=180, token=tokens["browser-admin"])
+    yield p
+    context.close()
+
+
+def shows_only_the_sign_in(page: Any, timeout_s: float = 120) -> None:
+    page.get_by_text(B.SIGN_IN_TITLE, exact=True).wait_for(state="visible", timeout=timeout_s * 1000)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_s * 1000)
+    assert page.locator('[data-testid="stMetric"], [data-testid="stDataFrame"], [data-testid="stVegaLiteChart"]').count() == 0
+    assert page.locator('[data-testid="stSidebarNav"], [data-testid="stSidebarUserContent"] [data-testid="stSelectbox"]').count() == 0
+    for spec in B.PAGES:
+        for text in spec.expect:
+            assert page.get_by_text(text, exact=True).count() == 0, text
+
+
+def test_without_sign_in_no_page_content_appears(base_url: str, visitor: Any) -> None:
+    # First in the module, so the server has served nobody yet: a fresh server's first request for a page
+    # gets the sign-in too.
+    for path in ("governance", "", "jobs?job=job-llm-c", "alerts"):
+        visitor.goto(f"{base_url}/{path}", wait_until="domcontentloaded", timeout=180_000)
+        shows_only_the_sign_in(visitor)
+    visitor.screenshot(path=str(ARTIFACTS / "sign-in.png"), full_page=True)
+
+
+def test_a_wrong_token_is_refused(base_url: str, visitor: Any, tokens: dict[str, str]) -> None:
+    visitor.goto(base_url, wait_until="domcontentloaded", timeout=120_000)
+    B.sign_in(visitor, tokens["browser-admin"][:-4] + "abcd")
+    visitor.get_by_text("Sign-in failed: that is not a valid token.", exact=True).wait_for(timeout=60_000)
+    shows_only_the_sign_in(visitor)
+    # The form forgot what was typed.
+    assert visitor.get_by_label("API token", exact=True).input_value() == ""
+
+
+def test_a_read_only_token_sees_fleet_pages_but_cannot_silence_or_export(base_url: str, visitor: Any, tokens: dict[str, str]) -> None:
+    B.open_page(visitor, base_url, B.PAGES[0], timeout_s=120, token=tokens["browser-reader"])
+    assert B.error_texts(visitor) == []
+    assert metric(visitor, "GPUs") == "64"
+    nav = visitor.locator('[data-testid="stSidebarNav"] a')
+    assert [nav.nth(i).get_attribute("href").rsplit("/", 1)[-1] for i in range(nav.count())] == [
+        "", "health_sdc", "reliability", "network", "energy_carbon", "jobs", "stragglers", "alerts"]
+    visitor.get_by_text("Not shown, as they need the governance scope: Governance.", exact=True).wait_for(timeout=10_000)
+    B.navigate(visitor, next(p for p in B.PAGES if p.name == "alerts"))
+    assert B.error_texts(visitor) == []
+    assert metric(visitor, "Firing") == "4"
+    assert visitor.get_by_role("button", name="Create silence").count() == 0
+    assert visitor.get_by_role("button", name="Expire silence").count() == 0
+    visitor.get_by_text("Creating and expiring silences needs the admin scope", exact=False).wait_for(timeout=10_000)
+    assert visitor.get_by_text("Audit reports and export bundles", exact=True).count() == 0
+    assert visitor.locator('[data-testid="stDownloadButton"]').count() == 0
+    visitor.screenshot(path=str(ARTIFACTS / "alerts-read-only.png"), full_page=True)
 
 
 def metric(page: Any, label: str) -> str:
@@ -76,6 +155,21 @@ MIN_CHARTS = {"overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "relia
 NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1}
 
 
+def test_a_token_revoked_while_live_panels_refresh_ends_the_session(base_url: str, visitor: Any, tokens: dict[str, str], data_dir: Path) -> None:
+    # An auto-refreshing panel reruns without app.py's gate; it checks the session itself.
+    B.open_page(visitor, base_url, B.PAGES[0], timeout_s=120, token=tokens["browser-revoked"])
+    visitor.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Auto-refresh live panels").click()
+    visitor.get_by_role("option", name="10 s").click()
+    B.wait_rendered(visitor, B.PAGES[0])
+    assert metric(visitor, "GPUs") == "64"
+    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
+    assert auth.revoke_token(store.engine, next(t["token_id"] for t in auth.list_tokens(store.engine) if t["name"] == "browser-revoked"))
+    store.engine.dispose()
+    # within the refresh interval plus the server's few seconds of token cache, with nothing clicked
+    visitor.get_by_text("The token this session signed in with is no longer valid (revoked or expired): sign in again.", exact=True).wait_for(timeout=90_000)
+    shows_only_the_sign_in(visitor)
+
+
 @pytest.mark.parametrize("spec", B.PAGES, ids=[p.name for p in B.PAGES])
 def test_every_page_renders_its_content(spec: B.PageSpec, base_url: str, page: Any) -> None:
     B.navigate(page, spec)  # as a user moves between pages: the sidebar's link, no reload
@@ -88,9 +182,10 @@ def test_every_page_renders_its_content(spec: B.PageSpec, base_url: str, page: A
         assert page.get_by_text("No data yet", exact=False).count() == NO_DATA_YET[spec.name]
 
 
-def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any) -> None:
+def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any, tokens: dict[str, str]) -> None:
     jobs = next(p for p in B.PAGES if p.name == "jobs")
-    B.open_page(page, base_url, jobs, query="?job=job-sweep-n32")
+    # A reload is a new session: it signs in again and lands on the linked page.
+    B.open_page(page, base_url, jobs, query="?job=job-sweep-n32", token=tokens["browser-admin"])
     assert B.error_texts(page) == []
     assert metric(page, "GPUs past which steps get slower") == "31.6"
     assert metric(page, "η of this run") == "0.44"
@@ -125,7 +220,6 @@ def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any,
     alerts = next(p for p in B.PAGES if p.name == "alerts")
     B.navigate(page, alerts)
     page.get_by_role("textbox", name="Matchers, one per line").fill('alertname="SdcSuspect"')
-    page.get_by_role("textbox", name="Created by", exact=True).fill("browser-test")
     page.get_by_role("textbox", name="Comment", exact=True).fill("checking the replica by hand")
     page.get_by_role("button", name="Create silence").click()
     page.get_by_text("Silence ", exact=False).filter(has_text="created").first.wait_for(timeout=60_000)
@@ -133,19 +227,20 @@ def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any,
     assert B.error_texts(page) == []
     assert metric(page, "Muted") == "1"
     silences = Q.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}"))
-    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="SdcSuspect"', "browser-test")]
+    # created by the signed-in token, not by anything typed in the form
+    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="SdcSuspect"', "browser-admin")]
     page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)
 
 
-def test_a_deep_link_opens_the_job(base_url: str, page: Any) -> None:
+def test_a_deep_link_opens_the_job(base_url: str, page: Any, tokens: dict[str, str]) -> None:
     jobs = next(p for p in B.PAGES if p.name == "jobs")
-    B.open_page(page, base_url, jobs, query="?job=job-llm-c")
+    B.open_page(page, base_url, jobs, query="?job=job-llm-c", token=tokens["browser-admin"])
     assert B.error_texts(page) == []
     assert metric(page, "World size") == "32 GPUs"
 
 
-def test_sidebar_filters(base_url: str, page: Any) -> None:
-    B.open_page(page, base_url, B.PAGES[0])
+def test_sidebar_filters(base_url: str, page: Any, tokens: dict[str, str]) -> None:
+    B.open_page(page, base_url, B.PAGES[0], token=tokens["browser-admin"])
     page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Site").click()
     page.get_by_role("option", name="site-b").click()
     page.wait_for_function(

@@ -14,20 +14,24 @@ from streamlit.testing.v1 import AppTest
 from fleetscope import queries as Q
 from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
-from tests.dashboard.conftest import APP, data_dir_of
+from tests.dashboard.conftest import APP, data_dir_of, sign_in
 
 PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts")
 
 
-def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None) -> AppTest:
+def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None,
+              scopes: tuple[str, ...] | None = ("admin",)) -> AppTest:
+    """``page`` of the dashboard on ``url``, signed in with a token of ``scopes`` (None: not signed in)."""
     monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", url)
     monkeypatch.setenv("FLEETSCOPE_DATA_DIR", str(data_dir_of(url)))
     at = AppTest.from_file(str(APP), default_timeout=60)
+    if scopes is not None:
+        sign_in(at, url, scopes)
     for k, v in (query or {}).items():
         at.query_params[k] = v
     at.run()
     if page != "overview":
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     return at
 
 
@@ -212,19 +216,22 @@ def test_site_and_job_filters_from_the_url(seeded_sqlite_url: str, monkeypatch: 
     # be driven here; the browser test drives them.)
     monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", seeded_sqlite_url)
     at = AppTest.from_file(str(APP), default_timeout=60)
+    sign_in(at, seeded_sqlite_url, ("read",))
     at.query_params["site"] = "site-b"
     at.run()
     healthy(at)
     assert metrics(at)["GPUs"] == "32"
     at = AppTest.from_file(str(APP), default_timeout=60)
+    sign_in(at, seeded_sqlite_url, ("read",))
     at.query_params["job"] = "job-llm-c"
     at.query_params["range"] = "6 h"
     at.run()
-    at.switch_page("pages/jobs.py").run()
+    at.switch_page("views/jobs.py").run()
     healthy(at)
     assert metrics(at)["World size"] == "32 GPUs"
     # A job that is not in the window falls back to all jobs instead of failing.
     at = AppTest.from_file(str(APP), default_timeout=60)
+    sign_in(at, seeded_sqlite_url, ("read",))
     at.query_params["job"] = "no-such-job"
     at.run()
     healthy(at)
@@ -268,9 +275,8 @@ def test_fewer_runs_than_the_fit_needs_say_no_data_yet(seeded_copy: str, monkeyp
     assert metrics(at)["World size"] == "16 GPUs" and at.dataframe[0].value["world_size"].tolist() == [16, 32]
 
 
-def fill_silence(at: AppTest, matchers: str, created_by: str = "oncall", comment: str = "GPU sent for repair, ticket HW-1") -> AppTest:
+def fill_silence(at: AppTest, matchers: str, comment: str = "GPU sent for repair, ticket HW-1") -> AppTest:
     at.text_area(key="sil_matchers").input(matchers)
-    at.text_input(key="sil_created_by").input(created_by)
     at.text_area(key="sil_comment").input(comment)
     return at
 
@@ -281,7 +287,8 @@ def test_a_silence_is_created_and_expired_through_the_alerting_service(seeded_co
     healthy(at)
     assert at.success[0].value.startswith("Silence ") and 'alertname="GpuFellOffBus"' in at.success[0].value
     silences = Q.silences(store_of(seeded_copy))
-    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="GpuFellOffBus", severity="critical"', "oncall")]
+    # created by the signed-in token (open_page signs in as test-admin), as the API records its token's name
+    assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="GpuFellOffBus", severity="critical"', "test-admin")]
     assert silences["comment"][0] == "GPU sent for repair, ticket HW-1"
     assert (silences["ends_at"][0] - silences["starts_at"][0]) == dt.timedelta(hours=2)  # the form's default window
     assert metrics(at)["Muted"] == "1"  # the firing GpuFellOffBus alert is silenced at once
@@ -295,22 +302,21 @@ def test_a_silence_is_created_and_expired_through_the_alerting_service(seeded_co
 
 
 @pytest.mark.parametrize(
-    "matchers, created_by, comment, end_day, why",
+    "matchers, comment, end_day, why",
     [
-        ('alertname=~"(unclosed"', "oncall", "x", None, "bad regex"),
-        ('alertname="GpuFellOffBus"', "oncall", "x", dt.date(2020, 1, 1), "endsAt must be after startsAt"),
-        ('host=~".*"', "oncall", "x", None, "must not match every alert"),
-        ("", "oncall", "x", None, "Give at least one matcher"),
-        ('alertname="X"', "", "x", None, "Say who is creating the silence"),
-        ('alertname="X"', "oncall", "  ", None, "Say why (Comment)"),
-        ("; DROP TABLE alert_silence; --", "oncall", "x", None, "cannot parse matcher"),
+        ('alertname=~"(unclosed"', "x", None, "bad regex"),
+        ('alertname="GpuFellOffBus"', "x", dt.date(2020, 1, 1), "endsAt must be after startsAt"),
+        ('host=~".*"', "x", None, "must not match every alert"),
+        ("", "x", None, "Give at least one matcher"),
+        ('alertname="X"', "  ", None, "Say why (Comment)"),
+        ("; DROP TABLE alert_silence; --", "x", None, "cannot parse matcher"),
     ],
 )
 def test_a_bad_silence_says_why_and_writes_nothing(
-    matchers: str, created_by: str, comment: str, end_day: dt.date | None, why: str, seeded_copy: str, monkeypatch: pytest.MonkeyPatch
+    matchers: str, comment: str, end_day: dt.date | None, why: str, seeded_copy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at = open_page(seeded_copy, "alerts", monkeypatch)
-    fill_silence(at, matchers, created_by, comment)
+    fill_silence(at, matchers, comment)
     if end_day:
         at.date_input(key="sil_end_day").set_value(end_day)
     at.button(key="sil_create").click().run()
@@ -325,7 +331,7 @@ def test_governance_makes_a_new_signed_export(seeded_copy: str, monkeypatch: pyt
     at.button(key="gov_new_export").click().run()
     healthy(at)
     after = Q.audit_exports(store_of(seeded_copy))
-    assert after.height == before.height + 1 and after["requested_by"][0] == "dashboard"
+    assert after.height == before.height + 1 and after["requested_by"][0] == "test-admin"  # the signed-in token
     assert at.success[0].value.startswith(f"Signed export {after['export_id'][0][:12]} of audit {after['audit_id'][0]}")
     assert at.selectbox(key="gov_export").value == after["export_id"][0]  # newest first, offered for download
 
@@ -344,6 +350,7 @@ def test_a_report_changed_after_filing_is_refused_not_offered(seeded_copy: str, 
 
 
 def test_an_unmigrated_database_says_how_to_fix_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = open_page(f"sqlite:///{tmp_path / 'new.db'}", "overview", monkeypatch)
+    # Before anyone can sign in: the token table is not there yet, and the page says why, not "sign-in failed".
+    at = open_page(f"sqlite:///{tmp_path / 'new.db'}", "overview", monkeypatch, scopes=None)
     assert not at.exception
     assert "fleetscope db upgrade" in at.error[0].value

@@ -43,7 +43,7 @@ def test_demo_finds_every_injected_fault(tmp_path):
     assert sum(summary["audit"]["counts"].values()) >= 17 * 2  # every rule for both models
     assert summary["ready_s"] < 90
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
-    assert_visible_on_the_dashboard(tmp_path / "data")
+    assert_visible_on_the_dashboard(tmp_path / "data", summary["token"])
     # every child was stopped, so the API port is free again and nothing answers there
     with pytest.raises(httpx.HTTPError):
         httpx.get(summary["api_url"] + "/healthz", timeout=2)
@@ -55,15 +55,19 @@ def test_demo_finds_every_injected_fault(tmp_path):
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
-def page_cells(db_url: str, page: str, monkeypatch_env: dict[str, str]) -> dict[str, set[str]]:
-    """Every cell of every table a dashboard page shows (Streamlit's AppTest), as text, by column."""
+def page_cells(db_url: str, page: str, monkeypatch_env: dict[str, str], token: str) -> dict[str, set[str]]:
+    """Every cell of every table a dashboard page shows (Streamlit's AppTest) to a session signed in with
+    ``token``, as text, by column."""
     from streamlit.testing.v1 import AppTest
+
+    from dashboard import signin
 
     os.environ.update(monkeypatch_env)
     at = AppTest.from_file(str(APP), default_timeout=120)
+    at.session_state[signin.TOKEN_KEY] = token
     at.run()
     if page != "overview":
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     assert not at.exception and not at.error, (page, [e.message for e in at.exception], [e.value for e in at.error])
     cells: dict[str, set[str]] = {}
     for df in at.dataframe:
@@ -76,16 +80,17 @@ def _all(cells: dict[str, set[str]]) -> set[str]:
     return set().union(*cells.values()) if cells else set()
 
 
-def assert_visible_on_the_dashboard(data_dir: Path) -> None:
-    """Each injected fault shows on the page an SRE or auditor would open for it."""
+def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
+    """Each injected fault shows on the page an SRE or auditor would open for it, signed in with the admin
+    token the demo printed."""
     manifest = json.loads((data_dir / "sim" / "manifest.json").read_text())
     env = {"FLEETSCOPE_DATABASE_URL": f"sqlite:///{data_dir / 'fleetscope.db'}"}
     saved = {k: os.environ.get(k) for k in env}
     try:
-        stragglers = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "stragglers", env))
-        health = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "health_sdc", env))
-        reliability = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "reliability", env))
-        gov_cols = page_cells(env["FLEETSCOPE_DATABASE_URL"], "governance", env)
+        stragglers = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "stragglers", env, token))
+        health = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "health_sdc", env, token))
+        reliability = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "reliability", env, token))
+        gov_cols = page_cells(env["FLEETSCOPE_DATABASE_URL"], "governance", env, token)
         governance = _all(gov_cols)
     finally:
         for k, v in saved.items():

@@ -14,6 +14,7 @@ def test_defaults_are_embedded(monkeypatch, tmp_path):
     assert s.result_backend.startswith("db+sqlite:///")
     assert s.otel_exporter == "none"
     assert s.retention_days >= 183  # EU AI Act Art. 19(1): logs kept at least six months
+    assert (s.tls_cert, s.tls_key, s.dashboard_auth, s.dashboard_oidc_scopes) == ("", "", "token", "")  # plain HTTP, token sign-in
 
 
 def test_redis_broker_brings_its_result_backend(monkeypatch):
@@ -28,6 +29,7 @@ def test_redis_broker_brings_its_result_backend(monkeypatch):
         ("FLEETSCOPE_API_PORT", "eighty", "FLEETSCOPE_API_PORT='eighty': expected an integer"),
         ("FLEETSCOPE_AUTO_MIGRATE", "maybe", "FLEETSCOPE_AUTO_MIGRATE='maybe'"),
         ("FLEETSCOPE_OTEL_EXPORTER", "zipkin", "expected none, console or otlp"),
+        ("FLEETSCOPE_DASHBOARD_AUTH", "saml", "FLEETSCOPE_DASHBOARD_AUTH='saml': expected token or oidc"),
     ],
 )
 def test_bad_values_name_the_variable(monkeypatch, name, value, words):

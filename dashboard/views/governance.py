@@ -15,12 +15,12 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboard import ui
+from dashboard import signin, ui
 from fleetscope import audit_service as au
 from fleetscope import queries
 from fleetscope import settings as settings_mod
 
-ui.filters()
+ui.require("governance")
 st.title("Governance")
 settings = settings_mod.load()
 MEDIA = {"json": "application/json", "html": "text/html", "pdf": "application/pdf"}
@@ -181,8 +181,12 @@ else:
 
 def new_export() -> None:
     audit_id = st.session_state.get("gov_audit")
+    actor = signin.acting("make_export")
+    if actor is None:
+        ui.tell("gov_export_result", False, "No export was made: making one needs the governance scope, and this session no longer holds it.")
+        return
     try:
-        out = au.make_export(ui.store(), settings, audit_id=audit_id, requested_by="dashboard")
+        out = au.make_export(ui.store(), settings, audit_id=audit_id, requested_by=actor.name)
     except (au.AuditError, OSError) as exc:
         ui.tell("gov_export_result", False, f"No export was made: {exc}")
         return

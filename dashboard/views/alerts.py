@@ -1,9 +1,10 @@
 """Alerts: firing and recent alerts, silences (create and expire), delivery status and dead letters.
 
 Everything here goes through the alerting service's own functions (``fleetscope.alerting.service``), the
-ones the API's ``/api/v1/alerts`` endpoints call, so a silence made here is the same as one made there
-and is audit-logged the same way (as ``dashboard`` until the dashboard signs its users in).
-These tables are small and the page changes some of them, so they are read fresh on every run.
+ones the API's ``/api/v1/alerts`` endpoints call, so a silence made here is the same as one made there and
+is audit-logged the same way. As there, reading needs the read scope and creating or expiring a silence the
+admin scope; a silence is created by the signed-in user (the token's name), who is also the audit log's
+actor. These tables are small and the page changes some of them, so they are read fresh on every run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import datetime as dt
 
 import streamlit as st
 
-from dashboard import ui
+from dashboard import signin, ui
 from fleetscope import queries
 from fleetscope.alerting import service as alert_service
 
@@ -21,6 +22,7 @@ MAX_COMMENT = 2000
 MAX_MATCHERS = 50
 
 ui.filters()
+who = ui.access()
 st.title("Alerts")
 
 
@@ -57,18 +59,14 @@ def _utc(day: dt.date, at: dt.time) -> dt.datetime:
     return dt.datetime.combine(day, at.replace(second=0, microsecond=0), dt.UTC)
 
 
-def silence_problems(matchers: list[str], created_by: str, comment: str) -> list[str]:
+def silence_problems(matchers: list[str], comment: str) -> list[str]:
     """What the form must have before the service is asked (Alertmanager refuses a silence without a
-    creator or a comment too); the service then checks the matchers and the time window."""
+    comment too); the service then checks the matchers and the time window."""
     problems = []
     if not matchers:
         problems.append("Give at least one matcher, e.g. alertname=\"GpuFellOffBus\".")
     elif len(matchers) > MAX_MATCHERS:
         problems.append(f"At most {MAX_MATCHERS} matchers ({len(matchers)} given).")
-    if not created_by.strip():
-        problems.append("Say who is creating the silence (Created by).")
-    elif len(created_by) > MAX_CREATED_BY:
-        problems.append(f"Created by is at most {MAX_CREATED_BY} characters ({len(created_by)} given).")
     if not comment.strip():
         problems.append("Say why (Comment): whoever sees the alert muted will read it.")
     elif len(comment) > MAX_COMMENT:
@@ -78,15 +76,19 @@ def silence_problems(matchers: list[str], created_by: str, comment: str) -> list
 
 def create_silence() -> None:
     s = st.session_state
+    actor = signin.acting("create_silence")
+    if actor is None:
+        ui.tell("sil_result", False, "The silence was not created: creating a silence needs the admin scope, and this session no longer holds it.")
+        return
     matchers = [line.strip() for line in s["sil_matchers"].splitlines() if line.strip()]
-    problems = silence_problems(matchers, s["sil_created_by"], s["sil_comment"])
+    problems = silence_problems(matchers, s["sil_comment"])
     if problems:
         ui.tell("sil_result", False, " ".join(problems))
         return
     try:
         sil = alert_service.create_silence(
             ui.store(), matchers, _utc(s["sil_start_day"], s["sil_start_time"]), _utc(s["sil_end_day"], s["sil_end_time"]),
-            created_by=s["sil_created_by"].strip(), comment=s["sil_comment"].strip(), actor="dashboard",
+            created_by=actor.name[:MAX_CREATED_BY], comment=s["sil_comment"].strip(), actor=actor.name,
         )
     except ValueError as exc:  # a matcher that does not parse, a bad regex, an empty or inverted window
         ui.tell("sil_result", False, f"The silence was not created: {exc}")
@@ -97,9 +99,12 @@ def create_silence() -> None:
 def expire_silence() -> None:
     s = st.session_state
     silence_id = s.get("sil_expire_id")
-    if not silence_id:
+    actor = signin.acting("expire_silence")
+    if actor is None:
+        ui.tell("sil_result", False, "Nothing was expired: expiring a silence needs the admin scope, and this session no longer holds it.")
+    elif not silence_id:
         ui.tell("sil_result", False, "Pick a silence to expire.")
-    elif alert_service.expire_silence(ui.store(), silence_id, actor="dashboard"):
+    elif alert_service.expire_silence(ui.store(), silence_id, actor=actor.name):
         ui.tell("sil_result", True, f"Silence {silence_id} expired.")
     else:
         ui.tell("sil_result", False, f"Silence {silence_id} is no longer active or pending: nothing to expire.")
@@ -109,7 +114,7 @@ st.subheader("Silences")
 ui.told("sil_result")
 silences = ui.q(queries.silences, fresh=True)
 if silences.is_empty():
-    ui.no_data("no silences.", "Create one below to mute matching alerts for a while.")
+    ui.no_data("no silences.", "Create one below to mute matching alerts for a while." if who.may("create_silence") else None)
 else:
     st.dataframe(
         silences,
@@ -121,28 +126,31 @@ else:
     )
 
 now = dt.datetime.now(dt.UTC)
-with st.expander("Create a silence", expanded=silences.is_empty()):
-    with st.form("create_silence", clear_on_submit=False):
-        st.text_area(
-            "Matchers, one per line", key="sil_matchers", placeholder='alertname="GpuFellOffBus"\nhost=~"site-a-node-00.*"',
-            help='Alertmanager\'s syntax: name="value", name!="value", name=~"regex", name!~"regex". An alert is muted when every matcher matches.',
-        )
-        c1, c2 = st.columns(2)
-        c1.date_input("Starts (UTC date)", value=now.date(), key="sil_start_day")
-        c2.time_input("Starts (UTC time)", value=now.time().replace(second=0, microsecond=0), key="sil_start_time", step=60)
-        later = now + dt.timedelta(hours=2)
-        c1.date_input("Ends (UTC date)", value=later.date(), key="sil_end_day")
-        c2.time_input("Ends (UTC time)", value=later.time().replace(second=0, microsecond=0), key="sil_end_time", step=60)
-        st.text_input("Created by", key="sil_created_by", max_chars=MAX_CREATED_BY)
-        st.text_area("Comment", key="sil_comment", max_chars=MAX_COMMENT, placeholder="why, and a ticket if there is one")
-        st.form_submit_button("Create silence", on_click=create_silence, key="sil_create")
+if not who.may("create_silence"):
+    st.caption(f"Creating and expiring silences needs the admin scope, as `POST /api/v1/alerts/silences` does; {who.holding()}.")
+else:
+    with st.expander("Create a silence", expanded=silences.is_empty()):
+        with st.form("create_silence", clear_on_submit=False):
+            st.text_area(
+                "Matchers, one per line", key="sil_matchers", placeholder='alertname="GpuFellOffBus"\nhost=~"site-a-node-00.*"',
+                help='Alertmanager\'s syntax: name="value", name!="value", name=~"regex", name!~"regex". An alert is muted when every matcher matches.',
+            )
+            c1, c2 = st.columns(2)
+            c1.date_input("Starts (UTC date)", value=now.date(), key="sil_start_day")
+            c2.time_input("Starts (UTC time)", value=now.time().replace(second=0, microsecond=0), key="sil_start_time", step=60)
+            later = now + dt.timedelta(hours=2)
+            c1.date_input("Ends (UTC date)", value=later.date(), key="sil_end_day")
+            c2.time_input("Ends (UTC time)", value=later.time().replace(second=0, microsecond=0), key="sil_end_time", step=60)
+            st.text_area("Comment", key="sil_comment", max_chars=MAX_COMMENT, placeholder="why, and a ticket if there is one")
+            st.caption(f"Created by {who.name}, the signed-in user.")
+            st.form_submit_button("Create silence", on_click=create_silence, key="sil_create")
 
-expirable = silences.filter(silences["state"].is_in(["active", "pending"])) if silences.height else silences
-if expirable.height:
-    with st.form("expire_silence"):
-        labels = {r["silence_id"]: f"{r['matchers']} · until {r['ends_at']:%Y-%m-%d %H:%M} · {r['created_by']}" for r in expirable.iter_rows(named=True)}
-        st.selectbox("Silence to expire", list(labels), format_func=labels.get, key="sil_expire_id")
-        st.form_submit_button("Expire silence", on_click=expire_silence, key="sil_expire")
+    expirable = silences.filter(silences["state"].is_in(["active", "pending"])) if silences.height else silences
+    if expirable.height:
+        with st.form("expire_silence"):
+            labels = {r["silence_id"]: f"{r['matchers']} · until {r['ends_at']:%Y-%m-%d %H:%M} · {r['created_by']}" for r in expirable.iter_rows(named=True)}
+            st.selectbox("Silence to expire", list(labels), format_func=labels.get, key="sil_expire_id")
+            st.form_submit_button("Expire silence", on_click=expire_silence, key="sil_expire")
 
 # --- the outbox -----------------------------------------------------------------------------------
 
