@@ -125,6 +125,10 @@ _INT_COLUMNS = {c.name for c in GPU_SAMPLE.columns if c.dtype == pl.Int64}
 # dropped; real int64 values above it (energy in mJ, byte counters) are kept.
 _INT32_BLANK = 0x7FFFFFF0
 _INT32_MAX = 0x7FFFFFFF
+MAX_LABELS_CHARS = 16384
+"""Longest label set (``{...}``) of one sample read. dcgm-exporter's, with Kubernetes pod labels, is a few
+hundred characters; one of many kilobytes is an attack on every table and index its GPU UUID, host or
+series key would become a key of."""
 _INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)  # rounds to 2**63 as a double; >= catches every int64 blank
 _FP64_BLANK = 140737488355328.0  # 2**47
 
@@ -334,8 +338,8 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | 
         }
     )
     long, blocks, runs = _block_ids(long, family, list(families))
-    if not blocks["text"].str.contains(_BLOCK_OK).all():
-        return None
+    if not blocks["text"].str.contains(_BLOCK_OK).all() or blocks["text"].str.len_chars().max() > MAX_LABELS_CHARS:
+        return None  # the exact lexer names the line
     return long, blocks, runs
 
 
@@ -453,6 +457,13 @@ def _lex(data: bytes, source: str, meta: dict) -> pl.DataFrame:
     last_line = first_line - 1
     meta["lines"] = last_line
     long = pl.concat(clean) if clean else _rows_frame([])
+    if long.height:
+        blocks = long["labels"].cast(pl.String)
+        over = blocks.str.len_chars() > MAX_LABELS_CHARS
+        if over.any():
+            i = int(over.arg_true()[0])
+            raise ParseError(f"the labels of {long['name'][i]} are {len(blocks[i])} characters long, over the limit of {MAX_LABELS_CHARS}",
+                             source=source, line=int(long["line"][i]), field="labels")
     # Names and label blocks repeat: check each distinct one against the grammar once.
     names = long.select(pl.col("name").unique())["name"]
     bad_names = names.filter(~names.cast(pl.String).str.contains(_NAME_OK))
@@ -636,6 +647,9 @@ def _lex_line(text: str, n: int, source: str) -> tuple | None:
                 f"timestamp {tokens[1][:40]!r} of {name} is not integer milliseconds", source=source, line=n, field="timestamp"
             ) from None
     block = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+    if len(block) > MAX_LABELS_CHARS:
+        raise ParseError(f"the labels of {name} are {len(block)} characters long, over the limit of {MAX_LABELS_CHARS}",
+                         source=source, line=n, field="labels")
     return (n, name, block, value, ts_ms)
 
 

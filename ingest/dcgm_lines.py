@@ -42,6 +42,7 @@ from ingest.dcgm import (
     _GPU_COLS,
     _INT32_BLANK,
     _INT32_MAX,
+    MAX_LABELS_CHARS,
     _INT64_BLANK,
     _INT_COLUMNS,
     _KNOWN_LABELS,
@@ -290,8 +291,8 @@ def _plain(block: str) -> bool:
 def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     """(GPU key, wanted labels, the block where it has non-standard labels) of a label block; None where
     the block is not plain (bad syntax, a repeated label, no UUID, a non-numeric index)."""
-    if not _plain(block):
-        return None
+    if not _plain(block) or len(block) > MAX_LABELS_CHARS:
+        return None  # the columnar parser decides (a value over its limit is refused there, by line)
     pairs = _PAIR.findall(block)
     labels = dict(pairs)
     if len(labels) != len(pairs):

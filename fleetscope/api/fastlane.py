@@ -48,7 +48,7 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
 
     start = time.perf_counter()
     limit = app.state.settings.max_body_bytes
-    fmt, source, job_id, ts, length, token = params
+    fmt, source, job_id, ts, length, token, encoding = params
     if length is not None and length > limit:
         response: Any = too_large(limit)
     else:
@@ -59,7 +59,7 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
             response = too_large(limit)
         else:
             try:
-                response = await ingest_body(app, fmt, body, source=source, job_id=job_id, ts=ts, token=token)
+                response = await ingest_body(app, fmt, body, source=source, job_id=job_id, ts=ts, token=token, content_encoding=encoding)
             except HTTPException as exc:
                 response = JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
             except FleetscopeError as exc:
@@ -69,8 +69,9 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     return True
 
 
-def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None, int | None, auth.Token] | None:
-    """(format, source, job id, ts, Content-Length, token) when the lane may answer this request, else None."""
+def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None, int | None, auth.Token, str] | None:
+    """(format, source, job id, ts, Content-Length, token, Content-Encoding) when the lane may answer this
+    request, else None."""
     fmt = scope["path"][len(PREFIX):]
     if not fmt or "/" in fmt:
         return None
@@ -78,11 +79,16 @@ def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None
     if found is None or not found.allows("ingest"):
         return None
     length = None
+    encoding = ""
     for name, value in scope["headers"]:
         if name == b"content-length":
             if length is not None or not value.isdigit():
                 return None  # FastAPI's stack answers a bad or repeated length
             length = int(value)
+        elif name == b"content-encoding":
+            encoding = value.decode("latin-1")
+            if encoding.strip().lower() not in ("", "identity", "gzip"):
+                return None  # the route answers 415
     query: dict[str, str] = {}
     for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
         if k not in _QUERY or k in query or len(v) > _QUERY[k]:
@@ -96,7 +102,7 @@ def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None
             return None
         if ts.tzinfo is None:
             return None
-    return fmt, query.get("source"), query.get("job_id"), ts, length, found
+    return fmt, query.get("source"), query.get("job_id"), ts, length, found, encoding
 
 
 _TOO_LARGE = object()

@@ -130,15 +130,30 @@ async def post_ingest(
     the line and field, a bad value 422, and nothing is written. An agent's small push is usually answered
     by ``fleetscope.api.fastlane`` through the same ``ingest_body``.
     """
-    return await ingest_body(request.app, fmt, await request.body(), source=source, job_id=job_id, ts=ts, token=token)
+    encoding = request.headers.get("content-encoding", "")
+    check_encoding(encoding)
+    return await ingest_body(request.app, fmt, await request.body(), source=source, job_id=job_id, ts=ts, token=token, content_encoding=encoding)
+
+
+CODINGS = ("", "identity", "gzip")
+
+
+def check_encoding(encoding: str) -> None:
+    """415 for a content coding the ingest does not undo (RFC 9110 §15.5.16): reading a Brotli or
+    deflate body as plain text would store garbage or refuse it for the wrong reason."""
+    if encoding.strip().lower() not in CODINGS:
+        raise HTTPException(415, f"unsupported Content-Encoding {encoding[:100]!r}: send the body as is or gzip-compressed")
 
 
 async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, job_id: str | None, ts: dt.datetime | None,
-                      token: auth.Token | None = None) -> JSONResponse:
+                      token: auth.Token | None = None, content_encoding: str = "") -> JSONResponse:
     """What ``POST /api/v1/ingest/{fmt}`` does once its token and query are checked: HTTPException for a
-    refusal, FleetscopeError for bad input."""
+    refusal, FleetscopeError for bad input. Gzip is recognised by its magic bytes (agents and files may be
+    compressed without saying so); a body declared gzip must be gzip."""
     from fleetscope import ingestion
 
+    if content_encoding.strip().lower() == "gzip" and not body.startswith(ingestion.GZIP_MAGIC):
+        raise HTTPException(400, "Content-Encoding: gzip, but the body does not start with gzip's magic bytes")
     source = claimed_source(token, source)
     if fmt != "auto" and fmt not in ingestion.FORMATS:
         raise HTTPException(404, f"unknown format {fmt[:100]!r}: expected auto or one of {', '.join(ingestion.FORMATS)}")
