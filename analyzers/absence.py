@@ -4,10 +4,13 @@ A metric that stops arriving raises nothing in a threshold rule: there is no val
 answers this with ``absent()`` and with its staleness rule (a series missing for five minutes is gone); the
 Google SRE book's "Monitoring Distributed Systems" lists it as the first thing a page should cover — a dead
 host is silent, not out of range. Here a member is absent when its last sample is older than
-``missed_intervals`` of its own sampling interval (and at least ``min_silence_s``); a host is down when
-every GPU it reported is absent; and when most hosts of a site fall silent together, the one finding is
-about the site, since a collector, network path or the ingest itself failing is then far likelier than
-dozens of hosts dying in the same minute (one fault, one page).
+``missed_intervals`` of its own sampling interval (and at least ``min_silence_s``), measured against the
+fleet's newest sample rather than the wall clock, so data that arrives late or is replayed (an agent
+catching up from its buffer, a backfill) does not make every host look dead; a host is down when every GPU
+it reported is absent. A site is silent when its own newest sample is that old by the wall clock (the whole
+site, or the whole fleet, stopped), or when most of its hosts fall silent together: a collector, network
+path or the ingest failing is then far likelier than dozens of hosts dying in the same minute, so the one
+finding is about the site (one fault, one page).
 
 Pure: a frame of last-seen times in, findings out; the caller owns the clock and says what "now" is.
 """
@@ -44,9 +47,11 @@ def last_seen(gpu_sample: pl.DataFrame, gpu_host: pl.DataFrame | None = None) ->
 def absence_findings(seen: pl.DataFrame, *, now: datetime, host_site: pl.DataFrame | None = None,
                      missed_intervals: float = 3.0, min_silence_s: float = 120.0, default_interval_s: float = 10.0,
                      collapse_share: float = 0.5, collapse_min_hosts: int = 4) -> pl.DataFrame:
-    """Findings for absent GPUs (``gpu_absent``, warning), hosts all of whose GPUs are absent (``host_down``,
-    critical) and sites where at least ``collapse_share`` of at least ``collapse_min_hosts`` reporting hosts
-    went silent (``site_silent``, critical, replacing those hosts' findings).
+    """Findings for absent GPUs (``gpu_absent``, warning) and hosts all of whose GPUs are absent
+    (``host_down``, critical), both against the fleet's newest sample; and silent sites (``site_silent``,
+    critical): a site whose newest sample is past its limit by the wall clock ``now``, or where at least
+    ``collapse_share`` of at least ``collapse_min_hosts`` reporting hosts went silent (replacing those hosts'
+    findings).
 
     ``seen``: gpu_uuid, host, last_ts, interval_s (as :func:`last_seen` makes, possibly carried forward from
     earlier windows). A finding's ``window_start`` is the last sample seen, so re-running while the silence
@@ -55,14 +60,21 @@ def absence_findings(seen: pl.DataFrame, *, now: datetime, host_site: pl.DataFra
     require_columns(seen, "last_seen", ("gpu_uuid", "host", "last_ts", "interval_s"))
     if seen.height == 0:
         return findings_frame([])
+    newest = seen["last_ts"].max()
+    ref = min(now, newest) if newest is not None else now
     limit_s = pl.max_horizontal(pl.col("interval_s").fill_null(default_interval_s) * missed_intervals, pl.lit(min_silence_s))
-    silent_s = (pl.lit(now) - pl.col("last_ts")).dt.total_microseconds() / 1e6
+    silent_s = (pl.lit(ref) - pl.col("last_ts")).dt.total_microseconds() / 1e6
     s = seen.with_columns(silent_s.alias("silent_s"), limit_s.alias("limit_s")).with_columns(
         (pl.col("silent_s") > pl.col("limit_s")).alias("absent"))
     if host_site is not None and host_site.height:
         s = s.join(host_site.select("host", "site_id").unique("host"), on="host", how="left")
     else:
         s = s.with_columns(pl.lit(None, pl.String).alias("site_id"))
+    # a whole site quiet by the wall clock: its newest sample is past the limit of its slowest member
+    wall = (s.filter(pl.col("site_id").is_not_null()).group_by("site_id")
+            .agg(pl.col("last_ts").max(), pl.col("limit_s").max(), pl.col("host").n_unique().alias("hosts"))
+            .with_columns(((pl.lit(now) - pl.col("last_ts")).dt.total_microseconds() / 1e6).alias("silent_s"))
+            .filter(pl.col("silent_s") > pl.col("limit_s")))
     hosts = (s.filter(pl.col("host").is_not_null())
              .group_by("host").agg(pl.col("site_id").first(), pl.col("absent").all().alias("down"), pl.len().alias("gpus"),
                                    pl.col("last_ts").max().alias("last_ts"), pl.col("silent_s").min().alias("silent_s"),
@@ -73,6 +85,11 @@ def absence_findings(seen: pl.DataFrame, *, now: datetime, host_site: pl.DataFra
              .filter((pl.col("hosts") >= collapse_min_hosts) & (pl.col("down_hosts") >= collapse_share * pl.col("hosts"))))
     collapsed = set(sites["site_id"].to_list())
     rows: list[dict] = []
+    for r in wall.filter(~pl.col("site_id").is_in(list(collapsed))).sort("site_id").to_dicts():
+        rows.append(_row("site_silent", f"site:{r['site_id']}", r["last_ts"], now, "critical", r["silent_s"],
+                         f"Site {r['site_id']} sent nothing for {r['silent_s']:.0f} s ({r['hosts']} hosts): suspect the collectors, "
+                         "their network path or the ingest before the hosts.",
+                         {"hosts": r["hosts"], "silent_s": r["silent_s"], "limit_s": r["limit_s"], "basis": "wall clock"}))
     for r in sites.sort("site_id").to_dicts():
         rows.append(_row("site_silent", f"site:{r['site_id']}", r["last_ts"], now, "critical", r["down_hosts"] / r["hosts"],
                          f"{r['down_hosts']} of {r['hosts']} hosts of site {r['site_id']} stopped reporting together: "

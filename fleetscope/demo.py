@@ -128,7 +128,7 @@ class Api:
 
 def _job_rows(manifest: Any, topo: Any) -> dict[str, Any]:
     jobs = [{"job_id": j["job_id"], "name": j["name"], "kind": "training", "model_name": j.get("model_name"), "world_size": j["world_size"],
-             "site_id": (j.get("sites") or [None])[0], "started_at": j["start"], "ended_at": j["end"], "status": "finished"} for j in manifest.jobs]
+             "site_id": (j.get("sites") or [None])[0], "started_at": j["start"], "ended_at": j["end"], "status": j.get("status", "finished")} for j in manifest.jobs]
     ranks = []
     for j in manifest.jobs:
         for r, uuid in enumerate(j["gpu_uuids"]):
@@ -225,6 +225,12 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
             subjects = {f"gpu:{g}" for g in f.gpu_uuids}
             hits = [x for x in findings if x["analyzer"] == "health" and x["subject"] in subjects]
             found, evidence = bool(hits), (hits[0]["kind"] if hits else "no health finding on the GPU")
+        elif f.kind == "hung_job":
+            hits = [x for x in findings if x["kind"] == "job_hang" and x["subject"] == f"job:{f.job_id}"]
+            found, evidence = bool(hits), (hits[0]["summary"] if hits else "no job_hang finding")
+        elif f.kind == "silent_host":
+            hits = [x for x in findings if x["kind"] == "host_down" and x["subject"] in {f"host:{h}" for h in f.hosts}]
+            found, evidence = bool(hits), (hits[0]["summary"] if hits else "no host_down finding")
         elif f.kind in ("gpu_failure", "preemption"):
             g = (analysis["jobs"].get(f.job_id) or {}).get("goodput") or {}
             if f.kind == "gpu_failure":
@@ -279,6 +285,10 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(settings.data_dir), "FLEETSCOPE_DATABASE_URL": settings.database_url,
            "FLEETSCOPE_BROKER_URL": settings.broker_url, "FLEETSCOPE_RESULT_BACKEND": settings.result_backend,
            "FLEETSCOPE_API_URL": url, "FLEETSCOPE_ALERT_ALLOW_LOOPBACK": "true", "FLEETSCOPE_ALERT_EXTERNAL_URL": url}
+    if size == "small":
+        # ten simulated minutes leave the hung job 2.5 minutes of stall by the end: under the 5-minute floor
+        # a fleet would use, so the short demo checks with a shorter one (as an operator may configure)
+        env.setdefault("FLEETSCOPE_HANG_MIN_STALL_S", "120")
     logs = safefiles.private_dir(settings.data_dir / "logs")
     cli = [sys.executable, "-m", "fleetscope.cli"]
     specs = {

@@ -24,7 +24,7 @@ from fleetscope.store import Store
 MAX_WINDOW = dt.timedelta(days=1)
 
 
-def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True) -> dict[str, Any]:
+def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``."""
     if end <= start:
         raise ValueError("end must be after start")
@@ -42,7 +42,10 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
             findings.append(health.throttle_findings(gpu_rows, window_start=start, window_end=end))
         findings.append(absent(store, samples, gpus, start, end))
-        findings.append(hangs.hang_findings(job_progress(store, end), now=end))
+        # stalls are measured against the freshest telemetry, as absence is: a hung job's GPUs keep
+        # reporting (busy in the collective), while data that arrives late moves every clock together
+        fresh = min(end, samples["ts"].max()) if samples.height else end
+        findings.append(hangs.hang_findings(job_progress(store, fresh), now=fresh, min_stall_s=hang_min_stall_s))
         probes = probe_results(events)
         if probes.height:
             # a GPU that fails the known-answer probe is a confirmed SDC suspect

@@ -75,6 +75,7 @@ class Settings:
     ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After", "default": "512"})
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
+    hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
     report_schedule: str = field(metadata={"env": "FLEETSCOPE_REPORT_SCHEDULE", "doc": "crontab (UTC) of the scheduled EU AI Act audit report", "default": "0 6 * * 1"})
@@ -128,6 +129,7 @@ def load() -> Settings:
         ingest_max_pending_mb=_int("FLEETSCOPE_INGEST_MAX_PENDING_MB", 512),
         auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
         retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
+        hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
         otel_exporter=otel,
         otel_endpoint=_env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
         report_schedule=_env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),

@@ -202,9 +202,10 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
     """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
     from fleetscope.health_service import health_window as run
 
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     end = dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.health_window"):
-        out = run(store(), end - dt.timedelta(seconds=window_s), end)
+        out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
 
 

@@ -265,7 +265,7 @@ def get_health(
     from fleetscope.health_service import health_window
 
     try:
-        out = health_window(request.app.state.store, start, end, write=False)
+        out = health_window(request.app.state.store, start, end, write=False, hang_min_stall_s=request.app.state.settings.hang_min_stall_s)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     df = out["gpus" if level == "gpu" else "nodes"]

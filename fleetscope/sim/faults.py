@@ -17,6 +17,10 @@
 - **Row-remap failure** on one GPU: DCGM_FI_DEV_ROW_REMAP_FAILURE = 1, one more uncorrectable
   remapped row and XID 64 ("ECC page retirement or row remapping recording failure", NVIDIA's XID
   catalogue).
+- **A hung job**: every rank blocks in a collective (one rank stuck, the rest waiting for it) and the job
+  makes no further step, with no event, while its GPUs stay allocated and busy — what a real NCCL hang
+  looks like until the collective timeout fires.
+- **A silent host**: an idle node stops sending telemetry (a crashed node or its exporter gone).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class FaultPlan:
     thermal_gpu: tuple[int, float, float] | None  # gpu index, t0, t1
     slow_link_node: tuple[int, float, float] | None  # global node index, t0, t1
     row_remap: tuple[int, float] | None  # gpu index, t
+    silent_host: tuple[int, float] | None = None  # global node index, t: no dcgm body from then on
 
 
 def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.random.Generator) -> FaultPlan:
@@ -164,6 +169,19 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
         faults.append(InjectedFault("preemption", t_of(t), t_of(t + fs.preemption_wait_s), p.spec.job_id, (), hosts, (),
                                     {"wait_s": fs.preemption_wait_s},
                                     "analyzers.goodput: scheduling goodput < 1 (allocated → preempted → allocated)"))
+    hang_t: dict[str, float] = {}
+    if plans and fs.hung_job:
+        # the job with the fewest other faults, so each fault stays visible on its own; late enough that a
+        # preempted job is back, early enough that the stall outlasts the hang check's floor by the end
+        busy = {jid for jid, d in by_job.items() if any(k in d for k in ("thermal", "slow_link", "sdc"))}
+        p = next((q for q in plans if q.spec.job_id not in busy and q.spec.job_id not in preempt_t), None) or plans[-1]
+        t = 0.75 * D
+        hang_t[p.spec.job_id] = t
+        by_job[p.spec.job_id]["hang"] = t
+        hosts = tuple(topo.hosts[k] for k in p.nodes)
+        faults.append(InjectedFault("hung_job", t_of(t), None, p.spec.job_id, (), hosts, (),
+                                    {"cause": "every rank blocked in a collective"},
+                                    "analyzers.hangs: no step for k times the job's step while its GPUs are held"))
     if fs.gpu_mtbf_h:
         failures: list[tuple[JobPlan, float]] = []
         for p in plans:
@@ -181,6 +199,8 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
                 lo, hi = p.spec.start_offset_s + p.spec.init_s + 30.0, 0.85 * D
                 failures.append((p, float(rng.uniform(lo, max(hi, lo + 1.0)))))
         for p, t in failures:
+            if t >= hang_t.get(p.spec.job_id, float("inf")) - 60.0:
+                continue  # a hung job takes no further step: nothing of it can fail visibly after the hang
             pt = preempt_t.get(p.spec.job_id)
             if pt is not None and pt - 60.0 <= t <= pt + fs.preemption_wait_s + 300.0:
                 continue  # the nodes were not running the job then
@@ -209,11 +229,23 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
         faults.append(InjectedFault("row_remap_failure", t_of(t), None, None, (), (topo.hosts[gi // g],), (topo.gpu_uuid[gi],),
                                     {"xid": ROW_REMAP_XID, "dcgm_field": "DCGM_FI_DEV_ROW_REMAP_FAILURE"},
                                     "dcgm: DCGM_FI_DEV_ROW_REMAP_FAILURE=1 and XID 64 on this GPU from start"))
+    silent = None
+    if fs.silent_host:
+        used = {k for p in plans for k in p.nodes}
+        taken = {row_remap[0] // g} if row_remap else set()
+        pool = [k for k in range(topo.n_gpus // g) if k not in used and k not in taken] or [k for k in range(topo.n_gpus // g) if k not in used]
+        if pool:
+            node = int(pool[int(rng.integers(0, len(pool)))])
+            t = 0.7 * D
+            silent = (node, t)
+            faults.append(InjectedFault("silent_host", t_of(t), None, None, (), (topo.hosts[node],),
+                                        tuple(topo.gpu_uuid[node * g:(node + 1) * g]), {},
+                                        "analyzers.absence: host_down, every GPU of the host silent past three intervals"))
     jf = {}
     for jid, d in by_job.items():
         jf[jid] = JobFaults(thermal=d.get("thermal"), slow_link=d.get("slow_link"), sdc=d.get("sdc"),
-                            disruptions=tuple(sorted(d["disruptions"], key=lambda x: x.t_s)))
+                            disruptions=tuple(sorted(d["disruptions"], key=lambda x: x.t_s)), hang=d.get("hang"))
     for v in xids.values():
         v.sort()
     faults.sort(key=lambda f: (f.start, f.kind))
-    return FaultPlan(jf, faults, xids, thermal_gpu, slow_node, row_remap)
+    return FaultPlan(jf, faults, xids, thermal_gpu, slow_node, row_remap, silent)

@@ -110,6 +110,7 @@ class JobFaults:
     slow_link: tuple[int, float, float, float] | None = None  # node within the job, t0, t1, NVLink factor
     sdc: tuple[int, float] | None = None  # rank, t0
     disruptions: tuple[Disruption, ...] = ()
+    hang: float | None = None  # t0: every rank blocks in a collective and the job makes no further step
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,12 @@ def simulate_job(plan: JobPlan, faults: JobFaults, rng: np.random.Generator) -> 
             bad[faults.sdc[0]] = True
         return st.detail(step_no, attempt, S, loss, bad)
 
+    hung = False
     while True:
         if S.max() + stop_margin >= plan.end_s:
+            break
+        if faults.hang is not None and S.min() >= faults.hang:
+            hung = True
             break
         st = _step(plan, faults, noise, S, law, n_nodes, g)
         t0, t1 = float(S.min()), float(st.S_next.max())
@@ -258,6 +263,10 @@ def simulate_job(plan: JobPlan, faults: JobFaults, rng: np.random.Generator) -> 
             last_ckpt_step = step
             kwin = [] if not run.kineto else kwin
             S = np.full(n, te) + rng.uniform(0, 1e-3, n)
+    if hung:
+        # a hang ends nothing: no event, the ranks keep their GPUs, busy spinning in the collective's kernel
+        run.running.append((t_run_from, plan.end_s))
+        return run
     t_end = float(S.max())
     run.running.append((t_run_from, t_end))
     ev.append({"t": t_end, "kind": "finished", "job": {"status": "completed"}})

@@ -166,7 +166,10 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
         ts = t_of(t)
         d = f"dcgm/{_stamp(ts)}"
         if spec.write_dcgm:
-            for host, body in zip(topo.hosts, writer.bodies(values)):
+            quiet = fplan.silent_host
+            for k_node, (host, body) in enumerate(zip(topo.hosts, writer.bodies(values))):
+                if quiet is not None and k_node == quiet[0] and t >= quiet[1]:
+                    continue
                 _write(out, f"{d}/{host}.prom", body, files, "dcgm")
         scrapes.append({"ts": formats.iso_us(formats.epoch_us(ts)), "dir": d})
 
@@ -191,7 +194,9 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
             "nodes": len(r.plan.nodes), "hosts": [topo.hosts[k] for k in r.plan.nodes],
             "sites": sorted({topo.host_site[k] for k in r.plan.nodes}),
             "gpu_uuids": uuids, "start": formats.iso_us(formats.epoch_us(t_of(r.events[0]["t"]))),
-            "end": formats.iso_us(formats.epoch_us(t_of(r.events[-1]["t"]))),
+            # a job that never finished (it hung) holds its GPUs past the simulation: no end, still running
+            "end": formats.iso_us(formats.epoch_us(t_of(r.events[-1]["t"]))) if r.events[-1]["kind"] == "finished" else None,
+            "status": "finished" if r.events[-1]["kind"] == "finished" else "running",
             "steps_run": r.steps_run, "steps_rerun": r.steps_rerun, "events_file": ev_rel,
             "inspector_dir": f"nccl-inspector-{r.job_id}", "kineto_ranks": k_ranks,
             "kineto_steps": [d.step for d in r.kineto], "detail_steps": [d.step for d in r.details],

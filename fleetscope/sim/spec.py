@@ -75,6 +75,8 @@ class FaultSpec:
     sdc_xid: int | None = None  # e.g. 79, 94, 95; None: silent
     preemption: bool = True
     row_remap_failure: bool = True
+    hung_job: bool = True
+    silent_host: bool = True
     gpu_mtbf_h: float | None = 400.0
     min_failures: int = 1  # at least this many failures (the Poisson draw is kept when it has more)
     recovery_s: tuple[float, float] = (120.0, 300.0)  # detect + reschedule, uniform

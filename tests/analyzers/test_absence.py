@@ -37,17 +37,31 @@ def test_one_gpu_silent_is_gpu_absent_a_whole_host_is_host_down():
     assert got == {("gpu_absent", "gpu:GPU-0-0", "warning"), ("host_down", "host:n1", "critical")}
     down = f.filter(pl.col("kind") == "host_down").row(0, named=True)
     assert down["window_start"] == T0 + dt.timedelta(seconds=590)  # its last sample: the outage's start
-    assert json.loads(down["evidence"])["silent_s"] == 310.0
+    # measured against the fleet's newest sample (890 s), not the wall clock: late data is not silence
+    assert json.loads(down["evidence"])["silent_s"] == 300.0
 
 
 def test_a_short_gap_is_not_absence():
     # 100 s of silence: past 3 intervals of 10 s, but under the 120 s floor that rides out a slow scrape
     s = samples({"GPU-2-0": 800, "GPU-2-1": 800})
     assert absence.absence_findings(absence.last_seen(s, INV), now=END).height == 0
-    # a GPU sampled once a minute is judged against its own interval (3 min), not the fleet's
-    slow = samples({}, every_s=60).filter(pl.col("ts") <= T0 + dt.timedelta(minutes=12))
-    assert absence.absence_findings(absence.last_seen(slow, INV), now=END).height == 0
-    assert absence.absence_findings(absence.last_seen(slow, INV), now=END + dt.timedelta(seconds=1)).height > 0
+    # a whole site sampled once a minute is judged by the wall clock against its own interval (3 min)
+    sites = pl.DataFrame({"host": [f"n{h}" for h in range(6)], "site_id": ["a"] * 6})
+    slow = absence.last_seen(samples({}, every_s=60).filter(pl.col("ts") <= T0 + dt.timedelta(minutes=12)), INV)
+    assert absence.absence_findings(slow, now=END, host_site=sites).height == 0
+    f = absence.absence_findings(slow, now=END + dt.timedelta(seconds=1), host_site=sites)
+    assert f.select("kind", "subject").rows() == [("site_silent", "site:a")]
+
+
+def test_late_or_replayed_data_is_not_absence_but_a_fleet_gone_quiet_is():
+    # the whole fleet's data is an hour old (a backfill, an agent catching up): no member lags its peers
+    seen = absence.last_seen(samples({}), INV)
+    assert absence.absence_findings(seen, now=END + dt.timedelta(hours=1)).height == 0
+    # with the sites known, the wall clock says each site is silent: one finding per site, not per host
+    sites = pl.DataFrame({"host": [f"n{h}" for h in range(6)], "site_id": ["a"] * 4 + ["b"] * 2})
+    f = absence.absence_findings(seen, now=END + dt.timedelta(hours=1), host_site=sites)
+    assert f.select("kind", "subject").rows() == [("site_silent", "site:a"), ("site_silent", "site:b")]
+    assert json.loads(f["evidence"][0])["basis"] == "wall clock"
 
 
 def test_most_of_a_site_silent_together_is_one_site_finding():

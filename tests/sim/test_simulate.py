@@ -100,7 +100,10 @@ def test_scale_parameters_respected(tmp_path: Path) -> None:
     assert m.topology["hosts"] == 9 and m.topology["gpus"] == 36
     scrapes = 200 // 20 + 1
     assert len(m.dcgm_scrapes) == scrapes
-    assert len(m.files["dcgm"]) == scrapes * 9
+    # one body per host per scrape, but for the silent host's from 0.7 of the run on (140, 160, 180, 200 s)
+    silent = [f for f in m.faults if f.kind == "silent_host"]
+    assert len(silent) == 1 and len(m.files["dcgm"]) == scrapes * 9 - 4
+    assert not any(silent[0].hosts[0] in rel for rel in m.files["dcgm"][-9:])
     body = (tmp_path / m.files["dcgm"][0]).read_text()
     per_family = Counter(line.split("{", 1)[0] for line in body.splitlines() if not line.startswith("#"))
     assert set(per_family.values()) == {4}, "one sample per GPU of the host in every family"
@@ -220,7 +223,9 @@ def test_preemption_costs_scheduling_goodput(sim: Manifest) -> None:
     ev = _job_events(sim, f.job_id).job_event
     pre = ev.filter(pl.col("kind") == "preempted")
     assert pre.height == 1 and abs((pre["ts"][0] - f.start).total_seconds()) < 60
-    assert goodput.scheduling_goodput(ev) < 0.95
+    # in the small fleet the preempted job is also the one that hangs later: it never finishes
+    finished = ev.filter(pl.col("kind") == "finished").height > 0
+    assert goodput.scheduling_goodput(ev, until=None if finished else ev["ts"].max()) < 0.95
     assert ev.filter(pl.col("kind") == "allocated").height == 2
 
 
