@@ -30,9 +30,12 @@ Thresholds, per port over the window:
   none (IBTA 16.1.3.5); the tick is device-defined, so the ratio used is wait ticks over wait ticks plus
   4-octet words sent, a share of transmit opportunities lost to back-pressure that needs no tick length.
   It is a heuristic, and its threshold a setting;
-- ``ib_link_degraded``: an active link narrower or slower than the links of its class (HCA-to-switch,
-  switch-to-switch) mostly are, from the topology (``ibnetdiscover``) and from the ports' own rate
-  (sysfs ``4X EDR``), e.g. a 1X link among 4X ones. Ports with no peer are not links.
+- ``ib_link_degraded``: an active link narrower than the links of its class (HCA-to-switch,
+  switch-to-switch, or the ports' link layer) mostly are, from the topology (``ibnetdiscover``) and from
+  the ports' own rate (sysfs ``4X EDR``), e.g. a 1X link among 4X ones; or, in the topology, slower than
+  the other links of the same switch mostly are (a switch runs all its ports at one generation's speed,
+  so an EDR link on an HDR switch trained down; an older QDR HCA elsewhere in the fleet is not degraded).
+  Ports with no peer are not links.
 
 Pure: polars frames in, polars frames out.
 """
@@ -107,7 +110,8 @@ def port_health(samples: pl.DataFrame, *, wait_ratio_threshold: float = 0.1, ret
     have = [c for c in COUNTERS if f"d_{c}" in d.columns]
     agg = d.group_by(PORT_KEY).agg(
         pl.col("interval_s").sum().alias("seconds"),
-        *[pl.col(f"d_{c}").sum().alias(c.removesuffix("_total")) for c in have],
+        # all intervals unknown (saturated, missing) is unknown, not zero
+        *[pl.when(pl.col(f"d_{c}").is_not_null().any()).then(pl.col(f"d_{c}").sum()).alias(c.removesuffix("_total")) for c in have],
         *[pl.col(f"d_{c}").is_null().sum().alias(f"_{c}_gaps") for c in have if c in SATURATED],
         pl.col("resets").sum().alias("resets"),
         pl.col("saturated").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("saturated"),
@@ -179,7 +183,7 @@ def degraded_links(links: pl.DataFrame | None = None, ports: pl.DataFrame | None
                            pl.col("b_desc").fill_null(pl.col("b_node")), pl.lit(":"), pl.col("b_port").cast(pl.String)]).alias("subject_text"),
             pl.col("a_host").alias("host") if "a_host" in lk.columns else pl.lit(None, pl.String).alias("host"),
         )
-        out.append(_below_class(lk, "cls").select(
+        out.append(_below_class(lk, "cls", speed_group="b_node").select(
             pl.concat_str([pl.lit("ib-link:"), pl.col("a_node"), pl.lit("/"), pl.col("a_port").cast(pl.String)]).alias("subject"),
             "host", "width", "speed", "rate_gbps", "expected_width", "expected_speed", "expected_rate_gbps",
             pl.col("subject_text").alias("where")))
@@ -197,8 +201,9 @@ def degraded_links(links: pl.DataFrame | None = None, ports: pl.DataFrame | None
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 
-def _below_class(df: pl.DataFrame, cls: str) -> pl.DataFrame:
-    """Rows whose lanes or speed are below the most common ones of their class (ties: the widest)."""
+def _below_class(df: pl.DataFrame, cls: str, speed_group: str | None = None) -> pl.DataFrame:
+    """Rows whose lanes are below the most common ones of their class (ties: the widest), or whose speed
+    is below the most common one of their ``speed_group`` (ties: the fastest)."""
     if "speed" not in df.columns:
         df = df.with_columns(pl.lit(None, pl.String).alias("speed"))
     if "rate_gbps" not in df.columns:
@@ -206,11 +211,17 @@ def _below_class(df: pl.DataFrame, cls: str) -> pl.DataFrame:
     d = df.with_columns(_lanes(pl.col("width")).alias("_lanes"), _speed(pl.col("speed")).alias("_speed"))
     mode_w = d.group_by(cls, "_lanes", "width").len().sort(["len", "_lanes"], descending=True).unique(cls, keep="first").select(
         cls, pl.col("_lanes").alias("_exp_lanes"), pl.col("width").alias("expected_width"))
-    mode_s = d.filter(pl.col("_speed").is_not_null()).group_by(cls, "_speed", "speed").len().sort(["len", "_speed"], descending=True).unique(
-        cls, keep="first").select(cls, pl.col("_speed").alias("_exp_speed"), pl.col("speed").alias("expected_speed"))
-    rate = d.group_by(cls).agg(pl.col("rate_gbps").drop_nulls().mode().max().alias("expected_rate_gbps"))
-    d = d.join(mode_w, on=cls, how="left").join(mode_s, on=cls, how="left").join(rate, on=cls, how="left")
-    return d.filter((pl.col("_lanes") < pl.col("_exp_lanes")) | (pl.col("_speed").is_not_null() & (pl.col("_speed") < pl.col("_exp_speed"))))
+    group = speed_group or cls
+    mode_s = d.filter(pl.col("_speed").is_not_null()).group_by(group, "_speed", "speed").len().sort(["len", "_speed"], descending=True).unique(
+        group, keep="first").select(group, pl.col("_speed").alias("_exp_speed"), pl.col("speed").alias("expected_speed"))
+    d = d.join(mode_w, on=cls, how="left").join(mode_s, on=group, how="left")
+    slower = (pl.col("_speed") < pl.col("_exp_speed")).fill_null(False) if speed_group else pl.lit(False)
+    bad = d.filter((pl.col("_lanes") < pl.col("_exp_lanes")).fill_null(False) | slower)
+    # what the link would carry at the expected width and speed
+    lane = pl.col("rate_gbps") / pl.col("_lanes")
+    exp_lane = pl.when(slower).then(None).otherwise(lane)
+    return bad.with_columns((exp_lane * pl.col("_exp_lanes")).alias("expected_rate_gbps"),
+                            pl.when(slower).then(pl.col("expected_speed")).otherwise(pl.col("speed")).alias("expected_speed"))
 
 
 def _port_subject() -> pl.Expr:

@@ -65,7 +65,7 @@ def from_files(files: Mapping[str, str], *, ts: dt.datetime | None, host: str | 
         text = files[path]
         parts = path.strip("/").split("/")
         dev = parts[0]
-        if not _DEVICE.match(dev):
+        if not _DEVICE.match(dev) or any(part in ("", ".", "..") for part in parts):
             raise fail(path, "not an InfiniBand device name")
         value = text.strip()
         if len(value) > ib.MAX_TEXT:
