@@ -16,6 +16,11 @@ Two ways to push (``push``):
   parsers read, including DCGM fields without a gpu_sample column (kept as metric_sample series), which
   OTLP mode does not send.
 
+With ``infiniband`` (the ``/sys/class/infiniband`` directory; ``fleetscope agent`` turns it on where the
+directory exists) each tick also reads the RDMA devices' port counters there (``read_infiniband``) and
+sends them, mapped by ``ingest.ib_sysfs``, as ``fabric_port_sample`` rows to ``POST /api/v1/batches``, in
+either push mode (OTLP has no names for them).
+
 A failed scrape is logged and counted, and the next tick goes on: one exporter down must not stop the
 others. A refused token (401/403) stops the agent, since every later push would be refused too.
 
@@ -341,6 +346,38 @@ class OtlpEncoder:
         self.provider.shutdown()
 
 
+IB_MAX_FILES = 20_000  # 64 devices x a few ports x ~60 attributes, with room; a bigger tree is not sysfs
+
+
+def read_infiniband(root: str | Path) -> dict[str, str]:
+    """The attributes ``ingest.ib_sysfs`` reads from a ``/sys/class/infiniband`` tree: path relative to
+    ``root`` -> text. Device entries there are symlinks into ``/sys/devices``; they are followed one level
+    (the device), never below (sysfs has cycles)."""
+    base = Path(root)
+    out: dict[str, str] = {}
+    for dev in sorted(base.iterdir()):
+        names = [f"{dev.name}/node_guid"]
+        ports = dev / "ports"
+        if ports.is_dir():
+            for port in sorted(p for p in ports.iterdir() if p.name.isdigit()):
+                rel = f"{dev.name}/ports/{port.name}"
+                names += [f"{rel}/{a}" for a in ("rate", "state", "phys_state", "link_layer", "lid")]
+                for group in ("counters", "counters_ext", "hw_counters"):
+                    d = port / group
+                    if d.is_dir() and not d.is_symlink():
+                        names += [f"{rel}/{group}/{f.name}" for f in sorted(d.iterdir())]
+        for name in names:
+            if len(out) >= IB_MAX_FILES:
+                raise ValueError(f"more than {IB_MAX_FILES} attributes under {base}: not an InfiniBand sysfs tree")
+            f = base / name
+            try:
+                if f.is_file():
+                    out[name] = f.read_text(errors="replace")[:4096]
+            except OSError:  # a counter the driver cannot read now (EINVAL, EIO) is missing, not fatal
+                continue
+    return out
+
+
 @dataclass
 class Agent:
     api_url: str
@@ -348,6 +385,7 @@ class Agent:
     dcgm_urls: list[str] = field(default_factory=list)
     nvml: bool = False
     host: str = field(default_factory=socket.gethostname)
+    infiniband: str | Path | None = None  # the sysfs directory of the RDMA devices
     timeout_s: float = 10.0
     push: str = "otlp"
     buffer_bytes: int = DEFAULT_BUFFER_MB * 2**20
@@ -400,6 +438,12 @@ class Agent:
                 out.append(r)
             elif r is not None:
                 sources["nvml"] = r
+        if self.infiniband is not None:
+            r = self._source(report, "infiniband", lambda: self._infiniband(now))
+            if isinstance(r, Reading):
+                out.append(r)
+            elif r is not None:
+                report.pushed["infiniband"] = r
         if self.otlp is not None and sources:
             report.points = sum(p.get("points", 0) for p in sources.values())
             body = self.otlp.encode(now)
@@ -430,6 +474,17 @@ class Agent:
             body = json.dumps(batch_to_json(batch), default=str).encode()
             return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"nvml": {}})
         return self._queue(batch)
+
+    def _infiniband(self, now: dt.datetime) -> Reading | dict[str, int]:
+        from fleetscope.demo import batch_to_json
+        from ingest import ib_sysfs
+
+        assert self.infiniband is not None
+        batch = ib_sysfs.from_files(read_infiniband(self.infiniband), ts=now, host=self.host, source=f"sysfs:{self.host}")
+        if batch.fabric_port_sample is None:
+            return {"fabric_port_sample": 0}
+        body = json.dumps(batch_to_json(batch), default=str).encode()
+        return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"infiniband": {}})
 
     def _queue(self, batch: Any) -> dict[str, int]:
         from ingest.otlp import gpu_observations

@@ -621,6 +621,33 @@ def reliability(start_text: str | None, end_text: str | None, job_id: str | None
         click.echo(line + f" (MTBF: {c['mtbf_basis']})")
 
 
+@main.command()
+@click.option("--start", "start_text", default=None, help="RFC 3339 start (default: 15 minutes before --end).")
+@click.option("--end", "end_text", default=None, help="RFC 3339 end, exclusive (default: now).")
+@click.option("--json", "as_json", is_flag=True)
+def fabric(start_text: str | None, end_text: str | None, as_json: bool) -> None:
+    """InfiniBand/RoCE link health over a window: flapping, erroring, congested and degraded links from
+    the stored port counters and topology, and the usual HCA link rate."""
+    from fleetscope.health_service import fabric_health
+
+    end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    start = _utc_option(start_text, "--start") or end - dt.timedelta(minutes=15)
+    try:
+        out = fabric_health(_store(), start, end)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    found = out["findings"]
+    if as_json:
+        click.echo(json.dumps({"start": start, "end": end, "nic_rate_gbps": out["nic_rate_gbps"], "links": out["links"],
+                               "ports_seen": out["ports"].height, "findings": found.to_dicts()}, default=str))
+        return
+    rate = f"{out['nic_rate_gbps']:g} Gb/s" if out["nic_rate_gbps"] else "unknown"
+    click.echo(f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC: {out['ports'].height} port(s) sampled, {out['links']} link(s) "
+               f"in the topology, HCA link rate {rate}; {found.height} finding(s)")
+    for r in found.sort("kind", "subject").to_dicts():
+        click.echo(f"  {r['kind']:<17} {r['severity']:<8} {r['summary']}")
+
+
 # --- governance ------------------------------------------------------------------------------
 
 
@@ -828,17 +855,23 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
               default=360, show_default=True, help="Most ticks of undelivered readings kept; the oldest go first (or FLEETSCOPE_AGENT_BUFFER_TICKS).")
 @click.option("--spool", "spool", type=click.Path(file_okay=False), envvar="FLEETSCOPE_AGENT_SPOOL", default=None,
               help="Directory that also holds the undelivered readings, so an agent restart loses none; one agent per directory (or FLEETSCOPE_AGENT_SPOOL).")
+@click.option("--infiniband/--no-infiniband", "infiniband", default=None,
+              help="Read InfiniBand/RoCE port counters from sysfs each tick (default: on when the directory exists).")
+@click.option("--infiniband-root", default="/sys/class/infiniband", show_default=True, help="The sysfs directory of the RDMA devices.")
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
 def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str,
-          buffer_mb: float, buffer_ticks: int, spool: str | None, once: bool, as_json: bool) -> None:
+          buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, once: bool,
+          as_json: bool) -> None:
     """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default).
     Readings the API does not take (unreachable, 429, 5xx) are kept, bounded, and sent again later with
     the time they were measured."""
     from fleetscope.agent import Agent, AgentStopped
 
-    if not dcgm_urls and not nvml:
-        raise click.UsageError("nothing to collect: give --dcgm URL and/or --nvml")
+    if infiniband is None:
+        infiniband = Path(infiniband_root).is_dir()
+    if not dcgm_urls and not nvml and not infiniband:
+        raise click.UsageError("nothing to collect: give --dcgm URL and/or --nvml (or --infiniband on a host with RDMA devices)")
     if nvml:
         from ingest import nvml as nvml_mod
 
@@ -847,7 +880,7 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
         except nvml_mod.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
     ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
-               buffer_ticks=buffer_ticks, spool=spool)
+               buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None)
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]

@@ -405,6 +405,130 @@ NCCL_TEST = FrameSpec(
     doc="One row of an nccl-tests result table: a fabric benchmark measurement.",
 )
 
+# --- fabric (InfiniBand / RoCE) --------------------------------------------------------------
+
+# Port counters as the IBTA PortCounters / PortCountersExtended attributes define them (InfiniBand
+# Architecture Specification vol. 1, ch. 16.1.3), data counters converted from 4-octet words to bytes.
+# Every counter is cumulative; the analyzer takes deltas (ingest never subtracts).
+FABRIC_COUNTERS: tuple[Col, ...] = (
+    _f("xmit_bytes_total", pl.Int64, doc="PortXmitData x 4 (the counter is in 4-octet words)"),
+    _f("rcv_bytes_total", pl.Int64, doc="PortRcvData x 4"),
+    _f("xmit_packets_total", pl.Int64, doc="PortXmitPkts"),
+    _f("rcv_packets_total", pl.Int64, doc="PortRcvPkts"),
+    _f("unicast_xmit_packets_total", pl.Int64, doc="PortUnicastXmitPkts"),
+    _f("unicast_rcv_packets_total", pl.Int64, doc="PortUnicastRcvPkts"),
+    _f("multicast_xmit_packets_total", pl.Int64, doc="PortMulticastXmitPkts"),
+    _f("multicast_rcv_packets_total", pl.Int64, doc="PortMulticastRcvPkts"),
+    _f("symbol_errors_total", pl.Int64, doc="SymbolErrorCounter (16 bits in PortCounters)"),
+    _f("link_error_recovery_total", pl.Int64, doc="LinkErrorRecoveryCounter (8 bits)"),
+    _f("link_downed_total", pl.Int64, doc="LinkDownedCounter (8 bits)"),
+    _f("rcv_errors_total", pl.Int64, doc="PortRcvErrors"),
+    _f("rcv_remote_physical_errors_total", pl.Int64, doc="PortRcvRemotePhysicalErrors"),
+    _f("rcv_switch_relay_errors_total", pl.Int64, doc="PortRcvSwitchRelayErrors"),
+    _f("xmit_discards_total", pl.Int64, doc="PortXmitDiscards"),
+    _f("rcv_discards_total", pl.Int64, doc="port_rcv_discards (mlx4 sysfs)"),
+    _f("xmit_constraint_errors_total", pl.Int64, doc="PortXmitConstraintErrors"),
+    _f("rcv_constraint_errors_total", pl.Int64, doc="PortRcvConstraintErrors"),
+    _f("local_link_integrity_errors_total", pl.Int64, doc="LocalLinkIntegrityErrors"),
+    _f("excessive_buffer_overrun_errors_total", pl.Int64, doc="ExcessiveBufferOverrunErrors"),
+    _f("vl15_dropped_total", pl.Int64, doc="VL15Dropped"),
+    _f("qp1_dropped_total", pl.Int64, doc="QP1Dropped"),
+    _f("xmit_wait_total", pl.Int64, doc="PortXmitWait: ticks with data to send but none sent (32 bits in PortCounters)"),
+    _f("rcv_local_physical_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortLocalPhysicalErrors"),
+    _f("rcv_malformed_packet_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortMalformedPktErrors"),
+    _f("rcv_buffer_overrun_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortBufferOverrunErrors"),
+    _f("rcv_dlid_mapping_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortDLIDMappingErrors"),
+    _f("rcv_vl_mapping_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortVLMappingErrors"),
+    _f("rcv_looping_errors_total", pl.Int64, doc="PortRcvErrorDetails: PortLoopingErrors"),
+    # RDMA hw_counters of mlx5 (sysfs ports/N/hw_counters), for RoCE and IB alike
+    _f("roce_adp_retrans_total", pl.Int64, doc="hw_counters/roce_adp_retrans"),
+    _f("roce_adp_retrans_to_total", pl.Int64, doc="hw_counters/roce_adp_retrans_to"),
+    _f("roce_slow_restart_total", pl.Int64, doc="hw_counters/roce_slow_restart"),
+    _f("roce_slow_restart_cnps_total", pl.Int64, doc="hw_counters/roce_slow_restart_cnps"),
+    _f("out_of_buffer_total", pl.Int64, doc="hw_counters/out_of_buffer: packets dropped for lack of receive WQEs"),
+    _f("out_of_sequence_total", pl.Int64, doc="hw_counters/out_of_sequence"),
+    _f("packet_seq_err_total", pl.Int64, doc="hw_counters/packet_seq_err"),
+    _f("local_ack_timeout_err_total", pl.Int64, doc="hw_counters/local_ack_timeout_err"),
+    _f("rnr_nak_retry_err_total", pl.Int64, doc="hw_counters/rnr_nak_retry_err"),
+    _f("implied_nak_seq_err_total", pl.Int64, doc="hw_counters/implied_nak_seq_err"),
+    _f("duplicate_request_total", pl.Int64, doc="hw_counters/duplicate_request"),
+    _f("req_cqe_error_total", pl.Int64, doc="hw_counters/req_cqe_error"),
+    _f("resp_cqe_error_total", pl.Int64, doc="hw_counters/resp_cqe_error"),
+    _f("np_cnp_sent_total", pl.Int64, doc="hw_counters/np_cnp_sent (RoCE congestion notifications sent)"),
+    _f("rp_cnp_handled_total", pl.Int64, doc="hw_counters/rp_cnp_handled"),
+    _f("np_ecn_marked_roce_packets_total", pl.Int64, doc="hw_counters/np_ecn_marked_roce_packets"),
+)
+
+FABRIC_PORT_SAMPLE = FrameSpec(
+    "fabric_port_sample",
+    (
+        _k("ts", UTC_US),
+        _k("node", pl.String, doc="the host for host-side readers (sysfs, node_exporter), the node GUID 0x... "
+                                  "for fabric-side ones (perfquery by GUID), lid:<n> when only the LID is known"),
+        _k("device", pl.String, default="", doc="HCA name (mlx5_0); empty for fabric-side readers"),
+        _k("port", pl.Int64),
+        _f("host", pl.String),
+        _f("node_guid", pl.String, doc="0x-prefixed, 16 hex digits"),
+        _f("lid", pl.Int64),
+        _f("link_layer", pl.String, doc="InfiniBand or Ethernet (RoCE)"),
+        _f("state", pl.String, doc="ACTIVE, DOWN, INIT, ARMED, ..."),
+        _f("phys_state", pl.String, doc="LinkUp, Polling, Disabled, ..."),
+        _f("width", pl.String, doc="lanes: 1X, 2X, 4X, 8X, 12X"),
+        _f("speed", pl.String, doc="SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR"),
+        _f("rate_gbps", doc="the port's data rate in Gb/s (1e9 bit/s), e.g. 200 for 4X HDR"),
+        *FABRIC_COUNTERS,
+        _f("source", pl.String),
+    ),
+    on_conflict="fill",
+    doc="One InfiniBand/RoCE port at one instant: cumulative counters, width, speed and state.",
+)
+
+FABRIC_LINK = FrameSpec(
+    "fabric_link",
+    (
+        _k("a_node", pl.String, doc="node GUID (0x...) of end A, or the host name of a placement row"),
+        _k("a_port", pl.Int64, default=0),
+        _f("a_kind", pl.String, doc="CA (HCA), SW (switch), or host (a placement row from node features)"),
+        _f("a_desc", pl.String, doc="node description, trimmed"),
+        _f("a_lid", pl.Int64),
+        _f("a_host", pl.String, doc="the host of an HCA end (first word of its description)"),
+        _f("b_node", pl.String, doc="node GUID of end B; null for an unconnected port"),
+        _f("b_port", pl.Int64),
+        _f("b_kind", pl.String),
+        _f("b_desc", pl.String),
+        _f("b_lid", pl.Int64),
+        _f("b_host", pl.String),
+        _f("width", pl.String, doc="lanes: 1X, 4X, ..."),
+        _f("speed", pl.String, doc="SDR ... XDR"),
+        _f("rate_gbps", doc="width x per-lane data rate, Gb/s"),
+        _f("connected", pl.Boolean, doc="false for a port with no peer (not a slow link)"),
+        _f("island", pl.String, doc="IB island / spine group of a placement row"),
+        _f("observed_at", UTC_US),
+        _f("source", pl.String),
+    ),
+    on_conflict="update",
+    doc="Fabric topology: one row per link (listed once, HCA end first), per unconnected port, or per host-to-leaf placement.",
+)
+
+FABRIC_GPU_NIC = FrameSpec(
+    "fabric_gpu_nic",
+    (
+        _k("host", pl.String, default="", doc="empty for a topology that describes a machine type, not one host"),
+        _k("gpu_bus_id", pl.String),
+        _k("nic_bus_id", pl.String),
+        _f("path", pl.String, doc="PIX (same PCIe switch), NODE (same NUMA node), SYS (across NUMA nodes)"),
+        _f("pcie_switch", pl.String, doc="bus id of the shared PCIe switch (PIX)"),
+        _f("numa_node", pl.Int64),
+        _f("link_gts", doc="PCIe link speed of the GPU, GT/s"),
+        _f("link_width", pl.Int64, doc="PCIe lanes of the GPU"),
+        _f("source", pl.String),
+    ),
+    on_conflict="update",
+    doc="Which NIC each GPU reaches best over PCIe (NCCL topology), one row per nearest GPU-NIC pair.",
+)
+
+FABRIC_FRAMES = (FABRIC_PORT_SAMPLE, FABRIC_LINK, FABRIC_GPU_NIC)
+
 # --- inventory ------------------------------------------------------------------------------
 
 SITE = FrameSpec(
@@ -617,6 +741,9 @@ FRAMES: dict[str, FrameSpec] = {
         JOB_EVENT,
         HEALTH_EVENT,
         NCCL_TEST,
+        FABRIC_LINK,
+        FABRIC_GPU_NIC,
+        FABRIC_PORT_SAMPLE,
         STEP_BREAKDOWN,
         GPU_ENERGY_MINUTE,
         JOB_ANALYSIS,
@@ -658,6 +785,9 @@ class Batch:
     job_event: pl.DataFrame | None = None
     health_event: pl.DataFrame | None = None
     nccl_test: pl.DataFrame | None = None
+    fabric_link: pl.DataFrame | None = None
+    fabric_gpu_nic: pl.DataFrame | None = None
+    fabric_port_sample: pl.DataFrame | None = None
     step_breakdown: pl.DataFrame | None = None
     gpu_energy_minute: pl.DataFrame | None = None
     job_analysis: pl.DataFrame | None = None

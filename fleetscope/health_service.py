@@ -1,6 +1,7 @@
 """GPU health, fabric and known-answer probes against the store: windows of telemetry in, findings out.
 
-Pure analysis lives in ``analyzers/health.py``, ``analyzers/fabric.py`` and ``analyzers/sdc.py``; this module
+Pure analysis lives in ``analyzers/health.py``, ``analyzers/fabric.py``, ``analyzers/ib_links.py`` and
+``analyzers/sdc.py``; this module
 reads bounded windows, writes findings and probe results, and owns the clock.
 """
 
@@ -15,7 +16,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, hangs, health, sdc
+from analyzers import absence, fabric, hangs, health, ib_links, sdc
 from fleetscope import frames as F
 from fleetscope import schema
 from fleetscope.observability import tracer
@@ -55,10 +56,30 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             reg = fabric.nccl_test_regressions(tests)
             if reg.height:
                 findings.append(fabric.fabric_findings(regressions=reg, window_start=start, window_end=end))
+        findings.append(fabric_health(store, start, end)["findings"])
         found = pl.concat([f for f in findings if f.height], how="vertical_relaxed") if any(f.height for f in findings) else F.FINDING.empty()
         if write and found.height:
             store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
         return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
+
+
+def fabric_health(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """InfiniBand/RoCE links over [start, end) (``analyzers.ib_links``): per-port increases, rates and
+    verdicts from the window's port samples, links narrower or slower than their peers (topology and the
+    ports' own rates), their findings, and the usual HCA link rate the topology implies."""
+    if end <= start:
+        raise ValueError("end must be after start")
+    if end - start > MAX_WINDOW:
+        raise ValueError(f"window longer than {MAX_WINDOW}: fabric health reads raw port samples, so ask for at most a day")
+    with tracer().start_as_current_span("health.fabric"):
+        samples = store.read("fabric_port_sample", start=start, end=end)
+        links = store.read("fabric_link")
+        ports = ib_links.port_health(samples) if samples.height else pl.DataFrame()
+        degraded = ib_links.degraded_links(links if links.height else None, samples if samples.height else None)
+        found = ib_links.link_findings(ports if ports.height else None, degraded, window_start=start, window_end=end)
+        return {"ports": ports, "degraded": degraded, "findings": found,
+                "nic_rate_gbps": ib_links.nic_link_rate_gbps(links if links.height else None, samples if samples.height else None),
+                "links": links.filter(pl.col("connected").fill_null(False) & (pl.col("a_kind") != "host")).height if links.height else 0}
 
 
 ABSENCE_CARRY = dt.timedelta(minutes=30)

@@ -47,6 +47,13 @@ FORMAT_MODULES: list[str] = [
     "ingest.otlp",
     "ingest.job_events",
     "ingest.remote_write",
+    "ingest.ib_node_exporter",
+    "ingest.ib_sysfs",
+    "ingest.perfquery",
+    "ingest.ibnetdiscover",
+    "ingest.nccl_topo",
+    "ingest.ibswinfo",
+    "ingest.slurm_ib_features",
 ]
 
 

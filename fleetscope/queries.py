@@ -1473,3 +1473,28 @@ def model_lineage(store: Store, model_name: str, model_version: str) -> dict[str
         return gs.model_lineage(store, model_name, model_version)
     except gs.NotFound:
         return None
+
+
+IB_FINDING_KINDS = ("ib_link_flapping", "ib_link_errors", "ib_link_degraded", "ib_congestion")
+
+
+def fabric_link_findings(store: Store, start: dt.datetime, end: dt.datetime, limit: int = 500) -> pl.DataFrame:
+    """The InfiniBand link findings the health sweep stored for windows ending in [start, end), newest
+    first: ``kind, subject, severity, score, window_end, summary``."""
+    marks = ", ".join("?" for _ in IB_FINDING_KINDS)
+    sql = ("SELECT kind, subject, severity, score, window_end, summary FROM finding"
+           f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
+           f" ORDER BY window_end DESC LIMIT {int(limit)}")
+    schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
+    return _fetch(store, sql, [*IB_FINDING_KINDS, _as_utc(start), _as_utc(end)], schema)
+
+
+def fabric_nic_rate_gbps(store: Store) -> pl.DataFrame:
+    """The usual HCA link rate in the stored topology (``analyzers.ib_links.nic_link_rate_gbps``), as one
+    row ``rate_gbps, links`` (null rate when no topology is stored)."""
+    from analyzers import ib_links
+
+    rows = _fetch(store, "SELECT a_kind, rate_gbps, connected FROM fabric_link WHERE a_kind = 'CA'", [],
+                  {"a_kind": pl.String, "rate_gbps": pl.Float64, "connected": pl.Boolean})
+    return pl.DataFrame({"rate_gbps": [ib_links.nic_link_rate_gbps(rows)], "links": [rows.filter(pl.col("connected").fill_null(False)).height]},
+                        schema={"rate_gbps": pl.Float64, "links": pl.Int64})

@@ -119,6 +119,10 @@ health_event = _frame_table(
     F.HEALTH_EVENT, Index(None, "host", "ts"), Index(None, "kind", "ts"), key_order=("gpu_uuid", "ts", "host", "kind", "code")
 )
 nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
+# Port samples are read per port over a window and fleet-wide by time.
+fabric_port_sample = _frame_table(F.FABRIC_PORT_SAMPLE, Index(None, "ts"), key_order=("node", "device", "port", "ts"))
+fabric_link = _frame_table(F.FABRIC_LINK, Index(None, "b_node", "b_port"), Index(None, "a_host"))
+fabric_gpu_nic = _frame_table(F.FABRIC_GPU_NIC)
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
 job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
 # Keyed (minute, gpu_uuid) for fleet-wide windows; the (gpu_uuid, minute) index serves a job's GPUs.
@@ -239,6 +243,9 @@ TIME_COLUMN: dict[str, str] = {
     "job_event": "ts",
     "health_event": "ts",
     "nccl_test": "ts",
+    "fabric_port_sample": "ts",
+    "fabric_link": "",
+    "fabric_gpu_nic": "",
     "step_breakdown": "start",
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",

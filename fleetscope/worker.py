@@ -156,7 +156,7 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
     with tracer().start_as_current_span("task.retention"):
         st = store()
         with st.engine.begin() as conn:
-            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step"):
+            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample"):
                 table = schema.metadata.tables[name]
                 col = table.c[schema.TIME_COLUMN[name]]
                 deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount

@@ -1,4 +1,5 @@
-"""Network: NCCL bus bandwidth by collective and message size against the fabric's peak; nccl-tests history."""
+"""Network: unhealthy InfiniBand links; NCCL bus bandwidth by collective and message size against the fabric's
+peak (from the topology's HCA link rate, or typed in); nccl-tests history."""
 
 from __future__ import annotations
 
@@ -12,10 +13,26 @@ from fleetscope import queries
 f = ui.filters()
 st.title("Network")
 
-peak = st.number_input(
+nic = ui.q(queries.fabric_nic_rate_gbps, live=False)
+nic_rate = nic["rate_gbps"][0] if nic.height else None
+typed = st.number_input(
     "Fabric peak bus bandwidth (GB/s)", min_value=0.0, value=0.0, step=25.0, key="fabric_peak",
-    help="drawn as a line on the charts; 0 hides it (e.g. about 450 for NVLink 4 all_reduce within an H100 node)",
+    help="drawn as a line on the charts; 0 takes it from the topology (one HCA link's rate / 8), where one is stored "
+         "(e.g. about 450 for NVLink 4 all_reduce within an H100 node)",
 )
+peak = typed or (nic_rate / 8 if nic_rate else 0.0)
+if not typed and nic_rate:
+    st.caption(f"Peak from the topology: HCA links of {nic_rate:g} Gb/s = {nic_rate / 8:g} GB/s per NIC ({nic['links'][0]} links).")
+
+st.subheader("InfiniBand links")
+ib = ui.q(queries.fabric_link_findings, start=f.start, end=f.end)
+if ib.is_empty():
+    ui.no_data("no unhealthy InfiniBand links in this time range.",
+               "Port counters arrive from `fleetscope agent` (sysfs), node_exporter, perfquery; topology from ibnetdiscover.")
+else:
+    latest = ib.unique(["kind", "subject"], keep="first")
+    st.dataframe(latest.select("kind", "subject", "severity", "window_end", "summary"), hide_index=True)
+
 # Message sizes are powers of two: label them in binary units (1 MiB, not 1.048576M).
 BYTES_LABEL = (
     "datum.value >= 1073741824 ? format(datum.value / 1073741824, '~g') + ' GiB'"

@@ -242,12 +242,13 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
-    from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fleet, routes_governance, routes_jobs, routes_otlp,
+    from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs, routes_otlp,
                                 routes_remote_write, routes_tokens)
 
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_data.router)
+    app.include_router(routes_fabric.router)
     app.include_router(routes_fleet.router)
     app.include_router(routes_governance.router)
     app.include_router(routes_jobs.router)

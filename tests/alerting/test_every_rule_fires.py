@@ -156,6 +156,22 @@ def nccl_runs(a: dt.datetime, b: dt.datetime) -> F.Batch:
     return F.Batch(nccl_test=between(pl.DataFrame(rows, schema_overrides={"ts": F.UTC_US}), "ts", a, b))
 
 
+def flapping_link(a: dt.datetime, b: dt.datetime) -> F.Batch:
+    """Every host's HCA port sampled every 10 s as the node agent reads sysfs; n1's link goes down once a
+    minute from minute 3 to 9 (LinkDownedCounter rises), then holds."""
+    rows = []
+    t = a
+    while t < b:
+        secs = (t - T).total_seconds()
+        for h in HOSTS:
+            downs = 2 + (max(0, min(int((t - T) / MIN), 9) - 2) if h == "n1" and t >= T + 3 * MIN else 0)
+            rows.append({"ts": t, "node": h, "device": "mlx5_0", "port": 1, "host": h, "state": "ACTIVE", "width": "4X", "speed": "NDR",
+                         "rate_gbps": 400.0, "xmit_bytes_total": int(1e12 + 2e9 * secs), "rcv_bytes_total": int(1e12 + 2e9 * secs),
+                         "link_downed_total": downs, "symbol_errors_total": 0, "xmit_wait_total": 1000})
+        t += dt.timedelta(seconds=10)
+    return F.Batch(fabric_port_sample=pl.DataFrame(rows, schema_overrides={"ts": F.UTC_US}))
+
+
 def hot(g: str, t: dt.datetime) -> dict:
     # SW and HW thermal slowdown (0x20 | 0x40) on one GPU from minute 2 to 25, its clock held down
     if g == "GPU-n2-1" and T + 2 * MIN <= t < T + 25 * MIN:
@@ -177,6 +193,7 @@ SCENARIOS = {
     "nccl": Scenario(extra=nccl_runs, minutes=160, rules=("NcclBandwidthRegression",)),
     "pue_high": Scenario(meters=lambda t: 1.9 if t < T + 40 * MIN else 1.3, rules=("PueOutOfRange",)),
     "pue_low": Scenario(meters=lambda t: 0.8 if t < T + 40 * MIN else 1.3, minutes=100, rules=("PueImplausible",)),
+    "ib_flap": Scenario(extra=flapping_link, rules=("FabricLinkUnhealthy",)),
     "host_down": Scenario(silent=lambda h, t: h == "n3" and T + 3 * MIN <= t < T + 20 * MIN, rules=("HostDown",)),
     "gpu_gone": Scenario(gone=lambda g, t: g == "GPU-n1-1" and T + 3 * MIN <= t < T + 20 * MIN, rules=("GpuStoppedReporting",)),
     "site_silent": Scenario(silent=lambda h, t: h != "n0" and T + 3 * MIN <= t < T + 20 * MIN, rules=("TelemetryAbsent",)),

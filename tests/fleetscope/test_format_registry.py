@@ -39,6 +39,13 @@ SAMPLES: dict[str, list[tuple[str, str | bytes]]] = {
     "otlp_json": [("real", "telemetry/otlp-json_ExportMetricsServiceRequest_example_opentelemetry-proto.json"),
                   ("synthetic", b'{"resourceMetrics": []}')],
     "job_events": [("synthetic", b'{"job_id": "j1", "ts": "2026-03-01T12:00:00Z", "kind": "started"}\n')],
+    "ib_node_exporter": [("real", "fabric/node-exporter_e2e-output_node_infiniband.prom")],
+    "ib_sysfs_ttar": [("real", "fabric/procfs_sys-class-infiniband_hfi1-mlx4-mlx5-hw_counters.ttar")],
+    "perfquery": [("real", "fabric/perfquery-x_osc_0x506b4b03005c2740.txt")],
+    "ibnetdiscover": [("real", "fabric/ibnetdiscover-ports_osc_edr.txt")],
+    "nccl_topo": [("real", "fabric/nccl-topo_azure-ndv5_8xH100-8xIB.xml")],
+    "ibswinfo": [("real", "fabric/ibswinfo_qm8790-hdr-switch.txt")],
+    "slurm_ib_features": [("real", "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt")],
 }
 SNIFFED = [name for name, f in ingestion.FORMATS.items() if f.spec.sniff]
 

@@ -31,6 +31,22 @@ EXPECTED = {
     "telemetry/nvidia-smi_capture_linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt": ["nvidia_smi_capture"],
     "telemetry/dcgm-exporter_default-counters.csv": [],
     "telemetry/SOURCES.md": [],
+    "fabric/SOURCES.md": [],
+    "fabric/node-exporter_e2e-output_node_infiniband.prom": ["ib_node_exporter"],
+    "fabric/node-exporter_sys-class-infiniband_i40iw0-mlx4_0.ttar": ["ib_sysfs_ttar"],
+    "fabric/procfs_sys-class-infiniband_hfi1-mlx4-mlx5-hw_counters.ttar": ["ib_sysfs_ttar"],
+    "fabric/perfquery-x_osc_0x506b4b03005c2740.txt": ["perfquery"],
+    "fabric/perfquery-x_osc_0x7cfe9003009ce5b0.txt": ["perfquery"],
+    "fabric/perfquery-x_osc_0x7cfe9003003b4bde.txt": ["perfquery"],
+    "fabric/perfquery-x_osc_0x7cfe9003003b4b96.txt": ["perfquery"],
+    "fabric/perfquery-E-rcv-error-details_osc_0x7cfe9003009ce5b0-port1.txt": ["perfquery"],
+    "fabric/ibnetdiscover-ports_osc_edr.txt": ["ibnetdiscover"],
+    "fabric/ibnetdiscover-ports_hdr-sharp-spine.txt": ["ibnetdiscover"],
+    "fabric/nccl-topo_azure-ndv5_8xH100-8xIB.xml": ["nccl_topo"],
+    "fabric/nccl-topo_azure-ndv4_8xA100-8xIB.xml": ["nccl_topo"],
+    "fabric/ibswinfo_qm8790-hdr-switch.txt": ["ibswinfo"],
+    "fabric/ibswinfo_sb7790-edr-switch_fan-error.txt": ["ibswinfo"],
+    "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt": ["slurm_ib_features"],
 }
 
 
