@@ -47,6 +47,7 @@ FORMAT_MODULES: list[str] = [
     "ingest.otlp",
     "ingest.job_events",
     "ingest.remote_write",
+    "ingest.bytedance_whatif",
 ]
 
 
