@@ -59,6 +59,7 @@ __all__ = [
     "scheduling_goodput",
     "load_gpu_peaks",
     "gpu_peak_flops",
+    "peak_table_name",
     "program_goodput",
     "ml_productivity_goodput",
 ]
@@ -601,6 +602,42 @@ def load_gpu_peaks() -> pl.DataFrame:
 
 _DTYPE_COLUMN = {"fp64": "fp64_tensor_flops", "fp64_vector": "fp64_flops", "fp32": "fp32_flops", "tf32": "tf32_flops",
                  "bf16": "bf16_flops", "fp16": "fp16_flops", "fp8": "fp8_flops"}
+
+
+# The names NVML (nvidia-smi --query-gpu=name, dcgm-exporter's modelName) reports for the boards in
+# gpu_peaks.csv, per NVIDIA's nvidia-smi output for each board: the name says the form factor only
+# through the memory ("80GB HBM3" is the SXM5 board; the PCIe board says "PCIe").
+_NVML_NAMES = {
+    "nvidia a100-sxm4-40gb": "A100-SXM4-40GB",
+    "nvidia a100-sxm4-80gb": "A100-SXM4-80GB",
+    "nvidia a100-pcie-40gb": "A100-PCIE-40GB",
+    "nvidia a100 80gb pcie": "A100-PCIE-80GB",
+    "nvidia h100 80gb hbm3": "H100-SXM5-80GB",
+    "nvidia h100 pcie": "H100-PCIE-80GB",
+    "nvidia h200": "H200-SXM-141GB",
+    "nvidia b200": "B200-SXM-180GB",
+    "nvidia l4": "L4",
+    "nvidia l40s": "L40S",
+    "nvidia a10": "A10",
+    "tesla v100-sxm2-32gb": "V100-SXM2-32GB",
+    "tesla v100-pcie-32gb": "V100-PCIE-32GB",
+    "tesla t4": "T4",
+}
+
+
+def peak_table_name(model_name: str) -> str:
+    """The ``gpu_peaks.csv`` row of a GPU model as the inventory names it: an NVML name from the table
+    above, or a row name itself. Raises ``ValueError`` naming the model when neither fits, rather than
+    guessing a board whose peak differs (the PCIe H100 is 24 % slower than the SXM5 one)."""
+    name = " ".join(str(model_name).split())
+    hit = _NVML_NAMES.get(name.lower())
+    if hit is not None:
+        return hit
+    rows = load_gpu_peaks()["gpu"].to_list()
+    exact = [r for r in rows if r.lower() == name.lower()]
+    if exact:
+        return exact[0]
+    raise ValueError(f"GPU model {model_name!r} is not in gpu_peaks.csv nor a known NVML name for one of its rows")
 
 
 def gpu_peak_flops(gpu: str, dtype: str = "bf16") -> float:

@@ -16,7 +16,16 @@ Sources of the rules:
   0x2 ApplicationsClocksSetting, 0x4 SwPowerCap, 0x8 HwSlowdown, 0x10 SyncBoost,
   0x20 SwThermalSlowdown, 0x40 HwThermalSlowdown, 0x80 HwPowerBrakeSlowdown,
   0x100 DisplayClockSetting. DCGM exports the same mask as DCGM_FI_DEV_CLOCKS_EVENT_REASONS.
-* Counters (ECC, remapped rows, retired pages, violation time) are monotonic until the driver
+* PCIe replays and NVLink errors: DCGM's health watches (``DcgmHealthWatch.cpp``, limits in
+  ``dcgm_gpu_hardware_limits.h``). PCIe: more than 8 replays per minute ("the maximum recommended by
+  RM", ``DCGM_LIMIT_MAX_PCIREPLAY_RATE``) warns ``DCGM_FR_PCI_REPLAY_RATE``, whose triage is to check
+  the riser, slot and firmware. NVLink: one or more CRC flit/data errors warns
+  ``DCGM_FR_NVLINK_ERROR_THRESHOLD`` (the link still carries work), CRC errors at 100/s or more fail
+  (``DCGM_LIMIT_MAX_NVLINK_CRC_ERROR``: "CRC errors only matter at rates of 100+ per second"), and any
+  replay or recovery error fails (``DCGM_FR_NVLINK_ERROR_CRITICAL``: run a field diagnostic). Here a
+  warning is ``watch`` and a failure ``investigate``; the counts are increases over the window, the
+  rates averages over it.
+* Counters (ECC, remapped rows, retired pages, violation time, PCIe replays, NVLink errors) are monotonic until the driver
   reloads or someone clears them. Increases follow Prometheus' ``increase()``: a sample lower than
   the one before is a reset, after which the counter counted up from zero to the new value.
 
@@ -26,7 +35,7 @@ Pure: polars frames in, polars frames out. The only file read is the shipped cat
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +46,7 @@ from fleetscope.errors import ValidationError
 from fleetscope.frames import findings_frame, require_columns
 
 __all__ = [
+    "NVLINK_COUNTERS",
     "XID_CATALOG_PATH",
     "ACTIONS",
     "CLOCK_EVENT_BITS",
@@ -83,7 +93,18 @@ _COUNTERS: dict[str, str] = {
     "remap_uncorrectable_total": "remap_uncorrectable",
     "power_violation_s": "power_violation_s",
     "thermal_violation_s": "thermal_violation_s",
+    "pcie_replay_total": "pcie_replay",
+    # not gpu_sample columns (dcgm-exporter's DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL land in metric_sample):
+    # the caller adds them to the samples where it has them
+    "nvlink_crc_flit_errors_total": "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors_total": "nvlink_crc_data_errors",
+    "nvlink_replay_errors_total": "nvlink_replay_errors",
+    "nvlink_recovery_errors_total": "nvlink_recovery_errors",
 }
+NVLINK_COUNTERS = ("nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total", "nvlink_replay_errors_total",
+                   "nvlink_recovery_errors_total")
+PCIE_REPLAY_LIMIT_PER_MIN = 8.0  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
+NVLINK_CRC_LIMIT_PER_S = 100.0  # DCGM_LIMIT_MAX_NVLINK_CRC_ERROR
 
 
 # --- Xid catalog -------------------------------------------------------------------------------
@@ -223,7 +244,8 @@ def gpu_health(
     window_s = (pl.col("window_end") - pl.col("window_start")).dt.total_microseconds() / 1e6
     hours = window_s / 3600
     rate_cols = []
-    for name in ("ecc_sbe", "ecc_dbe", "retired_sbe", "retired_dbe", "remap_correctable", "remap_uncorrectable"):
+    for name in ("ecc_sbe", "ecc_dbe", "retired_sbe", "retired_dbe", "remap_correctable", "remap_uncorrectable",
+                 "pcie_replay", "nvlink_crc_flit_errors", "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors"):
         if f"{name}_increase" in per.columns:
             rate_cols.append(pl.when(hours > 0).then(pl.col(f"{name}_increase") / hours).otherwise(None).alias(f"{name}_per_h"))
     for name in ("power_violation_s", "thermal_violation_s"):
@@ -353,6 +375,7 @@ def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: f
         *[(pl.col(c).fill_null(0) > throttle_watch_ratio) for c in ("thermal_throttle_ratio", "power_throttle_ratio",
                                                                      "hw_slowdown_ratio", "thermal_violation_ratio") if c in per.columns],
         (pl.col("low_clock_ratio").fill_null(0) > low_clock_watch_ratio) if "low_clock_ratio" in per.columns else pl.lit(False),
+        *[pos(f"{_COUNTERS[c]}_increase") for c in ("pcie_replay_total", *NVLINK_COUNTERS)],
     )
     per = per.with_columns(notable.alias("_notable"))
     calm = per.filter(~pl.col("_notable")).with_columns(
@@ -400,6 +423,7 @@ def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: f
             found.append(("watch", f"thermal violation {num('thermal_violation_ratio'):.0%} of the time"))
         if num("low_clock_ratio") > low_clock_watch_ratio:
             found.append(("watch", f"SM clock under expectation in {num('low_clock_ratio'):.0%} of loaded samples"))
+        found.extend(_link_reasons(num))
         found.sort(key=lambda t: -_RANK[t[0]])
         worst = found[0][0] if found else "none"
         # Score: the worst finding's penalty plus a little for each further one, so two problems rank below one.
@@ -413,6 +437,31 @@ def _score(per: pl.DataFrame, *, sbe_watch_per_h: float, throttle_watch_ratio: f
         pl.Series("reasons", why, dtype=pl.List(pl.String)),
     )
     return pl.concat([scored, calm], how="vertical_relaxed").drop("_notable")
+
+
+def _link_reasons(num: Callable[[str], float]) -> list[tuple[str, str]]:
+    """PCIe replay and NVLink error rules of DCGM's health watches (module docstring)."""
+    found: list[tuple[str, str]] = []
+    if num("pcie_replay_increase") > 0:
+        per_min = num("pcie_replay_per_h") / 60
+        if per_min > PCIE_REPLAY_LIMIT_PER_MIN:
+            found.append(("investigate", f"PCIe replays at {per_min:.3g}/min, over DCGM's limit of "
+                                         f"{PCIE_REPLAY_LIMIT_PER_MIN:g}/min: check the riser, slot and firmware"))
+        else:
+            found.append(("watch", f"{int(num('pcie_replay_increase'))} PCIe replay(s) in the window ({per_min:.3g}/min)"))
+    crc = num("nvlink_crc_flit_errors_increase") + num("nvlink_crc_data_errors_increase")
+    if crc > 0:
+        per_s = (num("nvlink_crc_flit_errors_per_h") + num("nvlink_crc_data_errors_per_h")) / 3600
+        if per_s >= NVLINK_CRC_LIMIT_PER_S:
+            found.append(("investigate", f"NVLink CRC errors at {per_s:.3g}/s, over DCGM's limit of "
+                                         f"{NVLINK_CRC_LIMIT_PER_S:g}/s: inspect the cables and backplane"))
+        else:
+            found.append(("watch", f"{int(crc)} NVLink CRC error(s) in the window ({per_s:.3g}/s)"))
+    for name, label in (("nvlink_replay_errors", "replay"), ("nvlink_recovery_errors", "recovery")):
+        if num(f"{name}_increase") > 0:
+            found.append(("investigate", f"{int(num(f'{name}_increase'))} NVLink {label} error(s) in the window: "
+                                         "run a field diagnostic"))
+    return found
 
 
 # --- per node -----------------------------------------------------------------------------------

@@ -43,12 +43,14 @@ class JobAnalysis:
     sdc: list[dict[str, Any]] = field(default_factory=list)
     sdc_reruns: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
+    whatif: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
-                          "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "notes": self.notes})
+                          "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "whatif": self.whatif,
+                          "notes": self.notes})
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -98,14 +100,16 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
                 out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s, "productive_s": rg.productive_s,
                                "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
                                "disruptions": rg.disruptions, "finished": finished}
+                out.goodput.update(_program_goodput(store, job_id, steps, sched, rg.goodput_ratio, out.notes))
                 analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
-                batch.metric_sample = goodput_series(job_id, now, rg.goodput_ratio)
+                batch.metric_sample = goodput_series(job_id, now, rg.goodput_ratio, out.goodput)
             _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
             lifecycle = events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
             if lifecycle.height:
                 _checkpoint(out, batch, analyses, lifecycle, store.read("job", job_id=job_id), now)
         else:
             out.notes.append("no job events: goodput, SDC screening and checkpoint advice skipped")
+        _whatif(out, batch, analyses, store, job_id, steps, now)
         if analyses:
             batch.job_analysis = pl.DataFrame(analyses, schema=F.JOB_ANALYSIS.schema)
             store.write(batch)
@@ -116,15 +120,107 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
 GOODPUT_SERIES = "job_goodput_ratio"
 """The series the ``JobGoodputLow`` rule reads and ``/metrics/fleet`` exposes: a job's runtime goodput
 ratio as of each analysis (labels: job_id)."""
+MFU_SERIES = "job_mfu_ratio"
+"""A job's program goodput (model FLOPs utilisation) as of each analysis (labels: job_id)."""
+GOODPUT_PRODUCT_SERIES = "job_goodput_product_ratio"
+"""A job's ML Productivity Goodput, scheduling × runtime × program goodput (labels: job_id)."""
 
 
-def goodput_series(job_id: str, ts: dt.datetime, goodput_ratio: float | None) -> pl.DataFrame | None:
-    """One ``metric_sample`` row of ``job_goodput_ratio{job_id}`` at the analysis time; none when the ratio is
-    undefined (a job with no elapsed time yet)."""
-    if goodput_ratio is None or not math.isfinite(goodput_ratio):
+def goodput_series(job_id: str, ts: dt.datetime, goodput_ratio: float | None,
+                   result: dict[str, Any] | None = None) -> pl.DataFrame | None:
+    """``metric_sample`` rows at the analysis time: ``job_goodput_ratio{job_id}``, and from ``result`` (the
+    stored goodput analysis) ``job_mfu_ratio`` and ``job_goodput_product_ratio`` where they were computed;
+    none for a ratio that is undefined (a job with no elapsed time yet, no model FLOPs)."""
+    result = result or {}
+    values = {GOODPUT_SERIES: goodput_ratio, MFU_SERIES: result.get("mfu_ratio"),
+              GOODPUT_PRODUCT_SERIES: result.get("goodput_product_ratio")}
+    rows = [(F.series_key(name, {"job_id": job_id}), float(v)) for name, v in values.items()
+            if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not rows:
         return None
-    return pl.DataFrame({"ts": [ts], "series": [F.series_key(GOODPUT_SERIES, {"job_id": job_id})], "value": [float(goodput_ratio)]},
+    return pl.DataFrame({"ts": [ts] * len(rows), "series": [k for k, _ in rows], "value": [v for _, v in rows]},
                         schema=F.METRIC_SAMPLE.schema)
+
+
+TRAINING_DTYPE = "bf16"
+"""The data type MFU is measured against: the step frame carries model FLOPs but not the precision they
+ran in, and mixed-precision training runs its matrix multiplies in bf16 (the convention of the PaLM
+paper's MFU, Chowdhery et al. 2022, appendix B, and of Megatron-LM's reports)."""
+
+
+def _program_goodput(store: Store, job_id: str, steps: pl.DataFrame, scheduling: float | None, runtime: float | None,
+                     notes: list[str]) -> dict[str, Any]:
+    """Program goodput (MFU) from the steps' model FLOPs and the peak of the GPU model the job's ranks ran
+    on, and the ML Productivity Goodput product where all three factors exist. Missing inputs leave the
+    figures out with a note saying which."""
+    out: dict[str, Any] = {"mfu_ratio": None, "goodput_product_ratio": None, "peak_flops": None, "gpu_model": None,
+                           "mfu_dtype": TRAINING_DTYPE}
+    if steps.height == 0 or steps["model_flops"].null_count() == steps.height:
+        notes.append("no step carries model_flops: program goodput (MFU) not computed")
+        return out
+    ranks = store.read("job_rank", job_id=job_id)
+    gpus = store.read("gpu", gpu_uuid=ranks["gpu_uuid"].unique().to_list()) if ranks.height else pl.DataFrame()
+    models = sorted(set(gpus["model_name"].drop_nulls().to_list())) if gpus.height else []
+    if not models:
+        notes.append("the job's GPUs have no model name in the inventory: program goodput (MFU) not computed")
+        return out
+    peaks = {}
+    for m in models:
+        try:
+            peaks[m] = goodput.gpu_peak_flops(goodput.peak_table_name(m), TRAINING_DTYPE)
+        except ValueError as exc:
+            notes.append(f"program goodput (MFU) not computed: {exc}")
+            return out
+    # a job on mixed models is held to the slowest one's peak: synchronous steps run at its pace
+    model = min(peaks, key=peaks.get)
+    try:
+        mfu = goodput.program_goodput(steps, peak_flops=peaks[model])
+    except ValueError as exc:
+        notes.append(f"program goodput (MFU) not computed: {exc}")
+        return out
+    out.update(mfu_ratio=mfu, peak_flops=peaks[model], gpu_model=model)
+    if scheduling is not None and runtime is not None and math.isfinite(runtime):
+        try:
+            out["goodput_product_ratio"] = goodput.ml_productivity_goodput(scheduling, runtime, min(mfu, 1.0))
+        except ValueError as exc:
+            notes.append(f"ML Productivity Goodput not computed: {exc}")
+    else:
+        notes.append("scheduling or runtime goodput undefined: ML Productivity Goodput not computed")
+    return out
+
+
+def _whatif(out: JobAnalysis, batch: F.Batch, analyses: list, store: Store, job_id: str, steps: pl.DataFrame,
+            now: dt.datetime) -> None:
+    """The straggler what-if over the job's recorded operations (``job_op``), where they were ingested."""
+    ops = store.read("job_op", job_id=job_id)
+    if ops.height == 0:
+        return
+    job = store.read("job", job_id=job_id)
+    world = job["world_size"][0] if job.height else None
+    try:
+        r = stragglers.whatif(ops, {"world_size": world} if world else None)
+    except ValueError as exc:
+        out.notes.append(f"what-if not computed: {exc}")
+        return
+    received = ops["ts"].min()
+    start = steps["start"].min() if steps.height else received
+    end = steps["end"].max() if steps.height else None
+    out.whatif = whatif_summary(r)
+    _add_findings(batch, stragglers.whatif_findings(r, job_id=job_id, window_start=start, window_end=end))
+    analyses.append(_analysis_row(job_id, "whatif", now, start, end, out.whatif))
+
+
+def whatif_summary(r: stragglers.WhatIfResult) -> dict[str, Any]:
+    """A what-if result as stored and served: the job-level figures, the per-rank (worker) and per-stage
+    and per-data-parallel-rank slowdowns, and the per-step replay."""
+    return {
+        "slowdown": r.slowdown, "m_w": r.m_w, "m_s": r.m_s, "verdict": r.verdict, "culprits": r.culprits,
+        "top_workers": r.top_workers, "measured_step_s": r.measured_step_s, "simulated_step_s": r.simulated_step_s,
+        "ideal_step_s": r.ideal_step_s, "world_size": r.world_size, "steps_analysed": r.steps_analysed,
+        "steps_dropped": r.steps_dropped, "gpu_hours_lost": r.gpu_hours_lost,
+        "by_worker": r.by_worker.rename({"score": "slowdown"}).to_dicts(),
+        "by_stage": r.by_stage.to_dicts(), "by_dp_rank": r.by_dp_rank.to_dicts(), "per_step": r.per_step.to_dicts(),
+    }
 
 
 def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:
@@ -202,13 +298,13 @@ def _analysis_row(job_id: str, analyzer: str, now: dt.datetime, start: Any, end:
 
 def job_exists(store: Store, job_id: str) -> bool:
     """Whether anything (inventory, steps or events) was ingested under ``job_id``."""
-    return any(store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height for frame in ("job", "step", "job_event"))
+    return any(store.read(frame, job_id=job_id, columns=["job_id"], limit=1).height for frame in ("job", "step", "job_event", "job_op"))
 
 
 def active_jobs(store: Store, *, since: dt.datetime) -> list[str]:
-    """Jobs with steps or events since ``since``: the ones whose analysis may have changed."""
+    """Jobs with steps, events or what-if operations since ``since``: the ones whose analysis may have changed."""
     jobs: set[str] = set()
-    for frame in ("step", "job_event"):
+    for frame in ("step", "job_event", "job_op"):
         jobs.update(store.read(frame, start=since, columns=["job_id"])["job_id"].unique().to_list())
     return sorted(jobs)
 

@@ -510,7 +510,8 @@ def _ingest_via_api(api_url: str, token: str | None, data: bytes, source: str, f
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 def analyze(job_id: str, as_json: bool) -> None:
-    """Analyse JOB_ID now: C3 breakdown, goodput and stragglers, stored and printed."""
+    """Analyse JOB_ID now: C3 breakdown, goodput (with MFU and the goodput product), stragglers and the
+    what-if, stored and printed."""
     from fleetscope.analysis import analyze_job
     from fleetscope.store import Store
 
@@ -528,6 +529,12 @@ def analyze(job_id: str, as_json: bool) -> None:
         g = result.goodput
         top = sorted(((k, v) for k, v in g["badput_s"].items() if v), key=lambda kv: -kv[1])[:3]
         click.echo(f"  goodput {g['goodput_ratio']:.1%} of {g['total_s']:.0f} s; badput: " + (", ".join(f"{k} {v:.0f} s" for k, v in top) or "none"))
+        if g.get("mfu_ratio") is not None:
+            product = g.get("goodput_product_ratio")
+            click.echo(f"          MFU {g['mfu_ratio']:.1%} ({g['mfu_dtype']} peak of {g['gpu_model']})"
+                       + (f"; ML Productivity Goodput {product:.1%} (scheduling x runtime x program)" if product is not None else ""))
+    if result.whatif:
+        _echo_whatif(result.whatif)
     for f in result.stragglers:
         click.echo(f"  straggler [{f['severity']}] {f['summary']}")
     for f in result.sdc:
@@ -537,6 +544,37 @@ def analyze(job_id: str, as_json: bool) -> None:
         click.echo(f"  sdc rerun {v['case_id']} on {v['suspect_gpu']}: {v['verdict']} ({v['reason']})")
     for note in result.notes:
         click.echo(f"  note: {note}")
+
+
+def _echo_whatif(w: dict) -> None:
+    click.echo(f"  what-if slowdown S {w['slowdown']:.3f} (ideal step {w['ideal_step_s']:.4g} s, replayed {w['simulated_step_s']:.4g} s); "
+               f"M_W {w['m_w']:.2f}, M_S {w['m_s']:.2f}: {w['verdict']}" + (f" ({', '.join(w['culprits'])})" if w["culprits"] else ""))
+    stages = ", ".join(f"stage {r['stage']} {r['slowdown_only']:.3f}" for r in sorted(w["by_stage"], key=lambda r: r["stage"]))
+    click.echo(f"          per stage: {stages}")
+    worst = ", ".join(f"rank {r['rank']} {r['slowdown']:.3f}" for r in w["by_worker"][:5])
+    click.echo(f"          slowest ranks: {worst}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+def whatif(job_id: str, as_json: bool) -> None:
+    """Straggler what-if of JOB_ID as last analysed: slowdown against the ideal timeline, M_W, M_S, and the
+    slowdown of each rank and pipeline stage (ingest the trace with --format bytedance_whatif --job-id)."""
+    from fleetscope.analysis import job_exists, stored_analysis
+
+    st = _store()
+    if not job_exists(st, job_id):
+        raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
+    found = stored_analysis(st, job_id, "whatif")
+    if found is None:
+        raise click.ClickException(f"job {job_id!r} has no what-if analysis: ingest its operations (format bytedance_whatif), "
+                                   f"then `fleetscope analyze {job_id}`")
+    if as_json:
+        click.echo(json.dumps(found, default=str))
+        return
+    click.echo(f"job {job_id} (analysed {found['computed_at']})")
+    _echo_whatif(found["result"])
 
 
 @main.command()

@@ -1,7 +1,7 @@
 """Fleetscope's derived fleet series in the Prometheus exposition format, for a site's own Prometheus,
 Grafana and Alertmanager to scrape (``GET /api/v1/fleet/metrics``, ``fleetscope fleet metrics``).
 
-What the analyzers conclude — goodput and badput per job, the C³ shares, stragglers and hangs, GPU health
+What the analyzers conclude — goodput, badput, MFU and the goodput product per job, the C³ shares, stragglers and hangs, GPU health
 findings, absence, energy and PUE per site — as gauges. GPU and host series carry dcgm-exporter's label
 names (``UUID``, ``Hostname``), so a PromQL join such as
 ``DCGM_FI_DEV_GPU_TEMP * on(UUID) group_left fleetscope_gpu_health_score`` works against the scrape a
@@ -50,6 +50,8 @@ class _FleetCollector(Collector):
         ja = self.store.read("job_analysis").filter(pl.col("analyzer").is_in(["goodput", "c3"]))
         good = GaugeMetricFamily("fleetscope_job_goodput_ratio", "Runtime goodput of the job (productive time / elapsed), as of its latest analysis.", labels=["job_id"])
         bad = GaugeMetricFamily("fleetscope_job_badput_seconds", "Badput of the job by bucket (ML Productivity Goodput), as of its latest analysis.", labels=["job_id", "bucket"])
+        mfu = GaugeMetricFamily("fleetscope_job_mfu_ratio", "Program goodput of the job: model FLOPs utilisation against its GPU model's dense peak, as of its latest analysis.", labels=["job_id"])
+        product = GaugeMetricFamily("fleetscope_job_goodput_product_ratio", "ML Productivity Goodput of the job: scheduling x runtime x program goodput, as of its latest analysis.", labels=["job_id"])
         c3 = GaugeMetricFamily("fleetscope_job_c3_ratio", "Share of the job's step time in compute (C1), exposed communication (C2) and coordination (C3).", labels=["job_id", "part"])
         for job_id, analyzer, text in ja.select("job_id", "analyzer", "result").iter_rows():
             r = json.loads(text)
@@ -59,11 +61,15 @@ class _FleetCollector(Collector):
                 for bucket, s in sorted((r.get("badput_s") or {}).items()):
                     if s is not None:
                         bad.add_metric([job_id, bucket], float(s))
+                if r.get("mfu_ratio") is not None:
+                    mfu.add_metric([job_id], float(r["mfu_ratio"]))
+                if r.get("goodput_product_ratio") is not None:
+                    product.add_metric([job_id], float(r["goodput_product_ratio"]))
             else:
                 for part, key in (("compute", "c1_ratio"), ("communication", "c2_ratio"), ("coordination", "c3_ratio")):
                     if r and r.get(key) is not None:
                         c3.add_metric([job_id, part], float(r[key]))
-        yield from (good, bad, c3)
+        yield from (good, bad, mfu, product, c3)
 
     def _current_findings(self) -> pl.DataFrame:
         since = self.now - CURRENT

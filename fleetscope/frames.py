@@ -324,6 +324,26 @@ STEP = FrameSpec(
     doc="One training step on one rank, with its breakdown.",
 )
 
+JOB_OP = FrameSpec(
+    "job_op",
+    (
+        _k("job_id", pl.String),
+        _k("step", pl.Int64),
+        _k("rank", pl.Int64),
+        _k("optype", pl.String, doc="forward/backward-compute, forward/backward-send/recv, a data-parallel collective, optimizer, gc"),
+        _k("seq_id", pl.Int64, doc="numbers the ops of one type on one worker in one step"),
+        _r("ts", UTC_US, doc="when the trace was received: the ops carry only step-relative times"),
+        _f("dp_rank", pl.Int64),
+        _f("stage", pl.Int64, doc="pipeline stage"),
+        _f("start_s", doc="seconds from the start of the step"),
+        _f("duration_s"),
+        _f("mb_id", pl.Int64, doc="micro-batch of a compute op; -1 otherwise"),
+        _f("gmc", pl.Int64, doc="global model chunk"),
+        _f("mc", pl.Int64, doc="model chunk on this stage"),
+    ),
+    doc="One recorded operation of one worker in one training step (the input of the straggler what-if).",
+)
+
 JOB_LIFECYCLE_KINDS = (
     "allocated",
     "started",
@@ -738,6 +758,7 @@ FRAMES: dict[str, FrameSpec] = {
         METRIC_SAMPLE,
         COLLECTIVE,
         STEP,
+        JOB_OP,
         JOB_EVENT,
         HEALTH_EVENT,
         NCCL_TEST,
@@ -782,6 +803,7 @@ class Batch:
     metric_sample: pl.DataFrame | None = None
     collective: pl.DataFrame | None = None
     step: pl.DataFrame | None = None
+    job_op: pl.DataFrame | None = None
     job_event: pl.DataFrame | None = None
     health_event: pl.DataFrame | None = None
     nccl_test: pl.DataFrame | None = None

@@ -25,6 +25,34 @@ from fleetscope.store import Store
 MAX_WINDOW = dt.timedelta(days=1)
 
 
+# dcgm-exporter's NVLink error counters (default-counters.csv) have no gpu_sample column: the dcgm parser
+# keeps them in metric_sample as FIELD{gpu_uuid="..."}.
+NVLINK_FIELDS = {
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "nvlink_crc_flit_errors_total",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "nvlink_crc_data_errors_total",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "nvlink_replay_errors_total",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "nvlink_recovery_errors_total",
+}
+
+
+def with_nvlink_counters(store: Store, samples: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """``samples`` with the NVLink error counters of the same scrapes as columns (``analyzers.health``
+    names), where the window holds any; unchanged otherwise."""
+    if samples.height == 0:
+        return samples
+    rows = store.query(
+        "SELECT s.name, s.series, m.ts, m.value FROM metric_sample m JOIN series s ON s.series_id = m.series_id "
+        f"WHERE s.name IN ({', '.join('?' for _ in NVLINK_FIELDS)}) AND m.ts >= ? AND m.ts < ?",
+        [*NVLINK_FIELDS, start, end], {"name": pl.String, "series": pl.String, "ts": F.UTC_US, "value": pl.Float64})
+    if rows.height == 0:
+        return samples
+    wide = (rows.with_columns(pl.col("series").str.extract(r'gpu_uuid="([^"]*)"').alias("gpu_uuid"),
+                              pl.col("name").replace_strict(NVLINK_FIELDS).alias("field"))
+            .drop_nulls("gpu_uuid")
+            .pivot("field", index=["gpu_uuid", "ts"], values="value", aggregate_function="first"))
+    return samples.join(wide, on=["gpu_uuid", "ts"], how="left", maintain_order="left")
+
+
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``."""
     if end <= start:
@@ -32,7 +60,7 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
     if end - start > MAX_WINDOW:
         raise ValueError(f"window longer than {MAX_WINDOW}: health reads raw samples, so ask for at most a day")
     with tracer().start_as_current_span("health.window"):
-        samples = store.read("gpu_sample", start=start, end=end)
+        samples = with_nvlink_counters(store, store.read("gpu_sample", start=start, end=end), start, end)
         events = store.read("health_event", start=start, end=end)
         gpus = store.read("gpu", columns=["gpu_uuid", "host", "model_name"])
         findings: list[pl.DataFrame] = []

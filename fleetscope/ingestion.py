@@ -54,6 +54,7 @@ FORMAT_MODULES: list[str] = [
     "ingest.nccl_topo",
     "ingest.ibswinfo",
     "ingest.slurm_ib_features",
+    "ingest.bytedance_whatif",
 ]
 
 

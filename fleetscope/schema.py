@@ -114,6 +114,7 @@ gpu_sample = _frame_table(F.GPU_SAMPLE, Index(None, "ts"), key_order=("gpu_uuid"
 gpu_workload = _frame_table(F.GPU_WORKLOAD, Index(None, "namespace", "pod"), key_order=("gpu_uuid", "ts"))
 collective = _frame_table(F.COLLECTIVE, Index(None, "job_id", "start"))
 step = _frame_table(F.STEP, Index(None, "job_id", "start"))
+job_op = _frame_table(F.JOB_OP, Index(None, "ts"))
 job_event = _frame_table(F.JOB_EVENT, Index(None, "ts"), Index(None, "kind", "ts"))
 health_event = _frame_table(
     F.HEALTH_EVENT, Index(None, "host", "ts"), Index(None, "kind", "ts"), key_order=("gpu_uuid", "ts", "host", "kind", "code")
@@ -240,6 +241,7 @@ TIME_COLUMN: dict[str, str] = {
     "metric_sample": "ts",
     "collective": "start",
     "step": "start",
+    "job_op": "ts",
     "job_event": "ts",
     "health_event": "ts",
     "nccl_test": "ts",

@@ -12,8 +12,10 @@ ops of one type on one worker in one step; ``mb_id`` is the micro-batch of a com
 ``gmc`` its global model chunk. The YAML sidecar holds the parallel sizes (``dp_size``, ``pp_size``,
 ``tp_size``, ``dsp_size``, ``vpp_size``, ``world_size``) as flat ``key: value`` lines.
 
-There is no canonical frame for single operations (``collective`` has no compute ops), so this module
-returns its own frame rather than a Batch; units are carried in the names (``start_s``, ``duration_s``).
+:func:`parse` returns the operations as their own frame (units in the names: ``start_s``,
+``duration_s``); :func:`to_batch` makes them the canonical ``job_op`` frame of one job, which is how the
+format ``bytedance_whatif`` enters the store (it must be named: Parquet is binary and is not sniffed; the
+job id is required, and the time received stamps the rows, since the ops carry only step-relative times).
 Pure: bytes in, frame out.
 """
 
@@ -23,11 +25,15 @@ import io
 import re
 from dataclasses import dataclass
 
+import datetime as dt
+
 import polars as pl
 
 from fleetscope.errors import ParseError
+from fleetscope.frames import JOB_OP, Batch
+from ingest.format import FormatSpec
 
-__all__ = ["WhatifTrace", "OP_SCHEMA", "parse", "parse_meta"]
+__all__ = ["WhatifTrace", "OP_SCHEMA", "parse", "parse_meta", "to_batch", "FORMATS"]
 
 OP_SCHEMA: dict[str, pl.DataType] = {
     "dp_rank": pl.Int64,
@@ -121,3 +127,26 @@ def parse(data: bytes, *, meta: bytes | None = None, source: str = "") -> Whatif
         raise ParseError(f"negative duration for {neg['optype'][0]} on rank {neg['rank'][0]} step {neg['step'][0]}",
                          source=source, field="duration_s")
     return WhatifTrace(ops=ops, meta=parse_meta(meta, source=source) if meta is not None else {}, source=source)
+
+
+def to_batch(trace: WhatifTrace, *, job_id: str, ts: dt.datetime) -> Batch:
+    """The trace's operations as one job's ``job_op`` rows, stamped ``ts`` (when they were received)."""
+    if not job_id:
+        raise ParseError("a what-if trace needs the job it belongs to (job_id)", source=trace.source, field="job_id")
+    if ts is None or ts.tzinfo is None:
+        raise ParseError("a what-if trace needs a time with a zone to stamp its rows", source=trace.source, field="ts")
+    ops = trace.ops.with_columns(pl.lit(job_id).alias("job_id"), pl.lit(ts).alias("ts"))
+    dup = ops.select(JOB_OP.key).is_duplicated()
+    if dup.any():
+        i = int(dup.arg_true()[0])
+        r = ops.row(i, named=True)
+        raise ParseError(f"operation {r['optype']} #{r['seq_id']} of rank {r['rank']} appears twice in step {r['step']}",
+                         source=trace.source, line=i + 1, field="seq_id")
+    return Batch(job_op=ops.select([pl.col(c.name).cast(c.dtype) for c in JOB_OP.columns]), source=trace.source)
+
+
+FORMATS = (
+    FormatSpec("bytedance_whatif", "per-operation training trace (Parquet) of ByteDance's straggler what-if artifact",
+               lambda d, s, o: to_batch(parse(d, source=s), job_id=o.job_id or "", ts=o.ts),
+               needs_ts=True),
+)

@@ -96,6 +96,11 @@ else:
         ),
         height=240,
     )
+    mfu, product = gp.get("mfu_ratio"), gp.get("goodput_product_ratio")
+    c = st.columns(2)
+    c[0].metric("Program goodput (MFU)", "—" if mfu is None else f"{mfu:.1%}",
+                help=("model FLOPs done / (peak × step time)" + (f", against the {gp.get('mfu_dtype')} dense peak of {gp.get('gpu_model')} (NVIDIA datasheet)" if mfu is not None else ": needs model_flops on the steps and a known GPU model")))
+    c[1].metric("ML Productivity Goodput", "—" if product is None else f"{product:.1%}", help="scheduling × runtime × program goodput (Google Cloud)")
     st.caption(f"Computed {gp['computed_at']:%Y-%m-%d %H:%M} UTC." + ("" if gp.get("finished") else " The job had not finished: its time runs to then."))
 
 st.subheader("Scaling across runs")

@@ -25,6 +25,28 @@ if jobs.is_empty():
     st.stop()
 job_id = ui.pick_job(f, key="straggler_job")
 
+st.subheader("What-if: slowdown with every operation at its typical duration")
+whatif = ui.q(queries.job_analyses, live=False, job_id=job_id).get("whatif")
+if not whatif or whatif.get("slowdown") is None:
+    ui.no_data("no what-if for this job.", "It needs the job's per-operation trace: `fleetscope ingest TRACE.parquet --format bytedance_whatif --job-id JOB`, then the job analysis.")
+else:
+    c = st.columns(4)
+    c[0].metric("Slowdown S", f"{whatif['slowdown']:.3f}×", help="T(actual) / T(ideal), both replayed (Lin et al., OSDI 2025); ideal: compute at its mean, communication at its median duration")
+    c[1].metric("M_W (top 3 % of workers)", f"{whatif['m_w']:.2f}", help="share of the slowdown removed by fixing the slowest workers")
+    c[2].metric("M_S (last stage)", f"{whatif['m_s']:.2f}", help="share of the slowdown removed by fixing the last pipeline stage")
+    c[3].metric("Verdict", whatif["verdict"].replace("_", " "), help=", ".join(whatif.get("culprits") or []) or None)
+    left, right = st.columns(2)
+    by_stage = pl.DataFrame(whatif["by_stage"])
+    with left:
+        st.caption("Per stage: S with only that stage at its measured durations")
+        ui.chart(alt.Chart(by_stage).mark_bar().encode(
+            x=alt.X("stage:O", title="Pipeline stage"), y=alt.Y("slowdown_only:Q", title="Slowdown", scale=alt.Scale(zero=False)),
+            tooltip=["stage:O", alt.Tooltip("slowdown_only:Q", format=".3f"), alt.Tooltip("recovered_share:Q", format=".2f", title="recovered when fixed")],
+        ), height=220)
+    by_worker = pl.DataFrame(whatif["by_worker"])
+    right.caption("Per rank: min(S of its data-parallel rank, S of its stage), slowest first")
+    right.dataframe(by_worker.head(20), hide_index=True, column_config={"slowdown": st.column_config.NumberColumn("Slowdown", format="%.3f")})
+
 st.subheader(f"Rank × step: {job_id}")
 metric = st.segmented_control(
     "Colour by", ["compute", "idle", "step"], default="compute", key="straggler_metric",
@@ -55,3 +77,4 @@ c1, c2 = st.columns(2)
 c1.metric("Ranks ≥ 1.1× median compute", f"{slow.height}")
 c2.metric("Time spent idle in these steps", f"{wait_gpu_h:.3f} GPU-h", help="sum over ranks of idle time per step × steps; the straggler analyzer will attribute it")
 st.dataframe(ranks.head(20), hide_index=True, column_config={"slowdown_ratio": st.column_config.NumberColumn("Slowdown (× median)", format="%.2f")})
+

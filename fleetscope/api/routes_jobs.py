@@ -1,4 +1,4 @@
-"""Jobs and their analyses: C3 breakdown, goodput, stragglers."""
+"""Jobs and their analyses: C3 breakdown, goodput, stragglers and the straggler what-if."""
 
 from __future__ import annotations
 
@@ -73,7 +73,9 @@ def get_c3(request: Request, job_id: str, steps: Annotated[bool, Query(descripti
 
 @router.get("/{job_id}/goodput", dependencies=[Depends(require("read"))])
 def get_goodput(request: Request, job_id: str) -> dict[str, Any]:
-    """Runtime goodput and the badput buckets (ml-goodput-measurement semantics)."""
+    """Runtime goodput and the badput buckets (ml-goodput-measurement semantics), scheduling goodput,
+    program goodput (MFU against the peak of the job's GPU model) and their product, Google's ML
+    Productivity Goodput."""
     return _analysis(request, job_id, "goodput")
 
 
@@ -84,6 +86,14 @@ def get_stragglers(request: Request, job_id: str) -> dict[str, Any]:
     findings = request.app.state.store.read("finding").filter(pl.col("subject").str.starts_with(f"job:{job_id}/"))
     body["findings"] = findings.with_columns(pl.col("window_start").cast(pl.String), pl.col("window_end").cast(pl.String)).to_dicts()
     return body
+
+
+@router.get("/{job_id}/whatif", dependencies=[Depends(require("read"))])
+def get_whatif(request: Request, job_id: str) -> dict[str, Any]:
+    """The straggler what-if of the job's recorded operations (format ``bytedance_whatif``): slowdown S
+    against the ideal timeline, M_W and M_S, the verdict and culprits, and the slowdown each worker (rank),
+    pipeline stage and data-parallel rank causes on its own."""
+    return _analysis(request, job_id, "whatif")
 
 
 @router.get("/{job_id}/sdc", dependencies=[Depends(require("read"))])

@@ -172,6 +172,23 @@ def test_scheduling_goodput_from_allocations():
     assert g.scheduling_goodput(ev, submitted_at=T0 - timedelta(seconds=100)) == pytest.approx(80 / 200)
 
 
+@pytest.mark.parametrize("nvml, row, bf16", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", 989.5e12),  # dcgm-exporter's modelName in the real captures
+    ("NVIDIA H100 PCIe", "H100-PCIE-80GB", 756.5e12),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB", 312e12),
+    ("nvidia  l40s", "L40S", 366.5e12),
+    ("H200-SXM-141GB", "H200-SXM-141GB", 989.5e12),
+])
+def test_nvml_names_map_to_their_datasheet_rows(nvml, row, bf16):
+    assert g.peak_table_name(nvml) == row and g.gpu_peak_flops(row, "bf16") == bf16
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100", "H100", "", "NVIDIA GeForce RTX 4090"])
+def test_unknown_or_ambiguous_models_are_refused_not_guessed(name):
+    with pytest.raises(ValueError, match="not in gpu_peaks.csv"):
+        g.peak_table_name(name)
+
+
 def test_gpu_peaks_table_and_lookup():
     peaks = g.load_gpu_peaks()
     assert peaks["source"].null_count() == 0 and peaks["source"].str.contains("datasheet").all()

@@ -274,3 +274,64 @@ def test_bad_input_is_refused_clearly():
         health.gpu_health({"ts": []})  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="code"):
         health.classify_xids(pl.DataFrame({"ts": [T0], "kind": ["xid"]}))
+
+
+# --- PCIe replays and NVLink errors (DCGM health watch limits) ------------------------------------
+
+
+def test_pcie_replays_at_a_trickle_are_watched():
+    # an hour of one-minute samples with 3 replays, one of them across a driver reload (counter back to 0)
+    s = samples("GPU-p", 61, pcie_replay_total=[0] * 20 + [1] * 20 + [0] * 10 + [2] * 11, util_ratio=0.9)
+    r = health.gpu_health(s).row(0, named=True)
+    assert r["pcie_replay_increase"] == 3 and r["pcie_replay_per_h"] == pytest.approx(3.0) and r["counter_resets"] == 1
+    assert r["recommendation"] == "watch" and r["score"] == 90.0
+    assert r["reasons"] == ["3 PCIe replay(s) in the window (0.05/min)"]
+
+
+def test_pcie_replays_over_dcgms_rate_are_investigated():
+    # 12 replays a minute for 10 minutes: over DCGM_LIMIT_MAX_PCIREPLAY_RATE (8/min)
+    s = samples("GPU-q", 11, pcie_replay_total=[5000 + 12 * i for i in range(11)], util_ratio=0.9)
+    r = health.gpu_health(s).row(0, named=True)
+    assert r["pcie_replay_increase"] == 120 and r["pcie_replay_per_h"] == pytest.approx(720.0)
+    assert r["recommendation"] == "investigate" and r["score"] == 80.0
+    assert r["reasons"][0].startswith("PCIe replays at 12/min, over DCGM's limit of 8/min")
+    f = health.health_findings(health.gpu_health(s))
+    assert f["kind"].to_list() == ["gpu_investigate"] and "PCIe replays at 12/min" in f["summary"][0]
+
+
+def test_exactly_dcgms_pcie_limit_is_not_over_it():
+    s = samples("GPU-e", 11, pcie_replay_total=[8 * i for i in range(11)], util_ratio=0.9)
+    assert health.gpu_health(s)["recommendation"].to_list() == ["watch"]
+
+
+def test_nvlink_crc_errors_watch_then_investigate_by_rate():
+    slow = samples("GPU-c", 61, nvlink_crc_flit_errors_total=[i // 10 for i in range(61)],
+                   nvlink_crc_data_errors_total=0, util_ratio=0.9)
+    r = health.gpu_health(slow).row(0, named=True)
+    assert r["nvlink_crc_flit_errors_increase"] == 6 and r["recommendation"] == "watch"
+    assert r["reasons"] == ["6 NVLink CRC error(s) in the window (0.00167/s)"]
+    # 7,200 flit + 600 data errors a minute: 130/s, over DCGM_LIMIT_MAX_NVLINK_CRC_ERROR (100/s)
+    fast = samples("GPU-d", 6, nvlink_crc_flit_errors_total=[7200 * i for i in range(6)],
+                   nvlink_crc_data_errors_total=[600 * i for i in range(6)], util_ratio=0.9)
+    r = health.gpu_health(fast).row(0, named=True)
+    assert r["recommendation"] == "investigate" and r["reasons"][0].startswith("NVLink CRC errors at 130/s")
+
+
+def test_any_nvlink_replay_or_recovery_error_is_investigated():
+    s = pl.concat([
+        samples("GPU-r1", 6, nvlink_replay_errors_total=[0, 0, 0, 1, 1, 1], nvlink_recovery_errors_total=0, util_ratio=0.9),
+        samples("GPU-r2", 6, nvlink_replay_errors_total=0, nvlink_recovery_errors_total=[4, 4, 4, 4, 4, 5], util_ratio=0.9),
+        samples("GPU-ok", 6, nvlink_replay_errors_total=7, nvlink_recovery_errors_total=4, util_ratio=0.9),
+    ])
+    out = {r["gpu_uuid"]: r for r in health.gpu_health(s).iter_rows(named=True)}
+    assert out["GPU-r1"]["reasons"] == ["1 NVLink replay error(s) in the window: run a field diagnostic"]
+    assert out["GPU-r2"]["reasons"] == ["1 NVLink recovery error(s) in the window: run a field diagnostic"]
+    assert out["GPU-r1"]["recommendation"] == out["GPU-r2"]["recommendation"] == "investigate"
+    # a counter standing still at a high value is history, not a problem in this window
+    assert out["GPU-ok"]["recommendation"] == "none" and out["GPU-ok"]["score"] == 100.0
+
+
+def test_link_counters_refuse_nan():
+    s = samples("GPU-n", 3, nvlink_crc_flit_errors_total=[0.0, float("nan"), 2.0], util_ratio=0.9)
+    with pytest.raises(ValidationError, match="nvlink_crc_flit_errors_total"):
+        health.gpu_health(s)

@@ -221,10 +221,37 @@ def real_results():
     return out
 
 
-# The artifact's published results (data/result-*.json, mw-*.json, ms-*.json at commit 8efcd7f):
-# AR: S = 1.97, M_W = 1.00, the slow worker dp_rank 0 / stage 0; ST: M_S = 1.22, M_W = 0.03;
-# SE: M_W = 0.025, M_S = 0.69. Our replay model is simpler, so we check the conclusions and that the
-# metrics land near theirs, not equality.
+# The artifact's published results at commit 8efcd7f (github.com/ByteDance-Seed/StragglerAnalysis):
+# S = "blocking_slowdown" of data/result-<trace>.json, M_W = "Mw" of data/mw-<trace>.json, M_S = "Ms" of
+# data/ms-<trace>.json, and the ideal step time "tideal" of those files. The metas hold only the sizes,
+# so the figures are written out here. AR: one slow worker (dp 0, stage 0); ST: a slow last stage (fixing
+# it removes more than the whole gap, M_S > 1); SE: the slowdown spread across workers.
+PUBLISHED = {
+    "AR": {"slowdown": 1.9730450967262543, "m_w": 1.0017012777290497, "m_s": -0.00121196404622606, "ideal_step_s": 23.484700209738318},
+    "ST": {"slowdown": 1.1787021836556841, "m_w": 0.031404269124045224, "m_s": 1.2193563788811714, "ideal_step_s": 1.843295824372035},
+    "SE": {"slowdown": 1.5373613711484118, "m_w": 0.025062266911209777, "m_s": 0.6877108929755429, "ideal_step_s": 5.897478331588793},
+}
+
+
+@needs_whatif
+@pytest.mark.parametrize("name", ["AR", "ST", "SE"])
+def test_real_traces_match_the_published_artifact(real_results, name):
+    """Issue 21's bar: S within 2 % of the artifact's, M_W and M_S within 0.02."""
+    _, r = real_results[name]
+    pub = PUBLISHED[name]
+    assert abs(r.slowdown / pub["slowdown"] - 1) < 0.02, (r.slowdown, pub["slowdown"])
+    assert abs(r.m_w - pub["m_w"]) < 0.02, (r.m_w, pub["m_w"])
+    assert abs(r.m_s - pub["m_s"]) < 0.02, (r.m_s, pub["m_s"])
+    # the ideal timeline is the artifact's: every op type at its mean (compute) or median (communication)
+    assert abs(r.ideal_step_s / pub["ideal_step_s"] - 1) < 0.02, (r.ideal_step_s, pub["ideal_step_s"])
+
+
+@needs_whatif
+def test_real_median_everywhere_departs_from_the_artifact(real_results):
+    """The median for every op type (not the artifact's definition) misses ST's published S by > 10 %."""
+    tr, _ = real_results["ST"]
+    r = s.whatif(tr.ops, tr.meta, typical="median")
+    assert r.slowdown / PUBLISHED["ST"]["slowdown"] - 1 > 0.10
 
 
 @needs_whatif
@@ -232,8 +259,7 @@ def test_real_AR_names_the_slow_worker(real_results):
     tr, r = real_results["AR"]
     assert tr.meta["world_size"] == 64 and tr.ops.height == 117216
     assert r.verdict == "slow_worker" and r.culprits == ["dp0/stage0/rank0"]
-    assert r.m_w > 0.9
-    assert 1.8 < r.slowdown < 2.3
+    assert r.steps_analysed == 44 and r.steps_dropped == 0  # the artifact's result-AR.json lists 44 steps
     assert abs(r.simulated_step_s - r.measured_step_s) / r.measured_step_s < 0.02  # replay reproduces the run
     f = s.whatif_findings(r, job_id="AR", window_start=T0)
     assert f["kind"][0] == "whatif_slow_worker" and "dp0/stage0/rank0" in f["summary"][0]
@@ -244,7 +270,7 @@ def test_real_ST_names_the_slow_last_stage(real_results):
     tr, r = real_results["ST"]
     last = int(tr.ops["stage"].max())
     assert r.verdict == "slow_stage" and r.culprits == [f"stage{last}"]
-    assert r.m_s > 0.9 and r.m_w < 0.1
+    assert r.steps_analysed == 32  # result-ST.json lists 32 steps
     f = s.whatif_findings(r, job_id="ST", window_start=T0)
     assert f["kind"][0] == "whatif_slow_stage" and f"stage {last}" in f["summary"][0]
 
@@ -253,9 +279,7 @@ def test_real_ST_names_the_slow_last_stage(real_results):
 def test_real_SE_slowdown_is_spread_across_workers(real_results):
     _, r = real_results["SE"]
     assert r.verdict == "spread" and r.culprits == []
-    assert r.m_w < 0.1  # fixing the slowest 2 of 64 workers recovers almost nothing
-    assert 0.5 < r.m_s < 0.8  # the long last stage is a partial contributor, as the paper notes (M_S ≈ 0.69)
-    assert r.slowdown > 1.3
+    assert r.steps_analysed == 43  # result-SE.json lists 43 steps
     f = s.whatif_findings(r, job_id="SE", window_start=T0, window_end=T0 + timedelta(hours=1))
     assert f.columns == list(FINDING.names)
     assert "spread across workers" in f["summary"][0]
@@ -288,7 +312,7 @@ def test_whatif_bad_input():
         s.whatif(ops.clear())
     with pytest.raises(ValueError, match="finite"):
         s.whatif(ops.with_columns(pl.lit(math.nan).alias("duration_s")))
-    with pytest.raises(ValueError, match="typical"):
+    with pytest.raises(ValueError, match="typical must be 'artifact'"):
         s.whatif(ops, typical="mode")
     # a step missing an operation cannot share the graph: it is dropped and counted
     short = ops.filter(~((pl.col("step") == 2) & (pl.col("optype") == "optimizer") & (pl.col("rank") == 0)))
