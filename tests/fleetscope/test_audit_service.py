@@ -10,10 +10,8 @@ import sys
 import zipfile
 
 import httpx
-import polars as pl
 import pytest
 
-from fleetscope import auth
 from tests.fleetscope.test_governance_api import build_pipeline, gov
 
 

@@ -6,7 +6,6 @@ import json
 
 import polars as pl
 
-from fleetscope import frames as F
 from fleetscope import ingestion
 from fleetscope.health_service import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet

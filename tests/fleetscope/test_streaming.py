@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 
-import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
