@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 
 from analyzers import carbon
+from fleetscope import frames as F
 from fleetscope import governance_service as gs
 from fleetscope import safefiles
 from fleetscope.energy_service import job_energy, model_jobs
@@ -305,9 +306,10 @@ def _signing_public_key(settings: Settings) -> Any:
 
 
 def declare(store: Store, model: str, version: str, kind: str, value: dict[str, Any], *, entered_by: str, key: str = "",
-            retracted: bool = False, source: str = "api") -> M.Declaration:
-    """Record a declared fact (purpose, Annex III area, oversight, documentation, incident, ...)."""
-    d = M.declare(model, version, kind, value, entered_by=entered_by, entered_at=dt.datetime.now(dt.UTC), key=key,
+            retracted: bool = False, source: str = "api", now: dt.datetime | None = None) -> M.Declaration:
+    """Record a declared fact (purpose, Annex III area, oversight, documentation, incident, ...), entered
+    ``now`` (the wall clock unless a replay or a simulation says otherwise)."""
+    d = M.declare(model, version, kind, value, entered_by=entered_by, entered_at=now or dt.datetime.now(dt.UTC), key=key,
                   retracted=retracted, source=source)
     _write(store, {"aiact_declaration": AF.declaration_frame([d])}, f"declaration:{model}")
     log(store, actor=entered_by, action="declaration", subject=f"model:{model}:{version}",
@@ -372,10 +374,33 @@ def run_audit(store: Store, settings: Settings, *, model: str | None = None, ver
                              requested_by=requested_by)
     frames["aiact_report"] = pl.DataFrame(rows, schema=AF.AIACT_REPORT.schema)
     _write(store, frames, f"audit:{audit_id}")
+    failed = rule_findings(frames["aiact_rule_result"], audit_id, started)
+    if failed.height:
+        store.write(F.Batch(source=f"audit:{audit_id}", finding=failed))
     counts = json.loads(frames["aiact_audit_run"]["counts"][0])
     log(store, actor=requested_by or trigger, action="audit_run", subject=scope, payload={"audit_id": audit_id, "counts": counts,
         "reports": {r["format"]: r["sha256"] for r in rows}})
     return {"audit_id": audit_id, "scope": scope, "counts": counts, "models": len(audits), "reports": [r["location"] for r in rows]}
+
+
+def rule_findings(results: pl.DataFrame, audit_id: str, at: dt.datetime) -> pl.DataFrame:
+    """One ``audit_rule`` finding per failed rule of a model (what the ``AuditRuleFailed`` alert pages on),
+    dated at the audit: a failure found again by the next audit is a new finding, and one that was fixed is
+    simply not found again. A rule whose evidence is missing is not a failure and raises nothing here: the
+    report lists what would settle it."""
+    rows = []
+    for r in results.filter(pl.col("status") == "fail").iter_rows(named=True):
+        rows.append({"analyzer": "aiact", "kind": "audit_rule", "subject": f"model:{r['model_name']}:{r['model_version']}/rule:{r['rule_id']}",
+                     "window_start": at, "window_end": at, "severity": "critical" if r["rule_id"] in _CRITICAL_RULES else "warning",
+                     "score": None, "summary": f"{r['model_name']}:{r['model_version']} fails {r['citation']} ({r['title']}): {r['reason']}",
+                     "evidence": json.dumps({"audit_id": audit_id, "rule_id": r["rule_id"], "rule_set": r["rule_set"], "citation": r["citation"],
+                                             "due_at": r["due_at"].isoformat() if r["due_at"] else None}, sort_keys=True)})
+    return F.findings_frame(rows)
+
+
+# Prohibited practices (Art. 5) and a missed serious-incident deadline (Art. 73) cannot wait for the next
+# working day; other failed obligations are warnings for the compliance team.
+_CRITICAL_RULES = frozenset({"art5", "art73"})
 
 
 def list_audits(store: Store) -> list[dict[str, Any]]:

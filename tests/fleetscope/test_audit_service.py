@@ -10,6 +10,7 @@ import sys
 import zipfile
 
 import httpx
+import polars as pl
 import pytest
 
 from tests.fleetscope.test_governance_api import build_pipeline, gov
@@ -50,6 +51,26 @@ def test_audit_evidence_changes_the_verdicts(api):
     bad = httpx.post(api.url + "/api/v1/declarations", json={"model": "ranker", "kind": "area", "value": {"area": "astrology"}}, headers=h)
     assert bad.status_code == 422 and "astrology" in bad.text
     assert httpx.post(api.url + "/api/v1/declarations", json={"model": "ranker", "kind": "purpose", "value": {"txt": "x"}}, headers=h).status_code == 422
+
+
+def test_each_failed_rule_is_a_finding_the_alert_reads(api):
+    h = gov(api)
+    build_pipeline(api, h)
+    # ranking job applicants is Annex III point 4 (employment): declaring it outside Annex III fails Art. 6
+    declare(api, h, "area", {"area": "none"})
+    run = httpx.post(api.url + "/api/v1/audits", headers=h, timeout=120).json()
+    failed = {k: r for k, r in results(api, h, run["audit_id"]).items() if r["status"] == "fail"}
+    assert "art6" in failed, failed
+    found = api.app.state.store.read("finding").filter(pl.col("kind") == "audit_rule")
+    assert sorted(found["subject"].to_list()) == sorted(f"model:ranker:1/rule:{k}" for k in failed)
+    for f in found.iter_rows(named=True):
+        rule = f["subject"].rsplit("rule:", 1)[1]
+        assert f["summary"].startswith("ranker:1 fails ") and failed[rule]["citation"] in f["summary"]
+        assert f["severity"] == ("critical" if rule in ("art5", "art73") else "warning")
+        assert json.loads(f["evidence"])["audit_id"] == run["audit_id"]
+    # rules only missing their evidence are not failures: no finding for them
+    missing = {k for k, r in results(api, h, run["audit_id"]).items() if r["status"] == "missing_evidence"}
+    assert not any(s.rsplit("rule:", 1)[1] in missing for s in found["subject"].to_list())
 
 
 def test_reports_are_served_and_the_pdf_holds_the_rule_table(api):
