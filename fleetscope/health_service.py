@@ -85,10 +85,41 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             if reg.height:
                 findings.append(fabric.fabric_findings(regressions=reg, window_start=start, window_end=end))
         findings.append(fabric_health(store, start, end)["findings"])
+        findings.append(slow_fabric(store, start, end, tests))
         found = pl.concat([f for f in findings if f.height], how="vertical_relaxed") if any(f.height for f in findings) else F.FINDING.empty()
         if write and found.height:
             store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
         return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
+
+
+NCCL_TEST_LOOKBACK = dt.timedelta(days=1)
+"""nccl-tests runs compared for slow hosts: a day of health checks, enough runs of each shape to have peers."""
+_COLLECTIVE_COLUMNS = ["job_id", "rank", "comm_id", "seq", "op", "peer", "bytes", "busbw_gbps", "host"]
+
+
+def slow_fabric(store: Store, start: dt.datetime, end: dt.datetime, nccl_test: pl.DataFrame | None = None) -> pl.DataFrame:
+    """``slow_host`` and ``slow_link`` findings (``analyzers.fabric``): hosts whose collective groups — the
+    window's NCCL collectives, grouped per instance, and the last day's nccl-tests runs — move data slower
+    than peer groups of the same shape, and point-to-point pairs slower than the job's median pair."""
+    coll = store.read("collective", start=start, end=end, columns=_COLLECTIVE_COLUMNS)
+    out: list[pl.DataFrame] = []
+    if coll.height:
+        with_host = coll.filter(pl.col("host").is_not_null())
+        if with_host.height:
+            members = fabric.slow_members(fabric.collective_groups(with_host, member="host"))
+            out.append(fabric.fabric_findings(members=members, member_kind="host", window_start=start, window_end=end))
+        if coll.filter(pl.col("peer") >= 0).height:
+            out.append(fabric.fabric_findings(links=fabric.slow_links(coll), window_start=start, window_end=end))
+    tests = nccl_test if nccl_test is not None else store.read("nccl_test")
+    if tests.height and "hosts" in tests.columns:
+        recent = tests.filter(pl.col("ts").is_not_null() & (pl.col("ts") >= end - NCCL_TEST_LOOKBACK) & (pl.col("ts") < end)
+                              & pl.col("hosts").is_not_null())
+        if recent.height:
+            out.append(fabric.fabric_findings(members=fabric.slow_members(fabric.nccl_test_groups(recent)), member_kind="host",
+                                              window_start=start, window_end=end))
+    out = [f for f in out if f.height]
+    # the same host slow in collectives and in nccl-tests is one finding (the finding frame's key)
+    return pl.concat(out, how="vertical_relaxed").unique(["analyzer", "kind", "subject", "window_start"], keep="first") if out else F.FINDING.empty()
 
 
 def fabric_health(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:

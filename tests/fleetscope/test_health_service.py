@@ -11,6 +11,7 @@ import polars as pl
 
 from fleetscope import auth
 from fleetscope import frames as F
+from fleetscope import health_service
 from fleetscope.health_service import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 
@@ -113,3 +114,32 @@ def test_a_failed_probe_is_a_confirmed_suspect_in_the_health_window(store):
     assert found.select("subject", "kind", "severity").rows() == [("gpu:GPU-bad", "sdc_confirmed", "critical")]
     (signal,) = json.loads(found["evidence"][0])["signals"]
     assert signal == {"signal": "probe_failed", "digest": bad.digest, "golden": good.golden, "mismatched_elements": 1, "device_type": "NVIDIA H200"}
+
+
+def test_the_sweep_finds_a_slow_host_and_a_slow_link_from_the_windows_collectives(store):
+    """Two-rank all-reduce communicators over 8 hosts (one rank each); every group with host h5 moves data at
+    half the rate, and the point-to-point sends from rank 1 to rank 2 crawl."""
+    t0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+    rows, seq = [], 0
+    for a in range(8):
+        for b in range(a + 1, 8):
+            for rep in range(3):
+                bw = 50.0 if 5 in (a, b) else 100.0
+                for rank in (a, b):
+                    rows.append({"job_id": "j", "rank": rank, "comm_id": f"c{a}{b}", "seq": rep, "op": "AllReduce", "peer": -1,
+                                 "bytes": 1 << 28, "nranks": 2, "start": t0 + dt.timedelta(seconds=seq), "busbw_gbps": bw, "host": f"h{rank}"})
+                seq += 1
+    for rank in range(4):
+        for k in range(5):
+            rows.append({"job_id": "j", "rank": rank, "comm_id": "p2p", "seq": 1000 + k, "op": "Send", "peer": (rank + 1) % 4,
+                         "bytes": 1 << 24, "start": t0 + dt.timedelta(seconds=200 + k), "busbw_gbps": 10.0 if rank == 1 else 40.0,
+                         "host": f"h{rank}"})
+    store.write(F.Batch(collective=pl.DataFrame(rows, schema_overrides={"start": F.UTC_US})))
+    found = health_service.slow_fabric(store, t0, t0 + dt.timedelta(minutes=15))
+    got = sorted(found.select("kind", "subject").rows())
+    assert got == [("slow_host", "host:h5"), ("slow_link", "job:j/link:1->2")]
+    ev = json.loads(found.filter(pl.col("kind") == "slow_host")["evidence"][0])
+    assert ev["score"] == 0.5 and ev["innocent_groups"] == 0  # every group with h5 at half the shape's median
+    # the whole sweep stores them, where the NcclBandwidthRegression rule reads slow_host and slow_link
+    health_service.health_window(store, t0, t0 + dt.timedelta(minutes=15))
+    assert set(store.read("finding")["kind"].to_list()) >= {"slow_host", "slow_link"}
