@@ -31,7 +31,7 @@ import polars as pl
 
 from fleetscope import frames as F
 from fleetscope.alerting.labels import fingerprint
-from fleetscope.alerting.rules import AlertingConfig, FindingSelector, MetricCondition, Rule
+from fleetscope.alerting.rules import ABSENT, AlertingConfig, FindingSelector, MetricCondition, Rule
 
 RESOLVED_RETENTION_S = 15 * 60  # Prometheus' resolvedRetention
 PENDING, FIRING, INACTIVE = "pending", "firing", "inactive"
@@ -234,6 +234,11 @@ def _metric_alerts(rule: Rule, cond: MetricCondition, df: pl.DataFrame, now: dt.
     since = now - dt.timedelta(seconds=rule.lookback_s)
     prefix = cond.name + "{"
     cur = df.filter(((pl.col("series") == cond.name) | pl.col("series").str.starts_with(prefix)) & (pl.col("ts") <= now) & (pl.col("ts") >= since))
+    if cond.op == ABSENT:
+        seen = any(all(m.matches(_parse_series(series)[1]) for m in cond.matchers) for series in cur["series"].unique().to_list())
+        if not seen:
+            yield {m.name: m.value for m in cond.matchers if m.op == "="}, 1.0, f"no sample of {cond.name} in the last {rule.lookback_s:g} s"
+        return
     if cur.height == 0:
         return
     reducer = {"last": pl.col("value").sort_by("ts").last(), "mean": pl.col("value").mean(), "min": pl.col("value").min(), "max": pl.col("value").max()}[cond.reduce]
@@ -253,7 +258,7 @@ def active_alerts(rule: Rule, data: EvalInput, now: dt.datetime) -> dict[str, Ac
         found.extend(_finding_alerts(rule, data.finding, now, data.gpu_host))
     if rule.health and data.health_event is not None and data.health_event.height:
         found.extend(_health_alerts(rule, data.health_event, now, data.gpu_host))
-    if rule.metric is not None and data.metric_sample is not None and data.metric_sample.height:
+    if rule.metric is not None and data.metric_sample is not None and (data.metric_sample.height or rule.metric.op == ABSENT):
         found.extend(_metric_alerts(rule, rule.metric, data.metric_sample, now))
     out: dict[str, Active] = {}
     rule_labels = dict(rule.labels)

@@ -28,6 +28,9 @@ from fleetscope.alerting.labels import Matcher, matchers_string
 DEFAULT_RULES_PATH = Path(__file__).with_name("default_rules.yaml")
 SEVERITIES = ("info", "warning", "critical")
 COMPARISONS = (">", ">=", "<", "<=", "==", "!=")
+ABSENT = "absent"
+"""``op: absent``: PromQL's ``absent()``: true when no sample of the series (with its matchers) arrived within
+the lookback; the alert carries the equality matchers' labels, as ``absent(up{job="x"})`` does."""
 REDUCERS = ("last", "mean", "min", "max")
 # Evidence keys that become labels when a finding carries them: they are what routing, grouping and
 # inhibition ("a host down silences its GPUs") need to see.
@@ -93,7 +96,8 @@ class HealthSelector:
 
 @dataclass(frozen=True)
 class MetricCondition:
-    """A roll-up series (``metric_sample`` name) compared with a threshold, one alert per series."""
+    """A roll-up series (``metric_sample`` name) compared with a threshold, one alert per series; or, with
+    ``op: absent``, one alert when no such series has a sample within the lookback."""
 
     name: str
     op: str
@@ -292,9 +296,9 @@ def _metric(doc: Any, rule: str, source: str) -> MetricCondition:
     if not isinstance(name, str) or not name:
         raise RuleError("missing series name", rule=rule, field="metric.name", source=source)
     op = doc.get("op")
-    if op not in COMPARISONS:
-        raise RuleError(f"{op!r} is not one of {' '.join(COMPARISONS)}", rule=rule, field="metric.op", source=source)
-    threshold = doc.get("threshold")
+    if op not in (*COMPARISONS, ABSENT):
+        raise RuleError(f"{op!r} is not one of {' '.join(COMPARISONS)} {ABSENT}", rule=rule, field="metric.op", source=source)
+    threshold = doc.get("threshold", 0.0 if op == ABSENT else None)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
         raise RuleError(f"{threshold!r} is not a number", rule=rule, field="metric.threshold", source=source)
     reduce = doc.get("reduce", "last")

@@ -388,3 +388,24 @@ def test_group_state_round_trips():
 def test_go_time():
     assert D.go_time(None) == "0001-01-01T00:00:00Z"
     assert D.go_time(dt.datetime(2027, 1, 1, 0, 0, 1, 500000, tzinfo=dt.UTC)) == "2027-01-01T00:00:01.5Z"
+
+
+def test_absent_rule_fires_when_a_series_stops_and_carries_the_matchers_labels():
+    c = cfg("  - alert: AgentSilent\n    metric: {name: fleetscope_agent_up, op: absent, matchers: ['node=\"n7\"', 'site=~\"dc.*\"']}\n"
+            "    lookback: 5m\n")
+    rule = c.rule("AgentSilent")
+    assert rule.metric.op == "absent"
+
+    def samples(*rows):
+        return F.conform(F.METRIC_SAMPLE, pl.DataFrame({"ts": [r[0] for r in rows], "series": [r[1] for r in rows], "value": [1.0] * len(rows)},
+                                                       schema={"ts": F.UTC_US, "series": pl.String, "value": pl.Float64}))
+
+    here = 'fleetscope_agent_up{node="n7",site="dc1"}'
+    assert E.active_alerts(rule, E.EvalInput(metric_sample=samples((at(-60), here))), at(0)) == {}
+    # the last sample left the 5-minute lookback; another node's sample does not stand in for it
+    quiet = samples((at(-400), here), (at(-10), 'fleetscope_agent_up{node="n8",site="dc1"}'))
+    (a,) = E.active_alerts(rule, E.EvalInput(metric_sample=quiet), at(0)).values()
+    assert a.labels == {"alertname": "AgentSilent", "node": "n7", "severity": "warning"}  # only the equality matcher's label
+    assert a.value == 1.0
+    (a,) = E.active_alerts(rule, E.EvalInput(metric_sample=samples()), at(0)).values()  # nothing at all
+    assert a.labels["node"] == "n7"
