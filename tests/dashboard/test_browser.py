@@ -148,7 +148,7 @@ KEY_METRICS = {
     "stragglers": {"Ranks ≥ 1.1× median compute": "1"},
     "reliability": {"Failures": "2", "Preemptions": "1"},
     "governance": {"Fail": "1"},
-    "alerts": {"Firing": "4", "Dead": "2"},
+    "alerts": {"Firing": "4", "Dead": "1"},
 }
 MIN_CHARTS = {"overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
 # Pages whose every panel has data in the showcase world (the Alerts page has no silence yet).

@@ -181,11 +181,13 @@ def _governance(at: AppTest, url: str) -> None:
 
 def _alerts(at: AppTest, url: str) -> None:
     m = metrics(at)
-    assert (m["Firing"], m["Pending"], m["Muted"]) == ("4", "0", "0")
-    # No receiver named "default" is configured in the showcase: both notifications are dead letters.
-    assert (m["Dead"], m["Delivered"]) == ("2", "0")
+    # pending: the two jobs whose goodput is under 0.8 (JobGoodputLow waits 15 minutes); muted: the dead GPU's
+    # XID alert inhibits the sweep's repair advice for it and for its node (one fault, one page)
+    assert (m["Firing"], m["Pending"], m["Muted"]) == ("4", "2", "2")
+    # No receiver named "default" is configured in the showcase: the notification is a dead letter.
+    assert (m["Dead"], m["Delivered"]) == ("1", "0")
     dead = at.dataframe[-1].value
-    assert dead["receiver"].tolist() == ["default", "default"] and set(dead["last_error"]) == {"no receiver named 'default'"}
+    assert dead["receiver"].tolist() == ["default"] and set(dead["last_error"]) == {"no receiver named 'default'"}
     assert [t for t in infos(at) if t.startswith("No data yet")] == [
         "No data yet: no silences. Create one below to mute matching alerts for a while."]
 
