@@ -70,10 +70,10 @@ def test_everything_a_demo_like_run_creates_is_private(tmp_path, open_umask, rea
     assert out.result.written["gpu_sample"] == 8
     worker.make_celery(settings)
     alert_config.secret_keys(settings, alert_config.load(settings))
-    gs.put_model(store, ModelEntry("org/ranker", "1", "rank applicants"))
+    gs.put_model(store, ModelEntry("org/ranker", "1", "rank applicants"), actor="test")
     rows = "y_true,y_pred,g\n" + "".join(f"{i % 2},{(i // 2) % 2},{'ab'[i % 3 == 0]}\n" for i in range(60))
     fair = gs.evaluate_fairness(store, "org/ranker", rows.encode(), sensitive=["g"], min_group_size=5,
-                                keep_upload_dir=data / "fairness-uploads")
+                                keep_upload_dir=data / "fairness-uploads", actor="test")
     assert fair["upload_kept_at"].startswith(str(data / "fairness-uploads" / "org" / "ranker@1-"))
     audit = au.run_audit(store, settings)
     export = au.make_export(store, settings, audit_id=audit["audit_id"])
@@ -152,11 +152,11 @@ def test_a_kept_upload_whose_model_name_leads_out_is_refused_and_nothing_is_writ
     from governance.fairness import FairnessInputError
     from governance.registry import ModelEntry
 
-    gs.put_model(store, ModelEntry("../../escaped", "1"))
+    gs.put_model(store, ModelEntry("../../escaped", "1"), actor="test")
     rows = "y_true,y_pred,g\n" + "".join(f"{i % 2},{i % 2},a\n" for i in range(40))
     keep = tmp_path / "data" / "fairness-uploads"
     with pytest.raises(FairnessInputError) as e:
-        gs.evaluate_fairness(store, "../../escaped", rows.encode(), sensitive=["g"], min_group_size=5, keep_upload_dir=keep)
+        gs.evaluate_fairness(store, "../../escaped", rows.encode(), sensitive=["g"], min_group_size=5, keep_upload_dir=keep, actor="test")
     assert "keep_upload: kept upload (model name@version) '../../escaped@1-" in str(e.value) and "'..'" in str(e.value)
     assert store.read("fairness_evaluation").height == 0
     assert not list(tmp_path.rglob("*escaped*"))
