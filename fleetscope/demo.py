@@ -172,9 +172,12 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
         for resp in pool.map(lambda p: api.call("POST", p[0], content=p[1], params=p[2]), posts):
             add(resp)
     say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
+    for scrape in manifest.ib_scrapes:
+        api.call("POST", "/api/v1/ingest/ib_node_exporter", content=(root / scrape["file"]).read_bytes(),
+                 params={"source": scrape["file"], "ts": scrape["ts"]})
     for rel in manifest.files.get("otlp_json", []):
         api.call("POST", "/v1/metrics", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
-    say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, facility meters")
+    say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, InfiniBand counters, facility meters")
     for rel in manifest.files.get("openlineage", []):
         api.call("POST", "/api/v1/lineage", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
     registry = json.loads((root / manifest.files["registry"][0]).read_text())
@@ -228,6 +231,9 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
         elif f.kind == "hung_job":
             hits = [x for x in findings if x["kind"] == "job_hang" and x["subject"] == f"job:{f.job_id}"]
             found, evidence = bool(hits), (hits[0]["summary"] if hits else "no job_hang finding")
+        elif f.kind == "flapping_ib_link":
+            hits = [x for x in findings if x["kind"] == "ib_link_flapping" and x["subject"].startswith(f"host:{f.hosts[0]}/")]
+            found, evidence = bool(hits), (hits[0]["summary"] if hits else "no ib_link_flapping finding")
         elif f.kind == "silent_host":
             hits = [x for x in findings if x["kind"] == "host_down" and x["subject"] in {f"host:{h}" for h in f.hosts}]
             found, evidence = bool(hits), (hits[0]["summary"] if hits else "no host_down finding")

@@ -21,6 +21,9 @@
   makes no further step, with no event, while its GPUs stay allocated and busy — what a real NCCL hang
   looks like until the collective timeout fires.
 - **A silent host**: an idle node stops sending telemetry (a crashed node or its exporter gone).
+- **A flapping InfiniBand link** under one job: its HCA port goes down and retrains several times
+  (LinkDownedCounter and LinkErrorRecoveryCounter rise, symbol errors with them), as a marginal cable or
+  transceiver does.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class FaultPlan:
     slow_link_node: tuple[int, float, float] | None  # global node index, t0, t1
     row_remap: tuple[int, float] | None  # gpu index, t
     silent_host: tuple[int, float] | None = None  # global node index, t: no dcgm body from then on
+    ib_flaps: tuple[int, tuple[float, ...]] | None = None  # global node index, times its HCA link went down
 
 
 def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.random.Generator) -> FaultPlan:
@@ -241,6 +245,16 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
             faults.append(InjectedFault("silent_host", t_of(t), None, None, (), (topo.hosts[node],),
                                         tuple(topo.gpu_uuid[node * g:(node + 1) * g]), {},
                                         "analyzers.absence: host_down, every GPU of the host silent past three intervals"))
+    flaps = None
+    if plans and fs.flapping_ib_link:
+        # the first job's last node: a node other faults leave alone where the job is big enough
+        p = plans[0]
+        node = p.nodes[-1]
+        times = tuple(float(t) for t in np.linspace(0.5 * D, 0.8 * D, 4))
+        flaps = (node, times)
+        faults.append(InjectedFault("flapping_ib_link", t_of(times[0]), t_of(times[-1]), p.spec.job_id, (), (topo.hosts[node],), (),
+                                    {"device": "mlx5_0", "port": 1, "link_downs": len(times)},
+                                    "analyzers.ib_links: ib_link_flapping on the host's HCA port (LinkDownedCounter rose)"))
     jf = {}
     for jid, d in by_job.items():
         jf[jid] = JobFaults(thermal=d.get("thermal"), slow_link=d.get("slow_link"), sdc=d.get("sdc"),
@@ -248,4 +262,4 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
     for v in xids.values():
         v.sort()
     faults.sort(key=lambda f: (f.start, f.kind))
-    return FaultPlan(jf, faults, xids, thermal_gpu, slow_node, row_remap, silent)
+    return FaultPlan(jf, faults, xids, thermal_gpu, slow_node, row_remap, silent, flaps)

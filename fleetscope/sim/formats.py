@@ -347,3 +347,23 @@ def otlp_gauges_json(series: list[tuple[str, str, dict[str, str], list[tuple[int
     doc = {"resourceMetrics": [{"resource": {"attributes": []}, "scopeMetrics": [{"scope": {"name": "fleetscope.sim", "version": "1"},
            "metrics": [{"name": n, "unit": u, "gauge": {"dataPoints": dps}} for (n, u), dps in metrics.items()]}]}]}
     return _dumps(doc).encode()
+
+
+def ib_node_exporter_body(hosts: list[str], t_s: float, flaps: tuple[int, tuple[float, ...]] | None) -> bytes:
+    """One node_exporter ``infiniband`` scrape of every host's HCA port (mlx5_0 port 1, 4x NDR at
+    400 Gb/s), hosts told apart by their ``instance`` label: data counters growing with training traffic,
+    and on the flapping host the link-downed, link-recovery and symbol-error counters that rose at each flap."""
+    lines = []
+    for k, host in enumerate(hosts):
+        downs = sum(1 for t in flaps[1] if t <= t_s) if flaps is not None and flaps[0] == k else 0
+        labels = f'device="mlx5_0",instance="{host}:9100",port="1"'
+        data = int(t_s * 6.0e9)
+        values = {
+            "port_data_received_bytes_total": data, "port_data_transmitted_bytes_total": data,
+            "port_packets_received_total": data // 4096, "port_packets_transmitted_total": data // 4096,
+            "link_downed_total": downs, "link_error_recovery_total": 3 * downs, "symbol_error_total": 40 * downs,
+            "port_errors_received_total": 0, "port_discards_transmitted_total": 0, "port_transmit_wait_total": int(t_s * 1000),
+            "rate_bytes_per_second": 50_000_000_000, "state_id": 4, "physical_state_id": 5,
+        }
+        lines += [f"node_infiniband_{name}{{{labels}}} {value}" for name, value in values.items()]
+    return ("\n".join(lines) + "\n").encode()

@@ -60,6 +60,7 @@ class Manifest:
     predictions: dict[str, Any]
     facility: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    ib_scrapes: list[dict[str, str]] = field(default_factory=list)  # (ts, file) of node_exporter infiniband bodies
 
     def faults_of(self, kind: str) -> list[InjectedFault]:
         return [f for f in self.faults if f.kind == kind]
@@ -173,6 +174,15 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
                 _write(out, f"{d}/{host}.prom", body, files, "dcgm")
         scrapes.append({"ts": formats.iso_us(formats.epoch_us(ts)), "dir": d})
 
+    # --- InfiniBand: node_exporter's infiniband collector, every host in one body per scrape
+    ib_scrapes = []
+    for k in range(int(math.floor(D / spec.ib_interval_s)) + 1):
+        t = k * spec.ib_interval_s
+        ts = t_of(t)
+        rel = f"ib/{_stamp(ts)}.prom"
+        _write(out, rel, formats.ib_node_exporter_body(list(topo.hosts), t, fplan.ib_flaps), files, "ib_node_exporter")
+        ib_scrapes.append({"ts": formats.iso_us(formats.epoch_us(ts)), "file": rel})
+
     # --- jobs: events, NCCL Inspector, Kineto
     job_info = []
     for i, r in enumerate(runs):
@@ -234,6 +244,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
                   "racks_per_site": spec.racks_per_site, "nodes_per_rack": spec.nodes_per_rack, "gpu_model": spec.gpu.name},
         files={k: sorted(v) for k, v in files.items()},
         dcgm_scrapes=scrapes,
+        ib_scrapes=ib_scrapes,
         jobs=job_info,
         faults=fplan.faults,
         lineage={"quarantined_dataset": {"namespace": lin.quarantined[0], "name": lin.quarantined[1]},

@@ -77,6 +77,7 @@ class FaultSpec:
     row_remap_failure: bool = True
     hung_job: bool = True
     silent_host: bool = True
+    flapping_ib_link: bool = True
     gpu_mtbf_h: float | None = 400.0
     min_failures: int = 1  # at least this many failures (the Poisson draw is kept when it has more)
     recovery_s: tuple[float, float] = (120.0, 300.0)  # detect + reschedule, uniform
@@ -108,6 +109,7 @@ class SimSpec:
     k8s_pod_labels: bool = False
     prediction_rows: int = 4000
     write_dcgm: bool = True
+    ib_interval_s: float = 60.0  # node_exporter infiniband scrapes (all hosts in one body per scrape)
 
     def __post_init__(self) -> None:
         if self.start.tzinfo is None:

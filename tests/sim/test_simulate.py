@@ -335,3 +335,16 @@ def test_dcgm_shows_throttling_xids_and_row_remap(sim: Manifest) -> None:
     for f in sim.faults_of("gpu_failure"):
         if f.detail["xid"]:
             assert xids.filter((pl.col("gpu_uuid") == f.gpu_uuids[0]) & (pl.col("code") == f.detail["xid"])).height
+
+
+def test_the_flapping_ib_link_shows_in_node_exporter_counters(sim: Manifest) -> None:
+    from ingest import ib_node_exporter
+
+    f = _one(sim, "flapping_ib_link")
+    assert f.detail["link_downs"] == 4
+    last = sim.ib_scrapes[-1]
+    rows = ib_node_exporter.parse((Path(sim.out_dir) / last["file"]).read_bytes(), ts=dt.datetime.fromisoformat(last["ts"])).fabric_port_sample
+    assert rows.height == sim.topology["hosts"]  # every host's HCA port, told apart by its instance label
+    downs = dict(rows.select("host", "link_downed_total").iter_rows())
+    assert downs.pop(f.hosts[0]) == 4 and set(downs.values()) == {0}
+    assert set(rows["rate_gbps"]) == {400.0} and set(rows["state"]) == {"ACTIVE"}
