@@ -47,6 +47,16 @@ else:
     advice = advice.with_columns(action=pl.col("kind").str.replace(r"^(gpu|node)_", "").str.replace_all("_", " "))
     st.dataframe(advice.select("subject", "action", "severity", "summary", "window_start"), hide_index=True)
 
+st.subheader("Silent GPUs, hosts down and hung jobs")
+# analyzers.absence (a GPU, host or site that stopped reporting) and analyzers.hangs (a job that stopped
+# stepping with its GPUs held), both from the health sweep
+quiet = pl.concat([ui.q(queries.findings, live=False, start=f.start, end=f.end, analyzer=a) for a in ("absence", "hangs")], how="vertical_relaxed")
+if quiet.is_empty():
+    ui.no_data("nothing has gone quiet.", "The health sweep flags a GPU or host silent for three of its intervals (and 2 minutes), a site silent "
+               "at once, and a job with no step for ten of its steps (and FLEETSCOPE_HANG_MIN_STALL_S) while it holds its GPUs.")
+else:
+    st.dataframe(quiet.select("kind", "subject", "severity", "summary", "window_start", "window_end"), hide_index=True)
+
 st.subheader("SDC suspects")
 sdc = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="sdc%")
 sdc_events = ui.q(queries.health_events_recent, live=False, start=f.start, end=f.end, site=f.site, kinds=("sdc",))
