@@ -1249,10 +1249,7 @@ def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, co
     Audit-logged as the OS user, with the --by name in the entry."""
     from fleetscope.alerting import service as AS
 
-    units = {"m": 60, "h": 3600, "d": 86400}
-    if not duration or duration[-1] not in units or not duration[:-1].isdigit():
-        raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint="--for")
-    ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(duration[:-1]) * units[duration[-1]])
+    ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=_span_s(duration, "--for"))
     try:
         sil = AS.create_silence(_store(), list(matchers), None, ends, created_by=created_by, comment=comment, actor=_os_user())
     except ValueError as exc:
@@ -1290,6 +1287,40 @@ def formats_cmd(as_json: bool) -> None:
 
     rows = [{"name": f.name, "description": f.description} for f in FORMATS.values()]
     _emit(as_json, rows, "\n".join(f"{r['name']:<22} {r['description']}" for r in rows))
+
+
+_SPANS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _span_s(text: str, option: str) -> int:
+    """``30m``, ``2h``, ``7d`` as seconds."""
+    if not text or text[-1] not in _SPANS or not text[:-1].isdigit() or int(text[:-1]) == 0:
+        raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint=option)
+    return int(text[:-1]) * _SPANS[text[-1]]
+
+
+@main.command("findings")
+@click.option("--since", default="1h", show_default=True, help="How far back: 30m, 6h, 7d (findings whose window reaches into it).")
+@click.option("--analyzer", default=None, help="Only this analyzer's (health, absence, hangs, fabric, stragglers, sdc, aiact, ...).")
+@click.option("--kind", default=None, help="Only this kind; % matches any run of characters (e.g. 'straggler_%').")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int, as_json: bool) -> None:
+    """What the analyzers concluded, newest first, most severe first within a window.
+
+    \b
+    Examples:
+      fleetscope findings --analyzer absence          # GPUs, hosts and sites that went quiet
+      fleetscope findings --kind job_hang --since 1d
+      fleetscope findings --kind 'ib_%' --json
+    """
+    from fleetscope import queries
+
+    end = dt.datetime.now(dt.UTC)
+    rows = queries.findings(_store(), end - dt.timedelta(seconds=_span_s(since, "--since")), end, kind_like=kind, analyzer=analyzer, limit=limit)
+    data = [{**r, "window_start": r["window_start"].isoformat(), "window_end": r["window_end"].isoformat() if r["window_end"] else None}
+            for r in rows.drop("evidence").to_dicts()]
+    _emit(as_json, data, "\n".join(f"{r['severity']:<8} {r['kind']:<24} {r['subject']:<40} {r['summary'] or ''}" for r in data) or "no findings")
 
 
 @main.command("metrics")
