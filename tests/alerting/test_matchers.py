@@ -7,16 +7,14 @@ import time
 
 import httpx
 import pytest
-from cryptography.fernet import Fernet
 from sqlalchemy import insert
 
-from fleetscope import auth
 from fleetscope.alerting import dispatch as D
 from fleetscope.alerting import schema as S
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.labels import MAX_PATTERN_CHARS, MAX_VALUE_CHARS, Matcher
 from fleetscope.alerting.rules import RuleError, load_config, parse_rule
-from tests.conftest import LiveServer, make_settings
+from tests.alerting.test_api import live  # noqa: F401  (the live API fixture, shared)
 
 NOW = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
 EVIL = "a" * 100_000 + "!"
@@ -91,25 +89,8 @@ def test_pattern_and_value_length_limits():
     assert Matcher("host", "!~", "y").matches({"host": over}) is True
 
 
-@pytest.fixture
-def live(tmp_path, monkeypatch):
-    from fleetscope import db
-    from fleetscope.api import create_app
-    from fleetscope.api import routes_alerts
-
-    monkeypatch.setenv("FLEETSCOPE_SECRET_KEY", Fernet.generate_key().decode())
-    url = f"sqlite:///{tmp_path / 'fs.db'}"
-    db.upgrade(url)
-    app = create_app(make_settings(tmp_path, url))
-    app.include_router(routes_alerts.router)
-    with LiveServer(app) as server:
-        admin = auth.create_token(app.state.store.engine, "admin", ["admin"])
-        yield server.url, app, {"Authorization": f"Bearer {admin}"}
-    app.state.store.engine.dispose()
-
-
 def test_api_refuses_with_the_matcher_named_and_writes_nothing(live):
-    url, app, admin = live
+    url, app, admin, _ = live
     r = httpx.post(url + "/api/v1/alerts/silences", headers=admin, json={
         "matchers": [{"name": "host", "value": "n1", "isRegex": False}, {"name": "gpu_uuid", "value": "(G)\\1", "isRegex": True}],
         "endsAt": "2099-01-01T00:00:00Z", "comment": "x"})
