@@ -36,6 +36,13 @@ What is read:
   timestamp, else the caller's ``default_ts``; without either it is listed in ``meta["warnings"]``
   and counted in ``meta["warnings_without_ts"]`` but makes no row.
 
+* PyTorch's ``ProcessGroupNCCL`` watchdog, whose lines land in the same logs: ``[Rank R] Watchdog caught
+  collective operation timeout: WorkNCCL(SeqNum=S, OpType=OP, ..., Timeout(ms)=T) ran for M milliseconds
+  before timing out`` → ``health_event`` rows, kind ``nccl_watchdog_timeout``, ``code`` the rank, ``value``
+  the seconds it ran, ``message`` naming the job, operation and sequence number: the collective a hung job
+  was stuck in. The host is the log's, when its NCCL lines name a single one. A timeout needs a time, like a
+  warning (``meta["watchdog_without_ts"]``).
+
 ``comm_id``: the ``commId`` NCCL prints (shared by all ranks of a communicator) when present; older
 NCCL prints only the process-local ``comm`` pointer, so the id is then ``<host>:<pid>:<pointer>``
 — unique, but not joinable across ranks. ``job_id``: the caller's, else ``"unknown"``
@@ -76,6 +83,9 @@ _PREFIX = re.compile(r"^(?P<host>[^\s:\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}
 _VERSION = re.compile(r"^NCCL version (\S+)")
 _INFO = re.compile(r"^NCCL INFO (?P<msg>.*)$")
 _WARN = re.compile(r"^(?P<site>\S+:\d+) NCCL WARN (?P<msg>.*)$")
+_WATCHDOG = re.compile(r"\[Rank (?P<rank>\d{1,9})\] Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.{0,2000}?)\) "
+                       r"ran for (?P<ran_ms>\d{1,15}) milliseconds before timing out")
+_WORK_KV = re.compile(r"(SeqNum|OpType|Timeout\(ms\))=([^,\s)]+)")
 _COMM_EVENT = re.compile(r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) .*- (?P<what>Init|Destroy|Abort) COMPLETE\b")
 _KV = re.compile(r"\b(rank|nranks|nRanks|cudaDev|nvmlDev|busId|commId)\s+(\S+)")
 _RING = re.compile(r"^(?:Channel|Ring) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<ranks>(?:\s+\d+)+)\s*$")
@@ -119,9 +129,14 @@ def parse(
     seen_coll: set[tuple[str, int, str, int]] = set()
     warns: dict[tuple[datetime, str, str, int], dict[str, Any]] = {}
 
+    hosts: set[str] = set()
+    watchdog: list[tuple[int, datetime | None, re.Match[str]]] = []
     for lineno, raw in lines:
         line, ts = _strip_prefixes(raw, tz, source, lineno)
         if not line:
+            continue
+        if w := _WATCHDOG.search(line):
+            watchdog.append((lineno, ts or default_ts, w))
             continue
         if m := _VERSION.match(line):
             meta.setdefault("nccl_version", m.group(1))
@@ -132,6 +147,7 @@ def parse(
             continue
         meta["nccl_lines"] += 1
         host, pid, tid, rest = p.group("host"), int(p.group("pid")), int(p.group("tid")), p.group("rest")
+        hosts.add(host)
         if w := _WARN.match(rest):
             _warn(w.group("site"), w.group("msg"), host, pid, ts or default_ts, warns, meta, source, lineno)
             continue
@@ -182,8 +198,24 @@ def parse(
     meta["communicators"] = communicators
     meta["topology"] = topology
     meta["job_ranks"] = _job_ranks(communicators)
-    if not meta["nccl_lines"]:
+    if not meta["nccl_lines"] and not watchdog:
         raise ParseError("no NCCL log lines (host:pid:tid [dev] NCCL ...) found", source=source)
+    meta["watchdog_timeouts"], meta["watchdog_without_ts"] = len(watchdog), 0
+    log_host = next(iter(hosts)) if len(hosts) == 1 else ""
+    for lineno, ts, w in watchdog:
+        if ts is None:
+            meta["watchdog_without_ts"] += 1
+            continue
+        work = dict(_WORK_KV.findall(w.group("work")))
+        ran_s = int(w.group("ran_ms")) / 1000
+        timeout = f", past its timeout of {int(work['Timeout(ms)']) / 1000:g} s" if work.get("Timeout(ms)", "").isdigit() else ""
+        key = (ts, log_host, "nccl_watchdog_timeout", int(w.group("rank")))
+        if key in warns:
+            meta["duplicates_dropped"] += 1
+            continue
+        warns[key] = {"ts": ts, "host": log_host, "gpu_uuid": "", "kind": "nccl_watchdog_timeout", "code": int(w.group("rank")), "value": ran_s,
+                      "message": f"job {job}: rank {w.group('rank')} {work.get('OpType', '?')} SeqNum={work.get('SeqNum', '?')} ran {ran_s:g} s{timeout}",
+                      "source": f"pytorch ProcessGroupNCCL watchdog (line {lineno})"}
     return Batch(
         source=source,
         collective=pl.DataFrame(colls, schema=COLLECTIVE.schema) if colls else COLLECTIVE.empty(),

@@ -27,6 +27,7 @@ from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import load_config
 from fleetscope.store import Store
 from governance.registry import ModelEntry
+from ingest import nccl_log
 from tests.alerting.receiver import Receiver
 from tests.conftest import make_settings
 
@@ -98,6 +99,18 @@ def xid(code: int, at: dt.datetime, gpu: str = "GPU-n1-0") -> Callable:
     ev = pl.DataFrame({"ts": [at], "host": [gpu.split("-")[1]], "gpu_uuid": [gpu], "kind": ["xid"], "code": [code],
                        "message": [f"NVRM: Xid (PCI:0000:19:00): {code}"]}, schema_overrides={"ts": F.UTC_US})
     return lambda a, b: F.Batch(health_event=between(ev, "ts", a, b))
+
+
+def watchdog_timeout(a: dt.datetime, b: dt.datetime) -> F.Batch:
+    """Rank 3's NCCL log at minute 3: PyTorch's watchdog gives up on an all-reduce (ingest.nccl_log reads it)."""
+    at = T + 3 * MIN
+    if not a <= at < b:
+        return F.Batch()
+    log = (f"{(at - MIN).isoformat()} n2:4242:4242 [3] NCCL INFO comm 0x7f rank 3 nranks 8 cudaDev 3 busId 3a000 commId 0xc0ffee - Init COMPLETE\n"
+           f"{at.isoformat()} [rank3]:[E1130 12:03:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum=8812, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600013 "
+           "milliseconds before timing out.\n").encode()
+    return F.Batch(health_event=nccl_log.parse(log, source="rank3.log", job_id="train-1").health_event)
 
 
 def probe_failure(a: dt.datetime, b: dt.datetime) -> F.Batch:
@@ -204,6 +217,7 @@ SCENARIOS = {
     "sdc_probe": Scenario(extra=probe_failure, minutes=110, rules=("SdcSuspect",)),
     "straggler": Scenario(extra=slow_rank_steps, rules=("Straggler",)),
     "hang": Scenario(extra=stalled_steps, rules=("JobHung",)),
+    "watchdog": Scenario(extra=watchdog_timeout, minutes=60, rules=("NcclCollectiveTimedOut",)),
     "thermal": Scenario(gpu=hot, rules=("GpuThermalThrottling",)),
     "goodput": Scenario(extra=failing_job, minutes=90, rules=("JobGoodputLow",)),
     "nccl": Scenario(extra=nccl_runs, minutes=160, rules=("NcclBandwidthRegression",)),

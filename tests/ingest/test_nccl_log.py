@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -141,3 +142,35 @@ def test_bad_input(data, line, field):
     assert e.value.source == "bad.log" and e.value.line == line
     if field:
         assert e.value.field == field
+
+
+WATCHDOG_LOG = (
+    "2026-12-01T10:00:00Z node7:1234:1234 [3] NCCL INFO comm 0x55 rank 3 nranks 8 cudaDev 3 busId 1a000 commId 0xabc - Init COMPLETE\n"
+    "2026-12-01T10:10:00.123Z [rank3]:[E1201 10:10:00.123456789 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600046 milliseconds "
+    "before timing out.\n"
+    "[rank5]:[E1201 10:10:01 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+    "OpType=BROADCAST, Timeout(ms)=1800000) ran for 1800002 milliseconds before timing out.\n"
+).encode()
+
+
+def test_pytorch_watchdog_timeouts_are_health_events_with_the_stuck_collective():
+    b = nccl_log.parse(WATCHDOG_LOG, source="train.log", job_id="train-9")
+    (e,) = b.health_event.to_dicts()  # rank 5's line has no time of its own and none was given
+    assert (e["kind"], e["code"], e["host"], e["value"]) == ("nccl_watchdog_timeout", 3, "node7", 600.046)
+    assert e["message"] == "job train-9: rank 3 ALLREDUCE SeqNum=1234 ran 600.046 s, past its timeout of 600 s"
+    assert e["ts"] == dt.datetime(2026, 12, 1, 10, 10, 0, 123000, tzinfo=dt.UTC)
+    assert b.meta["watchdog_timeouts"] == 2 and b.meta["watchdog_without_ts"] == 1
+    # with the caller's time, the second one counts too, as its own row (a different rank)
+    both = nccl_log.parse(WATCHDOG_LOG, source="train.log", default_ts=dt.datetime(2026, 12, 1, 10, 11, tzinfo=dt.UTC)).health_event
+    assert sorted(both["code"].to_list()) == [3, 5] and both.filter(both["code"] == 5)["value"][0] == 1800.002
+
+
+def test_a_watchdog_line_cut_or_forged_is_not_a_timeout():
+    cut = WATCHDOG_LOG.split(b" ran for ")[0] + b"\n"
+    with pytest.raises(ParseError):  # no NCCL line and no complete watchdog line: not an NCCL log at all
+        nccl_log.parse(cut.split(b"\n", 1)[1], source="cut.log")
+    b = nccl_log.parse(cut, source="cut.log", job_id="j")
+    assert b.health_event.height == 0 and b.meta["watchdog_timeouts"] == 0
+    huge = b"[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(" + b"A" * 60_000 + b") ran for 5 milliseconds before timing out\n"
+    assert nccl_log.parse(WATCHDOG_LOG + huge, source="h.log", job_id="j").meta["watchdog_timeouts"] == 2  # past 2,000 characters: ignored
