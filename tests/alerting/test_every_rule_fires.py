@@ -27,7 +27,7 @@ from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import load_config
 from fleetscope.store import Store
 from governance.registry import ModelEntry
-from ingest import nccl_log
+from ingest import ibswinfo, nccl_log
 from tests.alerting.receiver import Receiver
 from tests.conftest import make_settings
 
@@ -111,6 +111,23 @@ def watchdog_timeout(a: dt.datetime, b: dt.datetime) -> F.Batch:
            "timeout: WorkNCCL(SeqNum=8812, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600013 "
            "milliseconds before timing out.\n").encode()
     return F.Batch(health_event=nccl_log.parse(log, source="rank3.log", job_id="train-1").health_event)
+
+
+def switch_vitals(fan: str = "OK", psu1: str = "OK") -> Callable[[dt.datetime, dt.datetime], F.Batch]:
+    """An unmanaged EDR switch polled with ibswinfo every 5 minutes; its fan tray (or PSU1) fails from minute
+    5 to 25."""
+    def extra(a: dt.datetime, b: dt.datetime) -> F.Batch:
+        out = F.Batch()
+        t = T + 5 * MIN * -(-(a - T) // (5 * MIN))  # the polls inside [a, b)
+        while t < b:
+            bad = T + 5 * MIN <= t < T + 25 * MIN
+            text = ("GUID               | 0x1c34da0300010540\nports              | 36\n"
+                    f"PSU0 status        | OK\nPSU1 status        | {psu1 if bad else 'OK'}\n"
+                    f"temperature (C)    | 45\nfan status         | {fan if bad else 'OK'}\nfan#1 (rpm)        | 8493\n").encode()
+            out = out.merge(ibswinfo.parse(text, ts=t, source="ibswinfo"))
+            t += 5 * MIN
+        return out
+    return extra
 
 
 def probe_failure(a: dt.datetime, b: dt.datetime) -> F.Batch:
@@ -218,6 +235,8 @@ SCENARIOS = {
     "straggler": Scenario(extra=slow_rank_steps, rules=("Straggler",)),
     "hang": Scenario(extra=stalled_steps, rules=("JobHung",)),
     "watchdog": Scenario(extra=watchdog_timeout, minutes=60, rules=("NcclCollectiveTimedOut",)),
+    "switch_fan": Scenario(extra=switch_vitals(fan="ERROR"), minutes=60, rules=("InfiniBandSwitchFanFailed",)),
+    "switch_psu": Scenario(extra=switch_vitals(psu1="FAILED"), minutes=60, rules=("InfiniBandSwitchPsuFailed",)),
     "thermal": Scenario(gpu=hot, rules=("GpuThermalThrottling",)),
     "goodput": Scenario(extra=failing_job, minutes=90, rules=("JobGoodputLow",)),
     "nccl": Scenario(extra=nccl_runs, minutes=160, rules=("NcclBandwidthRegression",)),
