@@ -119,7 +119,7 @@ class _FleetCollector(Collector):
             [PUE_SERIES, self.now - CURRENT, self.now], {"series": pl.String, "value": pl.Float64, "ts": F.UTC_US})
         latest = rows.unique("series", keep="last")
         for series, value, _ in latest.sort("series").iter_rows():
-            pue.add_metric([series.split('site="', 1)[1].split('"', 1)[0]], value)
+            pue.add_metric([F.parse_series_key(series)[1].get("site", "")], value)
         power = GaugeMetricFamily("fleetscope_site_gpu_power_watts", "GPU power of the site over its last complete rolled-up minute.", labels=["site"])
         gpus = GaugeMetricFamily("fleetscope_site_gpus_reporting", "GPUs of the site with energy data in its last rolled-up minute.", labels=["site"])
         # the minute before the current one is still filling (scrapes lag by an interval): read up to the one before

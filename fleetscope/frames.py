@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -782,6 +783,19 @@ def series_key(name: str, labels: Mapping[str, str] | None = None) -> str:
         v = str(labels[k]).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
         parts.append(f'{k}="{v}"')
     return name + "{" + ",".join(parts) + "}"
+
+
+_SERIES_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_series_key(key: str) -> tuple[str, dict[str, str]]:
+    """The inverse of :func:`series_key`: ``name{a="1",b="2"}`` → (name, labels), values unescaped."""
+    name, brace, rest = key.partition("{")
+    labels: dict[str, str] = {}
+    if brace:
+        for m in _SERIES_LABEL.finditer(rest):
+            labels[m.group(1)] = re.sub(r"\\(.)", lambda g: "\n" if g.group(1) == "n" else g.group(1), m.group(2))
+    return name, labels
 
 
 @dataclass

@@ -218,15 +218,6 @@ def _health_alerts(rule: Rule, df: pl.DataFrame, now: dt.datetime, gpu_host: Map
         yield labels, float(n), message or ""
 
 
-def _parse_series(key: str) -> tuple[str, dict[str, str]]:
-    name, brace, rest = key.partition("{")
-    labels: dict[str, str] = {}
-    if brace:
-        for m in re.finditer(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', rest):
-            labels[m.group(1)] = re.sub(r"\\(.)", lambda g: "\n" if g.group(1) == "n" else g.group(1), m.group(2))
-    return name, labels
-
-
 _OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 
 
@@ -235,7 +226,7 @@ def _metric_alerts(rule: Rule, cond: MetricCondition, df: pl.DataFrame, now: dt.
     prefix = cond.name + "{"
     cur = df.filter(((pl.col("series") == cond.name) | pl.col("series").str.starts_with(prefix)) & (pl.col("ts") <= now) & (pl.col("ts") >= since))
     if cond.op == ABSENT:
-        seen = any(all(m.matches(_parse_series(series)[1]) for m in cond.matchers) for series in cur["series"].unique().to_list())
+        seen = any(all(m.matches(F.parse_series_key(series)[1]) for m in cond.matchers) for series in cur["series"].unique().to_list())
         if not seen:
             yield {m.name: m.value for m in cond.matchers if m.op == "="}, 1.0, f"no sample of {cond.name} in the last {rule.lookback_s:g} s"
         return
@@ -243,7 +234,7 @@ def _metric_alerts(rule: Rule, cond: MetricCondition, df: pl.DataFrame, now: dt.
         return
     reducer = {"last": pl.col("value").sort_by("ts").last(), "mean": pl.col("value").mean(), "min": pl.col("value").min(), "max": pl.col("value").max()}[cond.reduce]
     for series, value in cur.group_by("series").agg(reducer.alias("v")).iter_rows():
-        _, labels = _parse_series(series)
+        _, labels = F.parse_series_key(series)
         if not all(m.matches(labels) for m in cond.matchers):
             continue
         if value is not None and not math.isnan(value) and _OPS[cond.op](value, cond.threshold):
