@@ -22,7 +22,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import findings_frame, require_columns
+from fleetscope.core.frames import findings_frame, require_columns
 
 KINDS = ("gpu_absent", "host_down", "site_silent")
 """Finding kinds this module emits (matched by the default rules GpuStoppedReporting, HostDown and

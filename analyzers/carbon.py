@@ -39,8 +39,8 @@ from pathlib import Path
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import ENERGY_INSTRUMENT
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import ENERGY_INSTRUMENT
 
 __all__ = [
     "GRID_TABLE_PATH",

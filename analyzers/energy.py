@@ -37,7 +37,7 @@ Energy productivity ρ = useful FLOPs / J (the textbook's energy law, DESIGN.md)
 FLOPs of the steps that count (a step re-run after a restart counts once), J is GPU energy including idle
 for the fleet figure.
 
-Pure: polars and numpy over canonical frames (``fleetscope.frames``); nothing here reads the clock, a file
+Pure: polars and numpy over canonical frames (``fleetscope.core.frames``); nothing here reads the clock, a file
 or the database.
 """
 
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import UTC_US
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import UTC_US
 
 __all__ = [
     "ENERGY_MINUTE_SCHEMA",

@@ -35,8 +35,8 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import UTC_US, findings_frame, require_columns
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import UTC_US, findings_frame, require_columns
 
 __all__ = [
     "canonical_op",

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from fleetscope.frames import JOB_EVENT_KINDS, JOB_RECORD_KINDS, UTC_US
+from fleetscope.core.frames import JOB_EVENT_KINDS, JOB_RECORD_KINDS, UTC_US
 
 __all__ = [
     "BUCKETS",

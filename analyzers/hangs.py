@@ -20,7 +20,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import findings_frame, require_columns
+from fleetscope.core.frames import findings_frame, require_columns
 
 PROGRESS_SCHEMA = {"job_id": pl.String, "last_progress_ts": pl.Datetime("us", "UTC"), "first_progress_ts": pl.Datetime("us", "UTC"),
                    "steps": pl.Int64, "stopped_ts": pl.Datetime("us", "UTC"), "gpus": pl.Int64}

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import findings_frame, require_columns
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import findings_frame, require_columns
 
 __all__ = [
     "NVLINK_COUNTERS",

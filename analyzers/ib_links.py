@@ -47,7 +47,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import findings_frame, require_columns
+from fleetscope.core.frames import findings_frame, require_columns
 
 __all__ = [
     "SATURATED", "ERROR_THRESHOLDS", "BER_THRESHOLD", "port_deltas", "port_health", "degraded_links",

@@ -29,7 +29,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import JOB_RECORD_KINDS, findings_frame, require_columns
+from fleetscope.core.frames import JOB_RECORD_KINDS, findings_frame, require_columns
 
 __all__ = [
     "LLAMA3_INTERRUPTIONS",

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, UTC_US, findings_frame, require_columns
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import FINDING, UTC_US, findings_frame, require_columns
 
 __all__ = [
     "step_signals",

@@ -50,7 +50,7 @@ import numpy as np
 import polars as pl
 
 from analyzers import c3
-from fleetscope.frames import FINDING, UTC_US
+from fleetscope.core.frames import FINDING, UTC_US
 
 __all__ = [
     "REL_THRESHOLD",
@@ -177,7 +177,7 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
     ``score``: the rank's median relative score over its flagged steps; ``severity``: critical below 0.5,
     else warning; ``evidence``: flagged steps, the attribution counts and the dominant one, mean parts'
     excess, and ``gpu_hours_lost`` (Σ excess × ranks / 3600 over its flagged steps).
-    Returns a frame with the canonical ``finding`` columns (``fleetscope.frames.FINDING``).
+    Returns a frame with the canonical ``finding`` columns (``fleetscope.core.frames.FINDING``).
     """
     need = ("job_id", "rank", "step", "start", "end", "flagged", "persistent", "relative_score", "attribution", "gpu_s_lost")
     missing = [c for c in need if c not in detections.columns]

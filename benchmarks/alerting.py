@@ -48,7 +48,7 @@ from _server import served_api  # noqa: E402
 from ingest_dcgm import synth_scrape  # noqa: E402
 
 from fleetscope import db  # noqa: E402
-from fleetscope import frames as F  # noqa: E402
+from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.alerting import config as C  # noqa: E402
 from fleetscope.alerting import dispatch as D  # noqa: E402
 from fleetscope.alerting import engine as E  # noqa: E402

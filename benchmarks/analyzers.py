@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analyzers import c3, stragglers  # noqa: E402
-from fleetscope.frames import UTC_US  # noqa: E402
+from fleetscope.core.frames import UTC_US  # noqa: E402
 
 
 def synthetic_job(ranks: int, steps: int, *, collectives: bool = True, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame | None]:

@@ -52,7 +52,7 @@ from analyzers.energy import energy_rollup  # noqa: E402
 from dashboard import browser as B  # noqa: E402
 from fleetscope import auth, db, health_service  # noqa: E402
 from fleetscope import energy_service as es  # noqa: E402
-from fleetscope import frames as F  # noqa: E402
+from fleetscope.core import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
 from fleetscope.alerting import state as alert_state  # noqa: E402
 from fleetscope.alerting.rules import load_config  # noqa: E402

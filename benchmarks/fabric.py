@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analyzers import ib_links  # noqa: E402
-from fleetscope import frames as F  # noqa: E402
+from fleetscope.core import frames as F  # noqa: E402
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -24,7 +24,7 @@ import httpx
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 
 # The repository first: benchmarks/ingest.py would otherwise shadow the `ingest` package.
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from analyzers import reliability as rel  # noqa: E402
 from fleetscope import db  # noqa: E402
-from fleetscope import frames as F  # noqa: E402
+from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.reliability_service import reliability_report  # noqa: E402
 from fleetscope.store import Store  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetscope import db  # noqa: E402
 from fleetscope import energy_service as es  # noqa: E402
-from fleetscope import frames as F  # noqa: E402
+from fleetscope.core import frames as F  # noqa: E402
 from fleetscope import queries as Q  # noqa: E402
 from fleetscope.store import Store  # noqa: E402
 

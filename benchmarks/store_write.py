@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope import db
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.store import Store
 
 # 30 fields a default-plus-DCP dcgm-exporter scrape fills in.

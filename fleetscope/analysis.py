@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.energy_service import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store

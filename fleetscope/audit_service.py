@@ -24,11 +24,11 @@ from typing import Any
 import polars as pl
 
 from analyzers import carbon
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import governance_service as gs
 from fleetscope import safefiles
 from fleetscope.energy_service import job_energy, model_jobs
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from fleetscope import settings as settings_mod
 from fleetscope.settings import Settings
 from fleetscope.store import Store

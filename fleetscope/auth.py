@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, select, update
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import schema
 
 SCOPES = ("ingest", "read", "governance", "admin")

@@ -441,7 +441,7 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
                 out = streaming.ingest_file(store, path, fmt=fmt, opts=_ingest_options(job_id, file_ts), chunk_bytes=chunk_bytes,
                                             progress=bar.update, follow_symlinks=follow_symlinks).to_dict()
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the rest; it is reported
-            from fleetscope.errors import FleetscopeError
+            from fleetscope.core.errors import FleetscopeError
 
             if not isinstance(exc, (FleetscopeError, ValueError, click.ClickException, OSError)):
                 raise
@@ -1112,7 +1112,7 @@ def energy_instrument(instrument_id: str, site_id: str, kind: str, start_text: s
                       supplier: str | None, recorded_by: str) -> None:
     """Record (or update) contractual instrument INSTRUMENT_ID: a PPA, certificate or supplier rate a site holds."""
     from fleetscope import energy_service as es
-    from fleetscope.errors import ValidationError
+    from fleetscope.core.errors import ValidationError
 
     rec = {"instrument_id": instrument_id, "site_id": site_id, "kind": kind, "start": _when(start_text, "--start"),
            "end": _when(end_text, "--end"), "volume_mwh": volume_mwh, "g_per_kwh": g_per_kwh, "supplier": supplier}

@@ -26,7 +26,7 @@ import click
 import httpx
 
 from fleetscope import auth, db, safefiles
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.settings import Settings
 
 

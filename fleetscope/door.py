@@ -43,9 +43,9 @@ import polars as pl
 from sqlalchemy.exc import OperationalError
 
 from analyzers import carbon
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.auth import Binding
-from fleetscope.errors import FleetscopeError, ValidationError
+from fleetscope.core.errors import FleetscopeError, ValidationError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
 from fleetscope.store import Rows, Store, WriteResult
 from ingest import dcgm_lines, otlp

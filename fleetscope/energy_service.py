@@ -9,8 +9,8 @@ from typing import Any
 import polars as pl
 
 from analyzers import carbon, energy
-from fleetscope import frames as F
-from fleetscope.errors import FleetscopeError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.energy_service import PUE_SERIES, floor_minute
 from fleetscope.store import Store
 

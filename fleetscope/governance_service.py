@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope import safefiles
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from fleetscope.store import Store
 from governance import fairness
 from governance import frames as GF

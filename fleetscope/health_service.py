@@ -17,7 +17,7 @@ import polars as pl
 from sqlalchemy import select
 
 from analyzers import absence, fabric, hangs, health, ib_links, sdc
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import schema
 from fleetscope.observability import tracer
 from fleetscope.store import Store

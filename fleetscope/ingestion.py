@@ -23,10 +23,10 @@ from typing import Any
 from isal import isal_zlib
 
 from fleetscope import door
-from fleetscope import frames as F
-from fleetscope.errors import FleetscopeError, ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
-from fleetscope.textinput import MAX_GZIP_MEMBERS
+from fleetscope.core.textinput import MAX_GZIP_MEMBERS
 from fleetscope.store import Store, WriteResult
 from ingest import dcgm_lines
 from ingest.format import FormatSpec, Options, Sniff, SniffView

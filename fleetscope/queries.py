@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 from sqlalchemy import inspect
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.store import Store
 
 UTC = F.UTC_US

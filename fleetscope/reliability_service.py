@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 
 from analyzers import reliability
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.analysis import json_safe, job_exists
 from fleetscope.observability import tracer
 from fleetscope.store import Store

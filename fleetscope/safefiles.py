@@ -27,7 +27,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700

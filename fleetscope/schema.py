@@ -1,4 +1,4 @@
-"""SQLAlchemy tables for the canonical frames, generated from ``fleetscope.frames``.
+"""SQLAlchemy tables for the canonical frames, generated from ``fleetscope.core.frames``.
 
 A frame's natural key becomes the table's primary key, so writing the same data twice keeps one copy
 (DESIGN.md: natural keys, not surrogate ones, decide what is a duplicate). Indexes serve the reads the
@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 
 # Alembic needs stable constraint names to alter and drop them, above all in SQLite batch mode.
 NAMING_CONVENTION = {

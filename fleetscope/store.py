@@ -27,9 +27,9 @@ from typing import Any
 import polars as pl
 from sqlalchemy import Connection, Engine, text
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import schema, sqlite_reader
-from fleetscope.errors import ValidationError
+from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 
 _COPY_CHUNK_BYTES = 8 * 2**20

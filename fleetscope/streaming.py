@@ -53,12 +53,12 @@ from typing import IO, Any
 
 import polars as pl
 
-from fleetscope import frames as F
-from fleetscope.errors import FleetscopeError, ParseError, ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope import door, safefiles
 from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
-from fleetscope.textinput import require_final_newline
+from fleetscope.core.textinput import require_final_newline
 from ingest.format import Splitting
 
 CHUNK_BYTES = 64 * 2**20

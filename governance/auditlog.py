@@ -45,7 +45,7 @@ import polars as pl
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fleetscope.frames import conform
+from fleetscope.core.frames import conform
 from governance.aiact.frames import AUDIT_LOG
 from governance.aiact.model import canonical_json, utc
 from governance.exports import key_fingerprint

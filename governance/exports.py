@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from governance.aiact.model import canonical_json, iso, utc
 
 BUNDLE_FORMAT = "fleetscope-aiact-bundle/1"

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 
 RATES = ("selection_rate", "tpr", "fpr", "fnr", "accuracy", "ppv", "base_rate")
 SUMMARY = (

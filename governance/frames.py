@@ -1,7 +1,7 @@
-"""Governance tables, declared like the canonical frames (``fleetscope.frames.FrameSpec``) so the SQL
+"""Governance tables, declared like the canonical frames (``fleetscope.core.frames.FrameSpec``) so the SQL
 schema can be generated from them, and the pure conversions between records and frames.
 
-Kept out of ``fleetscope/frames.py`` on purpose: telemetry ingest does not need to know them, and the
+Kept out of ``fleetscope/core/frames.py`` on purpose: telemetry ingest does not need to know them, and the
 service layer registers them with the store when it wires governance in.
 
 Keys are natural: an OpenLineage event posted twice, a run's edge re-sent in its COMPLETE event, a
@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.frames import UTC_US, Col, FrameSpec, conform
+from fleetscope.core.frames import UTC_US, Col, FrameSpec, conform
 from governance.fairness import FairnessPolicy, FairnessResult, PolicyOutcome
 from governance.lineage import (
     ColumnEdge,

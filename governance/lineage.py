@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from governance import openlineage_schema as ols
 from governance.registry import DatasetEntry, ModelEntry
 

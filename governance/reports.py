@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from governance.aiact.model import FAIL, MISSING, NOT_APPLICABLE, PASS, iso, utc
 from governance.aiact.rules import REGULATION, ModelAudit, RuleSet, rule_set
 

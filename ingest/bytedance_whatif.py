@@ -29,8 +29,8 @@ import datetime as dt
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import JOB_OP, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import JOB_OP, Batch
 from ingest.format import FormatSpec
 
 __all__ = ["WhatifTrace", "OP_SCHEMA", "parse", "parse_meta", "to_batch", "FORMATS"]

@@ -20,7 +20,7 @@ What comes out
 
 A body whose last line has no line feed is refused whole (:class:`ParseError` naming that line): it was
 cut in transit, and a value cut short (``} 22563`` -> ``} 225``) still parses. The text format requires
-the final line feed (:func:`fleetscope.textinput.require_final_newline`).
+the final line feed (:func:`fleetscope.core.textinput.require_final_newline`).
 
 MIG: a MIG instance is its own row, keyed ``f"{parent_uuid}/mig{GPU_I_ID}"`` (dcgm-exporter labels a MIG
 instance's series with the parent GPU's UUID plus ``GPU_I_ID``/``GPU_I_PROFILE``); the parent GPU keeps
@@ -64,8 +64,8 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import (
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import (
     DCGM_FIELDS,
     EXPORTER_POD_MARK,
     GPU,
@@ -77,7 +77,7 @@ from fleetscope.frames import (
     dcgm_health_events,
     series_key,
 )
-from fleetscope.textinput import require_final_newline
+from fleetscope.core.textinput import require_final_newline
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["FIELDS", "from_samples", "parse"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.frames import (
+from fleetscope.core.frames import (
     DCGM_HEALTH_COUNTERS,
     EXPORTER_POD_MARK,
     GPU,

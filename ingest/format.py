@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fleetscope.frames import Batch
+from fleetscope.core.frames import Batch
 
 
 @dataclass(frozen=True)

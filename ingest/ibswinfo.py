@@ -20,9 +20,9 @@ import re
 
 import polars as pl
 
-from fleetscope import frames as F
-from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
+from fleetscope.core.textinput import input_lines
 from ingest import infiniband as ib
 from ingest.format import FormatSpec, Sniff, SniffView
 

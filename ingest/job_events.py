@@ -9,7 +9,7 @@ Required on every line
 * ``job_id`` — string, 1–256 characters, the scheduler's job id.
 * ``ts`` — when the event happened: an RFC 3339 string *with* a zone (``2025-03-01T12:00:00.5Z``,
   ``...+02:00``) or a number of seconds since the Unix epoch (int or float). Stored as UTC, µs.
-* ``kind`` — one of ``fleetscope.frames.JOB_EVENT_KINDS`` (``allocated``, ``started``,
+* ``kind`` — one of ``fleetscope.core.frames.JOB_EVENT_KINDS`` (``allocated``, ``started``,
   ``initialized``, ``step``, ``checkpoint_save_start``, ``checkpoint_save_end``,
   ``checkpoint_restore_start``, ``checkpoint_restore_end``, ``failure``, ``preempted``,
   ``restart``, ``finished``), the record kind ``sdc_rerun`` (below), or ``job`` for a metadata-only
@@ -72,9 +72,9 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines, json_object, unterminated_line
-from fleetscope.frames import JOB, JOB_EVENT, JOB_EVENT_KINDS, STEP, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.textinput import input_lines, json_object, unterminated_line
+from fleetscope.core.frames import JOB, JOB_EVENT, JOB_EVENT_KINDS, STEP, Batch
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 MAX_LINE_BYTES = 1 << 20

@@ -27,7 +27,7 @@ as frames, for analyses that need kernel-level detail (``analyzers.c3.hta_tempor
 bounded memory: ``traceEvents`` is decoded a piece at a time and each piece reduced at once to the columns the
 frames need; its Batch is the one :func:`parse` gives for the same bytes.
 
-The module is pure: bytes in, frames out. It raises :class:`fleetscope.errors.ParseError` naming the source
+The module is pure: bytes in, frames out. It raises :class:`fleetscope.core.errors.ParseError` naming the source
 and the event (``traceEvents[i].field``) for anything it cannot read.
 """
 
@@ -46,9 +46,9 @@ import numpy as np
 from isal import igzip, isal_zlib
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.textinput import MAX_GZIP_MEMBERS
-from fleetscope.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.textinput import MAX_GZIP_MEMBERS
+from fleetscope.core.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
 from ingest.format import FormatSpec, Sniff, SniffView
 
 __all__ = ["KinetoTrace", "load", "parse", "parse_chunks", "parse_many", "DTYPE_BYTES", "PIECE_BYTES"]

@@ -64,9 +64,9 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines, json_object, require_final_newline, unterminated_line
-from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
+from fleetscope.core.errors import ParseError
+from fleetscope.core.textinput import input_lines, json_object, require_final_newline, unterminated_line
+from fleetscope.core.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting
 
 MAX_LINE_BYTES = 1 << 20  # a verbose coll_perf line is ~1 KB; the plugin never writes megabytes
@@ -295,7 +295,7 @@ def parse_prometheus(
     The textfile has no timestamps (node exporter stamps samples at scrape time), so ``ts`` —
     timezone-aware, typically the file's modification time — is required unless every sample
     carries the optional millisecond timestamp of the exposition format. A last line without its line
-    feed is refused: the file was cut mid-line (``fleetscope.textinput.require_final_newline``).
+    feed is refused: the file was cut mid-line (``fleetscope.core.textinput.require_final_newline``).
     """
     require_final_newline(data, source)
     lines = _lines(data, source)

@@ -58,9 +58,9 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.textinput import input_lines
-from fleetscope.frames import COLLECTIVE, HEALTH_EVENT, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.textinput import input_lines
+from fleetscope.core.frames import COLLECTIVE, HEALTH_EVENT, Batch
 from ingest.format import FormatSpec, Sniff, Splitting, cut_line
 
 MAX_LINE_BYTES = 1 << 16  # NCCL formats into a 1024-byte buffer; launcher prefixes add little

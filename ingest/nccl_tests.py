@@ -44,8 +44,8 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import NCCL_TEST, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import NCCL_TEST, Batch
 from ingest.format import FormatSpec, Sniff, SniffView
 
 MAX_LINE_BYTES = 1 << 20  # no legitimate nccl-tests line is near this; bigger means garbage

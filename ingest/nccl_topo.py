@@ -21,8 +21,8 @@ import xml.etree.ElementTree as ET
 
 import polars as pl
 
-from fleetscope import frames as F
-from fleetscope.errors import ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
 from ingest.format import FormatSpec, Sniff, SniffView
 
 MAX_INPUT_BYTES = 4 * 2**20

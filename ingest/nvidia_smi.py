@@ -41,8 +41,8 @@ import defusedxml
 import polars as pl
 from defusedxml.ElementTree import DefusedXMLParser
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE, Batch, series_key
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE, Batch, series_key
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 
 __all__ = ["CSV_FIELDS", "parse_capture", "parse_csv", "parse_xml"]

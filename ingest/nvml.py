@@ -22,8 +22,8 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import FleetscopeError
-from fleetscope.frames import GPU, GPU_SAMPLE, HEALTH_EVENT, Batch
+from fleetscope.core.errors import FleetscopeError
+from fleetscope.core.frames import GPU, GPU_SAMPLE, HEALTH_EVENT, Batch
 
 
 class NvmlUnavailable(FleetscopeError, RuntimeError):

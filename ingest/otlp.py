@@ -69,12 +69,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.protowire import MAX_DEPTH as _MAX_DEPTH
-from fleetscope.protowire import WireError as _WireError
-from fleetscope.protowire import fields as _fields
-from fleetscope.protowire import uvarint as _uvarint
-from fleetscope.frames import (
+from fleetscope.core.errors import ParseError
+from fleetscope.core.protowire import MAX_DEPTH as _MAX_DEPTH
+from fleetscope.core.protowire import WireError as _WireError
+from fleetscope.core.protowire import fields as _fields
+from fleetscope.core.protowire import uvarint as _uvarint
+from fleetscope.core.frames import (
     COLLECTIVE,
     DCGM_FIELDS,
     EXPORTER_POD_MARK,

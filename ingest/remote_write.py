@@ -47,9 +47,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import Batch
-from fleetscope.protowire import WireError, fields, tag, uvarint
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import Batch
+from fleetscope.core.protowire import WireError, fields, tag, uvarint
 from ingest.dcgm import from_samples
 from ingest.format import FormatSpec
 

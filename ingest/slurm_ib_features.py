@@ -17,8 +17,8 @@ import re
 
 import polars as pl
 
-from fleetscope import frames as F
-from fleetscope.errors import ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
 from ingest.format import FormatSpec, Sniff, SniffView
 
 MAX_INPUT_BYTES = 64 * 2**20

@@ -29,7 +29,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting.labels import fingerprint
 from fleetscope.alerting.rules import ABSENT, AlertingConfig, FindingSelector, MetricCondition, Rule
 
@@ -105,7 +105,7 @@ _LABEL_SAFE = re.compile(r"[^a-zA-Z0-9_]")
 
 def subject_labels(subject: str) -> dict[str, str]:
     """``gpu:<uuid>`` → gpu_uuid, ``host:<h>`` → host, ``job:<id>/rank:<n>`` → job_id and rank, other
-    ``name:value`` parts by their name (FINDING's subject convention in ``fleetscope.frames``)."""
+    ``name:value`` parts by their name (FINDING's subject convention in ``fleetscope.core.frames``)."""
     out: dict[str, str] = {}
     for part in subject.split("/"):
         name, sep, value = part.partition(":")

@@ -32,7 +32,7 @@ import polars as pl
 from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import dispatch as D
 from fleetscope.alerting import engine as E
 from fleetscope.alerting import notifiers as N

@@ -20,7 +20,7 @@ from fleetscope import settings as settings_mod
 from fleetscope.api import fastlane
 from fleetscope.api.gate import Gate
 from fleetscope.api.security import require
-from fleetscope.errors import FleetscopeError, ParseError, ValidationError
+from fleetscope.core.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from fleetscope import auth
 from fleetscope.api.gate import TOKEN_KEY
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REQUEST_SECONDS
 
 PREFIX = "/api/v1/ingest/"

@@ -14,10 +14,10 @@ from sqlalchemy.exc import OperationalError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from fleetscope import auth, door
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.api import jsonbody
 from fleetscope.api.security import require
-from fleetscope.errors import ValidationError
+from fleetscope.core.errors import ValidationError
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
 

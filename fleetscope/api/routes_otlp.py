@@ -23,7 +23,7 @@ from fleetscope.api import jsonbody
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.store import content_hash
-from fleetscope.errors import FleetscopeError, ParseError
+from fleetscope.core.errors import FleetscopeError, ParseError
 
 router = APIRouter(tags=["otlp"])
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import OperationalError
 from fleetscope import auth, door
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 
 router = APIRouter(tags=["remote write"])
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 
 
 @dataclass(frozen=True)

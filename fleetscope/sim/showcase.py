@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.settings import Settings
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet
 from fleetscope.store import Store

@@ -1,4 +1,4 @@
-"""AI Act tables, declared like the other governance frames (``fleetscope.frames.FrameSpec``) so the SQL
+"""AI Act tables, declared like the other governance frames (``fleetscope.core.frames.FrameSpec``) so the SQL
 schema is generated from them, and the pure conversions between records and frames.
 
 - ``aiact_declaration``: every declared fact with who entered it and when (append-only: a correction is a
@@ -18,7 +18,7 @@ from datetime import datetime
 
 import polars as pl
 
-from fleetscope.frames import UTC_US, FrameSpec
+from fleetscope.core.frames import UTC_US, FrameSpec
 from governance.aiact.model import Declaration, FairnessGroup, FairnessRecord, canonical_json, utc
 from governance.aiact.rules import ModelAudit
 # The same column helpers as the other governance tables (text columns by default) and the same row builder.

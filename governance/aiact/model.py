@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from fleetscope.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError
 from governance.lineage import Taint
 from governance.registry import ModelEntry
 

@@ -8,7 +8,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from fleetscope import auth
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import load_config
 from tests.conftest import LiveServer, make_settings

@@ -21,7 +21,7 @@ from cryptography.fernet import Fernet
 
 from fleetscope import analysis, audit_service, db, energy_service, health_service
 from fleetscope import governance_service as gs
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import load_config

@@ -5,7 +5,7 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting.kick import Kicker, needs_evaluation
 from fleetscope.alerting.rules import load_config
 

@@ -5,7 +5,7 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import dispatch as D
 from fleetscope.alerting import engine as E
 from fleetscope.alerting.labels import Matcher, fingerprint, labelset_string

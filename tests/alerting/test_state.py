@@ -12,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select, text
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import schema as S
 from fleetscope.alerting import state as ST

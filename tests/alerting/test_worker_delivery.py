@@ -16,7 +16,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from fleetscope import db
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST
 from fleetscope.store import Store

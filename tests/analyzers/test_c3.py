@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from analyzers import c3
-from fleetscope.frames import COLLECTIVE, STEP
+from fleetscope.core.frames import COLLECTIVE, STEP
 from ingest import kineto
 
 REPO = Path(__file__).resolve().parents[2]

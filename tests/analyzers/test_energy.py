@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from analyzers import energy as E
-from fleetscope.errors import ValidationError
+from fleetscope.core.errors import ValidationError
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2025, 3, 1, tzinfo=dt.timezone.utc)

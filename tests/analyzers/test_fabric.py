@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from analyzers import fabric
-from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, NCCL_TEST
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import FINDING, NCCL_TEST
 from ingest import nccl_inspector, nccl_tests
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 
 from analyzers import ib_links
-from fleetscope import frames as F
-from fleetscope.errors import ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
 from ingest import ib_sysfs, ibnetdiscover, perfquery
 
 T = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from analyzers import goodput as g
-from fleetscope.frames import JOB_EVENT, STEP, UTC_US
+from fleetscope.core.frames import JOB_EVENT, STEP, UTC_US
 
 T0 = datetime(2024, 1, 1, 1, tzinfo=timezone.utc)
 

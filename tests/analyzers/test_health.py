@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from analyzers import health
-from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING, HEALTH_EVENT, conform
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import FINDING, HEALTH_EVENT, conform
 
 REPO = Path(__file__).resolve().parents[2]
 TELEMETRY = REPO.parent / "shared" / "realdata" / "telemetry"

@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from analyzers import reliability as rel
-from fleetscope.errors import ValidationError
-from fleetscope.frames import FINDING
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import FINDING
 from ingest import job_events
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)

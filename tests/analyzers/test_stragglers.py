@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from analyzers import stragglers as s
-from fleetscope.errors import ParseError
-from fleetscope.frames import FINDING, UTC_US
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import FINDING, UTC_US
 from ingest import bytedance_whatif as bw
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from fleetscope import energy_service as es
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import queries as Q
 from fleetscope.store import Store
 from tests.dashboard.test_pages import healthy, open_page

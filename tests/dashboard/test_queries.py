@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from analyzers.carbon import load_grid_intensity
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import queries as Q
 from fleetscope.sim.fleet import gpu_fleet
 from fleetscope.sim.showcase import (

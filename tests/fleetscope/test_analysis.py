@@ -13,7 +13,7 @@ import pytest
 
 from analyzers import c3, carbon
 from fleetscope import analysis, auth, ingestion
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 
 T0 = dt.datetime(2024, 1, 1, 1, tzinfo=dt.UTC)
 TWO_RANKS = "traces/hta/two_rank_sampled_128gpu_job"

@@ -125,7 +125,7 @@ def test_pydantic_body_routes_still_take_their_bodies(api):
 
 
 def test_frames_are_split_into_raw_and_derived_with_none_left_over():
-    from fleetscope import frames as F
+    from fleetscope.core import frames as F
 
     assert auth.RAW_FRAMES | auth.DERIVED_FRAMES == set(F.FRAMES) and not auth.RAW_FRAMES & auth.DERIVED_FRAMES
     assert {"finding", "job_analysis", "site", "gpu_energy_minute", "step_breakdown"} <= auth.DERIVED_FRAMES

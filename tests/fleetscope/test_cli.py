@@ -88,7 +88,7 @@ def test_findings_lists_what_went_quiet_and_metrics_prints_the_fleet_series(tmp_
     from prometheus_client.parser import text_string_to_metric_families
 
     from analyzers import absence
-    from fleetscope import frames as F
+    from fleetscope.core import frames as F
     from fleetscope.store import Store
 
     run(tmp_path, "db", "upgrade")

@@ -15,8 +15,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from fleetscope import door, ingestion
-from fleetscope import frames as F
-from fleetscope.errors import ParseError, ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.store import Store
 
 REPO = Path(__file__).resolve().parents[2]

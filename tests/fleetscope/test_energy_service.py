@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from fleetscope import auth
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.energy_service import energy_report, rollup_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._server import free_port, served_api
 from fleetscope import analysis, auth, db, energy_service, fleet_metrics, health_service
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.store import Store
 
 MIN = dt.timedelta(minutes=1)

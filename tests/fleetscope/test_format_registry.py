@@ -114,8 +114,8 @@ import datetime as dt
 
 import polars as pl
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import METRIC_SAMPLE, Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import METRIC_SAMPLE, Batch
 from ingest.format import FormatSpec, Sniff, Splitting, cut_line
 
 

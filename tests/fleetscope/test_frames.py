@@ -3,8 +3,8 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from fleetscope import frames as F
-from fleetscope.errors import ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 

@@ -10,7 +10,7 @@ import httpx
 import polars as pl
 
 from fleetscope import auth
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import health_service
 from fleetscope.health_service import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet

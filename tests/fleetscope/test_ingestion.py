@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from fleetscope import auth, ingestion
-from fleetscope import frames as F
-from fleetscope.errors import ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
 from fleetscope.store import Store
 
 TELEMETRY = "telemetry"
@@ -222,7 +222,7 @@ def test_a_gzip_document_read_whole_is_refused_past_the_inflation_limit(store, t
 
 
 def test_gzip_members_are_bounded_and_a_forged_trailer_is_not_trusted(monkeypatch):
-    from fleetscope.textinput import MAX_GZIP_MEMBERS
+    from fleetscope.core.textinput import MAX_GZIP_MEMBERS
     from ingest import kineto
 
     many = gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1)

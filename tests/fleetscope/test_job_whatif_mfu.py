@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from fleetscope import analysis, auth, fleet_metrics, ingestion
-from fleetscope import frames as F
-from fleetscope.errors import ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
 
 T0 = dt.datetime(2025, 3, 1, 8, tzinfo=dt.UTC)
 WHATIF = "traces/bytedance_straggler_whatif"

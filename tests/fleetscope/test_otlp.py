@@ -134,7 +134,7 @@ def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
 
     import polars as pl
 
-    from fleetscope.frames import GPU_FIELDS, GPU_SAMPLE, Batch
+    from fleetscope.core.frames import GPU_FIELDS, GPU_SAMPLE, Batch
     from ingest import nvml, otlp
 
     ts = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

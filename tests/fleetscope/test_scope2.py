@@ -15,8 +15,8 @@ import pytest
 
 from fleetscope import auth
 from fleetscope import energy_service as es
-from fleetscope import frames as F
-from fleetscope.errors import ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 KWH = 3.6e6

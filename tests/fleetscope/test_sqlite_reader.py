@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from fleetscope import db, sqlite_reader
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.store import Store
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

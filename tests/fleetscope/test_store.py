@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope import frames as F
-from fleetscope.errors import ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
 from fleetscope.store import Store
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

@@ -14,9 +14,9 @@ import sys
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope import ingestion, streaming
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from fleetscope.ingestion import Options
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fleetscope import db
-from fleetscope import frames as F
-from fleetscope.errors import ValidationError
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
 from fleetscope.observability import setup_tracing
 from fleetscope.store import Store
 

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from fleetscope import db
-from fleetscope import frames as F
+from fleetscope.core import frames as F
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.conftest import make_settings

@@ -238,7 +238,7 @@ def test_registry_refuses_contradictions() -> None:
 
 
 def test_governance_tables_do_not_collide_with_canonical_frames() -> None:
-    from fleetscope.frames import FRAMES
+    from fleetscope.core.frames import FRAMES
 
     assert not set(GF.GOVERNANCE_FRAMES) & set(FRAMES)
     for spec in GF.GOVERNANCE_FRAMES.values():

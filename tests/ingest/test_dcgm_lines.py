@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope.errors import ParseError
-from fleetscope import frames as F
-from fleetscope.frames import Batch
+from fleetscope.core.errors import ParseError
+from fleetscope.core import frames as F
+from fleetscope.core.frames import Batch
 from ingest import dcgm, dcgm_lines
 
 REPO = Path(__file__).resolve().parents[2]

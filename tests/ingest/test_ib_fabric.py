@@ -8,7 +8,7 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from ingest import ib_node_exporter, ib_sysfs, ibnetdiscover, ibswinfo, infiniband, nccl_topo, perfquery, slurm_ib_features
 
 TS = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import JOB, JOB_EVENT, STEP
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import JOB, JOB_EVENT, STEP
 from ingest import job_events
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import COLLECTIVE, STEP
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import COLLECTIVE, STEP
 from ingest import kineto
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from ingest import kineto
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import COLLECTIVE, METRIC_SAMPLE
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import COLLECTIVE, METRIC_SAMPLE
 from ingest import nccl_inspector
 
 V40 = "nccl-inspector_output-examples_v4.0_from-README.jsonl"

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import COLLECTIVE, HEALTH_EVENT
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import COLLECTIVE, HEALTH_EVENT
 from ingest import nccl_log
 
 T4 = "nccl-debug-info+all_reduce_perf_2xT4_EFA_nccl-2.12.7_mpirun.log"

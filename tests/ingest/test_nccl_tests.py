@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import polars as pl
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import NCCL_TEST
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import NCCL_TEST
 from ingest import nccl_tests
 
 H100 = "nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt"

@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetscope.errors import ParseError
-from fleetscope.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE
+from fleetscope.core.errors import ParseError
+from fleetscope.core.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE
 from ingest import nvidia_smi
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope import frames as F
-from fleetscope.frames import Batch
+from fleetscope.core import frames as F
+from fleetscope.core.frames import Batch
 from ingest import otlp
 
 REPO = Path(__file__).resolve().parents[2]

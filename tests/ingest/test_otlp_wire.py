@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from polars.testing import assert_frame_equal
 
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from ingest import otlp
 
 TS = 1_772_366_400_000_000_000

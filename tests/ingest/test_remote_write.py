@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from ingest import dcgm, remote_write
 from tests.ingest.rw_proto import STALE_NAN, WriteRequest, text_series, write_request
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from fleetscope import auth, db, ingestion, safefiles, streaming
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 from fleetscope.ingestion import Options
 from fleetscope.store import Store
 from ingest import dcgm, nvidia_smi

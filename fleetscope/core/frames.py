@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.errors import ValidationError
+from fleetscope.core.errors import ValidationError
 
 UTC_US = pl.Datetime("us", "UTC")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleetscope.errors import ParseError
+from fleetscope.core.errors import ParseError
 
 # Most gzip members one input may hold. Collectors and the profiler write one; concatenated files a few.
 # Each member restarts the inflater on the rest of the input, so without a bound a body of thousands of
