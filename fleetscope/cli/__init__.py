@@ -10,35 +10,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import click
 
 from fleetscope import __version__
 from fleetscope import settings as settings_mod
-
-
-def _settings() -> settings_mod.Settings:
-    try:
-        return settings_mod.load()
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _engine(settings: settings_mod.Settings, *, migrate: bool = True):  # type: ignore[no-untyped-def]
-    from fleetscope import db
-
-    engine = db.make_engine(settings.database_url)
-    if migrate:
-        try:
-            db.ensure_schema(settings, engine)
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from None
-    return engine
-
-
-def _emit(as_json: bool, data: Any, text: str) -> None:
-    click.echo(json.dumps(data, default=str, indent=2) if as_json else text)
+from fleetscope.cli.common import _emit, _engine, _os_user, _settings, _store, _utc_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -311,18 +288,6 @@ def beat(ctx: click.Context) -> None:
 
 
 # --- ingest ------------------------------------------------------------------------------------
-
-
-def _utc_option(value: str | None, name: str) -> dt.datetime | None:
-    if value is None:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an RFC 3339 time, e.g. 2026-03-01T12:00:00Z", param_hint=name) from None
-    if t.tzinfo is None:
-        raise click.BadParameter("needs a time zone, e.g. 2026-03-01T12:00:00Z", param_hint=name)
-    return t
 
 
 def _iter_paths(paths: tuple[str, ...], *, follow_symlinks: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -687,22 +652,6 @@ def fabric(start_text: str | None, end_text: str | None, as_json: bool) -> None:
 
 
 # --- governance ------------------------------------------------------------------------------
-
-
-def _store():  # type: ignore[no-untyped-def]
-    from fleetscope.store import Store
-
-    return Store(_engine(_settings()))
-
-
-def _os_user() -> str:
-    """Who runs the command, for the audit log of writes that take no ``--by``: the OS user, else ``cli``."""
-    import getpass
-
-    try:
-        return getpass.getuser() or "cli"
-    except (KeyError, OSError):  # no user name in the environment nor the password database
-        return "cli"
 
 
 @main.group()
@@ -1369,6 +1318,3 @@ def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashb
 
     run_demo(_settings(), size=size, exit_after=exit_after, port=port, dashboard_port=dashboard_port, as_json=as_json, seed=seed)
 
-
-if __name__ == "__main__":
-    main()
