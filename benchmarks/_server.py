@@ -35,7 +35,8 @@ def wait_healthy(url: str, tries: int = 300) -> None:
 def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
     environment (a shared data directory, a broker, alerting settings)."""
-    from fleetscope import auth, db
+    from fleetscope.services import auth
+    from fleetscope.store import db
 
     db.upgrade(database_url)
     token = auth.create_token(db.make_engine(database_url), "bench", ["ingest"])

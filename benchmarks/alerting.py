@@ -47,7 +47,7 @@ sys.path.append(str(_HERE))
 from _server import served_api  # noqa: E402
 from ingest_dcgm import synth_scrape  # noqa: E402
 
-from fleetscope import db  # noqa: E402
+from fleetscope.store import db  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.alerting import config as C  # noqa: E402
 from fleetscope.alerting import dispatch as D  # noqa: E402
@@ -248,7 +248,7 @@ def bench_time_to_alert(args: argparse.Namespace) -> None:
         if args.database:
             url = stack.enter_context(db.scratch_database(args.database, "fleetscope_bench_alerting"))
         else:
-            url = f"sqlite:///{data_dir / 'fleetscope.db'}"
+            url = f"sqlite:///{data_dir / 'fleetscope.store.db'}"
         env["FLEETSCOPE_DATABASE_URL"] = url
         base, token = stack.enter_context(served_api(url, env=env))
         rx = stack.enter_context(Receiver())

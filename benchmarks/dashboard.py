@@ -50,8 +50,10 @@ sys.path.insert(0, str(ROOT))
 
 from analyzers.energy import energy_rollup  # noqa: E402
 from dashboard import browser as B  # noqa: E402
-from fleetscope import auth, db, health_service  # noqa: E402
-from fleetscope import energy_service as es  # noqa: E402
+from fleetscope.services import auth  # noqa: E402
+from fleetscope.store import db
+from fleetscope.services import health as health_service
+from fleetscope.services import energy as es  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
 from fleetscope.alerting import state as alert_state  # noqa: E402
@@ -136,7 +138,7 @@ def seed(url: str, data_dir: Path, spec: FleetSpec, end: dt.datetime, hours: flo
     for b in showcase(spec, start, duration_s, with_telemetry=False, world_sizes=(max(8, mid // 2), mid, min(n_gpus, mid * 2))):
         rows += sum(store.write(b).written.values())
     # Before the telemetry: the audit's and the export's energy evidence read the whole roll-up table
-    # (fleetscope.energy_service.job_energy), minutes at this scale; the pages measured here do not.
+    # (fleetscope.services.energy.job_energy), minutes at this scale; the pages measured here do not.
     settings = dataclasses.replace(settings_mod.load(), data_dir=data_dir, database_url=url)
     run_services(store, settings, start, end, rollup=False, health=False)
     world_s = time.perf_counter() - t0
@@ -169,7 +171,7 @@ def main() -> None:
         path = Path(args.db).resolve()
     else:
         tmp = tempfile.TemporaryDirectory(prefix="fleetscope-bench-")
-        path = Path(tmp.name) / "fleetscope.db"
+        path = Path(tmp.name) / "fleetscope.store.db"
     url = f"sqlite:///{path}"
     spec = fleet_spec(args.gpus, args.interval_s)
     gpus = spec.sites * spec.nodes_per_site * spec.gpus_per_node

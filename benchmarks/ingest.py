@@ -92,7 +92,7 @@ def main() -> None:
     values = dcgm.parse(body, ts=dt.datetime(2026, 6, 1, tzinfo=dt.UTC)).values()
     run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-ingest-db-')}/fs.db", body, args.gpus, args.scrapes, args.workers, values, args.in_flight)
     if not args.no_postgres:
-        from fleetscope import db
+        from fleetscope.store import db
 
         try:
             with db.scratch_database(args.postgres, "fleetscope_bench") as url:

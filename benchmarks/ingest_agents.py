@@ -185,7 +185,7 @@ def stored_rows(url: str) -> int:
     """gpu_sample rows in the store after the dcgm load: every acknowledged push must be there."""
     from sqlalchemy import text
 
-    from fleetscope import db
+    from fleetscope.store import db
 
     with db.make_engine(url).connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one())
@@ -210,9 +210,9 @@ def main() -> None:
                 seconds, lat, st, steady = asyncio.run(_drive(vm, reqs, args.connections))
                 peer = report("victoria-metrics", "dcgm", args.hosts, seconds, lat, st, None, steady)
     if not args.no_sqlite:
-        run_db("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-agents-')}/fleetscope.db", args, peer)
+        run_db("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-agents-')}/fleetscope.store.db", args, peer)
     if not args.no_postgres:
-        from fleetscope import db
+        from fleetscope.store import db
 
         base = os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
         try:

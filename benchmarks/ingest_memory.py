@@ -2,7 +2,7 @@
 (one JSON document, read whole).
 
 Each measurement runs in a fresh child process that ingests one generated file into a fresh SQLite store
-with ``fleetscope.streaming.ingest_file`` (what ``fleetscope ingest PATH`` calls) and reports its own peak
+with ``fleetscope.door.streaming.ingest_file`` (what ``fleetscope ingest PATH`` calls) and reports its own peak
 RSS (``VmHWM`` from /proc/self/status; ``ru_maxrss`` where /proc is missing). Inputs are generated in a
 temporary directory and deleted afterwards:
 
@@ -133,7 +133,9 @@ def write_kineto_large(path: Path, gz_path: Path, gb: float) -> dict:
 
 def child(path: str, fmt: str, chunk_mb: float) -> None:
     sys.path.insert(0, str(REPO))
-    from fleetscope import db, ingestion, streaming
+    from fleetscope.store import db
+    from fleetscope.door import ingestion
+    from fleetscope.door import streaming
     from fleetscope.store import Store
 
     url = f"sqlite:///{Path(path).parent / 'bench.db'}"

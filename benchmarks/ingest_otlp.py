@@ -107,7 +107,7 @@ def main() -> None:
                       "values_per_s": round(values / seconds)}), flush=True)
     run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-otlp-db-')}/fs.db", args.gpus, args.scrapes, args.workers)
     if not args.no_postgres:
-        from fleetscope import db
+        from fleetscope.store import db
 
         try:
             with db.scratch_database(args.postgres, "fleetscope_bench") as url:

@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analyzers import reliability as rel  # noqa: E402
-from fleetscope import db  # noqa: E402
+from fleetscope.store import db  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.reliability_service import reliability_report  # noqa: E402
+from fleetscope.services.reliability import reliability_report  # noqa: E402
 from fleetscope.store import Store  # noqa: E402
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

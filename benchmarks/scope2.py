@@ -4,10 +4,10 @@ API (GET /api/v1/sites/{site}/carbon) and the dashboard do.
 
 The store holds one hour of per-minute roll-ups of a --gpus fleet on two sites (8 GPUs a host), hourly grid
 intensity for each site and two contractual instruments on site-a. Prints one JSON line per query: a
-30-minute and a 1-hour window of one site (``fleetscope.energy_service.site_carbon``) and of every site
-(``fleetscope.queries.site_carbon``), best of three, with the figures so a run can be checked.
+30-minute and a 1-hour window of one site (``fleetscope.services.energy.site_carbon``) and of every site
+(``fleetscope.services.queries.site_carbon``), best of three, with the figures so a run can be checked.
 
-Jobs, through ``fleetscope.energy_service.job_report`` (what GET /api/v1/jobs/{id}/energy serves): a 1,024-GPU
+Jobs, through ``fleetscope.services.energy.job_report`` (what GET /api/v1/jobs/{id}/energy serves): a 1,024-GPU
 job over the hour, rolled up as the beat does it, and a 1,024-GPU job that has run for --job-days, whose
 earlier minutes are in ``job_energy_minute`` only (per-GPU minutes of that long are not generated here:
 1,024 GPUs × 30 days would be 44 M rows, and the job read never touches them).
@@ -30,10 +30,10 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetscope import db  # noqa: E402
-from fleetscope import energy_service as es  # noqa: E402
+from fleetscope.store import db  # noqa: E402
+from fleetscope.services import energy as es  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope import queries as Q  # noqa: E402
+from fleetscope.services import queries as Q  # noqa: E402
 from fleetscope.store import Store  # noqa: E402
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

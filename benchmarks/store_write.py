@@ -21,7 +21,7 @@ import time
 import numpy as np
 import polars as pl
 
-from fleetscope import db
+from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 
@@ -76,7 +76,7 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
     for s0 in range(0, steps, chunk):
         parts = [scrape(all_uuids, start + dt.timedelta(seconds=s * interval_s), rng) for s in range(s0, min(steps, s0 + chunk))]
         store.write(F.Batch(source="bench", gpu_sample=pl.concat(parts)))
-    # A running service has its SQLite reader processes up (fleetscope.sqlite_reader); the first read of
+    # A running service has its SQLite reader processes up (fleetscope.store.sqlite_reader); the first read of
     # a fresh process also starts them, and is reported separately.
     for bench in ("store_read_job_hour_first", "store_read_job_hour"):
         t = time.perf_counter()

@@ -1,6 +1,6 @@
 """Who is signed in to the dashboard and what they may do: the rules, with no Streamlit and no database.
 
-A signed-in user holds the scopes of the API (``fleetscope.auth.SCOPES``) and the dashboard applies them
+A signed-in user holds the scopes of the API (``fleetscope.services.auth.SCOPES``) and the dashboard applies them
 as the API does (``fleetscope.api.security.require``): ``admin`` allows everything. With a Fleetscope API
 token the scopes are the token's; with single sign-on (OpenID Connect through Streamlit's ``st.login``)
 they come from a configured mapping of e-mail addresses, e-mail domains and groups to scopes
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetscope.auth import SCOPES
+from fleetscope.services.auth import SCOPES
 
 # What each page of the dashboard needs, as its API twin does (fleetscope/api/routes_*.py): fleet pages
 # read what `read` routes serve; the Governance page reads models, lineage, fairness, audits and exports,

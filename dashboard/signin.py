@@ -1,7 +1,7 @@
 """The dashboard's sign-in: nothing of the fleet is drawn until a user has signed in, and what they see and
 do then follows their scopes (``dashboard.access``).
 
-By default a user signs in with a Fleetscope API token, checked with ``fleetscope.auth.verify`` against the
+By default a user signs in with a Fleetscope API token, checked with ``fleetscope.services.auth.verify`` against the
 store on every script run, so a revoked or expired token stops working within the auth cache's few
 seconds. The secret is kept in the session's server-side state only: never in the URL, never in a cookie.
 A reload starts a new session, which signs in again. With ``FLEETSCOPE_DASHBOARD_AUTH=oidc`` Streamlit's
@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard import ui
 from dashboard.access import SESSION_KEY, Access, Backoff, MappingError, oidc_access, parse_mapping
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope import settings as settings_mod
 from fleetscope.settings import Settings
 

@@ -1,7 +1,7 @@
 """What every dashboard page shares: the store, cached queries, the sidebar's filters, formatting and charts.
 
 Pages stay thin: they ask ``q(queries.some_query, ...)`` for a polars frame and draw it. All reads go
-through ``fleetscope.queries`` (DESIGN.md: the dashboard reads through the store's queries only), cached
+through ``fleetscope.services.queries`` (DESIGN.md: the dashboard reads through the store's queries only), cached
 with a short TTL keyed on the database URL, the query and its arguments, so a page shared by many
 viewers costs one query per TTL, and live panels still move.
 """
@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.access import SESSION_KEY, Access
-from fleetscope import queries
+from fleetscope.services import queries
 from fleetscope import settings as settings_mod
 from fleetscope.store import Store
 
@@ -79,14 +79,14 @@ def store() -> Store:
 
 
 def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled: bool = False, **kwargs: Any) -> Any:
-    """Run ``fn`` (a function of ``fleetscope.queries``) on the configured store, through the cache
+    """Run ``fn`` (a function of ``fleetscope.services.queries``) on the configured store, through the cache
     (``fresh``: around it, for small tables a page itself changes, so a change shows at once;
     ``settled``: kept for hours, for a window wholly in the past).
 
     A database that does not answer gets a clear error on the page instead of a traceback.
     """
     if getattr(queries, fn.__name__, None) is not fn:
-        raise ValueError(f"{fn.__name__} is not a fleetscope.queries function")
+        raise ValueError(f"{fn.__name__} is not a fleetscope.services.queries function")
     try:
         if fresh:
             return fn(store(), **kwargs)
@@ -100,7 +100,7 @@ def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False)
 def _schema_problem(url: str) -> tuple[bool, str] | None:
     """(whether the database was unreachable, what to tell), or None where it answers with the current schema."""
-    from fleetscope import db
+    from fleetscope.store import db
 
     try:
         engine = _store(url).engine

@@ -25,7 +25,9 @@ from typing import Any
 import click
 import httpx
 
-from fleetscope import auth, db, safefiles
+from fleetscope import safefiles
+from fleetscope.services import auth
+from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.settings import Settings
 

@@ -63,7 +63,7 @@ class Settings:
     """Every setting, with the environment variable that sets it in ``metadata["env"]``."""
 
     data_dir: Path = field(metadata={"env": "FLEETSCOPE_DATA_DIR", "doc": "where embedded databases, reports and exports live", "default": "./.fleetscope"})
-    database_url: str = field(metadata={"env": "FLEETSCOPE_DATABASE_URL", "doc": "SQLAlchemy URL of the store (PostgreSQL in production: postgresql+psycopg://...)", "default": "sqlite:///$FLEETSCOPE_DATA_DIR/fleetscope.db"})
+    database_url: str = field(metadata={"env": "FLEETSCOPE_DATABASE_URL", "doc": "SQLAlchemy URL of the store (PostgreSQL in production: postgresql+psycopg://...)", "default": "sqlite:///$FLEETSCOPE_DATA_DIR/fleetscope.store.db"})
     broker_url: str = field(metadata={"env": "FLEETSCOPE_BROKER_URL", "doc": "Celery broker (redis://... in production)", "default": "sqla+sqlite:///$FLEETSCOPE_DATA_DIR/broker.db"})
     result_backend: str = field(metadata={"env": "FLEETSCOPE_RESULT_BACKEND", "doc": "Celery result backend; defaults to the broker's Redis, else SQLite", "default": "db+sqlite:///$FLEETSCOPE_DATA_DIR/results.db"})
     api_host: str = field(metadata={"env": "FLEETSCOPE_API_HOST", "doc": "address `fleetscope serve` binds", "default": "127.0.0.1"})
@@ -104,7 +104,7 @@ class Settings:
 def load() -> Settings:
     """Read the environment now. Call again after changing ``os.environ`` (tests do)."""
     data_dir = Path(_env("FLEETSCOPE_DATA_DIR", "./.fleetscope")).expanduser().resolve()
-    database_url = _env("FLEETSCOPE_DATABASE_URL", f"sqlite:///{data_dir / 'fleetscope.db'}")
+    database_url = _env("FLEETSCOPE_DATABASE_URL", f"sqlite:///{data_dir / 'fleetscope.store.db'}")
     broker_url = _env("FLEETSCOPE_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.db'}")
     default_backend = broker_url if broker_url.startswith(("redis://", "rediss://")) else f"db+sqlite:///{data_dir / 'results.db'}"
     host = _env("FLEETSCOPE_API_HOST", "127.0.0.1")

@@ -3,8 +3,8 @@
 A declaration says everything the service needs to know about a format, in one place: its name and
 description, how to parse bytes into a ``Batch`` (adapting ``Options`` to the parser's signature), how to
 recognise it by content (``Sniff``), and where a large file of it may be cut into pieces (``Splitting``).
-``fleetscope.ingestion`` collects the declarations from the modules it lists in ``FORMAT_MODULES``;
-``fleetscope.streaming`` reads the cutting rules from the same declarations.
+``fleetscope.door.ingestion`` collects the declarations from the modules it lists in ``FORMAT_MODULES``;
+``fleetscope.door.streaming`` reads the cutting rules from the same declarations.
 
 Pure, like the parsers: no database, network or clock. A format without timestamps of its own says
 ``needs_ts`` and the service stamps it with the time the input was received when the caller gives none.

@@ -1144,7 +1144,7 @@ def _looks_like(view: SniffView) -> bool:
 
 
 # ``parse`` reads a whole trace, plain or gzip. The service bounds what a request may inflate and decodes a
-# large body piece by piece with parse_chunks instead (fleetscope.ingestion._kineto; fleetscope.streaming
+# large body piece by piece with parse_chunks instead (fleetscope.door.ingestion._kineto; fleetscope.door.streaming
 # for files), which is the same Batch in bounded memory.
 FORMATS = (
     FormatSpec("kineto", "PyTorch profiler (Kineto) trace, .json or .json.gz",

@@ -1,10 +1,10 @@
-"""Alembic environment: migrates the schema in ``fleetscope.schema`` on SQLite and PostgreSQL."""
+"""Alembic environment: migrates the schema in ``fleetscope.store.schema`` on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 from alembic import context
-from fleetscope import schema
-from fleetscope.db import compare_type, make_engine, render_item
+from fleetscope.store import schema
+from fleetscope.store.db import compare_type, make_engine, render_item
 
 config = context.config
 target_metadata = schema.metadata

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from fleetscope import db, schema
+from fleetscope.store import db
+from fleetscope.store import schema
 from fleetscope.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def _truncate_all(store: Store) -> None:
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database: a new SQLite file, or the session's PostgreSQL database emptied."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+        url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
         db.upgrade(url)
         return url
     url = request.getfixturevalue("pg_migrated")
@@ -82,7 +83,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(db_url: str, tmp_path: Path) -> Store:
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
 
     st = Store.open(db_url)
     audit_service.bind(st, make_settings(tmp_path, db_url))  # audit key and checkpoints in this test's folder

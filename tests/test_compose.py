@@ -138,7 +138,8 @@ def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
     from websockets.sync.client import connect
 
     from dashboard.browser import free_port
-    from fleetscope import auth, db
+    from fleetscope.services import auth
+    from fleetscope.store import db
     from tests.fleetscope.test_tls import env_for, running, self_signed, trusting
 
     cert, key = self_signed(tmp_path)
@@ -163,7 +164,7 @@ def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
                     time.sleep(0.2)
             assert health is not None and health.status_code == 200 and health.json()["status"] == "ok"  # the API's answer
             assert health.headers["strict-transport-security"] == "max-age=31536000"
-            engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}")
+            engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}")
             secret = auth.create_token(engine, "proxy-reader", ["read"])
             engine.dispose()
             jobs = httpx.get(base + "/api/v1/jobs", headers={"Authorization": f"Bearer {secret}"}, verify=ctx, timeout=10)

@@ -14,7 +14,7 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import signin, ui
-from fleetscope import queries
+from fleetscope.services import queries
 from fleetscope.alerting import service as alert_service
 
 MAX_CREATED_BY = 200  # the column's width (alert_silence.created_by)

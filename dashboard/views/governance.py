@@ -1,7 +1,7 @@
 """Governance: models and their risk class, a model's lineage, fairness by group, the EU AI Act rule
 matrix with evidence, and the audit reports and signed export bundles to download (or a new export).
 
-Reports and bundles are the files the audit service filed (``fleetscope.audit_service``, as the API's
+Reports and bundles are the files the audit service filed (``fleetscope.services.audit``, as the API's
 ``/api/v1/audits/{id}/report.{fmt}`` and ``/api/v1/exports/{id}`` serve them): a report whose file no
 longer matches the hash recorded when it was made is refused, not offered.
 """
@@ -16,8 +16,8 @@ import polars as pl
 import streamlit as st
 
 from dashboard import signin, ui
-from fleetscope import audit_service as au
-from fleetscope import queries
+from fleetscope.services import audit as au
+from fleetscope.services import queries
 from fleetscope import settings as settings_mod
 
 ui.require("governance")

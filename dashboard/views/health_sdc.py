@@ -7,7 +7,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope import queries
+from fleetscope.services import queries
 
 f = ui.filters()
 st.title("Health & SDC")

@@ -7,7 +7,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope import queries
+from fleetscope.services import queries
 
 MAX_RANK_BARS = 128
 

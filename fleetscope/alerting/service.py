@@ -49,13 +49,13 @@ def open_alerting(settings: settings_mod.Settings | None = None) -> Alerting:
 # Who changed what the alerting sends, to whom, and what it keeps quiet belongs in the governance trail: a
 # silenced page or a receiver pointed elsewhere is how an incident goes unseen. Every edge (API, CLI,
 # dashboard) changes rules, silences and receivers through these, never through ``state`` directly, and
-# each change is appended to the audit log (``fleetscope.audit_service.log``) as ``actor`` once it is
+# each change is appended to the audit log (``fleetscope.services.audit.log``) as ``actor`` once it is
 # committed. A change refused (``ValueError``, ``RuleError``, ``DeliveryError``) writes nothing and logs
 # nothing.
 
 
 def _audit(store: Store, actor: str, action: str, subject: str, payload: dict[str, Any]) -> None:
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
 
     audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
 

@@ -36,7 +36,7 @@ from fleetscope.core import frames as F
 from fleetscope.alerting import dispatch as D
 from fleetscope.alerting import engine as E
 from fleetscope.alerting import notifiers as N
-from fleetscope.alerting import schema as S
+from fleetscope.store import alerting_schema as S
 from fleetscope.alerting.labels import Matcher
 from fleetscope.alerting.rules import AlertingConfig, Rule, parse_rule
 from fleetscope.store import Store

@@ -15,7 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from sqlalchemy import func, select, text
 
-from fleetscope import __version__, db, door, schema
+from fleetscope import __version__, door
+from fleetscope.store import db
+from fleetscope.store import schema
 from fleetscope import settings as settings_mod
 from fleetscope.api import fastlane
 from fleetscope.api.gate import Gate
@@ -183,7 +185,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.state.settings = settings
     app.state.store = store
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
 
     audit_service.bind(store, settings)  # the audit log's key and checkpoints are this app's settings'
     app.state.door = door.Door(
@@ -266,7 +268,7 @@ def _after_commit(app: FastAPI, health: pl.DataFrame | None, job_ids: list[str])
     if health is not None:
         kick_evaluation(app, health)
     if job_ids:
-        from fleetscope.energy_service import reroll_jobs
+        from fleetscope.services.energy import reroll_jobs
 
         reroll_jobs(app.state.store, job_ids)
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.api.gate import TOKEN_KEY
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REQUEST_SECONDS

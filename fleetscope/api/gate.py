@@ -34,7 +34,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
-from fleetscope import auth
+from fleetscope.services import auth
 
 log = logging.getLogger(__name__)
 

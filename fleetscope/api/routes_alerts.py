@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.kick import celery_kicker, needs_evaluation
 from fleetscope.alerting.notifiers import DeliveryError

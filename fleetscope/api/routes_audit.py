@@ -10,9 +10,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetscope import audit_service as au
-from fleetscope import auth
-from fleetscope import governance_service as gs
+from fleetscope.services import audit as au
+from fleetscope.services import auth
+from fleetscope.services import governance as gs
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance.aiact import model as M

@@ -9,7 +9,7 @@ import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from fleetscope import health_service
+from fleetscope.services import health as health_service
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fabric", tags=["fabric"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from fleetscope import fleet_metrics
+from fleetscope.services import fleet_metrics
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])

@@ -12,8 +12,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetscope import auth
-from fleetscope import governance_service as gs
+from fleetscope.services import auth
+from fleetscope.services import governance as gs
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance import fairness

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from fleetscope import analysis
+from fleetscope.services import jobs as analysis
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -116,7 +116,7 @@ def get_energy(
     market-based kgCO2e side by side, per site with PUE and basis, energy per step and per million tokens."""
     import json
 
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     _known(request, job_id)
     try:

@@ -18,7 +18,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import auth, door
+from fleetscope import door
+from fleetscope.services import auth
 from fleetscope.api import jsonbody
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
@@ -53,7 +54,7 @@ class _BadGzip(Exception):
 def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64) -> tuple[Any, str]:
     """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
     where it cannot be decoded (a JSON body nested past ``max_depth`` included)."""
-    from fleetscope import ingestion
+    from fleetscope.door import ingestion
     from ingest import otlp
 
     if gzipped:
@@ -70,7 +71,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
 @router.post("/v1/metrics")
 async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
-    from fleetscope import ingestion
+    from fleetscope.door import ingestion
     from ingest import otlp
 
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()

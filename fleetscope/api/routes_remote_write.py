@@ -23,7 +23,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import auth, door
+from fleetscope import door
+from fleetscope.services import auth
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.core.errors import ParseError
@@ -61,7 +62,7 @@ def unsnappy(body: bytes, limit: int) -> bytes:
     its preamble claims more than ``limit`` bytes (checked before inflating anything)."""
     import cramjam
 
-    from fleetscope.ingestion import TooLarge
+    from fleetscope.door.ingestion import TooLarge
 
     size = snappy_uncompressed_bytes(body)
     if size > limit:
@@ -95,7 +96,7 @@ def _media_type_error(request: Request) -> str | None:
 async def remote_write(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive Prometheus remote write 1.0 (Prometheus, vmagent, the OTel Collector's prometheusremotewrite
     exporter): dcgm-exporter series become gpu_sample, gpu, gpu_workload, health_event and metric_sample rows."""
-    from fleetscope import ingestion
+    from fleetscope.door import ingestion
 
     problem = _media_type_error(request)
     if problem:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 

@@ -6,7 +6,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.api.gate import TOKEN_KEY
 
 _bearer = HTTPBearer(auto_error=False)

@@ -40,7 +40,7 @@ def db_group() -> None:
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def db_upgrade(revision: str) -> None:
     """Migrate the database to REVISION (the latest by default)."""
-    from fleetscope import db
+    from fleetscope.store import db
 
     s = _settings()
     db.upgrade(s.database_url, revision)
@@ -52,7 +52,7 @@ def db_upgrade(revision: str) -> None:
 @click.confirmation_option(prompt="Downgrading can drop tables and their data. Continue?")
 def db_downgrade(revision: str) -> None:
     """Migrate the database down to REVISION."""
-    from fleetscope import db
+    from fleetscope.store import db
 
     s = _settings()
     db.downgrade(s.database_url, revision)
@@ -63,7 +63,7 @@ def db_downgrade(revision: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def db_current(as_json: bool) -> None:
     """Show the database's schema revision and the code's."""
-    from fleetscope import db
+    from fleetscope.store import db
 
     s = _settings()
     engine = db.make_engine(s.database_url)
@@ -91,7 +91,7 @@ def token_group() -> None:
 def token_create(scopes: tuple[str, ...], name: str, expires_days: int | None, site: str | None, host: str | None, source: str | None,
                  as_json: bool) -> None:
     """Create a token and print its secret. It is shown only this once."""
-    from fleetscope import auth
+    from fleetscope.services import auth
 
     s = _settings()
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(days=expires_days) if expires_days else None
@@ -108,7 +108,7 @@ def token_create(scopes: tuple[str, ...], name: str, expires_days: int | None, s
 @click.option("--json", "as_json", is_flag=True)
 def token_list(as_json: bool) -> None:
     """List tokens (never their secrets)."""
-    from fleetscope import auth
+    from fleetscope.services import auth
 
     rows = auth.list_tokens(_engine(_settings()))
     def bound(r: dict) -> str:
@@ -122,7 +122,7 @@ def token_list(as_json: bool) -> None:
 @click.argument("token_id", type=int)
 def token_revoke(token_id: int) -> None:
     """Revoke the token with TOKEN_ID (see `token list`)."""
-    from fleetscope import auth
+    from fleetscope.services import auth
 
     if not auth.revoke_token(_engine(_settings()), token_id):
         raise click.ClickException(f"no active token with id {token_id}")
@@ -374,7 +374,8 @@ def ingest(paths: tuple[str, ...], fmt: str, job_id: str | None, ts_text: str | 
     """
     from tqdm import tqdm
 
-    from fleetscope import safefiles, streaming
+    from fleetscope import safefiles
+    from fleetscope.door import streaming
     from fleetscope.store import Store
 
     files, skipped = _iter_paths(paths, follow_symlinks=follow_symlinks)
@@ -448,7 +449,7 @@ def _size(path: Path, follow_symlinks: bool) -> int:
 
 
 def _ingest_options(job_id: str | None, ts: dt.datetime):  # type: ignore[no-untyped-def]
-    from fleetscope import ingestion
+    from fleetscope.door import ingestion
 
     return ingestion.Options(job_id=job_id, ts=ts)
 
@@ -477,7 +478,7 @@ def _ingest_via_api(api_url: str, token: str | None, data: bytes, source: str, f
 def analyze(job_id: str, as_json: bool) -> None:
     """Analyse JOB_ID now: C3 breakdown, goodput (with MFU and the goodput product), stragglers and the
     what-if, stored and printed."""
-    from fleetscope.analysis import analyze_job
+    from fleetscope.services.jobs import analyze_job
     from fleetscope.store import Store
 
     result = analyze_job(Store(_engine(_settings())), job_id)
@@ -526,7 +527,7 @@ def _echo_whatif(w: dict) -> None:
 def whatif(job_id: str, as_json: bool) -> None:
     """Straggler what-if of JOB_ID as last analysed: slowdown against the ideal timeline, M_W, M_S, and the
     slowdown of each rank and pipeline stage (ingest the trace with --format bytedance_whatif --job-id)."""
-    from fleetscope.analysis import job_exists, stored_analysis
+    from fleetscope.services.jobs import job_exists, stored_analysis
 
     st = _store()
     if not job_exists(st, job_id):
@@ -548,7 +549,7 @@ def whatif(job_id: str, as_json: bool) -> None:
 def sdc(job_id: str, as_json: bool) -> None:
     """Silent-data-corruption screen of JOB_ID: suspects with their evidence, and the rerun protocol's
     records and verdicts (record replays as `sdc_rerun` job events, docs/job_events.md)."""
-    from fleetscope.analysis import job_exists, job_sdc
+    from fleetscope.services.jobs import job_exists, job_sdc
 
     st = _store()
     if not job_exists(st, job_id):
@@ -585,7 +586,7 @@ def reliability(start_text: str | None, end_text: str | None, job_id: str | None
                 as_json: bool) -> None:
     """Interruptions by root cause (Llama 3 categories), MTBF per GPU-hour and per job, all-up availability
     A^N, and Young/Daly checkpoint advice per job, over a window of job events."""
-    from fleetscope.reliability_service import UnknownJob, reliability_report
+    from fleetscope.services.reliability import UnknownJob, reliability_report
 
     end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
     start = _utc_option(start_text, "--start") or end - dt.timedelta(days=30)
@@ -631,7 +632,7 @@ def reliability(start_text: str | None, end_text: str | None, job_id: str | None
 def fabric(start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """InfiniBand/RoCE link health over a window: flapping, erroring, congested and degraded links from
     the stored port counters and topology, and the usual HCA link rate."""
-    from fleetscope.health_service import fabric_health
+    from fleetscope.services.health import fabric_health
 
     end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
     start = _utc_option(start_text, "--start") or end - dt.timedelta(minutes=15)
@@ -665,7 +666,7 @@ def lineage() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def lineage_show(model: str, version: str | None, as_json: bool) -> None:
     """Datasets upstream of MODEL, each with the path that proves it, and the taints that reach it."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
 
     try:
         out = gs.model_lineage(_store(), model, version)
@@ -692,7 +693,7 @@ def lineage_show(model: str, version: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def lineage_check(model: str, dataset: str, namespace: str | None, version: str | None, as_json: bool) -> None:
     """Did MODEL ever ingest DATASET (or anything derived from it)? Exits 0 for no, 3 for yes."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
 
     try:
         out = gs.model_ingested(_store(), model, dataset, namespace=namespace, version=version)
@@ -728,7 +729,7 @@ def registry() -> None:
 def registry_dataset(namespace: str, name: str, license_: str | None, personal_data: bool, special_category: bool, legal_basis: str | None,
                      art9_condition: str | None, consent_reference: str | None, provenance: str | None, quarantine_reason: str | None) -> None:
     """Record NAMESPACE/NAME's governance attributes."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
     from governance.registry import DatasetEntry
 
     try:
@@ -748,7 +749,7 @@ def registry_dataset(namespace: str, name: str, license_: str | None, personal_d
 @click.option("--run", "runs", multiple=True, help="OpenLineage run id that trained it; repeat for several.")
 def registry_model(name: str, version: str, purpose: str, role: str, runs: tuple[str, ...]) -> None:
     """Register model NAME at VERSION."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
     from governance.registry import ModelEntry
 
     try:
@@ -779,7 +780,7 @@ def fairness_evaluate(predictions: str, model: str, version: str | None, sensiti
                       y_score: str | None, positive_label: str | None, min_group_size: int, as_json: bool) -> None:
     """Evaluate PREDICTIONS (CSV or Parquet) for MODEL and record per-group aggregates (never the rows).
     Exits 0 when the model's fairness policy passes, 4 when it fails."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
     from governance.fairness import FairnessInputError
 
     try:
@@ -812,7 +813,7 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
     """Known-answer test for silent data corruption: a deterministic matrix multiply whose result must
     hash to the golden digest, the same for every device type. Exits 0 on pass, 5 on a mismatch (a
     confirmed SDC suspect), 1 when the backend cannot run here (the message names what is missing)."""
-    from fleetscope.health_service import run_probe
+    from fleetscope.services.health import run_probe
 
     try:
         result = run_probe(None if no_record else _store(), backend, gpu_uuid=gpu_uuid, device_index=device_index)
@@ -915,7 +916,7 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
 def declare(model: str, kind: str, version: str, value_json: str, key: str, entered_by: str, retract: bool) -> None:
     """Declare a fact about MODEL for the AI Act rules: KIND is purpose, area, oversight, documentation,
     incident, risk_management, notification, ... ("*" as MODEL for organisation-wide facts)."""
-    from fleetscope import audit_service as au
+    from fleetscope.services import audit as au
     from governance.aiact.model import DeclarationError
 
     try:
@@ -936,8 +937,8 @@ def declare(model: str, kind: str, version: str, value_json: str, key: str, ente
 def report(model: str | None, version: str | None, as_json: bool) -> None:
     """Evaluate the EU AI Act rules and file the audit report (JSON, HTML, PDF) under the data directory.
     Exits 0 when no rule failed, 6 when one did."""
-    from fleetscope import audit_service as au
-    from fleetscope import governance_service as gs
+    from fleetscope.services import audit as au
+    from fleetscope.services import governance as gs
 
     s = _settings()
     try:
@@ -959,7 +960,7 @@ def report(model: str | None, version: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def export(audit_id: str | None, out_path: str | None, as_json: bool) -> None:
     """Make a signed compliance export bundle (zip: reports, evidence, SHA-256 manifest, Ed25519 signature)."""
-    from fleetscope import audit_service as au
+    from fleetscope.services import audit as au
     from fleetscope import safefiles
 
     try:
@@ -1004,7 +1005,7 @@ def auditlog_group() -> None:
 def auditlog_verify(as_json: bool) -> None:
     """Check every entry under the audit key and against the signed checkpoints; exit 0 when the log
     holds, 8 naming the first bad entry (seq and why)."""
-    from fleetscope import audit_service as au
+    from fleetscope.services import audit as au
 
     try:
         out = au.verify_log(_store())
@@ -1024,7 +1025,7 @@ def auditlog_verify(as_json: bool) -> None:
 @auditlog_group.command("anchor")
 def auditlog_anchor() -> None:
     """Key and checkpoint a log written before keying now (otherwise the next governance write does)."""
-    from fleetscope import audit_service as au
+    from fleetscope.services import audit as au
 
     try:
         out = au.anchor(_store(), actor=_os_user())
@@ -1060,7 +1061,7 @@ def energy() -> None:
 def energy_instrument(instrument_id: str, site_id: str, kind: str, start_text: str, end_text: str, volume_mwh: float, g_per_kwh: float,
                       supplier: str | None, recorded_by: str) -> None:
     """Record (or update) contractual instrument INSTRUMENT_ID: a PPA, certificate or supplier rate a site holds."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
     from fleetscope.core.errors import ValidationError
 
     rec = {"instrument_id": instrument_id, "site_id": site_id, "kind": kind, "start": _when(start_text, "--start"),
@@ -1077,7 +1078,7 @@ def energy_instrument(instrument_id: str, site_id: str, kind: str, start_text: s
 @click.option("--json", "as_json", is_flag=True)
 def energy_instruments(site_id: str | None, as_json: bool) -> None:
     """Contractual instruments recorded, by start of period."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     rows = es.instruments(_store(), [site_id] if site_id else None).to_dicts()
     lines = [f"{r['site_id']:<12} {r['instrument_id']:<24} {r['kind']:<18} {r['start']:%Y-%m-%d} .. {r['end']:%Y-%m-%d}  "
@@ -1091,7 +1092,7 @@ def energy_instruments(site_id: str | None, as_json: bool) -> None:
 @click.option("--by", "actor", required=True, help="Who withdraws it (kept in the audit log).")
 def energy_withdraw(site_id: str, instrument_id: str, actor: str) -> None:
     """Withdraw instrument INSTRUMENT_ID of SITE_ID, recorded in error."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     try:
         es.withdraw_instrument(_store(), site_id, instrument_id, actor=actor)
@@ -1107,7 +1108,7 @@ def energy_withdraw(site_id: str, instrument_id: str, actor: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def energy_carbon(site_id: str, start_text: str, end_text: str, as_json: bool) -> None:
     """SITE_ID's Scope 2 over a period: location- and market-based kgCO2e side by side, with their basis."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     start, end = _when(start_text, "--start"), _when(end_text, "--end")
     if end <= start:
@@ -1129,7 +1130,7 @@ def energy_carbon(site_id: str, start_text: str, end_text: str, as_json: bool) -
 @click.option("--json", "as_json", is_flag=True)
 def energy_job(job_id: str, start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """JOB_ID's energy and emissions (location- and market-based), per step and per million tokens."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     start = _when(start_text, "--start") if start_text else None
     end = _when(end_text, "--end") if end_text else None
@@ -1157,7 +1158,7 @@ def energy_job(job_id: str, start_text: str | None, end_text: str | None, as_jso
 @click.option("--json", "as_json", is_flag=True)
 def energy_serving(model: str, projection_days: int, as_json: bool) -> None:
     """MODEL's training energy against its cumulative serving energy, and when serving passes training."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     try:
         out = es.serving_vs_training(_store(), model, projection_days=projection_days)
@@ -1232,7 +1233,7 @@ def alerts_silences(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def formats_cmd(as_json: bool) -> None:
     """List the input formats `fleetscope ingest` understands."""
-    from fleetscope.ingestion import FORMATS
+    from fleetscope.door.ingestion import FORMATS
 
     rows = [{"name": f.name, "description": f.description} for f in FORMATS.values()]
     _emit(as_json, rows, "\n".join(f"{r['name']:<22} {r['description']}" for r in rows))
@@ -1263,7 +1264,7 @@ def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int,
       fleetscope findings --kind job_hang --since 1d
       fleetscope findings --kind 'ib_%' --json
     """
-    from fleetscope import queries
+    from fleetscope.services import queries
 
     end = dt.datetime.now(dt.UTC)
     rows = queries.findings(_store(), end - dt.timedelta(seconds=_span_s(since, "--since")), end, kind_like=kind, analyzer=analyzer, limit=limit)
@@ -1284,7 +1285,7 @@ def metrics_cmd(out_path: str | None) -> None:
       fleetscope metrics | grep fleetscope_job_goodput_ratio
       fleetscope metrics --out /var/lib/node_exporter/textfile/fleetscope.prom
     """
-    from fleetscope.fleet_metrics import exposition
+    from fleetscope.services.fleet_metrics import exposition
 
     text = exposition(_store())
     if out_path is None:

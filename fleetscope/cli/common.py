@@ -19,7 +19,7 @@ def _settings() -> settings_mod.Settings:
 
 
 def _engine(settings: settings_mod.Settings, *, migrate: bool = True):  # type: ignore[no-untyped-def]
-    from fleetscope import db
+    from fleetscope.store import db
 
     engine = db.make_engine(settings.database_url)
     if migrate:

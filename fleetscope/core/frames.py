@@ -4,7 +4,7 @@ Every source maps onto these frames and every analyzer reads them (see DESIGN.md
 Units are SI and carried in column names; times are UTC ``Datetime("us", "UTC")``.
 
 This module is pure: it imports polars and nothing of the database, HTTP or Celery, so that
-``ingest`` and ``analyzers`` can depend on it. ``fleetscope.schema`` builds the SQL tables from the
+``ingest`` and ``analyzers`` can depend on it. ``fleetscope.store.schema`` builds the SQL tables from the
 same definitions, so a column is declared exactly once.
 """
 

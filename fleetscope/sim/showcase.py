@@ -283,8 +283,11 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     not configured here, so they are dead letters), the models registered with a fairness evaluation of a
     biased classifier, one EU AI Act audit with its reports and a signed export. ``settings.data_dir``
     receives the reports, the export, the signing key and the audit log's key and checkpoints."""
-    from fleetscope import analysis, audit_service, energy_service, health_service
-    from fleetscope import governance_service as gs
+    from fleetscope.services import jobs as analysis
+    from fleetscope.services import audit as audit_service
+    from fleetscope.services import energy as energy_service
+    from fleetscope.services import health as health_service
+    from fleetscope.services import governance as gs
     from fleetscope.alerting import state as alert_state
     from fleetscope.alerting.rules import load_config
     from fleetscope.sim.lineage import lineage_events

@@ -8,7 +8,7 @@ from typing import Sequence, Union
 
 from alembic import op
 import sqlalchemy as sa
-from fleetscope.schema import UTCDateTime
+from fleetscope.store.schema import UTCDateTime
 
 revision: str = '0006'
 down_revision: Union[str, Sequence[str], None] = '0005'

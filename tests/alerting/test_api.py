@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from cryptography.fernet import Fernet
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.core import frames as F
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import load_config
@@ -16,7 +16,7 @@ from tests.conftest import LiveServer, make_settings
 
 @pytest.fixture
 def live(tmp_path, monkeypatch):
-    from fleetscope import db
+    from fleetscope.store import db
     from fleetscope.api import create_app
     from fleetscope.api import routes_alerts
 

@@ -19,8 +19,12 @@ import polars as pl
 import pytest
 from cryptography.fernet import Fernet
 
-from fleetscope import analysis, audit_service, db, energy_service, health_service
-from fleetscope import governance_service as gs
+from fleetscope.services import jobs as analysis
+from fleetscope.services import audit as audit_service
+from fleetscope.store import db
+from fleetscope.services import energy as energy_service
+from fleetscope.services import health as health_service
+from fleetscope.services import governance as gs
 from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST

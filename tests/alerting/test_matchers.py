@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import insert
 
 from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import schema as S
+from fleetscope.store import alerting_schema as S
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.labels import MAX_PATTERN_CHARS, MAX_VALUE_CHARS, Matcher
 from fleetscope.alerting.rules import RuleError, load_config, parse_rule

@@ -14,7 +14,7 @@ from sqlalchemy import select, text
 
 from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
-from fleetscope.alerting import schema as S
+from fleetscope.store import alerting_schema as S
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.rules import RuleError, load_config
 from fleetscope.store import Store

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from cryptography.fernet import Fernet
 
-from fleetscope import db
+from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.alerting import notifiers as N
 from fleetscope.alerting import state as ST
@@ -37,7 +37,7 @@ route: {receiver: hook, group_by: [alertname, host], group_wait: 0s, group_inter
 
 
 def start_worker(env: dict[str, str], queue: str, log) -> subprocess.Popen:
-    args = [sys.executable, "-m", "celery", "-A", "fleetscope.alerting.tasks:celery_app", "worker", "--pool=solo", "-Q", queue,
+    args = [sys.executable, "-m", "celery", "-A", "fleetscope.worker.alerting:celery_app", "worker", "--pool=solo", "-Q", queue,
             "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"]
     return subprocess.Popen(args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
@@ -135,7 +135,7 @@ def test_worker_killed_mid_delivery_leads_to_redelivery(setup):
 def test_ingest_api_kicks_an_evaluation_no_beat_needed(setup, monkeypatch):
     """No beat runs here: each webhook comes from the evaluation the API queued once it had committed a
     batch carrying an XID 79, through either ingest route."""
-    from fleetscope import auth
+    from fleetscope.services import auth
     from fleetscope.api import create_app
     from tests.conftest import LiveServer
 

@@ -22,7 +22,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dashboard import signin
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 from fleetscope import settings as settings_mod
 from fleetscope.sim.fleet import FleetSpec
 from fleetscope.sim.showcase import run_services, showcase
@@ -67,7 +68,7 @@ def data_dir_of(sqlite_url: str) -> Path:
 @pytest.fixture(scope="session")
 def seeded_services(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     """The seeded SQLite database's URL and what run_services returned (audit and export ids)."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('dash-seeded') / 'fleetscope.db'}"
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash-seeded') / 'fleetscope.store.db'}"
     db.upgrade(url)
     return url, seed(url, data_dir_of(url))
 
@@ -79,7 +80,7 @@ def seeded_sqlite_url(seeded_services: tuple[str, dict]) -> str:
 
 @pytest.fixture
 def empty_sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+    url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
     db.upgrade(url)
     return url
 
@@ -126,7 +127,7 @@ def seeded_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def empty_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('dash-empty') / 'fleetscope.db'}"
+        url = f"sqlite:///{tmp_path_factory.mktemp('dash-empty') / 'fleetscope.store.db'}"
         db.upgrade(url)
         store = Store.open(url)
         yield store

@@ -78,7 +78,7 @@ def test_access_follows_the_api_scopes() -> None:
     assert reader.why_not("admin") == "This needs the admin scope; ana has read."
     auditor = Access("audit", frozenset({"governance"}), "token")
     assert auditor.may_see("governance") and auditor.may("make_export") and not auditor.may_see("overview")
-    admin = Access("root", frozenset({"admin"}), "token")  # admin allows everything, as in fleetscope.auth.Token
+    admin = Access("root", frozenset({"admin"}), "token")  # admin allows everything, as in fleetscope.services.auth.Token
     assert all(admin.may_see(p) for p in ("overview", "governance")) and admin.may("create_silence") and admin.may("make_export")
     assert not Access("agent", frozenset({"ingest"}), "token").may_see("overview")
 

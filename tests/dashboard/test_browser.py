@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from dashboard import browser as B
-from fleetscope import auth
-from fleetscope import queries as Q
+from fleetscope.services import auth
+from fleetscope.services import queries as Q
 from fleetscope.store import Store
 from governance import exports
 from tests.dashboard.conftest import data_dir_of
@@ -48,14 +48,14 @@ def base_url(data_dir: Path) -> Iterator[str]:
             pytest.fail(why + " and FLEETSCOPE_REQUIRE_BROWSER=1")
         pytest.skip(why)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with B.dashboard_server(f"sqlite:///{data_dir / 'fleetscope.db'}", data_dir=data_dir, log=ARTIFACTS / "server.log") as url:
+    with B.dashboard_server(f"sqlite:///{data_dir / 'fleetscope.store.db'}", data_dir=data_dir, log=ARTIFACTS / "server.log") as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def tokens(data_dir: Path) -> dict[str, str]:
     """Secrets of an admin and a read-only token in the module's database, by name."""
-    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.store.db'}")
     try:
         return {name: auth.create_token(store.engine, name, [scope])
                 for name, scope in (("browser-admin", "admin"), ("browser-reader", "read"), ("browser-revoked", "read"))}
@@ -162,7 +162,7 @@ def test_a_token_revoked_while_live_panels_refresh_ends_the_session(base_url: st
     visitor.get_by_role("option", name="10 s").click()
     B.wait_rendered(visitor, B.PAGES[0])
     assert metric(visitor, "GPUs") == "64"
-    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{data_dir / 'fleetscope.store.db'}")
     assert auth.revoke_token(store.engine, next(t["token_id"] for t in auth.list_tokens(store.engine) if t["name"] == "browser-revoked"))
     store.engine.dispose()
     # within the refresh interval plus the server's few seconds of token cache, with nothing clicked
@@ -226,7 +226,7 @@ def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any,
     B.wait_rendered(page, alerts)
     assert B.error_texts(page) == []
     assert metric(page, "Muted") == "3"  # the silenced SdcSuspect, and the two repair alerts the dead GPU's XID inhibits
-    silences = Q.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.db'}"))
+    silences = Q.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.store.db'}"))
     # created by the signed-in token, not by anything typed in the form
     assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="SdcSuspect"', "browser-admin")]
     page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)

@@ -8,9 +8,9 @@ import datetime as dt
 import polars as pl
 import pytest
 
-from fleetscope import energy_service as es
+from fleetscope.services import energy as es
 from fleetscope.core import frames as F
-from fleetscope import queries as Q
+from fleetscope.services import queries as Q
 from fleetscope.store import Store
 from tests.dashboard.test_pages import healthy, open_page
 from tests.fleetscope.test_scope2 import PPA, SUPPLIER, T0, world

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fleetscope import queries as Q
+from fleetscope.services import queries as Q
 from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
@@ -53,7 +53,7 @@ def infos(at: AppTest) -> list[str]:
 def seeded_copy(seeded_sqlite_url: str, tmp_path: Path) -> str:
     """A private copy of the seeded database and its data dir, for tests that change them."""
     shutil.copytree(data_dir_of(seeded_sqlite_url), tmp_path / "data")
-    return f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}"
+    return f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}"
 
 
 def store_of(url: str) -> Store:
@@ -94,7 +94,7 @@ def _overview(at: AppTest, url: str) -> None:
 def _jobs(at: AppTest, url: str) -> None:
     m = metrics(at)
     assert m["World size"] == "16 GPUs" and m["Steps recorded"] == "40" and m["Status"] == "running"
-    # The C³ analyzer's stored breakdown and the goodput analyzer's result (fleetscope.analysis).
+    # The C³ analyzer's stored breakdown and the goodput analyzer's result (fleetscope.services.jobs).
     assert (m["C1 compute"], m["C2 communication"], m["C3 coordination"]) == ("49%", "13%", "39%")
     assert m["Runtime goodput"] == "84.6%" and m["Disruptions"] == "0"
     assert "C³ breakdown over steps" in [s.value for s in at.subheader]

@@ -1,4 +1,4 @@
-"""fleetscope.queries on SQLite and PostgreSQL: right numbers on the showcase world, typed empty frames on
+"""fleetscope.services.queries on SQLite and PostgreSQL: right numbers on the showcase world, typed empty frames on
 an empty database, and no full scan of a telemetry table (the dashboard's read budget, DESIGN.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from analyzers.carbon import load_grid_intensity
 from fleetscope.core import frames as F
-from fleetscope import queries as Q
+from fleetscope.services import queries as Q
 from fleetscope.sim.fleet import gpu_fleet
 from fleetscope.sim.showcase import (
     STRAGGLER_JOB,

@@ -16,8 +16,9 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import signin
 from dashboard.access import Backoff
-from fleetscope import auth, schema
-from fleetscope import queries as Q
+from fleetscope.services import auth
+from fleetscope.store import schema
+from fleetscope.services import queries as Q
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 from tests.dashboard.test_pages import healthy, metrics
@@ -29,7 +30,7 @@ FLEET_PAGES = ["Overview", "Health & SDC", "Reliability", "Network", "Energy & C
 def url(seeded_sqlite_url: str, tmp_path: Path) -> str:
     """A private copy of the seeded world: these tests create tokens, silences and exports."""
     shutil.copytree(data_dir_of(seeded_sqlite_url), tmp_path / "data")
-    return f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}"
+    return f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}"
 
 
 def app(url: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> AppTest:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope import analysis, ingestion
+from fleetscope.services import jobs as analysis
+from fleetscope.door import ingestion
 from tests.dashboard.test_pages import healthy, infos, metrics, open_page, seeded_copy, store_of  # noqa: F401
 
 REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"

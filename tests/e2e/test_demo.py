@@ -85,7 +85,7 @@ def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
     """Each injected fault shows on the page an SRE or auditor would open for it, signed in with the admin
     token the demo printed."""
     manifest = json.loads((data_dir / "sim" / "manifest.json").read_text())
-    env = {"FLEETSCOPE_DATABASE_URL": f"sqlite:///{data_dir / 'fleetscope.db'}"}
+    env = {"FLEETSCOPE_DATABASE_URL": f"sqlite:///{data_dir / 'fleetscope.store.db'}"}
     saved = {k: os.environ.get(k) for k in env}
     try:
         stragglers = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "stragglers", env, token))

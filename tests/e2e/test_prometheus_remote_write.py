@@ -40,7 +40,7 @@ def test_prometheus_remote_writes_a_dcgm_scrape_into_the_store(tmp_path):
     expected = dcgm.parse(body, ts=datetime.now(UTC)).gpu_sample  # the values, unit-converted; Prometheus sets the times
     with serving(body) as metrics_url:  # a stand-in dcgm-exporter: serves the body at /metrics
         target = metrics_url.split("//", 1)[1].split("/", 1)[0]
-        url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+        url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
         prom_port = free_port()
         log = tmp_path / "prometheus.log"
         with served_api(url) as (base, token):

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.agent import Agent, AgentStopped
 from ingest import dcgm
 

@@ -24,7 +24,8 @@ import urllib.parse
 import httpx
 import pytest
 
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 from fleetscope.agent import Agent, Backlog, Reading, TickReport, _retry_after
 from fleetscope.store import Store
 from tests.conftest import make_settings
@@ -98,7 +99,7 @@ class Api:
     def __init__(self, tmp_path) -> None:
         from fleetscope.api import create_app
 
-        self.db_url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+        self.db_url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
         db.upgrade(self.db_url)
         self.app = create_app(make_settings(tmp_path, self.db_url, max_body_bytes=2**20))
         self.store = self.app.state.store
@@ -571,7 +572,7 @@ def test_sigkill_of_the_api_loses_and_duplicates_nothing(exporter, tmp_path, pus
     """`fleetscope serve` over SQLite is killed with SIGKILL while the agent ticks on (every 0.2 s, real
     clock), restarted on the same database and port; every reading the agent measured is then stored
     exactly once, at the time it was measured."""
-    db_url = f"sqlite:///{tmp_path / 'fleetscope.db'}"
+    db_url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
     db.upgrade(db_url)
     token = auth.create_token(db.make_engine(db_url), "agent", ["ingest"])
     port = free_port()

@@ -12,7 +12,9 @@ import polars as pl
 import pytest
 
 from analyzers import c3, carbon
-from fleetscope import analysis, auth, ingestion
+from fleetscope.services import jobs as analysis
+from fleetscope.services import auth
+from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 
 T0 = dt.datetime(2024, 1, 1, 1, tzinfo=dt.UTC)

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetscope import auth
+from fleetscope.services import auth
 
 T = "2026-03-01T12:00:00Z"
 

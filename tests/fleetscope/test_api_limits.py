@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.api import create_app, gate
 from fleetscope.api.jsonbody import depth_over
 from fleetscope.store import Store
@@ -318,7 +318,7 @@ def test_unknown_secrets_never_evict_verified_tokens():
 
 
 def test_healthz_does_not_tell_an_unauthenticated_caller_why(tmp_path):
-    from fleetscope import db
+    from fleetscope.store import db
 
     broken = Store(db.make_engine("postgresql+psycopg://nobody:secret-password@127.0.0.1:1/nothing?connect_timeout=2"))
     app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'x.db'}"), store=broken)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 
 
 def run(tmp_path, *args, check=True, input=None):
@@ -35,7 +36,7 @@ def test_db_upgrade_and_current(tmp_path):
 def test_token_create_list_revoke(tmp_path):
     created = json.loads(run(tmp_path, "token", "create", "--scope", "ingest", "--scope", "read", "--name", "collector", "--json").stdout)
     assert created["token"].startswith("fs_") and created["scopes"] == ["ingest", "read"]
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     assert auth.verify(engine, created["token"]).scopes == frozenset({"ingest", "read"})
     listed = json.loads(run(tmp_path, "token", "list", "--json").stdout)
     assert [(t["name"], t["scopes"]) for t in listed] == [("collector", "ingest read")]
@@ -92,7 +93,7 @@ def test_findings_lists_what_went_quiet_and_metrics_prints_the_fleet_series(tmp_
     from fleetscope.store import Store
 
     run(tmp_path, "db", "upgrade")
-    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     now = dt.datetime.now(dt.UTC)
     seen = pl.DataFrame({"gpu_uuid": ["GPU-a", "GPU-b"], "host": ["n1", "n2"], "last_ts": [now - dt.timedelta(minutes=10), now],
                          "interval_s": [10.0, 10.0]}, schema=absence.SEEN_SCHEMA)

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import door, ingestion
+from fleetscope import door
+from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.store import Store
@@ -203,7 +204,7 @@ def test_many_threads_many_pushes(store):
 def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path):
     """A group of plain agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
     as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included."""
-    from fleetscope import db as dbm
+    from fleetscope.store import db as dbm
 
     other_url = f"sqlite:///{tmp_path / 'frames.db'}"
     dbm.upgrade(other_url)

@@ -7,9 +7,9 @@ import httpx
 import polars as pl
 import pytest
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.core import frames as F
-from fleetscope.energy_service import energy_report, rollup_window
+from fleetscope.services.energy import energy_report, rollup_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -41,7 +41,7 @@ def test_rollup_matches_the_energy_counter_and_is_idempotent(store):
 
 
 def test_rollup_writes_per_site_minutes_that_site_carbon_reads(store):
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -106,8 +106,8 @@ def test_energy_endpoint(api):
 
 def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
     """The simulator's facility meters (OTLP) give a measured PUE; its training job gets a measured footprint."""
-    from fleetscope import ingestion
-    from fleetscope.energy_service import rollup_window
+    from fleetscope.door import ingestion
+    from fleetscope.services.energy import rollup_window
     from fleetscope.sim import simulate_small
 
     store = api.app.state.store
@@ -138,7 +138,7 @@ def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
 
 def register_via_lineage(store, model: str, job_id: str) -> None:
     """Register ``model`` trained by a lineage run whose fleetscope_job facet names ``job_id``."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
     from governance.registry import ModelEntry
 
     run_id = "0e6c1f6a-8d5f-4a63-9f5e-2d5f6a7b8c9d"
@@ -152,7 +152,7 @@ def register_via_lineage(store, model: str, job_id: str) -> None:
 def test_footprint_follows_lineage_from_model_to_fleet_job(store):
     """A job the scheduler did not tag with the model still counts when a lineage run that trained the
     model names it in its fleetscope_job facet."""
-    from fleetscope.energy_service import model_footprint
+    from fleetscope.services.energy import model_footprint
 
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -175,7 +175,7 @@ def seed_two_jobs(store):
 
 
 def test_rollup_writes_job_minutes_equal_to_attributing_the_gpu_minutes(store):
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     seed_two_jobs(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -206,7 +206,7 @@ def test_rollup_writes_job_minutes_equal_to_attributing_the_gpu_minutes(store):
 
 
 def test_a_job_whose_ranks_arrive_after_the_rollup_is_attributed_from_gpu_minutes(store):
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     batch = seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -222,7 +222,7 @@ def test_a_job_whose_ranks_arrive_after_the_rollup_is_attributed_from_gpu_minute
 
 def test_migration_backfills_job_minutes_as_the_rollup_writes_them(db_url):
     """Revision 0009 fills job_energy_minute from roll-ups written before it, as the roll-up would."""
-    from fleetscope import db
+    from fleetscope.store import db
     from fleetscope.store import Store
 
     st = Store.open(db_url)
@@ -244,7 +244,7 @@ def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from fleetscope import cli
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     store = api.app.state.store
     batch = seed(store)
@@ -290,7 +290,7 @@ def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
 
 
 def test_energy_by_site_reports_market_beside_location(store):
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
@@ -311,7 +311,7 @@ def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path)
     tag with the model, which a lineage run that trained it names."""
     import dataclasses
 
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
     from fleetscope import settings as settings_mod
 
     seed(store)
@@ -332,7 +332,7 @@ def test_audit_measures_compute_of_a_job_linked_only_by_lineage(store, tmp_path)
 def test_shift_hint_wue_and_fleet_productivity(api):
     """The carbon-aware hint moves a job's hour to its site's cleanest hour of the next day; WUE is water
     over IT energy; fleet ρ is useful FLOPs over all GPU energy of the period, idle included."""
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     store = api.app.state.store
     seed(store)
@@ -375,7 +375,7 @@ def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
     through the API rewrites the job's per-job minutes, and the job's energy counts the new GPU."""
     import time
 
-    from fleetscope import energy_service as es
+    from fleetscope.services import energy as es
 
     store = api.app.state.store
     batch = seed(store)

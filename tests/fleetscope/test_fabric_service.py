@@ -11,7 +11,9 @@ import sys
 import httpx
 import pytest
 
-from fleetscope import auth, health_service, ingestion
+from fleetscope.services import auth
+from fleetscope.services import health as health_service
+from fleetscope.door import ingestion
 from fleetscope.agent import Agent
 from fleetscope.store import Store
 from ingest.format import Options

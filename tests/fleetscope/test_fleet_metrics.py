@@ -15,7 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._server import free_port, served_api
-from fleetscope import analysis, auth, db, energy_service, fleet_metrics, health_service
+from fleetscope.services import jobs as analysis
+from fleetscope.services import auth
+from fleetscope.store import db
+from fleetscope.services import energy as energy_service
+from fleetscope.services import fleet_metrics
+from fleetscope.services import health as health_service
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 

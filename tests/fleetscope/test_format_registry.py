@@ -12,8 +12,9 @@ import textwrap
 
 import pytest
 
-from fleetscope import ingestion, streaming
-from fleetscope.ingestion import Options
+from fleetscope.door import ingestion
+from fleetscope.door import streaming
+from fleetscope.door.ingestion import Options
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

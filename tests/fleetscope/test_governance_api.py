@@ -12,7 +12,7 @@ import httpx
 import polars as pl
 import pytest
 
-from fleetscope import auth
+from fleetscope.services import auth
 
 EVENTS = "openlineage/events"
 

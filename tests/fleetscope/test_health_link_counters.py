@@ -6,8 +6,8 @@ import json
 
 import polars as pl
 
-from fleetscope import ingestion
-from fleetscope.health_service import health_window
+from fleetscope.door import ingestion
+from fleetscope.services.health import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

@@ -9,10 +9,10 @@ import sys
 import httpx
 import polars as pl
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.core import frames as F
-from fleetscope import health_service
-from fleetscope.health_service import health_window
+from fleetscope.services import health as health_service
+from fleetscope.services.health import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -72,7 +72,7 @@ def test_cli_probe_records_a_health_event(tmp_path):
     assert result["passed"] is True and result["digest"] == result["golden"]
     from fleetscope.store import Store
 
-    ev = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}").read("health_event")
+    ev = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}").read("health_event")
     assert ev.select("gpu_uuid", "kind", "value").rows() == [("GPU-test", "sdc_probe", 1.0)]
 
 
@@ -90,12 +90,12 @@ def test_cli_probe_without_cuda_fails_naming_what_is_missing_and_records_nothing
     assert "no CUDA probe backend can run here" in proc.stderr and "torch is not installed" in proc.stderr and "cupy is not installed" in proc.stderr
     from fleetscope.store import Store
 
-    assert Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}").read("health_event").height == 0
+    assert Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}").read("health_event").height == 0
 
 
 def test_a_failed_probe_is_a_confirmed_suspect_in_the_health_window(store):
     from analyzers import sdc
-    from fleetscope.health_service import probe_event, run_probe
+    from fleetscope.services.health import probe_event, run_probe
 
     seed(store)
     good = run_probe(store, "numpy", gpu_uuid="GPU-ok")  # recorded now: outside the window below

@@ -20,7 +20,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 from ingest import dcgm_lines
 
 REPO = Path(__file__).resolve().parents[2]

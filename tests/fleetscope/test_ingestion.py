@@ -9,7 +9,8 @@ import sys
 import httpx
 import pytest
 
-from fleetscope import auth, ingestion
+from fleetscope.services import auth
+from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError
 from fleetscope.store import Store
@@ -86,7 +87,7 @@ def test_cli_ingests_good_files_reports_bad_ones_and_exits_1(realdata, tmp_path)
     assert lines[0]["notes"]["avg_busbw_gbps"] == 123.343  # as printed in the file
     assert "broken.jsonl" in lines[1]["error"] and "line 2" in lines[1]["error"]
     assert lines[2]["summary"] == {"files": 2, "rejected": 1, "skipped": 0, "written": {"nccl_test": 64}}
-    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     assert store.counts()["job_event"] == 0  # the broken file wrote nothing, not even its good first line
     again = run_cli(tmp_path, "ingest", "--json", str(good))
     assert json.loads(again.stdout.splitlines()[0])["skipped_duplicate"] is True
@@ -208,7 +209,7 @@ def test_a_gzip_document_read_whole_is_refused_past_the_inflation_limit(store, t
     """Document formats are read whole; their gzip is inflated within WHOLE_INFLATED_MAX_BYTES, so a small
     file cannot expand without bound. The real nccl-tests output passes; past the limit is TooLarge, and
     nothing is written."""
-    from fleetscope import streaming
+    from fleetscope.door import streaming
 
     text = (realdata / "telemetry/nccl-tests_all_reduce_perf_p5.48xlarge_H100_EFA_mpirun_excerpt.txt").read_bytes()
     path = tmp_path / "all_reduce_perf.txt.gz"

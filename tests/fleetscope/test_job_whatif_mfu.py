@@ -12,7 +12,10 @@ import httpx
 import polars as pl
 import pytest
 
-from fleetscope import analysis, auth, fleet_metrics, ingestion
+from fleetscope.services import jobs as analysis
+from fleetscope.services import auth
+from fleetscope.services import fleet_metrics
+from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError
 

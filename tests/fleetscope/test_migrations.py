@@ -3,7 +3,8 @@
 import pytest
 from sqlalchemy import create_engine
 
-from fleetscope import db, schema
+from fleetscope.store import db
+from fleetscope.store import schema
 from fleetscope.settings import load
 
 
@@ -48,7 +49,7 @@ def test_embedded_default_upgrades_itself(tmp_path, monkeypatch):
     engine = db.make_engine(settings.database_url)
     db.ensure_schema(settings, engine)
     assert db.current_revision(engine) == db.head_revision(settings.database_url)
-    assert (tmp_path / "fleetscope.db").exists()
+    assert (tmp_path / "fleetscope.store.db").exists()
     assert engine.connect().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from fleetscope import auth
+from fleetscope.services import auth
 
 EXAMPLE = "telemetry/otlp-json_ExportMetricsServiceRequest_example_opentelemetry-proto.json"
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from analyzers import reliability as rel
-from fleetscope import auth
-from fleetscope.ingestion import ingest_bytes
-from fleetscope.reliability_service import UnknownJob, reliability_report
+from fleetscope.services import auth
+from fleetscope.door.ingestion import ingest_bytes
+from fleetscope.services.reliability import UnknownJob, reliability_report
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HOUR = 3600.0

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from fleetscope import auth
+from fleetscope.services import auth
 from tests.ingest.rw_proto import text_series, write_request
 
 TELEMETRY = Path(__file__).resolve().parents[2].parent / "shared" / "realdata" / "telemetry"

@@ -13,8 +13,8 @@ import httpx
 import polars as pl
 import pytest
 
-from fleetscope import auth
-from fleetscope import energy_service as es
+from fleetscope.services import auth
+from fleetscope.services import energy as es
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
 
@@ -295,7 +295,7 @@ def test_energy_verbs_of_the_cli(tmp_path):
     from tests.fleetscope.test_cli import run
 
     run(tmp_path, "db", "upgrade")
-    st = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    st = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     world(st)
     st.engine.dispose()
     span = ["--start", "2026-03-01T00:00:00Z", "--end", "2026-03-01T20:00:00Z"]

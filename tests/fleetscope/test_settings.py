@@ -9,7 +9,7 @@ def test_defaults_are_embedded(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     s = settings.load()
     assert s.data_dir == tmp_path / ".fleetscope"
-    assert s.database_url == f"sqlite:///{tmp_path / '.fleetscope' / 'fleetscope.db'}"
+    assert s.database_url == f"sqlite:///{tmp_path / '.fleetscope' / 'fleetscope.store.db'}"
     assert s.broker_url.startswith("sqla+sqlite:///")
     assert s.result_backend.startswith("db+sqlite:///")
     assert s.otel_exporter == "none"

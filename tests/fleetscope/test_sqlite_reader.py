@@ -7,7 +7,8 @@ import sqlite3
 import polars as pl
 import pytest
 
-from fleetscope import db, sqlite_reader
+from fleetscope.store import db
+from fleetscope.store import sqlite_reader
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 

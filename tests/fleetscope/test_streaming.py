@@ -15,9 +15,10 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from fleetscope.core import frames as F
-from fleetscope import ingestion, streaming
+from fleetscope.door import ingestion
+from fleetscope.door import streaming
 from fleetscope.core.errors import ParseError
-from fleetscope.ingestion import Options
+from fleetscope.door.ingestion import Options
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 SCRAPES = (

@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from dashboard.browser import free_port
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 from fleetscope.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def test_serve_over_https(tmp_path: Path) -> None:
         assert health.status_code == 200 and health.json()["status"] == "ok"
         assert health.extensions["http_version"] == b"HTTP/1.1"
         # A token travels inside TLS and works as over plain HTTP.
-        engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.db'}")
+        engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}")
         secret = auth.create_token(engine, "tls-reader", ["read"])
         engine.dispose()
         jobs = httpx.get(base + "/api/v1/jobs", headers={"Authorization": f"Bearer {secret}"}, verify=trusting(cert), timeout=10)

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fleetscope import db
+from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import setup_tracing

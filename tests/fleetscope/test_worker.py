@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetscope import db
+from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery

@@ -383,7 +383,7 @@ def test_threshold_crossing_and_robustness_from_frames() -> None:
 def test_frames_make_sql_tables_and_evidence_from_frames() -> None:
     import sqlalchemy as sa
 
-    from fleetscope.schema import sql_type
+    from fleetscope.store.schema import sql_type
 
     md = sa.MetaData()
     for spec in AIACT_FRAMES.values():

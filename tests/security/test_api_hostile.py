@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.api import create_app
 from fleetscope.api.server import uvicorn_options
 from tests.conftest import LiveServer, make_settings
@@ -250,7 +250,7 @@ def test_a_header_flood_is_cut_off_while_the_server_reads_it(tmp_path):
 
 
 def test_healthz_never_echoes_the_database_error(tmp_path):
-    from fleetscope import db
+    from fleetscope.store import db
     from fleetscope.store import Store
 
     url = "postgresql+psycopg://admin:hunter2@127.0.0.1:1/prod?connect_timeout=2"

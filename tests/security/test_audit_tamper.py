@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetscope import audit_service as au
-from fleetscope import auth
+from fleetscope.services import audit as au
+from fleetscope.services import auth
 from fleetscope.store import Store
 from governance import auditlog as A
 from governance import exports
@@ -178,7 +178,7 @@ def test_the_cli_names_the_first_bad_entry(tmp_path: Path) -> None:
         assert run("registry", "model", "scorer", v, "--purpose", "credit scoring").returncode == 0
     ok = run("auditlog", "verify")
     assert ok.returncode == 0 and "audit log intact: 3 entries" in ok.stdout and "3 signed checkpoints" in ok.stdout
-    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     import getpass
 
     assert [e.actor for e in rows(store)] == [getpass.getuser()] * 3
@@ -265,7 +265,7 @@ def test_cli_silences_are_logged_as_the_os_user(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     sid = made.stdout.split()[1]
     assert run("alerts", "expire", sid).returncode == 0
-    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.db'}")
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     log = rows(store)
     store.engine.dispose()
     assert [(e.action, e.actor, e.subject) for e in log] == [("silence_create", getpass.getuser(), f"silence:{sid}"),

@@ -27,7 +27,8 @@ import psutil
 import pytest
 
 from benchmarks._server import free_port, wait_healthy
-from fleetscope import auth, db
+from fleetscope.services import auth
+from fleetscope.store import db
 from fleetscope.store import Store
 
 pytestmark = pytest.mark.slow

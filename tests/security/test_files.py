@@ -19,9 +19,13 @@ import defusedxml
 import httpx
 import pytest
 
-from fleetscope import auth, db, ingestion, safefiles, streaming
+from fleetscope import safefiles
+from fleetscope.services import auth
+from fleetscope.store import db
+from fleetscope.door import ingestion
+from fleetscope.door import streaming
 from fleetscope.core.errors import ParseError
-from fleetscope.ingestion import Options
+from fleetscope.door.ingestion import Options
 from fleetscope.store import Store
 from ingest import dcgm, nvidia_smi
 from tests.conftest import make_settings
@@ -51,8 +55,8 @@ def _mode(p: Path) -> int:
 def test_everything_a_demo_like_run_creates_is_private(tmp_path, open_umask, realdata):
     """Store, ingest, Celery's embedded broker, alerting key, fairness upload kept, audit report, signed
     export, agent spool, demo log: every file 0600 and every directory 0700, with umask 000."""
-    from fleetscope import audit_service as au
-    from fleetscope import governance_service as gs
+    from fleetscope.services import audit as au
+    from fleetscope.services import governance as gs
     from fleetscope import worker
     from fleetscope.agent import Backlog, Reading
     from fleetscope.alerting import config as alert_config
@@ -60,7 +64,7 @@ def test_everything_a_demo_like_run_creates_is_private(tmp_path, open_umask, rea
 
     top = tmp_path / "state"
     data = top / "data"  # neither exists yet: both are created
-    url = f"sqlite:///{data / 'fleetscope.db'}"
+    url = f"sqlite:///{data / 'fleetscope.store.db'}"
     settings = make_settings(data, url, broker_url=f"sqla+sqlite:///{data / 'broker.db'}",
                              result_backend=f"db+sqlite:///{data / 'results.db'}", signing_key="")
     engine = db.make_engine(url)
@@ -85,7 +89,7 @@ def test_everything_a_demo_like_run_creates_is_private(tmp_path, open_umask, rea
     # While the engine holds its connections: SQLite removes the -wal file when the last one closes.
     made = {p.relative_to(top).as_posix(): _mode(p) for p in top.rglob("*")}
     engine.dispose()
-    expected = {"data", "data/fleetscope.db", "data/fleetscope.db-wal", "data/fleetscope.db-writelock", "data/broker.db",
+    expected = {"data", "data/fleetscope.store.db", "data/fleetscope.store.db-wal", "data/fleetscope.store.db-writelock", "data/broker.db",
                 "data/results.db", "data/secret.key", "data/signing_key.pem", "data/signing_key.pub.pem", "data/reports",
                 f"data/reports/{audit['audit_id']}/report.json", "data/exports", str(Path(export["path"]).relative_to(top)),
                 "data/fairness-uploads/org", "data/agent-spool/000000000001.reading", "data/logs/api.log"}
@@ -148,7 +152,7 @@ def test_contained_allows_plain_names_and_links_that_stay_inside(tmp_path):
 
 
 def test_a_kept_upload_whose_model_name_leads_out_is_refused_and_nothing_is_written(store, tmp_path):
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
     from governance.fairness import FairnessInputError
     from governance.registry import ModelEntry
 
@@ -203,7 +207,7 @@ def test_ingest_dir_skips_links_and_fifos_with_a_note_each(tree, realdata):
     assert all("symbolic link, not followed (--follow-symlinks" in skipped[n] for n in ("b-link.prom", "dir-link", "loop", "gone"))
     assert skipped["pipe"] == "a FIFO (named pipe), not a regular file"
     assert lines[-1]["summary"] == {"files": 1, "rejected": 0, "skipped": 5, "written": lines[-2]["written"]}
-    stored = set(Store.open(f"sqlite:///{tree / 'data' / 'fleetscope.db'}").read("gpu")["gpu_uuid"].to_list())
+    stored = set(Store.open(f"sqlite:///{tree / 'data' / 'fleetscope.store.db'}").read("gpu")["gpu_uuid"].to_list())
     assert stored == _uuids((realdata / SCRAPE_A).read_bytes())
 
 
@@ -214,7 +218,7 @@ def test_follow_symlinks_reads_what_links_point_to_but_never_a_fifo(tree, realda
     skipped = {Path(x["source"]).name: x["skipped"] for x in lines if "skipped" in x and "source" in x}
     assert skipped == {"gone": "a broken symbolic link", "loop": "a directory already read (a loop, or a second link to it)",
                        "pipe": "a FIFO (named pipe), not a regular file"}
-    stored = set(Store.open(f"sqlite:///{tree / 'data' / 'fleetscope.db'}").read("gpu")["gpu_uuid"].to_list())
+    stored = set(Store.open(f"sqlite:///{tree / 'data' / 'fleetscope.store.db'}").read("gpu")["gpu_uuid"].to_list())
     assert stored == set().union(*(_uuids((realdata / s).read_bytes()) for s in (SCRAPE_A, SCRAPE_B, SCRAPE_C)))
 
 

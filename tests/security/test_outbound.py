@@ -25,9 +25,9 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
-from fleetscope import auth
+from fleetscope.services import auth
 from fleetscope.alerting import notifiers as N
-from fleetscope.alerting import schema as S
+from fleetscope.store import alerting_schema as S
 from fleetscope.alerting import state as ST
 from tests.alerting.receiver import Receiver
 from tests.conftest import LiveServer, make_settings
@@ -457,7 +457,7 @@ def test_credentials_never_reach_last_error_logs_or_the_api(tmp_path, monkeypatc
     """A receiver saved while loopback was allowed, delivered after it no longer is: the refusal names the
     URL, redacted, in last_error, the attempt log, the worker's log and every API answer a read token
     gets; a row written by an older version with the raw URL is redacted on the way out too."""
-    from fleetscope import db
+    from fleetscope.store import db
     from fleetscope.api import create_app
     from fleetscope.api import routes_alerts
 

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from analyzers import carbon, energy, goodput, stragglers
-from fleetscope import ingestion
+from fleetscope.door import ingestion
 from fleetscope.sim import FaultSpec, JobSpec, Manifest, SimSpec, fleet_law, ring_allreduce_s, simulate, small_spec
 from fleetscope.sim.jobs import ALPHA_NET_S
 from governance import fairness

@@ -8,7 +8,7 @@ under pickle) and are concatenated.
 
 Every process uses the stdlib driver, so one SQLite library per process: the rule that keeps WAL locking
 sound (sqlite.org/howtocorrupt.html, "multiple copies of SQLite"). The readers are fresh interpreters
-(``python -m fleetscope.sqlite_reader``) that talk over their stdin/stdout: never forked from a threaded
+(``python -m fleetscope.store.sqlite_reader``) that talk over their stdin/stdout: never forked from a threaded
 API or worker, and, unlike multiprocessing's spawn, they never re-import the caller's main script. The parts are separate read
 transactions: rows committed while the read runs may appear in a later part and not in an earlier one,
 which for append-only telemetry means the read sees a little more of the newest data, never a torn row.

@@ -28,7 +28,8 @@ import polars as pl
 from sqlalchemy import Connection, Engine, text
 
 from fleetscope.core import frames as F
-from fleetscope import schema, sqlite_reader
+from fleetscope.store import schema
+from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 
@@ -122,7 +123,7 @@ class Store:
 
     @classmethod
     def open(cls, url: str) -> Store:
-        from fleetscope.db import make_engine
+        from fleetscope.store.db import make_engine
 
         return cls(make_engine(url))
 
@@ -494,7 +495,7 @@ class Store:
     def _fetch_sqlite_parallel(self, sql: str, source: str, params: list[Any], i_start: int, i_end: int,
                                out_schema: dict[str, pl.DataType]) -> pl.DataFrame | None:
         """A large time-bounded read split into equal time slices, one per reader process
-        (fleetscope.sqlite_reader); None when the database is not a file, the result is small, or no pool
+        (fleetscope.store.sqlite_reader); None when the database is not a file, the result is small, or no pool
         can run here."""
         path = self.engine.url.database
         if not path or path == ":memory:" or sqlite_reader.WORKERS < 2:

@@ -1,4 +1,4 @@
-"""Alerting tables, registered on ``fleetscope.schema.metadata`` so Alembic migrates them with the rest.
+"""Alerting tables, registered on ``fleetscope.store.schema.metadata`` so Alembic migrates them with the rest.
 
 State is durable so that a restart of the API, a worker or beat loses no firing alert and sends no
 duplicate (issue 9): alert states and notification groups are written in the same transaction as the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Double, ForeignKey, Index, Integer, String, Table, Text
 
-from fleetscope.schema import UTCDateTime, metadata
+from fleetscope.store.schema import UTCDateTime, metadata
 
 alert_rule = Table(
     "alert_rule",

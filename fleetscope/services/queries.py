@@ -538,11 +538,11 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
 
 def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Scope 2 per site over ``[start, end)`` from the per-minute energy roll-ups, location- and market-based
-    side by side (``fleetscope.energy_service.site_scope2``: energy × PUE, hourly or annual grid intensity,
+    side by side (``fleetscope.services.energy.site_scope2``: energy × PUE, hourly or annual grid intensity,
     the site's recorded contractual instruments): ``site_id, energy_kwh, location_kgco2e, market_kgco2e,
     covered_kwh, instruments, pue, energy_basis, uncovered_basis``. Sites that used no energy are left out.
     The roll-ups are summed per site and minute in the database, so the cost follows the window."""
-    from fleetscope.energy_service import site_scope2
+    from fleetscope.services.energy import site_scope2
 
     schema = {"site_id": pl.String, "energy_kwh": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
               "covered_kwh": pl.Float64, "instruments": pl.String, "pue": pl.Float64, "energy_basis": pl.String, "uncovered_basis": pl.String}
@@ -576,7 +576,7 @@ def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end
     if energy.is_empty():
         return pl.DataFrame(schema=_SITE_HOUR_CARBON)
     from analyzers import carbon
-    from fleetscope.energy_service import metric_samples
+    from fleetscope.services.energy import metric_samples
 
     site_rows = store.read("site")
     known = energy.filter(pl.col("site_id").is_in(site_rows["site_id"].implode()))
@@ -590,7 +590,7 @@ def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end
 
 def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy per site and UTC hour over ``[start, end)`` from the per-minute roll-ups the worker writes
-    (``gpu_energy_minute``, fleetscope.energy_service), with location-based emissions: ``site_id, hour,
+    (``gpu_energy_minute``, fleetscope.services.energy), with location-based emissions: ``site_id, hour,
     gpus, energy_j, g_per_kwh, intensity_basis, kgco2e``. GPUs outside the inventory's sites come as
     site_id null, without emissions.
 
@@ -665,7 +665,7 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     ISO/IEC 30134-2, category from the IT metering point): ``site_id, ts, pue, category, facility_energy_j,
     it_energy_j``. Reads the meter series by name only: a handful of series per site."""
     from analyzers import energy
-    from fleetscope.energy_service import METER_SERIES, PAD, metric_samples
+    from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
 
     start, end = _as_utc(start), _as_utc(end)
     bucket_s = max(60, int(bucket_s) // 60 * 60)
@@ -1033,7 +1033,7 @@ def scaling(store: Store, model_name: str) -> pl.DataFrame:
 
 
 def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
-    """The analyzers' stored summaries of a job (``fleetscope.analysis``: c3, goodput, stragglers, sdc,
+    """The analyzers' stored summaries of a job (``fleetscope.services.jobs``: c3, goodput, stragglers, sdc,
     checkpoint), keyed by analyzer: each the parsed ``result`` plus ``computed_at``, ``window_start`` and
     ``window_end``. Empty before the job has been analysed."""
     df = _fetch(
@@ -1465,9 +1465,9 @@ def fairness_groups(store: Store) -> pl.DataFrame:
 
 def model_lineage(store: Store, model_name: str, model_version: str) -> dict[str, Any] | None:
     """A registered model's upstream datasets with the path proving each, and what taints them
-    (fleetscope.governance_service.model_lineage, as ``GET /api/v1/models/{name}/lineage``); None for a
+    (fleetscope.services.governance.model_lineage, as ``GET /api/v1/models/{name}/lineage``); None for a
     model not in the registry."""
-    from fleetscope import governance_service as gs
+    from fleetscope.services import governance as gs
 
     try:
         return gs.model_lineage(store, model_name, model_version)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sqlalchemy import BigInteger, DateTime, Engine, create_engine, event, inspect
 
-from fleetscope import safefiles, schema
+from fleetscope import safefiles
+from fleetscope.store import schema
 
 from fleetscope.settings import Settings
 
@@ -127,7 +128,7 @@ def compare_type(ctx, inspected_column, metadata_column, inspected_type, metadat
 def render_item(type_, obj, autogen_context):  # type: ignore[no-untyped-def]
     """Alembic rendering: migrations refer to UTCDateTime by its import, not its repr."""
     if type_ == "type" and isinstance(obj, schema.UTCDateTime):
-        autogen_context.imports.add("from fleetscope.schema import UTCDateTime")
+        autogen_context.imports.add("from fleetscope.store.schema import UTCDateTime")
         return "UTCDateTime()"
     return False
 

@@ -204,8 +204,8 @@ def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
     truth; every job holding the jobs' GPUs is read, so shared GPUs split as in the roll-up."""
     from sqlalchemy import delete
 
-    from fleetscope import schema
-    from fleetscope.queries import energy_rollup_end
+    from fleetscope.store import schema
+    from fleetscope.services.queries import energy_rollup_end
 
     jr = store.read("job_rank", job_id=job_ids)
     rolled_to = energy_rollup_end(store)
@@ -270,7 +270,7 @@ def record_instrument(store: Store, record: dict[str, Any], *, recorded_by: str,
     log. ``ValidationError`` for a bad field, ``NotFound`` for a site not in the inventory, ``Conflict`` for an
     id already claimed by another site (the Scope 2 Guidance forbids counting one instrument twice); each
     leaves the store as it was."""
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
 
     rec = carbon.check_instrument(record)
     if store.read("site").filter(pl.col("site_id") == rec["site_id"]).height == 0:
@@ -289,7 +289,8 @@ def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor
     """Delete an instrument recorded in error, and log it; ``NotFound`` where the site holds no such one."""
     from sqlalchemy import delete
 
-    from fleetscope import audit_service, schema
+    from fleetscope.services import audit as audit_service
+    from fleetscope.store import schema
 
     t = schema.metadata.tables["energy_instrument"]
     with store.engine.begin() as conn:

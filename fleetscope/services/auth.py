@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from fleetscope.core import frames as F
-from fleetscope import schema
+from fleetscope.store import schema
 
 SCOPES = ("ingest", "read", "governance", "admin")
 PREFIX = "fs_"

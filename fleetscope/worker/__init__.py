@@ -17,7 +17,9 @@ from celery import Celery, signals
 from celery.schedules import crontab
 from sqlalchemy import delete, text
 
-from fleetscope import db, safefiles, schema
+from fleetscope import safefiles
+from fleetscope.store import db
+from fleetscope.store import schema
 from fleetscope import settings as settings_mod
 from fleetscope.observability import TASKS, setup_tracing, tracer
 from fleetscope.store import Store
@@ -47,7 +49,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
     # The embedded broker and result store are SQLite files Celery would create with the umask's mode.
     for url in (settings.broker_url, settings.result_backend):
         db.create_sqlite_file(url)
-    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker", "fleetscope.alerting.tasks"])
+    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker", "fleetscope.worker.alerting"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -90,7 +92,7 @@ def store() -> Store:
         settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
         _store = Store(db.make_engine(settings.database_url))
         db.ensure_schema(settings, _store.engine)
-        from fleetscope import audit_service
+        from fleetscope.services import audit as audit_service
 
         audit_service.bind(_store, settings)  # the audit log's key and checkpoints are the worker's settings'
     return _store
@@ -166,7 +168,7 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
 @celery_app.task(name="fleetscope.analyze_job")
 def analyze_job(job_id: str) -> dict[str, Any]:
     """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
-    from fleetscope.analysis import analyze_job as run
+    from fleetscope.services.jobs import analyze_job as run
 
     with tracer().start_as_current_span("task.analyze_job"):
         result = run(store(), job_id)
@@ -177,7 +179,7 @@ def analyze_job(job_id: str) -> dict[str, Any]:
 @celery_app.task(name="fleetscope.analyze_active_jobs")
 def analyze_active_jobs(window_s: int = 900) -> list[str]:
     """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
-    from fleetscope.analysis import active_jobs
+    from fleetscope.services.jobs import active_jobs
 
     jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
     for job_id in jobs:
@@ -189,7 +191,7 @@ def analyze_active_jobs(window_s: int = 900) -> list[str]:
 def energy_rollup(window_start: str | None = None, window_end: str | None = None) -> dict[str, Any]:
     """Beat's minute tick: re-roll the last ten closed minutes, so late scrapes are counted; a window's
     roll-up comes out the same however often it is rewritten."""
-    from fleetscope.energy_service import floor_minute, rollup_window
+    from fleetscope.services.energy import floor_minute, rollup_window
 
     end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
@@ -200,7 +202,7 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
 @celery_app.task(name="fleetscope.health_window")
 def health_window(window_s: int = 900) -> dict[str, Any]:
     """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
-    from fleetscope.health_service import health_window as run
+    from fleetscope.services.health import health_window as run
 
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     end = dt.datetime.now(dt.UTC)
@@ -212,7 +214,7 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
 @celery_app.task(name="fleetscope.audit_report")
 def audit_report() -> dict[str, Any]:
     """Beat's scheduled EU AI Act audit of the whole registry (weekly by default), filed as a report."""
-    from fleetscope.audit_service import AuditError, run_audit
+    from fleetscope.services.audit import AuditError, run_audit
 
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     with tracer().start_as_current_span("task.audit_report"):
@@ -224,4 +226,4 @@ def audit_report() -> dict[str, Any]:
 
 # Alerting's tasks and beat entries register on this app; imported last because they import it, and
 # here rather than only through `include` so that beat, which may not import included modules, has them.
-from fleetscope.alerting import tasks as _alerting_tasks  # noqa: E402,F401
+from fleetscope.worker import alerting as _alerting_tasks  # noqa: E402,F401

@@ -294,7 +294,7 @@ def parse(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Option
     return formats, batch
 
 
-# The most a gzip input parsed whole may inflate to. Line formats of any size stream (fleetscope.streaming)
+# The most a gzip input parsed whole may inflate to. Line formats of any size stream (fleetscope.door.streaming)
 # and the API inflates within its body limit first; this bounds what is left, a document format read
 # whole (nvidia-smi XML, nccl-tests), so a small gzip bomb is refused rather than inflated.
 WHOLE_INFLATED_MAX_BYTES = 1 * 2**30

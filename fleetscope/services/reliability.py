@@ -17,7 +17,7 @@ import polars as pl
 
 from analyzers import reliability
 from fleetscope.core import frames as F
-from fleetscope.analysis import json_safe, job_exists
+from fleetscope.services.jobs import json_safe, job_exists
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 

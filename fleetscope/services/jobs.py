@@ -16,7 +16,7 @@ import polars as pl
 
 from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
 from fleetscope.core import frames as F
-from fleetscope.energy_service import floor_minute
+from fleetscope.services.energy import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 

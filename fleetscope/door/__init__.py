@@ -44,7 +44,7 @@ from sqlalchemy.exc import OperationalError
 
 from analyzers import carbon
 from fleetscope.core import frames as F
-from fleetscope.auth import Binding
+from fleetscope.services.auth import Binding
 from fleetscope.core.errors import FleetscopeError, ValidationError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
 from fleetscope.store import Rows, Store, WriteResult

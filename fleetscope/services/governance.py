@@ -45,7 +45,7 @@ def registry(store: Store) -> tuple[list[DatasetEntry], list[ModelEntry]]:
 
 
 def _log(store: Store, actor: str, action: str, subject: str, payload: dict[str, Any]) -> None:
-    from fleetscope import audit_service
+    from fleetscope.services import audit as audit_service
 
     audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
 

@@ -255,4 +255,4 @@ TIME_COLUMN: dict[str, str] = {
     "job_energy_minute": "minute",
     "finding": "window_start",
 }
-from fleetscope.alerting import schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)
+from fleetscope.store import alerting_schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)

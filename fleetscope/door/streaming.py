@@ -56,7 +56,7 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope import door, safefiles
-from fleetscope.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
+from fleetscope.door.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
 from fleetscope.core.textinput import require_final_newline
 from ingest.format import Splitting

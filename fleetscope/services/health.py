@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from analyzers import absence, fabric, hangs, health, ib_links, sdc
 from fleetscope.core import frames as F
-from fleetscope import schema
+from fleetscope.store import schema
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 

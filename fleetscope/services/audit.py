@@ -25,9 +25,9 @@ import polars as pl
 
 from analyzers import carbon
 from fleetscope.core import frames as F
-from fleetscope import governance_service as gs
+from fleetscope.services import governance as gs
 from fleetscope import safefiles
-from fleetscope.energy_service import job_energy, model_jobs
+from fleetscope.services.energy import job_energy, model_jobs
 from fleetscope.core.errors import FleetscopeError
 from fleetscope import settings as settings_mod
 from fleetscope.settings import Settings
@@ -505,7 +505,7 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
 def _footprints(store: Store) -> pl.DataFrame:
     """Training compute, time, energy and emissions of every registered model, each with its basis
     (Annex XI 1.2(d)-(e)); models without a training job in the inventory get a row saying so."""
-    from fleetscope.energy_service import model_footprint
+    from fleetscope.services.energy import model_footprint
 
     rows = []
     for m in store.read("model")["model_name"].unique().sort().to_list():
