@@ -28,8 +28,6 @@ from collections.abc import Callable
 
 import polars as pl
 
-from fleetscope import settings as settings_mod
-from fleetscope.alerting import config as C
 from fleetscope.alerting.engine import rules_reading
 from fleetscope.alerting.rules import AlertingConfig
 
@@ -63,17 +61,3 @@ class Kicker:
 def needs_evaluation(config: AlertingConfig, health_event: pl.DataFrame | None) -> bool:
     """Whether some of these events are ones an enabled rule reads (an evaluation now could fire on them)."""
     return health_event is not None and bool(rules_reading(config, health_event))
-
-
-def celery_kicker(settings: settings_mod.Settings) -> Kicker:
-    """A Kicker that queues ``fleetscope.alerting.evaluate`` on the configured broker. A kick left in the
-    queue longer than an evaluation interval expires, as beat's own ticks do: by then a tick has run."""
-    from fleetscope.worker import make_celery
-
-    app = make_celery(settings)
-    expires_s = max(1.0, C.load(settings).eval_interval_s)
-
-    def send(countdown_s: float) -> None:
-        app.send_task(EVALUATE, countdown=countdown_s or None, expires=countdown_s + expires_s)
-
-    return Kicker(send)

@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse
 
 from fleetscope.services import auth
 from fleetscope.alerting import state as ST
-from fleetscope.alerting.kick import celery_kicker, needs_evaluation
+from fleetscope.alerting.kick import needs_evaluation
+from fleetscope.worker import celery_kicker
 from fleetscope.alerting.notifiers import DeliveryError
 from fleetscope.alerting.rules import RuleError
 from fleetscope.alerting import service as AS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Double, ForeignKey, Index, Integer, String, Table, Text
 
-from fleetscope.store.schema import UTCDateTime, metadata
+from fleetscope.store.sqltypes import UTCDateTime, metadata
 
 alert_rule = Table(
     "alert_rule",

@@ -10,97 +10,27 @@ SQLite has no datetime type, and integers keep its index comparisons and bulk wr
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any
 
-import polars as pl
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     Column,
-    DateTime,
     Double,
     ForeignKey,
     Index,
     Integer,
-    MetaData,
-    PrimaryKeyConstraint,
     String,
     Table,
     Text,
     UniqueConstraint,
     func,
 )
-from sqlalchemy.types import TypeDecorator
 
 from fleetscope.core import frames as F
+from fleetscope.store import alerting_schema as _alerting_schema  # noqa: F401  (alerting tables on the same metadata)
+from governance.aiact.frames import AIACT_FRAMES
+from governance.frames import GOVERNANCE_FRAMES
 
-# Alembic needs stable constraint names to alter and drop them, above all in SQLite batch mode.
-NAMING_CONVENTION = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-
-
-class UTCDateTime(TypeDecorator):
-    """A UTC instant: ``timestamptz`` on PostgreSQL, int64 µs since the epoch on SQLite."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect):  # type: ignore[no-untyped-def]
-        if dialect.name == "sqlite":
-            return dialect.type_descriptor(BigInteger())
-        return dialect.type_descriptor(DateTime(timezone=True))
-
-    def process_bind_param(self, value: Any, dialect):  # type: ignore[no-untyped-def]
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        if dialect.name == "sqlite":
-            delta = value - EPOCH
-            return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-        return value.astimezone(dt.timezone.utc)
-
-    def process_result_value(self, value: Any, dialect):  # type: ignore[no-untyped-def]
-        if value is None:
-            return None
-        if dialect.name == "sqlite":
-            return EPOCH + dt.timedelta(microseconds=int(value))
-        return value.astimezone(dt.timezone.utc)
-
-
-def sql_type(dtype: pl.DataType) -> Any:
-    if dtype == F.UTC_US:
-        return UTCDateTime()
-    if dtype == pl.String:
-        return Text()
-    if dtype == pl.Int64:
-        return BigInteger()
-    if dtype == pl.Float64:
-        return Double()
-    if dtype == pl.Boolean:
-        return Boolean()
-    raise TypeError(f"no SQL type for polars {dtype}")
-
-
-def _columns(spec: F.FrameSpec) -> list[Column]:
-    return [Column(c.name, sql_type(c.dtype), nullable=c.nullable and not c.key, comment=c.doc or None) for c in spec.columns]
-
-
-def _frame_table(spec: F.FrameSpec, *extra: Any, key_order: tuple[str, ...] | None = None) -> Table:
-    """The table of a frame; ``key_order`` orders the primary key to match the most common lookup."""
-    key = key_order or spec.key
-    assert sorted(key) == sorted(spec.key), spec.name
-    return Table(spec.name, metadata, *_columns(spec), PrimaryKeyConstraint(*key), *extra, comment=spec.doc or None)
+from fleetscope.store.sqltypes import EPOCH, NAMING_CONVENTION, UTCDateTime, _columns, _frame_table, metadata, sql_type  # noqa: F401
 
 
 site = _frame_table(F.SITE)
@@ -207,8 +137,6 @@ task_run = Table(
 
 # Governance records are declared beside their pure code (governance/frames.py) and stored like the
 # canonical frames: one table per spec, natural key as primary key.
-from governance.aiact.frames import AIACT_FRAMES  # noqa: E402
-from governance.frames import GOVERNANCE_FRAMES  # noqa: E402
 
 for _spec in GOVERNANCE_FRAMES.values():
     _frame_table(_spec)
@@ -255,4 +183,3 @@ TIME_COLUMN: dict[str, str] = {
     "job_energy_minute": "minute",
     "finding": "window_start",
 }
-from fleetscope.store import alerting_schema as _alerting_schema  # noqa: E402,F401  (alerting tables on this metadata)

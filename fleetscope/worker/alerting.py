@@ -19,7 +19,7 @@ from typing import Any
 from fleetscope.alerting import config as C
 from fleetscope.alerting import state as ST
 from fleetscope.alerting.service import Alerting, open_alerting
-from fleetscope.worker import celery_app, store
+from fleetscope.worker.app import celery_app, store
 
 
 _ctx: Alerting | None = None

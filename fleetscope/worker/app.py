@@ -1,0 +1,144 @@
+"""The Celery app: broker, queues, beat's schedule, the worker process's store and task bookkeeping.
+
+Broker: Redis in production (``FLEETSCOPE_BROKER_URL=redis://...``); the embedded default is kombu's
+SQLAlchemy transport over a SQLite file in the data directory, which needs no server and survives
+restarts, so ``fleetscope demo`` runs a real worker on a laptop with nothing installed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from celery import Celery, signals
+from celery.schedules import crontab
+
+from fleetscope import safefiles
+from fleetscope.alerting import config as alert_config
+from fleetscope.alerting.kick import EVALUATE, Kicker
+from fleetscope.store import db
+from fleetscope.store import schema
+from fleetscope import settings as settings_mod
+from fleetscope.observability import TASKS, setup_tracing
+from fleetscope.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _crontab(spec: str) -> crontab:
+    """A five-field crontab string ("minute hour day-of-month month day-of-week") as Celery's schedule."""
+    parts = spec.split()
+    if len(parts) != 5:
+        raise ValueError(f"FLEETSCOPE_REPORT_SCHEDULE={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
+    m, h, dom, mon, dow = parts
+    return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
+
+
+DEFAULT_QUEUE = "celery"
+# Alerting's tasks have a queue of their own, which `fleetscope worker` serves from a process of its own:
+# a page must not wait behind a minute's job analyses in one queue, nor for a pool slot that a
+# five-minute health window holds.
+ALERTING_QUEUE = "alerting"
+
+
+def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
+    settings = settings or settings_mod.load()
+    safefiles.private_dir(settings.data_dir)
+    # The embedded broker and result store are SQLite files Celery would create with the umask's mode.
+    for url in (settings.broker_url, settings.result_backend):
+        db.create_sqlite_file(url)
+    app = Celery("fleetscope", broker=settings.broker_url, backend=settings.result_backend, include=["fleetscope.worker.tasks", "fleetscope.worker.alerting"])
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        timezone="UTC",
+        enable_utc=True,
+        # A task is acknowledged after it ran, so a worker killed mid-task hands it to the next one.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes={"fleetscope.alerting.*": {"queue": ALERTING_QUEUE}},
+        result_expires=3600,
+        broker_connection_retry_on_startup=True,
+        beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),
+        beat_schedule={
+            "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
+            "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
+            "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
+            "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
+            "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
+        },
+    )
+    if settings.broker_url.startswith("sqla+"):
+        # kombu hands these to create_engine: wait for SQLite's write lock instead of failing a publish
+        # while a worker holds it.
+        app.conf.broker_transport_options = {"connect_args": {"timeout": 30}}
+    app.conf.fleetscope_settings = settings
+    return app
+
+
+celery_app = make_celery()
+_store: Store | None = None
+
+
+def store() -> Store:
+    """The worker process's store, opened once (after fork) and migrated if the settings allow."""
+    global _store
+    if _store is None:
+        settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+        _store = Store(db.make_engine(settings.database_url))
+        db.ensure_schema(settings, _store.engine)
+        from fleetscope.services import audit as audit_service
+
+        audit_service.bind(_store, settings)  # the audit log's key and checkpoints are the worker's settings'
+    return _store
+
+
+@signals.worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    global _store
+    _store = None  # never share a connection pool across fork
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    setup_tracing(settings.otel_exporter, settings.otel_endpoint, "fleetscope-worker")
+
+
+_started: dict[str, float] = {}
+
+
+@signals.task_prerun.connect
+def _prerun(task_id: str = "", **_: Any) -> None:
+    _started[task_id] = time.perf_counter()
+
+
+@signals.task_postrun.connect
+def _postrun(task_id: str = "", task: Any = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
+    runtime = time.perf_counter() - _started.pop(task_id, time.perf_counter())
+    name = getattr(task, "name", "?")
+    outcome = (state or "unknown").lower()
+    TASKS.labels(name, outcome).inc()
+    try:
+        with store().engine.begin() as conn:
+            conn.execute(
+                schema.task_run.insert().values(
+                    task=name, task_id=task_id, state=outcome, at=dt.datetime.now(dt.UTC), runtime_s=runtime,
+                    detail=None if outcome == "success" else str(retval)[:2000],
+                )
+            )
+    except Exception:  # noqa: BLE001 - bookkeeping must never fail the task it records
+        log.exception("could not record task run %s", task_id)
+
+
+def celery_kicker(settings: settings_mod.Settings) -> Kicker:
+    """A Kicker that queues ``fleetscope.alerting.evaluate`` on the configured broker. A kick left in the
+    queue longer than an evaluation interval expires, as beat's own ticks do: by then a tick has run."""
+    app = make_celery(settings)
+    expires_s = max(1.0, alert_config.load(settings).eval_interval_s)
+
+    def send(countdown_s: float) -> None:
+        app.send_task(EVALUATE, countdown=countdown_s or None, expires=countdown_s + expires_s)
+
+    return Kicker(send)

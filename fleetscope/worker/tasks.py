@@ -1,0 +1,106 @@
+"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, retention and scheduled audits."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from typing import Any
+
+from sqlalchemy import delete, text
+
+from fleetscope import settings as settings_mod
+from fleetscope.observability import tracer
+from fleetscope.store import schema
+from fleetscope.worker.app import celery_app, store
+
+
+@celery_app.task(name="fleetscope.ping")
+def ping() -> dict[str, Any]:
+    """Proves the path broker → worker → database → result backend end to end."""
+    with tracer().start_as_current_span("task.ping"):
+        with store().engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return {"pong": True, "hostname": socket.gethostname(), "database": store().dialect}
+
+
+@celery_app.task(name="fleetscope.counts")
+def counts() -> dict[str, int]:
+    with tracer().start_as_current_span("task.counts"):
+        return store().counts()
+
+
+@celery_app.task(name="fleetscope.retention")
+def retention(now_iso: str | None = None) -> dict[str, int]:
+    """Delete raw telemetry older than ``FLEETSCOPE_RETENTION_DAYS``. Findings, inventory and governance
+    records are kept: they are the evidence audits read."""
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
+    cutoff = now - dt.timedelta(days=settings.retention_days)
+    deleted: dict[str, int] = {}
+    with tracer().start_as_current_span("task.retention"):
+        st = store()
+        with st.engine.begin() as conn:
+            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample"):
+                table = schema.metadata.tables[name]
+                col = table.c[schema.TIME_COLUMN[name]]
+                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+    return deleted
+
+
+@celery_app.task(name="fleetscope.analyze_job")
+def analyze_job(job_id: str) -> dict[str, Any]:
+    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
+    from fleetscope.services.jobs import analyze_job as run
+
+    with tracer().start_as_current_span("task.analyze_job"):
+        result = run(store(), job_id)
+        return {"job_id": job_id, "c3": result.c3 is not None, "goodput": result.goodput is not None,
+                "stragglers": len(result.stragglers), "notes": result.notes}
+
+
+@celery_app.task(name="fleetscope.analyze_active_jobs")
+def analyze_active_jobs(window_s: int = 900) -> list[str]:
+    """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
+    from fleetscope.services.jobs import active_jobs
+
+    jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
+    for job_id in jobs:
+        analyze_job.delay(job_id)
+    return jobs
+
+
+@celery_app.task(name="fleetscope.energy_rollup")
+def energy_rollup(window_start: str | None = None, window_end: str | None = None) -> dict[str, Any]:
+    """Beat's minute tick: re-roll the last ten closed minutes, so late scrapes are counted; a window's
+    roll-up comes out the same however often it is rewritten."""
+    from fleetscope.services.energy import floor_minute, rollup_window
+
+    end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
+    start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
+    with tracer().start_as_current_span("task.energy_rollup"):
+        return rollup_window(store(), start, end)
+
+
+@celery_app.task(name="fleetscope.health_window")
+def health_window(window_s: int = 900) -> dict[str, Any]:
+    """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
+    from fleetscope.services.health import health_window as run
+
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    end = dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.health_window"):
+        out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s)
+        return {"gpus": out["gpus"].height, "findings": out["findings"].height}
+
+
+@celery_app.task(name="fleetscope.audit_report")
+def audit_report() -> dict[str, Any]:
+    """Beat's scheduled EU AI Act audit of the whole registry (weekly by default), filed as a report."""
+    from fleetscope.services.audit import AuditError, run_audit
+
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    with tracer().start_as_current_span("task.audit_report"):
+        try:
+            return run_audit(store(), settings, trigger="beat", requested_by="beat")
+        except AuditError as exc:
+            return {"skipped": str(exc)}
