@@ -49,12 +49,12 @@ from ingest_dcgm import synth_scrape  # noqa: E402
 
 from fleetscope.store import db  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.alerting import config as C  # noqa: E402
-from fleetscope.alerting import dispatch as D  # noqa: E402
-from fleetscope.alerting import engine as E  # noqa: E402
-from fleetscope.alerting import notifiers as N  # noqa: E402
-from fleetscope.alerting import state as ST  # noqa: E402
-from fleetscope.alerting.rules import load_config  # noqa: E402
+from fleetscope.services.alerting import config as C  # noqa: E402
+from fleetscope.services.alerting import dispatch as D  # noqa: E402
+from fleetscope.services.alerting import engine as E  # noqa: E402
+from fleetscope.services.alerting import notifiers as N  # noqa: E402
+from fleetscope.services.alerting import state as ST  # noqa: E402
+from fleetscope.services.alerting.rules import load_config  # noqa: E402
 from fleetscope.store import Store  # noqa: E402
 
 NOW = dt.datetime(2027, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -299,7 +299,7 @@ def bench_time_to_alert(args: argparse.Namespace) -> None:
         values = sum(x["values"] for x in done)
         runtimes = store.query("SELECT task, runtime_s FROM task_run", [], {"task": pl.String, "runtime_s": pl.Float64})
         tasks = {t: {"runs": g.height, "median_s": round(g["runtime_s"].median(), 3), "max_s": round(g["runtime_s"].max(), 3)}
-                 for (t,), g in runtimes.group_by("task") if t.startswith(("fleetscope.alerting.", "fleetscope.energy", "fleetscope.health"))}
+                 for (t,), g in runtimes.group_by("task") if t.startswith(("fleetscope.services.alerting.", "fleetscope.energy", "fleetscope.health"))}
         runs = lat[1:]
         target_rate = args.gpus * DCGM_FIELDS / args.scrape_interval_s
         print(json.dumps({

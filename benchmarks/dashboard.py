@@ -56,8 +56,8 @@ from fleetscope.services import health as health_service
 from fleetscope.services import energy as es  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
-from fleetscope.alerting import state as alert_state  # noqa: E402
-from fleetscope.alerting.rules import load_config  # noqa: E402
+from fleetscope.services.alerting import state as alert_state  # noqa: E402
+from fleetscope.services.alerting.rules import load_config  # noqa: E402
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet  # noqa: E402
 from fleetscope.sim.showcase import HEALTH_WINDOW, run_services, showcase  # noqa: E402
 from fleetscope.store import Store  # noqa: E402

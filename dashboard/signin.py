@@ -19,7 +19,7 @@ from typing import Any
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from dashboard import ui
+from dashboard import connection as ui
 from dashboard.access import SESSION_KEY, Access, Backoff, MappingError, oidc_access, parse_mapping
 from fleetscope.services import auth
 from fleetscope import settings as settings_mod

@@ -22,10 +22,10 @@ import streamlit as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from dashboard import signin
 from dashboard.access import SESSION_KEY, Access
+from dashboard.connection import _store, database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
 from fleetscope.services import queries
-from fleetscope import settings as settings_mod
-from fleetscope.store import Store
 
 # Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often;
 # settled windows (whole hours in the past, whose data no longer changes) seldom.
@@ -47,16 +47,6 @@ log = logging.getLogger(__name__)
 # --- the store and cached queries ------------------------------------------------------------------
 
 
-def database_url() -> str:
-    return settings_mod.load().database_url
-
-
-@st.cache_resource(show_spinner=False)
-def _store(url: str) -> Store:
-    # One engine (and connection pool) per database per server process, shared by every session.
-    return Store.open(url)
-
-
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=1024)
 def _live(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return getattr(queries, name)(_store(url), **dict(kwargs))
@@ -70,12 +60,6 @@ def _history(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
 @st.cache_data(ttl=SETTLED_TTL_S, show_spinner=False, max_entries=4096)
 def _settled(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return getattr(queries, name)(_store(url), **dict(kwargs))
-
-
-def store() -> Store:
-    """The configured store (one per database per server process), for the few actions a page takes
-    through a service function (a silence, an export) rather than a read."""
-    return _store(database_url())
 
 
 def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled: bool = False, **kwargs: Any) -> Any:
@@ -258,8 +242,6 @@ def live(body: Callable[[], None]) -> None:
 
     @functools.wraps(body)  # the fragment is known by its function's name: keep the page's own
     def checked() -> None:
-        from dashboard import signin  # imported here: signin builds on this module
-
         if not signin.unchanged():
             st.rerun()
         body()
@@ -291,18 +273,6 @@ def no_data(what: str, later: str | None = None) -> None:
 
 
 # --- actions ----------------------------------------------------------------------------------------
-
-
-def tell(key: str, ok: bool, text: str) -> None:
-    """Leave an action's outcome (from a widget callback) for the page to show once, where ``told`` is called."""
-    st.session_state[key] = (ok, text)
-
-
-def told(key: str) -> None:
-    """Show the outcome ``tell`` left under ``key``, if any, as a success or an error."""
-    outcome = st.session_state.pop(key, None)
-    if outcome:
-        (st.success if outcome[0] else st.error)(outcome[1])
 
 
 # --- formatting ----------------------------------------------------------------------------------

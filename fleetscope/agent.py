@@ -469,14 +469,14 @@ class Agent:
 
         batch = nvml.to_batch(nvml.read_devices(), ts=now, host=self.host, xids=nvml.xid_events(0), source=f"nvml:{self.host}")
         if self.push == "batch":
-            from fleetscope.demo import batch_to_json
+            from fleetscope.core.frames import batch_to_json
 
             body = json.dumps(batch_to_json(batch), default=str).encode()
             return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"nvml": {}})
         return self._queue(batch)
 
     def _infiniband(self, now: dt.datetime) -> Reading | dict[str, int]:
-        from fleetscope.demo import batch_to_json
+        from fleetscope.core.frames import batch_to_json
         from ingest import ib_sysfs
 
         assert self.infiniband is not None

@@ -32,11 +32,6 @@ from fleetscope.core import frames as F
 from fleetscope.settings import Settings
 
 
-def batch_to_json(batch: F.Batch) -> dict[str, Any]:
-    """The JSON body of POST /api/v1/batches for ``batch``."""
-    return {"source": batch.source, "frames": {spec.name: json.loads(df.write_json()) for spec, df in batch.frames()}}
-
-
 def _free_port(host: str, preferred: int) -> int:
     for port in (preferred, 0):
         with socket.socket() as s:
@@ -151,7 +146,7 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
 
     spec = manifest.spec
     topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, manifest.topology["gpus_per_node"], spec.gpu.name, spec.seed)
-    add(api.call("POST", "/api/v1/batches", json=batch_to_json(topo.frames())))
+    add(api.call("POST", "/api/v1/batches", json=F.batch_to_json(topo.frames())))
     add(api.call("POST", "/api/v1/batches", json=_job_rows(manifest, topo)))
     # Collectors post concurrently; the API's worker processes parse in parallel and the store serialises
     # the writes. One dcgm request carries a whole scrape, as a central collector relaying every exporter does.

@@ -8,7 +8,7 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
 def test_readme_lists_every_setting():
-    from fleetscope.alerting import config as alerting_config
+    from fleetscope.services.alerting import config as alerting_config
 
     missing = [name for name, _, _ in [*settings.table(), *alerting_config.table()] if f"`{name}`" not in README]
     assert missing == []

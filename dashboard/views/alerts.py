@@ -1,6 +1,6 @@
 """Alerts: firing and recent alerts, silences (create and expire), delivery status and dead letters.
 
-Everything here goes through the alerting service's own functions (``fleetscope.alerting.service``), the
+Everything here goes through the alerting service's own functions (``fleetscope.services.alerting.service``), the
 ones the API's ``/api/v1/alerts`` endpoints call, so a silence made here is the same as one made there and
 is audit-logged the same way. As there, reading needs the read scope and creating or expiring a silence the
 admin scope; a silence is created by the signed-in user (the token's name), who is also the audit log's
@@ -15,7 +15,7 @@ import streamlit as st
 
 from dashboard import signin, ui
 from fleetscope.services import queries
-from fleetscope.alerting import service as alert_service
+from fleetscope.services.alerting import service as alert_service
 
 MAX_CREATED_BY = 200  # the column's width (alert_silence.created_by)
 MAX_COMMENT = 2000

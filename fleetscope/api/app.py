@@ -20,9 +20,10 @@ from fleetscope.store import db
 from fleetscope.store import schema
 from fleetscope import settings as settings_mod
 from fleetscope.api import fastlane
+from fleetscope.api.errors import error_response, too_large
 from fleetscope.api.gate import Gate
 from fleetscope.api.security import require
-from fleetscope.core.errors import FleetscopeError, ParseError, ValidationError
+from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store
 
@@ -117,10 +118,6 @@ def _caused_by_limit(exc: BaseException) -> bool:
     return False
 
 
-def too_large(limit: int) -> JSONResponse:
-    return JSONResponse({"detail": f"request body over the limit of {limit} bytes (FLEETSCOPE_MAX_BODY_BYTES)"}, 413)
-
-
 class FleetscopeAPI(FastAPI):
     """FastAPI with the gate (``api.gate``: head size, token, scope, rate) in front of everything, then the
     agents' lane (``api.fastlane``): a plain ingest push is answered there, everything else as FastAPI
@@ -138,18 +135,6 @@ class FleetscopeAPI(FastAPI):
             if await fastlane.handle(self, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
-
-
-def error_response(exc: FleetscopeError) -> JSONResponse:
-    """The answer to bad input: 422 naming frame, row and field for a value, 400 naming source, line and
-    field for text that does not parse, 400 otherwise."""
-    if isinstance(exc, ValidationError):
-        return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
-    if isinstance(exc, ParseError):
-        return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
-    if isinstance(exc, door.Forbidden):
-        return JSONResponse({"detail": str(exc)}, 403)
-    return JSONResponse({"detail": str(exc)}, 400)
 
 
 class _TaskRunCollector:

@@ -20,7 +20,9 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 
 from fleetscope.services import auth
+from fleetscope.api.errors import error_response, too_large
 from fleetscope.api.gate import TOKEN_KEY
+from fleetscope.api.routes_data import ingest_body
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REQUEST_SECONDS
 
@@ -42,10 +44,6 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     params = _plain(scope)
     if params is None:
         return False
-    # Here, not at the top: api.app imports this module, and routes_data is loaded by the app.
-    from fleetscope.api.app import error_response, too_large
-    from fleetscope.api.routes_data import ingest_body
-
     start = time.perf_counter()
     limit = app.state.settings.max_body_bytes
     fmt, source, job_id, ts, length, token, encoding = params

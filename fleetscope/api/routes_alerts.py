@@ -1,6 +1,6 @@
 """Alerting over HTTP: alerts (read), rules CRUD (admin), silences (admin to change), receivers (admin),
 the outbox and its dead letters (read; admin to retry). Rule, silence and receiver changes are
-audit-logged with the token's name (``fleetscope.alerting.service``).
+audit-logged with the token's name (``fleetscope.services.alerting.service``).
 
 Include with ``app.include_router(routes_alerts.router)``. Silences take and return Alertmanager API v2's
 shapes (``matchers`` with name/value/isRegex/isEqual, ``startsAt``/``endsAt``, ``createdBy``, ``comment``)
@@ -21,13 +21,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from fleetscope.services import auth
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.kick import needs_evaluation
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.kick import needs_evaluation
 from fleetscope.worker import celery_kicker
-from fleetscope.alerting.notifiers import DeliveryError
-from fleetscope.alerting.rules import RuleError
-from fleetscope.alerting import service as AS
-from fleetscope.alerting.service import Alerting, open_alerting
+from fleetscope.services.alerting.notifiers import DeliveryError
+from fleetscope.services.alerting.rules import RuleError
+from fleetscope.services.alerting import service as AS
+from fleetscope.services.alerting.service import Alerting, open_alerting
 from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 
@@ -51,7 +51,7 @@ _kicker_lock = threading.Lock()
 
 def kick_evaluation(app: FastAPI, health_event: pl.DataFrame | None) -> None:
     """The ingest routes' background task once a batch with health events is committed and answered: ask
-    the worker for an evaluation now if a rule reads them (``fleetscope.alerting.kick``). Never raises: the
+    the worker for an evaluation now if a rule reads them (``fleetscope.services.alerting.kick``). Never raises: the
     batch is accepted already, and beat's next tick evaluates anyway."""
     try:
         if health_event is None or health_event.height == 0:

@@ -1182,7 +1182,7 @@ def alerts() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def alerts_list(as_json: bool) -> None:
     """Pending and firing alerts, with what mutes each."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     rows = ST.list_alerts(_engine(_settings()))
     lines = [f"{a.get('state', '?'):<8} {a.get('labels', {}).get('alertname', '?'):<28} {a.get('labels', {}).get('subject') or a.get('labels', {}).get('gpu_uuid') or ''}" for a in rows]
@@ -1197,7 +1197,7 @@ def alerts_list(as_json: bool) -> None:
 def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, comment: str) -> None:
     """Silence alerts matching MATCHERS (Alertmanager syntax: alertname=Straggler host=~"site-a-.*").
     Audit-logged as the OS user, with the --by name in the entry."""
-    from fleetscope.alerting import service as AS
+    from fleetscope.services.alerting import service as AS
 
     ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=_span_s(duration, "--for"))
     try:
@@ -1211,7 +1211,7 @@ def alerts_silence(matchers: tuple[str, ...], duration: str, created_by: str, co
 @click.argument("silence_id")
 def alerts_expire(silence_id: str) -> None:
     """End a silence now (audit-logged with the OS user's name)."""
-    from fleetscope.alerting import service as AS
+    from fleetscope.services.alerting import service as AS
 
     if not AS.expire_silence(_store(), silence_id, actor=_os_user()):
         raise click.ClickException(f"no active silence {silence_id!r}")
@@ -1222,7 +1222,7 @@ def alerts_expire(silence_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def alerts_silences(as_json: bool) -> None:
     """Silences, active and expired."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     rows = [ST.silence_dict(x) for x in ST.list_silences(_engine(_settings()))]
     lines = [f"{r['id']}  {r['status']['state']:<8} until {r['endsAt']}  {' '.join(m['name'] + ('=' if m['isEqual'] else '!=') + ('~' if m['isRegex'] else '') + m['value'] for m in r['matchers'])}  ({r['createdBy']}: {r['comment']})" for r in rows]

@@ -10,6 +10,8 @@ same definitions, so a column is declared exactly once.
 
 from __future__ import annotations
 
+import json
+
 import dataclasses
 import math
 import re
@@ -1041,3 +1043,8 @@ def from_records(spec: FrameSpec, records: list[Any]) -> pl.DataFrame:
         src = pl.String if dtype == UTC_US else dtype
         data[k] = pl.Series(k, [float(v) if src == pl.Float64 and v is not None else v for v in values], dtype=src, strict=False)
     return pl.DataFrame(data, height=len(records)) if data else pl.DataFrame(height=len(records))
+
+
+def batch_to_json(batch: Batch) -> dict[str, Any]:
+    """The JSON body of POST /api/v1/batches for ``batch``."""
+    return {"source": batch.source, "frames": {spec.name: json.loads(df.write_json()) for spec, df in batch.frames()}}

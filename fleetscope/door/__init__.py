@@ -44,13 +44,27 @@ from sqlalchemy.exc import OperationalError
 
 from analyzers import carbon
 from fleetscope.core import frames as F
-from fleetscope.services.auth import Binding
 from fleetscope.core.errors import FleetscopeError, ValidationError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
 from fleetscope.store import Rows, Store, WriteResult
 from ingest import dcgm_lines, otlp
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a bound token's pushes must name. ``None`` fields are unbound."""
+
+    site: str | None = None
+    host: str | None = None
+    source: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.site is not None or self.host is not None or self.source is not None
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v!r}" for k, v in (("site", self.site), ("host", self.host), ("source", self.source)) if v is not None)
 
 
 class Overloaded(FleetscopeError):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from fleetscope.core import frames as F
+from fleetscope.door import Binding  # noqa: F401  (a token carries one; the door enforces it)
 from fleetscope.store import schema
 
 SCOPES = ("ingest", "read", "governance", "admin")
@@ -51,21 +52,6 @@ RAW_FRAMES = frozenset({
 DERIVED_FRAMES = frozenset(F.FRAMES) - RAW_FRAMES
 
 BINDING_MAX_CHARS = {"site": 200, "host": 500, "source": 2000}
-
-
-@dataclass(frozen=True)
-class Binding:
-    """What a bound token's pushes must name. ``None`` fields are unbound."""
-
-    site: str | None = None
-    host: str | None = None
-    source: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.site is not None or self.host is not None or self.source is not None
-
-    def describe(self) -> str:
-        return ", ".join(f"{k} {v!r}" for k, v in (("site", self.site), ("host", self.host), ("source", self.source)) if v is not None)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from analyzers import carbon, energy
 from fleetscope.core import frames as F
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import tracer
+from fleetscope.services import auditlog
 from fleetscope.store import Store
 
 # Samples read either side of a window so every minute inside it has interval endpoints (at least one
@@ -33,6 +34,13 @@ class Conflict(FleetscopeError):
 
 
 GROUPS = ("job_id", "rank", "gpu_uuid", "host", "site_id", "gpu_model", "model_name", "job_kind", "minute", "hour", "day")
+
+
+def energy_rollup_end(store: Store) -> dt.datetime | None:
+    """The end of the newest minute the energy roll-up (``gpu_energy_minute``) holds, or None before any."""
+    df = store.query("SELECT MAX(minute) AS t FROM gpu_energy_minute", [], {"t": F.UTC_US})
+    t = df["t"][0] if df.height else None
+    return None if t is None else t + dt.timedelta(minutes=1)
 
 
 def floor_minute(t: dt.datetime) -> dt.datetime:
@@ -205,8 +213,6 @@ def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
     from sqlalchemy import delete
 
     from fleetscope.store import schema
-    from fleetscope.services.queries import energy_rollup_end
-
     jr = store.read("job_rank", job_id=job_ids)
     rolled_to = energy_rollup_end(store)
     if jr.height == 0 or rolled_to is None:
@@ -270,8 +276,6 @@ def record_instrument(store: Store, record: dict[str, Any], *, recorded_by: str,
     log. ``ValidationError`` for a bad field, ``NotFound`` for a site not in the inventory, ``Conflict`` for an
     id already claimed by another site (the Scope 2 Guidance forbids counting one instrument twice); each
     leaves the store as it was."""
-    from fleetscope.services import audit as audit_service
-
     rec = carbon.check_instrument(record)
     if store.read("site").filter(pl.col("site_id") == rec["site_id"]).height == 0:
         raise NotFound(f"no site {rec['site_id']!r} in the inventory")
@@ -281,7 +285,7 @@ def record_instrument(store: Store, record: dict[str, Any], *, recorded_by: str,
     row = {**rec, "recorded_at": now or dt.datetime.now(dt.UTC), "recorded_by": recorded_by}
     store.write_frames([(F.ENERGY_INSTRUMENT, pl.DataFrame([row], schema=F.ENERGY_INSTRUMENT.schema))], source=f"energy_instrument:{rec['instrument_id']}")
     out = _jsonable(row)
-    audit_service.log(store, actor=recorded_by, action="energy_instrument", subject=f"site:{rec['site_id']}", payload=out)
+    auditlog.log(store, actor=recorded_by, action="energy_instrument", subject=f"site:{rec['site_id']}", payload=out)
     return {**out, "updated": bool(held.height)}
 
 
@@ -289,7 +293,6 @@ def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor
     """Delete an instrument recorded in error, and log it; ``NotFound`` where the site holds no such one."""
     from sqlalchemy import delete
 
-    from fleetscope.services import audit as audit_service
     from fleetscope.store import schema
 
     t = schema.metadata.tables["energy_instrument"]
@@ -297,7 +300,7 @@ def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor
         n = conn.execute(delete(t).where((t.c.instrument_id == instrument_id) & (t.c.site_id == site_id))).rowcount
     if not n:
         raise NotFound(f"site {site_id!r} holds no instrument {instrument_id!r}")
-    audit_service.log(store, actor=actor, action="energy_instrument_withdrawn", subject=f"site:{site_id}", payload={"instrument_id": instrument_id})
+    auditlog.log(store, actor=actor, action="energy_instrument_withdrawn", subject=f"site:{site_id}", payload={"instrument_id": instrument_id})
     return {"site_id": site_id, "instrument_id": instrument_id, "withdrawn": True}
 
 

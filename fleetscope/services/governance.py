@@ -13,6 +13,7 @@ import polars as pl
 
 from fleetscope import safefiles
 from fleetscope.core.errors import FleetscopeError
+from fleetscope.services import auditlog
 from fleetscope.store import Store
 from governance import fairness
 from governance import frames as GF
@@ -45,9 +46,7 @@ def registry(store: Store) -> tuple[list[DatasetEntry], list[ModelEntry]]:
 
 
 def _log(store: Store, actor: str, action: str, subject: str, payload: dict[str, Any]) -> None:
-    from fleetscope.services import audit as audit_service
-
-    audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
+    auditlog.log(store, actor=actor, action=action, subject=subject, payload=payload)
 
 
 def put_dataset(store: Store, entry: DatasetEntry, *, actor: str) -> dict[str, int]:

@@ -29,6 +29,7 @@ import polars as pl
 from sqlalchemy import inspect
 
 from fleetscope.core import frames as F
+from fleetscope.services.energy import energy_rollup_end  # noqa: F401  (the Overview page reads it here)
 from fleetscope.store import Store
 
 UTC = F.UTC_US
@@ -556,13 +557,6 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
         "site_id", (pl.col("energy_j") / 3.6e6).alias("energy_kwh"), "location_kgco2e", "market_kgco2e",
         (pl.col("covered_energy_j") / 3.6e6).alias("covered_kwh"), "instruments", "pue", "energy_basis", "uncovered_basis",
     ).cast(schema)
-
-
-def energy_rollup_end(store: Store) -> dt.datetime | None:
-    """The end of the newest minute the energy roll-up (``gpu_energy_minute``) holds, or None before any."""
-    df = _fetch(store, "SELECT MAX(minute) AS t FROM gpu_energy_minute", [], {"t": UTC})
-    t = df["t"][0] if df.height else None
-    return None if t is None else t + dt.timedelta(minutes=1)
 
 
 _SITE_HOUR = {"site_id": pl.String, "hour": UTC, "gpus": pl.Int64, "energy_j": pl.Float64}
@@ -1271,15 +1265,15 @@ def checkpoint_intervals(store: Store, start: dt.datetime, end: dt.datetime, sit
 
 
 # --- alerting -------------------------------------------------------------------------------------
-# The alerting service's own reads (fleetscope.alerting.state, as the API's /api/v1/alerts uses them),
+# The alerting service's own reads (fleetscope.services.alerting.state, as the API's /api/v1/alerts uses them),
 # as frames. Its tables are small: alerts the rules hold, silences, and the outbox.
 
 
 def _alerting_config() -> Any:
     """The rules file's configuration with the API's edits layered on by the caller, for inhibition; None
     when the file does not load (the API would not start either; the page still shows the alerts)."""
-    from fleetscope.alerting import config as alert_config
-    from fleetscope.alerting.rules import RuleError, load_config
+    from fleetscope.services.alerting import config as alert_config
+    from fleetscope.services.alerting.rules import RuleError, load_config
 
     try:
         return load_config(alert_config.load().rules_path)
@@ -1291,7 +1285,7 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
     """Alerts the rules hold, firing first: ``alertname, state, severity, summary, labels`` (name="value"
     pairs), ``active_at, fired_at, resolved_at, value, silenced_by`` (ids of the silences muting it,
     comma-separated), ``inhibited, fingerprint``."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     base = _alerting_config()
     config = ST.effective_config(store.engine, base) if base is not None else None
@@ -1324,7 +1318,7 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
 def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
     """Every silence, latest ending first: ``silence_id, state`` (pending, active, expired), ``matchers``
     (Alertmanager's text form), ``starts_at, ends_at, created_by, comment``."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     now = now or dt.datetime.now(dt.UTC)
     rows = [
@@ -1348,7 +1342,7 @@ def notifications(store: Store, status: str | None = None, limit: int = 200) -> 
     """The outbox, newest first (``status``: pending, delivered, dead or disabled; ``dead`` lists the dead
     letters): ``notification_id, receiver, group_key, status, created_at, attempts, next_attempt_at,
     delivered_at, last_status_code, last_error, webhook_id``."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     rows = ST.list_notifications(store.engine, status=status, limit=limit)
     return pl.DataFrame([{k: r.get(k) for k in _NOTIFICATION_SCHEMA} for r in rows], schema=_NOTIFICATION_SCHEMA)
@@ -1356,7 +1350,7 @@ def notifications(store: Store, status: str | None = None, limit: int = 200) -> 
 
 def notification_counts(store: Store) -> dict[str, int]:
     """Notifications per status (pending, delivered, dead, disabled), zeros included."""
-    from fleetscope.alerting import state as ST
+    from fleetscope.services.alerting import state as ST
 
     return {"pending": 0, "delivered": 0, "dead": 0, "disabled": 0, **ST.counts(store.engine)}
 

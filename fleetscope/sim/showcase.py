@@ -288,8 +288,8 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     from fleetscope.services import energy as energy_service
     from fleetscope.services import health as health_service
     from fleetscope.services import governance as gs
-    from fleetscope.alerting import state as alert_state
-    from fleetscope.alerting.rules import load_config
+    from fleetscope.services.alerting import state as alert_state
+    from fleetscope.services.alerting.rules import load_config
     from fleetscope.sim.lineage import lineage_events
     from fleetscope.sim.predictions import prediction_table
     from governance.registry import DatasetEntry, ModelEntry

@@ -16,9 +16,9 @@ import datetime as dt
 import socket
 from typing import Any
 
-from fleetscope.alerting import config as C
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.service import Alerting, open_alerting
+from fleetscope.services.alerting import config as C
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.service import Alerting, open_alerting
 from fleetscope.worker.app import celery_app, store
 
 

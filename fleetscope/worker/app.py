@@ -16,8 +16,8 @@ from celery import Celery, signals
 from celery.schedules import crontab
 
 from fleetscope import safefiles
-from fleetscope.alerting import config as alert_config
-from fleetscope.alerting.kick import EVALUATE, Kicker
+from fleetscope.services.alerting import config as alert_config
+from fleetscope.services.alerting.kick import EVALUATE, Kicker
 from fleetscope.store import db
 from fleetscope.store import schema
 from fleetscope import settings as settings_mod
@@ -61,7 +61,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=DEFAULT_QUEUE,
-        task_routes={"fleetscope.alerting.*": {"queue": ALERTING_QUEUE}},
+        task_routes={"fleetscope.services.alerting.*": {"queue": ALERTING_QUEUE}},
         result_expires=3600,
         broker_connection_retry_on_startup=True,
         beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),

@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import notifiers as N
-from fleetscope.alerting.labels import fingerprint
-from fleetscope.alerting.rules import load_config
+from fleetscope.services.alerting import dispatch as D
+from fleetscope.services.alerting import notifiers as N
+from fleetscope.services.alerting.labels import fingerprint
+from fleetscope.services.alerting.rules import load_config
 from tests.alerting.receiver import Receiver, free_port
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

@@ -9,8 +9,8 @@ from cryptography.fernet import Fernet
 
 from fleetscope.services import auth
 from fleetscope.core import frames as F
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.rules import load_config
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.rules import load_config
 from tests.conftest import LiveServer, make_settings
 
 

@@ -26,9 +26,9 @@ from fleetscope.services import energy as energy_service
 from fleetscope.services import health as health_service
 from fleetscope.services import governance as gs
 from fleetscope.core import frames as F
-from fleetscope.alerting import notifiers as N
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.rules import load_config
+from fleetscope.services.alerting import notifiers as N
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.rules import load_config
 from fleetscope.store import Store
 from governance.registry import ModelEntry
 from ingest import ibswinfo, nccl_log

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.alerting.kick import Kicker, needs_evaluation
-from fleetscope.alerting.rules import load_config
+from fleetscope.services.alerting.kick import Kicker, needs_evaluation
+from fleetscope.services.alerting.rules import load_config
 
 
 def events(*codes: int, kind: str = "xid") -> pl.DataFrame:

@@ -9,11 +9,11 @@ import httpx
 import pytest
 from sqlalchemy import insert
 
-from fleetscope.alerting import dispatch as D
+from fleetscope.services.alerting import dispatch as D
 from fleetscope.store import alerting_schema as S
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.labels import MAX_PATTERN_CHARS, MAX_VALUE_CHARS, Matcher
-from fleetscope.alerting.rules import RuleError, load_config, parse_rule
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.labels import MAX_PATTERN_CHARS, MAX_VALUE_CHARS, Matcher
+from fleetscope.services.alerting.rules import RuleError, load_config, parse_rule
 from tests.alerting.test_api import live  # noqa: F401  (the live API fixture, shared)
 
 NOW = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)

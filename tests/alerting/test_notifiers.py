@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import notifiers as N
-from fleetscope.alerting.labels import fingerprint
-from fleetscope.alerting.rules import load_config
+from fleetscope.services.alerting import dispatch as D
+from fleetscope.services.alerting import notifiers as N
+from fleetscope.services.alerting.labels import fingerprint
+from fleetscope.services.alerting.rules import load_config
 from tests.alerting.receiver import Receiver
 
 T0 = dt.datetime(2027, 1, 1, 12, 0, 0, 250000, tzinfo=dt.UTC)
@@ -228,7 +228,7 @@ def test_delivery_connects_to_the_address_that_was_checked():
 
 
 def test_pinned_url_keeps_name_for_host_header_and_tls():
-    from fleetscope.alerting.outbound import _target
+    from fleetscope.services.alerting.outbound import _target
 
     def shown(url, addr):
         target, headers, ext = _target(url, addr)

@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import engine as E
-from fleetscope.alerting.labels import Matcher, fingerprint, labelset_string
-from fleetscope.alerting.rules import RuleError, load_config, parse_duration
+from fleetscope.services.alerting import dispatch as D
+from fleetscope.services.alerting import engine as E
+from fleetscope.services.alerting.labels import Matcher, fingerprint, labelset_string
+from fleetscope.services.alerting.rules import RuleError, load_config, parse_duration
 
 T0 = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
 

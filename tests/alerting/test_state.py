@@ -13,10 +13,10 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select, text
 
 from fleetscope.core import frames as F
-from fleetscope.alerting import notifiers as N
+from fleetscope.services.alerting import notifiers as N
 from fleetscope.store import alerting_schema as S
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.rules import RuleError, load_config
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.rules import RuleError, load_config
 from fleetscope.store import Store
 from tests.alerting.receiver import Receiver
 
@@ -247,7 +247,7 @@ def test_secret_key_file_is_created_0600(tmp_path, monkeypatch):
     import stat
 
     from fleetscope import settings as settings_mod
-    from fleetscope.alerting import config as C
+    from fleetscope.services.alerting import config as C
 
     monkeypatch.delenv("FLEETSCOPE_SECRET_KEY", raising=False)
     s = dataclasses.replace(settings_mod.load(), data_dir=tmp_path)

@@ -17,8 +17,8 @@ from cryptography.fernet import Fernet
 
 from fleetscope.store import db
 from fleetscope.core import frames as F
-from fleetscope.alerting import notifiers as N
-from fleetscope.alerting import state as ST
+from fleetscope.services.alerting import notifiers as N
+from fleetscope.services.alerting import state as ST
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver

@@ -68,7 +68,7 @@ def test_api_fabric_health_and_links_need_read(api, realdata):
 
 
 def test_an_ingest_token_may_push_port_samples_but_not_findings(api, realdata):
-    from fleetscope.demo import batch_to_json
+    from fleetscope.core.frames import batch_to_json
     from ingest import ib_sysfs
 
     batch = ib_sysfs.parse_ttar((realdata / "fabric/procfs_sys-class-infiniband_hfi1-mlx4-mlx5-hw_counters.ttar").read_bytes(), ts=T, host="n1")

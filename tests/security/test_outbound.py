@@ -26,9 +26,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
 from fleetscope.services import auth
-from fleetscope.alerting import notifiers as N
+from fleetscope.services.alerting import notifiers as N
 from fleetscope.store import alerting_schema as S
-from fleetscope.alerting import state as ST
+from fleetscope.services.alerting import state as ST
 from tests.alerting.receiver import Receiver
 from tests.conftest import LiveServer, make_settings
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from fleetscope.alerting.labels import Matcher, matchers_string
+from fleetscope.services.alerting.labels import Matcher, matchers_string
 
 DEFAULT_RULES_PATH = Path(__file__).with_name("default_rules.yaml")
 SEVERITIES = ("info", "warning", "critical")

@@ -27,9 +27,9 @@ from functools import cmp_to_key
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetscope.alerting.engine import FIRING, INACTIVE, AlertState
-from fleetscope.alerting.labels import Matcher, labelset_string, matches_all
-from fleetscope.alerting.rules import AlertingConfig, InhibitRule, Route
+from fleetscope.services.alerting.engine import FIRING, INACTIVE, AlertState
+from fleetscope.services.alerting.labels import Matcher, labelset_string, matches_all
+from fleetscope.services.alerting.rules import AlertingConfig, InhibitRule, Route
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time.Time, which Alertmanager sends as endsAt of firing alerts
 

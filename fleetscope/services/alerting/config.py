@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fleetscope import safefiles
 from fleetscope import settings as settings_mod
-from fleetscope.alerting.notifiers import OutboundPolicy, RetryPolicy
+from fleetscope.services.alerting.notifiers import OutboundPolicy, RetryPolicy
 
 
 def _env(name: str, default: str) -> str:

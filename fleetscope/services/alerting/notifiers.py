@@ -18,7 +18,7 @@ Channels:
 
 Every request carries ``webhook-id``: the same for every retry of one notification, it is the receiver's
 idempotency key (delivery is at least once). Where a request may go, how long it may take and how much
-of the answer is read are ``fleetscope.alerting.outbound``'s.
+of the answer is read are ``fleetscope.services.alerting.outbound``'s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetscope import __version__
-from fleetscope.alerting.outbound import (  # noqa: F401 - re-exported: the notifiers' error type and policy
+from fleetscope.services.alerting.outbound import (  # noqa: F401 - re-exported: the notifiers' error type and policy
     DEFAULT_MAX_BYTES,
     SNIPPET_CHARS,
     Answer,

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import polars as pl
 
-from fleetscope.alerting.engine import rules_reading
-from fleetscope.alerting.rules import AlertingConfig
+from fleetscope.services.alerting.engine import rules_reading
+from fleetscope.services.alerting.rules import AlertingConfig
 
 MIN_GAP_S = 1.0
 EVALUATE = "fleetscope.alerting.evaluate"

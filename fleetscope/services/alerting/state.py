@@ -33,12 +33,12 @@ from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, up
 from sqlalchemy.exc import IntegrityError
 
 from fleetscope.core import frames as F
-from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import engine as E
-from fleetscope.alerting import notifiers as N
+from fleetscope.services.alerting import dispatch as D
+from fleetscope.services.alerting import engine as E
+from fleetscope.services.alerting import notifiers as N
 from fleetscope.store import alerting_schema as S
-from fleetscope.alerting.labels import Matcher
-from fleetscope.alerting.rules import AlertingConfig, Rule, parse_rule
+from fleetscope.services.alerting.labels import Matcher
+from fleetscope.services.alerting.rules import AlertingConfig, Rule, parse_rule
 from fleetscope.store import Store
 
 log = logging.getLogger(__name__)

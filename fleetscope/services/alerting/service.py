@@ -1,6 +1,6 @@
 """What the API, the worker and the CLI share to run alerting: settings, the rules file and the secret box.
 
-The CLI's alerting verbs are thin over ``fleetscope.alerting.state``; ``open_alerting`` gives them what
+The CLI's alerting verbs are thin over ``fleetscope.services.alerting.state``; ``open_alerting`` gives them what
 those functions take (``store.engine``, ``box``, ``settings.outbound``, ``effective_config()``). Changes of
 rules, silences and receivers go through the audited functions at the end of this module.
 """
@@ -15,10 +15,11 @@ from typing import Any
 from sqlalchemy import Engine
 
 from fleetscope import settings as settings_mod
-from fleetscope.alerting import config as C
-from fleetscope.alerting import dispatch as D
-from fleetscope.alerting import state as ST
-from fleetscope.alerting.rules import AlertingConfig, Rule, load_config
+from fleetscope.services.alerting import config as C
+from fleetscope.services.alerting import dispatch as D
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.rules import AlertingConfig, Rule, load_config
+from fleetscope.services import auditlog
 from fleetscope.store import Store
 
 
@@ -49,15 +50,13 @@ def open_alerting(settings: settings_mod.Settings | None = None) -> Alerting:
 # Who changed what the alerting sends, to whom, and what it keeps quiet belongs in the governance trail: a
 # silenced page or a receiver pointed elsewhere is how an incident goes unseen. Every edge (API, CLI,
 # dashboard) changes rules, silences and receivers through these, never through ``state`` directly, and
-# each change is appended to the audit log (``fleetscope.services.audit.log``) as ``actor`` once it is
+# each change is appended to the audit log (``fleetscope.services.auditlog.log``) as ``actor`` once it is
 # committed. A change refused (``ValueError``, ``RuleError``, ``DeliveryError``) writes nothing and logs
 # nothing.
 
 
 def _audit(store: Store, actor: str, action: str, subject: str, payload: dict[str, Any]) -> None:
-    from fleetscope.services import audit as audit_service
-
-    audit_service.log(store, actor=actor, action=action, subject=subject, payload=payload)
+    auditlog.log(store, actor=actor, action=action, subject=subject, payload=payload)
 
 
 def put_rule(store: Store, spec: Mapping[str, Any], *, actor: str) -> Rule:

@@ -30,8 +30,8 @@ from typing import Any
 import polars as pl
 
 from fleetscope.core import frames as F
-from fleetscope.alerting.labels import fingerprint
-from fleetscope.alerting.rules import ABSENT, AlertingConfig, FindingSelector, MetricCondition, Rule
+from fleetscope.services.alerting.labels import fingerprint
+from fleetscope.services.alerting.rules import ABSENT, AlertingConfig, FindingSelector, MetricCondition, Rule
 
 RESOLVED_RETENTION_S = 15 * 60  # Prometheus' resolvedRetention
 PENDING, FIRING, INACTIVE = "pending", "firing", "inactive"
