@@ -42,6 +42,7 @@ from pathlib import Path
 
 import polars as pl
 
+from fleetscope.core.units import CLOCK_EVENT_BITS
 from fleetscope.core.errors import ValidationError
 from fleetscope.core.frames import findings_frame, require_columns
 
@@ -67,17 +68,6 @@ XID_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "xid_catalog.csv"
 ACTIONS: tuple[str, ...] = ("none", "watch", "restart_app", "investigate", "reset_gpu", "drain_node", "send_for_repair")
 _RANK = {a: i for i, a in enumerate(ACTIONS)}
 
-CLOCK_EVENT_BITS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
 THERMAL_MASK = 0x20 | 0x40
 POWER_MASK = 0x4 | 0x80
 # HwSlowdown (0x8) halves the clock or worse for over-temperature *or* power brake; counted on its own.

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 
-def _env(name: str, default: str) -> str:
+def env(name: str, default: str) -> str:
+    """``$name``, or ``default`` where it is unset or empty (an empty variable means "the default")."""
     value = os.environ.get(name)
     return default if value is None or value == "" else value
 
@@ -103,26 +104,26 @@ class Settings:
 
 def load() -> Settings:
     """Read the environment now. Call again after changing ``os.environ`` (tests do)."""
-    data_dir = Path(_env("FLEETSCOPE_DATA_DIR", "./.fleetscope")).expanduser().resolve()
-    database_url = _env("FLEETSCOPE_DATABASE_URL", f"sqlite:///{data_dir / 'fleetscope.store.db'}")
-    broker_url = _env("FLEETSCOPE_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.db'}")
+    data_dir = Path(env("FLEETSCOPE_DATA_DIR", "./.fleetscope")).expanduser().resolve()
+    database_url = env("FLEETSCOPE_DATABASE_URL", f"sqlite:///{data_dir / 'fleetscope.store.db'}")
+    broker_url = env("FLEETSCOPE_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.db'}")
     default_backend = broker_url if broker_url.startswith(("redis://", "rediss://")) else f"db+sqlite:///{data_dir / 'results.db'}"
-    host = _env("FLEETSCOPE_API_HOST", "127.0.0.1")
+    host = env("FLEETSCOPE_API_HOST", "127.0.0.1")
     port = _int("FLEETSCOPE_API_PORT", 8000)
-    otel = _env("FLEETSCOPE_OTEL_EXPORTER", "none").lower()
+    otel = env("FLEETSCOPE_OTEL_EXPORTER", "none").lower()
     if otel not in ("none", "console", "otlp"):
         raise ValueError(f"FLEETSCOPE_OTEL_EXPORTER={otel!r}: expected none, console or otlp")
-    dashboard_auth = _env("FLEETSCOPE_DASHBOARD_AUTH", "token").lower()
+    dashboard_auth = env("FLEETSCOPE_DASHBOARD_AUTH", "token").lower()
     if dashboard_auth not in ("token", "oidc"):
         raise ValueError(f"FLEETSCOPE_DASHBOARD_AUTH={dashboard_auth!r}: expected token or oidc")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
         broker_url=broker_url,
-        result_backend=_env("FLEETSCOPE_RESULT_BACKEND", default_backend),
+        result_backend=env("FLEETSCOPE_RESULT_BACKEND", default_backend),
         api_host=host,
         api_port=port,
-        api_url=_env("FLEETSCOPE_API_URL", f"http://{host}:{port}"),
+        api_url=env("FLEETSCOPE_API_URL", f"http://{host}:{port}"),
         max_body_bytes=_int("FLEETSCOPE_MAX_BODY_BYTES", 256 * 2**20),
         group_commit_ms=_float("FLEETSCOPE_GROUP_COMMIT_MS", 2.0),
         ingest_max_pending=_int("FLEETSCOPE_INGEST_MAX_PENDING", 1024),
@@ -131,16 +132,16 @@ def load() -> Settings:
         retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
         hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
         otel_exporter=otel,
-        otel_endpoint=_env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
-        report_schedule=_env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),
-        signing_key=_env("FLEETSCOPE_SIGNING_KEY", ""),
-        audit_key_file=_env("FLEETSCOPE_AUDIT_KEY_FILE", ""),
-        audit_checkpoint_file=_env("FLEETSCOPE_AUDIT_CHECKPOINT_FILE", ""),
-        log_level=_env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
-        tls_cert=_env("FLEETSCOPE_TLS_CERT", ""),
-        tls_key=_env("FLEETSCOPE_TLS_KEY", ""),
+        otel_endpoint=env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
+        report_schedule=env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),
+        signing_key=env("FLEETSCOPE_SIGNING_KEY", ""),
+        audit_key_file=env("FLEETSCOPE_AUDIT_KEY_FILE", ""),
+        audit_checkpoint_file=env("FLEETSCOPE_AUDIT_CHECKPOINT_FILE", ""),
+        log_level=env("FLEETSCOPE_LOG_LEVEL", "INFO").upper(),
+        tls_cert=env("FLEETSCOPE_TLS_CERT", ""),
+        tls_key=env("FLEETSCOPE_TLS_KEY", ""),
         dashboard_auth=dashboard_auth,
-        dashboard_oidc_scopes=_env("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", ""),
+        dashboard_oidc_scopes=env("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", ""),
         max_header_bytes=_positive("FLEETSCOPE_MAX_HEADER_BYTES", 16384),
         max_json_depth=_positive("FLEETSCOPE_MAX_JSON_DEPTH", 64),
         max_future_skew_s=_float("FLEETSCOPE_MAX_FUTURE_SKEW_S", 300.0),

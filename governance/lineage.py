@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from fleetscope.core.errors import FleetscopeError
+from fleetscope.core.errors import FleetscopeError, NotFound
 from governance import openlineage_schema as ols
 from governance.registry import DatasetEntry, ModelEntry
 
@@ -85,7 +85,7 @@ class LineageError(FleetscopeError, ValueError):
         return {"error": self.message, "path": self.path, "issues": [{"path": i.path, "message": i.message} for i in self.issues]}
 
 
-class LineageNotFound(FleetscopeError, LookupError):
+class LineageNotFound(NotFound):
     """A node, model or dataset the graph does not hold (the API answers 404, as Marquez does)."""
 
 

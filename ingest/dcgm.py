@@ -64,6 +64,13 @@ from datetime import UTC, datetime
 
 import polars as pl
 
+from fleetscope.core.promtext import BLOCK_OK as _BLOCK_OK
+from fleetscope.core.promtext import NAME_OK as _NAME_OK
+from fleetscope.core.promtext import NAME_PY as _NAME_PY
+from fleetscope.core.promtext import VALUE_RE as _VALUE_RE
+from fleetscope.core.promtext import escape as _escape
+from fleetscope.core.promtext import lex_line
+from fleetscope.core.promtext import unescape as _unescape
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import (
     DCGM_FIELDS,
@@ -163,13 +170,6 @@ _KNOWN_LABELS = frozenset(n for _, names in _LABELS for n in names) | {
     "DCGM_FI_DEV_VBIOS_VERSION",
 }
 
-# Prometheus text format: label value escapes are \\, \" and \n only.
-_VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
-_LABEL_RE = rf'[a-zA-Z_][a-zA-Z0-9_]*="{_VALUE_RE}"'
-_BLOCK_OK = rf"^(?:{_LABEL_RE}(?:,{_LABEL_RE})*,?)?$"
-_NAME_OK = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
-_NAME_PY = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LNAME_PY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 
@@ -558,117 +558,15 @@ def _lex_line_checked(raw: bytes, n: int, source: str) -> tuple | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ParseError(f"not UTF-8 text (byte {e.start})", source=source, line=n, field="line") from None
-    return _lex_line(text, n, source)
-
-
-def _lex_line(text: str, n: int, source: str) -> tuple | None:
-    """Exact lexer for one line of the text exposition format; normalises the label block."""
-    s = text.rstrip("\r")
-    i, end = 0, len(s)
-    while i < end and s[i] in " \t":
-        i += 1
-    if i == end or s[i] == "#":
+    row = lex_line(text, n, source)
+    if row is None:
         return None
-    m = _NAME_PY.match(s, i)
-    if not m:
-        raise ParseError("expected a metric name", source=source, line=n, field="name")
-    name = m.group()
-    i = m.end()
-    labels: list[tuple[str, str]] = []
-    if i < end and s[i] == "{":
-        i += 1
-        while True:
-            while i < end and s[i] in " \t":
-                i += 1
-            if i < end and s[i] == "}":
-                i += 1
-                break
-            lm = _LNAME_PY.match(s, i)
-            if not lm:
-                raise ParseError(f"expected a label name in {name}", source=source, line=n, field="labels")
-            lname = lm.group()
-            i = lm.end()
-            while i < end and s[i] in " \t":
-                i += 1
-            if i >= end or s[i] != "=":
-                raise ParseError(f"expected '=' after label {lname}", source=source, line=n, field=lname)
-            i += 1
-            while i < end and s[i] in " \t":
-                i += 1
-            if i >= end or s[i] != '"':
-                raise ParseError(f"expected '\"' to open label {lname}", source=source, line=n, field=lname)
-            i += 1
-            buf = []
-            while True:
-                if i >= end:
-                    raise ParseError(f"unterminated value of label {lname}", source=source, line=n, field=lname)
-                c = s[i]
-                if c == "\\":
-                    nxt = s[i + 1] if i + 1 < end else ""
-                    if nxt == "n":
-                        buf.append("\n")
-                    elif nxt in ('"', "\\"):
-                        buf.append(nxt)
-                    else:
-                        raise ParseError(f"invalid escape in label {lname}", source=source, line=n, field=lname)
-                    i += 2
-                elif c == '"':
-                    i += 1
-                    break
-                else:
-                    buf.append(c)
-                    i += 1
-            labels.append((lname, "".join(buf)))
-            while i < end and s[i] in " \t":
-                i += 1
-            if i < end and s[i] == ",":
-                i += 1
-            elif i < end and s[i] == "}":
-                i += 1
-                break
-            else:
-                raise ParseError(f"expected ',' or '}}' after label {lname}", source=source, line=n, field="labels")
-    tokens = s[i:].split()
-    if i < end and s[i] not in " \t":
-        raise ParseError(f"expected a blank after {name}", source=source, line=n, field="value")
-    if not tokens:
-        raise ParseError(f"{name} has no value", source=source, line=n, field="value")
-    value = _go_float(tokens[0])
-    if value is None:
-        raise ParseError(f"value {tokens[0][:40]!r} of {name} is not a number", source=source, line=n, field="value")
-    if len(tokens) > 2:
-        raise ParseError(f"unexpected text after the timestamp of {name}", source=source, line=n, field="timestamp")
-    ts_ms = None
-    if len(tokens) == 2:
-        try:
-            ts_ms = int(tokens[1])
-        except ValueError:
-            raise ParseError(
-                f"timestamp {tokens[1][:40]!r} of {name} is not integer milliseconds", source=source, line=n, field="timestamp"
-            ) from None
+    n, name, labels, value, ts_ms = row
     block = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
     if len(block) > MAX_LABELS_CHARS:
         raise ParseError(f"the labels of {name} are {len(block)} characters long, over the limit of {MAX_LABELS_CHARS}",
                          source=source, line=n, field="labels")
     return (n, name, block, value, ts_ms)
-
-
-def _go_float(tok: str) -> float | None:
-    """Go's strconv.ParseFloat as the text format requires (NaN, +Inf, -Inf, exponents; no '_' or hex)."""
-    if "_" in tok or "x" in tok.lower():
-        return None
-    try:
-        return float(tok)
-    except ValueError:
-        return None
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _unescape(v: str) -> str:
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
 
 
 # --- assembling the batch -------------------------------------------------------------------------

@@ -35,8 +35,8 @@ from fleetscope.core.frames import (
     dcgm_health_events,
     series_key,
 )
+from fleetscope.core.promtext import BLOCK_OK
 from ingest.dcgm import (
-    _BLOCK_OK,
     _FIELD_BY_NAME,
     _FP64_BLANK,
     _GPU_COLS,
@@ -61,7 +61,7 @@ _PLAIN_NUMBERS = re.compile(rb"[0-9eE.+\- ]*")
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
-_BLOCK = re.compile(_BLOCK_OK)
+_BLOCK = re.compile(BLOCK_OK)
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
 _OUT_INDEX = {out: i for i, (out, _) in enumerate(_LABELS)}
 _STRING_OF = {c.name: c.dtype for c in GPU_SAMPLE.columns}

@@ -22,6 +22,7 @@ import re
 import polars as pl
 
 from fleetscope.core import frames as F
+from fleetscope.core.promtext import label_map, lex_line
 from fleetscope.core.errors import ParseError
 from fleetscope.core.textinput import input_lines
 from ingest import infiniband as ib
@@ -65,23 +66,6 @@ COUNTERS: dict[str, str] = {
     "port_transmit_wait_total": "xmit_wait_total",
 }
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _labels(text: str, source: str, lineno: int) -> dict[str, str]:
-    out: dict[str, str] = {}
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m:
-            raise ParseError("malformed label set", source=source, line=lineno, field=text[pos:pos + 40])
-        out[m.group(1)] = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group(0)], m.group(2))
-        pos = m.end()
-    return out
-
 
 def parse(data: bytes, *, ts: dt.datetime | None = None, source: str = "node_exporter") -> F.Batch:
     """``fabric_port_sample`` rows from the ``node_infiniband_*`` series of a node_exporter body."""
@@ -92,30 +76,27 @@ def parse(data: bytes, *, ts: dt.datetime | None = None, source: str = "node_exp
     for lineno, line in input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES):
         if line.startswith("#") or not line.startswith(PREFIX):
             continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise ParseError("not a Prometheus sample line", source=source, line=lineno)
-        name, labels_text, value_text, ts_text = m.groups()
+        sample = lex_line(line, lineno, source)
+        if sample is None:
+            continue
+        _, name, pairs, value, ts_ms = sample
+        value_text = line.split()[-2 if ts_ms is not None else -1]
         series = name[len(PREFIX):]
         if series == "info" or (series not in COUNTERS and series not in ("rate_bytes_per_second", "state_id", "physical_state_id")):
             skipped += 1
             continue
-        labels = _labels(labels_text or "", source, lineno)
+        labels = label_map(pairs, name=name, source=source, line=lineno)
         dev, port_text = labels.get("device"), labels.get("port")
         if not dev or not port_text:
             raise ParseError("a port series needs device and port labels", source=source, line=lineno, field="device" if not dev else "port")
         if not port_text.isdigit() or not 0 < int(port_text) <= 255:
             raise ParseError("port must be 1..255", source=source, line=lineno, field="port")
-        try:
-            value = float(value_text)
-        except ValueError:
-            raise ParseError(f"{value_text[:40]!r} is not a number", source=source, line=lineno, field=name) from None
         if not math.isfinite(value) or value < 0:
             raise ParseError(f"{value_text[:40]!r} is not a counter or gauge value here (negative or not finite)", source=source, line=lineno, field=name)
-        if ts_text is not None:
-            if abs(int(ts_text)) > 2**53:
+        if ts_ms is not None:
+            if abs(ts_ms) > 2**53:
                 raise ParseError("timestamp out of range", source=source, line=lineno)
-            when = dt.datetime.fromtimestamp(int(ts_text) / 1000, tz=dt.UTC)
+            when = dt.datetime.fromtimestamp(ts_ms / 1000, tz=dt.UTC)
         elif ts is not None:
             when = ts.astimezone(dt.UTC)
         else:

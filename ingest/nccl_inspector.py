@@ -64,6 +64,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core.promtext import label_map, lex_line
 from fleetscope.core.errors import ParseError
 from fleetscope.core.textinput import input_lines, json_object, require_final_newline, unterminated_line
 from fleetscope.core.frames import COLLECTIVE, METRIC_SAMPLE, Batch, series_key
@@ -277,10 +278,6 @@ def _job_id(job_id: str | None, source: str) -> tuple[str, str]:
 
 # --- Prometheus textfile mode ---------------------------------------------------------------
 
-_PROM_LINE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$"
-)
-_PROM_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
 
 
 def parse_prometheus(
@@ -308,23 +305,16 @@ def parse_prometheus(
     rows: dict[tuple[datetime, str], dict[str, Any]] = {}
     meta: dict[str, Any] = {"duplicates_dropped": 0, "job_id_source": "none"}
     for lineno, text in lines:
-        if text.startswith("#"):
+        sample = lex_line(text, lineno, source)
+        if sample is None:
             continue
-        m = _PROM_LINE.match(text)
-        if not m:
-            raise ParseError("not a Prometheus sample line", source=source, line=lineno)
-        labels = _prom_labels(m.group("labels") or "", source, lineno)
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            raise ParseError(f"sample value {m.group('value')[:40]!r} is not a number", source=source, line=lineno,
-                             field=m.group("name")) from None
+        _, name, pairs, value, ms = sample
+        labels = label_map(pairs, name=name, source=source, line=lineno)
         if not math.isfinite(value) or value < 0:
             # bandwidths and execution times: a negative or non-finite figure is corruption
             raise ParseError(f"sample value {value} is not a finite non-negative number", source=source,
-                             line=lineno, field=m.group("name"))
-        if m.group("ts") is not None:
-            ms = int(m.group("ts"))
+                             line=lineno, field=name)
+        if ms is not None:
             if not 0 <= ms <= 4102444800_000:
                 raise ParseError(f"sample timestamp {ms} ms out of range", source=source, line=lineno,
                                  field="timestamp")
@@ -340,7 +330,7 @@ def parse_prometheus(
             labels["job_id"], meta["job_id_source"] = job_id, "caller"
         if gpu_uuid:
             labels["gpu_uuid"] = gpu_uuid
-        key = (when, series_key(m.group("name"), labels))
+        key = (when, series_key(name, labels))
         if key in rows:
             meta["duplicates_dropped"] += 1
             continue
@@ -349,21 +339,6 @@ def parse_prometheus(
         raise ParseError("no samples", source=source)
     df = pl.DataFrame(list(rows.values()), schema=METRIC_SAMPLE.schema)
     return Batch(source=source, metric_sample=df, meta=meta)
-
-
-def _prom_labels(text: str, source: str, line: int) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    while pos < len(text):
-        m = _PROM_LABEL.match(text, pos)
-        if not m or m.end() == pos:
-            raise ParseError("malformed label set", source=source, line=line, field=text[pos: pos + 40])
-        value = re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1), m.group(2))
-        if m.group(1) in labels:
-            raise ParseError(f"label {m.group(1)!r} repeated", source=source, line=line, field=m.group(1))
-        labels[m.group(1)] = value
-        pos = m.end()
-    return labels
 
 
 def _lines(data: bytes, source: str) -> list[tuple[int, str]]:

@@ -41,6 +41,7 @@ import defusedxml
 import polars as pl
 from defusedxml.ElementTree import DefusedXMLParser
 
+from fleetscope.core.units import CLOCK_EVENT_BITS, NVIDIA_SMI_REASON_NAMES
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import GPU, GPU_SAMPLE, METRIC_SAMPLE, Batch, series_key
 from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
@@ -103,18 +104,6 @@ _NOT_A_READING = re.compile(r"^(pci\.|inforom\.|platform\.|fabric\.(cliqueId|clu
 _YES_NO = {"Yes": 1, "No": 0, "Active": 1, "Not Active": 0, "Enabled": 1, "Disabled": 0}
 _NUMERIC_ENUM_FIELDS = {"remapped_rows.pending", "remapped_rows.failure", "retired_pages.pending"}
 
-# NVML clock event (throttle) reason bits, nvml.h nvmlClocksEventReason*.
-_REASON_BITS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clocks_setting": 0x100,
-}
 
 
 # --- CSV ------------------------------------------------------------------------------------------
@@ -441,7 +430,8 @@ def _reason_mask(gpu: ET.Element) -> float | None:
         return None
     mask, seen = 0, False
     for child in block:
-        bit = _REASON_BITS.get(child.tag.removeprefix(prefix))
+        reason = child.tag.removeprefix(prefix)
+        bit = CLOCK_EVENT_BITS.get(NVIDIA_SMI_REASON_NAMES.get(reason, reason))
         state = (child.text or "").strip()
         if bit is None or state not in ("Active", "Not Active"):
             continue

@@ -39,3 +39,13 @@ class ValidationError(FleetscopeError, ValueError):
         if field:
             where += f" field {field!r}"
         super().__init__(f"{where}: {message}")
+
+
+class NotFound(FleetscopeError, LookupError, ValueError):
+    """Something named in a request (a job, site, model, dataset, instrument) that the store does not hold.
+    The API answers 404, the CLI exits with the message. Also a ``ValueError``: a caller that treats any bad
+    argument alike may keep doing so."""
+
+
+class Conflict(FleetscopeError):
+    """A record that would contradict one already stored (the API answers 409)."""

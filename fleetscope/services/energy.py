@@ -10,7 +10,7 @@ import polars as pl
 
 from analyzers import carbon, energy
 from fleetscope.core import frames as F
-from fleetscope.core.errors import FleetscopeError
+from fleetscope.core.errors import Conflict, NotFound  # noqa: F401  (this domain's refusals)
 from fleetscope.observability import tracer
 from fleetscope.services import auditlog
 from fleetscope.store import Store
@@ -23,14 +23,6 @@ PAD = dt.timedelta(minutes=2)
 METER_SERIES = (energy.FACILITY_ENERGY, energy.FACILITY_POWER, energy.IT_ENERGY, energy.IT_POWER, energy.WATER)
 MARKET_METHOD = ("market-based, GHG Protocol Scope 2 Guidance (2015) ch. 6: energy covered by the site's contractual instruments "
                  "× each instrument's factor + uncovered energy × ")
-
-
-class NotFound(FleetscopeError, ValueError):
-    """A site, model or instrument the store does not hold."""
-
-
-class Conflict(FleetscopeError):
-    """A record that would contradict one already stored (an instrument claimed by two sites)."""
 
 
 GROUPS = ("job_id", "rank", "gpu_uuid", "host", "site_id", "gpu_model", "model_name", "job_kind", "minute", "hour", "day")

@@ -12,17 +12,13 @@ from typing import Any
 import polars as pl
 
 from fleetscope import safefiles
-from fleetscope.core.errors import FleetscopeError
+from fleetscope.core.errors import NotFound
 from fleetscope.services import auditlog
 from fleetscope.store import Store
 from governance import fairness
 from governance import frames as GF
 from governance import lineage as L
 from governance.registry import DatasetEntry, ModelEntry
-
-
-class NotFound(FleetscopeError, LookupError):
-    """A model or dataset the registry does not hold."""
 
 
 def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:

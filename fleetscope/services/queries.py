@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 from sqlalchemy import inspect
 
+from fleetscope.core.units import as_utc
 from fleetscope.core import frames as F
 from fleetscope.services.energy import energy_rollup_end  # noqa: F401  (the Overview page reads it here)
 from fleetscope.store import Store
@@ -57,10 +58,6 @@ def _fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.D
         else:
             cols.append(pl.col(name))
     return df.select(cols) if df.width else pl.DataFrame(schema=schema)
-
-
-def _as_utc(value: dt.datetime) -> dt.datetime:
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def _bucket_us(store: Store, column: str, bucket_s: int) -> str:
@@ -179,7 +176,7 @@ def data_start(store: Store) -> dt.datetime | None:
 def sample_interval_s(store: Store, at: dt.datetime) -> float:
     """The GPU sampling interval near ``at``: the median gap between the last few samples of the GPU
     sampled last before ``at`` (two indexed lookups). Falls back to DEFAULT_SAMPLE_INTERVAL_S."""
-    at = _as_utc(at)
+    at = as_utc(at)
     last = _fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts <= ? ORDER BY ts DESC LIMIT 1", [at], {"gpu_uuid": pl.String})
     if last.is_empty():
         last = _fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts > ? ORDER BY ts LIMIT 1", [at], {"gpu_uuid": pl.String})
@@ -255,7 +252,7 @@ def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None 
 
     Reads about ``lookback_s / interval`` rows per GPU, through the ``ts`` index.
     """
-    end = _as_utc(end)
+    end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
     params: list[Any] = [start, end]
     site_sql = _site_gpus(site, params)
@@ -293,7 +290,7 @@ def gpu_activity(
 
     Columns: ``gpu_uuid, host, gpu_index, site_id, samples, util_mean_ratio, power_mean_w, last_ts, busy``.
     """
-    end = _as_utc(end)
+    end = as_utc(end)
     params: list[Any] = [end - dt.timedelta(seconds=window_s), end]
     site_sql = _site_gpus(site, params)
     sql = (
@@ -319,7 +316,7 @@ def gpu_activity(
 def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPUs with a health event of an UNHEALTHY_KINDS kind in ``[start, end)``: ``gpu_uuid, host,
     events, kinds`` (comma-separated), ``last_ts``. Host-level events (no GPU) are left to the grid."""
-    params: list[Any] = [_as_utc(start), _as_utc(end), *UNHEALTHY_KINDS]
+    params: list[Any] = [as_utc(start), as_utc(end), *UNHEALTHY_KINDS]
     site_sql = _site_hosts(site, params)
     kinds = ", ".join("?" for _ in UNHEALTHY_KINDS)
     sql = (
@@ -352,7 +349,7 @@ def gpu_state_counts(
     + ``silent`` (in the inventory, no sample in the window). ``reporting`` counts GPUs with samples,
     including ones not (yet) in the inventory.
     """
-    end = _as_utc(end)
+    end = as_utc(end)
     size = fleet_size(store, site)
     inventory = int(size["gpus"][0]) if size.height else 0
     act = gpu_activity(store, end, window_s, busy_util_ratio, site)
@@ -380,7 +377,7 @@ def health_grid(
     Hosts are ordered worst first and cut at ``max_hosts``: a 16k-GPU fleet has 2,048 hosts, more than a
     screen shows, and the ones needing attention are the point of the grid.
     """
-    end = _as_utc(end)
+    end = as_utc(end)
     latest = latest_gpu_samples(store, end, lookback_s, site)
     params: list[Any] = [end - dt.timedelta(seconds=health_window_s), end]
     site_sql = _site_hosts(site, params)
@@ -463,7 +460,7 @@ def fleet_series(
     instead of every sample keeps a day of a 16k-GPU fleet at ``points`` × 16k rows, the same as an hour.
     Columns: ``ts, gpus_reporting, gpus_busy, util_mean_ratio, power_w, temp_max_c``.
     """
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     schema = {
         "ts": UTC,
         "gpus_reporting": pl.Int64,
@@ -500,7 +497,7 @@ def rollup_power(store: Store, start: dt.datetime, end: dt.datetime, site: str |
     (``site_energy_minute``): ``ts, site_id, power_w, gpus`` — the bucket's energy over the minutes rolled up
     in it. One row per site and minute is read, so a day costs the same for 16 or 16,384 GPUs. GPUs the
     inventory places at no site are not in the roll-up; empty before the first roll-up of the window."""
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     params: list[Any] = [start, end]
     site_sql = _site_is(site, params)
     bucket = _bucket_us(store, "minute", max(60, int(bucket_s)))
@@ -516,7 +513,7 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
     the last before ``end``); a GPU's energy is the difference, and a counter that went backwards
     (driver reload) counts as zero rather than negative.
     """
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     schema = {"site_id": pl.String, "gpus": pl.Int64, "energy_j": pl.Float64}
     first = data_start(store)
     if first is None or end <= start:
@@ -547,7 +544,7 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
 
     schema = {"site_id": pl.String, "energy_kwh": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
               "covered_kwh": pl.Float64, "instruments": pl.String, "pue": pl.Float64, "energy_basis": pl.String, "uncovered_basis": pl.String}
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     known = _fetch(store, "SELECT site_id FROM site ORDER BY 1", [], {"site_id": pl.String})["site_id"].to_list()
     ids = [s for s in known if site is None or s == site]
     if not ids or end <= start:
@@ -592,7 +589,7 @@ def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site
     4 s an hour for 16,384 GPUs on SQLite, so fleet-wide headlines read the counters instead
     (``counter_energy_by_site_hour``) and use this where a GPU has no energy counter.
     """
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     params: list[Any] = [start, end]
     site_sql = _site_gpus(site, params, "m.gpu_uuid")
     sql = (
@@ -615,7 +612,7 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     The cost is GPUs × (hours + 1) probe rows, whatever the sample rate: about 0.2 s an hour for 16,384
     GPUs on SQLite.
     """
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     first = data_start(store)
     if first is None or end <= max(start, first):
         return pl.DataFrame(schema=_SITE_HOUR_CARBON)
@@ -661,7 +658,7 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     from analyzers import energy
     from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
 
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     bucket_s = max(60, int(bucket_s) // 60 * 60)
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
     # by the site label pue_series itself parses, not a second text match on the series key
@@ -678,7 +675,7 @@ def energy_by_job(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     writes (``job_energy_minute``): ``job_id, model_name, kind, energy_j, gpu_hours, gpus, location_kgco2e,
     embodied_kgco2e``. Emissions are location-based (each hour's energy × its site's grid intensity);
     embodied emissions are amortised by GPU-hours held (``analyzers.carbon.embodied_by``, BLOOM's method)."""
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     rows = _job_hours(store, start, end, site, top=int(limit))
     if rows.is_empty():
         return pl.DataFrame(schema=_JOB_ENERGY)
@@ -689,7 +686,7 @@ def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: st
     """GPU energy of each ML model's jobs in ``[start, end)``, training and serving apart, from
     ``job_energy_minute`` and the job inventory: ``model_name, kind, jobs, energy_j, gpu_hours,
     location_kgco2e, embodied_kgco2e``. Jobs with no model in the inventory come as model_name null."""
-    start, end = _as_utc(start), _as_utc(end)
+    start, end = as_utc(start), as_utc(end)
     schema = {"model_name": pl.String, "kind": pl.String, "jobs": pl.Int64, "energy_j": pl.Float64, "gpu_hours": pl.Float64,
               "location_kgco2e": pl.Float64, "embodied_kgco2e": pl.Float64}
     rows = _job_hours(store, start, end, site)
@@ -749,7 +746,7 @@ def embodied_by_site(store: Store, start: dt.datetime, end: dt.datetime, site: s
     footprint study): ``site_id, gpu_hours, embodied_kgco2e, embodied_basis``. Reported apart from Scope 2."""
     from analyzers import carbon
 
-    params: list[Any] = [_as_utc(start), _as_utc(end)]
+    params: list[Any] = [as_utc(start), as_utc(end)]
     site_sql = _site_is(site, params)
     df = _fetch(store, f"SELECT site_id, SUM(gpus) * 60.0 AS allocated_s FROM site_energy_minute WHERE minute >= ? AND minute < ?{site_sql}"
                 " GROUP BY site_id ORDER BY site_id", params, {"site_id": pl.String, "allocated_s": pl.Float64})
@@ -767,7 +764,7 @@ def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.date
         f"SELECT {bucket} AS ts, s.series, AVG(m.value) AS value_mean FROM metric_sample m JOIN series s ON s.series_id = m.series_id"
         " WHERE s.name LIKE ? AND m.ts >= ? AND m.ts < ? GROUP BY 1, 2 ORDER BY 1, 2"
     )
-    return _fetch(store, sql, [name_like, _as_utc(start), _as_utc(end)], {"ts": UTC, "series": pl.String, "value_mean": pl.Float64})
+    return _fetch(store, sql, [name_like, as_utc(start), as_utc(end)], {"ts": UTC, "series": pl.String, "value_mean": pl.Float64})
 
 
 # --- health events and findings -----------------------------------------------------------------
@@ -777,7 +774,7 @@ def health_events_over_time(
     store: Store, start: dt.datetime, end: dt.datetime, bucket_s: int = 3600, site: str | None = None
 ) -> pl.DataFrame:
     """Health events per time bucket, host and kind: ``ts, host, kind, events``."""
-    params: list[Any] = [_as_utc(start), _as_utc(end)]
+    params: list[Any] = [as_utc(start), as_utc(end)]
     site_sql = _site_hosts(site, params)
     bucket = _bucket_us(store, "ts", bucket_s)
     sql = (
@@ -790,7 +787,7 @@ def health_events_over_time(
 def health_events_by_node(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Per host and kind in the window: ``host, kind, events, gpus`` (distinct GPUs), ``last_ts``;
     hosts with the most events first."""
-    params: list[Any] = [_as_utc(start), _as_utc(end)]
+    params: list[Any] = [as_utc(start), as_utc(end)]
     site_sql = _site_hosts(site, params)
     sql = (
         "SELECT host, kind, COUNT(*) AS events, COUNT(DISTINCT NULLIF(gpu_uuid, '')) AS gpus, MAX(ts) AS last_ts"
@@ -803,7 +800,7 @@ def health_events_recent(
     store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, kinds: Sequence[str] | None = None, limit: int = 200
 ) -> pl.DataFrame:
     """The newest health events in the window (at most ``limit``), newest first."""
-    params: list[Any] = [_as_utc(start), _as_utc(end)]
+    params: list[Any] = [as_utc(start), as_utc(end)]
     kind_sql = ""
     if kinds:
         kind_sql = f" AND kind IN ({', '.join('?' for _ in kinds)})"
@@ -816,7 +813,7 @@ def health_events_recent(
 
 def _finding_window(params: list[Any], start: dt.datetime, end: dt.datetime) -> str:
     # A finding is in the window when its own window overlaps it.
-    params += [_as_utc(end), _as_utc(start)]
+    params += [as_utc(end), as_utc(start)]
     return "window_start < ? AND (window_end IS NULL OR window_end >= ?)"
 
 
@@ -878,7 +875,7 @@ _JOB_COLS = ("job_id", "name", "kind", "model_name", "world_size", "site_id", "o
 def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 500) -> pl.DataFrame:
     """Jobs whose run overlaps ``[start, end)`` (jobs with unknown times too), newest first, with
     ``goodput_ratio`` (runtime goodput) from the goodput analyzer's stored analysis, where it has run."""
-    params: list[Any] = [_as_utc(end), _as_utc(start)]
+    params: list[Any] = [as_utc(end), as_utc(start)]
     where = "(j.started_at IS NULL OR j.started_at < ?) AND (j.ended_at IS NULL OR j.ended_at >= ?)"
     if site is not None:
         where += " AND j.site_id = ?"
@@ -1129,7 +1126,7 @@ def nccl_test_runs(store: Store, start: dt.datetime, end: dt.datetime, limit: in
         "busbw_max_gbps": pl.Float64,
         "busbw_avg_gbps": pl.Float64,
     }
-    return _fetch(store, sql, [_as_utc(start), _as_utc(end)], schema)
+    return _fetch(store, sql, [as_utc(start), as_utc(end)], schema)
 
 
 def nccl_test_sizes(store: Store, run_ids: Sequence[str]) -> pl.DataFrame:
@@ -1171,7 +1168,7 @@ def collective_busbw(
             return pl.DataFrame(schema=schema)
         job_sql = f"job_id IN ({', '.join('?' for _ in recent)})"
         params += recent
-    params += [_as_utc(start), _as_utc(end)]
+    params += [as_utc(start), as_utc(end)]
     sql = (
         "SELECT op, bytes, COUNT(*) AS calls, AVG(busbw_gbps) AS busbw_mean_gbps, MIN(busbw_gbps) AS busbw_min_gbps,"
         " MAX(busbw_gbps) AS busbw_max_gbps, AVG(duration_s) AS duration_mean_s FROM collective"
@@ -1189,7 +1186,7 @@ _DISRUPTIONS = ("failure", "preempted", "restart")
 def disruptions(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 1000) -> pl.DataFrame:
     """Failures, preemptions and restarts in the window, newest first: ``ts, job_id, kind, step, cause``
     (``cause`` from the event's payload; the kind itself where none was given)."""
-    params: list[Any] = [_as_utc(start), _as_utc(end), *_DISRUPTIONS]
+    params: list[Any] = [as_utc(start), as_utc(end), *_DISRUPTIONS]
     site_sql = ""
     if site is not None:
         site_sql = " AND job_id IN (SELECT job_id FROM job WHERE site_id = ?)"
@@ -1215,7 +1212,7 @@ def reliability_summary(store: Store, start: dt.datetime, end: dt.datetime, site
     """One row: ``failures, preemptions, restarts, window_s, mtbf_s`` (the window over its failures;
     null without failures)."""
     d = disruptions(store, start, end, site)
-    window_s = (_as_utc(end) - _as_utc(start)).total_seconds()
+    window_s = (as_utc(end) - as_utc(start)).total_seconds()
     failures = d.filter(pl.col("kind") == "failure").height
     return pl.DataFrame(
         {
@@ -1233,7 +1230,7 @@ def checkpoint_intervals(store: Store, start: dt.datetime, end: dt.datetime, sit
     """Per job with checkpoint saves in the window: ``job_id, saves, interval_mean_s`` (between save
     starts), ``save_mean_s`` (start to end)."""
     kinds = ("checkpoint_save_start", "checkpoint_save_end")
-    params: list[Any] = [_as_utc(start), _as_utc(end), *kinds]
+    params: list[Any] = [as_utc(start), as_utc(end), *kinds]
     site_sql = ""
     if site is not None:
         site_sql = " AND job_id IN (SELECT job_id FROM job WHERE site_id = ?)"
@@ -1480,7 +1477,7 @@ def fabric_link_findings(store: Store, start: dt.datetime, end: dt.datetime, lim
            f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
            f" ORDER BY window_end DESC LIMIT {int(limit)}")
     schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
-    return _fetch(store, sql, [*IB_FINDING_KINDS, _as_utc(start), _as_utc(end)], schema)
+    return _fetch(store, sql, [*IB_FINDING_KINDS, as_utc(start), as_utc(end)], schema)
 
 
 def fabric_nic_rate_gbps(store: Store) -> pl.DataFrame:

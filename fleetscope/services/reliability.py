@@ -17,6 +17,7 @@ import polars as pl
 
 from analyzers import reliability
 from fleetscope.core import frames as F
+from fleetscope.core.errors import NotFound
 from fleetscope.services.jobs import json_safe, job_exists
 from fleetscope.observability import tracer
 from fleetscope.store import Store
@@ -24,7 +25,7 @@ from fleetscope.store import Store
 MAX_WINDOW = dt.timedelta(days=366)
 
 
-class UnknownJob(LookupError):
+class UnknownJob(NotFound):
     """A job id with nothing ingested under it."""
 
 

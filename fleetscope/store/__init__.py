@@ -27,6 +27,7 @@ from typing import Any
 import polars as pl
 from sqlalchemy import Connection, Engine, text
 
+from fleetscope.core.units import as_utc
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import sqlite_reader
@@ -54,12 +55,8 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _utc(value: dt.datetime) -> dt.datetime:
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
-
-
 def _epoch_us(value: dt.datetime) -> int:
-    delta = _utc(value) - schema.EPOCH
+    delta = as_utc(value) - schema.EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
@@ -533,7 +530,7 @@ class Store:
         return f"{column} IN ({', '.join('?' for _ in values)})"
 
     def _time_param(self, value: dt.datetime) -> Any:
-        return _utc(value)
+        return as_utc(value)
 
     def query(self, sql: str, params: Sequence[Any] = (), schema_: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
         """Run a read-only SQL statement with ``?`` placeholders; timestamp columns named in ``schema_``
@@ -683,7 +680,7 @@ def _literal(value: Any) -> str:
             raise ValueError(f"non-finite filter value {value!r}")
         return repr(value)
     if isinstance(value, dt.datetime):
-        return f"TIMESTAMPTZ '{_utc(value).isoformat()}'"
+        return f"TIMESTAMPTZ '{as_utc(value).isoformat()}'"
     text_value = str(value)
     if "\x00" in text_value:
         raise ValueError("filter value contains a NUL character")

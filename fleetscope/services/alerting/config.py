@@ -12,12 +12,8 @@ from pathlib import Path
 
 from fleetscope import safefiles
 from fleetscope import settings as settings_mod
+from fleetscope.settings import env as _env
 from fleetscope.services.alerting.notifiers import OutboundPolicy, RetryPolicy
-
-
-def _env(name: str, default: str) -> str:
-    v = os.environ.get(name)
-    return default if v is None or v == "" else v
 
 
 def _float(name: str, default: float) -> float:
