@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetscope.store import db  # noqa: E402
 from fleetscope.services import energy as es  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import queries as Q  # noqa: E402
+from fleetscope.services import energy_reads as energy_reads
 from fleetscope.store import Store  # noqa: E402
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -101,7 +101,7 @@ def measure(label: str, url: str, gpus: int, job_days: int) -> None:
         print(json.dumps({"bench": "scope2_site", "db": label, "window_min": minutes, "gpus": gpus // 2, "seconds": round(s, 3), "target": "< 1 s",
                           "energy_kwh": round(one["energy_kwh"], 3), "location_kgco2e": round(one["location_based_kgco2e"], 3),
                           "market_kgco2e": round(one["market_based_kgco2e"], 3)}), flush=True)
-        s, every = best_of(lambda: Q.site_carbon(store, start, end))
+        s, every = best_of(lambda: energy_reads.site_carbon(store, start, end))
         print(json.dumps({"bench": "scope2_all_sites", "db": label, "window_min": minutes, "gpus": gpus, "seconds": round(s, 3), "target": "< 1 s",
                           "sites": every.height, "market_kgco2e": round(float(every["market_kgco2e"].sum()), 3)}), flush=True)
     for job_id, days in (("job-hour", 1 / 24), ("job-long", job_days + 1 / 24)):

@@ -3,7 +3,7 @@
 This script runs on every interaction: it establishes who is signed in (``dashboard.signin``: nothing else
 is drawn until someone is), checks the database, draws the common sidebar (time range, site, job, refresh)
 and runs the page picked in the navigation, out of the pages the user's scopes allow. Each page lives in
-``views/`` and reads through ``dashboard.ui.q``, which caches ``fleetscope.services.queries``.
+``views/`` and reads through ``dashboard.ui.q``, which caches the domain services' reads (``fleetscope.services.*``).
 
 The folder is not called ``pages/``: Streamlit treats a ``pages/`` folder beside the main script as an
 app of its own pages (multipage v1) until the first run reaches ``st.navigation``, so on a fresh server a

@@ -1,7 +1,7 @@
 """What every dashboard page shares: the store, cached queries, the sidebar's filters, formatting and charts.
 
-Pages stay thin: they ask ``q(queries.some_query, ...)`` for a polars frame and draw it. All reads go
-through ``fleetscope.services.queries`` (DESIGN.md: the dashboard reads through the store's queries only), cached
+Pages stay thin: they ask ``q(telemetry.fleet_size, ...)`` for a polars frame and draw it. All reads go
+through the domain services' read functions (``fleetscope.services.*``, shared with the API and the CLI), cached
 with a short TTL keyed on the database URL, the query and its arguments, so a page shared by many
 viewers costs one query per TTL, and live panels still move.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import importlib
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from dashboard import signin
 from dashboard.access import SESSION_KEY, Access
 from dashboard.connection import _store, database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
-from fleetscope.services import queries
+from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import telemetry
 
 # Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often;
 # settled windows (whole hours in the past, whose data no longer changes) seldom.
@@ -48,34 +50,35 @@ log = logging.getLogger(__name__)
 
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=1024)
-def _live(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(queries, name)(_store(url), **dict(kwargs))
+def _live(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
 
 
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False, max_entries=1024)
-def _history(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(queries, name)(_store(url), **dict(kwargs))
+def _history(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
 
 
 @st.cache_data(ttl=SETTLED_TTL_S, show_spinner=False, max_entries=4096)
-def _settled(url: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(queries, name)(_store(url), **dict(kwargs))
+def _settled(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
 
 
 def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled: bool = False, **kwargs: Any) -> Any:
-    """Run ``fn`` (a function of ``fleetscope.services.queries``) on the configured store, through the cache
+    """Run ``fn`` (a read of a ``fleetscope.services`` module) on the configured store, through the cache
     (``fresh``: around it, for small tables a page itself changes, so a change shows at once;
     ``settled``: kept for hours, for a window wholly in the past).
 
     A database that does not answer gets a clear error on the page instead of a traceback.
     """
-    if getattr(queries, fn.__name__, None) is not fn:
-        raise ValueError(f"{fn.__name__} is not a fleetscope.services.queries function")
+    module = getattr(fn, "__module__", "") or ""
+    if not module.startswith("fleetscope.services.") or getattr(importlib.import_module(module), fn.__name__, None) is not fn:
+        raise ValueError(f"{getattr(fn, '__name__', fn)!r} is not a read of a fleetscope.services module")
     try:
         if fresh:
             return fn(store(), **kwargs)
         cache = _settled if settled else _live if live else _history
-        return cache(database_url(), fn.__name__, tuple(sorted(kwargs.items())))
+        return cache(database_url(), module, fn.__name__, tuple(sorted(kwargs.items())))
     except (SQLAlchemyError, sqlite3.Error) as exc:
         st.error(f"The database did not answer ({type(exc).__name__}): {str(exc).splitlines()[0][:300]}")
         st.stop()
@@ -151,7 +154,7 @@ class Filters:
 
 
 def _window_end(anchor: str) -> tuple[dt.datetime, dt.datetime | None]:
-    latest = q(queries.data_end)
+    latest = q(telemetry.data_end)
     if anchor == "latest data" and latest is not None:
         # One microsecond past the newest row: windows are half-open [start, end).
         return latest + dt.timedelta(microseconds=1), latest
@@ -186,12 +189,12 @@ def sidebar() -> Filters:
     range_s = RANGES_S[range_label]
     end, latest = _window_end(anchor)
     start = end - dt.timedelta(seconds=range_s)
-    site_rows = q(queries.sites, live=False)
+    site_rows = q(telemetry.sites, live=False)
     site_options = ["All sites", *site_rows["site_id"].drop_nulls().to_list()]
     _choice("f_site", site_options)
     site = sb.selectbox("Site", site_options, key="f_site")
     site = None if site == "All sites" else site
-    job_rows = q(queries.jobs, live=False, start=start, end=end, site=site)
+    job_rows = q(jobs_svc.jobs, live=False, start=start, end=end, site=site)
     job_options = ["All jobs", *job_rows["job_id"].to_list()]
     _choice("f_job", job_options)
     job = sb.selectbox("Job", job_options, key="f_job")
@@ -253,7 +256,7 @@ def pick_job(f: Filters, label: str = "Job", key: str = "page_job", require: Cal
     """The sidebar's job, or one picked on the page from the jobs in the window (running first)."""
     if f.job_id:
         return f.job_id
-    df = q(queries.jobs, live=False, start=f.start, end=f.end, site=f.site)
+    df = q(jobs_svc.jobs, live=False, start=f.start, end=f.end, site=f.site)
     if df.is_empty():
         return None
     df = df.sort(pl.col("ended_at").is_not_null(), pl.col("started_at"), descending=[False, True], nulls_last=True)

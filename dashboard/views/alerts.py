@@ -14,7 +14,7 @@ import datetime as dt
 import streamlit as st
 
 from dashboard import signin, ui
-from fleetscope.services import queries
+from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.services.alerting import service as alert_service
 
 MAX_CREATED_BY = 200  # the column's width (alert_silence.created_by)
@@ -28,7 +28,7 @@ st.title("Alerts")
 
 def firing() -> None:
     st.subheader("Firing and recent")
-    alerts = ui.q(queries.alerts, fresh=True)
+    alerts = ui.q(alert_reads.alerts, fresh=True)
     if alerts.is_empty():
         ui.no_data("no alerts.", "The worker evaluates the rules (findings, health events, roll-ups) every minute; alerts show here as they match.")
         return
@@ -112,7 +112,7 @@ def expire_silence() -> None:
 
 st.subheader("Silences")
 ui.told("sil_result")
-silences = ui.q(queries.silences, fresh=True)
+silences = ui.q(alert_reads.silences, fresh=True)
 if silences.is_empty():
     ui.no_data("no silences.", "Create one below to mute matching alerts for a while." if who.may("create_silence") else None)
 else:
@@ -155,7 +155,7 @@ else:
 # --- the outbox -----------------------------------------------------------------------------------
 
 st.subheader("Delivery status")
-counts = ui.q(queries.notification_counts, fresh=True)
+counts = ui.q(alert_reads.notification_counts, fresh=True)
 if not any(counts.values()):
     ui.no_data("no notifications yet.", "Each firing or resolved alert group is sent to its receiver (Alertmanager, Slack or signed webhooks) with retries.")
 else:
@@ -168,7 +168,7 @@ else:
     for col, (status, label, help_text) in zip(st.columns(4), shown):
         col.metric(label, f"{counts[status]:,}", help=help_text)
     st.dataframe(
-        ui.q(queries.notifications, fresh=True, limit=200),
+        ui.q(alert_reads.notifications, fresh=True, limit=200),
         hide_index=True,
         column_config={
             "created_at": ui.utc_column("Created"),
@@ -178,7 +178,7 @@ else:
     )
 
 st.subheader("Dead letters")
-dead = ui.q(queries.notifications, fresh=True, status="dead", limit=200)
+dead = ui.q(alert_reads.notifications, fresh=True, status="dead", limit=200)
 if dead.is_empty():
     ui.no_data("no dead letters.", "Notifications that exhaust their retries, or whose receiver does not exist, are kept here to be sent again.")
 else:

@@ -8,7 +8,8 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services import energy_reads as energy_reads
+from fleetscope.services import telemetry
 
 
 def _kg(kg: float) -> str:
@@ -19,7 +20,7 @@ f = ui.filters()
 st.title("Energy & Carbon")
 
 st.subheader("GPU energy by site")
-energy = ui.q(queries.gpu_energy, live=False, start=f.start, end=f.end, site=f.site)
+energy = ui.q(energy_reads.gpu_energy, live=False, start=f.start, end=f.end, site=f.site)
 if energy.is_empty():
     ui.no_data("no GPU energy counters in this time range.")
 else:
@@ -37,10 +38,10 @@ else:
 st.subheader("GPU power over time")
 # From the per-site roll-up where the worker has written it (a day of a large fleet is a few thousand
 # rows); from probes of the raw samples where it has not.
-series = ui.q(queries.rollup_power, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
+series = ui.q(energy_reads.rollup_power, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
 by_site = not series.is_empty()
 if not by_site:
-    series = ui.q(queries.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
+    series = ui.q(telemetry.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
 if series.is_empty():
     ui.no_data("no GPU telemetry in this time range.")
 else:
@@ -57,7 +58,7 @@ else:
                "GPU power at evenly spaced instants, from the samples (no energy roll-up covers this range yet).")
 
 st.subheader("PUE over time")
-pue = ui.q(queries.pue_over_time, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
+pue = ui.q(energy_reads.pue_over_time, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
 if pue.is_empty():
     ui.no_data("no facility and IT meter readings in this time range.",
                "PUE is facility energy over IT energy (ISO/IEC 30134-2) from `facility_power_w` / `facility_energy_j` and "
@@ -75,7 +76,7 @@ else:
                "Values over less than a year are interim under ISO/IEC 30134-2.")
 
 st.subheader("Carbon: location- vs market-based")
-carbon = ui.q(queries.site_carbon, live=False, start=f.start, end=f.end, site=f.site)
+carbon = ui.q(energy_reads.site_carbon, live=False, start=f.start, end=f.end, site=f.site)
 if carbon.is_empty():
     ui.no_data("no energy roll-ups in this time range.", "Location-based (grid intensity) and market-based (contractual instruments, "
                "recorded with `fleetscope energy instrument`) CO2e per site come from the per-minute GPU energy roll-ups.")
@@ -97,12 +98,12 @@ else:
     st.dataframe(carbon, hide_index=True)
 
 st.subheader("Energy by job and model")
-by_job = ui.q(queries.energy_by_job, live=False, start=f.start, end=f.end, site=f.site, limit=50)
+by_job = ui.q(energy_reads.energy_by_job, live=False, start=f.start, end=f.end, site=f.site, limit=50)
 if by_job.is_empty():
     ui.no_data("no per-job energy in this time range.", "Jobs get their share of their GPUs' energy once the roll-up has run over "
                "minutes in which the scheduler's rank-to-GPU assignments place them.")
 else:
-    by_model = ui.q(queries.energy_by_model, live=False, start=f.start, end=f.end, site=f.site)
+    by_model = ui.q(energy_reads.energy_by_model, live=False, start=f.start, end=f.end, site=f.site)
     c1, c2 = st.columns(2)
     with c1:
         top = by_job.head(15).with_columns(energy_kwh=pl.col("energy_j") / 3.6e6)
@@ -127,7 +128,7 @@ else:
         "job_id", "model_name", "kind", "energy_kwh", "gpu_hours", "gpus", "location_kgco2e", "embodied_kgco2e"), hide_index=True)
 
 st.subheader("Embodied emissions")
-emb = ui.q(queries.embodied_by_site, live=False, start=f.start, end=f.end, site=f.site)
+emb = ui.q(energy_reads.embodied_by_site, live=False, start=f.start, end=f.end, site=f.site)
 if emb.is_empty():
     ui.no_data("no GPU-hours rolled up in this time range.")
 else:

@@ -17,7 +17,8 @@ import streamlit as st
 
 from dashboard import signin, ui
 from fleetscope.services import audit as au
-from fleetscope.services import queries
+from fleetscope.services import audit as audit_svc
+from fleetscope.services import governance as governance_svc
 from fleetscope import settings as settings_mod
 
 ui.require("governance")
@@ -26,7 +27,7 @@ settings = settings_mod.load()
 MEDIA = {"json": "application/json", "html": "text/html", "pdf": "application/pdf"}
 STATUS_COLORS = alt.Scale(domain=["pass", "fail", "missing_evidence", "not_applicable"], range=["#2e7d32", "#c62828", "#f9a825", "#bdbdbd"])
 
-audits = ui.q(queries.audit_runs, fresh=True)  # small, and this page can add exports to it
+audits = ui.q(audit_svc.audit_runs, fresh=True)  # small, and this page can add exports to it
 
 
 def report_file(audit_id: str, fmt: str) -> tuple[bytes | None, str | None]:
@@ -62,7 +63,7 @@ def _dataset_of(node_id: str) -> dict[str, str]:
 # --- models -----------------------------------------------------------------------------------------
 
 st.subheader("Models and risk class")
-models = ui.q(queries.models, fresh=True)
+models = ui.q(governance_svc.models, fresh=True)
 latest = audits.row(0, named=True) if audits.height else None
 if models.is_empty():
     ui.no_data("no models registered.", "Register one with `PUT /api/v1/models/{name}/{version}`; OpenLineage training runs link it to its data.")
@@ -96,7 +97,7 @@ if models.is_empty():
 else:
     pick = st.selectbox("Model", keys, key="gov_lineage_model")
     name, version = pick.rsplit(":", 1)
-    lineage = ui.q(queries.model_lineage, live=False, model_name=name, model_version=version)
+    lineage = ui.q(governance_svc.registered_model_lineage, live=False, model_name=name, model_version=version)
     upstream = (lineage or {}).get("upstream") or []
     if not upstream:
         ui.no_data(f"no lineage reaches {pick}.", "Training runs link a model to its data through OpenLineage events with the fleetscope_model facet, or the registry's training_run_ids.")
@@ -129,7 +130,7 @@ else:
 # --- fairness ---------------------------------------------------------------------------------------
 
 st.subheader("Fairness by group")
-fair = ui.q(queries.fairness_groups, live=False)
+fair = ui.q(governance_svc.fairness_groups, live=False)
 if fair.is_empty():
     ui.no_data("no fairness evaluations.", "Upload a model's predictions with `POST /api/v1/models/{name}/fairness`: metrics by group with bootstrap confidence intervals.")
 else:
@@ -160,7 +161,7 @@ st.subheader("EU AI Act rule matrix")
 if latest is None:
     ui.no_data("no rule results.", "Each rule's outcome with its evidence arrives with an audit run (`fleetscope report`, `POST /api/v1/audits`, or weekly by beat).")
 else:
-    results = ui.q(queries.rule_results, live=False, audit_id=latest["audit_id"])
+    results = ui.q(audit_svc.rule_results, live=False, audit_id=latest["audit_id"])
     c = st.columns(4)
     for col, status in zip(c, ("pass", "fail", "missing_evidence", "not_applicable")):
         col.metric(status.replace("_", " ").capitalize(), f"{latest[status]}")
@@ -212,7 +213,7 @@ else:
                                 mime=MEDIA[fmt], key=f"gov_dl_{fmt}", width="stretch", on_click="ignore")
 
     ui.told("gov_export_result")
-    exports = ui.q(queries.audit_exports, fresh=True)
+    exports = ui.q(audit_svc.audit_exports, fresh=True)
     mine = exports.filter(pl.col("audit_id") == audit_id)
     if mine.is_empty():
         ui.no_data("no signed export of this audit yet.")

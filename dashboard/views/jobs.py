@@ -7,14 +7,14 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services import jobs as jobs_svc
 
 MAX_RANK_BARS = 128
 
 f = ui.filters()
 st.title("Jobs")
 
-jobs = ui.q(queries.jobs, live=False, start=f.start, end=f.end, site=f.site)
+jobs = ui.q(jobs_svc.jobs, live=False, start=f.start, end=f.end, site=f.site)
 if jobs.is_empty():
     ui.no_data("no job ran in this time range.", "Jobs arrive with job lifecycle events, Kineto traces or the scheduler integration.")
     st.stop()
@@ -22,7 +22,7 @@ if jobs.is_empty():
 job_id = ui.pick_job(f)
 meta = jobs.filter(pl.col("job_id") == job_id)
 meta_row = meta.row(0, named=True) if meta.height else {"name": None, "model_name": None, "world_size": None, "status": None}
-totals = ui.q(queries.job_totals, live=False, job_id=job_id).row(0, named=True)
+totals = ui.q(jobs_svc.job_totals, live=False, job_id=job_id).row(0, named=True)
 
 st.subheader(f"{job_id}" + (f" · {meta_row['name']}" if meta_row["name"] else ""))
 c = st.columns(5)
@@ -33,11 +33,11 @@ c[3].metric("Mean step time", ui.fmt_duration(totals["step_mean_s"]))
 ci = totals["comm_intensity_bytes_per_flop"]
 c[4].metric("Comm. intensity", "—" if ci is None else f"{ci:.1e} B/FLOP".replace("e-0", "e-"), help="communication intensity: network bytes / model FLOPs")
 
-analyses = ui.q(queries.job_analyses, live=False, job_id=job_id)
+analyses = ui.q(jobs_svc.job_analyses, live=False, job_id=job_id)
 
 st.subheader("C³ breakdown over steps")
-c3_steps = ui.q(queries.job_c3_steps, live=False, job_id=job_id)
-steps = ui.q(queries.job_step_summary, live=False, job_id=job_id)
+c3_steps = ui.q(jobs_svc.job_c3_steps, live=False, job_id=job_id)
+steps = ui.q(jobs_svc.job_step_summary, live=False, job_id=job_id)
 step_x = alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True))
 if c3_steps.height:
     c3 = analyses.get("c3") or {}
@@ -57,7 +57,7 @@ else:
     ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
 if steps.height:
     st.subheader("Per rank")
-    ranks = ui.q(queries.job_rank_summary, live=False, job_id=job_id)
+    ranks = ui.q(jobs_svc.job_rank_summary, live=False, job_id=job_id)
     if ranks.height > MAX_RANK_BARS:
         # Thousands of bars draw slowly and read as noise: keep the slowest ranks (the summary is sorted
         # slowest first), where a straggler would be.
@@ -108,7 +108,7 @@ model = meta_row["model_name"]
 if not model:
     ui.no_data("this job names no model.", "Runs of one model at different world sizes give scaling efficiency and the Fleet Law fit.")
 else:
-    sf = ui.q(queries.scaling_fit, live=False, model_name=model)
+    sf = ui.q(jobs_svc.scaling_fit, live=False, model_name=model)
     runs, fit, curve = sf["runs"], sf["fit"], sf["curve"]
     if runs.height < 2:
         ui.no_data(f"fewer than two runs of {model} with step records.", "Scaling efficiency needs runs at two world sizes, the Fleet Law fit three.")

@@ -8,12 +8,12 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services import fabric as fabric_svc
 
 f = ui.filters()
 st.title("Network")
 
-nic = ui.q(queries.fabric_nic_rate_gbps, live=False)
+nic = ui.q(fabric_svc.fabric_nic_rate_gbps, live=False)
 nic_rate = nic["rate_gbps"][0] if nic.height else None
 typed = st.number_input(
     "Fabric peak bus bandwidth (GB/s)", min_value=0.0, value=0.0, step=25.0, key="fabric_peak",
@@ -25,7 +25,7 @@ if not typed and nic_rate:
     st.caption(f"Peak from the topology: HCA links of {nic_rate:g} Gb/s = {nic_rate / 8:g} GB/s per NIC ({nic['links'][0]} links).")
 
 st.subheader("InfiniBand links")
-ib = ui.q(queries.fabric_link_findings, start=f.start, end=f.end)
+ib = ui.q(fabric_svc.fabric_link_findings, start=f.start, end=f.end)
 if ib.is_empty():
     ui.no_data("no unhealthy InfiniBand links in this time range.",
                "Port counters arrive from `fleetscope agent` (sysfs), node_exporter, perfquery; topology from ibnetdiscover.")
@@ -50,7 +50,7 @@ def with_peak(c: alt.Chart) -> alt.Chart | alt.LayerChart:
 
 
 st.subheader("Collectives in production" + (f" · {f.job_id}" if f.job_id else ""))
-coll = ui.q(queries.collective_busbw, live=False, start=f.start, end=f.end, job_id=f.job_id)
+coll = ui.q(fabric_svc.collective_busbw, live=False, start=f.start, end=f.end, job_id=f.job_id)
 if coll.is_empty():
     ui.no_data("no NCCL collectives in this time range.", "They arrive with NCCL Inspector, NCCL debug logs or Kineto traces.")
 else:
@@ -67,7 +67,7 @@ else:
     st.dataframe(coll, hide_index=True)
 
 st.subheader("nccl-tests history")
-runs = ui.q(queries.nccl_test_runs, live=False, start=f.start, end=f.end)
+runs = ui.q(fabric_svc.nccl_test_runs, live=False, start=f.start, end=f.end)
 if runs.is_empty():
     ui.no_data("no nccl-tests runs in this time range.", "Ingest nccl-tests output with `fleetscope ingest`.")
     st.stop()
@@ -83,7 +83,7 @@ ui.chart(
     height=220,
 )
 chosen = st.multiselect("Runs", runs["run_id"].to_list(), default=runs["run_id"].head(2).to_list(), key="nccl_runs")
-sizes = ui.q(queries.nccl_test_sizes, live=False, run_ids=tuple(chosen))
+sizes = ui.q(fabric_svc.nccl_test_sizes, live=False, run_ids=tuple(chosen))
 if sizes.is_empty():
     ui.no_data("pick a run to see bandwidth by size.")
 else:

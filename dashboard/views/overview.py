@@ -9,7 +9,12 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services.alerting import reads as alert_reads
+from fleetscope.services import energy as energy_svc
+from fleetscope.services import energy_reads as energy_reads
+from fleetscope.services import health as health_svc
+from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import telemetry
 
 f = ui.filters()
 st.title("Fleet overview")
@@ -19,13 +24,13 @@ STATUS_COLORS = alt.Scale(domain=["ok", "hot", "silent", "unhealthy"], range=["#
 
 def live_panel() -> None:
     end = ui.live_end(f)
-    size = ui.q(queries.fleet_size, site=f.site)
-    counts = ui.q(queries.gpu_state_counts, end=end, site=f.site).row(0, named=True)
+    size = ui.q(telemetry.fleet_size, site=f.site)
+    counts = ui.q(health_svc.gpu_state_counts, end=end, site=f.site).row(0, named=True)
     gpus = int(size["gpus"][0]) if size.height else 0
     if gpus == 0 and counts["reporting"] == 0:
         ui.no_data("no GPUs in the inventory and no GPU telemetry.", "Point dcgm-exporter or the agent at the API, or run `fleetscope demo`.")
         return
-    power = ui.q(queries.power_now, end=end, site=f.site).row(0, named=True)
+    power = ui.q(telemetry.power_now, end=end, site=f.site).row(0, named=True)
     cols = st.columns(6)
     cols[0].metric("GPUs", f"{max(gpus, counts['gpus']):,}", help="GPUs in the inventory (or reporting, if more)")
     cols[1].metric("Busy", f"{counts['busy']:,}", help="mean utilisation ≥ 10 % over the last 5 min")
@@ -35,7 +40,7 @@ def live_panel() -> None:
     cols[5].metric("Power now", ui.fmt_power(power["power_w"]), help=f"sum of {power['gpus_reporting']:,} GPUs' latest power")
 
     st.subheader("Host × GPU health")
-    grid = ui.q(queries.health_grid, end=end, site=f.site)
+    grid = ui.q(health_svc.health_grid, end=end, site=f.site)
     if grid.is_empty():
         ui.no_data("no GPU in the inventory or reporting.")
         return
@@ -80,16 +85,16 @@ def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
     day_start = dt.datetime.combine(end.date(), dt.time(), dt.UTC)
     live_from = max(day_start, (end - SETTLE).replace(minute=0, second=0, microsecond=0))
     hours = [day_start + dt.timedelta(hours=i) for i in range(int((live_from - day_start).total_seconds() // 3600))]
-    parts = [ui.q(queries.counter_energy_by_site_hour, settled=True, start=h, end=h + dt.timedelta(hours=1), site=f.site) for h in hours]
-    parts.append(ui.q(queries.counter_energy_by_site_hour, live=False, start=live_from, end=end, site=f.site))
+    parts = [ui.q(energy_reads.counter_energy_by_site_hour, settled=True, start=h, end=h + dt.timedelta(hours=1), site=f.site) for h in hours]
+    parts.append(ui.q(energy_reads.counter_energy_by_site_hour, live=False, start=live_from, end=end, site=f.site))
     parts = [p for p in parts if p.height]
     if parts:
         return pl.concat(parts), "the GPUs' energy counters"
-    upto = ui.q(queries.energy_rollup_end, live=False)
+    upto = ui.q(energy_svc.energy_rollup_end, live=False)
     if upto is None or min(end, upto) <= day_start:
         return pl.DataFrame(), ""
     # Ending at the roll-up's newest minute keeps one cache entry per roll-up, not one per window end.
-    return ui.q(queries.energy_by_site_hour, live=False, start=day_start, end=min(end, upto), site=f.site), f"the energy roll-up (to {upto:%H:%M} UTC)"
+    return ui.q(energy_reads.energy_by_site_hour, live=False, start=day_start, end=min(end, upto), site=f.site), f"the energy roll-up (to {upto:%H:%M} UTC)"
 
 
 with left:
@@ -107,7 +112,7 @@ with left:
         st.caption(f"From {source}. Grid intensity: {'; '.join(bases) or 'none (no site in the inventory)'}. Market-based figures are on the Energy & Carbon page.")
 with right:
     st.subheader("Jobs running")
-    running = ui.q(queries.running_jobs, end=f.end, site=f.site)
+    running = ui.q(jobs_svc.running_jobs, end=f.end, site=f.site)
     if running.is_empty():
         ui.no_data("no job is running.")
     else:
@@ -124,7 +129,7 @@ with right:
             st.caption("Goodput shows once the goodput analyzer has run on these jobs (the worker runs it on active jobs).")
 
 st.subheader("Firing alerts")
-firing = ui.q(queries.alerts, include_resolved=False).filter(pl.col("state") == "firing")
+firing = ui.q(alert_reads.alerts, include_resolved=False).filter(pl.col("state") == "firing")
 if firing.is_empty():
     ui.no_data("no alert is firing.", "The Alerts page lists pending and resolved alerts, silences and deliveries.")
 else:
@@ -134,9 +139,9 @@ else:
 def fleet_series() -> pl.DataFrame:
     """The fleet's power and busy GPUs at instants on a fixed grid over the range (about 48), and now.
 
-    Each instant is one probe (``queries.fleet_series`` with one point); a settled instant's probe is kept
+    Each instant is one probe (``telemetry.fleet_series`` with one point); a settled instant's probe is kept
     for hours, so a day of a 16k-GPU fleet costs one new probe per grid step instead of 48 per visit."""
-    first = ui.q(queries.data_start, live=False)
+    first = ui.q(telemetry.data_start, live=False)
     if first is None or f.end <= first:
         return pl.DataFrame()
     start = max(f.start, first)
@@ -144,9 +149,9 @@ def fleet_series() -> pl.DataFrame:
     at = dt.datetime.fromtimestamp((int(start.timestamp()) // step + 1) * step, dt.UTC)
     parts = []
     while at < f.end - SETTLE:
-        parts.append(ui.q(queries.fleet_series, settled=True, start=at - dt.timedelta(seconds=step), end=at, points=1, site=f.site))
+        parts.append(ui.q(telemetry.fleet_series, settled=True, start=at - dt.timedelta(seconds=step), end=at, points=1, site=f.site))
         at += dt.timedelta(seconds=step)
-    parts.append(ui.q(queries.fleet_series, live=False, start=f.end - dt.timedelta(seconds=step), end=f.end, points=1, site=f.site))
+    parts.append(ui.q(telemetry.fleet_series, live=False, start=f.end - dt.timedelta(seconds=step), end=f.end, points=1, site=f.site))
     parts = [p for p in parts if p.height]
     return pl.concat(parts).sort("ts") if parts else pl.DataFrame()
 
@@ -170,5 +175,5 @@ else:
         ui.chart(busy, height=240)
 
 with st.expander("Data held"):
-    st.dataframe(ui.q(queries.table_rows, live=False), hide_index=True)
+    st.dataframe(ui.q(telemetry.table_rows, live=False), hide_index=True)
     st.caption("Large telemetry tables show an estimate (approximate = true).")

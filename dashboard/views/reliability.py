@@ -7,12 +7,13 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services import health as health_svc
+from fleetscope.services import reliability as reliability_svc
 
 f = ui.filters()
 st.title("Reliability")
 
-summary = ui.q(queries.reliability_summary, live=False, start=f.start, end=f.end, site=f.site).row(0, named=True)
+summary = ui.q(reliability_svc.reliability_summary, live=False, start=f.start, end=f.end, site=f.site).row(0, named=True)
 c = st.columns(4)
 c[0].metric("Failures", f"{summary['failures']}")
 c[1].metric("Preemptions", f"{summary['preemptions']}")
@@ -20,7 +21,7 @@ c[2].metric("Restarts", f"{summary['restarts']}")
 c[3].metric("MTBF", "—" if summary["mtbf_s"] is None else ui.fmt_duration(summary["mtbf_s"]), help="time range / failures in it, across the jobs shown")
 
 st.subheader("Failures by category")
-events = ui.q(queries.disruptions, live=False, start=f.start, end=f.end, site=f.site)
+events = ui.q(reliability_svc.disruptions, live=False, start=f.start, end=f.end, site=f.site)
 if events.is_empty():
     ui.no_data("no failures, preemptions or restarts in this time range.")
 else:
@@ -37,7 +38,7 @@ else:
     st.dataframe(events, hide_index=True)
 
 st.subheader("Checkpoint intervals")
-ckpt = ui.q(queries.checkpoint_intervals, live=False, start=f.start, end=f.end, site=f.site)
+ckpt = ui.q(reliability_svc.checkpoint_intervals, live=False, start=f.start, end=f.end, site=f.site)
 if ckpt.is_empty():
     ui.no_data("no checkpoint saves in this time range.")
 else:
@@ -50,7 +51,7 @@ else:
         height=220,
     )
     st.dataframe(ckpt, hide_index=True)
-advice = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="checkpoint%")
+advice = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, kind_like="checkpoint%")
 if advice.is_empty():
     ui.no_data("no checkpoint-interval advice.", "The advised interval (Young/Daly, from MTBF and save cost) arrives with the reliability analyzer.")
 else:

@@ -7,26 +7,27 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import queries
+from fleetscope.services import health as health_svc
+from fleetscope.services import jobs as jobs_svc
 
 f = ui.filters()
 st.title("Stragglers")
 
 st.subheader("Current suspects")
-suspects = ui.q(queries.findings, live=False, start=f.start, end=f.end, kind_like="%straggler%")
+suspects = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, kind_like="%straggler%")
 if suspects.is_empty():
     ui.no_data("no straggler findings in this time range.", "Attribution and cost arrive with the straggler analyzer.")
 else:
     st.dataframe(suspects.select("subject", "severity", "score", "summary", "window_start", "window_end"), hide_index=True)
 
-jobs = ui.q(queries.jobs, live=False, start=f.start, end=f.end, site=f.site)
+jobs = ui.q(jobs_svc.jobs, live=False, start=f.start, end=f.end, site=f.site)
 if jobs.is_empty():
     ui.no_data("no job ran in this time range.")
     st.stop()
 job_id = ui.pick_job(f, key="straggler_job")
 
 st.subheader("What-if: slowdown with every operation at its typical duration")
-whatif = ui.q(queries.job_analyses, live=False, job_id=job_id).get("whatif")
+whatif = ui.q(jobs_svc.job_analyses, live=False, job_id=job_id).get("whatif")
 if not whatif or whatif.get("slowdown") is None:
     ui.no_data("no what-if for this job.", "It needs the job's per-operation trace: `fleetscope ingest TRACE.parquet --format bytedance_whatif --job-id JOB`, then the job analysis.")
 else:
@@ -54,7 +55,7 @@ metric = st.segmented_control(
 ) or "compute"
 column, title = {"compute": ("compute_s", "Compute per step (s)"), "idle": ("idle_s", "Idle per step (s)"), "step": ("step_s", "Step time (s)")}[metric]
 # 128 rows × 50 steps keeps the heatmap to ~6k cells: beyond that it draws slowly and no row is readable.
-cells = ui.q(queries.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128)
+cells = ui.q(jobs_svc.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128)
 if cells.is_empty():
     ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
     st.stop()
@@ -70,7 +71,7 @@ heat = alt.Chart(cells).mark_rect().encode(
 ui.chart(heat, height=min(700, 60 + 14 * cells["rank"].n_unique()))
 
 st.subheader("Slowest ranks")
-ranks = ui.q(queries.job_rank_summary, live=False, job_id=job_id)
+ranks = ui.q(jobs_svc.job_rank_summary, live=False, job_id=job_id)
 slow = ranks.filter(pl.col("slowdown_ratio") >= 1.1)
 wait_gpu_h = float((ranks["idle_mean_s"].fill_null(0) * ranks["steps"]).sum()) / 3600 if ranks.height else 0.0
 c1, c2 = st.columns(2)

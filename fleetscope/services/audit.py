@@ -32,6 +32,7 @@ from governance.aiact import evidence as E
 from governance.aiact import frames as AF
 from governance.aiact import model as M
 from governance.aiact import rules as R
+from fleetscope.store.reads import fetch
 
 
 def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:
@@ -236,3 +237,67 @@ def _footprints(store: Store) -> pl.DataFrame:
         except ValueError as exc:
             rows.append({"model_name": m, "note": str(exc)})
     return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({"model_name": [], "note": []}, schema={"model_name": pl.String, "note": pl.String})
+
+
+# --- reads (the dashboard's, the API's and the CLI's) ---------------------------------------
+
+
+UTC = F.UTC_US
+
+
+_STATUSES = ("pass", "fail", "missing_evidence", "not_applicable")
+
+def audit_runs(store: Store, limit: int = 50) -> pl.DataFrame:
+    """EU AI Act audit runs, newest first: ``audit_id, scope, as_of, trigger, requested_by``, the number of
+    rule results per status (``pass, fail, missing_evidence, not_applicable``), ``formats`` (the reports
+    filed: json, html, pdf) and ``exports`` (signed bundles made of it)."""
+    runs = fetch(
+        store,
+        f"SELECT audit_id, scope, as_of, trigger, requested_by, counts FROM aiact_audit_run ORDER BY as_of DESC LIMIT {int(limit)}",
+        [],
+        {"audit_id": pl.String, "scope": pl.String, "as_of": UTC, "trigger": pl.String, "requested_by": pl.String, "counts": pl.String},
+    )
+    schema = {**{c: runs.schema[c] for c in ("audit_id", "scope", "as_of", "trigger", "requested_by")}, **{s: pl.Int64 for s in _STATUSES},
+              "formats": pl.String, "exports": pl.Int64}
+    if runs.is_empty():
+        return pl.DataFrame(schema=schema)
+    ids = runs["audit_id"].to_list()
+    marks = ", ".join("?" for _ in ids)
+    reports = fetch(store, f"SELECT audit_id, format FROM aiact_report WHERE audit_id IN ({marks})", ids, {"audit_id": pl.String, "format": pl.String})
+    exports = fetch(store, f"SELECT audit_id, COUNT(*) AS exports FROM aiact_export WHERE audit_id IN ({marks}) GROUP BY audit_id", ids,
+                     {"audit_id": pl.String, "exports": pl.Int64})
+    order = {"json": 0, "html": 1, "pdf": 2}
+    formats = reports.sort(pl.col("format").replace_strict(order, default=9, return_dtype=pl.Int64)).group_by("audit_id", maintain_order=True).agg(
+        pl.col("format").str.join(", ").alias("formats"))
+
+    def count(text: str | None, status: str) -> int:
+        try:
+            return int(json.loads(text or "{}").get(status, 0))
+        except (ValueError, AttributeError, TypeError):
+            return 0
+
+    counts = {s: [count(c, s) for c in runs["counts"].to_list()] for s in _STATUSES}
+    return (
+        runs.drop("counts").with_columns(**{s: pl.Series(v, dtype=pl.Int64) for s, v in counts.items()})
+        .join(formats, on="audit_id", how="left").join(exports, on="audit_id", how="left")
+        .with_columns(pl.col("exports").fill_null(0))
+        .select(list(schema))
+    )
+
+def audit_exports(store: Store, limit: int = 50) -> pl.DataFrame:
+    """Signed export bundles, newest first: ``export_id, audit_id, created_at, size_bytes, key_fingerprint,
+    manifest_sha256, requested_by``."""
+    cols = {"export_id": pl.String, "audit_id": pl.String, "created_at": UTC, "size_bytes": pl.Int64, "key_fingerprint": pl.String,
+            "manifest_sha256": pl.String, "requested_by": pl.String}
+    return fetch(store, f"SELECT {', '.join(cols)} FROM aiact_export ORDER BY created_at DESC LIMIT {int(limit)}", [], cols)
+
+def rule_results(store: Store, audit_id: str) -> pl.DataFrame:
+    """One audit's rule results: ``model`` (name:version), ``rule_id, title, citation, status, reason,
+    due_at, evidence`` (JSON), in rule order as the rules engine wrote them."""
+    sql = (
+        "SELECT model_name || ':' || model_version AS model, rule_id, title, citation, status, reason, due_at, evidence"
+        " FROM aiact_rule_result WHERE audit_id = ? ORDER BY model_name, model_version"
+    )
+    schema = {"model": pl.String, "rule_id": pl.String, "title": pl.String, "citation": pl.String, "status": pl.String, "reason": pl.String,
+              "due_at": UTC, "evidence": pl.String}
+    return fetch(store, sql, [audit_id], schema)

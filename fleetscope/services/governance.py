@@ -5,6 +5,8 @@ database and the clock.
 
 from __future__ import annotations
 
+import json
+
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from governance import fairness
 from governance import frames as GF
 from governance import lineage as L
 from governance.registry import DatasetEntry, ModelEntry
+from fleetscope.core import frames as F
+from fleetscope.store.reads import fetch
 
 
 def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:
@@ -184,3 +188,54 @@ def fairness_evaluations(store: Store, name: str) -> list[dict[str, Any]]:
     ev = store.read("fairness_evaluation").filter(pl.col("model_name") == name).sort("evaluated_at", descending=True)
     return [{"evaluation_id": r["evaluation_id"], "version": r["model_version"], "evaluated_at": r["evaluated_at"].isoformat() if r["evaluated_at"] else None,
              "n_rows": r["n_rows"], "passed": r["passed"], "outcome": json.loads(r["outcome"])} for r in ev.iter_rows(named=True)]
+
+
+# --- reads (the dashboard's, the API's and the CLI's) ---------------------------------------
+
+
+UTC = F.UTC_US
+
+
+def models(store: Store) -> pl.DataFrame:
+    """The model registry: ``model_name, model_version, intended_purpose, role, updated_at``."""
+    cols = ("model_name", "model_version", "intended_purpose", "role", "updated_at")
+    return fetch(store, f"SELECT {', '.join(cols)} FROM model ORDER BY model_name, model_version", [],
+                  {"model_name": pl.String, "model_version": pl.String, "intended_purpose": pl.String, "role": pl.String, "updated_at": UTC})
+
+_FAIRNESS_METRICS = ("selection_rate", "tpr", "fpr", "fnr", "accuracy", "ppv")
+
+def fairness_groups(store: Store) -> pl.DataFrame:
+    """Each model's latest fairness evaluation, one row per sensitive feature, group and metric, with the
+    evaluation's bootstrap confidence interval: ``model, evaluated_at, passed, feature, group, count,
+    metric, value, ci_low, ci_high, confidence``."""
+    ev = fetch(
+        store,
+        "SELECT model_name || ':' || model_version AS model, evaluated_at, passed, result FROM fairness_evaluation ORDER BY evaluated_at DESC",
+        [],
+        {"model": pl.String, "evaluated_at": UTC, "passed": pl.Boolean, "result": pl.String},
+    ).unique("model", keep="first", maintain_order=True)
+    schema = {"model": pl.String, "evaluated_at": UTC, "passed": pl.Boolean, "feature": pl.String, "group": pl.String, "count": pl.Int64,
+              "metric": pl.String, "value": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "confidence": pl.Float64}
+    rows = []
+    for e in ev.iter_rows(named=True):
+        try:
+            result = json.loads(e["result"] or "{}")
+        except ValueError:
+            continue
+        for feat in result.get("features") or []:
+            for g in feat.get("groups") or []:
+                for metric in _FAIRNESS_METRICS:
+                    ci = (g.get("ci") or {}).get(metric) or [None, None]
+                    rows.append({"model": e["model"], "evaluated_at": e["evaluated_at"], "passed": e["passed"], "feature": feat.get("feature"),
+                                 "group": str(g.get("group")), "count": g.get("count"), "metric": metric, "value": g.get(metric),
+                                 "ci_low": ci[0], "ci_high": ci[1], "confidence": result.get("confidence")})
+    return pl.DataFrame(rows, schema=schema)
+
+def registered_model_lineage(store: Store, model_name: str, model_version: str) -> dict[str, Any] | None:
+    """A registered model's upstream datasets with the path proving each, and what taints them
+    (fleetscope.services.governance.model_lineage, as ``GET /api/v1/models/{name}/lineage``); None for a
+    model not in the registry."""
+    try:
+        return model_lineage(store, model_name, model_version)
+    except NotFound:
+        return None

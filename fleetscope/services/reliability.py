@@ -9,6 +9,8 @@ read whole.
 
 from __future__ import annotations
 
+import json
+
 import datetime as dt
 import math
 from typing import Any
@@ -21,6 +23,8 @@ from fleetscope.core.errors import NotFound
 from fleetscope.services.jobs import json_safe, job_exists
 from fleetscope.observability import tracer
 from fleetscope.store import Store
+from fleetscope.core.units import as_utc
+from fleetscope.store.reads import fetch
 
 MAX_WINDOW = dt.timedelta(days=366)
 
@@ -154,3 +158,87 @@ def _checkpoint_advice(events: pl.DataFrame, mtbf: pl.DataFrame, fleet_gpu_mtbf_
             basis[job] = "no interruptions anywhere in the window: no MTBF to advise from"
     advice = reliability.checkpoint_advice(costs, mtbf_h)
     return [{**r, "mtbf_basis": basis[r["job_id"]]} for r in advice.to_dicts()]
+
+
+# --- reads (the dashboard's, the API's and the CLI's) ---------------------------------------
+
+
+UTC = F.UTC_US
+
+
+_DISRUPTIONS = ("failure", "preempted", "restart")
+
+def disruptions(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 1000) -> pl.DataFrame:
+    """Failures, preemptions and restarts in the window, newest first: ``ts, job_id, kind, step, cause``
+    (``cause`` from the event's payload; the kind itself where none was given)."""
+    params: list[Any] = [as_utc(start), as_utc(end), *_DISRUPTIONS]
+    site_sql = ""
+    if site is not None:
+        site_sql = " AND job_id IN (SELECT job_id FROM job WHERE site_id = ?)"
+        params.append(site)
+    sql = (
+        "SELECT ts, job_id, kind, step, payload FROM job_event"
+        f" WHERE ts >= ? AND ts < ? AND kind IN ({', '.join('?' for _ in _DISRUPTIONS)}){site_sql} ORDER BY ts DESC LIMIT {int(limit)}"
+    )
+    df = fetch(store, sql, params, {"ts": UTC, "job_id": pl.String, "kind": pl.String, "step": pl.Int64, "payload": pl.String})
+
+    def cause(payload: str | None) -> str | None:
+        try:
+            value = json.loads(payload).get("cause") if payload else None
+        except (ValueError, AttributeError):
+            return None
+        return str(value) if value is not None else None
+
+    causes = [cause(p) for p in df["payload"].to_list()]
+    return df.with_columns(cause=pl.Series(causes, dtype=pl.String)).with_columns(pl.col("cause").fill_null(pl.col("kind"))).drop("payload")
+
+def reliability_summary(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """One row: ``failures, preemptions, restarts, window_s, mtbf_s`` (the window over its failures;
+    null without failures)."""
+    d = disruptions(store, start, end, site)
+    window_s = (as_utc(end) - as_utc(start)).total_seconds()
+    failures = d.filter(pl.col("kind") == "failure").height
+    return pl.DataFrame(
+        {
+            "failures": [failures],
+            "preemptions": [d.filter(pl.col("kind") == "preempted").height],
+            "restarts": [d.filter(pl.col("kind") == "restart").height],
+            "window_s": [window_s],
+            "mtbf_s": [window_s / failures if failures else None],
+        },
+        schema={"failures": pl.Int64, "preemptions": pl.Int64, "restarts": pl.Int64, "window_s": pl.Float64, "mtbf_s": pl.Float64},
+    )
+
+def checkpoint_intervals(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
+    """Per job with checkpoint saves in the window: ``job_id, saves, interval_mean_s`` (between save
+    starts), ``save_mean_s`` (start to end)."""
+    kinds = ("checkpoint_save_start", "checkpoint_save_end")
+    params: list[Any] = [as_utc(start), as_utc(end), *kinds]
+    site_sql = ""
+    if site is not None:
+        site_sql = " AND job_id IN (SELECT job_id FROM job WHERE site_id = ?)"
+        params.append(site)
+    ev = fetch(
+        store,
+        f"SELECT job_id, ts, kind FROM job_event WHERE ts >= ? AND ts < ? AND kind IN (?, ?) AND rank = -1{site_sql} ORDER BY job_id, ts",
+        params,
+        {"job_id": pl.String, "ts": UTC, "kind": pl.String},
+    )
+    schema = {"job_id": pl.String, "saves": pl.Int64, "interval_mean_s": pl.Float64, "save_mean_s": pl.Float64}
+    if ev.is_empty():
+        return pl.DataFrame(schema=schema)
+    starts = ev.filter(pl.col("kind") == kinds[0]).sort("job_id", "ts")
+    ends = ev.filter(pl.col("kind") == kinds[1]).sort("job_id", "ts")
+    intervals = starts.with_columns(gap_s=pl.col("ts").diff().over("job_id").dt.total_microseconds() / 1e6)
+    # The n-th save start of a job pairs with its n-th save end (saves of one job do not overlap); a
+    # save still running at the window's end has no end yet and drops out of the mean.
+    n = pl.int_range(pl.len()).over("job_id").alias("n")
+    paired = starts.with_columns(n).join(ends.with_columns(n).rename({"ts": "end_ts"}).select("job_id", "n", "end_ts"), on=["job_id", "n"], how="left")
+    saves = paired.with_columns(save_s=(pl.col("end_ts") - pl.col("ts")).dt.total_microseconds() / 1e6)
+    return (
+        intervals.group_by("job_id")
+        .agg(pl.len().cast(pl.Int64).alias("saves"), pl.col("gap_s").mean().alias("interval_mean_s"))
+        .join(saves.group_by("job_id").agg(pl.col("save_s").mean().alias("save_mean_s")), on="job_id", how="left")
+        .select(list(schema))
+        .sort("job_id")
+    )

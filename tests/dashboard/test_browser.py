@@ -22,7 +22,7 @@ import pytest
 
 from dashboard import browser as B
 from fleetscope.services import auth
-from fleetscope.services import queries as Q
+from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.store import Store
 from governance import exports
 from tests.dashboard.conftest import data_dir_of
@@ -226,7 +226,7 @@ def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any,
     B.wait_rendered(page, alerts)
     assert B.error_texts(page) == []
     assert metric(page, "Muted") == "3"  # the silenced SdcSuspect, and the two repair alerts the dead GPU's XID inhibits
-    silences = Q.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.store.db'}"))
+    silences = alert_reads.silences(Store.open(f"sqlite:///{data_dir / 'fleetscope.store.db'}"))
     # created by the signed-in token, not by anything typed in the form
     assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="SdcSuspect"', "browser-admin")]
     page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)

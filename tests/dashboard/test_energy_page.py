@@ -10,7 +10,7 @@ import pytest
 
 from fleetscope.services import energy as es
 from fleetscope.core import frames as F
-from fleetscope.services import queries as Q
+from fleetscope.services import energy_reads as energy_reads
 from fleetscope.store import Store
 from tests.dashboard.test_pages import healthy, open_page
 from tests.fleetscope.test_scope2 import PPA, SUPPLIER, T0, world
@@ -23,10 +23,10 @@ def test_site_carbon_query_and_page(empty_sqlite_url: str, monkeypatch: pytest.M
     es.record_instrument(store, SUPPLIER, recorded_by="ana")
     # a last reading at 10:00 anchors the page's default 24 h window on the whole 10 hours of energy
     store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [T0 + dt.timedelta(hours=10)], "series": ['grid_intensity_g_per_kwh{site="s1"}'], "value": [400.0]})))
-    q = Q.site_carbon(store, T0, T0 + dt.timedelta(hours=10))
+    q = energy_reads.site_carbon(store, T0, T0 + dt.timedelta(hours=10))
     assert q.select("site_id", "energy_kwh", "location_kgco2e", "market_kgco2e", "covered_kwh").rows() == [
         ("s1", pytest.approx(25.0), pytest.approx(10.0), pytest.approx(5.0), pytest.approx(15.0))]
-    assert q["instruments"].to_list() == ["ppa-1,ssr-1"] and Q.site_carbon(store, T0, T0 + dt.timedelta(hours=10), site="s2").is_empty()
+    assert q["instruments"].to_list() == ["ppa-1,ssr-1"] and energy_reads.site_carbon(store, T0, T0 + dt.timedelta(hours=10), site="s2").is_empty()
     store.engine.dispose()
 
     at = open_page(empty_sqlite_url, "energy_carbon", monkeypatch)
@@ -57,7 +57,7 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     end = E0 + dt.timedelta(minutes=20)
     es.rollup_window(store, E0, end)
 
-    jobs = Q.energy_by_job(store, E0, end)
+    jobs = energy_reads.energy_by_job(store, E0, end)
     stored = store.read("job_energy_minute").group_by("job_id").agg(pl.col("energy_j").sum(), pl.col("allocated_s").sum())
     want = dict(stored.select("job_id", "energy_j").rows())
     assert jobs["job_id"].to_list() == sorted(want, key=want.get, reverse=True)
@@ -66,23 +66,23 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     assert jobs.filter(pl.col("job_id") == "train-1")["gpu_hours"][0] == pytest.approx(4 * 10 / 60)
     assert jobs.filter(pl.col("job_id") == "train-1")["embodied_kgco2e"][0] == pytest.approx(4 * 10 / 60 * rate)
     assert (jobs["location_kgco2e"] > 0).all() and jobs["model_name"].to_list() == ["llm-7b", "llm-7b"]
-    models = Q.energy_by_model(store, E0, end)
+    models = energy_reads.energy_by_model(store, E0, end)
     assert models.select("model_name", "kind", "jobs").sort("kind").rows() == [("llm-7b", "inference", 1), ("llm-7b", "training", 1)]
     assert models["energy_j"].sum() == pytest.approx(sum(want.values()))
     # train-1 held GPUs of site-a, serve-2 GPUs of site-b
-    assert Q.energy_by_job(store, E0, end, site="site-b")["job_id"].to_list() == ["serve-2"]
-    pue = Q.pue_over_time(store, E0, end, bucket_s=300)
+    assert energy_reads.energy_by_job(store, E0, end, site="site-b")["job_id"].to_list() == ["serve-2"]
+    pue = energy_reads.pue_over_time(store, E0, end, bucket_s=300)
     assert pue["site_id"].unique().to_list() == ["site-a"] and pue["pue"].to_list() == pytest.approx([1.3] * 4)
     assert pue["category"].unique().to_list() == [2]
-    assert Q.pue_over_time(store, E0, end, site="site-a", bucket_s=300).equals(pue) and Q.pue_over_time(store, E0, end, site="site-b").is_empty()
-    power = Q.rollup_power(store, E0, end, bucket_s=600)
+    assert energy_reads.pue_over_time(store, E0, end, site="site-a", bucket_s=300).equals(pue) and energy_reads.pue_over_time(store, E0, end, site="site-b").is_empty()
+    power = energy_reads.rollup_power(store, E0, end, bucket_s=600)
     site_min = store.read("site_energy_minute")
     assert power.height == 4 and power["ts"].to_list() == [E0, E0, E0 + dt.timedelta(minutes=10), E0 + dt.timedelta(minutes=10)]
     for r in power.iter_rows(named=True):
         rows = site_min.filter((pl.col("site_id") == r["site_id"]) & (pl.col("minute") >= r["ts"]) & (pl.col("minute") < r["ts"] + dt.timedelta(minutes=10)))
         assert r["power_w"] == pytest.approx(rows["energy_j"].sum() / (60 * rows.height)) and r["gpus"] == 8
-    assert Q.rollup_power(store, E0, end, site="site-b")["site_id"].unique().to_list() == ["site-b"]
-    emb = Q.embodied_by_site(store, E0, end)
+    assert energy_reads.rollup_power(store, E0, end, site="site-b")["site_id"].unique().to_list() == ["site-b"]
+    emb = energy_reads.embodied_by_site(store, E0, end)
     assert emb["site_id"].to_list() == ["site-a", "site-b"] and emb["gpu_hours"].to_list() == pytest.approx([8 * 20 / 60] * 2)
     store.engine.dispose()
 

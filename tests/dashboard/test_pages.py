@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fleetscope.services import queries as Q
+from fleetscope.services.alerting import reads as alert_reads
+from fleetscope.services import audit as audit_svc
+from fleetscope.services import energy_reads as energy_reads
+from fleetscope.services import telemetry
 from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
@@ -76,8 +79,8 @@ def _overview(at: AppTest, url: str) -> None:
     # Energy and CO2e today: the counters' rise over the 30 minutes of the 64-GPU fleet, at the world's
     # annual grid intensity (the sites declare no country); the roll-up says the same.
     store = store_of(url)
-    end = Q.data_end(store) + dt.timedelta(microseconds=1)
-    rolled = Q.energy_by_site_hour(store, dt.datetime.combine(end.date(), dt.time(), dt.UTC), end)
+    end = telemetry.data_end(store) + dt.timedelta(microseconds=1)
+    rolled = energy_reads.energy_by_site_hour(store, dt.datetime.combine(end.date(), dt.time(), dt.UTC), end)
     assert m["GPU energy today (UTC)"] == f"{rolled['energy_j'].sum() / 3.6e6:.1f} kWh" == "15.2 kWh"
     assert m["CO2e today"] == f"{rolled['kgco2e'].sum():,.1f} kg" == "7.2 kg"
     assert any(c.value.startswith("From the GPUs' energy counters.") for c in at.caption)
@@ -170,7 +173,7 @@ def _governance(at: AppTest, url: str) -> None:
     # the fairness verdict of every evaluated model, as a table
     verdicts = at.dataframe[2].value
     assert list(verdicts.columns[:3]) == ["model", "evaluated_at", "passed"] and len(verdicts) == verdicts["model"].nunique()
-    audit = Q.audit_runs(store_of(url)).row(0, named=True)
+    audit = audit_svc.audit_runs(store_of(url)).row(0, named=True)
     m = metrics(at)
     assert (m["Pass"], m["Fail"], m["Missing evidence"]) == (str(audit["pass"]), str(audit["fail"]), str(audit["missing_evidence"]))
     assert audit["fail"] == 1
@@ -288,7 +291,7 @@ def test_a_silence_is_created_and_expired_through_the_alerting_service(seeded_co
     fill_silence(at, 'alertname="GpuFellOffBus"\nseverity="critical"').button(key="sil_create").click().run()
     healthy(at)
     assert at.success[0].value.startswith("Silence ") and 'alertname="GpuFellOffBus"' in at.success[0].value
-    silences = Q.silences(store_of(seeded_copy))
+    silences = alert_reads.silences(store_of(seeded_copy))
     # created by the signed-in token (open_page signs in as test-admin), as the API records its token's name
     assert silences.select("state", "matchers", "created_by").rows() == [("active", 'alertname="GpuFellOffBus", severity="critical"', "test-admin")]
     assert silences["comment"][0] == "GPU sent for repair, ticket HW-1"
@@ -301,7 +304,7 @@ def test_a_silence_is_created_and_expired_through_the_alerting_service(seeded_co
     at.button(key="sil_expire").click().run()
     healthy(at)
     assert at.success[0].value == f"Silence {silences['silence_id'][0]} expired."
-    assert Q.silences(store_of(seeded_copy))["state"].to_list() == ["expired"]
+    assert alert_reads.silences(store_of(seeded_copy))["state"].to_list() == ["expired"]
     assert metrics(at)["Muted"] == "2"
 
 
@@ -326,22 +329,22 @@ def test_a_bad_silence_says_why_and_writes_nothing(
     at.button(key="sil_create").click().run()
     assert not at.exception, [e.message for e in at.exception]
     assert len(at.error) == 1 and why in at.error[0].value, [e.value for e in at.error]
-    assert Q.silences(store_of(seeded_copy)).is_empty()
+    assert alert_reads.silences(store_of(seeded_copy)).is_empty()
 
 
 def test_governance_makes_a_new_signed_export(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_page(seeded_copy, "governance", monkeypatch)
-    before = Q.audit_exports(store_of(seeded_copy))
+    before = audit_svc.audit_exports(store_of(seeded_copy))
     at.button(key="gov_new_export").click().run()
     healthy(at)
-    after = Q.audit_exports(store_of(seeded_copy))
+    after = audit_svc.audit_exports(store_of(seeded_copy))
     assert after.height == before.height + 1 and after["requested_by"][0] == "test-admin"  # the signed-in token
     assert at.success[0].value.startswith(f"Signed export {after['export_id'][0][:12]} of audit {after['audit_id'][0]}")
     assert at.selectbox(key="gov_export").value == after["export_id"][0]  # newest first, offered for download
 
 
 def test_a_report_changed_after_filing_is_refused_not_offered(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    audit_id = Q.audit_runs(store_of(seeded_copy))["audit_id"][0]
+    audit_id = audit_svc.audit_runs(store_of(seeded_copy))["audit_id"][0]
     html = data_dir_of(seeded_copy) / "reports" / audit_id / "report.html"
     html.write_bytes(html.read_bytes().replace(b"</body>", b"<p>all rules pass</p></body>"))
     (data_dir_of(seeded_copy) / "reports" / audit_id / "report.pdf").unlink()

@@ -12,7 +12,16 @@ from sqlalchemy import text
 
 from analyzers.carbon import load_grid_intensity
 from fleetscope.core import frames as F
-from fleetscope.services import queries as Q
+from fleetscope.services.alerting import reads as alert_reads
+from fleetscope.services import audit as audit_svc
+from fleetscope.services import energy as energy_svc
+from fleetscope.services import energy_reads as energy_reads
+from fleetscope.services import fabric as fabric_svc
+from fleetscope.services import governance as governance_svc
+from fleetscope.services import health as health_svc
+from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import reliability as reliability_svc
+from fleetscope.services import telemetry
 from fleetscope.sim.fleet import gpu_fleet
 from fleetscope.sim.showcase import (
     STRAGGLER_JOB,
@@ -38,20 +47,20 @@ def fleet() -> pl.DataFrame:
 
 
 def test_data_end_is_the_newest_row(seeded_store: Store) -> None:
-    latest = Q.data_end(seeded_store)
+    latest = telemetry.data_end(seeded_store)
     assert SEED_START < latest <= END
-    assert Q.data_start(seeded_store) == SEED_START
-    assert Q.sample_interval_s(seeded_store, latest) == SPEC.interval_s
+    assert telemetry.data_start(seeded_store) == SEED_START
+    assert telemetry.sample_interval_s(seeded_store, latest) == SPEC.interval_s
 
 
 def test_data_end_is_not_pulled_ahead_by_a_series_stamped_for_the_hour_ahead(seeded_store: Store) -> None:
     # A grid intensity for the next hour (as the simulator and grid APIs stamp them) must not move the
     # window past the telemetry: every live panel would look at an empty window.
-    latest = Q.data_end(seeded_store)
+    latest = telemetry.data_end(seeded_store)
     hour_ahead = latest.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)
     seeded_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [hour_ahead], "series": ['grid_intensity_g_per_kwh{site="site-a"}'], "value": [300.0]})))
     try:
-        assert Q.data_end(seeded_store) == latest
+        assert telemetry.data_end(seeded_store) == latest
     finally:
         with seeded_store.engine.begin() as conn:
             conn.execute(text("DELETE FROM metric_sample WHERE ts = :t"), {"t": hour_ahead if seeded_store.dialect == "postgresql" else _epoch_us(hour_ahead)})
@@ -61,7 +70,7 @@ def test_data_end_falls_back_to_metric_series(empty_store: Store) -> None:
     t = END.replace(microsecond=0)
     empty_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [t], "series": ["facility_power_w"], "value": [1.0]})))
     try:
-        assert Q.data_end(empty_store) == t
+        assert telemetry.data_end(empty_store) == t
     finally:
         with empty_store.engine.begin() as conn:
             conn.execute(text("DELETE FROM metric_sample"))
@@ -69,49 +78,49 @@ def test_data_end_falls_back_to_metric_series(empty_store: Store) -> None:
 
 
 def test_fleet_size_and_sites(seeded_store: Store) -> None:
-    assert Q.fleet_size(seeded_store).row(0, named=True) == {"sites": 2, "hosts": 8, "gpus": 64}
-    assert Q.fleet_size(seeded_store, site="site-b")["gpus"][0] == 32
-    assert Q.sites(seeded_store)["site_id"].to_list() == ["site-a", "site-b"]
+    assert telemetry.fleet_size(seeded_store).row(0, named=True) == {"sites": 2, "hosts": 8, "gpus": 64}
+    assert telemetry.fleet_size(seeded_store, site="site-b")["gpus"][0] == 32
+    assert telemetry.sites(seeded_store)["site_id"].to_list() == ["site-a", "site-b"]
 
 
 def test_latest_samples_and_power_now_match_the_simulated_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
     last = fleet.filter(pl.col("ts") == pl.col("ts").max())
-    latest = Q.latest_gpu_samples(seeded_store, END)
+    latest = telemetry.latest_gpu_samples(seeded_store, END)
     assert latest.height == 64
     assert latest["ts"].unique().to_list() == [last["ts"][0]]
     assert latest["host"].null_count() == 0
-    power = Q.power_now(seeded_store, END).row(0, named=True)
+    power = telemetry.power_now(seeded_store, END).row(0, named=True)
     assert power["gpus_reporting"] == 64
     assert power["power_w"] == pytest.approx(last["power_w"].sum())
-    assert Q.power_now(seeded_store, END, site="site-a")["gpus_reporting"][0] == 32
+    assert telemetry.power_now(seeded_store, END, site="site-a")["gpus_reporting"][0] == 32
 
 
 def test_gpu_states_are_disjoint_and_cover_the_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
-    counts = Q.gpu_state_counts(seeded_store, END).row(0, named=True)
+    counts = health_svc.gpu_state_counts(seeded_store, END).row(0, named=True)
     assert counts["gpus"] == counts["reporting"] == 64
     # Three GPUs had an XID, an SDC or a double-bit ECC event (fleetscope.sim.showcase._health).
     assert counts["unhealthy"] == 3
     assert counts["busy"] + counts["idle"] + counts["unhealthy"] + counts["silent"] == 64
     recent = fleet.filter(pl.col("ts") >= END - dt.timedelta(seconds=300)).group_by("gpu_uuid").agg(pl.col("util_ratio").mean())
-    bad = set(Q.unhealthy_gpus(seeded_store, HOUR_AGO, END)["gpu_uuid"])
+    bad = set(health_svc.unhealthy_gpus(seeded_store, HOUR_AGO, END)["gpu_uuid"])
     assert counts["busy"] == recent.filter((pl.col("util_ratio") >= 0.1) & ~pl.col("gpu_uuid").is_in(list(bad))).height
     # An hour after the data ends, every GPU is silent.
-    later = Q.gpu_state_counts(seeded_store, END + dt.timedelta(hours=2)).row(0, named=True)
+    later = health_svc.gpu_state_counts(seeded_store, END + dt.timedelta(hours=2)).row(0, named=True)
     assert later["silent"] == 64 and later["reporting"] == 0
 
 
 def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
-    grid = Q.health_grid(seeded_store, END)
+    grid = health_svc.health_grid(seeded_store, END)
     assert grid.height == 64
     unhealthy = grid.filter(pl.col("status") == "unhealthy")
     assert unhealthy.height == 3 and set(unhealthy["host"]) == {"site-a-node-001", "site-a-node-002"}
     assert grid["status"][0] == "unhealthy"  # worst hosts first
-    two = Q.health_grid(seeded_store, END, max_hosts=2)
+    two = health_svc.health_grid(seeded_store, END, max_hosts=2)
     assert set(two["host"]) == {"site-a-node-001", "site-a-node-002"}
 
 
 def test_fleet_series_probes_the_range(seeded_store: Store, fleet: pl.DataFrame) -> None:
-    series = Q.fleet_series(seeded_store, HOUR_AGO, END, points=6)
+    series = telemetry.fleet_series(seeded_store, HOUR_AGO, END, points=6)
     # The range starts before the data: points spread over the part that has data.
     assert series.height == 6
     assert series["gpus_reporting"].to_list() == [64] * 6
@@ -122,7 +131,7 @@ def test_fleet_series_probes_the_range(seeded_store: Store, fleet: pl.DataFrame)
 
 def test_gpu_energy_is_the_counter_difference(seeded_store: Store, fleet: pl.DataFrame) -> None:
     per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
-    energy = Q.gpu_energy(seeded_store, HOUR_AGO, END)
+    energy = energy_reads.gpu_energy(seeded_store, HOUR_AGO, END)
     assert energy["site_id"].to_list() == ["site-a", "site-b"]
     assert energy["gpus"].sum() == 64
     assert energy["energy_j"].sum() == pytest.approx(per_gpu["e"].sum())
@@ -132,18 +141,18 @@ def test_energy_by_site_hour_reads_the_roll_up_with_location_based_carbon(seeded
     # The worker's roll-up of the showcase's 30 minutes: per GPU, the counter's rise over the samples
     # (the last minute ends at the last sample); sites without a country get the world's annual intensity.
     per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
-    rolled = Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)
+    rolled = energy_reads.energy_by_site_hour(seeded_store, HOUR_AGO, END)
     assert rolled.select("site_id", "hour", "gpus").rows() == [("site-a", SEED_START, 32), ("site-b", SEED_START, 32)]
     assert rolled["energy_j"].sum() == pytest.approx(per_gpu["e"].sum(), rel=1e-9)
     world = load_grid_intensity().filter((pl.col("country") == "WLD") & (pl.col("region") == "")).sort("year").row(-1, named=True)
     assert rolled["g_per_kwh"].to_list() == [world["g_per_kwh"]] * 2
     assert rolled["kgco2e"].to_list() == pytest.approx((rolled["energy_j"] / 3.6e6 * world["g_per_kwh"] / 1000).to_list())
-    assert Q.energy_by_site_hour(seeded_store, HOUR_AGO, END, site="site-b")["site_id"].to_list() == ["site-b"]
-    assert Q.energy_rollup_end(seeded_store) == END
+    assert energy_reads.energy_by_site_hour(seeded_store, HOUR_AGO, END, site="site-b")["site_id"].to_list() == ["site-b"]
+    assert energy_svc.energy_rollup_end(seeded_store) == END
     # An hourly intensity series, where one covers the hour, wins over the annual figure.
     seeded_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [SEED_START], "series": ['grid_intensity_g_per_kwh{site="site-a"}'], "value": [100.0]})))
     try:
-        hourly = Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)
+        hourly = energy_reads.energy_by_site_hour(seeded_store, HOUR_AGO, END)
         assert hourly.select("site_id", "g_per_kwh", "intensity_basis").rows()[0] == ("site-a", 100.0, "hourly")
         assert hourly["kgco2e"][0] == pytest.approx(hourly["energy_j"][0] / 3.6e6 * 0.1)
     finally:
@@ -155,15 +164,15 @@ def test_counter_energy_by_hour_adds_up_hour_by_hour(seeded_store: Store, fleet:
     # The counters' rise per GPU, read at probes after each boundary: the same total as the roll-up and
     # gpu_energy over the showcase's half hour, and quarter-hours read one by one add up to it exactly.
     per_gpu = fleet.group_by("gpu_uuid").agg((pl.col("energy_j").max() - pl.col("energy_j").min()).alias("e"))
-    whole = Q.counter_energy_by_site_hour(seeded_store, HOUR_AGO, END)
+    whole = energy_reads.counter_energy_by_site_hour(seeded_store, HOUR_AGO, END)
     assert whole.select("site_id", "hour", "gpus").rows() == [("site-a", SEED_START, 32), ("site-b", SEED_START, 32)]
     assert whole["energy_j"].sum() == pytest.approx(per_gpu["e"].sum(), rel=1e-12)
-    assert whole["kgco2e"].to_list() == pytest.approx(Q.energy_by_site_hour(seeded_store, HOUR_AGO, END)["kgco2e"].to_list(), rel=1e-9)
+    assert whole["kgco2e"].to_list() == pytest.approx(energy_reads.energy_by_site_hour(seeded_store, HOUR_AGO, END)["kgco2e"].to_list(), rel=1e-9)
     quarter = dt.timedelta(minutes=15)
-    parts = [Q.counter_energy_by_site_hour(seeded_store, SEED_START + i * quarter, SEED_START + (i + 1) * quarter) for i in range(2)]
+    parts = [energy_reads.counter_energy_by_site_hour(seeded_store, SEED_START + i * quarter, SEED_START + (i + 1) * quarter) for i in range(2)]
     assert sum(p["energy_j"].sum() for p in parts) == pytest.approx(whole["energy_j"].sum(), rel=1e-12)
-    assert Q.counter_energy_by_site_hour(seeded_store, SEED_START + dt.timedelta(minutes=10), END, site="site-b")["site_id"].to_list() == ["site-b"]
-    assert Q.counter_energy_by_site_hour(seeded_store, END, END + dt.timedelta(hours=1)).is_empty()
+    assert energy_reads.counter_energy_by_site_hour(seeded_store, SEED_START + dt.timedelta(minutes=10), END, site="site-b")["site_id"].to_list() == ["site-b"]
+    assert energy_reads.counter_energy_by_site_hour(seeded_store, END, END + dt.timedelta(hours=1)).is_empty()
 
 
 def test_counter_energy_splits_at_the_hour(empty_sqlite_url: str) -> None:
@@ -175,7 +184,7 @@ def test_counter_energy_splits_at_the_hour(empty_sqlite_url: str) -> None:
     s = batch.gpu_sample
     at13 = s.filter(pl.col("ts") == dt.datetime(2026, 3, 1, 13, tzinfo=dt.UTC)).select("gpu_uuid", pl.col("energy_j").alias("e13"))
     rise = s.group_by("gpu_uuid").agg(pl.col("energy_j").min().alias("e0"), pl.col("energy_j").max().alias("e1")).join(at13, on="gpu_uuid")
-    got = Q.counter_energy_by_site_hour(store, start, start + dt.timedelta(hours=1))
+    got = energy_reads.counter_energy_by_site_hour(store, start, start + dt.timedelta(hours=1))
     assert got.group_by("hour").agg(pl.col("energy_j").sum()).sort("hour").rows() == [
         (dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC), pytest.approx((rise["e13"] - rise["e0"]).sum(), rel=1e-12)),
         (dt.datetime(2026, 3, 1, 13, tzinfo=dt.UTC), pytest.approx((rise["e1"] - rise["e13"]).sum(), rel=1e-12)),
@@ -184,61 +193,61 @@ def test_counter_energy_splits_at_the_hour(empty_sqlite_url: str) -> None:
 
 
 def test_health_events_and_findings(seeded_store: Store) -> None:
-    over_time = Q.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
+    over_time = health_svc.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
     assert over_time["events"].sum() == 6
     assert all(t.minute % 10 == 0 and t.second == 0 for t in over_time["ts"])
-    by_node = Q.health_events_by_node(seeded_store, HOUR_AGO, END)
+    by_node = health_svc.health_events_by_node(seeded_store, HOUR_AGO, END)
     assert by_node.row(0, named=True)["kind"] == "xid" and by_node["events"][0] == 2
-    assert Q.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
-    assert Q.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
-    kinds = Q.findings_by_kind(seeded_store, HOUR_AGO, END)
+    assert health_svc.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
+    assert health_svc.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
+    kinds = health_svc.findings_by_kind(seeded_store, HOUR_AGO, END)
     assert set(kinds["kind"]) >= {"straggler", "sdc_suspect", "gpu_send_for_repair", "node_drain_node"}
-    health = Q.findings(seeded_store, HOUR_AGO, END, analyzer="health")
+    health = health_svc.findings(seeded_store, HOUR_AGO, END, analyzer="health")
     assert sorted(health["kind"]) == ["gpu_send_for_repair", "node_drain_node"]
-    straggler = Q.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
+    straggler = health_svc.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
     assert straggler["subject"].to_list() == [f"job:{STRAGGLER_JOB}/rank:{STRAGGLER_RANK}"]
 
 
 def test_jobs_steps_and_stragglers(seeded_store: Store) -> None:
-    jobs = Q.jobs(seeded_store, HOUR_AGO, END)
+    jobs = jobs_svc.jobs(seeded_store, HOUR_AGO, END)
     assert set(jobs["job_id"]) == {"job-llm-a", "job-llm-b", "job-llm-c"} | {f"job-sweep-n{n}" for n in SWEEP_WORLD_SIZES}
     # goodput_ratio is the goodput analyzer's stored result (job_analysis), read in SQL on both databases.
     goodput = dict(jobs.select("job_id", "goodput_ratio").rows())
-    assert goodput[STRAGGLER_JOB] == pytest.approx(Q.job_analyses(seeded_store, STRAGGLER_JOB)["goodput"]["goodput_ratio"])
+    assert goodput[STRAGGLER_JOB] == pytest.approx(jobs_svc.job_analyses(seeded_store, STRAGGLER_JOB)["goodput"]["goodput_ratio"])
     assert goodput["job-sweep-n4"] == pytest.approx(1.0)
-    assert Q.running_jobs(seeded_store, END)["job_id"].to_list() == [STRAGGLER_JOB]
-    steps = Q.job_step_summary(seeded_store, STRAGGLER_JOB)
+    assert jobs_svc.running_jobs(seeded_store, END)["job_id"].to_list() == [STRAGGLER_JOB]
+    steps = jobs_svc.job_step_summary(seeded_store, STRAGGLER_JOB)
     assert steps.height == 40 and steps["ranks"].unique().to_list() == [16]
     # C³: compute + exposed communication + idle add up to the step time.
     parts = steps["compute_mean_s"] + steps["comm_exposed_mean_s"] + steps["idle_mean_s"]
     assert (parts - steps["step_mean_s"]).abs().max() < 1e-6  # step bounds are stored to the µs
-    ranks = Q.job_rank_summary(seeded_store, STRAGGLER_JOB)
+    ranks = jobs_svc.job_rank_summary(seeded_store, STRAGGLER_JOB)
     assert ranks["rank"][0] == STRAGGLER_RANK and ranks["slowdown_ratio"][0] == pytest.approx(1.8, rel=0.05)
     assert ranks["host"].null_count() == 0
-    cells = Q.job_rank_step_times(seeded_store, STRAGGLER_JOB, last_steps=10, max_ranks=4)
+    cells = jobs_svc.job_rank_step_times(seeded_store, STRAGGLER_JOB, last_steps=10, max_ranks=4)
     assert sorted(cells["rank"].unique()) == [0, 4, 8, 12] and cells["step"].n_unique() == 10
     worst = cells.group_by("rank").agg(pl.col("compute_s").mean()).sort("compute_s", descending=True)["rank"][0]
     assert worst == 4  # the group holding rank 5
-    totals = Q.job_totals(seeded_store, STRAGGLER_JOB).row(0, named=True)
+    totals = jobs_svc.job_totals(seeded_store, STRAGGLER_JOB).row(0, named=True)
     assert totals["steps"] == 40 and totals["ranks"] == 16 and totals["comm_intensity_bytes_per_flop"] > 0
-    scaling = Q.scaling(seeded_store, "llama-7b")
+    scaling = jobs_svc.scaling(seeded_store, "llama-7b")
     assert scaling["world_size"].to_list() == [8, 16, 32] and scaling["efficiency_ratio"][0] == pytest.approx(1.0)
 
 
 def test_stored_analyses_and_the_c3_breakdown(seeded_store: Store) -> None:
-    analyses = Q.job_analyses(seeded_store, STRAGGLER_JOB)
+    analyses = jobs_svc.job_analyses(seeded_store, STRAGGLER_JOB)
     assert {"c3", "goodput", "stragglers", "checkpoint"} <= set(analyses)
     assert analyses["goodput"]["computed_at"] == END and analyses["goodput"]["total_s"] > 0
-    c3 = Q.job_c3_steps(seeded_store, STRAGGLER_JOB)
+    c3 = jobs_svc.job_c3_steps(seeded_store, STRAGGLER_JOB)
     assert c3.height == 40 and c3["ranks"].unique().to_list() == [16]
     # C1 + C2 + C3 = step time (analyzers.c3.c3_breakdown), and the job's C1 share matches its summary.
     assert ((c3["c1_compute_s"] + c3["c2_comm_s"] + c3["c3_coord_s"]) - c3["step_mean_s"]).abs().max() < 1e-9
     assert c3["c1_compute_s"].sum() / c3["step_mean_s"].sum() == pytest.approx(analyses["c3"]["c1_ratio"], rel=1e-6)
-    assert Q.job_analyses(seeded_store, "nope") == {}
+    assert jobs_svc.job_analyses(seeded_store, "nope") == {}
 
 
 def test_the_fleet_law_fit_recovers_the_sweep(seeded_store: Store) -> None:
-    fit = Q.scaling_fit(seeded_store, SWEEP_MODEL)
+    fit = jobs_svc.scaling_fit(seeded_store, SWEEP_MODEL)
     assert fit["runs"]["world_size"].to_list() == list(SWEEP_WORLD_SIZES)
     assert fit["runs"]["step_time_mean_s"].to_list() == pytest.approx([sweep_step_s(n) for n in SWEEP_WORLD_SIZES], abs=1e-6)
     f = fit["fit"]
@@ -249,84 +258,84 @@ def test_the_fleet_law_fit_recovers_the_sweep(seeded_store: Store) -> None:
     best = curve.sort("step_time_s").row(0, named=True)
     assert 28 < best["world_size"] < 36  # the curve's lowest point sits at N*
     assert curve.filter(pl.col("world_size") == 4.0)["efficiency_ratio"].to_list() == pytest.approx([1.0])
-    none = Q.scaling_fit(seeded_store, "nope")
+    none = jobs_svc.scaling_fit(seeded_store, "nope")
     assert none["fit"] is None and none["why"] == "0 distinct world sizes of nope; the fit needs three" and none["curve"].is_empty()
 
 
 def test_network(seeded_store: Store) -> None:
-    runs = Q.nccl_test_runs(seeded_store, HOUR_AGO, END)
+    runs = fabric_svc.nccl_test_runs(seeded_store, HOUR_AGO, END)
     assert runs["run_id"].to_list() == ["nccl-tests-1", "nccl-tests-0"]
     assert runs["busbw_max_gbps"][0] > runs["busbw_max_gbps"][1]
-    sizes = Q.nccl_test_sizes(seeded_store, ("nccl-tests-1",))
+    sizes = fabric_svc.nccl_test_sizes(seeded_store, ("nccl-tests-1",))
     assert sizes.height == 20 and sizes["size_bytes"].is_sorted()
-    coll = Q.collective_busbw(seeded_store, HOUR_AGO, END)
+    coll = fabric_svc.collective_busbw(seeded_store, HOUR_AGO, END)
     assert coll.select("op", "bytes").rows() == [("all_gather", 2**24), ("all_reduce", 2**20), ("all_reduce", 2**27), ("all_reduce", 2**30)]
     assert coll["calls"].to_list() == [640] * 4
-    assert Q.collective_busbw(seeded_store, HOUR_AGO, END, job_id="job-llm-b").is_empty()
+    assert fabric_svc.collective_busbw(seeded_store, HOUR_AGO, END, job_id="job-llm-b").is_empty()
 
 
 def test_reliability(seeded_store: Store) -> None:
-    d = Q.disruptions(seeded_store, HOUR_AGO, END)
+    d = reliability_svc.disruptions(seeded_store, HOUR_AGO, END)
     assert sorted(d["cause"]) == ["nccl_timeout", "preempted", "restart", "xid_79"]
-    summary = Q.reliability_summary(seeded_store, HOUR_AGO, END).row(0, named=True)
+    summary = reliability_svc.reliability_summary(seeded_store, HOUR_AGO, END).row(0, named=True)
     assert (summary["failures"], summary["preemptions"], summary["restarts"]) == (2, 1, 1)
     assert summary["mtbf_s"] == pytest.approx(1800.0)
-    ckpt = Q.checkpoint_intervals(seeded_store, HOUR_AGO, END)
+    ckpt = reliability_svc.checkpoint_intervals(seeded_store, HOUR_AGO, END)
     assert ckpt["job_id"].to_list() == ["job-llm-a", "job-llm-b", "job-llm-c"]
     assert ckpt["saves"].to_list() == [4, 2, 2] and ckpt["save_mean_s"].to_list() == pytest.approx([4.0] * 3)
 
 
 def test_table_helpers(seeded_store: Store) -> None:
-    rows = dict(Q.table_rows(seeded_store).select("table", "rows").rows())
+    rows = dict(telemetry.table_rows(seeded_store).select("table", "rows").rows())
     assert rows["gpu"] == 64 and rows["health_event"] == 6 and rows["nccl_test"] == 40
-    assert {"finding", "alert_state", "aiact_export", "gpu_energy_minute"} <= set(Q.existing_tables(seeded_store))
+    assert {"finding", "alert_state", "aiact_export", "gpu_energy_minute"} <= set(telemetry.existing_tables(seeded_store))
 
 
 # --- empty database ---------------------------------------------------------------------------
 
 CALLS = {
-    "sites": lambda s: Q.sites(s),
-    "fleet_size": lambda s: Q.fleet_size(s),
-    "latest_gpu_samples": lambda s: Q.latest_gpu_samples(s, END),
-    "gpu_activity": lambda s: Q.gpu_activity(s, END),
-    "unhealthy_gpus": lambda s: Q.unhealthy_gpus(s, HOUR_AGO, END),
-    "health_grid": lambda s: Q.health_grid(s, END),
-    "fleet_series": lambda s: Q.fleet_series(s, HOUR_AGO, END),
-    "gpu_energy": lambda s: Q.gpu_energy(s, HOUR_AGO, END),
-    "metric_series": lambda s: Q.metric_series(s, "%pue%", HOUR_AGO, END),
-    "site_carbon": lambda s: Q.site_carbon(s, HOUR_AGO, END),
-    "health_events_over_time": lambda s: Q.health_events_over_time(s, HOUR_AGO, END),
-    "health_events_by_node": lambda s: Q.health_events_by_node(s, HOUR_AGO, END),
-    "health_events_recent": lambda s: Q.health_events_recent(s, HOUR_AGO, END),
-    "findings_by_kind": lambda s: Q.findings_by_kind(s, HOUR_AGO, END),
-    "findings": lambda s: Q.findings(s, HOUR_AGO, END),
-    "jobs": lambda s: Q.jobs(s, HOUR_AGO, END),
-    "running_jobs": lambda s: Q.running_jobs(s, END),
-    "job_step_summary": lambda s: Q.job_step_summary(s, "nope"),
-    "job_rank_step_times": lambda s: Q.job_rank_step_times(s, "nope"),
-    "job_rank_summary": lambda s: Q.job_rank_summary(s, "nope"),
-    "scaling": lambda s: Q.scaling(s, "nope"),
-    "nccl_test_runs": lambda s: Q.nccl_test_runs(s, HOUR_AGO, END),
-    "nccl_test_sizes": lambda s: Q.nccl_test_sizes(s, ("nope",)),
-    "collective_busbw": lambda s: Q.collective_busbw(s, HOUR_AGO, END),
-    "disruptions": lambda s: Q.disruptions(s, HOUR_AGO, END),
-    "checkpoint_intervals": lambda s: Q.checkpoint_intervals(s, HOUR_AGO, END),
-    "job_c3_steps": lambda s: Q.job_c3_steps(s, "nope"),
-    "energy_by_site_hour": lambda s: Q.energy_by_site_hour(s, HOUR_AGO, END),
-    "counter_energy_by_site_hour": lambda s: Q.counter_energy_by_site_hour(s, HOUR_AGO, END),
-    "alerts": lambda s: Q.alerts(s),
-    "silences": lambda s: Q.silences(s),
-    "notifications": lambda s: Q.notifications(s),
-    "models": lambda s: Q.models(s),
-    "audit_runs": lambda s: Q.audit_runs(s),
-    "audit_exports": lambda s: Q.audit_exports(s),
-    "rule_results": lambda s: Q.rule_results(s, "nope"),
-    "fairness_groups": lambda s: Q.fairness_groups(s),
+    "sites": lambda s: telemetry.sites(s),
+    "fleet_size": lambda s: telemetry.fleet_size(s),
+    "latest_gpu_samples": lambda s: telemetry.latest_gpu_samples(s, END),
+    "gpu_activity": lambda s: telemetry.gpu_activity(s, END),
+    "unhealthy_gpus": lambda s: health_svc.unhealthy_gpus(s, HOUR_AGO, END),
+    "health_grid": lambda s: health_svc.health_grid(s, END),
+    "fleet_series": lambda s: telemetry.fleet_series(s, HOUR_AGO, END),
+    "gpu_energy": lambda s: energy_reads.gpu_energy(s, HOUR_AGO, END),
+    "metric_series": lambda s: telemetry.metric_series(s, "%pue%", HOUR_AGO, END),
+    "site_carbon": lambda s: energy_reads.site_carbon(s, HOUR_AGO, END),
+    "health_events_over_time": lambda s: health_svc.health_events_over_time(s, HOUR_AGO, END),
+    "health_events_by_node": lambda s: health_svc.health_events_by_node(s, HOUR_AGO, END),
+    "health_events_recent": lambda s: health_svc.health_events_recent(s, HOUR_AGO, END),
+    "findings_by_kind": lambda s: health_svc.findings_by_kind(s, HOUR_AGO, END),
+    "findings": lambda s: health_svc.findings(s, HOUR_AGO, END),
+    "jobs": lambda s: jobs_svc.jobs(s, HOUR_AGO, END),
+    "running_jobs": lambda s: jobs_svc.running_jobs(s, END),
+    "job_step_summary": lambda s: jobs_svc.job_step_summary(s, "nope"),
+    "job_rank_step_times": lambda s: jobs_svc.job_rank_step_times(s, "nope"),
+    "job_rank_summary": lambda s: jobs_svc.job_rank_summary(s, "nope"),
+    "scaling": lambda s: jobs_svc.scaling(s, "nope"),
+    "nccl_test_runs": lambda s: fabric_svc.nccl_test_runs(s, HOUR_AGO, END),
+    "nccl_test_sizes": lambda s: fabric_svc.nccl_test_sizes(s, ("nope",)),
+    "collective_busbw": lambda s: fabric_svc.collective_busbw(s, HOUR_AGO, END),
+    "disruptions": lambda s: reliability_svc.disruptions(s, HOUR_AGO, END),
+    "checkpoint_intervals": lambda s: reliability_svc.checkpoint_intervals(s, HOUR_AGO, END),
+    "job_c3_steps": lambda s: jobs_svc.job_c3_steps(s, "nope"),
+    "energy_by_site_hour": lambda s: energy_reads.energy_by_site_hour(s, HOUR_AGO, END),
+    "counter_energy_by_site_hour": lambda s: energy_reads.counter_energy_by_site_hour(s, HOUR_AGO, END),
+    "alerts": lambda s: alert_reads.alerts(s),
+    "silences": lambda s: alert_reads.silences(s),
+    "notifications": lambda s: alert_reads.notifications(s),
+    "models": lambda s: governance_svc.models(s),
+    "audit_runs": lambda s: audit_svc.audit_runs(s),
+    "audit_exports": lambda s: audit_svc.audit_exports(s),
+    "rule_results": lambda s: audit_svc.rule_results(s, "nope"),
+    "fairness_groups": lambda s: governance_svc.fairness_groups(s),
 }
 
 
 def test_alerting_reads(seeded_store: Store) -> None:
-    alerts = Q.alerts(seeded_store)
+    alerts = alert_reads.alerts(seeded_store)
     firing = alerts.filter(pl.col("state") == "firing")
     assert sorted(firing["alertname"]) == ["GpuFellOffBus", "GpuNeedsRepairOrDrain", "GpuNeedsRepairOrDrain", "SdcSuspect"]
     # the jobs the simulator made fail and preempt: their goodput series is under 0.8, not yet for 15 minutes
@@ -337,50 +346,50 @@ def test_alerting_reads(seeded_store: Store) -> None:
     # the dead GPU's XID alert mutes the sweep's repair advice for it and its node: one fault, one page
     muted = alerts.filter(pl.col("inhibited"))
     assert sorted(muted["alertname"]) == ["GpuNeedsRepairOrDrain", "GpuNeedsRepairOrDrain"]
-    dead = Q.notifications(seeded_store, status="dead")
+    dead = alert_reads.notifications(seeded_store, status="dead")
     assert dead.height == 1 and set(dead["last_error"]) == {"no receiver named 'default'"}
-    assert Q.notification_counts(seeded_store) == {"pending": 0, "delivered": 0, "dead": 1, "disabled": 0}
-    assert Q.silences(seeded_store).is_empty()
+    assert alert_reads.notification_counts(seeded_store) == {"pending": 0, "delivered": 0, "dead": 1, "disabled": 0}
+    assert alert_reads.silences(seeded_store).is_empty()
 
 
 def test_governance_reads(seeded_store: Store) -> None:
-    assert Q.models(seeded_store)["model_name"].to_list() == ["gpt-1.3b", "llama-7b", "loan-screen"]
-    runs = Q.audit_runs(seeded_store)
+    assert governance_svc.models(seeded_store)["model_name"].to_list() == ["gpt-1.3b", "llama-7b", "loan-screen"]
+    runs = audit_svc.audit_runs(seeded_store)
     run = runs.row(0, named=True)
     assert runs.height == 1 and run["scope"] == "registry" and run["formats"] == "json, html, pdf" and run["exports"] == 1
-    results = Q.rule_results(seeded_store, run["audit_id"])
+    results = audit_svc.rule_results(seeded_store, run["audit_id"])
     assert results.height == run["pass"] + run["fail"] + run["missing_evidence"] + run["not_applicable"]
     assert results.filter(pl.col("status") == "fail")["model"].to_list() == ["loan-screen:1"]
-    exports = Q.audit_exports(seeded_store)
+    exports = audit_svc.audit_exports(seeded_store)
     assert exports["audit_id"].to_list() == [run["audit_id"]] and exports["size_bytes"][0] > 0
-    fair = Q.fairness_groups(seeded_store)
+    fair = governance_svc.fairness_groups(seeded_store)
     assert set(fair["model"]) == {"loan-screen:1"} and set(fair["feature"]) == {"sex", "age_band", "sex&age_band"}  # and intersectional
     fnr = fair.filter((pl.col("feature") == "sex") & (pl.col("metric") == "fnr")).sort("group")
     # The simulated classifier misses more women's positives (fleetscope.sim.predictions): F's FNR is higher.
     assert fnr["group"].to_list() == ["F", "M"] and fnr["value"][0] > fnr["value"][1]
     assert ((fnr["ci_low"] <= fnr["value"]) & (fnr["value"] <= fnr["ci_high"])).all()
-    lineage = Q.model_lineage(seeded_store, "llama-7b", "1")
+    lineage = governance_svc.registered_model_lineage(seeded_store, "llama-7b", "1")
     assert "dataset:s3://fleetscope-raw:forum-dump-2023" in {u["dataset"] for u in lineage["upstream"]}
-    assert Q.model_lineage(seeded_store, "nope", "1") is None
+    assert governance_svc.registered_model_lineage(seeded_store, "nope", "1") is None
 
 
 def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
-    assert Q.data_end(empty_store) is None
-    assert Q.sample_interval_s(empty_store, END) == Q.DEFAULT_SAMPLE_INTERVAL_S
+    assert telemetry.data_end(empty_store) is None
+    assert telemetry.sample_interval_s(empty_store, END) == telemetry.DEFAULT_SAMPLE_INTERVAL_S
     for name, call in CALLS.items():
         df = call(empty_store)
         assert isinstance(df, pl.DataFrame), name
         if name != "fleet_size":
             assert df.is_empty(), name
         assert pl.Null not in df.dtypes, f"{name}: {df.schema}"
-    assert Q.fleet_size(empty_store).row(0) == (0, 0, 0)
-    counts = Q.gpu_state_counts(empty_store, END).row(0, named=True)
+    assert telemetry.fleet_size(empty_store).row(0) == (0, 0, 0)
+    counts = health_svc.gpu_state_counts(empty_store, END).row(0, named=True)
     assert set(counts.values()) == {0}
-    assert Q.power_now(empty_store, END)["power_w"][0] is None
-    assert Q.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
-    assert Q.job_totals(empty_store, "nope")["steps"][0] == 0
-    assert Q.energy_rollup_end(empty_store) is None and Q.job_analyses(empty_store, "nope") == {}
-    assert Q.scaling_fit(empty_store, "nope")["fit"] is None
+    assert telemetry.power_now(empty_store, END)["power_w"][0] is None
+    assert reliability_svc.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
+    assert jobs_svc.job_totals(empty_store, "nope")["steps"][0] == 0
+    assert energy_svc.energy_rollup_end(empty_store) is None and jobs_svc.job_analyses(empty_store, "nope") == {}
+    assert jobs_svc.scaling_fit(empty_store, "nope")["fit"] is None
 
 
 # --- read budget ----------------------------------------------------------------------------------
@@ -402,17 +411,17 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     monkeypatch.setattr(store, "query", spy)
     for call in CALLS.values():
         call(store)
-    Q.job_totals(store, STRAGGLER_JOB)
-    Q.job_step_summary(store, STRAGGLER_JOB)
-    Q.job_rank_summary(store, STRAGGLER_JOB)
-    Q.job_rank_step_times(store, STRAGGLER_JOB)
-    Q.job_c3_steps(store, STRAGGLER_JOB)
-    Q.scaling(store, SWEEP_MODEL)
-    Q.energy_rollup_end(store)
-    Q.counter_energy_by_site_hour(store, SEED_START + dt.timedelta(minutes=10), END)
-    Q.gpu_state_counts(store, END)
-    Q.data_end(store)
-    Q.table_rows(store)
+    jobs_svc.job_totals(store, STRAGGLER_JOB)
+    jobs_svc.job_step_summary(store, STRAGGLER_JOB)
+    jobs_svc.job_rank_summary(store, STRAGGLER_JOB)
+    jobs_svc.job_rank_step_times(store, STRAGGLER_JOB)
+    jobs_svc.job_c3_steps(store, STRAGGLER_JOB)
+    jobs_svc.scaling(store, SWEEP_MODEL)
+    energy_svc.energy_rollup_end(store)
+    energy_reads.counter_energy_by_site_hour(store, SEED_START + dt.timedelta(minutes=10), END)
+    health_svc.gpu_state_counts(store, END)
+    telemetry.data_end(store)
+    telemetry.table_rows(store)
     assert len(seen) > 30
     with store.engine.connect() as conn:
         cur = conn.connection.driver_connection.cursor()

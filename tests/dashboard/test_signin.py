@@ -18,7 +18,8 @@ from dashboard import signin
 from dashboard.access import Backoff
 from fleetscope.services import auth
 from fleetscope.store import schema
-from fleetscope.services import queries as Q
+from fleetscope.services.alerting import reads as alert_reads
+from fleetscope.services import audit as audit_svc
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 from tests.dashboard.test_pages import healthy, metrics
@@ -193,10 +194,10 @@ def test_a_governance_token_sees_only_the_governance_page(url: str, monkeypatch:
     assert nav_titles(at) == ["Governance"]
     assert [t.value for t in at.title] == ["Governance"]  # the one page it may see is its default
     assert not at.sidebar.selectbox  # the fleet filters read fleet data: not drawn
-    before = Q.audit_exports(Store.open(url)).height
+    before = audit_svc.audit_exports(Store.open(url)).height
     at.button(key="gov_new_export").click().run()
     healthy(at)
-    after = Q.audit_exports(Store.open(url))
+    after = audit_svc.audit_exports(Store.open(url))
     assert after.height == before + 1 and after["requested_by"][0] == "auditor"
 
 
@@ -219,13 +220,13 @@ def test_an_admin_silence_is_created_by_the_token_and_a_revoked_one_writes_nothi
     at.text_area(key="sil_comment").input("GPU sent for repair")
     at.button(key="sil_create").click().run()
     healthy(at)
-    silences = Q.silences(Store.open(url))
+    silences = alert_reads.silences(Store.open(url))
     assert silences.select("matchers", "created_by").rows() == [('alertname="GpuFellOffBus"', "oncall-ana")]
     # The token is revoked while the form is open: the next click writes nothing.
     revoke(url, "oncall-ana")
     at.text_area(key="sil_matchers").input('alertname="SdcSuspect"')
     at.button(key="sil_create").click().run()
-    assert Q.silences(Store.open(url)).height == 1
+    assert alert_reads.silences(Store.open(url)).height == 1
     shows_nothing_of_the_fleet(at)
 
 
@@ -254,7 +255,7 @@ def test_oidc_maps_the_signed_in_user_to_scopes(url: str, monkeypatch: pytest.Mo
     at.text_area(key="sil_comment").input("rerun on a spare")
     at.button(key="sil_create").click().run()
     healthy(at)
-    assert Q.silences(Store.open(url))["created_by"].to_list() == ["alice@x.org"]
+    assert alert_reads.silences(Store.open(url))["created_by"].to_list() == ["alice@x.org"]
 
     at = app(url, monkeypatch, **OIDC)
     at.user = {"is_logged_in": True, "email": "bob@x.org", "email_verified": True}

@@ -1,0 +1,262 @@
+"""Fleet telemetry reads: what the store holds, the fleet's size, the latest GPU samples, activity and state
+counts, and fleet-wide series built from a fixed number of short probes (so a long range costs no more
+than a short one). Bounded by construction: the dashboard never reads raw telemetry of a whole fleet."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+from sqlalchemy import inspect
+
+from fleetscope.core import frames as F
+from fleetscope.core.units import as_utc
+from fleetscope.store import Store
+from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql
+
+UTC = F.UTC_US
+
+
+# When no sample interval can be measured, assume dcgm-exporter's usual scrape interval.
+DEFAULT_SAMPLE_INTERVAL_S = 30.0
+
+def existing_tables(store: Store) -> list[str]:
+    """Tables present in the database."""
+    return sorted(inspect(store.engine).get_table_names())
+
+def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFrame:
+    """Rows held per table: exact for small tables, an O(1) estimate for the telemetry tables.
+
+    ``COUNT(*)`` over a day of a large fleet's samples takes seconds, so for the big tables SQLite's
+    largest rowid (rows are only appended, and retention deletes the oldest) and PostgreSQL's planner
+    estimate stand in; ``approximate`` says which is which.
+    """
+    big = {"gpu_sample", "metric_sample", "collective", "step", "gpu_workload", "step_breakdown", "gpu_energy_minute"}
+    present = set(existing_tables(store))
+    names = [t for t in (tables or list(F.FRAMES)) if t in present]
+    rows: list[tuple[str, int, bool]] = []
+    for name in names:
+        quoted = '"' + name.replace('"', '""') + '"'
+        if name in big and store.dialect == "sqlite":
+            sql, approx = f"SELECT COALESCE(MAX(rowid), 0) AS n FROM {quoted}", True
+        elif name in big:
+            sql, approx = f"SELECT GREATEST(reltuples, 0)::bigint AS n FROM pg_class WHERE oid = '{quoted}'::regclass", True
+        else:
+            sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
+        df = fetch(store, sql, [], {"n": pl.Int64})
+        rows.append((name, int(df["n"][0]) if df.height and df["n"][0] is not None else 0, approx))
+    return pl.DataFrame(rows, schema={"table": pl.String, "rows": pl.Int64, "approximate": pl.Boolean}, orient="row")
+
+def data_end(store: Store) -> dt.datetime | None:
+    """The latest instant the GPU telemetry, events, nccl-tests runs or jobs describe (metric series only
+    when there is nothing else), or None for an empty database.
+
+    Pages window "the last hour" back from here by default, so a database that stopped receiving data
+    (a demo, a replay, an outage) still shows its last hour, with its age in the sidebar. Each part is a
+    MAX over an indexed time column (or a small table), so this stays cheap on a large store.
+    """
+    # metric_sample anchors the window only when nothing else has arrived: its series may be stamped with
+    # the start of a period that runs on past the data (an hourly grid intensity for the hour ahead, a
+    # forecast), and anchoring there would leave every live panel looking at an empty window.
+    sql = (
+        "SELECT COALESCE((SELECT MAX(t) FROM ("
+        " SELECT MAX(ts) AS t FROM gpu_sample"
+        " UNION ALL SELECT MAX(ts) FROM job_event"
+        " UNION ALL SELECT MAX(ts) FROM health_event"
+        " UNION ALL SELECT MAX(ts) FROM nccl_test"
+        " UNION ALL SELECT MAX(started_at) FROM job"
+        " UNION ALL SELECT MAX(ended_at) FROM job"
+        ") x), (SELECT MAX(ts) FROM metric_sample)) AS t"
+    )
+    df = fetch(store, sql, [], {"t": UTC})
+    return df["t"][0] if df.height else None
+
+def data_start(store: Store) -> dt.datetime | None:
+    """The earliest GPU sample held (indexed MIN), or None."""
+    df = fetch(store, "SELECT MIN(ts) AS t FROM gpu_sample", [], {"t": UTC})
+    return df["t"][0] if df.height else None
+
+def sample_interval_s(store: Store, at: dt.datetime) -> float:
+    """The GPU sampling interval near ``at``: the median gap between the last few samples of the GPU
+    sampled last before ``at`` (two indexed lookups). Falls back to DEFAULT_SAMPLE_INTERVAL_S."""
+    at = as_utc(at)
+    last = fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts <= ? ORDER BY ts DESC LIMIT 1", [at], {"gpu_uuid": pl.String})
+    if last.is_empty():
+        last = fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts > ? ORDER BY ts LIMIT 1", [at], {"gpu_uuid": pl.String})
+    if last.is_empty():
+        return DEFAULT_SAMPLE_INTERVAL_S
+    ts = fetch(
+        store,
+        "SELECT ts FROM gpu_sample WHERE gpu_uuid = ? AND ts <= ? ORDER BY ts DESC LIMIT 9",
+        [last["gpu_uuid"][0], at + dt.timedelta(days=1)],
+        {"ts": UTC},
+    )["ts"]
+    if ts.len() < 2:
+        return DEFAULT_SAMPLE_INTERVAL_S
+    gaps = (ts.sort().diff().dt.total_microseconds() / 1e6).drop_nulls()
+    gap = gaps.median()
+    return float(gap) if gap and gap > 0 else DEFAULT_SAMPLE_INTERVAL_S
+
+def sites(store: Store) -> pl.DataFrame:
+    """``site_id, name`` of every site in the inventory (from hosts too, where no site row exists)."""
+    sql = (
+        "SELECT s.site_id, s.name FROM site s"
+        " UNION SELECT DISTINCT h.site_id, NULL FROM host h"
+        " WHERE h.site_id IS NOT NULL AND h.site_id NOT IN (SELECT site_id FROM site)"
+        " ORDER BY 1"
+    )
+    return fetch(store, sql, [], {"site_id": pl.String, "name": pl.String})
+
+def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
+    """One row: ``sites, hosts, gpus`` in the inventory (optionally of one site)."""
+    params: list[Any] = []
+    where = ""
+    if site is not None:
+        where = " WHERE h.site_id = ?"
+        params.append(site)
+    sql = (
+        "SELECT COUNT(DISTINCT h.site_id) AS sites, COUNT(DISTINCT g.host) AS hosts, COUNT(*) AS gpus"
+        f" FROM gpu g LEFT JOIN host h ON h.host = g.host{where}"
+    )
+    return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64})
+
+_LATEST_COLUMNS = (
+    "util_ratio",
+    "power_w",
+    "energy_j",
+    "temp_c",
+    "mem_temp_c",
+    "fb_used_bytes",
+    "sm_clock_mhz",
+    "xid_last",
+    "ecc_dbe_volatile_total",
+    "remap_pending",
+    "clock_event_reasons",
+)
+
+def _lookback(store: Store, end: dt.datetime, lookback_s: float | None) -> float:
+    # Three sample intervals: a GPU whose last scrape was slow or dropped still counts as reporting.
+    return float(lookback_s) if lookback_s else max(60.0, 3 * sample_interval_s(store, end))
+
+def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
+    """The latest sample of every GPU that reported in ``[end - lookback_s, end)``, with its place in
+    the inventory: ``gpu_uuid, host, gpu_index, site_id, ts`` and the fields in ``_LATEST_COLUMNS``.
+
+    Reads about ``lookback_s / interval`` rows per GPU, through the ``ts`` index.
+    """
+    end = as_utc(end)
+    start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
+    params: list[Any] = [start, end]
+    site_sql = site_gpus_sql(site, params)
+    fields = ", ".join(f"s.{c}" for c in _LATEST_COLUMNS)
+    sql = (
+        f"SELECT x.gpu_uuid, g.host, g.gpu_index, h.site_id, x.ts, {', '.join('x.' + c for c in _LATEST_COLUMNS)} FROM ("
+        f" SELECT s.gpu_uuid, s.ts, {fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
+        f" FROM gpu_sample s WHERE s.ts >= ? AND s.ts < ?{site_sql}"
+        ") x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
+        " WHERE x.rn = 1 ORDER BY g.host, g.gpu_index, x.gpu_uuid"
+    )
+    schema: dict[str, pl.DataType] = {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "site_id": pl.String, "ts": UTC}
+    schema |= {c: F.GPU_SAMPLE.schema[c] for c in _LATEST_COLUMNS}
+    return fetch(store, sql, params, schema)
+
+def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
+    """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w``."""
+    df = latest_gpu_samples(store, end, lookback_s, site)
+    return pl.DataFrame(
+        {
+            "as_of": [df["ts"].max() if df.height else None],
+            "gpus_reporting": [df.height],
+            "power_w": [float(df["power_w"].sum()) if df.height and df["power_w"].null_count() < df.height else None],
+        },
+        schema={"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64},
+    )
+
+def gpu_activity(
+    store: Store, end: dt.datetime, window_s: float = 300, busy_util_ratio: float = 0.1, site: str | None = None
+) -> pl.DataFrame:
+    """Per GPU that reported in ``[end - window_s, end)``: mean utilisation and power over the window and
+    whether it counts as busy (mean ``util_ratio`` at or above ``busy_util_ratio``).
+
+    Columns: ``gpu_uuid, host, gpu_index, site_id, samples, util_mean_ratio, power_mean_w, last_ts, busy``.
+    """
+    end = as_utc(end)
+    params: list[Any] = [end - dt.timedelta(seconds=window_s), end]
+    site_sql = site_gpus_sql(site, params)
+    sql = (
+        "SELECT a.gpu_uuid, g.host, g.gpu_index, h.site_id, a.samples, a.util_mean_ratio, a.power_mean_w, a.last_ts FROM ("
+        " SELECT gpu_uuid, COUNT(*) AS samples, AVG(util_ratio) AS util_mean_ratio, AVG(power_w) AS power_mean_w, MAX(ts) AS last_ts"
+        f" FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid"
+        ") a LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
+    )
+    schema = {
+        "gpu_uuid": pl.String,
+        "host": pl.String,
+        "gpu_index": pl.Int64,
+        "site_id": pl.String,
+        "samples": pl.Int64,
+        "util_mean_ratio": pl.Float64,
+        "power_mean_w": pl.Float64,
+        "last_ts": UTC,
+    }
+    df = fetch(store, sql, params, schema)
+    return df.with_columns(busy=(pl.col("util_mean_ratio").fill_null(0.0) >= busy_util_ratio))
+
+
+def fleet_series(
+    store: Store,
+    start: dt.datetime,
+    end: dt.datetime,
+    points: int = 48,
+    busy_util_ratio: float = 0.1,
+    site: str | None = None,
+) -> pl.DataFrame:
+    """Fleet power and utilisation at ``points`` instants evenly spread over ``(start, end]``.
+
+    Each point is a probe: the GPUs' samples over the 1.5 sample intervals before the instant, averaged
+    per GPU, then summed (power) or counted (busy GPUs) across the fleet. Reading a probe per point
+    instead of every sample keeps a day of a 16k-GPU fleet at ``points`` × 16k rows, the same as an hour.
+    Columns: ``ts, gpus_reporting, gpus_busy, util_mean_ratio, power_w, temp_max_c``.
+    """
+    start, end = as_utc(start), as_utc(end)
+    schema = {
+        "ts": UTC,
+        "gpus_reporting": pl.Int64,
+        "gpus_busy": pl.Int64,
+        "util_mean_ratio": pl.Float64,
+        "power_w": pl.Float64,
+        "temp_max_c": pl.Float64,
+    }
+    first = data_start(store)
+    if first is None or end <= start:
+        return pl.DataFrame(schema=schema)
+    start = max(start, first)
+    probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
+    points = max(1, int(points))
+    step = (end - start) / points
+    parts: list[str] = []
+    params: list[Any] = []
+    for i in range(points):
+        at = start + step * (i + 1)
+        params += [at, busy_util_ratio, at - probe, at]
+        site_sql = site_gpus_sql(site, params)
+        parts.append(
+            "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
+            " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
+            " SELECT gpu_uuid, AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t"
+            f" FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid) x"
+        )
+    df = fetch(store, " UNION ALL ".join(parts), params, schema)
+    return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
+
+def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
+    """Mean value per time bucket of the ``metric_sample`` series whose name matches ``name_like`` (SQL
+    LIKE): ``ts, series, value_mean``. Facility meters (PUE, site power, grid intensity) arrive this way."""
+    bucket = bucket_us_sql(store, "m.ts", bucket_s)
+    sql = (
+        f"SELECT {bucket} AS ts, s.series, AVG(m.value) AS value_mean FROM metric_sample m JOIN series s ON s.series_id = m.series_id"
+        " WHERE s.name LIKE ? AND m.ts >= ? AND m.ts < ? GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+    return fetch(store, sql, [name_like, as_utc(start), as_utc(end)], {"ts": UTC, "series": pl.String, "value_mean": pl.Float64})

@@ -1,0 +1,69 @@
+"""SQL pieces the read services share, written once for SQLite and PostgreSQL: a typed fetch that keeps
+its declared columns even when empty, time buckets and durations in each dialect's form, and site filters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+
+from fleetscope.store import Store
+
+
+def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Run ``sql`` and return exactly the columns of ``schema`` with those dtypes, even when empty."""
+    df = store.query(sql, list(params), schema)
+    cols = []
+    for name, dtype in schema.items():
+        if name not in df.columns:
+            cols.append(pl.lit(None, dtype).alias(name))
+        elif df.schema[name] != dtype:
+            cols.append(pl.col(name).cast(dtype, strict=False))
+        else:
+            cols.append(pl.col(name))
+    return df.select(cols) if df.width else pl.DataFrame(schema=schema)
+
+def bucket_us_sql(store: Store, column: str, bucket_s: int) -> str:
+    """SQL for the start of ``column``'s time bucket, as integer µs since the epoch on both databases
+    (SQLite stores µs integers; PostgreSQL's timestamptz is converted), so one result schema fits both."""
+    bucket_s = max(1, int(bucket_s))
+    if store.dialect == "sqlite":
+        b = bucket_s * 1_000_000
+        return f"(({column} / {b}) * {b})"
+    return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {bucket_s}) * {bucket_s} * 1000000)::bigint"
+
+def duration_s_sql(store: Store, start: str, end: str) -> str:
+    """SQL for ``end - start`` in seconds."""
+    if store.dialect == "sqlite":
+        return f"(({end} - {start}) / 1e6)"
+    return f"EXTRACT(EPOCH FROM ({end} - {start}))::float8"
+
+def json_number_sql(store: Store, column: str, key: str) -> str:
+    """SQL for the number at top-level ``key`` of the JSON text in ``column`` (``key`` is a constant of
+    this module, never user input)."""
+    if not key.isidentifier():
+        raise ValueError(f"JSON key {key!r} must be an identifier")
+    if store.dialect == "sqlite":
+        return f"json_extract({column}, '$.{key}')"
+    return f"(({column})::jsonb ->> '{key}')::float8"
+
+def site_gpus_sql(site: str | None, params: list[Any], column: str = "gpu_uuid") -> str:
+    """A filter on a GPU column to the GPUs of one site (inventory: gpu → host → site)."""
+    if site is None:
+        return ""
+    params.append(site)
+    return f" AND {column} IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
+
+def site_is_sql(site: str | None, params: list[Any], column: str = "site_id") -> str:
+    """A filter on a table's own site column."""
+    if site is None:
+        return ""
+    params.append(site)
+    return f" AND {column} = ?"
+
+def site_hosts_sql(site: str | None, params: list[Any], column: str = "host") -> str:
+    if site is None:
+        return ""
+    params.append(site)
+    return f" AND {column} IN (SELECT host FROM host WHERE site_id = ?)"
