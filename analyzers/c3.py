@@ -1,6 +1,6 @@
 """C³ step-time breakdown, scaling efficiency and the Fleet Law fit; HTA-compatible temporal breakdown.
 
-The C³ model (DESIGN.md, "The C³ model"): every step of a distributed job spends its wall time on
+The C³ model (docs/ARCHITECTURE.md, "The C³ model"): every step of a distributed job spends its wall time on
 Compute (C1, local arithmetic), Communication (C2, moving bytes over the fabric) and Coordination (C3,
 waiting inside collectives for the last peer, host stalls, idle). Per rank and step, from the ``step``
 frame (kernel-timeline unions written by ``ingest.kineto``) and the ``collective`` frame:
@@ -233,7 +233,7 @@ def collective_wait(collective: pl.DataFrame) -> pl.DataFrame:
     """Add ``transfer_s``, ``wait_s`` and ``ranks_seen`` to each collective row.
 
     Across the ranks of one collective (same job_id, comm_id, seq): transfer_s = min(duration_s),
-    wait_s = duration_s − transfer_s (DESIGN.md, "The C³ model"). Where only one rank of the collective is
+    wait_s = duration_s − transfer_s (docs/ARCHITECTURE.md, "The C³ model"). Where only one rank of the collective is
     present there is nothing to compare with, so its wait is 0 and all of it counts as transfer;
     ``ranks_seen`` says how many ranks the minimum was taken over (below ``nranks``, the minimum is only
     an upper bound on the transfer).
@@ -352,7 +352,7 @@ def network_bytes(collective: pl.DataFrame) -> float:
 
 
 def communication_intensity(network_bytes: float, flops: float) -> float | None:
-    """CI = network bytes / FLOPs (DESIGN.md): bytes the job must move per unit of arithmetic. Compare with
+    """CI = network bytes / FLOPs (docs/ARCHITECTURE.md): bytes the job must move per unit of arithmetic. Compare with
     the machine balance (link bytes/s ÷ GPU FLOP/s) the way the roofline model compares arithmetic
     intensity with memory balance: above it, the job cannot be compute-bound at scale."""
     if not flops or flops <= 0 or not math.isfinite(flops):

@@ -33,7 +33,7 @@ output; 3: IT equipment input). The standard reports PUE over a year; shorter wi
 figure derived from it is marked ``estimate``. WUE follows ISO/IEC 30134-9: site water (L) / IT energy
 (kWh).
 
-Energy productivity ρ = useful FLOPs / J (the textbook's energy law, DESIGN.md): useful FLOPs are the model
+Energy productivity ρ = useful FLOPs / J (the textbook's energy law, docs/ARCHITECTURE.md): useful FLOPs are the model
 FLOPs of the steps that count (a step re-run after a restart counts once), J is GPU energy including idle
 for the fleet figure.
 

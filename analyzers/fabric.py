@@ -12,7 +12,7 @@ bandwidth whatever the collective:
 NCCL's Inspector reports the same two figures per operation (``coll_algobw_gbs``, ``coll_busbw_gbs``).
 
 Slow members by group testing. A collective moves at the pace of its slowest link, and a rank's kernel
-time includes its wait for the last peer (DESIGN.md, C³ model), so a per-rank duration blames the wrong
+time includes its wait for the last peer (docs/ARCHITECTURE.md, C³ model), so a per-rank duration blames the wrong
 rank. Instead each *group* (a communicator's collective, an nccl-tests run over a set of hosts) gets one
 fabric figure — the best busbw any member saw, i.e. the transfer without the wait — compared with groups
 of the same shape (op, size, ranks); a member is slow when the groups it belongs to are consistently

@@ -9,7 +9,7 @@ plus Kineto's top-level metadata: ``distributedInfo`` (rank, world_size, pg_conf
 What comes out:
 
 - one ``step`` row per ``ProfilerStep#N`` span on the host timeline, with the device-side breakdown inside
-  that window (DESIGN.md, "The C³ model"): ``compute_s`` = union of non-communication GPU work (compute
+  that window (docs/ARCHITECTURE.md, "The C³ model"): ``compute_s`` = union of non-communication GPU work (compute
   kernels, memcpy, memset), ``comm_s`` = union of NCCL kernels, ``comm_overlap_s`` = their intersection,
   ``idle_s`` = window − (compute ∪ comm). The window is the host span, so a device interval is sliced by
   when it runs: in steady state the GPU lags the host by about the same amount every step, so each window

@@ -1,6 +1,6 @@
 """Canonical frames: one shape per kind of data, shared by ingest, store and analyzers.
 
-Every source maps onto these frames and every analyzer reads them (see DESIGN.md, "Canonical data").
+Every source maps onto these frames and every analyzer reads them (see docs/ARCHITECTURE.md, "Canonical data").
 Units are SI and carried in column names; times are UTC ``Datetime("us", "UTC")``.
 
 This module is pure: it imports polars and nothing of the database, HTTP or Celery, so that
@@ -101,7 +101,7 @@ def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
 
 # --- telemetry -------------------------------------------------------------------------------
 
-# Wide GPU samples: one row per GPU per instant, one column per field. DESIGN.md's performance notes
+# Wide GPU samples: one row per GPU per instant, one column per field. docs/ARCHITECTURE.md's performance notes
 # measured wide rows 4-10x faster to write than one row per value, so GPU telemetry stays wide.
 # Field names follow DCGM's meaning (DCGM_FI_DEV_* / DCGM_FI_PROF_*) converted to SI units.
 GPU_FIELDS: tuple[Col, ...] = (

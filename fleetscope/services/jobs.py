@@ -375,7 +375,7 @@ def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.Dat
     """Per step of a job, averaged over its ranks (the last ``max_steps`` steps):
 
     ``step, ranks, start, step_mean_s, step_max_s, compute_mean_s, comm_exposed_mean_s, idle_mean_s,
-    overlap_mean_s, tokens, model_flops``. compute + exposed communication + idle = step time (DESIGN.md's
+    overlap_mean_s, tokens, model_flops``. compute + exposed communication + idle = step time (docs/ARCHITECTURE.md's
     C³ model, before a collective's wait is split from its transfer).
     """
     dur = duration_s_sql(store, '"start"', '"end"')
@@ -456,7 +456,7 @@ def job_rank_summary(store: Store, job_id: str, last_steps: int = 50) -> pl.Data
 
 def job_totals(store: Store, job_id: str) -> pl.DataFrame:
     """One row for a job: ``steps, ranks, step_mean_s, tokens, model_flops, collective_bytes,
-    comm_intensity_bytes_per_flop`` (network bytes / model FLOPs, DESIGN.md's CI)."""
+    comm_intensity_bytes_per_flop`` (network bytes / model FLOPs, docs/ARCHITECTURE.md's CI)."""
     dur = duration_s_sql(store, '"start"', '"end"')
     s = fetch(
         store,

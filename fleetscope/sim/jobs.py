@@ -1,6 +1,6 @@
 """Training jobs whose step times follow the Fleet Law, simulated rank by rank.
 
-The Fleet Law (DESIGN.md, "The C³ model"): T_step(N) = T_compute/N + T_comm(N) + T_sync(N) − T_overlap.
+The Fleet Law (docs/ARCHITECTURE.md, "The C³ model"): T_step(N) = T_compute/N + T_comm(N) + T_sync(N) − T_overlap.
 
 - **Compute.** A step of the global batch costs 6·P·tokens FLOPs (Kaplan et al., "Scaling Laws for
   Neural Language Models", 2020: forward 2·P, backward 4·P per token); spread over N GPUs at a kernel

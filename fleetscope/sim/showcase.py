@@ -24,7 +24,7 @@ STRAGGLER_JOB = "job-llm-a"
 STRAGGLER_RANK = 5
 XID_CODE = 79  # "GPU has fallen off the bus": the classic drain-the-node XID
 
-# A scaling sweep of a second model whose step times follow the Fleet Law exactly (DESIGN.md, with
+# A scaling sweep of a second model whose step times follow the Fleet Law exactly (docs/ARCHITECTURE.md, with
 # analyzers.c3.fit_fleet_law's ring comm term): T(N) = a/N + b·2(N−1) + c. With these constants the
 # step time is smallest at N* = sqrt(a / 2b) ≈ 31.6 GPUs: the 64-GPU run is slower than the 32-GPU one.
 SWEEP_MODEL = "gpt-1.3b"

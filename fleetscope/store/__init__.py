@@ -1,6 +1,6 @@
 """The store: writes Batches atomically and idempotently, reads canonical frames back as polars.
 
-Writes take the fast path DESIGN.md measured: wide rows, one transaction per Batch, ``executemany``
+Writes take the fast path docs/ARCHITECTURE.md measured: wide rows, one transaction per Batch, ``executemany``
 of plain tuples on SQLite and ``COPY`` on PostgreSQL (into a session temp table, then one
 ``INSERT ... SELECT ... ON CONFLICT`` so that re-sent rows are skipped rather than failing the COPY).
 Every frame is validated against its canonical spec before the transaction opens, so a bad row

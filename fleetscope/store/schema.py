@@ -1,7 +1,7 @@
 """SQLAlchemy tables for the canonical frames, generated from ``fleetscope.core.frames``.
 
 A frame's natural key becomes the table's primary key, so writing the same data twice keeps one copy
-(DESIGN.md: natural keys, not surrogate ones, decide what is a duplicate). Indexes serve the reads the
+(docs/ARCHITECTURE.md: natural keys, not surrogate ones, decide what is a duplicate). Indexes serve the reads the
 analyzers and the dashboard make: by time, by job, by GPU, by host.
 
 Timestamps are ``timestamptz`` on PostgreSQL and int64 microseconds since the Unix epoch on SQLite:
