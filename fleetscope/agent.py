@@ -465,9 +465,10 @@ class Agent:
         return self._queue(dcgm.parse(body, source=url, ts=now))
 
     def _nvml(self, now: dt.datetime) -> Reading | dict[str, int]:
+        from fleetscope.devices import nvml as nvml_driver
         from ingest import nvml
 
-        batch = nvml.to_batch(nvml.read_devices(), ts=now, host=self.host, xids=nvml.xid_events(0), source=f"nvml:{self.host}")
+        batch = nvml.to_batch(nvml_driver.read_devices(), ts=now, host=self.host, xids=nvml_driver.xid_events(0), source=f"nvml:{self.host}")
         if self.push == "batch":
             from fleetscope.core.frames import batch_to_json
 

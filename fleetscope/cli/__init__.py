@@ -861,11 +861,11 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
     if not dcgm_urls and not nvml and not infiniband:
         raise click.UsageError("nothing to collect: give --dcgm URL and/or --nvml (or --infiniband on a host with RDMA devices)")
     if nvml:
-        from ingest import nvml as nvml_mod
+        from fleetscope.devices import nvml as nvml_driver
 
         try:
-            nvml_mod.read_devices()
-        except nvml_mod.NvmlUnavailable as exc:
+            nvml_driver.read_devices()
+        except nvml_driver.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
     ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
                buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None)

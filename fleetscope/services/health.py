@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from analyzers import absence, fabric, hangs, health, ib_links, sdc
 from fleetscope.core import frames as F
+from fleetscope.devices import probe
 from fleetscope.store import schema
 from fleetscope.observability import tracer
 from fleetscope.store import Store
@@ -205,8 +206,8 @@ def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | No
               device_index: int = 0) -> sdc.ProbeResult:
     """Run the known-answer matmul probe and record it as a ``sdc_probe`` health event (value 1 = passed,
     0 = failed, null = no golden digest for that probe shape). A backend that cannot run here raises
-    ``sdc.ProbeUnavailable`` and records nothing."""
-    result = sdc.run_probe(backend, device_index=device_index)
+    ``fleetscope.devices.probe.ProbeUnavailable`` and records nothing."""
+    result = probe.run_probe(backend, device_index=device_index)
     if store is not None:
         row = probe_event(result, ts=dt.datetime.now(dt.UTC), host=host or socket.gethostname(),
                           gpu_uuid=gpu_uuid or f"{backend}:{result.device}")

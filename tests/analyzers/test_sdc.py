@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from analyzers import sdc
+from fleetscope.devices import probe
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.core.frames import FINDING
 from ingest import job_events
@@ -186,7 +187,7 @@ def test_rerun_verdicts_over_recorded_runs_and_bad_records():
 
 
 def test_probe_matches_the_golden_hash_on_cpu():
-    res = sdc.run_probe("numpy")
+    res = probe.run_probe("numpy")
     assert res.passed is True and res.digest == sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
 
 
@@ -223,16 +224,16 @@ def _absent(module: str) -> bool:
 
 def test_probe_backends_report_clearly_when_unavailable():
     with pytest.raises(ValueError, match="unknown probe backend 'opencl'"):
-        sdc.run_probe("opencl")
+        probe.run_probe("opencl")
     if not (_absent("torch") and _absent("cupy")):
         pytest.skip("a CUDA library is installed here: its absence cannot be tested")
-    with pytest.raises(sdc.ProbeUnavailable, match="probe backend torch: torch is not installed"):
-        sdc.run_probe("torch")
-    with pytest.raises(sdc.ProbeUnavailable, match="probe backend cupy: cupy is not installed"):
-        sdc.run_probe("cupy")
-    with pytest.raises(sdc.ProbeUnavailable, match="no CUDA probe backend can run here: .*torch is not installed.*cupy is not installed"):
-        sdc.run_probe("cuda")
-    assert issubclass(sdc.ProbeUnavailable, RuntimeError)
+    with pytest.raises(probe.ProbeUnavailable, match="probe backend torch: torch is not installed"):
+        probe.run_probe("torch")
+    with pytest.raises(probe.ProbeUnavailable, match="probe backend cupy: cupy is not installed"):
+        probe.run_probe("cupy")
+    with pytest.raises(probe.ProbeUnavailable, match="no CUDA probe backend can run here: .*torch is not installed.*cupy is not installed"):
+        probe.run_probe("cuda")
+    assert issubclass(probe.ProbeUnavailable, RuntimeError)
 
 
 def _module(name: str, **attrs):
@@ -276,8 +277,8 @@ def _fake_cupy(count=None, error=None):
 )
 def test_probe_names_what_is_missing_when_the_library_is_there_but_cuda_is_not(monkeypatch, module, fake, index, message):
     monkeypatch.setitem(sys.modules, module, fake)
-    with pytest.raises(sdc.ProbeUnavailable, match=message):
-        sdc.run_probe(module, device_index=index)
+    with pytest.raises(probe.ProbeUnavailable, match=message):
+        probe.run_probe(module, device_index=index)
 
 
 # --- findings ------------------------------------------------------------------------------------------------

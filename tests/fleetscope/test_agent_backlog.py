@@ -442,7 +442,7 @@ def test_a_refused_token_stops_the_agent_and_keeps_the_readings(api, front, expo
 @pytest.fixture
 def nvml_gpu(monkeypatch):
     """NVML as the agent calls it, for one H100 whose power rises 50 W a reading, with XID 79 in the first."""
-    from ingest import nvml
+    from fleetscope.devices import nvml
 
     power = iter(range(250, 10_000, 50))
     monkeypatch.setattr(nvml, "read_devices", lambda: [{"index": 0, "uuid": "GPU-a", "name": "NVIDIA H100 80GB HBM3", "power_mw": next(power) * 1000,

@@ -4,6 +4,7 @@ import datetime as dt
 
 import pytest
 
+from fleetscope.devices import nvml as nvml_driver
 from ingest import nvidia_smi, nvml
 
 LOAD_CSV = "telemetry/nvidia-smi_query-gpu_all-fields_H100_590.48.01_load.csv"
@@ -15,10 +16,10 @@ def test_without_a_driver_the_error_says_so():
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - the point: this machine has no NVIDIA driver
-        with pytest.raises(nvml.NvmlUnavailable, match="NVIDIA driver"):
-            nvml.read_devices()
-        with pytest.raises(nvml.NvmlUnavailable):
-            nvml.xid_events()
+        with pytest.raises(nvml_driver.NvmlUnavailable, match="NVIDIA driver"):
+            nvml_driver.read_devices()
+        with pytest.raises(nvml_driver.NvmlUnavailable):
+            nvml_driver.xid_events()
     else:  # pragma: no cover - only on a GPU host
         pytest.skip("an NVIDIA driver is present: the no-driver path cannot be exercised")
 
@@ -63,6 +64,6 @@ def test_every_nvml_call_names_a_function_the_bindings_have():
 
     import pynvml
 
-    used = set(re.findall(r"\bnv\.([A-Za-z_][A-Za-z0-9_]*)", inspect.getsource(nvml)))
+    used = set(re.findall(r"\bnv\.([A-Za-z_][A-Za-z0-9_]*)", inspect.getsource(nvml_driver)))
     assert {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage", "nvmlEventSetWait"} <= used
     assert sorted(n for n in used if not hasattr(pynvml, n)) == []
