@@ -24,7 +24,7 @@ import httpx
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from fleetscope.core import frames as F
+from fleetscope.core import dcgm_fields
 
 # The repository first: benchmarks/ingest.py would otherwise shadow the `ingest` package.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.append(_HERE)
 from _server import served_api  # noqa: E402
 
-FIELDS = list(dict.fromkeys(F.DCGM_FIELDS))[:30]
-FAULT_FIELDS = {"DCGM_FI_DEV_XID_ERRORS", *(name for *_, name in F.DCGM_HEALTH_COUNTERS)}
+FIELDS = list(dict.fromkeys(dcgm_fields.DCGM_FIELDS))[:30]
+FAULT_FIELDS = {"DCGM_FI_DEV_XID_ERRORS", *(name for *_, name in dcgm_fields.DCGM_HEALTH_COUNTERS)}
 
 
 def value(field: str, f: int, i: int) -> float:

@@ -72,16 +72,14 @@ from fleetscope.core.promtext import escape as _escape
 from fleetscope.core.promtext import lex_line
 from fleetscope.core.promtext import unescape as _unescape
 from fleetscope.core.errors import ParseError
+from fleetscope.core.dcgm_fields import DCGM_FIELDS, EXPORTER_POD_MARK, dcgm_health_events
 from fleetscope.core.frames import (
-    DCGM_FIELDS,
-    EXPORTER_POD_MARK,
     GPU,
     GPU_SAMPLE,
     GPU_WORKLOAD,
     HEALTH_EVENT,
     METRIC_SAMPLE,
     Batch,
-    dcgm_health_events,
     series_key,
 )
 from fleetscope.core.textinput import require_final_newline
@@ -90,7 +88,7 @@ from ingest.format import FormatSpec, Sniff, SniffView, Splitting, cut_line
 __all__ = ["FIELDS", "from_samples", "parse"]
 
 # (DCGM field, gpu_sample column, multiplier to SI, DCGM value type: "i" int64 / "d" double).
-# Names, columns and unit factors come from frames.DCGM_FIELDS, shared with the OTLP path; what is
+# Names, columns and unit factors come from dcgm_fields.DCGM_FIELDS, shared with the OTLP path; what is
 # particular to this text format is each field's DCGM value type (it decides which blank sentinels
 # apply; dcgm_fields.h) and the 1.x-compatibility names below.
 _DOUBLE_FIELDS = {

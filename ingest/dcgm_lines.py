@@ -23,16 +23,14 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, EXPORTER_POD_MARK, dcgm_health_events
 from fleetscope.core.frames import (
-    DCGM_HEALTH_COUNTERS,
-    EXPORTER_POD_MARK,
     GPU,
     GPU_SAMPLE,
     GPU_WORKLOAD,
     METRIC_SAMPLE,
     UTC_US,
     Batch,
-    dcgm_health_events,
     series_key,
 )
 from fleetscope.core.promtext import BLOCK_OK

@@ -3,11 +3,11 @@
 What maps onto ``gpu_sample`` (wide, one row per GPU and instant):
 - DCGM series as an OpenTelemetry Collector's prometheus receiver forwards dcgm-exporter's scrape:
   metric ``DCGM_FI_*`` with the exporter's labels (``UUID``/``uuid``, ``Hostname``, ``gpu``, ...) as
-  data-point attributes; units converted by ``frames.DCGM_FIELDS``.
+  data-point attributes; units converted by ``dcgm_fields.DCGM_FIELDS``.
 - The OpenTelemetry hardware semantic conventions (semconv ``hw.*``): ``hw.gpu.utilization`` (ratio),
   ``hw.gpu.memory.usage`` (By), and ``hw.power`` (W), ``hw.energy`` (J), ``hw.temperature`` (Cel) where
   ``hw.type`` is ``gpu``; the GPU is ``hw.id``.
-GPU samples also give ``health_event`` rows (XID, ECC, row remap; ``frames.dcgm_health_events``, as for the
+GPU samples also give ``health_event`` rows (XID, ECC, row remap; ``dcgm_fields.dcgm_health_events``, as for the
 exporter's text) and ``gpu_workload`` rows from the pod attributes of a GPU's first point in the request
 (``k8s.namespace.name`` / ``k8s.pod.name`` / ``k8s.container.name``, or dcgm-exporter's ``namespace`` /
 ``pod`` / ``container`` labels as a Collector forwards them; the exporter's own pod is ignored).
@@ -74,16 +74,14 @@ from fleetscope.core.protowire import MAX_DEPTH as _MAX_DEPTH
 from fleetscope.core.protowire import WireError as _WireError
 from fleetscope.core.protowire import fields as _fields
 from fleetscope.core.protowire import uvarint as _uvarint
+from fleetscope.core.dcgm_fields import DCGM_FIELDS, EXPORTER_POD_MARK, dcgm_health_events
 from fleetscope.core.frames import (
     COLLECTIVE,
-    DCGM_FIELDS,
-    EXPORTER_POD_MARK,
     GPU_SAMPLE,
     GPU_WORKLOAD,
     METRIC_SAMPLE,
     UTC_US,
     Batch,
-    dcgm_health_events,
     series_key,
 )
 from ingest.format import FormatSpec, Sniff

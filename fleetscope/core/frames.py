@@ -4,99 +4,26 @@ Every source maps onto these frames and every analyzer reads them (see docs/ARCH
 Units are SI and carried in column names; times are UTC ``Datetime("us", "UTC")``.
 
 This module is pure: it imports polars and nothing of the database, HTTP or Celery, so that
-``ingest`` and ``analyzers`` can depend on it. ``fleetscope.store.schema`` builds the SQL tables from the
+``ingest`` and ``analyzers`` can depend on it. How a frame is declared and checked is ``core.spec``; the
+series-key codec ``core.series``; DCGM's field table ``core.dcgm_fields``. The names of the first two are
+re-exported here, so a reader imports frames and their checks from one place. ``fleetscope.store.schema`` builds the SQL tables from the
 same definitions, so a column is declared exactly once.
 """
 
 from __future__ import annotations
 
-import json
-
 import dataclasses
-import math
-import re
-from collections.abc import Iterable, Iterator, Mapping
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
-from fleetscope.core.errors import ValidationError
-
-UTC_US = pl.Datetime("us", "UTC")
-
-
-@dataclass(frozen=True)
-class Col:
-    """One canonical column.
-
-    ``key`` columns form the natural key: two rows with equal keys are the same fact, so writing a
-    row twice keeps one copy. Keys are never null; where "no value" is meaningful (a host-level
-    health event has no GPU) the column carries ``default`` instead.
-    """
-
-    name: str
-    dtype: pl.DataType
-    key: bool = False
-    nullable: bool = True
-    default: Any = None
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        """A column the writer must supply (no default to fill in)."""
-        return (self.key or not self.nullable) and self.default is None
-
-
-@dataclass(frozen=True)
-class FrameSpec:
-    """A canonical frame: its columns, natural key and how a re-sent row is treated.
-
-    ``on_conflict``: ``"ignore"`` keeps the first copy (telemetry is immutable once observed);
-    ``"fill"`` keeps the first copy of each field and fills in the fields the stored row lacks from a later
-    copy (a wide sample whose fields a sender split over several requests, as Prometheus remote write
-    and OpenTelemetry Collectors do past their batch size); ``"update"`` lets the newer row win (inventory
-    and findings describe current state).
-    """
-
-    name: str
-    columns: tuple[Col, ...]
-    on_conflict: str = "ignore"
-    doc: str = ""
-
-    @property
-    def schema(self) -> dict[str, pl.DataType]:
-        return {c.name: c.dtype for c in self.columns}
-
-    @property
-    def key(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns if c.key)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
-
-    def col(self, name: str) -> Col:
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
-    def empty(self) -> pl.DataFrame:
-        return pl.DataFrame(schema=self.schema)
-
-
-def _k(name: str, dtype: pl.DataType, default: Any = None, doc: str = "") -> Col:
-    return Col(name, dtype, key=True, nullable=False, default=default, doc=doc)
-
-
-def _f(name: str, dtype: pl.DataType = pl.Float64, doc: str = "") -> Col:
-    return Col(name, dtype, doc=doc)
-
-
-def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
-    """Required, not part of the key."""
-    return Col(name, dtype, nullable=False, doc=doc)
+from fleetscope.core.series import parse_series_key, series_key  # noqa: F401  (the frames' public names)
+from fleetscope.core.spec import (  # noqa: F401  (the frames' public names; _f, _k, _r declare them below)
+    UTC_US, Col, FrameSpec, _f, _k, _r, conform, from_records, require_columns,
+)
 
 
 # --- telemetry -------------------------------------------------------------------------------
@@ -147,123 +74,6 @@ GPU_FIELDS: tuple[Col, ...] = (
     _f("thermal_violation_s", doc="DCGM_FI_DEV_THERMAL_VIOLATION (ns) / 1e9; counter"),
     _f("clock_event_reasons", pl.Int64, doc="DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask"),
 )
-
-# DCGM field name -> (gpu_sample column, factor to SI). One table for every source that carries DCGM
-# names: dcgm-exporter text, and the same series forwarded over OTLP by an OpenTelemetry Collector.
-# Units from DCGM's field documentation (dcgm_fields.h): MiB, mJ, percent, ns.
-DCGM_FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("util_ratio", 0.01),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_copy_util_ratio", 0.01),
-    "DCGM_FI_DEV_ENC_UTIL": ("enc_util_ratio", 0.01),
-    "DCGM_FI_DEV_DEC_UTIL": ("dec_util_ratio", 0.01),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active_ratio", 1.0),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("fp64_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("fp32_active_ratio", 1.0),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("fp16_active_ratio", 1.0),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_active_ratio", 1.0),
-    "DCGM_FI_DEV_FB_USED": ("fb_used_bytes", 2.0**20),
-    "DCGM_FI_DEV_FB_FREE": ("fb_free_bytes", 2.0**20),
-    "DCGM_FI_DEV_FB_RESERVED": ("fb_reserved_bytes", 2.0**20),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1e-3),
-    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
-    "DCGM_FI_DEV_MEMORY_TEMP": ("mem_temp_c", 1.0),
-    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
-    "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1.0),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bytes_per_s", 1.0),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie_rx_bytes_per_s", 1.0),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_bytes_per_s", 1.0),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink_rx_bytes_per_s", 1.0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_total", 1.0),
-    "DCGM_FI_DEV_XID_ERRORS": ("xid_last", 1.0),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe_volatile_total", 1.0),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe_volatile_total", 1.0),
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("ecc_sbe_aggregate_total", 1.0),
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("ecc_dbe_aggregate_total", 1.0),
-    "DCGM_FI_DEV_RETIRED_SBE": ("retired_sbe_total", 1.0),
-    "DCGM_FI_DEV_RETIRED_DBE": ("retired_dbe_total", 1.0),
-    "DCGM_FI_DEV_RETIRED_PENDING": ("retired_pending_total", 1.0),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remap_correctable_total", 1.0),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remap_uncorrectable_total", 1.0),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remap_failure", 1.0),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remap_pending", 1.0),
-    "DCGM_FI_DEV_POWER_VIOLATION": ("power_violation_s", 1e-9),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": ("thermal_violation_s", 1e-9),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clock_event_reasons", 1.0),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("clock_event_reasons", 1.0),  # the pre-3.2 name of the same field
-}
-
-# ECC / row-remap counters that raise a health event when above zero: (gpu_sample column, kind, DCGM field
-# id used as the event's code, DCGM field name). Field ids from dcgm_fields.h.
-DCGM_HEALTH_COUNTERS: tuple[tuple[str, str, int, str], ...] = (
-    ("ecc_sbe_volatile_total", "ecc", 310, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
-    ("ecc_dbe_volatile_total", "ecc", 311, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-    ("ecc_sbe_aggregate_total", "ecc", 312, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"),
-    ("ecc_dbe_aggregate_total", "ecc", 313, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
-    ("remap_uncorrectable_total", "row_remap", 393, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
-    ("remap_failure", "row_remap", 395, "DCGM_FI_DEV_ROW_REMAP_FAILURE"),
-    ("remap_pending", "row_remap", 396, "DCGM_FI_DEV_ROW_REMAP_PENDING"),
-)
-
-# dcgm-exporter's own pod: on idle GPUs a Prometheus scrape without honorLabels shows the exporter pod in the
-# pod/container labels. A name containing this is that exporter, never a workload.
-EXPORTER_POD_MARK = "dcgm-exporter"
-
-
-def dcgm_health_events(gpu_sample: pl.DataFrame, inventory: pl.DataFrame, *, source: str) -> pl.DataFrame | None:
-    """Health events a GPU sample carries: XID (``xid_last`` nonzero, code = the XID), ECC and row-remap
-    counters above zero (``DCGM_HEALTH_COUNTERS``). ``inventory`` has ``gpu_uuid``, ``host`` and optionally
-    ``err_msg`` (dcgm-exporter's XID text). Shared by every source that carries DCGM fields (the exporter's
-    text and the same series over OTLP), so a fault reads the same whichever way it arrived."""
-    if gpu_sample is None or not gpu_sample.height:
-        return None
-    parts = []
-    if "xid_last" in gpu_sample.columns:
-        xid = gpu_sample.filter(pl.col("xid_last").is_not_null() & (pl.col("xid_last") != 0))
-        if xid.height:
-            if "err_msg" in inventory.columns:
-                xid = xid.join(inventory.select("gpu_uuid", "err_msg"), on="gpu_uuid", how="left")
-            else:
-                xid = xid.with_columns(err_msg=pl.lit(None, pl.String))
-            parts.append(
-                xid.select(
-                    "ts",
-                    "gpu_uuid",
-                    kind=pl.lit("xid"),
-                    code=pl.col("xid_last").cast(pl.Int64),
-                    value=pl.col("xid_last").cast(pl.Float64),
-                    message=pl.concat_str(
-                        [pl.lit("XID "), pl.col("xid_last").cast(pl.Int64).cast(pl.String), pl.lit(": ") + pl.col("err_msg")],
-                        ignore_nulls=True,
-                    ),
-                )
-            )
-    for col, kind, fid, field_name in DCGM_HEALTH_COUNTERS:
-        if col not in gpu_sample.columns:
-            continue
-        hit = gpu_sample.filter(pl.col(col).is_not_null() & (pl.col(col) > 0))
-        if hit.height:
-            parts.append(
-                hit.select(
-                    "ts",
-                    "gpu_uuid",
-                    kind=pl.lit(kind),
-                    code=pl.lit(fid, pl.Int64),
-                    value=pl.col(col).cast(pl.Float64),
-                    message=pl.lit(f"{field_name}=") + pl.col(col).cast(pl.Int64).cast(pl.String),
-                )
-            )
-    if not parts:
-        return None
-    ev = (
-        pl.concat(parts)
-        .join(inventory.select("gpu_uuid", "host").unique("gpu_uuid", keep="first", maintain_order=True), on="gpu_uuid", how="left")
-        .with_columns(host=pl.col("host").fill_null(""), source=pl.lit(source))
-    )
-    return ev.select([pl.col(c.name).cast(c.dtype) for c in HEALTH_EVENT.columns]).sort("ts", "gpu_uuid", "kind", "code")
 
 
 GPU_SAMPLE = FrameSpec(
@@ -776,30 +586,6 @@ FRAMES: dict[str, FrameSpec] = {
 }
 
 
-def series_key(name: str, labels: Mapping[str, str] | None = None) -> str:
-    """The canonical series key ``name{a="1",b="2"}``: labels sorted, values escaped as Prometheus does."""
-    if not labels:
-        return name
-    parts = []
-    for k in sorted(labels):
-        v = str(labels[k]).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        parts.append(f'{k}="{v}"')
-    return name + "{" + ",".join(parts) + "}"
-
-
-_SERIES_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_series_key(key: str) -> tuple[str, dict[str, str]]:
-    """The inverse of :func:`series_key`: ``name{a="1",b="2"}`` → (name, labels), values unescaped."""
-    name, brace, rest = key.partition("{")
-    labels: dict[str, str] = {}
-    if brace:
-        for m in _SERIES_LABEL.finditer(rest):
-            labels[m.group(1)] = re.sub(r"\\(.)", lambda g: "\n" if g.group(1) == "n" else g.group(1), m.group(2))
-    return name, labels
-
-
 @dataclass
 class Batch:
     """The unit ingest produces and the store writes in one transaction.
@@ -865,184 +651,11 @@ class Batch:
         return out
 
 
-def _first_bad(mask: pl.Series) -> int | None:
-    if not mask.any():  # an aggregate is a fraction of arg_true's cost, and most checks find nothing
-        return None
-    idx = mask.arg_true()
-    return int(idx[0]) if len(idx) else None
-
-
-# Up to this many rows a text column is checked for NUL in Python: a polars string expression costs
-# ~0.2 ms whatever its size, and a group commit's frames of a few hundred rows are checked per column.
-_SMALL_ROWS = 4096
-
-
-def _has_nul(s: pl.Series) -> int | None:
-    """The first row whose text holds a NUL character, or None."""
-    if s.null_count() == s.len():
-        return None
-    if s.len() <= _SMALL_ROWS:
-        return next((i for i, v in enumerate(s.to_list()) if v and "\x00" in v), None)
-    return _first_bad(s.str.contains("\x00", literal=True).fill_null(False))
-
-
-def _first_nonfinite(s: pl.Series) -> int | None:
-    """The first row holding NaN or an infinity, or None. A finite sum proves every value finite (an
-    aggregate costs microseconds, ``is_finite`` a fraction of a millisecond); only a sum that is not
-    finite (a bad value, or an overflow) looks row by row."""
-    if s.null_count() == s.len():
-        return None
-    total = s.sum()
-    if total is not None and math.isfinite(total):
-        return None
-    return _first_bad((s.is_not_null() & ~s.is_finite()).fill_null(False))
-
-
-def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
-    """Cast one column to its canonical dtype, or raise naming the first row that does not fit."""
-    target = col.dtype
-    if s.dtype == target:
-        out = s
-    elif target == UTC_US:
-        if isinstance(s.dtype, pl.Datetime):
-            out = s.dt.replace_time_zone("UTC") if s.dtype.time_zone is None else s.dt.convert_time_zone("UTC")
-            out = out.dt.cast_time_unit("us")
-        elif s.dtype == pl.String:
-            out = s.str.to_datetime(time_unit="us", time_zone="UTC", strict=False)
-        elif s.dtype == pl.Null:
-            out = s.cast(target)
-        else:
-            raise ValidationError(f"expected a UTC timestamp, got a column of {s.dtype}", frame=spec.name, row=0, field=col.name)
-    elif target == pl.String and s.dtype not in (pl.Null, pl.Categorical, pl.Enum) and not isinstance(s.dtype, (pl.Categorical, pl.Enum)):
-        # Numbers silently turned into strings hide a column mix-up (a key read from the wrong field).
-        raise ValidationError(f"expected text, got a column of {s.dtype}", frame=spec.name, row=0, field=col.name)
-    elif target in (pl.Int64,) and s.dtype.is_float():
-        # A float is an integer only where it has no fraction; 1.5 GPUs is a bad row, not 1.
-        frac = s.is_not_null() & (s != s.round(0))
-        bad = _first_bad(frac.fill_null(False) | (s.is_not_null() & ~s.is_finite()).fill_null(False))
-        if bad is not None:
-            raise ValidationError(f"{s[bad]!r} is not an integer", frame=spec.name, row=bad, field=col.name)
-        out = s.cast(target, strict=False)
-    else:
-        out = s.cast(target, strict=False)
-    # A cast that lost values (text that is no number or time) has more nulls than its input.
-    if out is not s and s.dtype != pl.Null and out.null_count() != s.null_count():
-        bad = _first_bad(s.is_not_null() & out.is_null())
-        if bad is not None:
-            want = "UTC timestamp (RFC 3339)" if target == UTC_US else str(target)
-            raise ValidationError(f"{s[bad]!r} is not a valid {want}", frame=spec.name, row=bad, field=col.name)
-    if target == pl.String and out.dtype == pl.String:
-        # Neither database stores NUL in text (PostgreSQL refuses it mid-COPY); refuse it up front.
-        bad = _has_nul(out)
-        if bad is not None:
-            raise ValidationError("text contains a NUL character", frame=spec.name, row=bad, field=col.name)
-    if target == pl.Float64:
-        bad = _first_nonfinite(out)
-        if bad is not None:
-            raise ValidationError(f"{out[bad]!r} is not a finite number", frame=spec.name, row=bad, field=col.name)
-    return out
-
-
-def require_columns(df: object, frame: str, cols: Iterable[str]) -> None:
-    """The check an analyzer makes of its input: a polars frame (TypeError otherwise) holding ``cols``
-    (ValidationError naming the frame and the first missing column)."""
-    if not isinstance(df, pl.DataFrame):
-        raise TypeError(f"{frame} must be a polars DataFrame, not {type(df).__name__}")
-    for c in cols:
-        if c not in df.columns:
-            raise ValidationError("missing required column", frame=frame, field=c)
-
-
 def findings_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     """Finding rows (dicts with the ``finding`` columns) as a conformed frame; the empty frame for none."""
     if not rows:
         return FINDING.empty()
     return conform(FINDING, pl.DataFrame(rows, schema_overrides={"window_start": UTC_US, "window_end": UTC_US}))
-
-
-def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
-    """Check ``df`` against ``spec`` and return it in canonical shape: every column, canonical dtypes,
-    defaults filled, rows with a repeated natural key collapsed to one.
-
-    Raises ``ValidationError`` naming the frame, the first bad row (0-based, in ``df``'s order) and the
-    field: an unknown column, a value that does not cast, a non-finite float, a missing key.
-    """
-    unknown = [c for c in df.columns if c not in spec.schema]
-    if unknown:
-        raise ValidationError(f"unknown column (expected some of {', '.join(spec.names)})", frame=spec.name, field=unknown[0])
-    out: dict[str, pl.Series] = {}
-    for col in spec.columns:
-        if col.name in df.columns:
-            s = _cast_column(spec, col, df.get_column(col.name))
-            if col.default is not None and s.null_count():
-                s = s.fill_null(col.default)
-        elif col.default is not None:
-            s = pl.repeat(col.default, df.height, dtype=col.dtype, eager=True)
-        elif col.required:
-            raise ValidationError("missing required column", frame=spec.name, row=0 if df.height else None, field=col.name)
-        else:
-            s = pl.Series(col.name, [None] * df.height, dtype=col.dtype)
-        if (not col.nullable or col.key) and s.null_count():
-            bad = _first_bad(s.is_null())
-            if bad is not None:
-                raise ValidationError("missing value in a required field", frame=spec.name, row=bad, field=col.name)
-        out[col.name] = s.alias(col.name)
-    frame = pl.DataFrame(out)
-    if spec.key and frame.height > 1:
-        if spec.on_conflict == "fill":
-            key = list(spec.key)
-            if frame.select(pl.struct(key).is_duplicated().any()).item():
-                frame = frame.group_by(key, maintain_order=True).agg(pl.exclude(key).drop_nulls().first()).select(frame.columns)
-        else:
-            keep = "last" if spec.on_conflict == "update" else "first"
-            frame = frame.unique(subset=list(spec.key), keep=keep, maintain_order=True)
-    return frame
-
-
-def _json_type_ok(dtype: pl.DataType, value: Any) -> bool:
-    if dtype == pl.String or dtype == UTC_US:
-        return isinstance(value, str)
-    if dtype == pl.Boolean:
-        return isinstance(value, bool)
-    if dtype == pl.Int64:
-        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
-    if dtype == pl.Float64:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return False
-
-
-_JSON_TYPE_NAME = {pl.String: "a string", pl.Boolean: "true or false", pl.Int64: "an integer", pl.Float64: "a number"}
-
-
-def from_records(spec: FrameSpec, records: list[Any]) -> pl.DataFrame:
-    """Build a canonical frame from JSON-like records (a list of objects), checking each value's type.
-
-    Raises ``ValidationError`` naming the first bad record (0-based) and field: a record that is not an
-    object, an unknown field, or a value of the wrong JSON type (timestamps are RFC 3339 strings).
-    The result still goes through ``conform`` on write.
-    """
-    columns: dict[str, list[Any]] = {}
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            raise ValidationError(f"expected an object, got {type(rec).__name__}", frame=spec.name, row=i)
-        for k, v in rec.items():
-            if k not in spec.schema:
-                raise ValidationError(f"unknown field (expected some of {', '.join(spec.names)})", frame=spec.name, row=i, field=str(k)[:100])
-            if v is not None and not _json_type_ok(spec.schema[k], v):
-                want = "an RFC 3339 timestamp string" if spec.schema[k] == UTC_US else _JSON_TYPE_NAME.get(spec.schema[k], str(spec.schema[k]))
-                raise ValidationError(f"{str(v)[:80]!r} is not {want}", frame=spec.name, row=i, field=k)
-            if k not in columns:
-                columns[k] = [None] * i
-            columns[k].append(v)
-        for k, col in columns.items():
-            if len(col) < i + 1:
-                col.append(None)
-    data = {}
-    for k, values in columns.items():
-        dtype = spec.schema[k]
-        src = pl.String if dtype == UTC_US else dtype
-        data[k] = pl.Series(k, [float(v) if src == pl.Float64 and v is not None else v for v in values], dtype=src, strict=False)
-    return pl.DataFrame(data, height=len(records)) if data else pl.DataFrame(height=len(records))
 
 
 def batch_to_json(batch: Batch) -> dict[str, Any]:

@@ -18,6 +18,8 @@ VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
 LABEL_RE = rf'[a-zA-Z_][a-zA-Z0-9_]*="{VALUE_RE}"'
 BLOCK_OK = rf"^(?:{LABEL_RE}(?:,{LABEL_RE})*,?)?$"
 NAME_OK = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+# One name="value" pair of an already well-formed block (values still escaped).
+LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 NAME_PY = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LNAME_PY = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 

@@ -28,6 +28,7 @@ import polars as pl
 from sqlalchemy import Connection, Engine, text
 
 from fleetscope.core.units import as_utc
+from fleetscope.core import dcgm_fields
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import sqlite_reader
@@ -72,7 +73,7 @@ def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
     return list(value)
 
 
-_COUNTER_CODES = frozenset(code for _, _, code, _ in F.DCGM_HEALTH_COUNTERS)
+_COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
 
 
@@ -225,7 +226,7 @@ class Store:
         return self._insert(conn, "metric_sample", out, ("series_id", "ts"), "ignore")
 
     def _changed_counter_readings(self, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """``events`` without the DCGM fault-counter readings (``frames.DCGM_HEALTH_COUNTERS``) that repeat the
+        """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
         GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
         included, since a zero reading is no event) or as this process last saw it; and each counter's
         newest reading. A first reading, a change, a reading after a reset to zero and a null value are
@@ -234,7 +235,7 @@ class Store:
         counters = events.filter(is_counter)
         seen = [counters.select("ts", "gpu_uuid", "code", "value")]
         if samples is not None:
-            for col, _, code, _ in F.DCGM_HEALTH_COUNTERS:
+            for col, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS:
                 if col in samples.columns:
                     seen.append(samples.filter(pl.col(col).is_not_null()).select(
                         "ts", "gpu_uuid", pl.lit(code, pl.Int64).alias("code"), pl.col(col).cast(pl.Float64).alias("value")))
