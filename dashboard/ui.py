@@ -28,6 +28,7 @@ from dashboard.access import SESSION_KEY, Access
 from dashboard.connection import _store, database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
 from fleetscope.services import jobs as jobs_svc
 from fleetscope.services import telemetry
+from fleetscope.store import db
 
 # Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often;
 # settled windows (whole hours in the past, whose data no longer changes) seldom.
@@ -87,7 +88,6 @@ def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False)
 def _schema_problem(url: str) -> tuple[bool, str] | None:
     """(whether the database was unreachable, what to tell), or None where it answers with the current schema."""
-    from fleetscope.store import db
 
     try:
         engine = _store(url).engine

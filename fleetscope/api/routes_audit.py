@@ -16,6 +16,7 @@ from fleetscope.services import governance as gs
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance.aiact import model as M
+from governance import exports
 
 router = APIRouter(prefix="/api/v1", tags=["ai act"], route_class=CheckedRoute)
 Gov = Annotated[auth.Token, Depends(require("governance"))]
@@ -111,7 +112,6 @@ def get_export(request: Request, export_id: str, _: Gov) -> Response:
 @router.get("/signing-key")
 def get_signing_key(request: Request, _: Gov) -> Response:
     """The public half of the export signing key (PEM), for auditors to verify bundles offline."""
-    from governance import exports
 
     key = au.signing_key(request.app.state.settings)
     return Response(exports.public_pem(key.public_key()), media_type="application/x-pem-file")

@@ -21,6 +21,14 @@ from fleetscope.api.security import require
 from fleetscope.core.errors import ValidationError
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
+from fleetscope.door import ingestion
+from fleetscope.services import energy as es
+from fleetscope.services.energy import energy_report
+from fleetscope.services.energy import fleet_productivity
+from fleetscope.services.energy import model_footprint
+from fleetscope.services.energy import site_pue
+from fleetscope.services.health import health_window
+from fleetscope.services.reliability import UnknownJob, reliability_report
 
 router = APIRouter(prefix="/api/v1", tags=["data"], route_class=jsonbody.CheckedRoute)
 
@@ -151,7 +159,6 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
     """What ``POST /api/v1/ingest/{fmt}`` does once its token and query are checked: HTTPException for a
     refusal, FleetscopeError for bad input. Gzip is recognised by its magic bytes (agents and files may be
     compressed without saying so); a body declared gzip must be gzip."""
-    from fleetscope.door import ingestion
 
     if content_encoding.strip().lower() == "gzip" and not body.startswith(ingestion.GZIP_MAGIC):
         raise HTTPException(400, "Content-Encoding: gzip, but the body does not start with gzip's magic bytes")
@@ -208,7 +215,6 @@ def get_energy(
 ) -> Response:
     """Energy (J and kWh) from the per-minute roll-ups, grouped; with ``by=site_id``, location-based kgCO2e
     and the grid-intensity basis used."""
-    from fleetscope.services.energy import energy_report
 
     if end <= start:
         raise HTTPException(400, "end must be after start")
@@ -226,7 +232,6 @@ def get_energy_productivity(
     end: Annotated[dt.datetime, Query(description="exclusive end")],
 ) -> dict[str, Any]:
     """Fleet energy productivity ρ = useful FLOPs / J over the period, idle GPU energy included."""
-    from fleetscope.services.energy import fleet_productivity
 
     if end <= start:
         raise HTTPException(400, "end must be after start")
@@ -263,7 +268,6 @@ def get_health(
     level: Annotated[str, Query(pattern="^(gpu|node)$")] = "gpu",
 ) -> Response:
     """Health score (0-100), recommendation and reasons per GPU or node over a window of at most a day."""
-    from fleetscope.services.health import health_window
 
     try:
         out = health_window(request.app.state.store, start, end, write=False, hang_min_stall_s=request.app.state.settings.hang_min_stall_s)
@@ -284,7 +288,6 @@ def get_reliability(
 ) -> dict[str, Any]:
     """Interruptions by root cause (Llama 3 categories), MTBF per GPU-hour and per job, all-up availability
     A^N, and Young/Daly checkpoint advice per job, over [start, end)."""
-    from fleetscope.services.reliability import UnknownJob, reliability_report
 
     try:
         return reliability_report(request.app.state.store, start, end, job_id=job_id, parts=parts, part_availability=part_availability)
@@ -297,7 +300,6 @@ def get_reliability(
 @router.get("/sites/{site_id}/pue", dependencies=[Depends(require("read"))])
 def get_pue(request: Request, site_id: str, start: Annotated[dt.datetime, Query()], end: Annotated[dt.datetime, Query()]) -> dict[str, Any]:
     """PUE over a window with its ISO/IEC 30134-2 category, or the declared PUE marked as an estimate."""
-    from fleetscope.services.energy import site_pue
 
     _window(start, end)
     try:
@@ -340,7 +342,6 @@ async def put_instrument(request: Request, site_id: SiteId, instrument_id: Instr
     anything. Kept with the token's name and appended to the audit log."""
     from pydantic import ValidationError as BodyError
 
-    from fleetscope.services import energy as es
 
     try:
         body = InstrumentIn.model_validate(jsonbody.loads(await request.body(), request.app.state.settings.max_json_depth))
@@ -362,7 +363,6 @@ async def put_instrument(request: Request, site_id: SiteId, instrument_id: Instr
 @router.get("/sites/{site_id}/instruments", dependencies=[Depends(require("read"))])
 def get_instruments(request: Request, site_id: SiteId) -> Response:
     """The contractual instruments recorded for a site, by start of period."""
-    from fleetscope.services import energy as es
 
     df = es.instruments(request.app.state.store, [site_id])
     return Response(df.write_json(), media_type="application/json", headers={"X-Row-Count": str(df.height)})
@@ -372,7 +372,6 @@ def get_instruments(request: Request, site_id: SiteId) -> Response:
 def delete_instrument(request: Request, site_id: SiteId, instrument_id: InstrumentId,
                       token: Annotated[auth.Token, Depends(require("admin"))]) -> dict[str, Any]:
     """Withdraw an instrument recorded in error (logged to the audit log); 404 where the site holds none."""
-    from fleetscope.services import energy as es
 
     try:
         return es.withdraw_instrument(request.app.state.store, site_id, instrument_id, actor=token.name)
@@ -384,7 +383,6 @@ def delete_instrument(request: Request, site_id: SiteId, instrument_id: Instrume
 def get_site_carbon(request: Request, site_id: SiteId, start: Annotated[dt.datetime, Query()], end: Annotated[dt.datetime, Query()]) -> dict[str, Any]:
     """Scope 2 of a site over [start, end): location-based and market-based kgCO2e side by side (GHG Protocol
     Scope 2 Guidance dual reporting), the energy and PUE they rest on, and each instrument used."""
-    from fleetscope.services import energy as es
 
     _window(start, end)
     try:
@@ -400,7 +398,6 @@ def get_serving_vs_training(request: Request, name: Annotated[str, Path(max_leng
                             projection_days: Annotated[int, Query(ge=1, le=3650)] = 28) -> dict[str, Any]:
     """A model's training energy against its cumulative serving energy, and the date serving passes
     training: observed, or projected at the recent serving rate."""
-    from fleetscope.services import energy as es
 
     try:
         return es.serving_vs_training(request.app.state.store, name, projection_days=projection_days)
@@ -411,7 +408,6 @@ def get_serving_vs_training(request: Request, name: Annotated[str, Path(max_leng
 @router.get("/models/{name}/footprint", dependencies=[Depends(require("read"))])
 def get_footprint(request: Request, name: str) -> dict[str, Any]:
     """A model's training compute, time, energy and CO2e (Annex XI 1.2(d)-(e)), each with its basis."""
-    from fleetscope.services.energy import model_footprint
 
     try:
         return model_footprint(request.app.state.store, name)

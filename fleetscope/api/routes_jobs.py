@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from fleetscope.services import jobs as analysis
 from fleetscope.api.security import require
+from fleetscope.services import energy as es
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -116,7 +117,6 @@ def get_energy(
     market-based kgCO2e side by side, per site with PUE and basis, energy per step and per million tokens."""
     import json
 
-    from fleetscope.services import energy as es
 
     _known(request, job_id)
     try:

@@ -25,6 +25,8 @@ from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.store import content_hash
 from fleetscope.core.errors import FleetscopeError, ParseError
+from fleetscope.door import ingestion
+from ingest import otlp
 
 router = APIRouter(tags=["otlp"])
 
@@ -54,8 +56,6 @@ class _BadGzip(Exception):
 def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64) -> tuple[Any, str]:
     """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
     where it cannot be decoded (a JSON body nested past ``max_depth`` included)."""
-    from fleetscope.door import ingestion
-    from ingest import otlp
 
     if gzipped:
         try:
@@ -71,8 +71,6 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
 @router.post("/v1/metrics")
 async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
-    from fleetscope.door import ingestion
-    from ingest import otlp
 
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     encoding = _ENCODINGS.get(ctype)

@@ -28,6 +28,8 @@ from fleetscope.services import auth
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.core.errors import ParseError
+from fleetscope.door import ingestion
+from fleetscope.door.ingestion import TooLarge
 
 router = APIRouter(tags=["remote write"])
 
@@ -62,7 +64,6 @@ def unsnappy(body: bytes, limit: int) -> bytes:
     its preamble claims more than ``limit`` bytes (checked before inflating anything)."""
     import cramjam
 
-    from fleetscope.door.ingestion import TooLarge
 
     size = snappy_uncompressed_bytes(body)
     if size > limit:
@@ -96,7 +97,6 @@ def _media_type_error(request: Request) -> str | None:
 async def remote_write(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive Prometheus remote write 1.0 (Prometheus, vmagent, the OTel Collector's prometheusremotewrite
     exporter): dcgm-exporter series become gpu_sample, gpu, gpu_workload, health_event and metric_sample rows."""
-    from fleetscope.door import ingestion
 
     problem = _media_type_error(request)
     if problem:

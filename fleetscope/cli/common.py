@@ -9,6 +9,8 @@ from typing import Any
 import click
 
 from fleetscope import settings as settings_mod
+from fleetscope.store import Store
+from fleetscope.store import db
 
 
 def _settings() -> settings_mod.Settings:
@@ -19,7 +21,6 @@ def _settings() -> settings_mod.Settings:
 
 
 def _engine(settings: settings_mod.Settings, *, migrate: bool = True):  # type: ignore[no-untyped-def]
-    from fleetscope.store import db
 
     engine = db.make_engine(settings.database_url)
     if migrate:
@@ -47,7 +48,6 @@ def _utc_option(value: str | None, name: str) -> dt.datetime | None:
 
 
 def _store():  # type: ignore[no-untyped-def]
-    from fleetscope.store import Store
 
     return Store(_engine(_settings()))
 

@@ -114,7 +114,7 @@ def _first_nonfinite(s: pl.Series) -> int | None:
         return None
     return _first_bad((s.is_not_null() & ~s.is_finite()).fill_null(False))
 
-def _cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
+def cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
     """Cast one column to its canonical dtype, or raise naming the first row that does not fit."""
     target = col.dtype
     if s.dtype == target:
@@ -180,7 +180,7 @@ def conform(spec: FrameSpec, df: pl.DataFrame) -> pl.DataFrame:
     out: dict[str, pl.Series] = {}
     for col in spec.columns:
         if col.name in df.columns:
-            s = _cast_column(spec, col, df.get_column(col.name))
+            s = cast_column(spec, col, df.get_column(col.name))
             if col.default is not None and s.null_count():
                 s = s.fill_null(col.default)
         elif col.default is not None:

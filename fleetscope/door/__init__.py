@@ -44,10 +44,12 @@ from sqlalchemy.exc import OperationalError
 
 from analyzers import carbon
 from fleetscope.core import frames as F
+from fleetscope.core.spec import cast_column
 from fleetscope.core.errors import FleetscopeError, ValidationError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
 from fleetscope.store import Rows, Store, WriteResult
 from ingest import dcgm_lines, otlp
+from ingest import dcgm
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +131,6 @@ def _prepare(push: Push) -> None:
     if push.lines is not None:
         push.notes = notes(push.lines.meta)
         return
-    from ingest import dcgm
 
     push.batch = dcgm.parse(push.dcgm, source=push.source, ts=dt.datetime.fromtimestamp(push.ts_us / 1e6, dt.UTC))
     push.notes = notes(push.batch.meta)
@@ -183,7 +184,7 @@ def _screen_batch(batch: F.Batch, horizon_us: int | None, skew_s: float, binding
         for c in times:
             # JSON records hold RFC 3339 text until the store conforms them: read it the way the store will
             # (a value that does not parse is refused here as it would be there), rows kept in their order.
-            at_us = F._cast_column(spec, spec.col(c), df.get_column(c)).dt.epoch("us")
+            at_us = cast_column(spec, spec.col(c), df.get_column(c)).dt.epoch("us")
             late = at_us > horizon_us
             if spec.name == "metric_sample" and "series" in df.columns:
                 late = late & ~_forecast(df.get_column("series").cast(pl.String))

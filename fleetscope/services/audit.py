@@ -33,6 +33,7 @@ from governance.aiact import frames as AF
 from governance.aiact import model as M
 from governance.aiact import rules as R
 from fleetscope.store.reads import fetch
+from fleetscope.services.energy import model_footprint
 
 
 def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[str, int]:
@@ -227,7 +228,6 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
 def _footprints(store: Store) -> pl.DataFrame:
     """Training compute, time, energy and emissions of every registered model, each with its basis
     (Annex XI 1.2(d)-(e)); models without a training job in the inventory get a row saying so."""
-    from fleetscope.services.energy import model_footprint
 
     rows = []
     for m in store.read("model")["model_name"].unique().sort().to_list():

@@ -14,6 +14,7 @@ from fleetscope.core.errors import Conflict, NotFound  # noqa: F401  (this domai
 from fleetscope.observability import tracer
 from fleetscope.services import auditlog
 from fleetscope.store import Store
+from fleetscope.store import schema
 
 # Samples read either side of a window so every minute inside it has interval endpoints (at least one
 # scrape on each side; dcgm-exporter scrapes default to 30 s and are often 60 s).
@@ -204,7 +205,6 @@ def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
     truth; every job holding the jobs' GPUs is read, so shared GPUs split as in the roll-up."""
     from sqlalchemy import delete
 
-    from fleetscope.store import schema
     jr = store.read("job_rank", job_id=job_ids)
     rolled_to = energy_rollup_end(store)
     if jr.height == 0 or rolled_to is None:
@@ -285,7 +285,6 @@ def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor
     """Delete an instrument recorded in error, and log it; ``NotFound`` where the site holds no such one."""
     from sqlalchemy import delete
 
-    from fleetscope.store import schema
 
     t = schema.metadata.tables["energy_instrument"]
     with store.engine.begin() as conn:

@@ -14,6 +14,10 @@ from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, sample_interval_s
 from fleetscope.store import Store
 from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql, site_is_sql
+from analyzers import carbon
+from analyzers import energy
+from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
+from fleetscope.services.energy import site_scope2
 
 UTC = F.UTC_US
 
@@ -64,7 +68,6 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
     the site's recorded contractual instruments): ``site_id, energy_kwh, location_kgco2e, market_kgco2e,
     covered_kwh, instruments, pue, energy_basis, uncovered_basis``. Sites that used no energy are left out.
     The roll-ups are summed per site and minute in the database, so the cost follows the window."""
-    from fleetscope.services.energy import site_scope2
 
     schema = {"site_id": pl.String, "energy_kwh": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
               "covered_kwh": pl.Float64, "instruments": pl.String, "pue": pl.Float64, "energy_basis": pl.String, "uncovered_basis": pl.String}
@@ -89,8 +92,6 @@ def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end
     annual figure). Rows of sites outside the inventory keep null emissions."""
     if energy.is_empty():
         return pl.DataFrame(schema=_SITE_HOUR_CARBON)
-    from analyzers import carbon
-    from fleetscope.services.energy import metric_samples
 
     site_rows = store.read("site")
     known = energy.filter(pl.col("site_id").is_in(site_rows["site_id"].implode()))
@@ -175,8 +176,6 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     """PUE per site and time bucket from the facility and IT meter series (``analyzers.energy.pue_series``:
     ISO/IEC 30134-2, category from the IT metering point): ``site_id, ts, pue, category, facility_energy_j,
     it_energy_j``. Reads the meter series by name only: a handful of series per site."""
-    from analyzers import energy
-    from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
 
     start, end = as_utc(start), as_utc(end)
     bucket_s = max(60, int(bucket_s) // 60 * 60)
@@ -238,7 +237,6 @@ def _job_hours(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
 def _job_energy_totals(store: Store, rows: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per-job totals of (job_id, site_id, hour) energy rows: location-based kgCO2e from the hours' grid
     intensity, GPU-hours, embodied kgCO2e, and the job's model and kind from the inventory."""
-    from analyzers import carbon
 
     rows = rows.with_columns(pl.when(pl.col("site_id") != "").then(pl.col("site_id")).alias("site_id"))
     located = _location_carbon(store, rows.group_by("site_id", "hour").agg(pl.col("gpus").max(), pl.col("energy_j").sum()), start, end)
@@ -258,7 +256,6 @@ def embodied_by_site(store: Store, start: dt.datetime, end: dt.datetime, site: s
     """Embodied emissions of the GPUs and servers each site used in ``[start, end)``, amortised by GPU-hours
     with energy data (``site_energy_minute.gpus``; ``analyzers.carbon.embodied_by``, the method of the BLOOM
     footprint study): ``site_id, gpu_hours, embodied_kgco2e, embodied_basis``. Reported apart from Scope 2."""
-    from analyzers import carbon
 
     params: list[Any] = [as_utc(start), as_utc(end)]
     site_sql = site_is_sql(site, params)

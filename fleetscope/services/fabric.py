@@ -14,6 +14,7 @@ from fleetscope.core.units import as_utc
 from fleetscope.services.jobs import jobs
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
+from analyzers import ib_links
 
 UTC = F.UTC_US
 
@@ -99,7 +100,6 @@ def fabric_link_findings(store: Store, start: dt.datetime, end: dt.datetime, lim
 def fabric_nic_rate_gbps(store: Store) -> pl.DataFrame:
     """The usual HCA link rate in the stored topology (``analyzers.ib_links.nic_link_rate_gbps``), as one
     row ``rate_gbps, links`` (null rate when no topology is stored)."""
-    from analyzers import ib_links
 
     rows = fetch(store, "SELECT a_kind, rate_gbps, connected FROM fabric_link WHERE a_kind = 'CA'", [],
                   {"a_kind": pl.String, "rate_gbps": pl.Float64, "connected": pl.Boolean})

@@ -22,6 +22,8 @@ from fleetscope.store import Store
 import numpy as np
 from fleetscope.core.units import as_utc
 from fleetscope.store.reads import duration_s_sql, fetch, json_number_sql
+from analyzers.c3 import fit_fleet_law
+from analyzers.c3 import scaling_efficiency
 
 
 def json_safe(value: Any) -> Any:
@@ -476,7 +478,6 @@ def job_totals(store: Store, job_id: str) -> pl.DataFrame:
 def scaling(store: Store, model_name: str) -> pl.DataFrame:
     """Runs of one model at different world sizes: ``job_id, world_size, step_time_mean_s,
     efficiency_ratio`` (η = T1 / (N · T_N), relative to the smallest run when there is no 1-GPU run)."""
-    from analyzers.c3 import scaling_efficiency
 
     dur = duration_s_sql(store, 's."start"', 's."end"')
     df = fetch(
@@ -541,7 +542,6 @@ def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str 
     - ``n_opt``: the world size with the shortest predicted step, past which adding GPUs makes every step
       slower (inf when the fitted curve has no minimum).
     """
-    from analyzers.c3 import fit_fleet_law
 
     runs = scaling(store, model_name)
     out: dict[str, Any] = {"runs": runs, "fit": None, "why": None,

@@ -34,6 +34,7 @@ from fleetscope.store import schema
 from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
+from fleetscope.store.db import make_engine
 
 _COPY_CHUNK_BYTES = 8 * 2**20
 # Below this many rows the direct COPY's savepoint is not worth having (PostgreSQL path of Store._insert).
@@ -121,8 +122,6 @@ class Store:
 
     @classmethod
     def open(cls, url: str) -> Store:
-        from fleetscope.store.db import make_engine
-
         return cls(make_engine(url))
 
     # --- writing -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from fleetscope.store import schema
 from fleetscope import settings as settings_mod
 from fleetscope.observability import TASKS, setup_tracing
 from fleetscope.store import Store
+from fleetscope.services import audit as audit_service
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,6 @@ def store() -> Store:
         settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
         _store = Store(db.make_engine(settings.database_url))
         db.ensure_schema(settings, _store.engine)
-        from fleetscope.services import audit as audit_service
 
         audit_service.bind(_store, settings)  # the audit log's key and checkpoints are the worker's settings'
     return _store

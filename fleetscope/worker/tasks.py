@@ -12,6 +12,9 @@ from fleetscope import settings as settings_mod
 from fleetscope.observability import tracer
 from fleetscope.store import schema
 from fleetscope.worker.app import celery_app, store
+from fleetscope.services.audit import AuditError, run_audit
+from fleetscope.services.energy import floor_minute, rollup_window
+from fleetscope.services.jobs import active_jobs
 
 
 @celery_app.task(name="fleetscope.ping")
@@ -61,7 +64,6 @@ def analyze_job(job_id: str) -> dict[str, Any]:
 @celery_app.task(name="fleetscope.analyze_active_jobs")
 def analyze_active_jobs(window_s: int = 900) -> list[str]:
     """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
-    from fleetscope.services.jobs import active_jobs
 
     jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
     for job_id in jobs:
@@ -73,7 +75,6 @@ def analyze_active_jobs(window_s: int = 900) -> list[str]:
 def energy_rollup(window_start: str | None = None, window_end: str | None = None) -> dict[str, Any]:
     """Beat's minute tick: re-roll the last ten closed minutes, so late scrapes are counted; a window's
     roll-up comes out the same however often it is rewritten."""
-    from fleetscope.services.energy import floor_minute, rollup_window
 
     end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
@@ -96,7 +97,6 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
 @celery_app.task(name="fleetscope.audit_report")
 def audit_report() -> dict[str, Any]:
     """Beat's scheduled EU AI Act audit of the whole registry (weekly by default), filed as a report."""
-    from fleetscope.services.audit import AuditError, run_audit
 
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     with tracer().start_as_current_span("task.audit_report"):

@@ -9,6 +9,9 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.store import Store
+from fleetscope.services.alerting import config as alert_config
+from fleetscope.services.alerting import state as ST
+from fleetscope.services.alerting.rules import RuleError, load_config
 
 UTC = F.UTC_US
 
@@ -16,8 +19,6 @@ UTC = F.UTC_US
 def _alerting_config() -> Any:
     """The rules file's configuration with the API's edits layered on by the caller, for inhibition; None
     when the file does not load (the API would not start either; the page still shows the alerts)."""
-    from fleetscope.services.alerting import config as alert_config
-    from fleetscope.services.alerting.rules import RuleError, load_config
 
     try:
         return load_config(alert_config.load().rules_path)
@@ -28,7 +29,6 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
     """Alerts the rules hold, firing first: ``alertname, state, severity, summary, labels`` (name="value"
     pairs), ``active_at, fired_at, resolved_at, value, silenced_by`` (ids of the silences muting it,
     comma-separated), ``inhibited, fingerprint``."""
-    from fleetscope.services.alerting import state as ST
 
     base = _alerting_config()
     config = ST.effective_config(store.engine, base) if base is not None else None
@@ -60,7 +60,6 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
 def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
     """Every silence, latest ending first: ``silence_id, state`` (pending, active, expired), ``matchers``
     (Alertmanager's text form), ``starts_at, ends_at, created_by, comment``."""
-    from fleetscope.services.alerting import state as ST
 
     now = now or dt.datetime.now(dt.UTC)
     rows = [
@@ -82,13 +81,11 @@ def notifications(store: Store, status: str | None = None, limit: int = 200) -> 
     """The outbox, newest first (``status``: pending, delivered, dead or disabled; ``dead`` lists the dead
     letters): ``notification_id, receiver, group_key, status, created_at, attempts, next_attempt_at,
     delivered_at, last_status_code, last_error, webhook_id``."""
-    from fleetscope.services.alerting import state as ST
 
     rows = ST.list_notifications(store.engine, status=status, limit=limit)
     return pl.DataFrame([{k: r.get(k) for k in _NOTIFICATION_SCHEMA} for r in rows], schema=_NOTIFICATION_SCHEMA)
 
 def notification_counts(store: Store) -> dict[str, int]:
     """Notifications per status (pending, delivered, dead, disabled), zeros included."""
-    from fleetscope.services.alerting import state as ST
 
     return {"pending": 0, "delivered": 0, "dead": 0, "disabled": 0, **ST.counts(store.engine)}
