@@ -1,4 +1,5 @@
-"""Network: unhealthy InfiniBand links; NCCL bus bandwidth by collective and message size against the fabric's
+"""Network: unhealthy InfiniBand links; the switch or link a job's comm stragglers share and starved
+all-to-all runs (against the topology's bound); NCCL bus bandwidth by collective and message size against the fabric's
 peak (from the topology's HCA link rate, or typed in); nccl-tests history."""
 
 from __future__ import annotations
@@ -32,6 +33,21 @@ if ib.is_empty():
 else:
     latest = ib.unique(["kind", "subject"], keep="first")
     st.dataframe(latest.select("kind", "subject", "severity", "window_end", "summary"), hide_index=True)
+
+topo = ui.q(fabric_svc.fabric_topology_findings, start=f.start, end=f.end)
+if not topo.is_empty():
+    # shown only when there is something: a healthy fabric has no suspects and no starved all-to-all
+    latest = topo.unique(["kind", "subject"], keep="first")
+    suspects = latest.filter(pl.col("kind") == "comm_straggler_fabric")
+    if suspects.height:
+        st.subheader("Communication stragglers by switch and link")
+        st.caption("The HCA port, host or leaf switch a job's slow-communicating ranks share (`fleetscope topology attribution`).")
+        st.dataframe(suspects.select("subject", "severity", "score", "window_end", "summary"), hide_index=True)
+    low = latest.filter(pl.col("kind") == "alltoall_low_utilization")
+    if low.height:
+        st.subheader("All-to-all against the topology's bound")
+        st.caption("nccl-tests alltoall runs below half the bound the leaves' uplinks and the hosts' NICs allow (`fleetscope topology alltoall`).")
+        st.dataframe(low.select("subject", pl.col("score").alias("utilization_ratio"), "window_end", "summary"), hide_index=True)
 
 # Message sizes are powers of two: label them in binary units (1 MiB, not 1.048576M).
 BYTES_LABEL = (

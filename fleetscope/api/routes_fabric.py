@@ -58,3 +58,37 @@ def fabric_links(request: Request, host: str | None = None, connected: bool | No
     if links.height and connected is not None:
         links = links.filter(pl.col("connected").fill_null(False) == connected)
     return _rows(links.head(limit))
+
+
+@router.get("/alltoall", dependencies=[Depends(require("read"))])
+async def fabric_alltoall(request: Request, start: Annotated[dt.datetime | None, Query()] = None,
+                          end: Annotated[dt.datetime | None, Query()] = None, low_only: bool = False) -> dict[str, Any]:
+    """nccl-tests all-to-all runs in [start, end) (default: the last day) against the bound the stored
+    topology implies (per-leaf uplinks and the hosts' NICs): each run's busbw, bound, utilisation ratio,
+    which limit binds, and whether it is low (below half its bound, ``alltoall_low_utilization``)."""
+    end = _utc(end, "end") or dt.datetime.now(dt.UTC)
+    start = _utc(start, "start") or end - health_service.NCCL_TEST_LOOKBACK
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+    util = await run_in_threadpool(health_service.alltoall_utilization, request.app.state.store, end, start=start)
+    if low_only:
+        util = util.filter(pl.col("low"))
+    return {"start": start, "end": end, "runs": _rows(util)}
+
+
+@router.get("/attribution", dependencies=[Depends(require("read"))])
+async def fabric_attribution(request: Request, job_id: Annotated[str | None, Query(max_length=256)] = None,
+                             start: Annotated[dt.datetime | None, Query()] = None,
+                             end: Annotated[dt.datetime | None, Query()] = None) -> dict[str, Any]:
+    """The HCA port, host or leaf switch each job's slow-communicating ranks share (communication
+    stragglers, slow links and slow hosts of the hour before ``end``, joined to the job's ranks, their
+    GPUs' NICs and the topology), the unhealthy links on it, and the ``comm_straggler_fabric`` findings."""
+    end = _utc(end, "end") or dt.datetime.now(dt.UTC)
+    start = _utc(start, "start") or end - DEFAULT_WINDOW
+    if end <= start:
+        raise HTTPException(400, "end must be after start")
+    if end - start > health_service.MAX_WINDOW:
+        raise HTTPException(400, f"window longer than {health_service.MAX_WINDOW}")
+    out = await run_in_threadpool(health_service.straggler_attribution, request.app.state.store, start, end, job_id=job_id)
+    return {"start": start, "end": end, "job_id": job_id, "slow_ranks": _rows(out["slow"]),
+            "components": _rows(out["attribution"]), "findings": _rows(out["findings"])}

@@ -1319,3 +1319,8 @@ def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashb
 
     run_demo(_settings(), size=size, exit_after=exit_after, port=port, dashboard_port=dashboard_port, as_json=as_json, seed=seed)
 
+
+
+from fleetscope.cli.topology import topology  # noqa: E402
+
+main.add_command(topology)

@@ -52,6 +52,7 @@ FORMAT_MODULES: list[str] = [
     "ingest.perfquery",
     "ingest.ibnetdiscover",
     "ingest.nccl_topo",
+    "ingest.nvidia_smi_topo",
     "ingest.ibswinfo",
     "ingest.slurm_ib_features",
     "ingest.bytedance_whatif",

@@ -97,6 +97,22 @@ def fabric_link_findings(store: Store, start: dt.datetime, end: dt.datetime, lim
     schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
     return fetch(store, sql, [*IB_FINDING_KINDS, as_utc(start), as_utc(end)], schema)
 
+FABRIC_TOPOLOGY_KINDS = ("comm_straggler_fabric", "alltoall_low_utilization")
+
+
+def fabric_topology_findings(store: Store, start: dt.datetime, end: dt.datetime, limit: int = 500) -> pl.DataFrame:
+    """The health sweep's findings against the topology for windows ending in [start, end), newest first:
+    the port or switch a job's slow ranks share (``comm_straggler_fabric``) and all-to-all runs far below
+    the topology's bound (``alltoall_low_utilization``). Columns ``kind, subject, severity, score,
+    window_end, summary``."""
+    marks = ", ".join("?" for _ in FABRIC_TOPOLOGY_KINDS)
+    sql = ("SELECT kind, subject, severity, score, window_end, summary FROM finding"
+           f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
+           f" ORDER BY window_end DESC LIMIT {int(limit)}")
+    schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
+    return fetch(store, sql, [*FABRIC_TOPOLOGY_KINDS, as_utc(start), as_utc(end)], schema)
+
+
 def fabric_nic_rate_gbps(store: Store) -> pl.DataFrame:
     """The usual HCA link rate in the stored topology (``analyzers.ib_links.nic_link_rate_gbps``), as one
     row ``rate_gbps, links`` (null rate when no topology is stored)."""

@@ -16,7 +16,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, hangs, health, ib_links, sdc
+from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, sdc
 from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
@@ -79,7 +79,8 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
         # stalls are measured against the freshest telemetry, as absence is: a hung job's GPUs keep
         # reporting (busy in the collective), while data that arrives late moves every clock together
         fresh = min(end, samples["ts"].max()) if samples.height else end
-        findings.append(hangs.hang_findings(job_progress(store, fresh), now=fresh, min_stall_s=hang_min_stall_s))
+        findings.append(hangs.hang_findings(job_progress(store, fresh), now=fresh, min_stall_s=hang_min_stall_s,
+                                            watchdog=watchdog_timeouts(store, fresh)))
         probes = probe_results(events)
         if probes.height:
             # a GPU that fails the known-answer probe is a confirmed SDC suspect
@@ -89,8 +90,14 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
             reg = fabric.nccl_test_regressions(tests)
             if reg.height:
                 findings.append(fabric.fabric_findings(regressions=reg, window_start=start, window_end=end))
-        findings.append(fabric_health(store, start, end)["findings"])
-        findings.append(slow_fabric(store, start, end, tests))
+        fh = fabric_health(store, start, end)
+        findings.append(fh["findings"])
+        util = alltoall_utilization(store, end, tests, links=fh["topology"], nic_rate_gbps=fh["nic_rate_gbps"])
+        findings.append(fabric_attribution.utilization_findings(util))
+        slow = slow_fabric(store, start, end, tests)
+        findings.append(slow)
+        findings.append(straggler_attribution(store, start, end, links=fh["topology"],
+                                              fresh=pl.concat([fh["findings"], slow], how="vertical_relaxed"))["findings"])
         found = pl.concat([f for f in findings if f.height], how="vertical_relaxed") if any(f.height for f in findings) else F.FINDING.empty()
         if write and found.height:
             store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
@@ -127,6 +134,90 @@ def slow_fabric(store: Store, start: dt.datetime, end: dt.datetime, nccl_test: p
     return pl.concat(out, how="vertical_relaxed").unique(["analyzer", "kind", "subject", "window_start"], keep="first") if out else F.FINDING.empty()
 
 
+def alltoall_utilization(store: Store, end: dt.datetime, nccl_test: pl.DataFrame | None = None, *, start: dt.datetime | None = None,
+                         links: pl.DataFrame | None = None, nic_rate_gbps: float | None = None) -> pl.DataFrame:
+    """nccl-tests all-to-all runs in [start, end) (default: the ``NCCL_TEST_LOOKBACK`` before ``end``)
+    against the all-to-all bound the stored topology implies (``analyzers.fabric_attribution``)."""
+    start = start or end - NCCL_TEST_LOOKBACK
+    tests = nccl_test if nccl_test is not None else store.read("nccl_test")
+    if tests.height == 0 or "hosts" not in tests.columns:
+        return pl.DataFrame(schema=fabric_attribution.UTILIZATION_SCHEMA)
+    recent = tests.filter(pl.col("ts").is_not_null() & (pl.col("ts") >= start) & (pl.col("ts") < end))
+    if recent.height == 0:
+        return pl.DataFrame(schema=fabric_attribution.UTILIZATION_SCHEMA)
+    links = store.read("fabric_link") if links is None else links
+    if nic_rate_gbps is None and links.height:
+        nic_rate_gbps = ib_links.nic_link_rate_gbps(links)
+    return fabric_attribution.alltoall_utilization(recent, links if links.height else None, nic_rate_gbps=nic_rate_gbps)
+
+
+ATTRIBUTION_LOOKBACK = dt.timedelta(hours=1)
+"""How far back a sweep looks for communication stragglers and unhealthy links to join: the job analyses
+run every minute over the job's whole record, so an hour holds the current ones."""
+_COMM_SLOW = ("straggler_communication_slow",)
+_IB_KINDS = ("ib_link_flapping", "ib_link_errors", "ib_congestion", "ib_link_degraded")
+
+
+def _slow_ranks(stored: pl.DataFrame, fresh: pl.DataFrame, held: pl.DataFrame) -> pl.DataFrame:
+    """job_id, rank, kind of each rank marked slow: communication stragglers (job:J/rank:R), slow
+    point-to-point links (job:J/link:R->P, both ends) and the ranks of slow hosts (host:H)."""
+    parts = [pl.DataFrame(schema={"job_id": pl.String, "rank": pl.Int64, "kind": pl.String})]
+    both = pl.concat([stored.select("kind", "subject"), fresh.select("kind", "subject")]) if fresh.height else stored.select("kind", "subject")
+    st = both.filter(pl.col("kind").is_in(_COMM_SLOW)).with_columns(pl.col("subject").str.extract_groups(r"^job:(.+)/rank:(\d+)$").alias("g"))
+    parts.append(st.select(pl.col("g").struct.field("1").alias("job_id"), pl.col("g").struct.field("2").cast(pl.Int64, strict=False).alias("rank"), "kind"))
+    ln = both.filter(pl.col("kind") == "slow_link").with_columns(pl.col("subject").str.extract_groups(r"^job:(.+)/link:(\d+)->(\d+)$").alias("g"))
+    for end in ("2", "3"):
+        parts.append(ln.select(pl.col("g").struct.field("1").alias("job_id"), pl.col("g").struct.field(end).cast(pl.Int64, strict=False).alias("rank"), "kind"))
+    hosts = both.filter(pl.col("kind") == "slow_host").select(pl.col("subject").str.strip_prefix("host:").alias("host"), "kind")
+    if hosts.height and held.height:
+        parts.append(hosts.join(held.select("job_id", "rank", "host"), on="host").select("job_id", "rank", "kind"))
+    return pl.concat(parts).drop_nulls().unique().sort("job_id", "rank", "kind")
+
+
+def straggler_attribution(store: Store, start: dt.datetime, end: dt.datetime, *, links: pl.DataFrame | None = None,
+                          fresh: pl.DataFrame | None = None, job_id: str | None = None) -> dict[str, Any]:
+    """Which port, host or leaf switch each job's slow-communicating ranks share
+    (``analyzers.fabric_attribution``): the communication stragglers, slow links and slow hosts found
+    over ``ATTRIBUTION_LOOKBACK`` before ``end`` (stored, plus ``fresh`` findings of this sweep), the
+    ranks' placement through ``job_rank``, ``gpu``, ``fabric_gpu_nic`` and ``fabric_link``, and the
+    unhealthy InfiniBand links found meanwhile. Returns the per-component table and the findings."""
+    since = start - ATTRIBUTION_LOOKBACK
+    kinds = (*_COMM_SLOW, "slow_link", "slow_host", *_IB_KINDS)
+    marks = ", ".join("?" for _ in kinds)
+    stored = store.query(f"SELECT kind, subject, summary FROM finding WHERE kind IN ({marks}) AND window_end >= ? AND window_start < ?",
+                         [*kinds, since, end], {"kind": pl.String, "subject": pl.String, "summary": pl.String})
+    fresh = fresh if fresh is not None and fresh.height else pl.DataFrame(schema={"kind": pl.String, "subject": pl.String, "summary": pl.String})
+    fresh = fresh.select("kind", "subject", "summary")
+    held = store.query('SELECT job_id, rank, host, gpu_uuid FROM job_rank WHERE "start" < ? AND ("end" IS NULL OR "end" >= ?)', [end, since],
+                       {"job_id": pl.String, "rank": pl.Int64, "host": pl.String, "gpu_uuid": pl.String})
+    if job_id is not None:
+        held = held.filter(pl.col("job_id") == job_id)
+    empty = {"attribution": pl.DataFrame(schema=fabric_attribution.ATTRIBUTION_SCHEMA), "findings": F.FINDING.empty(),
+             "slow": pl.DataFrame(schema={"job_id": pl.String, "rank": pl.Int64, "kind": pl.String})}
+    slow = _slow_ranks(stored, fresh, held)
+    if job_id is not None:
+        slow = slow.filter(pl.col("job_id") == job_id)
+    if slow.height == 0 or held.height == 0:
+        return {**empty, "slow": slow}
+    held = held.join(slow.select("job_id").unique(), on="job_id", how="semi")
+    gpus = store.read("gpu", columns=["gpu_uuid", "host", "pci_bus_id", "gpu_index"])
+    if gpus.height:  # a rank row may name only its GPU
+        held = held.join(gpus.select("gpu_uuid", pl.col("host").alias("_gpu_host")), on="gpu_uuid", how="left").with_columns(
+            pl.coalesce("host", "_gpu_host").alias("host")).drop("_gpu_host")
+    links = store.read("fabric_link") if links is None else links
+    ports = fabric_attribution.host_ports(links) if links.height else pl.DataFrame(schema=fabric_attribution.PORTS_SCHEMA)
+    ib = pl.concat([stored, fresh]).filter(pl.col("kind").is_in(_IB_KINDS)).unique(["kind", "subject"])
+    unhealthy = fabric_attribution.unhealthy_components(ib, ports)
+    extra = unhealthy.filter(pl.col("level") == "port").select(
+        pl.col("component").str.split("/").list.get(0).alias("host"), pl.col("component").str.split("/").list.get(1).alias("device"))
+    placement = fabric_attribution.rank_placement(held, ports, gpus=gpus,
+                                                  gpu_nic=store.read("fabric_gpu_nic"), extra_ports=extra)
+    attr = fabric_attribution.attribute_stragglers(placement, slow, unhealthy=unhealthy)
+    sources = {j: sorted(set(k)) for j, k in slow.group_by("job_id").agg(pl.col("kind")).iter_rows()}
+    return {"attribution": attr, "slow": slow,
+            "findings": fabric_attribution.attribution_findings(attr, window_start=start, window_end=end, sources=sources)}
+
+
 def fabric_health(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
     """InfiniBand/RoCE links over [start, end) (``analyzers.ib_links``): per-port increases, rates and
     verdicts from the window's port samples, links narrower or slower than their peers (topology and the
@@ -141,7 +232,7 @@ def fabric_health(store: Store, start: dt.datetime, end: dt.datetime) -> dict[st
         ports = ib_links.port_health(samples) if samples.height else pl.DataFrame()
         degraded = ib_links.degraded_links(links if links.height else None, samples if samples.height else None)
         found = ib_links.link_findings(ports if ports.height else None, degraded, window_start=start, window_end=end)
-        return {"ports": ports, "degraded": degraded, "findings": found,
+        return {"ports": ports, "degraded": degraded, "findings": found, "topology": links,
                 "nic_rate_gbps": ib_links.nic_link_rate_gbps(links if links.height else None, samples if samples.height else None),
                 "links": links.filter(pl.col("connected").fill_null(False) & (pl.col("a_kind") != "host")).height if links.height else 0}
 
@@ -200,6 +291,23 @@ def job_progress(store: Store, now: dt.datetime) -> pl.DataFrame:
            .with_columns(pl.max_horizontal("stopped_ts", "ended_at").alias("stopped_ts"))
            .join(held, on="job_id", how="left"))
     return out.select(list(hangs.PROGRESS_SCHEMA)).cast(hangs.PROGRESS_SCHEMA)
+
+
+def watchdog_timeouts(store: Store, now: dt.datetime) -> pl.DataFrame:
+    """PyTorch watchdog timeouts (``nccl_watchdog_timeout`` health events) of the last
+    ``PROGRESS_LOOKBACK``, each with the job it concerns (``hangs.watchdog_by_job``)."""
+    ts = F.UTC_US
+    ev = store.query("SELECT ts, host, kind, code, message FROM health_event WHERE kind = 'nccl_watchdog_timeout' AND ts >= ? AND ts <= ?",
+                     [now - PROGRESS_LOOKBACK, now], {"ts": ts, "host": pl.String, "kind": pl.String, "code": pl.Int64, "message": pl.String})
+    if ev.height == 0:
+        return pl.DataFrame(schema=hangs.WATCHDOG_SCHEMA)
+    hosts = sorted(set(ev["host"].drop_nulls().to_list()) - {""})
+    ranks = pl.DataFrame(schema={"job_id": pl.String, "host": pl.String, "start": ts, "end": ts})
+    if hosts:
+        marks = ", ".join("?" for _ in hosts)
+        ranks = store.query(f'SELECT job_id, host, "start", "end" FROM job_rank WHERE host IN ({marks})', hosts,
+                            {"job_id": pl.String, "host": pl.String, "start": ts, "end": ts})
+    return hangs.watchdog_by_job(ev, ranks)
 
 
 def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None,

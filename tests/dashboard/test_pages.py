@@ -361,3 +361,24 @@ def test_an_unmigrated_database_says_how_to_fix_it(tmp_path: Path, monkeypatch: 
     at = open_page(f"sqlite:///{tmp_path / 'new.db'}", "overview", monkeypatch, scopes=None)
     assert not at.exception
     assert "fleetscope db upgrade" in at.error[0].value
+
+
+def test_network_shows_the_suspect_switch_and_starved_alltoall_runs(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetscope.core import frames as F
+
+    store = store_of(seeded_copy)
+    when = telemetry.data_end(store) - dt.timedelta(minutes=1)
+    rows = [{"analyzer": "fabric", "kind": "comm_straggler_fabric", "subject": "job:job-llm-a/ib:0xleaf1", "window_start": when,
+             "window_end": when, "severity": "critical", "score": 1.0, "summary": "4 of job job-llm-a's slow ranks sit under leaf 0xleaf1"},
+            {"analyzer": "fabric", "kind": "alltoall_low_utilization", "subject": "nccl_test:r1", "window_start": when,
+             "window_end": when, "severity": "warning", "score": 0.3, "summary": "30% of the bound"}]
+    store.write(F.Batch(finding=F.findings_frame(rows)))
+    store.engine.dispose()
+    at = open_page(seeded_copy, "network", monkeypatch)
+    healthy(at)
+    assert {"Communication stragglers by switch and link", "All-to-all against the topology's bound"} <= {h.value for h in at.subheader}
+    tables = [d.value for d in at.dataframe]
+    sus = next(t for t in tables if "subject" in t.columns and "job:job-llm-a/ib:0xleaf1" in set(t["subject"]))
+    assert sus["severity"].tolist() == ["critical"]
+    low = next(t for t in tables if "utilization_ratio" in t.columns)
+    assert low["subject"].tolist() == ["nccl_test:r1"] and low["utilization_ratio"].tolist() == [0.3]

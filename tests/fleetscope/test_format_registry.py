@@ -45,6 +45,9 @@ SAMPLES: dict[str, list[tuple[str, str | bytes]]] = {
     "perfquery": [("real", "fabric/perfquery-x_osc_0x506b4b03005c2740.txt")],
     "ibnetdiscover": [("real", "fabric/ibnetdiscover-ports_osc_edr.txt")],
     "nccl_topo": [("real", "fabric/nccl-topo_azure-ndv5_8xH100-8xIB.xml")],
+    # no file of its own in realdata (the H100 capture holds one inside, read by tests/ingest/test_nvidia_smi_topo.py)
+    "nvidia_smi_topo": [("synthetic", b"\t\x1b[4mGPU0\tNIC0\tCPU Affinity\tNUMA Affinity\x1b[0m\nGPU0\t X \tPIX\t0-19\t0\n"
+                                      b"NIC0\tPIX\t X \n\nLegend:\n\n  X    = Self\n\nNIC Legend:\n\n  NIC0: mlx5_0\n")],
     "ibswinfo": [("real", "fabric/ibswinfo_qm8790-hdr-switch.txt")],
     "slurm_ib_features": [("real", "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt")],
 }
