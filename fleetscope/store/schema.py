@@ -146,6 +146,12 @@ _AIACT_INDEXES = {
 }
 for _spec in AIACT_FRAMES.values():
     _frame_table(_spec, *_AIACT_INDEXES.get(_spec.name, ()))
+# Post-market monitoring (fleetscope/core/monitoring_frames.py): a window reads one model's predictions by time.
+from fleetscope.core.monitoring_frames import MODEL_OUTCOME, MODEL_PREDICTION, MONITORING_FRAMES, MONITORING_WINDOW  # noqa: E402
+
+_frame_table(MODEL_PREDICTION, Index(None, "model_name", "model_version", "ts"))
+_frame_table(MODEL_OUTCOME)
+_frame_table(MONITORING_WINDOW)
 
 energy_instrument = _frame_table(F.ENERGY_INSTRUMENT, Index(None, "site_id", "start"))
 # Keyed (minute, site_id); a site's window reads the (site_id, minute) index.
@@ -154,7 +160,7 @@ site_energy_minute = _frame_table(F.SITE_ENERGY_MINUTE, Index(None, "site_id", "
 job_energy_minute = _frame_table(F.JOB_ENERGY_MINUTE, Index(None, "job_id", "minute"))
 
 # Every frame the store can write and read, by name.
-FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES}
+FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
@@ -182,4 +188,7 @@ TIME_COLUMN: dict[str, str] = {
     "site_energy_minute": "minute",
     "job_energy_minute": "minute",
     "finding": "window_start",
+    "model_prediction": "ts",
+    "model_outcome": "ts",
+    "monitoring_window": "window_start",
 }

@@ -1,0 +1,601 @@
+"""Post-market monitoring of a deployed model (AI Act Art. 72): per time window, accuracy and error rates,
+data drift and prediction drift against a reference window, fairness per group with confidence intervals,
+and findings when a threshold is crossed.
+
+Pure: frames or arrays in, results out. Windows and the reference are passed in; nothing reads the clock.
+
+Drift
+-----
+Population stability index (PSI), Siddiqi, *Credit Risk Scorecards* (Wiley 2006), ch. 8; Yurdakul,
+"Statistical properties of population stability index" (PhD thesis, Western Michigan University, 2018)::
+
+    PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
+
+with ``e_i`` the reference share and ``a_i`` the window's share of bin ``i``. Binning: the reference
+window's deciles (``numpy.quantile`` at 0.1, ..., 0.9, the default linear interpolation), duplicate edges
+dropped (a feature with many ties, a count, has fewer bins), bins closed on the left: bin ``i`` holds
+``edges[i-1] <= x < edges[i]``, the first bin everything below ``edges[0]``, the last everything from
+``edges[-1]`` up. A share of 0 is replaced by ``epsilon = 1e-4`` (an empty bin would make the logarithm
+infinite). Conventional reading (Siddiqi 2006): below 0.1 no significant change; 0.1 to 0.25 a moderate
+shift, to watch; 0.25 and above a significant shift, to act on.
+
+Two-sample Kolmogorov-Smirnov per feature: the statistic ``D = sup |F_ref(x) - F_win(x)|`` and its
+p-value, equal to ``scipy.stats.ks_2samp`` (Hodges 1958, "The significance probability of the Smirnov
+two-sample test", Arkiv för Matematik 3:469-486). ``ks_method="auto"`` calls scipy itself (exact p-value
+up to 10 000 rows per sample); ``"asymp"`` computes the same statistic with numpy and the p-value as scipy's
+``method="asymp"`` does, ``kstwo.sf(D, round(m n / (m + n)))``, for all windows of a model in one call;
+``"limit"`` (the windows' default, for speed: ``kstwo.sf`` costs ~150 us a value) the Kolmogorov limiting
+distribution ``scipy.special.kolmogorov(sqrt(m n / (m + n)) D)``, which ``asymp`` converges to (within 0.02 at
+200 rows against 2,000). The statistic is the same in every method. With many rows KS rejects for shifts too small to matter, so a feature counts as drifted
+on PSI (>= 0.25), and KS (p below ``ks_alpha`` Bonferroni-divided by the number of features) is reported
+beside it and raises a moderate PSI (0.1-0.25) to a drift finding.
+
+Prediction drift: the PSI of the score (or of the prediction where there is no score) against the reference.
+
+Fairness over time: per group of each group attribute, the confusion counts of the window's predictions
+whose outcome has arrived, the rates and disparities of ``governance.fairness`` and their percentile
+bootstrap intervals (``governance.fairness.confusion_intervals``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from governance import fairness as FZ
+
+PSI_MODERATE = 0.1
+PSI_SIGNIFICANT = 0.25
+"""Siddiqi 2006, ch. 8: < 0.1 no significant change; 0.1-0.25 some change; >= 0.25 significant shift."""
+PSI_BINS = 10
+PSI_EPSILON = 1e-4
+
+FINDING_KINDS = ("model_drift", "model_prediction_drift", "model_fairness", "model_accuracy_drop")
+ANALYZER = "monitoring"
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def psi_edges(reference: np.ndarray, bins: int = PSI_BINS) -> np.ndarray:
+    """Inner bin edges: the reference's quantiles at 1/bins, ..., (bins-1)/bins, duplicates dropped."""
+    ref = np.asarray(reference, dtype=float)
+    ref = ref[~np.isnan(ref)]
+    if ref.size == 0:
+        raise ValueError("the reference has no values")
+    return np.unique(np.quantile(ref, np.arange(1, bins) / bins))
+
+
+def bin_shares(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Share of ``values`` (NaN dropped) in each bin ``[edges[i-1], edges[i])``; len(edges)+1 bins."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    counts = np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
+    return counts / max(v.size, 1)
+
+
+def psi_from_shares(expected: np.ndarray, actual: np.ndarray, epsilon: float = PSI_EPSILON) -> float:
+    e = np.where(expected > 0, expected, epsilon)
+    a = np.where(actual > 0, actual, epsilon)
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def psi(reference: np.ndarray, current: np.ndarray, *, bins: int = PSI_BINS, epsilon: float = PSI_EPSILON) -> float:
+    """Population stability index of ``current`` against ``reference`` (binning in the module docstring)."""
+    edges = psi_edges(reference, bins)
+    return psi_from_shares(bin_shares(reference, edges), bin_shares(current, edges), epsilon)
+
+
+def ks_statistic(reference_sorted: np.ndarray, current: np.ndarray) -> float:
+    """Two-sample KS statistic, as ``scipy.stats.ks_2samp`` computes it (both CDFs at every pooled value)."""
+    cur = np.sort(np.asarray(current, dtype=float))
+    if reference_sorted.size == 0 or cur.size == 0:
+        return math.nan
+    pooled = np.concatenate([reference_sorted, cur])
+    d = np.searchsorted(reference_sorted, pooled, side="right") / reference_sorted.size - np.searchsorted(cur, pooled, side="right") / cur.size
+    return float(max(np.clip(-d.min(), 0, 1), d.max()))
+
+
+def ks_asymp_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.ndarray:
+    """scipy's ``ks_2samp(method="asymp")`` two-sided p-value, vectorised: ``kstwo.sf(D, round(mn/(m+n)))``."""
+    from scipy.stats import kstwo
+
+    m = np.asarray(n_ref, dtype=float)
+    n = np.asarray(n_cur, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        en = np.round(m * n / (m + n))
+    out = np.full(np.shape(d), np.nan)
+    ok = ~np.isnan(d) & (en > 0)
+    if ok.any():
+        out[ok] = np.clip(kstwo.sf(np.asarray(d)[ok], en[ok]), 0, 1)
+    return out
+
+
+def ks_limit_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.ndarray:
+    """The Kolmogorov limiting distribution at ``sqrt(mn/(m+n)) D`` (Smirnov 1948, "Table for estimating the
+    goodness of fit of empirical distributions", Ann. Math. Statist. 19(2):279-281), ``scipy.special.kolmogorov``:
+    what ``asymp`` converges to as the samples grow, a C ufunc instead of ``kstwo.sf``'s ~150 us per value.
+    At 200 rows per window against 2,000 it differs from ``asymp`` by at most 0.02."""
+    from scipy.special import kolmogorov
+
+    m = np.asarray(n_ref, dtype=float)
+    n = np.asarray(n_cur, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.clip(kolmogorov(np.sqrt(m * n / (m + n)) * np.asarray(d, dtype=float)), 0, 1)
+
+
+def ks_test(reference: np.ndarray, current: np.ndarray, *, method: str = "auto") -> tuple[float, float]:
+    """(statistic, two-sided p-value) of the two-sample KS test, equal to ``scipy.stats.ks_2samp(..., method=method)``."""
+    ref = np.asarray(reference, dtype=float)
+    cur = np.asarray(current, dtype=float)
+    ref, cur = ref[~np.isnan(ref)], cur[~np.isnan(cur)]
+    if ref.size == 0 or cur.size == 0:
+        return math.nan, math.nan
+    if method in ("asymp", "limit"):
+        d = ks_statistic(np.sort(ref), cur)
+        f = ks_asymp_pvalue if method == "asymp" else ks_limit_pvalue
+        return d, float(f(np.array([d]), np.array([ref.size]), np.array([cur.size]))[0])
+    from scipy.stats import ks_2samp
+
+    r = ks_2samp(ref, cur, method=method)
+    return float(r.statistic), float(r.pvalue)
+
+
+def psi_level(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "unknown"
+    return "significant" if value >= PSI_SIGNIFICANT else "moderate" if value >= PSI_MODERATE else "stable"
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowData:
+    """A window's predictions as arrays: ``y_true`` NaN where the outcome has not arrived; ``y_pred`` the
+    decision (0/1 for a binary classifier); ``score`` NaN where absent; features NaN where missing;
+    groups text ("" where missing)."""
+
+    y_pred: np.ndarray
+    y_true: np.ndarray
+    score: np.ndarray
+    features: Mapping[str, np.ndarray]
+    groups: Mapping[str, np.ndarray]
+
+    @property
+    def n(self) -> int:
+        return int(self.y_pred.size)
+
+    def take(self, mask: np.ndarray) -> WindowData:
+        return WindowData(self.y_pred[mask], self.y_true[mask], self.score[mask], {k: v[mask] for k, v in self.features.items()},
+                          {k: v[mask] for k, v in self.groups.items()})
+
+
+def window_data(frame: pl.DataFrame, *, features: Sequence[str] | None = None, groups: Sequence[str] | None = None,
+                threshold: float = 0.5) -> WindowData:
+    """From a frame of ``model_prediction`` rows left-joined with ``model_outcome`` (column ``outcome``).
+    ``features``/``groups``: the keys to read from the JSON objects (default: those of the first row that
+    has them). The decision is ``prediction``, or ``score >= threshold`` where it is null."""
+    n = frame.height
+    feats = list(features) if features is not None else _keys(frame, "features")
+    grps = list(groups) if groups is not None else _keys(frame, "groups")
+    pred = frame["prediction"].cast(pl.Float64)
+    score = frame["score"].cast(pl.Float64)
+    y_pred = pl.select(pl.coalesce(pred, (score >= threshold).cast(pl.Float64))).to_series().fill_null(np.nan).to_numpy()
+    y_true = (frame["outcome"].cast(pl.Float64) if "outcome" in frame.columns else pl.Series([None] * n, dtype=pl.Float64)).fill_null(np.nan).to_numpy()
+    fdict: dict[str, np.ndarray] = {}
+    if feats and n:
+        dec = frame["features"].str.json_decode(pl.Struct([pl.Field(f, pl.Float64) for f in feats]))
+        for f in feats:
+            fdict[f] = dec.struct.field(f).fill_null(np.nan).to_numpy()
+    gdict: dict[str, np.ndarray] = {}
+    if grps and n:
+        dec = frame["groups"].str.json_decode(pl.Struct([pl.Field(g, pl.String) for g in grps]))
+        for g in grps:
+            gdict[g] = dec.struct.field(g).fill_null("").to_numpy().astype(str)
+    return WindowData(y_pred.astype(float), y_true.astype(float), score.fill_null(np.nan).to_numpy().astype(float), fdict, gdict)
+
+
+def _keys(frame: pl.DataFrame, col: str) -> list[str]:
+    import json
+
+    for v in frame[col].drop_nulls().head(1).to_list():
+        return sorted(json.loads(v))
+    return []
+
+
+# --- configuration and results -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MonitoringConfig:
+    """Thresholds of a monitored model. ``fairness_metric``: the ``governance.fairness`` disparity watched
+    over time, with ``fairness_max`` its largest acceptable value (0.1, as ``FairnessPolicy``'s equalized
+    odds default); ``accuracy_drop``: largest acceptable fall of accuracy below the reference's."""
+
+    bins: int = PSI_BINS
+    epsilon: float = PSI_EPSILON
+    psi_moderate: float = PSI_MODERATE
+    psi_significant: float = PSI_SIGNIFICANT
+    ks_alpha: float = 0.001
+    ks_method: str = "limit"
+    prediction_psi_max: float = PSI_SIGNIFICANT
+    fairness_metric: str = "equalized_odds_difference"
+    fairness_max: float | None = 0.1
+    accuracy_drop: float = 0.05
+    min_group_size: int = 30
+    min_window_size: int = 30
+    bootstrap: int = 100
+    confidence: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fairness_metric not in FZ.SUMMARY:
+            raise ValueError(f"fairness_metric {self.fairness_metric!r}: expected one of {', '.join(FZ.SUMMARY)}")
+        if self.ks_method not in ("auto", "asymp", "exact", "limit"):
+            raise ValueError("ks_method: auto, exact, asymp or limit")
+        if self.bins < 2 or not 0 < self.epsilon < 1:
+            raise ValueError("bins >= 2 and 0 < epsilon < 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What every window is compared with, computed once: per feature the sorted values, bin edges and
+    shares; the score's bins; the reference accuracy."""
+
+    n: int
+    features: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # sorted values, edges, shares
+    prediction: tuple[np.ndarray, np.ndarray] | None  # edges, shares of the score (or prediction)
+    accuracy: float | None
+
+
+def reference(data: WindowData, config: MonitoringConfig | None = None) -> Reference:
+    cfg = config or MonitoringConfig()
+    feats = {}
+    for k, v in data.features.items():
+        vals = v[~np.isnan(v)]
+        if vals.size == 0:
+            continue
+        edges = psi_edges(vals, cfg.bins)
+        feats[k] = (np.sort(vals), edges, bin_shares(vals, edges))
+    pv = _prediction_values(data)
+    pred = None
+    if pv is not None and (~np.isnan(pv)).any():
+        edges = psi_edges(pv, cfg.bins)
+        pred = (edges, bin_shares(pv, edges))
+    return Reference(data.n, feats, pred, _binary(data)["accuracy"])
+
+
+def _prediction_values(d: WindowData) -> np.ndarray | None:
+    if d.n == 0:
+        return None
+    return d.score if (~np.isnan(d.score)).any() else d.y_pred
+
+
+def _binary(d: WindowData) -> dict[str, Any]:
+    known = ~np.isnan(d.y_true) & ~np.isnan(d.y_pred)
+    yt, yp = d.y_true[known], d.y_pred[known]
+    out: dict[str, Any] = {"n_outcomes": int(known.sum()), "accuracy": None, "tpr": None, "fpr": None, "fnr": None, "selection_rate": None}
+    if not known.any():
+        return out
+    binary = np.isin(yt, (0.0, 1.0)).all() and np.isin(yp, (0.0, 1.0)).all()
+    if not binary:  # multiclass or regression: accuracy is exact match; error rates undefined
+        out["accuracy"] = float(np.mean(yt == yp))
+        out["mae"] = float(np.mean(np.abs(yt - yp)))
+        return out
+    tp = float(np.sum((yt == 1) & (yp == 1)))
+    fp = float(np.sum((yt == 0) & (yp == 1)))
+    tn = float(np.sum((yt == 0) & (yp == 0)))
+    fn = float(np.sum((yt == 1) & (yp == 0)))
+    # The definitions of governance.fairness._rates, in scalars (numpy per window cost more than the rest).
+    n, pos, neg = tp + fp + tn + fn, tp + fn, fp + tn
+    out.update(accuracy=(tp + tn) / n, selection_rate=(tp + fp) / n, tpr=tp / pos if pos else None,
+               fpr=fp / neg if neg else None, fnr=fn / pos if pos else None)
+    return out
+
+
+@dataclass(frozen=True)
+class FeatureDrift:
+    feature: str
+    psi: float | None
+    level: str
+    ks: float | None
+    ks_pvalue: float | None
+    n: int
+    drifted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class GroupWindow:
+    group: str
+    count: int
+    judged: bool
+    rates: dict[str, float | None]
+    ci: dict[str, tuple[float, float] | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "count": self.count, "judged": self.judged, **self.rates,
+                "ci": {k: list(v) if v else None for k, v in self.ci.items()}}
+
+
+@dataclass(frozen=True)
+class AttributeWindow:
+    attribute: str
+    groups: tuple[GroupWindow, ...]
+    summary: dict[str, float | None]
+    summary_ci: dict[str, tuple[float, float] | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attribute": self.attribute, "groups": [g.to_dict() for g in self.groups], "summary": self.summary,
+                "summary_ci": {k: list(v) if v else None for k, v in self.summary_ci.items()}}
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    window_start: datetime | None
+    window_end: datetime | None
+    n_predictions: int
+    metrics: dict[str, Any]
+    prediction_psi: float | None
+    drift: tuple[FeatureDrift, ...]
+    fairness: tuple[AttributeWindow, ...]
+    findings: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        kinds = sorted({f["kind"].removeprefix("model_") for f in self.findings})
+        return ",".join(kinds) if kinds else "ok"
+
+    @property
+    def fairness_gap(self) -> float | None:
+        vals = [a.summary.get("_watched") for a in self.fairness if a.summary.get("_watched") is not None]
+        return max(vals) if vals else None  # type: ignore[type-var]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window_start": self.window_start.isoformat() if self.window_start else None,
+                "window_end": self.window_end.isoformat() if self.window_end else None, "n_predictions": self.n_predictions,
+                "metrics": self.metrics, "prediction_psi": self.prediction_psi, "drift": [d.to_dict() for d in self.drift],
+                "fairness": [a.to_dict() for a in self.fairness], "findings": list(self.findings), "status": self.status,
+                "notes": list(self.notes)}
+
+    def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None) -> dict[str, Any]:
+        """The ``monitoring_window`` row of this result."""
+        import json
+
+        psis = [d.psi for d in self.drift if d.psi is not None]
+        kss = [d.ks for d in self.drift if d.ks is not None]
+        return {"model_name": model_name, "model_version": model_version, "window_start": self.window_start, "window_end": self.window_end,
+                "evaluated_at": evaluated_at, "n_predictions": self.n_predictions, "n_outcomes": self.metrics["n_outcomes"],
+                "accuracy": self.metrics["accuracy"], "tpr": self.metrics["tpr"], "fpr": self.metrics["fpr"], "fnr": self.metrics["fnr"],
+                "selection_rate": self.metrics["selection_rate"], "prediction_psi": self.prediction_psi,
+                "feature_psi_max": max(psis) if psis else None, "feature_ks_max": max(kss) if kss else None,
+                "fairness_gap": self.fairness_gap, "status": self.status, "detail": json.dumps(self.to_dict(), default=str)}
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.random.Generator) -> list[tuple[AttributeWindow, ...]]:
+    """Fairness of every window, per group attribute, with one bootstrap draw for all windows
+    (``governance.fairness.confusion_intervals_many``). Only binary decisions with known outcomes count."""
+    out: list[list[AttributeWindow]] = [[] for _ in datas]
+    known = []
+    for d in datas:
+        k = ~np.isnan(d.y_true) & ~np.isnan(d.y_pred)
+        if k.any() and not (np.isin(d.y_true[k], (0.0, 1.0)).all() and np.isin(d.y_pred[k], (0.0, 1.0)).all()):
+            k = np.zeros_like(k)  # multiclass or regression: no confusion table
+        known.append(k)
+    attrs = sorted({a for d in datas for a in d.groups})
+    for attr in attrs:
+        labels = [d.groups[attr][k] if attr in d.groups else np.empty(0, dtype=str) for d, k in zip(datas, known)]
+        uniq = np.unique(np.concatenate(labels)) if any(len(x) for x in labels) else np.empty(0, dtype=str)
+        if len(uniq) < 2:
+            continue
+        g = len(uniq)
+        counts = np.zeros((len(datas), g, 4), dtype=np.int64)
+        for w, (d, k, lab) in enumerate(zip(datas, known, labels)):
+            if lab.size:
+                cell = np.searchsorted(uniq, lab) * 4 + d.y_true[k].astype(np.int64) * 2 + d.y_pred[k].astype(np.int64)
+                counts[w] = np.bincount(cell, minlength=g * 4).reshape(g, 4)
+        tn, fp, fn, tp = (counts[..., i].astype(float) for i in range(4))
+        point = FZ._rates(tp, fp, tn, fn)  # (W, G)
+        judged = counts.sum(axis=2) >= cfg.min_group_size
+        summary = FZ._summary({k: np.where(judged, v, np.nan) for k, v in point.items()})  # (W,)
+        if cfg.bootstrap > 0:
+            gci, sci = FZ.confusion_intervals_many(counts, judged, cfg.bootstrap, rng, cfg.confidence)
+        else:
+            gci, sci = {}, {}
+        for w in range(len(datas)):
+            present = counts[w].sum(axis=1) > 0
+            if present.sum() < 2:
+                continue
+            groups = []
+            for i in np.flatnonzero(present):
+                ci = {k: (None if k not in gci or np.isnan(gci[k][:, w, i]).any() else (float(gci[k][0, w, i]), float(gci[k][1, w, i])))
+                      for k in FZ.RATES}
+                groups.append(GroupWindow(str(uniq[i]), int(counts[w, i].sum()), bool(judged[w, i]), {k: FZ._f(point[k][w, i]) for k in FZ.RATES}, ci))
+            sm = {k: FZ._f(summary[k][w]) for k in FZ.SUMMARY}
+            sm["_watched"] = sm.get(cfg.fairness_metric)  # the configured metric, so a stored window says which gap it watched
+            smci = {k: (None if k not in sci or np.isnan(sci[k][:, w]).any() else (float(sci[k][0, w]), float(sci[k][1, w]))) for k in FZ.SUMMARY}
+            out[w].append(AttributeWindow(attr, tuple(groups), sm, smci))
+    return [tuple(x) for x in out]
+
+
+def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value.
+
+    The KS statistic is scipy's (``ks_2samp`` evaluates both CDFs at every pooled value, right-continuous)
+    computed at the window's points only: between two consecutive window values the window's CDF is flat
+    and the reference's rises, so the largest F_ref - F_win is just left of a window value and the
+    smallest at one. All windows' values are sorted once (by window, then value)."""
+    w_n = len(datas)
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for name, (ref_sorted, edges, shares) in ref.features.items():
+        parts = [d.features.get(name, np.empty(0)) for d in datas]
+        parts = [x[~np.isnan(x)] for x in parts]
+        n = np.array([x.size for x in parts], dtype=np.int64)
+        psi_v = np.full(w_n, np.nan)
+        ks_v = np.full(w_n, np.nan)
+        if n.sum() == 0:
+            out[name] = (psi_v, ks_v, n)
+            continue
+        vals = np.concatenate(parts)
+        win = np.repeat(np.arange(w_n), n)
+        nb = len(edges) + 1
+        counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
+        has = n > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = counts / np.maximum(n, 1)[:, None]
+        e = np.where(shares > 0, shares, cfg.epsilon)[None, :]
+        a = np.where(a > 0, a, cfg.epsilon)
+        psi_v[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
+        order = np.lexsort((vals, win))
+        v, w = vals[order], win[order]
+        start = np.concatenate([[0], np.cumsum(n)[:-1]])
+        new = np.empty(v.size, dtype=bool)
+        new[0] = True
+        new[1:] = (v[1:] != v[:-1]) | (w[1:] != w[:-1])
+        run_start = np.flatnonzero(new)
+        run_end = np.append(run_start[1:], v.size)
+        rid = np.cumsum(new) - 1
+        nw = n[w].astype(float)
+        fc_right = (run_end[rid] - start[w]) / nw
+        fc_left = (run_start[rid] - start[w]) / nw
+        m = float(ref_sorted.size)
+        fr_right = np.searchsorted(ref_sorted, v, side="right") / m
+        fr_left = np.searchsorted(ref_sorted, v, side="left") / m
+        plus = np.maximum(fr_right - fc_right, fr_left - fc_left)
+        minus = fc_right - fr_right
+        idx = start[has]
+        ks_v[has] = np.maximum(np.maximum.reduceat(plus, idx), np.clip(np.maximum.reduceat(minus, idx), 0, 1))
+        out[name] = (psi_v, ks_v, n)
+    return out
+
+
+def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime | None, end: datetime | None,
+          drift_at: Mapping[str, tuple[float, float, int]]) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
+    """Everything but fairness and the vectorised KS p-values (returned as (feature index, n_ref, n_cur, D)
+    to be computed for many windows at once); ``drift_at``: this window's (PSI, KS, rows) per feature."""
+    metrics = _binary(d)
+    drift: list[FeatureDrift] = []
+    pending: list[tuple[int, int, int, float]] = []
+    for i, (name, (ref_sorted, _, _)) in enumerate(ref.features.items()):
+        p, dstat, cnt = drift_at[name]
+        if cnt == 0:
+            drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
+            continue
+        if cfg.ks_method in ("asymp", "limit"):
+            pending.append((i, ref_sorted.size, int(cnt), dstat))
+            pv = None
+        else:
+            v = d.features[name]
+            dstat, pv = ks_test(ref_sorted, v[~np.isnan(v)], method=cfg.ks_method)
+        drift.append(FeatureDrift(name, float(p), psi_level(p), float(dstat), pv, int(cnt)))
+    pred_psi = None
+    pv_pred = _prediction_values(d)
+    if ref.prediction is not None and pv_pred is not None and (~np.isnan(pv_pred)).any():
+        pred_psi = psi_from_shares(ref.prediction[1], bin_shares(pv_pred, ref.prediction[0]), cfg.epsilon)
+    return WindowResult(start, end, d.n, metrics, pred_psi, tuple(drift), ()), pending
+
+
+def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: str) -> WindowResult:
+    notes: list[str] = []
+    findings: list[dict[str, Any]] = []
+    ev_base = {"window_start": res.window_start, "window_end": res.window_end, "analyzer": ANALYZER, "subject": subject}
+    if res.n_predictions < cfg.min_window_size:
+        notes.append(f"{res.n_predictions} predictions, under {cfg.min_window_size}: drift and fairness not judged")
+        return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, res.drift, res.fairness, (), tuple(notes))
+    k = max(len(res.drift), 1)
+    drift = []
+    for fd in res.drift:
+        ks_hit = fd.ks_pvalue is not None and fd.ks_pvalue < cfg.ks_alpha / k
+        hit = fd.psi is not None and (fd.psi >= cfg.psi_significant or (fd.psi >= cfg.psi_moderate and ks_hit))
+        drift.append(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, bool(hit)))
+    hits = [fd for fd in drift if fd.drifted]
+    if hits:
+        worst = max(hits, key=lambda f: f.psi or 0)
+        findings.append({**ev_base, "kind": "model_drift", "severity": "critical" if (worst.psi or 0) >= cfg.psi_significant else "warning",
+                         "score": worst.psi, "summary": f"data drift on {', '.join(f.feature for f in hits)} (PSI {worst.feature} {worst.psi:.3f}, KS {worst.ks:.3f})",
+                         "evidence": {"features": [f.to_dict() for f in hits], "psi_significant": cfg.psi_significant, "ks_alpha": cfg.ks_alpha}})
+    if res.prediction_psi is not None and res.prediction_psi >= cfg.prediction_psi_max:
+        findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": res.prediction_psi,
+                         "summary": f"prediction drift: PSI of the scores {res.prediction_psi:.3f} >= {cfg.prediction_psi_max}",
+                         "evidence": {"prediction_psi": res.prediction_psi}})
+    acc = res.metrics.get("accuracy")
+    if acc is not None and ref.accuracy is not None and res.metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
+        findings.append({**ev_base, "kind": "model_accuracy_drop", "severity": "warning", "score": acc,
+                         "summary": f"accuracy {acc:.3f} below the reference {ref.accuracy:.3f} by more than {cfg.accuracy_drop}",
+                         "evidence": {"accuracy": acc, "reference_accuracy": ref.accuracy, "n_outcomes": res.metrics["n_outcomes"]}})
+    if cfg.fairness_max is not None:
+        for a in res.fairness:
+            v = a.summary.get(cfg.fairness_metric)
+            ci = a.summary_ci.get(cfg.fairness_metric)
+            if v is not None and v > cfg.fairness_max:
+                sure = ci is not None and ci[0] > cfg.fairness_max
+                findings.append({**ev_base, "kind": "model_fairness", "severity": "critical" if sure else "warning", "score": v,
+                                 "subject": f"{subject}/attribute:{a.attribute}",
+                                 "summary": f"{cfg.fairness_metric} by {a.attribute} {v:.3f} > {cfg.fairness_max}"
+                                            + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""),
+                                 "evidence": {"attribute": a.attribute, "metric": cfg.fairness_metric, "value": v, "ci": list(ci) if ci else None,
+                                              "groups": {g.group: {"count": g.count, "fpr": g.rates["fpr"], "tpr": g.rates["tpr"],
+                                                                   "selection_rate": g.rates["selection_rate"]} for g in a.groups}}})
+    return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, tuple(drift), res.fairness,
+                        tuple(findings), tuple(notes))
+
+
+def evaluate_window(ref: Reference, data: WindowData, config: MonitoringConfig | None = None, *, subject: str = "model",
+                    window_start: datetime | None = None, window_end: datetime | None = None) -> WindowResult:
+    """One window against the reference: metrics, drift, fairness with intervals, and findings."""
+    return evaluate_windows(ref, [(window_start, window_end, data)], config, subject=subject)[0]
+
+
+def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, datetime | None, WindowData]],
+                     config: MonitoringConfig | None = None, *, subject: str = "model") -> list[WindowResult]:
+    """Many windows of one model; under ``ks_method`` ``asymp`` or ``limit`` their KS p-values come from one
+    vectorised call."""
+    cfg = config or MonitoringConfig()
+    rng = np.random.default_rng(cfg.seed)
+    many = _drift_many(ref, [d for _, _, d in windows], cfg)
+    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], int(v[2][w])) for k, v in many.items()})
+             for w, (s, e, d) in enumerate(windows)]
+    fair = _fairness_many([d for _, _, d in windows], cfg, rng)
+    flat = [(w, i, m, n, dd) for w, (_, pend) in enumerate(cores) for (i, m, n, dd) in pend]
+    if flat:
+        pv = (ks_asymp_pvalue if cfg.ks_method == "asymp" else ks_limit_pvalue)(np.array([x[4] for x in flat]), np.array([x[2] for x in flat]), np.array([x[3] for x in flat]))
+        fill: dict[tuple[int, int], float] = {(x[0], x[1]): float(p) for x, p in zip(flat, pv)}
+    else:
+        fill = {}
+    out = []
+    for w, (res, _) in enumerate(cores):
+        drift = tuple(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fill.get((w, i), fd.ks_pvalue), fd.n) for i, fd in enumerate(res.drift))
+        res = WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, drift, fair[w])
+        out.append(_finish(res, ref, cfg, subject))
+    return out
+
+
+def split_windows(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> list[tuple[datetime, datetime, pl.DataFrame]]:
+    """Rows of ``frame`` (column ``ts``) in each window ``[start, start + width)``."""
+    from datetime import timedelta
+
+    w = timedelta(seconds=width_s)
+    out = []
+    srt = frame.sort("ts")
+    ts = srt["ts"]
+    for s in starts:
+        lo = int(ts.search_sorted(s, side="left"))
+        hi = int(ts.search_sorted(s + w, side="left"))
+        out.append((s, s + w, srt.slice(lo, hi - lo)))
+    return out
