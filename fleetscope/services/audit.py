@@ -247,6 +247,7 @@ UTC = F.UTC_US
 
 _STATUSES = ("pass", "fail", "missing_evidence", "not_applicable")
 
+
 def audit_runs(store: Store, limit: int = 50) -> pl.DataFrame:
     """EU AI Act audit runs, newest first: ``audit_id, scope, as_of, trigger, requested_by``, the number of
     rule results per status (``pass, fail, missing_evidence, not_applicable``), ``formats`` (the reports
@@ -284,12 +285,14 @@ def audit_runs(store: Store, limit: int = 50) -> pl.DataFrame:
         .select(list(schema))
     )
 
+
 def audit_exports(store: Store, limit: int = 50) -> pl.DataFrame:
     """Signed export bundles, newest first: ``export_id, audit_id, created_at, size_bytes, key_fingerprint,
     manifest_sha256, requested_by``."""
     cols = {"export_id": pl.String, "audit_id": pl.String, "created_at": UTC, "size_bytes": pl.Int64, "key_fingerprint": pl.String,
             "manifest_sha256": pl.String, "requested_by": pl.String}
     return fetch(store, f"SELECT {', '.join(cols)} FROM aiact_export ORDER BY created_at DESC LIMIT {int(limit)}", [], cols)
+
 
 def rule_results(store: Store, audit_id: str) -> pl.DataFrame:
     """One audit's rule results: ``model`` (name:version), ``rule_id, title, citation, status, reason,

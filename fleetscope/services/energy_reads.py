@@ -35,6 +35,7 @@ def rollup_power(store: Store, start: dt.datetime, end: dt.datetime, site: str |
            f" FROM site_energy_minute WHERE minute >= ? AND minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2")
     return fetch(store, sql, params, {"ts": UTC, "site_id": pl.String, "power_w": pl.Float64, "gpus": pl.Int64})
 
+
 def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy per site over ``[start, end)`` from the GPUs' energy counters: ``site_id, gpus, energy_j``.
 
@@ -62,6 +63,7 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
     )
     return fetch(store, sql, params, schema)
 
+
 def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Scope 2 per site over ``[start, end)`` from the per-minute energy roll-ups, location- and market-based
     side by side (``fleetscope.services.energy.site_scope2``: energy × PUE, hourly or annual grid intensity,
@@ -82,9 +84,11 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
         (pl.col("covered_energy_j") / 3.6e6).alias("covered_kwh"), "instruments", "pue", "energy_basis", "uncovered_basis",
     ).cast(schema)
 
+
 _SITE_HOUR = {"site_id": pl.String, "hour": UTC, "gpus": pl.Int64, "energy_j": pl.Float64}
 
 _SITE_HOUR_CARBON = {**_SITE_HOUR, "g_per_kwh": pl.Float64, "intensity_basis": pl.String, "kgco2e": pl.Float64}
+
 
 def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """``energy`` (site_id, hour, gpus, energy_j) with location-based emissions (analyzers.carbon.location_based:
@@ -101,6 +105,7 @@ def _location_carbon(store: Store, energy: pl.DataFrame, start: dt.datetime, end
     return pl.concat([located.select(list(_SITE_HOUR_CARBON)), rest], how="diagonal_relaxed").select(
         [pl.col(c).cast(t) for c, t in _SITE_HOUR_CARBON.items()]
     ).sort("site_id", "hour", nulls_last=True)
+
 
 def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy per site and UTC hour over ``[start, end)`` from the per-minute roll-ups the worker writes
@@ -121,6 +126,7 @@ def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site
         f" WHERE m.minute >= ? AND m.minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2"
     )
     return _location_carbon(store, fetch(store, sql, params, _SITE_HOUR), start, end)
+
 
 def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy per site and UTC hour over ``[start, end)`` from the GPUs' energy counters, with
@@ -172,6 +178,7 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     energy = rises.join(hours, on="k").group_by("site_id", "hour").agg(pl.col("gpus").max(), pl.col("energy_j").sum()).select(list(_SITE_HOUR))
     return _location_carbon(store, energy, start, end)
 
+
 def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, bucket_s: int = 900) -> pl.DataFrame:
     """PUE per site and time bucket from the facility and IT meter series (``analyzers.energy.pue_series``:
     ISO/IEC 30134-2, category from the IT metering point): ``site_id, ts, pue, category, facility_energy_j,
@@ -184,8 +191,10 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     out = energy.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
     return out if site is None else out.filter(pl.col("site_id") == site)
 
+
 _JOB_ENERGY = {"job_id": pl.String, "model_name": pl.String, "kind": pl.String, "energy_j": pl.Float64, "gpu_hours": pl.Float64,
                "gpus": pl.Int64, "location_kgco2e": pl.Float64, "embodied_kgco2e": pl.Float64}
+
 
 def energy_by_job(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 50) -> pl.DataFrame:
     """The jobs that used the most GPU energy in ``[start, end)``, from the per-job minutes the roll-up
@@ -197,6 +206,7 @@ def energy_by_job(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     if rows.is_empty():
         return pl.DataFrame(schema=_JOB_ENERGY)
     return _job_energy_totals(store, rows, start, end).sort("energy_j", descending=True)
+
 
 def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPU energy of each ML model's jobs in ``[start, end)``, training and serving apart, from
@@ -214,6 +224,7 @@ def energy_by_model(store: Store, start: dt.datetime, end: dt.datetime, site: st
              pl.col("location_kgco2e").sum(), pl.col("embodied_kgco2e").sum())
         .select(list(schema)).cast(schema).sort("energy_j", descending=True)
     )
+
 
 def _job_hours(store: Store, start: dt.datetime, end: dt.datetime, site: str | None, top: int | None = None) -> pl.DataFrame:
     """``job_energy_minute`` summed per job, site and UTC hour (of the ``top`` jobs by energy, or all):
@@ -234,6 +245,7 @@ def _job_hours(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
     return fetch(store, sql, params, {"job_id": pl.String, "site_id": pl.String, "hour": UTC, "energy_j": pl.Float64,
                                       "allocated_s": pl.Float64, "gpus": pl.Int64})
 
+
 def _job_energy_totals(store: Store, rows: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per-job totals of (job_id, site_id, hour) energy rows: location-based kgCO2e from the hours' grid
     intensity, GPU-hours, embodied kgCO2e, and the job's model and kind from the inventory."""
@@ -251,6 +263,7 @@ def _job_energy_totals(store: Store, rows: pl.DataFrame, start: dt.datetime, end
     emb = carbon.embodied_by(totals, by).select(*by, "gpu_hours", "embodied_kgco2e")
     jobs = fetch(store, "SELECT job_id, model_name, kind FROM job", [], {"job_id": pl.String, "model_name": pl.String, "kind": pl.String})
     return totals.join(emb, on=by).join(jobs, on="job_id", how="left").select(list(_JOB_ENERGY)).cast(_JOB_ENERGY)
+
 
 def embodied_by_site(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Embodied emissions of the GPUs and servers each site used in ``[start, end)``, amortised by GPU-hours

@@ -16,6 +16,7 @@ from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 from analyzers import ib_links
 
+
 UTC = F.UTC_US
 
 
@@ -39,6 +40,7 @@ def nccl_test_runs(store: Store, start: dt.datetime, end: dt.datetime, limit: in
     }
     return fetch(store, sql, [as_utc(start), as_utc(end)], schema)
 
+
 def nccl_test_sizes(store: Store, run_ids: Sequence[str]) -> pl.DataFrame:
     """Bus bandwidth by message size for the given nccl-tests runs: ``run_id, ts, op, size_bytes,
     in_place, time_s, algbw_gbps, busbw_gbps``."""
@@ -48,6 +50,7 @@ def nccl_test_sizes(store: Store, run_ids: Sequence[str]) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     sql = f"SELECT {', '.join(cols)} FROM nccl_test WHERE run_id IN ({', '.join('?' for _ in run_ids)}) ORDER BY run_id, size_bytes, in_place"
     return fetch(store, sql, list(run_ids), schema)
+
 
 def collective_busbw(
     store: Store, start: dt.datetime, end: dt.datetime, job_id: str | None = None, max_jobs: int = 50
@@ -85,19 +88,25 @@ def collective_busbw(
     )
     return fetch(store, sql, params, schema)
 
+
 IB_FINDING_KINDS = ("ib_link_flapping", "ib_link_errors", "ib_link_degraded", "ib_congestion")
+FABRIC_TOPOLOGY_KINDS = ("comm_straggler_fabric", "alltoall_low_utilization")
+_FINDING_ROWS = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
+
+
+def _fabric_findings(store: Store, kinds: tuple[str, ...], start: dt.datetime, end: dt.datetime, limit: int) -> pl.DataFrame:
+    """The fabric analyzer's findings of ``kinds`` for windows ending in [start, end), newest first."""
+    marks = ", ".join("?" for _ in kinds)
+    sql = ("SELECT kind, subject, severity, score, window_end, summary FROM finding"
+           f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
+           f" ORDER BY window_end DESC LIMIT {int(limit)}")
+    return fetch(store, sql, [*kinds, as_utc(start), as_utc(end)], _FINDING_ROWS)
+
 
 def fabric_link_findings(store: Store, start: dt.datetime, end: dt.datetime, limit: int = 500) -> pl.DataFrame:
     """The InfiniBand link findings the health sweep stored for windows ending in [start, end), newest
     first: ``kind, subject, severity, score, window_end, summary``."""
-    marks = ", ".join("?" for _ in IB_FINDING_KINDS)
-    sql = ("SELECT kind, subject, severity, score, window_end, summary FROM finding"
-           f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
-           f" ORDER BY window_end DESC LIMIT {int(limit)}")
-    schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
-    return fetch(store, sql, [*IB_FINDING_KINDS, as_utc(start), as_utc(end)], schema)
-
-FABRIC_TOPOLOGY_KINDS = ("comm_straggler_fabric", "alltoall_low_utilization")
+    return _fabric_findings(store, IB_FINDING_KINDS, start, end, limit)
 
 
 def fabric_topology_findings(store: Store, start: dt.datetime, end: dt.datetime, limit: int = 500) -> pl.DataFrame:
@@ -105,18 +114,12 @@ def fabric_topology_findings(store: Store, start: dt.datetime, end: dt.datetime,
     the port or switch a job's slow ranks share (``comm_straggler_fabric``) and all-to-all runs far below
     the topology's bound (``alltoall_low_utilization``). Columns ``kind, subject, severity, score,
     window_end, summary``."""
-    marks = ", ".join("?" for _ in FABRIC_TOPOLOGY_KINDS)
-    sql = ("SELECT kind, subject, severity, score, window_end, summary FROM finding"
-           f" WHERE analyzer = 'fabric' AND kind IN ({marks}) AND window_end >= ? AND window_end < ?"
-           f" ORDER BY window_end DESC LIMIT {int(limit)}")
-    schema = {"kind": pl.String, "subject": pl.String, "severity": pl.String, "score": pl.Float64, "window_end": UTC, "summary": pl.String}
-    return fetch(store, sql, [*FABRIC_TOPOLOGY_KINDS, as_utc(start), as_utc(end)], schema)
+    return _fabric_findings(store, FABRIC_TOPOLOGY_KINDS, start, end, limit)
 
 
 def fabric_nic_rate_gbps(store: Store) -> pl.DataFrame:
     """The usual HCA link rate in the stored topology (``analyzers.ib_links.nic_link_rate_gbps``), as one
     row ``rate_gbps, links`` (null rate when no topology is stored)."""
-
     rows = fetch(store, "SELECT a_kind, rate_gbps, connected FROM fabric_link WHERE a_kind = 'CA'", [],
                   {"a_kind": pl.String, "rate_gbps": pl.Float64, "connected": pl.Boolean})
     return pl.DataFrame({"rate_gbps": [ib_links.nic_link_rate_gbps(rows)], "links": [rows.filter(pl.col("connected").fill_null(False)).height]},

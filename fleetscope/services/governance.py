@@ -202,6 +202,7 @@ def models(store: Store) -> pl.DataFrame:
     return fetch(store, f"SELECT {', '.join(cols)} FROM model ORDER BY model_name, model_version", [],
                   {"model_name": pl.String, "model_version": pl.String, "intended_purpose": pl.String, "role": pl.String, "updated_at": UTC})
 
+
 _FAIRNESS_METRICS = ("selection_rate", "tpr", "fpr", "fnr", "accuracy", "ppv")
 
 def fairness_groups(store: Store) -> pl.DataFrame:
@@ -230,6 +231,7 @@ def fairness_groups(store: Store) -> pl.DataFrame:
                                  "group": str(g.get("group")), "count": g.get("count"), "metric": metric, "value": g.get(metric),
                                  "ci_low": ci[0], "ci_high": ci[1], "confidence": result.get("confidence")})
     return pl.DataFrame(rows, schema=schema)
+
 
 def registered_model_lineage(store: Store, model_name: str, model_version: str) -> dict[str, Any] | None:
     """A registered model's upstream datasets with the path proving each, and what taints them

@@ -357,6 +357,7 @@ UTC = F.UTC_US
 # warnings are worth seeing but do not by themselves mean the GPU should be drained.
 UNHEALTHY_KINDS: tuple[str, ...] = ("xid", "ecc", "row_remap", "nvlink", "sdc")
 
+
 def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """GPUs with a health event of an UNHEALTHY_KINDS kind in ``[start, end)``: ``gpu_uuid, host,
     events, kinds`` (comma-separated), ``last_ts``. Host-level events (no GPU) are left to the grid."""
@@ -376,6 +377,7 @@ def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str
     )
     kinds_by_gpu = kinds_df.group_by("gpu_uuid").agg(pl.col("kind").sort().str.join(", ").alias("kinds"))
     return df.join(kinds_by_gpu, on="gpu_uuid", how="left").select("gpu_uuid", "host", "events", "kinds", "last_ts").sort("gpu_uuid")
+
 
 def health_grid(
     store: Store, end: dt.datetime, lookback_s: float | None = None, health_window_s: float = 3600, site: str | None = None, max_hosts: int = 64
@@ -453,6 +455,7 @@ def health_grid(
         .select("host", "gpu_index", "gpu_uuid", "temp_c", "power_w", "xid_last", "events", "status")
     )
 
+
 def health_events_over_time(
     store: Store, start: dt.datetime, end: dt.datetime, bucket_s: int = 3600, site: str | None = None
 ) -> pl.DataFrame:
@@ -466,6 +469,7 @@ def health_events_over_time(
     )
     return fetch(store, sql, params, {"ts": UTC, "host": pl.String, "kind": pl.String, "events": pl.Int64})
 
+
 def health_events_by_node(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Per host and kind in the window: ``host, kind, events, gpus`` (distinct GPUs), ``last_ts``;
     hosts with the most events first."""
@@ -476,6 +480,7 @@ def health_events_by_node(store: Store, start: dt.datetime, end: dt.datetime, si
         f" FROM health_event WHERE ts >= ? AND ts < ?{site_sql} GROUP BY host, kind ORDER BY 3 DESC, 1, 2"
     )
     return fetch(store, sql, params, {"host": pl.String, "kind": pl.String, "events": pl.Int64, "gpus": pl.Int64, "last_ts": UTC})
+
 
 def health_events_recent(
     store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, kinds: Sequence[str] | None = None, limit: int = 200
@@ -491,10 +496,12 @@ def health_events_recent(
     sql = f"SELECT {', '.join(cols)} FROM health_event WHERE ts >= ? AND ts < ?{kind_sql}{site_sql} ORDER BY ts DESC LIMIT {int(limit)}"
     return fetch(store, sql, params, {c: F.HEALTH_EVENT.schema[c] for c in cols})
 
+
 def _finding_window(params: list[Any], start: dt.datetime, end: dt.datetime) -> str:
     # A finding is in the window when its own window overlaps it.
     params += [as_utc(end), as_utc(start)]
     return "window_start < ? AND (window_end IS NULL OR window_end >= ?)"
+
 
 def findings_by_kind(store: Store, start: dt.datetime, end: dt.datetime, kind_like: str | None = None) -> pl.DataFrame:
     """Findings per analyzer, kind and severity in the window: ``analyzer, kind, severity, findings, last_window_start``."""
@@ -513,6 +520,7 @@ def findings_by_kind(store: Store, start: dt.datetime, end: dt.datetime, kind_li
         params,
         {"analyzer": pl.String, "kind": pl.String, "severity": pl.String, "findings": pl.Int64, "last_window_start": UTC},
     )
+
 
 def findings(
     store: Store,

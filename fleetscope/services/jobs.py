@@ -350,6 +350,7 @@ UTC = F.UTC_US
 
 _JOB_COLS = ("job_id", "name", "kind", "model_name", "world_size", "site_id", "owner", "status", "started_at", "ended_at")
 
+
 def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 500) -> pl.DataFrame:
     """Jobs whose run overlaps ``[start, end)`` (jobs with unknown times too), newest first, with
     ``goodput_ratio`` (runtime goodput) from the goodput analyzer's stored analysis, where it has run."""
@@ -367,11 +368,13 @@ def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = 
     )
     return fetch(store, sql, params, {**{c: F.JOB.schema[c] for c in _JOB_COLS}, "goodput_ratio": pl.Float64})
 
+
 def running_jobs(store: Store, end: dt.datetime, site: str | None = None, limit: int = 200) -> pl.DataFrame:
     """Jobs running at ``end``: started, not ended (by time or by a terminal status)."""
     df = jobs(store, end - dt.timedelta(seconds=1), end, site, limit)
     done = ("finished", "failed", "cancelled", "canceled", "preempted", "completed")
     return df.filter(pl.col("started_at").is_not_null() & pl.col("ended_at").is_null() & ~pl.col("status").fill_null("").str.to_lowercase().is_in(done))
+
 
 def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:
     """Per step of a job, averaged over its ranks (the last ``max_steps`` steps):
@@ -402,6 +405,7 @@ def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.Dat
     }
     return fetch(store, sql, [job_id], schema).sort("step")
 
+
 def job_rank_step_times(store: Store, job_id: str, last_steps: int = 50, max_ranks: int = 256) -> pl.DataFrame:
     """Per rank and step over a job's last ``last_steps`` steps: ``rank, ranks_in_cell, step, step_s,
     compute_s, idle_s``.
@@ -427,6 +431,7 @@ def job_rank_step_times(store: Store, job_id: str, last_steps: int = 50, max_ran
         " FROM step WHERE job_id = ? AND step > ? GROUP BY 1, 3 ORDER BY 1, 3"
     )
     return fetch(store, sql, [job_id, last - int(last_steps)], schema)
+
 
 def job_rank_summary(store: Store, job_id: str, last_steps: int = 50) -> pl.DataFrame:
     """Per rank over a job's last steps, slowest first: ``rank, host, steps, step_mean_s, compute_mean_s,
@@ -456,6 +461,7 @@ def job_rank_summary(store: Store, job_id: str, last_steps: int = 50) -> pl.Data
         .sort(["slowdown_ratio", "rank"], descending=[True, False], nulls_last=True)
     )
 
+
 def job_totals(store: Store, job_id: str) -> pl.DataFrame:
     """One row for a job: ``steps, ranks, step_mean_s, tokens, model_flops, collective_bytes,
     comm_intensity_bytes_per_flop`` (network bytes / model FLOPs, docs/ARCHITECTURE.md's CI)."""
@@ -475,6 +481,7 @@ def job_totals(store: Store, job_id: str) -> pl.DataFrame:
         .otherwise(None)
     )
 
+
 def scaling(store: Store, model_name: str) -> pl.DataFrame:
     """Runs of one model at different world sizes: ``job_id, world_size, step_time_mean_s,
     efficiency_ratio`` (η = T1 / (N · T_N), relative to the smallest run when there is no 1-GPU run)."""
@@ -492,6 +499,7 @@ def scaling(store: Store, model_name: str) -> pl.DataFrame:
     eff = scaling_efficiency(df["world_size"].to_list(), df["step_time_mean_s"].to_list())
     # scaling_efficiency sorts by world size (stably), as df already is.
     return df.with_columns(efficiency_ratio=eff["efficiency"])
+
 
 def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
     """The analyzers' stored summaries of a job (``fleetscope.services.jobs``: c3, goodput, stragglers, sdc,
@@ -513,6 +521,7 @@ def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
                                 "computed_at": row["computed_at"], "window_start": row["window_start"], "window_end": row["window_end"]}
     return out
 
+
 def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:
     """Per step of a job, averaged over its ranks, from the C³ analyzer's stored breakdown
     (``step_breakdown``, analyzers.c3.c3_breakdown; the last ``max_steps`` steps): ``step, ranks,
@@ -528,6 +537,7 @@ def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFra
 
 # How far either side of the runs the fitted curve is drawn, in factors of the world size.
 _FIT_SPAN = 2.0
+
 
 def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str = "ring") -> dict[str, Any]:
     """The Fleet Law fitted to the runs of one model (analyzers.c3.fit_fleet_law: T_step(N) = a/N +

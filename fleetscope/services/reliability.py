@@ -168,6 +168,7 @@ UTC = F.UTC_US
 
 _DISRUPTIONS = ("failure", "preempted", "restart")
 
+
 def disruptions(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 1000) -> pl.DataFrame:
     """Failures, preemptions and restarts in the window, newest first: ``ts, job_id, kind, step, cause``
     (``cause`` from the event's payload; the kind itself where none was given)."""
@@ -192,6 +193,7 @@ def disruptions(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
     causes = [cause(p) for p in df["payload"].to_list()]
     return df.with_columns(cause=pl.Series(causes, dtype=pl.String)).with_columns(pl.col("cause").fill_null(pl.col("kind"))).drop("payload")
 
+
 def reliability_summary(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """One row: ``failures, preemptions, restarts, window_s, mtbf_s`` (the window over its failures;
     null without failures)."""
@@ -208,6 +210,7 @@ def reliability_summary(store: Store, start: dt.datetime, end: dt.datetime, site
         },
         schema={"failures": pl.Int64, "preemptions": pl.Int64, "restarts": pl.Int64, "window_s": pl.Float64, "mtbf_s": pl.Float64},
     )
+
 
 def checkpoint_intervals(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
     """Per job with checkpoint saves in the window: ``job_id, saves, interval_mean_s`` (between save

@@ -22,9 +22,11 @@ UTC = F.UTC_US
 # When no sample interval can be measured, assume dcgm-exporter's usual scrape interval.
 DEFAULT_SAMPLE_INTERVAL_S = 30.0
 
+
 def existing_tables(store: Store) -> list[str]:
     """Tables present in the database."""
     return sorted(inspect(store.engine).get_table_names())
+
 
 def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFrame:
     """Rows held per table: exact for small tables, an O(1) estimate for the telemetry tables.
@@ -48,6 +50,7 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
         df = fetch(store, sql, [], {"n": pl.Int64})
         rows.append((name, int(df["n"][0]) if df.height and df["n"][0] is not None else 0, approx))
     return pl.DataFrame(rows, schema={"table": pl.String, "rows": pl.Int64, "approximate": pl.Boolean}, orient="row")
+
 
 def data_end(store: Store) -> dt.datetime | None:
     """The latest instant the GPU telemetry, events, nccl-tests runs or jobs describe (metric series only
@@ -73,10 +76,12 @@ def data_end(store: Store) -> dt.datetime | None:
     df = fetch(store, sql, [], {"t": UTC})
     return df["t"][0] if df.height else None
 
+
 def data_start(store: Store) -> dt.datetime | None:
     """The earliest GPU sample held (indexed MIN), or None."""
     df = fetch(store, "SELECT MIN(ts) AS t FROM gpu_sample", [], {"t": UTC})
     return df["t"][0] if df.height else None
+
 
 def sample_interval_s(store: Store, at: dt.datetime) -> float:
     """The GPU sampling interval near ``at``: the median gap between the last few samples of the GPU
@@ -99,6 +104,7 @@ def sample_interval_s(store: Store, at: dt.datetime) -> float:
     gap = gaps.median()
     return float(gap) if gap and gap > 0 else DEFAULT_SAMPLE_INTERVAL_S
 
+
 def sites(store: Store) -> pl.DataFrame:
     """``site_id, name`` of every site in the inventory (from hosts too, where no site row exists)."""
     sql = (
@@ -108,6 +114,7 @@ def sites(store: Store) -> pl.DataFrame:
         " ORDER BY 1"
     )
     return fetch(store, sql, [], {"site_id": pl.String, "name": pl.String})
+
 
 def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
     """One row: ``sites, hosts, gpus`` in the inventory (optionally of one site)."""
@@ -121,6 +128,7 @@ def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
         f" FROM gpu g LEFT JOIN host h ON h.host = g.host{where}"
     )
     return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64})
+
 
 _LATEST_COLUMNS = (
     "util_ratio",
@@ -136,9 +144,11 @@ _LATEST_COLUMNS = (
     "clock_event_reasons",
 )
 
+
 def _lookback(store: Store, end: dt.datetime, lookback_s: float | None) -> float:
     # Three sample intervals: a GPU whose last scrape was slow or dropped still counts as reporting.
     return float(lookback_s) if lookback_s else max(60.0, 3 * sample_interval_s(store, end))
+
 
 def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
     """The latest sample of every GPU that reported in ``[end - lookback_s, end)``, with its place in
@@ -162,6 +172,7 @@ def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None 
     schema |= {c: F.GPU_SAMPLE.schema[c] for c in _LATEST_COLUMNS}
     return fetch(store, sql, params, schema)
 
+
 def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
     """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w``."""
     df = latest_gpu_samples(store, end, lookback_s, site)
@@ -173,6 +184,7 @@ def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, s
         },
         schema={"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64},
     )
+
 
 def gpu_activity(
     store: Store, end: dt.datetime, window_s: float = 300, busy_util_ratio: float = 0.1, site: str | None = None
@@ -250,6 +262,7 @@ def fleet_series(
         )
     df = fetch(store, " UNION ALL ".join(parts), params, schema)
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
+
 
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
     """Mean value per time bucket of the ``metric_sample`` series whose name matches ``name_like`` (SQL

@@ -24,6 +24,7 @@ def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.Da
             cols.append(pl.col(name))
     return df.select(cols) if df.width else pl.DataFrame(schema=schema)
 
+
 def bucket_us_sql(store: Store, column: str, bucket_s: int) -> str:
     """SQL for the start of ``column``'s time bucket, as integer µs since the epoch on both databases
     (SQLite stores µs integers; PostgreSQL's timestamptz is converted), so one result schema fits both."""
@@ -33,11 +34,13 @@ def bucket_us_sql(store: Store, column: str, bucket_s: int) -> str:
         return f"(({column} / {b}) * {b})"
     return f"(FLOOR(EXTRACT(EPOCH FROM {column}) / {bucket_s}) * {bucket_s} * 1000000)::bigint"
 
+
 def duration_s_sql(store: Store, start: str, end: str) -> str:
     """SQL for ``end - start`` in seconds."""
     if store.dialect == "sqlite":
         return f"(({end} - {start}) / 1e6)"
     return f"EXTRACT(EPOCH FROM ({end} - {start}))::float8"
+
 
 def json_number_sql(store: Store, column: str, key: str) -> str:
     """SQL for the number at top-level ``key`` of the JSON text in ``column`` (``key`` is a constant of
@@ -48,6 +51,7 @@ def json_number_sql(store: Store, column: str, key: str) -> str:
         return f"json_extract({column}, '$.{key}')"
     return f"(({column})::jsonb ->> '{key}')::float8"
 
+
 def site_gpus_sql(site: str | None, params: list[Any], column: str = "gpu_uuid") -> str:
     """A filter on a GPU column to the GPUs of one site (inventory: gpu → host → site)."""
     if site is None:
@@ -55,12 +59,14 @@ def site_gpus_sql(site: str | None, params: list[Any], column: str = "gpu_uuid")
     params.append(site)
     return f" AND {column} IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
 
+
 def site_is_sql(site: str | None, params: list[Any], column: str = "site_id") -> str:
     """A filter on a table's own site column."""
     if site is None:
         return ""
     params.append(site)
     return f" AND {column} = ?"
+
 
 def site_hosts_sql(site: str | None, params: list[Any], column: str = "host") -> str:
     if site is None:

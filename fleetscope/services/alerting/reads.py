@@ -25,6 +25,7 @@ def _alerting_config() -> Any:
     except (RuleError, OSError, ValueError):
         return None
 
+
 def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None = None) -> pl.DataFrame:
     """Alerts the rules hold, firing first: ``alertname, state, severity, summary, labels`` (name="value"
     pairs), ``active_at, fired_at, resolved_at, value, silenced_by`` (ids of the silences muting it,
@@ -57,6 +58,7 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
     df = pl.DataFrame(out, schema=schema)
     return df.sort(pl.col("state").replace_strict(order, default=3, return_dtype=pl.Int64), pl.col("active_at"), descending=[False, True])
 
+
 def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
     """Every silence, latest ending first: ``silence_id, state`` (pending, active, expired), ``matchers``
     (Alertmanager's text form), ``starts_at, ends_at, created_by, comment``."""
@@ -71,11 +73,13 @@ def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
               "created_by": pl.String, "comment": pl.String}
     return pl.DataFrame(rows, schema=schema)
 
+
 _NOTIFICATION_SCHEMA = {
     "notification_id": pl.Int64, "receiver": pl.String, "group_key": pl.String, "status": pl.String, "created_at": UTC,
     "attempts": pl.Int64, "next_attempt_at": UTC, "delivered_at": UTC, "last_status_code": pl.Int64, "last_error": pl.String,
     "webhook_id": pl.String,
 }
+
 
 def notifications(store: Store, status: str | None = None, limit: int = 200) -> pl.DataFrame:
     """The outbox, newest first (``status``: pending, delivered, dead or disabled; ``dead`` lists the dead
@@ -84,6 +88,7 @@ def notifications(store: Store, status: str | None = None, limit: int = 200) -> 
 
     rows = ST.list_notifications(store.engine, status=status, limit=limit)
     return pl.DataFrame([{k: r.get(k) for k in _NOTIFICATION_SCHEMA} for r in rows], schema=_NOTIFICATION_SCHEMA)
+
 
 def notification_counts(store: Store) -> dict[str, int]:
     """Notifications per status (pending, delivered, dead, disabled), zeros included."""
