@@ -231,6 +231,11 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
         elif f.kind == "flapping_ib_link":
             hits = [x for x in findings if x["kind"] == "ib_link_flapping" and x["subject"].startswith(f"host:{f.hosts[0]}/")]
             found, evidence = bool(hits), (hits[0]["summary"] if hits else "no ib_link_flapping finding")
+            # the same fault seen from the job: its slow-communicating ranks are blamed on that host's port
+            blamed = [x for x in findings if x["kind"] == "comm_straggler_fabric"
+                      and x["subject"].startswith(f"job:{f.job_id}/ib:{f.hosts[0]}")]
+            rows.append({"fault": "comm_stragglers_on_flapping_port", "where": f"{f.job_id} on {f.hosts[0]}", "found": bool(blamed),
+                         "evidence": blamed[0]["summary"] if blamed else "no comm_straggler_fabric finding on that host"})
         elif f.kind == "silent_host":
             hits = [x for x in findings if x["kind"] == "host_down" and x["subject"] in {f"host:{h}" for h in f.hosts}]
             found, evidence = bool(hits), (hits[0]["summary"] if hits else "no host_down finding")

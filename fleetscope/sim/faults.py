@@ -23,7 +23,8 @@
 - **A silent host**: an idle node stops sending telemetry (a crashed node or its exporter gone).
 - **A flapping InfiniBand link** under one job: its HCA port goes down and retrains several times
   (LinkDownedCounter and LinkErrorRecoveryCounter rise, symbol errors with them), as a marginal cable or
-  transceiver does.
+  transceiver does. While it flaps, that node's ranks communicate slower than their peers, so the job's
+  communication stragglers share the port (what ``analyzers.fabric_attribution`` points at).
 """
 
 from __future__ import annotations
@@ -247,18 +248,25 @@ def plan_faults(spec: SimSpec, topo: Topology, plans: list[JobPlan], rng: np.ran
                                         "analyzers.absence: host_down, every GPU of the host silent past three intervals"))
     flaps = None
     if plans and fs.flapping_ib_link:
-        # the first job's last node: a node other faults leave alone where the job is big enough
+        # the first job's last node without its thermal straggler: a compute-slow rank holds its whole node
+        # back, which would hide the node's slow communication
         p = plans[0]
-        node = p.nodes[-1]
+        thermal = by_job[p.spec.job_id].get("thermal")
+        k = next((i for i in reversed(range(len(p.nodes))) if thermal is None or thermal[0] // g != i), len(p.nodes) - 1)
+        node = p.nodes[k]
         times = tuple(float(t) for t in np.linspace(0.5 * D, 0.8 * D, 4))
         flaps = (node, times)
-        faults.append(InjectedFault("flapping_ib_link", t_of(times[0]), t_of(times[-1]), p.spec.job_id, (), (topo.hosts[node],), (),
-                                    {"device": "mlx5_0", "port": 1, "link_downs": len(times)},
-                                    "analyzers.ib_links: ib_link_flapping on the host's HCA port (LinkDownedCounter rose)"))
+        by_job[p.spec.job_id]["ib_flap"] = (k, times[0], times[-1], fs.flapping_ib_comm_factor)
+        faults.append(InjectedFault("flapping_ib_link", t_of(times[0]), t_of(times[-1]), p.spec.job_id,
+                                    tuple(range(k * g, (k + 1) * g)), (topo.hosts[node],), (),
+                                    {"device": "mlx5_0", "port": 1, "link_downs": len(times),
+                                     "comm_factor": fs.flapping_ib_comm_factor},
+                                    "analyzers.ib_links: ib_link_flapping on the host's HCA port (LinkDownedCounter rose); "
+                                    "analyzers.fabric_attribution: the job's communication stragglers share that port"))
     jf = {}
     for jid, d in by_job.items():
         jf[jid] = JobFaults(thermal=d.get("thermal"), slow_link=d.get("slow_link"), sdc=d.get("sdc"),
-                            disruptions=tuple(sorted(d["disruptions"], key=lambda x: x.t_s)), hang=d.get("hang"))
+                            ib_flap=d.get("ib_flap"), disruptions=tuple(sorted(d["disruptions"], key=lambda x: x.t_s)), hang=d.get("hang"))
     for v in xids.values():
         v.sort()
     faults.sort(key=lambda f: (f.start, f.kind))

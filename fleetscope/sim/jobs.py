@@ -109,6 +109,7 @@ class JobFaults:
     thermal: tuple[int, float, float, float] | None = None  # rank, t0, t1, compute factor
     slow_link: tuple[int, float, float, float] | None = None  # node within the job, t0, t1, NVLink factor
     sdc: tuple[int, float] | None = None  # rank, t0
+    ib_flap: tuple[int, float, float, float] | None = None  # node within the job, t0, t1, comm factor
     disruptions: tuple[Disruption, ...] = ()
     hang: float | None = None  # t0: every rank blocks in a collective and the job makes no further step
 
@@ -350,12 +351,13 @@ def _step(plan: JobPlan, faults: JobFaults, noise: _Noise, S: np.ndarray, law: F
             c[r] *= f
     rs_node = law.rs_s * rsn
     ag_node = law.ag_s * agn
-    if faults.slow_link is not None:
-        k, a, b, f = faults.slow_link
-        if a <= t_now < b:
-            rs_node, ag_node = rs_node.copy(), ag_node.copy()
-            rs_node[k] *= f
-            ag_node[k] *= f
+    for slow in (faults.slow_link, faults.ib_flap):
+        if slow is not None:
+            k, a, b, f = slow
+            if a <= t_now < b:
+                rs_node, ag_node = rs_node.copy(), ag_node.copy()
+                rs_node[k] *= f
+                ag_node[k] *= f
     compute_end = S + c
     a_rs = compute_end - law.overlap_s * 0.95
     rs_end = a_rs.reshape(n_nodes, g).max(axis=1) + rs_node

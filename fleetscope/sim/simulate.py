@@ -262,8 +262,8 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
 
 
 def _kineto_nodes(spec: SimSpec, run: JobRun, jf, rng: np.random.Generator) -> list[int]:
-    """Nodes (within the job) whose ranks are profiled: node 0, the nodes of injected stragglers and slow
-    links (so the demo shows them), then a seeded sample of the rest."""
+    """Nodes (within the job) whose ranks are profiled: node 0, the nodes of injected stragglers, slow
+    links and flapping ports (so the demo shows them), then a seeded sample of the rest."""
     g = spec.gpus_per_node
     n_nodes = len(run.plan.nodes)
     want = [0]
@@ -271,6 +271,8 @@ def _kineto_nodes(spec: SimSpec, run: JobRun, jf, rng: np.random.Generator) -> l
         want.append(jf.thermal[0] // g)
     if jf.slow_link is not None:
         want.append(jf.slow_link[0])
+    if jf.ib_flap is not None:
+        want.append(jf.ib_flap[0])
     rest = [k for k in range(n_nodes) if k not in want]
     rng.shuffle(rest)
     chosen = list(dict.fromkeys(want))

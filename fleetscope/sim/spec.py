@@ -78,6 +78,9 @@ class FaultSpec:
     hung_job: bool = True
     silent_host: bool = True
     flapping_ib_link: bool = True
+    # the node's inter-node collective phases while the port retrains: NCCL stalls on each link-down and
+    # resumes on a retrained (often narrower) link, so its ranks communicate far slower than their peers
+    flapping_ib_comm_factor: float = 4.0
     gpu_mtbf_h: float | None = 400.0
     min_failures: int = 1  # at least this many failures (the Poisson draw is kept when it has more)
     recovery_s: tuple[float, float] = (120.0, 300.0)  # detect + reschedule, uniform
