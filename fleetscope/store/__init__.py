@@ -18,7 +18,9 @@ import fcntl
 import hashlib
 import json
 import os
+import sqlite3
 import threading
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +96,9 @@ class Rows:
         return df.with_columns([pl.col(c).cast(F.UTC_US) for c in self.columns if spec.schema[c] == F.UTC_US])
 
 
+IDLE_CHECKPOINT_S = 5.0
+"""How often the background checkpointer looks at the log when this store has not written."""
+
 # What an ingest-log row holds: source, content hash, rows written per frame, values.
 LogRows = Callable[[WriteResult], list[tuple[str, str | None, dict[str, int], int]]]
 
@@ -144,18 +149,25 @@ class Store:
 
         self.engine.dispose()  # pooled connections reopen with the pragma
         stop = threading.Event()
+        self._wal_dirty = dirty = threading.Event()
+        alive = weakref.ref(self)  # a store no one holds any more takes its thread with it
 
         def run() -> None:
-            import sqlite3
-
             conn = sqlite3.connect(path, timeout=30, check_same_thread=False)
             try:
-                while not stop.wait(interval_s):
+                while not stop.is_set():
+                    # woken by this store's commits; other writers (services' own transactions) are
+                    # covered by the idle tick
+                    dirty.wait(IDLE_CHECKPOINT_S)
+                    if alive() is None or stop.wait(interval_s):
+                        break
+                    dirty.clear()
                     try:
                         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     except sqlite3.Error:  # busy or gone for a moment: the next tick tries again
                         continue
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             finally:
                 conn.close()
 
@@ -223,7 +235,11 @@ class Store:
             return result
 
     def _committed(self, result: WriteResult, new_series: dict[str, int], span: Any) -> None:
-        """What follows a committed write: remember the series ids it created, count what it wrote."""
+        """What follows a committed write: remember the series ids it created, count what it wrote, wake
+        the checkpointer."""
+        dirty = getattr(self, "_wal_dirty", None)
+        if dirty is not None:
+            dirty.set()
         # Only ids from a committed transaction are remembered: a rolled-back insert never existed.
         if len(self._series_cache) + len(new_series) > 2_000_000:
             self._series_cache.clear()
