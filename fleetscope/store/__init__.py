@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 from fleetscope.store.db import make_engine
+from fleetscope.store.sqltypes import UTCDateTime
 
 _COPY_CHUNK_BYTES = 8 * 2**20
 # Below this many rows the direct COPY's savepoint is not worth having (PostgreSQL path of Store._insert).
@@ -57,6 +59,28 @@ class WriteResult:
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+@functools.lru_cache(maxsize=256)
+def _unnest_sql(table: str, columns: tuple[str, ...], key: Sequence[str], conflict: str) -> str:
+    """PostgreSQL: insert rows given as one array per column. Timestamps travel as epoch microseconds
+    (``Rows``' form) and are turned into ``timestamptz`` exactly, by integer interval arithmetic."""
+    from sqlalchemy.dialects import postgresql
+
+    cols = schema.metadata.tables[table].columns
+    arrays, exprs = [], []
+    for c in columns:
+        sa_type = cols[c].type
+        if isinstance(sa_type, UTCDateTime):
+            arrays.append("%s::bigint[]")
+            exprs.append(f"'epoch'::timestamptz + u.{_q(c)} * interval '1 microsecond' AS {_q(c)}")
+        else:
+            arrays.append(f"%s::{sa_type.compile(dialect=postgresql.dialect())}[]")
+            exprs.append(f"u.{_q(c)} AS {_q(c)}")
+    names = ", ".join(_q(c) for c in columns)
+    order = ", ".join(_q(k) for k in key)
+    return (f"INSERT INTO {_q(table)} ({names}) SELECT {', '.join(exprs)} FROM unnest({', '.join(arrays)}) AS u({names}) "
+            f"ORDER BY {order} {conflict}")
 
 
 def _epoch_us(value: dt.datetime) -> int:
@@ -265,8 +289,8 @@ class Store:
                     if spec.name == "metric_sample":
                         result.written[spec.name] = self._write_metric_rows(conn, r, new_series)
                     else:
-                        result.written[spec.name] = self._insert(conn, spec.name, r if self.dialect == "sqlite" else r.frame(spec),
-                                                                 spec.key, spec.on_conflict)
+                        small = self.dialect == "sqlite" or len(r.rows) < _DIRECT_COPY_ROWS
+                        result.written[spec.name] = self._insert(conn, spec.name, r if small else r.frame(spec), spec.key, spec.on_conflict)
                 self._log_ingest(conn, ingest_log(result))
             self._committed(result, new_series, span)
             return result
@@ -283,7 +307,7 @@ class Store:
             new_series.update(ids)
         mapped = sorted((get(row[i_series]) or ids[row[i_series]], row[i_ts], row[i_value]) for row in r.rows)
         out = Rows(("series_id", "ts", "value"), mapped)
-        if self.dialect != "sqlite":
+        if self.dialect != "sqlite" and len(mapped) >= _DIRECT_COPY_ROWS:
             out = pl.DataFrame(mapped, schema={"series_id": pl.Int64, "ts": pl.Int64, "value": pl.Float64}, orient="row").with_columns(
                 pl.col("ts").cast(F.UTC_US))
         return self._insert(conn, "metric_sample", out, ("series_id", "ts"), "ignore")
@@ -363,6 +387,14 @@ class Store:
                 return max(cur.rowcount, 0)
             finally:
                 cur.close()
+        if isinstance(df, Rows):
+            # A small group (an agent's push or a few): one statement, the columns sent as arrays and
+            # unnested, instead of a temp table's create, empty, COPY and INSERT ... SELECT: five round
+            # trips a frame become one, and a push's write is mostly round trips.
+            sql = _unnest_sql(table, tuple(df.columns), key, conflict)
+            with conn.connection.driver_connection.cursor() as cur:
+                cur.execute(sql, [list(col) for col in zip(*df.rows)] if df.rows else [[] for _ in df.columns])
+                return max(cur.rowcount, 0)
         # One temp table per column list: a session's tables keep the columns they were made with, and
         # writes of one table may carry different columns (all-null ones left out of a group's rows).
         tmp = _q(f"_in_{table}_{zlib.crc32(col_sql.encode()):08x}")
@@ -392,7 +424,10 @@ class Store:
             cur.execute(
                 f"CREATE TEMP TABLE IF NOT EXISTS {tmp} ON COMMIT DELETE ROWS AS SELECT {col_sql} FROM {_q(table)} WITH NO DATA"
             )
-            cur.execute(f"TRUNCATE {tmp}")
+            # Empty already unless this transaction used it before. DELETE, not TRUNCATE: TRUNCATE gives the
+            # table a new file each time (catalog writes, a file created and unlinked per batch), the larger
+            # part of PostgreSQL's CPU for an agent's 8-GPU push.
+            cur.execute(f"DELETE FROM {tmp}")
             _copy_csv(cur, f"COPY {tmp} ({col_sql}) FROM STDIN (FORMAT CSV)", df)
             # In key order, as every writer takes them: two transactions upserting the same keys in different
             # orders (two sources, or overlapping re-sends) each wait for a row the other holds, and one is
