@@ -974,19 +974,34 @@ def export(audit_id: str | None, out_path: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
-@click.option("--key", "key_path", required=True, type=click.Path(exists=True, dir_okay=False), help="The signer's public key (PEM).")
+@click.argument("bundle", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--key", "key_path", type=click.Path(exists=True, dir_okay=False), help="The bundle signer's public key (PEM).")
+@click.option("--auditlog", "audit_log", is_flag=True, help="Check this service's audit log instead of a bundle.")
 @click.option("--json", "as_json", is_flag=True)
-def verify(bundle: str, key_path: str, as_json: bool) -> None:
-    """Check an export BUNDLE offline: signature, and every file against the manifest. Exits 0 when intact,
-    7 when anything was altered, added or removed, or the signature does not verify."""
+def verify(bundle: str | None, key_path: str | None, audit_log: bool, as_json: bool) -> None:
+    """Check what an auditor is handed: an export BUNDLE offline (its signature, and every file against the
+    manifest; exit 0 intact, 7 when anything was altered, added or removed or the signature fails), or with
+    --auditlog this service's keyed audit log against its signed checkpoints (exit 0 when it holds, 8
+    naming the first bad entry).
+
+    \b
+    Examples:
+      fleetscope verify export-2026-12-03.zip --key signing_key.pub.pem
+      fleetscope verify --auditlog --json
+    """
+    if audit_log == (bundle is not None):
+        raise click.UsageError("give a BUNDLE (with --key) or --auditlog, not both or neither")
+    if audit_log:
+        _verify_audit_log(as_json)
+    if key_path is None:
+        raise click.UsageError("a BUNDLE is checked against its signer's public key: add --key FILE")
     from governance import exports
 
     try:
         key = exports.load_public_key(Path(key_path).read_bytes())
     except Exception as exc:  # noqa: BLE001 - a bad key file is the user's input error
         raise click.ClickException(f"{key_path}: not an Ed25519 public key in PEM form ({exc})") from None
-    result = exports.verify(Path(bundle).read_bytes(), key)
+    result = exports.verify(Path(bundle).read_bytes(), key)  # type: ignore[arg-type]
     if as_json:
         click.echo(json.dumps({"ok": result.ok, "signature_valid": result.signature_valid, "altered": list(result.altered),
                                "added": list(result.added), "removed": list(result.removed), "errors": list(result.errors)}))
@@ -995,16 +1010,7 @@ def verify(bundle: str, key_path: str, as_json: bool) -> None:
     sys.exit(0 if result.ok else 7)
 
 
-@main.group("auditlog")
-def auditlog_group() -> None:
-    """The keyed, checkpointed log of governance writes."""
-
-
-@auditlog_group.command("verify")
-@click.option("--json", "as_json", is_flag=True)
-def auditlog_verify(as_json: bool) -> None:
-    """Check every entry under the audit key and against the signed checkpoints; exit 0 when the log
-    holds, 8 naming the first bad entry (seq and why)."""
+def _verify_audit_log(as_json: bool) -> None:
     from fleetscope.services import audit as au
 
     try:
@@ -1020,6 +1026,11 @@ def auditlog_verify(as_json: bool) -> None:
         brk = out["first_break"]
         click.echo(f"audit log BROKEN at seq {brk['seq']}: {brk['why']}" if brk["seq"] is not None else f"audit log BROKEN: {brk['why']}")
     sys.exit(0 if out["ok"] else 8)
+
+
+@main.group("auditlog")
+def auditlog_group() -> None:
+    """The keyed, checkpointed log of governance writes (`fleetscope verify --auditlog` checks it)."""
 
 
 @auditlog_group.command("anchor")

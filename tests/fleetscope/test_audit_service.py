@@ -160,5 +160,10 @@ def test_cli_report_export_and_auditlog(tmp_path):
     assert ex.returncode == 0, ex.stderr
     pub = json.loads(ex.stdout)["public_key"]
     assert run("verify", str(tmp_path / "bundle.zip"), "--key", pub).returncode == 0
-    log = run("auditlog", "verify", "--json")
+    log = run("verify", "--auditlog", "--json")
     assert log.returncode == 0 and json.loads(log.stdout)["entries"] == 4  # model, declaration, audit run, export
+    # one verb, told which thing to check: a bundle with its key, or the log; anything else is a usage error
+    for args, why in (((), "not both or neither"), ((str(tmp_path / "bundle.zip"), "--auditlog"), "not both or neither"),
+                      ((str(tmp_path / "bundle.zip"),), "add --key FILE")):
+        bad = run("verify", *args)
+        assert bad.returncode == 2 and why in bad.stderr, (args, bad.stderr)

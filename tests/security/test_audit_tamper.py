@@ -176,7 +176,7 @@ def test_the_cli_names_the_first_bad_entry(tmp_path: Path) -> None:
     run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
     for v in ("1", "2", "3"):
         assert run("registry", "model", "scorer", v, "--purpose", "credit scoring").returncode == 0
-    ok = run("auditlog", "verify")
+    ok = run("verify", "--auditlog")
     assert ok.returncode == 0 and "audit log intact: 3 entries" in ok.stdout and "3 signed checkpoints" in ok.stdout
     store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
     import getpass
@@ -184,9 +184,9 @@ def test_the_cli_names_the_first_bad_entry(tmp_path: Path) -> None:
     assert [e.actor for e in rows(store)] == [getpass.getuser()] * 3
     sql("UPDATE audit_log SET subject = 'model:other:1' WHERE seq = 1")(store, tmp_path)
     store.engine.dispose()
-    bad = run("auditlog", "verify")
+    bad = run("verify", "--auditlog")
     assert bad.returncode == 8 and bad.stdout.startswith("audit log BROKEN at seq 1: seq 1: the content does not match its HMAC"), bad.stdout
-    as_json = json.loads(run("auditlog", "verify", "--json").stdout)
+    as_json = json.loads(run("verify", "--auditlog", "--json").stdout)
     assert as_json["ok"] is False and as_json["first_break"]["seq"] == 1 and as_json["entries"] == 3
 
 
@@ -271,4 +271,4 @@ def test_cli_silences_are_logged_as_the_os_user(tmp_path: Path) -> None:
     assert [(e.action, e.actor, e.subject) for e in log] == [("silence_create", getpass.getuser(), f"silence:{sid}"),
                                                             ("silence_expire", getpass.getuser(), f"silence:{sid}")]
     assert json.loads(log[0].payload)["created_by"] == "oncall"
-    assert run("auditlog", "verify").returncode == 0
+    assert run("verify", "--auditlog").returncode == 0
