@@ -59,12 +59,15 @@ class MonitoringStream:
 
 
 def credit_stream(model: str, version: str, start: datetime, *, hours: int, rate: int, rng: np.random.Generator,
-                  drift_from_hour: int | None = None, bias: float = 0.0, outcome_share: float = 0.8) -> MonitoringStream:
+                  drift_from_hour: int | None = None, bias: float = 0.0, outcome_share: float = 0.8, income_fall: float = 0.4,
+                  concept_drift: float = 0.0) -> MonitoringStream:
     """``rate`` applications an hour for ``hours`` hours to a credit-scoring model (Annex III 5(b)): features
     income (kEUR), debt_ratio, age, group attributes sex and age_band; the outcome (default within a year)
-    is known for ``outcome_share`` of them. From ``drift_from_hour`` on, applicants' incomes fall by 40 %
-    and debt ratios rise (a downturn: data drift, and the model's scores move with it). ``bias`` shifts the
-    logit of women who would repay towards refusal (a biased version: more false negatives for F)."""
+    is known for ``outcome_share`` of them. From ``drift_from_hour`` on, applicants' incomes fall by
+    ``income_fall`` (40 %) and debt ratios rise (a downturn: data drift, and the model's scores move with it),
+    and ``concept_drift`` of the outcomes turn against the model's score (what predicted repayment no longer
+    does: its accuracy falls). ``bias`` shifts the logit of women who would repay towards refusal (a biased
+    version: more false negatives for F)."""
     import json
     from datetime import timedelta
 
@@ -75,7 +78,7 @@ def credit_stream(model: str, version: str, start: datetime, *, hours: int, rate
     sex = rng.choice(np.array(["F", "M"]), n)
     age = np.clip(rng.normal(42, 12, n), 18, 90).round()
     band = np.select([age < 30, age < 45, age < 65], ["18-29", "30-44", "45-64"], "65+")
-    income = rng.lognormal(np.log(38.0), 0.45, n) * np.where(drifted, 0.6, 1.0)
+    income = rng.lognormal(np.log(38.0), 0.45, n) * np.where(drifted, 1.0 - income_fall, 1.0)
     debt = np.clip(rng.beta(2, 5, n) + np.where(drifted, 0.15, 0.0), 0, 1)
     risk = -1.2 + 1.6 * debt - 0.03 * (income - 38) + 0.01 * (age - 42) + rng.normal(0, 0.8, n)
     default = (rng.random(n) < 1 / (1 + np.exp(-risk))).astype(int)  # 1: defaulted
@@ -83,6 +86,8 @@ def credit_stream(model: str, version: str, start: datetime, *, hours: int, rate
     logit = 1.9 * (2 * y - 1) + rng.normal(0, 1.2, n) - 0.02 * (40 - np.minimum(income, 80)) - 1.0 * (debt - 0.3)
     logit -= bias * ((sex == "F") & (y == 1))
     score = 1 / (1 + np.exp(-logit))
+    turned = drifted & (rng.random(n) < concept_drift)
+    y = np.where(turned, (score < 0.5).astype(int), y)
     known = rng.random(n) < outcome_share
     offs = rng.integers(0, 3600, n)
     for i in range(n):
