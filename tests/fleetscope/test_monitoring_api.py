@@ -84,3 +84,36 @@ def test_refusals(fed):
     assert httpx.post(api.url + "/api/v1/incidents", headers=h, json={**inc, "kind": "bad"}).status_code in (404, 422)
     assert httpx.post(api.url + "/api/v1/incidents", headers=h, json={**inc, "extra": 1}).status_code == 422
     assert httpx.post(api.url + "/api/v1/incidents", headers=h, json={**inc, "subject": "x" * 2000}).status_code == 422
+
+
+def test_cli(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    f = tmp_path / "credit.jsonl"
+    f.write_bytes(credit_stream("credit", "1", T0, hours=28, rate=100, rng=np.random.default_rng(5), drift_from_hour=26, bias=1.5).jsonl)
+    assert "no predictions stored" in run("monitoring", "models").stdout
+    assert run("ingest", str(f)).returncode == 0
+    assert "credit@1: 2800 predictions" in run("monitoring", "models").stdout
+    assert "no evaluated window" in run("monitoring", "windows", "credit", "1").stdout
+    out = run("monitoring", "evaluate", "credit", "1")
+    assert out.returncode == 7, out.stderr  # findings were raised
+    assert "4 window(s) of 3600 s" in out.stdout and "model_drift 2" in out.stdout
+    w = json.loads(run("monitoring", "windows", "credit", "1", "--json").stdout)
+    assert len(w) == 4 and "drift" in w[-1]["status"]
+    found = json.loads(run("monitoring", "findings", "credit", "1", "--json").stdout)
+    drift = next(x for x in found if x["kind"] == "model_drift")
+    out = run("monitoring", "impossibility", "credit", "1", "--attribute", "sex")
+    assert out.returncode == 0 and "equalized_odds" in out.stdout and "fails" in out.stdout
+    out = run("monitoring", "incident", "model_drift", drift["subject"], str(drift["window_start"]).replace(" ", "T"), "--kind", "death", "--by", "qa")
+    assert out.returncode == 0, out.stderr
+    assert "(10 days, Art. 73(4))" in out.stdout
+    bad = run("monitoring", "evaluate", "nope", "1")
+    assert bad.returncode == 1 and "no predictions stored for nope@1" in bad.stderr
+    assert run("monitoring", "evaluate", "credit", "1", "--start", "2026-01-01T00:00:00").returncode == 2  # no zone
+    assert run("monitoring", "incident", "model_drift", "model:credit:1", "2020-01-01T00:00:00Z", "--kind", "death").returncode == 1
