@@ -174,7 +174,8 @@ def _cleared(store: Store, subject: str, starts: Sequence[dt.datetime], fresh: l
         return []
     sql = ("SELECT analyzer, kind, subject, window_start, window_end, summary, evidence FROM finding WHERE analyzer = ?"
            " AND (subject = ? OR subject LIKE ?) AND window_start >= ? AND window_start <= ? AND severity <> 'info'")
-    old = fetch(store, sql, [GM.ANALYZER, subject, subject.replace("%", r"\%").replace("_", r"\_") + "/%", min(starts), max(starts)],
+    # LIKE's wildcards in a model's name widen the match; the exact prefix is checked below
+    old = fetch(store, sql, [GM.ANALYZER, subject, subject + "/%", min(starts), max(starts)],
                 {"analyzer": pl.String, "kind": pl.String, "subject": pl.String, "window_start": UTC, "window_end": UTC,
                  "summary": pl.String, "evidence": pl.String})
     keep = {(f["kind"], f["subject"], _utc(f["window_start"])) for f in fresh}
@@ -182,7 +183,7 @@ def _cleared(store: Store, subject: str, starts: Sequence[dt.datetime], fresh: l
     out = []
     for r in old.iter_rows(named=True):
         if r["subject"] != subject and not r["subject"].startswith(subject + "/"):
-            continue  # LIKE without ESCAPE treats _ as a wildcard on some databases: check exactly
+            continue
         ws = _utc(r["window_start"])
         if ws in wanted and (r["kind"], r["subject"], ws) not in keep:
             out.append({**r, "window_start": ws, "severity": "info", "score": None,

@@ -119,3 +119,16 @@ def test_evidence_for_the_audit(fed):
     assert ev["windows"] == HOURS - 24 and ev["last_window_end"] == T0 + dt.timedelta(hours=HOURS)
     assert ev["recent_accuracy"] == pytest.approx(float((w["accuracy"] * w["n_outcomes"]).sum() / w["n_outcomes"].sum()))
     assert ev["findings"]["model_drift"] == HOURS - DRIFT_HOUR
+
+
+def test_findings_of_a_name_with_like_wildcards_are_cleared_too(store):
+    s = credit_stream("credit_%score", "1", T0, hours=26, rate=120, rng=np.random.default_rng(2), bias=2.0, drift_from_hour=25)
+    ingestion.ingest_bytes(store, s.jsonl, source="odd.jsonl")
+    now = T0 + dt.timedelta(hours=26)
+    MS.evaluate(store, "credit_%score", "1", now=now)
+    raised = MS.findings(store, "credit_%score", "1")
+    assert raised.filter(pl.col("subject").str.contains("/attribute:")).height > 0
+    calm = GM.MonitoringConfig(psi_moderate=50, psi_significant=100, prediction_psi_max=100, fairness_max=None, accuracy_drop=1.0)
+    MS.evaluate(store, "credit_%score", "1", now=now, config=calm)
+    assert MS.findings(store, "credit_%score", "1").height == 0
+    assert MS.findings(store, "credit_%score", "1", include_cleared=True).height == raised.height
