@@ -224,6 +224,9 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
         "fairness_evaluations": store.read("fairness_evaluation"),
         "fairness_groups": store.read("fairness_group"),
         "incidents": store.read("aiact_declaration").filter(pl.col("kind") == "incident"),
+        # Art. 72 evidence: every evaluated post-market monitoring window and the findings they raised
+        "monitoring_windows": ms.windows(store, limit=100_000),
+        "monitoring_findings": ms.findings(store, include_cleared=True, limit=10_000),
         "energy_and_compute": _footprints(store),
     }
     key = signing_key(settings)

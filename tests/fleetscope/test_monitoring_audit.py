@@ -71,5 +71,13 @@ def test_an_incident_from_a_finding_starts_the_art73_clock(deployed, tmp_path):
     # unreported past the deadline: Art. 73 fails
     r = results(store, au.run_audit(store, settings, model="credit", version="1", now=NOW + dt.timedelta(days=3))["audit_id"])["art73"]
     assert r["status"] == "fail" and "2-day deadline" in r["reason"]
+    # the signed export carries the windows and findings the Art. 72 result rests on
+    import io
+    import zipfile
+
+    bundle = zipfile.ZipFile(io.BytesIO(open(au.make_export(store, settings, audit_id=out["audit_id"], requested_by="t")["path"], "rb").read()))
+    windows = pl.read_csv(bundle.read("evidence/monitoring_windows.csv"))
+    assert windows.height == 6 and set(windows["model_name"]) == {"credit"}
+    assert "model_drift" in set(pl.read_csv(bundle.read("evidence/monitoring_findings.csv"))["kind"])
     with pytest.raises(MS.NotFound):
         au.declare_incident(store, "model_drift", f["subject"], T0, incident_kind="death", entered_by="x", now=NOW)
