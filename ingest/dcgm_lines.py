@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,9 +88,38 @@ class Lines:
     extra: list[str] = field(default_factory=list)  # per key: its block when it has non-standard labels
     metrics: list[tuple[int, str, float]] = field(default_factory=list)  # (key index, DCGM field, value)
     meta: dict[str, Any] = field(default_factory=dict)
+    # A body filled from a template keeps its gpu_sample values flat, key-major in ``compiled.cols``
+    # order (None where a GPU lacks a field), and builds ``fields`` only when something asks for them.
+    flat: tuple[Any, ...] | None = None
+    compiled: _Compiled | None = None
+    n_values: int = -1
+
+    def __post_init__(self) -> None:
+        if self.flat is not None:  # ``fields`` (set first, through the property) was only its default
+            self._fields: list[dict[str, float | int | None]] | None = None
 
     def values(self) -> int:
+        if self.n_values >= 0:
+            return self.n_values
         return sum(sum(v is not None for v in row.values()) for row in self.fields) + len(self.metrics)
+
+
+def _get_fields(self: Lines) -> list[dict[str, float | int | None]]:
+    if self._fields is None:
+        c = self.compiled
+        assert c is not None and self.flat is not None
+        n = len(c.cols)
+        self._fields = [{col: v for col, v in zip(c.cols, self.flat[k * n:(k + 1) * n]) if v is not None or col in c.present[k]}
+                        for k in range(len(self.keys))]
+    return self._fields
+
+
+def _set_fields(self: Lines, value: list[dict[str, float | int | None]]) -> None:
+    self._fields = value
+    self.flat = None
+
+
+Lines.fields = property(_get_fields, _set_fields)  # type: ignore[assignment]
 
 
 def _blank(value: float, kind: str) -> bool:
@@ -255,6 +285,7 @@ class _Template:
     def __init__(self, lines: Lines, slots: list[_Slot]):
         self.lines = lines
         self.slots = slots
+        self.compiled = _Compiled(lines, slots)
 
     def fill(self, values: list[bytes]) -> Lines | None:
         if len(values) != len(self.slots) or not _PLAIN_NUMBERS.fullmatch(b" ".join(values)):
@@ -266,19 +297,76 @@ class _Template:
         if numbers and min(numbers) == -math.inf:
             return None
         base = self.lines
-        fields: list[dict[str, float | int | None]] = [{} for _ in base.keys]
-        metrics: list[tuple[int, str, float]] = []
-        for value, slot in zip(numbers, self.slots):
+        # Every sentinel band and infinity lies above 2**31 - 16: only values there (an energy counter in mJ,
+        # say) need their slot's blank test before the index tables take the body.
+        if numbers and max(numbers) >= _INT32_BLANK:
+            for i in [i for i, v in enumerate(numbers) if v >= _INT32_BLANK]:
+                slot = self.slots[i]
+                if slot is not None and _blank(numbers[i], slot[4] if slot[3] != "m" else "?"):
+                    return None  # a blank or an infinity: dropped and counted line by line
+        return self.compiled.fill(base, numbers)
+
+
+class _Compiled:
+    """A template's slots as index tables, so a body is filled with a few C-level passes instead of a
+    Python step per value: where each value lands in the key-major gpu_sample rows, which are integers or
+    scaled, and the rows that do not change between bodies (inventory, pod attribution, series keys)."""
+
+    def __init__(self, lines: Lines, slots: list[_Slot]):
+        cols_seen = {s[1] for s in slots if s is not None and s[3] != "m"}
+        self.cols = tuple(c for c in _GPU_COLS if c in cols_seen)
+        n = len(self.cols)
+        at = {c: j for j, c in enumerate(self.cols)}
+        k_n = len(lines.keys)
+        where = [len(slots)] * (k_n * n)  # the index of a None appended to the values
+        self.ints: list[tuple[int, float]] = []
+        self.scaled: list[tuple[int, float]] = []
+        metric_at: list[int] = []
+        self.series: list[str] = []
+        self.metric_keys: list[tuple[int, str]] = []
+        for i, slot in enumerate(slots):
             if slot is None:
                 continue
             k, col, factor, how = slot[0], slot[1], slot[2], slot[3]
-            if value >= _INT32_BLANK and _blank(value, slot[4] if how != "m" else "?"):
-                return None  # a blank or an infinity: dropped and counted line by line
             if how == "m":
-                metrics.append((k, col, value))
+                metric_at.append(i)
+                self.series.append(_series(lines, k, col))
+                self.metric_keys.append((k, col))
+                continue
+            where[k * n + at[col]] = i
+            if how == "i":
+                self.ints.append((i, factor))
+            elif factor != 1.0:
+                self.scaled.append((i, factor))
+        self.pick = operator.itemgetter(*where) if len(where) > 1 else (lambda v: tuple(v[i] for i in where))
+        self.pick_metrics = (operator.itemgetter(*metric_at) if len(metric_at) > 1
+                             else (lambda v: tuple(v[i] for i in metric_at)))
+        self.n_metrics = len(metric_at)
+        self.n_fields = sum(1 for w in where if w != len(slots))
+        self.present = [frozenset(c for j, c in enumerate(self.cols) if where[k * n + j] != len(slots)) for k in range(k_n)]
+        self.inventory = [_inventory_row(key, labels)[:-1] for key, labels in zip(lines.keys, lines.labels)]
+        self.workload = [workload_of(labels) for labels in lines.labels]
+        fault_cols = [at[c] for c in _FAULT_COLUMNS if c in at]
+        self.faults = [k * n + j for k in range(k_n) for j in fault_cols]
+
+    def fill(self, base: Lines, numbers: list[float]) -> Lines:
+        values: list[Any] = numbers
+        lost = 0
+        for i, factor in self.ints:
+            r = round(values[i] * factor)
+            if -(2**63) <= r < 2**63:
+                values[i] = r
             else:
-                fields[k][col] = _scaled(value, factor, how == "i")
-        return Lines(keys=base.keys, fields=fields, labels=base.labels, extra=base.extra, metrics=metrics, meta=dict(base.meta))
+                values[i] = None
+                lost += 1
+        for i, factor in self.scaled:
+            values[i] *= factor
+        metrics = []
+        if self.n_metrics:
+            metrics = [(k, col, v) for (k, col), v in zip(self.metric_keys, self.pick_metrics(values))]
+        values.append(None)
+        return Lines(keys=base.keys, labels=base.labels, extra=base.extra, metrics=metrics, meta=dict(base.meta),
+                     flat=self.pick(values), compiled=self, n_values=self.n_fields - lost + self.n_metrics)
 
 
 def _plain(block: str) -> bool:
@@ -320,6 +408,9 @@ def _series(lines: Lines, k: int, name: str) -> str:
 
 def faulty(lines: Lines) -> bool:
     """Whether a body carries a fault reading (an XID, ECC or row-remap count above zero): a health event."""
+    if lines.flat is not None and lines.compiled is not None:
+        flat = lines.flat
+        return any(flat[i] for i in lines.compiled.faults)
     return any(row.get(c) for row in lines.fields for c in _FAULT_COLUMNS)
 
 
@@ -336,6 +427,9 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
     the first row for other telemetry, the last for inventory; a column null in every row left out;
     timestamps as epoch microseconds). For bodies without
     fault readings only (see ``faulty``): health events need the frame path."""
+    fast = _flat_tuples(parts)
+    if fast is not None:
+        return fast
     samples: dict[tuple[int, str], dict[str, Any]] = {}
     inventory: dict[str, tuple[Any, ...]] = {}
     workload: dict[tuple[int, str], tuple[Any, ...]] = {}
@@ -360,6 +454,45 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
         cols = _TUPLE_COLUMNS[name]
         keep = [i for i, c in enumerate(cols) if i == 0 or c in ("ts", "gpu_uuid") or any(r[i] is not None for r in rows)]
         out[name] = (tuple(cols[i] for i in keep), [tuple(r[i] for i in keep) for r in rows])
+    return out
+
+
+def _flat_tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]] | None:
+    """``tuples`` for a group of template-filled bodies with one column set and no GPU twice at one
+    instant (a fleet's steady state); None for any other group, which the general path takes."""
+    if not parts:
+        return None
+    first = parts[0][0].compiled
+    if first is None:
+        return None
+    cols = first.cols
+    if any(lines.flat is None or lines.compiled is None or lines.compiled.cols != cols for lines, _ in parts):
+        return None
+    n = len(cols)
+    samples: list[tuple[Any, ...]] = []
+    inventory: dict[str, tuple[Any, ...]] = {}
+    workload: list[tuple[Any, ...]] = []
+    metrics: list[tuple[Any, ...]] = []
+    for lines, t in parts:
+        c = lines.compiled
+        flat = lines.flat
+        assert c is not None and flat is not None
+        for k, key in enumerate(lines.keys):
+            samples.append((t, key) + flat[k * n:(k + 1) * n])
+            work = c.workload[k]
+            if work is not None:
+                workload.append((t, key, *work))
+        for key, row in zip(lines.keys, c.inventory):
+            inventory[key] = row
+        if lines.metrics:
+            metrics.extend((t, series, v) for series, (_, _, v) in zip(c.series, lines.metrics))
+    if len({(r[0], r[1]) for r in samples}) != len(samples):
+        return None
+    out = {"gpu_sample": (("ts", "gpu_uuid", *cols), samples)}
+    for name, rows in (("gpu", list(inventory.values())), ("gpu_workload", workload), ("metric_sample", metrics)):
+        names = _TUPLE_COLUMNS[name]
+        keep = [i for i, col in enumerate(names) if i == 0 or col in ("ts", "gpu_uuid") or any(r[i] is not None for r in rows)]
+        out[name] = (tuple(names[i] for i in keep), rows if len(keep) == len(names) else [tuple(r[i] for i in keep) for r in rows])
     return out
 
 

@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import ui
 from fleetscope.services.alerting import reads as alert_reads
-from fleetscope.services import energy as energy_svc
+from fleetscope.services import catalog, energy as energy_svc
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import health as health_svc
 from fleetscope.services import jobs as jobs_svc
@@ -177,3 +177,8 @@ else:
 with st.expander("Data held"):
     st.dataframe(ui.q(telemetry.table_rows, live=False), hide_index=True)
     st.caption("Large telemetry tables show an estimate (approximate = true).")
+
+with st.expander("What the service runs"):
+    # the analyzer registry: every analysis per job and per fleet window, in the order it runs
+    st.dataframe(pl.DataFrame([{**r, **{k: ", ".join(r[k]) for k in ("modules", "needs", "reads", "writes")}} for r in catalog.analyses()]),
+                 hide_index=True)

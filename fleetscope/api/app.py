@@ -180,6 +180,8 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.state.gate = Gate(app, settings)
     app.router.on_shutdown.append(app.state.door.close)
+    store.checkpoint_in_background()
+    app.router.on_shutdown.append(store.stop_checkpointing)
 
     app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -192,6 +192,8 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
             data, formats = inflate()
             small = formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES
             push = prepare(data, formats) if small else await run_in_threadpool(prepare, data, formats)
+            if small:
+                door.read_lines(push)
         else:
             push = await run_in_threadpool(lambda: prepare(*inflate()))
     except ingestion.UnknownFormat as exc:

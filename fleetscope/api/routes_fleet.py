@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from fleetscope.services import fleet_metrics
+from fleetscope.services import catalog, fleet_metrics
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
@@ -17,3 +17,10 @@ def fleet_series(request: Request) -> Response:
     dcgm-exporter's ``UUID`` and ``Hostname`` labels), and PUE and GPU power per site, in the Prometheus
     text format. Scrape it with a read token (``authorization: {credentials: ...}`` in the scrape job)."""
     return Response(fleet_metrics.exposition(request.app.state.store), media_type=fleet_metrics.CONTENT_TYPE)
+
+
+@router.get("/analyzers", dependencies=[Depends(require("read"))])
+def analyzers() -> list[dict]:
+    """The analyzer registry: every analysis the service runs per job and per fleet window, in the order it
+    runs, with the pure modules it calls and the frames it needs, reads and writes."""
+    return catalog.analyses()

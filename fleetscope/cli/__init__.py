@@ -1273,6 +1273,23 @@ def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int,
     _emit(as_json, data, "\n".join(f"{r['severity']:<8} {r['kind']:<24} {r['subject']:<40} {r['summary'] or ''}" for r in data) or "no findings")
 
 
+@main.command("analyzers")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def analyzers_cmd(as_json: bool) -> None:
+    """The analyses the service runs, per job and per fleet window, in the order they run: the pure modules
+    each calls and the frames it reads and writes.
+
+    \b
+    Examples:
+      fleetscope analyzers
+      fleetscope analyzers --json | jq '.[] | select(.writes | index("finding")) | .name'
+    """
+    from fleetscope.services import catalog  # imports every analyzer: only for this verb
+
+    rows = catalog.analyses()
+    _emit(as_json, rows, "\n".join(f"{r['cadence']:<7} {r['name']:<19} {' '.join(r['modules']):<58} {r['summary']}" for r in rows))
+
+
 @main.command("metrics")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write to this file (atomically, for node_exporter's textfile collector) instead of stdout.")

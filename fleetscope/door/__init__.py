@@ -123,6 +123,18 @@ def notes(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
+def read_lines(push: Push) -> None:
+    """Read a small ``dcgm`` push's lines where it arrives, so the reading of each overlaps the writer's
+    commit of the group before it; a body the line reader declines is left for the writer to parse."""
+    if push.dcgm is not None and push.lines is None and push.batch is None:
+        try:
+            push.lines = dcgm_lines.read(push.dcgm)
+        except Exception:  # noqa: BLE001 - the writer parses it again and answers this push alone
+            push.lines = None
+        if push.lines is not None:
+            push.notes = notes(push.lines.meta)
+
+
 def _prepare(push: Push) -> None:
     """Give a ``dcgm`` push its rows: the line reader's, or the columnar parser's where it declines."""
     if push.dcgm is None or push.batch is not None or push.lines is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -21,6 +22,7 @@ from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
 from fleetscope.observability import tracer
+from fleetscope.services.analysis import Registry
 from fleetscope.store import Store
 from collections.abc import Sequence
 from fleetscope.core.units import as_utc
@@ -58,50 +60,131 @@ def with_nvlink_counters(store: Store, samples: pl.DataFrame, start: dt.datetime
     return samples.join(wide, on=["gpu_uuid", "ts"], how="left", maintain_order="left")
 
 
+@dataclass
+class WindowRun:
+    """One health sweep over [start, end): the window's frames (each read once) and the findings so far.
+    ``shared`` carries what one analysis leaves for a later one (the topology, the fresh link findings)."""
+
+    store: Store
+    start: dt.datetime
+    end: dt.datetime
+    hang_min_stall_s: float
+    found: list[pl.DataFrame] = field(default_factory=list)
+    shared: dict[str, Any] = field(default_factory=dict)
+    gpu_rows: pl.DataFrame = field(default_factory=pl.DataFrame)
+    node_rows: pl.DataFrame = field(default_factory=pl.DataFrame)
+    _frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    def read(self, frame: str) -> pl.DataFrame:
+        if frame not in self._frames:
+            if frame == "gpu_sample":
+                df = with_nvlink_counters(self.store, self.store.read("gpu_sample", start=self.start, end=self.end), self.start, self.end)
+            elif frame == "health_event":
+                df = self.store.read("health_event", start=self.start, end=self.end)
+            elif frame == "gpu":
+                df = self.store.read("gpu", columns=["gpu_uuid", "host", "model_name"])
+            else:  # nccl_test: the whole history, its runs are compared with their peers of any age
+                df = self.store.read(frame)
+            self._frames[frame] = df
+        return self._frames[frame]
+
+
+WINDOW: Registry[WindowRun] = Registry("window")
+"""The per-window analyses of the health sweep, in the order they run (``services.analysis``)."""
+
+
+@WINDOW.register("gpu_health", modules=("analyzers.health",), reads=("gpu_sample", "metric_sample", "health_event", "gpu"),
+                 writes=("finding",), needs=("gpu_sample",),
+                 summary="per-GPU and per-node health (ECC, row remap, XIDs, PCIe replay, NVLink errors) and thermal throttling")
+def _gpu_health(w: WindowRun) -> None:
+    events, gpus = w.read("health_event"), w.read("gpu")
+    w.gpu_rows = health.gpu_health(w.read("gpu_sample"), events.filter(pl.col("kind") == "xid") if events.height else None,
+                                   gpu_host=gpus if gpus.height else None)
+    w.node_rows = health.node_health(w.gpu_rows) if "host" in w.gpu_rows.columns else pl.DataFrame()
+    w.found.append(health.health_findings(w.gpu_rows, w.node_rows if w.node_rows.height else None, window_start=w.start, window_end=w.end))
+    w.found.append(health.throttle_findings(w.gpu_rows, window_start=w.start, window_end=w.end))
+
+
+@WINDOW.register("absence", modules=("analyzers.absence",), reads=("gpu_sample", "gpu", "host", "finding"), writes=("finding",),
+                 summary="GPUs, hosts and sites that stopped reporting, carried until they report again")
+def _absence(w: WindowRun) -> None:
+    w.found.append(absent(w.store, w.read("gpu_sample"), w.read("gpu"), w.start, w.end))
+
+
+@WINDOW.register("hangs", modules=("analyzers.hangs",), reads=("step", "job_rank", "gpu_sample", "health_event"), writes=("finding",),
+                 summary="jobs that stopped stepping while holding their GPUs, and NCCL watchdog timeouts")
+def _hangs(w: WindowRun) -> None:
+    samples = w.read("gpu_sample")
+    # stalls are measured against the freshest telemetry, as absence is: a hung job's GPUs keep
+    # reporting (busy in the collective), while data that arrives late moves every clock together
+    fresh = min(w.end, samples["ts"].max()) if samples.height else w.end
+    w.found.append(hangs.hang_findings(job_progress(w.store, fresh), now=fresh, min_stall_s=w.hang_min_stall_s,
+                                       watchdog=watchdog_timeouts(w.store, fresh)))
+
+
+@WINDOW.register("sdc_probe", modules=("analyzers.sdc",), reads=("health_event",), writes=("finding",),
+                 summary="GPUs that failed the known-answer probe: confirmed silent-data-corruption suspects")
+def _sdc_probe(w: WindowRun) -> None:
+    probes = probe_results(w.read("health_event"))
+    if probes.height:
+        w.found.append(sdc.sdc_findings(probes=probes))
+
+
+@WINDOW.register("nccl_tests", modules=("analyzers.fabric",), reads=("nccl_test",), writes=("finding",), needs=("nccl_test",),
+                 summary="nccl-tests runs whose bus bandwidth regressed against earlier runs of the same shape")
+def _nccl_tests(w: WindowRun) -> None:
+    reg = fabric.nccl_test_regressions(w.read("nccl_test"))
+    if reg.height:
+        w.found.append(fabric.fabric_findings(regressions=reg, window_start=w.start, window_end=w.end))
+
+
+@WINDOW.register("ib_links", modules=("analyzers.ib_links",), reads=("fabric_port_sample", "fabric_link"), writes=("finding",),
+                 summary="InfiniBand/RoCE links flapping, erroring, congested or trained narrower or slower than their peers")
+def _ib_links(w: WindowRun) -> None:
+    fh = fabric_health(w.store, w.start, w.end)
+    w.shared.update(topology=fh["topology"], nic_rate_gbps=fh["nic_rate_gbps"], link_findings=fh["findings"])
+    w.found.append(fh["findings"])
+
+
+@WINDOW.register("alltoall", modules=("analyzers.fabric_attribution",), reads=("nccl_test", "fabric_link"), writes=("finding",),
+                 summary="all-to-all runs far below the bound the stored topology allows")
+def _alltoall(w: WindowRun) -> None:
+    util = alltoall_utilization(w.store, w.end, w.read("nccl_test"), links=w.shared.get("topology"), nic_rate_gbps=w.shared.get("nic_rate_gbps"))
+    w.found.append(fabric_attribution.utilization_findings(util))
+
+
+@WINDOW.register("slow_fabric", modules=("analyzers.fabric",), reads=("collective", "nccl_test"), writes=("finding",),
+                 summary="hosts and point-to-point links slower than their peers in collectives and nccl-tests")
+def _slow_fabric(w: WindowRun) -> None:
+    slow = slow_fabric(w.store, w.start, w.end, w.read("nccl_test"))
+    w.shared["slow"] = slow
+    w.found.append(slow)
+
+
+@WINDOW.register("fabric_attribution", modules=("analyzers.fabric_attribution",),
+                 reads=("finding", "job_rank", "gpu", "fabric_gpu_nic", "fabric_link"), writes=("finding",),
+                 summary="the HCA port, host or leaf switch a job's communication stragglers share")
+def _fabric_attribution(w: WindowRun) -> None:
+    fresh = pl.concat([w.shared.get("link_findings", F.FINDING.empty()), w.shared.get("slow", F.FINDING.empty())], how="vertical_relaxed")
+    w.found.append(straggler_attribution(w.store, w.start, w.end, links=w.shared.get("topology"), fresh=fresh)["findings"])
+
+
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
-    """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``."""
+    """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``.
+    Every analysis of the ``WINDOW`` registry runs in turn."""
     if end <= start:
         raise ValueError("end must be after start")
     if end - start > MAX_WINDOW:
         raise ValueError(f"window longer than {MAX_WINDOW}: health reads raw samples, so ask for at most a day")
     with tracer().start_as_current_span("health.window"):
-        samples = with_nvlink_counters(store, store.read("gpu_sample", start=start, end=end), start, end)
-        events = store.read("health_event", start=start, end=end)
-        gpus = store.read("gpu", columns=["gpu_uuid", "host", "model_name"])
-        findings: list[pl.DataFrame] = []
-        gpu_rows = node_rows = pl.DataFrame()
-        if samples.height:
-            gpu_rows = health.gpu_health(samples, events.filter(pl.col("kind") == "xid") if events.height else None, gpu_host=gpus if gpus.height else None)
-            node_rows = health.node_health(gpu_rows) if "host" in gpu_rows.columns else pl.DataFrame()
-            findings.append(health.health_findings(gpu_rows, node_rows if node_rows.height else None, window_start=start, window_end=end))
-            findings.append(health.throttle_findings(gpu_rows, window_start=start, window_end=end))
-        findings.append(absent(store, samples, gpus, start, end))
-        # stalls are measured against the freshest telemetry, as absence is: a hung job's GPUs keep
-        # reporting (busy in the collective), while data that arrives late moves every clock together
-        fresh = min(end, samples["ts"].max()) if samples.height else end
-        findings.append(hangs.hang_findings(job_progress(store, fresh), now=fresh, min_stall_s=hang_min_stall_s,
-                                            watchdog=watchdog_timeouts(store, fresh)))
-        probes = probe_results(events)
-        if probes.height:
-            # a GPU that fails the known-answer probe is a confirmed SDC suspect
-            findings.append(sdc.sdc_findings(probes=probes))
-        tests = store.read("nccl_test")
-        if tests.height:
-            reg = fabric.nccl_test_regressions(tests)
-            if reg.height:
-                findings.append(fabric.fabric_findings(regressions=reg, window_start=start, window_end=end))
-        fh = fabric_health(store, start, end)
-        findings.append(fh["findings"])
-        util = alltoall_utilization(store, end, tests, links=fh["topology"], nic_rate_gbps=fh["nic_rate_gbps"])
-        findings.append(fabric_attribution.utilization_findings(util))
-        slow = slow_fabric(store, start, end, tests)
-        findings.append(slow)
-        findings.append(straggler_attribution(store, start, end, links=fh["topology"],
-                                              fresh=pl.concat([fh["findings"], slow], how="vertical_relaxed"))["findings"])
-        found = pl.concat([f for f in findings if f.height], how="vertical_relaxed") if any(f.height for f in findings) else F.FINDING.empty()
+        w = WindowRun(store, start, end, hang_min_stall_s)
+        # an empty window is a finding of its own (absence), never a note
+        WINDOW.run_all(w, lambda frame: w.read(frame).height > 0, lambda _note: None)
+        parts = [f for f in w.found if f.height]
+        found = pl.concat(parts, how="vertical_relaxed") if parts else F.FINDING.empty()
         if write and found.height:
             store.write(F.Batch(source=f"health:{start.isoformat()}", finding=found))
-        return {"gpus": gpu_rows, "nodes": node_rows, "findings": found}
+        return {"gpus": w.gpu_rows, "nodes": w.node_rows, "findings": found}
 
 
 NCCL_TEST_LOOKBACK = dt.timedelta(days=1)

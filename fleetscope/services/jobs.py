@@ -16,6 +16,7 @@ import polars as pl
 
 from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
 from fleetscope.core import frames as F
+from fleetscope.services.analysis import Registry
 from fleetscope.services.energy import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store
@@ -58,67 +59,131 @@ class JobAnalysis:
                           "notes": self.notes})
 
 
+@dataclass
+class JobRun:
+    """One job's analysis in progress: what each registered analysis reads (each frame once) and adds to."""
+
+    store: Store
+    job_id: str
+    now: dt.datetime
+    out: JobAnalysis
+    batch: F.Batch
+    rows: list[dict[str, Any]] = field(default_factory=list)  # job_analysis rows
+    _frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    def read(self, frame: str) -> pl.DataFrame:
+        """The job's rows of ``frame``, read once per run."""
+        if frame not in self._frames:
+            self._frames[frame] = self.store.read(frame, job_id=self.job_id)
+        return self._frames[frame]
+
+    def maybe(self, frame: str) -> pl.DataFrame | None:
+        df = self.read(frame)
+        return df if df.height else None
+
+    def record(self, analyzer: str, start: Any, end: Any, result: Any) -> None:
+        self.rows.append(_analysis_row(self.job_id, analyzer, self.now, start, end, result))
+
+    def findings(self, found: pl.DataFrame) -> None:
+        _add_findings(self.batch, found)
+
+
+JOB: Registry[JobRun] = Registry("job", skip_notes={
+    "step": "no step data: C3 and straggler analysis skipped",
+    "job_event": "no job events: goodput, SDC screening and checkpoint advice skipped",
+})
+"""The per-job analyses, in the order they run (``services.analysis``)."""
+
+
+@JOB.register("c3", modules=("analyzers.c3",), reads=("step", "collective"), writes=("step_breakdown", "job_analysis"), needs=("step",),
+              summary="per-step compute / communication / coordination breakdown and the job's C3 summary")
+def _c3(r: JobRun) -> None:
+    steps, colls = r.read("step"), r.maybe("collective")
+    breakdown = c3.c3_breakdown(steps, colls)
+    r.batch.step_breakdown = breakdown.select([c for c in F.STEP_BREAKDOWN.names if c in breakdown.columns])
+    flops = steps["model_flops"].sum() if steps["model_flops"].null_count() < steps.height else None
+    summary = c3.job_summary(breakdown, collective=colls, flops=flops)
+    r.out.c3 = summary.row(0, named=True) if summary.height else None
+    r.record("c3", steps["start"].min(), steps["end"].max(), r.out.c3)
+
+
+@JOB.register("stragglers", modules=("analyzers.stragglers", "analyzers.energy", "analyzers.carbon"),
+              reads=("step", "collective", "job_rank", "gpu_energy_minute", "host", "site"), writes=("finding", "job_analysis"),
+              needs=("step",), summary="persistent slow ranks with their attribution (compute, communication, host), priced in energy and CO2e")
+def _stragglers(r: JobRun) -> None:
+    steps = r.read("step")
+    detections = stragglers.detect_stragglers(steps, r.maybe("collective"))
+    findings = stragglers.straggler_findings(detections)
+    if findings.height:
+        price, note = energy_price(r.store, r.job_id, steps["start"].min(), steps["end"].max())
+        if price is not None:
+            findings = stragglers.price_findings(findings, price)
+        else:
+            r.out.notes.append(note)
+        r.findings(findings)
+    r.out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
+    r.record("stragglers", steps["start"].min(), steps["end"].max(),
+             {"findings": r.out.stragglers, "rank_steps": detections.height, "flagged": int(detections["flagged"].sum())})
+
+
+@JOB.register("goodput", modules=("analyzers.goodput",), reads=("job_event", "step", "job_rank", "gpu"),
+              writes=("job_analysis", "metric_sample"), needs=("job_event",),
+              summary="runtime, scheduling and program goodput (MFU) and their product, with badput by cause")
+def _goodput(r: JobRun) -> None:
+    events = r.read("job_event")
+    finished = events.filter(pl.col("kind") == "finished").height > 0
+    until = None if finished else r.now
+    try:
+        rg = goodput.runtime_goodput(events, until=until)
+    except ValueError as exc:
+        r.out.notes.append(f"goodput not computed: {exc}")
+        return
+    try:
+        sched = goodput.scheduling_goodput(events, until=until)
+    except ValueError:
+        sched = None
+    r.out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s,
+                     "productive_s": rg.productive_s, "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio,
+                     "last_step": rg.last_step, "disruptions": rg.disruptions, "finished": finished}
+    r.out.goodput.update(_program_goodput(r.store, r.job_id, r.read("step"), sched, rg.goodput_ratio, r.out.notes))
+    r.record("goodput", rg.window_start, rg.window_end, r.out.goodput)
+    r.batch.metric_sample = goodput_series(r.job_id, r.now, rg.goodput_ratio, r.out.goodput)
+
+
+@JOB.register("sdc", modules=("analyzers.sdc",), reads=("job_event", "job_rank"), writes=("finding", "job_analysis"), needs=("job_event",),
+              summary="silent-data-corruption screen of per-step checksums, loss and grad norm, and rerun verdicts")
+def _sdc_run(r: JobRun) -> None:
+    _sdc(r.out, r.batch, r.rows, r.read("job_event"), r.read("job_rank"), r.now)
+
+
+@JOB.register("checkpoint", modules=("analyzers.reliability",), reads=("job_event", "job"), writes=("finding", "job_analysis"),
+              needs=("job_event",), summary="Young/Daly checkpoint interval from the job's measured save cost and its own MTBF")
+def _checkpoint_run(r: JobRun) -> None:
+    lifecycle = r.read("job_event").filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
+    if lifecycle.height:
+        _checkpoint(r.out, r.batch, r.rows, lifecycle, r.read("job"), r.now)
+
+
+@JOB.register("whatif", modules=("analyzers.stragglers",), reads=("job_op", "job", "step"), writes=("finding", "job_analysis"),
+              needs=("job_op",), summary="straggler what-if: the job's step time with every operation at its ideal duration")
+def _whatif_run(r: JobRun) -> None:
+    _whatif(r.out, r.batch, r.rows, r.store, r.job_id, r.read("step"), r.now)
+
+
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
-    """Analyse one job from what the store holds. Parts without data are skipped with a note, not an error."""
+    """Analyse one job from what the store holds: every analysis of the ``JOB`` registry in turn. Parts
+    without data are skipped with a note, not an error."""
     now = now or dt.datetime.now(dt.UTC)
     out = JobAnalysis(job_id=job_id)
-    batch = F.Batch(source=f"analysis:{job_id}")
-    analyses: list[dict[str, Any]] = []
+    run = JobRun(store, job_id, now, out, F.Batch(source=f"analysis:{job_id}"))
     with tracer().start_as_current_span("analysis.job") as span:
         span.set_attribute("fleetscope.job_id", job_id)
-        steps = store.read("step", job_id=job_id)
-        colls = store.read("collective", job_id=job_id)
-        events = store.read("job_event", job_id=job_id)
-        if steps.height:
-            breakdown = c3.c3_breakdown(steps, colls if colls.height else None)
-            batch.step_breakdown = breakdown.select([c for c in F.STEP_BREAKDOWN.names if c in breakdown.columns])
-            flops = steps["model_flops"].sum() if steps["model_flops"].null_count() < steps.height else None
-            summary = c3.job_summary(breakdown, collective=colls if colls.height else None, flops=flops)
-            out.c3 = summary.row(0, named=True) if summary.height else None
-            analyses.append(_analysis_row(job_id, "c3", now, steps["start"].min(), steps["end"].max(), out.c3))
-            detections = stragglers.detect_stragglers(steps, colls if colls.height else None)
-            findings = stragglers.straggler_findings(detections)
-            if findings.height:
-                price, note = energy_price(store, job_id, steps["start"].min(), steps["end"].max())
-                if price is not None:
-                    findings = stragglers.price_findings(findings, price)
-                else:
-                    out.notes.append(note)
-                batch.finding = findings if batch.finding is None else pl.concat([batch.finding, findings])
-            out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
-            analyses.append(_analysis_row(job_id, "stragglers", now, steps["start"].min(), steps["end"].max(),
-                                          {"findings": out.stragglers, "rank_steps": detections.height,
-                                           "flagged": int(detections["flagged"].sum())}))
-        else:
-            out.notes.append("no step data: C3 and straggler analysis skipped")
-        if events.height:
-            finished = events.filter(pl.col("kind") == "finished").height > 0
-            try:
-                rg = goodput.runtime_goodput(events, until=None if finished else now)
-            except ValueError as exc:
-                out.notes.append(f"goodput not computed: {exc}")
-            else:
-                try:
-                    sched = goodput.scheduling_goodput(events, until=None if finished else now)
-                except ValueError:
-                    sched = None
-                out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s, "productive_s": rg.productive_s,
-                               "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio, "last_step": rg.last_step,
-                               "disruptions": rg.disruptions, "finished": finished}
-                out.goodput.update(_program_goodput(store, job_id, steps, sched, rg.goodput_ratio, out.notes))
-                analyses.append(_analysis_row(job_id, "goodput", now, rg.window_start, rg.window_end, out.goodput))
-                batch.metric_sample = goodput_series(job_id, now, rg.goodput_ratio, out.goodput)
-            _sdc(out, batch, analyses, events, store.read("job_rank", job_id=job_id), now)
-            lifecycle = events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
-            if lifecycle.height:
-                _checkpoint(out, batch, analyses, lifecycle, store.read("job", job_id=job_id), now)
-        else:
-            out.notes.append("no job events: goodput, SDC screening and checkpoint advice skipped")
-        _whatif(out, batch, analyses, store, job_id, steps, now)
-        if analyses:
-            batch.job_analysis = pl.DataFrame(analyses, schema=F.JOB_ANALYSIS.schema)
-            store.write(batch)
-        out.batch = batch
+        # what-if operations may come without anything else: no note for a job that has none
+        JOB.run_all(run, lambda frame: frame == "job_op" or run.read(frame).height > 0, out.notes.append)
+        if run.rows:
+            run.batch.job_analysis = pl.DataFrame(run.rows, schema=F.JOB_ANALYSIS.schema)
+            store.write(run.batch)
+        out.batch = run.batch
     return out
 
 

@@ -92,6 +92,8 @@ def _overview(at: AppTest, url: str) -> None:
     firing = at.dataframe[1].value
     assert sorted(firing["alertname"]) == ["GpuFellOffBus", "GpuNeedsRepairOrDrain", "GpuNeedsRepairOrDrain", "SdcSuspect"]
     assert not any(t.startswith("No data yet") for t in infos(at)), infos(at)
+    runs = at.dataframe[-1].value  # the analyzer registry, as the service runs it
+    assert runs["name"].tolist()[:2] == ["c3", "stragglers"] and "fabric_attribution" in runs["name"].tolist()
 
 
 def _jobs(at: AppTest, url: str) -> None:

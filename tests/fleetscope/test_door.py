@@ -19,6 +19,7 @@ from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.store import Store
+from ingest import dcgm_lines
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
@@ -201,9 +202,11 @@ def test_many_threads_many_pushes(store):
     assert _count(store, "ingest_log") == 96
 
 
-def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path):
+@pytest.mark.parametrize("seen_before", [False, True], ids=["first-sight", "from-templates"])
+def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_before):
     """A group of plain agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
-    as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included."""
+    as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included;
+    read line by line (nodes met for the first time) and filled from their templates (the steady state)."""
     from fleetscope.store import db as dbm
 
     other_url = f"sqlite:///{tmp_path / 'frames.db'}"
@@ -222,7 +225,11 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path):
             door._prepare(p)
         return out
 
+    dcgm_lines._TEMPLATES.clear()
+    if seen_before:
+        pushes()
     group = pushes()
+    assert all((p.lines.flat is not None) == seen_before for p in group)
     assert door._as_rows(group) is not None
     d = door.Door(rows_store)
     d._write([(p, cf.Future()) for p in group])

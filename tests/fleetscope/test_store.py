@@ -352,3 +352,33 @@ def test_gpu_sample_fills_fields_from_later_copies_and_never_overwrites(store: S
     row = store.read("gpu_sample").row(0, named=True)
     assert (row["power_w"], row["temp_c"]) == (300.0, 61)
     assert store.read("gpu_sample").height == 1
+
+
+def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path):
+    """The API's store leaves checkpoints to its own thread: a commit only appends to the log (its
+    connections' autocheckpoint is off), the thread then copies the pages into the database file, and what
+    was committed reads back throughout."""
+    import time
+
+    from fleetscope.core.spec import conform
+    from fleetscope.store import db as dbm
+
+    url = f"sqlite:///{tmp_path / 'ck.db'}"
+    dbm.upgrade(url)
+    main = tmp_path / "ck.db"
+    store = Store.open(url)
+    store.checkpoint_in_background(interval_s=0.5)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    before = main.stat().st_size
+    rows = [{"ts": dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i), "gpu_uuid": f"GPU-{g}", "power_w": 100.0 + i}
+            for i in range(500) for g in range(20)]  # ~2,500 pages: past the 1,000 where a commit would checkpoint
+    store.write(F.Batch(source="t", gpu_sample=conform(F.GPU_SAMPLE, pl.DataFrame(rows))))
+    assert main.stat().st_size == before  # the commit copied nothing back
+    assert store.read("gpu_sample").height == 10_000
+    deadline = time.monotonic() + 10
+    while main.stat().st_size == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert main.stat().st_size > before + 1_000_000  # the thread did
+    store.stop_checkpointing()
+    assert store._checkpointer is None and store.read("gpu_sample").height == 10_000

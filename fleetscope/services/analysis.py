@@ -1,0 +1,94 @@
+"""The analyzer registry: each analysis the service runs, what it reads, what it writes and when it runs.
+
+An analysis is one pure module in ``analyzers/`` (sometimes two) and a small runner here in the service
+layer that reads its frames, calls it and hands back what it concluded. Runners register themselves with
+the registry of their cadence, in the module of their domain:
+
+- ``JOB`` (``services.jobs``): once per job, over everything the store holds of it — when a job's data
+  changes (beat's ``analyze-active-jobs``), on ``POST /api/v1/jobs/{id}/analyze`` and ``fleetscope job
+  analyze``.
+- ``WINDOW`` (``services.health``): once per fleet window, over the window's telemetry — beat's
+  ``health-window`` and ``GET /api/v1/health``.
+
+Job analysis, the health sweep, the API's ``GET /api/v1/analyzers`` and ``fleetscope analyzers`` all loop
+over these registries; adding an analysis is its module in ``analyzers/`` plus one registered runner.
+Order matters within a cadence: a runner may use what an earlier one left in the run's ``shared`` dict
+(the health sweep's topology, say), so runners register in the order they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+Run = TypeVar("Run")
+
+
+@dataclass(frozen=True)
+class Analysis(Generic[Run]):
+    """One registered analysis.
+
+    ``needs``: frames that must hold rows for the analysis to run at all (a job without steps has no C3
+    breakdown); when one is empty the run notes it and skips the analysis. ``reads`` and ``writes`` are
+    the canonical frames it reads and the ones its conclusions go to."""
+
+    name: str
+    cadence: str
+    modules: tuple[str, ...]
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    summary: str
+    run: Callable[[Run], None]
+    needs: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "cadence": self.cadence, "modules": list(self.modules), "reads": list(self.reads),
+                "writes": list(self.writes), "needs": list(self.needs), "summary": self.summary}
+
+
+class Registry(Generic[Run]):
+    """The analyses of one cadence, in the order they run."""
+
+    def __init__(self, cadence: str, skip_notes: dict[str, str] | None = None):
+        self.cadence = cadence
+        # One note per missing frame, naming every analysis it skips, rather than one note per analysis.
+        self.skip_notes = skip_notes or {}
+        self._items: dict[str, Analysis[Run]] = {}
+
+    def register(self, name: str, *, modules: tuple[str, ...], reads: tuple[str, ...], writes: tuple[str, ...],
+                 summary: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[[Run], None]], Callable[[Run], None]]:
+        """Decorate a runner to register it under ``name``."""
+
+        def add(run: Callable[[Run], None]) -> Callable[[Run], None]:
+            if name in self._items:
+                raise ValueError(f"analysis {name!r} is registered twice for cadence {self.cadence!r}")
+            self._items[name] = Analysis(name, self.cadence, modules, reads, writes, summary, run, needs)
+            return run
+
+        return add
+
+    def __iter__(self) -> Iterator[Analysis[Run]]:
+        return iter(list(self._items.values()))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def run_all(self, run: Run, has_rows: Callable[[str], bool], note: Callable[[str], None]) -> list[str]:
+        """Run every analysis whose needed frames hold rows, in order; note each frame that skipped some.
+        Returns the names of the analyses that ran."""
+        ran: list[str] = []
+        skipped: dict[str, list[str]] = {}
+        for a in self:
+            missing = [f for f in a.needs if not has_rows(f)]
+            if missing:
+                skipped.setdefault(missing[0], []).append(a.name)
+                continue
+            a.run(run)
+            ran.append(a.name)
+        for frame, names in skipped.items():
+            note(self.skip_notes.get(frame) or f"no {frame} data: {', '.join(names)} skipped")
+        return ran

@@ -1,0 +1,113 @@
+"""The analyzer registry: job analysis, the health sweep, the API and the CLI all go through it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import subprocess
+import sys
+
+import httpx
+import polars as pl
+import pytest
+
+from fleetscope.core import frames as F
+from fleetscope.services import auth, catalog, health, jobs
+from fleetscope.services.analysis import Registry
+from fleetscope.store import schema
+
+T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+
+
+def test_every_registered_analysis_names_real_modules_and_frames():
+    rows = catalog.analyses()
+    names = [(r["cadence"], r["name"]) for r in rows]
+    assert names[:6] == [("job", n) for n in ("c3", "stragglers", "goodput", "sdc", "checkpoint", "whatif")]
+    assert ("window", "absence") in names and ("window", "fabric_attribution") in names
+    tables = set(schema.metadata.tables)
+    for r in rows:
+        for m in r["modules"]:
+            importlib.import_module(m)  # an analysis names the pure module it calls
+        assert set(r["reads"]) <= tables and set(r["writes"]) <= tables and set(r["needs"]) <= set(r["reads"]), r["name"]
+        assert r["writes"] and r["summary"] and r["runs"]
+    # what depends on an earlier analysis runs after it
+    window = [n for c, n in names if c == "window"]
+    assert window.index("ib_links") < window.index("alltoall") < window.index("fabric_attribution")
+    assert window.index("slow_fabric") < window.index("fabric_attribution")
+
+
+def test_a_name_is_registered_once():
+    reg: Registry[object] = Registry("job")
+    reg.register("x", modules=(), reads=(), writes=("finding",), summary="s")(lambda run: None)
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.register("x", modules=(), reads=(), writes=("finding",), summary="s")(lambda run: None)
+
+
+def test_skipped_analyses_are_noted_once_per_missing_frame():
+    reg: Registry[list] = Registry("job", skip_notes={"step": "no steps here"})
+    for name, needs in (("a", ("step",)), ("b", ("step",)), ("c", ("job_event",)), ("d", ())):
+        reg.register(name, modules=(), reads=needs, writes=("finding",), summary=name, needs=needs)(lambda run, n=name: run.append(n))
+    ran: list[str] = []
+    notes: list[str] = []
+    assert reg.run_all(ran, lambda frame: False, notes.append) == ["d"]
+    assert ran == ["d"] and notes == ["no steps here", "no job_event data: c skipped"]
+
+
+@pytest.fixture
+def extra_analyses():
+    """Register one analysis of each cadence for a test, as a new module would, and take them away after."""
+    added: list[tuple[Registry, str]] = []
+
+    def add(reg: Registry, name: str, run) -> None:  # type: ignore[no-untyped-def]
+        reg.register(name, modules=(), reads=(), writes=("finding",), summary="test")(run)
+        added.append((reg, name))
+
+    yield add
+    for reg, name in added:
+        reg._items.pop(name)
+
+
+def _finding(subject: str, start: dt.datetime) -> pl.DataFrame:
+    return F.findings_frame([{"analyzer": "test", "kind": "registered_analysis", "subject": subject, "window_start": start,
+                              "window_end": start, "severity": "info", "score": 1.0, "summary": "ran", "evidence": "{}"}])
+
+
+def test_a_registered_analysis_runs_in_job_analysis_and_the_health_sweep(store, extra_analyses):
+    seen: list[str] = []
+
+    def per_job(r: jobs.JobRun) -> None:
+        seen.append(r.job_id)
+        r.findings(_finding(f"job:{r.job_id}", T0))
+        r.record("registered", T0, T0, {"ok": True})
+
+    def per_window(w: health.WindowRun) -> None:
+        w.found.append(_finding("fleet", w.start))
+
+    extra_analyses(jobs.JOB, "registered_job", per_job)
+    extra_analyses(health.WINDOW, "registered_window", per_window)
+    out = jobs.analyze_job(store, "j-1", now=T0)
+    assert seen == ["j-1"]
+    assert "no step data: C3 and straggler analysis skipped" in out.notes  # the built-in ones skipped, noted
+    assert jobs.stored_analysis(store, "j-1", "registered")["result"] == {"ok": True}
+    swept = health.health_window(store, T0, T0 + dt.timedelta(minutes=5))
+    assert "fleet" in swept["findings"]["subject"].to_list()
+    stored = store.read("finding").filter(pl.col("kind") == "registered_analysis")
+    assert sorted(stored["subject"].to_list()) == ["fleet", "job:j-1"]
+    assert "registered_job" in [r["name"] for r in catalog.analyses()]
+
+
+def test_the_api_lists_the_registry_to_a_reader(api):
+    assert httpx.get(api.url + "/api/v1/fleet/analyzers").status_code == 401
+    h = {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "t", ["read"])}
+    got = httpx.get(api.url + "/api/v1/fleet/analyzers", headers=h)
+    assert got.status_code == 200 and got.json() == json.loads(json.dumps(catalog.analyses()))
+
+
+def test_the_cli_lists_the_registry(tmp_path):
+    env = {"FLEETSCOPE_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "fleetscope.cli", "analyzers", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [r["name"] for r in json.loads(out.stdout)] == [r["name"] for r in catalog.analyses()]
+    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "analyzers"], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert text.splitlines()[0].split()[:3] == ["job", "c3", "analyzers.c3"]
