@@ -184,6 +184,15 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
         body = {k: m[k] for k in ("intended_purpose", "role", "training_run_ids") if k in m}
         api.call("PUT", f"/api/v1/models/{m['name']}/{m['version']}", json=body)
     say(f"governance {len(manifest.files.get('openlineage', []))} OpenLineage events, {len(registry['datasets'])} datasets, {len(registry['models'])} models")
+    mon = manifest.monitoring
+    if mon:
+        for version, v in sorted(mon["versions"].items()):
+            api.call("PUT", f"/api/v1/models/{mon['model']}/{version}", json={"intended_purpose": mon["purpose"], "role": "provider"})
+            for d in mon["declarations"]:
+                api.call("POST", "/api/v1/declarations", json={"model": mon["model"], "version": version, **d})
+            add(api.call("POST", "/api/v1/ingest/model_monitoring", content=(root / v["file"]).read_bytes(), params={"source": v["file"]}))
+        say(f"monitoring {mon['model']} (Annex III 5(b)) versions {', '.join(sorted(mon['versions']))}: {mon['hours']} h of predictions "
+            f"with outcomes, {len(mon['declarations'])} declarations each")
     return written
 
 
@@ -199,6 +208,13 @@ def analyse(api: Api, manifest: Any, celery_app: Any, say: Any) -> dict[str, Any
     out["health"] = celery_app.send_task("fleetscope.health_window", kwargs={"window_s": window_s}).get(timeout=300)
     say(f"analysed   {len(manifest.jobs)} jobs (C3, goodput, stragglers, SDC, checkpoints), energy {out['energy']['minutes']} GPU-minutes, "
         f"health of {out['health']['gpus']} GPUs")
+    mon = manifest.monitoring
+    out["monitoring"] = {v: api.call("POST", f"/api/v1/models/{mon['model']}/{v}/monitoring/evaluate", timeout=300)
+                         for v in sorted(mon.get("versions") or {})}
+    if out["monitoring"]:
+        say("monitored  " + "; ".join(f"{mon['model']}@{v}: {r['evaluated']} hourly windows, findings "
+                                      + (", ".join(f"{k} {n}" for k, n in sorted(r["findings"].items())) or "none")
+                                      for v, r in out["monitoring"].items()))
     pred = manifest.predictions
     csv = (Path(manifest.out_dir) / pred["file"]).read_bytes()
     out["fairness"] = api.call("POST", f"/api/v1/models/{pred['model']}/fairness", content=csv,
@@ -254,6 +270,18 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
                       "namespace": lin["quarantined_dataset"]["namespace"], "version": m["version"]})
     rows.append({"fault": "quarantined_dataset_upstream", "where": f"{m['name']}@{m['version']}", "found": bool(answer["answer"]),
                  "evidence": answer.get("text") or "not upstream"})
+    mon = manifest.monitoring
+    for version, v in sorted((mon.get("versions") or {}).items()):
+        subject = f"model:{mon['model']}:{version}"
+        if v.get("drift_from"):
+            drifted = [x for x in findings if x["kind"] == "model_drift" and x["subject"] == subject
+                       and dt.datetime.fromisoformat(x["window_start"]) >= dt.datetime.fromisoformat(v["drift_from"]) and x["severity"] != "info"]
+            rows.append({"fault": "model_data_drift", "where": f"{mon['model']}@{version}", "found": bool(drifted),
+                         "evidence": drifted[0]["summary"] if drifted else f"no model_drift finding from {v['drift_from']}"})
+        for attr, group in (v.get("biased") or {}).items():
+            unfair = [x for x in findings if x["kind"] == "model_fairness" and x["subject"] == f"{subject}/attribute:{attr}" and x["severity"] == "critical"]
+            rows.append({"fault": "biased_model_version", "where": f"{mon['model']}@{version} ({attr}={group})", "found": bool(unfair),
+                         "evidence": unfair[0]["summary"] if unfair else f"no model_fairness finding on {attr}"})
     fair = analysis["fairness"]
     rows.append({"fault": "biased_model", "where": manifest.predictions["model"], "found": fair["passed"] is False,
                  "evidence": f"fairness policy {'failed' if fair['passed'] is False else 'passed'}"})

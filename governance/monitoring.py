@@ -418,20 +418,36 @@ def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.r
             gci, sci = FZ.confusion_intervals_many(counts, judged, cfg.bootstrap, rng, cfg.confidence)
         else:
             gci, sci = {}, {}
+        # Python lists once per attribute: reading numpy scalars one by one cost more than the bootstrap.
+        point_l = {k: point[k].tolist() for k in FZ.RATES}
+        summary_l = {k: summary[k].tolist() for k in FZ.SUMMARY}
+        glo = {k: gci[k][0].tolist() for k in gci}
+        ghi = {k: gci[k][1].tolist() for k in gci}
+        slo = {k: sci[k][0].tolist() for k in sci}
+        shi = {k: sci[k][1].tolist() for k in sci}
+        size_l, judged_l, names = counts.sum(axis=2).tolist(), judged.tolist(), [str(u) for u in uniq]
         for w in range(len(datas)):
-            present = counts[w].sum(axis=1) > 0
-            if present.sum() < 2:
+            sizes = size_l[w]
+            present = [i for i in range(g) if sizes[i] > 0]
+            if len(present) < 2:
                 continue
             groups = []
-            for i in np.flatnonzero(present):
-                ci = {k: (None if k not in gci or np.isnan(gci[k][:, w, i]).any() else (float(gci[k][0, w, i]), float(gci[k][1, w, i])))
-                      for k in FZ.RATES}
-                groups.append(GroupWindow(str(uniq[i]), int(counts[w, i].sum()), bool(judged[w, i]), {k: FZ._f(point[k][w, i]) for k in FZ.RATES}, ci))
-            sm = {k: FZ._f(summary[k][w]) for k in FZ.SUMMARY}
+            for i in present:
+                ci = {k: (None if k not in glo or _nan(glo[k][w][i]) or _nan(ghi[k][w][i]) else (glo[k][w][i], ghi[k][w][i])) for k in FZ.RATES}
+                groups.append(GroupWindow(names[i], int(sizes[i]), bool(judged_l[w][i]), {k: _none(point_l[k][w][i]) for k in FZ.RATES}, ci))
+            sm = {k: _none(summary_l[k][w]) for k in FZ.SUMMARY}
             sm["_watched"] = sm.get(cfg.fairness_metric)  # the configured metric, so a stored window says which gap it watched
-            smci = {k: (None if k not in sci or np.isnan(sci[k][:, w]).any() else (float(sci[k][0, w]), float(sci[k][1, w]))) for k in FZ.SUMMARY}
+            smci = {k: (None if k not in slo or _nan(slo[k][w]) or _nan(shi[k][w]) else (slo[k][w], shi[k][w])) for k in FZ.SUMMARY}
             out[w].append(AttributeWindow(attr, tuple(groups), sm, smci))
     return [tuple(x) for x in out]
+
+
+def _nan(x: float) -> bool:
+    return x != x
+
+
+def _none(x: float) -> float | None:
+    return None if x != x else x
 
 
 def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -28,6 +28,10 @@ value out of range — raises ``ParseError`` naming the source, the 1-based line
 returned. A prediction id repeated within one input with different content is an error too: the natural key
 would keep one silently.
 
+Registered with the ingest door as ``model_monitoring`` (``POST /api/v1/ingest/model_monitoring``,
+``fleetscope ingest``). It is never cut into pieces: a file is one write, so a bad line anywhere changes
+nothing, and a prediction id repeated across the file is caught (256 MiB at most, ``MAX_INPUT_BYTES``).
+
 Pure: bytes in, frames out.
 """
 
@@ -42,9 +46,10 @@ from typing import Any
 import polars as pl
 
 from fleetscope.core.errors import ParseError
-from fleetscope.core.frames import conform
+from fleetscope.core.frames import Batch, conform
 from fleetscope.core.textinput import input_lines, json_object, unterminated_line
 from fleetscope.core.monitoring_frames import MODEL_OUTCOME, MODEL_PREDICTION
+from ingest.format import FormatSpec, Sniff, SniffView
 
 MAX_LINE_BYTES = 1 << 20
 MAX_INPUT_BYTES = 256 << 20
@@ -207,3 +212,23 @@ def predictions_jsonl(frame: pl.DataFrame, *, model: str, version: str, predicti
             obj["prediction"] = r[prediction]
         lines.append(json.dumps(obj, separators=(",", ":")))
     return ("\n".join(lines) + "\n").encode()
+
+
+def to_batch(data: bytes, *, source: str = "model_monitoring") -> Batch:
+    """The input as a ``Batch`` whose ``extra`` frames are its prediction and outcome rows."""
+    frames = parse(data, source=source)
+    return Batch(source=source, extra=((MODEL_PREDICTION, frames["model_prediction"]), (MODEL_OUTCOME, frames["model_outcome"])))
+
+
+# --- declaration (ingest.format) ---------------------------------------------------------------------
+
+
+def _looks_like(view: SniffView) -> bool:
+    obj = view.first_object if view.is_json else None
+    return obj is not None and "prediction_id" in obj and "model" in obj and "version" in obj
+
+
+FORMATS = (
+    FormatSpec("model_monitoring", "a deployed model's predictions and outcomes, JSON Lines (post-market monitoring, AI Act Art. 72)",
+               lambda d, s, o: to_batch(d, source=s), sniff=Sniff(14, _looks_like)),
+)

@@ -1,5 +1,6 @@
-"""Governance: models and their risk class, a model's lineage, fairness by group, the EU AI Act rule
-matrix with evidence, and the audit reports and signed export bundles to download (or a new export).
+"""Governance: models and their risk class, a model's lineage, fairness by group, post-market monitoring
+over time (drift, accuracy, fairness with intervals, the impossibility view), the EU AI Act rule matrix
+with evidence, and the audit reports and signed export bundles to download (or a new export).
 
 Reports and bundles are the files the audit service filed (``fleetscope.services.audit``, as the API's
 ``/api/v1/audits/{id}/report.{fmt}`` and ``/api/v1/exports/{id}`` serve them): a report whose file no
@@ -19,6 +20,9 @@ from dashboard import signin, ui
 from fleetscope.services import audit as au
 from fleetscope.services import audit as audit_svc
 from fleetscope.services import governance as governance_svc
+from fleetscope.services import monitoring as monitoring_svc
+from fleetscope.core.errors import NotFound
+from governance.fairness import FairnessInputError
 from fleetscope import settings as settings_mod
 
 ui.require("governance")
@@ -95,7 +99,9 @@ st.subheader("Lineage")
 if models.is_empty():
     ui.no_data("no model to trace.", "OpenLineage events (`/api/v1/lineage`) build the graph of which data trained which model.")
 else:
-    pick = st.selectbox("Model", keys, key="gov_lineage_model")
+    # models with training runs first: theirs is the lineage there is to show (a deployed-only model has none)
+    trained = {f"{m.name}:{m.version}" for m in ui.q(governance_svc.registry, live=False)[1] if m.training_run_ids}
+    pick = st.selectbox("Model", sorted(keys, key=lambda k: k not in trained), key="gov_lineage_model")
     name, version = pick.rsplit(":", 1)
     lineage = ui.q(governance_svc.registered_model_lineage, live=False, model_name=name, model_version=version)
     upstream = (lineage or {}).get("upstream") or []
@@ -154,6 +160,72 @@ else:
         ),
         height=max(120, 28 * rows.height),
     )
+
+# --- post-market monitoring -------------------------------------------------------------------------
+
+st.subheader("Post-market monitoring")
+deployed = ui.q(monitoring_svc.monitored, live=False)
+if deployed.is_empty():
+    ui.no_data("no deployed model's predictions.", "Push predictions and outcomes as JSON Lines (`POST /api/v1/ingest/model_monitoring`, "
+               "`fleetscope ingest FILE`); beat evaluates hourly windows against each version's first day.")
+else:
+    versions = [f"{a}:{b}" for a, b in deployed.select("model_name", "model_version").rows()]
+    pick = st.selectbox("Deployed model version", versions, key="gov_mon_model")
+    mname, mversion = pick.rsplit(":", 1)
+    wins = ui.q(monitoring_svc.windows, live=False, model=mname, version=mversion)
+    if wins.is_empty():
+        ui.no_data(f"no evaluated window of {pick}.", f"`fleetscope monitoring evaluate {mname} {mversion}` (or beat, hourly) evaluates them.")
+    else:
+        flagged = wins.filter(pl.col("status") != "ok")
+        c = st.columns(4)
+        c[0].metric("Windows", f"{wins.height}")
+        c[1].metric("Flagged", f"{flagged.height}")
+        last = wins.row(-1, named=True)
+        c[2].metric("Accuracy (latest)", "-" if last["accuracy"] is None else f"{last['accuracy']:.3f}")
+        c[3].metric("Largest PSI (latest)", "-" if last["feature_psi_max"] is None else f"{last['feature_psi_max']:.2f}")
+        drift = ui.q(monitoring_svc.drift_over_time, live=False, model=mname, version=mversion)
+        x = alt.X("window_start:T", title=ui.TIME_AXIS)
+        if drift.height:
+            psi_line = alt.Chart(drift).mark_line(point=True).encode(
+                x=x, y=alt.Y("psi:Q", title="PSI against the reference"), color=alt.Color("feature:N", title="Feature"),
+                tooltip=["feature", alt.Tooltip("psi:Q", format=".3f"), alt.Tooltip("ks:Q", format=".3f"), alt.Tooltip("ks_pvalue:Q", format=".2g"), "level"])
+            rule = alt.Chart(pl.DataFrame({"y": [0.25]})).mark_rule(strokeDash=[4, 4], color="#c62828").encode(y="y:Q")
+            ui.chart(alt.layer(psi_line, rule), height=220)
+            st.caption("Data drift: the population stability index of each feature against the reference window's deciles "
+                       "(dashed: 0.25, a significant shift; Siddiqi 2006); the KS statistic and p-value in the tooltip.")
+        acc = wins.select("window_start", "accuracy", "tpr", "fpr", "selection_rate").unpivot(index="window_start", variable_name="rate")
+        ui.chart(alt.Chart(acc.drop_nulls("value")).mark_line(point=True).encode(
+            x=x, y=alt.Y("value:Q", title="ratio"), color=alt.Color("rate:N", title="Rate"),
+            tooltip=["rate", alt.Tooltip("value:Q", format=".3f")]), height=200)
+        st.caption("Accuracy and error rates per window, over the predictions whose outcome has arrived.")
+        fair_t = ui.q(monitoring_svc.fairness_over_time, live=False, model=mname, version=mversion)
+        gaps = fair_t.filter(pl.col("group") == "*").drop_nulls("value")
+        if gaps.height:
+            base = alt.Chart(gaps).encode(x=x, color=alt.Color("attribute:N", title="Attribute"))
+            ui.chart(alt.layer(
+                base.mark_area(opacity=0.2).encode(y=alt.Y("ci_low:Q", title=f"{gaps['metric'][0]}"), y2="ci_high:Q"),
+                base.mark_line(point=True).encode(y="value:Q", tooltip=["attribute", alt.Tooltip("value:Q", format=".3f"),
+                                                                        alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")]),
+                alt.Chart(pl.DataFrame({"y": [0.1]})).mark_rule(strokeDash=[4, 4], color="#c62828").encode(y="y:Q"),
+            ), height=220)
+            st.caption("Fairness over time: the watched disparity per group attribute with its 95% bootstrap interval (band); "
+                       "dashed: the policy's 0.1. A finding pages only when the whole interval is above it.")
+        found = ui.q(monitoring_svc.findings, live=False, model=mname, version=mversion)
+        if found.height:
+            st.dataframe(found.select("window_start", "kind", "severity", "subject", "summary"), hide_index=True)
+        attrs = sorted(set(fair_t["attribute"].to_list()))
+        if attrs:
+            attr = st.selectbox("Impossibility view by", attrs, key="gov_mon_attr")
+            try:
+                view = ui.q(monitoring_svc.impossibility, live=False, model=mname, version=mversion, attribute=attr)
+            except (NotFound, FairnessInputError) as exc:  # too few groups or outcomes: said on the page, not a traceback
+                st.info(f"No impossibility view: {exc}")
+            else:
+                st.dataframe(pl.DataFrame([{"criterion": k, "holds": v["holds"], "value": v["value"], "measure": v["measure"]}
+                                           for k, v in view["criteria"].items()]), hide_index=True)
+                st.dataframe(pl.DataFrame([{"group": g, "base_rate": b, **{k: (view["groups"].get(g) or {}).get(k) for k in ("count", "selection_rate", "tpr", "fpr", "ppv")}}
+                                           for g, b in sorted(view["base_rates"].items())]), hide_index=True)
+                st.caption(view["explanation"])
 
 # --- rule matrix ------------------------------------------------------------------------------------
 

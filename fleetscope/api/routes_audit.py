@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any
 
 import polars as pl
@@ -16,6 +17,7 @@ from fleetscope.services import governance as gs
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance.aiact import model as M
+from governance.aiact import rules as R
 from governance import exports
 
 router = APIRouter(prefix="/api/v1", tags=["ai act"], route_class=CheckedRoute)
@@ -50,6 +52,35 @@ def get_declarations(request: Request, _: Gov, model: str | None = None) -> Resp
     if model:
         df = df.filter(pl.col("model_name").is_in([model, "*"]))
     return Response(df.sort("entered_at").write_json(), media_type="application/json")
+
+
+class IncidentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    finding_kind: str = Field(min_length=1, max_length=100, description="the monitoring finding's kind, e.g. model_fairness")
+    subject: str = Field(min_length=1, max_length=1000, description="the finding's subject, model:NAME:VERSION[/...]")
+    window_start: dt.datetime = Field(description="the finding's window start")
+    kind: str = Field(description="serious incident kind: one of " + ", ".join(M.INCIDENT_KINDS))
+    description: str | None = Field(default=None, max_length=5000)
+    aware_at: dt.datetime | None = Field(default=None, description="when the provider became aware (default: now)")
+
+
+@router.post("/incidents", status_code=201)
+def post_incident(request: Request, body: IncidentIn, token: Gov) -> dict[str, Any]:
+    """Declare a serious incident from a post-market monitoring finding: starts the Art. 73 clock (15 days,
+    Art. 73(2); 2 days for a widespread infringement or critical infrastructure, 73(3); 10 days for a death,
+    73(4)) from ``aware_at``; the next audit shows the deadline."""
+    for t in (body.window_start, body.aware_at):
+        if t is not None and t.tzinfo is None:
+            raise HTTPException(422, "times need a zone (RFC 3339)")
+    try:
+        d = au.declare_incident(request.app.state.store, body.finding_kind, body.subject, body.window_start, incident_kind=body.kind,
+                                entered_by=token.name, description=body.description, aware_at=body.aware_at)
+    except M.DeclarationError as exc:
+        raise HTTPException(422, str(exc)) from None
+    days = R.incident_deadline(d.value["kind"])
+    due = M.parse_time(d.value["aware_at"]) + dt.timedelta(days=days)  # type: ignore[operator]
+    return {"declaration_id": d.declaration_id, "key": d.key, "model": d.model_name, "version": d.model_version, "value": dict(d.value),
+            "deadline_days": days, "paragraph": R.incident_paragraph(d.value["kind"]), "report_due_at": M.iso(due)}
 
 
 @router.post("/audits", status_code=201)

@@ -1,19 +1,23 @@
 """Governance API: OpenLineage intake (Marquez-compatible), the dataset and model registry, lineage
-questions, and fairness evaluations. Scope ``governance`` throughout; writes are audit-logged with the
+questions, fairness evaluations and post-market monitoring. Scope ``governance`` throughout; writes are audit-logged with the
 token's name."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Annotated, Any
 
+import polars as pl
+
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetscope.services import auth
 from fleetscope.services import governance as gs
+from fleetscope.services import monitoring as ms
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance import fairness
@@ -177,3 +181,85 @@ async def post_fairness(
 @router.get("/models/{name}/fairness")
 def get_fairness(request: Request, name: str) -> list[dict[str, Any]]:
     return gs.fairness_evaluations(request.app.state.store, name)
+
+
+# --- post-market monitoring (AI Act Art. 72) ----------------------------------------------------------
+# Predictions and outcomes come in through the ingest door (POST /api/v1/ingest/model_monitoring); these
+# routes evaluate them into windows and read the windows, drift, fairness over time and findings back.
+
+_When = Annotated[dt.datetime | None, Query(description="RFC 3339 with a zone")]
+
+
+def _frame(df: pl.DataFrame) -> Response:
+    return Response(df.write_json(), media_type="application/json")
+
+
+@router.get("/monitoring/models")
+def monitoring_models(request: Request) -> Response:
+    """Model versions with stored predictions: counts of predictions and outcomes, first and last prediction."""
+    return _frame(ms.monitored(request.app.state.store))
+
+
+@router.post("/models/{name}/{version}/monitoring/evaluate")
+async def monitoring_evaluate(
+    request: Request, name: str, version: str,
+    window_s: Annotated[int, Query(ge=60, le=7 * 86400)] = ms.DEFAULT_WINDOW_S,
+    reference_s: Annotated[int, Query(ge=60, le=366 * 86400)] = ms.DEFAULT_REFERENCE_S,
+    reference_start: _When = None, reference_end: _When = None, start: _When = None, end: _When = None,
+) -> JSONResponse:
+    """Evaluate the version's closed windows against its reference window and store windows and findings
+    (what beat does hourly). ``reference_start``/``reference_end`` name the reference; by default the first
+    ``reference_s`` seconds of its predictions."""
+    if (reference_start is None) != (reference_end is None):
+        raise HTTPException(400, "give both reference_start and reference_end, or neither")
+    for t in (reference_start, reference_end, start, end):
+        if t is not None and t.tzinfo is None:
+            raise HTTPException(400, "times need a zone (RFC 3339, e.g. 2026-11-02T00:00:00Z)")
+    ref = (reference_start, reference_end) if reference_start is not None and reference_end is not None else None
+    out = await run_in_threadpool(ms.evaluate, request.app.state.store, name, version, window_s=window_s, reference=ref,
+                                  reference_s=reference_s, start=start, end=end)
+    return JSONResponse(json.loads(json.dumps(out, default=str)))
+
+
+@router.get("/models/{name}/{version}/monitoring/windows")
+def monitoring_windows(request: Request, name: str, version: str, start: _When = None, end: _When = None,
+                       limit: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> Response:
+    """Evaluated windows, oldest first: counts, accuracy and error rates, PSI and KS maxima, fairness gap, status."""
+    return _frame(ms.windows(request.app.state.store, name, version, start=start, end=end, limit=limit))
+
+
+@router.get("/models/{name}/{version}/monitoring/windows/{window_start}")
+def monitoring_window(request: Request, name: str, version: str, window_start: dt.datetime) -> JSONResponse:
+    """One window in full: drift per feature, rates per group with their intervals, its findings."""
+    return JSONResponse(ms.window_detail(request.app.state.store, name, version, window_start))
+
+
+@router.get("/models/{name}/{version}/monitoring/drift")
+def monitoring_drift(request: Request, name: str, version: str, start: _When = None, end: _When = None) -> Response:
+    """Per window and feature: PSI (reference deciles), KS statistic and p-value, and whether it counted as drift."""
+    return _frame(ms.drift_over_time(request.app.state.store, name, version, start=start, end=end))
+
+
+@router.get("/models/{name}/{version}/monitoring/fairness")
+def monitoring_fairness(request: Request, name: str, version: str, start: _When = None, end: _When = None) -> Response:
+    """Per window, attribute and group: selection rate, TPR, FPR and accuracy with bootstrap intervals (group
+    ``*``: the watched disparity)."""
+    return _frame(ms.fairness_over_time(request.app.state.store, name, version, start=start, end=end))
+
+
+@router.get("/models/{name}/{version}/monitoring/findings")
+def monitoring_findings(request: Request, name: str, version: str, include_cleared: bool = False) -> Response:
+    return _frame(ms.findings(request.app.state.store, name, version, include_cleared=include_cleared))
+
+
+@router.get("/models/{name}/{version}/monitoring/impossibility")
+def monitoring_impossibility(request: Request, name: str, version: str, attribute: Annotated[str, Query(min_length=1, max_length=128)],
+                             start: _When = None, end: _When = None,
+                             tolerance: Annotated[float, Query(gt=0, lt=1)] = 0.05) -> JSONResponse:
+    """Which of calibration, equalized odds and demographic parity hold on the version's predictions with
+    outcomes, and the base rates per group that force the trade-off."""
+    try:
+        out = ms.impossibility(request.app.state.store, name, version, attribute, start=start, end=end, tolerance=tolerance)
+    except fairness.FairnessInputError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return JSONResponse(json.loads(json.dumps(out, default=str)))

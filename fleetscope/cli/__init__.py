@@ -1352,3 +1352,7 @@ def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashb
 from fleetscope.cli.topology import topology  # noqa: E402
 
 main.add_command(topology)
+
+from fleetscope.cli.monitoring import monitoring  # noqa: E402
+
+main.add_command(monitoring)

@@ -617,12 +617,19 @@ class Batch:
     job_analysis: pl.DataFrame | None = None
     finding: pl.DataFrame | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # Frames of registered specs declared above the core's canonical set (a deployed model's predictions
+    # and outcomes, fleetscope/core/monitoring_frames.py) that a format's parser produces: the store
+    # knows their tables, the core need not import them. Written after the canonical frames.
+    extra: tuple[tuple[FrameSpec, pl.DataFrame], ...] = ()
 
     def frames(self) -> Iterator[tuple[FrameSpec, pl.DataFrame]]:
-        """The non-empty frames, in write order (inventory first)."""
+        """The non-empty frames, in write order (inventory first, ``extra`` last)."""
         for name, spec in FRAMES.items():
             df = getattr(self, name)
             if df is not None and df.height:
+                yield spec, df
+        for spec, df in self.extra:
+            if df.height:
                 yield spec, df
 
     def rows(self) -> dict[str, int]:
@@ -648,6 +655,10 @@ class Batch:
                 setattr(out, name, a if b is None else b)
             else:
                 setattr(out, name, pl.concat([a, b], how="diagonal_relaxed"))
+        extra: dict[str, tuple[FrameSpec, pl.DataFrame]] = {}
+        for spec, df in (*self.extra, *other.extra):
+            extra[spec.name] = (spec, pl.concat([extra[spec.name][1], df], how="diagonal_relaxed") if spec.name in extra else df)
+        out.extra = tuple(extra.values())
         return out
 
 

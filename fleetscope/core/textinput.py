@@ -86,6 +86,8 @@ def json_object(text: str, source: str, line: int, *, unterminated: bool = False
         raise ParseError(what, source=source, line=line) from None
     except ValueError as e:  # NaN/Infinity literals, integers with thousands of digits
         raise ParseError(f"malformed JSON ({e})", source=source, line=line) from None
+    except RecursionError:  # arrays or objects nested past the interpreter's stack (~1,000 levels)
+        raise ParseError("malformed JSON: nested too deeply", source=source, line=line) from None
     if not isinstance(obj, dict):
         raise ParseError("line is not a JSON object", source=source, line=line)
     return obj

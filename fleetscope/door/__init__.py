@@ -159,6 +159,12 @@ _SITE_FRAMES = tuple(spec.name for spec in F.FRAMES.values() if "site_id" in spe
 _TIME_COLUMNS = {spec.name: tuple(c.name for c in spec.columns if c.dtype == F.UTC_US) for spec in F.FRAMES.values()}
 
 
+def _time_columns(spec: F.FrameSpec) -> tuple[str, ...]:
+    """A frame's time columns; a batch's ``extra`` frames (monitoring) are outside F.FRAMES."""
+    got = _TIME_COLUMNS.get(spec.name)
+    return got if got is not None else tuple(c.name for c in spec.columns if c.dtype == F.UTC_US)
+
+
 def _iso(ts_us: int) -> str:
     return dt.datetime.fromtimestamp(ts_us / 1e6, dt.UTC).isoformat().replace("+00:00", "Z")
 
@@ -186,13 +192,13 @@ def _forecast(series: pl.Series) -> pl.Series:
 
 
 def _describe_row(spec: F.FrameSpec, df: pl.DataFrame, row: int) -> str:
-    keys = ", ".join(f"{k}={str(df.get_column(k)[row])[:200]!r}" for k in spec.key if k in df.columns and k not in _TIME_COLUMNS[spec.name])
+    keys = ", ".join(f"{k}={str(df.get_column(k)[row])[:200]!r}" for k in spec.key if k in df.columns and k not in _time_columns(spec))
     return f"{spec.name} row {row}" + (f" ({keys})" if keys else "")
 
 
 def _screen_batch(batch: F.Batch, horizon_us: int | None, skew_s: float, binding: Binding | None) -> None:
     for spec, df in list(batch.frames()):
-        times = [c for c in _TIME_COLUMNS[spec.name] if c in df.columns] if horizon_us is not None else []
+        times = [c for c in _time_columns(spec) if c in df.columns] if horizon_us is not None else []
         for c in times:
             # JSON records hold RFC 3339 text until the store conforms them: read it the way the store will
             # (a value that does not parse is refused here as it would be there), rows kept in their order.

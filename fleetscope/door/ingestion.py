@@ -56,6 +56,7 @@ FORMAT_MODULES: list[str] = [
     "ingest.ibswinfo",
     "ingest.slurm_ib_features",
     "ingest.bytedance_whatif",
+    "ingest.model_monitoring",
 ]
 
 

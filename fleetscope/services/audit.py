@@ -19,6 +19,7 @@ import polars as pl
 from analyzers import carbon
 from fleetscope.core import frames as F
 from fleetscope.services import governance as gs
+from fleetscope.services import monitoring as ms
 from fleetscope import safefiles
 from fleetscope.services.energy import job_energy, model_jobs
 from fleetscope.settings import Settings
@@ -53,6 +54,25 @@ def declare(store: Store, model: str, version: str, kind: str, value: dict[str, 
     return d
 
 
+def declare_incident(store: Store, kind: str, subject: str, window_start: dt.datetime, *, incident_kind: str, entered_by: str,
+                     description: str | None = None, aware_at: dt.datetime | None = None, now: dt.datetime | None = None) -> M.Declaration:
+    """Declare a serious incident (Art. 3(49)) from a post-market monitoring finding: the provider became
+    aware of it now (or at ``aware_at``), which starts the Art. 73 clock: 15 days (Art. 73(2)), 2 days for a
+    widespread infringement or a critical-infrastructure disruption (Art. 73(3)), 10 days for a death
+    (Art. 73(4)). The incident's key names the finding, so declaring it twice updates one record."""
+    f = ms.finding(store, kind, subject, window_start)
+    parts = subject.split("/", 1)[0].split(":")
+    if len(parts) != 3 or parts[0] != "model":
+        raise M.DeclarationError(f"finding subject {subject[:200]!r} names no model version (model:NAME:VERSION)")
+    _, name, version = parts
+    now = now or dt.datetime.now(dt.UTC)
+    ws = f["window_start"]
+    ref = f"{kind}/{subject}/{M.iso(ws)}"
+    value = {"kind": incident_kind, "aware_at": M.iso(aware_at or now), "occurred_at": M.iso(ws), "finding": ref,
+             "description": description or f["summary"]}
+    return declare(store, name, version, "incident", value, entered_by=entered_by, key=f"finding:{ref}"[:500], source="finding", now=now)
+
+
 # --- audits ----------------------------------------------------------------------------------------
 
 
@@ -75,10 +95,14 @@ def _evidence(store: Store, settings: Settings, model: Any, now: dt.datetime, ta
         robust = E.robustness(store.read("health_event", start=now - dt.timedelta(days=90)), events, store.read("job_rank", job_id=job_ids),
                               job_ids, now - dt.timedelta(days=90), now, as_of=now)
     runs_seen = len(graph.run_closure(L.training_runs(graph, model))) if model.training_run_ids or graph.runs else 0
+    mon = ms.evidence(store, model.name, model.version, now=now)
     return E.evidence_from_frames(
         model, declaration=store.read("aiact_declaration"), fairness_evaluation=store.read("fairness_evaluation"),
         fairness_group=store.read("fairness_group"), taints=taints.get(model.node_id, []), training_runs_seen=runs_seen,
         retention_days=settings.retention_days, oldest_log_record_at=oldest, compute=compute, robustness=robust, as_of=now,
+        monitoring=None if mon is None else M.MonitoringEvidence(
+            mon["windows"], mon["first_window_start"], mon["last_window_end"], mon["recent_windows"], mon["recent_outcomes"],
+            mon["recent_accuracy"], mon["findings"], now),
     )
 
 
@@ -200,6 +224,9 @@ def make_export(store: Store, settings: Settings, *, audit_id: str | None = None
         "fairness_evaluations": store.read("fairness_evaluation"),
         "fairness_groups": store.read("fairness_group"),
         "incidents": store.read("aiact_declaration").filter(pl.col("kind") == "incident"),
+        # Art. 72 evidence: every evaluated post-market monitoring window and the findings they raised
+        "monitoring_windows": ms.windows(store, limit=100_000),
+        "monitoring_findings": ms.findings(store, include_cleared=True, limit=10_000),
         "energy_and_compute": _footprints(store),
     }
     key = signing_key(settings)

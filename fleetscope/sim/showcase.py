@@ -318,6 +318,15 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     table = prediction_table(600, np.random.default_rng(seed))  # bootstrap CIs cost time per row; 600 keeps every group above 30
     out["fairness"] = gs.evaluate_fairness(store, "loan-screen", table.frame.write_csv().encode(), sensitive=list(table.sensitive), fmt="csv",
                                            actor="showcase")["passed"]
+    # loan-screen in service: a day of reference, then hours whose applicants drift (post-market monitoring)
+    from fleetscope.door import ingestion
+    from fleetscope.services import monitoring as monitoring_service
+    from fleetscope.sim.predictions import credit_stream
+
+    first = end.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=29)
+    stream = credit_stream("loan-screen", "1", first, hours=28, rate=100, rng=np.random.default_rng(seed), drift_from_hour=26, bias=1.5)
+    ingestion.ingest_bytes(store, stream.jsonl, source="sim:showcase/monitoring")
+    out["monitoring"] = monitoring_service.evaluate(store, "loan-screen", "1", now=end)["findings"]
     audit_service.declare(store, "llama-7b", "1", "classification", {"general_purpose": True}, entered_by="showcase")
     audit_service.declare(store, "loan-screen", "1", "area", {"area": "essential_services"}, entered_by="showcase")  # Annex III 5(b)
     # Declarations, the registry and fairness evaluations are stamped with the wall clock, so the audit is too.

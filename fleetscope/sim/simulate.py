@@ -39,7 +39,7 @@ from fleetscope.sim.predictions import prediction_table
 from fleetscope.sim.spec import JobSpec, SimSpec, demo_spec, small_spec
 from fleetscope.sim.telemetry import GpuActivity, GpuTelemetry
 
-_STREAM_FAULTS, _STREAM_JOBS, _STREAM_TELEMETRY, _STREAM_FACILITY, _STREAM_PREDICTIONS, _STREAM_PLACEMENT = range(1, 7)
+_STREAM_FAULTS, _STREAM_JOBS, _STREAM_TELEMETRY, _STREAM_FACILITY, _STREAM_PREDICTIONS, _STREAM_PLACEMENT, _STREAM_MONITORING = range(1, 8)
 _MODELS = (("llama-3-8b-sim", 8e9), ("mistral-7b-sim", 7e9), ("llama-2-13b-sim", 13e9), ("phi-3b-sim", 3e9))
 
 
@@ -61,6 +61,7 @@ class Manifest:
     facility: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     ib_scrapes: list[dict[str, str]] = field(default_factory=list)  # (ts, file) of node_exporter infiniband bodies
+    monitoring: dict[str, Any] = field(default_factory=dict)  # the high-risk deployment: its versions, files, declarations
 
     def faults_of(self, kind: str) -> list[InjectedFault]:
         return [f for f in self.faults if f.kind == kind]
@@ -237,6 +238,9 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
     pred_rel = f"predictions/{lin.tainted_model[0] or 'model'}.csv"
     _write(out, pred_rel, pt.frame.write_csv().encode(), files, "predictions")
 
+    # --- a high-risk deployment (Annex III 5(b)): a credit-scoring model in service, two versions
+    monitoring = credit_deployment(out, files, spec.start, spec.seed)
+
     manifest = Manifest(
         out_dir=str(out), seed=spec.seed, start=formats.iso_us(formats.epoch_us(spec.start)),
         end=formats.iso_us(formats.epoch_us(t_of(D))),
@@ -256,6 +260,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
         facility={"files": fac_files, "interval_s": spec.facility_interval_s,
                   "series": ["facility_power_w", "it_power_w", "grid_intensity_g_per_kwh"]},
         notes=notes,
+        monitoring=monitoring,
     )
     safefiles.write_private(out / "manifest.json", (manifest.to_json() + "\n").encode())
     return manifest
@@ -291,3 +296,42 @@ def simulate_small(out_dir: Path, seed: int = 7, **overrides: Any) -> Manifest:
 def simulate_demo(out_dir: Path, seed: int = 7, **overrides: Any) -> Manifest:
     """The demo fleet (2 sites, 64 nodes of 8 GPUs, 4 jobs, 2 hours): see ``spec.demo_spec``."""
     return simulate(demo_spec(seed, **overrides), out_dir)
+
+
+CREDIT_MODEL = "credit-score"
+MONITORING_HOURS, MONITORING_RATE, DRIFT_HOUR = 30, 100, 27
+
+
+def credit_deployment(out: Path, files: dict[str, list[str]], start: dt.datetime, seed: int) -> dict[str, Any]:
+    """A credit-scoring model (Annex III point 5(b)) deployed before the simulated window: version 1's
+    applicants drift in its last hours (a downturn: incomes fall), version 2 misses women who would repay
+    (a biased version). Each writes ``MONITORING_HOURS`` hours of predictions with outcomes, ending an hour
+    before ``start`` so every outcome is in the past; the first day is each version's reference window. The
+    declarations are what a provider states: enough for real passes, and documentation that lacks Annex IV
+    point 9 (the post-market monitoring evaluation system) for a real failure; version 2's declared
+    accuracy (0.92) is above what it achieves in operation."""
+    from fleetscope.sim.predictions import credit_stream
+
+    first = start.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=MONITORING_HOURS + 1)
+    versions = {}
+    for version, kw in (("1", {"drift_from_hour": DRIFT_HOUR}), ("2", {"bias": 1.5})):
+        stream = credit_stream(CREDIT_MODEL, version, first, hours=MONITORING_HOURS, rate=MONITORING_RATE,
+                               rng=np.random.default_rng([seed, _STREAM_MONITORING, int(version)]), **kw)
+        rel = f"monitoring/{CREDIT_MODEL}-{version}.jsonl"
+        _write(out, rel, stream.jsonl, files, "model_monitoring")
+        versions[version] = {"file": rel, "drift_from": stream.drift_from.isoformat() if stream.drift_from else None,
+                             "drift_feature": stream.drift_feature, "biased": stream.biased}
+    reviewed = (start - dt.timedelta(days=10)).date().isoformat()
+    declarations = [
+        {"kind": "area", "value": {"area": "essential_services", "point": "5(b)"}},
+        {"kind": "classification", "value": {"general_purpose": False, "profiling": True}},
+        {"kind": "risk_management", "value": {"reviewed_at": reviewed, "reference": "RMS-credit-4"}},
+        {"kind": "instructions", "value": {"reference": "IFU-credit-2", "accuracy": "0.92 overall", "per_group_performance": "by sex and age band, see IFU 4.2"}},
+        {"kind": "oversight", "value": {"measures": ["a credit officer reviews every refusal"], "override": True, "stop": True}},
+        {"kind": "accuracy_metrics", "value": {"metrics": {"accuracy": 0.92}, "tolerance": 0.02}},
+        {"kind": "post_market_plan", "value": {"active": True, "interval_days": 30, "last_review_at": reviewed, "reference": "PMM-credit-1"}},
+        {"kind": "logging", "value": {"enabled": True}},
+        *[{"kind": "documentation", "key": str(k), "value": {"reference": f"doc://credit/annex-iv/{k}"}} for k in range(1, 9)],
+    ]
+    return {"model": CREDIT_MODEL, "purpose": "credit scoring of loan applicants", "versions": versions, "hours": MONITORING_HOURS,
+            "rate": MONITORING_RATE, "reference_hours": 24, "declarations": declarations}

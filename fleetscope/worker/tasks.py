@@ -1,4 +1,4 @@
-"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, retention and scheduled audits."""
+"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, post-market monitoring, retention and scheduled audits."""
 
 from __future__ import annotations
 
@@ -92,6 +92,17 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
     with tracer().start_as_current_span("task.health_window"):
         out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
+
+
+@celery_app.task(name="fleetscope.model_monitoring")
+def model_monitoring(now_iso: str | None = None) -> dict[str, Any]:
+    """Beat's hourly tick: every deployed model version's windows of the last two days against its
+    reference (``services.monitoring.evaluate_all``), so outcomes that arrived late are counted."""
+    from fleetscope.services.monitoring import evaluate_all
+
+    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.model_monitoring"):
+        return evaluate_all(store(), now=now)
 
 
 @celery_app.task(name="fleetscope.audit_report")

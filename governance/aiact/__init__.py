@@ -24,6 +24,7 @@ from governance.aiact.model import (
     FairnessRecord,
     LineageEvidence,
     LoggingEvidence,
+    MonitoringEvidence,
     RobustnessEvidence,
     RuleResult,
     current,
@@ -45,6 +46,6 @@ from governance.aiact.rules import (
 __all__ = [
     "AI_ACT_2024", "DECLARATION_KINDS", "FAIL", "MISSING", "NOT_APPLICABLE", "PASS", "RULE_SETS", "AuditPolicy", "Classification",
     "ComputeEvidence", "Declaration", "DeclarationError", "Evidence", "EvidenceRef", "FairnessGroup", "FairnessRecord", "LineageEvidence",
-    "LoggingEvidence", "ModelAudit", "RobustnessEvidence", "Rule", "RuleResult", "RuleSet", "classify", "current", "declare", "evaluate",
+    "LoggingEvidence", "ModelAudit", "MonitoringEvidence", "RobustnessEvidence", "Rule", "RuleResult", "RuleSet", "classify", "current", "declare", "evaluate",
     "evaluate_all", "rule_set",
 ]

@@ -21,6 +21,7 @@ from governance.aiact.model import (
     Evidence,
     LineageEvidence,
     LoggingEvidence,
+    MonitoringEvidence,
     RobustnessEvidence,
     current,
     parse_time,
@@ -100,6 +101,7 @@ def evidence_from_frames(
     robustness: RobustnessEvidence | None,
     as_of: datetime,
     policy: AuditPolicy | None = None,
+    monitoring: MonitoringEvidence | None = None,
 ) -> Evidence:
     """One model's ``Evidence`` from the stored tables and the computed parts: what the service calls per
     model before ``governance.aiact.evaluate``. ``taints``: ``governance.lineage.propagate(...)[model.node_id]``
@@ -117,4 +119,5 @@ def evidence_from_frames(
         compute,
         robustness,
         policy or AuditPolicy(),
+        monitoring,
     )

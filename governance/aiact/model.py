@@ -126,6 +126,7 @@ DECLARATION_KINDS: dict[str, dict[str, tuple[str, bool]]] = {
     "incident": {
         "kind": ("str", True), "occurred_at": ("time", False), "aware_at": ("time", False),
         "reported_at": ("time", False), "authority": ("str", False), "description": ("str", False),
+        "finding": ("str", False),  # the monitoring finding it was declared from (kind/subject/window start)
     },
 }
 
@@ -390,6 +391,28 @@ class RobustnessEvidence:
 
 
 @dataclass(frozen=True)
+class MonitoringEvidence:
+    """Art. 72 and Art. 15: the post-market monitoring windows stored for the version (``monitoring_window``,
+    ``fleetscope.services.monitoring``): how many, the latest one's end, the accuracy over the recent
+    windows' arrived outcomes, and the recent monitoring findings per kind."""
+
+    windows: int
+    first_window_start: datetime | None
+    last_window_end: datetime | None
+    recent_windows: int = 0
+    recent_outcomes: int = 0
+    recent_accuracy: float | None = None
+    findings: Mapping[str, int] = field(default_factory=dict)
+    as_of: datetime | None = None
+
+    def ref(self) -> EvidenceRef:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.findings.items())) or "no findings"
+        acc = f"accuracy {self.recent_accuracy:.3f} over {self.recent_outcomes} outcomes" if self.recent_accuracy is not None else "no outcomes yet"
+        return EvidenceRef("monitoring", f"{iso(self.first_window_start)}/{iso(self.last_window_end)}", self.last_window_end or self.as_of,
+                           f"{self.windows} windows; recent: {self.recent_windows}, {acc}; {kinds}")
+
+
+@dataclass(frozen=True)
 class AuditPolicy:
     """Organisation policy the Regulation leaves open ("regularly", "appropriate"): how old evidence may
     be, and the minimum group size that counts as represented."""
@@ -402,6 +425,8 @@ class AuditPolicy:
     log_grace_days: int = 2
     evaluation_max_age_days: int = 365
     post_market_grace_days: int = 7
+    monitoring_max_gap_days: int = 2  # Art. 72(2) "actively ... collect": the latest window no older than this
+    monitoring_min_outcomes: int = 100  # outcomes the recent accuracy must rest on before it is compared
     accuracy_tolerance: float = 0.02
     systemic_flops_threshold: float = 1e25
 
@@ -422,6 +447,7 @@ class Evidence:
     compute: ComputeEvidence | None = None
     robustness: RobustnessEvidence | None = None
     policy: AuditPolicy = field(default_factory=AuditPolicy)
+    monitoring: MonitoringEvidence | None = None
 
     def current(self, now: datetime) -> dict[tuple[str, str], Declaration]:
         return current(self.declarations, self.model, as_of=now)

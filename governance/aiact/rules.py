@@ -28,6 +28,8 @@ from typing import Any
 
 from governance.aiact.model import (
     ANNEX_III,
+    DECLARATION_KINDS,
+    ORG,
     DEPLOYER,
     FAIL,
     GPAI,
@@ -294,8 +296,10 @@ def applies(rule: Rule, ev: Evidence, cls: Classification, now: datetime) -> Out
     if not hit:
         undecided = ("high_risk" in cls.unknown and a.risk_classes & HIGH_RISK_CLASSES) or ("gpai" in cls.unknown and a.risk_classes & GPAI_CLASSES)
         if undecided:
-            what = "no Annex III area (or 'none') is declared" if a.risk_classes & HIGH_RISK_CLASSES and "high_risk" in cls.unknown else "whether the model is general-purpose is not declared"
-            return Outcome(MISSING, f"cannot tell whether this applies: {what} (Art. 6, Art. 3(63))", cls.evidence)
+            area = a.risk_classes & HIGH_RISK_CLASSES and "high_risk" in cls.unknown
+            what = "no Annex III area (or 'none') is declared" if area else "whether the model is general-purpose is not declared"
+            hint = declare_hint(ev, "area") if area else declare_hint(ev, "classification") + ' with "general_purpose"'
+            return _missing(f"cannot tell whether this applies: {what} (Art. 6, Art. 3(63))", hint, cls.evidence)
         have = ", ".join(sorted(cls.classes)) or "undecided"
         return Outcome(NOT_APPLICABLE, f"applies to {', '.join(sorted(a.risk_classes))} systems; this one is {have}", cls.evidence)
     start = min(a.applies_from.get(c, a.applies_from.get("*", date.min)) for c in hit)
@@ -330,6 +334,55 @@ def _of_kind(cur: Mapping[tuple[str, str], Declaration], kind: str) -> dict[str,
     return {k: d for (kk, k), d in cur.items() if kk == kind}
 
 
+# --- what settles a missing_evidence result --------------------------------------------------------
+# Every missing_evidence reason ends by naming the declaration or the data that would settle it, and the
+# command and endpoint that record it, for this model version.
+
+_EXAMPLE: dict[str, Any] = {"str": "...", "bool": True, "int": 30, "float": 0.9, "time": "2026-01-31", "list": ["..."],
+                            "dict": {"accuracy": 0.9}}
+
+
+def declare_hint(ev: Evidence, kind: str, key: str = "", *, org: bool = False) -> str:
+    """The declaration of ``kind`` that would settle a result, as the CLI command and the endpoint that
+    record it, with the kind's required fields."""
+    import json
+
+    value = {f: _EXAMPLE[t] for f, (t, req) in DECLARATION_KINDS[kind].items() if req}
+    model, version = (ORG, ORG) if org else (ev.model.name, ev.model.version)
+    body = {"model": model, "version": version, "kind": kind, **({"key": key} if key else {}), "value": value}
+    keyed = f" --key {key}" if key else ""
+    return (f"settled by a {kind!r} declaration{f' (key {key!r})' if key else ''}: fleetscope declare {model} {kind} --version {version}{keyed} "
+            f"--value '{json.dumps(value)}' --by NAME, or POST /api/v1/declarations {json.dumps(body)}")
+
+
+def fairness_hint(ev: Evidence) -> str:
+    m = ev.model
+    return (f"settled by a fairness evaluation of {m.name}@{m.version}: fleetscope fairness evaluate PREDICTIONS.csv --model {m.name} "
+            f"--version {m.version} --sensitive COLUMN, or POST /api/v1/models/{m.name}/fairness?version={m.version}")
+
+
+def lineage_hint(ev: Evidence) -> str:
+    m = ev.model
+    return ("settled by the training run's OpenLineage events (POST /api/v1/lineage) and the run named on the model's registry entry "
+            f"(fleetscope registry model {m.name} {m.version} --run RUN_ID, or PUT /api/v1/models/{m.name}/{m.version})")
+
+
+def jobs_hint(ev: Evidence) -> str:
+    return (f"settled by the model's training jobs in the fleet's inventory: job events with model_name {ev.model.name!r} "
+            "(fleetscope ingest EVENTS.jsonl, or POST /api/v1/ingest/job_events), with their steps and GPU telemetry")
+
+
+def monitoring_hint(ev: Evidence) -> str:
+    m = ev.model
+    return (f"settled by post-market monitoring data of {m.name}@{m.version}: its predictions and outcomes (fleetscope ingest "
+            "PREDICTIONS.jsonl, or POST /api/v1/ingest/model_monitoring) evaluated into windows (beat, hourly; or fleetscope "
+            f"monitoring evaluate {m.name} {m.version}, or POST /api/v1/models/{m.name}/{m.version}/monitoring/evaluate)")
+
+
+def _missing(reason: str, hint: str, evidence: tuple[EvidenceRef, ...] = (), due: datetime | None = None) -> Outcome:
+    return Outcome(MISSING, f"{reason}; {hint}", evidence, due)
+
+
 # Each check below reads only the Evidence and the classification; the rule's applicability has already
 # been decided by ``applies``.
 
@@ -337,7 +390,7 @@ def _of_kind(cur: Mapping[tuple[str, str], Declaration], kind: str) -> dict[str,
 def check_art5(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     """Art. 5(1)(a)-(h): the declared purpose must not match a prohibited practice."""
     if not cls.purpose.strip():
-        return Outcome(MISSING, "no intended purpose is declared or registered, so prohibited practices cannot be screened")
+        return _missing("no intended purpose is declared or registered, so prohibited practices cannot be screened", declare_hint(ev, "purpose"))
     refs = cls.evidence
     if cls.art5:
         parts = "; ".join(f"({l}) {ART5_PRACTICES[l][0]} [{', '.join(t)}]" for l, t in cls.art5)
@@ -354,7 +407,7 @@ def check_art6(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     hints = area_hints(cls.purpose)
     if cls.area is None:
         hint = f"; the purpose suggests {', '.join(f'{a} ({t!r})' for a, t in hints)}" if hints else ""
-        return Outcome(MISSING, f"no Annex III area is declared (use 'none' if none applies){hint}", refs)
+        return _missing(f"no Annex III area is declared (use 'none' if none applies){hint}", declare_hint(ev, "area"), refs)
     cd = cur.get(("classification", ""))
     cv: Mapping[str, Any] = cd.value if cd else {}
     ad = cur[("area", "")]
@@ -382,7 +435,7 @@ def check_art9(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     """Art. 9(1)-(2): a risk management system, a continuous process regularly reviewed and updated."""
     d = ev.current(now).get(("risk_management", ""))
     if d is None:
-        return Outcome(MISSING, "no risk management record is declared")
+        return _missing("no risk management record is declared", declare_hint(ev, "risk_management"))
     reviewed = parse_time(d.value["reviewed_at"])
     assert reviewed is not None
     limit = ev.policy.risk_review_days
@@ -397,17 +450,18 @@ def check_art10_bias(ev: Evidence, cls: Classification, now: datetime) -> Outcom
     them: a recent fairness evaluation, and a recorded mitigation for each failure."""
     rec = _latest_fairness(ev)
     if rec is None:
-        return Outcome(MISSING, "no fairness evaluation of this model is recorded")
+        return _missing("no fairness evaluation of this model is recorded", fairness_hint(ev))
     refs: list[EvidenceRef] = [rec.ref()]
     if rec.evaluated_at is None:
-        return Outcome(MISSING, f"fairness evaluation {rec.evaluation_id[:12]} has no evaluation date", tuple(refs))
+        return _missing(f"fairness evaluation {rec.evaluation_id[:12]} has no evaluation date", fairness_hint(ev), tuple(refs))
     age = _age_days(now, rec.evaluated_at)
     limit = ev.policy.fairness_max_age_days
     due = rec.evaluated_at + _days(limit)
     if age > limit:
         return Outcome(FAIL, f"the latest fairness evaluation is {age:.0f} days old; the policy allows {limit}", tuple(refs), due)
     if rec.passed is None:
-        return Outcome(MISSING, "the latest fairness evaluation could judge no criterion (too few rows per group)", tuple(refs), due)
+        return _missing("the latest fairness evaluation could judge no criterion (too few rows per group)",
+                        fairness_hint(ev) + " over more rows (at least min_group_size per group)", tuple(refs), due)
     if rec.passed is False:
         m = ev.current(now).get(("mitigation", rec.evaluation_id))
         failed = f" ({', '.join(rec.failed_checks[:5])})" if rec.failed_checks else ""
@@ -423,12 +477,13 @@ def check_art10_representation(ev: Evidence, cls: Classification, now: datetime)
     holds at least the minimum group size."""
     rec = _latest_fairness(ev)
     if rec is None or not rec.groups:
-        return Outcome(MISSING, "no fairness evaluation with group counts is recorded")
+        return _missing("no fairness evaluation with group counts is recorded", fairness_hint(ev))
     minimum = ev.policy.min_group_size or rec.min_group_size
     feats = ev.policy.representation_features
     groups = [g for g in rec.groups if (g.feature in feats if feats is not None else "&" not in g.feature)]
     if not groups:
-        return Outcome(MISSING, f"the latest evaluation has none of the features {', '.join(feats or ())}", (rec.ref(),))
+        return _missing(f"the latest evaluation has none of the features {', '.join(feats or ())}",
+                        fairness_hint(ev) + f" with --sensitive {' --sensitive '.join(feats or ('COLUMN',))}", (rec.ref(),))
     small = sorted((g for g in groups if g.count < minimum), key=lambda g: g.count)
     if small:
         listed = ", ".join(f"{g.feature}={g.group} ({g.count})" for g in small[:8])
@@ -442,7 +497,7 @@ def check_art10_special(ev: Evidence, cls: Classification, now: datetime) -> Out
     detection, with the reasons recorded (f) and deletion once corrected or retention ends (e)."""
     lin = ev.lineage
     if lin is None or lin.training_runs_seen == 0:
-        return Outcome(MISSING, "none of the model's training runs appears in lineage, so the data it used is unknown")
+        return _missing("none of the model's training runs appears in lineage, so the data it used is unknown", lineage_hint(ev))
     special = {}
     for t in lin.taints:
         if t.kind == "special_category":
@@ -483,7 +538,7 @@ def check_art11(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     """Art. 11(1) with Annex IV: technical documentation holding every Annex IV point."""
     docs = _of_kind(ev.current(now), "documentation")
     if not docs:
-        return Outcome(MISSING, "no technical documentation is declared")
+        return _missing("no technical documentation is declared", declare_hint(ev, "documentation", "1") + ", one per Annex IV point 1-9")
     refs = tuple(docs[k].ref() for k in sorted(docs))
     absent = [k for k in ANNEX_IV if k not in docs]
     if absent:
@@ -497,16 +552,16 @@ def check_art12(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     setting of 400 days proves nothing if the records were purged last week."""
     lg = ev.logging
     if lg is None:
-        return Outcome(MISSING, "no logging evidence was collected")
+        return _missing("no logging evidence was collected", declare_hint(ev, "logging"))
     ref = EvidenceRef("logging", lg.source or "store", lg.as_of,
                       f"enabled={lg.enabled}, retention_days={lg.retention_days}, oldest={iso(lg.oldest_record_at)}")
     if lg.enabled is None:
-        return Outcome(MISSING, "whether automatic event logging is enabled is not known", (ref,))
+        return _missing("whether automatic event logging is enabled is not known", declare_hint(ev, "logging"), (ref,))
     if not lg.enabled:
         return Outcome(FAIL, "automatic recording of events is not enabled (Art. 12(1))", (ref,))
     minimum = ev.policy.min_log_retention_days
     if lg.retention_days is None:
-        return Outcome(MISSING, "the log retention setting is not known", (ref,))
+        return _missing("the log retention setting is not known", "settled by the store's retention setting (FLEETSCOPE_RETENTION_DAYS)", (ref,))
     if lg.retention_days < minimum:
         return Outcome(FAIL, f"logs are kept {lg.retention_days} days; at least {minimum} (six months) are required", (ref,))
     if lg.oldest_record_at is None:
@@ -525,7 +580,7 @@ def check_art13(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     regards specific persons or groups."""
     d = ev.current(now).get(("instructions", ""))
     if d is None:
-        return Outcome(MISSING, "no instructions for use are declared")
+        return _missing("no instructions for use are declared", declare_hint(ev, "instructions"))
     absent = [f for f, cite in (("accuracy", "13(3)(b)(ii)"), ("per_group_performance", "13(3)(b)(v)")) if not d.value.get(f)]
     if absent:
         return Outcome(FAIL, f"the instructions for use do not state {' or '.join(a.replace('_', ' ') for a in absent)}", (d.ref(),))
@@ -541,7 +596,7 @@ def check_art14(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     to interrupt the system through a stop procedure."""
     d = ev.current(now).get(("oversight", ""))
     if d is None:
-        return Outcome(MISSING, "no human oversight measures are declared")
+        return _missing("no human oversight measures are declared", declare_hint(ev, "oversight"))
     lacking = [t for f, t in (("override", "override or reverse the output (14(4)(d))"), ("stop", "interrupt through a stop procedure (14(4)(e))")) if not d.value.get(f)]
     if not d.value.get("measures"):
         lacking.insert(0, "a description of the measures (14(3))")
@@ -551,27 +606,36 @@ def check_art14(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
 
 
 def check_art15(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
-    """Art. 15(1), (3), (4): declared accuracy metrics (checked against the latest measured accuracy), and
-    resilience to errors and faults (no unresolved silent data corruption on the hardware that ran it)."""
+    """Art. 15(1), (3), (4): declared accuracy metrics, checked against the accuracy measured in operation
+    (post-market monitoring's recent windows, Art. 15(1) "throughout their lifecycle"; else the latest
+    fairness evaluation), and resilience to errors and faults (no unresolved silent data corruption on the
+    hardware that ran it)."""
     d = ev.current(now).get(("accuracy_metrics", ""))
     if d is None:
-        return Outcome(MISSING, "no accuracy metrics are declared (Art. 15(3))")
+        return _missing("no accuracy metrics are declared (Art. 15(3))", declare_hint(ev, "accuracy_metrics"))
     refs: list[EvidenceRef] = [d.ref()]
-    if ev.robustness is None:
-        return Outcome(MISSING, "no robustness evidence (SDC and failure history) was collected", tuple(refs))
-    rb = ev.robustness
-    refs.append(rb.ref())
     declared = d.value["metrics"].get("accuracy")
-    rec = _latest_fairness(ev)
-    measured = rec.overall_accuracy() if rec else None
-    if rec is not None and measured is not None:
-        refs.append(rec.ref())
+    mon = ev.monitoring
+    measured, where = None, ""
+    if mon is not None and mon.recent_accuracy is not None and mon.recent_outcomes >= ev.policy.monitoring_min_outcomes:
+        measured, where = mon.recent_accuracy, f"in operation (monitoring, {mon.recent_outcomes} outcomes)"
+        refs.append(mon.ref())
+    else:
+        rec = _latest_fairness(ev)
+        measured = rec.overall_accuracy() if rec else None
+        if rec is not None and measured is not None:
+            refs.append(rec.ref())
+            where = "in the latest evaluation"
     tol = float(d.value.get("tolerance", ev.policy.accuracy_tolerance))
     if isinstance(declared, (int, float)) and measured is not None and measured < float(declared) - tol:
-        return Outcome(FAIL, f"declared accuracy {float(declared):.3f} but measured {measured:.3f} in the latest evaluation", tuple(refs))
+        return Outcome(FAIL, f"declared accuracy {float(declared):.3f} (tolerance {tol:g}) but measured {measured:.3f} {where}", tuple(refs))
+    if ev.robustness is None:
+        return _missing("no robustness evidence (SDC and failure history) was collected", jobs_hint(ev), tuple(refs))
+    rb = ev.robustness
+    refs.append(rb.ref())
     if rb.sdc_unresolved > 0:
         return Outcome(FAIL, f"{rb.sdc_unresolved} unresolved silent-data-corruption suspicion(s) on hardware that ran the model's jobs", tuple(refs))
-    acc = f", measured accuracy {measured:.3f}" if measured is not None else ""
+    acc = f", measured accuracy {measured:.3f} {where}" if measured is not None else ""
     return Outcome(PASS, f"metrics {', '.join(sorted(d.value['metrics']))} declared{acc}; {rb.failures} failure(s), "
                          f"{rb.sdc_suspects} SDC suspicion(s) all resolved over {rb.jobs} job(s)", tuple(refs))
 
@@ -589,7 +653,7 @@ def check_art17(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     """Art. 17(1)(a)-(m): a quality management system documented in written policies and procedures."""
     items = _of_kind(ev.current(now), "qms")
     if not items:
-        return Outcome(MISSING, "no quality management system items are declared")
+        return _missing("no quality management system items are declared", declare_hint(ev, "qms", "a", org=True) + ", one per Art. 17(1) letter a-m")
     refs = tuple(items[k].ref() for k in sorted(items))
     absent = [k for k in QMS_ITEMS if k not in items]
     if absent:
@@ -612,7 +676,7 @@ def check_art51_52(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     if planned is not None:
         refs.append(planned.ref())
     if flops is None and planned is None:
-        return Outcome(MISSING, "training compute is neither measured nor declared as planned")
+        return _missing("training compute is neither measured nor declared as planned", jobs_hint(ev) + "; or " + declare_hint(ev, "planned_compute"))
     triggers = []
     if flops is not None and flops > thr:
         t = comp.threshold_crossed_at or comp.training_ended_at  # type: ignore[union-attr]
@@ -633,7 +697,9 @@ def check_art51_52(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     if not triggers:
         if note is not None:
             return Outcome(PASS, f"above 10^25 FLOPs; the Commission was notified {note.value['notified_at']}", tuple(refs))
-        return Outcome(MISSING, "training compute exceeds 10^25 FLOPs but when the threshold was met is unknown, so the two-week deadline cannot be computed", tuple(refs))
+        return _missing("training compute exceeds 10^25 FLOPs but when the threshold was met is unknown, so the two-week deadline cannot be computed",
+                        "settled by per-step model_flops of the training jobs (job steps through POST /api/v1/ingest) or "
+                        + declare_hint(ev, "notification", "art52"), tuple(refs))
     start = min(triggers)
     due = start + _days(14)
     if note is not None:
@@ -652,7 +718,7 @@ def check_art53(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     time and the known or estimated energy consumption."""
     comp = ev.compute
     if comp is None:
-        return Outcome(MISSING, "no training footprint (compute, time, energy) was computed for the model")
+        return _missing("no training footprint (compute, time, energy) was computed for the model", jobs_hint(ev))
     refs = (comp.ref(ev.model.node_id),)
     absent = [n for n, v in (("training compute (FLOPs)", comp.training_flops), ("training time", comp.training_time_s),
                              ("energy consumption", comp.energy_j)) if v is None]
@@ -668,7 +734,7 @@ def check_art55(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     evals = list(_of_kind(cur, "model_evaluation").values())
     adv = list(_of_kind(cur, "adversarial_test").values())
     if not evals and not adv:
-        return Outcome(MISSING, "no model evaluation or adversarial testing is recorded")
+        return _missing("no model evaluation or adversarial testing is recorded", declare_hint(ev, "model_evaluation") + "; and " + declare_hint(ev, "adversarial_test"))
     refs = tuple(d.ref() for d in evals + adv)
     limit = ev.policy.evaluation_max_age_days
     problems = []
@@ -685,10 +751,13 @@ def check_art55(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
 
 
 def check_art72(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
-    """Art. 72(1)-(3): a post-market monitoring system, based on a plan, actively collecting data."""
+    """Art. 72(1)-(3): a post-market monitoring system, based on a plan (72(3)), that actively and
+    systematically collects, documents and analyses data on the system's performance throughout its
+    lifetime (72(2)): the plan is declared, active and reviewed on time, and monitoring windows of the
+    version are stored, the latest within ``policy.monitoring_max_gap_days``."""
     d = ev.current(now).get(("post_market_plan", ""))
     if d is None:
-        return Outcome(MISSING, "no post-market monitoring plan is declared")
+        return _missing("no post-market monitoring plan is declared", declare_hint(ev, "post_market_plan"))
     if not d.value["active"]:
         return Outcome(FAIL, "the post-market monitoring plan is declared but not active", (d.ref(),))
     interval = int(d.value["interval_days"])
@@ -696,10 +765,22 @@ def check_art72(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
     due = last + _days(interval + ev.policy.post_market_grace_days)
     if utc(now) > due:
         return Outcome(FAIL, f"the post-market monitoring review every {interval} days is overdue: last {iso(last)}", (d.ref(),), due)
-    return Outcome(PASS, f"post-market monitoring active, every {interval} days, last {iso(last)}", (d.ref(),), due)
+    mon = ev.monitoring
+    if mon is None or mon.windows == 0 or mon.last_window_end is None:
+        return _missing("a post-market monitoring plan is declared, but no monitoring data of this version is stored (Art. 72(2))",
+                        monitoring_hint(ev), (d.ref(),), due)
+    refs = (d.ref(), mon.ref())
+    gap = ev.policy.monitoring_max_gap_days
+    if _age_days(now, mon.last_window_end) > gap:
+        return Outcome(FAIL, f"monitoring is not collecting: the latest window ended {iso(mon.last_window_end)}, more than {gap} days ago "
+                             "(Art. 72(2))", refs, due)
+    found = ", ".join(f"{n} {k}" for k, n in sorted(mon.findings.items()))
+    return Outcome(PASS, f"post-market monitoring active, reviewed every {interval} days (last {iso(last)}); {mon.windows} windows, the "
+                         f"latest ending {iso(mon.last_window_end)}" + (f"; recent findings: {found}" if found else "; no recent findings"), refs, due)
 
 
 INCIDENT_DEADLINE_DAYS = {"death": 10, "critical_infrastructure": 2, "widespread_infringement": 2}
+INCIDENT_PARAGRAPH = {"death": "Art. 73(4)", "critical_infrastructure": "Art. 73(3)", "widespread_infringement": "Art. 73(3)"}
 """Art. 73(4) a death: 10 days; Art. 73(3) widespread infringement or serious and irreversible disruption of
 critical infrastructure (Art. 3(49)(b)): 2 days; any other serious incident, Art. 73(2): 15 days. Counted
 from when the provider became aware."""
@@ -707,6 +788,10 @@ from when the provider became aware."""
 
 def incident_deadline(kind: str) -> int:
     return INCIDENT_DEADLINE_DAYS.get(kind, 15)
+
+
+def incident_paragraph(kind: str) -> str:
+    return INCIDENT_PARAGRAPH.get(kind, "Art. 73(2)")
 
 
 def check_art73(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
@@ -733,14 +818,17 @@ def check_art73(ev: Evidence, cls: Classification, now: datetime) -> Outcome:
         elif rep is None and utc(now) > due:
             late.append(f"{key} ({v['kind']}) unreported, {days}-day deadline {iso(due)} passed")
         elif rep is None:
-            open_due.append((due, key))
+            open_due.append((due, key, f"{key} ({v['kind']}, {days} days, {incident_paragraph(v['kind'])}) due by {iso(due)}"))
     nearest = min(open_due)[0] if open_due else None
     if late:
         return Outcome(FAIL, "serious incident(s) not reported in time: " + "; ".join(late), refs, nearest)
     if undated:
-        return Outcome(MISSING, f"incident(s) {', '.join(undated)} have neither an awareness nor an occurrence date", refs, nearest)
+        return _missing(f"incident(s) {', '.join(undated)} have neither an awareness nor an occurrence date", declare_hint(ev, "incident", undated[0])
+                        + ' with "aware_at" or "occurred_at"', refs, nearest)
     if open_due:
-        return Outcome(PASS, f"{len(incidents)} incident(s); {len(open_due)} still to report, the next due by {iso(nearest)}", refs, nearest)
+        listed = "; ".join(x[2] for x in sorted(open_due))
+        return Outcome(PASS, f"{len(incidents)} incident(s); {len(open_due)} still to report to the market surveillance authority, "
+                             f"the next due by {iso(nearest)}: {listed}", refs, nearest)
     return Outcome(PASS, f"{len(incidents)} serious incident(s), each reported within its deadline", refs)
 
 

@@ -229,6 +229,23 @@ def audit_fails(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
     audit_service.run_audit(store, make_settings(data_dir, str(store.engine.url)), trigger="beat", requested_by="beat", now=at)
 
 
+def model_degrades(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
+    """A credit-scoring model's predictions with outcomes: a day of reference, then two hours in a downturn
+    (incomes fall, outcomes turn against the score) from a version that misses women who would repay. Beat's
+    monitoring tick evaluates the closed windows each time it runs."""
+    import numpy as np
+
+    from fleetscope.door import ingestion
+    from fleetscope.services import monitoring as monitoring_service
+    from fleetscope.sim.predictions import credit_stream
+
+    if m == 1:
+        s = credit_stream("credit", "1", T - 25 * 60 * MIN, hours=26, rate=300, rng=np.random.default_rng(0), drift_from_hour=24,
+                          bias=1.5, income_fall=0.6, concept_drift=0.15)
+        ingestion.ingest_bytes(store, s.jsonl, source="credit.jsonl")
+    monitoring_service.evaluate(store, "credit", "1", now=at, lookback_s=6 * 3600)
+
+
 SCENARIOS = {
     "xid79": Scenario(extra=xid(79, T + 3 * MIN), rules=("GpuFellOffBus",), muted=("GpuNeedsRepairOrDrain",)),
     "xid48": Scenario(extra=xid(48, T + 3 * MIN), rules=("GpuUncorrectableEcc",)),
@@ -249,6 +266,8 @@ SCENARIOS = {
     "ib_flap": Scenario(extra=flapping_link, rules=("FabricLinkUnhealthy",)),
     # AuditRuleFailed looks back 25 h: half-hour ticks carry it through its resolution
     "audit": Scenario(act=audit_fails, step_min=30, minutes=60, rules=("AuditRuleFailed",)),
+    "model_monitoring": Scenario(act=model_degrades, step_min=30, minutes=12,
+                                 rules=("ModelDataDrift", "ModelPredictionDrift", "ModelAccuracyDropped", "ModelFairnessDegraded")),
     "host_down": Scenario(silent=lambda h, t: h == "n3" and T + 3 * MIN <= t < T + 20 * MIN, rules=("HostDown",)),
     "gpu_gone": Scenario(gone=lambda g, t: g == "GPU-n1-1" and T + 3 * MIN <= t < T + 20 * MIN, rules=("GpuStoppedReporting",)),
     "site_silent": Scenario(silent=lambda h, t: h != "n0" and T + 3 * MIN <= t < T + 20 * MIN, rules=("TelemetryAbsent",)),

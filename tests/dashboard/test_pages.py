@@ -179,6 +179,13 @@ def _governance(at: AppTest, url: str) -> None:
     m = metrics(at)
     assert (m["Pass"], m["Fail"], m["Missing evidence"]) == (str(audit["pass"]), str(audit["fail"]), str(audit["missing_evidence"]))
     assert audit["fail"] == 1
+    # post-market monitoring of loan-screen: four hourly windows after its reference day, the last two drifted
+    assert (m["Windows"], m["Flagged"]) == ("4", "2") or int(m["Flagged"]) >= 2, m
+    assert m["Windows"] == "4"
+    mon = next(d.value for d in at.dataframe if "kind" in d.value.columns and "summary" in d.value.columns)
+    assert "model_drift" in set(mon["kind"])
+    crit = next(d.value for d in at.dataframe if "criterion" in d.value.columns)
+    assert set(crit["criterion"]) == {"equalized_odds", "demographic_parity", "calibration"}
     labels = download_labels(at)
     assert [lab.split(",")[0] for lab in labels] == ["Report (JSON", "Report (HTML", "Report (PDF", "Export bundle (ZIP"]
     assert not any(t.startswith("No data yet") for t in infos(at)), infos(at)

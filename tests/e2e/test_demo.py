@@ -36,13 +36,16 @@ def test_demo_finds_every_injected_fault(tmp_path):
     # the simulator's injected faults, plus the governance ones
     assert set(faults) == {"thermal_straggler", "slow_link", "sdc", "row_remap_failure", "gpu_failure", "preemption",
                            "hung_job", "silent_host", "flapping_ib_link", "comm_stragglers_on_flapping_port",
-                           "quarantined_dataset_upstream", "biased_model"}
+                           "quarantined_dataset_upstream", "biased_model", "model_data_drift", "biased_model_version"}
     missed = [f for f in summary["faults"] if not f["found"]]
     assert missed == []
     # 64 GPUs, a scrape every 30 s for 10 minutes, but the silent host's 8 GPUs from 7 minutes on (7 scrapes)
     assert summary["written"]["gpu_sample"] == 64 * 21 - 8 * 7
     assert summary["alerts_delivered"] >= 1 and "GpuRowRemapFailure" in summary["alertnames"]
-    assert sum(summary["audit"]["counts"].values()) >= 17 * 2  # every rule for both models
+    assert sum(summary["audit"]["counts"].values()) >= 17 * 4  # every rule for the two trained models and both credit-score versions
+    # the high-risk credit-scoring deployment gives the audit real failures: Annex IV point 9 undocumented
+    # (both versions) and version 2's accuracy in operation under its declared 0.92
+    assert summary["audit"]["counts"]["fail"] >= 3
     assert summary["ready_s"] < 90
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
     assert_visible_on_the_dashboard(tmp_path / "data", summary["token"])

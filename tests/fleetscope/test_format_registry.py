@@ -50,6 +50,7 @@ SAMPLES: dict[str, list[tuple[str, str | bytes]]] = {
                                       b"NIC0\tPIX\t X \n\nLegend:\n\n  X    = Self\n\nNIC Legend:\n\n  NIC0: mlx5_0\n")],
     "ibswinfo": [("real", "fabric/ibswinfo_qm8790-hdr-switch.txt")],
     "slurm_ib_features": [("real", "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt")],
+    "model_monitoring": [("synthetic", b'{"model": "credit", "version": "1", "prediction_id": "p1", "ts": "2026-03-01T12:00:00Z", "score": 0.4}\n')],
 }
 SNIFFED = [name for name, f in ingestion.FORMATS.items() if f.spec.sniff]
 

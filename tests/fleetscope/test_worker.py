@@ -79,6 +79,22 @@ def test_retention_deletes_only_old_raw_telemetry(worker):
     assert store.counts()["health_event"] == 1  # evidence is kept
 
 
+def test_model_monitoring_runs_in_the_worker_and_on_beat_s_schedule(worker):
+    import numpy as np
+
+    from fleetscope.door import ingestion
+    from fleetscope.sim.predictions import credit_stream
+
+    app, queue, url, _ = worker
+    assert app.conf.beat_schedule["model-monitoring"]["task"] == "fleetscope.model_monitoring"
+    store = Store.open(url)
+    t0 = dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
+    ingestion.ingest_bytes(store, credit_stream("credit", "1", t0, hours=27, rate=60, rng=np.random.default_rng(0)).jsonl, source="c.jsonl")
+    out = app.send_task("fleetscope.model_monitoring", kwargs={"now_iso": (t0 + dt.timedelta(hours=27)).isoformat()}, queue=queue).get(timeout=120)
+    assert out["models"] == [{"model": "credit", "version": "1", "evaluated": 3, "findings": out["models"][0]["findings"]}]
+    assert store.read("monitoring_window").height == 3
+
+
 def test_a_failing_task_is_recorded_as_failure(worker):
     app, queue, url, _ = worker
     with pytest.raises(Exception):

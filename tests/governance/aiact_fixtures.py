@@ -15,6 +15,7 @@ from governance.aiact import (
     FairnessRecord,
     LineageEvidence,
     LoggingEvidence,
+    MonitoringEvidence,
     RobustnessEvidence,
     declare,
 )
@@ -73,7 +74,13 @@ def high_risk() -> Evidence:
         LoggingEvidence(True, 400, NOW - days(200), None, NOW, "settings+job_event"),
         None,
         RobustnessEvidence(NOW - days(90), NOW, 12, 2, 1, 0, NOW),
+        monitoring=monitoring(),
     )
+
+
+def monitoring(*, last_age_days: float = 0.1, accuracy: float | None = 0.87, outcomes: int = 2400) -> MonitoringEvidence:
+    """A week of hourly post-market monitoring windows ending ``last_age_days`` before NOW."""
+    return MonitoringEvidence(168, NOW - days(7), NOW - days(last_age_days), 168, outcomes, accuracy, {"model_drift": 2}, NOW)
 
 
 def gpai() -> Evidence:
