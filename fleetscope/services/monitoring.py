@@ -67,18 +67,25 @@ _PRED_SCHEMA = {"prediction_id": pl.String, "ts": UTC, "score": pl.Float64, "pre
                 "groups": pl.String, "outcome": pl.Float64}
 
 
+def _within(col: str, start: dt.datetime | None, end: dt.datetime | None, params: list[Any]) -> str:
+    """The ``AND`` clauses bounding ``col`` to ``[start, end)`` (either open), their values added to ``params``."""
+    sql = ""
+    if start is not None:
+        sql += f" AND {col} >= ?"
+        params.append(_utc(start))
+    if end is not None:
+        sql += f" AND {col} < ?"
+        params.append(_utc(end))
+    return sql
+
+
 def predictions(store: Store, model: str, version: str, start: dt.datetime | None = None, end: dt.datetime | None = None) -> pl.DataFrame:
     """A version's predictions in ``[start, end)`` with their outcome where it has arrived (null otherwise)."""
     sql = ("SELECT p.prediction_id, p.ts, p.score, p.prediction, p.features, p.groups, o.outcome FROM model_prediction p"
            " LEFT JOIN model_outcome o ON o.model_name = p.model_name AND o.model_version = p.model_version AND o.prediction_id = p.prediction_id"
            " WHERE p.model_name = ? AND p.model_version = ?")
     params: list[Any] = [model, version]
-    if start is not None:
-        sql += " AND p.ts >= ?"
-        params.append(_utc(start))
-    if end is not None:
-        sql += " AND p.ts < ?"
-        params.append(_utc(end))
+    sql += _within("p.ts", start, end, params)
     return fetch(store, sql + " ORDER BY p.ts", params, _PRED_SCHEMA)
 
 
@@ -223,12 +230,7 @@ def windows(store: Store, model: str | None = None, version: str | None = None, 
         if v is not None:
             sql += f" AND {col} = ?"
             params.append(v)
-    if start is not None:
-        sql += " AND window_start >= ?"
-        params.append(_utc(start))
-    if end is not None:
-        sql += " AND window_start < ?"
-        params.append(_utc(end))
+    sql += _within("window_start", start, end, params)
     sql += f" ORDER BY model_name, model_version, window_start DESC LIMIT {max(1, min(int(limit), 100_000))}"
     return fetch(store, sql, params, _WINDOW_COLS).sort("model_name", "model_version", "window_start")
 
@@ -245,12 +247,7 @@ def window_detail(store: Store, model: str, version: str, window_start: dt.datet
 def _details(store: Store, model: str, version: str, start: dt.datetime | None, end: dt.datetime | None, limit: int) -> list[dict[str, Any]]:
     sql = "SELECT window_start, detail FROM monitoring_window WHERE model_name = ? AND model_version = ?"
     params: list[Any] = [model, version]
-    if start is not None:
-        sql += " AND window_start >= ?"
-        params.append(_utc(start))
-    if end is not None:
-        sql += " AND window_start < ?"
-        params.append(_utc(end))
+    sql += _within("window_start", start, end, params)
     got = fetch(store, sql + f" ORDER BY window_start DESC LIMIT {max(1, min(int(limit), 10_000))}", params,
                 {"window_start": UTC, "detail": pl.String})
     return [json.loads(d) for d in reversed(got["detail"].to_list()) if d]
@@ -304,9 +301,7 @@ def findings(store: Store, model: str | None = None, version: str | None = None,
     params: list[Any] = [GM.ANALYZER]
     if not include_cleared:
         sql += " AND severity <> 'info'"
-    if start is not None:
-        sql += " AND window_start >= ?"
-        params.append(_utc(start))
+    sql += _within("window_start", start, None, params)
     got = fetch(store, sql + " ORDER BY window_start DESC", params, _FINDING_COLS)
     if model is not None:
         prefix = f"model:{model}:" if version is None else subject_of(model, version)
