@@ -54,6 +54,15 @@ nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
 fabric_port_sample = _frame_table(F.FABRIC_PORT_SAMPLE, Index(None, "ts"), key_order=("node", "device", "port", "ts"))
 fabric_link = _frame_table(F.FABRIC_LINK, Index(None, "b_node", "b_port"), Index(None, "a_host"))
 fabric_gpu_nic = _frame_table(F.FABRIC_GPU_NIC)
+# Serving (fleetscope/core/serving_frames.py): a deployment's series are read over a window, and
+# fleet-wide windows and retention go by time.
+from fleetscope.core import serving_frames as SF  # noqa: E402
+
+serving_replica = _frame_table(SF.SERVING_REPLICA, Index(None, "namespace", "pod"), Index(None, "host"))
+serving_bucket = _frame_table(SF.SERVING_BUCKET, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels", "le"))
+serving_counter = _frame_table(SF.SERVING_COUNTER, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
+serving_gauge = _frame_table(SF.SERVING_GAUGE, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
+serving_request = _frame_table(SF.SERVING_REQUEST, Index(None, "deployment", "arrival"), Index(None, "arrival"))
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
 job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
 # Keyed (minute, gpu_uuid) for fleet-wide windows; the (gpu_uuid, minute) index serves a job's GPUs.
@@ -182,6 +191,11 @@ TIME_COLUMN: dict[str, str] = {
     "fabric_port_sample": "ts",
     "fabric_link": "",
     "fabric_gpu_nic": "",
+    "serving_replica": "",
+    "serving_bucket": "ts",
+    "serving_counter": "ts",
+    "serving_gauge": "ts",
+    "serving_request": "arrival",
     "step_breakdown": "start",
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",
