@@ -48,3 +48,26 @@ def test_a_bucket_without_its_bound_or_count_is_refused():
         F.conform(SF.SERVING_BUCKET, pl.DataFrame([{"ts": T0, "deployment": "d", "replica": "r", "metric": "ttft_seconds", "cumulative_count": 1.0}]))
     with pytest.raises(ValidationError, match="finite"):
         F.conform(SF.SERVING_GAUGE, pl.DataFrame([{"ts": T0, "deployment": "d", "replica": "r", "metric": "m", "value": float("nan")}]))
+
+
+def test_api_ingests_real_serving_bodies_detected_and_idempotent(api, realdata):
+    import httpx
+
+    from fleetscope.services import auth
+
+    h = {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "t", ["ingest"]), "Content-Type": "text/plain"}
+    data = (realdata / "serving/sglang_metrics_Llama-3.1-8B_overload_docs-example.prom").read_bytes()
+    r = httpx.post(api.url + "/api/v1/ingest/auto", params={"source": "sglang-0", "ts": "2026-03-01T12:00:00Z"}, content=data, headers=h, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["formats"] == ["sglang"] and r.json()["written"]["serving_bucket"] == 56
+    r2 = httpx.post(api.url + "/api/v1/ingest/sglang", params={"source": "sglang-0", "ts": "2026-03-01T12:00:00Z"}, content=data, headers=h, timeout=60)
+    assert r2.status_code == 200 and not r2.json()["written"].get("serving_bucket")
+    store = api.app.state.store
+    g = store.read("serving_gauge")
+    assert g.filter(pl.col("metric") == "requests_waiting")["value"].to_list() == [2826.0]
+    nim = (realdata / "serving/nvidia-nim_llama-3.1-8b-instruct_metrics_datadog-fixture.prom").read_bytes()
+    r3 = httpx.post(api.url + "/api/v1/ingest/auto", params={"source": "nim-0", "ts": "2026-03-01T12:00:10Z"}, content=nim, headers=h, timeout=60)
+    assert r3.status_code == 200 and r3.json()["formats"] == ["nim"], r3.text
+    bad = httpx.post(api.url + "/api/v1/ingest/vllm", params={"ts": "2026-03-01T12:00:00Z"},
+                     content=b'vllm:prompt_tokens_total{model_name="m"} -3\n', headers=h, timeout=60)
+    assert bad.status_code == 400 and "line 1" in bad.json()["detail"]
