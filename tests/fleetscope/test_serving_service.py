@@ -1,0 +1,113 @@
+"""The serving service and its routes over a live API: vLLM scrapes of two replicas pushed through the
+ingest door minute by minute, then quantiles over time, rates, SLO status, goodput (bounded from the
+histograms, exact once a request log arrives) and the window's findings."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import httpx
+import polars as pl
+import pytest
+
+from analyzers import serving_latency as sl
+from fleetscope.services import auth
+from fleetscope.services import serving as serving_service
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+MINUTES = 10
+
+
+def _body(pod: str, m: int, *, slow_from: int | None, kv: float, waiting: int) -> bytes:
+    """A vLLM V1-style scrape after ``m`` minutes of 100 requests a minute at TTFT 0.08 s (0.8 s for 30 of
+    them from minute ``slow_from`` on), 20 output tokens each."""
+    fast = slow = 0
+    for i in range(1, m + 1):
+        n_slow = 30 if slow_from is not None and i >= slow_from else 0
+        slow += n_slow
+        fast += 100 - n_slow
+    lab = f'model_name="llama",pod="{pod}",namespace="serve",node="gpu-{pod[-1]}"'
+    lines = []
+    for le in BOUNDS:
+        c = (fast if le >= 0.08 else 0) + (slow if le >= 0.8 else 0)
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{{lab},le="{le}"}} {c}')
+    lines += [f'vllm:time_to_first_token_seconds_bucket{{{lab},le="+Inf"}} {fast + slow}',
+              f"vllm:time_to_first_token_seconds_count{{{lab}}} {fast + slow}",
+              f"vllm:time_to_first_token_seconds_sum{{{lab}}} {0.08 * fast + 0.8 * slow}",
+              f"vllm:generation_tokens_total{{{lab}}} {20 * (fast + slow)}",
+              f'vllm:request_success_total{{{lab},finished_reason="stop"}} {fast + slow}',
+              f"vllm:kv_cache_usage_perc{{{lab}}} {kv}",
+              f"vllm:num_requests_waiting{{{lab}}} {waiting}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture
+def loaded(api):
+    store = api.app.state.store
+    h = {"Authorization": "Bearer " + auth.create_token(store.engine, "t", ["ingest"]), "Content-Type": "text/plain"}
+    for m in range(MINUTES + 1):
+        ts = (T0 + dt.timedelta(minutes=m)).isoformat()
+        for pod, slow_from, kv, waiting in (("llama-0", None, 0.4, 0), ("llama-1", 6, 0.97, 12)):
+            r = httpx.post(api.url + "/api/v1/ingest/auto", params={"ts": ts, "source": pod},
+                           content=_body(pod, m, slow_from=slow_from, kv=kv, waiting=waiting), headers=h, timeout=60)
+            assert r.status_code == 200 and r.json()["formats"] == ["vllm"], r.text
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    return api, store, h, read
+
+
+def _get(api, read, path, **params):  # type: ignore[no-untyped-def]
+    return httpx.get(api.url + "/api/v1/serving/" + path, params=params, headers=read, timeout=60)
+
+
+def test_serving_reads_over_the_api(loaded):
+    api, store, ingest_h, read = loaded
+    deps = _get(api, read, "deployments").json()
+    assert [(d["deployment"], d["replica"], d["pod"], d["host"], d["server"]) for d in deps] == [
+        ("llama", "llama-0", "llama-0", "gpu-0", "vllm"), ("llama", "llama-1", "llama-1", "gpu-1", "vllm")]
+    end = (T0 + dt.timedelta(minutes=MINUTES)).isoformat()
+    q = _get(api, read, "quantiles", deployment="llama", q=0.9, start=(T0 + dt.timedelta(minutes=5)).isoformat(), end=end,
+             step_s=60, window_s=60).json()
+    values = [p["value"] for p in q["points"]]
+    # minute 5: 200 fast of 200; from minute 6 on, 30 of 200 at 0.8 s: the 0.9 rank (180) falls in (0.5, 1.0]
+    assert values[0] == pytest.approx(0.05 + 0.05 * 180 / 200)
+    assert values[1:] == pytest.approx([0.5 + 0.5 * (180 - 170) / 30] * 5)
+    assert values[1] == pytest.approx(sl.histogram_quantile(0.9, [(0.05, 0), (0.1, 170), (0.25, 170), (0.5, 170), (1.0, 200), (float("inf"), 200)]))
+    rates = _get(api, read, "rates", deployment="llama", start=T0.isoformat(), end=end).json()["counters"]
+    gen = next(c for c in rates if c["metric"] == "generation_tokens_total")
+    assert gen["increase"] == 2 * 20 * 100 * MINUTES and gen["per_s"] == pytest.approx(2 * 2000 / 60)
+    # TTFT <= 0.5 s at 99 %: 30 bad of 200 a minute since minute 6 is 15 % errors, 15x the budget
+    s = _get(api, read, "slo", deployment="llama", metric="ttft_seconds", threshold_s=0.5, objective=0.99, now=end).json()
+    assert s["burn_rates"]["5m"] == pytest.approx(15.0) and s["burn_rates"]["1h"] == pytest.approx(150 / 2000 / 0.01)
+    assert s["alerts"] == ["page_slow", "ticket"] and s["good"] == 2000 - 150
+    avail = _get(api, read, "slo", deployment="llama", kind="availability", objective=0.999, now=end).json()
+    assert avail["sli"] == 1.0 and avail["alerts"] == []
+    bad = _get(api, read, "slo", deployment="llama", metric="ttft_seconds", threshold_s=0.3, now=end)
+    assert bad.status_code == 400 and "between 0.25 and 0.5" in bad.json()["detail"]
+    g = _get(api, read, "goodput", deployment="llama", ttft_slo_s=0.5, tpot_slo_s=0.05, start=T0.isoformat(), end=end)
+    assert g.status_code == 200 and g.json()["method"] == "bounded" and g.json()["goodput_low_rps"] is None
+    assert "no ttft_seconds or e2e_latency_seconds" in g.json()["note"]  # these scrapes carry no end-to-end histogram
+    assert _get(api, read, "quantiles", deployment="mistral").status_code == 404
+    assert _get(api, read, "quantiles", deployment="llama", start="2026-03-01T12:00:00").status_code == 400
+    assert httpx.get(api.url + "/api/v1/serving/deployments", timeout=10).status_code == 401
+
+    # a request log makes goodput exact
+    log = "".join(json.dumps({"deployment": "llama", "replica": "llama-0", "request_id": str(i),
+                              "arrival": (T0 + dt.timedelta(seconds=i)).isoformat(),
+                              "first_token": (T0 + dt.timedelta(seconds=i, milliseconds=100 if i % 4 else 900)).isoformat(),
+                              "finish": (T0 + dt.timedelta(seconds=i + 2)).isoformat(), "output_tokens": 41}) + "\n" for i in range(40))
+    r = httpx.post(api.url + "/api/v1/ingest/auto", content=log.encode(), headers=ingest_h, timeout=60)
+    assert r.status_code == 200 and r.json()["formats"] == ["serving_requests"], r.text
+    g = _get(api, read, "goodput", deployment="llama", ttft_slo_s=0.5, tpot_slo_s=0.05, start=T0.isoformat(), end=end).json()
+    assert g["method"] == "exact" and g["completed"] == 40 and g["attainment"] == 0.75
+
+
+def test_window_findings_are_written_once(loaded):
+    api, store, _, _ = loaded
+    start, end = T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=MINUTES)
+    f = serving_service.window_findings(store, start=start, end=end)
+    assert f["kind"].to_list() == ["kv_cache_saturated"] and f["subject"].to_list() == ["deployment:llama/replica:llama-1"]
+    serving_service.window_findings(store, start=start, end=end)
+    stored = store.read("finding").filter(pl.col("analyzer") == "serving_saturation")
+    assert stored.height == 1
