@@ -71,6 +71,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
             "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
             "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
+            "serving-window": {"task": "fleetscope.serving_window", "schedule": 300.0},
             "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
         },
     )
