@@ -30,8 +30,9 @@ Servers read, each a format of its own (detected by the names it exposes, never 
 
 Each server's table (``TABLES``) maps an exposed family to ``(kind, canonical name, scale)``, and where a
 label selects the quantity (``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}``) the label's
-values to names. Anything not in the table (``process_*``, ``python_*``, HTTP middleware) is skipped and
-counted in ``meta["skipped_series"]``.
+values to names. Lines of families not in the table (``process_*``, ``python_*``, HTTP middleware) are
+skipped without being read (a malformed one among them is not an error) and counted in
+``meta["skipped_series"]``.
 
 Identity. ``model`` is the sample's ``model_name`` or ``model`` label, ``version`` its ``version``. The
 deployment is the caller's, else the sample's ``deployment`` label, else its model, else the body's one
@@ -216,6 +217,22 @@ TABLES: dict[str, tuple[str, dict[str, Rule]]] = {
 }
 
 
+_NAME = re.compile(r"[^{ \t]*")
+
+
+def _name_end(line: str) -> int:
+    return _NAME.match(line).end()  # type: ignore[union-attr]
+
+
+def _unmapped(table: dict[str, Rule], bare: str) -> bool:
+    if bare in table or bare == "cache_config_info":
+        return False
+    for suffix in ("_bucket", "_sum", "_count"):
+        if bare.endswith(suffix) and bare[: -len(suffix)] in table:
+            return False
+    return True
+
+
 def _le_text(v: float) -> str:
     return "+Inf" if v == math.inf else repr(v)
 
@@ -250,6 +267,13 @@ def parse(data: bytes, *, server: str, source: str = "serving", ts: dt.datetime 
     skipped = nonfinite = samples = 0
     for lineno, line in lines:
         if line.startswith("#"):
+            continue
+        # Families the table does not map are skipped before lexing: most of a body is buckets of the
+        # mapped ones, but a process's own series (python_*, process_*, http_*) are not read at all.
+        head = line[: _name_end(line)]
+        if not head.startswith(prefix) or _unmapped(table, head[len(prefix):]):
+            samples += 1
+            skipped += 1
             continue
         lexed = lex_line(line, lineno, source)
         if lexed is None:
