@@ -109,3 +109,19 @@ async def goodput(request: Request, deployment: Deployment, ttft_slo_s: Annotate
     start, end = _window(start, end)
     return _json(await _call(serving_service.goodput, request.app.state.store, deployment, ttft_slo_s=ttft_slo_s,
                              tpot_slo_s=tpot_slo_s, start=start, end=end))
+
+
+@router.get("/energy", dependencies=[Depends(require("read"))])
+async def energy(request: Request, deployment: Deployment, start: dt.datetime | None = None, end: dt.datetime | None = None) -> dict[str, Any]:
+    """GPU and facility energy per output token over the window (J/token, kWh per million tokens), from the
+    GPUs the deployment's pods held, else the server's own energy counter; ``basis`` says which."""
+    start, end = _window(start, end)
+    return _json(await _call(serving_service.energy_per_token, request.app.state.store, deployment, start=start, end=end))
+
+
+@router.get("/health", dependencies=[Depends(require("read"))])
+async def health(request: Request, deployment: Deployment, start: dt.datetime | None = None, end: dt.datetime | None = None) -> dict[str, Any]:
+    """The deployment's serving findings with those of the GPUs and hosts it ran on, for reading beside its latency."""
+    start, end = _window(start, end)
+    df = await _call(serving_service.deployment_health, request.app.state.store, deployment, start=start, end=end)
+    return {"deployment": deployment, "start": start, "end": end, "findings": _rows(df)}

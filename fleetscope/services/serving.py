@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import serving_goodput, serving_latency, serving_replicas, serving_saturation, slo as slo_analysis
+from analyzers import serving_energy, serving_goodput, serving_latency, serving_replicas, serving_saturation, slo as slo_analysis
 from fleetscope.core import frames as F
 from fleetscope.core import serving_frames as SF
 from fleetscope.core.errors import NotFound
@@ -125,3 +125,55 @@ def window_findings(store: Store, *, start: dt.datetime, end: dt.datetime, write
     if write and found.height:
         store.write(F.Batch(source="serving_window", finding=found))
     return found
+
+
+def _pods(store: Store, deployment: str) -> pl.DataFrame:
+    return store.query("SELECT namespace, pod, host FROM serving_replica WHERE deployment = ? AND pod IS NOT NULL", [deployment],
+                       {"namespace": pl.String, "pod": pl.String, "host": pl.String})
+
+
+def _held(store: Store, deployment: str, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    pods = _pods(store, deployment)
+    if pods.height == 0:
+        return pl.DataFrame(schema={"minute": F.UTC_US, "gpu_uuid": pl.String})
+    names = pods["pod"].unique().to_list()
+    sql = (f"SELECT ts, gpu_uuid, namespace, pod FROM gpu_workload WHERE ts >= ? AND ts < ? AND pod IN ({', '.join('?' for _ in names)})")
+    wl = fetch(store, sql, [as_utc(start), as_utc(end), *names], {c: F.GPU_WORKLOAD.schema[c] for c in ("ts", "gpu_uuid", "namespace", "pod")})
+    return serving_energy.held_minutes(wl, pods)
+
+
+def energy_per_token(store: Store, deployment: str, *, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """GPU and facility energy per output token of the deployment over the window: the GPUs its pods held
+    (``gpu_workload``) and their per-minute roll-ups, else the server's own energy counter; PUE the declared
+    one of the first replica host's site."""
+    _require(store, deployment)
+    counters = _read(store, SF.SERVING_COUNTER, deployment, start, end, ["generation_tokens_total", "gpu_energy_joules_total"])
+    r = serving_latency.rates(counters, start=start, end=end, by=("metric",))
+    inc = dict(zip(r["metric"], r["increase"]))
+    held = _held(store, deployment, start, end)
+    gpu_minutes = None
+    if held.height:
+        gpu_minutes = store.read("gpu_energy_minute", start=start, end=end, gpu_uuid=held["gpu_uuid"].unique().to_list(),
+                                 columns=["minute", "gpu_uuid", "energy_j"])
+    pue = None
+    hosts = [h for h in _pods(store, deployment)["host"].to_list() if h]
+    if hosts:
+        site = store.query("SELECT s.declared_pue AS pue FROM host h JOIN site s ON s.site_id = h.site_id WHERE h.host = ?",
+                           [hosts[0]], {"pue": pl.Float64})
+        pue = site["pue"][0] if site.height else None
+    out = serving_energy.energy_per_token(deployment, output_tokens=inc.get("generation_tokens_total", 0.0), gpu_minutes=gpu_minutes,
+                                          held=held, server_energy_j=inc.get("gpu_energy_joules_total"), pue=pue)
+    return {**out.to_dict(), "start": start, "end": end}
+
+
+def deployment_health(store: Store, deployment: str, *, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """The findings of the GPUs the deployment's pods held in the window and of their hosts (GPU health,
+    throttling, absence, fabric...), beside the deployment's own serving findings, newest first."""
+    _require(store, deployment)
+    subjects = {f"gpu:{g}" for g in _held(store, deployment, start, end)["gpu_uuid"].unique().to_list()}
+    subjects |= {f"host:{h}" for h in _pods(store, deployment)["host"].to_list() if h}
+    f = store.read("finding", start=start - MAX_WINDOW, end=end)
+    if f.height == 0:
+        return f
+    mine = pl.col("subject").str.starts_with(f"deployment:{deployment}/") | pl.col("subject").is_in(sorted(subjects))
+    return f.filter(mine & (pl.col("window_end").is_null() | (pl.col("window_end") >= start))).sort("window_start", descending=True)

@@ -287,3 +287,33 @@ def test_a_throttled_replica_stands_out_from_its_peers():
     assert f["subject"].to_list() == ["deployment:chat/replica:r3"] and f["score"].item() > 1.5
     two = [r for r in rows if r["replica"] in ("r0", "r3")]
     assert sr.slow_replica_findings(_buckets(two), start=T0, end=T0 + dt.timedelta(minutes=1)).height == 0  # too few peers
+
+
+# --- energy per token -----------------------------------------------------------------------------------
+
+def test_energy_per_token_mlperf_h100_upper_bound():
+    """MLPerf Inference v4.1 Llama-2-70B Server, 8x H100-SXM: 21,605.79 tokens/s; at the 700 W TDP (the
+    figure SOURCES.md derives) 8 * 700 / 21,605.79 = 0.2592 J a token, 0.072 kWh per million."""
+    from analyzers import serving_energy as se
+
+    minute = T0
+    held = pl.DataFrame({"minute": [minute] * 8, "gpu_uuid": [f"GPU-{i}" for i in range(8)]}).with_columns(pl.col("minute").cast(pl.Datetime("us", "UTC")))
+    energy = held.with_columns(pl.lit(700.0 * 60).alias("energy_j"))
+    e = se.energy_per_token("llama2-70b", output_tokens=21_605.79 * 60, gpu_minutes=energy, held=held, pue=1.2)
+    assert e.basis == "gpu_energy_minute" and e.gpus == 8
+    assert e.j_per_token == pytest.approx(0.2592, abs=1e-4) and e.gpu_kwh_per_million_tokens == pytest.approx(0.072, abs=1e-3)
+    assert e.facility_kwh_per_million_tokens == pytest.approx(0.072 * 1.2, abs=1e-3)
+    fallback = se.energy_per_token("triton", output_tokens=1000, server_energy_j=4_879_631.328)
+    assert fallback.basis == "server_energy_counter" and fallback.j_per_token == pytest.approx(4879.631328)
+    none = se.energy_per_token("x", output_tokens=0)
+    assert none.basis == "none" and math.isnan(none.j_per_token)
+
+
+def test_held_minutes_by_pod_attribution():
+    from analyzers import serving_energy as se
+
+    wl = pl.DataFrame({"ts": [T0, T0 + dt.timedelta(seconds=30), T0 + dt.timedelta(seconds=70), T0],
+                       "gpu_uuid": ["g0", "g0", "g0", "g9"], "namespace": ["serve", "serve", "serve", "other"],
+                       "pod": ["llama-0", "llama-0", "llama-0", "llama-0"]}).with_columns(pl.col("ts").cast(pl.Datetime("us", "UTC")))
+    held = se.held_minutes(wl, pl.DataFrame({"namespace": ["serve"], "pod": ["llama-0"]}))
+    assert held["gpu_uuid"].to_list() == ["g0", "g0"] and held["minute"].to_list() == [T0, T0 + dt.timedelta(minutes=1)]

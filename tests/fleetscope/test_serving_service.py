@@ -111,3 +111,29 @@ def test_window_findings_are_written_once(loaded):
     serving_service.window_findings(store, start=start, end=end)
     stored = store.read("finding").filter(pl.col("analyzer") == "serving_saturation")
     assert stored.height == 1
+
+
+def test_energy_per_token_and_health_beside_latency(loaded):
+    """Each pod held one GPU of 350 W for the ten minutes; 2 x 20 x 100 tokens a minute: 350 * 60 * 2 /
+    4000 = 10.5 J a token, 2.917 kWh per million, x 1.25 PUE at the site."""
+    from fleetscope.core import frames as F
+
+    api, store, _, read = loaded
+    minutes = [T0 + dt.timedelta(minutes=m) for m in range(MINUTES)]
+    wl = pl.DataFrame([{"ts": t, "gpu_uuid": f"GPU-{p}", "namespace": "serve", "pod": f"llama-{p}"} for t in minutes for p in (0, 1)])
+    em = pl.DataFrame([{"minute": t, "gpu_uuid": f"GPU-{p}", "energy_j": 350.0 * 60} for t in minutes for p in (0, 1)])
+    store.write(F.Batch(site=pl.DataFrame({"site_id": ["dc1"], "declared_pue": [1.25]}),
+                        host=pl.DataFrame({"host": ["gpu-0", "gpu-1"], "site_id": ["dc1", "dc1"]}),
+                        gpu_workload=wl, gpu_energy_minute=em,
+                        finding=F.findings_frame([{"analyzer": "health", "kind": "thermal_throttle", "subject": "gpu:GPU-1",
+                                                   "window_start": T0, "window_end": T0 + dt.timedelta(minutes=5), "severity": "warning"},
+                                                  {"analyzer": "health", "kind": "thermal_throttle", "subject": "gpu:GPU-7",
+                                                   "window_start": T0, "window_end": T0 + dt.timedelta(minutes=5), "severity": "warning"}])))
+    end = (T0 + dt.timedelta(minutes=MINUTES)).isoformat()
+    e = _get(api, read, "energy", deployment="llama", start=T0.isoformat(), end=end).json()
+    assert e["basis"] == "gpu_energy_minute" and e["gpus"] == 2
+    assert e["output_tokens"] == 2 * 20 * 100 * MINUTES and e["j_per_token"] == pytest.approx(10.5)
+    assert e["gpu_kwh_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6) and e["pue"] == 1.25
+    assert e["facility_kwh_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6 * 1.25)
+    h = _get(api, read, "health", deployment="llama", start=T0.isoformat(), end=end).json()["findings"]
+    assert [f["subject"] for f in h] == ["gpu:GPU-1"]
