@@ -10,10 +10,12 @@ from typing import Annotated, Any
 import polars as pl
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
 
 from analyzers.slo import SLO
 from fleetscope.api.security import require
 from fleetscope.core.errors import NotFound
+from fleetscope.services import auth
 from fleetscope.services import serving as serving_service
 
 router = APIRouter(prefix="/api/v1/serving", tags=["serving"])
@@ -125,3 +127,47 @@ async def health(request: Request, deployment: Deployment, start: dt.datetime | 
     start, end = _window(start, end)
     df = await _call(serving_service.deployment_health, request.app.state.store, deployment, start=start, end=end)
     return {"deployment": deployment, "start": start, "end": end, "findings": _rows(df)}
+
+
+class SloBody(BaseModel):
+    """An SLO as PUT /api/v1/serving/slos takes it; unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    deployment: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    kind: str = Field(pattern="^(latency|availability)$")
+    metric: str = Field(default="", max_length=100)
+    threshold_s: float | None = Field(default=None, gt=0)
+    objective: float = Field(gt=0, lt=1)
+    window_days: int = Field(default=28, ge=1, le=31)
+
+
+@router.put("/slos")
+async def put_slo(request: Request, body: SloBody, token: auth.Token = Depends(require("admin"))) -> dict[str, Any]:
+    """Record (or replace) a deployment's SLO; beat's serving window evaluates every recorded SLO each five
+    minutes and writes ``slo_burn`` findings while a multiwindow rule fires (alert rule ``ServingSloBurn``)."""
+    try:
+        s = SLO(body.name, body.deployment, body.kind, body.objective, body.metric if body.kind == "latency" else "",
+                body.threshold_s if body.threshold_s is not None else math.nan, dt.timedelta(days=body.window_days))
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return _json(await _call(serving_service.put_slo, request.app.state.store, s, actor=token.name, now=dt.datetime.now(dt.UTC)))
+
+
+@router.get("/slos", dependencies=[Depends(require("read"))])
+async def list_slos(request: Request, deployment: Annotated[str | None, Query(max_length=256)] = None,
+                    now: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """The recorded SLOs (of one deployment) with their status at ``now`` (default: the time asked)."""
+    now = _utc(now, "now") or dt.datetime.now(dt.UTC)
+    store = request.app.state.store
+
+    def run() -> list[dict[str, Any]]:
+        out = []
+        for s in serving_service.stored_slos(store, deployment):
+            try:
+                out.append(serving_service.slo_status(store, [s], now=now)[0])
+            except ValueError as exc:
+                out.append({"slo": s.name, "deployment": s.deployment, "error": str(exc)})
+        return out
+
+    return _json(await run_in_threadpool(run))

@@ -619,6 +619,7 @@ class Batch:
     serving_counter: pl.DataFrame | None = None
     serving_gauge: pl.DataFrame | None = None
     serving_request: pl.DataFrame | None = None
+    serving_slo: pl.DataFrame | None = None
     step_breakdown: pl.DataFrame | None = None
     gpu_energy_minute: pl.DataFrame | None = None
     job_analysis: pl.DataFrame | None = None

@@ -113,4 +113,21 @@ SERVING_REQUEST = FrameSpec(
     doc="One request of a serving deployment from its request log (ingest/serving_requests.py).",
 )
 
-SERVING_FRAMES: tuple[FrameSpec, ...] = (SERVING_REPLICA, SERVING_BUCKET, SERVING_COUNTER, SERVING_GAUGE, SERVING_REQUEST)
+SERVING_SLO = FrameSpec(
+    "serving_slo",
+    (
+        _k("deployment", pl.String),
+        _k("name", pl.String, doc="the SLO's name within the deployment"),
+        _r("kind", pl.String, doc="latency or availability (analyzers/slo.py)"),
+        _f("metric", pl.String, doc="a latency SLO's histogram: ttft_seconds, request_tpot_seconds, e2e_latency_seconds"),
+        _f("threshold_s", doc="a latency SLO's limit, a bucket bound of the metric"),
+        _r("objective", pl.Float64, doc="target fraction of good requests, e.g. 0.99"),
+        _r("window_days", pl.Int64, doc="the error budget's window"),
+        _f("updated_by", pl.String, doc="the token that set it"),
+        _f("updated_at", UTC_US),
+    ),
+    on_conflict="update",
+    doc="A service level objective of a serving deployment, evaluated by beat's serving window (burn-rate findings).",
+)
+
+SERVING_FRAMES: tuple[FrameSpec, ...] = (SERVING_REPLICA, SERVING_BUCKET, SERVING_COUNTER, SERVING_GAUGE, SERVING_REQUEST, SERVING_SLO)

@@ -85,20 +85,20 @@ def rates(store: Store, deployment: str, *, start: dt.datetime, end: dt.datetime
     return serving_latency.rates(c, start=start, end=end, by=("metric", "labels"))
 
 
+def slo_status_obj(store: Store, s: slo_analysis.SLO, *, now: dt.datetime) -> slo_analysis.SLOStatus:
+    """One SLO's status at ``now`` from the stored series."""
+    _require(store, s.deployment)
+    start = now - min(MAX_WINDOW, max(s.window, max(r[1] for r in slo_analysis.BURN_RULES)))
+    if s.kind == "latency":
+        return slo_analysis.status(s, now=now, buckets=_read(store, SF.SERVING_BUCKET, s.deployment, start, now, [s.metric]))
+    counters = _read(store, SF.SERVING_COUNTER, s.deployment, start, now,
+                     ["requests_succeeded_total", "requests_failed_total", "requests_finished_total"])
+    return slo_analysis.status(s, now=now, counters=counters)
+
+
 def slo_status(store: Store, slos: Sequence[slo_analysis.SLO], *, now: dt.datetime) -> list[dict[str, Any]]:
     """Each SLO's SLI, budget left over its window, burn rates and firing rules at ``now``."""
-    out = []
-    for s in slos:
-        _require(store, s.deployment)
-        start = now - max(s.window, max(r[1] for r in slo_analysis.BURN_RULES))
-        if s.kind == "latency":
-            st = slo_analysis.status(s, now=now, buckets=_read(store, SF.SERVING_BUCKET, s.deployment, start, now, [s.metric]))
-        else:
-            counters = _read(store, SF.SERVING_COUNTER, s.deployment, start, now,
-                             ["requests_succeeded_total", "requests_failed_total", "requests_finished_total"])
-            st = slo_analysis.status(s, now=now, counters=counters)
-        out.append(st.to_dict())
-    return out
+    return [slo_status_obj(store, s, now=now).to_dict() for s in slos]
 
 
 def goodput(store: Store, deployment: str, *, ttft_slo_s: float, tpot_slo_s: float, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
@@ -114,14 +114,43 @@ def goodput(store: Store, deployment: str, *, ttft_slo_s: float, tpot_slo_s: flo
     return serving_goodput.bounded(b, deployment=deployment, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, start=start, end=end).to_dict()
 
 
+def put_slo(store: Store, slo: slo_analysis.SLO, *, actor: str, now: dt.datetime) -> dict[str, Any]:
+    """Record (or replace) a deployment's SLO; beat's serving window evaluates it from then on."""
+    _require(store, slo.deployment)
+    row = {"deployment": slo.deployment, "name": slo.name, "kind": slo.kind, "metric": slo.metric or None,
+           "threshold_s": slo.threshold_s if slo.kind == "latency" else None, "objective": slo.objective,
+           "window_days": int(slo.window / dt.timedelta(days=1)), "updated_by": actor, "updated_at": as_utc(now)}
+    store.write(F.Batch(source=f"slo:{actor}", serving_slo=F.conform(SF.SERVING_SLO, pl.DataFrame([row]))))
+    return row
+
+
+def stored_slos(store: Store, deployment: str | None = None) -> list[slo_analysis.SLO]:
+    """The recorded SLOs (of one deployment), as analyzers.slo objects."""
+    df = store.read("serving_slo")
+    if deployment is not None and df.height:
+        df = df.filter(pl.col("deployment") == deployment)
+    return [slo_analysis.SLO(r["name"], r["deployment"], r["kind"], r["objective"], r["metric"] or "",
+                             r["threshold_s"] if r["threshold_s"] is not None else float("nan"), dt.timedelta(days=r["window_days"]))
+            for r in df.sort("deployment", "name").iter_rows(named=True)]
+
+
 def window_findings(store: Store, *, start: dt.datetime, end: dt.datetime, write: bool = True) -> pl.DataFrame:
-    """Saturation (KV cache full with a queue, preemptions climbing) and slow-replica findings of every
-    deployment in ``[start, end]``, written to ``finding`` unless ``write`` is false."""
+    """Saturation (KV cache full with a queue, preemptions climbing), slow-replica and SLO burn-rate findings
+    (every recorded SLO evaluated at ``end``) of every deployment in ``[start, end]``, written to ``finding``
+    unless ``write`` is false. An SLO that cannot be evaluated (its threshold no longer a bucket bound) is
+    skipped, not fatal to the others."""
     gauges = _read(store, SF.SERVING_GAUGE, None, start, end, ["kv_cache_usage_ratio", "requests_waiting"])
     counters = _read(store, SF.SERVING_COUNTER, None, start - (end - start), end, ["preemptions_total"])
     buckets = _read(store, SF.SERVING_BUCKET, None, start, end, list(serving_replicas.METRICS))
+    statuses = []
+    for s in stored_slos(store):
+        try:
+            statuses.append(slo_status_obj(store, s, now=end))
+        except (ValueError, NotFound):
+            continue
     found = pl.concat([serving_saturation.saturation_findings(gauges, counters, start=start, end=end),
-                       serving_replicas.slow_replica_findings(buckets, start=start, end=end)])
+                       serving_replicas.slow_replica_findings(buckets, start=start, end=end),
+                       slo_analysis.burn_findings(statuses, now=end)])
     if write and found.height:
         store.write(F.Batch(source="serving_window", finding=found))
     return found

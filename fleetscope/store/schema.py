@@ -63,6 +63,7 @@ serving_bucket = _frame_table(SF.SERVING_BUCKET, Index(None, "ts"), key_order=("
 serving_counter = _frame_table(SF.SERVING_COUNTER, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
 serving_gauge = _frame_table(SF.SERVING_GAUGE, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
 serving_request = _frame_table(SF.SERVING_REQUEST, Index(None, "deployment", "arrival"), Index(None, "arrival"))
+serving_slo = _frame_table(SF.SERVING_SLO)
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
 job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
 # Keyed (minute, gpu_uuid) for fleet-wide windows; the (gpu_uuid, minute) index serves a job's GPUs.
@@ -196,6 +197,7 @@ TIME_COLUMN: dict[str, str] = {
     "serving_counter": "ts",
     "serving_gauge": "ts",
     "serving_request": "arrival",
+    "serving_slo": "",
     "step_breakdown": "start",
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",

@@ -137,3 +137,23 @@ def test_energy_per_token_and_health_beside_latency(loaded):
     assert e["facility_kwh_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6 * 1.25)
     h = _get(api, read, "health", deployment="llama", start=T0.isoformat(), end=end).json()["findings"]
     assert [f["subject"] for f in h] == ["gpu:GPU-1"]
+
+
+def test_recorded_slos_are_evaluated_and_burn_findings_written(loaded):
+    api, store, _, read = loaded
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "sre", ["admin"])}
+    body = {"deployment": "llama", "name": "ttft", "kind": "latency", "metric": "ttft_seconds", "threshold_s": 0.5, "objective": 0.99}
+    assert httpx.put(api.url + "/api/v1/serving/slos", json=body, headers=read, timeout=30).status_code == 403
+    r = httpx.put(api.url + "/api/v1/serving/slos", json=body, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["updated_by"] == "sre", r.text
+    for bad, status in (({**body, "objective": 1.5}, 422), ({**body, "colour": "red"}, 422), ({**body, "deployment": "mistral"}, 404),
+                        ({**body, "threshold_s": None}, 422)):
+        assert httpx.put(api.url + "/api/v1/serving/slos", json=bad, headers=admin, timeout=30).status_code == status, bad
+    end = T0 + dt.timedelta(minutes=MINUTES)
+    listed = httpx.get(api.url + "/api/v1/serving/slos", params={"now": end.isoformat()}, headers=read, timeout=30).json()
+    assert [(x["slo"], x["alerts"]) for x in listed] == [("ttft", ["page_slow", "ticket"])]
+    found = serving_service.window_findings(store, start=end - dt.timedelta(minutes=5), end=end)
+    burn = found.filter(pl.col("kind") == "slo_burn").sort("subject")
+    assert burn["subject"].to_list() == ["deployment:llama/slo:ttft/page_slow", "deployment:llama/slo:ttft/ticket"]
+    assert burn["severity"].to_list() == ["critical", "warning"]
+    assert json.loads(burn["evidence"][0])["burn_rates"]["30m"] == pytest.approx(7.5)
