@@ -206,3 +206,21 @@ def deployment_health(store: Store, deployment: str, *, start: dt.datetime, end:
         return f
     mine = pl.col("subject").str.starts_with(f"deployment:{deployment}/") | pl.col("subject").is_in(sorted(subjects))
     return f.filter(mine & (pl.col("window_end").is_null() | (pl.col("window_end") >= start))).sort("window_start", descending=True)
+
+
+def slo_table(store: Store, deployment: str, *, now: dt.datetime) -> pl.DataFrame:
+    """The deployment's recorded SLOs and their status at ``now`` as one row each: ``slo, kind, metric,
+    threshold_s, objective, sli, budget_left, burn_5m, burn_1h, burn_6h, alerts`` (``error`` where one
+    cannot be evaluated)."""
+    rows = []
+    for s in stored_slos(store, deployment):
+        try:
+            d = slo_status_obj(store, s, now=now).to_dict()
+            rows.append({"slo": s.name, "kind": s.kind, "metric": s.metric, "threshold_s": d["threshold_s"], "objective": s.objective,
+                         "sli": d["sli"], "budget_left": d["budget_left"], "burn_5m": d["burn_rates"]["5m"], "burn_1h": d["burn_rates"]["1h"],
+                         "burn_6h": d["burn_rates"]["6h"], "alerts": ",".join(d["alerts"]), "error": None})
+        except ValueError as exc:
+            rows.append({"slo": s.name, "kind": s.kind, "metric": s.metric, "objective": s.objective, "error": str(exc)})
+    schema = {"slo": pl.String, "kind": pl.String, "metric": pl.String, "threshold_s": pl.Float64, "objective": pl.Float64, "sli": pl.Float64,
+              "budget_left": pl.Float64, "burn_5m": pl.Float64, "burn_1h": pl.Float64, "burn_6h": pl.Float64, "alerts": pl.String, "error": pl.String}
+    return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
