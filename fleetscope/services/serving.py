@@ -15,11 +15,13 @@ from typing import Any
 
 import polars as pl
 
+from analyzers import carbon
 from analyzers import serving_energy, serving_goodput, serving_latency, serving_replicas, serving_saturation, slo as slo_analysis
 from fleetscope.core import frames as F
 from fleetscope.core import serving_frames as SF
 from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
+from fleetscope.services.energy import metric_samples
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 
@@ -184,15 +186,28 @@ def energy_per_token(store: Store, deployment: str, *, start: dt.datetime, end: 
     if held.height:
         gpu_minutes = store.read("gpu_energy_minute", start=start, end=end, gpu_uuid=held["gpu_uuid"].unique().to_list(),
                                  columns=["minute", "gpu_uuid", "energy_j"])
-    pue = None
+    pue, site_id = None, None
     hosts = [h for h in _pods(store, deployment)["host"].to_list() if h]
     if hosts:
-        site = store.query("SELECT s.declared_pue AS pue FROM host h JOIN site s ON s.site_id = h.site_id WHERE h.host = ?",
-                           [hosts[0]], {"pue": pl.Float64})
-        pue = site["pue"][0] if site.height else None
+        site = store.query("SELECT s.site_id AS site_id, s.declared_pue AS pue FROM host h JOIN site s ON s.site_id = h.site_id WHERE h.host = ?",
+                           [hosts[0]], {"site_id": pl.String, "pue": pl.Float64})
+        if site.height:
+            pue, site_id = site["pue"][0], site["site_id"][0]
     out = serving_energy.energy_per_token(deployment, output_tokens=inc.get("generation_tokens_total", 0.0), gpu_minutes=gpu_minutes,
                                           held=held, server_energy_j=inc.get("gpu_energy_joules_total"), pue=pue)
-    return {**out.to_dict(), "start": start, "end": end}
+    result: dict[str, Any] = {**out.to_dict(), "start": start, "end": end, "kgco2e_per_million_tokens": None, "carbon_basis": None}
+    if out.basis == "gpu_energy_minute" and site_id is not None and gpu_minutes is not None and out.output_tokens > 0:
+        # Location-based (GHG Protocol Scope 2): each hour's energy at its site's grid intensity, on facility
+        # energy where the site declares a PUE (the electricity metered), else on the GPUs' own
+        hourly = (gpu_minutes.join(held, on=["minute", "gpu_uuid"]).group_by(pl.col("minute").dt.truncate("1h").alias("hour"))
+                  .agg(pl.col("energy_j").sum()).with_columns(pl.lit(site_id).alias("site_id")))
+        intensity = metric_samples(store, (carbon.INTENSITY_SERIES,), start.replace(minute=0, second=0, microsecond=0), end)
+        located = carbon.location_based(hourly, store.read("site"), metric_sample=intensity, time_col="hour")
+        factor = pue if pue is not None and pue >= 1 else 1.0
+        result["kgco2e_per_million_tokens"] = float(located["kgco2e"].sum()) * factor / out.output_tokens * 1e6
+        result["carbon_basis"] = (f"location-based, {'facility (GPU x PUE)' if factor != 1.0 else 'GPU'} energy; intensity "
+                                  + ", ".join(sorted(set(located["intensity_basis"].to_list()))))
+    return result
 
 
 def deployment_health(store: Store, deployment: str, *, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:

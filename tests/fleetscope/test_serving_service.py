@@ -135,6 +135,11 @@ def test_energy_per_token_and_health_beside_latency(loaded):
     assert e["output_tokens"] == 2 * 20 * 100 * MINUTES and e["j_per_token"] == pytest.approx(10.5)
     assert e["gpu_kwh_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6) and e["pue"] == 1.25
     assert e["facility_kwh_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6 * 1.25)
+    from analyzers import carbon
+
+    g = carbon.site_intensity(store.read("site"))["g_per_kwh"][0]  # the site declares no country: the world's annual figure
+    assert e["kgco2e_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6 * 1.25 * g / 1000)
+    assert e["carbon_basis"].startswith("location-based, facility (GPU x PUE) energy; intensity annual")
     h = _get(api, read, "health", deployment="llama", start=T0.isoformat(), end=end).json()["findings"]
     assert [f["subject"] for f in h] == ["gpu:GPU-1"]
 
