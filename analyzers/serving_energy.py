@@ -69,3 +69,64 @@ def energy_per_token(deployment: str, *, output_tokens: float, gpu_minutes: pl.D
     kwh_m = jpt * 1e6 / J_PER_KWH
     p = pue if pue is not None and pue >= 1 else math.nan
     return EnergyPerToken(deployment, basis, gpus, energy, float(output_tokens), jpt, kwh_m, p, kwh_m * p)
+
+
+@dataclass(frozen=True)
+class CostPerToken:
+    deployment: str
+    currency: str | None
+    gpu_hours: float
+    gpu_cost: float
+    energy_kwh: float
+    energy_cost: float
+    output_tokens: float
+    cost_per_million_tokens: float
+    unpriced_gpu_hours: float  # GPU-hours with no GPU-hour price for their site and model
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _price_at(prices: pl.DataFrame, site_id: str, gpu_model: str, at: object, col: str) -> tuple[float | None, str | None]:
+    """The newest price of ``col`` valid at ``at`` for the site and model, else the site's any-GPU row."""
+    for model in (gpu_model, ""):
+        p = prices.filter((pl.col("site_id") == site_id) & (pl.col("gpu_model") == model) & (pl.col("valid_from") <= at)
+                          & pl.col(col).is_not_null()).sort("valid_from")
+        if p.height:
+            return float(p[col][-1]), str(p["currency"][-1])
+    return None, None
+
+
+def cost_per_token(deployment: str, *, held: pl.DataFrame, gpu_models: dict[str, str], site_id: str, prices: pl.DataFrame,
+                   energy_kwh: float, output_tokens: float) -> CostPerToken:
+    """Money per million output tokens: each held GPU-minute at its site's GPU-hour price for its model (or the
+    site's any-GPU price), valid at that minute, plus ``energy_kwh`` (facility energy where a PUE is known) at
+    the tariff valid at the window's last minute. Prices in more than one currency are refused (no exchange
+    rates are kept)."""
+    require_columns(prices, "price_book", ("site_id", "gpu_model", "valid_from", "currency", "gpu_hour_price", "energy_price_per_kwh"))
+    gpu_cost = unpriced = 0.0
+    currencies: set[str] = set()
+    by_gpu_minute = held.group_by("gpu_uuid", "minute").len() if held.height else held
+    for r in by_gpu_minute.iter_rows(named=True) if held.height else []:
+        price, cur = _price_at(prices, site_id, gpu_models.get(r["gpu_uuid"], ""), r["minute"], "gpu_hour_price")
+        if price is None:
+            unpriced += 1
+        else:
+            gpu_cost += price / 60
+            currencies.add(cur or "")
+    energy_cost, note = 0.0, ""
+    if held.height and energy_kwh and math.isfinite(energy_kwh):
+        tariff, cur = _price_at(prices, site_id, "", held["minute"].max(), "energy_price_per_kwh")
+        if tariff is None:
+            note = "no energy tariff for the site: energy not priced"
+        else:
+            energy_cost = energy_kwh * tariff
+            currencies.add(cur or "")
+    if len(currencies) > 1:
+        raise ValueError(f"prices of {deployment!r} are in several currencies ({', '.join(sorted(currencies))}); record them in one")
+    total = gpu_cost + energy_cost
+    per_m = total / output_tokens * 1e6 if output_tokens > 0 and currencies else math.nan
+    gpu_hours = by_gpu_minute.height / 60 if held.height else 0.0
+    return CostPerToken(deployment, next(iter(currencies)) if currencies else None, gpu_hours, gpu_cost, float(energy_kwh or 0.0),
+                        energy_cost, float(output_tokens), per_m, unpriced / 60, note)

@@ -171,3 +171,40 @@ async def list_slos(request: Request, deployment: Annotated[str | None, Query(ma
         return out
 
     return _json(await run_in_threadpool(run))
+
+
+class PriceBody(BaseModel):
+    """One price-book row as PUT /api/v1/serving/prices takes it; unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    site_id: str = Field(min_length=1, max_length=200)
+    gpu_model: str = Field(default="", max_length=200)
+    valid_from: dt.datetime
+    currency: str = Field(pattern="^[A-Z]{3}$")
+    gpu_hour_price: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    energy_price_per_kwh: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+@router.put("/prices")
+async def put_price(request: Request, body: PriceBody, token: auth.Token = Depends(require("admin"))) -> dict[str, Any]:
+    """Record a GPU-hour price (per site and GPU model; empty model: any GPU there) and/or an energy tariff,
+    valid from ``valid_from``; kept with who recorded it and when, and appended to the audit log."""
+    if body.valid_from.tzinfo is None:
+        raise HTTPException(422, "valid_from must carry a time zone")
+    if body.gpu_hour_price is None and body.energy_price_per_kwh is None:
+        raise HTTPException(422, "give gpu_hour_price, energy_price_per_kwh or both")
+    return _json(await _call(serving_service.record_price, request.app.state.store, body.model_dump(), recorded_by=token.name))
+
+
+@router.get("/prices", dependencies=[Depends(require("read"))])
+async def get_prices(request: Request, site_id: Annotated[str | None, Query(max_length=200)] = None) -> list[dict[str, Any]]:
+    """The price book (of one site)."""
+    return _rows(await run_in_threadpool(serving_service.price_book, request.app.state.store, site_id))
+
+
+@router.get("/cost", dependencies=[Depends(require("read"))])
+async def cost(request: Request, deployment: Deployment, start: dt.datetime | None = None, end: dt.datetime | None = None) -> dict[str, Any]:
+    """Money per million output tokens over the window: GPU-hours held at the price book's GPU-hour price plus
+    facility energy at the site's tariff; ``unpriced_gpu_hours`` where no price applies."""
+    start, end = _window(start, end)
+    return _json(await _call(serving_service.cost_per_token, request.app.state.store, deployment, start=start, end=end))

@@ -131,3 +131,19 @@ SERVING_SLO = FrameSpec(
 )
 
 SERVING_FRAMES: tuple[FrameSpec, ...] = (SERVING_REPLICA, SERVING_BUCKET, SERVING_COUNTER, SERVING_GAUGE, SERVING_REQUEST, SERVING_SLO)
+
+PRICE_BOOK = FrameSpec(
+    "price_book",
+    (
+        _k("site_id", pl.String),
+        _k("gpu_model", pl.String, default="", doc="the GPU model the GPU-hour price is for; empty: any GPU at the site"),
+        _k("valid_from", UTC_US, doc="the price holds from then until the next row of the same site and model"),
+        _r("currency", pl.String, doc="ISO 4217 code, e.g. EUR"),
+        _f("gpu_hour_price", doc="price of one GPU-hour (owned: amortisation and hosting; rented: the rate)"),
+        _f("energy_price_per_kwh", doc="the site's electricity tariff per kWh"),
+        _r("recorded_by", pl.String),
+        _r("recorded_at", UTC_US),
+    ),
+    on_conflict="update",
+    doc="A price of GPU time and electricity at a site, for the money per token of serving deployments.",
+)

@@ -21,6 +21,7 @@ from fleetscope.core import frames as F
 from fleetscope.core import serving_frames as SF
 from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
+from fleetscope.services import auditlog
 from fleetscope.services.energy import metric_samples
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
@@ -239,3 +240,39 @@ def slo_table(store: Store, deployment: str, *, now: dt.datetime) -> pl.DataFram
     schema = {"slo": pl.String, "kind": pl.String, "metric": pl.String, "threshold_s": pl.Float64, "objective": pl.Float64, "sli": pl.Float64,
               "budget_left": pl.Float64, "burn_5m": pl.Float64, "burn_1h": pl.Float64, "burn_6h": pl.Float64, "alerts": pl.String, "error": pl.String}
     return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+def record_price(store: Store, record: dict[str, Any], *, recorded_by: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Store one price-book row (a re-sent row of the same site, model and start updates it) and append it
+    to the audit log: who set which price, when. ``NotFound`` for a site not in the inventory."""
+    if store.read("site").filter(pl.col("site_id") == record["site_id"]).height == 0:
+        raise NotFound(f"no site {str(record['site_id'])[:200]!r} in the inventory")
+    row = {**record, "valid_from": as_utc(record["valid_from"]), "recorded_by": recorded_by, "recorded_at": as_utc(now or dt.datetime.now(dt.UTC))}
+    store.write_frames([(SF.PRICE_BOOK, F.conform(SF.PRICE_BOOK, pl.DataFrame([row])))], source=f"price_book:{record['site_id']}")
+    out = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
+    auditlog.log(store, actor=recorded_by, action="price_book", subject=f"site:{record['site_id']}", payload=out)
+    return out
+
+
+def price_book(store: Store, site_id: str | None = None) -> pl.DataFrame:
+    df = store.read("price_book")
+    return df.filter(pl.col("site_id") == site_id) if site_id is not None and df.height else df
+
+
+def cost_per_token(store: Store, deployment: str, *, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """Money per million output tokens of the deployment over the window, from the price book: the GPU-hours
+    its pods held at their GPU-hour price plus its facility energy at the site's tariff."""
+    e = energy_per_token(store, deployment, start=start, end=end)
+    hosts = [h for h in _pods(store, deployment)["host"].to_list() if h]
+    site = store.query("SELECT site_id FROM host WHERE host = ?", [hosts[0]], {"site_id": pl.String}) if hosts else None
+    if site is None or site.height == 0 or site["site_id"][0] is None:
+        raise NotFound(f"deployment {deployment[:200]!r} runs on no host placed at a site: no price applies")
+    held = _held(store, deployment, start, end)
+    gpus = store.read("gpu", gpu_uuid=held["gpu_uuid"].unique().to_list()) if held.height else store.read("gpu", limit=0)
+    models = dict(zip(gpus["gpu_uuid"], gpus["model_name"].fill_null(""))) if gpus.height else {}
+    kwh = e["gpu_energy_j"] / serving_energy.J_PER_KWH if e["gpu_energy_j"] is not None and e["basis"] != "none" else 0.0
+    if e["pue"] is not None and e["pue"] == e["pue"]:
+        kwh *= e["pue"]
+    c = serving_energy.cost_per_token(deployment, held=held, gpu_models=models, site_id=site["site_id"][0], prices=price_book(store),
+                                      energy_kwh=kwh, output_tokens=e["output_tokens"])
+    return {**c.to_dict(), "site_id": site["site_id"][0], "start": start, "end": end}

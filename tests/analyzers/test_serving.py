@@ -317,3 +317,25 @@ def test_held_minutes_by_pod_attribution():
                        "pod": ["llama-0", "llama-0", "llama-0", "llama-0"]}).with_columns(pl.col("ts").cast(pl.Datetime("us", "UTC")))
     held = se.held_minutes(wl, pl.DataFrame({"namespace": ["serve"], "pod": ["llama-0"]}))
     assert held["gpu_uuid"].to_list() == ["g0", "g0"] and held["minute"].to_list() == [T0, T0 + dt.timedelta(minutes=1)]
+
+
+def test_cost_per_token_prices_each_gpu_minute_by_model_and_refuses_mixed_currencies():
+    from analyzers import serving_energy as se
+
+    utc = pl.Datetime("us", "UTC")
+    held = pl.DataFrame({"minute": [T0 + dt.timedelta(minutes=m) for m in range(60)] * 2,
+                         "gpu_uuid": ["h100"] * 60 + ["b200"] * 60}).with_columns(pl.col("minute").cast(utc))
+    prices = pl.DataFrame({"site_id": ["dc1", "dc1", "dc1"], "gpu_model": ["", "NVIDIA B200", ""],
+                           "valid_from": [T0 - dt.timedelta(days=1), T0 - dt.timedelta(days=1), T0 + dt.timedelta(minutes=30)],
+                           "currency": ["EUR"] * 3, "gpu_hour_price": [2.0, 6.0, 3.0], "energy_price_per_kwh": [0.2, None, 0.3]}
+                          ).with_columns(pl.col("valid_from").cast(utc))
+    c = se.cost_per_token("chat", held=held, gpu_models={"h100": "NVIDIA H100", "b200": "NVIDIA B200"}, site_id="dc1", prices=prices,
+                          energy_kwh=10.0, output_tokens=1e6)
+    # H100 at the site's any-GPU price, 2 then 3 EUR from minute 30; B200 at its own 6 EUR; energy at the newest tariff
+    assert c.gpu_hours == 2 and c.gpu_cost == pytest.approx(0.5 * 2 + 0.5 * 3 + 6.0) and c.energy_cost == pytest.approx(3.0)
+    assert c.cost_per_million_tokens == pytest.approx(11.5) and c.currency == "EUR" and c.unpriced_gpu_hours == 0
+    other = se.cost_per_token("chat", held=held, gpu_models={}, site_id="dc2", prices=prices, energy_kwh=10.0, output_tokens=1e6)
+    assert other.unpriced_gpu_hours == 2 and math.isnan(other.cost_per_million_tokens) and "no energy tariff" in other.note
+    mixed = prices.with_columns(pl.when(pl.col("gpu_model") == "NVIDIA B200").then(pl.lit("USD")).otherwise(pl.col("currency")).alias("currency"))
+    with pytest.raises(ValueError, match="several currencies"):
+        se.cost_per_token("chat", held=held, gpu_models={"b200": "NVIDIA B200"}, site_id="dc1", prices=mixed, energy_kwh=0, output_tokens=1)

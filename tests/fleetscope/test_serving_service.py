@@ -140,6 +140,25 @@ def test_energy_per_token_and_health_beside_latency(loaded):
     g = carbon.site_intensity(store.read("site"))["g_per_kwh"][0]  # the site declares no country: the world's annual figure
     assert e["kgco2e_per_million_tokens"] == pytest.approx(10.5e6 / 3.6e6 * 1.25 * g / 1000)
     assert e["carbon_basis"].startswith("location-based, facility (GPU x PUE) energy; intensity annual")
+    # money: 20 GPU-minutes at 2 EUR a GPU-hour, and 0.1458 kWh of facility energy at 0.25 EUR/kWh
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "finance", ["admin"])}
+    first = {"site_id": "dc1", "valid_from": (T0 - dt.timedelta(days=1)).isoformat(), "currency": "EUR", "gpu_hour_price": 2.0}
+    r = httpx.put(api.url + "/api/v1/serving/prices", json=first, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["recorded_by"] == "finance", r.text
+    # the same site, model and start again: the row is updated, now with the site's tariff
+    assert httpx.put(api.url + "/api/v1/serving/prices", json={**first, "energy_price_per_kwh": 0.25}, headers=admin, timeout=30).status_code == 200
+    httpx.put(api.url + "/api/v1/serving/prices", json={**first, "gpu_model": "NVIDIA B200", "gpu_hour_price": 6.0}, headers=admin, timeout=30)
+    for bad, status in (({"site_id": "dc9", "valid_from": T0.isoformat(), "currency": "EUR", "gpu_hour_price": 1.0}, 404),
+                        ({"site_id": "dc1", "valid_from": T0.isoformat(), "currency": "euro", "gpu_hour_price": 1.0}, 422),
+                        ({"site_id": "dc1", "valid_from": T0.isoformat(), "currency": "EUR"}, 422),
+                        ({"site_id": "dc1", "valid_from": T0.isoformat(), "currency": "EUR", "gpu_hour_price": -1}, 422)):
+        assert httpx.put(api.url + "/api/v1/serving/prices", json=bad, headers=admin, timeout=30).status_code == status, bad
+    c = _get(api, read, "cost", deployment="llama", start=T0.isoformat(), end=end).json()
+    gpu_cost, kwh = 20 / 60 * 2.0, 350 * 60 * 20 / 3.6e6 * 1.25
+    assert c["currency"] == "EUR" and c["gpu_hours"] == pytest.approx(20 / 60) and c["unpriced_gpu_hours"] == 0
+    assert c["gpu_cost"] == pytest.approx(gpu_cost) and c["energy_kwh"] == pytest.approx(kwh) and c["energy_cost"] == pytest.approx(kwh * 0.25)
+    assert c["cost_per_million_tokens"] == pytest.approx((gpu_cost + kwh * 0.25) / 40_000 * 1e6)
+    assert len(_get(api, read, "prices", site_id="dc1").json()) == 2
     h = _get(api, read, "health", deployment="llama", start=T0.isoformat(), end=end).json()["findings"]
     assert [f["subject"] for f in h] == ["gpu:GPU-1"]
 
