@@ -61,7 +61,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -259,35 +259,82 @@ def parse(data: bytes, *, server: str, source: str = "serving", ts: dt.datetime 
         raise ParseError("ts must be timezone-aware", source=source)
     prefix, table = TABLES[server]
     lines = input_lines(data, source, max_input_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_LINE_BYTES)
+
+    def items() -> Iterator[tuple[int, str, dict[str, str], float, int | None] | None]:
+        for lineno, line in lines:
+            if line.startswith("#"):
+                continue
+            # Families the table does not map are skipped before lexing: most of a body is buckets of the
+            # mapped ones, but a process's own series (python_*, process_*, http_*) are not read at all.
+            head = line[: _name_end(line)]
+            if not head.startswith(prefix) or _unmapped(table, head[len(prefix):]):
+                yield None
+                continue
+            lexed = lex_line(line, lineno, source)
+            if lexed is None:
+                continue
+            _, name, pairs, value, ts_ms = lexed
+            if len(pairs) > MAX_LABELS:
+                raise ParseError(f"{name} has {len(pairs)} labels, more than {MAX_LABELS}", source=source, line=lineno, field="labels")
+            yield lineno, name, label_map(pairs, name=name, source=source, line=lineno), value, ts_ms
+
+    return _assemble(items(), lambda _name: server, source=source, ts=ts, deployment=deployment, replica=replica)
+
+
+def server_of(name: str) -> str | None:
+    """The server whose names ``name`` belongs to, by prefix (NIM's bare names are not told apart this way)."""
+    for server, (prefix, _) in TABLES.items():
+        if prefix and name.startswith(prefix):
+            return server
+    return None
+
+
+def from_samples(samples: pl.DataFrame, labels: pl.DataFrame, *, source: str = "", meta: dict | None = None) -> F.Batch:
+    """The serving frames of inference-server series that arrived by another transport than the text format
+    (Prometheus remote write), in the long shape ``ingest.dcgm.from_samples`` takes: ``samples`` (``line``,
+    ``name``, ``bid``, ``value``, ``ts_ms``) and ``labels`` (``bid``, ``name``, ``value``). Each series is mapped
+    by the table of the server its prefix names, by the same code as a ``/metrics`` body."""
+    sets: dict[int, dict[str, str]] = {}
+    for bid, k, v in labels.select("bid", "name", "value").iter_rows():
+        if k != "__name__":
+            sets.setdefault(int(bid), {})[k] = v
+
+    def items() -> Iterator[tuple[int, str, dict[str, str], float, int | None] | None]:
+        for line, name, bid, value, ts_ms in samples.select("line", "name", "bid", "value", "ts_ms").iter_rows():
+            yield int(line), name, dict(sets.get(int(bid), {})), float(value), int(ts_ms)
+
+    out = _assemble(items(), server_of, source=source, ts=None, deployment=None, replica=None)
+    out.meta = {**(meta or {}), **out.meta}
+    return out
+
+
+def _assemble(items: Iterable[tuple[int, str, dict[str, str], float, int | None] | None], server_for: Callable[[str], str | None], *,
+              source: str, ts: dt.datetime | None, deployment: str | None, replica: str | None) -> F.Batch:
     hist: dict[tuple, _Series] = {}
     scalars: dict[str, dict[tuple, float]] = {"counter": {}, "gauge": {}}
     places: dict[tuple[str, str], dict[str, str]] = {}
     models: set[str] = set()
-    pending: list[tuple[int, dict[str, str], str, str, float, dt.datetime, str, str | None]] = []
+    pending: list[tuple[int, dict[str, str], str, str, float, dt.datetime, str, str | None, str]] = []
     skipped = nonfinite = samples = 0
-    for lineno, line in lines:
-        if line.startswith("#"):
-            continue
-        # Families the table does not map are skipped before lexing: most of a body is buckets of the
-        # mapped ones, but a process's own series (python_*, process_*, http_*) are not read at all.
-        head = line[: _name_end(line)]
-        if not head.startswith(prefix) or _unmapped(table, head[len(prefix):]):
-            samples += 1
+    servers: set[str] = set()
+    for item in items:
+        samples += 1
+        if item is None:
             skipped += 1
             continue
-        lexed = lex_line(line, lineno, source)
-        if lexed is None:
-            continue
-        samples += 1
+        lineno, name, labels, value, ts_ms = item
         if samples > MAX_SAMPLES:
             raise ParseError(f"more than {MAX_SAMPLES} samples", source=source, line=lineno)
-        _, name, pairs, value, ts_ms = lexed
-        if len(pairs) > MAX_LABELS:
-            raise ParseError(f"{name} has {len(pairs)} labels, more than {MAX_LABELS}", source=source, line=lineno, field="labels")
-        labels = label_map(pairs, name=name, source=source, line=lineno)
+        if len(labels) > MAX_LABELS:
+            raise ParseError(f"{name} has {len(labels)} labels, more than {MAX_LABELS}", source=source, line=lineno, field="labels")
         for k, v in labels.items():
             if len(v) > MAX_LABEL_VALUE:
                 raise ParseError(f"label {k} of {name} is longer than {MAX_LABEL_VALUE} characters", source=source, line=lineno, field=k)
+        server = server_for(name)
+        if server is None:
+            skipped += 1
+            continue
+        prefix, table = TABLES[server]
         if not name.startswith(prefix) or "quantile" in labels:
             skipped += 1
             continue
@@ -349,12 +396,13 @@ def parse(data: bytes, *, server: str, source: str = "serving", ts: dt.datetime 
                 raise ParseError(f"le of {name} is NaN", source=source, line=lineno, field="le")
             le_text = repr(le * rule.scale) if le != math.inf else "+Inf"
         pending.append((lineno, labels, metric, kind + part, value * (rule.scale if part != "_bucket" and part != "_count" else 1.0),
-                        when, model, le_text))
+                        when, model, le_text, server))
+        servers.add(server)
     only_model = next(iter(models)) if len(models) == 1 else None
-    for lineno, labels, metric, kindpart, value, when, model, le_text in pending:
+    for lineno, labels, metric, kindpart, value, when, model, le_text, server in pending:
         dep = deployment or labels.get("deployment") or model or only_model or source
         rep = replica or labels.get("replica") or labels.get("pod") or labels.get("instance") or source
-        place = places.setdefault((dep, rep), {})
+        place = places.setdefault((dep, rep), {"server": server})
         for col, keys in (("namespace", ("namespace",)), ("pod", ("pod", "pod_name")), ("host", ("host", "hostname", "node"))):
             for k in keys:
                 if labels.get(k):
@@ -388,7 +436,7 @@ def parse(data: bytes, *, server: str, source: str = "serving", ts: dt.datetime 
             bucket_rows.append({**dict(zip(cols, key)), "le": _le_text(le), "cumulative_count": s.buckets[le], "sum": s.sum, "count": s.count})
     ts_of = [k[0] for k in (*hist, *scalars["counter"], *scalars["gauge"])]
     last = max(ts_of) if ts_of else None
-    replica_rows = [{"deployment": d, "replica": r, "server": server, **p, "last_seen": last, "source": source} for (d, r), p in places.items()]
+    replica_rows = [{"deployment": d, "replica": r, **p, "last_seen": last, "source": source} for (d, r), p in places.items()]
 
     def frame(spec, rows):  # type: ignore[no-untyped-def]
         if not rows:
@@ -402,7 +450,7 @@ def parse(data: bytes, *, server: str, source: str = "serving", ts: dt.datetime 
         serving_bucket=frame(SF.SERVING_BUCKET, bucket_rows),
         serving_counter=frame(SF.SERVING_COUNTER, [{**dict(zip(cols, k)), "value": v} for k, v in scalars["counter"].items()]),
         serving_gauge=frame(SF.SERVING_GAUGE, [{**dict(zip(cols, k)), "value": v} for k, v in scalars["gauge"].items()]),
-        meta={"server": server, "histograms": len(hist), "skipped_series": skipped, "nonfinite_gauges": nonfinite},
+        meta={"server": ",".join(sorted(servers)), "histograms": len(hist), "skipped_series": skipped, "nonfinite_gauges": nonfinite},
     )
 
 
