@@ -308,6 +308,12 @@ def from_samples(samples: pl.DataFrame, labels: pl.DataFrame, *, source: str = "
     return out
 
 
+def from_items(items: Iterable[tuple[int, str, dict[str, str], float, int | None]], *, source: str = "") -> F.Batch:
+    """The serving frames of samples already split into ``(line, name, labels, value, ts_ms)`` by another
+    reader (OTLP), each mapped by the table of the server its name's prefix names."""
+    return _assemble(items, server_of, source=source, ts=None, deployment=None, replica=None)
+
+
 def _assemble(items: Iterable[tuple[int, str, dict[str, str], float, int | None] | None], server_for: Callable[[str], str | None], *,
               source: str, ts: dt.datetime | None, deployment: str | None, replica: str | None) -> F.Batch:
     hist: dict[tuple, _Series] = {}
