@@ -154,3 +154,25 @@ def injected(spec: ServingSpec) -> list[dict[str, object]]:
         out.append({"fault": "slo_burn", "replica": None, "start": at(f.burn_from_s), "end": at(f.burn_from_s + f.burn_s),
                     "share_at_2s": f.burn_share})
     return out
+
+
+def for_window(start: dt.datetime, duration_s: float, *, interval_s: float = 60.0, seed: int = 7) -> ServingSpec:
+    """A deployment over ``[start, start + duration_s]`` whose faults scale with it and are still on at its
+    end (the demo's window ends now, and beat's windows look back from now): the throttle from a sixth in,
+    the KV cache full from a third, the SLO burning from half way."""
+    d = float(duration_s)
+    faults = ServingFaults(throttle_from_s=d / 6, kv_from_s=d / 3, burn_from_s=d / 2, burn_s=d)
+    return ServingSpec(start=start, duration_s=d, interval_s=interval_s, seed=seed, faults=faults)
+
+
+def scrape_bodies(spec: ServingSpec) -> Iterator[tuple[dt.datetime, bytes]]:
+    """Every replica's body of one scrape in one, as a collector relaying them sends it."""
+    ts_prev, parts = None, []
+    for ts, _pod, body in bodies(spec):
+        if ts_prev is not None and ts != ts_prev:
+            yield ts_prev, b"".join(parts)
+            parts = []
+        ts_prev = ts
+        parts.append(body)
+    if ts_prev is not None:
+        yield ts_prev, b"".join(parts)
