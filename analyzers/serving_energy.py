@@ -130,3 +130,27 @@ def cost_per_token(deployment: str, *, held: pl.DataFrame, gpu_models: dict[str,
     gpu_hours = by_gpu_minute.height / 60 if held.height else 0.0
     return CostPerToken(deployment, next(iter(currencies)) if currencies else None, gpu_hours, gpu_cost, float(energy_kwh or 0.0),
                         energy_cost, float(output_tokens), per_m, unpriced / 60, note)
+
+
+def minute_costs(minutes: pl.DataFrame, prices: pl.DataFrame, pue: dict[str, float] | None = None) -> tuple[pl.DataFrame, str | None]:
+    """Money of each job-minute (``job_energy_minute`` rows: ``minute, job_id, site_id, energy_j, allocated_s``):
+    the GPU-seconds held at the site's any-GPU GPU-hour price valid then, plus the energy × the site's PUE at
+    its tariff valid then. Adds ``cost`` (null where the site has neither price) and returns the currency;
+    prices in several currencies are refused. Job-minutes carry no GPU model, so per-model prices are not
+    used here."""
+    require_columns(minutes, "job_energy_minute", ("minute", "job_id", "site_id", "energy_j", "allocated_s"))
+    site_prices = prices.filter(pl.col("gpu_model") == "")
+    currencies = set(site_prices["currency"].unique().to_list()) if site_prices.height else set()
+    if len(currencies) > 1:
+        raise ValueError(f"site prices are in several currencies ({', '.join(sorted(currencies))}); record them in one")
+    df = minutes.sort("minute")
+    for col in ("gpu_hour_price", "energy_price_per_kwh"):
+        p = site_prices.filter(pl.col(col).is_not_null()).select("site_id", pl.col("valid_from").alias("minute"), col).sort("minute")
+        # both sides sorted by minute above; polars cannot verify it within groups, hence the flag
+        df = df.join_asof(p, on="minute", by="site_id", strategy="backward", check_sortedness=False) if p.height else df.with_columns(pl.lit(None, pl.Float64).alias(col))
+    factor = pl.col("site_id").replace_strict(pue or {}, default=1.0, return_dtype=pl.Float64)
+    gpu = pl.col("allocated_s").fill_null(0) / 3600 * pl.col("gpu_hour_price")
+    energy = pl.col("energy_j").fill_null(0) / J_PER_KWH * factor * pl.col("energy_price_per_kwh")
+    cost = pl.when(pl.col("gpu_hour_price").is_null() & pl.col("energy_price_per_kwh").is_null()).then(None).otherwise(
+        gpu.fill_null(0) + energy.fill_null(0))
+    return df.with_columns(cost.alias("cost")).drop("gpu_hour_price", "energy_price_per_kwh"), next(iter(currencies), None)

@@ -208,3 +208,11 @@ async def cost(request: Request, deployment: Deployment, start: dt.datetime | No
     facility energy at the site's tariff; ``unpriced_gpu_hours`` where no price applies."""
     start, end = _window(start, end)
     return _json(await _call(serving_service.cost_per_token, request.app.state.store, deployment, start=start, end=end))
+
+
+@router.get("/crossover", dependencies=[Depends(require("read"))])
+async def crossover(request: Request, model: Annotated[str, Query(min_length=1, max_length=256)],
+                    projection_days: Annotated[int, Query(ge=1, le=366)] = 28) -> dict[str, Any]:
+    """A model's training cost against its cumulative serving cost (price book), and the date serving
+    passed training (observed or projected): the serving-vs-training comparison in money."""
+    return _json(await _call(serving_service.serving_vs_training_cost, request.app.state.store, model, projection_days=projection_days))

@@ -16,12 +16,14 @@ from typing import Any
 import polars as pl
 
 from analyzers import carbon
+from analyzers import energy as energy_analysis
 from analyzers import serving_energy, serving_goodput, serving_latency, serving_replicas, serving_saturation, slo as slo_analysis
 from fleetscope.core import frames as F
 from fleetscope.core import serving_frames as SF
 from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
+from fleetscope.services import energy as energy_service
 from fleetscope.services.energy import metric_samples
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
@@ -276,3 +278,26 @@ def cost_per_token(store: Store, deployment: str, *, start: dt.datetime, end: dt
     c = serving_energy.cost_per_token(deployment, held=held, gpu_models=models, site_id=site["site_id"][0], prices=price_book(store),
                                       energy_kwh=kwh, output_tokens=e["output_tokens"])
     return {**c.to_dict(), "site_id": site["site_id"][0], "start": start, "end": end}
+
+
+def serving_vs_training_cost(store: Store, model_name: str, *, projection_days: int = 28) -> dict[str, Any]:
+    """A model's training cost against its cumulative serving cost from the price book, with the date serving
+    passed training (observed, or projected at the recent daily serving cost): the energy comparison of
+    ``services.energy.serving_vs_training`` in money, by the same crossover rule."""
+    jobs = energy_service.model_jobs(store, model_name)
+    mine = jobs.filter((pl.col("model_name") == model_name) & pl.col("kind").is_in(["training", "inference"]))
+    if mine.height == 0:
+        raise NotFound(f"no training or inference job of model {model_name[:200]!r} in the job inventory")
+    minutes = store.read("job_energy_minute", job_id=mine["job_id"].to_list())
+    sites = store.read("site")
+    pue = {r["site_id"]: r["declared_pue"] for r in sites.iter_rows(named=True) if r["declared_pue"] and r["declared_pue"] >= 1}
+    costed, currency = serving_energy.minute_costs(minutes, price_book(store), pue)
+    unpriced = int(costed["cost"].is_null().sum()) if costed.height else 0
+    attributed = costed.filter(pl.col("cost").is_not_null()).select("minute", "job_id", pl.col("cost").alias("energy_j"))
+    res = energy_analysis.serving_vs_training(attributed, mine, projection_days=projection_days).filter(pl.col("model_name") == model_name)
+    row = res.row(0, named=True) if res.height else {}
+    return {"model_name": model_name, "currency": currency, "training_cost": row.get("training_energy_j"),
+            "serving_cost": row.get("serving_energy_j", 0.0), "serving_days": row.get("serving_days", 0),
+            "crossover_date": row["crossover_date"].isoformat() if row.get("crossover_date") else None,
+            "crossover_basis": row.get("crossover_basis", "none"), "unpriced_job_minutes": unpriced,
+            "cost_basis": "GPU-seconds held x the site's GPU-hour price + energy x PUE x the site's tariff, each valid at that minute"}

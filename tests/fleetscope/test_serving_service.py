@@ -181,3 +181,31 @@ def test_recorded_slos_are_evaluated_and_burn_findings_written(loaded):
     assert burn["subject"].to_list() == ["deployment:llama/slo:ttft/page_slow", "deployment:llama/slo:ttft/ticket"]
     assert burn["severity"].to_list() == ["critical", "warning"]
     assert json.loads(burn["evidence"][0])["burn_rates"]["30m"] == pytest.approx(7.5)
+
+
+def test_serving_vs_training_in_money(api):
+    """Training: 8 GPUs for an hour (8 GPU-hours at 2 EUR, 5.6 kWh x 1.25 PUE at 0.25 EUR); serving: one GPU ten
+    minutes a day for three days. The crossover is projected at the mean daily serving cost."""
+    from fleetscope.core import frames as F
+
+    store = api.app.state.store
+    day0 = dt.datetime(2026, 2, 1, tzinfo=dt.UTC)
+    train = [{"minute": day0 + dt.timedelta(minutes=m), "job_id": "train", "site_id": "dc1", "energy_j": 8 * 700.0 * 60, "allocated_s": 480.0,
+              "covered_s": 480.0, "gpus": 8} for m in range(60)]
+    serve = [{"minute": day0 + dt.timedelta(days=d, minutes=m), "job_id": "serve", "site_id": "dc1", "energy_j": 700.0 * 60, "allocated_s": 60.0,
+              "covered_s": 60.0, "gpus": 1} for d in range(1, 4) for m in range(10)]
+    store.write_frames([(F.JOB_ENERGY_MINUTE, pl.DataFrame(train + serve, schema_overrides={"minute": F.UTC_US}))], source="test")
+    store.write(F.Batch(site=pl.DataFrame({"site_id": ["dc1"], "declared_pue": [1.25]}),
+                        job=pl.DataFrame({"job_id": ["train", "serve"], "kind": ["training", "inference"], "model_name": ["llama", "llama"]})))
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "finance", ["admin"])}
+    r = httpx.put(api.url + "/api/v1/serving/prices", json={"site_id": "dc1", "valid_from": (day0 - dt.timedelta(days=1)).isoformat(),
+                                                            "currency": "EUR", "gpu_hour_price": 2.0, "energy_price_per_kwh": 0.25},
+                  headers=admin, timeout=30)
+    assert r.status_code == 200, r.text
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    c = httpx.get(api.url + "/api/v1/serving/crossover", params={"model": "llama"}, headers=read, timeout=30).json()
+    training = 8 * 2.0 + 60 * 8 * 700 * 60 / 3.6e6 * 1.25 * 0.25
+    per_day = 10 / 60 * 2.0 + 10 * 700 * 60 / 3.6e6 * 1.25 * 0.25
+    assert c["currency"] == "EUR" and c["training_cost"] == pytest.approx(training) and c["serving_cost"] == pytest.approx(3 * per_day)
+    assert c["crossover_basis"] == "projected" and c["crossover_date"] > "2026-02-04" and c["unpriced_job_minutes"] == 0
+    assert httpx.get(api.url + "/api/v1/serving/crossover", params={"model": "mistral"}, headers=read, timeout=30).status_code == 404
