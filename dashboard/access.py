@@ -26,6 +26,7 @@ PAGE_SCOPES: dict[str, str] = {
     "energy_carbon": "read",
     "jobs": "read",
     "stragglers": "read",
+    "serving": "read",
     "alerts": "read",
     "governance": "governance",
 }

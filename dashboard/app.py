@@ -37,6 +37,7 @@ PAGES = (
     ("Fleet", "energy_carbon", "Energy & Carbon", ":material/bolt:"),
     ("Jobs", "jobs", "Jobs", ":material/model_training:"),
     ("Jobs", "stragglers", "Stragglers", ":material/slow_motion_video:"),
+    ("Serving", "serving", "Serving", ":material/speed:"),
     ("Operations", "alerts", "Alerts", ":material/notifications:"),
     ("Operations", "governance", "Governance", ":material/gavel:"),
 )

@@ -386,6 +386,7 @@ class Agent:
     nvml: bool = False
     host: str = field(default_factory=socket.gethostname)
     infiniband: str | Path | None = None  # the sysfs directory of the RDMA devices
+    serving_urls: list[str] = field(default_factory=list)  # inference servers' /metrics (vLLM, SGLang, TGI, Triton, NIM)
     timeout_s: float = 10.0
     push: str = "otlp"
     buffer_bytes: int = DEFAULT_BUFFER_MB * 2**20
@@ -444,6 +445,10 @@ class Agent:
                 out.append(r)
             elif r is not None:
                 report.pushed["infiniband"] = r
+        for url in self.serving_urls:
+            r = self._source(report, url, lambda url=url: self._serving(url, now))
+            if r is not None:
+                out.append(r)
         if self.otlp is not None and sources:
             report.points = sum(p.get("points", 0) for p in sources.values())
             body = self.otlp.encode(now)
@@ -463,6 +468,13 @@ class Agent:
         from ingest import dcgm
 
         return self._queue(dcgm.parse(body, source=url, ts=now))
+
+    def _serving(self, url: str, now: dt.datetime) -> Reading:
+        """An inference server's body as it is, to the ingest route's detection (the server is told by its
+        names), stamped with the scrape time; the URL is the replica's name unless the body's labels give one."""
+        body = self.client.get(url).raise_for_status().content
+        return Reading(now, "/api/v1/ingest/auto", gzip.compress(body, 6), "text/plain", "",
+                       params={"ts": now.isoformat(), "source": url}, sources={url: {}})
 
     def _nvml(self, now: dt.datetime) -> Reading | dict[str, int]:
         from fleetscope.devices import nvml as nvml_driver

@@ -123,6 +123,10 @@ class Api:
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.content
 
 
+def _stamp_ts(ts: dt.datetime) -> str:
+    return ts.strftime("%Y%m%dT%H%M%SZ")
+
+
 def _job_rows(manifest: Any, topo: Any) -> dict[str, Any]:
     jobs = [{"job_id": j["job_id"], "name": j["name"], "kind": "training", "model_name": j.get("model_name"), "world_size": j["world_size"],
              "site_id": (j.get("sites") or [None])[0], "started_at": j["start"], "ended_at": j["end"], "status": j.get("status", "finished")} for j in manifest.jobs]
@@ -169,6 +173,14 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
         for resp in pool.map(lambda p: api.call("POST", p[0], content=p[1], params=p[2]), posts):
             add(resp)
     say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
+    # A vLLM deployment beside the training fleet, scraped by a collector that relays its replicas' bodies
+    from fleetscope.sim import serving as serving_sim
+
+    sspec = serving_sim.for_window(spec.start, spec.duration_s, interval_s=30.0 if spec.duration_s <= 900 else 60.0)
+    for ts, body in serving_sim.scrape_bodies(sspec):
+        add(api.call("POST", "/api/v1/ingest/vllm", content=body, params={"ts": ts.isoformat(), "source": f"serving:{_stamp_ts(ts)}"}))
+    manifest.serving = sspec
+    say(f"ingested   {sspec.replicas} vLLM replicas' scrapes every {sspec.interval_s:g} s")
     for scrape in manifest.ib_scrapes:
         api.call("POST", "/api/v1/ingest/ib_node_exporter", content=(root / scrape["file"]).read_bytes(),
                  params={"source": scrape["file"], "ts": scrape["ts"]})
@@ -206,6 +218,10 @@ def analyse(api: Api, manifest: Any, celery_app: Any, say: Any) -> dict[str, Any
     end = start + dt.timedelta(seconds=manifest.spec.duration_s)
     out["energy"] = celery_app.send_task("fleetscope.energy_rollup", kwargs={"window_start": start.isoformat(), "window_end": end.isoformat()}).get(timeout=300)
     out["health"] = celery_app.send_task("fleetscope.health_window", kwargs={"window_s": window_s}).get(timeout=300)
+    sspec = manifest.serving
+    api.call("PUT", "/api/v1/serving/slos", json={"deployment": sspec.model, "name": "ttft-p99", "kind": "latency",
+                                                   "metric": "ttft_seconds", "threshold_s": 0.5, "objective": 0.99})
+    out["serving"] = celery_app.send_task("fleetscope.serving_window", kwargs={"window_s": min(window_s, 900)}).get(timeout=300)
     say(f"analysed   {len(manifest.jobs)} jobs (C3, goodput, stragglers, SDC, checkpoints), energy {out['energy']['minutes']} GPU-minutes, "
         f"health of {out['health']['gpus']} GPUs")
     mon = manifest.monitoring
@@ -264,6 +280,15 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
                 sched = g.get("scheduling_goodput_ratio")
                 found, evidence = sched is not None and sched < 1, f"scheduling goodput {sched if sched is None else round(sched, 3)}"
         rows.append({"fault": f.kind, "where": f.job_id or ",".join(f.hosts), "found": found, "evidence": evidence})
+    from fleetscope.sim import serving as serving_sim
+
+    sspec = manifest.serving
+    for sf in serving_sim.injected(sspec):
+        kind = {"kv_cache_saturated": "kv_cache_saturated", "throttled_replica": "slow_replica", "slo_burn": "slo_burn"}[sf["fault"]]
+        prefix = f"deployment:{sspec.model}/" + (f"replica:{sf['replica']}" if sf["replica"] else "slo:")
+        hits = [x for x in findings if x["kind"] == kind and x["subject"].startswith(prefix)]
+        rows.append({"fault": sf["fault"], "where": sf["replica"] or sspec.model, "found": bool(hits),
+                     "evidence": hits[0]["summary"] if hits else f"no {kind} finding"})
     lin = manifest.lineage
     m = lin["tainted_model"]
     answer = api.call("GET", f"/api/v1/models/{m['name']}/ingested", params={"dataset": lin["quarantined_dataset"]["name"],

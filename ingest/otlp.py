@@ -40,7 +40,8 @@ Everything else numeric becomes ``metric_sample`` series keyed by name and attri
 included, prefixed ``resource.`` where they would clash).
 
 Rejected points are counted with a reason, as the OTLP partial-success response reports them
-(opentelemetry-proto, ``ExportMetricsPartialSuccess``): histograms and summaries (we keep scalars),
+(opentelemetry-proto, ``ExportMetricsPartialSuccess``): histograms and summaries (we keep scalars; inference
+servers' cumulative histograms, by their ``vllm:``/``sglang:``/``tgi_``/``nv_`` names, are the exception: serving rows),
 points with no value, non-finite values, values an integer column cannot hold (beyond int64 once in
 the column's unit), GPU series without a GPU id, Inspector operation points whose sequence number,
 size, rank count or communicator is missing or malformed.
@@ -61,6 +62,7 @@ for hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/).
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections import Counter
 from collections.abc import Mapping
@@ -84,6 +86,7 @@ from fleetscope.core.frames import (
     Batch,
     series_key,
 )
+from ingest import serving_metrics
 from ingest.format import FormatSpec, Sniff
 
 _HW_GPU = {
@@ -208,6 +211,7 @@ def gather(walks: list[_Walk], source: str = "") -> Batch:
             merged.colls.setdefault(k, v)
         merged.rejected.update(w.rejected)
         merged.accepted += w.accepted
+        merged.serving.extend(w.serving)
     return merged.batch(source)
 
 
@@ -262,6 +266,7 @@ class _Walk:
         self.colls: dict[tuple[str, int, str, int, str, int], dict[str, Any]] = {}
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
+        self.serving: list[tuple[int, str, dict[str, str], float, int]] = []  # inference servers' samples
 
     def register(self, uuid: str, attrs: Mapping[str, str], host_default: str | None, ts_ns: int) -> int:
         """The GPU's number; the first point of a GPU gives its inventory row and pod."""
@@ -283,6 +288,9 @@ class _Walk:
         """One decoded ``Metric`` message."""
         rejected = self.rejected
         kind = metric.WhichOneof("data")
+        if _SERVING_NAME.match(metric.name) and kind in ("gauge", "sum", "histogram"):
+            self.accepted += _serving_points(metric, kind, res, self.serving, rejected)
+            return
         if kind not in ("gauge", "sum"):
             n = len(getattr(metric, kind).data_points) if kind else 1
             rejected[f"{kind or 'empty'} metrics are not stored ({metric.name})"] += n
@@ -397,6 +405,10 @@ class _Walk:
                 pl.col("ts_us").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"), *GPU_WORKLOAD.names[1:])
         if self.colls:
             batch.collective = pl.DataFrame(list(self.colls.values()), schema=COLLECTIVE.schema)
+        if self.serving:
+            sb = serving_metrics.from_items(self.serving, source=source)
+            for name in ("serving_replica", "serving_bucket", "serving_counter", "serving_gauge"):
+                setattr(batch, name, getattr(sb, name))
         if self.series_rows:
             keys = list(self.series_rows)
             batch.metric_sample = pl.DataFrame(
@@ -405,6 +417,53 @@ class _Walk:
                 schema={"ts": UTC_US, "series": pl.String, "value": pl.Float64},
             ).select(list(METRIC_SAMPLE.names))
         return batch
+
+
+_SERVING_NAME = re.compile("^(?:" + "|".join(re.escape(p) for p, _ in serving_metrics.TABLES.values() if p) + ")")
+# Resource attributes that place a replica, as the labels the serving parser reads them from.
+_SERVING_PLACE = {"k8s.pod.name": "pod", "k8s.namespace.name": "namespace", "k8s.node.name": "node", "host.name": "host"}
+_CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+
+
+def _serving_points(metric: Any, kind: str, res: dict[str, str], out: list[tuple[int, str, dict[str, str], float, int]],
+                    rejected: Counter[str]) -> int:
+    """An inference server's metric (``vllm:``, ``sglang:``, ``tgi_``, ``nv_``) as the samples its ``/metrics``
+    body would hold: a cumulative histogram point becomes ``_bucket`` samples with their ``le`` (OTLP's
+    per-bucket counts summed), ``_sum`` and ``_count``; gauges and sums one sample each. Delta temporality
+    is refused (a rate per export, not the server's counters)."""
+    name = metric.name
+    data = getattr(metric, kind)
+    if kind in ("sum", "histogram") and data.aggregation_temporality != _CUMULATIVE:
+        rejected[f"delta temporality is not stored ({name})"] += len(data.data_points)
+        return 0
+    place = {label: res[k] for k, label in _SERVING_PLACE.items() if res.get(k)}
+    n = 0
+    for dp in data.data_points:
+        if not dp.time_unix_nano:
+            rejected[f"data point without a timestamp ({name})"] += 1
+            continue
+        ts_ms = dp.time_unix_nano // 1_000_000
+        labels = {**place, **_attrs(dp.attributes)}
+        line = len(out) + 1
+        if kind == "histogram":
+            counts, bounds = list(dp.bucket_counts), list(dp.explicit_bounds)
+            if len(counts) != len(bounds) + 1:
+                rejected[f"histogram point with {len(counts)} counts for {len(bounds)} bounds ({name})"] += 1
+                continue
+            cum = 0
+            for le, c in zip([*bounds, math.inf], counts):
+                cum += c
+                out.append((line, f"{name}_bucket", {**labels, "le": "+Inf" if le == math.inf else repr(float(le))}, float(cum), ts_ms))
+            out.append((line, f"{name}_count", labels, float(dp.count), ts_ms))
+            if dp.HasField("sum"):
+                out.append((line, f"{name}_sum", labels, float(dp.sum), ts_ms))
+        else:
+            value = _value(name, dp, rejected)
+            if value is None:
+                continue
+            out.append((line, name, labels, value, ts_ms))
+        n += 1
+    return n
 
 
 def _value(name: str, dp: Any, rejected: Counter[str]) -> float | None:

@@ -26,6 +26,10 @@ What the sender adds is undone first, so it cannot break the mapping:
 - other labels added by relabelling stay, as non-standard labels do in the text format (they end up in
   ``metric_sample`` series keys only).
 
+Inference servers' series (names with a prefix of ``ingest.serving_metrics.TABLES``: ``vllm:``, ``sglang:``,
+``tgi_``, ``nv_``) go to the serving frames through ``serving_metrics.from_samples``, the same name tables as
+their ``/metrics`` bodies (counted in ``meta["serving_samples"]``, that mapping's own notes in ``meta["serving"]``).
+
 Samples dropped and counted in ``meta``: staleness markers (the NaN with bits ``0x7ff0000000000002`` that
 Prometheus writes when a series disappears: ``stale_markers_dropped``), other non-finite values and DCGM
 blank sentinels (``non_finite_dropped``, ``dcgm_blank_dropped``, as in the text parser); series of other
@@ -50,6 +54,7 @@ import pyarrow as pa
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import Batch
 from fleetscope.core.protowire import WireError, fields, tag, uvarint
+from ingest import serving_metrics
 from ingest.dcgm import from_samples
 from ingest.format import FormatSpec
 
@@ -65,6 +70,9 @@ _NAME_LABEL = b"\x0a\x08__name__"  # the start of Label{name: "__name__"} as eve
 _DOUBLE = struct.Struct("<d")
 _I64_WRAP = 1 << 64
 _I64_SIGN = 1 << 63
+
+
+SERVING_NAMES = "^(?:" + "|".join(re.escape(p) for p, _ in serving_metrics.TABLES.values() if p) + ")"
 
 
 def parse(data: bytes, *, source: str = "") -> Batch:
@@ -467,8 +475,19 @@ class _Reader:
             "target_labels_dropped": dropped,
             "metadata_entries": self.metadata,
         }
+        # Inference servers' series (vLLM, SGLang, TGI, Triton) go to the serving frames, mapped by the same
+        # name tables as their /metrics bodies; the rest as dcgm-exporter's.
+        is_serving = samples["name"].str.contains(SERVING_NAMES)
+        serving = samples.filter(is_serving)
+        if serving.height:
+            samples = samples.filter(~is_serving)
         try:
-            return from_samples(samples, labels, source=self.source, meta=meta)
+            out = from_samples(samples, labels, source=self.source, meta=meta)
+            if serving.height:
+                sb = serving_metrics.from_samples(serving, labels, source=self.source)
+                sb.meta = {"serving_samples": serving.height, "serving": sb.meta}
+                out = out.merge(sb)
+            return out
         except ParseError as exc:  # the text parser's "line" is a time series here
             where = f" (timeseries {exc.line})" if exc.line is not None else ""
             raise ParseError(exc.message + where, source=self.source, field=exc.field) from None

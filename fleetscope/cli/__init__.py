@@ -832,6 +832,8 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
 @main.command()
 @click.option("--dcgm", "dcgm_urls", multiple=True, help="dcgm-exporter /metrics URL to poll; repeat for several.")
 @click.option("--nvml", is_flag=True, help="Read the local GPUs through NVML (needs the NVIDIA driver).")
+@click.option("--serving", "serving_urls", multiple=True,
+              help="Inference server /metrics URL to poll (vLLM, SGLang, TGI, Triton, NIM; detected by content); repeat for several.")
 @click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
 @click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
@@ -848,7 +850,7 @@ def probe(backend: str, device_index: int, gpu_uuid: str | None, no_record: bool
 @click.option("--infiniband-root", default="/sys/class/infiniband", show_default=True, help="The sysfs directory of the RDMA devices.")
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
-def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: str, token: str, push: str,
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...], interval_s: float, api_url: str, token: str, push: str,
           buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, once: bool,
           as_json: bool) -> None:
     """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default).
@@ -858,8 +860,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
 
     if infiniband is None:
         infiniband = Path(infiniband_root).is_dir()
-    if not dcgm_urls and not nvml and not infiniband:
-        raise click.UsageError("nothing to collect: give --dcgm URL and/or --nvml (or --infiniband on a host with RDMA devices)")
+    if not dcgm_urls and not nvml and not infiniband and not serving_urls:
+        raise click.UsageError("nothing to collect: give --dcgm URL, --serving URL and/or --nvml (or --infiniband on a host with RDMA devices)")
     if nvml:
         from fleetscope.devices import nvml as nvml_driver
 
@@ -868,7 +870,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, interval_s: float, api_url: st
         except nvml_driver.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
     ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
-               buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None)
+               buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None,
+               serving_urls=list(serving_urls))
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core.serving_frames import SERVING_FRAMES
 from fleetscope.core.series import parse_series_key, series_key  # noqa: F401  (the frames' public names)
 from fleetscope.core.spec import (  # noqa: F401  (the frames' public names; _f, _k, _r declare them below)
     UTC_US, Col, FrameSpec, _f, _k, _r, conform, from_records, require_columns,
@@ -578,6 +579,7 @@ FRAMES: dict[str, FrameSpec] = {
         FABRIC_LINK,
         FABRIC_GPU_NIC,
         FABRIC_PORT_SAMPLE,
+        *SERVING_FRAMES,
         STEP_BREAKDOWN,
         GPU_ENERGY_MINUTE,
         JOB_ANALYSIS,
@@ -612,6 +614,12 @@ class Batch:
     fabric_link: pl.DataFrame | None = None
     fabric_gpu_nic: pl.DataFrame | None = None
     fabric_port_sample: pl.DataFrame | None = None
+    serving_replica: pl.DataFrame | None = None
+    serving_bucket: pl.DataFrame | None = None
+    serving_counter: pl.DataFrame | None = None
+    serving_gauge: pl.DataFrame | None = None
+    serving_request: pl.DataFrame | None = None
+    serving_slo: pl.DataFrame | None = None
     step_breakdown: pl.DataFrame | None = None
     gpu_energy_minute: pl.DataFrame | None = None
     job_analysis: pl.DataFrame | None = None
@@ -642,8 +650,10 @@ class Batch:
             fields = [c.name for c in GPU_FIELDS if c.name in self.gpu_sample.columns]
             if fields:
                 n += int(self.gpu_sample.select(pl.sum_horizontal(pl.col(fields).is_not_null())).sum().item() or 0)
-        if self.metric_sample is not None:
-            n += self.metric_sample.height
+        for name in ("metric_sample", "serving_bucket", "serving_counter", "serving_gauge"):
+            df = getattr(self, name)
+            if df is not None:
+                n += df.height
         return n
 
     def merge(self, other: Batch) -> Batch:

@@ -50,6 +50,8 @@ FORMAT_MODULES: list[str] = [
     "ingest.ib_node_exporter",
     "ingest.ib_sysfs",
     "ingest.perfquery",
+    "ingest.serving_metrics",
+    "ingest.serving_requests",
     "ingest.ibnetdiscover",
     "ingest.nccl_topo",
     "ingest.nvidia_smi_topo",

@@ -48,6 +48,7 @@ RAW_FRAMES = frozenset({
     "host", "gpu", "job", "job_rank",
     "gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "job_op", "job_event", "health_event", "nccl_test",
     "fabric_port_sample", "fabric_link", "fabric_gpu_nic",
+    "serving_replica", "serving_bucket", "serving_counter", "serving_gauge", "serving_request",
 })
 DERIVED_FRAMES = frozenset(F.FRAMES) - RAW_FRAMES
 

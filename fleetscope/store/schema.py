@@ -54,6 +54,18 @@ nccl_test = _frame_table(F.NCCL_TEST, Index(None, "ts"))
 fabric_port_sample = _frame_table(F.FABRIC_PORT_SAMPLE, Index(None, "ts"), key_order=("node", "device", "port", "ts"))
 fabric_link = _frame_table(F.FABRIC_LINK, Index(None, "b_node", "b_port"), Index(None, "a_host"))
 fabric_gpu_nic = _frame_table(F.FABRIC_GPU_NIC)
+# Serving (fleetscope/core/serving_frames.py): a deployment's series are read over a window, and
+# fleet-wide windows and retention go by time.
+from fleetscope.core import serving_frames as SF  # noqa: E402
+
+serving_replica = _frame_table(SF.SERVING_REPLICA, Index(None, "namespace", "pod"), Index(None, "host"))
+serving_bucket = _frame_table(SF.SERVING_BUCKET, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels", "le"))
+serving_counter = _frame_table(SF.SERVING_COUNTER, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
+serving_gauge = _frame_table(SF.SERVING_GAUGE, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
+serving_request = _frame_table(SF.SERVING_REQUEST, Index(None, "deployment", "arrival"), Index(None, "arrival"))
+serving_slo = _frame_table(SF.SERVING_SLO)
+# Kept out of FRAMES, like energy_instrument: recorded through its service, with who and when, never pushed.
+price_book = _frame_table(SF.PRICE_BOOK)
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
 job_analysis = _frame_table(F.JOB_ANALYSIS, Index(None, "computed_at"))
 # Keyed (minute, gpu_uuid) for fleet-wide windows; the (gpu_uuid, minute) index serves a job's GPUs.
@@ -160,7 +172,8 @@ site_energy_minute = _frame_table(F.SITE_ENERGY_MINUTE, Index(None, "site_id", "
 job_energy_minute = _frame_table(F.JOB_ENERGY_MINUTE, Index(None, "job_id", "minute"))
 
 # Every frame the store can write and read, by name.
-FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES}
+FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
+                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
@@ -182,6 +195,13 @@ TIME_COLUMN: dict[str, str] = {
     "fabric_port_sample": "ts",
     "fabric_link": "",
     "fabric_gpu_nic": "",
+    "serving_replica": "",
+    "serving_bucket": "ts",
+    "serving_counter": "ts",
+    "serving_gauge": "ts",
+    "serving_request": "arrival",
+    "serving_slo": "",
+    "price_book": "valid_from",
     "step_breakdown": "start",
     "job_analysis": "computed_at",
     "gpu_energy_minute": "minute",

@@ -73,6 +73,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
             # a few minutes past the hour, once the last hourly window has closed and its late pushes landed
             "model-monitoring": {"task": "fleetscope.model_monitoring", "schedule": crontab(minute=7)},
+            "serving-window": {"task": "fleetscope.serving_window", "schedule": 300.0},
             "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
         },
     )

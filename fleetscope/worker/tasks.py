@@ -43,7 +43,8 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
     with tracer().start_as_current_span("task.retention"):
         st = store()
         with st.engine.begin() as conn:
-            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample"):
+            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
+                         "serving_bucket", "serving_counter", "serving_gauge", "serving_request"):
                 table = schema.metadata.tables[name]
                 col = table.c[schema.TIME_COLUMN[name]]
                 deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
@@ -103,6 +104,17 @@ def model_monitoring(now_iso: str | None = None) -> dict[str, Any]:
     now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.model_monitoring"):
         return evaluate_all(store(), now=now)
+
+
+@celery_app.task(name="fleetscope.serving_window")
+def serving_window(window_s: int = 900) -> dict[str, Any]:
+    """Beat's five-minute tick: serving saturation and slow-replica findings over the last window."""
+    from fleetscope.services.serving import window_findings
+
+    end = dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.serving_window"):
+        found = window_findings(store(), start=end - dt.timedelta(seconds=window_s), end=end)
+        return {"findings": found.height}
 
 
 @celery_app.task(name="fleetscope.audit_report")

@@ -246,6 +246,27 @@ def model_degrades(store: Store, at: dt.datetime, m: int, data_dir: Path) -> Non
     monitoring_service.evaluate(store, "credit", "1", now=at, lookback_s=6 * 3600)
 
 
+def slo_burns(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
+    """A serving deployment scraped each minute: 1,000 requests a minute at TTFT 0.1 s, half of them at 2 s
+    from minute 5 to 30. A recorded SLO (TTFT <= 0.5 s for 99 %) burns at 50x: the 1 h window passes 14.4x
+    after 18 minutes and pages; once the slow requests stop, the 5 m and then the 30 m windows fall under
+    their rates, the findings stop, and the alert resolves. Beat's serving window runs each tick."""
+    from fleetscope.core import serving_frames as SF
+    from fleetscope.services import serving as serving_service
+    from analyzers.slo import SLO
+
+    slow = sum(500 for i in range(1, m + 1) if 5 <= i < 30)
+    total = 1000 * m
+    rows = [{"ts": at, "deployment": "chat", "replica": "chat-0", "metric": "ttft_seconds", "le": le, "cumulative_count": float(c)}
+            for le, c in (("0.25", total - slow), ("0.5", total - slow), ("2.5", total), ("+Inf", total))]
+    store.write(F.Batch(serving_replica=pl.DataFrame({"deployment": ["chat"], "replica": ["chat-0"], "server": ["vllm"]}),
+                        serving_bucket=F.conform(SF.SERVING_BUCKET, pl.DataFrame(rows))))
+    if m == 1:
+        store.write(F.Batch(serving_bucket=F.conform(SF.SERVING_BUCKET, pl.DataFrame([{**r, "ts": at - MIN, "cumulative_count": 0.0} for r in rows]))))
+        serving_service.put_slo(store, SLO("ttft", "chat", "latency", 0.99, "ttft_seconds", 0.5), actor="test", now=at)
+    serving_service.window_findings(store, start=at - 15 * MIN, end=at)
+
+
 SCENARIOS = {
     "xid79": Scenario(extra=xid(79, T + 3 * MIN), rules=("GpuFellOffBus",), muted=("GpuNeedsRepairOrDrain",)),
     "xid48": Scenario(extra=xid(48, T + 3 * MIN), rules=("GpuUncorrectableEcc",)),
@@ -270,6 +291,7 @@ SCENARIOS = {
                                  rules=("ModelDataDrift", "ModelPredictionDrift", "ModelAccuracyDropped", "ModelFairnessDegraded")),
     "host_down": Scenario(silent=lambda h, t: h == "n3" and T + 3 * MIN <= t < T + 20 * MIN, rules=("HostDown",)),
     "gpu_gone": Scenario(gone=lambda g, t: g == "GPU-n1-1" and T + 3 * MIN <= t < T + 20 * MIN, rules=("GpuStoppedReporting",)),
+    "slo_burn": Scenario(act=slo_burns, minutes=80, rules=("ServingSloBurn",)),
     "site_silent": Scenario(silent=lambda h, t: h != "n0" and T + 3 * MIN <= t < T + 20 * MIN, rules=("TelemetryAbsent",)),
 }
 

@@ -19,7 +19,7 @@ from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 
-PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts")
+PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts", "serving")
 
 
 def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None,
@@ -204,7 +204,15 @@ def _alerts(at: AppTest, url: str) -> None:
         "No data yet: no silences. Create one below to mute matching alerts for a while."]
 
 
+def _serving(at: AppTest, url: str) -> None:
+    # the showcase world runs no inference server: the page says how to point one at it
+    assert [t for t in infos(at) if t.startswith("No data yet")] == [
+        "No data yet: no inference server has been scraped. Point `fleetscope agent --serving http://POD:8000/metrics` at vLLM, "
+        "SGLang, TGI, Triton or NIM replicas."]
+
+
 CHECKS = {
+    "serving": _serving,
     "overview": _overview,
     "jobs": _jobs,
     "stragglers": _stragglers,
@@ -391,3 +399,36 @@ def test_network_shows_the_suspect_switch_and_starved_alltoall_runs(seeded_copy:
     assert sus["severity"].tolist() == ["critical"]
     low = next(t for t in tables if "utilization_ratio" in t.columns)
     assert low["subject"].tolist() == ["nccl_test:r1"] and low["utilization_ratio"].tolist() == [0.3]
+
+
+def test_serving_page_shows_quantiles_slos_and_rates(empty_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment of two vLLM replicas scraped every minute for ten minutes, with a recorded SLO."""
+    import polars as pl
+
+    from analyzers.slo import SLO
+    from fleetscope.core import frames as F
+    from fleetscope.core import serving_frames as SF
+    from fleetscope.services import serving as serving_svc
+
+    store = store_of(empty_sqlite_url)
+    end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    rows, counters = [], []
+    for m in range(11):
+        ts = end - dt.timedelta(minutes=10 - m)
+        for rep in ("chat-0", "chat-1"):
+            n = 100 * m
+            for le, c in (("0.1", 0.8 * n), ("0.5", n), ("+Inf", n)):
+                rows.append({"ts": ts, "deployment": "chat", "replica": rep, "metric": "ttft_seconds", "le": le, "cumulative_count": c})
+            counters.append({"ts": ts, "deployment": "chat", "replica": rep, "metric": "generation_tokens_total", "value": 20.0 * n})
+    store.write(F.Batch(serving_replica=pl.DataFrame({"deployment": ["chat"] * 2, "replica": ["chat-0", "chat-1"], "server": ["vllm"] * 2}),
+                        serving_bucket=F.conform(SF.SERVING_BUCKET, pl.DataFrame(rows)),
+                        serving_counter=F.conform(SF.SERVING_COUNTER, pl.DataFrame(counters))))
+    serving_svc.put_slo(store, SLO("ttft", "chat", "latency", 0.99, "ttft_seconds", 0.5), actor="test", now=end)
+    at = open_page(empty_sqlite_url, "serving", monkeypatch)
+    healthy(at)
+    assert at.selectbox(key="serving_deployment").value == "chat"
+    m = metrics(at)
+    assert m["Output tokens/s"] == f"{2 * 20 * 100 / 60:,.1f}"
+    slos = at.dataframe[0].value
+    assert slos["slo"].tolist() == ["ttft"] and slos["sli"].tolist() == [1.0]
+    assert not any(t.startswith("No data yet: no time to first token") for t in infos(at)), infos(at)

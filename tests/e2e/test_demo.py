@@ -36,7 +36,8 @@ def test_demo_finds_every_injected_fault(tmp_path):
     # the simulator's injected faults, plus the governance ones
     assert set(faults) == {"thermal_straggler", "slow_link", "sdc", "row_remap_failure", "gpu_failure", "preemption",
                            "hung_job", "silent_host", "flapping_ib_link", "comm_stragglers_on_flapping_port",
-                           "quarantined_dataset_upstream", "biased_model", "model_data_drift", "biased_model_version"}
+                           "quarantined_dataset_upstream", "biased_model", "model_data_drift", "biased_model_version",
+                           "kv_cache_saturated", "throttled_replica", "slo_burn"}
     missed = [f for f in summary["faults"] if not f["found"]]
     assert missed == []
     # 64 GPUs, a scrape every 30 s for 10 minutes, but the silent host's 8 GPUs from 7 minutes on (7 scrapes)

@@ -136,3 +136,23 @@ def test_otlp_push_lands_as_the_rows_the_scrape_parses_to(api, realdata):
     ev = store.read("health_event")
     assert ev.select("gpu_uuid", "host", "kind", "code", "value").rows() == [
         ("GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43", "gpu1-wl8sg", "row_remap", 393, 2.0)]
+
+
+def test_agent_polls_inference_servers_and_each_is_detected(api, realdata):
+    """``--serving``: real vLLM and Triton bodies served on loopback, pushed as they are to the ingest route,
+    which tells the servers apart by their names; the URL names the replica."""
+    token = auth.create_token(api.app.state.store.engine, "agent", ["ingest"])
+    vllm = (realdata / "serving/vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom").read_bytes()
+    triton = (realdata / "serving/triton-server_metrics_T4_densenet_datadog-fixture.prom").read_bytes()  # no final newline
+    with serving(vllm) as url_v, serving(triton) as url_t:
+        env = {**os.environ}
+        proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "agent", "--no-infiniband", "--serving", url_v, "--serving", url_t,
+                               "--once", "--json", "--api", api.url, "--token", token], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pushed = json.loads(proc.stdout)["pushed"]
+    assert pushed[url_v]["serving_bucket"] == 70 and pushed[url_t]["serving_counter"] == 73
+    store = api.app.state.store
+    g = store.read("serving_gauge").filter(pl.col("metric") == "requests_running")
+    assert g.filter(pl.col("replica") == url_v)["value"].to_list() == [3.0]
+    energy = store.read("serving_counter").filter((pl.col("metric") == "gpu_energy_joules_total") & (pl.col("replica") == url_t))
+    assert energy["value"].to_list() == [pytest.approx(4_879_631.328)]

@@ -51,6 +51,13 @@ SAMPLES: dict[str, list[tuple[str, str | bytes]]] = {
     "ibswinfo": [("real", "fabric/ibswinfo_qm8790-hdr-switch.txt")],
     "slurm_ib_features": [("real", "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt")],
     "model_monitoring": [("synthetic", b'{"model": "credit", "version": "1", "prediction_id": "p1", "ts": "2026-03-01T12:00:00Z", "score": 0.4}\n')],
+    "vllm": [("real", "serving/vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom"),
+             ("synthetic", b'vllm:num_requests_waiting{model_name="m"} 2\n')],
+    "sglang": [("real", "serving/sglang_metrics_Llama-3.1-8B_overload_docs-example.prom")],
+    "tgi": [("real", "serving/huggingface-tgi_metrics_datadog-fixture.prom"), ("synthetic", b"tgi_queue_size 0\n")],
+    "triton": [("real", "serving/triton-server_metrics_T4_densenet_datadog-fixture.prom")],
+    "serving_requests": [("synthetic", b'{"deployment": "chat", "request_id": 1, "arrival": "2026-03-01T12:00:00Z"}\n')],
+    "nim": [("real", "serving/nvidia-nim_llama-3.1-8b-instruct_metrics_datadog-fixture.prom")],
 }
 SNIFFED = [name for name, f in ingestion.FORMATS.items() if f.spec.sniff]
 

@@ -48,6 +48,15 @@ EXPECTED = {
     "fabric/ibswinfo_qm8790-hdr-switch.txt": ["ibswinfo"],
     "fabric/ibswinfo_sb7790-edr-switch_fan-error.txt": ["ibswinfo"],
     "fabric/sinfo-node-features_osc-owens_ib-leaf-switch-map.txt": ["slurm_ib_features"],
+    "serving/vllm-v1_metrics_Qwen2.5-0.5B_idle_full_cncf-kops.prom": ["vllm"],
+    "serving/vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom": ["vllm"],
+    "serving/sglang_metrics_Llama-3.1-8B_overload_docs-example.prom": ["sglang"],
+    "serving/huggingface-tgi_metrics_datadog-fixture.prom": ["tgi"],
+    "serving/nvidia-nim_llama-3.1-8b-instruct_metrics_datadog-fixture.prom": ["nim"],
+    "serving/triton-server_metrics_T4_densenet_datadog-fixture.prom": ["triton"],
+    "serving/triton-trtllm-backend_nv_trt_llm_metrics_doc-example_README.prom": ["triton"],
+    "serving/grafana-dashboard_vllm-model-metrics_production-stack.json": [],
+    "serving/SOURCES.md": [],
 }
 
 

@@ -72,9 +72,12 @@ def test_retention_deletes_only_old_raw_telemetry(worker):
     store.write(F.Batch(
         gpu_sample=pl.DataFrame({"ts": [old, recent], "gpu_uuid": ["g", "g"], "power_w": [1.0, 2.0]}),
         health_event=pl.DataFrame({"ts": [old], "gpu_uuid": ["g"], "kind": ["xid"], "code": [79]}),
+        serving_gauge=pl.DataFrame({"ts": [old, recent], "deployment": ["d", "d"], "replica": ["r", "r"],
+                                    "metric": ["requests_waiting"] * 2, "value": [3.0, 4.0]}),
     ))
     deleted = app.send_task("fleetscope.retention", kwargs={"now_iso": now.isoformat()}, queue=queue).get(timeout=90)
-    assert deleted["gpu_sample"] == 1
+    assert deleted["gpu_sample"] == 1 and deleted["serving_gauge"] == 1
+    assert store.read("serving_gauge")["value"].to_list() == [4.0]
     assert store.read("gpu_sample")["power_w"].to_list() == [2.0]
     assert store.counts()["health_event"] == 1  # evidence is kept
 

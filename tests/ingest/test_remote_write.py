@@ -291,3 +291,25 @@ def test_columnar_and_exact_paths_give_the_same_batch(seed: int, monkeypatch: py
         if a is not None:
             assert_frame_equal(a, b)
     assert columnar.meta == exact.meta
+
+
+SERVING = Path(__file__).resolve().parents[2].parent / "shared" / "realdata" / "serving"
+
+
+@pytest.mark.skipif(not SERVING.is_dir(), reason=f"real serving fixtures not found at {SERVING}")
+@pytest.mark.parametrize("name", ["vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom", "sglang_metrics_Llama-3.1-8B_overload_docs-example.prom",
+                                  "huggingface-tgi_metrics_datadog-fixture.prom"])
+def test_inference_server_series_give_the_serving_frames_of_their_text(name: str):
+    from ingest import serving_metrics
+
+    text = (SERVING / name).read_text()
+    server = {"vllm": "vllm", "sglang": "sglang", "huggingface": "tgi"}[name.split("-")[0].split("_")[0]]
+    body = write_request(text_series(text, TS_MS, TARGET) + [series("DCGM_FI_DEV_GPU_TEMP", 41.0)])
+    rw = remote_write.parse(body, source="prom")
+    want = serving_metrics.parse(text.encode(), server=server, source="prom", ts=TS)
+    for frame in ("serving_bucket", "serving_counter", "serving_gauge"):
+        a, b = getattr(rw, frame), getattr(want, frame)
+        key = list(a.columns[:8]) if frame == "serving_bucket" else list(a.columns[:7])
+        assert_frame_equal(a.sort(key), b.sort(key), check_row_order=False), frame
+    assert rw.gpu_sample["temp_c"].to_list() == [41.0]  # the dcgm series beside them still map as before
+    assert rw.meta["serving_samples"] > 0 and rw.meta["serving"]["server"] == server
