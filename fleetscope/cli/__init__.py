@@ -1359,3 +1359,7 @@ main.add_command(topology)
 from fleetscope.cli.monitoring import monitoring  # noqa: E402
 
 main.add_command(monitoring)
+
+from fleetscope.cli.serving import serving  # noqa: E402
+
+main.add_command(serving)

@@ -209,3 +209,32 @@ def test_serving_vs_training_in_money(api):
     assert c["currency"] == "EUR" and c["training_cost"] == pytest.approx(training) and c["serving_cost"] == pytest.approx(3 * per_day)
     assert c["crossover_basis"] == "projected" and c["crossover_date"] > "2026-02-04" and c["unpriced_job_minutes"] == 0
     assert httpx.get(api.url + "/api/v1/serving/crossover", params={"model": "mistral"}, headers=read, timeout=30).status_code == 404
+
+
+def test_the_cli_reads_what_the_api_reads(loaded, tmp_path):
+    import subprocess
+    import sys
+
+    api, store, _, read = loaded
+    env = {"FLEETSCOPE_DATA_DIR": str(tmp_path / "cli"), "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
+           "PATH": "/usr/bin:/bin"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", *args], env=env, capture_output=True, text=True, timeout=120)
+
+    end = (T0 + dt.timedelta(minutes=MINUTES)).isoformat()
+    deps = cli("deployments", "--json")
+    assert deps.returncode == 0, deps.stderr
+    assert [d["replica"] for d in json.loads(deps.stdout)] == ["llama-0", "llama-1"]
+    q = cli("quantiles", "llama", "--q", "0.9", "--since", "300", "--end", end, "--step-s", "60", "--rate-window-s", "60", "--json")
+    api_q = _get(api, read, "quantiles", deployment="llama", q=0.9, start=(T0 + dt.timedelta(minutes=5)).isoformat(), end=end,
+                 step_s=60, window_s=60).json()
+    assert [p["value"] for p in json.loads(q.stdout)] == pytest.approx([p["value"] for p in api_q["points"]])
+    assert [p["value"] for p in json.loads(q.stdout)][1] == pytest.approx(0.5 + 0.5 * 10 / 30)
+    text = cli("quantiles", "llama", "--q", "0.9", "--since", "300", "--end", end, "--step-s", "60", "--rate-window-s", "60").stdout
+    assert text.splitlines()[1].split()[-1] == f"{0.5 + 0.5 * 10 / 30:.3g}"
+    g = cli("goodput", "llama", "--ttft-slo-s", "0.5", "--tpot-slo-s", "0.05", "--since", "600", "--end", end, "--json")
+    assert json.loads(g.stdout)["method"] == "bounded"
+    missing = cli("quantiles", "mistral")
+    assert missing.returncode == 1 and "no serving deployment 'mistral'" in missing.stderr
+    assert cli("slos", "llama").stdout.startswith("no SLO recorded for llama")

@@ -1,0 +1,145 @@
+"""``fleetscope serving``: inference deployments as the service sees them — replicas, latency quantiles,
+SLO status, DistServe goodput, energy and money per token, and the findings beside them. The servers'
+own ``/metrics`` come in with ``fleetscope agent --serving URL`` or ``fleetscope ingest FILE``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import click
+
+from fleetscope.cli.common import _emit, _store, _utc_option
+from fleetscope.core.errors import FleetscopeError
+
+_WINDOW = click.option("--since", "since_s", type=click.IntRange(60, 31 * 86400), default=3600, show_default=True,
+                       help="Seconds before --end.")
+_END = click.option("--end", "end_text", default=None, help="RFC 3339, exclusive (default: now).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def _window(since_s: int, end_text: str | None) -> tuple[dt.datetime, dt.datetime]:
+    end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    return end - dt.timedelta(seconds=since_s), end
+
+
+def _num(v: Any, spec: str = ".3g") -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def _call(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    try:
+        return fn(*args, **kwargs)
+    except (FleetscopeError, ValueError) as exc:  # an unknown deployment, a window with nothing to read
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def serving() -> None:
+    """Inference deployments: latency against SLOs, goodput, cost per token.
+
+    \b
+    Examples:
+      fleetscope serving deployments
+      fleetscope serving quantiles chat --metric ttft_seconds --q 0.99 --since 3600
+      fleetscope serving slos chat
+      fleetscope serving goodput chat --ttft-slo-s 0.5 --tpot-slo-s 0.05
+      fleetscope serving cost chat --json
+    """
+
+
+@serving.command("deployments")
+@_JSON
+def deployments(as_json: bool) -> None:
+    """Every known replica with its deployment, server, model and where it runs."""
+    from fleetscope.services import serving as svc
+
+    df = svc.deployments(_store())
+    rows = df.to_dicts()
+    _emit(as_json, rows, "\n".join(f"{r['deployment']:<24} {r['replica']:<28} {r.get('server') or '-':<8} {r.get('model') or '-'}"
+                                   for r in rows) or "no serving replicas: run fleetscope agent --serving URL on the nodes")
+
+
+@serving.command("quantiles")
+@click.argument("deployment")
+@click.option("--metric", default="ttft_seconds", show_default=True, help="A histogram: ttft_seconds, tpot_seconds, e2e_seconds, queue_seconds.")
+@click.option("--q", "q", type=click.FloatRange(0, 1), default=0.99, show_default=True)
+@click.option("--step-s", type=click.FloatRange(1), default=60, show_default=True)
+@click.option("--rate-window-s", type=click.FloatRange(1), default=300, show_default=True,
+              help="The increase() window each point is computed over.")
+@_WINDOW
+@_END
+@_JSON
+def quantiles(deployment: str, metric: str, q: float, step_s: float, rate_window_s: float, since_s: int, end_text: str | None,
+              as_json: bool) -> None:
+    """histogram_quantile(Q, sum by (le) (increase(METRIC[window]))) of DEPLOYMENT over time."""
+    from fleetscope.services import serving as svc
+
+    start, end = _window(since_s, end_text)
+    df = _call(svc.quantiles_over_time, _store(), deployment, metric, q, start=start, end=end, step_s=step_s, window_s=rate_window_s)
+    rows = df.to_dicts()
+    _emit(as_json, rows, "\n".join(f"{r['ts']:%Y-%m-%d %H:%M:%S}  {_num(r.get('value'))}" + ("  (capped)" if r.get("capped") else "")
+                                   for r in rows) or f"no {metric} histogram of {deployment} in the window")
+
+
+@serving.command("slos")
+@click.argument("deployment")
+@_END
+@_JSON
+def slos(deployment: str, end_text: str | None, as_json: bool) -> None:
+    """DEPLOYMENT's recorded SLOs: SLI, error budget left, burn rates and the multiwindow alerts firing."""
+    from fleetscope.services import serving as svc
+
+    now = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    rows = _call(svc.slo_table, _store(), deployment, now=now).to_dicts()
+    _emit(as_json, rows, "\n".join(
+        f"{r['slo']:<32} sli {_num(r['sli'], '.4f')}  budget left {_num(r['budget_left'], '.2f')}  burn 5m/1h/6h "
+        f"{_num(r['burn_5m'])}/{_num(r['burn_1h'])}/{_num(r['burn_6h'])}  {r['alerts'] or ''}" if not r.get("error") else f"{r['slo']:<32} {r['error']}"
+        for r in rows) or f"no SLO recorded for {deployment}: PUT /api/v1/serving/slos")
+
+
+@serving.command("goodput")
+@click.argument("deployment")
+@click.option("--ttft-slo-s", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option("--tpot-slo-s", type=click.FloatRange(min=0, min_open=True), required=True)
+@_WINDOW
+@_END
+@_JSON
+def goodput(deployment: str, ttft_slo_s: float, tpot_slo_s: float, since_s: int, end_text: str | None, as_json: bool) -> None:
+    """DistServe goodput of DEPLOYMENT: requests/s meeting both limits, exact from request logs or bounded
+    from histograms (the output says which)."""
+    from fleetscope.services import serving as svc
+
+    start, end = _window(since_s, end_text)
+    out = _call(svc.goodput, _store(), deployment, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, start=start, end=end)
+    _emit(as_json, out, "  ".join(f"{k}={_num(v) if isinstance(v, float) else v}" for k, v in out.items()))
+
+
+@serving.command("cost")
+@click.argument("deployment")
+@_WINDOW
+@_END
+@_JSON
+def cost(deployment: str, since_s: int, end_text: str | None, as_json: bool) -> None:
+    """Energy, CO2e and money per million output tokens of DEPLOYMENT, from its GPUs and the price book."""
+    from fleetscope.services import serving as svc
+
+    start, end = _window(since_s, end_text)
+    out = _call(svc.cost_per_token, _store(), deployment, start=start, end=end)
+    _emit(as_json, out, "\n".join(f"{k}: {_num(v) if isinstance(v, float) else v}" for k, v in out.items()))
+
+
+@serving.command("findings")
+@click.argument("deployment")
+@_WINDOW
+@_END
+@_JSON
+def findings(deployment: str, since_s: int, end_text: str | None, as_json: bool) -> None:
+    """DEPLOYMENT's serving findings with those of the GPUs and hosts it ran on."""
+    from fleetscope.services import serving as svc
+
+    start, end = _window(since_s, end_text)
+    rows = _call(svc.deployment_health, _store(), deployment, start=start, end=end).to_dicts()
+    _emit(as_json, rows, "\n".join(f"{r.get('severity', ''):<8} {r.get('kind', ''):<28} {r.get('subject', ''):<40} {r.get('summary') or ''}"
+                                   for r in rows) or "no findings")
