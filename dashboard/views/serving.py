@@ -1,5 +1,6 @@
 """Serving: per deployment, TTFT and TPOT quantiles over time against the recorded SLOs, budget left and burn
-rates, throughput, queue and KV cache, energy per million output tokens, and the findings of its replicas
+rates, throughput, queue and KV cache, energy and money per million output tokens, the crossover of serving
+over training cost, and the findings of its replicas
 and of the GPUs and hosts they ran on."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
+from fleetscope.core.errors import NotFound
 from fleetscope.services import serving as serving_svc
 
 METRICS = {"ttft_seconds": "Time to first token", "request_tpot_seconds": "Time per output token (per request)",
@@ -78,6 +80,31 @@ fac = energy.get("facility_kwh_per_million_tokens")
 c[3].metric("Facility kWh / M tokens", "—" if fac is None or math.isnan(fac) else f"{fac:.3f}", help="GPU energy × the site's declared PUE")
 if rates.height:
     st.dataframe(rates, hide_index=True)
+
+st.subheader("Cost per token")
+try:
+    cost = ui.q(serving_svc.cost_per_token, live=False, deployment=dep, start=f.start, end=f.end)
+except NotFound as exc:
+    ui.no_data(str(exc), "Place the replicas' hosts at a site and record prices with `PUT /api/v1/serving/prices`.")
+else:
+    per_m = cost.get("cost_per_million_tokens")
+    k = st.columns(3)
+    k[0].metric("Cost / M output tokens", "—" if per_m is None or per_m != per_m else f"{per_m:,.2f} {cost.get('currency') or ''}")
+    k[1].metric("GPU-hours held", f"{cost.get('gpu_hours', 0):,.2f}", help=f"unpriced: {cost.get('unpriced_gpu_hours', 0):,.2f}")
+    k[2].metric("Facility energy (kWh)", f"{cost.get('energy_kwh', 0):,.2f}")
+    if cost.get("note"):
+        st.caption(cost["note"])
+models = sorted({m for m in mine["model"] if m}) if "model" in mine.columns else []
+for model in models:
+    try:
+        cross = ui.q(serving_svc.serving_vs_training_cost, live=False, model_name=model)
+    except NotFound:
+        st.caption(f"{model}: no training job of this model in the job inventory, so no serving-versus-training crossover.")
+        continue
+    when = cross.get("crossover_date")
+    st.caption(f"{model}: training cost {cross.get('training_cost') or 0:,.2f}, serving so far {cross.get('serving_cost') or 0:,.2f} "
+               f"{cross.get('currency') or ''}; " + (f"serving passes training on {when} ({cross.get('crossover_basis')})." if when
+                                                     else "serving has not passed training, nor is it projected to."))
 
 st.subheader("Findings")
 found = ui.q(serving_svc.deployment_health, live=False, deployment=dep, start=f.start, end=f.end)

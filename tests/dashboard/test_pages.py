@@ -432,3 +432,5 @@ def test_serving_page_shows_quantiles_slos_and_rates(empty_sqlite_url: str, monk
     slos = at.dataframe[0].value
     assert slos["slo"].tolist() == ["ttft"] and slos["sli"].tolist() == [1.0]
     assert not any(t.startswith("No data yet: no time to first token") for t in infos(at)), infos(at)
+    # the replicas name no host, so no site's prices apply: the page says so instead of a cost
+    assert any("runs on no host placed at a site" in t for t in infos(at)), infos(at)
