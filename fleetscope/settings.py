@@ -76,6 +76,7 @@ class Settings:
     ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After", "default": "512"})
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
+    evidence_retention_days: int = field(metadata={"env": "FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "doc": "what the analyses derived (roll-ups, per-step breakdowns, findings, health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) kept this long; at least the raw retention", "default": "1095"})
     hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
@@ -116,6 +117,12 @@ def load() -> Settings:
     dashboard_auth = env("FLEETSCOPE_DASHBOARD_AUTH", "token").lower()
     if dashboard_auth not in ("token", "oidc"):
         raise ValueError(f"FLEETSCOPE_DASHBOARD_AUTH={dashboard_auth!r}: expected token or oidc")
+    retention_days = _positive("FLEETSCOPE_RETENTION_DAYS", 400)
+    evidence_days = _positive("FLEETSCOPE_EVIDENCE_RETENTION_DAYS", 1095)
+    if evidence_days < retention_days:
+        # a finding or roll-up must outlive the samples it came from, or an audit reads conclusions with no trail
+        raise ValueError(f"FLEETSCOPE_EVIDENCE_RETENTION_DAYS={evidence_days} is shorter than FLEETSCOPE_RETENTION_DAYS={retention_days}: "
+                         "keep what the analyses derived at least as long as the raw telemetry")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -129,7 +136,8 @@ def load() -> Settings:
         ingest_max_pending=_int("FLEETSCOPE_INGEST_MAX_PENDING", 1024),
         ingest_max_pending_mb=_int("FLEETSCOPE_INGEST_MAX_PENDING_MB", 512),
         auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
-        retention_days=_int("FLEETSCOPE_RETENTION_DAYS", 400),
+        retention_days=retention_days,
+        evidence_retention_days=evidence_days,
         hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
         otel_exporter=otel,
         otel_endpoint=env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),

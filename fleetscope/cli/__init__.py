@@ -72,6 +72,31 @@ def db_current(as_json: bool) -> None:
     _emit(as_json, {"url": url, "current": cur, "head": head}, f"{url}: at {cur or 'base'}, code expects {head}")
 
 
+@db_group.command("prune")
+@click.option("--now", "now_text", default=None, help="RFC 3339: prune as of this instant (default: now).")
+@click.option("--dry-run", is_flag=True, help="Print each table's cutoff; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete what is past its retention now, as beat does every hour: raw telemetry after
+    FLEETSCOPE_RETENTION_DAYS, what was derived from it after FLEETSCOPE_EVIDENCE_RETENTION_DAYS.
+
+    \b
+    Examples:
+      fleetscope db prune --dry-run
+      FLEETSCOPE_RETENTION_DAYS=200 fleetscope db prune --json
+    """
+    from fleetscope.services import retention
+
+    s = _settings()
+    now = _utc_option(now_text, "--now") or dt.datetime.now(dt.UTC)
+    if dry_run:
+        cut = {k: v.isoformat() for k, v in retention.cutoffs(now, s.retention_days, s.evidence_retention_days).items()}
+        _emit(as_json, cut, "\n".join(f"{k:<20} rows before {v}" for k, v in cut.items()))
+        return
+    deleted = retention.prune(_store(), now, s.retention_days, s.evidence_retention_days)
+    _emit(as_json, deleted, "\n".join(f"{k:<20} {v:>10,} deleted" for k, v in deleted.items()))
+
+
 # --- tokens --------------------------------------------------------------------------------------
 
 

@@ -6,12 +6,12 @@ import datetime as dt
 import socket
 from typing import Any
 
-from sqlalchemy import delete, text
+from sqlalchemy import text
 
 from fleetscope import settings as settings_mod
 from fleetscope.observability import tracer
-from fleetscope.store import schema
 from fleetscope.worker.app import celery_app, store
+from fleetscope.services import retention as retention_service
 from fleetscope.services.audit import AuditError, run_audit
 from fleetscope.services.energy import floor_minute, rollup_window
 from fleetscope.services.jobs import active_jobs
@@ -34,21 +34,12 @@ def counts() -> dict[str, int]:
 
 @celery_app.task(name="fleetscope.retention")
 def retention(now_iso: str | None = None) -> dict[str, int]:
-    """Delete raw telemetry older than ``FLEETSCOPE_RETENTION_DAYS``. Findings, inventory and governance
-    records are kept: they are the evidence audits read."""
+    """Beat's hourly tick: raw telemetry past ``FLEETSCOPE_RETENTION_DAYS`` and what was derived from it past
+    ``FLEETSCOPE_EVIDENCE_RETENTION_DAYS`` (``services.retention``)."""
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
-    cutoff = now - dt.timedelta(days=settings.retention_days)
-    deleted: dict[str, int] = {}
     with tracer().start_as_current_span("task.retention"):
-        st = store()
-        with st.engine.begin() as conn:
-            for name in ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
-                         "serving_bucket", "serving_counter", "serving_gauge", "serving_request"):
-                table = schema.metadata.tables[name]
-                col = table.c[schema.TIME_COLUMN[name]]
-                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
-    return deleted
+        return retention_service.prune(store(), now, settings.retention_days, settings.evidence_retention_days)
 
 
 @celery_app.task(name="fleetscope.analyze_job")

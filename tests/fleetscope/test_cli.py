@@ -1,10 +1,12 @@
 """The `fleetscope` command, run as a user would: a subprocess with the environment as configuration."""
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
 
+import polars as pl
 import pytest
 
 from fleetscope.services import auth
@@ -31,6 +33,25 @@ def test_db_upgrade_and_current(tmp_path):
     assert f"database at {head}" in run(tmp_path, "db", "upgrade").stdout
     cur = json.loads(run(tmp_path, "db", "current", "--json").stdout)
     assert cur["current"] == cur["head"] == head
+
+
+def test_db_prune_deletes_each_tier_after_its_own_retention(tmp_path):
+    from fleetscope.core import frames as F
+    from fleetscope.store import Store
+
+    run(tmp_path, "db", "upgrade")
+    url = json.loads(run(tmp_path, "db", "current", "--json").stdout)["url"]
+    store = Store.open(url)
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    store.write(F.Batch(gpu_sample=pl.DataFrame({"ts": [now - dt.timedelta(days=d) for d in (10, 500)], "gpu_uuid": ["g", "g"], "power_w": [1.0, 2.0]}),
+                        health_event=pl.DataFrame({"ts": [now - dt.timedelta(days=d) for d in (500, 2000)], "gpu_uuid": ["g", "g"],
+                                                   "kind": ["xid", "xid"], "code": [48, 79]})))
+    plan = json.loads(run(tmp_path, "db", "prune", "--dry-run", "--now", now.isoformat(), "--json").stdout)
+    assert plan["gpu_sample"] == (now - dt.timedelta(days=400)).isoformat() and plan["finding"] == (now - dt.timedelta(days=1095)).isoformat()
+    assert store.read("gpu_sample").height == 2  # a dry run deletes nothing
+    deleted = json.loads(run(tmp_path, "db", "prune", "--now", now.isoformat(), "--json").stdout)
+    assert deleted["gpu_sample"] == 1 and deleted["health_event"] == 1
+    assert store.read("gpu_sample")["power_w"].to_list() == [1.0] and store.read("health_event")["code"].to_list() == [48]
 
 
 def test_token_create_list_revoke(tmp_path):

@@ -42,3 +42,13 @@ def test_table_lists_every_setting():
     names = [row[0] for row in settings.table()]
     assert len(names) == len(set(names))
     assert {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_DATA_DIR"} <= set(names)
+
+
+def test_evidence_must_outlive_raw_telemetry(monkeypatch):
+    monkeypatch.setenv("FLEETSCOPE_RETENTION_DAYS", "400")
+    monkeypatch.setenv("FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "200")
+    with pytest.raises(ValueError, match="EVIDENCE_RETENTION_DAYS=200 is shorter than FLEETSCOPE_RETENTION_DAYS=400"):
+        settings.load()
+    monkeypatch.setenv("FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "0")
+    with pytest.raises(ValueError, match="at least 1"):
+        settings.load()

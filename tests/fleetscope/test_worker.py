@@ -82,6 +82,29 @@ def test_retention_deletes_only_old_raw_telemetry(worker):
     assert store.counts()["health_event"] == 1  # evidence is kept
 
 
+def test_retention_prunes_what_was_derived_after_its_own_tier(worker):
+    """Findings, health events and the ingest log outlive raw samples (400 days), and go after three years."""
+    from sqlalchemy import text
+
+    app, queue, url, _ = worker
+    store = Store.open(url)
+    now = dt.datetime(2030, 6, 1, tzinfo=dt.UTC)
+    ancient, old = now - dt.timedelta(days=1200), now - dt.timedelta(days=500)
+    store.write(F.Batch(
+        gpu_sample=pl.DataFrame({"ts": [old], "gpu_uuid": ["g"], "power_w": [1.0]}),
+        health_event=pl.DataFrame({"ts": [ancient, old], "gpu_uuid": ["g", "g"], "kind": ["xid", "xid"], "code": [79, 48]}),
+        finding=F.findings_frame([{"analyzer": "health", "kind": "gpu_drain_node", "subject": f"gpu:g{i}", "window_start": t, "window_end": t,
+                                   "severity": "critical", "score": 1.0, "summary": "s", "evidence": "{}"} for i, t in enumerate((ancient, old))]),
+    ))
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE ingest_log SET at = :t"), {"t": ancient if store.dialect != "sqlite" else int(ancient.timestamp() * 1e6)})
+    deleted = app.send_task("fleetscope.retention", kwargs={"now_iso": now.isoformat()}, queue=queue).get(timeout=90)
+    assert deleted["gpu_sample"] == 1 and deleted["health_event"] == 1 and deleted["finding"] == 1 and deleted["ingest_log"] >= 1
+    assert store.read("health_event")["code"].to_list() == [48]
+    assert store.read("finding")["subject"].to_list() == ["gpu:g1"]
+    assert store.query("SELECT COUNT(*) AS n FROM ingest_log", [], {"n": pl.Int64})["n"].item() == 0
+
+
 def test_model_monitoring_runs_in_the_worker_and_on_beat_s_schedule(worker):
     import numpy as np
 

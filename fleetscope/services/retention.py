@@ -1,0 +1,52 @@
+"""Retention: what is deleted when, in two tiers.
+
+- **Raw telemetry** (``RAW``: samples, collectives, steps, port counters, serving series and requests) after
+  ``FLEETSCOPE_RETENTION_DAYS`` (400 by default; the EU AI Act asks deployers to keep logs at least six
+  months, Regulation (EU) 2024/1689 Art. 19(1) and 26(6)).
+- **What was derived from it** (``EVIDENCE``: energy roll-ups, per-step breakdowns, job analyses, findings,
+  health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) after
+  ``FLEETSCOPE_EVIDENCE_RETENTION_DAYS`` (three years by default, never shorter than the raw tier): the
+  conclusions audits read outlive the samples, and nothing grows forever (the ingest log gains a row per
+  push).
+
+Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
+they are small and they are the record. Each table is pruned in a transaction of its own, so one busy
+table neither holds the others back nor undoes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import delete
+
+from fleetscope.observability import tracer
+from fleetscope.store import Store, schema
+
+RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
+       "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
+EVIDENCE = {
+    "gpu_energy_minute": "minute", "site_energy_minute": "minute", "job_energy_minute": "minute",
+    "step_breakdown": "start", "job_analysis": "computed_at", "finding": "window_start", "health_event": "ts",
+    "job_event": "ts", "ingest_log": "at", "task_run": "at", "monitoring_window": "window_start",
+    "model_prediction": "ts", "model_outcome": "ts",
+}
+
+
+def cutoffs(now: dt.datetime, retention_days: int, evidence_retention_days: int) -> dict[str, dt.datetime]:
+    """Each pruned table and the instant before which its rows go."""
+    raw = now - dt.timedelta(days=retention_days)
+    evidence = now - dt.timedelta(days=evidence_retention_days)
+    return {**dict.fromkeys(RAW, raw), **dict.fromkeys(EVIDENCE, evidence)}
+
+
+def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retention_days: int) -> dict[str, int]:
+    """Delete what is past its tier's retention at ``now``; rows deleted per table."""
+    deleted: dict[str, int] = {}
+    with tracer().start_as_current_span("retention.prune"):
+        for name, cutoff in cutoffs(now, retention_days, evidence_retention_days).items():
+            table = schema.metadata.tables[name]
+            col = table.c[EVIDENCE.get(name) or schema.TIME_COLUMN[name]]
+            with store.engine.begin() as conn:
+                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+    return deleted
