@@ -46,6 +46,7 @@ def serving() -> None:
       fleetscope serving slos chat
       fleetscope serving goodput chat --ttft-slo-s 0.5 --tpot-slo-s 0.05
       fleetscope serving cost chat --json
+      fleetscope serving crossover llama-3-8b
     """
 
 
@@ -143,3 +144,21 @@ def findings(deployment: str, since_s: int, end_text: str | None, as_json: bool)
     rows = _call(svc.deployment_health, _store(), deployment, start=start, end=end).to_dicts()
     _emit(as_json, rows, "\n".join(f"{r.get('severity', ''):<8} {r.get('kind', ''):<28} {r.get('subject', ''):<40} {r.get('summary') or ''}"
                                    for r in rows) or "no findings")
+
+
+@serving.command("crossover")
+@click.argument("model")
+@click.option("--projection-days", type=click.IntRange(1, 3650), default=28, show_default=True,
+              help="Project serving at its mean daily cost of the last this many days.")
+@_JSON
+def crossover(model: str, projection_days: int, as_json: bool) -> None:
+    """MODEL's training cost against its cumulative serving cost from the price book, and the date serving
+    passed training (observed) or will (projected)."""
+    from fleetscope.services import serving as svc
+
+    out = _call(svc.serving_vs_training_cost, _store(), model, projection_days=projection_days)
+    cur = out.get("currency") or ""
+    when = (f"serving passes training on {out['crossover_date']} ({out['crossover_basis']})" if out.get("crossover_date")
+            else "serving has not passed training, nor is it projected to")
+    _emit(as_json, out, f"{model}: training {_num(out.get('training_cost'), ',.2f')} {cur}, serving so far "
+                        f"{_num(out.get('serving_cost'), ',.2f')} {cur} over {out.get('serving_days', 0)} days; {when}")

@@ -183,7 +183,7 @@ def test_recorded_slos_are_evaluated_and_burn_findings_written(loaded):
     assert json.loads(burn["evidence"][0])["burn_rates"]["30m"] == pytest.approx(7.5)
 
 
-def test_serving_vs_training_in_money(api):
+def test_serving_vs_training_in_money(api, tmp_path):
     """Training: 8 GPUs for an hour (8 GPU-hours at 2 EUR, 5.6 kWh x 1.25 PUE at 0.25 EUR); serving: one GPU ten
     minutes a day for three days. The crossover is projected at the mean daily serving cost."""
     from fleetscope.core import frames as F
@@ -209,6 +209,19 @@ def test_serving_vs_training_in_money(api):
     assert c["currency"] == "EUR" and c["training_cost"] == pytest.approx(training) and c["serving_cost"] == pytest.approx(3 * per_day)
     assert c["crossover_basis"] == "projected" and c["crossover_date"] > "2026-02-04" and c["unpriced_job_minutes"] == 0
     assert httpx.get(api.url + "/api/v1/serving/crossover", params={"model": "mistral"}, headers=read, timeout=30).status_code == 404
+    # the CLI answers the same from the same store
+    import subprocess
+    import sys
+
+    env = {"FLEETSCOPE_DATA_DIR": str(tmp_path / "cli"), "PATH": "/usr/bin:/bin",
+           "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+    cli = subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", "crossover", "llama", "--json"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["training_cost"] == pytest.approx(training)
+    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", "crossover", "llama"], env=env, capture_output=True, text=True,
+                          timeout=120).stdout
+    assert text.startswith(f"llama: training {training:,.2f} EUR, serving so far {3 * per_day:,.2f} EUR over 3 days; serving passes training on")
 
 
 def test_the_cli_reads_what_the_api_reads(loaded, tmp_path):
