@@ -31,11 +31,12 @@ PAGE_SCOPES: dict[str, str] = {
     "governance": "governance",
 }
 # Page actions and the scope of the API route that does the same (routes_alerts.create_silence and
-# expire_silence: admin; routes_audit.post_export: governance).
+# expire_silence: admin; routes_audit.post_export and post_incident: governance).
 ACTION_SCOPES: dict[str, str] = {
     "create_silence": "admin",
     "expire_silence": "admin",
     "make_export": "governance",
+    "declare_incident": "governance",
 }
 
 # Where the gate (dashboard/signin.py) leaves the signed-in user's Access for the pages (dashboard/ui.py).

@@ -9,6 +9,7 @@ longer matches the hash recorded when it was made is refused, not offered.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -22,6 +23,8 @@ from fleetscope.services import audit as audit_svc
 from fleetscope.services import governance as governance_svc
 from fleetscope.services import monitoring as monitoring_svc
 from fleetscope.core.errors import NotFound
+from governance.aiact import rules as R
+from governance.aiact.model import INCIDENT_KINDS, DeclarationError
 from governance.fairness import FairnessInputError
 from fleetscope import settings as settings_mod
 
@@ -163,6 +166,46 @@ else:
 
 # --- post-market monitoring -------------------------------------------------------------------------
 
+
+def declare_incident() -> None:
+    """The incident form's callback: declare through the audit service under the signed-in name."""
+    picked = st.session_state.get("gov_incident_finding")
+    kind = st.session_state.get("gov_incident_kind")
+    actor = signin.acting("declare_incident")
+    if actor is None:
+        ui.tell("gov_incident_result", False, "No incident was declared: declaring one needs the governance scope, and this session no longer holds it.")
+        return
+    if not picked or not kind:
+        ui.tell("gov_incident_result", False, "No incident was declared: pick a finding and the kind of incident.")
+        return
+    f_kind, subject, ws = json.loads(picked)
+    try:
+        d = au.declare_incident(ui.store(), f_kind, subject, dt.datetime.fromisoformat(ws), incident_kind=kind, entered_by=actor.name)
+    except (NotFound, DeclarationError, ValueError) as exc:
+        ui.tell("gov_incident_result", False, f"No incident was declared: {exc}")
+        return
+    days = R.incident_deadline(kind)
+    due = dt.datetime.fromisoformat(str(d.value["aware_at"]).replace("Z", "+00:00")) + dt.timedelta(days=days)
+    ui.tell("gov_incident_result", True, f"Serious incident declared for {d.model_name}@{d.model_version} by {actor.name}: report it to the "
+                                         f"market surveillance authority by {due:%Y-%m-%d %H:%M} UTC ({days} days, {R.incident_paragraph(kind)}).")
+
+
+def incident_form(found: pl.DataFrame) -> None:
+    """Declare a serious incident (AI Act Art. 3(49)) from one of the version's monitoring findings: it starts
+    the Art. 73 clock, which the audit report then shows."""
+    with st.expander("Declare a serious incident from a finding"):
+        options = {json.dumps([r["kind"], r["subject"], r["window_start"].isoformat()]): f"{r['window_start']:%Y-%m-%d %H:%M} {r['kind']} ({r['severity']})"
+                   for r in found.iter_rows(named=True)}
+        st.selectbox("Finding", list(options), format_func=options.get, key="gov_incident_finding")
+        st.selectbox("Kind (Art. 3(49))", list(INCIDENT_KINDS), key="gov_incident_kind",
+                     help="A death: 10 days (Art. 73(4)); a widespread infringement or critical infrastructure: 2 days (Art. 73(3)); "
+                          "any other serious incident: 15 days (Art. 73(2)).")
+        st.button("Declare the incident", on_click=declare_incident, key="gov_incident_declare",
+                  help="Recorded under your signed-in name; needs the governance scope.")
+        ui.told("gov_incident_result")
+
+
+
 st.subheader("Post-market monitoring")
 deployed = ui.q(monitoring_svc.monitored, live=False)
 if deployed.is_empty():
@@ -213,6 +256,7 @@ else:
         found = ui.q(monitoring_svc.findings, live=False, model=mname, version=mversion)
         if found.height:
             st.dataframe(found.select("window_start", "kind", "severity", "subject", "summary"), hide_index=True)
+            incident_form(found)
         attrs = sorted(set(fair_t["attribute"].to_list()))
         if attrs:
             attr = st.selectbox("Impossibility view by", attrs, key="gov_mon_attr")

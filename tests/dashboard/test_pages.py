@@ -4,6 +4,7 @@ the showcase world shows its key content."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -358,6 +359,22 @@ def test_governance_makes_a_new_signed_export(seeded_copy: str, monkeypatch: pyt
     assert after.height == before.height + 1 and after["requested_by"][0] == "test-admin"  # the signed-in token
     assert at.success[0].value.startswith(f"Signed export {after['export_id'][0][:12]} of audit {after['audit_id'][0]}")
     assert at.selectbox(key="gov_export").value == after["export_id"][0]  # newest first, offered for download
+
+
+def test_governance_declares_a_serious_incident_from_a_monitoring_finding(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A monitoring finding of the showcase's loan-screen model declared a widespread infringement: recorded
+    under the signed-in name, with the Art. 73(3) two-day deadline on the page."""
+    at = open_page(seeded_copy, "governance", monkeypatch)
+    healthy(at)
+    assert at.selectbox(key="gov_incident_finding").value  # the version's newest finding, offered first
+    at.selectbox(key="gov_incident_kind").set_value("widespread_infringement")
+    at.button(key="gov_incident_declare").click().run()
+    healthy(at)
+    done = at.success[0].value
+    assert done.startswith("Serious incident declared for loan-screen@") and "by test-admin" in done and "(2 days, Art. 73(3))" in done
+    incidents = store_of(seeded_copy).query("SELECT entered_by, value FROM aiact_declaration WHERE kind = 'incident'")
+    assert incidents.height == 1 and incidents["entered_by"][0] == "test-admin"
+    assert json.loads(incidents["value"][0])["kind"] == "widespread_infringement"
 
 
 def test_a_report_changed_after_filing_is_refused_not_offered(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:
