@@ -353,12 +353,8 @@ class _Compiled:
         values: list[Any] = numbers
         lost = 0
         for i, factor in self.ints:
-            r = round(values[i] * factor)
-            if -(2**63) <= r < 2**63:
-                values[i] = r
-            else:
-                values[i] = None
-                lost += 1
+            values[i] = _scaled(values[i], factor, True)
+            lost += values[i] is None
         for i, factor in self.scaled:
             values[i] *= factor
         metrics = []

@@ -124,12 +124,12 @@ def notes(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_lines(push: Push) -> None:
-    """Read a small ``dcgm`` push's lines where it arrives, so the reading of each overlaps the writer's
-    commit of the group before it; a body the line reader declines is left for the writer to parse."""
+    """Read a small ``dcgm`` push's lines, where it arrives (so the reading of each overlaps the writer's
+    commit of the group before it) or in the writer; a body the line reader declines keeps no lines."""
     if push.dcgm is not None and push.lines is None and push.batch is None:
         try:
             push.lines = dcgm_lines.read(push.dcgm)
-        except Exception:  # noqa: BLE001 - the writer parses it again and answers this push alone
+        except Exception:  # noqa: BLE001 - the columnar parser reads it instead and names what is wrong
             push.lines = None
         if push.lines is not None:
             push.notes = notes(push.lines.meta)
@@ -137,13 +137,9 @@ def read_lines(push: Push) -> None:
 
 def _prepare(push: Push) -> None:
     """Give a ``dcgm`` push its rows: the line reader's, or the columnar parser's where it declines."""
+    read_lines(push)
     if push.dcgm is None or push.batch is not None or push.lines is not None:
         return
-    push.lines = dcgm_lines.read(push.dcgm)
-    if push.lines is not None:
-        push.notes = notes(push.lines.meta)
-        return
-
     push.batch = dcgm.parse(push.dcgm, source=push.source, ts=dt.datetime.fromtimestamp(push.ts_us / 1e6, dt.UTC))
     push.notes = notes(push.batch.meta)
 
