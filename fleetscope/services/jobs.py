@@ -152,22 +152,62 @@ def _goodput(r: JobRun) -> None:
 
 @JOB.register("sdc", modules=("analyzers.sdc",), reads=("job_event", "job_rank"), writes=("finding", "job_analysis"), needs=("job_event",),
               summary="silent-data-corruption screen of per-step checksums, loss and grad norm, and rerun verdicts")
-def _sdc_run(r: JobRun) -> None:
-    _sdc(r.out, r.batch, r.rows, r.read("job_event"), r.read("job_rank"), r.now)
+def _sdc(r: JobRun) -> None:
+    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
+    rerun protocol's records; suspects and rerun verdicts become findings."""
+    s = sdc.screen(r.read("job_event"), r.read("job_rank"))
+    if s["signals"].height == 0 and s["records"].height == 0:
+        return
+    found = s["findings"]
+    r.findings(found)
+    out = r.out
+    out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
+    out.sdc_reruns = [{k: v[k] for k in ("case_id", "suspect_gpu", "verdict", "reason")} for v in s["verdicts"].to_dicts()]
+    out.notes.extend(f"SDC rerun case {p['case_id']} not judged: {p['problem']}" for p in s["problems"].to_dicts())
+    times = pl.concat([s["signals"].select("ts"), s["records"].select("ts")])["ts"]
+    r.record("sdc", times.min(), times.max(), {"findings": out.sdc, "steps_screened": s["signals"].height, "reruns": out.sdc_reruns,
+                                               "rerun_problems": s["problems"].to_dicts()})
 
 
 @JOB.register("checkpoint", modules=("analyzers.reliability",), reads=("job_event", "job"), writes=("finding", "job_analysis"),
               needs=("job_event",), summary="Young/Daly checkpoint interval from the job's measured save cost and its own MTBF")
-def _checkpoint_run(r: JobRun) -> None:
-    lifecycle = r.read("job_event").filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
-    if lifecycle.height:
-        _checkpoint(r.out, r.batch, r.rows, lifecycle, r.read("job"), r.now)
+def _checkpoint(r: JobRun) -> None:
+    """Young/Daly checkpoint advice from the job's measured save cost and its own MTBF."""
+    events = r.read("job_event").filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
+    if events.height == 0:
+        return
+    costs = reliability.checkpoint_costs(events).filter(pl.col("saves") > 0)
+    if costs.height == 0:
+        return
+    advice = reliability.checkpoint_advice(costs, reliability.fleet_mtbf(events, r.maybe("job")))
+    if advice.height == 0:
+        return
+    r.out.checkpoint = advice.row(0, named=True)
+    start, end = events["ts"].min(), events["ts"].max()
+    r.findings(reliability.checkpoint_findings(advice, window_start=start, window_end=end))
+    r.record("checkpoint", start, end, r.out.checkpoint)
 
 
+# No ``needs``: most jobs record no operations, and a job without them is not worth a note.
 @JOB.register("whatif", modules=("analyzers.stragglers",), reads=("job_op", "job", "step"), writes=("finding", "job_analysis"),
-              needs=("job_op",), summary="straggler what-if: the job's step time with every operation at its ideal duration")
-def _whatif_run(r: JobRun) -> None:
-    _whatif(r.out, r.batch, r.rows, r.store, r.job_id, r.read("step"), r.now)
+              summary="straggler what-if: the job's step time with every operation at its ideal duration")
+def _whatif(r: JobRun) -> None:
+    """The straggler what-if over the job's recorded operations (``job_op``), where they were ingested."""
+    ops = r.read("job_op")
+    if ops.height == 0:
+        return
+    job, steps = r.read("job"), r.read("step")
+    world = job["world_size"][0] if job.height else None
+    try:
+        w = stragglers.whatif(ops, {"world_size": world} if world else None)
+    except ValueError as exc:
+        r.out.notes.append(f"what-if not computed: {exc}")
+        return
+    start = steps["start"].min() if steps.height else ops["ts"].min()
+    end = steps["end"].max() if steps.height else None
+    r.out.whatif = whatif_summary(w)
+    r.findings(stragglers.whatif_findings(w, job_id=r.job_id, window_start=start, window_end=end))
+    r.record("whatif", start, end, r.out.whatif)
 
 
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
@@ -178,8 +218,7 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) ->
     run = JobRun(store, job_id, now, out, F.Batch(source=f"analysis:{job_id}"))
     with tracer().start_as_current_span("analysis.job") as span:
         span.set_attribute("fleetscope.job_id", job_id)
-        # what-if operations may come without anything else: no note for a job that has none
-        JOB.run_all(run, lambda frame: frame == "job_op" or run.read(frame).height > 0, out.notes.append)
+        JOB.run_all(run, lambda frame: run.read(frame).height > 0, out.notes.append)
         if run.rows:
             run.batch.job_analysis = pl.DataFrame(run.rows, schema=F.JOB_ANALYSIS.schema)
             store.write(run.batch)
@@ -259,25 +298,6 @@ def _program_goodput(store: Store, job_id: str, steps: pl.DataFrame, scheduling:
     return out
 
 
-def _whatif(out: JobAnalysis, batch: F.Batch, analyses: list, store: Store, job_id: str, steps: pl.DataFrame,
-            now: dt.datetime) -> None:
-    """The straggler what-if over the job's recorded operations (``job_op``), where they were ingested."""
-    ops = store.read("job_op", job_id=job_id)
-    if ops.height == 0:
-        return
-    job = store.read("job", job_id=job_id)
-    world = job["world_size"][0] if job.height else None
-    try:
-        r = stragglers.whatif(ops, {"world_size": world} if world else None)
-    except ValueError as exc:
-        out.notes.append(f"what-if not computed: {exc}")
-        return
-    received = ops["ts"].min()
-    start = steps["start"].min() if steps.height else received
-    end = steps["end"].max() if steps.height else None
-    out.whatif = whatif_summary(r)
-    _add_findings(batch, stragglers.whatif_findings(r, job_id=job_id, window_start=start, window_end=end))
-    analyses.append(_analysis_row(job_id, "whatif", now, start, end, out.whatif))
 
 
 def whatif_summary(r: stragglers.WhatIfResult) -> dict[str, Any]:
@@ -298,36 +318,8 @@ def _add_findings(batch: F.Batch, found: pl.DataFrame) -> None:
         batch.finding = found if batch.finding is None else pl.concat([batch.finding, found], how="vertical_relaxed")
 
 
-def _sdc(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job_rank: pl.DataFrame, now: dt.datetime) -> None:
-    """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
-    rerun protocol's records; suspects and rerun verdicts become findings."""
-    s = sdc.screen(events, job_rank)
-    if s["signals"].height == 0 and s["records"].height == 0:
-        return
-    found = s["findings"]
-    _add_findings(batch, found)
-    out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
-    out.sdc_reruns = [{k: r[k] for k in ("case_id", "suspect_gpu", "verdict", "reason")} for r in s["verdicts"].to_dicts()]
-    out.notes.extend(f"SDC rerun case {p['case_id']} not judged: {p['problem']}" for p in s["problems"].to_dicts())
-    times = pl.concat([s["signals"].select("ts"), s["records"].select("ts")])["ts"]
-    analyses.append(_analysis_row(out.job_id, "sdc", now, times.min(), times.max(),
-                                  {"findings": out.sdc, "steps_screened": s["signals"].height, "reruns": out.sdc_reruns,
-                                   "rerun_problems": s["problems"].to_dicts()}))
 
 
-def _checkpoint(out: JobAnalysis, batch: F.Batch, analyses: list, events: pl.DataFrame, job: pl.DataFrame, now: dt.datetime) -> None:
-    """Young/Daly checkpoint advice from the job's measured save cost and its own MTBF."""
-    costs = reliability.checkpoint_costs(events).filter(pl.col("saves") > 0)
-    if costs.height == 0:
-        return
-    mtbf = reliability.fleet_mtbf(events, job if job.height else None)
-    advice = reliability.checkpoint_advice(costs, mtbf)
-    if advice.height == 0:
-        return
-    out.checkpoint = advice.row(0, named=True)
-    start, end = events["ts"].min(), events["ts"].max()
-    _add_findings(batch, reliability.checkpoint_findings(advice, window_start=start, window_end=end))
-    analyses.append(_analysis_row(out.job_id, "checkpoint", now, start, end, out.checkpoint))
 
 
 def energy_price(store: Store, job_id: str, start: dt.datetime, end: dt.datetime) -> tuple[stragglers.EnergyPrice | None, str]:
