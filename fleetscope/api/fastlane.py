@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from fleetscope.services import auth
 from fleetscope.api.errors import error_response, too_large
 from fleetscope.api.gate import TOKEN_KEY
+from fleetscope.api import routes_otlp
 from fleetscope.api.routes_data import ingest_body
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REQUEST_SECONDS
@@ -31,6 +32,7 @@ _QUERY = {"ts": 64, "source": 2000, "job_id": 500}  # the parameters the lane ta
 
 
 ROUTE = PREFIX + "{fmt}"
+OTLP_PATH = "/v1/metrics"
 
 
 async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
@@ -39,7 +41,11 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     It runs before the middleware stack, so it keeps that stack's promises itself: a body over
     ``FLEETSCOPE_MAX_BODY_BYTES`` is refused with 413 by its length or as it streams, and the request's
     latency is recorded under the route's label."""
-    if scope["method"] != "POST" or not scope["path"].startswith(PREFIX):
+    if scope["method"] != "POST":
+        return False
+    if scope["path"] == OTLP_PATH:
+        return await _otlp(app, scope, receive, send)
+    if not scope["path"].startswith(PREFIX):
         return False
     params = _plain(scope)
     if params is None:
@@ -64,6 +70,54 @@ async def handle(app: Any, scope: dict, receive: Any, send: Any) -> bool:
                 response = error_response(exc)
     await response(scope, receive, send)
     REQUEST_SECONDS.labels("POST", ROUTE, str(response.status_code)).observe(time.perf_counter() - start)
+    return True
+
+
+async def _otlp(app: Any, scope: dict, receive: Any, send: Any) -> bool:
+    """``POST /v1/metrics`` from an agent or collector: the route's own ``otlp_body`` without FastAPI's
+    routing and dependency solving, for a request with an ingest token, no query, one valid length and a
+    content type the receiver takes; anything else goes on to the route."""
+    found: auth.Token | None = scope.get(TOKEN_KEY)
+    if found is None or not found.allows("ingest") or scope.get("query_string"):
+        return False
+    length = None
+    ctype = None
+    encoding = ""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return False
+            length = int(value)
+        elif name == b"content-type":
+            if ctype is not None:
+                return False
+            ctype = value.decode("latin-1")
+        elif name == b"content-encoding":
+            encoding = value.decode("latin-1")
+    wire = routes_otlp.encoding_of(ctype or "")
+    if wire is None:
+        return False  # the route answers 415
+    start = time.perf_counter()
+    limit = app.state.settings.max_body_bytes
+    if length is not None and length > limit:
+        response: Any = too_large(limit)
+    elif not routes_otlp.enter():
+        response = routes_otlp.saturated(wire)
+    else:
+        try:
+            body = await _read_body(receive, limit)
+        except BaseException:
+            routes_otlp.leave()
+            raise
+        if body is None or body is _TOO_LARGE:
+            routes_otlp.leave()
+            if body is None:
+                return True  # the client went away mid-body: nothing to answer, and a cut body is never stored
+            response = too_large(limit)
+        else:
+            response = await routes_otlp.otlp_body(app, body, wire, encoding, found)
+    await response(scope, receive, send)
+    REQUEST_SECONDS.labels("POST", OTLP_PATH, str(response.status_code)).observe(time.perf_counter() - start)
     return True
 
 

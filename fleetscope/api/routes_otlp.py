@@ -72,20 +72,55 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
 async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(require("ingest"))]) -> Response:
     """Receive OTLP metrics (the path OpenTelemetry SDK and Collector OTLP/HTTP exporters post to)."""
 
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    encoding = _ENCODINGS.get(ctype)
+    ctype = request.headers.get("content-type", "")
+    encoding = encoding_of(ctype)
     if encoding is None:
-        return Response(f"unsupported content type {ctype!r}: use application/x-protobuf or application/json", 415)
-    if not _in_flight.enter():
-        return _status(14, "server saturated, retry later", encoding, 503, {"Retry-After": "1"})
+        return _unsupported(ctype)
+    if not enter():
+        return saturated(encoding)
     try:
         body = await request.body()
-        limit = request.app.state.settings.max_body_bytes
-        gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
+    except BaseException:
+        leave()
+        raise
+    return await otlp_body(request.app, body, encoding, request.headers.get("content-encoding", ""), token)
+
+
+def encoding_of(content_type: str) -> str | None:
+    """``protobuf`` or ``json`` for a Content-Type this receiver takes, else None (the route answers 415)."""
+    return _ENCODINGS.get(content_type.split(";")[0].strip().lower())
+
+
+def _unsupported(ctype: str) -> Response:
+    ctype = ctype.split(";")[0].strip().lower()
+    return Response(f"unsupported content type {ctype!r}: use application/x-protobuf or application/json", 415)
+
+
+def saturated(encoding: str) -> Response:
+    return _status(14, "server saturated, retry later", encoding, 503, {"Retry-After": "1"})
+
+
+def enter() -> bool:
+    """Take a place in the in-flight bound before reading a body (False: saturated, answer 503); ``leave``
+    or ``otlp_body`` gives it back."""
+    return _in_flight.enter()
+
+
+def leave() -> None:
+    _in_flight.exit()
+
+
+async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str, token: auth.Token) -> Response:
+    """Decode, submit and answer one OTLP request whose body has been read, giving back the place the
+    caller took with ``enter``: the route's whole work after the body, shared with the agents' lane
+    (``api.fastlane``)."""
+    try:
+        limit = app.state.settings.max_body_bytes
+        gzipped = content_encoding.lower() == "gzip"
         try:
             # Decompression and decoding together in a worker thread: at a large fleet's scrape (~100 MB
             # inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
-            walk, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding, request.app.state.settings.max_json_depth)
+            walk, sha = await run_in_threadpool(_decode, body, gzipped, limit, encoding, app.state.settings.max_json_depth)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:
@@ -98,7 +133,7 @@ async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(re
             # Through the ingest door: group-committed with the other pushes, logged, and alert evaluation
             # woken when it carries health events a rule reads. An exporter's retry of a body already
             # stored writes nothing.
-            await request.app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body), binding=token.binding))
+            await app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body), binding=token.binding))
         except door.Forbidden as exc:
             return _status(7, str(exc), encoding, 403)  # google.rpc.Code PERMISSION_DENIED
         except door.Overloaded as exc:

@@ -278,3 +278,46 @@ def test_malformed_protobuf_is_a_400_that_says_where(api):
         st = status_pb2.Status.FromString(r.content)
         assert st.code == 3 and says in st.message, st.message
     assert sum(api.app.state.store.counts().values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "ctype", "encoding"),
+    [
+        (None, "application/json", None),
+        (b"\xff\xff\xff\xff garbage", "application/x-protobuf", None),
+        (gzip.compress(b"\x00" * (3 * 2**20)), "application/x-protobuf", "gzip"),
+        (b"not gzip at all, whatever the header says", "application/x-protobuf", "gzip"),
+    ],
+    ids=["example", "protobuf-garbage", "gzip-bomb", "not-gzip"],
+)
+def test_the_agents_lane_answers_otlp_as_the_route_does(api, realdata, monkeypatch, content, ctype, encoding):
+    """A plain OTLP push is answered by the lane (``api.fastlane``), one with a query by the FastAPI route;
+    both give the same status and body, and the example's points are stored once."""
+    from fleetscope.api import fastlane
+
+    taken = []
+    lane = fastlane._otlp
+
+    async def spy(*args):
+        taken.append(await lane(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(fastlane, "_otlp", spy)
+    body = content if content is not None else (realdata / EXAMPLE).read_bytes()
+    h = {**headers(api), "Content-Type": ctype}
+    if encoding:
+        h["Content-Encoding"] = encoding
+    by_lane = httpx.post(api.url + "/v1/metrics", content=body, headers=h)
+    by_route = httpx.post(api.url + "/v1/metrics?via=route", content=body, headers=h)
+    assert taken == [True, False]
+    assert (by_lane.status_code, by_lane.content) == (by_route.status_code, by_route.content)
+    if content is None:
+        assert by_lane.status_code == 200
+        # the re-sent body (same content hash) wrote nothing new
+        assert api.app.state.store.counts()["metric_sample"] > 0
+        n = api.app.state.store.counts()["metric_sample"]
+        httpx.post(api.url + "/v1/metrics", content=body, headers=h)
+        assert api.app.state.store.counts()["metric_sample"] == n
+    else:
+        assert by_lane.status_code in (400, 413)
+        assert sum(api.app.state.store.counts().values()) == 0
