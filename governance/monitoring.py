@@ -463,24 +463,13 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     w_n = len(datas)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
-        parts = [d.features.get(name, np.empty(0)) for d in datas]
-        parts = [x[~np.isnan(x)] for x in parts]
-        n = np.array([x.size for x in parts], dtype=np.int64)
-        psi_v = np.full(w_n, np.nan)
+        psi_v, vals, n = _psi_many(edges, shares, [d.features.get(name, np.empty(0)) for d in datas], cfg.epsilon)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
             out[name] = (psi_v, ks_v, n)
             continue
-        vals = np.concatenate(parts)
         win = np.repeat(np.arange(w_n), n)
-        nb = len(edges) + 1
-        counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
         has = n > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            a = counts / np.maximum(n, 1)[:, None]
-        e = np.where(shares > 0, shares, cfg.epsilon)[None, :]
-        a = np.where(a > 0, a, cfg.epsilon)
-        psi_v[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
         order = np.lexsort((vals, win))
         v, w = vals[order], win[order]
         start = np.concatenate([[0], np.cumsum(n)[:-1]])
@@ -504,8 +493,39 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     return out
 
 
+def _psi_many(edges: np.ndarray, shares: np.ndarray, parts: Sequence[np.ndarray], epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PSI of every window's values (NaN dropped) against the reference's bins, from one bincount over
+    (window, bin): the same sums as ``psi_from_shares(shares, bin_shares(values, edges))`` per window.
+    Returns (PSI, NaN where a window has no value; the NaN-free values concatenated; rows per window)."""
+    w_n = len(parts)
+    parts = [x[~np.isnan(x)] for x in parts]
+    n = np.array([x.size for x in parts], dtype=np.int64)
+    out = np.full(w_n, np.nan)
+    vals = np.concatenate(parts) if parts else np.empty(0)
+    if n.sum() == 0:
+        return out, vals, n
+    win = np.repeat(np.arange(w_n), n)
+    nb = len(edges) + 1
+    counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
+    has = n > 0
+    a = counts / np.maximum(n, 1)[:, None]
+    e = np.where(shares > 0, shares, epsilon)[None, :]
+    a = np.where(a > 0, a, epsilon)
+    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
+    return out, vals, n
+
+
+def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> list[float | None]:
+    """Prediction drift of every window: the PSI of its scores (or decisions) on the reference's score bins."""
+    if ref.prediction is None:
+        return [None] * len(datas)
+    parts = [_prediction_values(d) for d in datas]
+    got, _, _ = _psi_many(ref.prediction[0], ref.prediction[1], [p if p is not None else np.empty(0) for p in parts], cfg.epsilon)
+    return [None if v != v else v for v in got.tolist()]
+
+
 def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime | None, end: datetime | None,
-          drift_at: Mapping[str, tuple[float, float, int]]) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
+          drift_at: Mapping[str, tuple[float, float, int]], pred_psi: float | None) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
     """Everything but fairness and the vectorised KS p-values (returned as (feature index, n_ref, n_cur, D)
     to be computed for many windows at once); ``drift_at``: this window's (PSI, KS, rows) per feature."""
     metrics = _binary(d)
@@ -523,10 +543,6 @@ def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime 
             v = d.features[name]
             dstat, pv = ks_test(ref_sorted, v[~np.isnan(v)], method=cfg.ks_method)
         drift.append(FeatureDrift(name, float(p), psi_level(p), float(dstat), pv, int(cnt)))
-    pred_psi = None
-    pv_pred = _prediction_values(d)
-    if ref.prediction is not None and pv_pred is not None and (~np.isnan(pv_pred)).any():
-        pred_psi = psi_from_shares(ref.prediction[1], bin_shares(pv_pred, ref.prediction[0]), cfg.epsilon)
     return WindowResult(start, end, d.n, metrics, pred_psi, tuple(drift), ()), pending
 
 
@@ -587,8 +603,11 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
     vectorised call."""
     cfg = config or MonitoringConfig()
     rng = np.random.default_rng(cfg.seed)
-    many = _drift_many(ref, [d for _, _, d in windows], cfg)
-    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], int(v[2][w])) for k, v in many.items()})
+    datas = [d for _, _, d in windows]
+    many = _drift_many(ref, datas, cfg)
+    pred = _prediction_psi_many(ref, datas, cfg)
+    at = {k: (v[0].tolist(), v[1].tolist(), v[2].tolist()) for k, v in many.items()}
+    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], v[2][w]) for k, v in at.items()}, pred[w])
              for w, (s, e, d) in enumerate(windows)]
     fair = _fairness_many([d for _, _, d in windows], cfg, rng)
     flat = [(w, i, m, n, dd) for w, (_, pend) in enumerate(cores) for (i, m, n, dd) in pend]
