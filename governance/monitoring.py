@@ -287,15 +287,13 @@ def _binary(d: WindowData) -> dict[str, Any]:
     out: dict[str, Any] = {"n_outcomes": int(known.sum()), "accuracy": None, "tpr": None, "fpr": None, "fnr": None, "selection_rate": None}
     if not known.any():
         return out
-    binary = np.isin(yt, (0.0, 1.0)).all() and np.isin(yp, (0.0, 1.0)).all()
+    binary = bool(((yt == 0.0) | (yt == 1.0)).all() and ((yp == 0.0) | (yp == 1.0)).all())
     if not binary:  # multiclass or regression: accuracy is exact match; error rates undefined
         out["accuracy"] = float(np.mean(yt == yp))
         out["mae"] = float(np.mean(np.abs(yt - yp)))
         return out
-    tp = float(np.sum((yt == 1) & (yp == 1)))
-    fp = float(np.sum((yt == 0) & (yp == 1)))
-    tn = float(np.sum((yt == 0) & (yp == 0)))
-    fn = float(np.sum((yt == 1) & (yp == 0)))
+    # One bincount over the cell index true * 2 + predicted (0/1 each): tn, fp, fn, tp.
+    tn, fp, fn, tp = (float(c) for c in np.bincount((yt * 2 + yp).astype(np.int64), minlength=4).tolist())
     # The definitions of governance.fairness._rates, in scalars (numpy per window cost more than the rest).
     n, pos, neg = tp + fp + tn + fn, tp + fn, fp + tn
     out.update(accuracy=(tp + tn) / n, selection_rate=(tp + fp) / n, tpr=tp / pos if pos else None,
@@ -395,7 +393,8 @@ def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.r
     known = []
     for d in datas:
         k = ~np.isnan(d.y_true) & ~np.isnan(d.y_pred)
-        if k.any() and not (np.isin(d.y_true[k], (0.0, 1.0)).all() and np.isin(d.y_pred[k], (0.0, 1.0)).all()):
+        yt, yp = d.y_true[k], d.y_pred[k]
+        if yt.size and not (((yt == 0.0) | (yt == 1.0)).all() and ((yp == 0.0) | (yp == 1.0)).all()):
             k = np.zeros_like(k)  # multiclass or regression: no confusion table
         known.append(k)
     attrs = sorted({a for d in datas for a in d.groups})
@@ -405,11 +404,14 @@ def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.r
         if len(uniq) < 2:
             continue
         g = len(uniq)
-        counts = np.zeros((len(datas), g, 4), dtype=np.int64)
-        for w, (d, k, lab) in enumerate(zip(datas, known, labels)):
-            if lab.size:
-                cell = np.searchsorted(uniq, lab) * 4 + d.y_true[k].astype(np.int64) * 2 + d.y_pred[k].astype(np.int64)
-                counts[w] = np.bincount(cell, minlength=g * 4).reshape(g, 4)
+        # Every window's rows at once: one searchsorted of the labels and one bincount over (window, group, cell).
+        sizes_w = np.array([lab.size for lab in labels], dtype=np.int64)
+        win = np.repeat(np.arange(len(datas)), sizes_w)
+        code = np.searchsorted(uniq, np.concatenate(labels))
+        has = [attr in d.groups for d in datas]
+        yt = np.concatenate([d.y_true[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
+        yp = np.concatenate([d.y_pred[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
+        counts = np.bincount((win * g + code) * 4 + yt * 2 + yp, minlength=len(datas) * g * 4).reshape(len(datas), g, 4)
         tn, fp, fn, tp = (counts[..., i].astype(float) for i in range(4))
         point = FZ._rates(tp, fp, tn, fn)  # (W, G)
         judged = counts.sum(axis=2) >= cfg.min_group_size
@@ -421,10 +423,15 @@ def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.r
         # Python lists once per attribute: reading numpy scalars one by one cost more than the bootstrap.
         point_l = {k: point[k].tolist() for k in FZ.RATES}
         summary_l = {k: summary[k].tolist() for k in FZ.SUMMARY}
-        glo = {k: gci[k][0].tolist() for k in gci}
-        ghi = {k: gci[k][1].tolist() for k in gci}
-        slo = {k: sci[k][0].tolist() for k in sci}
-        shi = {k: sci[k][1].tolist() for k in sci}
+        # Interval pairs built once per attribute, None where either bound is undefined.
+        gpair = {k: [[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(lw, hw)] for lw, hw in zip(gci[k][0].tolist(), gci[k][1].tolist())]
+                 for k in gci}
+        spair = {k: [None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(sci[k][0].tolist(), sci[k][1].tolist())] for k in sci}
+        no_ci = [None] * len(datas)
+        no_gci = [[None] * g] * len(datas)
+        gp = [gpair.get(k, no_gci) for k in FZ.RATES]
+        sp = [spair.get(k, no_ci) for k in FZ.SUMMARY]
+        pt = [point_l[k] for k in FZ.RATES]
         size_l, judged_l, names = counts.sum(axis=2).tolist(), judged.tolist(), [str(u) for u in uniq]
         for w in range(len(datas)):
             sizes = size_l[w]
@@ -433,17 +440,13 @@ def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.r
                 continue
             groups = []
             for i in present:
-                ci = {k: (None if k not in glo or _nan(glo[k][w][i]) or _nan(ghi[k][w][i]) else (glo[k][w][i], ghi[k][w][i])) for k in FZ.RATES}
-                groups.append(GroupWindow(names[i], int(sizes[i]), bool(judged_l[w][i]), {k: _none(point_l[k][w][i]) for k in FZ.RATES}, ci))
+                ci = dict(zip(FZ.RATES, [c[w][i] for c in gp]))
+                groups.append(GroupWindow(names[i], int(sizes[i]), bool(judged_l[w][i]), dict(zip(FZ.RATES, [_none(r[w][i]) for r in pt])), ci))
             sm = {k: _none(summary_l[k][w]) for k in FZ.SUMMARY}
             sm["_watched"] = sm.get(cfg.fairness_metric)  # the configured metric, so a stored window says which gap it watched
-            smci = {k: (None if k not in slo or _nan(slo[k][w]) or _nan(shi[k][w]) else (slo[k][w], shi[k][w])) for k in FZ.SUMMARY}
+            smci = dict(zip(FZ.SUMMARY, [c[w] for c in sp]))
             out[w].append(AttributeWindow(attr, tuple(groups), sm, smci))
     return [tuple(x) for x in out]
-
-
-def _nan(x: float) -> bool:
-    return x != x
 
 
 def _none(x: float) -> float | None:
@@ -460,24 +463,13 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     w_n = len(datas)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
-        parts = [d.features.get(name, np.empty(0)) for d in datas]
-        parts = [x[~np.isnan(x)] for x in parts]
-        n = np.array([x.size for x in parts], dtype=np.int64)
-        psi_v = np.full(w_n, np.nan)
+        psi_v, vals, n = _psi_many(edges, shares, [d.features.get(name, np.empty(0)) for d in datas], cfg.epsilon)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
             out[name] = (psi_v, ks_v, n)
             continue
-        vals = np.concatenate(parts)
         win = np.repeat(np.arange(w_n), n)
-        nb = len(edges) + 1
-        counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
         has = n > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            a = counts / np.maximum(n, 1)[:, None]
-        e = np.where(shares > 0, shares, cfg.epsilon)[None, :]
-        a = np.where(a > 0, a, cfg.epsilon)
-        psi_v[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
         order = np.lexsort((vals, win))
         v, w = vals[order], win[order]
         start = np.concatenate([[0], np.cumsum(n)[:-1]])
@@ -501,8 +493,39 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     return out
 
 
+def _psi_many(edges: np.ndarray, shares: np.ndarray, parts: Sequence[np.ndarray], epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PSI of every window's values (NaN dropped) against the reference's bins, from one bincount over
+    (window, bin): the same sums as ``psi_from_shares(shares, bin_shares(values, edges))`` per window.
+    Returns (PSI, NaN where a window has no value; the NaN-free values concatenated; rows per window)."""
+    w_n = len(parts)
+    parts = [x[~np.isnan(x)] for x in parts]
+    n = np.array([x.size for x in parts], dtype=np.int64)
+    out = np.full(w_n, np.nan)
+    vals = np.concatenate(parts) if parts else np.empty(0)
+    if n.sum() == 0:
+        return out, vals, n
+    win = np.repeat(np.arange(w_n), n)
+    nb = len(edges) + 1
+    counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
+    has = n > 0
+    a = counts / np.maximum(n, 1)[:, None]
+    e = np.where(shares > 0, shares, epsilon)[None, :]
+    a = np.where(a > 0, a, epsilon)
+    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
+    return out, vals, n
+
+
+def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> list[float | None]:
+    """Prediction drift of every window: the PSI of its scores (or decisions) on the reference's score bins."""
+    if ref.prediction is None:
+        return [None] * len(datas)
+    parts = [_prediction_values(d) for d in datas]
+    got, _, _ = _psi_many(ref.prediction[0], ref.prediction[1], [p if p is not None else np.empty(0) for p in parts], cfg.epsilon)
+    return [None if v != v else v for v in got.tolist()]
+
+
 def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime | None, end: datetime | None,
-          drift_at: Mapping[str, tuple[float, float, int]]) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
+          drift_at: Mapping[str, tuple[float, float, int]], pred_psi: float | None) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
     """Everything but fairness and the vectorised KS p-values (returned as (feature index, n_ref, n_cur, D)
     to be computed for many windows at once); ``drift_at``: this window's (PSI, KS, rows) per feature."""
     metrics = _binary(d)
@@ -520,10 +543,6 @@ def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime 
             v = d.features[name]
             dstat, pv = ks_test(ref_sorted, v[~np.isnan(v)], method=cfg.ks_method)
         drift.append(FeatureDrift(name, float(p), psi_level(p), float(dstat), pv, int(cnt)))
-    pred_psi = None
-    pv_pred = _prediction_values(d)
-    if ref.prediction is not None and pv_pred is not None and (~np.isnan(pv_pred)).any():
-        pred_psi = psi_from_shares(ref.prediction[1], bin_shares(pv_pred, ref.prediction[0]), cfg.epsilon)
     return WindowResult(start, end, d.n, metrics, pred_psi, tuple(drift), ()), pending
 
 
@@ -584,8 +603,11 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
     vectorised call."""
     cfg = config or MonitoringConfig()
     rng = np.random.default_rng(cfg.seed)
-    many = _drift_many(ref, [d for _, _, d in windows], cfg)
-    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], int(v[2][w])) for k, v in many.items()})
+    datas = [d for _, _, d in windows]
+    many = _drift_many(ref, datas, cfg)
+    pred = _prediction_psi_many(ref, datas, cfg)
+    at = {k: (v[0].tolist(), v[1].tolist(), v[2].tolist()) for k, v in many.items()}
+    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], v[2][w]) for k, v in at.items()}, pred[w])
              for w, (s, e, d) in enumerate(windows)]
     fair = _fairness_many([d for _, _, d in windows], cfg, rng)
     flat = [(w, i, m, n, dd) for w, (_, pend) in enumerate(cores) for (i, m, n, dd) in pend]

@@ -190,3 +190,35 @@ def test_stored_result_holds_aggregates_only(compas: pl.DataFrame, compas_result
     once = F.evaluate(compas, **kw)
     assert doubled.feature("race").group("Caucasian").rates == once.feature("race").group("Caucasian").rates
     assert abs(len(json.dumps(doubled.to_dict())) - len(json.dumps(once.to_dict()))) < 50
+
+
+def test_multinomial_bootstrap_matches_row_resampling_within_monte_carlo_error():
+    """The intervals drawn as one multinomial over the (group x cell) confusion table equal, within
+    Monte-Carlo error, those of resampling the rows themselves (the textbook bootstrap, Efron & Tibshirani
+    1993 ch. 13): a resample of n rows is a multinomial draw of the n rows' cells, so the two are the same
+    distribution; seeded, the vectorised one is deterministic."""
+
+    data = np.random.default_rng(7)
+    n = 900
+    group = data.choice(3, size=n, p=[0.5, 0.3, 0.2])
+    y_true = (data.random(n) < np.array([0.3, 0.5, 0.6])[group]).astype(np.int64)
+    y_pred = np.where(data.random(n) < 0.75, y_true, 1 - y_true)
+    cell = group * 4 + y_true * 2 + y_pred
+    counts = np.bincount(cell, minlength=12).reshape(3, 4)
+    judged = counts.sum(axis=1) >= 30
+    b = 4000
+    gci, sci = F.confusion_intervals(counts, judged, b, np.random.default_rng(0), 0.95)
+    again = F.confusion_intervals(counts, judged, b, np.random.default_rng(0), 0.95)
+    assert sci == again[1] and all(np.array_equal(gci[k], again[0][k]) for k in gci)
+    # the old way: resample row indices, recount each replicate
+    rows = np.random.default_rng(1).integers(0, n, size=(b, n))
+    rc = np.stack([np.bincount(cell[r], minlength=12) for r in rows]).reshape(b, 3, 4).astype(float)
+    rb = F._rates(rc[..., 3], rc[..., 1], rc[..., 0], rc[..., 2])
+    sb = F._summary({k: np.where(judged[None], v, np.nan) for k, v in rb.items()})
+    for k in ("selection_rate", "tpr", "fpr", "accuracy"):
+        want = np.nanquantile(rb[k], [0.025, 0.975], axis=0)
+        # Monte-Carlo error of a 2.5 % quantile from 4,000 replicates: well under 0.02 for these rates
+        assert np.abs(gci[k] - want).max() < 0.02, k
+    for k in ("equalized_odds_difference", "demographic_parity_difference"):
+        lo, hi = np.nanquantile(sb[k], [0.025, 0.975])
+        assert abs(sci[k][0] - lo) < 0.02 and abs(sci[k][1] - hi) < 0.02, k
