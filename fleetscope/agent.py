@@ -6,7 +6,7 @@ Two ways to push (``push``):
 - ``otlp`` (default): the readings go out as OpenTelemetry metrics, through the OpenTelemetry SDK's
   ``MeterProvider`` and the OTLP exporter's protobuf encoder, gzipped, to the server's ``POST /v1/metrics``
   with the token as a bearer header. Names are the ones ``ingest.otlp`` reads back
-  (``ingest.otlp.GPU_EXPORT``: the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise),
+  (``ingest.otlp_export.GPU_EXPORT``: the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise),
   so the same agent can also feed any OTLP receiver, e.g. an OpenTelemetry Collector. The resource says
   ``service.name`` ``fleetscope-agent`` and ``host.name``; each point carries the GPU as ``hw.id``. Each
   tick collects once into one request, whose points are stamped with the tick's time (when the sources
@@ -271,7 +271,7 @@ class OtlpEncoder:
         from opentelemetry.sdk.resources import Resource
 
         from fleetscope import __version__
-        from ingest.otlp import GPU_EXPORT
+        from ingest.otlp_export import GPU_EXPORT
 
         self._pending: dict[str, list[tuple[float, dict[str, str]]]] = {}
         encoded: list[Any] = []
@@ -500,7 +500,7 @@ class Agent:
         return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"infiniband": {}})
 
     def _queue(self, batch: Any) -> dict[str, int]:
-        from ingest.otlp import gpu_observations
+        from ingest.otlp_export import gpu_observations
 
         assert self.otlp is not None
         points = self.otlp.add(gpu_observations(batch))
