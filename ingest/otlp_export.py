@@ -7,15 +7,11 @@ Spec: the semantic conventions for hardware metrics (https://opentelemetry.io/do
 
 from __future__ import annotations
 
-
 import polars as pl
 
 from fleetscope.core.dcgm_fields import DCGM_FIELDS
-from fleetscope.core.frames import (
-    Batch,
-)
+from fleetscope.core.frames import Batch
 from ingest.otlp_mapping import _WORKLOAD_KEYS
-
 
 # What the agent sends per gpu_sample column: (metric name, unit, multiplier from the column's SI value,
 # extra attributes). Semconv first; every other column under its DCGM name, in DCGM's unit, which

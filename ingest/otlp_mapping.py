@@ -64,17 +64,8 @@ import numpy as np
 import polars as pl
 
 from fleetscope.core.dcgm_fields import DCGM_FIELDS, EXPORTER_POD_MARK, dcgm_health_events
-from fleetscope.core.frames import (
-    COLLECTIVE,
-    GPU_SAMPLE,
-    GPU_WORKLOAD,
-    METRIC_SAMPLE,
-    UTC_US,
-    Batch,
-    series_key,
-)
+from fleetscope.core.frames import COLLECTIVE, GPU_SAMPLE, GPU_WORKLOAD, METRIC_SAMPLE, UTC_US, Batch, series_key
 from ingest import serving_metrics
-
 
 _HW_GPU = {
     "hw.gpu.utilization": ("util_ratio", 1.0),
