@@ -26,15 +26,18 @@ from fleetscope.core.protowire import WireError as _WireError
 from ingest.format import FormatSpec, Sniff
 from ingest.otlp_mapping import _attrs, _gpu_target, _Walk, _walk_request
 from ingest.otlp_wire import _LabelSets, _real_metric, _strip, _wire_points, locate_error
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
 
 
 def decode(data: bytes, *, encoding: str, source: str = "") -> Any:
     """Bytes to an ``ExportMetricsServiceRequest``; ``encoding`` is ``protobuf`` or ``json``."""
-    from google.protobuf import json_format
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
 
     req = ExportMetricsServiceRequest()
     if encoding == "protobuf":
@@ -125,10 +128,6 @@ def from_request(req: Any, *, source: str = "") -> Batch:
 
 def response(rejected: int, message: str, *, encoding: str) -> tuple[bytes, str]:
     """An ``ExportMetricsServiceResponse`` with ``partial_success`` filled in when points were rejected."""
-    from google.protobuf import json_format
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceResponse,
-    )
 
     resp = ExportMetricsServiceResponse()
     if rejected:
@@ -144,11 +143,6 @@ _WIRE_MIN_BYTES = 4096  # GPU metrics with smaller payloads (about 25 DCGM point
 
 
 def _parse_protobuf(data: bytes, source: str) -> _Walk:
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
-
     if b"DCGM_FI_" not in data and b"dcgm_fi_" not in data and b"hw." not in data:
         # No GPU metric spelled as collectors and SDKs spell them (a mixed-case name still reads right
         # on the message path): skip the walk, which only costs a request of many small series.

@@ -23,6 +23,11 @@ from fleetscope.core.protowire import WireError as _WireError
 from fleetscope.core.protowire import fields as _fields
 from fleetscope.core.protowire import uvarint as _uvarint
 from ingest.otlp_mapping import _INSPECTOR_OPS, _UUID_KEYS, _gpu_target
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 
 _B8 = np.arange(8, dtype=np.int64)
 
@@ -31,9 +36,6 @@ def locate_error(data: bytes) -> str | None:
     """Where an ``ExportMetricsServiceRequest`` body is malformed, walking it with the real schema: the
     first wire error, invalid UTF-8 in a string field or nesting past upb's limit, with its byte offset
     and field path. None where the walk finds nothing (upb's own message is then the best there is)."""
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
 
     try:
         _check(data, 0, len(data), ExportMetricsServiceRequest.DESCRIPTOR, 0, "request")
@@ -45,8 +47,6 @@ def locate_error(data: bytes) -> str | None:
 
 
 def _check(data: bytes, pos: int, end: int, desc: Any, depth: int, path: str) -> None:
-    from google.protobuf.descriptor import FieldDescriptor
-
     seen: dict[int, int] = {}
     try:
         for num, wt, at, a, b in _fields(data, pos, end, depth):
@@ -145,10 +145,6 @@ def _len_field(num: int, payload: bytes) -> bytes:
 def _real_metric(metric: bytes, data: bytes, source: str) -> Any:
     """A Metric's bytes decoded with the real schema, wrapped in a request as deep as the Metric sat in
     the body so that upb's nesting limit falls where it would have."""
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
 
     body = _len_field(1, _len_field(2, _len_field(2, metric)))
     try:

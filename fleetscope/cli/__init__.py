@@ -13,21 +13,8 @@ from __future__ import annotations
 import click
 
 from fleetscope import __version__
-from fleetscope.cli.alerts import alerts
-from fleetscope.cli.audit import audit, verify
-from fleetscope.cli.db import db_group
-from fleetscope.cli.energy import energy
-from fleetscope.cli.fleet import fleet
-from fleetscope.cli.governance import governance
-from fleetscope.cli.health import health
-from fleetscope.cli.ingest import ingest
-from fleetscope.cli.jobs import jobs
-from fleetscope.cli.monitoring import monitoring
-from fleetscope.cli.processes import agent, beat, dashboard_cmd, demo, serve, worker
-from fleetscope.cli.serving import serving
-from fleetscope.cli.tokens import token_group
-from fleetscope.cli.topology import topology
-
+# The modules, not their commands: a command named like its module would hide the module's attribute.
+from fleetscope.cli import alerts, audit, db, energy, fleet, governance, health, ingest, jobs, monitoring, processes, serving, tokens, topology
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetscope")
@@ -47,19 +34,20 @@ def main() -> None:
 
 
 # The processes, the way in, the one check.
-for _verb in (serve, worker, beat, dashboard_cmd, agent, demo, ingest, verify):
+for _verb in (processes.serve, processes.worker, processes.beat, processes.dashboard_cmd, processes.agent, processes.demo,
+              ingest.ingest, audit.verify):
     main.add_command(_verb)
 
 # One group per domain.
-main.add_command(db_group)
-main.add_command(token_group)
-main.add_command(jobs)
-main.add_command(health)
-main.add_command(topology)
-main.add_command(fleet)
-main.add_command(energy)
-main.add_command(alerts)
-main.add_command(governance)
-main.add_command(audit)
-main.add_command(monitoring)
-main.add_command(serving)
+main.add_command(db.db_group)
+main.add_command(tokens.token_group)
+main.add_command(jobs.jobs)
+main.add_command(health.health)
+main.add_command(topology.topology)
+main.add_command(fleet.fleet)
+main.add_command(energy.energy)
+main.add_command(alerts.alerts)
+main.add_command(governance.governance)
+main.add_command(audit.audit)
+main.add_command(monitoring.monitoring)
+main.add_command(serving.serving)

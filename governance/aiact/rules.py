@@ -55,6 +55,7 @@ from governance.aiact.model import (
     parse_time,
     utc,
 )
+import json
 
 REGULATION = "Regulation (EU) 2024/1689"
 
@@ -345,7 +346,6 @@ _EXAMPLE: dict[str, Any] = {"str": "...", "bool": True, "int": 30, "float": 0.9,
 def declare_hint(ev: Evidence, kind: str, key: str = "", *, org: bool = False) -> str:
     """The declaration of ``kind`` that would settle a result, as the CLI command and the endpoint that
     record it, with the kind's required fields."""
-    import json
 
     value = {f: _EXAMPLE[t] for f, (t, req) in DECLARATION_KINDS[kind].items() if req}
     model, version = (ORG, ORG) if org else (ev.model.name, ev.model.version)
