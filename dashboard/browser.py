@@ -70,7 +70,7 @@ def chromium_path() -> str | None:
 def missing_browser() -> str | None:
     """Why a browser run cannot happen here, or None when it can."""
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401  # lazy: Playwright, a dev dependency
     except ImportError:
         return f"playwright (Python) is not installed: {INSTALL_HINT}"
     if chromium_path() is None:
@@ -136,7 +136,7 @@ VIEWPORT = {"width": 1440, "height": 1800}
 def chromium() -> Iterator[Any]:
     """A headless Chromium (Playwright ``Browser``): ``new_page()`` on it is a fresh visitor, with no
     session or cookie of another page. Playwright's sync API allows one of these per thread at a time."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # lazy: Playwright, a dev dependency
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)

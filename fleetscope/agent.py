@@ -6,7 +6,7 @@ Two ways to push (``push``):
 - ``otlp`` (default): the readings go out as OpenTelemetry metrics, through the OpenTelemetry SDK's
   ``MeterProvider`` and the OTLP exporter's protobuf encoder, gzipped, to the server's ``POST /v1/metrics``
   with the token as a bearer header. Names are the ones ``ingest.otlp`` reads back
-  (``ingest.otlp.GPU_EXPORT``: the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise),
+  (``ingest.otlp_export.GPU_EXPORT``: the semconv ``hw.*`` metrics where they exist, DCGM field names otherwise),
   so the same agent can also feed any OTLP receiver, e.g. an OpenTelemetry Collector. The resource says
   ``service.name`` ``fleetscope-agent`` and ``host.name``; each point carries the GPU as ``hw.id``. Each
   tick collects once into one request, whose points are stamped with the tick's time (when the sources
@@ -62,6 +62,15 @@ from typing import Any
 import httpx
 
 from fleetscope import safefiles
+from fleetscope import __version__
+from ingest.otlp_export import GPU_EXPORT
+from ingest import dcgm
+from fleetscope.devices import nvml as nvml_driver
+from ingest import nvml
+from fleetscope.core.frames import batch_to_json
+from ingest import ib_sysfs
+from ingest.otlp_export import gpu_observations
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 log = logging.getLogger("fleetscope.agent")
 
@@ -265,13 +274,10 @@ class OtlpEncoder:
     """
 
     def __init__(self, *, host: str) -> None:
-        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-        from opentelemetry.sdk.metrics import MeterProvider, ObservableCounter, ObservableGauge
-        from opentelemetry.sdk.metrics.export import MetricReader
-        from opentelemetry.sdk.resources import Resource
-
-        from fleetscope import __version__
-        from ingest.otlp import GPU_EXPORT
+        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics  # lazy: OpenTelemetry SDK, only when used
+        from opentelemetry.sdk.metrics import MeterProvider, ObservableCounter, ObservableGauge  # lazy: OpenTelemetry SDK, only when used
+        from opentelemetry.sdk.metrics.export import MetricReader  # lazy: OpenTelemetry SDK, only when used
+        from opentelemetry.sdk.resources import Resource  # lazy: OpenTelemetry SDK, only when used
 
         self._pending: dict[str, list[tuple[float, dict[str, str]]]] = {}
         encoded: list[Any] = []
@@ -303,7 +309,7 @@ class OtlpEncoder:
             make(name, callbacks=[self._callback(name)], unit=unit)
 
     def _callback(self, name: str) -> Callable[[Any], Iterable[Any]]:
-        from opentelemetry.metrics import Observation
+        from opentelemetry.metrics import Observation  # lazy: OpenTelemetry SDK, only when used
 
         def observe(_options: Any) -> Iterable[Any]:
             return [Observation(v, a) for v, a in self._pending.get(name, ())]
@@ -465,7 +471,6 @@ class Agent:
             # gzip: the API inflates it (it sniffs the magic), and a backlog of scrapes takes a tenth of the room
             return Reading(now, "/api/v1/ingest/dcgm", gzip.compress(body, 6), "text/plain", "",
                            params={"ts": now.isoformat(), "source": url}, sources={url: {}})
-        from ingest import dcgm
 
         return self._queue(dcgm.parse(body, source=url, ts=now))
 
@@ -477,21 +482,13 @@ class Agent:
                        params={"ts": now.isoformat(), "source": url}, sources={url: {}})
 
     def _nvml(self, now: dt.datetime) -> Reading | dict[str, int]:
-        from fleetscope.devices import nvml as nvml_driver
-        from ingest import nvml
-
         batch = nvml.to_batch(nvml_driver.read_devices(), ts=now, host=self.host, xids=nvml_driver.xid_events(0), source=f"nvml:{self.host}")
         if self.push == "batch":
-            from fleetscope.core.frames import batch_to_json
-
             body = json.dumps(batch_to_json(batch), default=str).encode()
             return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"nvml": {}})
         return self._queue(batch)
 
     def _infiniband(self, now: dt.datetime) -> Reading | dict[str, int]:
-        from fleetscope.core.frames import batch_to_json
-        from ingest import ib_sysfs
-
         assert self.infiniband is not None
         batch = ib_sysfs.from_files(read_infiniband(self.infiniband), ts=now, host=self.host, source=f"sysfs:{self.host}")
         if batch.fabric_port_sample is None:
@@ -500,8 +497,6 @@ class Agent:
         return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"infiniband": {}})
 
     def _queue(self, batch: Any) -> dict[str, int]:
-        from ingest.otlp import gpu_observations
-
         assert self.otlp is not None
         points = self.otlp.add(gpu_observations(batch))
         return {"gpu_sample": batch.gpu_sample.height if batch.gpu_sample is not None else 0, "points": points}
@@ -594,8 +589,6 @@ class Agent:
         self.failures, self.retry_at = 0, -math.inf
         self._solo = max(0, self._solo - len(batch))
         if batch[0].path == "/v1/metrics":
-            from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-
             try:
                 report.rejected_points += int(ExportMetricsServiceResponse.FromString(resp.content).partial_success.rejected_data_points)
             except Exception:  # noqa: BLE001 - an empty or foreign 2xx body means nothing was rejected

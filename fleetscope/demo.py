@@ -30,6 +30,12 @@ from fleetscope.services import auth
 from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.settings import Settings
+from fleetscope.sim.fleet import build_topology
+from concurrent.futures import ThreadPoolExecutor
+from fleetscope.sim import serving as serving_sim
+from fleetscope.sim import simulate
+from fleetscope.sim.spec import demo_spec, small_spec
+from fleetscope.worker import make_celery
 
 
 def _free_port(host: str, preferred: int) -> int:
@@ -140,7 +146,6 @@ def _job_rows(manifest: Any, topo: Any) -> dict[str, Any]:
 
 def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str, int]:
     """Every file the simulator wrote, through the API, as collectors would send them."""
-    from fleetscope.sim.fleet import build_topology
 
     written: dict[str, int] = {}
 
@@ -167,14 +172,12 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
         # C3 and straggler analyses (which need global ranks) read the profiler's collectives only.
         job_id = Path(rel).parent.name.removeprefix("nccl-inspector-") + ":nccl-inspector"
         posts.append(("/api/v1/ingest/nccl_inspector", (root / rel).read_bytes(), {"source": rel, "job_id": job_id}))
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         for resp in pool.map(lambda p: api.call("POST", p[0], content=p[1], params=p[2]), posts):
             add(resp)
     say(f"ingested   {len(manifest.dcgm_scrapes)} dcgm-exporter scrapes of {manifest.topology['gpus']} GPUs")
     # A vLLM deployment beside the training fleet, scraped by a collector that relays its replicas' bodies
-    from fleetscope.sim import serving as serving_sim
 
     sspec = serving_sim.for_window(spec.start, spec.duration_s, interval_s=30.0 if spec.duration_s <= 900 else 60.0)
     for ts, body in serving_sim.scrape_bodies(sspec):
@@ -280,7 +283,6 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
                 sched = g.get("scheduling_goodput_ratio")
                 found, evidence = sched is not None and sched < 1, f"scheduling goodput {sched if sched is None else round(sched, 3)}"
         rows.append({"fault": f.kind, "where": f.job_id or ",".join(f.hosts), "found": found, "evidence": evidence})
-    from fleetscope.sim import serving as serving_sim
 
     sspec = manifest.serving
     for sf in serving_sim.injected(sspec):
@@ -315,9 +317,6 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
 
 def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None = None, port: int | None = None,
              dashboard_port: int | None = None, as_json: bool = False, seed: int = 7) -> None:
-    from fleetscope.sim import simulate
-    from fleetscope.sim.spec import demo_spec, small_spec
-
     started = time.monotonic()
     say = (lambda *_: None) if as_json else click.echo
     safefiles.private_dir(settings.data_dir)
@@ -374,7 +373,6 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         say(f"api        {url}  (OpenAPI at {url}/docs)")
 
         written = ingest_simulation(api, manifest, sim_dir, say)
-        from fleetscope.worker import make_celery
 
         celery_app = make_celery(settings)
         analysis = analyse(api, manifest, celery_app, say)

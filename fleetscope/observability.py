@@ -40,15 +40,15 @@ def setup_tracing(exporter: str, endpoint: str = "", service_name: str = "fleets
     with _lock:
         if _configured or exporter == "none":
             return
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        from opentelemetry.sdk.resources import Resource  # lazy: OpenTelemetry SDK, only when used
+        from opentelemetry.sdk.trace import TracerProvider  # lazy: OpenTelemetry SDK, only when used
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter  # lazy: OpenTelemetry SDK, only when used
 
         provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
         if exporter == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         elif exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # lazy: OpenTelemetry SDK, only when used
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         else:

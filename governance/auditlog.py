@@ -315,7 +315,7 @@ def verify(entries: Sequence[AuditEntry], *, key: bytes | None, checkpoint_lines
         if keyed_from == 0:
             return verdict(Break(0, "seq 0: no signed checkpoint anchors this log: the checkpoint file is missing or empty"), keyed_from)
         return verdict(Break(0, f"seq 0 to {last}: written before the log was keyed and never anchored by a signed checkpoint "
-                                "(any governance write, or `fleetscope auditlog anchor`, anchors it)"), keyed_from)
+                                "(any governance write, or `fleetscope audit anchor`, anchors it)"), keyed_from)
     number, top = mine[-1]
     if top.seq > last:
         return verdict(Break(last + 1, f"seq {last + 1}: missing; the signed checkpoint of {ts_text(top.ts)} (line {number}) records the log "

@@ -267,7 +267,7 @@ def _f(x: Any) -> float | None:
 
 def _metricframe_rates(y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarray) -> dict[str, dict[str, float]]:
     """fairlearn's per-group rates, the reference the numbers are reported from."""
-    from fairlearn.metrics import (
+    from fairlearn.metrics import (  # lazy: fairlearn/scikit-learn, only for fairness
         MetricFrame,
         count,
         false_negative_rate,
@@ -275,7 +275,7 @@ def _metricframe_rates(y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarra
         selection_rate,
         true_positive_rate,
     )
-    from sklearn.metrics import accuracy_score
+    from sklearn.metrics import accuracy_score  # lazy: fairlearn/scikit-learn, only for fairness
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn warns on groups without positives; we report None there
@@ -289,8 +289,8 @@ def _metricframe_rates(y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarra
 
 
 def _auc_by_group(y_true: np.ndarray, y_score: np.ndarray, groups: np.ndarray) -> dict[str, float | None]:
-    from fairlearn.metrics import MetricFrame
-    from sklearn.metrics import roc_auc_score
+    from fairlearn.metrics import MetricFrame  # lazy: fairlearn/scikit-learn, only for fairness
+    from sklearn.metrics import roc_auc_score  # lazy: fairlearn/scikit-learn, only for fairness
 
     def auc(t: np.ndarray, s: np.ndarray) -> float:
         return float(roc_auc_score(t, s)) if len(np.unique(t)) == 2 else float("nan")

@@ -37,6 +37,7 @@ import polars as pl
 from sklearn.base import BaseEstimator
 
 from governance.fairness import FairnessInputError, _no_missing
+from governance import fairness as FZ
 
 CONSTRAINTS = ("demographic_parity", "equalized_odds", "true_positive_rate_parity", "false_positive_rate_parity")
 
@@ -70,7 +71,7 @@ def _binary(x: np.ndarray, col: str) -> np.ndarray:
 
 
 def _mf(metrics: dict[str, Any], y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarray) -> dict[str, dict[str, float]]:
-    from fairlearn.metrics import MetricFrame
+    from fairlearn.metrics import MetricFrame  # lazy: fairlearn/scikit-learn, only for fairness
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,8 +94,8 @@ def _spread(per: dict[str, dict[str, float]], keys: Sequence[str], judged: set[s
 def regression_by_group(frame: pl.DataFrame, *, y_true: str = "y_true", y_pred: str = "y_pred", sensitive: str,
                         min_group_size: int = 30) -> dict[str, Any]:
     """Per-group error of a regression model (see the module docstring)."""
-    from fairlearn.metrics import count
-    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+    from fairlearn.metrics import count  # lazy: fairlearn/scikit-learn, only for fairness
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score  # lazy: fairlearn/scikit-learn, only for fairness
 
     yt, yp, g = _col(frame, y_true), _col(frame, y_pred), _groups(frame, sensitive)
 
@@ -119,8 +120,8 @@ def regression_by_group(frame: pl.DataFrame, *, y_true: str = "y_true", y_pred: 
 def multiclass_by_group(frame: pl.DataFrame, *, y_true: str = "y_true", y_pred: str = "y_pred", sensitive: str,
                         min_group_size: int = 30) -> dict[str, Any]:
     """Per-group accuracy, macro recall and per-class selection rates of a multiclass classifier."""
-    from fairlearn.metrics import count
-    from sklearn.metrics import accuracy_score, recall_score
+    from fairlearn.metrics import count  # lazy: fairlearn/scikit-learn, only for fairness
+    from sklearn.metrics import accuracy_score, recall_score  # lazy: fairlearn/scikit-learn, only for fairness
 
     yt = _col(frame, y_true, numeric=False)
     yp = _col(frame, y_pred, numeric=False)
@@ -149,8 +150,8 @@ def calibration_by_group(frame: pl.DataFrame, *, y_true: str = "y_true", y_score
                          bins: int = 10) -> dict[str, Any]:
     """Per group: the reliability curve (``calibration_curve``, uniform bins over [0, 1]), the expected
     calibration error and the Brier score (fairlearn ``MetricFrame`` over ``brier_score_loss``)."""
-    from sklearn.calibration import calibration_curve
-    from sklearn.metrics import brier_score_loss
+    from sklearn.calibration import calibration_curve  # lazy: fairlearn/scikit-learn, only for fairness
+    from sklearn.metrics import brier_score_loss  # lazy: fairlearn/scikit-learn, only for fairness
 
     yt = _binary(_col(frame, y_true), y_true)
     s = _col(frame, y_score)
@@ -205,7 +206,6 @@ def impossibility(frame: pl.DataFrame, *, y_true: str = "y_true", y_pred: str = 
     ``tolerance`` (largest between-group difference; for calibration the largest expected calibration error
     of a group, or, without scores, the PPV difference: predictive parity), and the base rates that force
     the trade-off (module docstring)."""
-    from governance import fairness as FZ
 
     res = FZ.evaluate(frame, y_true=y_true, y_pred=y_pred, sensitive=[sensitive], y_score=y_score, min_group_size=min_group_size, bootstrap=0)
     f = res.features[0]
@@ -262,7 +262,7 @@ class _Scores(BaseEstimator):
 
 
 def _rates(yt: np.ndarray, yp: np.ndarray, g: np.ndarray) -> dict[str, dict[str, float]]:
-    from fairlearn.metrics import count, false_positive_rate, selection_rate, true_positive_rate
+    from fairlearn.metrics import count, false_positive_rate, selection_rate, true_positive_rate  # lazy: fairlearn/scikit-learn, only for fairness
 
     def error_rate(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.mean(a != b))
@@ -276,7 +276,7 @@ def threshold_optimizer_whatif(frame: pl.DataFrame, *, y_true: str = "y_true", y
                                seed: int = 0, grid_size: int = 1000) -> dict[str, Any]:
     """Per group, the deployed decisions' rates and those ``ThresholdOptimizer(constraints=...)`` would give
     (its randomised prediction with ``random_state=seed``), with the thresholds it chose. Nothing is applied."""
-    from fairlearn.postprocessing import ThresholdOptimizer
+    from fairlearn.postprocessing import ThresholdOptimizer  # lazy: fairlearn/scikit-learn, only for fairness
 
     if constraints not in CONSTRAINTS:
         raise FairnessInputError(f"constraints {constraints!r}: expected one of {', '.join(CONSTRAINTS)}")

@@ -31,6 +31,7 @@ from governance.lineage import (
     to_json,
 )
 from governance.registry import DatasetEntry, ModelEntry
+import orjson
 
 
 def _k(name: str, dtype: pl.DataType, default: Any = None, doc: str = "") -> Col:
@@ -280,7 +281,6 @@ def _opt(v: Any) -> Any:
 
 def graph_from_frames(run_event: pl.DataFrame, lineage_io: pl.DataFrame, lineage_dataset: pl.DataFrame | None = None) -> LineageGraph:
     """A ``LineageGraph`` from stored rows (what the API builds for each query)."""
-    import orjson
 
     runs = [
         RunEventRecord(

@@ -49,6 +49,8 @@ import numpy as np
 import polars as pl
 
 from governance import fairness as FZ
+import json
+from datetime import timedelta
 
 PSI_MODERATE = 0.1
 PSI_SIGNIFICANT = 0.25
@@ -104,7 +106,7 @@ def ks_statistic(reference_sorted: np.ndarray, current: np.ndarray) -> float:
 
 def ks_asymp_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.ndarray:
     """scipy's ``ks_2samp(method="asymp")`` two-sided p-value, vectorised: ``kstwo.sf(D, round(mn/(m+n)))``."""
-    from scipy.stats import kstwo
+    from scipy.stats import kstwo  # lazy: scipy, only for the drift test
 
     m = np.asarray(n_ref, dtype=float)
     n = np.asarray(n_cur, dtype=float)
@@ -122,7 +124,7 @@ def ks_limit_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.n
     goodness of fit of empirical distributions", Ann. Math. Statist. 19(2):279-281), ``scipy.special.kolmogorov``:
     what ``asymp`` converges to as the samples grow, a C ufunc instead of ``kstwo.sf``'s ~150 us per value.
     At 200 rows per window against 2,000 it differs from ``asymp`` by at most 0.02."""
-    from scipy.special import kolmogorov
+    from scipy.special import kolmogorov  # lazy: scipy, only for the drift test
 
     m = np.asarray(n_ref, dtype=float)
     n = np.asarray(n_cur, dtype=float)
@@ -141,7 +143,7 @@ def ks_test(reference: np.ndarray, current: np.ndarray, *, method: str = "auto")
         d = ks_statistic(np.sort(ref), cur)
         f = ks_asymp_pvalue if method == "asymp" else ks_limit_pvalue
         return d, float(f(np.array([d]), np.array([ref.size]), np.array([cur.size]))[0])
-    from scipy.stats import ks_2samp
+    from scipy.stats import ks_2samp  # lazy: scipy, only for the drift test
 
     r = ks_2samp(ref, cur, method=method)
     return float(r.statistic), float(r.pvalue)
@@ -203,8 +205,6 @@ def window_data(frame: pl.DataFrame, *, features: Sequence[str] | None = None, g
 
 
 def _keys(frame: pl.DataFrame, col: str) -> list[str]:
-    import json
-
     for v in frame[col].drop_nulls().head(1).to_list():
         return sorted(json.loads(v))
     return []
@@ -371,7 +371,6 @@ class WindowResult:
 
     def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None) -> dict[str, Any]:
         """The ``monitoring_window`` row of this result."""
-        import json
 
         psis = [d.psi for d in self.drift if d.psi is not None]
         kss = [d.ks for d in self.drift if d.ks is not None]
@@ -626,7 +625,6 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
 
 def split_windows(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> list[tuple[datetime, datetime, pl.DataFrame]]:
     """Rows of ``frame`` (column ``ts``) in each window ``[start, start + width)``."""
-    from datetime import timedelta
 
     w = timedelta(seconds=width_s)
     out = []

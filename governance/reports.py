@@ -99,7 +99,7 @@ def render_html(report: Mapping[str, Any], template: str = "audit_report.html.j2
 def pdf_engine() -> str | None:
     """``"weasyprint <version>"`` when PDF rendering works here, else None."""
     try:
-        import weasyprint
+        import weasyprint  # lazy: WeasyPrint (Pango), only to render a PDF
     except (ImportError, OSError):
         return None
     return f"weasyprint {weasyprint.__version__}"
@@ -109,7 +109,7 @@ def render_pdf(report: Mapping[str, Any] | None = None, *, html: str | None = No
     """PDF of the report (or of ready ``html``) with WeasyPrint. Raises ``PdfUnavailable`` naming what to
     install where WeasyPrint or Pango is missing (``OSError`` is what a missing shared library raises)."""
     try:
-        import weasyprint
+        import weasyprint  # lazy: WeasyPrint (Pango), only to render a PDF
     except (ImportError, OSError) as exc:
         raise PdfUnavailable(f"PDF rendering needs WeasyPrint ({exc}); {_INSTALL}") from None
     if html is None:

@@ -41,12 +41,12 @@ from ingest.dcgm import (
     _GPU_COLS,
     _INT32_BLANK,
     _INT32_MAX,
-    MAX_LABELS_CHARS,
     _INT64_BLANK,
     _INT_COLUMNS,
     _KNOWN_LABELS,
     _LABELS,
 )
+from ingest.dcgm_lex import MAX_LABELS_CHARS
 
 __all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "host_of"]
 

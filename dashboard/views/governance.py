@@ -275,7 +275,7 @@ else:
 
 st.subheader("EU AI Act rule matrix")
 if latest is None:
-    ui.no_data("no rule results.", "Each rule's outcome with its evidence arrives with an audit run (`fleetscope report`, `POST /api/v1/audits`, or weekly by beat).")
+    ui.no_data("no rule results.", "Each rule's outcome with its evidence arrives with an audit run (`fleetscope audit report`, `POST /api/v1/audits`, or weekly by beat).")
 else:
     results = ui.q(audit_svc.rule_results, live=False, audit_id=latest["audit_id"])
     c = st.columns(4)
@@ -313,7 +313,7 @@ def new_export() -> None:
 
 st.subheader("Audit reports and export bundles")
 if audits.is_empty():
-    ui.no_data("no audits yet.", "Run one with `fleetscope report` or `POST /api/v1/audits` (beat files one weekly); its JSON, HTML and PDF reports and signed export bundles are downloadable here.")
+    ui.no_data("no audits yet.", "Run one with `fleetscope audit report` or `POST /api/v1/audits` (beat files one weekly); its JSON, HTML and PDF reports and signed export bundles are downloadable here.")
 else:
     labels = {r["audit_id"]: f"{r['audit_id']} · {r['scope']} · fail {r['fail']}, missing evidence {r['missing_evidence']}, pass {r['pass']}" for r in audits.iter_rows(named=True)}
     audit_id = st.selectbox("Audit", list(labels), format_func=labels.get, key="gov_audit")

@@ -26,6 +26,12 @@ from fleetscope.api.security import require
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store
+from fleetscope.services import audit as audit_service
+from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs,
+                            routes_otlp, routes_remote_write, routes_serving, routes_tokens)
+from fleetscope.api.routes_alerts import kick_evaluation
+from fleetscope.services.energy import reroll_jobs
+from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +176,6 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     )
     app.state.settings = settings
     app.state.store = store
-    from fleetscope.services import audit as audit_service
 
     audit_service.bind(store, settings)  # the audit log's key and checkpoints are this app's settings'
     app.state.door = door.Door(
@@ -231,9 +236,6 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         """Prometheus exposition of Fleetscope's own counters (rows ingested, request latency, task outcomes)."""
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
-    from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs, routes_otlp,
-                                routes_remote_write, routes_serving, routes_tokens)
-
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_data.router)
@@ -251,18 +253,14 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
 def _after_commit(app: FastAPI, health: pl.DataFrame | None, job_ids: list[str]) -> None:
     """What follows a group commit, off the writer: an alert evaluation now when the health events are ones
     a rule reads, and the per-job energy minutes of jobs whose rank assignments came after their roll-up."""
-    from fleetscope.api.routes_alerts import kick_evaluation
 
     if health is not None:
         kick_evaluation(app, health)
     if job_ids:
-        from fleetscope.services.energy import reroll_jobs
-
         reroll_jobs(app.state.store, job_ids)
 
 
 def _registry_with(store: Store):  # type: ignore[no-untyped-def]
-    from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_TaskRunCollector(store))

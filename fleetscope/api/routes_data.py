@@ -29,6 +29,7 @@ from fleetscope.services.energy import model_footprint
 from fleetscope.services.energy import site_pue
 from fleetscope.services.health import health_window
 from fleetscope.services.reliability import UnknownJob, reliability_report
+from pydantic import ValidationError as BodyError
 
 router = APIRouter(prefix="/api/v1", tags=["data"], route_class=jsonbody.CheckedRoute)
 
@@ -342,7 +343,6 @@ async def put_instrument(request: Request, site_id: SiteId, instrument_id: Instr
     period, for market-based Scope 2; re-sending it updates it. 400 for a body that is not JSON, 422 naming a
     bad field, 404 for an unknown site, 409 for an id another site already claims; none of them changes
     anything. Kept with the token's name and appended to the audit log."""
-    from pydantic import ValidationError as BodyError
 
 
     try:

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from fleetscope.services import jobs as analysis
 from fleetscope.api.security import require
 from fleetscope.services import energy as es
+import json
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -45,8 +46,6 @@ def list_jobs(request: Request) -> list[dict[str, Any]]:
         info = row.row(0, named=True) if row.height else {"job_id": job_id}
         g = gp.filter(pl.col("job_id") == job_id)
         if g.height:
-            import json
-
             info["goodput_ratio"] = json.loads(g["result"][0]).get("goodput_ratio")
         out.append(info)
     return out
@@ -63,7 +62,6 @@ async def analyze(request: Request, job_id: str) -> dict[str, Any]:
 @router.get("/{job_id}/c3", dependencies=[Depends(require("read"))])
 def get_c3(request: Request, job_id: str, steps: Annotated[bool, Query(description="include every rank-step's breakdown")] = False) -> Response:
     """The job's C3 summary (mean/p50/p99 of C1, C2, C3, dominant part and advice); per rank-step with ``steps=true``."""
-    import json
 
     body = _analysis(request, job_id, "c3")
     if steps:
@@ -115,7 +113,6 @@ def get_energy(
 ) -> Response:
     """The job's energy and emissions from the per-minute roll-ups: GPU and facility energy, location- and
     market-based kgCO2e side by side, per site with PUE and basis, energy per step and per million tokens."""
-    import json
 
 
     _known(request, job_id)

@@ -27,6 +27,8 @@ from fleetscope.store import content_hash
 from fleetscope.core.errors import FleetscopeError, ParseError
 from fleetscope.door import ingestion
 from ingest import otlp
+from google.protobuf import json_format
+from google.rpc import status_pb2
 
 router = APIRouter(tags=["otlp"])
 
@@ -40,9 +42,6 @@ _ENCODINGS = {"application/x-protobuf": "protobuf", "application/protobuf": "pro
 
 
 def _status(code: int, message: str, encoding: str, http_status: int, headers: dict[str, str] | None = None) -> Response:
-    from google.protobuf import json_format
-    from google.rpc import status_pb2
-
     st = status_pb2.Status(code=code, message=message)
     if encoding == "json":
         return Response(json_format.MessageToJson(st, indent=None), http_status, headers=headers, media_type="application/json")

@@ -30,6 +30,7 @@ from fleetscope.api.security import require
 from fleetscope.core.errors import ParseError
 from fleetscope.door import ingestion
 from fleetscope.door.ingestion import TooLarge
+import cramjam
 
 router = APIRouter(tags=["remote write"])
 
@@ -62,7 +63,6 @@ def snappy_uncompressed_bytes(body: bytes) -> int:
 def unsnappy(body: bytes, limit: int) -> bytes:
     """The decompressed body; ``SnappyError`` when it is not a snappy block, ``ingestion.TooLarge`` when
     its preamble claims more than ``limit`` bytes (checked before inflating anything)."""
-    import cramjam
 
 
     size = snappy_uncompressed_bytes(body)

@@ -1,8 +1,15 @@
-"""What every verb group shares: settings, the store, time options and output."""
+"""What every verb group shares: settings, the store, time and span options, and output.
+
+The CLI's import rule: a verb imports its service (and with it the analyzers, Celery, uvicorn, ...) when it
+runs, so ``fleetscope --help`` and a verb's ``--help`` load none of them; each such import is marked
+``# lazy:``. Everything else (the standard library, click, the store and settings this module loads anyway)
+is imported at the top of its module.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
 from typing import Any
 
@@ -21,7 +28,6 @@ def _settings() -> settings_mod.Settings:
 
 
 def _engine(settings: settings_mod.Settings, *, migrate: bool = True):  # type: ignore[no-untyped-def]
-
     engine = db.make_engine(settings.database_url)
     if migrate:
         try:
@@ -47,15 +53,29 @@ def _utc_option(value: str | None, name: str) -> dt.datetime | None:
     return t
 
 
-def _store():  # type: ignore[no-untyped-def]
+def _when(text: str, option: str) -> dt.datetime:
+    """A required RFC 3339 option as an aware time."""
+    t = _utc_option(text, option)
+    assert t is not None
+    return t
 
+
+_SPANS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _span_s(text: str, option: str) -> int:
+    """``30m``, ``2h``, ``7d`` as seconds."""
+    if not text or text[-1] not in _SPANS or not text[:-1].isdigit() or int(text[:-1]) == 0:
+        raise click.BadParameter("use a number and m, h or d, e.g. 30m", param_hint=option)
+    return int(text[:-1]) * _SPANS[text[-1]]
+
+
+def _store():  # type: ignore[no-untyped-def]
     return Store(_engine(_settings()))
 
 
 def _os_user() -> str:
     """Who runs the command, for the audit log of writes that take no ``--by``: the OS user, else ``cli``."""
-    import getpass
-
     try:
         return getpass.getuser() or "cli"
     except (KeyError, OSError):  # no user name in the environment nor the password database

@@ -12,6 +12,9 @@ import click
 
 from fleetscope.cli.common import _emit, _os_user, _store, _utc_option
 from fleetscope.core.errors import FleetscopeError
+from governance.aiact import rules as R
+from governance.aiact.model import DeclarationError, iso, parse_time
+from governance.fairness import FairnessInputError
 
 
 def _fmt(v: float | None, spec: str = ".3f") -> str:
@@ -35,8 +38,14 @@ def monitoring() -> None:
 @monitoring.command("models")
 @click.option("--json", "as_json", is_flag=True)
 def models(as_json: bool) -> None:
-    """Model versions with stored predictions."""
-    from fleetscope.services import monitoring as ms
+    """Model versions with stored predictions.
+
+    \b
+    Examples:
+      fleetscope monitoring models
+      fleetscope monitoring models --json
+    """
+    from fleetscope.services import monitoring as ms  # lazy: keeps --help light
 
     df = ms.monitored(_store())
     lines = [f"{r['model_name']}@{r['model_version']}: {r['predictions']} predictions, {r['outcomes']} outcomes, "
@@ -58,8 +67,14 @@ def models(as_json: bool) -> None:
 def evaluate(model: str, version: str, window_s: int, reference_s: int, reference_start: str | None, reference_end: str | None,
              start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """Evaluate MODEL VERSION's closed windows against its reference and store windows and findings (beat
-    does this hourly). Exits 0 when no window raised a finding, 7 when one did."""
-    from fleetscope.services import monitoring as ms
+    does this hourly). Exits 0 when no window raised a finding, 7 when one did.
+
+    \b
+    Examples:
+      fleetscope monitoring evaluate credit 1
+      fleetscope monitoring evaluate credit 1 --window-s 86400 --reference-start 2026-10-01T00:00:00Z --reference-end 2026-11-01T00:00:00Z --json
+    """
+    from fleetscope.services import monitoring as ms  # lazy: keeps --help light
 
     r0, r1 = _utc_option(reference_start, "--reference-start"), _utc_option(reference_end, "--reference-end")
     if (r0 is None) != (r1 is None):
@@ -85,8 +100,14 @@ def evaluate(model: str, version: str, window_s: int, reference_s: int, referenc
 @click.option("--end", "end_text", default=None)
 @click.option("--json", "as_json", is_flag=True)
 def windows(model: str, version: str, start_text: str | None, end_text: str | None, as_json: bool) -> None:
-    """Evaluated windows: accuracy, largest feature PSI and KS, prediction PSI, fairness gap, status."""
-    from fleetscope.services import monitoring as ms
+    """Evaluated windows: accuracy, largest feature PSI and KS, prediction PSI, fairness gap, status.
+
+    \b
+    Examples:
+      fleetscope monitoring windows credit 1
+      fleetscope monitoring windows credit 1 --start 2026-11-01T00:00:00Z --json
+    """
+    from fleetscope.services import monitoring as ms  # lazy: keeps --help light
 
     df = ms.windows(_store(), model, version, start=_utc_option(start_text, "--start"), end=_utc_option(end_text, "--end"))
     lines = [f"{'window start':<25} {'n':>6} {'outcomes':>8} {'accuracy':>8} {'psi max':>8} {'ks max':>7} {'pred psi':>8} {'fair gap':>8}  status"]
@@ -102,8 +123,14 @@ def windows(model: str, version: str, start_text: str | None, end_text: str | No
 @click.option("--all", "include_cleared", is_flag=True, help="Include findings cleared on re-evaluation.")
 @click.option("--json", "as_json", is_flag=True)
 def findings(model: str, version: str, include_cleared: bool, as_json: bool) -> None:
-    """Monitoring findings of MODEL VERSION, newest first."""
-    from fleetscope.services import monitoring as ms
+    """Monitoring findings of MODEL VERSION, newest first.
+
+    \b
+    Examples:
+      fleetscope monitoring findings credit 1
+      fleetscope monitoring findings credit 1 --all --json
+    """
+    from fleetscope.services import monitoring as ms  # lazy: keeps --help light
 
     df = ms.findings(_store(), model, version, include_cleared=include_cleared)
     lines = [f"{r['window_start']:%Y-%m-%dT%H:%M:%SZ}  {r['severity']:<8} {r['kind']:<24} {r['subject']}  {r['summary']}" for r in df.iter_rows(named=True)]
@@ -118,9 +145,14 @@ def findings(model: str, version: str, include_cleared: bool, as_json: bool) -> 
 @click.option("--json", "as_json", is_flag=True)
 def impossibility(model: str, version: str, attribute: str, tolerance: float, as_json: bool) -> None:
     """Which of calibration, equalized odds and demographic parity hold on the stored predictions with
-    outcomes, and the base rates per group that force the trade-off."""
-    from fleetscope.services import monitoring as ms
-    from governance.fairness import FairnessInputError
+    outcomes, and the base rates per group that force the trade-off.
+
+    \b
+    Examples:
+      fleetscope monitoring impossibility credit 1 --attribute sex
+      fleetscope monitoring impossibility credit 1 --attribute age_band --tolerance 0.02 --json
+    """
+    from fleetscope.services import monitoring as ms  # lazy: keeps --help light
 
     try:
         out = ms.impossibility(_store(), model, version, attribute, tolerance=tolerance)
@@ -147,10 +179,13 @@ def impossibility(model: str, version: str, attribute: str, tolerance: float, as
 def incident(finding_kind: str, subject: str, window_start: str, incident_kind: str, entered_by: str | None, description: str | None,
              aware_at: str | None, as_json: bool) -> None:
     """Declare a serious incident from the monitoring finding FINDING_KIND SUBJECT WINDOW_START: starts the
-    Art. 73 clock (15 days; 2 for a widespread infringement or critical infrastructure; 10 for a death)."""
-    from fleetscope.services import audit as au
-    from governance.aiact import rules as R
-    from governance.aiact.model import DeclarationError, iso, parse_time
+    Art. 73 clock (15 days; 2 for a widespread infringement or critical infrastructure; 10 for a death).
+
+    \b
+    Example:
+      fleetscope monitoring incident model_drift model:credit:1 2026-11-03T06:00:00Z --kind widespread_infringement --by compliance
+    """
+    from fleetscope.services import audit as au  # lazy: the rules, reports and their renderers
 
     ws = _utc_option(window_start, "WINDOW_START")
     assert ws is not None

@@ -53,8 +53,14 @@ def serving() -> None:
 @serving.command("deployments")
 @_JSON
 def deployments(as_json: bool) -> None:
-    """Every known replica with its deployment, server, model and where it runs."""
-    from fleetscope.services import serving as svc
+    """Every known replica with its deployment, server, model and where it runs.
+
+    \b
+    Examples:
+      fleetscope serving deployments
+      fleetscope serving deployments --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     df = svc.deployments(_store())
     rows = df.to_dicts()
@@ -74,8 +80,14 @@ def deployments(as_json: bool) -> None:
 @_JSON
 def quantiles(deployment: str, metric: str, q: float, step_s: float, rate_window_s: float, since_s: int, end_text: str | None,
               as_json: bool) -> None:
-    """histogram_quantile(Q, sum by (le) (increase(METRIC[window]))) of DEPLOYMENT over time."""
-    from fleetscope.services import serving as svc
+    """histogram_quantile(Q, sum by (le) (increase(METRIC[window]))) of DEPLOYMENT over time.
+
+    \b
+    Examples:
+      fleetscope serving quantiles chat --metric ttft_seconds --q 0.99 --since 3600
+      fleetscope serving quantiles chat --metric tpot_seconds --q 0.5 --step-s 300 --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     start, end = _window(since_s, end_text)
     df = _call(svc.quantiles_over_time, _store(), deployment, metric, q, start=start, end=end, step_s=step_s, window_s=rate_window_s)
@@ -89,8 +101,14 @@ def quantiles(deployment: str, metric: str, q: float, step_s: float, rate_window
 @_END
 @_JSON
 def slos(deployment: str, end_text: str | None, as_json: bool) -> None:
-    """DEPLOYMENT's recorded SLOs: SLI, error budget left, burn rates and the multiwindow alerts firing."""
-    from fleetscope.services import serving as svc
+    """DEPLOYMENT's recorded SLOs: SLI, error budget left, burn rates and the multiwindow alerts firing.
+
+    \b
+    Examples:
+      fleetscope serving slos chat
+      fleetscope serving slos chat --end 2026-12-01T00:00:00Z --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     now = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
     rows = _call(svc.slo_table, _store(), deployment, now=now).to_dicts()
@@ -109,8 +127,14 @@ def slos(deployment: str, end_text: str | None, as_json: bool) -> None:
 @_JSON
 def goodput(deployment: str, ttft_slo_s: float, tpot_slo_s: float, since_s: int, end_text: str | None, as_json: bool) -> None:
     """DistServe goodput of DEPLOYMENT: requests/s meeting both limits, exact from request logs or bounded
-    from histograms (the output says which)."""
-    from fleetscope.services import serving as svc
+    from histograms (the output says which).
+
+    \b
+    Examples:
+      fleetscope serving goodput chat --ttft-slo-s 0.5 --tpot-slo-s 0.05
+      fleetscope serving goodput chat --ttft-slo-s 0.5 --tpot-slo-s 0.05 --since 86400 --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     start, end = _window(since_s, end_text)
     out = _call(svc.goodput, _store(), deployment, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, start=start, end=end)
@@ -123,8 +147,14 @@ def goodput(deployment: str, ttft_slo_s: float, tpot_slo_s: float, since_s: int,
 @_END
 @_JSON
 def cost(deployment: str, since_s: int, end_text: str | None, as_json: bool) -> None:
-    """Energy, CO2e and money per million output tokens of DEPLOYMENT, from its GPUs and the price book."""
-    from fleetscope.services import serving as svc
+    """Energy, CO2e and money per million output tokens of DEPLOYMENT, from its GPUs and the price book.
+
+    \b
+    Examples:
+      fleetscope serving cost chat
+      fleetscope serving cost chat --since 86400 --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     start, end = _window(since_s, end_text)
     out = _call(svc.cost_per_token, _store(), deployment, start=start, end=end)
@@ -137,8 +167,14 @@ def cost(deployment: str, since_s: int, end_text: str | None, as_json: bool) -> 
 @_END
 @_JSON
 def findings(deployment: str, since_s: int, end_text: str | None, as_json: bool) -> None:
-    """DEPLOYMENT's serving findings with those of the GPUs and hosts it ran on."""
-    from fleetscope.services import serving as svc
+    """DEPLOYMENT's serving findings with those of the GPUs and hosts it ran on.
+
+    \b
+    Examples:
+      fleetscope serving findings chat
+      fleetscope serving findings chat --since 86400 --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     start, end = _window(since_s, end_text)
     rows = _call(svc.deployment_health, _store(), deployment, start=start, end=end).to_dicts()
@@ -153,8 +189,14 @@ def findings(deployment: str, since_s: int, end_text: str | None, as_json: bool)
 @_JSON
 def crossover(model: str, projection_days: int, as_json: bool) -> None:
     """MODEL's training cost against its cumulative serving cost from the price book, and the date serving
-    passed training (observed) or will (projected)."""
-    from fleetscope.services import serving as svc
+    passed training (observed) or will (projected).
+
+    \b
+    Examples:
+      fleetscope serving crossover llama-3-8b
+      fleetscope serving crossover llama-3-8b --projection-days 7 --json
+    """
+    from fleetscope.services import serving as svc  # lazy: keeps --help light
 
     out = _call(svc.serving_vs_training_cost, _store(), model, projection_days=projection_days)
     cur = out.get("currency") or ""

@@ -33,7 +33,7 @@ def alltoall(start_text: str | None, end_text: str | None, low_only: bool, as_js
     Example:
       fleetscope topology alltoall --start 2026-12-01T00:00:00Z --low
     """
-    from fleetscope.services import health as health_service
+    from fleetscope.services import health as health_service  # lazy: imports the health analyzers
 
     end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
     start = _utc_option(start_text, "--start") or end - health_service.NCCL_TEST_LOOKBACK
@@ -62,7 +62,7 @@ def attribution(job_id: str | None, start_text: str | None, end_text: str | None
     Example:
       fleetscope topology attribution --job job-llm-a --json
     """
-    from fleetscope.services import health as health_service
+    from fleetscope.services import health as health_service  # lazy: imports the health analyzers
 
     end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
     start = _utc_option(start_text, "--start") or end - dt.timedelta(minutes=15)

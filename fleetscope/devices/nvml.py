@@ -21,7 +21,7 @@ class NvmlUnavailable(FleetscopeError, RuntimeError):
 
 def _nvml() -> Any:
     try:
-        import pynvml
+        import pynvml  # lazy: NVML bindings, only on GPU hosts
     except ImportError as exc:  # pragma: no cover - declared dependency
         raise NvmlUnavailable("the NVML bindings are not installed (pip install nvidia-ml-py)") from exc
     try:
@@ -33,7 +33,7 @@ def _nvml() -> Any:
 
 def _try(fn: Any, *args: Any) -> Any:
     """One NVML query; None where the GPU or driver does not support it (a real answer, not an error)."""
-    import pynvml
+    import pynvml  # lazy: NVML bindings, only on GPU hosts
 
     try:
         return fn(*args)

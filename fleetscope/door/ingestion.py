@@ -36,7 +36,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 # The modules whose ``FORMATS`` declarations (ingest.format.FormatSpec) make up the registry, in the order
-# `fleetscope formats` lists them. A new source is one module in ingest/ plus its line here.
+# `fleetscope fleet formats` lists them. A new source is one module in ingest/ plus its line here.
 FORMAT_MODULES: list[str] = [
     "ingest.dcgm",
     "ingest.nvidia_smi",
@@ -143,7 +143,7 @@ class LiveView(Mapping[str, Any]):
         return f"LiveView({dict(self._current())!r})"
 
 
-# name -> Format, in FORMAT_MODULES order: what `fleetscope formats`, `--format` and /api/v1/ingest/{name} know.
+# name -> Format, in FORMAT_MODULES order: what `fleetscope fleet formats`, `--format` and /api/v1/ingest/{name} know.
 FORMATS: Mapping[str, Format] = LiveView(lambda reg: reg.formats)
 
 

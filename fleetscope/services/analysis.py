@@ -10,7 +10,7 @@ the registry of their cadence, in the module of their domain:
 - ``WINDOW`` (``services.health``): once per fleet window, over the window's telemetry — beat's
   ``health-window`` and ``GET /api/v1/health``.
 
-Job analysis, the health sweep, the API's ``GET /api/v1/analyzers`` and ``fleetscope analyzers`` all loop
+Job analysis, the health sweep, the API's ``GET /api/v1/analyzers`` and ``fleetscope fleet analyzers`` all loop
 over these registries; adding an analysis is its module in ``analyzers/`` plus one registered runner.
 Order matters within a cadence: a runner may use what an earlier one left in the run's ``shared`` dict
 (the health sweep's topology, say), so runners register in the order they run.

@@ -196,7 +196,7 @@ def export_file(store: Store, settings: Settings, export_id: str) -> tuple[bytes
 def latest_audit_id(store: Store) -> str:
     runs = list_audits(store)
     if not runs:
-        raise AuditError("no audit has run yet: run one first (fleetscope report, or POST /api/v1/audits)")
+        raise AuditError("no audit has run yet: run one first (fleetscope audit report, or POST /api/v1/audits)")
     return runs[0]["audit_id"]
 
 

@@ -15,6 +15,8 @@ from fleetscope.observability import tracer
 from fleetscope.services import auditlog
 from fleetscope.store import Store
 from fleetscope.store import schema
+import dataclasses
+from sqlalchemy import delete
 
 # Samples read either side of a window so every minute inside it has interval endpoints (at least one
 # scrape on each side; dcgm-exporter scrapes default to 30 s and are often 60 s).
@@ -131,7 +133,6 @@ def _with_market(store: Store, summary: pl.DataFrame, start: dt.datetime, end: d
 def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
     """PUE of a site over a window (ISO/IEC 30134-2), from its facility and IT meters; the declared PUE,
     marked as an estimate, where it has none."""
-    import dataclasses
 
     site = store.read("site")
     if site.filter(pl.col("site_id") == site_id).height == 0:
@@ -203,7 +204,6 @@ def reroll_jobs(store: Store, job_ids: list[str]) -> dict[str, Any]:
     the newest rolled-up minute: for assignments written after the minutes they cover were rolled up (a
     rank added or moved mid-run, a scheduler record that arrives late). The per-GPU minutes are the
     truth; every job holding the jobs' GPUs is read, so shared GPUs split as in the roll-up."""
-    from sqlalchemy import delete
 
     jr = store.read("job_rank", job_id=job_ids)
     rolled_to = energy_rollup_end(store)
@@ -283,7 +283,6 @@ def record_instrument(store: Store, record: dict[str, Any], *, recorded_by: str,
 
 def withdraw_instrument(store: Store, site_id: str, instrument_id: str, *, actor: str) -> dict[str, Any]:
     """Delete an instrument recorded in error, and log it; ``NotFound`` where the site holds no such one."""
-    from sqlalchemy import delete
 
 
     t = schema.metadata.tables["energy_instrument"]

@@ -183,8 +183,6 @@ def _keep(path: Path, data: bytes) -> Path:
 
 
 def fairness_evaluations(store: Store, name: str) -> list[dict[str, Any]]:
-    import json
-
     ev = store.read("fairness_evaluation").filter(pl.col("model_name") == name).sort("evaluated_at", descending=True)
     return [{"evaluation_id": r["evaluation_id"], "version": r["model_version"], "evaluated_at": r["evaluated_at"].isoformat() if r["evaluated_at"] else None,
              "n_rows": r["n_rows"], "passed": r["passed"], "outcome": json.loads(r["outcome"])} for r in ev.iter_rows(named=True)]

@@ -27,6 +27,7 @@ from fleetscope.core.monitoring_frames import MONITORING_WINDOW
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 from governance import monitoring as GM
+from governance import fairness_depth
 
 UTC = F.UTC_US
 
@@ -323,7 +324,6 @@ def impossibility(store: Store, model: str, version: str, attribute: str, *, sta
     """The impossibility view (``governance.fairness_depth.impossibility``) on a version's stored predictions
     with outcomes in ``[start, end)``: which of calibration, equalized odds and demographic parity hold, and
     the base rates that force the trade-off."""
-    from governance import fairness_depth
 
     rows = predictions(store, model, version, start, end).filter(pl.col("outcome").is_not_null())
     if rows.height == 0:

@@ -13,6 +13,8 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+import json
+from datetime import timedelta
 
 AGE_BANDS = ("18-29", "30-44", "45-64", "65+")
 
@@ -68,8 +70,6 @@ def credit_stream(model: str, version: str, start: datetime, *, hours: int, rate
     and ``concept_drift`` of the outcomes turn against the model's score (what predicted repayment no longer
     does: its accuracy falls). ``bias`` shifts the logit of women who would repay towards refusal (a biased
     version: more false negatives for F)."""
-    import json
-    from datetime import timedelta
 
     lines: list[str] = []
     n = hours * rate

@@ -19,6 +19,19 @@ from fleetscope.core import frames as F
 from fleetscope.settings import Settings
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet
 from fleetscope.store import Store
+from fleetscope.services import jobs as analysis
+from fleetscope.services import audit as audit_service
+from fleetscope.services import energy as energy_service
+from fleetscope.services import health as health_service
+from fleetscope.services import governance as gs
+from fleetscope.services.alerting import state as alert_state
+from fleetscope.services.alerting.rules import load_config
+from fleetscope.sim.lineage import lineage_events
+from fleetscope.sim.predictions import prediction_table
+from governance.registry import DatasetEntry, ModelEntry
+from fleetscope.door import ingestion
+from fleetscope.services import monitoring as monitoring_service
+from fleetscope.sim.predictions import credit_stream
 
 STRAGGLER_JOB = "job-llm-a"
 STRAGGLER_RANK = 5
@@ -283,16 +296,6 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     not configured here, so they are dead letters), the models registered with a fairness evaluation of a
     biased classifier, one EU AI Act audit with its reports and a signed export. ``settings.data_dir``
     receives the reports, the export, the signing key and the audit log's key and checkpoints."""
-    from fleetscope.services import jobs as analysis
-    from fleetscope.services import audit as audit_service
-    from fleetscope.services import energy as energy_service
-    from fleetscope.services import health as health_service
-    from fleetscope.services import governance as gs
-    from fleetscope.services.alerting import state as alert_state
-    from fleetscope.services.alerting.rules import load_config
-    from fleetscope.sim.lineage import lineage_events
-    from fleetscope.sim.predictions import prediction_table
-    from governance.registry import DatasetEntry, ModelEntry
 
     out: dict[str, Any] = {}
     audit_service.bind(store, settings)  # the audit log's key and checkpoints go beside the reports
@@ -319,9 +322,6 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     out["fairness"] = gs.evaluate_fairness(store, "loan-screen", table.frame.write_csv().encode(), sensitive=list(table.sensitive), fmt="csv",
                                            actor="showcase")["passed"]
     # loan-screen in service: a day of reference, then hours whose applicants drift (post-market monitoring)
-    from fleetscope.door import ingestion
-    from fleetscope.services import monitoring as monitoring_service
-    from fleetscope.sim.predictions import credit_stream
 
     first = end.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=29)
     stream = credit_stream("loan-screen", "1", first, hours=28, rate=100, rng=np.random.default_rng(seed), drift_from_hour=26, bias=1.5)

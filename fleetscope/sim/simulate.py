@@ -38,6 +38,7 @@ from fleetscope.sim.lineage import lineage_events
 from fleetscope.sim.predictions import prediction_table
 from fleetscope.sim.spec import JobSpec, SimSpec, demo_spec, small_spec
 from fleetscope.sim.telemetry import GpuActivity, GpuTelemetry
+from fleetscope.sim.predictions import credit_stream
 
 _STREAM_FAULTS, _STREAM_JOBS, _STREAM_TELEMETRY, _STREAM_FACILITY, _STREAM_PREDICTIONS, _STREAM_PLACEMENT, _STREAM_MONITORING = range(1, 8)
 _MODELS = (("llama-3-8b-sim", 8e9), ("mistral-7b-sim", 7e9), ("llama-2-13b-sim", 13e9), ("phi-3b-sim", 3e9))
@@ -310,7 +311,6 @@ def credit_deployment(out: Path, files: dict[str, list[str]], start: dt.datetime
     declarations are what a provider states: enough for real passes, and documentation that lacks Annex IV
     point 9 (the post-market monitoring evaluation system) for a real failure; version 2's declared
     accuracy (0.92) is above what it achieves in operation."""
-    from fleetscope.sim.predictions import credit_stream
 
     first = start.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=MONITORING_HOURS + 1)
     versions = {}

@@ -39,6 +39,8 @@ from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 from fleetscope.store.db import make_engine
 from fleetscope.store.sqltypes import UTCDateTime
+from sqlalchemy.dialects import postgresql
+from sqlalchemy import event
 
 _COPY_CHUNK_BYTES = 8 * 2**20
 # Below this many rows the direct COPY's savepoint is not worth having (PostgreSQL path of Store._insert).
@@ -65,7 +67,6 @@ def _q(name: str) -> str:
 def _unnest_sql(table: str, columns: tuple[str, ...], key: Sequence[str], conflict: str) -> str:
     """PostgreSQL: insert rows given as one array per column. Timestamps travel as epoch microseconds
     (``Rows``' form) and are turned into ``timestamptz`` exactly, by integer interval arithmetic."""
-    from sqlalchemy.dialects import postgresql
 
     cols = schema.metadata.tables[table].columns
     arrays, exprs = [], []
@@ -165,7 +166,6 @@ class Store:
         path = self.engine.url.database
         if self.dialect != "sqlite" or not path or path == ":memory:" or getattr(self, "_checkpointer", None) is not None:
             return
-        from sqlalchemy import event
 
         @event.listens_for(self.engine, "connect")
         def _no_autocheckpoint(dbapi_conn: Any, _record: Any) -> None:
@@ -404,7 +404,7 @@ class Store:
             # table and INSERT ... SELECT cost a third more (0.30 s against 0.22 s for a scrape's 32,768
             # metric samples). A row already stored makes the COPY fail; the savepoint undoes it alone and
             # the rows go the conflict-skipping way below, so a re-sent batch still writes nothing new.
-            import psycopg
+            import psycopg  # lazy: psycopg, only against PostgreSQL
 
             # SQLAlchemy's savepoint, not psycopg's raw.transaction(): with no statement sent yet the driver
             # has no transaction open, and psycopg would then run the COPY in a BEGIN ... COMMIT of its
@@ -679,7 +679,7 @@ class Store:
         # connectorx streams PostgreSQL's binary protocol into Arrow in Rust: measured about 2x faster
         # than COPY TO CSV for an hour of a 256-GPU job (benchmarks/store_write.py). It takes no bound
         # parameters, so values are inlined as escaped literals.
-        import connectorx as cx
+        import connectorx as cx  # lazy: connectorx, only for PostgreSQL bulk reads
 
         url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         df = pl.from_arrow(cx.read_sql(url, _bind(sql, params), return_type="arrow"))

@@ -12,6 +12,8 @@ from fleetscope import safefiles
 from fleetscope.store import schema
 
 from fleetscope.settings import Settings
+import uuid
+from sqlalchemy import text
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def make_engine(url: str) -> Engine:
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
-    from alembic.config import Config
+    from alembic.config import Config  # lazy: Alembic, only to migrate
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -72,26 +74,26 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` to ``revision``."""
-    from alembic import command
+    from alembic import command  # lazy: Alembic, only to migrate
 
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    from alembic import command
+    from alembic import command  # lazy: Alembic, only to migrate
 
     command.downgrade(alembic_config(url), revision)
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
+    from alembic.runtime.migration import MigrationContext  # lazy: Alembic, only to migrate
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
 def head_revision(url: str) -> str | None:
-    from alembic.script import ScriptDirectory
+    from alembic.script import ScriptDirectory  # lazy: Alembic, only to migrate
 
     return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
 
@@ -135,8 +137,8 @@ def render_item(type_, obj, autogen_context):  # type: ignore[no-untyped-def]
 
 def schema_drift(engine: Engine) -> list:
     """What autogenerate would change to make the database match the models (empty = no drift)."""
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
+    from alembic.autogenerate import compare_metadata  # lazy: Alembic, only to migrate
+    from alembic.runtime.migration import MigrationContext  # lazy: Alembic, only to migrate
 
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": compare_type})
@@ -147,9 +149,6 @@ def schema_drift(engine: Engine) -> list:
 def scratch_database(admin_url: str, prefix: str = "fleetscope_scratch"):  # type: ignore[no-untyped-def]
     """A new, empty PostgreSQL database for the duration of the block, dropped afterwards: what tests and
     benchmarks use so they never touch a database someone else migrated."""
-    import uuid
-
-    from sqlalchemy import text
 
     admin = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"

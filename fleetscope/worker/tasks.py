@@ -45,7 +45,7 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
 @celery_app.task(name="fleetscope.analyze_job")
 def analyze_job(job_id: str) -> dict[str, Any]:
     """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
-    from fleetscope.services.jobs import analyze_job as run
+    from fleetscope.services.jobs import analyze_job as run  # lazy: a task's service loads when it runs (beat imports this module)
 
     with tracer().start_as_current_span("task.analyze_job"):
         result = run(store(), job_id)
@@ -77,7 +77,7 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
 @celery_app.task(name="fleetscope.health_window")
 def health_window(window_s: int = 900) -> dict[str, Any]:
     """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
-    from fleetscope.services.health import health_window as run
+    from fleetscope.services.health import health_window as run  # lazy: a task's service loads when it runs (beat imports this module)
 
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     end = dt.datetime.now(dt.UTC)
@@ -90,7 +90,7 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
 def model_monitoring(now_iso: str | None = None) -> dict[str, Any]:
     """Beat's hourly tick: every deployed model version's windows of the last two days against its
     reference (``services.monitoring.evaluate_all``), so outcomes that arrived late are counted."""
-    from fleetscope.services.monitoring import evaluate_all
+    from fleetscope.services.monitoring import evaluate_all  # lazy: a task's service loads when it runs (beat imports this module)
 
     now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.model_monitoring"):
@@ -100,7 +100,7 @@ def model_monitoring(now_iso: str | None = None) -> dict[str, Any]:
 @celery_app.task(name="fleetscope.serving_window")
 def serving_window(window_s: int = 900) -> dict[str, Any]:
     """Beat's five-minute tick: serving saturation and slow-replica findings over the last window."""
-    from fleetscope.services.serving import window_findings
+    from fleetscope.services.serving import window_findings  # lazy: a task's service loads when it runs (beat imports this module)
 
     end = dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.serving_window"):

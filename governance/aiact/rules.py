@@ -55,6 +55,7 @@ from governance.aiact.model import (
     parse_time,
     utc,
 )
+import json
 
 REGULATION = "Regulation (EU) 2024/1689"
 
@@ -345,26 +346,25 @@ _EXAMPLE: dict[str, Any] = {"str": "...", "bool": True, "int": 30, "float": 0.9,
 def declare_hint(ev: Evidence, kind: str, key: str = "", *, org: bool = False) -> str:
     """The declaration of ``kind`` that would settle a result, as the CLI command and the endpoint that
     record it, with the kind's required fields."""
-    import json
 
     value = {f: _EXAMPLE[t] for f, (t, req) in DECLARATION_KINDS[kind].items() if req}
     model, version = (ORG, ORG) if org else (ev.model.name, ev.model.version)
     body = {"model": model, "version": version, "kind": kind, **({"key": key} if key else {}), "value": value}
     keyed = f" --key {key}" if key else ""
-    return (f"settled by a {kind!r} declaration{f' (key {key!r})' if key else ''}: fleetscope declare {model} {kind} --version {version}{keyed} "
+    return (f"settled by a {kind!r} declaration{f' (key {key!r})' if key else ''}: fleetscope audit declare {model} {kind} --version {version}{keyed} "
             f"--value '{json.dumps(value)}' --by NAME, or POST /api/v1/declarations {json.dumps(body)}")
 
 
 def fairness_hint(ev: Evidence) -> str:
     m = ev.model
-    return (f"settled by a fairness evaluation of {m.name}@{m.version}: fleetscope fairness evaluate PREDICTIONS.csv --model {m.name} "
+    return (f"settled by a fairness evaluation of {m.name}@{m.version}: fleetscope governance fairness evaluate PREDICTIONS.csv --model {m.name} "
             f"--version {m.version} --sensitive COLUMN, or POST /api/v1/models/{m.name}/fairness?version={m.version}")
 
 
 def lineage_hint(ev: Evidence) -> str:
     m = ev.model
     return ("settled by the training run's OpenLineage events (POST /api/v1/lineage) and the run named on the model's registry entry "
-            f"(fleetscope registry model {m.name} {m.version} --run RUN_ID, or PUT /api/v1/models/{m.name}/{m.version})")
+            f"(fleetscope governance registry model {m.name} {m.version} --run RUN_ID, or PUT /api/v1/models/{m.name}/{m.version})")
 
 
 def jobs_hint(ev: Evidence) -> str:

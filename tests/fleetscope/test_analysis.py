@@ -132,11 +132,11 @@ def test_cli_analyze(tmp_path, realdata):
     ev.write_bytes(job_events_jsonl("cli-job"))
     run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
     assert run("ingest", str(ev)).returncode == 0
-    out = run("analyze", "cli-job")
+    out = run("jobs", "analyze", "cli-job")
     assert out.returncode == 0, out.stderr
     assert "goodput 75.0% of 20 s" in out.stdout and "other 5 s" in out.stdout
     assert "no step data" in out.stdout
-    assert json.loads(run("analyze", "cli-job", "--json").stdout)["goodput"]["productive_s"] == 15.0
+    assert json.loads(run("jobs", "analyze", "cli-job", "--json").stdout)["goodput"]["productive_s"] == 15.0
 
 
 def sdc_and_checkpoint_events(job_id="sdc-job") -> bytes:

@@ -106,8 +106,8 @@ def test_the_api_lists_the_registry_to_a_reader(api):
 
 def test_the_cli_lists_the_registry(tmp_path):
     env = {"FLEETSCOPE_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "fleetscope.cli", "analyzers", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "fleetscope.cli", "fleet", "analyzers", "--json"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [r["name"] for r in json.loads(out.stdout)] == [r["name"] for r in catalog.analyses()]
-    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "analyzers"], env=env, capture_output=True, text=True, timeout=120).stdout
+    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "fleet", "analyzers"], env=env, capture_output=True, text=True, timeout=120).stdout
     assert text.splitlines()[0].split()[:3] == ["job", "c3", "analyzers.c3"]

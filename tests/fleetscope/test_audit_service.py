@@ -147,16 +147,16 @@ def test_cli_report_export_and_auditlog(tmp_path):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
     run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
-    assert run("report").returncode == 1  # empty registry: a clear error
-    assert run("registry", "model", "scorer", "3", "--purpose", "credit scoring of consumers", "--role", "provider").returncode == 0
-    bad = run("declare", "scorer", "area", "--value", "{not json", "--by", "ana")
+    assert run("audit", "report").returncode == 1  # empty registry: a clear error
+    assert run("governance", "registry", "model", "scorer", "3", "--purpose", "credit scoring of consumers", "--role", "provider").returncode == 0
+    bad = run("audit", "declare", "scorer", "area", "--value", "{not json", "--by", "ana")
     assert bad.returncode == 2 and "not JSON" in bad.stderr
-    assert run("declare", "scorer", "area", "--version", "3", "--value", '{"area": "essential_services"}', "--by", "ana").returncode == 0
-    rep = run("report", "--json")
+    assert run("audit", "declare", "scorer", "area", "--version", "3", "--value", '{"area": "essential_services"}', "--by", "ana").returncode == 0
+    rep = run("audit", "report", "--json")
     assert rep.returncode in (0, 6), rep.stderr
     out = json.loads(rep.stdout)
     assert out["models"] == 1 and sum(out["counts"].values()) >= 17
-    ex = run("export", "--out", str(tmp_path / "bundle.zip"), "--json")
+    ex = run("audit", "export", "--out", str(tmp_path / "bundle.zip"), "--json")
     assert ex.returncode == 0, ex.stderr
     pub = json.loads(ex.stdout)["public_key"]
     assert run("verify", str(tmp_path / "bundle.zip"), "--key", pub).returncode == 0

@@ -120,14 +120,14 @@ def test_findings_lists_what_went_quiet_and_metrics_prints_the_fleet_series(tmp_
                          "interval_s": [10.0, 10.0]}, schema=absence.SEEN_SCHEMA)
     store.write(F.Batch(gpu=pl.DataFrame({"gpu_uuid": ["GPU-a", "GPU-b"], "host": ["n1", "n2"]}),
                         finding=absence.absence_findings(seen, now=now)))
-    got = json.loads(run(tmp_path, "findings", "--analyzer", "absence", "--json").stdout)
+    got = json.loads(run(tmp_path, "fleet", "findings", "--analyzer", "absence", "--json").stdout)
     assert [(r["kind"], r["subject"], r["severity"]) for r in got] == [("host_down", "host:n1", "critical")]
-    assert "host:n1" in run(tmp_path, "findings", "--kind", "host_%").stdout
-    assert run(tmp_path, "findings", "--since", "soon", check=False).returncode == 2  # a usage error names --since
-    fams = {f.name: f for f in text_string_to_metric_families(run(tmp_path, "metrics").stdout)}
+    assert "host:n1" in run(tmp_path, "fleet", "findings", "--kind", "host_%").stdout
+    assert run(tmp_path, "fleet", "findings", "--since", "soon", check=False).returncode == 2  # a usage error names --since
+    fams = {f.name: f for f in text_string_to_metric_families(run(tmp_path, "fleet", "metrics").stdout)}
     assert [s.labels for s in fams["fleetscope_host_down"].samples] == [{"Hostname": "n1"}]
     out = tmp_path / "textfile" / "fleetscope.prom"
     out.parent.mkdir()
-    run(tmp_path, "metrics", "--out", str(out))
+    run(tmp_path, "fleet", "metrics", "--out", str(out))
     assert "fleetscope_host_down" in out.read_text() and not list(out.parent.glob("*.tmp"))
     store.engine.dispose()

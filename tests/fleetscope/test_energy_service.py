@@ -244,6 +244,7 @@ def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from fleetscope import cli
+    from fleetscope.cli import energy as cli_energy  # where the energy verbs live
     from fleetscope.services import energy as es
 
     store = api.app.state.store
@@ -280,7 +281,7 @@ def test_job_energy_endpoint_and_cli(api, tmp_path, monkeypatch):
                       params={"start": "2026-03-01T12:10:00", "end": (T0 + dt.timedelta(minutes=12)).isoformat()})  # no zone: UTC
     assert naive.status_code == 200 and naive.json()["allocated_s"] == pytest.approx(4 * 2 * 60.0)
     # the CLI reads the same store
-    monkeypatch.setattr(cli, "_store", lambda: store)
+    monkeypatch.setattr(cli_energy, "_store", lambda: store)
     res = CliRunner().invoke(cli.main, ["energy", "job", "train-1", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["gpu_energy_j"] == pytest.approx(gpu_j)

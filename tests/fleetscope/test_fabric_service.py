@@ -94,13 +94,13 @@ def test_cli_fabric(tmp_path, realdata):
     assert cli("ingest", str(tmp_path / "a.txt"), "--ts", T.isoformat()).returncode == 0
     assert cli("ingest", str(tmp_path / "b.txt"), "--ts", (T + dt.timedelta(minutes=5)).isoformat()).returncode == 0
     end = (T + dt.timedelta(minutes=15)).isoformat()
-    out = cli("fabric", "--start", T.isoformat(), "--end", end, "--json")
+    out = cli("health", "fabric", "--start", T.isoformat(), "--end", end, "--json")
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)["findings"]
     assert {f["kind"] for f in found} == {"ib_link_flapping", "ib_congestion"}
-    text = cli("fabric", "--start", T.isoformat(), "--end", end)
+    text = cli("health", "fabric", "--start", T.isoformat(), "--end", end)
     assert "ib_link_flapping" in text.stdout and "went down 1 time(s)" in text.stdout
-    assert cli("fabric", "--start", "yesterday").returncode != 0
+    assert cli("health", "fabric", "--start", "yesterday").returncode != 0
 
 
 def test_the_agent_pushes_sysfs_port_samples_as_a_batch(realdata, tmp_path):

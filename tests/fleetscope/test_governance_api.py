@@ -182,18 +182,18 @@ def test_cli_lineage_and_fairness(api, tmp_path, realdata):
     url = str(api.app.state.store.engine.url.render_as_string(hide_password=False))
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": url}
     run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
-    show = run("lineage", "show", "ranker")
+    show = run("governance", "lineage", "show", "ranker")
     assert show.returncode == 0, show.stderr
     assert "dataset:lake:raw" in show.stdout and "TAINT quarantined" in show.stdout
-    check = run("lineage", "check", "ranker", "--dataset", "raw")
+    check = run("governance", "lineage", "check", "ranker", "--dataset", "raw")
     assert check.returncode == 3 and check.stdout.startswith("YES")
-    assert run("lineage", "check", "ranker", "--dataset", "nowhere", "--namespace", "lake").returncode == 0
+    assert run("governance", "lineage", "check", "ranker", "--dataset", "nowhere", "--namespace", "lake").returncode == 0
     csv = tmp_path / "compas.csv"
     csv.write_bytes(compas_csv(realdata))
-    assert run("registry", "model", "compas", "2", "--purpose", "risk", "--role", "deployer").returncode == 0
-    fair = run("fairness", "evaluate", str(csv), "--model", "compas", "--sensitive", "race")
+    assert run("governance", "registry", "model", "compas", "2", "--purpose", "risk", "--role", "deployer").returncode == 0
+    fair = run("governance", "fairness", "evaluate", str(csv), "--model", "compas", "--sensitive", "race")
     assert fair.returncode == 4 and "FAILED" in fair.stdout
-    bad = run("registry", "dataset", "lake", "x", "--special-category")
+    bad = run("governance", "registry", "dataset", "lake", "x", "--special-category")
     assert bad.returncode == 1 and "Art. 9" in bad.stderr
 
 

@@ -104,7 +104,7 @@ def test_cli_ingests_good_files_reports_bad_ones_and_exits_1(realdata, tmp_path)
 
 
 def test_cli_formats_and_missing_path(tmp_path):
-    names = [f["name"] for f in json.loads(run_cli(tmp_path, "formats", "--json").stdout)]
+    names = [f["name"] for f in json.loads(run_cli(tmp_path, "fleet", "formats", "--json").stdout)]
     assert names == list(ingestion.FORMATS)
     proc = run_cli(tmp_path, "ingest", str(tmp_path / "nope.log"))
     assert proc.returncode != 0 and "no such file or directory" in proc.stderr

@@ -152,11 +152,11 @@ def test_cli_whatif(tmp_path, realdata):
     trace = realdata / WHATIF / "trace-ST.parquet"
     out = run("ingest", str(trace), "--format", "bytedance_whatif", "--job-id", "st-cli")
     assert out.returncode == 0, out.stderr
-    assert "no what-if analysis" in run("whatif", "st-cli").stderr
-    assert run("analyze", "st-cli").returncode == 0
-    out = run("whatif", "st-cli")
+    assert "no what-if analysis" in run("jobs", "whatif", "st-cli").stderr
+    assert run("jobs", "analyze", "st-cli").returncode == 0
+    out = run("jobs", "whatif", "st-cli")
     assert out.returncode == 0, out.stderr
     assert "slow_stage (stage3)" in out.stdout and "stage 3 1.2" in out.stdout
-    w = json.loads(run("whatif", "st-cli", "--json").stdout)["result"]
+    w = json.loads(run("jobs", "whatif", "st-cli", "--json").stdout)["result"]
     assert abs(w["slowdown"] / ST_SLOWDOWN - 1) < 0.02
-    assert run("whatif", "nope").returncode != 0
+    assert run("jobs", "whatif", "nope").returncode != 0

@@ -128,14 +128,14 @@ def _sdk_request(observations: dict, resource: dict):
 
 
 def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
-    """ingest.otlp.gpu_observations (the agent's side) and from_request (the server's) are inverse for every
+    """ingest.otlp_export.gpu_observations (the agent's side) and from_request (the server's) are inverse for every
     gpu_sample column: the semconv names in SI units, the rest as DCGM fields in DCGM's units."""
     import datetime as dt
 
     import polars as pl
 
     from fleetscope.core.frames import GPU_FIELDS, GPU_SAMPLE, Batch
-    from ingest import nvml, otlp
+    from ingest import nvml, otlp, otlp_export
 
     ts = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
     row = {"ts": ts, "gpu_uuid": "GPU-all"}
@@ -143,7 +143,7 @@ def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
         row[c.name] = (i + 1) * (2**20 if c.name.endswith("_bytes") else 1) if c.dtype == pl.Int64 else 0.25 + i
     batch = Batch(gpu_sample=pl.DataFrame([row], schema=GPU_SAMPLE.schema),
                   gpu=pl.DataFrame([{"gpu_uuid": "GPU-all", "host": "node-9", "model_name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"}]))
-    obs = otlp.gpu_observations(batch)
+    obs = otlp_export.gpu_observations(batch)
     assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.power", "hw.energy", "hw.temperature", "DCGM_FI_DEV_FB_FREE"} <= set(obs)
     assert obs["DCGM_FI_DEV_FB_FREE"][0][0] == row["fb_free_bytes"] / 2**20  # MiB on the wire, as DCGM reports it
     back = otlp.from_request(_sdk_request(obs, {"host.name": "collector"}))
@@ -156,7 +156,7 @@ def test_every_gpu_column_the_agent_sends_reads_back_to_the_same_value():
     # NVML reports XIDs as events, not as a field: the agent sends them as DCGM's last-XID field and the
     # server turns that into the same health event.
     nv = nvml.to_batch([{"uuid": "GPU-a", "power_mw": 250_000}], ts=ts, host="h", xids=[{"uuid": "GPU-a", "xid": 79}])
-    back = otlp.from_request(_sdk_request(otlp.gpu_observations(nv), {"host.name": "h"}))
+    back = otlp.from_request(_sdk_request(otlp_export.gpu_observations(nv), {"host.name": "h"}))
     assert back.gpu_sample.select("power_w", "xid_last").rows() == [(250.0, 79)]
     assert back.health_event.select("gpu_uuid", "host", "kind", "code", "message").rows() == [("GPU-a", "h", "xid", 79, "XID 79")]
 
@@ -173,7 +173,7 @@ def test_nccl_inspector_verbose_otlp_becomes_collective_rows(api):
     """Verbose NCCL Inspector points sent with the real SDK exporter: the three metrics of one operation meet
     on one collective row per GPU; P2P rows keep their peer; malformed operation points are rejected with
     their reason and write nothing."""
-    from ingest.otlp import _inspector_op  # the stand-in rank, to name the expected rows
+    from ingest.otlp_mapping import _inspector_op  # the stand-in rank, to name the expected rows
 
     exporter = OTLPMetricExporter(endpoint=api.url + "/v1/metrics", headers=headers(api), timeout=20)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)

@@ -251,25 +251,25 @@ def test_cli_reliability_and_sdc(tmp_path):
     (tmp_path / "sdc.jsonl").write_text("\n".join(json.dumps(x) for x in SDC_LINES))
     assert _cli(tmp_path, "ingest", str(tmp_path / "ckpt.jsonl"), str(tmp_path / "sdc.jsonl")).returncode == 0
     window = ("--start", T0.isoformat(), "--end", (T0 + dt.timedelta(days=3)).isoformat())
-    p = _cli(tmp_path, "reliability", *window, "--parts", "1000", "--part-availability", "0.999", "--json")
+    p = _cli(tmp_path, "health", "reliability", *window, "--parts", "1000", "--part-availability", "0.999", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["availability"]["all_up"] == pytest.approx(0.368, abs=0.0005)
-    text = _cli(tmp_path, "reliability", *window, "--job-id", "ckpt")
+    text = _cli(tmp_path, "health", "reliability", *window, "--job-id", "ckpt")
     assert text.returncode == 0, text.stderr
     assert "Faulty GPU" in text.stdout and "Daly 116.7 min" in text.stdout
-    assert _cli(tmp_path, "reliability", *window, "--job-id", "nope").returncode == 1
-    bad = _cli(tmp_path, "reliability", "--start", "2026-01-02T00:00:00Z", "--end", "2026-01-01T00:00:00Z")
+    assert _cli(tmp_path, "health", "reliability", *window, "--job-id", "nope").returncode == 1
+    bad = _cli(tmp_path, "health", "reliability", "--start", "2026-01-02T00:00:00Z", "--end", "2026-01-01T00:00:00Z")
     assert bad.returncode != 0 and "after start" in bad.stderr
-    assert _cli(tmp_path, "reliability", *window, "--parts", "-3").returncode == 2  # click rejects it as a usage error
+    assert _cli(tmp_path, "health", "reliability", *window, "--parts", "-3").returncode == 2  # click rejects it as a usage error
 
-    sdc = _cli(tmp_path, "sdc", "sdc1", "--json")
+    sdc = _cli(tmp_path, "jobs", "sdc", "sdc1", "--json")
     assert sdc.returncode == 0, sdc.stderr
     assert json.loads(sdc.stdout)["reruns"]["verdicts"][0]["verdict"] == "persistent"
-    text = _cli(tmp_path, "sdc", "sdc1")
+    text = _cli(tmp_path, "jobs", "sdc", "sdc1")
     assert "persistent" in text.stdout and "GPU-7" in text.stdout
-    assert _cli(tmp_path, "sdc", "nope").returncode == 1
-    an = _cli(tmp_path, "analyze", "sdc1")
+    assert _cli(tmp_path, "jobs", "sdc", "nope").returncode == 1
+    an = _cli(tmp_path, "jobs", "analyze", "sdc1")
     assert an.returncode == 0 and "rerun" in an.stdout and "persistent" in an.stdout
 
 

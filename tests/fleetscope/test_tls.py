@@ -155,7 +155,7 @@ def test_a_bad_pair_is_refused_before_anything_starts(verb: str, tmp_path: Path,
 
 
 def test_plain_http_on_a_public_address_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleetscope import cli
+    from fleetscope.cli import processes as cli  # where `serve` lives
 
     def stop(*_a: object, **_k: object) -> None:
         raise SystemExit(3)  # stands in for migrating and serving: the warning comes before

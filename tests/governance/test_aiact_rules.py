@@ -147,7 +147,7 @@ def test_every_missing_evidence_path_names_its_settlement() -> None:
 
 def test_a_missing_declaration_names_the_command_with_its_required_fields() -> None:
     r = result(without(high_risk(), "oversight"), "art14")
-    assert "fleetscope declare cv-screener oversight --version 1" in r.reason
+    assert "fleetscope audit declare cv-screener oversight --version 1" in r.reason
     assert '"measures": ["..."]' in r.reason and '"override": true' in r.reason and "POST /api/v1/declarations" in r.reason
 
 

@@ -197,7 +197,7 @@ def test_an_unkeyed_log_never_anchored_says_so() -> None:
     es = [unkeyed(None, 0)]
     es.append(unkeyed(es[-1], 1))
     brk = check(es, [])
-    assert brk.seq == 0 and "never anchored" in brk.why and "fleetscope auditlog anchor" in brk.why
+    assert brk.seq == 0 and "never anchored" in brk.why and "fleetscope audit anchor" in brk.why
 
 
 def test_checkpoints_of_another_log_in_the_file() -> None:

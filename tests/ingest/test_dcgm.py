@@ -11,7 +11,7 @@ import pytest
 
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import GPU, GPU_SAMPLE, GPU_WORKLOAD, HEALTH_EVENT, METRIC_SAMPLE
-from ingest import dcgm
+from ingest import dcgm, dcgm_lex
 
 REPO = Path(__file__).resolve().parents[2]
 TELEMETRY = REPO.parent / "shared" / "realdata" / "telemetry"
@@ -414,7 +414,7 @@ def test_line_path_in_small_pieces_keeps_line_numbers(monkeypatch):
     body = "".join(_line("DCGM_FI_DEV_GPU_TEMP", str(30 + i), uuid=f"GPU-{i}", gpu=i) for i in range(20))
     crlf = body.replace("\n", "\r\n").encode()  # CRLF: the line path
     whole = dcgm.parse(crlf, ts=TS)
-    monkeypatch.setattr(dcgm, "_PIECE_BYTES", 700)
+    monkeypatch.setattr(dcgm_lex, "_PIECE_BYTES", 700)
     pieces = dcgm.parse(crlf, ts=TS)
     assert pieces.gpu_sample.equals(whole.gpu_sample) and pieces.gpu_sample.height == 20
     assert _gpu_row(pieces, "GPU-17")["temp_c"] == 47

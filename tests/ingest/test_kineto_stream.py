@@ -14,7 +14,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from fleetscope.core.errors import ParseError
-from ingest import kineto
+from ingest import kineto, kineto_decode, kineto_stream
 
 REPO = Path(__file__).resolve().parents[2]
 HTA = REPO.parent / "shared" / "realdata" / "traces" / "hta"
@@ -132,10 +132,10 @@ def test_tricky_trace_in_every_piece_and_chunk_size(events_first, indent, ascii_
 def test_a_cut_at_every_byte_of_the_input():
     # Compared at the reduction the Batch is built from (building thousands of Batches would take minutes).
     data = tricky_trace(indent=1)
-    want = kineto._reduce(kineto.load(data, source="t.json"))
+    want = kineto_decode._reduce(kineto.load(data, source="t.json"))
     assert want.collectives.height == 4 and len(want.work_ts_us) == 8
     for k in range(1, len(data)):
-        got, _ = kineto._load_chunks(iter((data[:k], data[k:])), "t.json", 300)
+        got, _ = kineto_stream._load_chunks(iter((data[:k], data[k:])), "t.json", 300)
         assert_frame_equal(got.profiler_steps, want.profiler_steps)
         assert_frame_equal(got.collectives, want.collectives)
         assert (got.work_ts_us == want.work_ts_us).all() and (got.work_end_us == want.work_end_us).all()
@@ -247,10 +247,10 @@ def test_strings_full_of_fake_boundaries_cost_time_not_correctness():
 def test_an_event_past_the_size_cap_is_refused_naming_it(monkeypatch):
     """One event larger than the cap (a body of nothing but one open-ended event) is a ParseError naming
     the event, found in time linear in its size: the text is looked at again only when it has doubled."""
-    monkeypatch.setattr(kineto, "_MAX_EVENT_BYTES", 2**20)
+    monkeypatch.setattr(kineto_stream, "_MAX_EVENT_BYTES", 2**20)
     looks = []
-    real = kineto._event_end
-    monkeypatch.setattr(kineto, "_event_end", lambda buf, start: looks.append(len(buf) - start) or real(buf, start))
+    real = kineto_stream._event_end
+    monkeypatch.setattr(kineto_stream, "_event_end", lambda buf, start: looks.append(len(buf) - start) or real(buf, start))
     body = b'{"traceEvents": [{"ph": "X", "name": "' + b"a" * (3 * 2**20)
     with pytest.raises(ParseError, match=r"traceEvents\[0\].*no end of event within 1 MiB"):
         kineto.parse_chunks([body[i:i + 4096] for i in range(0, len(body), 4096)], source="huge.json", job_id="j", piece_bytes=4096)

@@ -175,7 +175,7 @@ def test_the_cli_names_the_first_bad_entry(tmp_path: Path) -> None:
     env.pop("FLEETSCOPE_DATABASE_URL", None)
     run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
     for v in ("1", "2", "3"):
-        assert run("registry", "model", "scorer", v, "--purpose", "credit scoring").returncode == 0
+        assert run("governance", "registry", "model", "scorer", v, "--purpose", "credit scoring").returncode == 0
     ok = run("verify", "--auditlog")
     assert ok.returncode == 0 and "audit log intact: 3 entries" in ok.stdout and "3 signed checkpoints" in ok.stdout
     store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")

@@ -14,6 +14,7 @@ from fleetscope import safefiles
 from fleetscope import settings as settings_mod
 from fleetscope.settings import env as _env
 from fleetscope.services.alerting.notifiers import OutboundPolicy, RetryPolicy
+from cryptography.fernet import Fernet
 
 
 def _float(name: str, default: float) -> float:
@@ -111,7 +112,6 @@ def secret_keys(settings: settings_mod.Settings, alert_settings: AlertSettings) 
     sharing one database must share the key: set the variable."""
     if alert_settings.secret_key:
         return [k.strip().encode() for k in alert_settings.secret_key.split(",") if k.strip()]
-    from cryptography.fernet import Fernet
 
     path = settings.data_dir / "secret.key"
     safefiles.private_dir(settings.data_dir)

@@ -40,6 +40,8 @@ from fleetscope.store import alerting_schema as S
 from fleetscope.services.alerting.labels import Matcher
 from fleetscope.services.alerting.rules import AlertingConfig, Rule, parse_rule
 from fleetscope.store import Store
+from cryptography.fernet import Fernet, MultiFernet
+from cryptography.fernet import InvalidToken
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,6 @@ class SecretBox:
     decrypts, so the key can be rotated (``cryptography``'s MultiFernet)."""
 
     def __init__(self, keys: Sequence[bytes]):
-        from cryptography.fernet import Fernet, MultiFernet
-
         if not keys:
             raise ValueError("no secret key: set FLEETSCOPE_SECRET_KEY")
         self._f = MultiFernet([Fernet(k) for k in keys])
@@ -66,8 +66,6 @@ class SecretBox:
         return self._f.encrypt(text.encode()).decode()
 
     def decrypt(self, token: str) -> str:
-        from cryptography.fernet import InvalidToken
-
         try:
             return self._f.decrypt(token.encode()).decode()
         except InvalidToken:

@@ -1,0 +1,94 @@
+"""``fleetscope db``: schema migrations and the retention prune."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+
+from fleetscope.cli.common import _emit, _settings, _store, _utc_option
+from fleetscope.store import db
+
+
+@click.group("db")
+def db_group() -> None:
+    """The database: schema migrations (Alembic) and retention.
+
+    \b
+    Examples:
+      fleetscope db upgrade
+      fleetscope db current --json
+      fleetscope db prune --dry-run
+    """
+
+
+@db_group.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+def db_upgrade(revision: str) -> None:
+    """Migrate the database to REVISION (the latest by default).
+
+    \b
+    Examples:
+      fleetscope db upgrade
+      FLEETSCOPE_DATABASE_URL=postgresql+psycopg://fleet@db/fleet fleetscope db upgrade --revision head
+    """
+    s = _settings()
+    db.upgrade(s.database_url, revision)
+    click.echo(f"database at {db.current_revision(db.make_engine(s.database_url))}")
+
+
+@db_group.command("downgrade")
+@click.option("--revision", required=True, help="Target revision ('base' drops everything).")
+@click.confirmation_option(prompt="Downgrading can drop tables and their data. Continue?")
+def db_downgrade(revision: str) -> None:
+    """Migrate the database down to REVISION.
+
+    \b
+    Example:
+      fleetscope db downgrade --revision base --yes
+    """
+    s = _settings()
+    db.downgrade(s.database_url, revision)
+    click.echo(f"database at {db.current_revision(db.make_engine(s.database_url)) or 'base'}")
+
+
+@db_group.command("current")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def db_current(as_json: bool) -> None:
+    """Show the database's schema revision and the code's.
+
+    \b
+    Examples:
+      fleetscope db current
+      fleetscope db current --json | jq -r .current
+    """
+    s = _settings()
+    engine = db.make_engine(s.database_url)
+    cur, head = db.current_revision(engine), db.head_revision(s.database_url)
+    url = engine.url.render_as_string(hide_password=True)
+    _emit(as_json, {"url": url, "current": cur, "head": head}, f"{url}: at {cur or 'base'}, code expects {head}")
+
+
+@db_group.command("prune")
+@click.option("--now", "now_text", default=None, help="RFC 3339: prune as of this instant (default: now).")
+@click.option("--dry-run", is_flag=True, help="Print each table's cutoff; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete what is past its retention now, as beat does every hour: raw telemetry after
+    FLEETSCOPE_RETENTION_DAYS, what was derived from it after FLEETSCOPE_EVIDENCE_RETENTION_DAYS.
+
+    \b
+    Examples:
+      fleetscope db prune --dry-run
+      FLEETSCOPE_RETENTION_DAYS=200 fleetscope db prune --json
+    """
+    from fleetscope.services import retention  # lazy: keeps --help light
+
+    s = _settings()
+    now = _utc_option(now_text, "--now") or dt.datetime.now(dt.UTC)
+    if dry_run:
+        cut = {k: v.isoformat() for k, v in retention.cutoffs(now, s.retention_days, s.evidence_retention_days).items()}
+        _emit(as_json, cut, "\n".join(f"{k:<20} rows before {v}" for k, v in cut.items()))
+        return
+    deleted = retention.prune(_store(), now, s.retention_days, s.evidence_retention_days)
+    _emit(as_json, deleted, "\n".join(f"{k:<20} {v:>10,} deleted" for k, v in deleted.items()))

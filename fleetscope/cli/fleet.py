@@ -1,0 +1,104 @@
+"""``fleetscope fleet``: the fleet as a whole: what it can ingest, what it analyses, what it concluded, and the
+derived series in the Prometheus text format."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import click
+
+from fleetscope.cli.common import _emit, _span_s, _store
+
+
+@click.group()
+def fleet() -> None:
+    """The fleet as a whole: input formats, the analyzer registry, findings, derived metrics.
+
+    \b
+    Examples:
+      fleetscope fleet formats
+      fleetscope fleet analyzers --json
+      fleetscope fleet findings --since 6h
+      fleetscope fleet metrics --out /var/lib/node_exporter/textfile/fleetscope.prom
+    """
+
+
+@fleet.command("formats")
+@click.option("--json", "as_json", is_flag=True)
+def formats_cmd(as_json: bool) -> None:
+    """List the input formats `fleetscope ingest` understands.
+
+    \b
+    Examples:
+      fleetscope fleet formats
+      fleetscope fleet formats --json | jq -r '.[].name'
+    """
+    from fleetscope.door.ingestion import FORMATS  # lazy: the format registry imports every parser
+
+    rows = [{"name": f.name, "description": f.description} for f in FORMATS.values()]
+    _emit(as_json, rows, "\n".join(f"{r['name']:<22} {r['description']}" for r in rows))
+
+
+@fleet.command("findings")
+@click.option("--since", default="1h", show_default=True, help="How far back: 30m, 6h, 7d (findings whose window reaches into it).")
+@click.option("--analyzer", default=None, help="Only this analyzer's (health, absence, hangs, fabric, stragglers, sdc, aiact, ...).")
+@click.option("--kind", default=None, help="Only this kind; % matches any run of characters (e.g. 'straggler_%').")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int, as_json: bool) -> None:
+    """What the analyzers concluded, newest first, most severe first within a window.
+
+    \b
+    Examples:
+      fleetscope fleet findings --analyzer absence          # GPUs, hosts and sites that went quiet
+      fleetscope fleet findings --kind job_hang --since 1d
+      fleetscope fleet findings --kind 'ib_%' --json
+    """
+    from fleetscope.services import health as health_svc  # lazy: imports the health analyzers
+
+    end = dt.datetime.now(dt.UTC)
+    rows = health_svc.findings(_store(), end - dt.timedelta(seconds=_span_s(since, "--since")), end, kind_like=kind, analyzer=analyzer, limit=limit)
+    data = [{**r, "window_start": r["window_start"].isoformat(), "window_end": r["window_end"].isoformat() if r["window_end"] else None}
+            for r in rows.drop("evidence").to_dicts()]
+    _emit(as_json, data, "\n".join(f"{r['severity']:<8} {r['kind']:<24} {r['subject']:<40} {r['summary'] or ''}" for r in data) or "no findings")
+
+
+@fleet.command("analyzers")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def analyzers_cmd(as_json: bool) -> None:
+    """The analyses the service runs, per job and per fleet window, in the order they run: the pure modules
+    each calls and the frames it reads and writes.
+
+    \b
+    Examples:
+      fleetscope fleet analyzers
+      fleetscope fleet analyzers --json | jq '.[] | select(.writes | index("finding")) | .name'
+    """
+    from fleetscope.services import catalog  # lazy: imports every analyzer, only for this verb
+
+    rows = catalog.analyses()
+    _emit(as_json, rows, "\n".join(f"{r['cadence']:<7} {r['name']:<19} {' '.join(r['modules']):<58} {r['summary']}" for r in rows))
+
+
+@fleet.command("metrics")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to this file (atomically, for node_exporter's textfile collector) instead of stdout.")
+def metrics_cmd(out_path: str | None) -> None:
+    """Print the derived fleet series (goodput, C3 shares, stragglers, hangs, GPU health and absence, site PUE
+    and power) in the Prometheus text format: what GET /api/v1/fleet/metrics serves.
+
+    \b
+    Examples:
+      fleetscope fleet metrics | grep fleetscope_job_goodput_ratio
+      fleetscope fleet metrics --out /var/lib/node_exporter/textfile/fleetscope.prom
+    """
+    from fleetscope.services.fleet_metrics import exposition  # lazy: imports the analyzers its series come from
+
+    text = exposition(_store())
+    if out_path is None:
+        click.echo(text.decode(), nl=False)
+        return
+    tmp = Path(out_path).with_name(Path(out_path).name + ".tmp")
+    tmp.write_bytes(text)
+    tmp.replace(out_path)  # a scrape never reads half a file
