@@ -232,7 +232,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         return Response(generate_latest(REGISTRY) + generate_latest(REGISTRY_WITH_TASKS), media_type=CONTENT_TYPE_LATEST)
 
     from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs, routes_otlp,
-                                routes_remote_write, routes_serving, routes_tokens)
+                                routes_remote_write, routes_serving, routes_teams, routes_tokens)
 
     app.include_router(routes_alerts.router)
     app.include_router(routes_audit.router)
@@ -244,6 +244,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_otlp.router)
     app.include_router(routes_remote_write.router)
     app.include_router(routes_serving.router)
+    app.include_router(routes_teams.router)
     app.include_router(routes_tokens.router)
     return app
 

@@ -1388,3 +1388,7 @@ main.add_command(monitoring)
 from fleetscope.cli.serving import serving  # noqa: E402
 
 main.add_command(serving)
+
+from fleetscope.cli.teams import teams  # noqa: E402
+
+main.add_command(teams)

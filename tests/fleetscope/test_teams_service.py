@@ -66,3 +66,59 @@ def test_queue_and_month(loaded):
     assert teams.month_bounds("2026-11") == (dt.datetime(2026, 11, 1, tzinfo=dt.UTC), dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
     with pytest.raises(ValidationError):
         teams.month_bounds("Nov")
+
+
+def test_api_routes(api, realdata):
+    import httpx
+
+    from fleetscope.services import auth
+
+    store = api.app.state.store
+    store.write(slurm_sacct.parse((realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt").read_bytes(), source="sacct"))
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "finance", ["admin"])}
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    body = {"kind": "slurm_user", "match": "user420", "team": "vision"}
+    assert httpx.put(api.url + "/api/v1/teams/mappings", json=body, headers=read, timeout=30).status_code == 403
+    r = httpx.put(api.url + "/api/v1/teams/mappings", json=body, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["recorded_by"] == "finance"
+    for bad in ({**body, "kind": "unix_group"}, {**body, "team": ""}, {**body, "extra": 1}, {**body, "match": "x" * 201},
+                {"kind": "k8s_label", "match": "nolabel", "team": "t"}):
+        assert httpx.put(api.url + "/api/v1/teams/mappings", json=bad, headers=admin, timeout=30).status_code == 422, bad
+    assert [m["team"] for m in httpx.get(api.url + "/api/v1/teams/mappings", headers=read, timeout=30).json()] == ["vision"]
+    u = httpx.get(api.url + "/api/v1/teams/usage", params={"month": "2024-04"}, headers=read, timeout=60).json()
+    teams_ = {t["team"]: t for t in u["teams"]}
+    assert u["start"].startswith("2024-04-01") and teams_["vision"]["gpu_hours"] > 41003 / 3600 - 1e-9
+    j = httpx.get(api.url + "/api/v1/teams/jobs", params={"month": "2024-04", "limit": 3}, headers=read, timeout=60).json()
+    assert len(j) <= 3 and all("gpu_hours" in x for x in j)
+    q = httpx.get(api.url + "/api/v1/teams/queue", params={"start": "2023-05-01T00:00:00Z", "end": "2024-05-01T00:00:00Z"}, headers=read, timeout=60).json()
+    assert sum(o["jobs"] for o in q["outcomes"]) == 90
+    for params in ({"month": "2024-4"}, {"month": "'; drop"}, {"start": "2024-01-01T00:00:00"}, {"start": "2020-01-01T00:00:00Z", "end": "2024-01-01T00:00:00Z"},
+                   {"month": "2024-13"}):
+        assert httpx.get(api.url + "/api/v1/teams/usage", params=params, headers=read, timeout=30).status_code in (400, 422), params
+
+
+def test_cli(tmp_path, realdata):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+
+    assert run("ingest", str(realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt")).returncode == 0
+    h = run("teams", "--help")
+    assert "fleetscope teams usage --month 2026-11" in h.stdout
+    m = run("teams", "map", "slurm_user", "user420", "--team", "vision", "--by", "alice", "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["recorded_by"] == "alice"
+    u = run("teams", "usage", "--month", "2024-04", "--json")
+    got = {t["team"]: t for t in json.loads(u.stdout)["teams"]}
+    assert got["vision"]["jobs"] >= 1
+    assert "vision" in run("teams", "usage", "--month", "2024-04").stdout
+    assert run("teams", "usage", "--month", "April").returncode != 0
+    q = run("teams", "queue", "--start", "2023-01-01T00:00:00Z", "--end", "2025-01-01T00:00:00Z")
+    assert q.returncode == 0 and "NODE_FAIL" in q.stdout
