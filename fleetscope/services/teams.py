@@ -15,9 +15,11 @@ from typing import Any
 import polars as pl
 
 from analyzers import chargeback
+from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
 from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
+from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
 from fleetscope.services import serving as serving_service
@@ -155,3 +157,38 @@ def month_bounds(month: str) -> tuple[dt.datetime, dt.datetime]:
     except (ValueError, TypeError):
         raise ValidationError(f"month {month[:20]!r} is not YYYY-MM", frame="report", field="month") from None
     return start, (dt.datetime(y + 1, 1, 1, tzinfo=dt.UTC) if m == 12 else dt.datetime(y, m + 1, 1, tzinfo=dt.UTC))
+
+
+IDLE_LOOKBACK = dt.timedelta(hours=6)
+
+
+def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio: float | None = None, min_idle_s: float | None = None) -> pl.DataFrame:
+    """Findings for running scheduler jobs whose GPUs sat idle past the threshold (``analyzers.idle_allocations``),
+    over the last ``IDLE_LOOKBACK`` of telemetry, priced from the price book where it can be."""
+    end = as_utc(end)
+    start = end - IDLE_LOOKBACK
+    jobs = jobs_in(store, start, end).filter(pl.col("state") == "RUNNING")
+    if not jobs.height:
+        return idle.idle_findings(pl.DataFrame(schema={"cluster": pl.String, "job_id": pl.String, "gpu_uuid": pl.String}), pl.DataFrame())
+    jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
+    jg = job_gpus(store, jobs).join(jobs.select("cluster", "job_id", "team", "account"), on=["cluster", "job_id"])
+    if not jg.height:
+        return idle.idle_findings(jg, pl.DataFrame())
+    gpus = store.read("gpu", gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["gpu_uuid", "host"])
+    jg = jg.join(gpus, on="gpu_uuid", how="left")
+    samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["ts", "gpu_uuid", "util_ratio"])
+    # only the samples while the job held them: a GPU idle before the job started is not the job's waste
+    spans = jobs.select("cluster", "job_id", "start_at")
+    held = jg.join(spans, on=["cluster", "job_id"]).join(samples, on="gpu_uuid").filter(pl.col("ts") >= pl.col("start_at"))
+    sites, prices, priced = _sites(store), serving_service.price_book(store), {}
+    for r in jobs.iter_rows(named=True):
+        hosts = expand_hostlist(r.get("nodes")) if r.get("nodes") else []
+        model = (r.get("gpu_types") or "").split(",")[0].split(":")[0] if r.get("gpu_types") else ""
+        p, cur = chargeback.price_at(prices, sites.get(hosts[0]) if hosts else None, model, end, "gpu_hour_price")
+        if p is not None:
+            priced[(r["cluster"] or "", r["job_id"])] = (p, cur or "")
+    kw = {k: v for k, v in (("threshold_ratio", threshold_ratio), ("min_idle_s", min_idle_s)) if v is not None}
+    out = pl.concat([idle.idle_findings(g.select("cluster", "job_id", "gpu_uuid", "team", "account", "host"),
+                                        g.select("ts", "gpu_uuid", "util_ratio"), prices=priced, **kw)
+                     for _, g in held.group_by(["cluster", "job_id"])]) if held.height else idle.idle_findings(jg, pl.DataFrame())
+    return out
