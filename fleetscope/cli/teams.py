@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from fleetscope.cli.common import _emit, _store, _utc_option
+from fleetscope.cli.common import _emit, _settings, _store, _utc_option
 from fleetscope.core.errors import FleetscopeError
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -52,6 +52,7 @@ def teams() -> None:
       fleetscope teams usage --month 2026-11
       fleetscope teams jobs --month 2026-11 --limit 10 --json
       fleetscope teams queue --start 2026-11-01T00:00:00Z
+      fleetscope teams report --month 2026-11
     """
 
 
@@ -132,3 +133,24 @@ def queue(month: str | None, start_text: str | None, end_text: str | None, as_js
               for r in out["queue_wait"]]
     lines += ["", "end state      jobs   GPU-h"] + [f"{r['state']:<14} {r['jobs']:>4} {_num(r['gpu_hours']):>7}" for r in out["outcomes"]]
     _emit(as_json, out, "\n".join(lines))
+
+
+@teams.command("report")
+@click.option("--month", required=True, help="The calendar month, YYYY-MM (UTC), e.g. 2026-11.")
+@click.option("--out", "out_dir", default=None, help="Directory for showback-MONTH.csv and .pdf (default: the data directory's reports/).")
+@_JSON
+def report(month: str, out_dir: str | None, as_json: bool) -> None:
+    """The month's showback report per team, as CSV and PDF (beat writes last month's on the 1st).
+
+    \b
+    Example:
+      fleetscope teams report --month 2026-11 --out ./reports
+    """
+    from fleetscope.services import teams as svc
+
+    target = out_dir or str(_settings().data_dir / "reports")
+    out = _call(svc.write_showback, _store(), month, target)
+    rows = out["report"]["teams"]
+    text = "\n".join([f"{k:<5} {v}" for k, v in out["files"].items()] +
+                     [f"{r['team']:<20} {_num(r['gpu_hours']):>12} GPU-h {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows])
+    _emit(as_json, out, text)

@@ -9,7 +9,11 @@ Reads the store (``sched_job``, ``sched_job_node``, ``sched_account``, ``team_ma
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
+import re
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -25,6 +29,7 @@ from fleetscope.services import auditlog
 from fleetscope.services import serving as serving_service
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
+from governance import reports
 
 MAX_JOBS = 2_000_000
 _NAME_MAX = 200
@@ -150,7 +155,9 @@ def queue(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetim
 
 
 def month_bounds(month: str) -> tuple[dt.datetime, dt.datetime]:
-    """``2026-11`` as [2026-11-01, 2026-12-01) UTC."""
+    """``2026-11`` as [2026-11-01, 2026-12-01) UTC; anything but YYYY-MM is refused (it names report files)."""
+    if not isinstance(month, str) or not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", month):
+        raise ValidationError(f"month {str(month)[:20]!r} is not YYYY-MM", frame="report", field="month")
     try:
         y, m = (int(p) for p in month.split("-", 1))
         start = dt.datetime(y, m, 1, tzinfo=dt.UTC)
@@ -192,3 +199,56 @@ def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio:
                                         g.select("ts", "gpu_uuid", "util_ratio"), prices=priced, **kw)
                      for _, g in held.group_by(["cluster", "job_id"])]) if held.height else idle.idle_findings(jg, pl.DataFrame())
     return out
+
+
+SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "cost", "currency")
+
+
+def showback(store: Store, month: str, *, now: dt.datetime | None = None, top: int = 20) -> dict[str, Any]:
+    """The month's showback report per team: usage, energy and cost, and the top jobs by cost."""
+    start, end = month_bounds(month)
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    costs = job_costs(store, start=start, end=end, now=min(now, end))
+    totals = chargeback.team_totals(costs)
+    top_jobs_ = costs.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(top)
+    return {"title": f"GPU showback {month}", "month": month, "start": start.isoformat(), "end": end.isoformat(), "generated_at": now.isoformat(),
+            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts()}
+
+
+def showback_csv(report: dict[str, Any]) -> bytes:
+    """The report's per-team table as CSV (RFC 4180), one row per team."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\r\n")
+    w.writerow(["month", *SHOWBACK_COLUMNS])
+    for t in report["teams"]:
+        w.writerow([report["month"], *("" if t.get(c) is None else (f"{t[c]:.6f}" if isinstance(t[c], float) else t[c]) for c in SHOWBACK_COLUMNS)])
+    return buf.getvalue().encode()
+
+
+def write_showback(store: Store, month: str, out_dir: Any, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Write ``showback-MONTH.csv`` and ``.pdf`` (``.html`` where PDF rendering is unavailable) under ``out_dir``
+    through the audit reports' rendering (``governance/reports.py``); the paths and the report."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = showback(store, month, now=now)
+    files = {}
+    csv_path = out / f"showback-{month}.csv"
+    csv_path.write_bytes(showback_csv(report))
+    files["csv"] = str(csv_path)
+    html = reports.render_html(report, "showback_report.html.j2")
+    try:
+        pdf = reports.render_pdf(html=html)
+        (out / f"showback-{month}.pdf").write_bytes(pdf)
+        files["pdf"] = str(out / f"showback-{month}.pdf")
+    except reports.PdfUnavailable as exc:
+        (out / f"showback-{month}.html").write_text(html, "utf-8")
+        files["html"] = str(out / f"showback-{month}.html")
+        files["pdf_unavailable"] = str(exc)
+    return {"files": files, "report": report}
+
+
+def previous_month(now: dt.datetime) -> str:
+    """The calendar month before ``now``'s, as YYYY-MM (what beat reports on the 1st)."""
+    first = as_utc(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last = first - dt.timedelta(days=1)
+    return f"{last.year:04d}-{last.month:02d}"

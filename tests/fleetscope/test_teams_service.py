@@ -122,3 +122,31 @@ def test_cli(tmp_path, realdata):
     assert run("teams", "usage", "--month", "April").returncode != 0
     q = run("teams", "queue", "--start", "2023-01-01T00:00:00Z", "--end", "2025-01-01T00:00:00Z")
     assert q.returncode == 0 and "NODE_FAIL" in q.stdout
+    r = run("teams", "report", "--month", "2024-04", "--out", str(tmp_path / "rep"), "--json")
+    assert r.returncode == 0, r.stderr
+    files = json.loads(r.stdout)["files"]
+    assert files["csv"].endswith("showback-2024-04.csv") and "vision" in (tmp_path / "rep/showback-2024-04.csv").read_text()
+    assert run("teams", "report", "--month", "24-4").returncode != 0
+
+
+def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
+    import csv
+    import io
+
+    from fleetscope.worker.app import make_celery
+
+    entry = make_celery().conf.beat_schedule["teams-showback"]
+    assert entry["task"] == "fleetscope.teams_showback"
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    out = teams.write_showback(loaded, "2024-04", tmp_path / "reports", now=dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "reports/showback-2024-04.csv").read_text())))
+    usage = {r["team"]: r for r in teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
+    assert {r["team"] for r in rows} == set(usage) and rows[0]["month"] == "2024-04"
+    v = next(r for r in rows if r["team"] == "vision")
+    assert float(v["gpu_hours"]) == pytest.approx(usage["vision"]["gpu_hours"]) and v["currency"] == "EUR"
+    if "pdf" in out["files"]:
+        assert (tmp_path / "reports/showback-2024-04.pdf").read_bytes().startswith(b"%PDF")
+    else:
+        assert "WeasyPrint" in out["files"]["pdf_unavailable"]
+    assert teams.previous_month(dt.datetime(2026, 12, 1, 2, 30, tzinfo=dt.UTC)) == "2026-11"
+    assert teams.previous_month(dt.datetime(2027, 1, 1, tzinfo=dt.UTC)) == "2026-12"
