@@ -28,7 +28,7 @@ from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store
 from fleetscope.services import audit as audit_service
 from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs,
-                            routes_otlp, routes_remote_write, routes_serving, routes_tokens)
+                            routes_otlp, routes_remote_write, routes_serving, routes_teams, routes_tokens)
 from fleetscope.api.routes_alerts import kick_evaluation
 from fleetscope.services.energy import reroll_jobs
 from prometheus_client import CollectorRegistry
@@ -246,6 +246,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_otlp.router)
     app.include_router(routes_remote_write.router)
     app.include_router(routes_serving.router)
+    app.include_router(routes_teams.router)
     app.include_router(routes_tokens.router)
     return app
 

@@ -14,7 +14,7 @@ import click
 
 from fleetscope import __version__
 # The modules, not their commands: a command named like its module would hide the module's attribute.
-from fleetscope.cli import alerts, audit, db, energy, fleet, governance, health, ingest, jobs, monitoring, processes, serving, tokens, topology
+from fleetscope.cli import alerts, audit, db, energy, fleet, governance, health, ingest, jobs, monitoring, processes, serving, teams, tokens, topology
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetscope")
@@ -51,3 +51,4 @@ main.add_command(governance.governance)
 main.add_command(audit.audit)
 main.add_command(monitoring.monitoring)
 main.add_command(serving.serving)
+main.add_command(teams.teams)

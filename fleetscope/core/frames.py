@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core.scheduler_frames import SCHEDULER_FRAMES
 from fleetscope.core.serving_frames import SERVING_FRAMES
 from fleetscope.core.series import parse_series_key, series_key  # noqa: F401  (the frames' public names)
 from fleetscope.core.spec import (  # noqa: F401  (the frames' public names; _f, _k, _r declare them below)
@@ -580,6 +581,7 @@ FRAMES: dict[str, FrameSpec] = {
         FABRIC_GPU_NIC,
         FABRIC_PORT_SAMPLE,
         *SERVING_FRAMES,
+        *SCHEDULER_FRAMES,
         STEP_BREAKDOWN,
         GPU_ENERGY_MINUTE,
         JOB_ANALYSIS,
@@ -620,6 +622,13 @@ class Batch:
     serving_gauge: pl.DataFrame | None = None
     serving_request: pl.DataFrame | None = None
     serving_slo: pl.DataFrame | None = None
+    sched_account: pl.DataFrame | None = None
+    sched_partition: pl.DataFrame | None = None
+    sched_node: pl.DataFrame | None = None
+    sched_job: pl.DataFrame | None = None
+    sched_job_node: pl.DataFrame | None = None
+    sched_step: pl.DataFrame | None = None
+    team_mapping: pl.DataFrame | None = None
     step_breakdown: pl.DataFrame | None = None
     gpu_energy_minute: pl.DataFrame | None = None
     job_analysis: pl.DataFrame | None = None

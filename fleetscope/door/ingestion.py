@@ -59,6 +59,11 @@ FORMAT_MODULES: list[str] = [
     "ingest.slurm_ib_features",
     "ingest.bytedance_whatif",
     "ingest.model_monitoring",
+    "ingest.slurmrestd",
+    "ingest.slurm_sacct",
+    "ingest.slurm_squeue",
+    "ingest.slurm_scontrol",
+    "ingest.kube_state",
 ]
 
 

@@ -22,6 +22,7 @@ from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
 from fleetscope.observability import tracer
+from fleetscope.services import teams as teams_service
 from fleetscope.services.analysis import Registry
 from fleetscope.store import Store
 from collections.abc import Sequence
@@ -167,6 +168,12 @@ def _slow_fabric(w: WindowRun) -> None:
 def _fabric_attribution(w: WindowRun) -> None:
     fresh = pl.concat([w.shared.get("link_findings", F.FINDING.empty()), w.shared.get("slow", F.FINDING.empty())], how="vertical_relaxed")
     w.found.append(straggler_attribution(w.store, w.start, w.end, links=w.shared.get("topology"), fresh=fresh)["findings"])
+
+
+@WINDOW.register("idle_allocations", modules=("analyzers.idle_allocations",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample", "price_book"),
+                 writes=("finding",), summary="GPUs a scheduler job or pod holds while near-idle past a threshold, with their cost")
+def _idle_allocations(w: WindowRun) -> None:
+    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end))
 
 
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:

@@ -64,6 +64,16 @@ serving_counter = _frame_table(SF.SERVING_COUNTER, Index(None, "ts"), key_order=
 serving_gauge = _frame_table(SF.SERVING_GAUGE, Index(None, "ts"), key_order=("deployment", "metric", "ts", "replica", "model", "version", "labels"))
 serving_request = _frame_table(SF.SERVING_REQUEST, Index(None, "deployment", "arrival"), Index(None, "arrival"))
 serving_slo = _frame_table(SF.SERVING_SLO)
+# Scheduler (fleetscope/core/scheduler_frames.py): jobs are read by period (start, end) and by account.
+from fleetscope.core import scheduler_frames as SCH  # noqa: E402
+
+sched_account = _frame_table(SCH.SCHED_ACCOUNT)
+sched_partition = _frame_table(SCH.SCHED_PARTITION)
+sched_node = _frame_table(SCH.SCHED_NODE)
+sched_job = _frame_table(SCH.SCHED_JOB, Index(None, "start_at"), Index(None, "end_at"), Index(None, "account"))
+sched_job_node = _frame_table(SCH.SCHED_JOB_NODE, Index(None, "host"))
+sched_step = _frame_table(SCH.SCHED_STEP)
+team_mapping = _frame_table(SCH.TEAM_MAPPING)
 # Kept out of FRAMES, like energy_instrument: recorded through its service, with who and when, never pushed.
 price_book = _frame_table(SF.PRICE_BOOK)
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
@@ -201,6 +211,13 @@ TIME_COLUMN: dict[str, str] = {
     "serving_gauge": "ts",
     "serving_request": "arrival",
     "serving_slo": "",
+    "sched_account": "",
+    "sched_partition": "",
+    "sched_node": "",
+    "sched_job": "start_at",
+    "sched_job_node": "",
+    "sched_step": "observed_at",
+    "team_mapping": "",
     "price_book": "valid_from",
     "step_breakdown": "start",
     "job_analysis": "computed_at",

@@ -75,6 +75,8 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "model-monitoring": {"task": "fleetscope.model_monitoring", "schedule": crontab(minute=7)},
             "serving-window": {"task": "fleetscope.serving_window", "schedule": 300.0},
             "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
+            # the month just closed, once its last jobs' accounting has arrived
+            "teams-showback": {"task": "fleetscope.teams_showback", "schedule": crontab(minute=30, hour=2, day_of_month=1)},
         },
     )
     if settings.broker_url.startswith("sqla+"):

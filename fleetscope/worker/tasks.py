@@ -108,6 +108,17 @@ def serving_window(window_s: int = 900) -> dict[str, Any]:
         return {"findings": found.height}
 
 
+@celery_app.task(name="fleetscope.teams_showback")
+def teams_showback(month: str | None = None) -> dict[str, Any]:
+    """Beat's monthly showback report per team (CSV and PDF under the data directory's ``reports/``)."""
+    from fleetscope.services import teams
+
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    month = month or teams.previous_month(dt.datetime.now(dt.UTC))
+    with tracer().start_as_current_span("task.teams_showback"):
+        return teams.write_showback(store(), month, settings.data_dir / "reports")["files"]
+
+
 @celery_app.task(name="fleetscope.audit_report")
 def audit_report() -> dict[str, Any]:
     """Beat's scheduled EU AI Act audit of the whole registry (weekly by default), filed as a report."""

@@ -99,6 +99,19 @@ def between(rows: pl.DataFrame, col: str, a: dt.datetime, b: dt.datetime) -> pl.
 # --- the faults ---------------------------------------------------------------------------------------
 
 
+def idle_slurm_job(a: dt.datetime, b: dt.datetime) -> F.Batch:
+    """A Slurm job (account ml, via slurmrestd) holds both GPUs of n0 from an hour and a half before the fault;
+    scenario ``idle_allocation`` drops their utilisation to 0 from T to T + 50 min."""
+    if not a <= T - 100 * MIN < b:
+        return F.Batch()
+    from fleetscope.core import scheduler_frames as SCH
+
+    job = {"cluster": "hpc", "job_id": "4242", "scheduler": "slurm", "account": "ml", "user": "ana", "partition": "gpu", "state": "RUNNING",
+           "submit_at": T - 95 * MIN, "start_at": T - 90 * MIN, "gpus": 2, "nodes": "n0", "node_count": 1}
+    return F.Batch(sched_job=SCH.frame(SCH.SCHED_JOB, [job]),
+                   sched_job_node=SCH.frame(SCH.SCHED_JOB_NODE, [{"cluster": "hpc", "job_id": "4242", "host": "n0", "gpus": 2}]))
+
+
 def xid(code: int, at: dt.datetime, gpu: str = "GPU-n1-0") -> Callable:
     ev = pl.DataFrame({"ts": [at], "host": [gpu.split("-")[1]], "gpu_uuid": [gpu], "kind": ["xid"], "code": [code],
                        "message": [f"NVRM: Xid (PCI:0000:19:00): {code}"]}, schema_overrides={"ts": F.UTC_US})
@@ -292,6 +305,8 @@ SCENARIOS = {
     "host_down": Scenario(silent=lambda h, t: h == "n3" and T + 3 * MIN <= t < T + 20 * MIN, rules=("HostDown",)),
     "gpu_gone": Scenario(gone=lambda g, t: g == "GPU-n1-1" and T + 3 * MIN <= t < T + 20 * MIN, rules=("GpuStoppedReporting",)),
     "slo_burn": Scenario(act=slo_burns, minutes=80, rules=("ServingSloBurn",)),
+    "idle_allocation": Scenario(gpu=lambda g, t: {"util_ratio": 0.0} if g.startswith("GPU-n0-") and T <= t < T + 50 * MIN else {},
+                                extra=idle_slurm_job, minutes=80, rules=("IdleGpuAllocation",)),
     "site_silent": Scenario(silent=lambda h, t: h != "n0" and T + 3 * MIN <= t < T + 20 * MIN, rules=("TelemetryAbsent",)),
 }
 

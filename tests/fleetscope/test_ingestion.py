@@ -57,6 +57,16 @@ EXPECTED = {
     "serving/triton-trtllm-backend_nv_trt_llm_metrics_doc-example_README.prom": ["triton"],
     "serving/grafana-dashboard_vllm-model-metrics_production-stack.json": [],
     "serving/SOURCES.md": [],
+    "scheduler/SOURCES.md": [],
+    "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt": ["slurm_sacct"],
+    "scheduler/slurm_sstat-parsable_habrok.txt": ["slurm_sstat"],
+    "scheduler/slurm_squeue-dependency-reason-cpus_habrok.txt": ["slurm_squeue"],
+    "scheduler/slurm_scontrol-show-nodes-cfgtres_habrok.txt": ["slurm_scontrol_nodes"],
+    "scheduler/sinfo-N-json_v0.0.39_23.02.5_localhost.json": ["slurmrestd"],
+    "scheduler/squeue-json_v0.0.37_21.08.5_rivos.json": ["slurmrestd"],
+    "scheduler/slurmrestd_v0.0.41_24.05.6_nodes_981x8gpu-fleet.json": ["slurmrestd"],
+    "scheduler/slurmrestd_v0.0.42_24.11_slurm-jobs.json": ["slurmrestd"],
+    "scheduler/slurmrestd_v0.0.44_25.11_slurmdb-job-completed.json": ["slurmrestd"],
 }
 
 
@@ -249,3 +259,28 @@ def test_gzip_members_are_bounded_and_a_forged_trailer_is_not_trusted(monkeypatc
     with pytest.raises(ParseError):
         ingestion.parse(bytes(body), source="forged.json.gz", fmt="kineto")
     assert pieces == [1]
+
+
+def test_cli_ingests_every_scheduler_file(realdata, tmp_path):
+    """`fleetscope ingest DIR` on ../shared/realdata/scheduler: every data file detected and written (only
+    SOURCES.md, the provenance notes, is refused), and the stored figures are the files'."""
+    folder = realdata / "scheduler"
+    proc = run_cli(tmp_path, "ingest", "--json", str(folder))
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    per_file = {os.path.basename(o["source"]): o for o in lines if "source" in o}
+    data_files = sorted(p.name for p in folder.iterdir() if p.name != "SOURCES.md")
+    assert len(data_files) == 32
+    for name in data_files:
+        assert not per_file[name].get("error"), (name, per_file[name])
+        assert per_file[name]["formats"], name
+    assert [n for n, o in per_file.items() if o.get("error")] == ["SOURCES.md"]
+    store = Store.open(f"sqlite:///{tmp_path / 'fleetscope.store.db'}")
+    jobs = store.read("sched_job")
+    habrok = jobs.filter(jobs["cluster"] == "")
+    import polars as pl
+
+    gpu_h = habrok.filter(pl.col("gpus").is_not_null() & pl.col("elapsed_s").is_not_null())
+    assert round(gpu_h.select((pl.col("gpus") * pl.col("elapsed_s")).sum()).item() / 3600, 2) == 220.40
+    nodes = store.read("sched_node")
+    assert nodes.filter(pl.col("host").str.starts_with("fs-mbz-gpu"))["gpus_alloc"].sum() == 2263
+    assert store.counts()["sched_account"] == 10

@@ -1,0 +1,102 @@
+"""Teams and cost over HTTP: the team rules (read; set with the admin scope, recorded under the token's name
+and audit-logged), per team usage and cost for a period, the top jobs by cost, queue waits, pending reasons
+and end states. The same service functions as ``fleetscope teams`` and the Teams & Cost page
+(``fleetscope/services/teams.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Annotated, Any, Literal
+
+import polars as pl
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetscope.api.security import require
+from fleetscope.services import auth
+from fleetscope.services import teams as teams_service
+
+router = APIRouter(prefix="/api/v1/teams", tags=["teams"])
+DEFAULT_WINDOW = dt.timedelta(days=30)
+MAX_WINDOW = dt.timedelta(days=400)
+
+
+def _window(start: dt.datetime | None, end: dt.datetime | None, month: str | None) -> tuple[dt.datetime, dt.datetime]:
+    if month is not None:
+        return teams_service.month_bounds(month)
+    for name, v in (("start", start), ("end", end)):
+        if v is not None and v.tzinfo is None:
+            raise HTTPException(400, f"{name} must carry a time zone (RFC 3339, e.g. 2026-11-01T00:00:00Z)")
+    end = end or dt.datetime.now(dt.UTC)
+    start = start or end - DEFAULT_WINDOW
+    if not start < end or end - start > MAX_WINDOW:
+        raise HTTPException(400, f"start must be before end, at most {MAX_WINDOW.days} days apart")
+    return start, end
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json(x) for x in v]
+    if isinstance(v, dt.datetime):
+        return v.isoformat()
+    return v
+
+
+def _rows(df: pl.DataFrame) -> list[dict[str, Any]]:
+    return _json(df.to_dicts()) if df.height else []
+
+
+Start = Annotated[dt.datetime | None, Query()]
+End = Annotated[dt.datetime | None, Query()]
+Month = Annotated[str | None, Query(pattern=r"^\d{4}-\d{2}$")]
+
+
+class MappingBody(BaseModel):
+    """One team rule as PUT /api/v1/teams/mappings takes it; unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["k8s_label", "slurm_account", "k8s_namespace", "slurm_organization", "slurm_user"]
+    match: str = Field(min_length=1, max_length=200)
+    team: str = Field(min_length=1, max_length=200)
+    cluster: str = Field(default="", max_length=200)
+
+
+@router.put("/mappings")
+async def put_mapping(request: Request, body: MappingBody, token: auth.Token = Depends(require("admin"))) -> dict[str, Any]:
+    """Map a Slurm account, organization or user, a Kubernetes namespace or a label (key=value) to a team."""
+    return await run_in_threadpool(teams_service.set_mapping, request.app.state.store, recorded_by=token.name, **body.model_dump())
+
+
+@router.get("/mappings", dependencies=[Depends(require("read"))])
+async def get_mappings(request: Request) -> list[dict[str, Any]]:
+    """Every team rule, newest first, with who set it and when."""
+    return _rows(await run_in_threadpool(teams_service.mappings, request.app.state.store))
+
+
+@router.get("/usage", dependencies=[Depends(require("read"))])
+async def get_usage(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), cost (default: the last 30 days)."""
+    s, e = _window(start, end, month)
+    df = await run_in_threadpool(teams_service.usage, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
+    return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(df)}
+
+
+@router.get("/jobs", dependencies=[Depends(require("read"))])
+async def get_top_jobs(request: Request, start: Start = None, end: End = None, month: Month = None,
+                       limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[dict[str, Any]]:
+    """The jobs that cost the most in the period, with team, GPU-hours allocated and used, energy and cost."""
+    s, e = _window(start, end, month)
+    return _rows(await run_in_threadpool(teams_service.top_jobs, request.app.state.store, start=s, end=e, limit=limit, now=dt.datetime.now(dt.UTC)))
+
+
+@router.get("/queue", dependencies=[Depends(require("read"))])
+async def get_queue(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
+    """Queue wait per partition (from eligibility), pending reasons and end states as outcomes."""
+    s, e = _window(start, end, month)
+    return _json(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))

@@ -1,0 +1,156 @@
+"""``fleetscope teams``: who uses the GPUs, how well, and what it costs — team rules (Slurm accounts,
+organizations, users, Kubernetes namespaces and labels), per team GPU-hours allocated and used, energy and
+cost, the top jobs by cost, queue waits and end states. The scheduler's records come in with
+``fleetscope ingest`` (sacct, squeue, slurmrestd, kube-state-metrics files)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import click
+
+from fleetscope.cli.common import _emit, _settings, _store, _utc_option
+from fleetscope.core.errors import FleetscopeError
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+_MONTH = click.option("--month", default=None, help="A calendar month, YYYY-MM (UTC); overrides --start/--end.")
+_START = click.option("--start", "start_text", default=None, help="RFC 3339 (default: 30 days before --end).")
+_END = click.option("--end", "end_text", default=None, help="RFC 3339, exclusive (default: now).")
+
+
+def _window(month: str | None, start_text: str | None, end_text: str | None) -> tuple[dt.datetime, dt.datetime]:
+    from fleetscope.services import teams as svc
+
+    if month:
+        return _call(svc.month_bounds, month)
+    end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    return _utc_option(start_text, "--start") or end - dt.timedelta(days=30), end
+
+
+def _num(v: Any, spec: str = ",.2f") -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def _call(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    try:
+        return fn(*args, **kwargs)
+    except (FleetscopeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def teams() -> None:
+    """Teams and cost: GPU-hours allocated and used per team, energy, money, queue waits.
+
+    \b
+    Examples:
+      fleetscope teams map slurm_account ml-research --team nlp
+      fleetscope teams map k8s_label team=vision --team vision
+      fleetscope teams mappings
+      fleetscope teams usage --month 2026-11
+      fleetscope teams jobs --month 2026-11 --limit 10 --json
+      fleetscope teams queue --start 2026-11-01T00:00:00Z
+      fleetscope teams report --month 2026-11
+    """
+
+
+@teams.command("map")
+@click.argument("kind", type=click.Choice(["slurm_account", "slurm_organization", "slurm_user", "k8s_namespace", "k8s_label"]))
+@click.argument("match")
+@click.option("--team", required=True, help="The team it belongs to.")
+@click.option("--cluster", default="", help="Only on this cluster (default: every cluster).")
+@click.option("--by", "actor", default=None, help="Who sets it (default: $USER); recorded in the audit log.")
+@_JSON
+def map_(kind: str, match: str, team: str, cluster: str, actor: str | None, as_json: bool) -> None:
+    """Map a Slurm account/organization/user, a Kubernetes namespace or a label (key=value) to a team."""
+    import getpass
+
+    from fleetscope.services import teams as svc
+
+    out = _call(svc.set_mapping, _store(), kind=kind, match=match, team=team, cluster=cluster, recorded_by=actor or getpass.getuser())
+    _emit(as_json, out, f"{kind} {match} -> {team} (recorded by {out['recorded_by']} at {out['recorded_at']})")
+
+
+@teams.command("mappings")
+@_JSON
+def mappings(as_json: bool) -> None:
+    """Every team rule, newest first."""
+    from fleetscope.services import teams as svc
+
+    rows = svc.mappings(_store()).to_dicts()
+    _emit(as_json, rows, "\n".join(f"{r['kind']:<18} {r['match']:<28} {r['team']:<20} {r['recorded_by']} {r['recorded_at']}" for r in rows)
+          or "no team rules: fleetscope teams map slurm_account ACCOUNT --team TEAM")
+
+
+@teams.command("usage")
+@_MONTH
+@_START
+@_END
+@_JSON
+def usage(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy and cost over the period."""
+    from fleetscope.services import teams as svc
+
+    start, end = _window(month, start_text, end_text)
+    rows = _call(svc.usage, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC)).to_dicts()
+    head = f"{'team':<20} {'jobs':>7} {'GPU-h':>12} {'used GPU-h':>12} {'busy':>6} {'kWh':>10} {'cost':>12}"
+    lines = [head] + [f"{r['team']:<20} {r['jobs']:>7} {_num(r['gpu_hours']):>12} {_num(r['used_gpu_hours']):>12} {_num(r['busy_share'], '.0%'):>6} "
+                      f"{_num(r['energy_kwh']):>10} {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows]
+    _emit(as_json, {"start": start, "end": end, "teams": rows}, "\n".join(lines) if rows else f"no scheduler jobs between {start} and {end}")
+
+
+@teams.command("jobs")
+@_MONTH
+@_START
+@_END
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@_JSON
+def jobs(month: str | None, start_text: str | None, end_text: str | None, limit: int, as_json: bool) -> None:
+    """The jobs that cost the most over the period."""
+    from fleetscope.services import teams as svc
+
+    start, end = _window(month, start_text, end_text)
+    rows = _call(svc.top_jobs, _store(), start=start, end=end, limit=limit, now=dt.datetime.now(dt.UTC)).to_dicts()
+    _emit(as_json, rows, "\n".join(f"{r['job_id']:<16} {r['team']:<16} {r.get('state') or '-':<10} {_num(r['gpu_hours']):>10} GPU-h "
+                                   f"{_num(r['cost']):>10} {r.get('currency') or ''}" for r in rows) or "no jobs")
+
+
+@teams.command("queue")
+@_MONTH
+@_START
+@_END
+@_JSON
+def queue(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
+    """Queue wait per partition (from eligibility), pending reasons and end states."""
+    from fleetscope.services import teams as svc
+
+    start, end = _window(month, start_text, end_text)
+    out = _call(svc.queue, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC))
+    lines = ["partition            started  pending  median wait s  p90 wait s"]
+    lines += [f"{str(r['partition']):<20} {r['started']:>7} {r['pending']:>8} {_num(r['median_wait_s'], ',.0f'):>14} {_num(r['p90_wait_s'], ',.0f'):>11}"
+              for r in out["queue_wait"]]
+    lines += ["", "end state      jobs   GPU-h"] + [f"{r['state']:<14} {r['jobs']:>4} {_num(r['gpu_hours']):>7}" for r in out["outcomes"]]
+    _emit(as_json, out, "\n".join(lines))
+
+
+@teams.command("report")
+@click.option("--month", required=True, help="The calendar month, YYYY-MM (UTC), e.g. 2026-11.")
+@click.option("--out", "out_dir", default=None, help="Directory for showback-MONTH.csv and .pdf (default: the data directory's reports/).")
+@_JSON
+def report(month: str, out_dir: str | None, as_json: bool) -> None:
+    """The month's showback report per team, as CSV and PDF (beat writes last month's on the 1st).
+
+    \b
+    Example:
+      fleetscope teams report --month 2026-11 --out ./reports
+    """
+    from fleetscope.services import teams as svc
+
+    target = out_dir or str(_settings().data_dir / "reports")
+    out = _call(svc.write_showback, _store(), month, target)
+    rows = out["report"]["teams"]
+    text = "\n".join([f"{k:<5} {v}" for k, v in out["files"].items()] +
+                     [f"{r['team']:<20} {_num(r['gpu_hours']):>12} GPU-h {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows])
+    _emit(as_json, out, text)

@@ -1,0 +1,254 @@
+"""Teams and cost: the mapping of Slurm accounts, organizations, users, Kubernetes namespaces and labels to
+teams (set through the API, recorded with who and when, audit-logged), and per team and period the GPU-hours
+allocated and used, energy and cost of the scheduler jobs (``analyzers/chargeback.py``), with the scheduler
+reads the Teams & Cost views share: outcomes, queue waits, pending reasons, top jobs by cost.
+
+Reads the store (``sched_job``, ``sched_job_node``, ``sched_account``, ``team_mapping``, ``gpu``, ``host``,
+``gpu_sample``, ``gpu_workload``) and the price book of ``services/serving.py``; writes ``team_mapping``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analyzers import chargeback
+from analyzers import idle_allocations as idle
+from analyzers import scheduler as sched_analysis
+from fleetscope.core import scheduler_frames as SCH
+from fleetscope.core.errors import ValidationError
+from fleetscope.core.slurm import expand_hostlist
+from fleetscope.core.units import as_utc
+from fleetscope.services import auditlog
+from fleetscope.services import serving as serving_service
+from fleetscope.store import Store
+from fleetscope.store.reads import fetch
+from governance import reports
+
+MAX_JOBS = 2_000_000
+_NAME_MAX = 200
+
+
+def set_mapping(store: Store, *, kind: str, match: str, team: str, cluster: str = "", recorded_by: str,
+                now: dt.datetime | None = None) -> dict[str, Any]:
+    """Map a Slurm account / organization / user, a Kubernetes namespace or a label (``key=value``) to a team;
+    re-sending the same kind, match and cluster moves it. Appended to the audit log: who, when, what."""
+    if kind not in chargeback.KINDS:
+        raise ValidationError(f"kind must be one of {', '.join(chargeback.KINDS)}", frame="team_mapping", field="kind")
+    for name, value in (("match", match), ("team", team), ("cluster", cluster)):
+        if not isinstance(value, str) or len(value) > _NAME_MAX or any(ord(c) < 32 for c in value) or (name != "cluster" and not value.strip()):
+            raise ValidationError(f"{name} must be 1-{_NAME_MAX} printable characters", frame="team_mapping", field=name)
+    if kind == "k8s_label" and "=" not in match:
+        raise ValidationError("a label rule matches key=value", frame="team_mapping", field="match")
+    row = {"kind": kind, "match": match.strip(), "cluster": cluster.strip(), "team": team.strip(), "recorded_by": recorded_by,
+           "recorded_at": as_utc(now or dt.datetime.now(dt.UTC))}
+    store.write_frames([(SCH.TEAM_MAPPING, SCH.frame(SCH.TEAM_MAPPING, [row]))], source=f"team_mapping:{kind}")
+    out = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
+    auditlog.log(store, actor=recorded_by, action="team_mapping", subject=f"{kind}:{row['match']}", payload=out)
+    return out
+
+
+def mappings(store: Store) -> pl.DataFrame:
+    """Every team rule, newest first."""
+    df = store.read("team_mapping")
+    return df.sort("recorded_at", descending=True) if df.height else df
+
+
+def jobs_in(store: Store, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Scheduler jobs whose run overlaps ``[start, end)`` (started before its end and not ended before its start),
+    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end."""
+    schema = dict(SCH.SCHED_JOB.schema)
+    cols = ", ".join(f'"{c}"' for c in schema)
+    t0, t1 = store._time_param(as_utc(start)), store._time_param(as_utc(end))
+    sql = (f"SELECT {cols} FROM sched_job WHERE (start_at IS NOT NULL AND start_at < ? AND (end_at IS NULL OR end_at >= ?))"
+           f" OR (start_at IS NULL AND end_at >= ? AND end_at < ?) OR (state = 'PENDING' AND submit_at < ?) LIMIT {MAX_JOBS}")
+    p = [t1, t0, t0, t1, t1]
+    return fetch(store, sql, p, schema)
+
+
+def _sites(store: Store) -> dict[str, str]:
+    h = store.read("host")
+    return {r["host"]: r["site_id"] for r in h.iter_rows(named=True) if r.get("site_id")} if h.height else {}
+
+
+def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
+    """(cluster, job_id, gpu_uuid) for jobs whose GPUs telemetry names: Slurm jobs by node and device index
+    (``gres_detail``; a node whose GPUs the job holds all of needs none), pods by dcgm-exporter's attribution."""
+    out = pl.DataFrame(schema={"cluster": pl.String, "job_id": pl.String, "gpu_uuid": pl.String})
+    if not jobs.height:
+        return out
+    gpus = store.read("gpu", columns=["gpu_uuid", "host", "gpu_index"])
+    parts = []
+    slurm_jobs = jobs.filter(pl.col("scheduler") != "kubernetes")
+    if slurm_jobs.height and gpus.height:
+        nodes = store.read("sched_job_node").join(slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
+        per_host = gpus.group_by("host").len("host_gpus")
+        n = nodes.join(per_host, on="host", how="left")
+        explicit = (n.filter(pl.col("gpu_indices").is_not_null())
+                    .with_columns(pl.col("gpu_indices").str.split(",").cast(pl.List(pl.Int64)).alias("gpu_index")).explode("gpu_index")
+                    .join(gpus, on=["host", "gpu_index"]))
+        whole = n.filter(pl.col("gpu_indices").is_null() & (pl.col("gpus") == pl.col("host_gpus"))).join(gpus, on="host")
+        parts += [explicit.select("cluster", "job_id", "gpu_uuid"), whole.select("cluster", "job_id", "gpu_uuid")]
+    pods = jobs.filter(pl.col("scheduler") == "kubernetes")
+    if pods.height:
+        w = store.read("gpu_workload", columns=["gpu_uuid", "namespace", "pod"]).unique(["gpu_uuid", "namespace", "pod"])
+        if w.height:
+            j = w.with_columns((pl.col("namespace") + "/" + pl.col("pod")).alias("job_id")).join(pods.select("cluster", "job_id"), on="job_id")
+            parts.append(j.select("cluster", "job_id", "gpu_uuid"))
+    return pl.concat(parts).unique() if parts else out
+
+
+def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+    """Per job: ``busy_ratio`` (mean util_ratio of its GPUs' samples while it held them inside the period)
+    and ``energy_j`` (per GPU, the mean power of those samples × the time held)."""
+    schema = {"cluster": pl.String, "job_id": pl.String, "busy_ratio": pl.Float64, "energy_j": pl.Float64}
+    jg = job_gpus(store, alloc)
+    if not jg.height:
+        return pl.DataFrame(schema=schema)
+    samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["ts", "gpu_uuid", "util_ratio", "power_w"])
+    if not samples.height:
+        return pl.DataFrame(schema=schema)
+    lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
+    spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
+    x = (jg.join(spans, on=["cluster", "job_id"]).join(samples, on="gpu_uuid")
+         .filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e"))))
+    per_gpu = x.group_by("cluster", "job_id", "gpu_uuid").agg(
+        pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
+        ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
+    return per_gpu.group_by("cluster", "job_id").agg(
+        pl.col("u").mean().alias("busy_ratio"),
+        pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j")).select(list(schema))
+
+
+def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Per job in the period: team, GPU-hours allocated and used, energy and cost (``analyzers.chargeback.job_costs``)."""
+    start, end = as_utc(start), as_utc(end)
+    jobs = jobs_in(store, start, end)
+    jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
+    alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=as_utc(now) if now else None)
+    return chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)
+
+
+def usage(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Per team in the period: jobs, GPU-hours allocated and used, busy share, energy (kWh) and cost."""
+    return chargeback.team_totals(job_costs(store, start=start, end=end, now=now))
+
+
+def top_jobs(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 20, now: dt.datetime | None = None) -> pl.DataFrame:
+    """The jobs that cost the most in the period (by cost, then GPU-hours where no price applies)."""
+    c = job_costs(store, start=start, end=end, now=now)
+    return c.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(max(1, min(int(limit), 1000)))
+
+
+def queue(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Queue wait per partition and pending reasons, and end states as outcomes, for jobs in the period."""
+    jobs = jobs_in(store, as_utc(start), as_utc(end))
+    return {"queue_wait": sched_analysis.queue_wait_summary(jobs, as_utc(now) if now else None).to_dicts(),
+            "pending_reasons": sched_analysis.pending_reasons(jobs).to_dicts(),
+            "outcomes": sched_analysis.outcome_summary(jobs).to_dicts()}
+
+
+def month_bounds(month: str) -> tuple[dt.datetime, dt.datetime]:
+    """``2026-11`` as [2026-11-01, 2026-12-01) UTC; anything but YYYY-MM is refused (it names report files)."""
+    if not isinstance(month, str) or not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", month):
+        raise ValidationError(f"month {str(month)[:20]!r} is not YYYY-MM", frame="report", field="month")
+    try:
+        y, m = (int(p) for p in month.split("-", 1))
+        start = dt.datetime(y, m, 1, tzinfo=dt.UTC)
+    except (ValueError, TypeError):
+        raise ValidationError(f"month {month[:20]!r} is not YYYY-MM", frame="report", field="month") from None
+    return start, (dt.datetime(y + 1, 1, 1, tzinfo=dt.UTC) if m == 12 else dt.datetime(y, m + 1, 1, tzinfo=dt.UTC))
+
+
+IDLE_LOOKBACK = dt.timedelta(hours=6)
+
+
+def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio: float | None = None, min_idle_s: float | None = None) -> pl.DataFrame:
+    """Findings for running scheduler jobs whose GPUs sat idle past the threshold (``analyzers.idle_allocations``),
+    over the last ``IDLE_LOOKBACK`` of telemetry, priced from the price book where it can be."""
+    end = as_utc(end)
+    start = end - IDLE_LOOKBACK
+    jobs = jobs_in(store, start, end).filter(pl.col("state") == "RUNNING")
+    if not jobs.height:
+        return idle.idle_findings(pl.DataFrame(schema={"cluster": pl.String, "job_id": pl.String, "gpu_uuid": pl.String}), pl.DataFrame())
+    jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
+    jg = job_gpus(store, jobs).join(jobs.select("cluster", "job_id", "team", "account"), on=["cluster", "job_id"])
+    if not jg.height:
+        return idle.idle_findings(jg, pl.DataFrame())
+    gpus = store.read("gpu", gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["gpu_uuid", "host"])
+    jg = jg.join(gpus, on="gpu_uuid", how="left")
+    samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["ts", "gpu_uuid", "util_ratio"])
+    # only the samples while the job held them: a GPU idle before the job started is not the job's waste
+    spans = jobs.select("cluster", "job_id", "start_at")
+    held = jg.join(spans, on=["cluster", "job_id"]).join(samples, on="gpu_uuid").filter(pl.col("ts") >= pl.col("start_at"))
+    sites, prices, priced = _sites(store), serving_service.price_book(store), {}
+    for r in jobs.iter_rows(named=True):
+        hosts = expand_hostlist(r.get("nodes")) if r.get("nodes") else []
+        model = (r.get("gpu_types") or "").split(",")[0].split(":")[0] if r.get("gpu_types") else ""
+        p, cur = chargeback.price_at(prices, sites.get(hosts[0]) if hosts else None, model, end, "gpu_hour_price")
+        if p is not None:
+            priced[(r["cluster"] or "", r["job_id"])] = (p, cur or "")
+    kw = {k: v for k, v in (("threshold_ratio", threshold_ratio), ("min_idle_s", min_idle_s)) if v is not None}
+    out = pl.concat([idle.idle_findings(g.select("cluster", "job_id", "gpu_uuid", "team", "account", "host"),
+                                        g.select("ts", "gpu_uuid", "util_ratio"), prices=priced, **kw)
+                     for _, g in held.group_by(["cluster", "job_id"])]) if held.height else idle.idle_findings(jg, pl.DataFrame())
+    return out
+
+
+SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "cost", "currency")
+
+
+def showback(store: Store, month: str, *, now: dt.datetime | None = None, top: int = 20) -> dict[str, Any]:
+    """The month's showback report per team: usage, energy and cost, and the top jobs by cost."""
+    start, end = month_bounds(month)
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    costs = job_costs(store, start=start, end=end, now=min(now, end))
+    totals = chargeback.team_totals(costs)
+    top_jobs_ = costs.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(top)
+    return {"title": f"GPU showback {month}", "month": month, "start": start.isoformat(), "end": end.isoformat(), "generated_at": now.isoformat(),
+            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts()}
+
+
+def showback_csv(report: dict[str, Any]) -> bytes:
+    """The report's per-team table as CSV (RFC 4180), one row per team."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\r\n")
+    w.writerow(["month", *SHOWBACK_COLUMNS])
+    for t in report["teams"]:
+        w.writerow([report["month"], *("" if t.get(c) is None else (f"{t[c]:.6f}" if isinstance(t[c], float) else t[c]) for c in SHOWBACK_COLUMNS)])
+    return buf.getvalue().encode()
+
+
+def write_showback(store: Store, month: str, out_dir: Any, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Write ``showback-MONTH.csv`` and ``.pdf`` (``.html`` where PDF rendering is unavailable) under ``out_dir``
+    through the audit reports' rendering (``governance/reports.py``); the paths and the report."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = showback(store, month, now=now)
+    files = {}
+    csv_path = out / f"showback-{month}.csv"
+    csv_path.write_bytes(showback_csv(report))
+    files["csv"] = str(csv_path)
+    html = reports.render_html(report, "showback_report.html.j2")
+    try:
+        pdf = reports.render_pdf(html=html)
+        (out / f"showback-{month}.pdf").write_bytes(pdf)
+        files["pdf"] = str(out / f"showback-{month}.pdf")
+    except reports.PdfUnavailable as exc:
+        (out / f"showback-{month}.html").write_text(html, "utf-8")
+        files["html"] = str(out / f"showback-{month}.html")
+        files["pdf_unavailable"] = str(exc)
+    return {"files": files, "report": report}
+
+
+def previous_month(now: dt.datetime) -> str:
+    """The calendar month before ``now``'s, as YYYY-MM (what beat reports on the 1st)."""
+    first = as_utc(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last = first - dt.timedelta(days=1)
+    return f"{last.year:04d}-{last.month:02d}"

@@ -1,0 +1,152 @@
+"""Teams and cost through the store: the real Hábrók sacct text, a mapping set through the service (audit
+logged), GPU telemetry on one job's GPU, prices from the price book; figures checked by hand."""
+
+import datetime as dt
+
+import polars as pl
+import pytest
+
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ValidationError
+from fleetscope.services import serving, teams
+from ingest import slurm_sacct
+
+APRIL = (dt.datetime(2024, 4, 1, tzinfo=dt.UTC), dt.datetime(2024, 5, 1, tzinfo=dt.UTC))
+JOB_START = dt.datetime(2024, 4, 5, 0, 18, 37, tzinfo=dt.UTC)  # job 7946767 on v100gpu13, 1 GPU, 41003 s
+JOB_END = dt.datetime(2024, 4, 5, 11, 42, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture()
+def loaded(store, realdata):
+    store.write(slurm_sacct.parse((realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt").read_bytes(), source="sacct"))
+    store.write(F.Batch(site=F.conform(F.SITE, pl.DataFrame([{"site_id": "grn", "name": "Groningen"}])),
+                        host=F.conform(F.HOST, pl.DataFrame([{"host": "v100gpu13", "site_id": "grn"}])),
+                        gpu=F.conform(F.GPU, pl.DataFrame([{"gpu_uuid": "GPU-v100-13", "host": "v100gpu13", "gpu_index": 0, "model_name": "V100"}]))))
+    ts = pl.datetime_range(JOB_START - dt.timedelta(minutes=30), JOB_END + dt.timedelta(minutes=30), "1m", eager=True, time_zone="UTC")
+    inside = (ts >= JOB_START) & (ts < JOB_END)
+    samples = pl.DataFrame({"ts": ts, "gpu_uuid": "GPU-v100-13",
+                            "util_ratio": pl.Series(inside).cast(pl.Float64) * 0.5, "power_w": pl.Series(inside).cast(pl.Float64) * 150 + 50})
+    store.write(F.Batch(gpu_sample=F.conform(F.GPU_SAMPLE, samples)))
+    serving.record_price(store, {"site_id": "grn", "gpu_model": "", "valid_from": dt.datetime(2024, 1, 1, tzinfo=dt.UTC), "currency": "EUR",
+                                 "gpu_hour_price": 2.0, "energy_price_per_kwh": 0.25}, recorded_by="finance")
+    return store
+
+
+def test_mapping_is_recorded_and_audited(loaded):
+    out = teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice", now=dt.datetime(2026, 11, 1, tzinfo=dt.UTC))
+    assert out["team"] == "vision" and out["recorded_by"] == "alice"
+    assert teams.mappings(loaded).select("kind", "match", "team").rows() == [("slurm_user", "user420", "vision")]
+    log = loaded.read("audit_log").sort("seq").filter(pl.col("action") == "team_mapping")
+    assert log.select("actor", "subject").rows() == [("alice", "slurm_user:user420")]
+    for bad in ({"kind": "unix_group", "match": "x", "team": "t"}, {"kind": "k8s_label", "match": "nolabel", "team": "t"},
+                {"kind": "slurm_account", "match": "", "team": "t"}, {"kind": "slurm_account", "match": "a\x00", "team": "t"},
+                {"kind": "slurm_account", "match": "a", "team": "x" * 201}):
+        with pytest.raises(ValidationError):
+            teams.set_mapping(loaded, recorded_by="alice", **bad)
+
+
+def test_team_usage_busy_energy_cost(loaded):
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    costs = teams.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    j = costs.filter(pl.col("job_id") == "7946767").row(0, named=True)
+    assert j["team"] == "vision" and j["gpu_hours"] == pytest.approx(41003 / 3600)
+    assert j["used_gpu_hours"] == pytest.approx(41003 / 3600 * 0.5)
+    assert j["energy_kwh"] == pytest.approx(200 * 41003 / 3.6e6)  # 200 W while held
+    assert j["cost"] == pytest.approx(41003 / 3600 * 2.0 + 200 * 41003 / 3.6e6 * 0.25) and j["currency"] == "EUR"
+    u = {r["team"]: r for r in teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
+    # by hand from the sacct rows: GPU jobs of April 2024 clipped to the month
+    raw = costs.filter(pl.col("team") == "vision")
+    assert u["vision"]["gpu_hours"] == pytest.approx(raw["gpu_hours"].sum()) and u["vision"]["busy_share"] == pytest.approx(0.5)
+    assert "unassigned" in u and u["unassigned"]["used_gpu_hours"] is None
+
+
+def test_queue_and_month(loaded):
+    q = teams.queue(loaded, start=dt.datetime(2023, 1, 1, tzinfo=dt.UTC), end=dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
+    assert sum(r["jobs"] for r in q["outcomes"]) == 90
+    assert teams.month_bounds("2026-11") == (dt.datetime(2026, 11, 1, tzinfo=dt.UTC), dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    with pytest.raises(ValidationError):
+        teams.month_bounds("Nov")
+
+
+def test_api_routes(api, realdata):
+    import httpx
+
+    from fleetscope.services import auth
+
+    store = api.app.state.store
+    store.write(slurm_sacct.parse((realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt").read_bytes(), source="sacct"))
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "finance", ["admin"])}
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    body = {"kind": "slurm_user", "match": "user420", "team": "vision"}
+    assert httpx.put(api.url + "/api/v1/teams/mappings", json=body, headers=read, timeout=30).status_code == 403
+    r = httpx.put(api.url + "/api/v1/teams/mappings", json=body, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["recorded_by"] == "finance"
+    for bad in ({**body, "kind": "unix_group"}, {**body, "team": ""}, {**body, "extra": 1}, {**body, "match": "x" * 201},
+                {"kind": "k8s_label", "match": "nolabel", "team": "t"}):
+        assert httpx.put(api.url + "/api/v1/teams/mappings", json=bad, headers=admin, timeout=30).status_code == 422, bad
+    assert [m["team"] for m in httpx.get(api.url + "/api/v1/teams/mappings", headers=read, timeout=30).json()] == ["vision"]
+    u = httpx.get(api.url + "/api/v1/teams/usage", params={"month": "2024-04"}, headers=read, timeout=60).json()
+    teams_ = {t["team"]: t for t in u["teams"]}
+    assert u["start"].startswith("2024-04-01") and teams_["vision"]["gpu_hours"] > 41003 / 3600 - 1e-9
+    j = httpx.get(api.url + "/api/v1/teams/jobs", params={"month": "2024-04", "limit": 3}, headers=read, timeout=60).json()
+    assert len(j) <= 3 and all("gpu_hours" in x for x in j)
+    q = httpx.get(api.url + "/api/v1/teams/queue", params={"start": "2023-05-01T00:00:00Z", "end": "2024-05-01T00:00:00Z"}, headers=read, timeout=60).json()
+    assert sum(o["jobs"] for o in q["outcomes"]) == 90
+    for params in ({"month": "2024-4"}, {"month": "'; drop"}, {"start": "2024-01-01T00:00:00"}, {"start": "2020-01-01T00:00:00Z", "end": "2024-01-01T00:00:00Z"},
+                   {"month": "2024-13"}):
+        assert httpx.get(api.url + "/api/v1/teams/usage", params=params, headers=read, timeout=30).status_code in (400, 422), params
+
+
+def test_cli(tmp_path, realdata):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+
+    assert run("ingest", str(realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt")).returncode == 0
+    h = run("teams", "--help")
+    assert "fleetscope teams usage --month 2026-11" in h.stdout
+    m = run("teams", "map", "slurm_user", "user420", "--team", "vision", "--by", "alice", "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["recorded_by"] == "alice"
+    u = run("teams", "usage", "--month", "2024-04", "--json")
+    got = {t["team"]: t for t in json.loads(u.stdout)["teams"]}
+    assert got["vision"]["jobs"] >= 1
+    assert "vision" in run("teams", "usage", "--month", "2024-04").stdout
+    assert run("teams", "usage", "--month", "April").returncode != 0
+    q = run("teams", "queue", "--start", "2023-01-01T00:00:00Z", "--end", "2025-01-01T00:00:00Z")
+    assert q.returncode == 0 and "NODE_FAIL" in q.stdout
+    r = run("teams", "report", "--month", "2024-04", "--out", str(tmp_path / "rep"), "--json")
+    assert r.returncode == 0, r.stderr
+    files = json.loads(r.stdout)["files"]
+    assert files["csv"].endswith("showback-2024-04.csv") and "vision" in (tmp_path / "rep/showback-2024-04.csv").read_text()
+    assert run("teams", "report", "--month", "24-4").returncode != 0
+
+
+def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
+    import csv
+    import io
+
+    from fleetscope.worker.app import make_celery
+
+    entry = make_celery().conf.beat_schedule["teams-showback"]
+    assert entry["task"] == "fleetscope.teams_showback"
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    out = teams.write_showback(loaded, "2024-04", tmp_path / "reports", now=dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "reports/showback-2024-04.csv").read_text())))
+    usage = {r["team"]: r for r in teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
+    assert {r["team"] for r in rows} == set(usage) and rows[0]["month"] == "2024-04"
+    v = next(r for r in rows if r["team"] == "vision")
+    assert float(v["gpu_hours"]) == pytest.approx(usage["vision"]["gpu_hours"]) and v["currency"] == "EUR"
+    if "pdf" in out["files"]:
+        assert (tmp_path / "reports/showback-2024-04.pdf").read_bytes().startswith(b"%PDF")
+    else:
+        assert "WeasyPrint" in out["files"]["pdf_unavailable"]
+    assert teams.previous_month(dt.datetime(2026, 12, 1, 2, 30, tzinfo=dt.UTC)) == "2026-11"
+    assert teams.previous_month(dt.datetime(2027, 1, 1, tzinfo=dt.UTC)) == "2026-12"
