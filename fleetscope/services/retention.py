@@ -13,7 +13,8 @@
   ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS`` and ``FLEETSCOPE_HOUR_TIER_RETENTION_DAYS`` (``services.tiers``).
 
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
-they are small and they are the record. Each table is pruned in a transaction of its own, so one busy
+they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
+whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day. Each table is pruned in a transaction of its own, so one busy
 table neither holds the others back nor undoes them.
 """
 
@@ -25,7 +26,7 @@ from sqlalchemy import delete
 
 from fleetscope.observability import tracer
 from fleetscope.settings import Settings
-from fleetscope.store import Store, schema
+from fleetscope.store import Store, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
        "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
@@ -62,7 +63,11 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
     with tracer().start_as_current_span("retention.prune"):
         for name, cutoff in cutoffs(now, retention_days, evidence_retention_days, tier_retention_days).items():
             table = schema.metadata.tables[name]
+            dropped = 0
+            if name in partitions.PARTITIONED and partitions.is_partitioned(store.engine, name):
+                # whole days go as partitions; the DELETE below then has only the day the cutoff falls in
+                dropped, _ = partitions.drop_before(store.engine, name, cutoff)
             col = table.c[EVIDENCE.get(name) or schema.TIME_COLUMN[name]]
             with store.engine.begin() as conn:
-                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+                deleted[name] = dropped + conn.execute(delete(table).where(col < cutoff)).rowcount
     return deleted

@@ -45,7 +45,10 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
         if name in big and store.dialect == "sqlite":
             sql, approx = f"SELECT COALESCE(MAX(rowid), 0) AS n FROM {quoted}", True
         elif name in big:
-            sql, approx = f"SELECT GREATEST(reltuples, 0)::bigint AS n FROM pg_class WHERE oid = '{quoted}'::regclass", True
+            # a partitioned table's rows are its partitions' (store.partitions)
+            sql, approx = (f"SELECT (GREATEST(reltuples, 0) + COALESCE((SELECT SUM(GREATEST(c.reltuples, 0)) FROM pg_inherits i"
+                           f" JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{quoted}'::regclass), 0))::bigint AS n"
+                           f" FROM pg_class WHERE oid = '{quoted}'::regclass"), True
         else:
             sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
         df = fetch(store, sql, [], {"n": pl.Int64})

@@ -86,6 +86,17 @@ def tier_rollup(now_iso: str | None = None) -> dict[str, Any]:
         return tiers.advance(store(), now)
 
 
+@celery_app.task(name="fleetscope.partitions_ahead")
+def partitions_ahead(today_iso: str | None = None) -> dict[str, list[str]]:
+    """Beat's hourly tick: PostgreSQL day partitions of the raw telemetry tables for today and the next days
+    (``store.partitions.ensure_ahead``), so no write waits to create one. Nothing on SQLite."""
+    from fleetscope.store import partitions
+
+    today = dt.date.fromisoformat(today_iso) if today_iso else dt.datetime.now(dt.UTC).date()
+    with tracer().start_as_current_span("task.partitions_ahead"):
+        return partitions.ensure_ahead(store().engine, today)
+
+
 @celery_app.task(name="fleetscope.health_window")
 def health_window(window_s: int = 900) -> dict[str, Any]:
     """Beat's five-minute tick: GPU and node health and fabric regressions over the last window, as findings."""
