@@ -220,6 +220,8 @@ def analyse(api: Api, manifest: Any, celery_app: Any, say: Any) -> dict[str, Any
     start = manifest.spec.start
     end = start + dt.timedelta(seconds=manifest.spec.duration_s)
     out["energy"] = celery_app.send_task("fleetscope.energy_rollup", kwargs={"window_start": start.isoformat(), "window_end": end.isoformat()}).get(timeout=300)
+    # the roll-up tiers of the simulated window (beat advances them each minute afterwards), so long ranges read them
+    out["tiers"] = celery_app.send_task("fleetscope.tier_rollup", kwargs={"now_iso": (end + dt.timedelta(minutes=5)).isoformat()}).get(timeout=300)
     out["health"] = celery_app.send_task("fleetscope.health_window", kwargs={"window_s": window_s}).get(timeout=300)
     sspec = manifest.serving
     api.call("PUT", "/api/v1/serving/slos", json={"deployment": sspec.model, "name": "ttft-p99", "kind": "latency",

@@ -77,6 +77,8 @@ class Settings:
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
     evidence_retention_days: int = field(metadata={"env": "FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "doc": "what the analyses derived (roll-ups, per-step breakdowns, findings, health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) kept this long; at least the raw retention", "default": "1095"})
+    minute_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "doc": "the 1-minute roll-up tier of GPU telemetry (gpu_sample_minute) kept this long", "default": "400"})
+    hour_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", "doc": "the 1-hour roll-up tier of GPU telemetry (gpu_sample_hour) kept this long; at least the minute tier's", "default": "1095"})
     hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
@@ -123,6 +125,12 @@ def load() -> Settings:
         # a finding or roll-up must outlive the samples it came from, or an audit reads conclusions with no trail
         raise ValueError(f"FLEETSCOPE_EVIDENCE_RETENTION_DAYS={evidence_days} is shorter than FLEETSCOPE_RETENTION_DAYS={retention_days}: "
                          "keep what the analyses derived at least as long as the raw telemetry")
+    minute_days = _positive("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", 400)
+    hour_days = _positive("FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", 1095)
+    if hour_days < minute_days:
+        # reads past the minute tier's reach fall back to the hour tier, which must then still hold them
+        raise ValueError(f"FLEETSCOPE_HOUR_TIER_RETENTION_DAYS={hour_days} is shorter than FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS={minute_days}: "
+                         "keep the coarser tier at least as long as the finer one")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -138,6 +146,8 @@ def load() -> Settings:
         auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
         retention_days=retention_days,
         evidence_retention_days=evidence_days,
+        minute_tier_retention_days=minute_days,
+        hour_tier_retention_days=hour_days,
         hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
         otel_exporter=otel,
         otel_endpoint=env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),

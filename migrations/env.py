@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 from fleetscope.store import schema
-from fleetscope.store.db import compare_type, make_engine, render_item
+from fleetscope.store.db import compare_type, include_object, make_engine, render_item
 
 config = context.config
 target_metadata = schema.metadata
@@ -18,6 +18,7 @@ def run_migrations_offline() -> None:
         render_as_batch=True,
         compare_type=compare_type,
         render_item=render_item,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -42,6 +43,7 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=compare_type,
         render_item=render_item,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -75,7 +75,8 @@ def db_current(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
     """Delete what is past its retention now, as beat does every hour: raw telemetry after
-    FLEETSCOPE_RETENTION_DAYS, what was derived from it after FLEETSCOPE_EVIDENCE_RETENTION_DAYS.
+    FLEETSCOPE_RETENTION_DAYS, what was derived from it after FLEETSCOPE_EVIDENCE_RETENTION_DAYS, the
+    roll-up tiers after FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS and FLEETSCOPE_HOUR_TIER_RETENTION_DAYS.
 
     \b
     Examples:
@@ -87,8 +88,8 @@ def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
     s = _settings()
     now = _utc_option(now_text, "--now") or dt.datetime.now(dt.UTC)
     if dry_run:
-        cut = {k: v.isoformat() for k, v in retention.cutoffs(now, s.retention_days, s.evidence_retention_days).items()}
+        cut = {k: v.isoformat() for k, v in retention.cutoffs(now, s.retention_days, s.evidence_retention_days, retention.tier_days(s)).items()}
         _emit(as_json, cut, "\n".join(f"{k:<20} rows before {v}" for k, v in cut.items()))
         return
-    deleted = retention.prune(_store(), now, s.retention_days, s.evidence_retention_days)
+    deleted = retention.prune(_store(), now, s.retention_days, s.evidence_retention_days, retention.tier_days(s))
     _emit(as_json, deleted, "\n".join(f"{k:<20} {v:>10,} deleted" for k, v in deleted.items()))

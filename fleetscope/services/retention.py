@@ -9,8 +9,12 @@
   conclusions audits read outlive the samples, and nothing grows forever (the ingest log gains a row per
   push).
 
+- **Roll-up tiers** of GPU telemetry (``TIERS``: ``gpu_sample_minute``, ``gpu_sample_hour``) after their own
+  ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS`` and ``FLEETSCOPE_HOUR_TIER_RETENTION_DAYS`` (``services.tiers``).
+
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
-they are small and they are the record. Each table is pruned in a transaction of its own, so one busy
+they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
+whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day. Each table is pruned in a transaction of its own, so one busy
 table neither holds the others back nor undoes them.
 """
 
@@ -21,7 +25,8 @@ import datetime as dt
 from sqlalchemy import delete
 
 from fleetscope.observability import tracer
-from fleetscope.store import Store, schema
+from fleetscope.settings import Settings
+from fleetscope.store import Store, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
        "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
@@ -33,20 +38,36 @@ EVIDENCE = {
 }
 
 
-def cutoffs(now: dt.datetime, retention_days: int, evidence_retention_days: int) -> dict[str, dt.datetime]:
-    """Each pruned table and the instant before which its rows go."""
+# roll-up tier -> its table (time column: bucket)
+TIERS = {"minute": "gpu_sample_minute", "hour": "gpu_sample_hour"}
+
+
+def tier_days(settings: Settings) -> dict[str, int]:
+    """Each roll-up tier's retention in days, from the settings."""
+    return {"minute": settings.minute_tier_retention_days, "hour": settings.hour_tier_retention_days}
+
+
+def cutoffs(now: dt.datetime, retention_days: int, evidence_retention_days: int,
+            tier_retention_days: dict[str, int] | None = None) -> dict[str, dt.datetime]:
+    """Each pruned table and the instant before which its rows go (tiers default to the evidence retention)."""
     raw = now - dt.timedelta(days=retention_days)
     evidence = now - dt.timedelta(days=evidence_retention_days)
-    return {**dict.fromkeys(RAW, raw), **dict.fromkeys(EVIDENCE, evidence)}
+    tiers = {table: now - dt.timedelta(days=(tier_retention_days or {}).get(tier, evidence_retention_days)) for tier, table in TIERS.items()}
+    return {**dict.fromkeys(RAW, raw), **dict.fromkeys(EVIDENCE, evidence), **tiers}
 
 
-def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retention_days: int) -> dict[str, int]:
+def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retention_days: int,
+          tier_retention_days: dict[str, int] | None = None) -> dict[str, int]:
     """Delete what is past its tier's retention at ``now``; rows deleted per table."""
     deleted: dict[str, int] = {}
     with tracer().start_as_current_span("retention.prune"):
-        for name, cutoff in cutoffs(now, retention_days, evidence_retention_days).items():
+        for name, cutoff in cutoffs(now, retention_days, evidence_retention_days, tier_retention_days).items():
             table = schema.metadata.tables[name]
+            dropped = 0
+            if name in partitions.PARTITIONED and partitions.is_partitioned(store.engine, name):
+                # whole days go as partitions; the DELETE below then has only the day the cutoff falls in
+                dropped, _ = partitions.drop_before(store.engine, name, cutoff)
             col = table.c[EVIDENCE.get(name) or schema.TIME_COLUMN[name]]
             with store.engine.begin() as conn:
-                deleted[name] = conn.execute(delete(table).where(col < cutoff)).rowcount
+                deleted[name] = dropped + conn.execute(delete(table).where(col < cutoff)).rowcount
     return deleted

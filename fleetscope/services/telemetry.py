@@ -13,6 +13,7 @@ from sqlalchemy import inspect
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
+from fleetscope.services import tiers
 from fleetscope.store import Store
 from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql
 
@@ -44,7 +45,10 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
         if name in big and store.dialect == "sqlite":
             sql, approx = f"SELECT COALESCE(MAX(rowid), 0) AS n FROM {quoted}", True
         elif name in big:
-            sql, approx = f"SELECT GREATEST(reltuples, 0)::bigint AS n FROM pg_class WHERE oid = '{quoted}'::regclass", True
+            # a partitioned table's rows are its partitions' (store.partitions)
+            sql, approx = (f"SELECT (GREATEST(reltuples, 0) + COALESCE((SELECT SUM(GREATEST(c.reltuples, 0)) FROM pg_inherits i"
+                           f" JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{quoted}'::regclass), 0))::bigint AS n"
+                           f" FROM pg_class WHERE oid = '{quoted}'::regclass"), True
         else:
             sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
         df = fetch(store, sql, [], {"n": pl.Int64})
@@ -224,8 +228,14 @@ def fleet_series(
     points: int = 48,
     busy_util_ratio: float = 0.1,
     site: str | None = None,
+    tier: str | None = None,
 ) -> pl.DataFrame:
     """Fleet power and utilisation at ``points`` instants evenly spread over ``(start, end]``.
+
+    ``tier`` (default: ``services.tiers.choose_tier`` of the range) says what the probes read: raw samples
+    for a short range, the minute or hour roll-up tier for a long one, so a 30-day panel reads no raw row.
+    A tier probe averages the GPU's bucket means (utilisation, power) and takes its bucket maximum
+    (temperature) over the ``TIER_PROBE`` before the instant.
 
     Each point is a probe: the GPUs' samples over the 1.5 sample intervals before the instant, averaged
     per GPU, then summed (power) or counted (busy GPUs) across the fleet. Reading a probe per point
@@ -241,6 +251,10 @@ def fleet_series(
         "power_w": pl.Float64,
         "temp_max_c": pl.Float64,
     }
+    # a tier never rolled (no beat yet: a fresh embedded install) leaves the read on raw samples
+    tier = tier or tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store))
+    if tier != "raw":
+        return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema)
     first = data_start(store)
     if first is None or end <= start:
         return pl.DataFrame(schema=schema)
@@ -262,6 +276,54 @@ def fleet_series(
         )
     df = fetch(store, " UNION ALL ".join(parts), params, schema)
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
+
+
+TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
+"""How far back a tier probe looks: a few buckets, so the tier's settling lag (``tiers.SETTLE``) leaves no hole."""
+
+
+def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.datetime, points: int, busy_util_ratio: float,
+                       site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    table = tiers.TIER_TABLE[tier]
+    first = fetch(store, f"SELECT MIN(bucket) AS t FROM {table}", [], {"t": UTC})["t"][0]
+    if first is None or end <= start:
+        return pl.DataFrame(schema=schema)
+    start = max(start, first)
+    if end <= start:
+        return pl.DataFrame(schema=schema)
+    points = max(1, int(points))
+    step = (end - start) / points
+    parts: list[str] = []
+    params: list[Any] = []
+    for i in range(points):
+        at = start + step * (i + 1)
+        params += [at, busy_util_ratio, at - TIER_PROBE[tier], at]
+        site_sql = site_gpus_sql(site, params)
+        parts.append(
+            "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
+            " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
+            " SELECT gpu_uuid, AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t"
+            f" FROM {table} WHERE bucket >= ? AND bucket < ?{site_sql} GROUP BY gpu_uuid) x"
+        )
+    df = fetch(store, " UNION ALL ".join(parts), params, schema)
+    return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
+
+
+def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,
+                     tier: str | None = None) -> pl.DataFrame:
+    """One GPU field of one GPU over ``[start, end)``: ``ts, min, max, mean, last, tier`` per sample (raw) or
+    per bucket of the tier ``services.tiers.choose_tier`` picks for the range (a GPU panel's read)."""
+    if field not in F.GPU_SAMPLE.schema or field in ("ts", "gpu_uuid"):
+        raise ValueError(f"gpu_sample has no field {field!r}")
+    tier = tier or tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store))
+    out = {"ts": UTC, "min": pl.Float64, "max": pl.Float64, "mean": pl.Float64, "last": pl.Float64}
+    params = [gpu_uuid, as_utc(start), as_utc(end)]
+    if tier == "raw":
+        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM gpu_sample WHERE gpu_uuid = ? AND ts >= ? AND ts < ? ORDER BY ts"
+    else:
+        aggs = ", ".join(f"{field}_{a} AS {a}" for a in ("min", "max", "mean", "last"))
+        sql = f"SELECT bucket AS ts, {aggs} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"
+    return fetch(store, sql, params, out).with_columns(pl.lit(tier).alias("tier"))
 
 
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:

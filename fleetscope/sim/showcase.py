@@ -301,6 +301,9 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     audit_service.bind(store, settings)  # the audit log's key and checkpoints go beside the reports
     if rollup:
         out["energy"] = energy_service.rollup_window(store, start, end)
+        from fleetscope.services import tiers
+
+        out["tiers"] = tiers.advance(store, end + dt.timedelta(minutes=5))
     job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()
     out["jobs"] = {j: analysis.analyze_job(store, j, now=end).to_dict() for j in job_ids}
     if health:

@@ -34,6 +34,7 @@ from fleetscope.core.units import as_utc
 from fleetscope.core import dcgm_fields
 from fleetscope.core import frames as F
 from fleetscope.store import schema
+from fleetscope.store import partitions
 from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -142,6 +143,8 @@ class Store:
         # is a new health event, or a GPU with one old corrected error would add an event every second.
         self._counter_readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
         self._counter_lock = threading.Lock()
+        # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
+        self._partitioned: frozenset[str] | None = None
         # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
         # last commits, rather than in SQLite's busy handler, which polls with sleeps of up to 100 ms:
         # threads of this process on a lock, other processes (API workers, the worker, the CLI) on an
@@ -247,12 +250,20 @@ class Store:
                 changed, readings = self._changed_counter_readings(events, samples)
                 conformed = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
                 conformed = [(spec, df) for spec, df in conformed if df.height]
+            self._ensure_partitions([(spec.name, df) for spec, df in conformed])
             new_series: dict[str, int] = {}
-            with self._write_lock, self.engine.begin() as conn:
-                for spec, df in conformed:
-                    result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
-                entries = ingest_log(result) if ingest_log is not None else [(source, content_sha256, result.written, result.values)]
-                self._log_ingest(conn, entries)
+            for attempt in (0, 1):
+                try:
+                    with self._write_lock, self.engine.begin() as conn:
+                        for spec, df in conformed:
+                            result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
+                        entries = ingest_log(result) if ingest_log is not None else [(source, content_sha256, result.written, result.values)]
+                        self._log_ingest(conn, entries)
+                    break
+                except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
+                    if attempt or not self._partition_missing(exc, [(spec.name, df) for spec, df in conformed]):
+                        raise
+                    new_series.clear()
             if readings is not None:
                 self._remember_counter_readings(readings)
             self._committed(result, new_series, span)
@@ -283,17 +294,53 @@ class Store:
                 raise ValueError("write_rows takes telemetry and inventory frames only")
             frames = [(spec, r) for spec, r in frames if r.rows]
             result = WriteResult(offered={spec.name: len(r.rows) for spec, r in frames}, values=values)
+            self._ensure_partitions([(spec.name, r) for spec, r in frames])
             new_series: dict[str, int] = {}
-            with self._write_lock, self.engine.begin() as conn:
-                for spec, r in frames:
-                    if spec.name == "metric_sample":
-                        result.written[spec.name] = self._write_metric_rows(conn, r, new_series)
-                    else:
-                        small = self.dialect == "sqlite" or len(r.rows) < _DIRECT_COPY_ROWS
-                        result.written[spec.name] = self._insert(conn, spec.name, r if small else r.frame(spec), spec.key, spec.on_conflict)
-                self._log_ingest(conn, ingest_log(result))
+            for attempt in (0, 1):
+                try:
+                    with self._write_lock, self.engine.begin() as conn:
+                        for spec, r in frames:
+                            if spec.name == "metric_sample":
+                                result.written[spec.name] = self._write_metric_rows(conn, r, new_series)
+                            else:
+                                small = self.dialect == "sqlite" or len(r.rows) < _DIRECT_COPY_ROWS
+                                result.written[spec.name] = self._insert(conn, spec.name, r if small else r.frame(spec), spec.key, spec.on_conflict)
+                        self._log_ingest(conn, ingest_log(result))
+                    break
+                except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
+                    if attempt or not self._partition_missing(exc, [(spec.name, r) for spec, r in frames]):
+                        raise
+                    new_series.clear()
             self._committed(result, new_series, span)
             return result
+
+    def _partition_missing(self, exc: Exception, frames: Sequence[tuple[str, pl.DataFrame | Rows]]) -> bool:
+        """Whether a write failed for want of a day partition this process believed was there (another process
+        dropped it, or the schema was rebuilt): if so, forget what it knew and make them, for one retry."""
+        if self.dialect != "postgresql" or "no partition of relation" not in str(exc):
+            return False
+        partitions.forget_all(self.engine)
+        self._partitioned = None
+        self._ensure_partitions(frames)
+        return True
+
+    def _ensure_partitions(self, frames: Sequence[tuple[str, pl.DataFrame | Rows]]) -> None:
+        """PostgreSQL: the day partitions the rows of partitioned tables fall in, created before the write's
+        transaction opens (``store.partitions``: creating one locks its parent, which the write must not hold)."""
+        if self.dialect != "postgresql":
+            return
+        if self._partitioned is None:
+            self._partitioned = frozenset(t for t in partitions.PARTITIONED if partitions.is_partitioned(self.engine, t))
+        for name, data in frames:
+            if name not in self._partitioned:
+                continue
+            tcol = partitions.PARTITIONED[name]
+            if isinstance(data, Rows):
+                i = data.columns.index(tcol)
+                days = {(schema.EPOCH + dt.timedelta(microseconds=us)).date() for us in {row[i] // 86_400_000_000 * 86_400_000_000 for row in data.rows}}
+            else:
+                days = set(data.get_column(tcol).dt.date().unique().drop_nulls().to_list())
+            partitions.ensure_days(self.engine, name, days)
 
     def _write_metric_rows(self, conn: Connection, r: Rows, new_series: dict[str, int]) -> int:
         at = {c: i for i, c in enumerate(r.columns)}

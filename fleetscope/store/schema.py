@@ -181,9 +181,27 @@ site_energy_minute = _frame_table(F.SITE_ENERGY_MINUTE, Index(None, "site_id", "
 # Keyed (minute, job_id, site_id); a job's period reads the (job_id, minute) index.
 job_energy_minute = _frame_table(F.JOB_ENERGY_MINUTE, Index(None, "job_id", "minute"))
 
+# Roll-up tiers of gpu_sample (fleetscope/core/tier_frames.py): keyed like gpu_sample, (gpu_uuid, bucket), for one
+# GPU's range; the bucket index serves fleet-wide probes and retention.
+from fleetscope.core.tier_frames import TIER_FRAMES  # noqa: E402
+
+for _spec in TIER_FRAMES.values():
+    _frame_table(_spec, Index(None, "bucket"), key_order=("gpu_uuid", "bucket"))
+gpu_sample_minute, gpu_sample_hour = metadata.tables["gpu_sample_minute"], metadata.tables["gpu_sample_hour"]
+
+# How far each roll-up tier has been rolled: the tier task advances from here, never re-reading a closed window.
+rollup_watermark = Table(
+    "rollup_watermark",
+    metadata,
+    Column("tier", String(40), primary_key=True, comment="minute or hour"),
+    Column("rolled_to", UTCDateTime(), nullable=False, comment="every bucket before this instant is rolled"),
+    Column("rolled_at", UTCDateTime(), nullable=False, comment="when it last advanced"),
+    comment="Watermarks of the gpu_sample roll-up tiers (services/tiers.py).",
+)
+
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
-                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK}
+                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK, **TIER_FRAMES}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
@@ -228,4 +246,6 @@ TIME_COLUMN: dict[str, str] = {
     "model_prediction": "ts",
     "model_outcome": "ts",
     "monitoring_window": "window_start",
+    "gpu_sample_minute": "bucket",
+    "gpu_sample_hour": "bucket",
 }

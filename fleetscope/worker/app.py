@@ -70,6 +70,8 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
             "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
+            "tier-rollup": {"task": "fleetscope.tier_rollup", "schedule": 60.0},
+            "partitions-ahead": {"task": "fleetscope.partitions_ahead", "schedule": crontab(minute=3)},
             "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
             # a few minutes past the hour, once the last hourly window has closed and its late pushes landed
             "model-monitoring": {"task": "fleetscope.model_monitoring", "schedule": crontab(minute=7)},

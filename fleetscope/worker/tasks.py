@@ -39,7 +39,8 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.retention"):
-        return retention_service.prune(store(), now, settings.retention_days, settings.evidence_retention_days)
+        return retention_service.prune(store(), now, settings.retention_days, settings.evidence_retention_days,
+                                       retention_service.tier_days(settings))
 
 
 @celery_app.task(name="fleetscope.analyze_job")
@@ -72,6 +73,28 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
     with tracer().start_as_current_span("task.energy_rollup"):
         return rollup_window(store(), start, end)
+
+
+@celery_app.task(name="fleetscope.tier_rollup")
+def tier_rollup(now_iso: str | None = None) -> dict[str, Any]:
+    """Beat's minute tick: advance the GPU telemetry roll-up tiers (minute from raw, hour from minute) from their
+    watermarks over the buckets closed since (``services.tiers``)."""
+    from fleetscope.services import tiers
+
+    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.tier_rollup"):
+        return tiers.advance(store(), now)
+
+
+@celery_app.task(name="fleetscope.partitions_ahead")
+def partitions_ahead(today_iso: str | None = None) -> dict[str, list[str]]:
+    """Beat's hourly tick: PostgreSQL day partitions of the raw telemetry tables for today and the next days
+    (``store.partitions.ensure_ahead``), so no write waits to create one. Nothing on SQLite."""
+    from fleetscope.store import partitions
+
+    today = dt.date.fromisoformat(today_iso) if today_iso else dt.datetime.now(dt.UTC).date()
+    with tracer().start_as_current_span("task.partitions_ahead"):
+        return partitions.ensure_ahead(store().engine, today)
 
 
 @celery_app.task(name="fleetscope.health_window")

@@ -1,0 +1,147 @@
+"""Roll-up tiers of GPU telemetry against the store: advancing them from their watermarks, and choosing the tier
+a read of a range goes to.
+
+The minute tier (``gpu_sample_minute``) is rolled from raw ``gpu_sample`` rows, the hour tier
+(``gpu_sample_hour``) from the minute tier, by ``analyzers.tiers``. Each advances from its watermark
+(``rollup_watermark``) over closed buckets only, so a tick reads what arrived since the last one and
+never a whole window again; a minute closes ``SETTLE`` after its end (the energy roll-up, whose exact
+figures the tier carries, re-rolls the last ten minutes each minute, so by then it has the minute).
+Samples arriving later than that for a rolled minute stay in the raw tier only.
+
+A read of a range asks ``choose_tier``: raw up to ``RAW_MAX_RANGE``, the minute tier up to
+``MINUTE_MAX_RANGE``, the hour tier beyond, and never a tier whose retention no longer reaches the
+range's start (README "Scale out").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import polars as pl
+from sqlalchemy import select
+
+from analyzers import tiers as tier_rollup
+from fleetscope.core import frames as F
+from fleetscope.core.tier_frames import GPU_SAMPLE_HOUR, GPU_SAMPLE_MINUTE
+from fleetscope.core.units import as_utc
+from fleetscope.observability import tracer
+from fleetscope.store import Store, schema
+
+SETTLE = dt.timedelta(minutes=3)
+"""A minute is rolled this long after it ends."""
+MAX_CHUNK = dt.timedelta(hours=1)
+"""The most raw time one roll reads at once (a catch-up after an outage goes in chunks of this)."""
+RAW_MAX_RANGE = dt.timedelta(hours=6)
+MINUTE_MAX_RANGE = dt.timedelta(days=7)
+TIER_TABLE = {"raw": "gpu_sample", "minute": "gpu_sample_minute", "hour": "gpu_sample_hour"}
+
+
+def floor_to(t: dt.datetime, tier: str) -> dt.datetime:
+    t = as_utc(t)
+    return t.replace(second=0, microsecond=0) if tier == "minute" else t.replace(minute=0, second=0, microsecond=0)
+
+
+def watermark(store: Store, tier: str) -> dt.datetime | None:
+    """Every bucket of ``tier`` before this instant is rolled; None before the first roll."""
+    wm = schema.rollup_watermark
+    with store.engine.connect() as conn:
+        value = conn.execute(select(wm.c.rolled_to).where(wm.c.tier == tier)).scalar_one_or_none()
+    return None if value is None else as_utc(value)
+
+
+def _set_watermark(store: Store, tier: str, old: dt.datetime | None, new: dt.datetime, now: dt.datetime) -> None:
+    wm = schema.rollup_watermark
+    with store.engine.begin() as conn:
+        if old is None:
+            # two first rolls at once: the second's insert conflicts; its rows were the same (idempotent writes)
+            existing = conn.execute(select(wm.c.rolled_to).where(wm.c.tier == tier)).scalar_one_or_none()
+            if existing is None:
+                conn.execute(wm.insert().values(tier=tier, rolled_to=new, rolled_at=now))
+                return
+        # compare-and-set: a watermark only moves forward
+        conn.execute(wm.update().where(wm.c.tier == tier, wm.c.rolled_to < new).values(rolled_to=new, rolled_at=now))
+
+
+def _first_time(store: Store, table: str, column: str, at_or_after: dt.datetime | None) -> dt.datetime | None:
+    where, params = "", []
+    if at_or_after is not None:
+        where, params = f" WHERE {column} >= ?", [at_or_after]
+    df = store.query(f"SELECT MIN({column}) AS t FROM {table}{where}", params, {"t": F.UTC_US})
+    t = df["t"][0] if df.height else None
+    return None if t is None else as_utc(t)
+
+
+def _advance(store: Store, tier: str, bound: dt.datetime, now: dt.datetime, max_chunks: int) -> dict[str, Any]:
+    """Roll ``tier``'s buckets from its watermark up to ``bound``, in chunks; the hour tier reads the minute tier."""
+    source, column, chunk = ("gpu_sample", "ts", MAX_CHUNK) if tier == "minute" else ("gpu_sample_minute", "bucket", dt.timedelta(hours=24))
+    spec = GPU_SAMPLE_MINUTE if tier == "minute" else GPU_SAMPLE_HOUR
+    wm = watermark(store, tier)
+    buckets = rows = chunks = 0
+    while chunks < max_chunks:
+        # a gap with no data is skipped in one step rather than rolled as empty chunks
+        nxt = _first_time(store, source, column, wm)
+        if nxt is None or floor_to(nxt, tier) >= bound:
+            if wm is not None and wm < bound:
+                _set_watermark(store, tier, wm, bound, now)
+                wm = bound
+            break
+        lo = floor_to(nxt, tier) if wm is None else max(wm, floor_to(nxt, tier))
+        hi = min(bound, lo + chunk)
+        if tier == "minute":
+            samples = store.read("gpu_sample", start=lo, end=hi)
+            energy = store.read("gpu_energy_minute", start=lo, end=hi, columns=["minute", "gpu_uuid", "energy_j", "covered_s"])
+            out = tier_rollup.minute_rollup(samples, energy)
+        else:
+            out = tier_rollup.hour_rollup(store.read("gpu_sample_minute", start=lo, end=hi))
+        if out.height:
+            store.write_frames([(spec, out)], source=f"tier_rollup:{tier}:{lo.isoformat()}")
+        _set_watermark(store, tier, wm, hi, now)
+        buckets += int((hi - lo).total_seconds() // (60 if tier == "minute" else 3600))
+        wm, rows, chunks = hi, rows + out.height, chunks + 1
+    return {"watermark": wm.isoformat() if wm else None, "buckets": buckets, "rows": rows, "chunks": chunks}
+
+
+def advance(store: Store, now: dt.datetime, max_chunks: int = 24) -> dict[str, Any]:
+    """Roll every closed bucket since each tier's watermark (minutes from raw, then hours from minutes), at most
+    ``max_chunks`` chunks per tier per call; what each tier did. Idempotent: a bucket rolled twice is the same row."""
+    now = as_utc(now)
+    with tracer().start_as_current_span("tiers.advance"):
+        minute = _advance(store, "minute", floor_to(now - SETTLE, "minute"), now, max_chunks)
+        minute_wm = watermark(store, "minute")
+        hour = (_advance(store, "hour", floor_to(minute_wm, "hour"), now, max_chunks) if minute_wm is not None
+                else {"watermark": None, "buckets": 0, "rows": 0, "chunks": 0})
+        return {"minute": minute, "hour": hour}
+
+
+def rolled_tiers(store: Store) -> frozenset[str]:
+    """The tiers that have been rolled at least once (one small-table read)."""
+    wm = schema.rollup_watermark
+    with store.engine.connect() as conn:
+        return frozenset(r[0] for r in conn.execute(select(wm.c.tier)))
+
+
+def choose_tier(start: dt.datetime, end: dt.datetime, *, now: dt.datetime | None = None,
+                retention_days: dict[str, int] | None = None, rolled: frozenset[str] | None = None) -> str:
+    """The tier a read of ``[start, end)`` goes to: ``raw``, ``minute`` or ``hour`` (module docstring). With
+    ``now`` and ``retention_days`` (tier -> days: raw, minute), a tier whose retention no longer reaches
+    ``start`` is passed over for the next coarser one. With ``rolled`` (``rolled_tiers``), a tier never
+    rolled falls back to the finer one that has been (in the end raw): no beat has run yet."""
+    span = as_utc(end) - as_utc(start)
+    tier = "raw" if span <= RAW_MAX_RANGE else "minute" if span <= MINUTE_MAX_RANGE else "hour"
+    if now is not None and retention_days:
+        order = ("raw", "minute", "hour")
+        for name in order[order.index(tier):-1]:
+            days = retention_days.get(name)
+            if days is not None and as_utc(start) < as_utc(now) - dt.timedelta(days=days):
+                tier = order[order.index(name) + 1]
+    if rolled is not None:
+        while tier != "raw" and tier not in rolled:
+            tier = "minute" if tier == "hour" else "raw"
+    return tier
+
+
+def tier_rows(store: Store, tier: str, start: dt.datetime, end: dt.datetime, columns: list[str] | None = None,
+              gpu_uuid: str | list[str] | None = None) -> pl.DataFrame:
+    """Rows of a roll-up tier over ``[start, end)`` (by bucket start)."""
+    return store.read(TIER_TABLE[tier], start=start, end=end, columns=columns, gpu_uuid=gpu_uuid)

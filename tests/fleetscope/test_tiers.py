@@ -1,0 +1,207 @@
+"""Roll-up tiers of GPU telemetry (services/tiers.py, analyzers/tiers.py): values against raw computed here
+independently, incremental advance from the watermark, retention per tier, and tier choice by range."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import polars as pl
+import pytest
+
+from analyzers import tiers as tier_rollup
+from fleetscope.core import frames as F
+from fleetscope.services import energy as energy_svc
+from fleetscope.services import retention, telemetry, tiers
+
+T0 = dt.datetime(2026, 11, 2, 9, 0, tzinfo=dt.UTC)
+GPUS = ("GPU-aaaa", "GPU-bbbb", "GPU-cccc")
+INTERVAL_S = 10
+
+
+def _samples(minutes: int, start: dt.datetime = T0) -> pl.DataFrame:
+    """Three GPUs every 10 s: power and utilisation vary by sample, the energy counter integrates power, one GPU
+    drops its temperature every third sample (a null inside a bucket), one field is an integer."""
+    rows = []
+    for g, gpu in enumerate(GPUS):
+        energy = 1.0e6 * (g + 1)
+        for i in range(minutes * 60 // INTERVAL_S):
+            ts = start + dt.timedelta(seconds=i * INTERVAL_S)
+            power = 300.0 + 50 * g + (i * 37 % 23) * 10.0  # 300..~620 W, an H100 SXM's range (TDP 700 W)
+            rows.append({
+                "ts": ts, "gpu_uuid": gpu, "power_w": power, "energy_j": energy,
+                "util_ratio": ((i * 7 + g) % 11) / 10, "temp_c": None if g == 2 and i % 3 == 0 else 40.0 + (i % 13),
+                "fb_used_bytes": (i % 5 + g) * 2**30,
+            })
+            energy += power * INTERVAL_S
+    return F.conform(F.GPU_SAMPLE, pl.DataFrame(rows))
+
+
+def _expected(rows: list[dict], field: str) -> dict[tuple, tuple]:
+    """(bucket, gpu) -> (min, max, mean, last) of ``field`` from raw dicts, by plain Python."""
+    out: dict[tuple, list] = {}
+    for r in sorted(rows, key=lambda r: r["ts"]):
+        key = (r["ts"].replace(second=0, microsecond=0), r["gpu_uuid"])
+        out.setdefault(key, []).append(r[field])
+    res = {}
+    for key, vals in out.items():
+        vs = [v for v in vals if v is not None]
+        res[key] = (min(vs), max(vs), sum(vs) / len(vs), vs[-1]) if vs else (None, None, None, None)
+    return res
+
+
+def test_minute_rollup_matches_raw_computed_independently():
+    raw = _samples(5)
+    got = tier_rollup.minute_rollup(raw)
+    assert got.height == 5 * len(GPUS)
+    assert set(got.columns) >= {"power_w_min", "temp_c_last", "fb_used_bytes_max", "nvlink_rx_bytes_per_s_mean"}
+    rows = raw.to_dicts()
+    for field in ("power_w", "util_ratio", "temp_c", "fb_used_bytes"):
+        exp = _expected(rows, field)
+        for r in got.iter_rows(named=True):
+            e = exp[(r["bucket"], r["gpu_uuid"])]
+            assert (r[f"{field}_min"], r[f"{field}_max"], r[f"{field}_last"]) == (e[0], e[1], e[3]), (field, r["bucket"], r["gpu_uuid"])
+            assert r[f"{field}_mean"] == pytest.approx(e[2], rel=1e-12)
+    assert got["samples"].to_list() == [6] * got.height
+    assert got["fb_used_bytes_min"].dtype == pl.Int64  # an integer field keeps its type but for the mean
+    # a field no sample carries is null in every aggregate, not zero
+    assert got["sm_active_ratio_max"].null_count() == got.height
+
+
+def test_hour_rollup_from_minutes_matches_raw():
+    raw = _samples(120)
+    hours = tier_rollup.hour_rollup(tier_rollup.minute_rollup(raw))
+    assert hours.height == 2 * len(GPUS)
+    for r in hours.iter_rows(named=True):
+        vals = raw.filter((pl.col("gpu_uuid") == r["gpu_uuid"]) & (pl.col("ts").dt.truncate("1h") == r["bucket"])).sort("ts")
+        p = vals["power_w"].to_list()
+        assert (r["power_w_min"], r["power_w_max"], r["power_w_last"]) == (min(p), max(p), p[-1])
+        assert r["power_w_mean"] == pytest.approx(sum(p) / len(p), rel=1e-12)  # present in every sample: exact
+        assert r["samples"] == 360
+        t = [v for v in vals["temp_c"].to_list() if v is not None]
+        assert (r["temp_c_min"], r["temp_c_max"]) == (min(t), max(t))
+    assert hours["gpu_energy_j"].null_count() == hours.height  # no energy roll-up given: unknown, not 0
+
+
+def test_advance_rolls_incrementally_with_exact_energy(store):
+    raw = _samples(130)
+    store.write_frames([(F.GPU_SAMPLE, raw)], source="test")
+    energy_svc.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
+    # first tick: 61 minutes after T0 plus the settling time; only closed minutes are rolled
+    out = tiers.advance(store, T0 + dt.timedelta(minutes=61) + tiers.SETTLE)
+    assert out["minute"]["watermark"] == (T0 + dt.timedelta(minutes=61)).isoformat()
+    assert out["minute"]["rows"] == 61 * len(GPUS)
+    assert out["hour"]["rows"] == len(GPUS) and out["hour"]["watermark"] == (T0 + dt.timedelta(hours=1)).isoformat()
+    # second tick reads only what closed since: one hour's worth of new minutes
+    out2 = tiers.advance(store, T0 + dt.timedelta(minutes=125) + tiers.SETTLE)
+    assert out2["minute"]["buckets"] == 125 - 61 and out2["minute"]["rows"] == (125 - 61) * len(GPUS)
+    assert out2["hour"]["buckets"] == 1
+    again = tiers.advance(store, T0 + dt.timedelta(minutes=125) + tiers.SETTLE)
+    assert again["minute"]["rows"] == 0 and again["hour"]["rows"] == 0  # nothing re-read
+    minutes = store.read("gpu_sample_minute")
+    assert minutes.height == 125 * len(GPUS)
+    em = store.read("gpu_energy_minute")
+    joined = minutes.join(em, left_on=["bucket", "gpu_uuid"], right_on=["minute", "gpu_uuid"])
+    assert joined.height == minutes.height
+    assert (joined["gpu_energy_j"] - joined["energy_j"]).abs().max() == 0.0  # exactly the energy roll-up's figure
+    hours = store.read("gpu_sample_hour").sort("bucket", "gpu_uuid")
+    assert hours.height == 2 * len(GPUS)
+    first = hours.filter((pl.col("gpu_uuid") == "GPU-aaaa") & (pl.col("bucket") == T0)).row(0, named=True)
+    e = em.filter((pl.col("gpu_uuid") == "GPU-aaaa") & (pl.col("minute") < T0 + dt.timedelta(hours=1)))["energy_j"].sum()
+    assert first["gpu_energy_j"] == pytest.approx(e, rel=1e-12)
+    # the counter rose by power x 10 s per sample: the hour's energy is the sum of those steps (the hour's
+    # first interval starts at the previous hour's last sample, which here is T0's own: none before it)
+    rawa = raw.filter(pl.col("gpu_uuid") == "GPU-aaaa").sort("ts")
+    steps = rawa.filter(pl.col("ts") < T0 + dt.timedelta(hours=1))["power_w"].to_list()
+    assert first["gpu_energy_j"] == pytest.approx(sum(steps[:-1]) * INTERVAL_S + steps[-1] * INTERVAL_S, rel=1e-9)
+    p = rawa.filter(pl.col("ts") < T0 + dt.timedelta(hours=1))["power_w"]
+    assert first["power_w_max"] == p.max() and first["power_w_mean"] == pytest.approx(p.mean(), rel=1e-12)
+
+
+def test_advance_skips_a_gap_and_waits_for_the_first_sample(store):
+    assert tiers.advance(store, T0)["minute"]["watermark"] is None  # nothing to roll yet
+    store.write_frames([(F.GPU_SAMPLE, _samples(3))], source="a")
+    store.write_frames([(F.GPU_SAMPLE, _samples(3, T0 + dt.timedelta(days=3)))], source="b")
+    out = tiers.advance(store, T0 + dt.timedelta(days=3, minutes=10))
+    # two chunks with data, not 3 days of empty hour-long chunks
+    assert out["minute"]["chunks"] == 2 and out["minute"]["rows"] == 6 * len(GPUS)
+    assert out["minute"]["watermark"] == (T0 + dt.timedelta(days=3, minutes=7)).isoformat()
+
+
+def test_tier_choice_by_range_and_retention():
+    end = T0
+    assert tiers.choose_tier(end - dt.timedelta(hours=1), end) == "raw"
+    assert tiers.choose_tier(end - dt.timedelta(hours=24), end) == "minute"
+    assert tiers.choose_tier(end - dt.timedelta(days=30), end) == "hour"
+    # a 1-hour range older than the raw retention goes to the minute tier, older than the minute tier's to the hour tier
+    days = {"raw": 30, "minute": 90}
+    assert tiers.choose_tier(end - dt.timedelta(days=40, hours=1), end - dt.timedelta(days=40), now=end, retention_days=days) == "minute"
+    assert tiers.choose_tier(end - dt.timedelta(days=100, hours=1), end - dt.timedelta(days=100), now=end, retention_days=days) == "hour"
+
+
+def test_thirty_day_fleet_series_reads_the_hour_tier_not_raw(store):
+    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    end = T0 + dt.timedelta(hours=2)
+    seen: list[str] = []
+    real = store.query
+
+    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return real(sql, params, schema_)
+
+    store.query = spy  # type: ignore[method-assign]
+    df = telemetry.fleet_series(store, end - dt.timedelta(days=30), end, points=48)
+    assert seen and not any("gpu_sample " in s or "gpu_sample\n" in s or s.rstrip().endswith("gpu_sample") for s in seen)
+    assert all("gpu_sample_hour" in s for s in seen)
+    # the last point (at `end`) covers both hours; its fleet power is the sum over GPUs of each GPU's mean of hour means
+    last = df.row(-1, named=True)
+    hours = store.read("gpu_sample_hour")
+    exp = hours.group_by("gpu_uuid").agg(pl.col("power_w_mean").mean())["power_w_mean"].sum()
+    assert last["gpus_reporting"] == 3 and last["power_w"] == pytest.approx(exp, rel=1e-12)
+    assert last["temp_max_c"] == 52.0
+    seen.clear()
+    day = telemetry.fleet_series(store, end - dt.timedelta(hours=24), end, points=4)
+    assert all("gpu_sample_minute" in s for s in seen) and day.height >= 1
+    seen.clear()
+    telemetry.fleet_series(store, end - dt.timedelta(hours=1), end, points=2)
+    assert any("FROM gpu_sample WHERE" in s for s in seen)  # a short range still reads raw
+    store.query = real  # type: ignore[method-assign]
+
+
+def test_gpu_field_series_per_tier(store):
+    raw = _samples(130)
+    store.write_frames([(F.GPU_SAMPLE, raw)], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    hour = telemetry.gpu_field_series(store, "GPU-bbbb", "power_w", T0 - dt.timedelta(days=29), T0 + dt.timedelta(days=1))
+    assert hour["tier"].unique().to_list() == ["hour"] and hour.height == 2
+    p = raw.filter((pl.col("gpu_uuid") == "GPU-bbbb") & (pl.col("ts") < T0 + dt.timedelta(hours=1)))["power_w"]
+    assert hour.row(0, named=True)["max"] == p.max() and hour.row(0, named=True)["min"] == p.min()
+    minute = telemetry.gpu_field_series(store, "GPU-bbbb", "temp_c", T0, T0 + dt.timedelta(hours=12))
+    assert minute["tier"][0] == "minute" and minute.height == 130
+    rawser = telemetry.gpu_field_series(store, "GPU-bbbb", "temp_c", T0, T0 + dt.timedelta(minutes=1))
+    assert rawser["tier"][0] == "raw" and rawser.height == 6
+    with pytest.raises(ValueError):
+        telemetry.gpu_field_series(store, "GPU-bbbb", "power_w; DROP TABLE gpu", T0, T0 + dt.timedelta(days=30))
+
+
+def test_each_tier_has_its_own_retention(store):
+    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    now = T0 + dt.timedelta(days=10, minutes=30)
+    # raw 400 days; minute tier 10 days (the first 30 minutes go); hour tier 400 days (kept)
+    deleted = retention.prune(store, now, 400, 1095, {"minute": 10, "hour": 400})
+    assert deleted["gpu_sample_minute"] == 30 * len(GPUS)
+    assert deleted["gpu_sample_hour"] == 0 and deleted["gpu_sample"] == 0
+    cut = retention.cutoffs(now, 400, 1095, {"minute": 10, "hour": 20})
+    assert cut["gpu_sample_hour"] == now - dt.timedelta(days=20)
+    assert math.isclose((now - cut["gpu_sample_minute"]).total_seconds(), 10 * 86400)
+
+
+def test_a_tier_never_rolled_leaves_the_read_on_raw(store):
+    store.write_frames([(F.GPU_SAMPLE, _samples(10))], source="test")
+    end = T0 + dt.timedelta(minutes=10)
+    assert tiers.rolled_tiers(store) == frozenset()
+    df = telemetry.fleet_series(store, end - dt.timedelta(days=30), end, points=2)  # no beat yet: raw probes
+    assert df.height >= 1 and df["gpus_reporting"][-1] == 3
+    assert tiers.choose_tier(end - dt.timedelta(days=30), end, rolled=frozenset({"minute"})) == "minute"
