@@ -29,6 +29,7 @@ import json
 
 import polars as pl
 
+from analyzers.serving_energy import price_at
 from fleetscope.core.slurm import expand_hostlist
 
 UNASSIGNED = "unassigned"
@@ -80,17 +81,6 @@ def assign_teams(jobs: pl.DataFrame, mapping: pl.DataFrame, accounts: pl.DataFra
         why.append(rule)
     return jobs.with_columns(pl.Series("team", teams, pl.String), pl.Series("team_rule", why, pl.String))
 
-
-def price_at(prices: pl.DataFrame, site_id: str | None, gpu_model: str, at: dt.datetime, col: str) -> tuple[float | None, str | None]:
-    """The newest ``col`` valid at ``at`` for the site and GPU model, else the site's any-GPU row."""
-    if site_id is None or prices.height == 0:
-        return None, None
-    for model in (gpu_model, ""):
-        p = prices.filter((pl.col("site_id") == site_id) & (pl.col("gpu_model") == model) & (pl.col("valid_from") <= at)
-                          & pl.col(col).is_not_null()).sort("valid_from")
-        if p.height:
-            return float(p[col][-1]), str(p["currency"][-1])
-    return None, None
 
 
 def job_costs(alloc: pl.DataFrame, *, busy: pl.DataFrame | None, prices: pl.DataFrame, sites: dict[str, str], start: dt.datetime) -> pl.DataFrame:

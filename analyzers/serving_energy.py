@@ -88,8 +88,11 @@ class CostPerToken:
         return asdict(self)
 
 
-def _price_at(prices: pl.DataFrame, site_id: str, gpu_model: str, at: object, col: str) -> tuple[float | None, str | None]:
-    """The newest price of ``col`` valid at ``at`` for the site and model, else the site's any-GPU row."""
+def price_at(prices: pl.DataFrame, site_id: str | None, gpu_model: str, at: object, col: str) -> tuple[float | None, str | None]:
+    """The newest price of ``col`` (a ``price_book`` column) valid at ``at`` for the site and GPU model, else
+    the site's any-GPU row; (None, None) where the site has none (or no site is known)."""
+    if site_id is None or prices.height == 0:
+        return None, None
     for model in (gpu_model, ""):
         p = prices.filter((pl.col("site_id") == site_id) & (pl.col("gpu_model") == model) & (pl.col("valid_from") <= at)
                           & pl.col(col).is_not_null()).sort("valid_from")
@@ -109,7 +112,7 @@ def cost_per_token(deployment: str, *, held: pl.DataFrame, gpu_models: dict[str,
     currencies: set[str] = set()
     by_gpu_minute = held.group_by("gpu_uuid", "minute").len() if held.height else held
     for r in by_gpu_minute.iter_rows(named=True) if held.height else []:
-        price, cur = _price_at(prices, site_id, gpu_models.get(r["gpu_uuid"], ""), r["minute"], "gpu_hour_price")
+        price, cur = price_at(prices, site_id, gpu_models.get(r["gpu_uuid"], ""), r["minute"], "gpu_hour_price")
         if price is None:
             unpriced += 1
         else:
@@ -117,7 +120,7 @@ def cost_per_token(deployment: str, *, held: pl.DataFrame, gpu_models: dict[str,
             currencies.add(cur or "")
     energy_cost, note = 0.0, ""
     if held.height and energy_kwh and math.isfinite(energy_kwh):
-        tariff, cur = _price_at(prices, site_id, "", held["minute"].max(), "energy_price_per_kwh")
+        tariff, cur = price_at(prices, site_id, "", held["minute"].max(), "energy_price_per_kwh")
         if tariff is None:
             note = "no energy tariff for the site: energy not priced"
         else:

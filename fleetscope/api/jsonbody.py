@@ -9,7 +9,9 @@ event with column-lineage facets, nests about 10 levels).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 import re
 from typing import Any
 
@@ -100,3 +102,17 @@ class CheckedRoute(APIRoute):
             return await handler(request)
 
         return checked
+
+
+def finite(v: Any) -> Any:
+    """A result made JSON-safe: JSON has no NaN or infinity (RFC 8259 §6), so a quantile or a rate of no
+    data is null; datetimes as ISO 8601."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    if isinstance(v, dt.datetime):
+        return v.isoformat()
+    return v

@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzers.slo import SLO
+from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.core.errors import NotFound
 from fleetscope.services import auth
@@ -34,19 +35,9 @@ def _window(start: dt.datetime | None, end: dt.datetime | None) -> tuple[dt.date
     return (_utc(start, "start") or end - DEFAULT_WINDOW), end
 
 
-def _json(v: Any) -> Any:
-    """JSON has no NaN or infinity: a quantile of no data is null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    return v
-
 
 def _rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    return _json(df.to_dicts()) if df.height else []
+    return jsonbody.finite(df.to_dicts()) if df.height else []
 
 
 async def _call(fn, *a, **kw):  # type: ignore[no-untyped-def]
@@ -100,7 +91,7 @@ async def slo(request: Request, deployment: Deployment, kind: Annotated[str, Que
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     [st] = await _call(serving_service.slo_status, request.app.state.store, [s], now=now)
-    return _json(st)
+    return jsonbody.finite(st)
 
 
 @router.get("/goodput", dependencies=[Depends(require("read"))])
@@ -109,7 +100,7 @@ async def goodput(request: Request, deployment: Deployment, ttft_slo_s: Annotate
     """DistServe goodput (completed requests/s meeting both limits) over the window: ``exact`` from the
     deployment's request log, else ``bounded`` from its histograms (``goodput_low_rps``..``goodput_high_rps``)."""
     start, end = _window(start, end)
-    return _json(await _call(serving_service.goodput, request.app.state.store, deployment, ttft_slo_s=ttft_slo_s,
+    return jsonbody.finite(await _call(serving_service.goodput, request.app.state.store, deployment, ttft_slo_s=ttft_slo_s,
                              tpot_slo_s=tpot_slo_s, start=start, end=end))
 
 
@@ -118,7 +109,7 @@ async def energy(request: Request, deployment: Deployment, start: dt.datetime | 
     """GPU and facility energy per output token over the window (J/token, kWh per million tokens), from the
     GPUs the deployment's pods held, else the server's own energy counter; ``basis`` says which."""
     start, end = _window(start, end)
-    return _json(await _call(serving_service.energy_per_token, request.app.state.store, deployment, start=start, end=end))
+    return jsonbody.finite(await _call(serving_service.energy_per_token, request.app.state.store, deployment, start=start, end=end))
 
 
 @router.get("/health", dependencies=[Depends(require("read"))])
@@ -151,7 +142,7 @@ async def put_slo(request: Request, body: SloBody, token: auth.Token = Depends(r
                 body.threshold_s if body.threshold_s is not None else math.nan, dt.timedelta(days=body.window_days))
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    return _json(await _call(serving_service.put_slo, request.app.state.store, s, actor=token.name, now=dt.datetime.now(dt.UTC)))
+    return jsonbody.finite(await _call(serving_service.put_slo, request.app.state.store, s, actor=token.name, now=dt.datetime.now(dt.UTC)))
 
 
 @router.get("/slos", dependencies=[Depends(require("read"))])
@@ -170,7 +161,7 @@ async def list_slos(request: Request, deployment: Annotated[str | None, Query(ma
                 out.append({"slo": s.name, "deployment": s.deployment, "error": str(exc)})
         return out
 
-    return _json(await run_in_threadpool(run))
+    return jsonbody.finite(await run_in_threadpool(run))
 
 
 class PriceBody(BaseModel):
@@ -193,7 +184,7 @@ async def put_price(request: Request, body: PriceBody, token: auth.Token = Depen
         raise HTTPException(422, "valid_from must carry a time zone")
     if body.gpu_hour_price is None and body.energy_price_per_kwh is None:
         raise HTTPException(422, "give gpu_hour_price, energy_price_per_kwh or both")
-    return _json(await _call(serving_service.record_price, request.app.state.store, body.model_dump(), recorded_by=token.name))
+    return jsonbody.finite(await _call(serving_service.record_price, request.app.state.store, body.model_dump(), recorded_by=token.name))
 
 
 @router.get("/prices", dependencies=[Depends(require("read"))])
@@ -207,7 +198,7 @@ async def cost(request: Request, deployment: Deployment, start: dt.datetime | No
     """Money per million output tokens over the window: GPU-hours held at the price book's GPU-hour price plus
     facility energy at the site's tariff; ``unpriced_gpu_hours`` where no price applies."""
     start, end = _window(start, end)
-    return _json(await _call(serving_service.cost_per_token, request.app.state.store, deployment, start=start, end=end))
+    return jsonbody.finite(await _call(serving_service.cost_per_token, request.app.state.store, deployment, start=start, end=end))
 
 
 @router.get("/crossover", dependencies=[Depends(require("read"))])
@@ -215,4 +206,4 @@ async def crossover(request: Request, model: Annotated[str, Query(min_length=1, 
                     projection_days: Annotated[int, Query(ge=1, le=366)] = 28) -> dict[str, Any]:
     """A model's training cost against its cumulative serving cost (price book), and the date serving
     passed training (observed or projected): the serving-vs-training comparison in money."""
-    return _json(await _call(serving_service.serving_vs_training_cost, request.app.state.store, model, projection_days=projection_days))
+    return jsonbody.finite(await _call(serving_service.serving_vs_training_cost, request.app.state.store, model, projection_days=projection_days))

@@ -6,7 +6,6 @@ and end states. The same service functions as ``fleetscope teams`` and the Teams
 from __future__ import annotations
 
 import datetime as dt
-import math
 from typing import Annotated, Any, Literal
 
 import polars as pl
@@ -14,6 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.services import auth
 from fleetscope.services import teams as teams_service
@@ -36,20 +36,9 @@ def _window(start: dt.datetime | None, end: dt.datetime | None, month: str | Non
     return start, end
 
 
-def _json(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    if isinstance(v, dt.datetime):
-        return v.isoformat()
-    return v
-
 
 def _rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    return _json(df.to_dicts()) if df.height else []
+    return jsonbody.finite(df.to_dicts()) if df.height else []
 
 
 Start = Annotated[dt.datetime | None, Query()]
@@ -99,4 +88,4 @@ async def get_top_jobs(request: Request, start: Start = None, end: End = None, m
 async def get_queue(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
     """Queue wait per partition (from eligibility), pending reasons and end states as outcomes."""
     s, e = _window(start, end, month)
-    return _json(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))
+    return jsonbody.finite(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))

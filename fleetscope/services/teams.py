@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import chargeback
+from analyzers import chargeback, serving_energy
 from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
 from fleetscope.core import scheduler_frames as SCH
@@ -191,7 +191,7 @@ def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio:
     for r in jobs.iter_rows(named=True):
         hosts = expand_hostlist(r.get("nodes")) if r.get("nodes") else []
         model = (r.get("gpu_types") or "").split(",")[0].split(":")[0] if r.get("gpu_types") else ""
-        p, cur = chargeback.price_at(prices, sites.get(hosts[0]) if hosts else None, model, end, "gpu_hour_price")
+        p, cur = serving_energy.price_at(prices, sites.get(hosts[0]) if hosts else None, model, end, "gpu_hour_price")
         if p is not None:
             priced[(r["cluster"] or "", r["job_id"])] = (p, cur or "")
     kw = {k: v for k, v in (("threshold_ratio", threshold_ratio), ("min_idle_s", min_idle_s)) if v is not None}

@@ -260,6 +260,14 @@ def fleet_series(
         return pl.DataFrame(schema=schema)
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
+    inner = "AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM gpu_sample WHERE ts >= ? AND ts < ?"
+    return _probes(store, inner, start, end, points, probe, busy_util_ratio, site, schema)
+
+
+def _probes(store: Store, inner: str, start: dt.datetime, end: dt.datetime, points: int, probe: dt.timedelta,
+            busy_util_ratio: float, site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """``fleet_series``' probes as one query: per instant, each GPU's ``inner`` aggregates (``u``, ``p``,
+    ``t`` over the ``probe`` before it, from raw samples or a tier) folded over the fleet."""
     points = max(1, int(points))
     step = (end - start) / points
     parts: list[str] = []
@@ -271,8 +279,7 @@ def fleet_series(
         parts.append(
             "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
             " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
-            " SELECT gpu_uuid, AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t"
-            f" FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid) x"
+            f" SELECT gpu_uuid, {inner}{site_sql} GROUP BY gpu_uuid) x"
         )
     df = fetch(store, " UNION ALL ".join(parts), params, schema)
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
@@ -291,22 +298,8 @@ def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.date
     start = max(start, first)
     if end <= start:
         return pl.DataFrame(schema=schema)
-    points = max(1, int(points))
-    step = (end - start) / points
-    parts: list[str] = []
-    params: list[Any] = []
-    for i in range(points):
-        at = start + step * (i + 1)
-        params += [at, busy_util_ratio, at - TIER_PROBE[tier], at]
-        site_sql = site_gpus_sql(site, params)
-        parts.append(
-            "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
-            " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
-            " SELECT gpu_uuid, AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t"
-            f" FROM {table} WHERE bucket >= ? AND bucket < ?{site_sql} GROUP BY gpu_uuid) x"
-        )
-    df = fetch(store, " UNION ALL ".join(parts), params, schema)
-    return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
+    inner = f"AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t FROM {table} WHERE bucket >= ? AND bucket < ?"
+    return _probes(store, inner, start, end, points, TIER_PROBE[tier], busy_util_ratio, site, schema)
 
 
 def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,
