@@ -71,6 +71,10 @@ def ensure_days(engine: Engine, table: str, days: set[dt.date]) -> list[str]:
     created = []
     for day in missing:
         with engine.begin() as conn:
+            # Writers of several threads or processes may meet the same new day: IF NOT EXISTS alone races
+            # (both see no table, one fails on the catalog's unique index), so creators of one partition
+            # take turns under a transaction-scoped advisory lock and the later one finds it made.
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": partition_name(table, day)})
             existed = conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": f'public."{partition_name(table, day)}"'}).scalar()
             if not existed:
                 conn.execute(text(create_sql(table, day)))
