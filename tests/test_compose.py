@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,8 +25,8 @@ CADDYFILE = ROOT / "deploy" / "Caddyfile"
 
 def test_services_and_health_checks():
     services = COMPOSE["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker", "beat", "dashboard", "proxy"} <= set(services)
-    for name in ("postgres", "redis", "api", "worker", "beat", "dashboard", "proxy"):
+    assert {"postgres", "redis", "migrate", "api-1", "api-2", "worker", "beat", "dashboard", "proxy"} <= set(services)
+    for name in ("postgres", "redis", "api-1", "api-2", "worker", "beat", "dashboard", "proxy"):
         assert "healthcheck" in services[name], name
 
 
@@ -49,8 +50,9 @@ def test_only_the_tls_proxy_is_published():
             continue
         # anything else reachable from outside the host would skip the proxy's TLS: loopback at most
         assert all(p.startswith("127.0.0.1:") for p in _published(svc)), (name, _published(svc))
-    assert services["api"]["expose"] == ["8000"] and services["dashboard"]["expose"] == ["8501"]
-    for name in ("api", "dashboard"):
+    assert services["api-1"]["expose"] == services["api-2"]["expose"] == ["8000"]
+    assert services["dashboard"]["expose"] == ["8501"]
+    for name in ("api-1", "api-2", "dashboard"):
         assert services["proxy"]["depends_on"][name]["condition"] == "service_healthy"
 
 
@@ -60,7 +62,7 @@ def test_the_proxy_reads_the_repositorys_caddyfile_and_the_operators_certificate
     assert "${TLS_CERT_DIR:-./deploy/tls}:/etc/caddy/tls:ro" in volumes
     text = CADDYFILE.read_text()
     assert "tls {$PROXY_CERT:/etc/caddy/tls/fleetscope.crt} {$PROXY_KEY:/etc/caddy/tls/fleetscope.key}" in text
-    assert "reverse_proxy {$PROXY_API:api:8000}" in text and "reverse_proxy {$PROXY_DASHBOARD:dashboard:8501}" in text
+    assert "reverse_proxy {$PROXY_API:api-1:8000 api-2:8000} {" in text and "reverse_proxy {$PROXY_DASHBOARD:dashboard:8501}" in text
     # the certificate folder exists in a checkout and keeps keys out of git
     assert (ROOT / "deploy" / "tls" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
 
@@ -68,7 +70,7 @@ def test_the_proxy_reads_the_repositorys_caddyfile_and_the_operators_certificate
 def test_migrations_run_once_before_the_service_processes():
     services = COMPOSE["services"]
     assert services["migrate"]["command"] == ["fleetscope", "db", "upgrade"]
-    for name in ("api", "worker", "beat", "dashboard"):
+    for name in ("api-1", "api-2", "worker", "beat", "dashboard"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         env = services[name]["environment"]
         assert env["FLEETSCOPE_DATABASE_URL"].startswith("postgresql+psycopg://")
@@ -78,8 +80,17 @@ def test_migrations_run_once_before_the_service_processes():
 
 def test_environment_names_are_real_settings():
     known = {name for name, _, _ in settings.table()}
-    env = COMPOSE["services"]["api"]["environment"]
+    env = COMPOSE["services"]["api-1"]["environment"]
     assert set(env) <= known, set(env) - known
+
+
+def test_the_proxy_spreads_over_every_api_replica_and_the_workers_scale():
+    services = COMPOSE["services"]
+    replicas = sorted(name for name in services if name.startswith("api-"))
+    assert services["proxy"]["environment"]["PROXY_API"].split() == [f"{name}:8000" for name in replicas]
+    assert all(services[name]["command"] == services["api-1"]["command"] for name in replicas)
+    assert services["worker"]["deploy"]["replicas"] == "${FLEETSCOPE_WORKER_REPLICAS:-2}"
+    assert "${FLEETSCOPE_API_WORKERS:-2}" in services["api-1"]["command"]
 
 
 def test_database_has_a_volume():
@@ -178,6 +189,72 @@ def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
             # Plain HTTP to the TLS port is refused by the TLS server itself, never forwarded.
             plain = httpx.get(f"http://127.0.0.1:{proxy_port}/healthz", timeout=5)
             assert plain.status_code == 400 and "HTTP request to an HTTPS server" in plain.text
+        finally:
+            caddy.terminate()
+            caddy.wait(timeout=20)
+
+
+def _requests_served(base: str, secret: str, path: str) -> float:
+    """How many requests for ``path`` this one API process has answered, from its own /metrics."""
+    text = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {secret}"}, timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("fleetscope_http_request_duration_seconds_count{") and f'route="{path}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="Caddy is not installed (apt-get install caddy)")
+def test_the_proxy_spreads_requests_over_two_api_replicas_and_routes_round_a_dead_one(tmp_path):
+    """deploy/Caddyfile in a real Caddy with two `fleetscope serve` replicas over one store, as the compose
+    stack runs api-1 and api-2: both replicas answer a share of the requests, and after one is killed
+    (SIGKILL) every request still gets its answer from the other."""
+    from dashboard.browser import free_port
+    from fleetscope.services import auth
+    from fleetscope.store import db
+    from tests.fleetscope.test_tls import env_for, running, self_signed, trusting
+
+    cert, key = self_signed(tmp_path)
+    ctx = trusting(cert)
+    ports = [free_port(), free_port()]
+    proxy_port = free_port()
+    env = env_for(tmp_path)
+    proxy = _caddy_env(tmp_path, PROXY_LISTEN=f":{proxy_port}", PROXY_CERT=str(cert), PROXY_KEY=str(key),
+                       PROXY_API=" ".join(f"127.0.0.1:{p}" for p in ports), PROXY_DASHBOARD="127.0.0.1:9")
+    base = f"https://127.0.0.1:{proxy_port}"
+    direct = [f"http://127.0.0.1:{p}" for p in ports]
+    with running(["serve", "--host", "127.0.0.1", "--port", str(ports[0])], env, direct[0] + "/healthz", ctx, tmp_path / "api1.log") as first, \
+         running(["serve", "--host", "127.0.0.1", "--port", str(ports[1])], env, direct[1] + "/healthz", ctx, tmp_path / "api2.log"):
+        engine = db.make_engine(f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}")
+        secret = auth.create_token(engine, "proxy-reader", ["read"])
+        engine.dispose()
+        headers = {"Authorization": f"Bearer {secret}"}
+        caddy = subprocess.Popen(["caddy", "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"], env=proxy,
+                                 stdout=(tmp_path / "caddy.log").open("wb"), stderr=subprocess.STDOUT)
+        try:
+            for _ in range(100):
+                try:
+                    httpx.get(base + "/healthz", verify=ctx, timeout=5)
+                    break
+                except httpx.ConnectError:
+                    assert caddy.poll() is None, (tmp_path / "caddy.log").read_text()[-3000:]
+                    time.sleep(0.2)
+            before = [_requests_served(d, secret, "/api/v1/jobs") for d in direct]
+            with httpx.Client(verify=ctx, timeout=10, headers=headers) as client:
+                # 8 requests in flight at a time, so least_conn has ties to break and loads to compare
+                with ThreadPoolExecutor(8) as pool:
+                    statuses = list(pool.map(lambda _: client.get(base + "/api/v1/jobs").status_code, range(64)))
+            assert statuses == [200] * 64
+            served = [_requests_served(d, secret, "/api/v1/jobs") - b for d, b in zip(direct, before)]
+            assert sum(served) == 64 and min(served) >= 4, served  # each replica took a share, none was skipped
+
+            # Kill the first replica outright: the proxy's dial fails and it tries the other one.
+            first.kill()
+            first.wait(timeout=10)
+            with httpx.Client(verify=ctx, timeout=10, headers=headers) as client:
+                after = [client.get(base + "/api/v1/jobs").status_code for _ in range(20)]
+            assert after == [200] * 20
         finally:
             caddy.terminate()
             caddy.wait(timeout=20)

@@ -60,7 +60,7 @@ def trusting(cert: Path) -> ssl.SSLContext:
 
 
 @contextmanager
-def running(args: list[str], env: dict[str, str], ready_url: str, verify: ssl.SSLContext, log: Path, timeout_s: float = 120) -> Iterator[None]:
+def running(args: list[str], env: dict[str, str], ready_url: str, verify: ssl.SSLContext, log: Path, timeout_s: float = 120) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", *args], env=env, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
@@ -74,7 +74,7 @@ def running(args: list[str], env: dict[str, str], ready_url: str, verify: ssl.SS
                 pass
             assert time.monotonic() < deadline, f"{args[0]} did not answer on {ready_url}: {log.read_text()[-3000:]}"
             time.sleep(0.2)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
