@@ -148,16 +148,21 @@ def _facets(value: Any, path: str, *, deletable: bool) -> Iterator[SchemaIssue]:
         yield from _facet(facet, pointer_join(path, name), deletable=deletable)
 
 
-def _job(value: Any, path: str) -> Iterator[SchemaIssue]:
-    if not isinstance(value, dict):
-        yield SchemaIssue(path, f"expected object, got {_type_name(value)}")
-        return
+def _named(value: Any, path: str) -> Iterator[SchemaIssue]:
+    """A job or dataset: an object with string ``namespace`` and ``name`` and deletable facets."""
     yield from _required(value, ("namespace", "name"), path)
     for k in ("namespace", "name"):
         if k in value:
             yield from _want(value[k], "string", pointer_join(path, k))
     if "facets" in value:
         yield from _facets(value["facets"], pointer_join(path, "facets"), deletable=True)
+
+
+def _job(value: Any, path: str) -> Iterator[SchemaIssue]:
+    if not isinstance(value, dict):
+        yield SchemaIssue(path, f"expected object, got {_type_name(value)}")
+        return
+    yield from _named(value, path)
 
 
 def _run(value: Any, path: str) -> Iterator[SchemaIssue]:
@@ -180,12 +185,7 @@ def _dataset(value: Any, path: str, extra_facets: str | None) -> Iterator[Schema
     if not isinstance(value, dict):
         yield SchemaIssue(path, f"expected object, got {_type_name(value)}")
         return
-    yield from _required(value, ("namespace", "name"), path)
-    for k in ("namespace", "name"):
-        if k in value:
-            yield from _want(value[k], "string", pointer_join(path, k))
-    if "facets" in value:
-        yield from _facets(value["facets"], pointer_join(path, "facets"), deletable=True)
+    yield from _named(value, path)
     if extra_facets and extra_facets in value:
         yield from _facets(value[extra_facets], pointer_join(path, extra_facets), deletable=False)
 
