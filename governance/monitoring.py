@@ -383,73 +383,150 @@ class WindowResult:
 
 
 # --- evaluation ---------------------------------------------------------------------------------
+#
+# Every statistic is computed for all windows of a model at once, over their rows laid end to end
+# (``_Stack``): one bincount, sort or searchsorted per feature, attribute or metric, not one per window.
+# Python objects are built once per window at the end, from lists read out of the arrays.
 
 
-def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.random.Generator) -> list[tuple[AttributeWindow, ...]]:
+_EMPTY = np.empty(0)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """The windows' rows end to end, in window order."""
+
+    n: np.ndarray  # (W,) rows per window
+    win: np.ndarray  # (rows,) each row's window
+    y_true: np.ndarray
+    y_pred: np.ndarray
+    known: np.ndarray  # (rows,) decision and outcome both present
+    binary: np.ndarray  # (W,) every known decision and outcome is 0 or 1 (a confusion table exists)
+    counted: np.ndarray  # (rows,) known, in a binary window: the rows of the confusion tables
+
+
+def _stack(datas: Sequence[WindowData]) -> _Stack:
+    n = np.array([d.n for d in datas], dtype=np.int64)
+    win = np.repeat(np.arange(len(datas)), n)
+    yt = np.concatenate([d.y_true for d in datas]).astype(float, copy=False)
+    yp = np.concatenate([d.y_pred for d in datas]).astype(float, copy=False)
+    known = ~np.isnan(yt) & ~np.isnan(yp)
+    odd = known & ~(((yt == 0.0) | (yt == 1.0)) & ((yp == 0.0) | (yp == 1.0)))
+    binary = np.bincount(win[odd], minlength=len(datas)) == 0
+    return _Stack(n, win, yt, yp, known, binary, known & binary[win])
+
+
+def _metrics_many(datas: Sequence[WindowData], st: _Stack) -> list[dict[str, Any]]:
+    """``_binary`` of every window: one bincount over (window, cell) for the confusion counts."""
+    w_n = len(datas)
+    n_out = np.bincount(st.win[st.known], minlength=w_n).tolist()
+    c = st.counted
+    cells = np.bincount(st.win[c] * 4 + (st.y_true[c] * 2 + st.y_pred[c]).astype(np.int64), minlength=w_n * 4).reshape(w_n, 4).astype(float)
+    tn, fp, fn, tp = (cells[:, i] for i in range(4))
+    n, pos, neg = tp + fp + tn + fn, tp + fn, fp + tn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        acc, sel = ((tp + tn) / n).tolist(), ((tp + fp) / n).tolist()
+        tpr, fpr, fnr = (tp / pos).tolist(), (fp / neg).tolist(), (fn / pos).tolist()
+    binary = st.binary.tolist()
+    out = []
+    for w, d in enumerate(datas):
+        k = n_out[w]
+        if k and not binary[w]:
+            out.append(_binary(d))  # multiclass or regression: exact-match accuracy and MAE, per window
+        elif k:
+            out.append({"n_outcomes": k, "accuracy": acc[w], "tpr": _none(tpr[w]), "fpr": _none(fpr[w]), "fnr": _none(fnr[w]),
+                        "selection_rate": sel[w]})
+        else:
+            out.append({"n_outcomes": 0, "accuracy": None, "tpr": None, "fpr": None, "fnr": None, "selection_rate": None})
+    return out
+
+
+def _fairness_many(datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig, rng: np.random.Generator) -> list[tuple[AttributeWindow, ...]]:
     """Fairness of every window, per group attribute, with one bootstrap draw for all windows
     (``governance.fairness.confusion_intervals_many``). Only binary decisions with known outcomes count."""
+    w_n = len(datas)
     out: list[list[AttributeWindow]] = [[] for _ in datas]
-    known = []
-    for d in datas:
-        k = ~np.isnan(d.y_true) & ~np.isnan(d.y_pred)
-        yt, yp = d.y_true[k], d.y_pred[k]
-        if yt.size and not (((yt == 0.0) | (yt == 1.0)).all() and ((yp == 0.0) | (yp == 1.0)).all()):
-            k = np.zeros_like(k)  # multiclass or regression: no confusion table
-        known.append(k)
     attrs = sorted({a for d in datas for a in d.groups})
     for attr in attrs:
-        labels = [d.groups[attr][k] if attr in d.groups else np.empty(0, dtype=str) for d, k in zip(datas, known)]
-        uniq = np.unique(np.concatenate(labels)) if any(len(x) for x in labels) else np.empty(0, dtype=str)
+        has = np.array([attr in d.groups for d in datas])
+        rows = st.counted & has[st.win]
+        # A window without the attribute lends placeholder labels for its rows, never counted.
+        labels = np.concatenate([d.groups[attr] if attr in d.groups else np.zeros(d.n, dtype="U1") for d in datas])[rows]
+        uniq = np.unique(labels)
         if len(uniq) < 2:
             continue
         g = len(uniq)
-        # Every window's rows at once: one searchsorted of the labels and one bincount over (window, group, cell).
-        sizes_w = np.array([lab.size for lab in labels], dtype=np.int64)
-        win = np.repeat(np.arange(len(datas)), sizes_w)
-        code = np.searchsorted(uniq, np.concatenate(labels))
-        has = [attr in d.groups for d in datas]
-        yt = np.concatenate([d.y_true[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
-        yp = np.concatenate([d.y_pred[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
-        counts = np.bincount((win * g + code) * 4 + yt * 2 + yp, minlength=len(datas) * g * 4).reshape(len(datas), g, 4)
+        code = np.searchsorted(uniq, labels)
+        cell = (st.y_true[rows] * 2 + st.y_pred[rows]).astype(np.int64)
+        counts = np.bincount((st.win[rows] * g + code) * 4 + cell, minlength=w_n * g * 4).reshape(w_n, g, 4)
         tn, fp, fn, tp = (counts[..., i].astype(float) for i in range(4))
         point = FZ._rates(tp, fp, tn, fn)  # (W, G)
-        judged = counts.sum(axis=2) >= cfg.min_group_size
+        sizes = counts.sum(axis=2)
+        judged = sizes >= cfg.min_group_size
         summary = FZ._summary({k: np.where(judged, v, np.nan) for k, v in point.items()})  # (W,)
         if cfg.bootstrap > 0:
             gci, sci = FZ.confusion_intervals_many(counts, judged, cfg.bootstrap, rng, cfg.confidence)
         else:
             gci, sci = {}, {}
         # Python lists once per attribute: reading numpy scalars one by one cost more than the bootstrap.
-        point_l = {k: point[k].tolist() for k in FZ.RATES}
-        summary_l = {k: summary[k].tolist() for k in FZ.SUMMARY}
-        # Interval pairs built once per attribute, None where either bound is undefined.
-        gpair = {k: [[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(lw, hw)] for lw, hw in zip(gci[k][0].tolist(), gci[k][1].tolist())]
-                 for k in gci}
-        spair = {k: [None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(sci[k][0].tolist(), sci[k][1].tolist())] for k in sci}
-        no_ci = [None] * len(datas)
-        no_gci = [[None] * g] * len(datas)
-        gp = [gpair.get(k, no_gci) for k in FZ.RATES]
-        sp = [spair.get(k, no_ci) for k in FZ.SUMMARY]
-        pt = [point_l[k] for k in FZ.RATES]
-        size_l, judged_l, names = counts.sum(axis=2).tolist(), judged.tolist(), [str(u) for u in uniq]
-        for w in range(len(datas)):
-            sizes = size_l[w]
-            present = [i for i in range(g) if sizes[i] > 0]
+        pt = [[[_none(x) for x in row] for row in point[k].tolist()] for k in FZ.RATES]  # rate, window, group
+        gp = [[[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(lw, hw)] for lw, hw in zip(gci[k][0].tolist(), gci[k][1].tolist())]
+              if k in gci else [[None] * g] * w_n for k in FZ.RATES]
+        sm_l = [[_none(x) for x in summary[k].tolist()] for k in FZ.SUMMARY]
+        sp = [[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(sci[k][0].tolist(), sci[k][1].tolist())] if k in sci else [None] * w_n
+              for k in FZ.SUMMARY]
+        size_l, judged_l, names = sizes.tolist(), judged.tolist(), [str(u) for u in uniq]
+        watched = FZ.SUMMARY.index(cfg.fairness_metric)
+        for w in range(w_n):
+            sz = size_l[w]
+            present = [i for i in range(g) if sz[i] > 0]
             if len(present) < 2:
                 continue
-            groups = []
-            for i in present:
-                ci = dict(zip(FZ.RATES, [c[w][i] for c in gp]))
-                groups.append(GroupWindow(names[i], int(sizes[i]), bool(judged_l[w][i]), dict(zip(FZ.RATES, [_none(r[w][i]) for r in pt])), ci))
-            sm = {k: _none(summary_l[k][w]) for k in FZ.SUMMARY}
-            sm["_watched"] = sm.get(cfg.fairness_metric)  # the configured metric, so a stored window says which gap it watched
-            smci = dict(zip(FZ.SUMMARY, [c[w] for c in sp]))
-            out[w].append(AttributeWindow(attr, tuple(groups), sm, smci))
+            groups = tuple(GroupWindow(names[i], sz[i], judged_l[w][i], dict(zip(FZ.RATES, [r[w][i] for r in pt])),
+                                       dict(zip(FZ.RATES, [c[w][i] for c in gp]))) for i in present)
+            sm = dict(zip(FZ.SUMMARY, [s[w] for s in sm_l]))
+            sm["_watched"] = sm_l[watched][w]  # the configured metric, so a stored window says which gap it watched
+            out[w].append(AttributeWindow(attr, groups, sm, dict(zip(FZ.SUMMARY, [c[w] for c in sp]))))
     return [tuple(x) for x in out]
 
 
 def _none(x: float) -> float | None:
     return None if x != x else x
+
+
+def _sorted_within(vals: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``vals`` (windows end to end, ``n`` rows each) with each window's values in ascending order."""
+    w_n, widest = n.size, int(n.max())
+    if w_n * widest <= 4 * vals.size + 4096:
+        # Rows of a padded grid, each sorted on its own: far faster than one sort keyed by (window, value).
+        grid = np.full((w_n, widest), np.inf)
+        start = np.cumsum(n) - n
+        win = np.repeat(np.arange(w_n), n)
+        grid[win, np.arange(vals.size) - start[win]] = vals
+        grid.sort(axis=1)
+        return grid[np.arange(widest)[None, :] < n[:, None]]
+    return vals[np.lexsort((vals, np.repeat(np.arange(w_n), n)))]  # one window far larger than the rest
+
+
+def _rank_bins(ref_sorted: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The PSI bin of a value from its rank ``r`` in the reference (``searchsorted(ref_sorted, v, "right")``):
+    a value of rank r lies in ``[ref[r-1], ref[r])``, so its bin (``searchsorted(edges, v, "right")``) is
+    ``bins[r]`` unless an edge falls inside that interval (``split[r]``), where it is looked up."""
+    left = np.concatenate([[-np.inf], ref_sorted])
+    right = np.concatenate([ref_sorted, [np.inf]])
+    lo = np.searchsorted(edges, left, side="right")
+    return lo, lo != np.searchsorted(edges, right, side="left")
+
+
+def _psi_counts(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, epsilon: float) -> np.ndarray:
+    """PSI per window from its (W, bins) counts and rows: ``psi_from_shares`` row by row, NaN without rows."""
+    out = np.full(n.size, np.nan)
+    has = n > 0
+    a = counts / np.maximum(n, 1)[:, None]
+    e = np.where(shares > 0, shares, epsilon)[None, :]
+    a = np.where(a > 0, a, epsilon)
+    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
+    return out
 
 
 def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -458,20 +535,36 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     The KS statistic is scipy's (``ks_2samp`` evaluates both CDFs at every pooled value, right-continuous)
     computed at the window's points only: between two consecutive window values the window's CDF is flat
     and the reference's rises, so the largest F_ref - F_win is just left of a window value and the
-    smallest at one. All windows' values are sorted once (by window, then value)."""
+    smallest at one. Each window's values are sorted once; their ranks in the reference give both the
+    reference CDF and (``_rank_bins``) the PSI bin."""
     w_n = len(datas)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
-        psi_v, vals, n = _psi_many(edges, shares, [d.features.get(name, np.empty(0)) for d in datas], cfg.epsilon)
+        parts = [d.features.get(name, _EMPTY) for d in datas]
+        vals = np.concatenate(parts).astype(float, copy=False)
+        ok = ~np.isnan(vals)
+        n = np.bincount(np.repeat(np.arange(w_n), [p.size for p in parts])[ok], minlength=w_n)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
-            out[name] = (psi_v, ks_v, n)
+            out[name] = (np.full(w_n, np.nan), ks_v, n)
             continue
-        win = np.repeat(np.arange(w_n), n)
+        v = _sorted_within(vals[ok], n)
+        w = np.repeat(np.arange(w_n), n)
+        r_right = np.searchsorted(ref_sorted, v, side="right")
+        r_left = r_right
+        tie = (r_right > 0) & (ref_sorted[np.maximum(r_right - 1, 0)] == v)  # only values equal to a reference value
+        if tie.any():
+            r_left = r_right.copy()
+            r_left[tie] = np.searchsorted(ref_sorted, v[tie], side="left")
+        bins, split = _rank_bins(ref_sorted, edges)
+        b = bins[r_right]
+        amb = split[r_right]
+        if amb.any():
+            b[amb] = np.searchsorted(edges, v[amb], side="right")
+        nb = len(edges) + 1
+        psi_v = _psi_counts(np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb), n, shares, cfg.epsilon)
         has = n > 0
-        order = np.lexsort((vals, win))
-        v, w = vals[order], win[order]
-        start = np.concatenate([[0], np.cumsum(n)[:-1]])
+        start = np.cumsum(n) - n
         new = np.empty(v.size, dtype=bool)
         new[0] = True
         new[1:] = (v[1:] != v[:-1]) | (w[1:] != w[:-1])
@@ -482,8 +575,8 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
         fc_right = (run_end[rid] - start[w]) / nw
         fc_left = (run_start[rid] - start[w]) / nw
         m = float(ref_sorted.size)
-        fr_right = np.searchsorted(ref_sorted, v, side="right") / m
-        fr_left = np.searchsorted(ref_sorted, v, side="left") / m
+        fr_right = r_right / m
+        fr_left = r_left / m
         plus = np.maximum(fr_right - fc_right, fr_left - fc_left)
         minus = fc_right - fr_right
         idx = start[has]
@@ -492,60 +585,27 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     return out
 
 
-def _psi_many(edges: np.ndarray, shares: np.ndarray, parts: Sequence[np.ndarray], epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """PSI of every window's values (NaN dropped) against the reference's bins, from one bincount over
-    (window, bin): the same sums as ``psi_from_shares(shares, bin_shares(values, edges))`` per window.
-    Returns (PSI, NaN where a window has no value; the NaN-free values concatenated; rows per window)."""
-    w_n = len(parts)
-    parts = [x[~np.isnan(x)] for x in parts]
-    n = np.array([x.size for x in parts], dtype=np.int64)
-    out = np.full(w_n, np.nan)
-    vals = np.concatenate(parts) if parts else np.empty(0)
-    if n.sum() == 0:
-        return out, vals, n
-    win = np.repeat(np.arange(w_n), n)
-    nb = len(edges) + 1
-    counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
-    has = n > 0
-    a = counts / np.maximum(n, 1)[:, None]
-    e = np.where(shares > 0, shares, epsilon)[None, :]
-    a = np.where(a > 0, a, epsilon)
-    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
-    return out, vals, n
-
-
-def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> list[float | None]:
-    """Prediction drift of every window: the PSI of its scores (or decisions) on the reference's score bins."""
+def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> list[float | None]:
+    """Prediction drift of every window: the PSI of its scores (or, in a window without any score, its
+    decisions) on the reference's score bins."""
     if ref.prediction is None:
         return [None] * len(datas)
-    parts = [_prediction_values(d) for d in datas]
-    got, _, _ = _psi_many(ref.prediction[0], ref.prediction[1], [p if p is not None else np.empty(0) for p in parts], cfg.epsilon)
-    return [None if v != v else v for v in got.tolist()]
-
-
-def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime | None, end: datetime | None,
-          drift_at: Mapping[str, tuple[float, float, int]], pred_psi: float | None) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
-    """Everything but fairness and the vectorised KS p-values (returned as (feature index, n_ref, n_cur, D)
-    to be computed for many windows at once); ``drift_at``: this window's (PSI, KS, rows) per feature."""
-    metrics = _binary(d)
-    drift: list[FeatureDrift] = []
-    pending: list[tuple[int, int, int, float]] = []
-    for i, (name, (ref_sorted, _, _)) in enumerate(ref.features.items()):
-        p, dstat, cnt = drift_at[name]
-        if cnt == 0:
-            drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
-            continue
-        if cfg.ks_method in ("asymp", "limit"):
-            pending.append((i, ref_sorted.size, int(cnt), dstat))
-            pv = None
-        else:
-            v = d.features[name]
-            dstat, pv = ks_test(ref_sorted, v[~np.isnan(v)], method=cfg.ks_method)
-        drift.append(FeatureDrift(name, float(p), psi_level(p), float(dstat), pv, int(cnt)))
-    return WindowResult(start, end, d.n, metrics, pred_psi, tuple(drift), ()), pending
+    edges, shares = ref.prediction
+    w_n = len(datas)
+    score = np.concatenate([d.score for d in datas]).astype(float, copy=False)
+    scored = np.bincount(st.win[~np.isnan(score)], minlength=w_n) > 0
+    vals = np.where(scored[st.win], score, st.y_pred)
+    ok = ~np.isnan(vals)
+    w = st.win[ok]
+    n = np.bincount(w, minlength=w_n)
+    nb = len(edges) + 1
+    counts = np.bincount(w * nb + np.searchsorted(edges, vals[ok], side="right"), minlength=w_n * nb).reshape(w_n, nb)
+    return [None if v != v else v for v in _psi_counts(counts, n, shares, cfg.epsilon).tolist()]
 
 
 def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: str) -> WindowResult:
+    """The window's result: which features drifted, and the findings (``FINDING_KINDS``) its figures raise.
+    ``res.drift`` holds every feature's figures with ``drifted`` unset."""
     notes: list[str] = []
     findings: list[dict[str, Any]] = []
     ev_base = {"window_start": res.window_start, "window_end": res.window_end, "analyzer": ANALYZER, "subject": subject}
@@ -557,7 +617,7 @@ def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: s
     for fd in res.drift:
         ks_hit = fd.ks_pvalue is not None and fd.ks_pvalue < cfg.ks_alpha / k
         hit = fd.psi is not None and (fd.psi >= cfg.psi_significant or (fd.psi >= cfg.psi_moderate and ks_hit))
-        drift.append(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, bool(hit)))
+        drift.append(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, True) if hit else fd)
     hits = [fd for fd in drift if fd.drifted]
     if hits:
         worst = max(hits, key=lambda f: f.psi or 0)
@@ -598,27 +658,46 @@ def evaluate_window(ref: Reference, data: WindowData, config: MonitoringConfig |
 
 def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, datetime | None, WindowData]],
                      config: MonitoringConfig | None = None, *, subject: str = "model") -> list[WindowResult]:
-    """Many windows of one model; under ``ks_method`` ``asymp`` or ``limit`` their KS p-values come from one
-    vectorised call."""
+    """Many windows of one model, each statistic computed for all of them at once; under ``ks_method``
+    ``asymp`` or ``limit`` their KS p-values come from one vectorised call."""
     cfg = config or MonitoringConfig()
+    if not windows:
+        return []
     rng = np.random.default_rng(cfg.seed)
     datas = [d for _, _, d in windows]
+    w_n = len(datas)
+    st = _stack(datas)
+    metrics = _metrics_many(datas, st)
     many = _drift_many(ref, datas, cfg)
-    pred = _prediction_psi_many(ref, datas, cfg)
-    at = {k: (v[0].tolist(), v[1].tolist(), v[2].tolist()) for k, v in many.items()}
-    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], v[2][w]) for k, v in at.items()}, pred[w])
-             for w, (s, e, d) in enumerate(windows)]
-    fair = _fairness_many([d for _, _, d in windows], cfg, rng)
-    flat = [(w, i, m, n, dd) for w, (_, pend) in enumerate(cores) for (i, m, n, dd) in pend]
-    if flat:
-        pv = (ks_asymp_pvalue if cfg.ks_method == "asymp" else ks_limit_pvalue)(np.array([x[4] for x in flat]), np.array([x[2] for x in flat]), np.array([x[3] for x in flat]))
-        fill: dict[tuple[int, int], float] = {(x[0], x[1]): float(p) for x, p in zip(flat, pv)}
-    else:
-        fill = {}
+    pred = _prediction_psi_many(ref, datas, st, cfg)
+    fair = _fairness_many(datas, st, cfg, rng)
+    names = list(ref.features)
+    cols: list[list[Any]] = []  # per feature: (PSI, KS, p-value, rows) of every window
+    for name in names:
+        psi_v, ks_v, n = many[name]
+        pv: list[Any] = [None] * w_n
+        if cfg.ks_method in ("asymp", "limit"):
+            has = n > 0
+            if has.any():
+                f = ks_asymp_pvalue if cfg.ks_method == "asymp" else ks_limit_pvalue
+                got = f(ks_v[has], np.full(int(has.sum()), ref.features[name][0].size), n[has]).tolist()
+                for w, p in zip(np.flatnonzero(has).tolist(), got):
+                    pv[w] = p
+        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist()])
     out = []
-    for w, (res, _) in enumerate(cores):
-        drift = tuple(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fill.get((w, i), fd.ks_pvalue), fd.n) for i, fd in enumerate(res.drift))
-        res = WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, drift, fair[w])
+    for w, (s, e, d) in enumerate(windows):
+        drift = []
+        for name, (psi_l, ks_l, pv_l, n_l) in zip(names, cols):
+            cnt = n_l[w]
+            if cnt == 0:
+                drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
+                continue
+            p, dstat, pv = psi_l[w], ks_l[w], pv_l[w]
+            if cfg.ks_method not in ("asymp", "limit"):
+                v = d.features[name]
+                dstat, pv = ks_test(ref.features[name][0], v[~np.isnan(v)], method=cfg.ks_method)
+            drift.append(FeatureDrift(name, p, psi_level(p), dstat, pv, cnt))
+        res = WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w])
         out.append(_finish(res, ref, cfg, subject))
     return out
 
