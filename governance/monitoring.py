@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from datetime import datetime
 from typing import Any
 
@@ -468,26 +469,42 @@ def _fairness_many(datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfi
             gci, sci = FZ.confusion_intervals_many(counts, judged, cfg.bootstrap, rng, cfg.confidence)
         else:
             gci, sci = {}, {}
-        # Python lists once per attribute: reading numpy scalars one by one cost more than the bootstrap.
-        pt = [[[_none(x) for x in row] for row in point[k].tolist()] for k in FZ.RATES]  # rate, window, group
-        gp = [[[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(lw, hw)] for lw, hw in zip(gci[k][0].tolist(), gci[k][1].tolist())]
-              if k in gci else [[None] * g] * w_n for k in FZ.RATES]
-        sm_l = [[_none(x) for x in summary[k].tolist()] for k in FZ.SUMMARY]
-        sp = [[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(sci[k][0].tolist(), sci[k][1].tolist())] if k in sci else [None] * w_n
-              for k in FZ.SUMMARY]
-        size_l, judged_l, names = sizes.tolist(), judged.tolist(), [str(u) for u in uniq]
-        watched = FZ.SUMMARY.index(cfg.fairness_metric)
-        for w in range(w_n):
-            sz = size_l[w]
-            present = [i for i in range(g) if sz[i] > 0]
-            if len(present) < 2:
-                continue
-            groups = tuple(GroupWindow(names[i], sz[i], judged_l[w][i], dict(zip(FZ.RATES, [r[w][i] for r in pt])),
-                                       dict(zip(FZ.RATES, [c[w][i] for c in gp]))) for i in present)
-            sm = dict(zip(FZ.SUMMARY, [s[w] for s in sm_l]))
-            sm["_watched"] = sm_l[watched][w]  # the configured metric, so a stored window says which gap it watched
-            out[w].append(AttributeWindow(attr, groups, sm, dict(zip(FZ.SUMMARY, [c[w] for c in sp]))))
+        # Python objects once per attribute, from flat lists zipped in C: reading numpy scalars one by one,
+        # or a comprehension per value, cost more than the bootstrap.
+        rates = _dicts(FZ.RATES, [_values(point[k]) for k in FZ.RATES])  # window-major, group-minor
+        cis = _dicts(FZ.RATES, [_pairs(gci[k]) for k in FZ.RATES]) if gci else [dict.fromkeys(FZ.RATES) for _ in range(w_n * g)]
+        sums = _dicts(FZ.SUMMARY, [_values(summary[k]) for k in FZ.SUMMARY])
+        scis = _dicts(FZ.SUMMARY, [_pairs(sci[k]) for k in FZ.SUMMARY]) if sci else [dict.fromkeys(FZ.SUMMARY) for _ in range(w_n)]
+        size_l, judged_l, names = sizes.ravel().tolist(), judged.ravel().tolist(), [str(u) for u in uniq]
+        for w in np.flatnonzero((sizes > 0).sum(axis=1) >= 2).tolist():
+            at = w * g
+            groups = tuple(GroupWindow(names[i], size_l[at + i], judged_l[at + i], rates[at + i], cis[at + i]) for i in range(g) if size_l[at + i])
+            sm = sums[w]
+            sm["_watched"] = sm[cfg.fairness_metric]  # the configured metric, so a stored window says which gap it watched
+            out[w].append(AttributeWindow(attr, groups, sm, scis[w]))
     return [tuple(x) for x in out]
+
+
+def _values(a: np.ndarray) -> list[float | None]:
+    """``a``'s values in C order as Python floats, None where NaN."""
+    out: list[float | None] = a.ravel().tolist()
+    for j in np.flatnonzero(np.isnan(a.ravel())).tolist():
+        out[j] = None
+    return out
+
+
+def _pairs(bounds: np.ndarray) -> list[tuple[float, float] | None]:
+    """(lower, upper) pairs of a (2, ...) array of bounds in C order, None where either is NaN."""
+    lo, hi = bounds[0].ravel(), bounds[1].ravel()
+    out: list[tuple[float, float] | None] = list(zip(lo.tolist(), hi.tolist()))
+    for j in np.flatnonzero(np.isnan(lo) | np.isnan(hi)).tolist():
+        out[j] = None
+    return out
+
+
+def _dicts(keys: Sequence[str], columns: Sequence[list[Any]]) -> list[dict[str, Any]]:
+    """One dict per position of the equally long ``columns``, keyed by ``keys`` in order."""
+    return list(map(dict, map(zip, repeat(keys), zip(*columns))))
 
 
 def _none(x: float) -> float | None:
@@ -603,38 +620,28 @@ def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack
     return [None if v != v else v for v in _psi_counts(counts, n, shares, cfg.epsilon).tolist()]
 
 
-def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: str) -> WindowResult:
-    """The window's result: which features drifted, and the findings (``FINDING_KINDS``) its figures raise.
-    ``res.drift`` holds every feature's figures with ``drifted`` unset."""
-    notes: list[str] = []
+def _findings(window_start: datetime | None, window_end: datetime | None, metrics: dict[str, Any], prediction_psi: float | None,
+              hits: list[FeatureDrift], fairness: tuple[AttributeWindow, ...], ref: Reference, cfg: MonitoringConfig,
+              subject: str) -> tuple[dict[str, Any], ...]:
+    """The findings (``FINDING_KINDS``) a judged window's figures raise; ``hits``: its drifted features."""
     findings: list[dict[str, Any]] = []
-    ev_base = {"window_start": res.window_start, "window_end": res.window_end, "analyzer": ANALYZER, "subject": subject}
-    if res.n_predictions < cfg.min_window_size:
-        notes.append(f"{res.n_predictions} predictions, under {cfg.min_window_size}: drift and fairness not judged")
-        return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, res.drift, res.fairness, (), tuple(notes))
-    k = max(len(res.drift), 1)
-    drift = []
-    for fd in res.drift:
-        ks_hit = fd.ks_pvalue is not None and fd.ks_pvalue < cfg.ks_alpha / k
-        hit = fd.psi is not None and (fd.psi >= cfg.psi_significant or (fd.psi >= cfg.psi_moderate and ks_hit))
-        drift.append(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, True) if hit else fd)
-    hits = [fd for fd in drift if fd.drifted]
+    ev_base = {"window_start": window_start, "window_end": window_end, "analyzer": ANALYZER, "subject": subject}
     if hits:
         worst = max(hits, key=lambda f: f.psi or 0)
         findings.append({**ev_base, "kind": "model_drift", "severity": "critical" if (worst.psi or 0) >= cfg.psi_significant else "warning",
                          "score": worst.psi, "summary": f"data drift on {', '.join(f.feature for f in hits)} (PSI {worst.feature} {worst.psi:.3f}, KS {worst.ks:.3f})",
                          "evidence": {"features": [f.to_dict() for f in hits], "psi_significant": cfg.psi_significant, "ks_alpha": cfg.ks_alpha}})
-    if res.prediction_psi is not None and res.prediction_psi >= cfg.prediction_psi_max:
-        findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": res.prediction_psi,
-                         "summary": f"prediction drift: PSI of the scores {res.prediction_psi:.3f} >= {cfg.prediction_psi_max}",
-                         "evidence": {"prediction_psi": res.prediction_psi}})
-    acc = res.metrics.get("accuracy")
-    if acc is not None and ref.accuracy is not None and res.metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
+    if prediction_psi is not None and prediction_psi >= cfg.prediction_psi_max:
+        findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": prediction_psi,
+                         "summary": f"prediction drift: PSI of the scores {prediction_psi:.3f} >= {cfg.prediction_psi_max}",
+                         "evidence": {"prediction_psi": prediction_psi}})
+    acc = metrics.get("accuracy")
+    if acc is not None and ref.accuracy is not None and metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
         findings.append({**ev_base, "kind": "model_accuracy_drop", "severity": "warning", "score": acc,
                          "summary": f"accuracy {acc:.3f} below the reference {ref.accuracy:.3f} by more than {cfg.accuracy_drop}",
-                         "evidence": {"accuracy": acc, "reference_accuracy": ref.accuracy, "n_outcomes": res.metrics["n_outcomes"]}})
+                         "evidence": {"accuracy": acc, "reference_accuracy": ref.accuracy, "n_outcomes": metrics["n_outcomes"]}})
     if cfg.fairness_max is not None:
-        for a in res.fairness:
+        for a in fairness:
             v = a.summary.get(cfg.fairness_metric)
             ci = a.summary_ci.get(cfg.fairness_metric)
             if v is not None and v > cfg.fairness_max:
@@ -646,8 +653,7 @@ def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: s
                                  "evidence": {"attribute": a.attribute, "metric": cfg.fairness_metric, "value": v, "ci": list(ci) if ci else None,
                                               "groups": {g.group: {"count": g.count, "fpr": g.rates["fpr"], "tpr": g.rates["tpr"],
                                                                    "selection_rate": g.rates["selection_rate"]} for g in a.groups}}})
-    return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, tuple(drift), res.fairness,
-                        tuple(findings), tuple(notes))
+    return tuple(findings)
 
 
 def evaluate_window(ref: Reference, data: WindowData, config: MonitoringConfig | None = None, *, subject: str = "model",
@@ -684,9 +690,12 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
                 for w, p in zip(np.flatnonzero(has).tolist(), got):
                     pv[w] = p
         cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist()])
+    k = max(len(names), 1)  # Bonferroni: KS is judged at ks_alpha / features
     out = []
     for w, (s, e, d) in enumerate(windows):
+        judge = d.n >= cfg.min_window_size
         drift = []
+        hits = []
         for name, (psi_l, ks_l, pv_l, n_l) in zip(names, cols):
             cnt = n_l[w]
             if cnt == 0:
@@ -696,9 +705,16 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
             if cfg.ks_method not in ("asymp", "limit"):
                 v = d.features[name]
                 dstat, pv = ks_test(ref.features[name][0], v[~np.isnan(v)], method=cfg.ks_method)
-            drift.append(FeatureDrift(name, p, psi_level(p), dstat, pv, cnt))
-        res = WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w])
-        out.append(_finish(res, ref, cfg, subject))
+            hit = judge and (p >= cfg.psi_significant or (p >= cfg.psi_moderate and pv is not None and pv < cfg.ks_alpha / k))
+            fd = FeatureDrift(name, p, psi_level(p), dstat, pv, cnt, hit)
+            drift.append(fd)
+            if hit:
+                hits.append(fd)
+        if not judge:
+            notes = (f"{d.n} predictions, under {cfg.min_window_size}: drift and fairness not judged",)
+            out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], (), notes))
+            continue
+        out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], _findings(s, e, metrics[w], pred[w], hits, fair[w], ref, cfg, subject)))
     return out
 
 
