@@ -525,6 +525,34 @@ def _sorted_within(vals: np.ndarray, n: np.ndarray) -> np.ndarray:
     return vals[np.lexsort((vals, np.repeat(np.arange(w_n), n)))]  # one window far larger than the rest
 
 
+def _ranks(ref_sorted: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(ref_sorted, v, side="right")``, by interpolation: a uniform grid of 4 buckets per
+    reference value gives each value a starting rank, one step or two from its own, checked and walked there;
+    the few still off (ties in the reference) are looked up. The binary search's cache misses cost more."""
+    m = ref_sorted.size
+    lo, hi = float(ref_sorted[0]), float(ref_sorted[-1])
+    if m < 64 or not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        return np.searchsorted(ref_sorted, v, side="right")
+    k = 4 * m
+    scale = k / (hi - lo)
+    table = np.searchsorted(ref_sorted, lo + np.arange(k + 1) / scale, side="right")
+    r = table[np.clip((v - lo) * scale, 0, k).astype(np.int64)]
+    r[v < lo] = 0
+    r[v >= hi] = m
+    ext = np.concatenate([[-np.inf], ref_sorted, [np.inf]])  # ext[r] = ref[r - 1], ext[r + 1] = ref[r]
+    # Right where ref[r - 1] <= v < ref[r]; v >= hi is settled, so ext[r + 1] <= v never reaches r = m.
+    off = np.flatnonzero((ext[r] > v) | ((ext[r + 1] <= v) & (v < hi)))
+    for _ in range(4):
+        if not off.size:
+            return r
+        ro, vo = r[off], v[off]
+        ro = ro + (ext[ro + 1] <= vo) - (ext[ro] > vo)
+        r[off] = ro
+        off = off[(ext[ro] > vo) | (ext[ro + 1] <= vo)]
+    r[off] = np.searchsorted(ref_sorted, v[off], side="right")
+    return r
+
+
 def _rank_bins(ref_sorted: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The PSI bin of a value from its rank ``r`` in the reference (``searchsorted(ref_sorted, v, "right")``):
     a value of rank r lies in ``[ref[r-1], ref[r])``, so its bin (``searchsorted(edges, v, "right")``) is
@@ -546,7 +574,7 @@ def _psi_counts(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, epsilon: 
     return out
 
 
-def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value.
 
     The KS statistic is scipy's (``ks_2samp`` evaluates both CDFs at every pooled value, right-continuous)
@@ -560,16 +588,19 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
         parts = [d.features.get(name, _EMPTY) for d in datas]
         vals = np.concatenate(parts).astype(float, copy=False)
         ok = ~np.isnan(vals)
-        n = np.bincount(np.repeat(np.arange(w_n), [p.size for p in parts])[ok], minlength=w_n)
+        rows_win = st.win if vals.size == st.win.size and all(p.size == d.n for p, d in zip(parts, datas)) else \
+            np.repeat(np.arange(w_n), [p.size for p in parts])
+        n = np.bincount(rows_win[ok], minlength=w_n)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
             out[name] = (np.full(w_n, np.nan), ks_v, n)
             continue
         v = _sorted_within(vals[ok], n)
         w = np.repeat(np.arange(w_n), n)
-        r_right = np.searchsorted(ref_sorted, v, side="right")
+        r_right = _ranks(ref_sorted, v)
+        ext = np.concatenate([[-np.inf], ref_sorted])  # ext[r] = ref[r - 1]
+        tie = ext[r_right] == v  # only values equal to a reference value have a smaller left rank
         r_left = r_right
-        tie = (r_right > 0) & (ref_sorted[np.maximum(r_right - 1, 0)] == v)  # only values equal to a reference value
         if tie.any():
             r_left = r_right.copy()
             r_left[tie] = np.searchsorted(ref_sorted, v[tie], side="left")
@@ -582,15 +613,21 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
         psi_v = _psi_counts(np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb), n, shares, cfg.epsilon)
         has = n > 0
         start = np.cumsum(n) - n
-        new = np.empty(v.size, dtype=bool)
-        new[0] = True
-        new[1:] = (v[1:] != v[:-1]) | (w[1:] != w[:-1])
-        run_start = np.flatnonzero(new)
-        run_end = np.append(run_start[1:], v.size)
-        rid = np.cumsum(new) - 1
+        pos = np.arange(v.size) - start[w]  # rank within the window
         nw = n[w].astype(float)
-        fc_right = (run_end[rid] - start[w]) / nw
-        fc_left = (run_start[rid] - start[w]) / nw
+        same = (v[1:] == v[:-1]) & (w[1:] == w[:-1])
+        if same.any():  # ties within a window: both window CDFs at a run of equal values
+            new = np.empty(v.size, dtype=bool)
+            new[0] = True
+            new[1:] = ~same
+            run_start = np.flatnonzero(new)
+            run_end = np.append(run_start[1:], v.size)
+            rid = np.cumsum(new) - 1
+            fc_right = (run_end[rid] - start[w]) / nw
+            fc_left = (run_start[rid] - start[w]) / nw
+        else:
+            fc_right = (pos + 1) / nw
+            fc_left = pos / nw
         m = float(ref_sorted.size)
         fr_right = r_right / m
         fr_left = r_left / m
@@ -674,7 +711,7 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
     w_n = len(datas)
     st = _stack(datas)
     metrics = _metrics_many(datas, st)
-    many = _drift_many(ref, datas, cfg)
+    many = _drift_many(ref, datas, st, cfg)
     pred = _prediction_psi_many(ref, datas, st, cfg)
     fair = _fairness_many(datas, st, cfg, rng)
     names = list(ref.features)
