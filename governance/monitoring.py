@@ -175,6 +175,11 @@ class WindowData:
     def n(self) -> int:
         return int(self.y_pred.size)
 
+    def rows(self, start: int, stop: int) -> WindowData:
+        """Rows ``start`` to ``stop`` (views, not copies)."""
+        return WindowData(self.y_pred[start:stop], self.y_true[start:stop], self.score[start:stop],
+                          {k: v[start:stop] for k, v in self.features.items()}, {k: v[start:stop] for k, v in self.groups.items()})
+
     def take(self, mask: np.ndarray) -> WindowData:
         return WindowData(self.y_pred[mask], self.y_true[mask], self.score[mask], {k: v[mask] for k, v in self.features.items()},
                           {k: v[mask] for k, v in self.groups.items()})
@@ -370,8 +375,9 @@ class WindowResult:
                 "fairness": [a.to_dict() for a in self.fairness], "findings": list(self.findings), "status": self.status,
                 "notes": list(self.notes)}
 
-    def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None) -> dict[str, Any]:
-        """The ``monitoring_window`` row of this result."""
+    def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None,
+            detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``monitoring_window`` row of this result; ``detail``: entries added to its ``detail`` JSON."""
 
         psis = [d.psi for d in self.drift if d.psi is not None]
         kss = [d.ks for d in self.drift if d.ks is not None]
@@ -380,7 +386,7 @@ class WindowResult:
                 "accuracy": self.metrics["accuracy"], "tpr": self.metrics["tpr"], "fpr": self.metrics["fpr"], "fnr": self.metrics["fnr"],
                 "selection_rate": self.metrics["selection_rate"], "prediction_psi": self.prediction_psi,
                 "feature_psi_max": max(psis) if psis else None, "feature_ks_max": max(kss) if kss else None,
-                "fairness_gap": self.fairness_gap, "status": self.status, "detail": json.dumps(self.to_dict(), default=str)}
+                "fairness_gap": self.fairness_gap, "status": self.status, "detail": json.dumps({**self.to_dict(), **(detail or {})}, default=str)}
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -755,15 +761,29 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
     return out
 
 
+def _bounds(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> tuple[pl.DataFrame, list[int], list[int]]:
+    """``frame`` sorted by ``ts`` and each window's first and past-the-end row, from one search for all windows."""
+    w = timedelta(seconds=width_s)
+    srt = frame.sort("ts")
+    ts = srt["ts"]
+    edges = pl.Series([*starts, *(s + w for s in starts)], dtype=ts.dtype) if starts else ts.clear()
+    at = ts.search_sorted(edges, side="left").to_list()
+    return srt, at[: len(starts)], at[len(starts) :]
+
+
 def split_windows(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> list[tuple[datetime, datetime, pl.DataFrame]]:
     """Rows of ``frame`` (column ``ts``) in each window ``[start, start + width)``."""
 
     w = timedelta(seconds=width_s)
-    out = []
-    srt = frame.sort("ts")
-    ts = srt["ts"]
-    for s in starts:
-        lo = int(ts.search_sorted(s, side="left"))
-        hi = int(ts.search_sorted(s + w, side="left"))
-        out.append((s, s + w, srt.slice(lo, hi - lo)))
-    return out
+    srt, lo, hi = _bounds(frame, starts, width_s)
+    return [(s, s + w, srt.slice(a, b - a)) for s, a, b in zip(starts, lo, hi)]
+
+
+def split_window_data(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float, *, features: Sequence[str] | None = None,
+                      groups: Sequence[str] | None = None, threshold: float = 0.5) -> list[tuple[datetime, datetime, WindowData]]:
+    """``window_data`` of each window of ``split_windows``, the rows' JSON decoded once for all windows (per
+    window it cost more than evaluating them): the same arrays, in the same order, as views of one."""
+    w = timedelta(seconds=width_s)
+    srt, lo, hi = _bounds(frame, starts, width_s)
+    data = window_data(srt, features=features, groups=groups, threshold=threshold)
+    return [(s, s + w, data.rows(a, b)) for s, a, b in zip(starts, lo, hi)]

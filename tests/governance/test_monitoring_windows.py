@@ -4,12 +4,15 @@ module's per-window PSI, confusion counts by hand, the same seeded multinomial b
 ``np.nanquantile``), on seeded windows chosen to be awkward: ties within windows and with the reference,
 missing and all-NaN features, a missing group attribute, blank and single group labels, multiclass
 outcomes, windows without outcomes, scores or rows, windows under the judging size and one window far
-larger than the rest."""
+larger than the rest. And the service's windows, their rows' JSON decoded once, equal the windows decoded
+one by one."""
 
+import json
 import warnings
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import polars as pl
 import pytest
 from scipy.special import kolmogorov
 from scipy.stats import ks_2samp
@@ -261,3 +264,32 @@ def test_reference_ranks_equal_a_binary_search(kind):
     ref = np.sort(ref)
     for v in (cur, ref, np.sort(cur)):
         assert (M._ranks(ref, v) == np.searchsorted(ref, v, side="right")).all()
+
+
+def test_windows_from_one_decoding_equal_the_windows_decoded_one_by_one():
+    rng = np.random.default_rng(3)
+    t0 = datetime(2026, 11, 23, tzinfo=UTC)
+    n = 900
+    ts = [t0 + timedelta(seconds=float(s)) for s in np.sort(rng.uniform(0, 4 * 3600, n))]
+    ts[10:14] = [ts[10]] * 4  # equal timestamps
+    frame = pl.DataFrame({
+        "ts": ts,
+        "score": [None if i % 17 == 0 else float(x) for i, x in enumerate(rng.random(n))],
+        "prediction": [float(i % 2) if i % 5 == 0 else None for i in range(n)],
+        "features": [None if i % 31 == 0 else json.dumps({"a": float(rng.normal()), **({"b": int(rng.poisson(2))} if i % 3 else {})})
+                     for i in range(n)],
+        "groups": [json.dumps({"region": ["north", "s", "east"][i % 3], **({"sex": "f"} if i % 4 else {})}) for i in range(n)],
+        "outcome": [None if i % 7 == 0 else float(i % 3 == 0) for i in range(n)],
+    }, schema_overrides={"ts": pl.Datetime("us", "UTC")}).sample(fraction=1.0, shuffle=True, seed=1)
+    starts = [t0 + timedelta(hours=h) for h in (0, 1, 2, 3, 6)]  # the last holds no row
+    one = M.split_window_data(frame, starts, 3600, features=["a", "b"], groups=["region", "sex"])
+    each = [(s, e, M.window_data(f, features=["a", "b"], groups=["region", "sex"])) for s, e, f in M.split_windows(frame, starts, 3600)]
+    assert [(s, e, d.n) for s, e, d in one] == [(s, e, d.n) for s, e, d in each]
+    assert [d.n for _, _, d in one][-1] == 0 and sum(d.n for _, _, d in one) == n
+    for (_, _, x), (_, _, y) in zip(one[:-1], each[:-1]):
+        for col in ("y_pred", "y_true", "score"):
+            assert np.array_equal(getattr(x, col), getattr(y, col), equal_nan=True)
+        assert all(np.array_equal(x.features[k], y.features[k], equal_nan=True) for k in ("a", "b"))
+        assert all(x.groups[k].tolist() == y.groups[k].tolist() for k in ("region", "sex"))
+    ref = M.reference(M.window_data(frame))
+    assert [r.to_dict() for r in M.evaluate_windows(ref, one[:-1])] == [r.to_dict() for r in M.evaluate_windows(ref, each[:-1])]
