@@ -227,21 +227,28 @@ def _rates(tp: np.ndarray, fp: np.ndarray, tn: np.ndarray, fn: np.ndarray) -> di
 def _summary(r: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Between-group disparities over the last axis (groups); NaN where fewer than two groups have the rate."""
 
-    def spread(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def bounds(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(at least two groups have the rate, the largest, the smallest)."""
         # fmax/fmin skip NaN like nanmax/nanmin without their all-NaN warning (and its cost per call).
+        # An elementwise pass per group rather than a reduction over the (short) last axis: numpy
+        # reduces a 3-long axis element by element, which cost the monitoring bootstrap most of its time.
+        cols = [x[..., i] for i in range(x.shape[-1])]
+        finite = sum((c == c).astype(np.int64) for c in cols) if cols else np.zeros(x.shape[:-1], dtype=np.int64)
+        hi, lo = (cols[0].copy(), cols[0].copy()) if cols else (np.full(x.shape[:-1], np.nan), np.full(x.shape[:-1], np.nan))
+        for c in cols[1:]:
+            np.fmax(hi, c, out=hi)
+            np.fmin(lo, c, out=lo)
+        return finite >= 2, hi, lo
+
+    def difference(x: np.ndarray) -> np.ndarray:
+        ok, hi, lo = bounds(x)
+        with np.errstate(invalid="ignore"):
+            return np.where(ok, hi - lo, np.nan)
+
+    def spread(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ok, hi, lo = bounds(x)
         with np.errstate(divide="ignore", invalid="ignore"):
-            # An elementwise pass per group rather than a reduction over the (short) last axis: numpy
-            # reduces a 3-long axis element by element, which cost the monitoring bootstrap most of its time.
-            cols = [x[..., i] for i in range(x.shape[-1])]
-            finite = sum((c == c).astype(np.int64) for c in cols) if cols else np.zeros(x.shape[:-1], dtype=np.int64)
-            ok = finite >= 2
-            hi, lo = (cols[0].copy(), cols[0].copy()) if cols else (np.full(x.shape[:-1], np.nan), np.full(x.shape[:-1], np.nan))
-            for c in cols[1:]:
-                np.fmax(hi, c, out=hi)
-                np.fmin(lo, c, out=lo)
-            diff = np.where(ok, hi - lo, np.nan)
-            ratio = np.where(ok & (hi > 0), lo / np.where(hi > 0, hi, 1), np.where(ok, 1.0, np.nan))
-        return diff, ratio
+            return np.where(ok, hi - lo, np.nan), np.where(ok & (hi > 0), lo / np.where(hi > 0, hi, 1), np.where(ok, 1.0, np.nan))
 
     dp_d, dp_r = spread(r["selection_rate"])
     tpr_d, tpr_r = spread(r["tpr"])
@@ -253,10 +260,10 @@ def _summary(r: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         "equalized_odds_ratio": np.fmin(tpr_r, fpr_r),
         "equal_opportunity_difference": tpr_d,
         "fpr_difference": fpr_d,
-        "fnr_difference": spread(r["fnr"])[0],
-        "ppv_difference": spread(r["ppv"])[0],
-        "accuracy_difference": spread(r["accuracy"])[0],
-        "base_rate_difference": spread(r["base_rate"])[0],
+        "fnr_difference": difference(r["fnr"]),
+        "ppv_difference": difference(r["ppv"]),
+        "accuracy_difference": difference(r["accuracy"]),
+        "base_rate_difference": difference(r["base_rate"]),
     }
 
 
