@@ -457,8 +457,9 @@ def _fairness_many(datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfi
     for attr in attrs:
         has = np.array([attr in d.groups for d in datas])
         rows = st.counted & has[st.win]
-        # A window without the attribute lends placeholder labels for its rows, never counted.
-        labels = np.concatenate([d.groups[attr] if attr in d.groups else np.zeros(d.n, dtype="U1") for d in datas])[rows]
+        # A window without the attribute lends placeholder labels (of the others' type) for its rows, never counted.
+        like = next(d.groups[attr] for d in datas if attr in d.groups)
+        labels = np.concatenate([d.groups[attr] if attr in d.groups else np.zeros(d.n, dtype=like.dtype) for d in datas])[rows]
         uniq = np.unique(labels)
         if len(uniq) < 2:
             continue
@@ -532,14 +533,14 @@ def _sorted_within(vals: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 
 def _ranks(ref_sorted: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(ref_sorted, v, side="right")``, by interpolation: a uniform grid of 4 buckets per
+    """``np.searchsorted(ref_sorted, v, side="right")``, by interpolation: a uniform grid of up to 4 buckets per
     reference value gives each value a starting rank, one step or two from its own, checked and walked there;
     the few still off (ties in the reference) are looked up. The binary search's cache misses cost more."""
     m = ref_sorted.size
     lo, hi = float(ref_sorted[0]), float(ref_sorted[-1])
     if m < 64 or not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
         return np.searchsorted(ref_sorted, v, side="right")
-    k = 4 * m
+    k = min(4 * m, 4 * v.size + 1024)  # the grid costs no more than the values it serves
     scale = k / (hi - lo)
     table = np.searchsorted(ref_sorted, lo + np.arange(k + 1) / scale, side="right")
     r = table[np.clip((v - lo) * scale, 0, k).astype(np.int64)]
