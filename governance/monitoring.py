@@ -39,19 +39,18 @@ bootstrap intervals (``governance.fairness.confusion_intervals``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from itertools import repeat
-from datetime import datetime
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from governance import fairness as FZ
-import json
-from datetime import timedelta
 
 PSI_MODERATE = 0.1
 PSI_SIGNIFICANT = 0.25
