@@ -227,21 +227,28 @@ def _rates(tp: np.ndarray, fp: np.ndarray, tn: np.ndarray, fn: np.ndarray) -> di
 def _summary(r: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Between-group disparities over the last axis (groups); NaN where fewer than two groups have the rate."""
 
-    def spread(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def bounds(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(at least two groups have the rate, the largest, the smallest)."""
         # fmax/fmin skip NaN like nanmax/nanmin without their all-NaN warning (and its cost per call).
+        # An elementwise pass per group rather than a reduction over the (short) last axis: numpy
+        # reduces a 3-long axis element by element, which cost the monitoring bootstrap most of its time.
+        cols = [x[..., i] for i in range(x.shape[-1])]
+        finite = sum((c == c).astype(np.int64) for c in cols) if cols else np.zeros(x.shape[:-1], dtype=np.int64)
+        hi, lo = (cols[0].copy(), cols[0].copy()) if cols else (np.full(x.shape[:-1], np.nan), np.full(x.shape[:-1], np.nan))
+        for c in cols[1:]:
+            np.fmax(hi, c, out=hi)
+            np.fmin(lo, c, out=lo)
+        return finite >= 2, hi, lo
+
+    def difference(x: np.ndarray) -> np.ndarray:
+        ok, hi, lo = bounds(x)
+        with np.errstate(invalid="ignore"):
+            return np.where(ok, hi - lo, np.nan)
+
+    def spread(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ok, hi, lo = bounds(x)
         with np.errstate(divide="ignore", invalid="ignore"):
-            # An elementwise pass per group rather than a reduction over the (short) last axis: numpy
-            # reduces a 3-long axis element by element, which cost the monitoring bootstrap most of its time.
-            cols = [x[..., i] for i in range(x.shape[-1])]
-            finite = sum((c == c).astype(np.int64) for c in cols) if cols else np.zeros(x.shape[:-1], dtype=np.int64)
-            ok = finite >= 2
-            hi, lo = (cols[0].copy(), cols[0].copy()) if cols else (np.full(x.shape[:-1], np.nan), np.full(x.shape[:-1], np.nan))
-            for c in cols[1:]:
-                np.fmax(hi, c, out=hi)
-                np.fmin(lo, c, out=lo)
-            diff = np.where(ok, hi - lo, np.nan)
-            ratio = np.where(ok & (hi > 0), lo / np.where(hi > 0, hi, 1), np.where(ok, 1.0, np.nan))
-        return diff, ratio
+            return np.where(ok, hi - lo, np.nan), np.where(ok & (hi > 0), lo / np.where(hi > 0, hi, 1), np.where(ok, 1.0, np.nan))
 
     dp_d, dp_r = spread(r["selection_rate"])
     tpr_d, tpr_r = spread(r["tpr"])
@@ -253,10 +260,10 @@ def _summary(r: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         "equalized_odds_ratio": np.fmin(tpr_r, fpr_r),
         "equal_opportunity_difference": tpr_d,
         "fpr_difference": fpr_d,
-        "fnr_difference": spread(r["fnr"])[0],
-        "ppv_difference": spread(r["ppv"])[0],
-        "accuracy_difference": spread(r["accuracy"])[0],
-        "base_rate_difference": spread(r["base_rate"])[0],
+        "fnr_difference": difference(r["fnr"]),
+        "ppv_difference": difference(r["ppv"]),
+        "accuracy_difference": difference(r["accuracy"]),
+        "base_rate_difference": difference(r["base_rate"]),
     }
 
 
@@ -444,32 +451,38 @@ def confusion_intervals_many(
     n = counts.reshape(w, -1).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         p = np.where(n[:, None] > 0, counts.reshape(w, -1) / np.maximum(n, 1)[:, None], 1.0 / (g * 4))
-    draws = rng.multinomial(n, p, size=(bootstrap, w)).reshape(bootstrap, w, g, 4).astype(float)
-    rb = _rates(draws[..., 3], draws[..., 1], draws[..., 0], draws[..., 2])  # (B, W, G)
-    sb = _summary({k: np.where(judged[None], v, np.nan) for k, v in rb.items()})  # (B, W)
-    qs = np.array([alpha, 1 - alpha])
-    # One sort for every rate of every group and every disparity of every table.
-    q = _nanquantile(np.concatenate([rb[k].reshape(bootstrap, -1) for k in RATES] + [sb[k] for k in SUMMARY], axis=1), qs)
+    draws = rng.multinomial(n, p, size=(bootstrap, w))
+    # Replicates on the last axis, cells first: (4, W, G, B). Each statistic below is then a contiguous
+    # row of B replicates, sorted in place; transposing the counts once is cheaper than the statistics.
+    cells = np.ascontiguousarray(draws.reshape(bootstrap, w, g, 4).transpose(3, 1, 2, 0), dtype=float)
+    rb = _rates(cells[3], cells[1], cells[0], cells[2])  # (W, G, B)
+    # _summary takes groups on the last axis: a view with them there, the judged mask applied first.
+    sb = _summary({k: np.moveaxis(np.where(judged[:, :, None], v, np.nan), 1, -1) for k, v in rb.items()})  # (W, B)
+    stats = np.concatenate([rb[k].reshape(-1, bootstrap) for k in RATES] + [sb[k] for k in SUMMARY])
+    stats.sort(axis=1)
+    q = _quantile_sorted_rows(stats, np.array([alpha, 1 - alpha]))
     gci = {k: q[:, i * w * g : (i + 1) * w * g].reshape(2, w, g) for i, k in enumerate(RATES)}
     base = len(RATES) * w * g
     sci = {k: q[:, base + j * w : base + (j + 1) * w] for j, k in enumerate(SUMMARY)}
     return gci, sci
 
 
-def _nanquantile(v: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """``np.nanquantile(v, qs, axis=0)`` (linear interpolation, Hyndman & Fan type 7) for a 2-D ``v``, by one
-    sort: NaN sorts last, so column j's k_j finite values come first. ``np.nanquantile`` applies a Python
-    function per column, which cost the monitoring benchmark most of its time."""
-    # Sorting each column as a contiguous row (the transpose) is faster than numpy's strided axis-0 sort.
-    srt = np.sort(np.ascontiguousarray(v.T), axis=1).T
-    k = v.shape[0] - np.isnan(srt).sum(axis=0)
+def _quantile_sorted_rows(srt: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """``np.nanquantile(v, qs, axis=1)`` (linear interpolation, Hyndman & Fan type 7) of rows already sorted
+    with NaN last (``ndarray.sort`` puts them there), so row j's k_j finite values come first; (len(qs), rows).
+    ``np.nanquantile`` applies a Python function per row, which cost the monitoring benchmark most of its time."""
+    rows, b = srt.shape
+    k = np.full(rows, b, dtype=np.int64)
+    short = np.flatnonzero(np.isnan(srt[:, -1]))  # only rows ending in NaN hold any
+    if short.size:
+        k[short] = b - np.isnan(srt[short]).sum(axis=1)
     h = (np.maximum(k, 1) - 1)[None, :] * qs[:, None]
     lo = np.floor(h).astype(np.int64)
     hi = np.minimum(lo + 1, np.maximum(k - 1, 0)[None, :])
-    cols = np.arange(v.shape[1])[None, :]
-    a, b = srt[lo, cols], srt[hi, cols]
+    r = np.arange(rows)[None, :]
+    a, c = srt[r, lo], srt[r, hi]
     with np.errstate(invalid="ignore"):
-        out = a + (h - lo) * (b - a)
+        out = a + (h - lo) * (c - a)
     return np.where(k[None, :] > 0, out, np.nan)
 
 

@@ -39,18 +39,18 @@ bootstrap intervals (``governance.fairness.confusion_intervals``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from governance import fairness as FZ
-import json
-from datetime import timedelta
 
 PSI_MODERATE = 0.1
 PSI_SIGNIFICANT = 0.25
@@ -173,6 +173,11 @@ class WindowData:
     @property
     def n(self) -> int:
         return int(self.y_pred.size)
+
+    def rows(self, start: int, stop: int) -> WindowData:
+        """Rows ``start`` to ``stop`` (views, not copies)."""
+        return WindowData(self.y_pred[start:stop], self.y_true[start:stop], self.score[start:stop],
+                          {k: v[start:stop] for k, v in self.features.items()}, {k: v[start:stop] for k, v in self.groups.items()})
 
     def take(self, mask: np.ndarray) -> WindowData:
         return WindowData(self.y_pred[mask], self.y_true[mask], self.score[mask], {k: v[mask] for k, v in self.features.items()},
@@ -369,8 +374,9 @@ class WindowResult:
                 "fairness": [a.to_dict() for a in self.fairness], "findings": list(self.findings), "status": self.status,
                 "notes": list(self.notes)}
 
-    def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None) -> dict[str, Any]:
-        """The ``monitoring_window`` row of this result."""
+    def row(self, model_name: str, model_version: str, evaluated_at: datetime | None = None,
+            detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``monitoring_window`` row of this result; ``detail``: entries added to its ``detail`` JSON."""
 
         psis = [d.psi for d in self.drift if d.psi is not None]
         kss = [d.ks for d in self.drift if d.ks is not None]
@@ -379,111 +385,258 @@ class WindowResult:
                 "accuracy": self.metrics["accuracy"], "tpr": self.metrics["tpr"], "fpr": self.metrics["fpr"], "fnr": self.metrics["fnr"],
                 "selection_rate": self.metrics["selection_rate"], "prediction_psi": self.prediction_psi,
                 "feature_psi_max": max(psis) if psis else None, "feature_ks_max": max(kss) if kss else None,
-                "fairness_gap": self.fairness_gap, "status": self.status, "detail": json.dumps(self.to_dict(), default=str)}
+                "fairness_gap": self.fairness_gap, "status": self.status, "detail": json.dumps({**self.to_dict(), **(detail or {})}, default=str)}
 
 
 # --- evaluation ---------------------------------------------------------------------------------
+#
+# Every statistic is computed for all windows of a model at once, over their rows laid end to end
+# (``_Stack``): one bincount, sort or searchsorted per feature, attribute or metric, not one per window.
+# Python objects are built once per window at the end, from lists read out of the arrays.
 
 
-def _fairness_many(datas: Sequence[WindowData], cfg: MonitoringConfig, rng: np.random.Generator) -> list[tuple[AttributeWindow, ...]]:
+_EMPTY = np.empty(0)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """The windows' rows end to end, in window order."""
+
+    n: np.ndarray  # (W,) rows per window
+    win: np.ndarray  # (rows,) each row's window
+    y_true: np.ndarray
+    y_pred: np.ndarray
+    known: np.ndarray  # (rows,) decision and outcome both present
+    binary: np.ndarray  # (W,) every known decision and outcome is 0 or 1 (a confusion table exists)
+    counted: np.ndarray  # (rows,) known, in a binary window: the rows of the confusion tables
+
+
+def _stack(datas: Sequence[WindowData]) -> _Stack:
+    n = np.array([d.n for d in datas], dtype=np.int64)
+    win = np.repeat(np.arange(len(datas)), n)
+    yt = np.concatenate([d.y_true for d in datas]).astype(float, copy=False)
+    yp = np.concatenate([d.y_pred for d in datas]).astype(float, copy=False)
+    known = ~np.isnan(yt) & ~np.isnan(yp)
+    odd = known & ~(((yt == 0.0) | (yt == 1.0)) & ((yp == 0.0) | (yp == 1.0)))
+    binary = np.bincount(win[odd], minlength=len(datas)) == 0
+    return _Stack(n, win, yt, yp, known, binary, known & binary[win])
+
+
+def _metrics_many(datas: Sequence[WindowData], st: _Stack) -> list[dict[str, Any]]:
+    """``_binary`` of every window: one bincount over (window, cell) for the confusion counts."""
+    w_n = len(datas)
+    n_out = np.bincount(st.win[st.known], minlength=w_n).tolist()
+    c = st.counted
+    cells = np.bincount(st.win[c] * 4 + (st.y_true[c] * 2 + st.y_pred[c]).astype(np.int64), minlength=w_n * 4).reshape(w_n, 4).astype(float)
+    tn, fp, fn, tp = (cells[:, i] for i in range(4))
+    n, pos, neg = tp + fp + tn + fn, tp + fn, fp + tn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        acc, sel = ((tp + tn) / n).tolist(), ((tp + fp) / n).tolist()
+        tpr, fpr, fnr = (tp / pos).tolist(), (fp / neg).tolist(), (fn / pos).tolist()
+    binary = st.binary.tolist()
+    out = []
+    for w, d in enumerate(datas):
+        k = n_out[w]
+        if k and not binary[w]:
+            out.append(_binary(d))  # multiclass or regression: exact-match accuracy and MAE, per window
+        elif k:
+            out.append({"n_outcomes": k, "accuracy": acc[w], "tpr": _none(tpr[w]), "fpr": _none(fpr[w]), "fnr": _none(fnr[w]),
+                        "selection_rate": sel[w]})
+        else:
+            out.append({"n_outcomes": 0, "accuracy": None, "tpr": None, "fpr": None, "fnr": None, "selection_rate": None})
+    return out
+
+
+def _fairness_many(datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig, rng: np.random.Generator) -> list[tuple[AttributeWindow, ...]]:
     """Fairness of every window, per group attribute, with one bootstrap draw for all windows
     (``governance.fairness.confusion_intervals_many``). Only binary decisions with known outcomes count."""
+    w_n = len(datas)
     out: list[list[AttributeWindow]] = [[] for _ in datas]
-    known = []
-    for d in datas:
-        k = ~np.isnan(d.y_true) & ~np.isnan(d.y_pred)
-        yt, yp = d.y_true[k], d.y_pred[k]
-        if yt.size and not (((yt == 0.0) | (yt == 1.0)).all() and ((yp == 0.0) | (yp == 1.0)).all()):
-            k = np.zeros_like(k)  # multiclass or regression: no confusion table
-        known.append(k)
     attrs = sorted({a for d in datas for a in d.groups})
     for attr in attrs:
-        labels = [d.groups[attr][k] if attr in d.groups else np.empty(0, dtype=str) for d, k in zip(datas, known)]
-        uniq = np.unique(np.concatenate(labels)) if any(len(x) for x in labels) else np.empty(0, dtype=str)
+        has = np.array([attr in d.groups for d in datas])
+        rows = st.counted & has[st.win]
+        # A window without the attribute lends placeholder labels (of the others' type) for its rows, never counted.
+        like = next(d.groups[attr] for d in datas if attr in d.groups)
+        labels = np.concatenate([d.groups[attr] if attr in d.groups else np.zeros(d.n, dtype=like.dtype) for d in datas])[rows]
+        uniq = np.unique(labels)
         if len(uniq) < 2:
             continue
         g = len(uniq)
-        # Every window's rows at once: one searchsorted of the labels and one bincount over (window, group, cell).
-        sizes_w = np.array([lab.size for lab in labels], dtype=np.int64)
-        win = np.repeat(np.arange(len(datas)), sizes_w)
-        code = np.searchsorted(uniq, np.concatenate(labels))
-        has = [attr in d.groups for d in datas]
-        yt = np.concatenate([d.y_true[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
-        yp = np.concatenate([d.y_pred[k] if h else np.empty(0) for d, k, h in zip(datas, known, has)]).astype(np.int64)
-        counts = np.bincount((win * g + code) * 4 + yt * 2 + yp, minlength=len(datas) * g * 4).reshape(len(datas), g, 4)
+        code = np.searchsorted(uniq, labels)
+        cell = (st.y_true[rows] * 2 + st.y_pred[rows]).astype(np.int64)
+        counts = np.bincount((st.win[rows] * g + code) * 4 + cell, minlength=w_n * g * 4).reshape(w_n, g, 4)
         tn, fp, fn, tp = (counts[..., i].astype(float) for i in range(4))
         point = FZ._rates(tp, fp, tn, fn)  # (W, G)
-        judged = counts.sum(axis=2) >= cfg.min_group_size
+        sizes = counts.sum(axis=2)
+        judged = sizes >= cfg.min_group_size
         summary = FZ._summary({k: np.where(judged, v, np.nan) for k, v in point.items()})  # (W,)
         if cfg.bootstrap > 0:
             gci, sci = FZ.confusion_intervals_many(counts, judged, cfg.bootstrap, rng, cfg.confidence)
         else:
             gci, sci = {}, {}
-        # Python lists once per attribute: reading numpy scalars one by one cost more than the bootstrap.
-        point_l = {k: point[k].tolist() for k in FZ.RATES}
-        summary_l = {k: summary[k].tolist() for k in FZ.SUMMARY}
-        # Interval pairs built once per attribute, None where either bound is undefined.
-        gpair = {k: [[None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(lw, hw)] for lw, hw in zip(gci[k][0].tolist(), gci[k][1].tolist())]
-                 for k in gci}
-        spair = {k: [None if lo != lo or hi != hi else (lo, hi) for lo, hi in zip(sci[k][0].tolist(), sci[k][1].tolist())] for k in sci}
-        no_ci = [None] * len(datas)
-        no_gci = [[None] * g] * len(datas)
-        gp = [gpair.get(k, no_gci) for k in FZ.RATES]
-        sp = [spair.get(k, no_ci) for k in FZ.SUMMARY]
-        pt = [point_l[k] for k in FZ.RATES]
-        size_l, judged_l, names = counts.sum(axis=2).tolist(), judged.tolist(), [str(u) for u in uniq]
-        for w in range(len(datas)):
-            sizes = size_l[w]
-            present = [i for i in range(g) if sizes[i] > 0]
-            if len(present) < 2:
-                continue
-            groups = []
-            for i in present:
-                ci = dict(zip(FZ.RATES, [c[w][i] for c in gp]))
-                groups.append(GroupWindow(names[i], int(sizes[i]), bool(judged_l[w][i]), dict(zip(FZ.RATES, [_none(r[w][i]) for r in pt])), ci))
-            sm = {k: _none(summary_l[k][w]) for k in FZ.SUMMARY}
-            sm["_watched"] = sm.get(cfg.fairness_metric)  # the configured metric, so a stored window says which gap it watched
-            smci = dict(zip(FZ.SUMMARY, [c[w] for c in sp]))
-            out[w].append(AttributeWindow(attr, tuple(groups), sm, smci))
+        # Python objects once per attribute, from flat lists zipped in C: reading numpy scalars one by one,
+        # or a comprehension per value, cost more than the bootstrap.
+        rates = _dicts(FZ.RATES, [_values(point[k]) for k in FZ.RATES])  # window-major, group-minor
+        cis = _dicts(FZ.RATES, [_pairs(gci[k]) for k in FZ.RATES]) if gci else [dict.fromkeys(FZ.RATES) for _ in range(w_n * g)]
+        sums = _dicts(FZ.SUMMARY, [_values(summary[k]) for k in FZ.SUMMARY])
+        scis = _dicts(FZ.SUMMARY, [_pairs(sci[k]) for k in FZ.SUMMARY]) if sci else [dict.fromkeys(FZ.SUMMARY) for _ in range(w_n)]
+        size_l, judged_l, names = sizes.ravel().tolist(), judged.ravel().tolist(), [str(u) for u in uniq]
+        for w in np.flatnonzero((sizes > 0).sum(axis=1) >= 2).tolist():
+            at = w * g
+            groups = tuple(GroupWindow(names[i], size_l[at + i], judged_l[at + i], rates[at + i], cis[at + i]) for i in range(g) if size_l[at + i])
+            sm = sums[w]
+            sm["_watched"] = sm[cfg.fairness_metric]  # the configured metric, so a stored window says which gap it watched
+            out[w].append(AttributeWindow(attr, groups, sm, scis[w]))
     return [tuple(x) for x in out]
+
+
+def _values(a: np.ndarray) -> list[float | None]:
+    """``a``'s values in C order as Python floats, None where NaN."""
+    out: list[float | None] = a.ravel().tolist()
+    for j in np.flatnonzero(np.isnan(a.ravel())).tolist():
+        out[j] = None
+    return out
+
+
+def _pairs(bounds: np.ndarray) -> list[tuple[float, float] | None]:
+    """(lower, upper) pairs of a (2, ...) array of bounds in C order, None where either is NaN."""
+    lo, hi = bounds[0].ravel(), bounds[1].ravel()
+    out: list[tuple[float, float] | None] = list(zip(lo.tolist(), hi.tolist()))
+    for j in np.flatnonzero(np.isnan(lo) | np.isnan(hi)).tolist():
+        out[j] = None
+    return out
+
+
+def _dicts(keys: Sequence[str], columns: Sequence[list[Any]]) -> list[dict[str, Any]]:
+    """One dict per position of the equally long ``columns``, keyed by ``keys`` in order."""
+    return list(map(dict, map(zip, repeat(keys), zip(*columns))))
 
 
 def _none(x: float) -> float | None:
     return None if x != x else x
 
 
-def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _sorted_within(vals: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``vals`` (windows end to end, ``n`` rows each) with each window's values in ascending order."""
+    w_n, widest = n.size, int(n.max())
+    if w_n * widest <= 4 * vals.size + 4096:
+        # Rows of a padded grid, each sorted on its own: far faster than one sort keyed by (window, value).
+        grid = np.full((w_n, widest), np.inf)
+        start = np.cumsum(n) - n
+        win = np.repeat(np.arange(w_n), n)
+        grid[win, np.arange(vals.size) - start[win]] = vals
+        grid.sort(axis=1)
+        return grid[np.arange(widest)[None, :] < n[:, None]]
+    return vals[np.lexsort((vals, np.repeat(np.arange(w_n), n)))]  # one window far larger than the rest
+
+
+def _ranks(ref_sorted: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(ref_sorted, v, side="right")``, by interpolation: a uniform grid of up to 4 buckets per
+    reference value gives each value a starting rank, one step or two from its own, checked and walked there;
+    the few still off (ties in the reference) are looked up. The binary search's cache misses cost more."""
+    m = ref_sorted.size
+    lo, hi = float(ref_sorted[0]), float(ref_sorted[-1])
+    if m < 64 or not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        return np.searchsorted(ref_sorted, v, side="right")
+    k = min(4 * m, 4 * v.size + 1024)  # the grid costs no more than the values it serves
+    scale = k / (hi - lo)
+    table = np.searchsorted(ref_sorted, lo + np.arange(k + 1) / scale, side="right")
+    r = table[np.clip((v - lo) * scale, 0, k).astype(np.int64)]
+    r[v < lo] = 0
+    r[v >= hi] = m
+    ext = np.concatenate([[-np.inf], ref_sorted, [np.inf]])  # ext[r] = ref[r - 1], ext[r + 1] = ref[r]
+    # Right where ref[r - 1] <= v < ref[r]; v >= hi is settled, so ext[r + 1] <= v never reaches r = m.
+    off = np.flatnonzero((ext[r] > v) | ((ext[r + 1] <= v) & (v < hi)))
+    for _ in range(4):
+        if not off.size:
+            return r
+        ro, vo = r[off], v[off]
+        ro = ro + (ext[ro + 1] <= vo) - (ext[ro] > vo)
+        r[off] = ro
+        off = off[(ext[ro] > vo) | (ext[ro + 1] <= vo)]
+    r[off] = np.searchsorted(ref_sorted, v[off], side="right")
+    return r
+
+
+def _rank_bins(ref_sorted: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The PSI bin of a value from its rank ``r`` in the reference (``searchsorted(ref_sorted, v, "right")``):
+    a value of rank r lies in ``[ref[r-1], ref[r])``, so its bin (``searchsorted(edges, v, "right")``) is
+    ``bins[r]`` unless an edge falls inside that interval (``split[r]``), where it is looked up."""
+    left = np.concatenate([[-np.inf], ref_sorted])
+    right = np.concatenate([ref_sorted, [np.inf]])
+    lo = np.searchsorted(edges, left, side="right")
+    return lo, lo != np.searchsorted(edges, right, side="left")
+
+
+def _psi_counts(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, epsilon: float) -> np.ndarray:
+    """PSI per window from its (W, bins) counts and rows: ``psi_from_shares`` row by row, NaN without rows."""
+    out = np.full(n.size, np.nan)
+    has = n > 0
+    a = counts / np.maximum(n, 1)[:, None]
+    e = np.where(shares > 0, shares, epsilon)[None, :]
+    a = np.where(a > 0, a, epsilon)
+    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
+    return out
+
+
+def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value.
 
     The KS statistic is scipy's (``ks_2samp`` evaluates both CDFs at every pooled value, right-continuous)
     computed at the window's points only: between two consecutive window values the window's CDF is flat
     and the reference's rises, so the largest F_ref - F_win is just left of a window value and the
-    smallest at one. All windows' values are sorted once (by window, then value)."""
+    smallest at one. Each window's values are sorted once; their ranks in the reference give both the
+    reference CDF and (``_rank_bins``) the PSI bin."""
     w_n = len(datas)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
-        psi_v, vals, n = _psi_many(edges, shares, [d.features.get(name, np.empty(0)) for d in datas], cfg.epsilon)
+        parts = [d.features.get(name, _EMPTY) for d in datas]
+        vals = np.concatenate(parts).astype(float, copy=False)
+        ok = ~np.isnan(vals)
+        rows_win = st.win if vals.size == st.win.size and all(p.size == d.n for p, d in zip(parts, datas)) else \
+            np.repeat(np.arange(w_n), [p.size for p in parts])
+        n = np.bincount(rows_win[ok], minlength=w_n)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
-            out[name] = (psi_v, ks_v, n)
+            out[name] = (np.full(w_n, np.nan), ks_v, n)
             continue
-        win = np.repeat(np.arange(w_n), n)
+        v = _sorted_within(vals[ok], n)
+        w = np.repeat(np.arange(w_n), n)
+        r_right = _ranks(ref_sorted, v)
+        ext = np.concatenate([[-np.inf], ref_sorted])  # ext[r] = ref[r - 1]
+        tie = ext[r_right] == v  # only values equal to a reference value have a smaller left rank
+        r_left = r_right
+        if tie.any():
+            r_left = r_right.copy()
+            r_left[tie] = np.searchsorted(ref_sorted, v[tie], side="left")
+        bins, split = _rank_bins(ref_sorted, edges)
+        b = bins[r_right]
+        amb = split[r_right]
+        if amb.any():
+            b[amb] = np.searchsorted(edges, v[amb], side="right")
+        nb = len(edges) + 1
+        psi_v = _psi_counts(np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb), n, shares, cfg.epsilon)
         has = n > 0
-        order = np.lexsort((vals, win))
-        v, w = vals[order], win[order]
-        start = np.concatenate([[0], np.cumsum(n)[:-1]])
-        new = np.empty(v.size, dtype=bool)
-        new[0] = True
-        new[1:] = (v[1:] != v[:-1]) | (w[1:] != w[:-1])
-        run_start = np.flatnonzero(new)
-        run_end = np.append(run_start[1:], v.size)
-        rid = np.cumsum(new) - 1
+        start = np.cumsum(n) - n
+        pos = np.arange(v.size) - start[w]  # rank within the window
         nw = n[w].astype(float)
-        fc_right = (run_end[rid] - start[w]) / nw
-        fc_left = (run_start[rid] - start[w]) / nw
+        same = (v[1:] == v[:-1]) & (w[1:] == w[:-1])
+        if same.any():  # ties within a window: both window CDFs at a run of equal values
+            new = np.empty(v.size, dtype=bool)
+            new[0] = True
+            new[1:] = ~same
+            run_start = np.flatnonzero(new)
+            run_end = np.append(run_start[1:], v.size)
+            rid = np.cumsum(new) - 1
+            fc_right = (run_end[rid] - start[w]) / nw
+            fc_left = (run_start[rid] - start[w]) / nw
+        else:
+            fc_right = (pos + 1) / nw
+            fc_left = pos / nw
         m = float(ref_sorted.size)
-        fr_right = np.searchsorted(ref_sorted, v, side="right") / m
-        fr_left = np.searchsorted(ref_sorted, v, side="left") / m
+        fr_right = r_right / m
+        fr_left = r_left / m
         plus = np.maximum(fr_right - fc_right, fr_left - fc_left)
         minus = fc_right - fr_right
         idx = start[has]
@@ -492,89 +645,46 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConf
     return out
 
 
-def _psi_many(edges: np.ndarray, shares: np.ndarray, parts: Sequence[np.ndarray], epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """PSI of every window's values (NaN dropped) against the reference's bins, from one bincount over
-    (window, bin): the same sums as ``psi_from_shares(shares, bin_shares(values, edges))`` per window.
-    Returns (PSI, NaN where a window has no value; the NaN-free values concatenated; rows per window)."""
-    w_n = len(parts)
-    parts = [x[~np.isnan(x)] for x in parts]
-    n = np.array([x.size for x in parts], dtype=np.int64)
-    out = np.full(w_n, np.nan)
-    vals = np.concatenate(parts) if parts else np.empty(0)
-    if n.sum() == 0:
-        return out, vals, n
-    win = np.repeat(np.arange(w_n), n)
-    nb = len(edges) + 1
-    counts = np.bincount(win * nb + np.searchsorted(edges, vals, side="right"), minlength=w_n * nb).reshape(w_n, nb)
-    has = n > 0
-    a = counts / np.maximum(n, 1)[:, None]
-    e = np.where(shares > 0, shares, epsilon)[None, :]
-    a = np.where(a > 0, a, epsilon)
-    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
-    return out, vals, n
-
-
-def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], cfg: MonitoringConfig) -> list[float | None]:
-    """Prediction drift of every window: the PSI of its scores (or decisions) on the reference's score bins."""
+def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> list[float | None]:
+    """Prediction drift of every window: the PSI of its scores (or, in a window without any score, its
+    decisions) on the reference's score bins."""
     if ref.prediction is None:
         return [None] * len(datas)
-    parts = [_prediction_values(d) for d in datas]
-    got, _, _ = _psi_many(ref.prediction[0], ref.prediction[1], [p if p is not None else np.empty(0) for p in parts], cfg.epsilon)
-    return [None if v != v else v for v in got.tolist()]
+    edges, shares = ref.prediction
+    w_n = len(datas)
+    score = np.concatenate([d.score for d in datas]).astype(float, copy=False)
+    scored = np.bincount(st.win[~np.isnan(score)], minlength=w_n) > 0
+    vals = np.where(scored[st.win], score, st.y_pred)
+    ok = ~np.isnan(vals)
+    w = st.win[ok]
+    n = np.bincount(w, minlength=w_n)
+    nb = len(edges) + 1
+    counts = np.bincount(w * nb + np.searchsorted(edges, vals[ok], side="right"), minlength=w_n * nb).reshape(w_n, nb)
+    return [None if v != v else v for v in _psi_counts(counts, n, shares, cfg.epsilon).tolist()]
 
 
-def _core(ref: Reference, d: WindowData, cfg: MonitoringConfig, start: datetime | None, end: datetime | None,
-          drift_at: Mapping[str, tuple[float, float, int]], pred_psi: float | None) -> tuple[WindowResult, list[tuple[int, int, int, float]]]:
-    """Everything but fairness and the vectorised KS p-values (returned as (feature index, n_ref, n_cur, D)
-    to be computed for many windows at once); ``drift_at``: this window's (PSI, KS, rows) per feature."""
-    metrics = _binary(d)
-    drift: list[FeatureDrift] = []
-    pending: list[tuple[int, int, int, float]] = []
-    for i, (name, (ref_sorted, _, _)) in enumerate(ref.features.items()):
-        p, dstat, cnt = drift_at[name]
-        if cnt == 0:
-            drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
-            continue
-        if cfg.ks_method in ("asymp", "limit"):
-            pending.append((i, ref_sorted.size, int(cnt), dstat))
-            pv = None
-        else:
-            v = d.features[name]
-            dstat, pv = ks_test(ref_sorted, v[~np.isnan(v)], method=cfg.ks_method)
-        drift.append(FeatureDrift(name, float(p), psi_level(p), float(dstat), pv, int(cnt)))
-    return WindowResult(start, end, d.n, metrics, pred_psi, tuple(drift), ()), pending
-
-
-def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: str) -> WindowResult:
-    notes: list[str] = []
+def _findings(window_start: datetime | None, window_end: datetime | None, metrics: dict[str, Any], prediction_psi: float | None,
+              hits: list[FeatureDrift], fairness: tuple[AttributeWindow, ...], ref: Reference, cfg: MonitoringConfig,
+              subject: str) -> tuple[dict[str, Any], ...]:
+    """The findings (``FINDING_KINDS``) a judged window's figures raise; ``hits``: its drifted features."""
     findings: list[dict[str, Any]] = []
-    ev_base = {"window_start": res.window_start, "window_end": res.window_end, "analyzer": ANALYZER, "subject": subject}
-    if res.n_predictions < cfg.min_window_size:
-        notes.append(f"{res.n_predictions} predictions, under {cfg.min_window_size}: drift and fairness not judged")
-        return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, res.drift, res.fairness, (), tuple(notes))
-    k = max(len(res.drift), 1)
-    drift = []
-    for fd in res.drift:
-        ks_hit = fd.ks_pvalue is not None and fd.ks_pvalue < cfg.ks_alpha / k
-        hit = fd.psi is not None and (fd.psi >= cfg.psi_significant or (fd.psi >= cfg.psi_moderate and ks_hit))
-        drift.append(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, bool(hit)))
-    hits = [fd for fd in drift if fd.drifted]
+    ev_base = {"window_start": window_start, "window_end": window_end, "analyzer": ANALYZER, "subject": subject}
     if hits:
         worst = max(hits, key=lambda f: f.psi or 0)
         findings.append({**ev_base, "kind": "model_drift", "severity": "critical" if (worst.psi or 0) >= cfg.psi_significant else "warning",
                          "score": worst.psi, "summary": f"data drift on {', '.join(f.feature for f in hits)} (PSI {worst.feature} {worst.psi:.3f}, KS {worst.ks:.3f})",
                          "evidence": {"features": [f.to_dict() for f in hits], "psi_significant": cfg.psi_significant, "ks_alpha": cfg.ks_alpha}})
-    if res.prediction_psi is not None and res.prediction_psi >= cfg.prediction_psi_max:
-        findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": res.prediction_psi,
-                         "summary": f"prediction drift: PSI of the scores {res.prediction_psi:.3f} >= {cfg.prediction_psi_max}",
-                         "evidence": {"prediction_psi": res.prediction_psi}})
-    acc = res.metrics.get("accuracy")
-    if acc is not None and ref.accuracy is not None and res.metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
+    if prediction_psi is not None and prediction_psi >= cfg.prediction_psi_max:
+        findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": prediction_psi,
+                         "summary": f"prediction drift: PSI of the scores {prediction_psi:.3f} >= {cfg.prediction_psi_max}",
+                         "evidence": {"prediction_psi": prediction_psi}})
+    acc = metrics.get("accuracy")
+    if acc is not None and ref.accuracy is not None and metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
         findings.append({**ev_base, "kind": "model_accuracy_drop", "severity": "warning", "score": acc,
                          "summary": f"accuracy {acc:.3f} below the reference {ref.accuracy:.3f} by more than {cfg.accuracy_drop}",
-                         "evidence": {"accuracy": acc, "reference_accuracy": ref.accuracy, "n_outcomes": res.metrics["n_outcomes"]}})
+                         "evidence": {"accuracy": acc, "reference_accuracy": ref.accuracy, "n_outcomes": metrics["n_outcomes"]}})
     if cfg.fairness_max is not None:
-        for a in res.fairness:
+        for a in fairness:
             v = a.summary.get(cfg.fairness_metric)
             ci = a.summary_ci.get(cfg.fairness_metric)
             if v is not None and v > cfg.fairness_max:
@@ -586,8 +696,7 @@ def _finish(res: WindowResult, ref: Reference, cfg: MonitoringConfig, subject: s
                                  "evidence": {"attribute": a.attribute, "metric": cfg.fairness_metric, "value": v, "ci": list(ci) if ci else None,
                                               "groups": {g.group: {"count": g.count, "fpr": g.rates["fpr"], "tpr": g.rates["tpr"],
                                                                    "selection_rate": g.rates["selection_rate"]} for g in a.groups}}})
-    return WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, tuple(drift), res.fairness,
-                        tuple(findings), tuple(notes))
+    return tuple(findings)
 
 
 def evaluate_window(ref: Reference, data: WindowData, config: MonitoringConfig | None = None, *, subject: str = "model",
@@ -598,40 +707,83 @@ def evaluate_window(ref: Reference, data: WindowData, config: MonitoringConfig |
 
 def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, datetime | None, WindowData]],
                      config: MonitoringConfig | None = None, *, subject: str = "model") -> list[WindowResult]:
-    """Many windows of one model; under ``ks_method`` ``asymp`` or ``limit`` their KS p-values come from one
-    vectorised call."""
+    """Many windows of one model, each statistic computed for all of them at once; under ``ks_method``
+    ``asymp`` or ``limit`` their KS p-values come from one vectorised call."""
     cfg = config or MonitoringConfig()
+    if not windows:
+        return []
     rng = np.random.default_rng(cfg.seed)
     datas = [d for _, _, d in windows]
-    many = _drift_many(ref, datas, cfg)
-    pred = _prediction_psi_many(ref, datas, cfg)
-    at = {k: (v[0].tolist(), v[1].tolist(), v[2].tolist()) for k, v in many.items()}
-    cores = [_core(ref, d, cfg, s, e, {k: (v[0][w], v[1][w], v[2][w]) for k, v in at.items()}, pred[w])
-             for w, (s, e, d) in enumerate(windows)]
-    fair = _fairness_many([d for _, _, d in windows], cfg, rng)
-    flat = [(w, i, m, n, dd) for w, (_, pend) in enumerate(cores) for (i, m, n, dd) in pend]
-    if flat:
-        pv = (ks_asymp_pvalue if cfg.ks_method == "asymp" else ks_limit_pvalue)(np.array([x[4] for x in flat]), np.array([x[2] for x in flat]), np.array([x[3] for x in flat]))
-        fill: dict[tuple[int, int], float] = {(x[0], x[1]): float(p) for x, p in zip(flat, pv)}
-    else:
-        fill = {}
+    w_n = len(datas)
+    st = _stack(datas)
+    metrics = _metrics_many(datas, st)
+    many = _drift_many(ref, datas, st, cfg)
+    pred = _prediction_psi_many(ref, datas, st, cfg)
+    fair = _fairness_many(datas, st, cfg, rng)
+    names = list(ref.features)
+    cols: list[list[Any]] = []  # per feature: (PSI, KS, p-value, rows) of every window
+    for name in names:
+        psi_v, ks_v, n = many[name]
+        pv: list[Any] = [None] * w_n
+        if cfg.ks_method in ("asymp", "limit"):
+            has = n > 0
+            if has.any():
+                f = ks_asymp_pvalue if cfg.ks_method == "asymp" else ks_limit_pvalue
+                got = f(ks_v[has], np.full(int(has.sum()), ref.features[name][0].size), n[has]).tolist()
+                for w, p in zip(np.flatnonzero(has).tolist(), got):
+                    pv[w] = p
+        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist()])
+    k = max(len(names), 1)  # Bonferroni: KS is judged at ks_alpha / features
     out = []
-    for w, (res, _) in enumerate(cores):
-        drift = tuple(FeatureDrift(fd.feature, fd.psi, fd.level, fd.ks, fill.get((w, i), fd.ks_pvalue), fd.n) for i, fd in enumerate(res.drift))
-        res = WindowResult(res.window_start, res.window_end, res.n_predictions, res.metrics, res.prediction_psi, drift, fair[w])
-        out.append(_finish(res, ref, cfg, subject))
+    for w, (s, e, d) in enumerate(windows):
+        judge = d.n >= cfg.min_window_size
+        drift = []
+        hits = []
+        for name, (psi_l, ks_l, pv_l, n_l) in zip(names, cols):
+            cnt = n_l[w]
+            if cnt == 0:
+                drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
+                continue
+            p, dstat, pv = psi_l[w], ks_l[w], pv_l[w]
+            if cfg.ks_method not in ("asymp", "limit"):
+                v = d.features[name]
+                dstat, pv = ks_test(ref.features[name][0], v[~np.isnan(v)], method=cfg.ks_method)
+            hit = judge and (p >= cfg.psi_significant or (p >= cfg.psi_moderate and pv is not None and pv < cfg.ks_alpha / k))
+            fd = FeatureDrift(name, p, psi_level(p), dstat, pv, cnt, hit)
+            drift.append(fd)
+            if hit:
+                hits.append(fd)
+        if not judge:
+            notes = (f"{d.n} predictions, under {cfg.min_window_size}: drift and fairness not judged",)
+            out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], (), notes))
+            continue
+        out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], _findings(s, e, metrics[w], pred[w], hits, fair[w], ref, cfg, subject)))
     return out
+
+
+def _bounds(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> tuple[pl.DataFrame, list[int], list[int]]:
+    """``frame`` sorted by ``ts`` and each window's first and past-the-end row, from one search for all windows."""
+    w = timedelta(seconds=width_s)
+    srt = frame.sort("ts")
+    ts = srt["ts"]
+    edges = pl.Series([*starts, *(s + w for s in starts)], dtype=ts.dtype) if starts else ts.clear()
+    at = ts.search_sorted(edges, side="left").to_list()
+    return srt, at[: len(starts)], at[len(starts) :]
 
 
 def split_windows(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float) -> list[tuple[datetime, datetime, pl.DataFrame]]:
     """Rows of ``frame`` (column ``ts``) in each window ``[start, start + width)``."""
 
     w = timedelta(seconds=width_s)
-    out = []
-    srt = frame.sort("ts")
-    ts = srt["ts"]
-    for s in starts:
-        lo = int(ts.search_sorted(s, side="left"))
-        hi = int(ts.search_sorted(s + w, side="left"))
-        out.append((s, s + w, srt.slice(lo, hi - lo)))
-    return out
+    srt, lo, hi = _bounds(frame, starts, width_s)
+    return [(s, s + w, srt.slice(a, b - a)) for s, a, b in zip(starts, lo, hi)]
+
+
+def split_window_data(frame: pl.DataFrame, starts: Sequence[datetime], width_s: float, *, features: Sequence[str] | None = None,
+                      groups: Sequence[str] | None = None, threshold: float = 0.5) -> list[tuple[datetime, datetime, WindowData]]:
+    """``window_data`` of each window of ``split_windows``, the rows' JSON decoded once for all windows (per
+    window it cost more than evaluating them): the same arrays, in the same order, as views of one."""
+    w = timedelta(seconds=width_s)
+    srt, lo, hi = _bounds(frame, starts, width_s)
+    data = window_data(srt, features=features, groups=groups, threshold=threshold)
+    return [(s, s + w, data.rows(a, b)) for s, a, b in zip(starts, lo, hi)]

@@ -147,16 +147,14 @@ def evaluate(store: Store, model: str, version: str, *, now: dt.datetime | None 
     ref = GM.reference(ref_data, cfg)
     rows = predictions(store, model, version, lo, hi) if n_windows else ref_rows.clear()
     starts = [lo + dt.timedelta(seconds=window_s * i) for i in range(n_windows)]
-    parts = [(s, e, f) for s, e, f in GM.split_windows(rows, starts, window_s) if f.height]
+    parts = [(s, e, d) for s, e, d in GM.split_window_data(rows, starts, window_s, features=feats, groups=grps, threshold=0.5) if d.n]
     subject = subject_of(model, version)
-    results = GM.evaluate_windows(ref, [(s, e, GM.window_data(f, features=feats, groups=grps, threshold=0.5)) for s, e, f in parts], cfg,
-                                  subject=subject) if parts else []
+    results = GM.evaluate_windows(ref, parts, cfg, subject=subject) if parts else []
     ref_info = {"start": r0.isoformat(), "end": r1.isoformat(), "n": ref.n, "accuracy": ref.accuracy}
     window_rows = []
     finding_rows: list[dict[str, Any]] = []
     for res in results:
-        row = res.row(model, version, now)
-        row["detail"] = json.dumps({**res.to_dict(), "reference": ref_info, "config": cfg.to_dict()}, default=str)
+        row = res.row(model, version, now, detail={"reference": ref_info, "config": cfg.to_dict()})
         window_rows.append(row)
         finding_rows.extend({**f, "evidence": json.dumps(f["evidence"], default=str)} for f in res.findings)
     finding_rows.extend(_cleared(store, subject, [r.window_start for r in results], finding_rows))
