@@ -51,9 +51,8 @@ def test_the_processes_are_the_compose_stacks_with_api_and_workers_replicated():
     assert set(deployments) == {"fleetscope-api", "fleetscope-worker", "fleetscope-beat", "fleetscope-dashboard"}
     assert deployments["fleetscope-api"]["spec"]["replicas"] >= 2
     assert deployments["fleetscope-worker"]["spec"]["replicas"] >= 2
-    # one beat, replaced rather than rolled: two would send every schedule twice
-    assert deployments["fleetscope-beat"]["spec"]["replicas"] == 1
-    assert deployments["fleetscope-beat"]["spec"]["strategy"]["type"] == "Recreate"
+    # beats for availability: the database lease (worker/beat.py), not one replica, keeps the schedule sent once
+    assert deployments["fleetscope-beat"]["spec"]["replicas"] == 2
     assert _of("Job")["fleetscope-migrate"]["spec"]["template"]["spec"]["containers"][0]["command"] == ["fleetscope", "db", "upgrade"]
 
 
