@@ -71,7 +71,8 @@ def test_settings_are_real_and_the_secrets_named_in_the_comments_are_what_the_po
     assert set(config) <= known, set(config) - known
     assert config["FLEETSCOPE_AUTO_MIGRATE"] == "false"
     documented = set(re.findall(r"--from-literal=(FLEETSCOPE_[A-Z_]+)=", (BASE / "config.yaml").read_text()))
-    assert documented == {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND"} and documented <= known
+    assert documented == {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND", "FLEETSCOPE_READ_DATABASE_URL"}
+    assert documented <= known
     for name, spec in _pod_specs().items():
         for container in spec["containers"]:
             sources = {(next(iter(s)), next(iter(s.values()))["name"]) for s in container["envFrom"]}

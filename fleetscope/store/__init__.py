@@ -13,6 +13,7 @@ which is an order of magnitude faster than materialising one Python datetime per
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
 import fcntl
 import functools
@@ -23,7 +24,7 @@ import sqlite3
 import threading
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,11 +151,28 @@ IDLE_CHECKPOINT_S = 5.0
 LogRows = Callable[[WriteResult], list[tuple[str, str | None, dict[str, int], int]]]
 
 
-class Store:
-    """One database, SQLite or PostgreSQL, behind the canonical frames."""
+_READS_ON_REPLICA: contextvars.ContextVar[bool] = contextvars.ContextVar("fleetscope_reads_on_replica", default=False)
 
-    def __init__(self, engine: Engine):
+
+@contextlib.contextmanager
+def reads_on_replica() -> Iterator[None]:
+    """Within this block (this thread or task, and the threads it hands work to with its context), a store's
+    reads go to its read replica where it has one; its writes stay on the primary. For the read API and the
+    dashboard's reads, never for work that writes what it read (a replica may lag the primary)."""
+    token = _READS_ON_REPLICA.set(True)
+    try:
+        yield
+    finally:
+        _READS_ON_REPLICA.reset(token)
+
+
+class Store:
+    """One database, SQLite or PostgreSQL, behind the canonical frames; optionally a read replica of it
+    (``read_engine``) that reads go to inside ``reads_on_replica``."""
+
+    def __init__(self, engine: Engine, read_engine: Engine | None = None):
         self.engine = engine
+        self.read_engine = read_engine or engine
         self.dialect = engine.dialect.name
         # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
         # process may remember them: a scrape re-sends the same 30k series every time.
@@ -179,8 +197,13 @@ class Store:
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
 
     @classmethod
-    def open(cls, url: str) -> Store:
-        return cls(make_engine(url))
+    def open(cls, url: str, read_url: str | None = None) -> Store:
+        return cls(make_engine(url), make_engine(read_url) if read_url else None)
+
+    @property
+    def reader(self) -> Engine:
+        """The engine a read takes here: the replica inside ``reads_on_replica``, else the primary."""
+        return self.read_engine if _READS_ON_REPLICA.get() else self.engine
 
     def checkpoint_in_background(self, interval_s: float = 0.25) -> None:
         """SQLite: copy the write-ahead log into the database from a thread of its own, not in a commit.
@@ -788,7 +811,7 @@ class Store:
         # parameters, so values are inlined as escaped literals.
         import connectorx as cx  # lazy: connectorx, only for PostgreSQL bulk reads
 
-        url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        url = self.reader.url.set(drivername="postgresql").render_as_string(hide_password=False)
         df = pl.from_arrow(cx.read_sql(url, _bind(sql, params), return_type="arrow"))
         assert isinstance(df, pl.DataFrame)
         return df
@@ -798,7 +821,7 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row count of every canonical table (cheap enough for the demo and tests, not for dashboards)."""
         out = {}
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             for name in F.FRAMES:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
         return out
