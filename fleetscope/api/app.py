@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select, text
 
 from fleetscope import __version__, door
@@ -285,8 +285,30 @@ def _after_commit(app: FastAPI, health: pl.DataFrame | None, job_ids: list[str])
         reroll_jobs(app.state.store, job_ids)
 
 
+class _ReplicaLagCollector:
+    """How far the read replica is behind the primary, measured at scrape time (``db.replica_lag``)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        lag = db.replica_lag(self.store.engine, self.store.read_engine)
+        up = GaugeMetricFamily("fleetscope_read_replica_up", "1 while the read replica answers as a replica (in recovery)")
+        up.add_metric([], 1.0 if lag["reachable"] and lag["in_recovery"] else 0.0)
+        yield up
+        if lag["lag_s"] is not None:
+            seconds = GaugeMetricFamily("fleetscope_read_replica_lag_seconds", "age of the last transaction the replica replayed while WAL is outstanding; 0 when caught up")
+            seconds.add_metric([], float(lag["lag_s"]))
+            wal = GaugeMetricFamily("fleetscope_read_replica_lag_bytes", "WAL the primary wrote that the replica has not replayed")
+            wal.add_metric([], float(lag["lag_bytes"]))
+            yield seconds
+            yield wal
+
+
 def _registry_with(store: Store):  # type: ignore[no-untyped-def]
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_TaskRunCollector(store))
+    if store.read_engine is not store.engine:
+        reg.register(_ReplicaLagCollector(store))
     return reg

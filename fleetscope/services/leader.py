@@ -32,9 +32,13 @@ SAFETY_MARGIN = 0.1
 round trips."""
 
 
+_NONCE = secrets.token_hex(4)
+
+
 def holder_id() -> str:
-    """This process's name in the lease table: host, pid and a nonce (a pid is reused after a restart)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    """This process's name in the lease table: host, pid and a nonce (a pid is reused after a restart, in
+    another container too)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_NONCE}"
 
 
 class Lease:

@@ -171,6 +171,10 @@ def test_reads_go_to_the_replica_writes_to_the_primary_and_the_lag_is_reported(r
         rep = health.json()["replica"]
         assert rep["replay_paused"] and rep["lag_bytes"] > 0 and rep["lag_s"] >= 1.2
         assert client.get("/healthz").json() == {"status": "ok"}  # nothing told without a token
+        metrics = client.get("/metrics", headers=h).text
+        gauges = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("fleetscope_read_replica_")}
+        assert gauges["fleetscope_read_replica_up"] == 1.0 and gauges["fleetscope_read_replica_lag_bytes"] > 0
+        assert gauges["fleetscope_read_replica_lag_seconds"] >= 1.2
 
     # the dashboard's cached page reads take the replica; its actions (and fresh reads) the primary
     from dashboard import ui
@@ -213,6 +217,7 @@ def test_a_read_url_that_is_no_replica_makes_the_api_unready(replica, tmp_path: 
     with TestClient(create_app(make_settings(tmp_path, primary_url, read_database_url=primary_url), store=store)) as client:
         got = client.get("/healthz", headers={"Authorization": f"Bearer {secret}"})
         assert got.status_code == 503 and got.json()["replica"]["in_recovery"] is False
+        assert "fleetscope_read_replica_up 0.0" in client.get("/metrics", headers={"Authorization": f"Bearer {secret}"}).text
     gone = db.replica_lag(store.engine, db.make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none"))
     assert gone == {"reachable": False, "in_recovery": False, "lag_bytes": None, "lag_s": None, "replay_paused": None}
     store.engine.dispose()
