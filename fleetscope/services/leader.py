@@ -6,7 +6,9 @@ before ``expires_at``; anyone may take a row whose ``expires_at`` has passed, in
 database serialises, so two contenders never both win. Expiry is judged by the database's clock on PostgreSQL
 (every contender reads the same one) and by the host's on SQLite (one host). The holder itself counts its
 lease from the moment it *asked* for it, on its monotonic clock, and stops leading a margin before that runs
-out: a holder paused past its lease (a stalled host, a lost network) never sends beside its successor.
+out: a holder cut off past its lease (a lost network, a database that does not answer) stops before a
+successor can start. Only a pause between its last check and the send itself (a stopped process) can
+overlap by that one send.
 """
 
 from __future__ import annotations
