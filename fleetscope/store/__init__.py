@@ -115,14 +115,13 @@ def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.Da
     """``events`` keeping the counter readings that differ from the GPU's previous one (in ``seq``, the batch's
     readings by GPU, code and time, or before it in ``known``); and each counter's newest reading where it is
     not what ``known`` holds."""
-    seq = seq.join(known.rename({"value": "_seen"}), on=["gpu_uuid", "code"], how="left").with_columns(
+    seq = seq.join(known.rename({"value": "_seen"}).with_columns(_known=pl.lit(True)), on=["gpu_uuid", "code"], how="left").with_columns(
         pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
         .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
     kept = (counters.join(seq.select("gpu_uuid", "code", "ts", "_prev"), on=["gpu_uuid", "code", "ts"], how="left")
             .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
             .select(events.columns))
-    newest = seq.group_by("gpu_uuid", "code").agg(pl.col("value").last()).select(list(_COUNTER_SCHEMA))
-    changes = (newest.join(known.rename({"value": "_seen"}).with_columns(pl.lit(True).alias("_known")), on=["gpu_uuid", "code"], how="left")
+    changes = (seq.group_by("gpu_uuid", "code").agg(pl.col("value").last(), pl.col("_seen").first(), pl.col("_known").first())
                .filter(pl.col("_known").is_null() | pl.col("value").ne_missing(pl.col("_seen")))
                .select(list(_COUNTER_SCHEMA)))
     return pl.concat([events.filter(~is_counter), kept]), changes
@@ -454,7 +453,13 @@ class Store:
     def _counter_state(self, conn: Connection) -> tuple[pl.DataFrame, int]:
         """The counter readings as of the table's newest version: this process's copy, with the rows changed
         since it was taken read in (all of them when the table went back, as when it was emptied)."""
-        newest = conn.execute(text("SELECT MAX(version) FROM counter_reading")).scalar() or 0
+        # on the driver's cursor: SQLAlchemy's statement handling costs more than this one-row index read
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.execute("SELECT MAX(version) FROM counter_reading")
+            newest = cur.fetchone()[0] or 0
+        finally:
+            cur.close()
         with self._counter_lock:
             known, version = self._counter_readings, self._counter_version
         if newest == version:
