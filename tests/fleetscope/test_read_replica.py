@@ -239,3 +239,13 @@ def test_the_read_url_must_name_a_postgresql_replica_of_a_postgresql_primary(mon
         settings_mod.load()
     monkeypatch.setenv("FLEETSCOPE_READ_DATABASE_URL", "postgresql+psycopg://u@replica/fleet")
     assert settings_mod.load().read_database_url == "postgresql+psycopg://u@replica/fleet"
+
+
+def test_db_replica_without_a_replica_configured_says_how_to_name_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fleetscope.cli import main
+
+    out = CliRunner().invoke(main, ["db", "replica"], env={"FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": "", "FLEETSCOPE_READ_DATABASE_URL": ""})
+    assert out.exit_code == 1
+    assert "no read replica configured: set FLEETSCOPE_READ_DATABASE_URL" in out.output
