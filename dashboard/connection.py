@@ -16,16 +16,22 @@ def database_url() -> str:
     return settings_mod.load().database_url
 
 
+def read_database_url() -> str:
+    """The read replica the pages' cached reads go to (FLEETSCOPE_READ_DATABASE_URL), or "" for the primary."""
+    return settings_mod.load().read_database_url
+
+
 @st.cache_resource(show_spinner=False)
-def _store(url: str) -> Store:
+def _store(url: str, read_url: str = "") -> Store:
     # One engine (and connection pool) per database per server process, shared by every session.
-    return Store.open(url)
+    return Store.open(url, read_url or None)
 
 
 def store() -> Store:
     """The configured store (one per database per server process), for the few actions a page takes
-    through a service function (a silence, an export) rather than a read."""
-    return _store(database_url())
+    through a service function (a silence, an export) rather than a read, and for reads that must see
+    such an action at once: both on the primary."""
+    return _store(database_url(), read_database_url())
 
 
 def tell(key: str, ok: bool, text: str) -> None:

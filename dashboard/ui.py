@@ -25,10 +25,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard import signin
 from dashboard.access import SESSION_KEY, Access
-from dashboard.connection import _store, database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
+from dashboard.connection import _store, database_url, read_database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
 from fleetscope.services import jobs as jobs_svc
 from fleetscope.services import telemetry
 from fleetscope.store import db
+from fleetscope.store import reads_on_replica
 
 # Live panels (latest samples, counts) re-query at most this often; history (ranges, per-job) less often;
 # settled windows (whole hours in the past, whose data no longer changes) seldom.
@@ -50,19 +51,26 @@ log = logging.getLogger(__name__)
 # --- the store and cached queries ------------------------------------------------------------------
 
 
+def read(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    """A page's read ``module.name(store, **kwargs)``, on the read replica where one is configured
+    (FLEETSCOPE_READ_DATABASE_URL): a cached read is seconds old anyway, so a replica's lag costs nothing."""
+    with reads_on_replica():
+        return getattr(importlib.import_module(module), name)(_store(url, read_database_url()), **dict(kwargs))
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False, max_entries=1024)
 def _live(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
+    return read(url, module, name, kwargs)
 
 
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False, max_entries=1024)
 def _history(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
+    return read(url, module, name, kwargs)
 
 
 @st.cache_data(ttl=SETTLED_TTL_S, show_spinner=False, max_entries=4096)
 def _settled(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return getattr(importlib.import_module(module), name)(_store(url), **dict(kwargs))
+    return read(url, module, name, kwargs)
 
 
 def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled: bool = False, **kwargs: Any) -> Any:

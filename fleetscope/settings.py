@@ -99,6 +99,9 @@ class Settings:
     token_burst: int = field(default=4096, metadata={"env": "FLEETSCOPE_TOKEN_BURST", "doc": "requests one token may make at once before its rate applies", "default": "4096"})
     auth_fail_rate_per_s: float = field(default=1.0, metadata={"env": "FLEETSCOPE_AUTH_FAIL_RATE_PER_S", "doc": "refused tokens per second one client address may present to one API process, on average (429 above; 0: no limit)", "default": "1"})
     auth_fail_burst: int = field(default=20, metadata={"env": "FLEETSCOPE_AUTH_FAIL_BURST", "doc": "refused tokens one client address may present at once before that rate applies", "default": "20"})
+    # Scaling out (README "Scaling out")
+    read_database_url: str = field(default="", metadata={"env": "FLEETSCOPE_READ_DATABASE_URL", "doc": "SQLAlchemy URL of a PostgreSQL streaming replica of FLEETSCOPE_DATABASE_URL that the dashboard and the read API query; writes stay on the primary; empty: everything on the primary", "default": ""})
+    beat_lease_s: float = field(default=30.0, metadata={"env": "FLEETSCOPE_BEAT_LEASE_S", "doc": "beat's leader lease: of several `fleetscope beat`, the holder sends the schedule and renews every third of this; another takes over within this (and a third) after it dies", "default": "30"})
 
     @property
     def is_sqlite(self) -> bool:
@@ -131,6 +134,13 @@ def load() -> Settings:
         # reads past the minute tier's reach fall back to the hour tier, which must then still hold them
         raise ValueError(f"FLEETSCOPE_HOUR_TIER_RETENTION_DAYS={hour_days} is shorter than FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS={minute_days}: "
                          "keep the coarser tier at least as long as the finer one")
+    read_url = env("FLEETSCOPE_READ_DATABASE_URL", "")
+    if read_url and not (read_url.startswith("postgresql") and database_url.startswith("postgresql")):
+        raise ValueError(f"FLEETSCOPE_READ_DATABASE_URL={read_url.split('@')[-1]!r}: a read replica is a PostgreSQL streaming replica "
+                         "of a PostgreSQL FLEETSCOPE_DATABASE_URL (postgresql+psycopg://...)")
+    beat_lease_s = _float("FLEETSCOPE_BEAT_LEASE_S", 30.0)
+    if beat_lease_s < 1:
+        raise ValueError(f"FLEETSCOPE_BEAT_LEASE_S={beat_lease_s}: expected at least 1 second (the leader renews every third of it)")
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -167,6 +177,8 @@ def load() -> Settings:
         token_burst=_positive("FLEETSCOPE_TOKEN_BURST", 4096),
         auth_fail_rate_per_s=_float("FLEETSCOPE_AUTH_FAIL_RATE_PER_S", 1.0),
         auth_fail_burst=_positive("FLEETSCOPE_AUTH_FAIL_BURST", 20),
+        read_database_url=read_url,
+        beat_lease_s=beat_lease_s,
     )
 
 

@@ -90,6 +90,9 @@ def test_the_proxy_spreads_over_every_api_replica_and_the_workers_scale():
     assert services["proxy"]["environment"]["PROXY_API"].split() == [f"{name}:8000" for name in replicas]
     assert all(services[name]["command"] == services["api-1"]["command"] for name in replicas)
     assert services["worker"]["deploy"]["replicas"] == "${FLEETSCOPE_WORKER_REPLICAS:-2}"
+    # beats for availability, one leader by the database lease (worker/beat.py); each checked by its own heartbeat
+    assert services["beat"]["deploy"]["replicas"] == "${FLEETSCOPE_BEAT_REPLICAS:-2}"
+    assert "beat-heartbeat-$$HOSTNAME" in services["beat"]["healthcheck"]["test"][1]
     assert "${FLEETSCOPE_API_WORKERS:-2}" in services["api-1"]["command"]
 
 

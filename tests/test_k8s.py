@@ -51,9 +51,8 @@ def test_the_processes_are_the_compose_stacks_with_api_and_workers_replicated():
     assert set(deployments) == {"fleetscope-api", "fleetscope-worker", "fleetscope-beat", "fleetscope-dashboard"}
     assert deployments["fleetscope-api"]["spec"]["replicas"] >= 2
     assert deployments["fleetscope-worker"]["spec"]["replicas"] >= 2
-    # one beat, replaced rather than rolled: two would send every schedule twice
-    assert deployments["fleetscope-beat"]["spec"]["replicas"] == 1
-    assert deployments["fleetscope-beat"]["spec"]["strategy"]["type"] == "Recreate"
+    # beats for availability: the database lease (worker/beat.py), not one replica, keeps the schedule sent once
+    assert deployments["fleetscope-beat"]["spec"]["replicas"] == 2
     assert _of("Job")["fleetscope-migrate"]["spec"]["template"]["spec"]["containers"][0]["command"] == ["fleetscope", "db", "upgrade"]
 
 
@@ -72,7 +71,8 @@ def test_settings_are_real_and_the_secrets_named_in_the_comments_are_what_the_po
     assert set(config) <= known, set(config) - known
     assert config["FLEETSCOPE_AUTO_MIGRATE"] == "false"
     documented = set(re.findall(r"--from-literal=(FLEETSCOPE_[A-Z_]+)=", (BASE / "config.yaml").read_text()))
-    assert documented == {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND"} and documented <= known
+    assert documented == {"FLEETSCOPE_DATABASE_URL", "FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND", "FLEETSCOPE_READ_DATABASE_URL"}
+    assert documented <= known
     for name, spec in _pod_specs().items():
         for container in spec["containers"]:
             sources = {(next(iter(s)), next(iter(s.values()))["name"]) for s in container["envFrom"]}

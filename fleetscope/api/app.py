@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select, text
 
 from fleetscope import __version__, door
@@ -25,7 +25,7 @@ from fleetscope.api.gate import Gate
 from fleetscope.api.security import require
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
-from fleetscope.store import Store
+from fleetscope.store import Store, reads_on_replica
 from fleetscope.services import audit as audit_service
 from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs,
                             routes_otlp, routes_remote_write, routes_serving, routes_teams, routes_tokens)
@@ -112,6 +112,21 @@ class RequestTiming:
         await self.app(scope, receive, timed_send)
 
 
+class ReadsOnReplica:
+    """GET and HEAD requests read from the store's read replica (``FLEETSCOPE_READ_DATABASE_URL``) where it has
+    one; every other method, and whatever a GET writes, stays on the primary. The choice rides in a context
+    variable that the thread pool's workers inherit (``store.reads_on_replica``)."""
+
+    def __init__(self, app):  # type: ignore[no-untyped-def]
+        self.app = app
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            with reads_on_replica():
+                return await self.app(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -166,7 +181,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     settings = settings or settings_mod.load()
     setup_tracing(settings.otel_exporter, settings.otel_endpoint, "fleetscope-api")
     if store is None:
-        store = Store(db.make_engine(settings.database_url))
+        store = Store(db.make_engine(settings.database_url), db.make_engine(settings.read_database_url) if settings.read_database_url else None)
         db.ensure_schema(settings, store.engine)
 
     app = FleetscopeAPI(
@@ -188,6 +203,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     store.checkpoint_in_background()
     app.router.on_shutdown.append(store.stop_checkpointing)
 
+    app.add_middleware(ReadsOnReplica)
     app.add_middleware(RequestTiming)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
@@ -214,7 +230,15 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
             return False, {"database": store.dialect, "reachable": False}
         if current != head:
             log.warning("health check: schema at %s, code expects %s", current, head)
-        return current == head, {"version": __version__, "database": store.dialect, "reachable": True, "schema": current, "schema_head": head}
+        details: dict[str, Any] = {"version": __version__, "database": store.dialect, "reachable": True, "schema": current, "schema_head": head}
+        ok = current == head
+        if store.read_engine is not store.engine:
+            # the read API and the dashboard read there: a replica that does not answer, or is no replica, is unready
+            details["replica"] = replica = db.replica_lag(store.engine, store.read_engine)
+            if not (replica["reachable"] and replica["in_recovery"]):
+                log.warning("health check: the read replica is %s", "not in recovery (not a replica)" if replica["reachable"] else "not reachable")
+                ok = False
+        return ok, details
 
     @app.get("/healthz", tags=["service"])
     async def healthz(request: Request) -> JSONResponse:
@@ -261,8 +285,30 @@ def _after_commit(app: FastAPI, health: pl.DataFrame | None, job_ids: list[str])
         reroll_jobs(app.state.store, job_ids)
 
 
+class _ReplicaLagCollector:
+    """How far the read replica is behind the primary, measured at scrape time (``db.replica_lag``)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        lag = db.replica_lag(self.store.engine, self.store.read_engine)
+        up = GaugeMetricFamily("fleetscope_read_replica_up", "1 while the read replica answers as a replica (in recovery)")
+        up.add_metric([], 1.0 if lag["reachable"] and lag["in_recovery"] else 0.0)
+        yield up
+        if lag["lag_s"] is not None:
+            seconds = GaugeMetricFamily("fleetscope_read_replica_lag_seconds", "age of the last transaction the replica replayed while WAL is outstanding; 0 when caught up")
+            seconds.add_metric([], float(lag["lag_s"]))
+            wal = GaugeMetricFamily("fleetscope_read_replica_lag_bytes", "WAL the primary wrote that the replica has not replayed")
+            wal.add_metric([], float(lag["lag_bytes"]))
+            yield seconds
+            yield wal
+
+
 def _registry_with(store: Store):  # type: ignore[no-untyped-def]
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_TaskRunCollector(store))
+    if store.read_engine is not store.engine:
+        reg.register(_ReplicaLagCollector(store))
     return reg

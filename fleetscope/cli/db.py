@@ -19,6 +19,7 @@ def db_group() -> None:
       fleetscope db upgrade
       fleetscope db current --json
       fleetscope db prune --dry-run
+      fleetscope db replica
     """
 
 
@@ -67,6 +68,34 @@ def db_current(as_json: bool) -> None:
     cur, head = db.current_revision(engine), db.head_revision(s.database_url)
     url = engine.url.render_as_string(hide_password=True)
     _emit(as_json, {"url": url, "current": cur, "head": head}, f"{url}: at {cur or 'base'}, code expects {head}")
+
+
+@db_group.command("replica")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def db_replica(as_json: bool) -> None:
+    """Show how far the read replica (FLEETSCOPE_READ_DATABASE_URL) is behind the primary: WAL bytes not yet
+    replayed and seconds its reads are behind. Exits 1 where it does not answer or is no replica.
+
+    \b
+    Examples:
+      fleetscope db replica
+      fleetscope db replica --json | jq .lag_s
+    """
+    s = _settings()
+    if not s.read_database_url:
+        raise click.ClickException("no read replica configured: set FLEETSCOPE_READ_DATABASE_URL to a streaming replica of FLEETSCOPE_DATABASE_URL")
+    replica = db.make_engine(s.read_database_url)
+    lag = db.replica_lag(db.make_engine(s.database_url), replica)
+    url = replica.url.render_as_string(hide_password=True)
+    if not lag["reachable"]:
+        text = f"{url}: does not answer"
+    elif not lag["in_recovery"]:
+        text = f"{url}: answers but is not in recovery, so it is no replica"
+    else:
+        text = f"{url}: {lag['lag_bytes']} bytes of WAL behind, reads {lag['lag_s']:g} s behind" + (" (replay paused)" if lag["replay_paused"] else "")
+    _emit(as_json, {"url": url, **lag}, text)
+    if not (lag["reachable"] and lag["in_recovery"]):
+        raise SystemExit(1)
 
 
 @db_group.command("prune")

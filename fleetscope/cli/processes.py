@@ -183,15 +183,17 @@ def dashboard_cmd(host: str, port: int, tls_cert: str | None, tls_key: str | Non
 def beat(ctx: click.Context) -> None:
     """Run Celery beat, which schedules the analyzers, alerts, rollups, retention and audit reports.
 
+    Run it on two hosts for availability: the one holding the lease in the database (FLEETSCOPE_BEAT_LEASE_S)
+    sends the schedule, and another takes over within the lease when it dies.
+
     \b
     Examples:
       fleetscope beat
-      fleetscope beat --schedule /var/lib/fleetscope/celerybeat-schedule
     """
     from fleetscope.worker import celery_app  # lazy: Celery and every task
 
-    # Beat's schedule (celerybeat-schedule in the data dir) is a shelve Celery creates with no mode of
-    # ours: what this process creates is private to its account.
+    _engine(_settings())  # the lease and the last sends are in the store: migrate (SQLite) or check its schema
+    # What this process creates (its heartbeat file) is private to its account.
     os.umask(0o077)
     celery_app.start(["beat", "--loglevel=INFO", *ctx.args])
 

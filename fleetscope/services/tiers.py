@@ -45,7 +45,7 @@ def floor_to(t: dt.datetime, tier: str) -> dt.datetime:
 def watermark(store: Store, tier: str) -> dt.datetime | None:
     """Every bucket of ``tier`` before this instant is rolled; None before the first roll."""
     wm = schema.rollup_watermark
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         value = conn.execute(select(wm.c.rolled_to).where(wm.c.tier == tier)).scalar_one_or_none()
     return None if value is None else as_utc(value)
 
@@ -117,7 +117,7 @@ def advance(store: Store, now: dt.datetime, max_chunks: int = 24) -> dict[str, A
 def rolled_tiers(store: Store) -> frozenset[str]:
     """The tiers that have been rolled at least once (one small-table read)."""
     wm = schema.rollup_watermark
-    with store.engine.connect() as conn:
+    with store.reader.connect() as conn:
         return frozenset(r[0] for r in conn.execute(select(wm.c.tier)))
 
 

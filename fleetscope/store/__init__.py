@@ -13,6 +13,7 @@ which is an order of magnitude faster than materialising one Python datetime per
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
 import fcntl
 import functools
@@ -23,7 +24,7 @@ import sqlite3
 import threading
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRIT
 from fleetscope.store.db import make_engine
 from fleetscope.store.sqltypes import UTCDateTime
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy import event
 
 _COPY_CHUNK_BYTES = 8 * 2**20
@@ -104,6 +106,25 @@ def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
 
 _COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
+# the advisory lock writers of changed counter readings take turns on (PostgreSQL): any fixed 64-bit number
+_COUNTER_LOCK_KEY = int.from_bytes(hashlib.sha256(b"fleetscope.counter_reading").digest()[:8], "big", signed=True)
+
+
+def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.DataFrame, seq: pl.DataFrame,
+                      known: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``events`` keeping the counter readings that differ from the GPU's previous one (in ``seq``, the batch's
+    readings by GPU, code and time, or before it in ``known``); and each counter's newest reading where it is
+    not what ``known`` holds."""
+    seq = seq.join(known.rename({"value": "_seen"}).with_columns(_known=pl.lit(True)), on=["gpu_uuid", "code"], how="left").with_columns(
+        pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
+        .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
+    kept = (counters.join(seq.select("gpu_uuid", "code", "ts", "_prev"), on=["gpu_uuid", "code", "ts"], how="left")
+            .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
+            .select(events.columns))
+    changes = (seq.group_by("gpu_uuid", "code").agg(pl.col("value").last(), pl.col("_seen").first(), pl.col("_known").first())
+               .filter(pl.col("_known").is_null() | pl.col("value").ne_missing(pl.col("_seen")))
+               .select(list(_COUNTER_SCHEMA)))
+    return pl.concat([events.filter(~is_counter), kept]), changes
 
 
 @dataclass
@@ -129,19 +150,40 @@ IDLE_CHECKPOINT_S = 5.0
 LogRows = Callable[[WriteResult], list[tuple[str, str | None, dict[str, int], int]]]
 
 
-class Store:
-    """One database, SQLite or PostgreSQL, behind the canonical frames."""
+_READS_ON_REPLICA: contextvars.ContextVar[bool] = contextvars.ContextVar("fleetscope_reads_on_replica", default=False)
 
-    def __init__(self, engine: Engine):
+
+@contextlib.contextmanager
+def reads_on_replica() -> Iterator[None]:
+    """Within this block (this thread or task, and the threads it hands work to with its context), a store's
+    reads go to its read replica where it has one; its writes stay on the primary. For the read API and the
+    dashboard's reads, never for work that writes what it read (a replica may lag the primary)."""
+    token = _READS_ON_REPLICA.set(True)
+    try:
+        yield
+    finally:
+        _READS_ON_REPLICA.reset(token)
+
+
+class Store:
+    """One database, SQLite or PostgreSQL, behind the canonical frames; optionally a read replica of it
+    (``read_engine``) that reads go to inside ``reads_on_replica``."""
+
+    def __init__(self, engine: Engine, read_engine: Engine | None = None):
         self.engine = engine
+        self.read_engine = read_engine or engine
         self.dialect = engine.dialect.name
         # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
         # process may remember them: a scrape re-sends the same 30k series every time.
         self._series_cache: dict[str, int] = {}
-        # The last reading of each GPU's DCGM fault counters (ECC, row remap) this process wrote or saw
-        # unchanged: gpu_uuid, code, value. A counter above zero is in every scrape; only a changed reading
-        # is a new health event, or a GPU with one old corrected error would add an event every second.
+        # The last reading of each GPU's DCGM fault counters (ECC, row remap): gpu_uuid, code, value. A counter
+        # above zero is in every scrape; only a changed reading is a new health event, or a GPU with one old
+        # corrected error would add an event every second. The readings are the database's (counter_reading),
+        # shared by every process that writes, so API processes behind one proxy agree on what is new; this
+        # is this process's copy of them as of change ``_counter_version``, checked against the table's
+        # newest version in each write that carries readings and brought up to date by the rows changed since.
         self._counter_readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
+        self._counter_version = 0
         self._counter_lock = threading.Lock()
         # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
         self._partitioned: frozenset[str] | None = None
@@ -154,8 +196,13 @@ class Store:
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
 
     @classmethod
-    def open(cls, url: str) -> Store:
-        return cls(make_engine(url))
+    def open(cls, url: str, read_url: str | None = None) -> Store:
+        return cls(make_engine(url), make_engine(read_url) if read_url else None)
+
+    @property
+    def reader(self) -> Engine:
+        """The engine a read takes here: the replica inside ``reads_on_replica``, else the primary."""
+        return self.read_engine if _READS_ON_REPLICA.get() else self.engine
 
     def checkpoint_in_background(self, interval_s: float = 0.25) -> None:
         """SQLite: copy the write-ahead log into the database from a thread of its own, not in a commit.
@@ -243,19 +290,21 @@ class Store:
                 BATCHES_REJECTED.labels("validation").inc()
                 raise
             result = WriteResult(offered={spec.name: df.height for spec, df in conformed}, values=values)
-            readings = None
-            if any(spec.name == "health_event" for spec, _ in conformed):
-                events = next(df for spec, df in conformed if spec.name == "health_event")
-                samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
-                changed, readings = self._changed_counter_readings(events, samples)
-                conformed = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
-                conformed = [(spec, df) for spec, df in conformed if df.height]
             self._ensure_partitions([(spec.name, df) for spec, df in conformed])
             new_series: dict[str, int] = {}
             for attempt in (0, 1):
+                readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
-                        for spec, df in conformed:
+                        todo = conformed
+                        if any(spec.name == "health_event" for spec, _ in conformed):
+                            # first in the transaction: a writer waiting for the counters' lock holds no row lock
+                            events = next(df for spec, df in conformed if spec.name == "health_event")
+                            samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
+                            changed, readings = self._changed_counter_readings(conn, events, samples)
+                            todo = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
+                            todo = [(spec, df) for spec, df in todo if df.height]
+                        for spec, df in todo:
                             result.written[spec.name] = self._write_frame(conn, spec, df, new_series)
                         entries = ingest_log(result) if ingest_log is not None else [(source, content_sha256, result.written, result.values)]
                         self._log_ingest(conn, entries)
@@ -265,7 +314,7 @@ class Store:
                         raise
                     new_series.clear()
             if readings is not None:
-                self._remember_counter_readings(readings)
+                self._remember_counter_readings(*readings)
             self._committed(result, new_series, span)
             return result
 
@@ -359,12 +408,19 @@ class Store:
                 pl.col("ts").cast(F.UTC_US))
         return self._insert(conn, "metric_sample", out, ("series_id", "ts"), "ignore")
 
-    def _changed_counter_readings(self, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def _changed_counter_readings(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
         """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
         GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
-        included, since a zero reading is no event) or as this process last saw it; and each counter's
-        newest reading. A first reading, a change, a reading after a reset to zero and a null value are
-        kept. Other health events (XIDs among them: rules read the repeating last-XID gauge) pass unchanged."""
+        included, since a zero reading is no event) or as the database has it (``counter_reading``); and the
+        readings this write changes there, with their version, written in ``conn``'s transaction and kept by
+        this process once it commits. A first reading, a change, a reading after a reset to zero and a null
+        value are kept. Other health events (XIDs among them: rules read the repeating last-XID gauge) pass
+        unchanged.
+
+        Writers that change readings take turns (PostgreSQL: a transaction advisory lock; SQLite: the store's
+        write lock, already held), each deciding on the readings the last one committed, so two processes
+        sharing one GPU's pushes decide as one process would. A write that changes nothing takes no lock:
+        the newest version is one indexed read, and the copy is brought up to date only when it moved."""
         is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES)) & (pl.col("gpu_uuid") != "")
         counters = events.filter(is_counter)
         seen = [counters.select("ts", "gpu_uuid", "code", "value")]
@@ -375,24 +431,56 @@ class Store:
                         "ts", "gpu_uuid", pl.lit(code, pl.Int64).alias("code"), pl.col(col).cast(pl.Float64).alias("value")))
         seq = pl.concat(seen).unique(["gpu_uuid", "code", "ts"], keep="first").sort("gpu_uuid", "code", "ts")
         if seq.height == 0:
-            return events, seq.select(list(_COUNTER_SCHEMA))
-        with self._counter_lock:
-            known = self._counter_readings
-        seq = seq.join(known.rename({"value": "_seen"}), on=["gpu_uuid", "code"], how="left").with_columns(
-            pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
-            .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
-        kept = (counters.join(seq.select("gpu_uuid", "code", "ts", "_prev"), on=["gpu_uuid", "code", "ts"], how="left")
-                .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
-                .select(events.columns))
-        newest = seq.group_by("gpu_uuid", "code").agg(pl.col("value").last()).select(list(_COUNTER_SCHEMA))
-        return pl.concat([events.filter(~is_counter), kept]), newest
+            return events, None
+        known, version = self._counter_state(conn)
+        kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+        if changes.height == 0:
+            return kept, None
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
+            known, version = self._counter_state(conn)  # as the writer before us left them
+            kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+            if changes.height == 0:
+                return kept, None
+        version += 1
+        t = schema.counter_reading
+        ins = (postgresql.insert(t) if self.dialect == "postgresql" else sqlite_dialect.insert(t))
+        conn.execute(ins.on_conflict_do_update(index_elements=[t.c.gpu_uuid, t.c.code],
+                                               set_={"value": ins.excluded.value, "version": ins.excluded.version}),
+                     [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes.iter_rows()])
+        return kept, (changes, version)
 
-    def _remember_counter_readings(self, newest: pl.DataFrame) -> None:
+    def _counter_state(self, conn: Connection) -> tuple[pl.DataFrame, int]:
+        """The counter readings as of the table's newest version: this process's copy, with the rows changed
+        since it was taken read in (all of them when the table went back, as when it was emptied)."""
+        # on the driver's cursor: SQLAlchemy's statement handling costs more than this one-row index read
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.execute("SELECT MAX(version) FROM counter_reading")
+            newest = cur.fetchone()[0] or 0
+        finally:
+            cur.close()
         with self._counter_lock:
-            known = self._counter_readings
-            if known.height > 2_000_000:
-                known = known.clear()
-            self._counter_readings = pl.concat([known.join(newest, on=["gpu_uuid", "code"], how="anti"), newest])
+            known, version = self._counter_readings, self._counter_version
+        if newest == version:
+            return known, version
+        since = version if newest > version else 0
+        rows = conn.execute(text("SELECT gpu_uuid, code, value FROM counter_reading WHERE version > :v"), {"v": since}).all()
+        delta = pl.DataFrame(rows, schema=_COUNTER_SCHEMA, orient="row")
+        known = pl.concat([known.join(delta, on=["gpu_uuid", "code"], how="anti"), delta]) if since else delta
+        with self._counter_lock:
+            if self._counter_version <= newest:
+                self._counter_readings, self._counter_version = known, newest
+        return known, newest
+
+    def _remember_counter_readings(self, changes: pl.DataFrame, version: int) -> None:
+        """After the commit of the change ``version``: the changed readings into this process's copy, where the
+        copy was the one that change was decided on (else the next write reads the table's rows in)."""
+        with self._counter_lock:
+            if self._counter_version == version - 1:
+                known = self._counter_readings
+                self._counter_readings = pl.concat([known.join(changes, on=["gpu_uuid", "code"], how="anti"), changes])
+                self._counter_version = version
 
     def _write_frame(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame, new_series: dict[str, int]) -> int:
         if spec.name == "metric_sample":
@@ -728,7 +816,7 @@ class Store:
         # parameters, so values are inlined as escaped literals.
         import connectorx as cx  # lazy: connectorx, only for PostgreSQL bulk reads
 
-        url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        url = self.reader.url.set(drivername="postgresql").render_as_string(hide_password=False)
         df = pl.from_arrow(cx.read_sql(url, _bind(sql, params), return_type="arrow"))
         assert isinstance(df, pl.DataFrame)
         return df
@@ -738,7 +826,7 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row count of every canonical table (cheap enough for the demo and tests, not for dashboards)."""
         out = {}
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             for name in F.FRAMES:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
         return out

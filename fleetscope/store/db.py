@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Engine, create_engine, event, inspect
 
@@ -112,6 +113,33 @@ def ensure_schema(settings: Settings, engine: Engine) -> None:
     raise RuntimeError(
         f"database schema is at {current or 'nothing'}, code expects {head}: run `fleetscope db upgrade`"
     )
+
+
+def replica_lag(primary: Engine, replica: Engine) -> dict[str, Any]:
+    """How far a PostgreSQL streaming replica is behind its primary: ``lag_bytes``, the WAL the primary has
+    written that the replica has not replayed (``pg_wal_lsn_diff``); ``lag_s``, 0 when it has replayed all of
+    it, else the age of the last transaction it replayed, the time its reads are behind (PostgreSQL 16 docs,
+    "Monitoring" and §9.27.4 "Recovery Information Functions"); whether replay is paused; ``reachable`` and
+    ``in_recovery`` (false: the URL names no replica)."""
+    out: dict[str, Any] = {"reachable": False, "in_recovery": False, "lag_bytes": None, "lag_s": None, "replay_paused": None}
+    try:
+        with primary.connect() as conn:
+            primary_lsn = conn.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one()
+        with replica.connect() as conn:
+            out["reachable"] = True
+            out["in_recovery"] = bool(conn.execute(text("SELECT pg_is_in_recovery()")).scalar_one())
+            if not out["in_recovery"]:
+                return out
+            lag_bytes, age_s, paused = conn.execute(text(
+                "SELECT pg_wal_lsn_diff(CAST(:p AS pg_lsn), pg_last_wal_replay_lsn()),"
+                " EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), pg_is_wal_replay_paused()"),
+                {"p": primary_lsn}).one()
+    except Exception:  # noqa: BLE001 - reported, not raised: health and the CLI show it
+        log.warning("replica lag: a database does not answer", exc_info=True)
+        return out
+    lag_bytes = max(0, int(lag_bytes or 0))
+    out.update(lag_bytes=lag_bytes, lag_s=round(float(age_s or 0.0), 3) if lag_bytes else 0.0, replay_paused=bool(paused))
+    return out
 
 
 def table_names(engine: Engine) -> list[str]:

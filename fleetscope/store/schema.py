@@ -199,6 +199,43 @@ rollup_watermark = Table(
     comment="Watermarks of the gpu_sample roll-up tiers (services/tiers.py).",
 )
 
+# Beat's leader lease (services/leader.py): beat runs twice or more for availability, and only the holder of an
+# unexpired lease sends the schedule; another takes the row over once the holder stops renewing it.
+beat_lease = Table(
+    "beat_lease",
+    metadata,
+    Column("name", String(40), primary_key=True, comment="the schedule the lease is for"),
+    Column("holder", String(200), nullable=False, comment="host:pid:nonce of the beat that holds it"),
+    Column("expires_at", UTCDateTime(), nullable=False, comment="the holder leads until this instant unless it renews"),
+    Column("acquired_at", UTCDateTime(), nullable=False, comment="when this holder took the lease"),
+    comment="Leader lease of beat's schedule: one row per schedule, held by one beat at a time.",
+)
+
+# When each of beat's schedule entries was last sent, shared by every beat: a beat that takes the lease over goes on
+# from here, so a run the old leader sent is not sent again and one it missed is sent once.
+beat_entry = Table(
+    "beat_entry",
+    metadata,
+    Column("name", String(200), primary_key=True, comment="the beat_schedule entry"),
+    Column("last_run_at", UTCDateTime(), nullable=False),
+    Column("total_run_count", BigInteger, nullable=False),
+    comment="Last send of each beat schedule entry, written by the leading beat.",
+)
+
+# The last reading of each GPU's DCGM fault counters, shared by every process that writes (Store.write): only a
+# changed reading is a new health event. ``version`` orders the changes, so a process's cache reloads only
+# the rows changed since it last looked.
+counter_reading = Table(
+    "counter_reading",
+    metadata,
+    Column("gpu_uuid", Text, primary_key=True),
+    Column("code", BigInteger, primary_key=True, comment="DCGM field id of the counter"),
+    Column("value", Double, nullable=True, comment="the newest reading"),
+    Column("version", BigInteger, nullable=False, comment="the change that wrote this reading, increasing"),
+    Index(None, "version"),
+    comment="Last reading of each GPU's DCGM fault counters, shared by the writing processes.",
+)
+
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
                                        SF.PRICE_BOOK.name: SF.PRICE_BOOK, **TIER_FRAMES}

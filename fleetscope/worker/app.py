@@ -65,7 +65,8 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         task_routes={"fleetscope.alerting.*": {"queue": ALERTING_QUEUE}},
         result_expires=3600,
         broker_connection_retry_on_startup=True,
-        beat_schedule_filename=str(settings.data_dir / "celerybeat-schedule"),
+        # several beats may run; the one holding the lease sends, from the last sends kept in the database
+        beat_scheduler="fleetscope.worker.beat:LeaderScheduler",
         beat_schedule={
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
             "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},

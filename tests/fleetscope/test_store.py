@@ -315,6 +315,98 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
     assert store.write(ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
 
 
+def _counter_pushes() -> list[F.Batch]:
+    """Agent-shaped pushes of 4 GPUs' DCGM samples over 40 scrapes: each GPU's SBE aggregate counter and pending
+    row remaps rise, repeat, reset to zero and rise again on a schedule of its own, with the health events the
+    exporter's readers make of them (dcgm_fields.dcgm_health_events)."""
+    from fleetscope.core import dcgm_fields
+
+    pushes = []
+    for k in range(40):
+        ts = T0 + k * 10 * S
+        gpus = [f"GPU-{g}" for g in range(4)]
+        sbe = [float((k // (3 + g)) % 5) for g in range(4)]  # steps up every 3..6 scrapes, back to 0 every fifth step
+        pending = [float(k % (7 + g) >= 4) for g in range(4)]
+        sample = pl.DataFrame({"ts": [ts] * 4, "gpu_uuid": gpus, "ecc_sbe_aggregate_total": sbe, "remap_pending": pending})
+        events = dcgm_fields.dcgm_health_events(sample, pl.DataFrame({"gpu_uuid": gpus, "host": ["h"] * 4}), source="dcgm")
+        pushes.append(F.Batch(gpu_sample=sample, health_event=events))
+    return pushes
+
+
+def _expected_counter_events(pushes: list[F.Batch]) -> list[tuple]:
+    """The counter events one process stores, worked out by hand: a nonzero reading unlike the GPU's last."""
+    last: dict[tuple[str, int], float] = {}
+    out = []
+    for b in pushes:
+        for row in b.gpu_sample.iter_rows(named=True):
+            for col, code in (("ecc_sbe_aggregate_total", 312), ("remap_pending", 396)):
+                v = row[col]
+                if v and last.get((row["gpu_uuid"], code)) != v:
+                    out.append((row["ts"], row["gpu_uuid"], code, v))
+                last[(row["gpu_uuid"], code)] = v
+    return sorted(out)
+
+
+def test_two_stores_on_one_database_agree_on_which_counter_readings_are_new(db_url: str, tmp_path):
+    """Two API processes behind one proxy share the counters' last readings through the database: pushes of the
+    same GPUs sent to either in turn store the events one process would, no repeat and no lost change."""
+    pushes = _counter_pushes()
+    expected = _expected_counter_events(pushes)
+    assert len(expected) > 30  # the schedule makes many changes and many repeats
+    stored = lambda st: sorted(st.read("health_event").select("ts", "gpu_uuid", "code", "value").rows())  # noqa: E731
+
+    one_url = f"sqlite:///{tmp_path / 'one.db'}"
+    from fleetscope.store import db
+
+    db.upgrade(one_url)
+    one = Store.open(one_url)
+    for b in pushes:
+        one.write(b)
+    assert stored(one) == expected
+
+    a, b_ = Store.open(db_url), Store.open(db_url)
+    # interleaved unevenly, so each store's own copy is behind the other's changes most of the time
+    for i, push in enumerate(pushes):
+        (a if i % 3 else b_).write(push)
+    assert stored(a) == expected
+    # what each store decided from is what the table holds: the last reading of every counter
+    final = {(r["gpu_uuid"], c): r[col] for r in pushes[-1].gpu_sample.iter_rows(named=True)
+             for col, c in (("ecc_sbe_aggregate_total", 312), ("remap_pending", 396))}
+    with a.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT gpu_uuid, code, value FROM counter_reading").all()
+    assert {(g, c): v for g, c, v in rows} == final
+    # a repeat of the last push through either store is no event
+    for st in (a, b_):
+        assert st.write(pushes[-1]).written.get("health_event", 0) == 0
+    for st in (one, a, b_):
+        st.engine.dispose()
+
+
+def test_concurrent_counter_writers_in_two_stores_store_each_change_once(db_url: str):
+    """Two stores writing at once, each scrape split between them by GPU and the halves swapping stores every
+    scrape: each GPU's readings arrive in time order but alternate between stores, and the stores' changes race
+    for the next version (the writers of changed readings take turns). Every change is stored once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pushes = _counter_pushes()
+    expected = _expected_counter_events(pushes)
+    a, b_ = Store.open(db_url), Store.open(db_url)
+
+    def half(push: F.Batch, gpus: list[str]) -> F.Batch:
+        keep = pl.col("gpu_uuid").is_in(gpus)
+        events = push.health_event
+        return F.Batch(gpu_sample=push.gpu_sample.filter(keep), health_event=None if events is None else events.filter(keep))
+
+    with ThreadPoolExecutor(2) as pool:
+        for k, push in enumerate(pushes):
+            first, second = (a, b_) if k % 2 else (b_, a)
+            list(pool.map(lambda job: job[0].write(job[1]), [(first, half(push, ["GPU-0", "GPU-1"])), (second, half(push, ["GPU-2", "GPU-3"]))]))
+    got = sorted(a.read("health_event").select("ts", "gpu_uuid", "code", "value").rows())
+    assert got == expected
+    a.engine.dispose()
+    b_.engine.dispose()
+
+
 def test_a_large_first_frame_is_rolled_back_with_the_rest(store):
     """All or nothing, whatever path a frame takes: on PostgreSQL new telemetry of 1,000 rows or more is
     COPYed straight into its table; a failure after it (here, logging the ingest) must undo it too."""

@@ -32,8 +32,8 @@ def alerts(store: Store, include_resolved: bool = True, now: dt.datetime | None 
     comma-separated), ``inhibited, fingerprint``."""
 
     base = _alerting_config()
-    config = ST.effective_config(store.engine, base) if base is not None else None
-    rows = ST.list_alerts(store.engine, config, now=now, include_resolved=include_resolved)
+    config = ST.effective_config(store.reader, base) if base is not None else None
+    rows = ST.list_alerts(store.reader, config, now=now, include_resolved=include_resolved)
     schema = {"alertname": pl.String, "state": pl.String, "severity": pl.String, "summary": pl.String, "labels": pl.String,
               "active_at": UTC, "fired_at": UTC, "resolved_at": UTC, "value": pl.Float64, "silenced_by": pl.String,
               "inhibited": pl.Boolean, "fingerprint": pl.String}
@@ -67,7 +67,7 @@ def silences(store: Store, now: dt.datetime | None = None) -> pl.DataFrame:
     rows = [
         {"silence_id": s.id, "state": s.state(now), "matchers": ", ".join(str(m) for m in s.matchers), "starts_at": s.starts_at,
          "ends_at": s.ends_at, "created_by": s.created_by, "comment": s.comment}
-        for s in ST.list_silences(store.engine, now=now)
+        for s in ST.list_silences(store.reader, now=now)
     ]
     schema = {"silence_id": pl.String, "state": pl.String, "matchers": pl.String, "starts_at": UTC, "ends_at": UTC,
               "created_by": pl.String, "comment": pl.String}
@@ -86,11 +86,11 @@ def notifications(store: Store, status: str | None = None, limit: int = 200) -> 
     letters): ``notification_id, receiver, group_key, status, created_at, attempts, next_attempt_at,
     delivered_at, last_status_code, last_error, webhook_id``."""
 
-    rows = ST.list_notifications(store.engine, status=status, limit=limit)
+    rows = ST.list_notifications(store.reader, status=status, limit=limit)
     return pl.DataFrame([{k: r.get(k) for k in _NOTIFICATION_SCHEMA} for r in rows], schema=_NOTIFICATION_SCHEMA)
 
 
 def notification_counts(store: Store) -> dict[str, int]:
     """Notifications per status (pending, delivered, dead, disabled), zeros included."""
 
-    return {"pending": 0, "delivered": 0, "dead": 0, "disabled": 0, **ST.counts(store.engine)}
+    return {"pending": 0, "delivered": 0, "dead": 0, "disabled": 0, **ST.counts(store.reader)}
