@@ -15,6 +15,10 @@ Figures, for jobs overlapping ``[start, end)``:
   while the job held them (DCGM_FI_DEV_GPU_UTIL, the share of time a kernel ran); null where no telemetry
   reached the job's GPUs;
 - **energy**: the mean power of those samples × the time held, per GPU (kWh);
+- **CO2e**: that energy × its site's grid intensity, location-based and market-based side by side (GHG
+  Protocol Scope 2 Guidance, 2015, ch. 6: dual reporting). A site's intensity for the period is its Scope 2
+  over its own energy (``analyzers.carbon.scope2`` as ``services.energy.site_scope2`` computes it), so each
+  kWh a job drew there carries the site's average, as ``analyzers.carbon.allocate_scope2`` shares it out;
 - **cost**: allocated GPU-hours at the GPU-hour price valid at the job's (clipped) start for its site and GPU
   model (or the site's any-GPU price), plus energy at the site's tariff — the price book of
   ``services/serving.py`` (FinOps Foundation's showback: allocation-based cost, priced by unit rate).
@@ -152,13 +156,30 @@ def job_costs(alloc: pl.DataFrame, *, busy: pl.DataFrame | None, prices: pl.Data
             .select([pl.col(c).cast(t) for c, t in JOB_COST_SCHEMA.items()]))
 
 
+CARBON_RATE_SCHEMA = {"site_id": pl.String, "location_g_per_kwh": pl.Float64, "market_g_per_kwh": pl.Float64, "carbon_basis": pl.String}
+
+
+def with_carbon(costs: pl.DataFrame, rates: pl.DataFrame) -> pl.DataFrame:
+    """``costs`` (``job_costs`` rows) with ``location_kgco2e`` and ``market_kgco2e``: each job's energy at its
+    site's location- and market-based intensity over the period (``rates``: ``CARBON_RATE_SCHEMA``); null
+    where the job's energy or its site's intensity is unknown (kg = kWh × g/kWh / 1000, Patterson et al.
+    2021 §2.5)."""
+    r = rates.select(list(CARBON_RATE_SCHEMA)) if rates.height else pl.DataFrame(schema=CARBON_RATE_SCHEMA)
+    return (costs.join(r.unique("site_id"), on="site_id", how="left", maintain_order="left")
+            .with_columns((pl.col("energy_kwh") * pl.col("location_g_per_kwh") / 1000).alias("location_kgco2e"),
+                          (pl.col("energy_kwh") * pl.col("market_g_per_kwh") / 1000).alias("market_kgco2e"))
+            .drop("location_g_per_kwh", "market_g_per_kwh", "carbon_basis"))
+
+
 def team_totals(costs: pl.DataFrame) -> pl.DataFrame:
-    """Per team: jobs, GPU-hours allocated and used, busy share, energy and cost (sums; a currency per team)."""
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy, CO2e (location- and market-based,
+    where ``costs`` has them: :func:`with_carbon`) and cost (sums; a currency per team)."""
+    co2 = [pl.col(c).sum() for c in ("location_kgco2e", "market_kgco2e") if c in costs.columns]
     return (costs.group_by("team").agg(
         pl.len().alias("jobs"), pl.col("gpu_hours").sum(), pl.col("used_gpu_hours").sum(),
         pl.col("used_gpu_hours").is_not_null().any().alias("_has_used"),
         (pl.col("gpu_hours").filter(pl.col("used_gpu_hours").is_not_null()).sum()).alias("_measured_h"),
-        pl.col("energy_kwh").sum(), pl.col("cost").sum(), pl.col("currency").drop_nulls().first())
+        pl.col("energy_kwh").sum(), *co2, pl.col("cost").sum(), pl.col("currency").drop_nulls().first())
         .with_columns(pl.when(pl.col("_has_used")).then(pl.col("used_gpu_hours")).otherwise(None).alias("used_gpu_hours"),
                       pl.when(pl.col("_measured_h") > 0).then(pl.col("used_gpu_hours") / pl.col("_measured_h")).otherwise(None).alias("busy_share"))
         .drop("_has_used", "_measured_h").sort("gpu_hours", descending=True))

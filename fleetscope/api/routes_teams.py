@@ -70,10 +70,11 @@ async def get_mappings(request: Request) -> list[dict[str, Any]]:
 
 @router.get("/usage", dependencies=[Depends(require("read"))])
 async def get_usage(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
-    """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), cost (default: the last 30 days)."""
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), CO2e location- and market-based
+    (kg), cost (default: the last 30 days); ``carbon``: each site's intensity the CO2e rests on, and its basis."""
     s, e = _window(start, end, month)
-    df = await run_in_threadpool(teams_service.usage, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
-    return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(df)}
+    rep = await run_in_threadpool(teams_service.usage_report, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
+    return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(rep["teams"]), "carbon": _rows(rep["carbon"])}
 
 
 @router.get("/jobs", dependencies=[Depends(require("read"))])

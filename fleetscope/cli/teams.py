@@ -90,15 +90,21 @@ def mappings(as_json: bool) -> None:
 @_END
 @_JSON
 def usage(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
-    """Per team: jobs, GPU-hours allocated and used, busy share, energy and cost over the period."""
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy, CO2e (location- and market-based) and
+    cost over the period."""
     from fleetscope.services import teams as svc
 
     start, end = _window(month, start_text, end_text)
-    rows = _call(svc.usage, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC)).to_dicts()
-    head = f"{'team':<20} {'jobs':>7} {'GPU-h':>12} {'used GPU-h':>12} {'busy':>6} {'kWh':>10} {'cost':>12}"
+    rep = _call(svc.usage_report, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC))
+    rows, carbon = rep["teams"].to_dicts(), rep["carbon"].to_dicts()
+    head = f"{'team':<20} {'jobs':>7} {'GPU-h':>12} {'used GPU-h':>12} {'busy':>6} {'kWh':>10} {'kgCO2e loc':>11} {'kgCO2e mkt':>11} {'cost':>12}"
     lines = [head] + [f"{r['team']:<20} {r['jobs']:>7} {_num(r['gpu_hours']):>12} {_num(r['used_gpu_hours']):>12} {_num(r['busy_share'], '.0%'):>6} "
-                      f"{_num(r['energy_kwh']):>10} {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows]
-    _emit(as_json, {"start": start, "end": end, "teams": rows}, "\n".join(lines) if rows else f"no scheduler jobs between {start} and {end}")
+                      f"{_num(r['energy_kwh']):>10} {_num(r['location_kgco2e']):>11} {_num(r['market_kgco2e']):>11} {_num(r['cost']):>12} "
+                      f"{r.get('currency') or ''}" for r in rows]
+    lines += [f"CO2e at {c['site_id']}: {_num(c['location_g_per_kwh'], ',.1f')} g/kWh location, {_num(c['market_g_per_kwh'], ',.1f')} g/kWh market "
+              f"({c['carbon_basis']})" for c in carbon]
+    _emit(as_json, {"start": start, "end": end, "teams": rows, "carbon": carbon},
+          "\n".join(lines) if rows else f"no scheduler jobs between {start} and {end}")
 
 
 @teams.command("jobs")

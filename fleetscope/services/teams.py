@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import chargeback, serving_energy
+from analyzers import carbon, chargeback, serving_energy
 from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
 from fleetscope.core import scheduler_frames as SCH
@@ -26,6 +26,7 @@ from fleetscope.core.errors import ValidationError
 from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
+from fleetscope.services import energy as energy_service
 from fleetscope.services import serving as serving_service
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
@@ -126,18 +127,58 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
         pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j")).select(list(schema))
 
 
-def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
-    """Per job in the period: team, GPU-hours allocated and used, energy and cost (``analyzers.chargeback.job_costs``)."""
+def carbon_rates(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:
+    """Per site, the location- and market-based intensity (g/kWh) of its energy over [start, end): its Scope 2
+    (``services.energy.site_scope2``: roll-up energy × hourly or annual grid intensity; contractual
+    instruments) over that energy. A site with no roll-up energy in the period takes the annual grid
+    average of its region or country for both (no instrument can be applied to energy not measured), and
+    ``carbon_basis`` says so."""
+    site = store.read("site")
+    known = sorted(set(site_ids) & set(site["site_id"].to_list())) if site.height else []
+    if not known:
+        return pl.DataFrame(schema=chargeback.CARBON_RATE_SCHEMA)
+    s2 = energy_service.site_scope2(store, start, end, known)
+    annual = carbon.site_intensity(site.filter(pl.col("site_id").is_in(known)))
+    per_kwh = pl.col("energy_j") / carbon.J_PER_KWH
+    measured = pl.col("energy_j") > 0
+    return (s2.join(annual.select("site_id", pl.col("g_per_kwh").alias("_annual"), "year", "intensity_source"), on="site_id", how="left")
+            .select("site_id",
+                    pl.when(measured).then(pl.col("location_kgco2e") * 1000 / per_kwh).otherwise(pl.col("_annual")).alias("location_g_per_kwh"),
+                    pl.when(measured).then(pl.col("market_kgco2e") * 1000 / per_kwh).otherwise(pl.col("_annual")).alias("market_g_per_kwh"),
+                    pl.when(measured).then(pl.format("the site's Scope 2 over its energy in the period; location: {}; market: {}{}",
+                                                      pl.col("intensity_basis"), pl.lit(energy_service.MARKET_METHOD), pl.col("uncovered_basis")))
+                    .otherwise(pl.format("no roll-up energy at the site in the period: annual grid average {} ({}) for both, no instrument applied",
+                                         pl.col("year"), pl.col("intensity_source"))).alias("carbon_basis"))
+            .select([pl.col(c).cast(t) for c, t in chargeback.CARBON_RATE_SCHEMA.items()]))
+
+
+def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None,
+              rates: list[pl.DataFrame] | None = None) -> pl.DataFrame:
+    """Per job in the period: team, GPU-hours allocated and used, energy, CO2e (location- and market-based) and
+    cost (``analyzers.chargeback.job_costs``, ``with_carbon``). ``rates``, when given, receives the sites'
+    carbon intensities the CO2e rests on (:func:`carbon_rates`)."""
     start, end = as_utc(start), as_utc(end)
     jobs = jobs_in(store, start, end)
     jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
     alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=as_utc(now) if now else None)
-    return chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)
+    costs = chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)
+    r = carbon_rates(store, start, end, costs.filter(pl.col("energy_kwh").is_not_null())["site_id"].drop_nulls().unique().sort().to_list())
+    if rates is not None:
+        rates.append(r)
+    return chargeback.with_carbon(costs, r)
 
 
 def usage(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
-    """Per team in the period: jobs, GPU-hours allocated and used, busy share, energy (kWh) and cost."""
+    """Per team in the period: jobs, GPU-hours allocated and used, busy share, energy (kWh), CO2e (location- and
+    market-based, kg) and cost."""
     return chargeback.team_totals(job_costs(store, start=start, end=end, now=now))
+
+
+def usage_report(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> dict[str, Any]:
+    """:func:`usage` with the carbon intensity of each site it rests on and how that was reached."""
+    rates: list[pl.DataFrame] = []
+    totals = chargeback.team_totals(job_costs(store, start=start, end=end, now=now, rates=rates))
+    return {"teams": totals, "carbon": rates[0] if rates else pl.DataFrame(schema=chargeback.CARBON_RATE_SCHEMA)}
 
 
 def top_jobs(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 20, now: dt.datetime | None = None) -> pl.DataFrame:
@@ -201,18 +242,21 @@ def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio:
     return out
 
 
-SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "cost", "currency")
+SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "location_kgco2e", "market_kgco2e", "cost", "currency")
 
 
 def showback(store: Store, month: str, *, now: dt.datetime | None = None, top: int = 20) -> dict[str, Any]:
-    """The month's showback report per team: usage, energy and cost, and the top jobs by cost."""
+    """The month's showback report per team: usage, energy, CO2e and cost, the top jobs by cost, and the carbon
+    intensity per site the CO2e rests on."""
     start, end = month_bounds(month)
     now = as_utc(now or dt.datetime.now(dt.UTC))
-    costs = job_costs(store, start=start, end=end, now=min(now, end))
+    rates: list[pl.DataFrame] = []
+    costs = job_costs(store, start=start, end=end, now=min(now, end), rates=rates)
     totals = chargeback.team_totals(costs)
     top_jobs_ = costs.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(top)
     return {"title": f"GPU showback {month}", "month": month, "start": start.isoformat(), "end": end.isoformat(), "generated_at": now.isoformat(),
-            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts()}
+            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts(),
+            "carbon": rates[0].to_dicts() if rates else []}
 
 
 def showback_csv(report: dict[str, Any]) -> bytes:

@@ -19,7 +19,7 @@ JOB_END = dt.datetime(2024, 4, 5, 11, 42, 0, tzinfo=dt.UTC)
 @pytest.fixture()
 def loaded(store, realdata):
     store.write(slurm_sacct.parse((realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt").read_bytes(), source="sacct"))
-    store.write(F.Batch(site=F.conform(F.SITE, pl.DataFrame([{"site_id": "grn", "name": "Groningen"}])),
+    store.write(F.Batch(site=F.conform(F.SITE, pl.DataFrame([{"site_id": "grn", "name": "Groningen", "country": "NLD"}])),
                         host=F.conform(F.HOST, pl.DataFrame([{"host": "v100gpu13", "site_id": "grn"}])),
                         gpu=F.conform(F.GPU, pl.DataFrame([{"gpu_uuid": "GPU-v100-13", "host": "v100gpu13", "gpu_index": 0, "model_name": "V100"}]))))
     ts = pl.datetime_range(JOB_START - dt.timedelta(minutes=30), JOB_END + dt.timedelta(minutes=30), "1m", eager=True, time_zone="UTC")
@@ -60,6 +60,40 @@ def test_team_usage_busy_energy_cost(loaded):
     assert "unassigned" in u and u["unassigned"]["used_gpu_hours"] is None
 
 
+def _nld_g_per_kwh(realdata=None):
+    """The Netherlands' annual grid intensity, read from the shipped table (not from the code under test)."""
+    import csv
+
+    from analyzers.carbon import GRID_TABLE_PATH
+
+    return next(float(r["g_per_kwh"]) for r in csv.DictReader(GRID_TABLE_PATH.open()) if r["country"] == "NLD" and not r["region"])
+
+
+def test_team_co2e_location_and_market(loaded):
+    from fleetscope.services import energy
+
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    g, kwh = _nld_g_per_kwh(), 200 * 41003 / 3.6e6
+    # no roll-up energy yet: the site's annual grid average for both, and the basis says so
+    rep = teams.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    v = rep["teams"].filter(pl.col("team") == "vision").row(0, named=True)
+    assert v["location_kgco2e"] == pytest.approx(kwh * g / 1000) and v["market_kgco2e"] == pytest.approx(kwh * g / 1000)
+    assert "annual grid average 2023" in rep["carbon"]["carbon_basis"][0]
+    # roll the site's energy up and hold a 1 kWh zero-carbon instrument over April: market drops by that kWh's share
+    energy.rollup_window(loaded, JOB_START - dt.timedelta(minutes=30), JOB_END + dt.timedelta(minutes=30))
+    site_kwh = float(loaded.read("site_energy_minute")["energy_j"].sum()) / 3.6e6
+    assert site_kwh > 1
+    energy.record_instrument(loaded, {"instrument_id": "ppa-1", "site_id": "grn", "kind": "ppa", "start": APRIL[0], "end": APRIL[1],
+                                      "volume_mwh": 0.001, "g_per_kwh": 0.0}, recorded_by="finance")
+    rep = teams.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    v = rep["teams"].filter(pl.col("team") == "vision").row(0, named=True)
+    assert v["location_kgco2e"] == pytest.approx(kwh * g / 1000)
+    assert v["market_kgco2e"] == pytest.approx(kwh * g / 1000 * (site_kwh - 1) / site_kwh)
+    assert "ppa-1" not in rep["carbon"]["carbon_basis"][0] and "Scope 2" in rep["carbon"]["carbon_basis"][0]
+    un = rep["teams"].filter(pl.col("team") == "unassigned").row(0, named=True)
+    assert un["location_kgco2e"] == 0.0  # no telemetry reached its jobs: no energy, so no CO2e to charge
+
+
 def test_queue_and_month(loaded):
     q = teams.queue(loaded, start=dt.datetime(2023, 1, 1, tzinfo=dt.UTC), end=dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
     assert sum(r["jobs"] for r in q["outcomes"]) == 90
@@ -88,6 +122,7 @@ def test_api_routes(api, realdata):
     u = httpx.get(api.url + "/api/v1/teams/usage", params={"month": "2024-04"}, headers=read, timeout=60).json()
     teams_ = {t["team"]: t for t in u["teams"]}
     assert u["start"].startswith("2024-04-01") and teams_["vision"]["gpu_hours"] > 41003 / 3600 - 1e-9
+    assert "location_kgco2e" in teams_["vision"] and "market_kgco2e" in teams_["vision"] and u["carbon"] == []
     j = httpx.get(api.url + "/api/v1/teams/jobs", params={"month": "2024-04", "limit": 3}, headers=read, timeout=60).json()
     assert len(j) <= 3 and all("gpu_hours" in x for x in j)
     q = httpx.get(api.url + "/api/v1/teams/queue", params={"start": "2023-05-01T00:00:00Z", "end": "2024-05-01T00:00:00Z"}, headers=read, timeout=60).json()
@@ -119,6 +154,7 @@ def test_cli(tmp_path, realdata):
     got = {t["team"]: t for t in json.loads(u.stdout)["teams"]}
     assert got["vision"]["jobs"] >= 1
     assert "vision" in run("teams", "usage", "--month", "2024-04").stdout
+    assert "kgCO2e loc" in run("teams", "usage", "--month", "2024-04").stdout
     assert run("teams", "usage", "--month", "April").returncode != 0
     q = run("teams", "queue", "--start", "2023-01-01T00:00:00Z", "--end", "2025-01-01T00:00:00Z")
     assert q.returncode == 0 and "NODE_FAIL" in q.stdout
@@ -144,6 +180,12 @@ def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
     assert {r["team"] for r in rows} == set(usage) and rows[0]["month"] == "2024-04"
     v = next(r for r in rows if r["team"] == "vision")
     assert float(v["gpu_hours"]) == pytest.approx(usage["vision"]["gpu_hours"]) and v["currency"] == "EUR"
+    assert float(v["location_kgco2e"]) == pytest.approx(200 * 41003 / 3.6e6 * _nld_g_per_kwh() / 1000)
+    assert float(v["market_kgco2e"]) == pytest.approx(float(v["location_kgco2e"]))
+    assert out["report"]["carbon"][0]["site_id"] == "grn"
+    html = (tmp_path / "reports/showback-2024-04.html") if "html" in out["files"] else None
+    if html is not None:
+        assert "kgCO2e" in html.read_text()
     if "pdf" in out["files"]:
         assert (tmp_path / "reports/showback-2024-04.pdf").read_bytes().startswith(b"%PDF")
     else:
