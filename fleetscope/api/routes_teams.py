@@ -62,6 +62,38 @@ async def put_mapping(request: Request, body: MappingBody, token: auth.Token = D
     return await run_in_threadpool(teams_service.set_mapping, request.app.state.store, recorded_by=token.name, **body.model_dump())
 
 
+class BudgetBody(BaseModel):
+    """A team's monthly GPU-hour quota and/or money budget as PUT /api/v1/teams/budgets takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+    team: str = Field(min_length=1, max_length=200)
+    month: str = Field(default="", pattern=r"^(\d{4}-\d{2})?$", description="YYYY-MM; empty: every month without its own budget")
+    gpu_hour_quota: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+    budget: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+    currency: str | None = Field(default=None, pattern=r"^[A-Z]{3}$")
+
+
+@router.put("/budgets")
+async def put_budget(request: Request, body: BudgetBody, token: auth.Token = Depends(require("admin"))) -> dict[str, Any]:
+    """Set a team's GPU-hour quota and/or money budget for a month or every month (recorded and audit-logged)."""
+    return await run_in_threadpool(teams_service.set_budget, request.app.state.store, recorded_by=token.name, **body.model_dump())
+
+
+@router.get("/budgets", dependencies=[Depends(require("read"))])
+async def get_budgets(request: Request) -> list[dict[str, Any]]:
+    """Every team budget, with who set it and when."""
+    return _rows(await run_in_threadpool(teams_service.budgets, request.app.state.store))
+
+
+@router.get("/budgets/status", dependencies=[Depends(require("read"))])
+async def get_budget_status(request: Request, month: Month = None) -> dict[str, Any]:
+    """Per team with a budget: the month's usage so far against it, projected to the month's end, and whether
+    it is over or on course to go over (default: this month)."""
+    now = dt.datetime.now(dt.UTC)
+    df = await run_in_threadpool(teams_service.budget_status, request.app.state.store, month=month, now=now)
+    return {"month": month or f"{now.year:04d}-{now.month:02d}", "teams": _rows(df)}
+
+
 @router.get("/mappings", dependencies=[Depends(require("read"))])
 async def get_mappings(request: Request) -> list[dict[str, Any]]:
     """Every team rule, newest first, with who set it and when."""

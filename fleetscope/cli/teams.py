@@ -53,6 +53,9 @@ def teams() -> None:
       fleetscope teams jobs --month 2026-11 --limit 10 --json
       fleetscope teams queue --start 2026-11-01T00:00:00Z
       fleetscope teams report --month 2026-11
+      fleetscope teams budget nlp --gpu-hours 20000 --budget 50000 --currency EUR
+      fleetscope teams budgets --month 2026-11
+      fleetscope teams stranded
     """
 
 
@@ -160,3 +163,40 @@ def report(month: str, out_dir: str | None, as_json: bool) -> None:
     text = "\n".join([f"{k:<5} {v}" for k, v in out["files"].items()] +
                      [f"{r['team']:<20} {_num(r['gpu_hours']):>12} GPU-h {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows])
     _emit(as_json, out, text)
+
+
+@teams.command("budget")
+@click.argument("team")
+@click.option("--month", default="", help="YYYY-MM it holds for (default: every month without its own budget).")
+@click.option("--gpu-hours", "gpu_hour_quota", type=float, default=None, help="GPU-hours allocated the team may use in the month.")
+@click.option("--budget", type=float, default=None, help="Money the team may spend in the month.")
+@click.option("--currency", default=None, help="ISO 4217 code of --budget, e.g. EUR.")
+@click.option("--by", "actor", default=None, help="Who sets it (default: $USER); recorded in the audit log.")
+@_JSON
+def budget(team: str, month: str, gpu_hour_quota: float | None, budget: float | None, currency: str | None, actor: str | None, as_json: bool) -> None:
+    """Set a team's monthly GPU-hour quota and/or money budget (the health sweep finds teams over, or on course
+    to exceed, it; the shipped rule TeamOverBudget alerts)."""
+    import getpass
+
+    from fleetscope.services import teams as svc
+
+    out = _call(svc.set_budget, _store(), team=team, month=month, gpu_hour_quota=gpu_hour_quota, budget=budget, currency=currency,
+                recorded_by=actor or getpass.getuser())
+    limits = ", ".join(x for x in (f"{_num(out['gpu_hour_quota'])} GPU-h" if out["gpu_hour_quota"] is not None else "",
+                                   f"{_num(out['budget'])} {out['currency']}" if out["budget"] is not None else "") if x)
+    _emit(as_json, out, f"{team} {out['month'] or 'every month'}: {limits} (recorded by {out['recorded_by']} at {out['recorded_at']})")
+
+
+@teams.command("budgets")
+@click.option("--month", default=None, help="YYYY-MM (default: this month).")
+@_JSON
+def budgets(month: str | None, as_json: bool) -> None:
+    """Per team with a budget: the month's usage so far against it, and the projection to the month's end."""
+    from fleetscope.services import teams as svc
+
+    rows = _call(svc.budget_status, _store(), month=month, now=dt.datetime.now(dt.UTC)).to_dicts()
+    lines = [f"{'team':<20} {'GPU-h':>10} {'quota':>10} {'projected':>10} {'status':<15} {'cost':>12} {'budget':>12} {'projected':>12} status"]
+    lines += [f"{r['team']:<20} {_num(r['gpu_hours']):>10} {_num(r['gpu_hour_quota']):>10} {_num(r['projected_gpu_hours']):>10} "
+              f"{r['quota_status'] or '-':<15} {_num(r['cost']):>12} {_num(r['budget']):>12} {_num(r['projected_cost']):>12} "
+              f"{r['budget_status'] or '-'} {r.get('currency') or ''}" + (f"  ({r['note']})" if r.get("note") else "") for r in rows]
+    _emit(as_json, rows, "\n".join(lines) if rows else "no team budgets: fleetscope teams budget TEAM --gpu-hours N")

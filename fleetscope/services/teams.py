@@ -4,7 +4,8 @@ allocated and used, energy and cost of the scheduler jobs (``analyzers/chargebac
 reads the Teams & Cost views share: outcomes, queue waits, pending reasons, top jobs by cost.
 
 Reads the store (``sched_job``, ``sched_job_node``, ``sched_account``, ``team_mapping``, ``gpu``, ``host``,
-``gpu_sample``, ``gpu_workload``) and the price book of ``services/serving.py``; writes ``team_mapping``.
+``gpu_sample``, ``gpu_workload``, ``team_budget``) and the price book of ``services/serving.py``; writes ``team_mapping`` and
+``team_budget``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import polars as pl
 from analyzers import carbon, chargeback, serving_energy
 from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
+from analyzers import team_budgets
 from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
 from fleetscope.core.slurm import expand_hostlist
@@ -296,3 +298,66 @@ def previous_month(now: dt.datetime) -> str:
     first = as_utc(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     last = first - dt.timedelta(days=1)
     return f"{last.year:04d}-{last.month:02d}"
+
+
+# --- budgets ---------------------------------------------------------------------------------------
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+MAX_LIMIT = 1e12  # GPU-hours or money in a month beyond any fleet: a unit mistake
+
+
+def set_budget(store: Store, *, team: str, month: str = "", gpu_hour_quota: float | None = None, budget: float | None = None,
+               currency: str | None = None, recorded_by: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Set a team's GPU-hour quota and/or money budget for a month (``YYYY-MM``) or every month (empty);
+    re-sending the same team and month replaces it. Appended to the audit log: who, when, what."""
+    def bad(field: str, message: str) -> ValidationError:
+        return ValidationError(message, frame="team_budget", field=field)
+
+    if not isinstance(team, str) or not team.strip() or len(team) > _NAME_MAX or any(ord(c) < 32 for c in team):
+        raise bad("team", f"team must be 1-{_NAME_MAX} printable characters")
+    if month:
+        month_bounds(month)
+    for name, v in (("gpu_hour_quota", gpu_hour_quota), ("budget", budget)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v <= MAX_LIMIT)):
+            raise bad(name, f"{name} must be a number from 0 to {MAX_LIMIT:g}")
+    if gpu_hour_quota is None and budget is None:
+        raise bad("budget", "give a gpu_hour_quota, a budget or both")
+    if budget is not None and (not isinstance(currency, str) or not _CURRENCY.fullmatch(currency)):
+        raise bad("currency", "a money budget needs its ISO 4217 currency code, e.g. EUR")
+    if budget is None and currency is not None:
+        raise bad("currency", "a currency belongs to a money budget")
+    row = {"team": team.strip(), "month": month or "", "gpu_hour_quota": None if gpu_hour_quota is None else float(gpu_hour_quota),
+           "budget": None if budget is None else float(budget), "currency": currency, "recorded_by": recorded_by,
+           "recorded_at": as_utc(now or dt.datetime.now(dt.UTC))}
+    store.write_frames([(SCH.TEAM_BUDGET, SCH.frame(SCH.TEAM_BUDGET, [row]))], source=f"team_budget:{row['team']}")
+    out = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
+    auditlog.log(store, actor=recorded_by, action="team_budget", subject=f"team:{row['team']}", payload=out)
+    return out
+
+
+def budgets(store: Store) -> pl.DataFrame:
+    """Every team budget, by team and month."""
+    df = store.read("team_budget")
+    return df.sort("team", "month") if df.height else df
+
+
+def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Per team with a budget: the month's usage so far against its quota and budget, projected to the month's
+    end (``analyzers.team_budgets``); the month ``now`` is in by default."""
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    month = month or f"{now.year:04d}-{now.month:02d}"
+    start, end = month_bounds(month)
+    b = store.read("team_budget")
+    if not b.height:
+        return pl.DataFrame(schema=team_budgets.STATUS_SCHEMA)
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema={"team": pl.String, "gpu_hours": pl.Float64,
+                                                                                                        "cost": pl.Float64, "currency": pl.String})
+    return team_budgets.budget_status(used, b, month=month, start=start, end=end, now=now)
+
+
+def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
+    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets)."""
+    now = as_utc(now)
+    month = f"{now.year:04d}-{now.month:02d}"
+    status = budget_status(store, month=month, now=now)
+    return team_budgets.budget_findings(status, start=month_bounds(month)[0], now=now)

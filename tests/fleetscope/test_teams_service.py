@@ -94,6 +94,35 @@ def test_team_co2e_location_and_market(loaded):
     assert un["location_kgco2e"] == 0.0  # no telemetry reached its jobs: no energy, so no CO2e to charge
 
 
+def test_budgets_recorded_audited_and_found(loaded):
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    out = teams.set_budget(loaded, team="vision", month="2024-04", gpu_hour_quota=5.0, budget=100.0, currency="EUR", recorded_by="finance",
+                           now=dt.datetime(2024, 4, 2, tzinfo=dt.UTC))
+    assert (out["recorded_by"], out["month"], out["gpu_hour_quota"]) == ("finance", "2024-04", 5.0)
+    log = loaded.read("audit_log").filter(pl.col("action") == "team_budget")
+    assert log.select("actor", "subject").rows() == [("finance", "team:vision")]
+    for bad in ({"team": "", "gpu_hour_quota": 1.0}, {"team": "v", "month": "2024-4", "gpu_hour_quota": 1.0}, {"team": "v"},
+                {"team": "v", "budget": 10.0}, {"team": "v", "budget": 10.0, "currency": "eur"}, {"team": "v", "gpu_hour_quota": -1.0},
+                {"team": "v", "gpu_hour_quota": float("nan")}, {"team": "v", "gpu_hour_quota": 1.0, "currency": "EUR"}, {"team": "v\n", "gpu_hour_quota": 1.0}):
+        with pytest.raises(ValidationError):
+            teams.set_budget(loaded, recorded_by="finance", **bad)
+    assert teams.budgets(loaded).height == 1  # a refused budget changes nothing
+    # the job alone (41,003 s on 1 GPU: 11.39 GPU-h) is over the 5 GPU-h quota; 29 of April's 30 days have passed
+    now = dt.datetime(2024, 4, 30, tzinfo=dt.UTC)
+    st = teams.budget_status(loaded, month="2024-04", now=now).row(0, named=True)
+    used = teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=now).filter(pl.col("team") == "vision").row(0, named=True)
+    assert st["gpu_hours"] == pytest.approx(used["gpu_hours"]) and st["gpu_hours"] >= 41003 / 3600 and st["quota_status"] == "over"
+    assert st["projected_gpu_hours"] == pytest.approx(used["gpu_hours"] * 30 / 29)
+    f = teams.budget_findings(loaded, now=now)
+    assert f.select("kind", "subject", "severity").rows() == [("team_budget", "team_budget:vision", "critical")]
+    # the health sweep runs it where a budget is set
+    from fleetscope.services import health
+
+    assert "team_budgets" in health.WINDOW.names()
+    swept = health.health_window(loaded, now - dt.timedelta(minutes=15), now)["findings"]
+    assert swept.filter(pl.col("kind") == "team_budget")["subject"].to_list() == ["team_budget:vision"]
+
+
 def test_queue_and_month(loaded):
     q = teams.queue(loaded, start=dt.datetime(2023, 1, 1, tzinfo=dt.UTC), end=dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
     assert sum(r["jobs"] for r in q["outcomes"]) == 90
@@ -127,6 +156,16 @@ def test_api_routes(api, realdata):
     assert len(j) <= 3 and all("gpu_hours" in x for x in j)
     q = httpx.get(api.url + "/api/v1/teams/queue", params={"start": "2023-05-01T00:00:00Z", "end": "2024-05-01T00:00:00Z"}, headers=read, timeout=60).json()
     assert sum(o["jobs"] for o in q["outcomes"]) == 90
+    b = {"team": "vision", "month": "2024-04", "gpu_hour_quota": 5.0}
+    assert httpx.put(api.url + "/api/v1/teams/budgets", json=b, headers=read, timeout=30).status_code == 403
+    r = httpx.put(api.url + "/api/v1/teams/budgets", json=b, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["recorded_by"] == "finance"
+    for bad in ({**b, "gpu_hour_quota": -1}, {**b, "month": "April"}, {**b, "extra": 1}, {**b, "budget": 5.0}, {**b, "budget": 5, "currency": "euro"},
+                {**b, "team": "x" * 201}, {"team": "vision"}, {**b, "gpu_hour_quota": 1e300}):
+        assert httpx.put(api.url + "/api/v1/teams/budgets", json=bad, headers=admin, timeout=30).status_code in (400, 422), bad
+    assert [x["gpu_hour_quota"] for x in httpx.get(api.url + "/api/v1/teams/budgets", headers=read, timeout=30).json()] == [5.0]
+    st = httpx.get(api.url + "/api/v1/teams/budgets/status", params={"month": "2024-04"}, headers=read, timeout=60).json()
+    assert st["month"] == "2024-04" and st["teams"][0]["team"] == "vision" and st["teams"][0]["quota_status"] == "over"
     for params in ({"month": "2024-4"}, {"month": "'; drop"}, {"start": "2024-01-01T00:00:00"}, {"start": "2020-01-01T00:00:00Z", "end": "2024-01-01T00:00:00Z"},
                    {"month": "2024-13"}):
         assert httpx.get(api.url + "/api/v1/teams/usage", params=params, headers=read, timeout=30).status_code in (400, 422), params
@@ -156,6 +195,12 @@ def test_cli(tmp_path, realdata):
     assert "vision" in run("teams", "usage", "--month", "2024-04").stdout
     assert "kgCO2e loc" in run("teams", "usage", "--month", "2024-04").stdout
     assert run("teams", "usage", "--month", "April").returncode != 0
+    b = run("teams", "budget", "vision", "--month", "2024-04", "--gpu-hours", "5", "--budget", "100", "--currency", "EUR", "--by", "finance")
+    assert b.returncode == 0 and "recorded by finance" in b.stdout, b.stderr
+    assert run("teams", "budget", "vision", "--budget", "100").returncode != 0  # no currency
+    st = json.loads(run("teams", "budgets", "--month", "2024-04", "--json").stdout)
+    assert st[0]["team"] == "vision" and st[0]["quota_status"] == "over"
+    assert "vision" in run("teams", "budgets", "--month", "2024-04").stdout
     q = run("teams", "queue", "--start", "2023-01-01T00:00:00Z", "--end", "2025-01-01T00:00:00Z")
     assert q.returncode == 0 and "NODE_FAIL" in q.stdout
     r = run("teams", "report", "--month", "2024-04", "--out", str(tmp_path / "rep"), "--json")
