@@ -1,6 +1,6 @@
-"""Teams and cost over HTTP: the team rules (read; set with the admin scope, recorded under the token's name
-and audit-logged), per team usage and cost for a period, the top jobs by cost, queue waits, pending reasons
-and end states. The same service functions as ``fleetscope teams`` and the Teams & Cost page
+"""Teams and cost over HTTP: the team rules and budgets (read; set with the admin scope, recorded under the
+token's name and audit-logged), per team usage, CO2e and cost for a period, budget status, the top jobs by
+cost, queue waits, pending reasons, end states and stranded capacity. The same service functions as ``fleetscope teams`` and the Teams & Cost page
 (``fleetscope/services/teams.py``)."""
 
 from __future__ import annotations
@@ -122,3 +122,12 @@ async def get_queue(request: Request, start: Start = None, end: End = None, mont
     """Queue wait per partition (from eligibility), pending reasons and end states as outcomes."""
     s, e = _window(start, end, month)
     return jsonbody.finite(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))
+
+
+@router.get("/stranded", dependencies=[Depends(require("read"))])
+async def get_stranded(request: Request) -> dict[str, Any]:
+    """Free GPUs no pending job can use because of how they are spread over nodes: per partition and node, the
+    fleet's count (a node once) and their cost per hour from the price book."""
+    out = await run_in_threadpool(teams_service.stranded_capacity, request.app.state.store, now=dt.datetime.now(dt.UTC))
+    return {"stranded_gpus": out["stranded_gpus"], "cost_per_hour": out["cost_per_hour"], "currency": out["currency"],
+            "partitions": _rows(out["partitions"]), "nodes": _rows(out["nodes"]), "findings": _rows(out["findings"])}

@@ -200,3 +200,19 @@ def budgets(month: str | None, as_json: bool) -> None:
               f"{r['quota_status'] or '-':<15} {_num(r['cost']):>12} {_num(r['budget']):>12} {_num(r['projected_cost']):>12} "
               f"{r['budget_status'] or '-'} {r.get('currency') or ''}" + (f"  ({r['note']})" if r.get("note") else "") for r in rows]
     _emit(as_json, rows, "\n".join(lines) if rows else "no team budgets: fleetscope teams budget TEAM --gpu-hours N")
+
+
+@teams.command("stranded")
+@_JSON
+def stranded(as_json: bool) -> None:
+    """Free GPUs that no pending job can use (fragmentation), per partition, with their cost per hour."""
+    from fleetscope.services import teams as svc
+
+    out = _call(svc.stranded_capacity, _store(), now=dt.datetime.now(dt.UTC))
+    parts = out["partitions"].to_dicts()
+    cost = f", {_num(out['cost_per_hour'])} {out['currency']}/h" if out["cost_per_hour"] is not None else ""
+    lines = [f"{out['stranded_gpus']} stranded GPUs in the fleet{cost}", f"{'partition':<24} {'pending':>7} {'min GPUs/node':>13} {'free':>6} {'stranded':>8} {'nodes':>6}"]
+    lines += [f"{(p['cluster'] + '/' if p['cluster'] else '') + p['partition']:<24} {p['pending_jobs']:>7} {p['min_gpus_per_node']:>13} "
+              f"{p['free_gpus']:>6} {p['stranded_gpus']:>8} {p['stranded_nodes']:>6}" for p in parts]
+    _emit(as_json, {**out, "partitions": parts, "nodes": out["nodes"].to_dicts(), "findings": out["findings"].to_dicts()},
+          "\n".join(lines) if parts else "no partition has a pending GPU job and free GPUs: nothing stranded")

@@ -22,9 +22,11 @@ import polars as pl
 from analyzers import carbon, chargeback, serving_energy
 from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
+from analyzers import stranded as stranded_analysis
 from analyzers import team_budgets
 from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import findings_frame
 from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
@@ -361,3 +363,42 @@ def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
     month = f"{now.year:04d}-{now.month:02d}"
     status = budget_status(store, month=month, now=now)
     return team_budgets.budget_findings(status, start=month_bounds(month)[0], now=now)
+
+
+# --- stranded capacity -------------------------------------------------------------------------------
+
+
+def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Free GPUs no pending job can use (``analyzers.stranded``) from the scheduler's latest node records and
+    queue: per partition, per node, the findings, and the GPU-hour price of each stranded node from the price
+    book (at its site, for its GPU model)."""
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    nodes = store.read("sched_node")
+    empty = {"partitions": pl.DataFrame(schema=stranded_analysis.SUMMARY_SCHEMA), "nodes": pl.DataFrame(schema=stranded_analysis.NODE_SCHEMA),
+             "findings": findings_frame([]), "stranded_gpus": 0, "cost_per_hour": None, "currency": None}
+    if not nodes.height:
+        return empty
+    schema = dict(SCH.SCHED_JOB.schema)
+    cols = ", ".join(f'"{c}"' for c in schema)
+    pending = fetch(store, f"SELECT {cols} FROM sched_job WHERE state = 'PENDING' LIMIT {MAX_JOBS}", [], schema)
+    held = None
+    if nodes["gpus_alloc"].null_count():
+        running = fetch(store, "SELECT cluster, job_id FROM sched_job WHERE state = 'RUNNING'", [], {"cluster": pl.String, "job_id": pl.String})
+        held = store.read("sched_job_node", columns=["cluster", "job_id", "host", "gpus"]).join(running, on=["cluster", "job_id"])
+    per_node, summary = stranded_analysis.stranded(nodes, pending, held)
+    out_nodes = per_node.filter(~pl.col("usable"))
+    prices, sites, book = {}, _sites(store), serving_service.price_book(store)
+    for r in out_nodes.unique("host").iter_rows(named=True):
+        model = (r.get("gpu_types") or "").split(",")[0].split(":")[0]
+        p, cur = serving_energy.price_at(book, sites.get(r["host"]), model, now, "gpu_hour_price")
+        if p is not None:
+            prices[r["host"]] = (p, cur or "")
+    since = nodes["observed_at"].max() if nodes["observed_at"].null_count() < nodes.height else now
+    found = stranded_analysis.stranded_findings(per_node, summary, since=since, now=now, prices=prices)
+    # the fleet's figure counts a node once, however many partitions share it: stranded in every queue it serves
+    fleet = per_node.group_by("cluster", "host").agg(pl.col("usable").any(), pl.col("free_gpus").first()).filter(~pl.col("usable"))
+    priced = [(r["free_gpus"] * prices[r["host"]][0], prices[r["host"]][1]) for r in fleet.iter_rows(named=True) if r["host"] in prices]
+    cur = {c for _, c in priced}
+    return {"partitions": summary, "nodes": out_nodes, "findings": found, "stranded_gpus": int(fleet["free_gpus"].sum()) if fleet.height else 0,
+            "cost_per_hour": round(sum(p for p, _ in priced), 4) if priced and len(cur) == 1 else None,
+            "currency": next(iter(cur)) if len(cur) == 1 else None}
