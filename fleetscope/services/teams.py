@@ -121,14 +121,38 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
     spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
-    x = (jg.join(spans, on=["cluster", "job_id"]).join(samples, on="gpu_uuid")
-         .filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e"))))
+    x = held_samples(jg.join(spans, on=["cluster", "job_id"]), samples)
     per_gpu = x.group_by("cluster", "job_id", "gpu_uuid").agg(
         pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
         ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
     return per_gpu.group_by("cluster", "job_id").agg(
         pl.col("u").mean().alias("busy_ratio"),
         pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j")).select(list(schema))
+
+
+def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+    """Each sample of ``samples`` (ts, gpu_uuid, ...) taken while a row of ``held`` (gpu_uuid, s, e, ...) held its
+    GPU (``s <= ts < e``), with that row's columns: the join of the two on the GPU, filtered to the span, without
+    forming the pairs that fall outside it. Samples are sorted by (GPU, time) once and each span finds its first
+    and last sample by binary search, so the work is the samples that count, not spans × samples per GPU."""
+    ids = samples.select(pl.col("gpu_uuid").unique().sort()).with_row_index("_g")
+    offset = pl.lit(samples["ts"].min()).cast(pl.Datetime("us", "UTC"))
+    span_us = int((samples["ts"].max() - samples["ts"].min()).total_seconds() * 1e6) + 2
+    shift = (span_us + 2).bit_length()
+    if (ids.height << shift) >= 2**62:  # the (GPU, time) key would overflow: the plain join, filtered
+        return held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
+
+    def key(t: str) -> pl.Expr:
+        rel = (pl.col(t) - offset).dt.total_microseconds().clip(-1, span_us)  # before the first sample: -1 sorts first; past the last: span
+        return (pl.col("_g").cast(pl.Int64) * (1 << shift) + rel + 1)
+
+    ss = samples.join(ids, on="gpu_uuid").with_columns(key("ts").alias("_k")).sort("_k")
+    keys = ss["_k"]
+    h = held.join(ids, on="gpu_uuid").with_columns(key("s").alias("_ks"), key("e").alias("_ke"))
+    h = h.with_columns(keys.search_sorted(h["_ks"], side="left").alias("_lo"), keys.search_sorted(h["_ke"], side="left").alias("_hi"))
+    h = h.filter(pl.col("_hi") > pl.col("_lo")).with_columns(pl.int_ranges("_lo", "_hi").alias("_row")).explode("_row")
+    rows = ss.drop("_k", "_g", "gpu_uuid").with_row_index("_row")
+    return h.drop("_g", "_ks", "_ke", "_lo", "_hi").join(rows.with_columns(pl.col("_row").cast(h.schema["_row"])), on="_row").drop("_row")
 
 
 def carbon_rates(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:

@@ -264,3 +264,24 @@ def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
         assert "WeasyPrint" in out["files"]["pdf_unavailable"]
     assert teams.previous_month(dt.datetime(2026, 12, 1, 2, 30, tzinfo=dt.UTC)) == "2026-11"
     assert teams.previous_month(dt.datetime(2027, 1, 1, tzinfo=dt.UTC)) == "2026-12"
+
+
+def test_held_samples_is_the_join_filtered_to_each_span():
+    import random
+
+    rnd = random.Random(3)
+    t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    samples = pl.DataFrame([{"ts": t0 + dt.timedelta(seconds=rnd.randrange(0, 86400 * 30)), "gpu_uuid": f"G{rnd.randrange(40)}",
+                             "util_ratio": rnd.choice([None, rnd.random()]), "power_w": rnd.uniform(50, 700)} for _ in range(20000)],
+                           schema_overrides={"ts": pl.Datetime("us", "UTC")}).unique(["ts", "gpu_uuid"])
+    held = []
+    for i in range(3000):
+        s = t0 + dt.timedelta(seconds=rnd.randrange(-86400, 86400 * 31))
+        held.append({"job_id": str(i), "gpu_uuid": f"G{rnd.randrange(45)}", "s": s, "e": s + dt.timedelta(seconds=rnd.choice([0, 1, 600, 86400 * 3]))})
+    held += [{"job_id": "edge", "gpu_uuid": "G1", "s": samples.filter(pl.col("gpu_uuid") == "G1")["ts"].min(),
+              "e": samples.filter(pl.col("gpu_uuid") == "G1")["ts"].max()}]  # the first sample in, the last out
+    held = pl.DataFrame(held, schema_overrides={"s": pl.Datetime("us", "UTC"), "e": pl.Datetime("us", "UTC")})
+    want = held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
+    got = teams.held_samples(held, samples)
+    order = ["job_id", "gpu_uuid", "ts"]
+    assert want.height > 1000 and got.select(want.columns).sort(order).equals(want.sort(order))
