@@ -40,8 +40,20 @@ KINDS = ("k8s_label", "slurm_account", "k8s_namespace", "slurm_organization", "s
 J_PER_KWH = 3.6e6
 
 
+_RULE_KEYS = ("cluster", "scheduler", "account", "user", "labels")
+
+
 def assign_teams(jobs: pl.DataFrame, mapping: pl.DataFrame, accounts: pl.DataFrame | None = None) -> pl.DataFrame:
-    """``jobs`` with ``team`` and ``team_rule`` (``kind:match``, or null for unassigned)."""
+    """``jobs`` with ``team`` and ``team_rule`` (``kind:match``, or null for unassigned). The rules are applied
+    once per distinct (cluster, scheduler, account, user, labels): a month of jobs has few of those."""
+    keys = [c for c in _RULE_KEYS if c in jobs.columns]
+    if not jobs.height:
+        return jobs.with_columns(pl.lit(None, pl.String).alias("team"), pl.lit(None, pl.String).alias("team_rule"))
+    distinct = _assign(jobs.select(keys).unique(maintain_order=True), mapping, accounts)
+    return jobs.join(distinct, on=keys, how="left", nulls_equal=True, maintain_order="left")
+
+
+def _assign(jobs: pl.DataFrame, mapping: pl.DataFrame, accounts: pl.DataFrame | None = None) -> pl.DataFrame:
     rules: dict[tuple[str, str, str], str] = {}
     for r in mapping.iter_rows(named=True) if mapping.height else []:
         rules[(r["kind"], r["match"], r.get("cluster") or "")] = r["team"]

@@ -65,10 +65,15 @@ def mappings(store: Store) -> pl.DataFrame:
     return df.sort("recorded_at", descending=True) if df.height else df
 
 
-def jobs_in(store: Store, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+COST_COLUMNS = ("cluster", "job_id", "scheduler", "user", "account", "partition", "state", "start_at", "end_at", "gpus", "gpu_types", "nodes", "labels")
+"""The ``sched_job`` columns costing a job needs: its owner for the team, its run and GPUs, where it ran."""
+
+
+def jobs_in(store: Store, start: dt.datetime, end: dt.datetime, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
     """Scheduler jobs whose run overlaps ``[start, end)`` (started before its end and not ended before its start),
-    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end."""
-    schema = dict(SCH.SCHED_JOB.schema)
+    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end.
+    ``columns``: only these (default every column)."""
+    schema = {c: SCH.SCHED_JOB.schema[c] for c in (columns or SCH.SCHED_JOB.schema)}
     cols = ", ".join(f'"{c}"' for c in schema)
     t0, t1 = store._time_param(as_utc(start)), store._time_param(as_utc(end))
     sql = (f"SELECT {cols} FROM sched_job WHERE (start_at IS NOT NULL AND start_at < ? AND (end_at IS NULL OR end_at >= ?))"
@@ -92,7 +97,8 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     parts = []
     slurm_jobs = jobs.filter(pl.col("scheduler") != "kubernetes")
     if slurm_jobs.height and gpus.height:
-        nodes = store.read("sched_job_node").join(slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
+        nodes = store.read("sched_job_node", columns=["cluster", "job_id", "host", "gpus", "gpu_indices"]).join(
+            slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
         per_host = gpus.group_by("host").len("host_gpus")
         n = nodes.join(per_host, on="host", how="left")
         explicit = (n.filter(pl.col("gpu_indices").is_not_null())
@@ -109,6 +115,10 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(parts).unique() if parts else out
 
 
+GPU_FILTER_MAX = 2000
+"""Above this many GPUs the samples are read for the period and filtered in memory, not by an IN list."""
+
+
 def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per job: ``busy_ratio`` (mean util_ratio of its GPUs' samples while it held them inside the period)
     and ``energy_j`` (per GPU, the mean power of those samples × the time held)."""
@@ -116,7 +126,12 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
     jg = job_gpus(store, alloc)
     if not jg.height:
         return pl.DataFrame(schema=schema)
-    samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["ts", "gpu_uuid", "util_ratio", "power_w"])
+    uuids = jg["gpu_uuid"].unique()
+    cols = ["ts", "gpu_uuid", "util_ratio", "power_w"]
+    if uuids.len() > GPU_FILTER_MAX:  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
+        samples = store.read("gpu_sample", start=start, end=end, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
+    else:
+        samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=uuids.to_list(), columns=cols)
     if not samples.height:
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
@@ -186,7 +201,7 @@ def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.dat
     cost (``analyzers.chargeback.job_costs``, ``with_carbon``). ``rates``, when given, receives the sites'
     carbon intensities the CO2e rests on (:func:`carbon_rates`)."""
     start, end = as_utc(start), as_utc(end)
-    jobs = jobs_in(store, start, end)
+    jobs = jobs_in(store, start, end, COST_COLUMNS)
     jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
     alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=as_utc(now) if now else None)
     costs = chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)

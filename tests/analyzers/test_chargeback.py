@@ -95,3 +95,17 @@ def test_hand_priced_job():
     assert (r["site_id"], r["gpu_model"], r["gpu_hours"], r["used_gpu_hours"]) == ("a", "a100", 8.0, 2.0)
     assert r["cost"] == pytest.approx(8 * 3.5 + 2 * 0.20) and r["currency"] == "EUR"
     assert C.job_costs(alloc.clear(), busy=None, prices=_book(), sites=SITES, start=T0).schema == C.JOB_COST_SCHEMA
+
+
+def test_teams_assigned_once_per_distinct_owner_as_per_job():
+    rnd = random.Random(5)
+    mapping = pl.DataFrame([("slurm_account", "a1", "", "t1"), ("slurm_account", "a1", "hpc", "t1-hpc"), ("slurm_organization", "org2", "", "t2"),
+                            ("slurm_user", "u3", "", "t3"), ("k8s_namespace", "ns", "", "t4"), ("k8s_label", "team=vision", "", "t5")],
+                           schema=["kind", "match", "cluster", "team"], orient="row")
+    accounts = pl.DataFrame({"cluster": ["", "hpc"], "account": ["a2", "a3"], "organization": ["org2", "org2"]})
+    jobs = pl.DataFrame([{"cluster": rnd.choice(["", "hpc", None]), "job_id": str(i), "scheduler": rnd.choice(["slurm", "kubernetes", None]),
+                          "account": rnd.choice(["a1", "a2", "a3", "ns", None]), "user": rnd.choice(["u1", "u3", None]),
+                          "labels": rnd.choice([None, '{"team": "vision"}', '{"x": "y"}', "not json"])} for i in range(2000)])
+    got = C.assign_teams(jobs, mapping, accounts)
+    assert got.equals(C._assign(jobs, mapping, accounts))
+    assert set(got["team"]) == {"t1", "t1-hpc", "t2", "t3", "t4", "t5", C.UNASSIGNED}
