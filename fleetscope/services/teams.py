@@ -112,7 +112,8 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
         if w.height:
             j = w.with_columns((pl.col("namespace") + "/" + pl.col("pod")).alias("job_id")).join(pods.select("cluster", "job_id"), on="job_id")
             parts.append(j.select("cluster", "job_id", "gpu_uuid"))
-    return pl.concat(parts).unique() if parts else out
+    # no (job, GPU) twice: a node row is either by device index or whole, keyed by (cluster, job_id, host), and pods were made unique
+    return pl.concat(parts) if parts else out
 
 
 GPU_FILTER_MAX = 2000
