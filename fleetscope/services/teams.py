@@ -1,10 +1,13 @@
 """Teams and cost: the mapping of Slurm accounts, organizations, users, Kubernetes namespaces and labels to
 teams (set through the API, recorded with who and when, audit-logged), and per team and period the GPU-hours
-allocated and used, energy and cost of the scheduler jobs (``analyzers/chargeback.py``), with the scheduler
-reads the Teams & Cost views share: outcomes, queue waits, pending reasons, top jobs by cost.
+allocated and used, energy, CO2e and cost of the scheduler jobs (``analyzers/chargeback.py``); monthly team
+budgets and where each team stands against them (``analyzers/team_budgets.py``); stranded capacity
+(``analyzers/stranded.py``); with the scheduler reads the Teams & Cost views share: outcomes, queue waits,
+pending reasons, top jobs by cost.
 
-Reads the store (``sched_job``, ``sched_job_node``, ``sched_account``, ``team_mapping``, ``gpu``, ``host``,
-``gpu_sample``, ``gpu_workload``, ``team_budget``) and the price book of ``services/serving.py``; writes ``team_mapping`` and
+Reads the store (``sched_job``, ``sched_job_node``, ``sched_node``, ``sched_account``, ``team_mapping``,
+``team_budget``, ``gpu``, ``host``, ``site``, ``gpu_sample``, ``gpu_workload``), the price book of
+``services/serving.py`` and the sites' Scope 2 of ``services/energy.py``; writes ``team_mapping`` and
 ``team_budget``.
 """
 

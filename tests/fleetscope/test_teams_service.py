@@ -189,6 +189,8 @@ def test_api_routes(api, realdata):
     assert [x["gpu_hour_quota"] for x in httpx.get(api.url + "/api/v1/teams/budgets", headers=read, timeout=30).json()] == [5.0]
     st = httpx.get(api.url + "/api/v1/teams/budgets/status", params={"month": "2024-04"}, headers=read, timeout=60).json()
     assert st["month"] == "2024-04" and st["teams"][0]["team"] == "vision" and st["teams"][0]["quota_status"] == "over"
+    for month in ("2024-13", "24-04", "2024-04; drop"):
+        assert httpx.get(api.url + "/api/v1/teams/budgets/status", params={"month": month}, headers=read, timeout=30).status_code in (400, 422), month
     s = httpx.get(api.url + "/api/v1/teams/stranded", headers=read, timeout=60).json()
     assert s["stranded_gpus"] == 0 and s["partitions"] == []  # no node records in this store
     for params in ({"month": "2024-4"}, {"month": "'; drop"}, {"start": "2024-01-01T00:00:00"}, {"start": "2020-01-01T00:00:00Z", "end": "2024-01-01T00:00:00Z"},
