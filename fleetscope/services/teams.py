@@ -90,6 +90,10 @@ def _sites(store: Store) -> dict[str, str]:
     return {r["host"]: r["site_id"] for r in h.iter_rows(named=True) if r.get("site_id")} if h.height else {}
 
 
+JOB_FILTER_MAX = 5000
+"""Up to this many jobs, their node rows are read by job id; above it, the table is read whole and joined."""
+
+
 def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     """(cluster, job_id, gpu_uuid) for jobs whose GPUs telemetry names: Slurm jobs by node and device index
     (``gres_detail``; a node whose GPUs the job holds all of needs none), pods by dcgm-exporter's attribution."""
@@ -100,7 +104,9 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     parts = []
     slurm_jobs = jobs.filter(pl.col("scheduler") != "kubernetes")
     if slurm_jobs.height and gpus.height:
-        nodes = store.read("sched_job_node", columns=["cluster", "job_id", "host", "gpus", "gpu_indices"]).join(
+        # a few jobs (the running ones of an idle sweep) by their ids, not the node rows of the whole history
+        ids = slurm_jobs["job_id"].unique().to_list() if slurm_jobs.height <= JOB_FILTER_MAX else None
+        nodes = store.read("sched_job_node", job_id=ids, columns=["cluster", "job_id", "host", "gpus", "gpu_indices"]).join(
             slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
         per_host = gpus.group_by("host").len("host_gpus")
         n = nodes.join(per_host, on="host", how="left")
