@@ -417,10 +417,14 @@ def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
 # --- stranded capacity -------------------------------------------------------------------------------
 
 
+STRANDED_FRESH = dt.timedelta(hours=1)
+
+
 def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[str, Any]:
     """Free GPUs no pending job can use (``analyzers.stranded``) from the scheduler's latest node records and
     queue: per partition, per node, the findings, and the GPU-hour price of each stranded node from the price
-    book (at its site, for its GPU model)."""
+    book (at its site, for its GPU model). Nodes and pending jobs last observed more than ``STRANDED_FRESH``
+    before the newest node record are left out: the queue and the free GPUs are compared at one moment."""
     now = as_utc(now or dt.datetime.now(dt.UTC))
     nodes = store.read("sched_node")
     empty = {"partitions": pl.DataFrame(schema=stranded_analysis.SUMMARY_SCHEMA), "nodes": pl.DataFrame(schema=stranded_analysis.NODE_SCHEMA),
@@ -434,6 +438,10 @@ def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[s
     if nodes["gpus_alloc"].null_count():
         running = fetch(store, "SELECT cluster, job_id FROM sched_job WHERE state = 'RUNNING'", [], {"cluster": pl.String, "job_id": pl.String})
         held = store.read("sched_job_node", columns=["cluster", "job_id", "host", "gpus"]).join(running, on=["cluster", "job_id"])
+    latest = nodes["observed_at"].max() if nodes["observed_at"].null_count() < nodes.height else None
+    if latest is not None:  # the latest snapshot: a node or pending job last seen long before it is no longer known to be so
+        nodes = nodes.filter(pl.col("observed_at").is_null() | (pl.col("observed_at") >= latest - STRANDED_FRESH))
+        pending = pending.filter(pl.col("observed_at").is_null() | (pl.col("observed_at") >= latest - STRANDED_FRESH))
     per_node, summary = stranded_analysis.stranded(nodes, pending, held)
     out_nodes = per_node.filter(~pl.col("usable"))
     prices, sites, book = {}, _sites(store), serving_service.price_book(store)
@@ -442,7 +450,7 @@ def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[s
         p, cur = serving_energy.price_at(book, sites.get(r["host"]), model, now, "gpu_hour_price")
         if p is not None:
             prices[r["host"]] = (p, cur or "")
-    since = nodes["observed_at"].max() if nodes["observed_at"].null_count() < nodes.height else now
+    since = latest or now
     found = stranded_analysis.stranded_findings(per_node, summary, since=since, now=now, prices=prices)
     # the fleet's figure counts a node once, however many partitions share it: stranded in every queue it serves
     fleet = per_node.group_by("cluster", "host").agg(pl.col("usable").any(), pl.col("free_gpus").first()).filter(~pl.col("usable"))

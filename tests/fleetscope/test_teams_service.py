@@ -136,6 +136,10 @@ def test_stranded_capacity_in_the_service(store, realdata):
                                  "gpu_hour_price": 2.5}, recorded_by="finance")
     now = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
     assert teams.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # no queue: idle, not stranded
+    seen = store.read("sched_node")["observed_at"].max()
+    store.write(F.Batch(sched_job=SCH.frame(SCH.SCHED_JOB, [{"cluster": "", "job_id": "0", "state": "PENDING", "partition": "main", "gpus": 8,
+                                                              "observed_at": seen - dt.timedelta(days=2)}])))
+    assert teams.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # a queue seen two days before the nodes is not compared with them
     store.write(F.Batch(sched_job=SCH.frame(SCH.SCHED_JOB, [{"cluster": "", "job_id": "1", "state": "PENDING", "partition": "main,lowprio",
                                                               "gpus": 8, "cpus": 16, "node_count": 1}])))
     out = teams.stranded_capacity(store, now=now)
