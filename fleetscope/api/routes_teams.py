@@ -1,6 +1,6 @@
-"""Teams and cost over HTTP: the team rules (read; set with the admin scope, recorded under the token's name
-and audit-logged), per team usage and cost for a period, the top jobs by cost, queue waits, pending reasons
-and end states. The same service functions as ``fleetscope teams`` and the Teams & Cost page
+"""Teams and cost over HTTP: the team rules and budgets (read; set with the admin scope, recorded under the
+token's name and audit-logged), per team usage, CO2e and cost for a period, budget status, the top jobs by
+cost, queue waits, pending reasons, end states and stranded capacity. The same service functions as ``fleetscope teams`` and the Teams & Cost page
 (``fleetscope/services/teams.py``)."""
 
 from __future__ import annotations
@@ -62,6 +62,38 @@ async def put_mapping(request: Request, body: MappingBody, token: auth.Token = D
     return await run_in_threadpool(teams_service.set_mapping, request.app.state.store, recorded_by=token.name, **body.model_dump())
 
 
+class BudgetBody(BaseModel):
+    """A team's monthly GPU-hour quota and/or money budget as PUT /api/v1/teams/budgets takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+    team: str = Field(min_length=1, max_length=200)
+    month: str = Field(default="", pattern=r"^(\d{4}-\d{2})?$", description="YYYY-MM; empty: every month without its own budget")
+    gpu_hour_quota: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+    budget: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+    currency: str | None = Field(default=None, pattern=r"^[A-Z]{3}$")
+
+
+@router.put("/budgets")
+async def put_budget(request: Request, body: BudgetBody, token: auth.Token = Depends(require("admin"))) -> dict[str, Any]:
+    """Set a team's GPU-hour quota and/or money budget for a month or every month (recorded and audit-logged)."""
+    return await run_in_threadpool(teams_service.set_budget, request.app.state.store, recorded_by=token.name, **body.model_dump())
+
+
+@router.get("/budgets", dependencies=[Depends(require("read"))])
+async def get_budgets(request: Request) -> list[dict[str, Any]]:
+    """Every team budget, with who set it and when."""
+    return _rows(await run_in_threadpool(teams_service.budgets, request.app.state.store))
+
+
+@router.get("/budgets/status", dependencies=[Depends(require("read"))])
+async def get_budget_status(request: Request, month: Month = None) -> dict[str, Any]:
+    """Per team with a budget: the month's usage so far against it, projected to the month's end, and whether
+    it is over or on course to go over (default: this month)."""
+    now = dt.datetime.now(dt.UTC)
+    df = await run_in_threadpool(teams_service.budget_status, request.app.state.store, month=month, now=now)
+    return {"month": month or f"{now.year:04d}-{now.month:02d}", "teams": _rows(df)}
+
+
 @router.get("/mappings", dependencies=[Depends(require("read"))])
 async def get_mappings(request: Request) -> list[dict[str, Any]]:
     """Every team rule, newest first, with who set it and when."""
@@ -70,10 +102,11 @@ async def get_mappings(request: Request) -> list[dict[str, Any]]:
 
 @router.get("/usage", dependencies=[Depends(require("read"))])
 async def get_usage(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
-    """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), cost (default: the last 30 days)."""
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), CO2e location- and market-based
+    (kg), cost (default: the last 30 days); ``carbon``: each site's intensity the CO2e rests on, and its basis."""
     s, e = _window(start, end, month)
-    df = await run_in_threadpool(teams_service.usage, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
-    return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(df)}
+    rep = await run_in_threadpool(teams_service.usage_report, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
+    return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(rep["teams"]), "carbon": _rows(rep["carbon"])}
 
 
 @router.get("/jobs", dependencies=[Depends(require("read"))])
@@ -89,3 +122,12 @@ async def get_queue(request: Request, start: Start = None, end: End = None, mont
     """Queue wait per partition (from eligibility), pending reasons and end states as outcomes."""
     s, e = _window(start, end, month)
     return jsonbody.finite(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))
+
+
+@router.get("/stranded", dependencies=[Depends(require("read"))])
+async def get_stranded(request: Request) -> dict[str, Any]:
+    """Free GPUs no pending job can use because of how they are spread over nodes: per partition and node, the
+    fleet's count (a node once) and their cost per hour from the price book."""
+    out = await run_in_threadpool(teams_service.stranded_capacity, request.app.state.store, now=dt.datetime.now(dt.UTC))
+    return {"stranded_gpus": out["stranded_gpus"], "cost_per_hour": out["cost_per_hour"], "currency": out["currency"],
+            "partitions": _rows(out["partitions"]), "nodes": _rows(out["nodes"]), "findings": _rows(out["findings"])}

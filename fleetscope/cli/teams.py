@@ -53,6 +53,9 @@ def teams() -> None:
       fleetscope teams jobs --month 2026-11 --limit 10 --json
       fleetscope teams queue --start 2026-11-01T00:00:00Z
       fleetscope teams report --month 2026-11
+      fleetscope teams budget nlp --gpu-hours 20000 --budget 50000 --currency EUR
+      fleetscope teams budgets --month 2026-11
+      fleetscope teams stranded
     """
 
 
@@ -90,15 +93,21 @@ def mappings(as_json: bool) -> None:
 @_END
 @_JSON
 def usage(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
-    """Per team: jobs, GPU-hours allocated and used, busy share, energy and cost over the period."""
+    """Per team: jobs, GPU-hours allocated and used, busy share, energy, CO2e (location- and market-based) and
+    cost over the period."""
     from fleetscope.services import teams as svc
 
     start, end = _window(month, start_text, end_text)
-    rows = _call(svc.usage, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC)).to_dicts()
-    head = f"{'team':<20} {'jobs':>7} {'GPU-h':>12} {'used GPU-h':>12} {'busy':>6} {'kWh':>10} {'cost':>12}"
+    rep = _call(svc.usage_report, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC))
+    rows, carbon = rep["teams"].to_dicts(), rep["carbon"].to_dicts()
+    head = f"{'team':<20} {'jobs':>7} {'GPU-h':>12} {'used GPU-h':>12} {'busy':>6} {'kWh':>10} {'kgCO2e loc':>11} {'kgCO2e mkt':>11} {'cost':>12}"
     lines = [head] + [f"{r['team']:<20} {r['jobs']:>7} {_num(r['gpu_hours']):>12} {_num(r['used_gpu_hours']):>12} {_num(r['busy_share'], '.0%'):>6} "
-                      f"{_num(r['energy_kwh']):>10} {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows]
-    _emit(as_json, {"start": start, "end": end, "teams": rows}, "\n".join(lines) if rows else f"no scheduler jobs between {start} and {end}")
+                      f"{_num(r['energy_kwh']):>10} {_num(r['location_kgco2e']):>11} {_num(r['market_kgco2e']):>11} {_num(r['cost']):>12} "
+                      f"{r.get('currency') or ''}" for r in rows]
+    lines += [f"CO2e at {c['site_id']}: {_num(c['location_g_per_kwh'], ',.1f')} g/kWh location, {_num(c['market_g_per_kwh'], ',.1f')} g/kWh market "
+              f"({c['carbon_basis']})" for c in carbon]
+    _emit(as_json, {"start": start, "end": end, "teams": rows, "carbon": carbon},
+          "\n".join(lines) if rows else f"no scheduler jobs between {start} and {end}")
 
 
 @teams.command("jobs")
@@ -154,3 +163,56 @@ def report(month: str, out_dir: str | None, as_json: bool) -> None:
     text = "\n".join([f"{k:<5} {v}" for k, v in out["files"].items()] +
                      [f"{r['team']:<20} {_num(r['gpu_hours']):>12} GPU-h {_num(r['cost']):>12} {r.get('currency') or ''}" for r in rows])
     _emit(as_json, out, text)
+
+
+@teams.command("budget")
+@click.argument("team")
+@click.option("--month", default="", help="YYYY-MM it holds for (default: every month without its own budget).")
+@click.option("--gpu-hours", "gpu_hour_quota", type=float, default=None, help="GPU-hours allocated the team may use in the month.")
+@click.option("--budget", type=float, default=None, help="Money the team may spend in the month.")
+@click.option("--currency", default=None, help="ISO 4217 code of --budget, e.g. EUR.")
+@click.option("--by", "actor", default=None, help="Who sets it (default: $USER); recorded in the audit log.")
+@_JSON
+def budget(team: str, month: str, gpu_hour_quota: float | None, budget: float | None, currency: str | None, actor: str | None, as_json: bool) -> None:
+    """Set a team's monthly GPU-hour quota and/or money budget (the health sweep finds teams over, or on course
+    to exceed, it; the shipped rule TeamOverBudget alerts)."""
+    import getpass
+
+    from fleetscope.services import teams as svc
+
+    out = _call(svc.set_budget, _store(), team=team, month=month, gpu_hour_quota=gpu_hour_quota, budget=budget, currency=currency,
+                recorded_by=actor or getpass.getuser())
+    limits = ", ".join(x for x in (f"{_num(out['gpu_hour_quota'])} GPU-h" if out["gpu_hour_quota"] is not None else "",
+                                   f"{_num(out['budget'])} {out['currency']}" if out["budget"] is not None else "") if x)
+    _emit(as_json, out, f"{team} {out['month'] or 'every month'}: {limits} (recorded by {out['recorded_by']} at {out['recorded_at']})")
+
+
+@teams.command("budgets")
+@click.option("--month", default=None, help="YYYY-MM (default: this month).")
+@_JSON
+def budgets(month: str | None, as_json: bool) -> None:
+    """Per team with a budget: the month's usage so far against it, and the projection to the month's end."""
+    from fleetscope.services import teams as svc
+
+    rows = _call(svc.budget_status, _store(), month=month, now=dt.datetime.now(dt.UTC)).to_dicts()
+    lines = [f"{'team':<20} {'GPU-h':>10} {'quota':>10} {'projected':>10} {'status':<15} {'cost':>12} {'budget':>12} {'projected':>12} status"]
+    lines += [f"{r['team']:<20} {_num(r['gpu_hours']):>10} {_num(r['gpu_hour_quota']):>10} {_num(r['projected_gpu_hours']):>10} "
+              f"{r['quota_status'] or '-':<15} {_num(r['cost']):>12} {_num(r['budget']):>12} {_num(r['projected_cost']):>12} "
+              f"{r['budget_status'] or '-'} {r.get('currency') or ''}" + (f"  ({r['note']})" if r.get("note") else "") for r in rows]
+    _emit(as_json, rows, "\n".join(lines) if rows else "no team budgets: fleetscope teams budget TEAM --gpu-hours N")
+
+
+@teams.command("stranded")
+@_JSON
+def stranded(as_json: bool) -> None:
+    """Free GPUs that no pending job can use (fragmentation), per partition, with their cost per hour."""
+    from fleetscope.services import teams as svc
+
+    out = _call(svc.stranded_capacity, _store(), now=dt.datetime.now(dt.UTC))
+    parts = out["partitions"].to_dicts()
+    cost = f", {_num(out['cost_per_hour'])} {out['currency']}/h" if out["cost_per_hour"] is not None else ""
+    lines = [f"{out['stranded_gpus']} stranded GPUs in the fleet{cost}", f"{'partition':<24} {'pending':>7} {'min GPUs/node':>13} {'free':>6} {'stranded':>8} {'nodes':>6}"]
+    lines += [f"{(p['cluster'] + '/' if p['cluster'] else '') + p['partition']:<24} {p['pending_jobs']:>7} {p['min_gpus_per_node']:>13} "
+              f"{p['free_gpus']:>6} {p['stranded_gpus']:>8} {p['stranded_nodes']:>6}" for p in parts]
+    _emit(as_json, {**out, "partitions": parts, "nodes": out["nodes"].to_dicts(), "findings": out["findings"].to_dicts()},
+          "\n".join(lines) if parts else "no partition has a pending GPU job and free GPUs: nothing stranded")

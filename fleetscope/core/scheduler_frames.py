@@ -178,6 +178,23 @@ TEAM_MAPPING = FrameSpec(
     doc="Which team a Slurm account, organization, Kubernetes namespace or label belongs to (set through the API).",
 )
 
+TEAM_BUDGET = FrameSpec(
+    "team_budget",
+    (
+        _k("team", pl.String),
+        _k("month", pl.String, default="", doc="YYYY-MM it holds for; empty: every month without its own row"),
+        _f("gpu_hour_quota", doc="GPU-hours allocated the team may use in the month (null: no quota)"),
+        _f("budget", doc="money the team may spend in the month, in currency (null: no money budget)"),
+        _f("currency", pl.String, doc="ISO 4217 code of budget, e.g. EUR"),
+        _r("recorded_by", pl.String),
+        _r("recorded_at", UTC_US),
+    ),
+    on_conflict="update",
+    doc="A team's monthly GPU-hour quota and/or money budget (set through the API, recorded with who and when).",
+)
+"""Kept out of ``SCHEDULER_FRAMES`` (and so out of ``FRAMES``), like the price book: recorded through its
+service with who and when, never pushed through the ingest door."""
+
 SCHEDULER_FRAMES: tuple[FrameSpec, ...] = (SCHED_ACCOUNT, SCHED_PARTITION, SCHED_NODE, SCHED_JOB, SCHED_JOB_NODE, SCHED_STEP, TEAM_MAPPING)
 
 

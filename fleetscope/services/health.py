@@ -176,6 +176,21 @@ def _idle_allocations(w: WindowRun) -> None:
     w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end))
 
 
+@WINDOW.register("team_budgets", modules=("analyzers.team_budgets", "analyzers.chargeback"),
+                 reads=("team_budget", "sched_job", "sched_job_node", "gpu_sample", "price_book"), writes=("finding",),
+                 summary="teams over, or on course to exceed, their monthly GPU-hour quota or money budget")
+def _team_budgets(w: WindowRun) -> None:
+    if w.store.read("team_budget", limit=1).height:  # the month's usage is read only where some team has a budget
+        w.found.append(teams_service.budget_findings(w.store, now=w.end))
+
+
+@WINDOW.register("stranded_capacity", modules=("analyzers.stranded",), reads=("sched_node", "sched_job", "sched_job_node", "price_book"),
+                 writes=("finding",), summary="free GPUs no pending job can use because of how they are spread over nodes, with their cost per hour")
+def _stranded_capacity(w: WindowRun) -> None:
+    if w.store.read("sched_node", limit=1).height:
+        w.found.append(teams_service.stranded_capacity(w.store, now=w.end)["findings"])
+
+
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``.
     Every analysis of the ``WINDOW`` registry runs in turn."""

@@ -1,10 +1,14 @@
 """Teams and cost: the mapping of Slurm accounts, organizations, users, Kubernetes namespaces and labels to
 teams (set through the API, recorded with who and when, audit-logged), and per team and period the GPU-hours
-allocated and used, energy and cost of the scheduler jobs (``analyzers/chargeback.py``), with the scheduler
-reads the Teams & Cost views share: outcomes, queue waits, pending reasons, top jobs by cost.
+allocated and used, energy, CO2e and cost of the scheduler jobs (``analyzers/chargeback.py``); monthly team
+budgets and where each team stands against them (``analyzers/team_budgets.py``); stranded capacity
+(``analyzers/stranded.py``); with the scheduler reads the Teams & Cost views share: outcomes, queue waits,
+pending reasons, top jobs by cost.
 
-Reads the store (``sched_job``, ``sched_job_node``, ``sched_account``, ``team_mapping``, ``gpu``, ``host``,
-``gpu_sample``, ``gpu_workload``) and the price book of ``services/serving.py``; writes ``team_mapping``.
+Reads the store (``sched_job``, ``sched_job_node``, ``sched_node``, ``sched_account``, ``team_mapping``,
+``team_budget``, ``gpu``, ``host``, ``site``, ``gpu_sample``, ``gpu_workload``), the price book of
+``services/serving.py`` and the sites' Scope 2 of ``services/energy.py``; writes ``team_mapping`` and
+``team_budget``.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import chargeback, serving_energy
+from analyzers import carbon, chargeback, serving_energy
 from analyzers import idle_allocations as idle
 from analyzers import scheduler as sched_analysis
+from analyzers import stranded as stranded_analysis
+from analyzers import team_budgets
 from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
+from fleetscope.core.frames import findings_frame
 from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
+from fleetscope.services import energy as energy_service
 from fleetscope.services import serving as serving_service
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
@@ -60,10 +68,15 @@ def mappings(store: Store) -> pl.DataFrame:
     return df.sort("recorded_at", descending=True) if df.height else df
 
 
-def jobs_in(store: Store, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
+COST_COLUMNS = ("cluster", "job_id", "scheduler", "user", "account", "partition", "state", "start_at", "end_at", "gpus", "gpu_types", "nodes", "labels")
+"""The ``sched_job`` columns costing a job needs: its owner for the team, its run and GPUs, where it ran."""
+
+
+def jobs_in(store: Store, start: dt.datetime, end: dt.datetime, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
     """Scheduler jobs whose run overlaps ``[start, end)`` (started before its end and not ended before its start),
-    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end."""
-    schema = dict(SCH.SCHED_JOB.schema)
+    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end.
+    ``columns``: only these (default every column)."""
+    schema = {c: SCH.SCHED_JOB.schema[c] for c in (columns or SCH.SCHED_JOB.schema)}
     cols = ", ".join(f'"{c}"' for c in schema)
     t0, t1 = store._time_param(as_utc(start)), store._time_param(as_utc(end))
     sql = (f"SELECT {cols} FROM sched_job WHERE (start_at IS NOT NULL AND start_at < ? AND (end_at IS NULL OR end_at >= ?))"
@@ -77,6 +90,10 @@ def _sites(store: Store) -> dict[str, str]:
     return {r["host"]: r["site_id"] for r in h.iter_rows(named=True) if r.get("site_id")} if h.height else {}
 
 
+JOB_FILTER_MAX = 5000
+"""Up to this many jobs, their node rows are read by job id; above it, the table is read whole and joined."""
+
+
 def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     """(cluster, job_id, gpu_uuid) for jobs whose GPUs telemetry names: Slurm jobs by node and device index
     (``gres_detail``; a node whose GPUs the job holds all of needs none), pods by dcgm-exporter's attribution."""
@@ -87,7 +104,10 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
     parts = []
     slurm_jobs = jobs.filter(pl.col("scheduler") != "kubernetes")
     if slurm_jobs.height and gpus.height:
-        nodes = store.read("sched_job_node").join(slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
+        # a few jobs (the running ones of an idle sweep) by their ids, not the node rows of the whole history
+        ids = slurm_jobs["job_id"].unique().to_list() if slurm_jobs.height <= JOB_FILTER_MAX else None
+        nodes = store.read("sched_job_node", job_id=ids, columns=["cluster", "job_id", "host", "gpus", "gpu_indices"]).join(
+            slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
         per_host = gpus.group_by("host").len("host_gpus")
         n = nodes.join(per_host, on="host", how="left")
         explicit = (n.filter(pl.col("gpu_indices").is_not_null())
@@ -101,7 +121,12 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
         if w.height:
             j = w.with_columns((pl.col("namespace") + "/" + pl.col("pod")).alias("job_id")).join(pods.select("cluster", "job_id"), on="job_id")
             parts.append(j.select("cluster", "job_id", "gpu_uuid"))
-    return pl.concat(parts).unique() if parts else out
+    # no (job, GPU) twice: a node row is either by device index or whole, keyed by (cluster, job_id, host), and pods were made unique
+    return pl.concat(parts) if parts else out
+
+
+GPU_FILTER_MAX = 2000
+"""Above this many GPUs the samples are read for the period and filtered in memory, not by an IN list."""
 
 
 def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
@@ -111,13 +136,17 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
     jg = job_gpus(store, alloc)
     if not jg.height:
         return pl.DataFrame(schema=schema)
-    samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=jg["gpu_uuid"].unique().to_list(), columns=["ts", "gpu_uuid", "util_ratio", "power_w"])
+    uuids = jg["gpu_uuid"].unique()
+    cols = ["ts", "gpu_uuid", "util_ratio", "power_w"]
+    if uuids.len() > GPU_FILTER_MAX:  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
+        samples = store.read("gpu_sample", start=start, end=end, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
+    else:
+        samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=uuids.to_list(), columns=cols)
     if not samples.height:
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
     spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
-    x = (jg.join(spans, on=["cluster", "job_id"]).join(samples, on="gpu_uuid")
-         .filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e"))))
+    x = held_samples(jg.join(spans, on=["cluster", "job_id"]), samples)
     per_gpu = x.group_by("cluster", "job_id", "gpu_uuid").agg(
         pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
         ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
@@ -126,18 +155,83 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
         pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j")).select(list(schema))
 
 
-def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
-    """Per job in the period: team, GPU-hours allocated and used, energy and cost (``analyzers.chargeback.job_costs``)."""
+def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+    """Each sample of ``samples`` (ts, gpu_uuid, ...) taken while a row of ``held`` (gpu_uuid, s, e, ...) held its
+    GPU (``s <= ts < e``), with that row's columns: the join of the two on the GPU, filtered to the span, without
+    forming the pairs that fall outside it. Samples are sorted by (GPU, time) once and each span finds its first
+    and last sample by binary search, so the work is the samples that count, not spans × samples per GPU."""
+    ids = samples.select(pl.col("gpu_uuid").unique().sort()).with_row_index("_g")
+    offset = pl.lit(samples["ts"].min()).cast(pl.Datetime("us", "UTC"))
+    span_us = int((samples["ts"].max() - samples["ts"].min()).total_seconds() * 1e6) + 2
+    shift = (span_us + 2).bit_length()
+    if (ids.height << shift) >= 2**62:  # the (GPU, time) key would overflow: the plain join, filtered
+        return held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
+
+    def key(t: str) -> pl.Expr:
+        rel = (pl.col(t) - offset).dt.total_microseconds().clip(-1, span_us)  # before the first sample: -1 sorts first; past the last: span
+        return (pl.col("_g").cast(pl.Int64) * (1 << shift) + rel + 1)
+
+    ss = samples.join(ids, on="gpu_uuid").with_columns(key("ts").alias("_k")).sort("_k")
+    keys = ss["_k"]
+    h = held.join(ids, on="gpu_uuid").with_columns(key("s").alias("_ks"), key("e").alias("_ke"))
+    h = h.with_columns(keys.search_sorted(h["_ks"], side="left").alias("_lo"), keys.search_sorted(h["_ke"], side="left").alias("_hi"))
+    h = h.filter(pl.col("_hi") > pl.col("_lo")).with_columns(pl.int_ranges("_lo", "_hi").alias("_row")).explode("_row")
+    rows = ss.drop("_k", "_g", "gpu_uuid").with_row_index("_row")
+    return h.drop("_g", "_ks", "_ke", "_lo", "_hi").join(rows.with_columns(pl.col("_row").cast(h.schema["_row"])), on="_row").drop("_row")
+
+
+def carbon_rates(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:
+    """Per site, the location- and market-based intensity (g/kWh) of its energy over [start, end): its Scope 2
+    (``services.energy.site_scope2``: roll-up energy × hourly or annual grid intensity; contractual
+    instruments) over that energy. A site with no roll-up energy in the period takes the annual grid
+    average of its region or country for both (no instrument can be applied to energy not measured), and
+    ``carbon_basis`` says so."""
+    site = store.read("site")
+    known = sorted(set(site_ids) & set(site["site_id"].to_list())) if site.height else []
+    if not known:
+        return pl.DataFrame(schema=chargeback.CARBON_RATE_SCHEMA)
+    s2 = energy_service.site_scope2(store, start, end, known)
+    annual = carbon.site_intensity(site.filter(pl.col("site_id").is_in(known)))
+    per_kwh = pl.col("energy_j") / carbon.J_PER_KWH
+    measured = pl.col("energy_j") > 0
+    return (s2.join(annual.select("site_id", pl.col("g_per_kwh").alias("_annual"), "year", "intensity_source"), on="site_id", how="left")
+            .select("site_id",
+                    pl.when(measured).then(pl.col("location_kgco2e") * 1000 / per_kwh).otherwise(pl.col("_annual")).alias("location_g_per_kwh"),
+                    pl.when(measured).then(pl.col("market_kgco2e") * 1000 / per_kwh).otherwise(pl.col("_annual")).alias("market_g_per_kwh"),
+                    pl.when(measured).then(pl.format("the site's Scope 2 over its energy in the period; location: {}; market: {}{}",
+                                                      pl.col("intensity_basis"), pl.lit(energy_service.MARKET_METHOD), pl.col("uncovered_basis")))
+                    .otherwise(pl.format("no roll-up energy at the site in the period: annual grid average {} ({}) for both, no instrument applied",
+                                         pl.col("year"), pl.col("intensity_source"))).alias("carbon_basis"))
+            .select([pl.col(c).cast(t) for c, t in chargeback.CARBON_RATE_SCHEMA.items()]))
+
+
+def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None,
+              rates: list[pl.DataFrame] | None = None) -> pl.DataFrame:
+    """Per job in the period: team, GPU-hours allocated and used, energy, CO2e (location- and market-based) and
+    cost (``analyzers.chargeback.job_costs``, ``with_carbon``). ``rates``, when given, receives the sites'
+    carbon intensities the CO2e rests on (:func:`carbon_rates`)."""
     start, end = as_utc(start), as_utc(end)
-    jobs = jobs_in(store, start, end)
+    jobs = jobs_in(store, start, end, COST_COLUMNS)
     jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
     alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=as_utc(now) if now else None)
-    return chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)
+    costs = chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=_sites(store), start=start)
+    r = carbon_rates(store, start, end, costs.filter(pl.col("energy_kwh").is_not_null())["site_id"].drop_nulls().unique().sort().to_list())
+    if rates is not None:
+        rates.append(r)
+    return chargeback.with_carbon(costs, r)
 
 
 def usage(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
-    """Per team in the period: jobs, GPU-hours allocated and used, busy share, energy (kWh) and cost."""
+    """Per team in the period: jobs, GPU-hours allocated and used, busy share, energy (kWh), CO2e (location- and
+    market-based, kg) and cost."""
     return chargeback.team_totals(job_costs(store, start=start, end=end, now=now))
+
+
+def usage_report(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> dict[str, Any]:
+    """:func:`usage` with the carbon intensity of each site it rests on and how that was reached."""
+    rates: list[pl.DataFrame] = []
+    totals = chargeback.team_totals(job_costs(store, start=start, end=end, now=now, rates=rates))
+    return {"teams": totals, "carbon": rates[0] if rates else pl.DataFrame(schema=chargeback.CARBON_RATE_SCHEMA)}
 
 
 def top_jobs(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 20, now: dt.datetime | None = None) -> pl.DataFrame:
@@ -201,18 +295,21 @@ def idle_allocation_findings(store: Store, *, end: dt.datetime, threshold_ratio:
     return out
 
 
-SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "cost", "currency")
+SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "location_kgco2e", "market_kgco2e", "cost", "currency")
 
 
 def showback(store: Store, month: str, *, now: dt.datetime | None = None, top: int = 20) -> dict[str, Any]:
-    """The month's showback report per team: usage, energy and cost, and the top jobs by cost."""
+    """The month's showback report per team: usage, energy, CO2e and cost, the top jobs by cost, and the carbon
+    intensity per site the CO2e rests on."""
     start, end = month_bounds(month)
     now = as_utc(now or dt.datetime.now(dt.UTC))
-    costs = job_costs(store, start=start, end=end, now=min(now, end))
+    rates: list[pl.DataFrame] = []
+    costs = job_costs(store, start=start, end=end, now=min(now, end), rates=rates)
     totals = chargeback.team_totals(costs)
     top_jobs_ = costs.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(top)
     return {"title": f"GPU showback {month}", "month": month, "start": start.isoformat(), "end": end.isoformat(), "generated_at": now.isoformat(),
-            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts()}
+            "jobs": costs.height, "teams": totals.select(list(SHOWBACK_COLUMNS)).to_dicts(), "top_jobs": top_jobs_.to_dicts(),
+            "carbon": rates[0].to_dicts() if rates else []}
 
 
 def showback_csv(report: dict[str, Any]) -> bytes:
@@ -252,3 +349,113 @@ def previous_month(now: dt.datetime) -> str:
     first = as_utc(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     last = first - dt.timedelta(days=1)
     return f"{last.year:04d}-{last.month:02d}"
+
+
+# --- budgets ---------------------------------------------------------------------------------------
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+MAX_LIMIT = 1e12  # GPU-hours or money in a month beyond any fleet: a unit mistake
+
+
+def set_budget(store: Store, *, team: str, month: str = "", gpu_hour_quota: float | None = None, budget: float | None = None,
+               currency: str | None = None, recorded_by: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Set a team's GPU-hour quota and/or money budget for a month (``YYYY-MM``) or every month (empty);
+    re-sending the same team and month replaces it. Appended to the audit log: who, when, what."""
+    def bad(field: str, message: str) -> ValidationError:
+        return ValidationError(message, frame="team_budget", field=field)
+
+    if not isinstance(team, str) or not team.strip() or len(team) > _NAME_MAX or any(ord(c) < 32 for c in team):
+        raise bad("team", f"team must be 1-{_NAME_MAX} printable characters")
+    if month:
+        month_bounds(month)
+    for name, v in (("gpu_hour_quota", gpu_hour_quota), ("budget", budget)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v <= MAX_LIMIT)):
+            raise bad(name, f"{name} must be a number from 0 to {MAX_LIMIT:g}")
+    if gpu_hour_quota is None and budget is None:
+        raise bad("budget", "give a gpu_hour_quota, a budget or both")
+    if budget is not None and (not isinstance(currency, str) or not _CURRENCY.fullmatch(currency)):
+        raise bad("currency", "a money budget needs its ISO 4217 currency code, e.g. EUR")
+    if budget is None and currency is not None:
+        raise bad("currency", "a currency belongs to a money budget")
+    row = {"team": team.strip(), "month": month or "", "gpu_hour_quota": None if gpu_hour_quota is None else float(gpu_hour_quota),
+           "budget": None if budget is None else float(budget), "currency": currency, "recorded_by": recorded_by,
+           "recorded_at": as_utc(now or dt.datetime.now(dt.UTC))}
+    store.write_frames([(SCH.TEAM_BUDGET, SCH.frame(SCH.TEAM_BUDGET, [row]))], source=f"team_budget:{row['team']}")
+    out = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
+    auditlog.log(store, actor=recorded_by, action="team_budget", subject=f"team:{row['team']}", payload=out)
+    return out
+
+
+def budgets(store: Store) -> pl.DataFrame:
+    """Every team budget, by team and month."""
+    df = store.read("team_budget")
+    return df.sort("team", "month") if df.height else df
+
+
+def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Per team with a budget: the month's usage so far against its quota and budget, projected to the month's
+    end (``analyzers.team_budgets``); the month ``now`` is in by default."""
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    month = month or f"{now.year:04d}-{now.month:02d}"
+    start, end = month_bounds(month)
+    b = store.read("team_budget")
+    if not b.height:
+        return pl.DataFrame(schema=team_budgets.STATUS_SCHEMA)
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema={"team": pl.String, "gpu_hours": pl.Float64,
+                                                                                                        "cost": pl.Float64, "currency": pl.String})
+    return team_budgets.budget_status(used, b, month=month, start=start, end=end, now=now)
+
+
+def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
+    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets)."""
+    now = as_utc(now)
+    month = f"{now.year:04d}-{now.month:02d}"
+    status = budget_status(store, month=month, now=now)
+    return team_budgets.budget_findings(status, start=month_bounds(month)[0], now=now)
+
+
+# --- stranded capacity -------------------------------------------------------------------------------
+
+
+STRANDED_FRESH = dt.timedelta(hours=1)
+
+
+def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """Free GPUs no pending job can use (``analyzers.stranded``) from the scheduler's latest node records and
+    queue: per partition, per node, the findings, and the GPU-hour price of each stranded node from the price
+    book (at its site, for its GPU model). Nodes and pending jobs last observed more than ``STRANDED_FRESH``
+    before the newest node record are left out: the queue and the free GPUs are compared at one moment."""
+    now = as_utc(now or dt.datetime.now(dt.UTC))
+    nodes = store.read("sched_node")
+    empty = {"partitions": pl.DataFrame(schema=stranded_analysis.SUMMARY_SCHEMA), "nodes": pl.DataFrame(schema=stranded_analysis.NODE_SCHEMA),
+             "findings": findings_frame([]), "stranded_gpus": 0, "cost_per_hour": None, "currency": None}
+    if not nodes.height:
+        return empty
+    schema = dict(SCH.SCHED_JOB.schema)
+    cols = ", ".join(f'"{c}"' for c in schema)
+    pending = fetch(store, f"SELECT {cols} FROM sched_job WHERE state = 'PENDING' LIMIT {MAX_JOBS}", [], schema)
+    held = None
+    if nodes["gpus_alloc"].null_count():
+        running = fetch(store, "SELECT cluster, job_id FROM sched_job WHERE state = 'RUNNING'", [], {"cluster": pl.String, "job_id": pl.String})
+        held = store.read("sched_job_node", columns=["cluster", "job_id", "host", "gpus"]).join(running, on=["cluster", "job_id"])
+    latest = nodes["observed_at"].max() if nodes["observed_at"].null_count() < nodes.height else None
+    if latest is not None:  # the latest snapshot: a node or pending job last seen long before it is no longer known to be so
+        nodes = nodes.filter(pl.col("observed_at").is_null() | (pl.col("observed_at") >= latest - STRANDED_FRESH))
+        pending = pending.filter(pl.col("observed_at").is_null() | (pl.col("observed_at") >= latest - STRANDED_FRESH))
+    per_node, summary = stranded_analysis.stranded(nodes, pending, held)
+    out_nodes = per_node.filter(~pl.col("usable"))
+    prices, sites, book = {}, _sites(store), serving_service.price_book(store)
+    for r in out_nodes.unique("host").iter_rows(named=True):
+        model = (r.get("gpu_types") or "").split(",")[0].split(":")[0]
+        p, cur = serving_energy.price_at(book, sites.get(r["host"]), model, now, "gpu_hour_price")
+        if p is not None:
+            prices[r["host"]] = (p, cur or "")
+    since = latest or now
+    found = stranded_analysis.stranded_findings(per_node, summary, since=since, now=now, prices=prices)
+    # the fleet's figure counts a node once, however many partitions share it: stranded in every queue it serves
+    fleet = per_node.group_by("cluster", "host").agg(pl.col("usable").any(), pl.col("free_gpus").first()).filter(~pl.col("usable"))
+    priced = [(r["free_gpus"] * prices[r["host"]][0], prices[r["host"]][1]) for r in fleet.iter_rows(named=True) if r["host"] in prices]
+    cur = {c for _, c in priced}
+    return {"partitions": summary, "nodes": out_nodes, "findings": found, "stranded_gpus": int(fleet["free_gpus"].sum()) if fleet.height else 0,
+            "cost_per_hour": round(sum(p for p, _ in priced), 4) if priced and len(cur) == 1 else None,
+            "currency": next(iter(cur)) if len(cur) == 1 else None}

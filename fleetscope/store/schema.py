@@ -74,6 +74,7 @@ sched_job = _frame_table(SCH.SCHED_JOB, Index(None, "start_at"), Index(None, "en
 sched_job_node = _frame_table(SCH.SCHED_JOB_NODE, Index(None, "host"))
 sched_step = _frame_table(SCH.SCHED_STEP)
 team_mapping = _frame_table(SCH.TEAM_MAPPING)
+team_budget = _frame_table(SCH.TEAM_BUDGET)
 # Kept out of FRAMES, like energy_instrument: recorded through its service, with who and when, never pushed.
 price_book = _frame_table(SF.PRICE_BOOK)
 step_breakdown = _frame_table(F.STEP_BREAKDOWN, Index(None, "job_id", "start"))
@@ -238,7 +239,7 @@ counter_reading = Table(
 
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
-                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK, **TIER_FRAMES}
+                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK, SCH.TEAM_BUDGET.name: SCH.TEAM_BUDGET, **TIER_FRAMES}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
@@ -273,6 +274,7 @@ TIME_COLUMN: dict[str, str] = {
     "sched_job_node": "",
     "sched_step": "observed_at",
     "team_mapping": "",
+    "team_budget": "",
     "price_book": "valid_from",
     "step_breakdown": "start",
     "job_analysis": "computed_at",

@@ -1,7 +1,7 @@
 """beat's leader lease and shared schedule state; the DCGM fault-counter readings shared by every writing process
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-12-05
 """
 from typing import Sequence, Union
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from fleetscope.store.schema import UTCDateTime
 
 revision: str = '0018'
-down_revision: Union[str, Sequence[str], None] = '0016'
+down_revision: Union[str, Sequence[str], None] = '0017'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

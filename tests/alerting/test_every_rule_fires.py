@@ -280,6 +280,20 @@ def slo_burns(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
     serving_service.window_findings(store, start=at - 15 * MIN, end=at)
 
 
+def team_over_budget(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
+    """Finance maps Slurm account ml to team ml and gives it 1 GPU-hour for November; the Slurm job of
+    ``idle_slurm_job`` has held 2 GPUs for 90 minutes, so the health sweep finds the team over. At minute 20 the
+    quota is raised to 1,000 GPU-hours (and the run rate, 29.5 days in, projects far under it): the findings
+    stop and the alert resolves."""
+    from fleetscope.services import teams as teams_service
+
+    if m == 1:
+        teams_service.set_mapping(store, kind="slurm_account", match="ml", team="ml", recorded_by="finance", now=at)
+        teams_service.set_budget(store, team="ml", month="2026-11", gpu_hour_quota=1.0, recorded_by="finance", now=at)
+    if m == 20:
+        teams_service.set_budget(store, team="ml", month="2026-11", gpu_hour_quota=1000.0, recorded_by="finance", now=at)
+
+
 SCENARIOS = {
     "xid79": Scenario(extra=xid(79, T + 3 * MIN), rules=("GpuFellOffBus",), muted=("GpuNeedsRepairOrDrain",)),
     "xid48": Scenario(extra=xid(48, T + 3 * MIN), rules=("GpuUncorrectableEcc",)),
@@ -307,6 +321,7 @@ SCENARIOS = {
     "slo_burn": Scenario(act=slo_burns, minutes=80, rules=("ServingSloBurn",)),
     "idle_allocation": Scenario(gpu=lambda g, t: {"util_ratio": 0.0} if g.startswith("GPU-n0-") and T <= t < T + 50 * MIN else {},
                                 extra=idle_slurm_job, minutes=80, rules=("IdleGpuAllocation",)),
+    "team_budget": Scenario(extra=idle_slurm_job, act=team_over_budget, minutes=45, rules=("TeamOverBudget",)),
     "site_silent": Scenario(silent=lambda h, t: h != "n0" and T + 3 * MIN <= t < T + 20 * MIN, rules=("TelemetryAbsent",)),
 }
 
