@@ -1,0 +1,211 @@
+"""Scale-out figures on PostgreSQL (README "Scaling out"): a 30-day fleet panel read from the hour tier, retention
+of a day of raw partitions, and bytes per GPU-day in raw samples and in each roll-up tier.
+
+- ``panel_30d``: the hour tier filled for ``--panel-gpus`` GPUs (16,384) over 30 days (COPY, the columns the
+  fleet panel reads), then ``services.telemetry.fleet_series`` over the 30 days, the read behind the Overview
+  and Energy & Carbon pages' fleet panels. Target: under 2 s.
+- ``storage``: ``--gpus`` GPUs (64) sampled every 10 s for a day with 30 fields through ``Store.write`` (the
+  day's partition), rolled to the minute and hour tiers by the service's own ``tiers.advance``; bytes of each
+  (table, indexes and TOAST: ``pg_total_relation_size``) per GPU-day.
+- ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
+  the first day goes as one dropped partition. Target: under 1 s.
+
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|panel] [--postgres URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# benchmarks/analyzers.py would shadow the analyzers package the services import
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from fleetscope.core import frames as F  # noqa: E402
+from fleetscope.services import retention, telemetry, tiers  # noqa: E402
+from fleetscope.store import Store, db, partitions, schema  # noqa: E402
+
+FIELDS = [c.name for c in F.GPU_FIELDS][:30]
+DAY0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def _emit(**row: object) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def _uuids(n: int, tag: str) -> list[str]:
+    return [f"GPU-{tag}{i:07x}-0000-0000-0000-{i:012x}" for i in range(n)]
+
+
+def _scrapes(uuids: list[str], start: dt.datetime, scrapes: int, interval_s: int, rng: np.random.Generator) -> pl.DataFrame:
+    n = len(uuids)
+    ts = np.repeat(np.arange(scrapes, dtype=np.int64) * interval_s * 1_000_000, n) + int(start.timestamp() * 1_000_000)
+    cols: dict[str, object] = {"ts": pl.Series("ts", ts).cast(pl.Datetime("us", "UTC")), "gpu_uuid": uuids * scrapes}
+    for name in FIELDS:
+        if F.GPU_SAMPLE.schema[name] == pl.Int64:
+            cols[name] = pl.Series(name, rng.integers(0, 80 * 2**30, n * scrapes), dtype=pl.Int64)
+        else:
+            cols[name] = pl.Series(name, rng.random(n * scrapes) * 700.0)
+    return pl.DataFrame(cols)
+
+
+def _write_day(store: Store, uuids: list[str], day: dt.datetime, interval_s: int, rng: np.random.Generator) -> int:
+    per_write = max(1, 200_000 // len(uuids))
+    scrapes = 86_400 // interval_s
+    rows = 0
+    for s0 in range(0, scrapes, per_write):
+        k = min(per_write, scrapes - s0)
+        df = _scrapes(uuids, day + dt.timedelta(seconds=s0 * interval_s), k, interval_s, rng)
+        rows += store.write(F.Batch(source="bench", gpu_sample=df)).written.get("gpu_sample", 0)
+    return rows
+
+
+def _bytes(store: Store, relation: str) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_total_relation_size(to_regclass(:r))"), {"r": relation}).scalar() or 0)
+
+
+def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> None:
+    rng = np.random.default_rng(7)
+    uuids = _uuids(gpus, "s")
+    t = time.perf_counter()
+    rows = _write_day(store, uuids, DAY0, interval_s, rng)
+    write_s = time.perf_counter() - t
+    t = time.perf_counter()
+    rolled = tiers.advance(store, DAY0 + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
+    roll_s = time.perf_counter() - t
+    with store.engine.begin() as conn:
+        conn.execute(text("ANALYZE gpu_sample_minute"))
+        conn.execute(text("ANALYZE gpu_sample_hour"))
+    part = f"gpu_sample_p{DAY0:%Y%m%d}"
+    raw = _bytes(store, part)
+    minute, hour = _bytes(store, "gpu_sample_minute"), _bytes(store, "gpu_sample_hour")
+    # what the raw figure is made of: the heap (row headers, the text GPU id, the 8-byte columns) and each index
+    with store.engine.connect() as conn:
+        heap = int(conn.execute(text("SELECT pg_relation_size(to_regclass(:r))"), {"r": part}).scalar())
+        indexes = {name: int(size) for name, size in conn.execute(text(
+            "SELECT i.relname, pg_relation_size(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " WHERE x.indrelid = to_regclass(:r) ORDER BY 1"), {"r": part})}
+        row_bytes, uuid_bytes = conn.execute(text(
+            f"SELECT AVG(pg_column_size(t.*)), AVG(pg_column_size(t.gpu_uuid)) FROM (SELECT * FROM {part} LIMIT 10000) t")).one()
+    _emit(bench="storage_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
+          raw_rows=rows, minute_rows=rolled["minute"]["rows"], hour_rows=rolled["hour"]["rows"],
+          raw_bytes_per_gpu_day=round(raw / gpus), minute_bytes_per_gpu_day=round(minute / gpus),
+          hour_bytes_per_gpu_day=round(hour / gpus), raw_to_minute_ratio=round(raw / max(minute, 1), 2),
+          raw_to_hour_ratio=round(raw / max(hour, 1), 1), write_s=round(write_s, 1), rollup_s=round(roll_s, 1))
+    _emit(bench="raw_bytes_breakdown", db="postgresql", heap_bytes_per_gpu_day=round(heap / gpus),
+          index_bytes_per_gpu_day={k: round(v / gpus) for k, v in indexes.items()},
+          mean_row_bytes=round(float(row_bytes), 1), mean_gpu_uuid_bytes=round(float(uuid_bytes), 1),
+          rows_per_gpu_day=rows // gpus)
+
+    # The next day, so the first one is a whole partition behind the cutoff.
+    _write_day(store, uuids, DAY0 + dt.timedelta(days=1), 3600, rng)
+    now = DAY0 + dt.timedelta(days=2)
+    # the partition drops timed on their own too: the rest of prune is a DELETE per table (nothing there to delete)
+    drop_s: dict[str, float] = {}
+    drop_before = partitions.drop_before
+
+    def timed_drop(engine, table, cutoff):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return drop_before(engine, table, cutoff)
+        finally:
+            drop_s[table] = round(time.perf_counter() - t0, 3)
+
+    partitions.drop_before = timed_drop
+    t = time.perf_counter()
+    deleted = retention.prune(store, now, retention_days=1, evidence_retention_days=10_000,
+                              tier_retention_days={"minute": 10_000, "hour": 10_000})
+    prune_s = time.perf_counter() - t
+    partitions.drop_before = drop_before
+    _emit(bench="retention_day_of_partitions", db="postgresql", raw_rows_dropped=deleted.get("gpu_sample"),
+          day_bytes=raw, seconds=round(prune_s, 3), target_s=1.0, gpu_sample_drop_s=drop_s.get("gpu_sample"),
+          tables_pruned=len(deleted))
+
+
+def _copy_hour_tier(store: Store, gpus: int, days: int) -> int:
+    """The hour tier for ``gpus`` GPUs over ``days`` days ending at DAY0, written with COPY (what the panel reads)."""
+    rng = np.random.default_rng(11)
+    uuids = _uuids(gpus, "p")
+    hours = days * 24
+    first = DAY0 - dt.timedelta(days=days)
+    raw = store.engine.raw_connection()
+    try:
+        with raw.cursor() as cur:
+            for day in range(days):
+                n = gpus * 24
+                buckets = np.repeat(np.arange(24, dtype=np.int64) + (day * 24), gpus) * 3_600_000_000 + int(first.timestamp() * 1_000_000)
+                chunk = pl.DataFrame({
+                    "bucket": pl.Series(buckets).cast(pl.Datetime("us", "UTC")),
+                    "gpu_uuid": uuids * 24,
+                    "samples": pl.repeat(360, n, eager=True),
+                    "util_ratio_mean": rng.random(n).round(4),
+                    "power_w_mean": (100 + rng.random(n) * 600).round(2),
+                    "temp_c_max": (30 + rng.random(n) * 50).round(1),
+                })
+                with cur.copy("COPY gpu_sample_hour (bucket, gpu_uuid, samples, util_ratio_mean, power_w_mean, temp_c_max)"
+                              " FROM STDIN WITH (FORMAT csv)") as cp:
+                    cp.write(chunk.write_csv(include_header=False, datetime_format="%Y-%m-%dT%H:%M:%S%z"))
+        raw.commit()
+    finally:
+        raw.close()
+    with store.engine.begin() as conn:
+        conn.execute(text("ANALYZE gpu_sample_hour"))
+        wm = schema.rollup_watermark
+        for tier in ("minute", "hour"):
+            conn.execute(wm.insert().values(tier=tier, rolled_to=DAY0, rolled_at=DAY0))
+    return gpus * hours
+
+
+def bench_panel(store: Store, gpus: int, days: int) -> None:
+    t = time.perf_counter()
+    rows = _copy_hour_tier(store, gpus, days)
+    fill_s = time.perf_counter() - t
+    start, end = DAY0 - dt.timedelta(days=days), DAY0
+    assert tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store)) == "hour"
+    for label in ("first", "again"):
+        t = time.perf_counter()
+        series = telemetry.fleet_series(store, start, end, points=48)
+        seconds = time.perf_counter() - t
+        assert series.height >= 47 and int(series["gpus_reporting"].max()) == gpus, series
+        _emit(bench=f"panel_30d_{label}", db="postgresql", gpus=gpus, days=days, tier="hour", hour_rows=rows,
+              points=series.height, seconds=round(seconds, 3), target_s=2.0, fill_s=round(fill_s, 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--panel-gpus", type=int, default=16384)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--interval-s", type=int, default=10)
+    ap.add_argument("--only", choices=("storage", "panel"), help="run one of the two measurements")
+    ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    args = ap.parse_args()
+    # each measurement on its own scratch database, so one's rows are not in the other's tables
+    runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s),
+            "panel": lambda store: bench_panel(store, args.panel_gpus, args.days)}
+    for name, run in runs.items():
+        if args.only not in (None, name):
+            continue
+        with db.scratch_database(args.postgres, "fleetscope_bench") as url:
+            db.upgrade(url)
+            store = Store.open(url)
+            try:
+                run(store)
+            finally:
+                store.engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
