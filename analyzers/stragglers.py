@@ -57,6 +57,7 @@ __all__ = [
     "Z_THRESHOLD",
     "detect_stragglers",
     "straggler_findings",
+    "findings_of_ranks",
     "EnergyPrice",
     "price_findings",
     "WhatIfResult",
@@ -197,13 +198,30 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
         pl.col("excess_s").mean().alias("mean_excess_s"),
         pl.col("median_busy_s").mean().alias("mean_median_busy_s"),
     ).sort("job_id", "rank")
+    return findings_of_ranks([
+        {**{k: r[k] for k in ("job_id", "rank", "window_start", "window_end", "score", "gpu_hours_lost", "mean_excess_s", "mean_median_busy_s")},
+         "steps": r["steps"][:EVIDENCE_STEPS], "step_count": len(r["steps"]),
+         "attribution_counts": {d["attribution"]: int(d["count"]) for d in r["attr"]}}
+        for r in agg.iter_rows(named=True)
+    ])
+
+
+EVIDENCE_STEPS = 1000
+"""A finding's evidence lists at most this many of the rank's flagged steps (the first ones), and their count."""
+
+
+def findings_of_ranks(ranks: list[dict]) -> pl.DataFrame:
+    """The findings of :func:`straggler_findings` from each persistent rank's figures over its flagged steps:
+    ``job_id, rank, window_start, window_end, score`` (median relative score), ``steps`` (the first
+    :data:`EVIDENCE_STEPS`, in order), ``step_count``, ``attribution_counts``, ``gpu_hours_lost``,
+    ``mean_excess_s``, ``mean_median_busy_s`` (an incremental analysis keeps these per rank)."""
     rows = []
-    for r in agg.iter_rows(named=True):
-        counts = {d["attribution"]: int(d["count"]) for d in r["attr"]}
+    for r in sorted(ranks, key=lambda x: (x["job_id"], x["rank"])):
+        counts = r["attribution_counts"]
         dominant = max(_ATTRIBUTIONS, key=lambda a: counts.get(a, 0))
         score = float(r["score"])
         evidence = {
-            "flagged_steps": r["steps"][:1000], "flagged_step_count": len(r["steps"]),
+            "flagged_steps": list(r["steps"]), "flagged_step_count": r["step_count"],
             "attribution": dominant, "attribution_counts": counts,
             "median_relative_score": round(score, 6), "mean_excess_s": r["mean_excess_s"],
             "mean_median_busy_s": r["mean_median_busy_s"], "gpu_hours_lost": r["gpu_hours_lost"],
@@ -214,7 +232,7 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
             "analyzer": ANALYZER, "kind": f"straggler_{dominant}", "subject": f"job:{r['job_id']}/rank:{r['rank']}",
             "window_start": r["window_start"], "window_end": r["window_end"], "severity": _severity(score), "score": score,
             "summary": (f"Rank {r['rank']} of job {r['job_id']} ran at {score:.0%} of the median rank's pace in "
-                        f"{len(r['steps'])} steps, mostly from {what}, costing {r['gpu_hours_lost']:.3g} GPU-hours."),
+                        f"{r['step_count']} steps, mostly from {what}, costing {r['gpu_hours_lost']:.3g} GPU-hours."),
             "evidence": json.dumps(evidence, sort_keys=True),
         })
     return pl.DataFrame(rows, schema=FINDING.schema)

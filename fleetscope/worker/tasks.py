@@ -44,23 +44,25 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
 
 
 @celery_app.task(name="fleetscope.analyze_job")
-def analyze_job(job_id: str) -> dict[str, Any]:
-    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
+def analyze_job(job_id: str, incremental: bool = False) -> dict[str, Any]:
+    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings; ``incremental``
+    reads only the steps since the job's watermark (``services.job_fold``)."""
     from fleetscope.services.jobs import analyze_job as run  # lazy: a task's service loads when it runs (beat imports this module)
 
     with tracer().start_as_current_span("task.analyze_job"):
-        result = run(store(), job_id)
+        result = run(store(), job_id, incremental=incremental)
         return {"job_id": job_id, "c3": result.c3 is not None, "goodput": result.goodput is not None,
                 "stragglers": len(result.stragglers), "notes": result.notes}
 
 
 @celery_app.task(name="fleetscope.analyze_active_jobs")
 def analyze_active_jobs(window_s: int = 900) -> list[str]:
-    """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
+    """Beat's minute tick: queue an analysis for every job with new steps or events in the window, each
+    incremental: it reads what arrived since the job's watermark, so its cost does not grow with the job's age."""
 
     jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
     for job_id in jobs:
-        analyze_job.delay(job_id)
+        analyze_job.delay(job_id, incremental=True)
     return jobs
 
 
