@@ -219,7 +219,8 @@ class StepState:
         ratios = [self.sums[k].ratio(self.sums["step_s"]) for k in ("c1_compute_s", "c2_comm_s", "c3_coord_s")]
         out.update(c1_ratio=ratios[0], c2_ratio=ratios[1], c3_ratio=ratios[2], ranks=len(self.ranks), steps=self.steps)
         finite = [(r, i) for i, r in enumerate(ratios) if r is not None and np.isfinite(r)]
-        dominant = ("C1", "C2", "C3")[max(finite)[1]] if finite else None
+        # the first of equal shares, as job_summary's nanargmax takes it
+        dominant = ("C1", "C2", "C3")[max(finite, key=lambda t: (t[0], -t[1]))[1]] if finite else None
         flops = float(self.flops) if self.flops_rows else None
         out.update(dominant=dominant, advice=c3.ADVICE.get(dominant) if dominant else None,
                    comm_intensity_bytes_per_flop=c3.communication_intensity(float(self.network_bytes), flops) if flops is not None else None)
