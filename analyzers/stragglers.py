@@ -101,6 +101,7 @@ def detect_stragglers(
     min_excess_ratio: float = 0.05,
     persist_k: int = 3,
     persist_m: int = 5,
+    breakdown: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Score every rank-step; flag stragglers and say why.
 
@@ -113,14 +114,15 @@ def detect_stragglers(
     Returns one row per (job_id, rank, step): ``start, end, step_s, busy_s, wait_s, idle_s, c1_compute_s,
     c2_comm_s, median_busy_s, relative_score, robust_z, flagged, flagged_recent, persistent, attribution,
     excess_s, ranks, gpu_s_lost`` (``attribution`` null where not flagged; ``gpu_s_lost`` = excess_s ×
-    ranks on flagged rank-steps, else 0).
+    ranks on flagged rank-steps, else 0). ``breakdown``: ``c3.c3_breakdown(step, collective)`` when the caller
+    has it already.
     """
     _check_step(step)
     if not (0 < rel_threshold <= 1):
         raise ValueError("rel_threshold must be in (0, 1]")
     if not (1 <= persist_k <= persist_m):
         raise ValueError("need 1 ≤ persist_k ≤ persist_m")
-    bd = c3.c3_breakdown(step, collective)
+    bd = c3.c3_breakdown(step, collective) if breakdown is None else breakdown
     bd = bd.join(step.select("job_id", "rank", "step", "start", "end"), on=["job_id", "rank", "step", "start"], how="left")
     wait = (pl.col("exposed_comm_s") - pl.col("c2_comm_s")).clip(lower_bound=0.0)
     by = ["job_id", "step"]

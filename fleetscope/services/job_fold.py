@@ -143,7 +143,7 @@ class StepState:
         self.last_end_us = hi if self.last_end_us is None else max(self.last_end_us, hi)
         self.last_step = int(steps["step"].max()) if self.last_step is None else max(self.last_step, int(steps["step"].max()))
         self._fold_flops(steps)
-        self._fold_stragglers(steps, collective)
+        self._fold_stragglers(steps, collective, bd)
         return bd
 
     def _fold_flops(self, steps: pl.DataFrame) -> None:
@@ -157,8 +157,8 @@ class StepState:
         self.flops_rows += st.height
         self.flops_span_us += int(st.select((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).item() or 0)
 
-    def _fold_stragglers(self, steps: pl.DataFrame, collective: pl.DataFrame | None) -> None:
-        det = stragglers.detect_stragglers(steps, collective, persist_k=PERSIST_K, persist_m=PERSIST_M)
+    def _fold_stragglers(self, steps: pl.DataFrame, collective: pl.DataFrame | None, breakdown: pl.DataFrame) -> None:
+        det = stragglers.detect_stragglers(steps, collective, persist_k=PERSIST_K, persist_m=PERSIST_M, breakdown=breakdown)
         # Persistence looks back over the rank's previous steps, some scored by earlier chunks: redo the
         # rolling count over those flags (kept in ``recent``) followed by this chunk's, in step order.
         det = det.sort("rank", "step", "start", maintain_order=True).with_columns(_o=pl.int_range(pl.len()).over("rank").cast(pl.Int64))
