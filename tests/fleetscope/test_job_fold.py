@@ -154,3 +154,32 @@ def test_a_rerun_step_refolds_the_job_and_still_matches(store):
     assert job_fold._load(store, "rr").rows == store.read("step", job_id="rr").height - RANKS  # all but the open step
     full = analysis.analyze_job(store, "rr", now=now)
     assert inc.to_dict() == full.to_dict()
+
+
+def test_api_and_cli_run_the_incremental_analysis_with_the_same_results(api, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import httpx
+
+    from fleetscope.cli import main
+    from fleetscope.services import auth
+
+    store = api.app.state.store
+    frames = job_frames("api")
+    admin = {"Authorization": "Bearer " + auth.create_token(store.engine, "a", ["admin"])}
+    url = api.url + "/api/v1/jobs/api/analyze"
+    write_until(store, frames, T0 + dt.timedelta(minutes=2), None)
+    first = httpx.post(url, params={"incremental": "true"}, headers=admin, timeout=120)
+    assert first.status_code == 200 and job_fold._load(store, "api").steps > 0
+    write_until(store, frames, T0 + dt.timedelta(hours=1), T0 + dt.timedelta(minutes=2))
+    inc = httpx.post(url, params={"incremental": "true"}, headers=admin, timeout=120).json()
+    assert httpx.post(url, params={"incremental": "maybe"}, headers=admin).status_code == 422
+    full = httpx.post(url, headers=admin, timeout=120).json()
+    # analysed at different instants: goodput's elapsed time moves with the clock, the step analyses do not
+    assert inc["c3"] == full["c3"] and inc["stragglers"] == full["stragglers"] and inc["c3"]["steps"] == STEPS
+    # the CLI, on the same database
+    monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", str(store.engine.url.render_as_string(hide_password=False)))
+    monkeypatch.setenv("FLEETSCOPE_DATA_DIR", str(tmp_path))
+    out = CliRunner().invoke(main, ["jobs", "analyze", "api", "--incremental", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["c3"] == full["c3"]
