@@ -9,8 +9,10 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   (table, indexes and TOAST: ``pg_total_relation_size``) per GPU-day.
 - ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
   the first day goes as one dropped partition. Target: under 1 s.
+- ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
+  id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|panel] [--postgres URL]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel] [--postgres URL]
 """
 
 from __future__ import annotations
@@ -134,6 +136,32 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> Non
           tables_pruned=len(deleted))
 
 
+def bench_layouts(store: Store, gpus: int, interval_s: int) -> None:
+    """What narrower keys and columns would make of a raw GPU-day, not what the store does: the same day of 30
+    random fields in three bare tables (no BRIN, rows in time order as scrapes arrive), keyed (text UUID, ts)
+    as ``gpu_sample`` is, (integer GPU id, ts), and (integer GPU id, ts) with 4-byte floats for 22 of the 30
+    fields (ratios, temperatures, clocks and rates; counters such as ``energy_j`` keep 8 bytes)."""
+    layouts = {"text_uuid": ("gpu_uuid text", ["double precision"] * 30), "int_id": ("gpu_id int", ["double precision"] * 30),
+               "int_id_float4": ("gpu_id int", ["real"] * 22 + ["double precision"] * 8)}
+    fields = ", ".join(f"random() AS f{i}" for i in range(30))
+    with store.engine.begin() as conn:
+        conn.execute(text(
+            f"CREATE TEMP TABLE _day AS SELECT t AS ts, g, {fields} FROM generate_series(TIMESTAMPTZ '{DAY0.isoformat()}',"
+            f" TIMESTAMPTZ '{(DAY0 + dt.timedelta(days=1, seconds=-interval_s)).isoformat()}', interval '{interval_s} s') t,"
+            f" generate_series(0, {gpus - 1}) g ORDER BY t, g"))
+        out = {}
+        for name, (key, types) in layouts.items():
+            cols = ", ".join(f"f{i} {ty}" for i, ty in enumerate(types))
+            kcol = key.split()[0]
+            conn.execute(text(f"CREATE TABLE _l_{name} (ts timestamptz, {key}, {cols}, PRIMARY KEY ({kcol}, ts))"))
+            kval = "'GPU-s' || lpad(to_hex(g), 7, '0') || '-0000-0000-0000-' || lpad(to_hex(g), 12, '0')" if kcol == "gpu_uuid" else "g"
+            conn.execute(text(f"INSERT INTO _l_{name} SELECT ts, {kval}, {', '.join(f'f{i}' for i in range(30))} FROM _day ORDER BY ts, g"))
+            out[name] = round(int(conn.execute(text(f"SELECT pg_total_relation_size('_l_{name}')")).scalar()) / gpus)
+            conn.execute(text(f"DROP TABLE _l_{name}"))
+    _emit(bench="raw_layouts_bytes_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, fields=30, **out,
+          int_id_float4_ratio=round(out["text_uuid"] / out["int_id_float4"], 2))
+
+
 def _copy_hour_tier(store: Store, gpus: int, days: int) -> int:
     """The hour tier for ``gpus`` GPUs over ``days`` days ending at DAY0, written with COPY (what the panel reads)."""
     rng = np.random.default_rng(11)
@@ -189,11 +217,12 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
-    ap.add_argument("--only", choices=("storage", "panel"), help="run one of the two measurements")
+    ap.add_argument("--only", choices=("storage", "layouts", "panel"), help="run one of the measurements")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     # each measurement on its own scratch database, so one's rows are not in the other's tables
     runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s),
+            "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
             "panel": lambda store: bench_panel(store, args.panel_gpus, args.days)}
     for name, run in runs.items():
         if args.only not in (None, name):
