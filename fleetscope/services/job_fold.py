@@ -266,12 +266,6 @@ def save(store: Store, job_id: str, state: StepState, now: dt.datetime) -> None:
         conn.execute(t.insert().values(job_id=job_id, analyzer=STATE, state=state.to_json(), updated_at=now))
 
 
-def forget(store: Store, job_id: str) -> None:
-    t = schema.job_analysis_state
-    with store.engine.begin() as conn:
-        conn.execute(t.delete().where(t.c.job_id == job_id))
-
-
 @dataclass
 class StepView:
     """One run's view of a job's steps: ``committed`` (stored after the run), ``result`` (committed merged with

@@ -239,8 +239,10 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None, in
         if run.rows:
             run.batch.job_analysis = pl.DataFrame(run.rows, schema=F.JOB_ANALYSIS.schema)
             store.write(run.batch)
-        if run._steps is not None and run._steps.committed.rows:
-            job_fold.save(store, job_id, run._steps.committed, now)
+        if run._steps is not None:
+            span.set_attribute("fleetscope.refolded", run._steps.refolded)
+            if run._steps.committed.rows:
+                job_fold.save(store, job_id, run._steps.committed, now)
         out.batch = run.batch
     return out
 
