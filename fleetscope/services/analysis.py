@@ -5,10 +5,11 @@ layer that reads its frames, calls it and hands back what it concluded. Runners 
 the registry of their cadence, in the module of their domain:
 
 - ``JOB`` (``services.jobs``): once per job, over everything the store holds of it — when a job's data
-  changes (beat's ``analyze-active-jobs``), on ``POST /api/v1/jobs/{id}/analyze`` and ``fleetscope job
-  analyze``.
+  changes (beat's ``analyze-active-jobs``, which folds the step-based ones from the job's watermark,
+  ``services.job_fold``), on ``POST /api/v1/jobs/{id}/analyze`` and ``fleetscope job analyze``.
 - ``WINDOW`` (``services.health``): once per fleet window, over the window's telemetry — beat's
-  ``health-window`` and ``GET /api/v1/health``.
+  ``health-window`` and ``GET /api/v1/health``; with ``FLEETSCOPE_SWEEP_SHARDS`` > 1 the analyses registered
+  ``sharded`` run once per shard of hosts (``services.shards``), over that shard's GPUs, the others once.
 
 Job analysis, the health sweep, the API's ``GET /api/v1/analyzers`` and ``fleetscope fleet analyzers`` all loop
 over these registries; adding an analysis is its module in ``analyzers/`` plus one registered runner.
