@@ -16,7 +16,11 @@ the history's density changes only the index's depth.
 Also prints the same job's full analysis (``incremental=False``, what ``POST /api/v1/jobs/{id}/analyze``
 runs), the cost the per-minute analysis had before it advanced from watermarks.
 
-    python benchmarks/job_analysis.py [--ranks 1024] [--minutes 5] [--postgres URL] [--skip-full]
+With ``--step-events`` the job also reports a ``step`` job event per rank and step (loss, grad norm, parameter
+checksum: the SDC screen's input). Goodput's timeline, SDC screening and checkpoint advice still read the job's
+events whole, so this shows the part of the per-minute cost that still grows with the job's age.
+
+    python benchmarks/job_analysis.py [--ranks 1024] [--minutes 5] [--only 1h|30d] [--step-events] [--postgres URL] [--skip-full]
 """
 
 from __future__ import annotations
@@ -77,6 +81,15 @@ def _steps(job_id: str, ranks: int, first_step: int, starts_us: np.ndarray, step
     return steps, colls
 
 
+def _step_events(steps: pl.DataFrame) -> pl.DataFrame:
+    """A ``step`` job event per rank and step with the SDC screen's payload (loss, grad norm, parameter checksum),
+    as a job instrumented for it reports."""
+    return steps.select(
+        "job_id", pl.col("end").alias("ts"), pl.lit("step").alias("kind"), "step", "rank",
+        pl.format('{{"loss": {}, "grad_norm": {}, "param_checksum": "{}"}}', (pl.col("compute_s") * 0.7).round(6),
+                  (pl.col("compute_s") * 0.1).round(6), pl.col("step") * 7919).alias("payload"))
+
+
 def _energy(gpus: list[str], minutes: list[dt.datetime], rng: np.random.Generator) -> pl.DataFrame:
     n = len(gpus) * len(minutes)
     e = rng.uniform(36_000, 42_000, n)
@@ -84,7 +97,8 @@ def _energy(gpus: list[str], minutes: list[dt.datetime], rng: np.random.Generato
                          "counter_energy_j": e, "integrated_energy_j": 0.0, "covered_s": 60.0, "method": "counter"})
 
 
-def run_job(store: Store, job_id: str, ranks: int, age: dt.timedelta, history_step_s: float, minutes: int, full: bool) -> None:
+def run_job(store: Store, job_id: str, ranks: int, age: dt.timedelta, history_step_s: float, minutes: int, full: bool,
+            step_events: bool = False) -> None:
     rng = np.random.default_rng(5)
     gpus = [f"GPU-{job_id}-{r:05d}-0000-0000-{r:012x}" for r in range(ranks)]
     hosts = [f"{job_id}-node-{r // 8:04d}" for r in range(ranks)]
@@ -106,7 +120,7 @@ def run_job(store: Store, job_id: str, ranks: int, age: dt.timedelta, history_st
         k = min(chunk, n_hist - s0)
         starts = int(started.timestamp() * 1e6) + (np.arange(s0, s0 + k, dtype=np.int64) * int(history_step_s * 1e6))
         steps, colls = _steps(job_id, ranks, s0, starts, history_step_s, rng)
-        store.write(F.Batch(source="bench", step=steps, collective=colls))
+        store.write(F.Batch(source="bench", step=steps, collective=colls, job_event=_step_events(steps) if step_events else None))
         rows += steps.height
         jobs.analyze_job(store, job_id, now=started + dt.timedelta(seconds=(s0 + k) * history_step_s), incremental=True)
     # the GPUs' energy for the last 20 minutes (the analysis reads the unsettled 15 and the minute that settles)
@@ -121,14 +135,14 @@ def run_job(store: Store, job_id: str, ranks: int, age: dt.timedelta, history_st
         starts = int((now - dt.timedelta(minutes=1)).timestamp() * 1e6) + np.arange(6, dtype=np.int64) * 10_000_000
         steps, colls = _steps(job_id, ranks, step_no, starts, 10.0, rng)
         step_no += 6
-        store.write(F.Batch(source="bench", step=steps, collective=colls,
+        store.write(F.Batch(source="bench", step=steps, collective=colls, job_event=_step_events(steps) if step_events else None,
                             gpu_energy_minute=_energy(gpus, [now - dt.timedelta(minutes=1)], rng)))
         t, c = time.perf_counter(), time.process_time()
         out = jobs.analyze_job(store, job_id, now=now, incremental=True)
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     state = job_fold._load(store, job_id)
-    _emit(bench="job_analysis_per_minute", db="postgresql", ranks=ranks, age_h=round(age.total_seconds() / 3600, 1),
+    _emit(bench="job_analysis_per_minute", db="postgresql", ranks=ranks, per_rank_step_events=step_events, age_h=round(age.total_seconds() / 3600, 1),
           history_step_s=history_step_s, history_rank_steps=rows, minutes=minutes, seconds_median=round(statistics.median(times), 3),
           seconds_max=round(max(times), 3), cpu_s_median=round(statistics.median(cpu), 3), target_s=1.0,
           stragglers=[f["subject"] for f in out.stragglers], steps_folded=state.steps, state_bytes=len(state.to_json()),
@@ -147,6 +161,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=5)
     ap.add_argument("--skip-full", action="store_true", help="leave out the full analyses")
     ap.add_argument("--only", choices=("1h", "30d"))
+    ap.add_argument("--step-events", action="store_true",
+                    help="the job also reports a step event per rank and step (the SDC screen's input), which goodput, SDC and checkpoint advice still read whole")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     for name, age, step_s in (("1h", dt.timedelta(hours=1), 10.0), ("30d", dt.timedelta(days=30), 600.0)):
@@ -156,7 +172,7 @@ def main() -> None:
             db.upgrade(url)
             store = Store.open(url)
             try:
-                run_job(store, f"job-{name}", args.ranks, age, step_s, args.minutes, not args.skip_full)
+                run_job(store, f"job-{name}", args.ranks, age, step_s, args.minutes, not args.skip_full, args.step_events)
             finally:
                 store.engine.dispose()
 
