@@ -66,7 +66,7 @@ def _steps(job_id: str, ranks: int, first_step: int, starts_us: np.ndarray, step
     # the all-reduce holds every rank until the slowest arrives: the slow rank waits least
     per_step_max = pl.DataFrame({"s": step_no, "c": compute}).with_columns(m=pl.col("c").max().over("s"))["m"].to_numpy()
     wait = per_step_max - compute
-    dur_us = (span_s * 0.3 * 1e6).astype(np.int64) if isinstance(span_s, np.ndarray) else int(span_s * 0.3 * 1e6)
+    dur_us = int(span_s * 0.3 * 1e6)
     ts = lambda us: pl.Series(us).cast(pl.Datetime("us")).dt.replace_time_zone("UTC")  # noqa: E731
     steps = pl.DataFrame({
         "job_id": job_id, "rank": rank, "step": step_no, "start": ts(start), "end": ts(start + int(span_s * 1e6)),
