@@ -50,6 +50,7 @@ __all__ = [
     "job_summary",
     "communication_intensity",
     "network_bytes",
+    "network_bytes_per_row",
     "scaling_efficiency",
     "FleetLawFit",
     "fit_fleet_law",
@@ -342,13 +343,18 @@ def network_bytes(collective: pl.DataFrame) -> float:
     reduce-scatter and all-to-all (n−1)/n, others 1). Rows without a size count 0."""
     if collective.height == 0:
         return 0.0
+    return float(network_bytes_per_row(collective).sum() or 0.0)
+
+
+def network_bytes_per_row(collective: pl.DataFrame) -> pl.Series:
+    """Each collective row's bytes on the network (:func:`network_bytes` before the sum; null without a size)."""
     n = pl.col("nranks").cast(pl.Float64)
     factor = (
         pl.when(pl.col("op") == "all_reduce").then(2 * (n - 1) / n)
         .when(pl.col("op").is_in(["all_gather", "reduce_scatter", "all_to_all"])).then((n - 1) / n)
         .otherwise(1.0)
     )
-    return float(collective.select((pl.col("bytes").cast(pl.Float64) * factor.fill_null(1.0)).sum()).item() or 0.0)
+    return collective.select((pl.col("bytes").cast(pl.Float64) * factor.fill_null(1.0)).alias("network_bytes")).to_series()
 
 
 def communication_intensity(network_bytes: float, flops: float) -> float | None:

@@ -61,6 +61,7 @@ __all__ = [
     "gpu_peak_flops",
     "peak_table_name",
     "program_goodput",
+    "program_goodput_of",
     "ml_productivity_goodput",
 ]
 
@@ -677,9 +678,20 @@ def program_goodput(step: pl.DataFrame, *, peak_flops: float) -> float:
     if st.filter(pl.col("model_flops").is_nan() | (pl.col("model_flops") < 0)).height:
         raise ValueError("model_flops must be finite and ≥ 0 (got NaN or a negative value)")
     secs = st.select((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).item() / _US
-    if secs <= 0:
+    return program_goodput_of(float(st["model_flops"].sum()), secs, peak_flops=peak_flops)
+
+
+def program_goodput_of(model_flops: float, span_s: float, *, peak_flops: float, problem: str | None = None) -> float:
+    """:func:`program_goodput` from its two sums: the model FLOPs of the rank-steps that carry them and those
+    rank-steps' spans in seconds (an incremental analysis keeps these sums). ``problem``: why the FLOPs
+    cannot be used (a NaN or negative value among them), raised as the ValueError it is."""
+    if problem:
+        raise ValueError(problem)
+    if not (peak_flops > 0 and math.isfinite(peak_flops)):
+        raise ValueError("peak_flops must be finite and > 0")
+    if span_s <= 0:
         raise ValueError("steps with model_flops span no time")
-    return float(st["model_flops"].sum()) / (peak_flops * secs)
+    return model_flops / (peak_flops * span_s)
 
 
 def ml_productivity_goodput(scheduling: float, runtime: float, program: float) -> float:

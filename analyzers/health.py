@@ -58,6 +58,7 @@ __all__ = [
     "decode_clock_event_reasons",
     "counter_increase",
     "gpu_health",
+    "loaded_clock_p90",
     "node_health",
     "health_findings",
 ]
@@ -169,6 +170,16 @@ def _check_finite(df: pl.DataFrame, frame: str, cols: Sequence[str]) -> None:
 # --- per GPU ------------------------------------------------------------------------------------
 
 
+def loaded_clock_p90(gpu_sample: pl.DataFrame, load_util_ratio: float = 0.5) -> float | None:
+    """The 90th percentile of the SM clock over the samples under load (``util_ratio >= load_util_ratio``):
+    what :func:`gpu_health` expects a loaded GPU to hold when not told. Needs ``sm_clock_mhz`` and
+    ``util_ratio`` columns (None without them or without a loaded sample)."""
+    if "sm_clock_mhz" not in gpu_sample.columns or "util_ratio" not in gpu_sample.columns:
+        return None
+    loaded = (pl.col("util_ratio") >= load_util_ratio).fill_null(False)
+    return gpu_sample.select(pl.col("sm_clock_mhz").filter(loaded).quantile(0.9)).item()
+
+
 def gpu_health(
     gpu_sample: pl.DataFrame,
     health_event: pl.DataFrame | None = None,
@@ -181,6 +192,7 @@ def gpu_health(
     throttle_watch_ratio: float = 0.05,
     low_clock_watch_ratio: float = 0.1,
     repair_repeat: int = 2,
+    expectation_given: bool = False,
 ) -> pl.DataFrame:
     """Per-GPU health over the window the samples span.
 
@@ -191,8 +203,10 @@ def gpu_health(
 
     ``expected_sm_clock_mhz``: the clock a loaded GPU should hold (its max SM clock, e.g. 1980 MHz
     on H100 SXM), as one number or per ``gpu_uuid``; without it the expectation is the 90th
-    percentile of loaded clocks across the fleet given, so a GPU slower than its peers shows.
-    A sample is "under load" at ``util_ratio >= load_util_ratio``.
+    percentile of loaded clocks across the fleet given (:func:`loaded_clock_p90`), so a GPU slower than its
+    peers shows; ``expectation_given``: ``expected_sm_clock_mhz`` is that fleet figure already, None included
+    (a sweep split by hosts computes it once over the whole fleet). A sample is "under load" at
+    ``util_ratio >= load_util_ratio``.
 
     Returns one row per GPU: counter increases over the window and per hour (ECC SBE/DBE, retired
     pages, remapped rows), counter resets seen, remap pending / failure flags, throttle ratios
@@ -219,8 +233,8 @@ def gpu_health(
                             "expected_sm_clock_mhz": [float(v) for v in expected_sm_clock_mhz.values()]})
         s = s.join(exp, on="gpu_uuid", how="left", maintain_order="left")
         expected = pl.col("expected_sm_clock_mhz")
-    elif expected_sm_clock_mhz is None and has_clock:
-        expected = pl.lit(s.select(clock.filter(loaded).quantile(0.9)).item(), pl.Float64)
+    elif expected_sm_clock_mhz is None and has_clock and not expectation_given:
+        expected = pl.lit(loaded_clock_p90(s, load_util_ratio), pl.Float64)
     else:
         expected = pl.lit(None if expected_sm_clock_mhz is None else float(expected_sm_clock_mhz), pl.Float64)
 

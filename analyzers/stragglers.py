@@ -57,6 +57,7 @@ __all__ = [
     "Z_THRESHOLD",
     "detect_stragglers",
     "straggler_findings",
+    "findings_of_ranks",
     "EnergyPrice",
     "price_findings",
     "WhatIfResult",
@@ -100,6 +101,7 @@ def detect_stragglers(
     min_excess_ratio: float = 0.05,
     persist_k: int = 3,
     persist_m: int = 5,
+    breakdown: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Score every rank-step; flag stragglers and say why.
 
@@ -112,14 +114,15 @@ def detect_stragglers(
     Returns one row per (job_id, rank, step): ``start, end, step_s, busy_s, wait_s, idle_s, c1_compute_s,
     c2_comm_s, median_busy_s, relative_score, robust_z, flagged, flagged_recent, persistent, attribution,
     excess_s, ranks, gpu_s_lost`` (``attribution`` null where not flagged; ``gpu_s_lost`` = excess_s ×
-    ranks on flagged rank-steps, else 0).
+    ranks on flagged rank-steps, else 0). ``breakdown``: ``c3.c3_breakdown(step, collective)`` when the caller
+    has it already.
     """
     _check_step(step)
     if not (0 < rel_threshold <= 1):
         raise ValueError("rel_threshold must be in (0, 1]")
     if not (1 <= persist_k <= persist_m):
         raise ValueError("need 1 ≤ persist_k ≤ persist_m")
-    bd = c3.c3_breakdown(step, collective)
+    bd = c3.c3_breakdown(step, collective) if breakdown is None else breakdown
     bd = bd.join(step.select("job_id", "rank", "step", "start", "end"), on=["job_id", "rank", "step", "start"], how="left")
     wait = (pl.col("exposed_comm_s") - pl.col("c2_comm_s")).clip(lower_bound=0.0)
     by = ["job_id", "step"]
@@ -197,13 +200,30 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
         pl.col("excess_s").mean().alias("mean_excess_s"),
         pl.col("median_busy_s").mean().alias("mean_median_busy_s"),
     ).sort("job_id", "rank")
+    return findings_of_ranks([
+        {**{k: r[k] for k in ("job_id", "rank", "window_start", "window_end", "score", "gpu_hours_lost", "mean_excess_s", "mean_median_busy_s")},
+         "steps": r["steps"][:EVIDENCE_STEPS], "step_count": len(r["steps"]),
+         "attribution_counts": {d["attribution"]: int(d["count"]) for d in r["attr"]}}
+        for r in agg.iter_rows(named=True)
+    ])
+
+
+EVIDENCE_STEPS = 1000
+"""A finding's evidence lists at most this many of the rank's flagged steps (the first ones), and their count."""
+
+
+def findings_of_ranks(ranks: list[dict]) -> pl.DataFrame:
+    """The findings of :func:`straggler_findings` from each persistent rank's figures over its flagged steps:
+    ``job_id, rank, window_start, window_end, score`` (median relative score), ``steps`` (the first
+    :data:`EVIDENCE_STEPS`, in order), ``step_count``, ``attribution_counts``, ``gpu_hours_lost``,
+    ``mean_excess_s``, ``mean_median_busy_s`` (an incremental analysis keeps these per rank)."""
     rows = []
-    for r in agg.iter_rows(named=True):
-        counts = {d["attribution"]: int(d["count"]) for d in r["attr"]}
+    for r in sorted(ranks, key=lambda x: (x["job_id"], x["rank"])):
+        counts = r["attribution_counts"]
         dominant = max(_ATTRIBUTIONS, key=lambda a: counts.get(a, 0))
         score = float(r["score"])
         evidence = {
-            "flagged_steps": r["steps"][:1000], "flagged_step_count": len(r["steps"]),
+            "flagged_steps": list(r["steps"]), "flagged_step_count": r["step_count"],
             "attribution": dominant, "attribution_counts": counts,
             "median_relative_score": round(score, 6), "mean_excess_s": r["mean_excess_s"],
             "mean_median_busy_s": r["mean_median_busy_s"], "gpu_hours_lost": r["gpu_hours_lost"],
@@ -214,7 +234,7 @@ def straggler_findings(detections: pl.DataFrame) -> pl.DataFrame:
             "analyzer": ANALYZER, "kind": f"straggler_{dominant}", "subject": f"job:{r['job_id']}/rank:{r['rank']}",
             "window_start": r["window_start"], "window_end": r["window_end"], "severity": _severity(score), "score": score,
             "summary": (f"Rank {r['rank']} of job {r['job_id']} ran at {score:.0%} of the median rank's pace in "
-                        f"{len(r['steps'])} steps, mostly from {what}, costing {r['gpu_hours_lost']:.3g} GPU-hours."),
+                        f"{r['step_count']} steps, mostly from {what}, costing {r['gpu_hours_lost']:.3g} GPU-hours."),
             "evidence": json.dumps(evidence, sort_keys=True),
         })
     return pl.DataFrame(rows, schema=FINDING.schema)

@@ -9,8 +9,10 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   (table, indexes and TOAST: ``pg_total_relation_size``) per GPU-day.
 - ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
   the first day goes as one dropped partition. Target: under 1 s.
+- ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
+  id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--postgres URL]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel] [--postgres URL]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.services import retention, telemetry, tiers  # noqa: E402
-from fleetscope.store import Store, db, schema  # noqa: E402
+from fleetscope.store import Store, db, partitions, schema  # noqa: E402
 
 FIELDS = [c.name for c in F.GPU_FIELDS][:30]
 DAY0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
@@ -88,23 +90,76 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> Non
     with store.engine.begin() as conn:
         conn.execute(text("ANALYZE gpu_sample_minute"))
         conn.execute(text("ANALYZE gpu_sample_hour"))
-    raw = _bytes(store, f"gpu_sample_p{DAY0:%Y%m%d}")
+    part = f"gpu_sample_p{DAY0:%Y%m%d}"
+    raw = _bytes(store, part)
     minute, hour = _bytes(store, "gpu_sample_minute"), _bytes(store, "gpu_sample_hour")
+    # what the raw figure is made of: the heap (row headers, the text GPU id, the 8-byte columns) and each index
+    with store.engine.connect() as conn:
+        heap = int(conn.execute(text("SELECT pg_relation_size(to_regclass(:r))"), {"r": part}).scalar())
+        indexes = {name: int(size) for name, size in conn.execute(text(
+            "SELECT i.relname, pg_relation_size(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " WHERE x.indrelid = to_regclass(:r) ORDER BY 1"), {"r": part})}
+        row_bytes, uuid_bytes = conn.execute(text(
+            f"SELECT AVG(pg_column_size(t.*)), AVG(pg_column_size(t.gpu_uuid)) FROM (SELECT * FROM {part} LIMIT 10000) t")).one()
     _emit(bench="storage_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
           raw_rows=rows, minute_rows=rolled["minute"]["rows"], hour_rows=rolled["hour"]["rows"],
           raw_bytes_per_gpu_day=round(raw / gpus), minute_bytes_per_gpu_day=round(minute / gpus),
           hour_bytes_per_gpu_day=round(hour / gpus), raw_to_minute_ratio=round(raw / max(minute, 1), 2),
           raw_to_hour_ratio=round(raw / max(hour, 1), 1), write_s=round(write_s, 1), rollup_s=round(roll_s, 1))
+    _emit(bench="raw_bytes_breakdown", db="postgresql", heap_bytes_per_gpu_day=round(heap / gpus),
+          index_bytes_per_gpu_day={k: round(v / gpus) for k, v in indexes.items()},
+          mean_row_bytes=round(float(row_bytes), 1), mean_gpu_uuid_bytes=round(float(uuid_bytes), 1),
+          rows_per_gpu_day=rows // gpus)
 
     # The next day, so the first one is a whole partition behind the cutoff.
     _write_day(store, uuids, DAY0 + dt.timedelta(days=1), 3600, rng)
     now = DAY0 + dt.timedelta(days=2)
+    # the partition drops timed on their own too: the rest of prune is a DELETE per table (nothing there to delete)
+    drop_s: dict[str, float] = {}
+    drop_before = partitions.drop_before
+
+    def timed_drop(engine, table, cutoff):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return drop_before(engine, table, cutoff)
+        finally:
+            drop_s[table] = round(time.perf_counter() - t0, 3)
+
+    partitions.drop_before = timed_drop
     t = time.perf_counter()
     deleted = retention.prune(store, now, retention_days=1, evidence_retention_days=10_000,
                               tier_retention_days={"minute": 10_000, "hour": 10_000})
     prune_s = time.perf_counter() - t
+    partitions.drop_before = drop_before
     _emit(bench="retention_day_of_partitions", db="postgresql", raw_rows_dropped=deleted.get("gpu_sample"),
-          day_bytes=raw, seconds=round(prune_s, 3), target_s=1.0)
+          day_bytes=raw, seconds=round(prune_s, 3), target_s=1.0, gpu_sample_drop_s=drop_s.get("gpu_sample"),
+          tables_pruned=len(deleted))
+
+
+def bench_layouts(store: Store, gpus: int, interval_s: int) -> None:
+    """What narrower keys and columns would make of a raw GPU-day, not what the store does: the same day of 30
+    random fields in three bare tables (no BRIN, rows in time order as scrapes arrive), keyed (text UUID, ts)
+    as ``gpu_sample`` is, (integer GPU id, ts), and (integer GPU id, ts) with 4-byte floats for 22 of the 30
+    fields (ratios, temperatures, clocks and rates; counters such as ``energy_j`` keep 8 bytes)."""
+    layouts = {"text_uuid": ("gpu_uuid text", ["double precision"] * 30), "int_id": ("gpu_id int", ["double precision"] * 30),
+               "int_id_float4": ("gpu_id int", ["real"] * 22 + ["double precision"] * 8)}
+    fields = ", ".join(f"random() AS f{i}" for i in range(30))
+    with store.engine.begin() as conn:
+        conn.execute(text(
+            f"CREATE TEMP TABLE _day AS SELECT t AS ts, g, {fields} FROM generate_series(TIMESTAMPTZ '{DAY0.isoformat()}',"
+            f" TIMESTAMPTZ '{(DAY0 + dt.timedelta(days=1, seconds=-interval_s)).isoformat()}', interval '{interval_s} s') t,"
+            f" generate_series(0, {gpus - 1}) g ORDER BY t, g"))
+        out = {}
+        for name, (key, types) in layouts.items():
+            cols = ", ".join(f"f{i} {ty}" for i, ty in enumerate(types))
+            kcol = key.split()[0]
+            conn.execute(text(f"CREATE TABLE _l_{name} (ts timestamptz, {key}, {cols}, PRIMARY KEY ({kcol}, ts))"))
+            kval = "'GPU-s' || lpad(to_hex(g), 7, '0') || '-0000-0000-0000-' || lpad(to_hex(g), 12, '0')" if kcol == "gpu_uuid" else "g"
+            conn.execute(text(f"INSERT INTO _l_{name} SELECT ts, {kval}, {', '.join(f'f{i}' for i in range(30))} FROM _day ORDER BY ts, g"))
+            out[name] = round(int(conn.execute(text(f"SELECT pg_total_relation_size('_l_{name}')")).scalar()) / gpus)
+            conn.execute(text(f"DROP TABLE _l_{name}"))
+    _emit(bench="raw_layouts_bytes_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, fields=30, **out,
+          int_id_float4_ratio=round(out["text_uuid"] / out["int_id_float4"], 2))
 
 
 def _copy_hour_tier(store: Store, gpus: int, days: int) -> int:
@@ -162,11 +217,16 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
+    ap.add_argument("--only", choices=("storage", "layouts", "panel"), help="run one of the measurements")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     # each measurement on its own scratch database, so one's rows are not in the other's tables
-    for run in (lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s),
-                lambda store: bench_panel(store, args.panel_gpus, args.days)):
+    runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s),
+            "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
+            "panel": lambda store: bench_panel(store, args.panel_gpus, args.days)}
+    for name, run in runs.items():
+        if args.only not in (None, name):
+            continue
         with db.scratch_database(args.postgres, "fleetscope_bench") as url:
             db.upgrade(url)
             store = Store.open(url)
@@ -174,6 +234,7 @@ def main() -> None:
                 run(store)
             finally:
                 store.engine.dispose()
+
 
 if __name__ == "__main__":
     main()

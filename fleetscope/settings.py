@@ -79,6 +79,7 @@ class Settings:
     evidence_retention_days: int = field(metadata={"env": "FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "doc": "what the analyses derived (roll-ups, per-step breakdowns, findings, health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) kept this long; at least the raw retention", "default": "1095"})
     minute_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "doc": "the 1-minute roll-up tier of GPU telemetry (gpu_sample_minute) kept this long", "default": "400"})
     hour_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", "doc": "the 1-hour roll-up tier of GPU telemetry (gpu_sample_hour) kept this long; at least the minute tier's", "default": "1095"})
+    sweep_shards: int = field(metadata={"env": "FLEETSCOPE_SWEEP_SHARDS", "doc": "beat splits the energy roll-up and the health sweep into this many tasks, each over the GPUs of one group of hosts, for the workers to run in parallel", "default": "1"})
     hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
@@ -159,6 +160,7 @@ def load() -> Settings:
         minute_tier_retention_days=minute_days,
         hour_tier_retention_days=hour_days,
         hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
+        sweep_shards=_positive("FLEETSCOPE_SWEEP_SHARDS", 1),
         otel_exporter=otel,
         otel_endpoint=env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
         report_schedule=env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),

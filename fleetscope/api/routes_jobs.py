@@ -52,10 +52,12 @@ def list_jobs(request: Request) -> list[dict[str, Any]]:
 
 
 @router.post("/{job_id}/analyze", dependencies=[Depends(require("admin"))])
-async def analyze(request: Request, job_id: str) -> dict[str, Any]:
-    """Run every job analyzer now and store the results (beat does this each minute for active jobs)."""
+async def analyze(request: Request, job_id: str,
+                  incremental: Annotated[bool, Query(description="read only the steps since the job's watermark, as beat's per-minute analysis does")] = False) -> dict[str, Any]:
+    """Run every job analyzer now and store the results (beat does this each minute for active jobs, incrementally):
+    from the job's start by default, or from its watermark with ``incremental=true``; the results are the same."""
     _known(request, job_id)
-    result = await run_in_threadpool(analysis.analyze_job, request.app.state.store, job_id)
+    result = await run_in_threadpool(lambda: analysis.analyze_job(request.app.state.store, job_id, incremental=incremental))
     return result.to_dict()
 
 

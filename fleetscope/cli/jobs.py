@@ -24,18 +24,20 @@ def jobs() -> None:
 @jobs.command("analyze")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
-def analyze(job_id: str, as_json: bool) -> None:
+@click.option("--incremental", is_flag=True, help="read only the steps since the job's watermark, as beat does each minute (same results)")
+def analyze(job_id: str, as_json: bool, incremental: bool) -> None:
     """Analyse JOB_ID now: C3 breakdown, goodput (with MFU and the goodput product), stragglers and the
     what-if, stored and printed.
 
     \b
     Examples:
       fleetscope jobs analyze job-llm-a
+      fleetscope jobs analyze job-llm-a --incremental
       fleetscope jobs analyze job-llm-a --json | jq .goodput.goodput_ratio
     """
     from fleetscope.services.jobs import analyze_job  # lazy: imports every job analyzer
 
-    result = analyze_job(_store(), job_id)
+    result = analyze_job(_store(), job_id, incremental=incremental)
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
         return

@@ -5,10 +5,11 @@ layer that reads its frames, calls it and hands back what it concluded. Runners 
 the registry of their cadence, in the module of their domain:
 
 - ``JOB`` (``services.jobs``): once per job, over everything the store holds of it — when a job's data
-  changes (beat's ``analyze-active-jobs``), on ``POST /api/v1/jobs/{id}/analyze`` and ``fleetscope job
-  analyze``.
+  changes (beat's ``analyze-active-jobs``, which folds the step-based ones from the job's watermark,
+  ``services.job_fold``), on ``POST /api/v1/jobs/{id}/analyze`` and ``fleetscope job analyze``.
 - ``WINDOW`` (``services.health``): once per fleet window, over the window's telemetry — beat's
-  ``health-window`` and ``GET /api/v1/health``.
+  ``health-window`` and ``GET /api/v1/health``; with ``FLEETSCOPE_SWEEP_SHARDS`` > 1 the analyses registered
+  ``sharded`` run once per shard of hosts (``services.shards``), over that shard's GPUs, the others once.
 
 Job analysis, the health sweep, the API's ``GET /api/v1/analyzers`` and ``fleetscope fleet analyzers`` all loop
 over these registries; adding an analysis is its module in ``analyzers/`` plus one registered runner.
@@ -41,10 +42,11 @@ class Analysis(Generic[Run]):
     summary: str
     run: Callable[[Run], None]
     needs: tuple[str, ...] = ()
+    sharded: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "cadence": self.cadence, "modules": list(self.modules), "reads": list(self.reads),
-                "writes": list(self.writes), "needs": list(self.needs), "summary": self.summary}
+                "writes": list(self.writes), "needs": list(self.needs), "sharded": self.sharded, "summary": self.summary}
 
 
 class Registry(Generic[Run]):
@@ -57,13 +59,14 @@ class Registry(Generic[Run]):
         self._items: dict[str, Analysis[Run]] = {}
 
     def register(self, name: str, *, modules: tuple[str, ...], reads: tuple[str, ...], writes: tuple[str, ...],
-                 summary: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[[Run], None]], Callable[[Run], None]]:
-        """Decorate a runner to register it under ``name``."""
+                 summary: str, needs: tuple[str, ...] = (), sharded: bool = False) -> Callable[[Callable[[Run], None]], Callable[[Run], None]]:
+        """Decorate a runner to register it under ``name``; ``sharded``: it runs per shard of hosts when the sweep
+        is split (``FLEETSCOPE_SWEEP_SHARDS``), each shard over its own GPUs, the rest once for the fleet."""
 
         def add(run: Callable[[Run], None]) -> Callable[[Run], None]:
             if name in self._items:
                 raise ValueError(f"analysis {name!r} is registered twice for cadence {self.cadence!r}")
-            self._items[name] = Analysis(name, self.cadence, modules, reads, writes, summary, run, needs)
+            self._items[name] = Analysis(name, self.cadence, modules, reads, writes, summary, run, needs, sharded)
             return run
 
         return add
@@ -77,12 +80,15 @@ class Registry(Generic[Run]):
     def names(self) -> list[str]:
         return list(self._items)
 
-    def run_all(self, run: Run, has_rows: Callable[[str], bool], note: Callable[[str], None]) -> list[str]:
-        """Run every analysis whose needed frames hold rows, in order; note each frame that skipped some.
-        Returns the names of the analyses that ran."""
+    def run_all(self, run: Run, has_rows: Callable[[str], bool], note: Callable[[str], None],
+                only: Callable[[Analysis[Run]], bool] | None = None) -> list[str]:
+        """Run every analysis whose needed frames hold rows (of those ``only`` keeps), in order; note each frame
+        that skipped some. Returns the names of the analyses that ran."""
         ran: list[str] = []
         skipped: dict[str, list[str]] = {}
         for a in self:
+            if only is not None and not only(a):
+                continue
             missing = [f for f in a.needs if not has_rows(f)]
             if missing:
                 skipped.setdefault(missing[0], []).append(a.name)

@@ -8,8 +8,8 @@ from typing import Any
 from fleetscope.services.health import WINDOW
 from fleetscope.services.jobs import JOB
 
-SCHEDULE = {"job": "beat's analyze-active-jobs (every minute, for jobs with new data); POST /api/v1/jobs/{id}/analyze",
-            "window": "beat's health-window (every 5 minutes); GET /api/v1/health"}
+SCHEDULE = {"job": "beat's analyze-active-jobs (every minute, for jobs with new data, from the job's watermark); POST /api/v1/jobs/{id}/analyze",
+            "window": "beat's health-window (every 5 minutes; sharded ones once per shard of hosts when FLEETSCOPE_SWEEP_SHARDS > 1); GET /api/v1/health"}
 
 
 def analyses() -> list[dict[str, Any]]:

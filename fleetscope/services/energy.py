@@ -13,6 +13,7 @@ from fleetscope.core import frames as F
 from fleetscope.core.errors import Conflict, NotFound  # noqa: F401  (this domain's refusals)
 from fleetscope.observability import tracer
 from fleetscope.services import auditlog
+from fleetscope.services import shards as shards_mod
 from fleetscope.store import Store
 from fleetscope.store import schema
 import dataclasses
@@ -43,7 +44,9 @@ def floor_minute(t: dt.datetime) -> dt.datetime:
 
 
 def rollup_window(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
-    """Roll up [start, end) (whole minutes) from gpu_sample into gpu_energy_minute. Idempotent."""
+    """Roll up [start, end) (whole minutes) from gpu_sample into gpu_energy_minute, and the window's per-site and
+    per-job sums and measured PUE from those minutes. Idempotent. The same as every shard's
+    ``rollup_shard`` followed by ``rollup_sums``."""
     start, end = floor_minute(start), floor_minute(end)
     if end <= start:
         raise ValueError(f"empty window [{start}, {end})")
@@ -53,15 +56,56 @@ def rollup_window(store: Store, start: dt.datetime, end: dt.datetime) -> dict[st
             return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": 0, "gpus": 0, "events": 0}
         roll = energy.energy_rollup(samples, window_start=start, window_end=end)
         minutes = roll.minutes.select(list(F.GPU_ENERGY_MINUTE.names))
-        gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
-        frames = rollup_frames(minutes, ranks_during(store, start, end), gpu, host)
-        pues = site_pue_samples(store, end)
-        if pues.height:
-            frames.append((F.METRIC_SAMPLE, pues))
-        store.write_frames(frames, source=f"energy_rollup:{start.isoformat()}")
-        return {"site_pue": pues.height, "window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
-                "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": frames[2][1].height,
+        frames, pues = _sum_frames(store, minutes, start, end)
+        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes), *frames], source=f"energy_rollup:{start.isoformat()}")
+        return {"site_pue": pues, "window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
+                "gpus": roll.gpus.height, "events": roll.events.height, "job_minutes": frames[1][1].height,
                 "no_energy_data": int((roll.gpus["status"] == "no_energy_data").sum()) if "status" in roll.gpus.columns else 0}
+
+
+def _sum_frames(store: Store, minutes: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> tuple[list[tuple[F.FrameSpec, pl.DataFrame]], int]:
+    """The per-site and per-job sums of per-GPU ``minutes`` and the sites' measured PUE at ``end``. The minutes
+    are summed in (minute, GPU) order, so the sums come out the same from minutes just rolled as from the
+    same minutes read back after a sharded roll-up."""
+    minutes = minutes.sort("minute", "gpu_uuid")
+    gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
+    frames = rollup_frames(minutes, ranks_during(store, start, end), gpu, host)[1:]
+    pues = site_pue_samples(store, end)
+    if pues.height:
+        frames.append((F.METRIC_SAMPLE, pues))
+    return frames, pues.height
+
+
+def rollup_shard(store: Store, start: dt.datetime, end: dt.datetime, shard: int, shards: int) -> dict[str, Any]:
+    """``rollup_window``'s per-GPU part for the GPUs of one shard of hosts (``services.shards``): their minutes of
+    [start, end) into gpu_energy_minute. A GPU's minutes depend on its own samples only, so the shards together
+    write exactly what one roll-up writes; ``rollup_sums`` then adds the per-site and per-job sums."""
+    start, end = floor_minute(start), floor_minute(end)
+    if end <= start:
+        raise ValueError(f"empty window [{start}, {end})")
+    with tracer().start_as_current_span("energy.rollup_shard") as span:
+        span.set_attribute("fleetscope.shard", f"{shard}/{shards}")
+        cols = ["ts", "gpu_uuid", "power_w", "energy_j"]
+        samples = shards_mod.shard_gpu_samples(store, shard, shards, start - PAD, end + PAD, cols, dict(F.GPU_SAMPLE.schema))
+        out = {"shard": shard, "shards": shards, "window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": 0, "gpus": 0}
+        if samples.height == 0:
+            return out
+        roll = energy.energy_rollup(samples, window_start=start, window_end=end)
+        minutes = roll.minutes.select(list(F.GPU_ENERGY_MINUTE.names))
+        store.write_frames([(F.GPU_ENERGY_MINUTE, minutes)], source=f"energy_rollup:{start.isoformat()}:{shard}/{shards}")
+        return {**out, "minutes": minutes.height, "gpus": roll.gpus.height}
+
+
+def rollup_sums(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """The per-site and per-job sums and the sites' measured PUE of [start, end), from the stored per-GPU minutes
+    (``rollup_shard``'s): a small read, one row per GPU-minute, not the raw samples."""
+    start, end = floor_minute(start), floor_minute(end)
+    with tracer().start_as_current_span("energy.rollup_sums"):
+        minutes = store.read("gpu_energy_minute", start=start, end=end).select(list(F.GPU_ENERGY_MINUTE.names))
+        frames, pues = _sum_frames(store, minutes, start, end)
+        store.write_frames(frames, source=f"energy_sums:{start.isoformat()}")
+        return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
+                "site_minutes": frames[0][1].height, "job_minutes": frames[1][1].height, "site_pue": pues}
 
 
 PUE_SERIES = "site_pue_ratio"

@@ -22,6 +22,7 @@ from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
 from fleetscope.observability import tracer
+from fleetscope.services import shards
 from fleetscope.services import teams as teams_service
 from fleetscope.services.analysis import Registry
 from fleetscope.store import Store
@@ -61,6 +62,18 @@ def with_nvlink_counters(store: Store, samples: pl.DataFrame, start: dt.datetime
     return samples.join(wide, on=["gpu_uuid", "ts"], how="left", maintain_order="left")
 
 
+Part = None | str | tuple[int, int]
+"""Which part of a split sweep a run is: None (all of it), ``"fleet"`` or ``(shard, shards)``."""
+
+
+def fleet_loaded_clock_p90(store: Store, start: dt.datetime, end: dt.datetime) -> float | None:
+    """``analyzers.health.loaded_clock_p90`` over the whole fleet's samples in [start, end), reading only the
+    two columns it needs: what a shard's GPUs are held to."""
+    df = store.query("SELECT util_ratio, sm_clock_mhz FROM gpu_sample WHERE ts >= ? AND ts < ? AND util_ratio >= 0.5",
+                     [start, end], {"util_ratio": pl.Float64, "sm_clock_mhz": pl.Float64})
+    return health.loaded_clock_p90(df)
+
+
 @dataclass
 class WindowRun:
     """One health sweep over [start, end): the window's frames (each read once) and the findings so far.
@@ -70,6 +83,7 @@ class WindowRun:
     start: dt.datetime
     end: dt.datetime
     hang_min_stall_s: float
+    part: Part = None
     found: list[pl.DataFrame] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)
     gpu_rows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -78,8 +92,15 @@ class WindowRun:
 
     def read(self, frame: str) -> pl.DataFrame:
         if frame not in self._frames:
-            if frame == "gpu_sample":
+            if frame == "gpu_sample" and self.part == "fleet":
+                # the fleet's analyses read when each GPU reported, not what it reported
+                df = self.store.read("gpu_sample", start=self.start, end=self.end, columns=["ts", "gpu_uuid"])
+            elif frame == "gpu_sample" and isinstance(self.part, tuple):
+                df = with_nvlink_counters(self.store, shards.shard_gpu_samples(self.store, *self.part, self.start, self.end, list(F.GPU_SAMPLE.names), dict(F.GPU_SAMPLE.schema)), self.start, self.end)
+            elif frame == "gpu_sample":
                 df = with_nvlink_counters(self.store, self.store.read("gpu_sample", start=self.start, end=self.end), self.start, self.end)
+            elif frame == "health_event" and isinstance(self.part, tuple):
+                df = shards.in_shard(self.store, self.store.read("health_event", start=self.start, end=self.end), *self.part)
             elif frame == "health_event":
                 df = self.store.read("health_event", start=self.start, end=self.end)
             elif frame == "gpu":
@@ -95,12 +116,15 @@ WINDOW: Registry[WindowRun] = Registry("window")
 
 
 @WINDOW.register("gpu_health", modules=("analyzers.health",), reads=("gpu_sample", "metric_sample", "health_event", "gpu"),
-                 writes=("finding",), needs=("gpu_sample",),
+                 writes=("finding",), needs=("gpu_sample",), sharded=True,
                  summary="per-GPU and per-node health (ECC, row remap, XIDs, PCIe replay, NVLink errors) and thermal throttling")
 def _gpu_health(w: WindowRun) -> None:
     events, gpus = w.read("health_event"), w.read("gpu")
+    # a shard's GPUs are held to the clock the whole fleet's loaded GPUs hold, as in one sweep
+    expected = fleet_loaded_clock_p90(w.store, w.start, w.end) if isinstance(w.part, tuple) else None
     w.gpu_rows = health.gpu_health(w.read("gpu_sample"), events.filter(pl.col("kind") == "xid") if events.height else None,
-                                   gpu_host=gpus if gpus.height else None)
+                                   gpu_host=gpus if gpus.height else None, expected_sm_clock_mhz=expected,
+                                   expectation_given=isinstance(w.part, tuple))
     w.node_rows = health.node_health(w.gpu_rows) if "host" in w.gpu_rows.columns else pl.DataFrame()
     w.found.append(health.health_findings(w.gpu_rows, w.node_rows if w.node_rows.height else None, window_start=w.start, window_end=w.end))
     w.found.append(health.throttle_findings(w.gpu_rows, window_start=w.start, window_end=w.end))
@@ -191,17 +215,25 @@ def _stranded_capacity(w: WindowRun) -> None:
         w.found.append(teams_service.stranded_capacity(w.store, now=w.end)["findings"])
 
 
-def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
+def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0,
+                  part: Part = None) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``.
-    Every analysis of the ``WINDOW`` registry runs in turn."""
+    Every analysis of the ``WINDOW`` registry runs in turn.
+
+    ``part`` splits the sweep across workers (``FLEETSCOPE_SWEEP_SHARDS``): ``(shard, shards)`` runs the sharded
+    analyses over the GPUs of that shard's hosts (``services.shards``), ``"fleet"`` the others once; the
+    parts together find what one sweep finds."""
     if end <= start:
         raise ValueError("end must be after start")
     if end - start > MAX_WINDOW:
         raise ValueError(f"window longer than {MAX_WINDOW}: health reads raw samples, so ask for at most a day")
+    if part is not None and part != "fleet" and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
+        raise ValueError(f"part must be None, 'fleet' or (shard, shards) with 0 <= shard < shards, not {part!r}")
     with tracer().start_as_current_span("health.window"):
-        w = WindowRun(store, start, end, hang_min_stall_s)
+        w = WindowRun(store, start, end, hang_min_stall_s, part)
+        only = None if part is None else (lambda a: a.sharded) if isinstance(part, tuple) else (lambda a: not a.sharded)
         # an empty window is a finding of its own (absence), never a note
-        WINDOW.run_all(w, lambda frame: w.read(frame).height > 0, lambda _note: None)
+        WINDOW.run_all(w, lambda frame: w.read(frame).height > 0, lambda _note: None, only)
         parts = [f for f in w.found if f.height]
         found = pl.concat(parts, how="vertical_relaxed") if parts else F.FINDING.empty()
         if write and found.height:

@@ -16,6 +16,7 @@ import polars as pl
 
 from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
 from fleetscope.core import frames as F
+from fleetscope.services import job_fold
 from fleetscope.services.analysis import Registry
 from fleetscope.services.energy import floor_minute
 from fleetscope.observability import tracer
@@ -69,7 +70,19 @@ class JobRun:
     out: JobAnalysis
     batch: F.Batch
     rows: list[dict[str, Any]] = field(default_factory=list)  # job_analysis rows
+    incremental: bool = False
     _frames: dict[str, pl.DataFrame] = field(default_factory=dict)
+    _steps: job_fold.StepView | None = None
+
+    def steps(self) -> job_fold.StepView:
+        """The job's steps folded (``services.job_fold``): from its watermark when ``incremental``, else from its
+        start; the step-based analyses read this, never the step frame whole."""
+        if self._steps is None:
+            self._steps = job_fold.advance(self.store, self.job_id, incremental=self.incremental)
+        return self._steps
+
+    def has_rows(self, frame: str) -> bool:
+        return self.steps().result.rows > 0 if frame == "step" else self.read(frame).height > 0
 
     def read(self, frame: str) -> pl.DataFrame:
         """The job's rows of ``frame``, read once per run."""
@@ -98,32 +111,29 @@ JOB: Registry[JobRun] = Registry("job", skip_notes={
 @JOB.register("c3", modules=("analyzers.c3",), reads=("step", "collective"), writes=("step_breakdown", "job_analysis"), needs=("step",),
               summary="per-step compute / communication / coordination breakdown and the job's C3 summary")
 def _c3(r: JobRun) -> None:
-    steps, colls = r.read("step"), r.maybe("collective")
-    breakdown = c3.c3_breakdown(steps, colls)
-    r.batch.step_breakdown = breakdown.select([c for c in F.STEP_BREAKDOWN.names if c in breakdown.columns])
-    flops = steps["model_flops"].sum() if steps["model_flops"].null_count() < steps.height else None
-    summary = c3.job_summary(breakdown, collective=colls, flops=flops)
-    r.out.c3 = summary.row(0, named=True) if summary.height else None
-    r.record("c3", steps["start"].min(), steps["end"].max(), r.out.c3)
+    view = r.steps()
+    if view.breakdown.height:
+        r.batch.step_breakdown = view.breakdown.select([c for c in F.STEP_BREAKDOWN.names if c in view.breakdown.columns])
+    r.out.c3 = view.result.c3_summary(r.job_id)
+    r.record("c3", *view.result.window(), r.out.c3)
 
 
 @JOB.register("stragglers", modules=("analyzers.stragglers", "analyzers.energy", "analyzers.carbon"),
               reads=("step", "collective", "job_rank", "gpu_energy_minute", "host", "site"), writes=("finding", "job_analysis"),
               needs=("step",), summary="persistent slow ranks with their attribution (compute, communication, host), priced in energy and CO2e")
 def _stragglers(r: JobRun) -> None:
-    steps = r.read("step")
-    detections = stragglers.detect_stragglers(steps, r.maybe("collective"))
-    findings = stragglers.straggler_findings(detections)
+    view = r.steps()
+    res = view.result
+    findings = res.straggler_findings(r.job_id)
     if findings.height:
-        price, note = energy_price(r.store, r.job_id, steps["start"].min(), steps["end"].max())
+        price, note = _folded_energy_price(r.store, r.job_id, view, r.now)
         if price is not None:
             findings = stragglers.price_findings(findings, price)
         else:
             r.out.notes.append(note)
         r.findings(findings)
     r.out.stragglers = findings.select("subject", "kind", "severity", "score", "summary").to_dicts()
-    r.record("stragglers", steps["start"].min(), steps["end"].max(),
-             {"findings": r.out.stragglers, "rank_steps": detections.height, "flagged": int(detections["flagged"].sum())})
+    r.record("stragglers", *res.window(), {"findings": r.out.stragglers, "rank_steps": res.rank_steps, "flagged": res.flagged})
 
 
 @JOB.register("goodput", modules=("analyzers.goodput",), reads=("job_event", "step", "job_rank", "gpu"),
@@ -145,7 +155,7 @@ def _goodput(r: JobRun) -> None:
     r.out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s,
                      "productive_s": rg.productive_s, "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio,
                      "last_step": rg.last_step, "disruptions": rg.disruptions, "finished": finished}
-    r.out.goodput.update(_program_goodput(r.store, r.job_id, r.read("step"), sched, rg.goodput_ratio, r.out.notes))
+    r.out.goodput.update(_program_goodput(r.store, r.job_id, r.steps().result, sched, rg.goodput_ratio, r.out.notes))
     r.record("goodput", rg.window_start, rg.window_end, r.out.goodput)
     r.batch.metric_sample = goodput_series(r.job_id, r.now, rg.goodput_ratio, r.out.goodput)
 
@@ -196,32 +206,43 @@ def _whatif(r: JobRun) -> None:
     ops = r.read("job_op")
     if ops.height == 0:
         return
-    job, steps = r.read("job"), r.read("step")
+    job = r.read("job")
+    first, last = r.steps().result.window()
     world = job["world_size"][0] if job.height else None
     try:
         w = stragglers.whatif(ops, {"world_size": world} if world else None)
     except ValueError as exc:
         r.out.notes.append(f"what-if not computed: {exc}")
         return
-    start = steps["start"].min() if steps.height else ops["ts"].min()
-    end = steps["end"].max() if steps.height else None
+    start = first if first is not None else ops["ts"].min()
+    end = last
     r.out.whatif = whatif_summary(w)
     r.findings(stragglers.whatif_findings(w, job_id=r.job_id, window_start=start, window_end=end))
     r.record("whatif", start, end, r.out.whatif)
 
 
-def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None) -> JobAnalysis:
+def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None, incremental: bool = False) -> JobAnalysis:
     """Analyse one job from what the store holds: every analysis of the ``JOB`` registry in turn. Parts
-    without data are skipped with a note, not an error."""
+    without data are skipped with a note, not an error.
+
+    ``incremental`` (beat's per-minute analysis of active jobs): the step-based analyses read only the steps
+    since the job's watermark and merge them with the stored partial results (``services.job_fold``), so the
+    run's cost does not grow with the job's age; the results are the same as a full analysis's, which folds
+    the job from its start."""
     now = now or dt.datetime.now(dt.UTC)
     out = JobAnalysis(job_id=job_id)
-    run = JobRun(store, job_id, now, out, F.Batch(source=f"analysis:{job_id}"))
+    run = JobRun(store, job_id, now, out, F.Batch(source=f"analysis:{job_id}"), incremental=incremental)
     with tracer().start_as_current_span("analysis.job") as span:
         span.set_attribute("fleetscope.job_id", job_id)
-        JOB.run_all(run, lambda frame: run.read(frame).height > 0, out.notes.append)
+        span.set_attribute("fleetscope.incremental", incremental)
+        JOB.run_all(run, run.has_rows, out.notes.append)
         if run.rows:
             run.batch.job_analysis = pl.DataFrame(run.rows, schema=F.JOB_ANALYSIS.schema)
             store.write(run.batch)
+        if run._steps is not None:
+            span.set_attribute("fleetscope.refolded", run._steps.refolded)
+            if run._steps.committed.rows:
+                job_fold.save(store, job_id, run._steps.committed, now)
         out.batch = run.batch
     return out
 
@@ -257,14 +278,15 @@ ran in, and mixed-precision training runs its matrix multiplies in bf16 (the con
 paper's MFU, Chowdhery et al. 2022, appendix B, and of Megatron-LM's reports)."""
 
 
-def _program_goodput(store: Store, job_id: str, steps: pl.DataFrame, scheduling: float | None, runtime: float | None,
+def _program_goodput(store: Store, job_id: str, steps: job_fold.StepState, scheduling: float | None, runtime: float | None,
                      notes: list[str]) -> dict[str, Any]:
     """Program goodput (MFU) from the steps' model FLOPs and the peak of the GPU model the job's ranks ran
-    on, and the ML Productivity Goodput product where all three factors exist. Missing inputs leave the
-    figures out with a note saying which."""
+    on (``analyzers.goodput.program_goodput``'s formula over the folded sums), and the ML Productivity
+    Goodput product where all three factors exist. Missing inputs leave the figures out with a note saying
+    which."""
     out: dict[str, Any] = {"mfu_ratio": None, "goodput_product_ratio": None, "peak_flops": None, "gpu_model": None,
                            "mfu_dtype": TRAINING_DTYPE}
-    if steps.height == 0 or steps["model_flops"].null_count() == steps.height:
+    if steps.flops_rows == 0:
         notes.append("no step carries model_flops: program goodput (MFU) not computed")
         return out
     ranks = store.read("job_rank", job_id=job_id)
@@ -283,7 +305,7 @@ def _program_goodput(store: Store, job_id: str, steps: pl.DataFrame, scheduling:
     # a job on mixed models is held to the slowest one's peak: synchronous steps run at its pace
     model = min(peaks, key=peaks.get)
     try:
-        mfu = goodput.program_goodput(steps, peak_flops=peaks[model])
+        mfu = goodput.program_goodput_of(float(steps.flops), steps.flops_span_us / 1e6, peak_flops=peaks[model], problem=steps.flops_problem)
     except ValueError as exc:
         notes.append(f"program goodput (MFU) not computed: {exc}")
         return out
@@ -333,9 +355,23 @@ def energy_price(store: Store, job_id: str, start: dt.datetime, end: dt.datetime
                          start=floor_minute(start), end=end + dt.timedelta(minutes=1))
     mine = energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id) if minutes.height else minutes
     held_s = float(mine["allocated_s"].sum()) if mine.height else 0.0
+    return _price(store, ranks, float(mine["energy_j"].sum()) if mine.height else 0.0, held_s)
+
+
+def _folded_energy_price(store: Store, job_id: str, view: job_fold.StepView, now: dt.datetime) -> tuple[stragglers.EnergyPrice | None, str]:
+    """``energy_price`` over the job's step window, its energy folded from the job's watermark (``services.job_fold``)."""
+    ranks = store.read("job_rank", job_id=job_id)
+    if ranks.height == 0:
+        return None, "no rank-to-GPU assignments: straggler cost left in GPU-hours"
+    energy_j, held_s = job_fold.job_energy(store, job_id, ranks, view, now)
+    return _price(store, ranks, float(energy_j), float(held_s), power_w=energy_j.ratio(held_s))
+
+
+def _price(store: Store, ranks: pl.DataFrame, energy_j: float, held_s: float,
+           power_w: float | None = None) -> tuple[stragglers.EnergyPrice | None, str]:
     if held_s <= 0:
         return None, "no energy roll-ups for the job's GPUs in its window: straggler cost left in GPU-hours"
-    power_w = float(mine["energy_j"].sum()) / held_s
+    power_w = energy_j / held_s if power_w is None else power_w
     sites = (ranks.join(store.read("host", host=ranks["host"].drop_nulls().unique().to_list()), on="host", how="inner")
              .group_by("site_id").len().sort("len", "site_id", descending=[True, False]))
     site = store.read("site").filter(pl.col("site_id") == sites["site_id"][0]) if sites.height else pl.DataFrame()

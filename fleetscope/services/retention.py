@@ -33,7 +33,7 @@ RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fab
 EVIDENCE = {
     "gpu_energy_minute": "minute", "site_energy_minute": "minute", "job_energy_minute": "minute",
     "step_breakdown": "start", "job_analysis": "computed_at", "finding": "window_start", "health_event": "ts",
-    "job_event": "ts", "ingest_log": "at", "task_run": "at", "monitoring_window": "window_start",
+    "job_event": "ts", "ingest_log": "at", "job_analysis_state": "updated_at", "task_run": "at", "monitoring_window": "window_start",
     "model_prediction": "ts", "model_outcome": "ts",
 }
 

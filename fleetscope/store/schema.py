@@ -237,6 +237,18 @@ counter_reading = Table(
     comment="Last reading of each GPU's DCGM fault counters, shared by the writing processes.",
 )
 
+# What an incremental job analysis has folded so far (services/job_fold.py): the step-based analyses' mergeable
+# state and the watermarks a run reads on from, one row per job and analysis state.
+job_analysis_state = Table(
+    "job_analysis_state",
+    metadata,
+    Column("job_id", Text, primary_key=True),
+    Column("analyzer", String(40), primary_key=True, comment="whose state: steps (C3, stragglers, program goodput)"),
+    Column("state", Text, nullable=False, comment="JSON: watermarks and the folded partial results"),
+    Column("updated_at", UTCDateTime(), nullable=False, comment="the analysis time of the run that wrote it"),
+    comment="Folded partial results of incremental job analyses (services/job_fold.py).",
+)
+
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
                                        SF.PRICE_BOOK.name: SF.PRICE_BOOK, SCH.TEAM_BUDGET.name: SCH.TEAM_BUDGET, **TIER_FRAMES}

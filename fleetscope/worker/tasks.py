@@ -13,7 +13,7 @@ from fleetscope.observability import tracer
 from fleetscope.worker.app import celery_app, store
 from fleetscope.services import retention as retention_service
 from fleetscope.services.audit import AuditError, run_audit
-from fleetscope.services.energy import floor_minute, rollup_window
+from fleetscope.services.energy import floor_minute, rollup_shard, rollup_sums, rollup_window
 from fleetscope.services.jobs import active_jobs
 
 
@@ -44,23 +44,25 @@ def retention(now_iso: str | None = None) -> dict[str, int]:
 
 
 @celery_app.task(name="fleetscope.analyze_job")
-def analyze_job(job_id: str) -> dict[str, Any]:
-    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings."""
+def analyze_job(job_id: str, incremental: bool = False) -> dict[str, Any]:
+    """C3, goodput and stragglers of one job, stored as breakdowns, summaries and findings; ``incremental``
+    reads only the steps since the job's watermark (``services.job_fold``)."""
     from fleetscope.services.jobs import analyze_job as run  # lazy: a task's service loads when it runs (beat imports this module)
 
     with tracer().start_as_current_span("task.analyze_job"):
-        result = run(store(), job_id)
+        result = run(store(), job_id, incremental=incremental)
         return {"job_id": job_id, "c3": result.c3 is not None, "goodput": result.goodput is not None,
                 "stragglers": len(result.stragglers), "notes": result.notes}
 
 
 @celery_app.task(name="fleetscope.analyze_active_jobs")
 def analyze_active_jobs(window_s: int = 900) -> list[str]:
-    """Beat's minute tick: queue an analysis for every job with new steps or events in the window."""
+    """Beat's minute tick: queue an analysis for every job with new steps or events in the window, each
+    incremental: it reads what arrived since the job's watermark, so its cost does not grow with the job's age."""
 
     jobs = active_jobs(store(), since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s))
     for job_id in jobs:
-        analyze_job.delay(job_id)
+        analyze_job.delay(job_id, incremental=True)
     return jobs
 
 
@@ -71,8 +73,23 @@ def energy_rollup(window_start: str | None = None, window_end: str | None = None
 
     end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
     start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
+    shards = celery_app.conf.fleetscope_settings.sweep_shards
     with tracer().start_as_current_span("task.energy_rollup"):
-        return rollup_window(store(), start, end)
+        if shards <= 1:
+            return rollup_window(store(), start, end)
+        # One task per shard of hosts rolls its GPUs' minutes, on whichever workers are free. The per-site and
+        # per-job sums read those minutes back: the window is re-rolled every minute, so a minute's sums are
+        # complete from the tick after its shards ran (the newest minute's lag one tick behind).
+        for shard in range(shards):
+            energy_rollup_shard.delay(start.isoformat(), end.isoformat(), shard, shards)
+        return {"shards": shards, "sums": rollup_sums(store(), start, end)}
+
+
+@celery_app.task(name="fleetscope.energy_rollup_shard")
+def energy_rollup_shard(window_start: str, window_end: str, shard: int, shards: int) -> dict[str, Any]:
+    """One shard of hosts' part of the energy roll-up (``services.energy.rollup_shard``)."""
+    with tracer().start_as_current_span("task.energy_rollup_shard"):
+        return rollup_shard(store(), dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end), shard, shards)
 
 
 @celery_app.task(name="fleetscope.tier_rollup")
@@ -104,9 +121,29 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
 
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     end = dt.datetime.now(dt.UTC)
+    start = end - dt.timedelta(seconds=window_s)
     with tracer().start_as_current_span("task.health_window"):
-        out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s)
+        if settings.sweep_shards > 1:
+            # the per-GPU analyses one task per shard of hosts, in parallel on the workers; the fleet's here
+            for shard in range(settings.sweep_shards):
+                health_window_shard.delay(start.isoformat(), end.isoformat(), shard, settings.sweep_shards)
+            out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s, part="fleet")
+            return {"shards": settings.sweep_shards, "findings": out["findings"].height}
+        out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
+
+
+@celery_app.task(name="fleetscope.health_window_shard")
+def health_window_shard(window_start: str, window_end: str, shard: int, shards: int) -> dict[str, Any]:
+    """One shard of hosts' part of the health sweep: the per-GPU analyses over its GPUs
+    (``services.health.health_window(part=(shard, shards))``)."""
+    from fleetscope.services.health import health_window as run  # lazy: a task's service loads when it runs (beat imports this module)
+
+    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
+    with tracer().start_as_current_span("task.health_window_shard"):
+        out = run(store(), dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end),
+                  hang_min_stall_s=settings.hang_min_stall_s, part=(shard, shards))
+        return {"shard": shard, "shards": shards, "gpus": out["gpus"].height, "findings": out["findings"].height}
 
 
 @celery_app.task(name="fleetscope.model_monitoring")
