@@ -17,7 +17,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, sdc
+from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, idle_allocations, sdc
 from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
@@ -70,6 +70,7 @@ class WindowRun:
     start: dt.datetime
     end: dt.datetime
     hang_min_stall_s: float
+    idle_min_s: float = idle_allocations.MIN_IDLE_S
     found: list[pl.DataFrame] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)
     gpu_rows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -173,10 +174,11 @@ def _fabric_attribution(w: WindowRun) -> None:
 @WINDOW.register("idle_allocations", modules=("analyzers.idle_allocations",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample", "price_book"),
                  writes=("finding",), summary="GPUs a scheduler job or pod holds while near-idle past a threshold, with their cost")
 def _idle_allocations(w: WindowRun) -> None:
-    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end))
+    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end, min_idle_s=w.idle_min_s))
 
 
-def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0) -> dict[str, Any]:
+def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0,
+                  idle_min_s: float = idle_allocations.MIN_IDLE_S) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``.
     Every analysis of the ``WINDOW`` registry runs in turn."""
     if end <= start:
@@ -184,7 +186,7 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
     if end - start > MAX_WINDOW:
         raise ValueError(f"window longer than {MAX_WINDOW}: health reads raw samples, so ask for at most a day")
     with tracer().start_as_current_span("health.window"):
-        w = WindowRun(store, start, end, hang_min_stall_s)
+        w = WindowRun(store, start, end, hang_min_stall_s, idle_min_s)
         # an empty window is a finding of its own (absence), never a note
         WINDOW.run_all(w, lambda frame: w.read(frame).height > 0, lambda _note: None)
         parts = [f for f in w.found if f.height]

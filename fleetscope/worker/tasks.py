@@ -105,7 +105,8 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
     settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
     end = dt.datetime.now(dt.UTC)
     with tracer().start_as_current_span("task.health_window"):
-        out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s)
+        out = run(store(), end - dt.timedelta(seconds=window_s), end, hang_min_stall_s=settings.hang_min_stall_s,
+                  idle_min_s=settings.idle_allocation_min_s)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
 
 
