@@ -105,7 +105,8 @@ class SchedulerWorld:
 def scheduler_world(start: dt.datetime, duration_s: float, hosts: list[str], host_site: list[str], gpus_per_node: int,
                     training: list[dict[str, Any]], avoid_hosts: tuple[str, ...] = ()) -> SchedulerWorld:
     """The two clusters over ``[start, start + duration_s]``. ``training`` are the simulator's jobs (``job_id``,
-    ``name``, ``hosts``, ``world_size``, ``start``, ``end`` ISO or None); the vision team's node is the last host
+    ``name``, ``hosts``, ``world_size``, ``start``, ``end`` ISO or None), run under account ``llm`` with their own
+    ids where those are numeric; the vision team's node is the last host
     no training job uses and not in ``avoid_hosts`` (a host that goes silent), else the last host."""
     end = start + dt.timedelta(seconds=duration_s)
     at = lambda s: start + dt.timedelta(seconds=s)  # noqa: E731
@@ -114,9 +115,11 @@ def scheduler_world(start: dt.datetime, duration_s: float, hosts: list[str], hos
     node = free[-1] if free else hosts[-1]
     jobs: list[SlurmJob] = []
     for i, j in enumerate(training):
-        began = dt.datetime.fromisoformat(j["start"])
-        ended = dt.datetime.fromisoformat(j["end"]) if j.get("end") else None
-        jobs.append(SlurmJob(str(4100 + i), j["name"], "u-llm", "llm", "COMPLETED" if ended else "RUNNING",
+        # sacct prints whole seconds
+        began = dt.datetime.fromisoformat(j["start"]).replace(microsecond=0)
+        ended = dt.datetime.fromisoformat(j["end"]).replace(microsecond=0) if j.get("end") else None
+        job_id = str(j["job_id"]) if str(j["job_id"]).isdigit() else str(4100 + i)  # the simulator's ids are Slurm-like already
+        jobs.append(SlurmJob(job_id, j["name"], "u-llm", "llm", "COMPLETED" if ended else "RUNNING",
                              began - dt.timedelta(seconds=120 + 60 * i), began, ended, tuple(j["hosts"]), int(j["world_size"])))
     preempted_at = at(round(0.3 * duration_s))
     preempted = SlurmJob("4200", "eval-sweep", "u-vis", "vision", "PREEMPTED", at(0), at(20), preempted_at, (node,), gpus_per_node,

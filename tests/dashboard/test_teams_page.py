@@ -46,7 +46,7 @@ def teams_world(seeded_sqlite_url: str, tmp_path_factory: pytest.TempPathFactory
     store = Store.open(url)
     hosts = store.read("host").sort("host")
     busy = [h for h in hosts["host"] if h not in (IDLE_NODE, "site-a-node-003")]
-    training = [{"job_id": "job-llm", "name": "pretrain", "hosts": busy, "world_size": 8 * len(busy),
+    training = [{"job_id": "4100", "name": "pretrain", "hosts": busy, "world_size": 8 * len(busy),
                  "start": (SEED_START + dt.timedelta(seconds=60)).isoformat(), "end": None}]
     world = sim_sched.scheduler_world(SEED_START, SEED_DURATION_S, hosts["host"].to_list(), hosts["site_id"].to_list(), 8, training)
     assert world.idle_job.hosts == (IDLE_NODE,)
