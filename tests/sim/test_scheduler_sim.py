@@ -51,8 +51,9 @@ def test_the_clusters_read_back_as_the_manifest_says(small) -> None:
     assert hours == pytest.approx(sched["team_gpu_hours"], abs=1e-6)
     outcomes = sched_analysis.outcome_summary(jobs).filter(pl.col("state") == "PREEMPTED")
     assert outcomes.select("reliability", "jobs").rows() == [("planned", 1)]
-    # the PyTorchJob's two pods name their controller
+    # the PyTorchJob's two pods name their controller and are one fleet job of their GPUs together
     assert set(pods.sched_job.filter(pl.col("account") == "research")["controller"]) == {"PyTorchJob/bert-ft"}
+    assert pods.job.select("job_id", "world_size", "status", "kind").rows() == [("research/PyTorchJob/bert-ft", 4, "completed", "training")]
 
 
 def test_same_seed_same_bytes(small, tmp_path: Path) -> None:
