@@ -116,6 +116,7 @@ def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
         reliability = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "reliability", env, token))
         gov_cols = page_cells(env["FLEETSCOPE_DATABASE_URL"], "governance", env, token)
         governance = _all(gov_cols)
+        teams = page_cells(env["FLEETSCOPE_DATABASE_URL"], "teams_cost", env, token)
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -128,6 +129,10 @@ def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
             assert any(c.startswith("gpu:") and c[4:] in f["gpu_uuids"] or c == f"job:{f['job_id']}/rank:{f['ranks'][0]}" for c in health), f
         elif f["kind"] in ("gpu_failure", "preemption"):
             assert f["job_id"] in reliability and ("preempted" if f["kind"] == "preemption" else "failure") in reliability, f
+    sched = manifest["scheduler"]
+    # the team bill and the idle allocation on the Teams & Cost page
+    assert set(sched["team_gpu_hours"]) <= teams["team"], teams["team"]
+    assert f"job:{sched['cluster']}/{sched['idle']['job_id']}" in teams["subject"] and sched["idle"]["host"] in teams["hosts"]
     lin = manifest["lineage"]
     assert lin["tainted_model"]["name"] in governance and lin["quarantined_dataset"]["name"] in governance
     # the biased model's fairness evaluation did not pass (SQLite shows the boolean as 0)
