@@ -154,3 +154,26 @@ def test_teams_page_is_read_scope(teams_world: World, monkeypatch: pytest.Monkey
     at = open_page(teams_world.url, "teams_cost", monkeypatch, scopes=("read",))
     healthy(at)
     assert metrics(at)["Teams"] == "4"
+
+
+def test_usage_over_time_adds_up_to_the_period(teams_world: World) -> None:
+    """The chart's buckets: each team's GPU-hours per half hour sum to its GPU-hours over the whole range."""
+    store = Store.open(teams_world.url)
+    end = teams_world.end
+    start = end - dt.timedelta(hours=24)
+    try:
+        over = teams_svc.usage_over_time(store, start=start, end=end, step_s=1800)
+        total = teams_svc.usage(store, start=start, end=end)
+        with pytest.raises(teams_svc.ValidationError, match="more than 400 buckets"):
+            teams_svc.usage_over_time(store, start=start, end=end, step_s=60)
+        with pytest.raises(teams_svc.ValidationError, match="end must be after start"):
+            teams_svc.usage_over_time(store, start=end, end=start, step_s=1800)
+    finally:
+        store.engine.dispose()
+    summed = dict(over.group_by("team").agg(pl.col("gpu_hours").sum()).iter_rows())
+    assert summed == pytest.approx(dict(total.select("team", "gpu_hours").iter_rows()), rel=1e-9)
+    # the inference pods started an hour before the showcase: their first bucket is the one holding 11:00:10
+    first = over.filter(pl.col("team") == "inference")["bucket_start"].min()
+    assert first <= SEED_START - dt.timedelta(seconds=3590) < first + dt.timedelta(seconds=1800)
+    vision = over.filter(pl.col("team") == "vision")
+    assert vision["gpu_cost"].sum() == pytest.approx(vision["gpu_hours"].sum() * GPU_HOUR_PRICE["site-b"], rel=1e-9)
