@@ -317,12 +317,18 @@ def idle_allocations(store: Store, *, start: dt.datetime, end: dt.datetime, limi
         except ValueError:
             ev = {}
         ev = ev if isinstance(ev, dict) else {}
-        rows.append({"subject": r["subject"], "team": ev.get("team"), "account": ev.get("account"),
-                     "gpus_idle": len(ev.get("gpus_idle") or []), "hosts": ",".join(ev.get("hosts") or []) or None,
+        gpus, hosts = ev.get("gpus_idle"), ev.get("hosts")
+        rows.append({"subject": r["subject"], "team": _text(ev.get("team")), "account": _text(ev.get("account")),
+                     "gpus_idle": len(gpus) if isinstance(gpus, list) else 0,
+                     "hosts": (",".join(h for h in hosts if isinstance(h, str)) or None) if isinstance(hosts, list) else None,
                      "idle_since": r["window_start"], "last_seen": r["window_end"], "idle_gpu_hours": _float(ev.get("idle_gpu_hours")),
-                     "idle_cost": _float(ev.get("idle_cost")), "currency": ev.get("currency"), "summary": r["summary"]})
+                     "idle_cost": _float(ev.get("idle_cost")), "currency": _text(ev.get("currency")), "summary": r["summary"]})
     return pl.DataFrame(rows, schema=IDLE_COLUMNS).sort("idle_gpu_hours", descending=True, nulls_last=True)
 
 
 def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -177,3 +177,30 @@ def test_usage_over_time_adds_up_to_the_period(teams_world: World) -> None:
     assert first <= SEED_START - dt.timedelta(seconds=3590) < first + dt.timedelta(seconds=1800)
     vision = over.filter(pl.col("team") == "vision")
     assert vision["gpu_cost"].sum() == pytest.approx(vision["gpu_hours"].sum() * GPU_HOUR_PRICE["site-b"], rel=1e-9)
+
+
+def test_an_idle_finding_with_unreadable_evidence_still_shows(empty_sqlite_url: str) -> None:
+    """Evidence that is not the analyzer's JSON (an older or hand-written finding) leaves its columns empty."""
+    store = Store.open(empty_sqlite_url)
+    t = SEED_START
+    try:
+        store.write(F.Batch(source="test", finding=F.findings_frame([
+            {"analyzer": "idle_allocations", "kind": "idle_allocation", "subject": "job:x/1", "window_start": t, "window_end": t + dt.timedelta(hours=1),
+             "severity": "warning", "score": 1.0, "summary": "job x/1 idle", "evidence": "{not json"},
+            {"analyzer": "idle_allocations", "kind": "idle_allocation", "subject": "job:x/2", "window_start": t, "window_end": t + dt.timedelta(hours=1),
+             "severity": "warning", "score": 1.0, "summary": "job x/2 idle", "evidence": '["a list"]'},
+            {"analyzer": "idle_allocations", "kind": "idle_allocation", "subject": "job:x/3", "window_start": t, "window_end": t + dt.timedelta(hours=1),
+             "severity": "warning", "score": 2.0, "summary": "job x/3 idle",
+             "evidence": '{"gpus_idle": ["G0", "G1"], "idle_gpu_hours": true, "idle_cost": "12", "team": "a", "hosts": "n1", "currency": 5}'},
+            {"analyzer": "idle_allocations", "kind": "idle_allocation", "subject": "job:x/4", "window_start": t, "window_end": t + dt.timedelta(hours=1),
+             "severity": "warning", "score": 2.0, "summary": "job x/4 idle", "evidence": '{"gpus_idle": "GPU-0", "hosts": ["n1", 7, "n2"]}'}])))
+        idle = teams_svc.idle_allocations(store, start=t - dt.timedelta(hours=1), end=t + dt.timedelta(hours=2))
+    finally:
+        store.engine.dispose()
+    rows = {r["subject"]: r for r in idle.iter_rows(named=True)}
+    assert set(rows) == {"job:x/1", "job:x/2", "job:x/3", "job:x/4"}
+    assert rows["job:x/1"]["gpus_idle"] == 0 and rows["job:x/1"]["idle_gpu_hours"] is None and rows["job:x/1"]["summary"] == "job x/1 idle"
+    # numbers must be numbers: a boolean or a string is not taken for one
+    assert (rows["job:x/3"]["gpus_idle"], rows["job:x/3"]["idle_gpu_hours"], rows["job:x/3"]["idle_cost"], rows["job:x/3"]["team"]) == (2, None, None, "a")
+    assert (rows["job:x/3"]["hosts"], rows["job:x/3"]["currency"]) == (None, None)
+    assert (rows["job:x/4"]["gpus_idle"], rows["job:x/4"]["hosts"]) == (0, "n1,n2")
