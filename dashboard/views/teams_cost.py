@@ -90,6 +90,8 @@ else:
 
 st.subheader("Queue wait per partition")
 waits = pl.DataFrame(queue["queue_wait"]) if queue["queue_wait"] else pl.DataFrame()
+if waits.height:  # Kubernetes pods and jobs whose scheduler names none
+    waits = waits.with_columns(pl.col("partition").cast(pl.String).fill_null("(no partition)"))
 if waits.is_empty():
     ui.no_data("no job started or pending in this time range.")
 else:

@@ -15,20 +15,16 @@ import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.core import scheduler_frames as SCH
-from fleetscope.door import ingestion
-from fleetscope.services import serving as serving_svc
 from fleetscope.services import teams as teams_svc
 from fleetscope.services import telemetry
 from fleetscope.sim import scheduler as sim_sched
 from fleetscope.store import Store
-from ingest.format import Options
-from tests.dashboard.conftest import SEED_DURATION_S, SEED_START, data_dir_of
+from tests.dashboard.conftest import SCHED_GPU_HOUR_PRICE, SCHED_IDLE_NODE, SEED_START, data_dir_of, seed_schedulers
 from tests.dashboard.test_pages import healthy, infos, metrics, open_page
 
-IDLE_NODE = "site-b-node-002"  # the showcase's least busy node: at most 17 % utilisation
+IDLE_NODE = SCHED_IDLE_NODE  # the showcase's least busy node: at most 17 % utilisation
 IDLE_THRESHOLD = 0.25
-GPU_HOUR_PRICE = {"site-a": 2.0, "site-b": 3.0}
+GPU_HOUR_PRICE = SCHED_GPU_HOUR_PRICE
 
 
 @dataclasses.dataclass
@@ -44,20 +40,8 @@ def teams_world(seeded_sqlite_url: str, tmp_path_factory: pytest.TempPathFactory
     shutil.copytree(data_dir_of(seeded_sqlite_url), root / "data")
     url = f"sqlite:///{root / 'data' / 'fleetscope.store.db'}"
     store = Store.open(url)
-    hosts = store.read("host").sort("host")
-    busy = [h for h in hosts["host"] if h not in (IDLE_NODE, "site-a-node-003")]
-    training = [{"job_id": "4100", "name": "pretrain", "hosts": busy, "world_size": 8 * len(busy),
-                 "start": (SEED_START + dt.timedelta(seconds=60)).isoformat(), "end": None}]
-    world = sim_sched.scheduler_world(SEED_START, SEED_DURATION_S, hosts["host"].to_list(), hosts["site_id"].to_list(), 8, training)
+    world = seed_schedulers(store)
     assert world.idle_job.hosts == (IDLE_NODE,)
-    ingestion.ingest_bytes(store, sim_sched.sacct_text(world), source="sim:sacct")
-    ingestion.ingest_bytes(store, sim_sched.kube_state_text(world), source="sim:kube-state-metrics", opts=Options(ts=world.end))
-    store.write(F.Batch(source="test:k8s-nodes", host=SCH.frame(F.HOST, [{"host": h, "site_id": "site-a"} for h in sim_sched.K8S_NODES])))
-    for kind, match, team in sim_sched.TEAMS:
-        teams_svc.set_mapping(store, kind=kind, match=match, team=team, recorded_by="test")
-    for site, price in GPU_HOUR_PRICE.items():
-        serving_svc.record_price(store, {"site_id": site, "gpu_model": "", "valid_from": SEED_START - dt.timedelta(days=1), "currency": "EUR",
-                                         "gpu_hour_price": price, "energy_price_per_kwh": None}, recorded_by="test")
     # the health sweep's idle-allocation analysis, with a threshold the showcase's quietest node stays under
     found = teams_svc.idle_allocation_findings(store, end=world.end, threshold_ratio=IDLE_THRESHOLD, min_idle_s=600)
     store.write(F.Batch(source="test:idle", finding=found))
@@ -137,6 +121,9 @@ def test_queue_waits_end_states_and_top_jobs(teams_world: World, monkeypatch: py
     gpu_waits = sorted((j.start - j.submit).total_seconds() for j in w.slurm if j.start)  # eligible = submit in sacct here
     assert waits.loc["gpu", "started"] == len(gpu_waits) and waits.loc["gpu", "pending"] == 1
     assert waits.loc["gpu", "max_wait_s"] == max(gpu_waits) and waits.loc["gpu", "mean_wait_s"] == pytest.approx(sum(gpu_waits) / len(gpu_waits))
+    # the pods: from creation to start, in no partition
+    pod_waits = [(p.started - p.created).total_seconds() for p in w.pods]
+    assert waits.loc["(no partition)", "started"] == len(pod_waits) and waits.loc["(no partition)", "max_wait_s"] == max(pod_waits)
     reasons = next(f for f in frames if "reason" in f.columns and "gpus_requested" in f.columns)
     assert reasons.to_dict("records") == [{"reason": "Resources", "jobs": 1, "gpus_requested": 16}]
     outcomes = next(f for f in frames if "outcome" in f.columns).set_index("state")
