@@ -22,7 +22,8 @@ sends them, mapped by ``ingest.ib_sysfs``, as ``fabric_port_sample`` rows to ``P
 either push mode (OTLP has no names for them).
 
 With ``slurm_urls`` each tick also polls slurmrestd (``GET /slurm/<data_parser>/jobs`` and ``/nodes``, e.g.
-``v0.0.40``; with ``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN`` where a token is given, as slurmrestd's
+``v0.0.40``, and where ``slurm_endpoints`` asks for them ``/slurm/<v>/partitions``, slurmdbd's ``/slurmdb/<v>/jobs``
+and ``/slurmdb/<v>/accounts``; with ``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN`` where a token is given, as slurmrestd's
 ``rest_auth/jwt`` expects) and sends each answer as it is to ``POST /api/v1/ingest/slurmrestd``, stamped with
 the poll time, in either push mode. A body over ``slurm_max_bytes``, one that is not JSON, or one without its
 ``jobs`` / ``nodes`` list (slurmrestd's ``errors``) is that source's error for the tick and is not sent.
@@ -90,6 +91,9 @@ RETRY_AFTER_CAP_S = 300.0  # a Retry-After beyond this is taken as this: a bad h
 MERGE_BYTES = 4 * 2**20  # uncompressed bytes of one request that carries several waiting readings
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 SLURM_API_VERSION = "v0.0.40"
+# What the agent may poll: name -> (path under the base URL, with the data_parser version, and the list its answer holds)
+SLURM_PATHS = {"jobs": ("slurm/{v}/jobs", "jobs"), "nodes": ("slurm/{v}/nodes", "nodes"), "partitions": ("slurm/{v}/partitions", "partitions"),
+               "accounting": ("slurmdb/{v}/jobs", "jobs"), "accounts": ("slurmdb/{v}/accounts", "accounts")}
 SLURM_ENDPOINTS = ("jobs", "nodes")
 SLURM_MAX_BYTES = 256 * 2**20  # the server's slurmrestd parser refuses more (ingest.slurmrestd.MAX_INPUT_BYTES)
 _SLURM_VERSION = re.compile(r"^v0\.0\.\d{2}$")
@@ -409,6 +413,7 @@ class Agent:
     slurm_user: str | None = None  # X-SLURM-USER-NAME
     slurm_token: str | None = None  # X-SLURM-USER-TOKEN (a JWT from `scontrol token`)
     slurm_max_bytes: int = SLURM_MAX_BYTES
+    slurm_endpoints: tuple[str, ...] = SLURM_ENDPOINTS  # of SLURM_PATHS: accounts give team rules by organization
     timeout_s: float = 10.0
     push: str = "otlp"
     buffer_bytes: int = DEFAULT_BUFFER_MB * 2**20
@@ -425,6 +430,9 @@ class Agent:
             raise ValueError(f"push must be one of {', '.join(PUSH_MODES)}, not {self.push!r}")
         if not _SLURM_VERSION.match(self.slurm_api_version or ""):
             raise ValueError(f"the slurmrestd data_parser version looks like v0.0.40, not {str(self.slurm_api_version)[:40]!r}")
+        unknown = [e for e in self.slurm_endpoints if e not in SLURM_PATHS]
+        if unknown or not self.slurm_endpoints:
+            raise ValueError(f"slurmrestd endpoints are some of {', '.join(SLURM_PATHS)}, not {', '.join(map(str, unknown))[:100] or 'none'}")
         self.client = httpx.Client(timeout=self.timeout_s, headers={"Authorization": f"Bearer {self.token}"})
         self.otlp = OtlpEncoder(host=self.host) if self.push == "otlp" else None
         self.backlog = Backlog(self.buffer_bytes, self.buffer_ticks, self.spool)
@@ -474,8 +482,9 @@ class Agent:
             if r is not None:
                 out.append(r)
         for base in self.slurm_urls:
-            for what in SLURM_ENDPOINTS:
-                url = f"{base.rstrip('/')}/slurm/{self.slurm_api_version}/{what}"
+            for endpoint in self.slurm_endpoints:
+                path, what = SLURM_PATHS[endpoint]
+                url = f"{base.rstrip('/')}/{path.format(v=self.slurm_api_version)}"
                 r = self._source(report, url, lambda url=url, what=what: self._slurm(url, what, now))
                 if r is not None:
                     out.append(r)

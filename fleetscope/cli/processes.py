@@ -208,6 +208,8 @@ def beat(ctx: click.Context) -> None:
 @click.option("--slurm-user", "slurm_user", envvar="FLEETSCOPE_SLURM_USER", default=None, help="X-SLURM-USER-NAME sent to slurmrestd (or FLEETSCOPE_SLURM_USER).")
 @click.option("--slurm-token", "slurm_token", envvar=["FLEETSCOPE_SLURM_TOKEN", "SLURM_JWT"], default=None,
               help="X-SLURM-USER-TOKEN sent to slurmrestd, e.g. from `scontrol token` (or FLEETSCOPE_SLURM_TOKEN, SLURM_JWT).")
+@click.option("--slurm-endpoint", "slurm_endpoints", multiple=True, type=click.Choice(["jobs", "nodes", "partitions", "accounting", "accounts"]),
+              help="slurmrestd endpoints to poll (default jobs and nodes): partitions, slurmdbd's accounting jobs, accounts (their organizations name teams); repeat.")
 @click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
 @click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
@@ -225,7 +227,7 @@ def beat(ctx: click.Context) -> None:
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
 def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...], slurm_urls: tuple[str, ...], slurm_api: str,
-          slurm_user: str | None, slurm_token: str | None, interval_s: float, api_url: str, token: str, push: str,
+          slurm_user: str | None, slurm_token: str | None, slurm_endpoints: tuple[str, ...], interval_s: float, api_url: str, token: str, push: str,
           buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, once: bool,
           as_json: bool) -> None:
     """Node-side collector: poll dcgm-exporter and/or NVML (and slurmrestd, inference servers) and push to the API
@@ -254,7 +256,7 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
     ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
                buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None,
                serving_urls=list(serving_urls), slurm_urls=list(slurm_urls), slurm_api_version=slurm_api, slurm_user=slurm_user,
-               slurm_token=slurm_token)
+               slurm_token=slurm_token, slurm_endpoints=tuple(slurm_endpoints) or ("jobs", "nodes"))
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]

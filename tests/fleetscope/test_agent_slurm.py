@@ -170,3 +170,26 @@ def test_cli_agent_slurm_once(api, real_files: dict[str, bytes], tmp_path: Path)
     bad = subprocess.run([sys.executable, "-m", "fleetscope.cli", "agent", "--slurm", url, "--slurm-api", "0.0.40", "--once",
                           "--api", api.url, "--token", token], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "looks like v0.0.40" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_partitions_accounting_and_accounts_on_request(api, realdata: Path) -> None:
+    """Other endpoints: the 981-node fleet's partitions and accounts (v0.0.41) and slurmdbd's record of a job."""
+    store = api.app.state.store
+    token = auth.create_token(store.engine, "agent", ["ingest"])
+    files = {"/slurm/v0.0.41/partitions": (realdata / "scheduler/slurmrestd_v0.0.41_24.05.6_partitions_981x8gpu-fleet.json").read_bytes(),
+             "/slurmdb/v0.0.41/accounts": (realdata / "scheduler/slurmrestd_v0.0.41_24.05.6_slurmdb-accounts_981x8gpu-fleet.json").read_bytes(),
+             "/slurmdb/v0.0.41/jobs": (realdata / "scheduler/slurmrestd_v0.0.41_24.05_slurmdb-job-completed.json").read_bytes()}
+    with slurmrestd_server(_serve(files)) as (url, seen):
+        agent = Agent(api.url, token, slurm_urls=[url], slurm_api_version="v0.0.41", slurm_endpoints=("partitions", "accounting", "accounts"), push="batch")
+        report = agent.tick()
+        agent.close()
+    assert report.errors == {} and [p for p, _ in seen] == ["/slurm/v0.0.41/partitions", "/slurmdb/v0.0.41/jobs", "/slurmdb/v0.0.41/accounts"]
+    parts = store.read("sched_partition")
+    assert sorted(parts["partition"].to_list()) == ["cpuonly", "highprio", "lowprio", "main"]  # SOURCES.md
+    want = {r["partition"]: r for r in slurmrestd.parse(files["/slurm/v0.0.41/partitions"]).sched_partition.iter_rows(named=True)}
+    assert {r["partition"]: r["gpus_total"] for r in parts.iter_rows(named=True)} == {k: v["gpus_total"] for k, v in want.items()}
+    assert store.read("sched_account").height == slurmrestd.parse(files["/slurmdb/v0.0.41/accounts"]).sched_account.height > 0
+    job = store.read("sched_job").row(0, named=True)
+    assert (job["job_id"], job["state"], job["partition"]) == ("649718", "COMPLETED", "batch")
+    with pytest.raises(ValueError, match="endpoints are some of"):
+        Agent(api.url, token, slurm_urls=[url], slurm_endpoints=("jobs", "../../etc"))
