@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetscope.agent import Agent
+from fleetscope.agent import Agent, TickReport
 from fleetscope.services import auth
 from ingest import slurmrestd
 
@@ -193,3 +193,27 @@ def test_partitions_accounting_and_accounts_on_request(api, realdata: Path) -> N
     assert (job["job_id"], job["state"], job["partition"]) == ("649718", "COMPLETED", "batch")
     with pytest.raises(ValueError, match="endpoints are some of"):
         Agent(api.url, token, slurm_urls=[url], slurm_endpoints=("jobs", "../../etc"))
+
+
+def test_answers_wait_in_the_backlog_while_the_api_is_down(api, real_files: dict[str, bytes], tmp_path: Path) -> None:
+    """slurmrestd's answers go through the agent's backlog like its other readings: kept (and spooled) while the
+    API is unreachable, delivered later with the time they were polled."""
+    import socket
+
+    store = api.app.state.store
+    token = auth.create_token(store.engine, "agent", ["ingest"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    polled = dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC)
+    with slurmrestd_server(_serve(real_files)) as (url, _):
+        agent = Agent(dead, token, slurm_urls=[url], push="batch", spool=tmp_path / "spool")
+        report = agent.tick(polled)
+    assert report.buffered == 2 and len(list((tmp_path / "spool").glob("*.reading"))) == 2 and store.counts()["sched_job"] == 0
+    assert all("not delivered yet, kept to resend" in e for e in report.errors.values())
+    agent.api_url, agent.retry_at = api.url, float("-inf")
+    later = TickReport(ts=polled + dt.timedelta(minutes=5))
+    agent.drain(later)
+    agent.close()
+    assert later.replayed == 2 and len(agent.backlog) == 0 and not list((tmp_path / "spool").glob("*.reading"))
+    assert store.counts()["sched_job"] == 14 and store.read("sched_node").height == 6
