@@ -308,10 +308,10 @@ def _check_slurm_api(version: str) -> None:
 def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashboard_port: int | None, as_json: bool) -> None:
     """Run the whole product on embedded defaults with a simulated fleet.
 
-    Simulates a fleet with injected faults, starts the API, a Celery worker, beat, the dashboard and a
-    local webhook sink, ingests everything through the API, runs every analyzer, delivers the alerts,
-    evaluates the EU AI Act rules, files a report and a signed export, checks each injected fault was
-    found, prints the URLs and an API token, and keeps running until Ctrl-C.
+    Simulates a fleet with injected faults and its Slurm and Kubernetes schedulers, starts the API, a Celery
+    worker, beat, the dashboard and a local webhook sink, ingests everything through the API, runs every
+    analyzer, delivers the alerts, evaluates the EU AI Act rules, files a report and a signed export, checks
+    each injected fault was found, prints the team bill, the URLs and an API token, and keeps running until Ctrl-C.
 
     \b
     Examples:

@@ -9,7 +9,6 @@ import dataclasses
 import datetime as dt
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import polars as pl
 import pytest
