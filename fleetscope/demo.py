@@ -229,11 +229,13 @@ def scheduler_setup(api: Api, manifest: Any, root: Path, add: Any, say: Any) -> 
     add(api.call("POST", "/api/v1/batches", json={"source": "demo:k8s-nodes", "frames": {"host": [{"host": h, "site_id": sched["k8s_site"]}
                                                                                                     for h in sched["k8s_nodes"]]}}))
     add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["sacct"]).read_bytes(), params={"source": sched["sacct"]}))
+    # then slurmctld's view (squeue --json): each node's GPUs by device index, which ties multi-node jobs to the telemetry
+    add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["squeue_json"]).read_bytes(), params={"source": sched["squeue_json"], "ts": sched["end"]}))
     add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["kube_state_metrics"]).read_bytes(),
                  params={"source": sched["kube_state_metrics"], "ts": sched["end"]}))
     for rule in sched["teams"]:
         api.call("PUT", "/api/v1/teams/mappings", json=rule)
-    say(f"scheduler  Slurm accounting (sacct -P) of {sched['cluster']} and a kube-state-metrics scrape; {len(sched['teams'])} team rules, "
+    say(f"scheduler  Slurm accounting (sacct -P) and squeue --json of {sched['cluster']}, a kube-state-metrics scrape; {len(sched['teams'])} team rules, "
         f"a price of {GPU_HOUR_PRICE} USD per GPU-hour")
 
 

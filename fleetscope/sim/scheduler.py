@@ -1,6 +1,8 @@
 """A Slurm-shaped and a Kubernetes-shaped cluster beside the simulated fleet, written in their real formats.
 
-Slurm: ``sacct --parsable2`` with a header (``sacct -P -a -o Cluster,JobID,...``, sacct(1)): the fleet's
+Slurm: ``sacct --parsable2`` with a header (``sacct -P -a -o JobID,Cluster,...``, sacct(1)), and slurmctld's
+view at the end (``squeue --json``, the ``/slurm/v0.0.40/jobs`` answer, whose ``gres_detail`` ties each node's
+GPUs to the telemetry by device index): the fleet's
 training jobs under account ``llm``, and on a node no training job uses, team ``vision``'s evaluation job
 preempted by a higher-priority one (state ``PREEMPTED``, ``ExitCode 0:15``) and then its notebook job, which
 holds all eight GPUs and leaves them idle (the telemetry of unallocated GPUs reads 0 % utilisation); one job
@@ -14,6 +16,7 @@ Pure: the fleet's hosts and jobs in, bytes and a dict out; nothing reads the clo
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -231,3 +234,44 @@ def kube_state_text(world: SchedulerWorld, gpus_per_node: int = 8) -> bytes:
     family("kube_node_status_allocatable", "[STABLE] The allocatable for different resources of a node that are available for scheduling.",
            [({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, gpus_per_node) for n in K8S_NODES])
     return ("\n".join(out) + "\n").encode()
+
+
+MIN_JOB_AGE_S = 300  # slurmctld's MinJobAge default: a finished job stays in its answers this long
+
+
+def _n(v: float | None) -> dict[str, Any]:
+    """data_parser v0.0.40's number object: unset where there is none."""
+    return {"set": v is not None, "infinite": False, "number": int(v) if v is not None else 0}
+
+
+def slurmrestd_jobs_json(world: SchedulerWorld, gpus_per_node: int = 8) -> bytes:
+    """``GET /slurm/v0.0.40/jobs`` (what ``squeue --json`` prints) at ``world.end``: the jobs slurmctld still
+    holds (pending, running, and those ended within ``MIN_JOB_AGE_S``), each node's GPUs with their device
+    indices in ``gres_detail``, as Slurm 23.11 answers; a running job's ``end_time`` is its time limit's end."""
+    end = world.end.timestamp()
+    jobs = []
+    for j in world.slurm:
+        if j.end is not None and end - j.end.timestamp() > MIN_JOB_AGE_S:
+            continue
+        per_node = j.gpus // max(1, len(j.hosts)) if j.hosts else j.gpus
+        running = j.start is not None
+        tres = f"cpu={16 * j.gpus},mem={240 * j.gpus}G,node={len(j.hosts) or max(1, j.gpus // gpus_per_node)},billing={16 * j.gpus},gres/gpu={j.gpus}"
+        signal = int(j.exit_code.split(":")[1]) if ":" in j.exit_code else 0
+        jobs.append({
+            "account": j.account, "accrue_time": _n(j.submit.timestamp()), "cluster": SLURM_CLUSTER, "cpus": _n(16 * j.gpus),
+            "eligible_time": _n(j.submit.timestamp()),
+            "end_time": _n(j.end.timestamp() if j.end else (j.start.timestamp() + j.time_limit_s if j.start else None)),
+            "exit_code": {"status": ["SIGNALED" if signal else "SUCCESS"], "return_code": _n(0), "signal": {"id": _n(signal or None), "name": "TERM" if signal == 15 else ""}},
+            "gres_detail": [f"gpu:{GPU_TYPE}:{per_node}(IDX:0-{per_node - 1})" for _ in j.hosts] if running else [],
+            "job_id": int(j.job_id), "job_state": [j.state], "name": j.name, "node_count": _n(len(j.hosts) or None),
+            "nodes": hostlist(j.hosts) if running else "", "partition": j.partition, "qos": j.qos,
+            "start_time": _n(j.start.timestamp() if j.start else None), "state_reason": j.reason if j.state == "PENDING" else "None",
+            "submit_time": _n(j.submit.timestamp()), "time_limit": _n(j.time_limit_s // 60), "tres_alloc_str": tres if running else "",
+            "tres_per_node": f"gres/gpu:{GPU_TYPE}:{per_node}", "tres_req_str": tres, "user_name": j.user,
+        })
+    doc = {"jobs": jobs, "last_backfill": _n(end - 30), "last_update": _n(end),
+           "meta": {"plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld", "data_parser": "data_parser/v0.0.40",
+                               "accounting_storage": "accounting_storage/slurmdbd"},
+                    "slurm": {"version": {"major": "23", "micro": "10", "minor": "11"}, "release": "23.11.10", "cluster": SLURM_CLUSTER}},
+           "errors": [], "warnings": []}
+    return (json.dumps(doc, indent=2) + "\n").encode()

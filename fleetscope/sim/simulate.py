@@ -224,8 +224,10 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
     quiet_host = (topo.hosts[fplan.silent_host[0]],) if fplan.silent_host is not None else ()
     world = sched_sim.scheduler_world(spec.start, D, list(topo.hosts), list(topo.host_site), g, job_info, avoid_hosts=quiet_host)
     _write(out, "scheduler/sacct.txt", sched_sim.sacct_text(world), files, "slurm_sacct")
+    _write(out, "scheduler/squeue.json", sched_sim.slurmrestd_jobs_json(world, g), files, "slurmrestd")
     _write(out, "scheduler/kube-state-metrics.prom", sched_sim.kube_state_text(world, g), files, "kube_state_metrics")
-    scheduler = {**world.truth(), "sacct": "scheduler/sacct.txt", "kube_state_metrics": "scheduler/kube-state-metrics.prom"}
+    scheduler = {**world.truth(), "sacct": "scheduler/sacct.txt", "squeue_json": "scheduler/squeue.json",
+                 "kube_state_metrics": "scheduler/kube-state-metrics.prom"}
 
     # --- facility meters and grid intensity (OTLP/JSON)
     frng = np.random.default_rng([spec.seed, _STREAM_FACILITY])

@@ -68,8 +68,10 @@ def assert_team_bill(summary: dict, sched: dict) -> None:
     for team, hours in sched["team_gpu_hours"].items():
         assert abs(bill[team]["gpu_hours"] - hours) < 1e-5, (team, bill[team], hours)
         assert abs(bill[team]["cost"] - (2.5 * hours + 0.12 * (bill[team]["energy_kwh"] or 0))) < 1e-3 and bill[team]["currency"] == "USD"
-    # the vision team: its preempted evaluation and its notebook, on a node whose GPUs telemetry shows idle
+    # the vision team: its preempted evaluation and its notebook, on a node whose GPUs telemetry shows idle; the
+    # training jobs' GPUs (tied by squeue --json's per-node device indices) mostly busy
     assert bill["vision"]["jobs"] == 2 and bill["vision"]["used_gpu_hours"] < 0.01 * bill["vision"]["gpu_hours"]
+    assert 0.5 * bill["llm"]["gpu_hours"] < bill["llm"]["used_gpu_hours"] <= bill["llm"]["gpu_hours"] and bill["llm"]["energy_kwh"] > 0
     faults = {f["fault"]: f for f in summary["faults"]}
     idle = faults["idle_allocation"]["evidence"]
     assert f"job sim-slurm/{sched['idle']['job_id']} (vision) holds 8 GPU(s) idle" in idle and idle.endswith(" USD"), idle

@@ -51,6 +51,16 @@ def test_the_clusters_read_back_as_the_manifest_says(small) -> None:
     assert hours == pytest.approx(sched["team_gpu_hours"], abs=1e-6)
     outcomes = sched_analysis.outcome_summary(jobs).filter(pl.col("state") == "PREEMPTED")
     assert outcomes.select("reliability", "jobs").rows() == [("planned", 1)]
+    # slurmctld's view: the jobs it still holds, each node's GPUs by device index
+    squeue = (out / sched["squeue_json"]).read_bytes()
+    assert ingestion.resolve(squeue, source="squeue.json", fmt="auto") == ["slurmrestd"]
+    live = ingestion.to_push(squeue, source="squeue.json", fmt="auto", opts=Options(ts=end), now=end).batch
+    assert set(live.sched_job["job_id"]) == {j["job_id"] for j in m.jobs} | {sched["idle"]["job_id"], *sched["pending"]}
+    nodes = live.sched_job_node
+    assert nodes.height == sum(len(j["hosts"]) for j in m.jobs) + 1 and set(nodes["gpu_indices"]) == {"0,1,2,3,4,5,6,7"}
+    for r in live.sched_job.filter(pl.col("state") != "PENDING").iter_rows(named=True):
+        s = by_id[r["job_id"]]
+        assert (r["state"], r["start_at"], r["end_at"], r["gpus"]) == (s["state"], s["start_at"], s["end_at"], s["gpus"])
     # the PyTorchJob's two pods name their controller and are one fleet job of their GPUs together
     assert set(pods.sched_job.filter(pl.col("account") == "research")["controller"]) == {"PyTorchJob/bert-ft"}
     assert pods.job.select("job_id", "world_size", "status", "kind").rows() == [("research/PyTorchJob/bert-ft", 4, "completed", "training")]
