@@ -78,7 +78,7 @@ st.subheader("Idle allocations")
 idle = ui.q(teams_svc.idle_allocations, live=False, start=f.start, end=f.end)
 if idle.is_empty():
     ui.no_data("no job or pod held GPUs idle past the threshold in this time range.",
-               "The health sweep flags GPUs at or under 5 % utilisation for FLEETSCOPE_IDLE_ALLOCATION_MIN_S (30 minutes).")
+               "The health sweep flags GPUs at or under 5 % utilisation for FLEETSCOPE_IDLE_ALLOCATION_MIN_S (30 minutes by default).")
 else:
     k = st.columns(2)
     k[0].metric("Idle GPU-hours", f"{idle['idle_gpu_hours'].sum():,.2f}")
