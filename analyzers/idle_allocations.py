@@ -54,6 +54,8 @@ def idle_findings(job_gpus: pl.DataFrame, samples: pl.DataFrame, *, threshold_ra
     ``job_id``, ``gpu_uuid`` and optionally ``team``, ``account``, ``host``; ``prices`` maps (cluster, job_id)
     to its GPU-hour price and currency."""
     require_columns(job_gpus, "job_gpus", ("cluster", "job_id", "gpu_uuid"))
+    # one row per (job, GPU): a caller that joined the GPUs to their samples must not count a GPU once per sample
+    job_gpus = job_gpus.unique(["cluster", "job_id", "gpu_uuid"], keep="first", maintain_order=True)
     if not job_gpus.height or not samples.height:
         return findings_frame([])
     idle = idle_gpus(samples, threshold_ratio=threshold_ratio).filter(pl.col("idle_s") >= min_idle_s)

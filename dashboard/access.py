@@ -24,6 +24,7 @@ PAGE_SCOPES: dict[str, str] = {
     "reliability": "read",
     "network": "read",
     "energy_carbon": "read",
+    "teams_cost": "read",
     "jobs": "read",
     "stragglers": "read",
     "serving": "read",

@@ -35,6 +35,7 @@ PAGES = (
     ("Fleet", "reliability", "Reliability", ":material/restart_alt:"),
     ("Fleet", "network", "Network", ":material/lan:"),
     ("Fleet", "energy_carbon", "Energy & Carbon", ":material/bolt:"),
+    ("Fleet", "teams_cost", "Teams & Cost", ":material/payments:"),
     ("Jobs", "jobs", "Jobs", ":material/model_training:"),
     ("Jobs", "stragglers", "Stragglers", ":material/slow_motion_video:"),
     ("Serving", "serving", "Serving", ":material/speed:"),

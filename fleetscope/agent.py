@@ -21,6 +21,13 @@ directory exists) each tick also reads the RDMA devices' port counters there (``
 sends them, mapped by ``ingest.ib_sysfs``, as ``fabric_port_sample`` rows to ``POST /api/v1/batches``, in
 either push mode (OTLP has no names for them).
 
+With ``slurm_urls`` each tick also polls slurmrestd (``GET /slurm/<data_parser>/jobs`` and ``/nodes``, e.g.
+``v0.0.40``, and where ``slurm_endpoints`` asks for them ``/slurm/<v>/partitions``, slurmdbd's ``/slurmdb/<v>/jobs``
+and ``/slurmdb/<v>/accounts``; with ``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN`` where a token is given, as slurmrestd's
+``rest_auth/jwt`` expects) and sends each answer as it is to ``POST /api/v1/ingest/slurmrestd``, stamped with
+the poll time, in either push mode. A body over ``slurm_max_bytes``, one that is not JSON, or one without its
+``jobs`` / ``nodes`` list (slurmrestd's ``errors``) is that source's error for the tick and is not sent.
+
 A failed scrape is logged and counted, and the next tick goes on: one exporter down must not stop the
 others. A refused token (401/403) stops the agent, since every later push would be refused too.
 
@@ -51,6 +58,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -82,6 +90,13 @@ BACKOFF_CAP_S = 30.0
 RETRY_AFTER_CAP_S = 300.0  # a Retry-After beyond this is taken as this: a bad header must not silence the agent
 MERGE_BYTES = 4 * 2**20  # uncompressed bytes of one request that carries several waiting readings
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+SLURM_API_VERSION = "v0.0.40"
+# What the agent may poll: name -> (path under the base URL, with the data_parser version, and the list its answer holds)
+SLURM_PATHS = {"jobs": ("slurm/{v}/jobs", "jobs"), "nodes": ("slurm/{v}/nodes", "nodes"), "partitions": ("slurm/{v}/partitions", "partitions"),
+               "accounting": ("slurmdb/{v}/jobs", "jobs"), "accounts": ("slurmdb/{v}/accounts", "accounts")}
+SLURM_ENDPOINTS = ("jobs", "nodes")
+SLURM_MAX_BYTES = 256 * 2**20  # the server's slurmrestd parser refuses more (ingest.slurmrestd.MAX_INPUT_BYTES)
+_SLURM_VERSION = re.compile(r"^v0\.0\.\d{2}$")
 
 
 class AgentStopped(RuntimeError):
@@ -393,6 +408,12 @@ class Agent:
     host: str = field(default_factory=socket.gethostname)
     infiniband: str | Path | None = None  # the sysfs directory of the RDMA devices
     serving_urls: list[str] = field(default_factory=list)  # inference servers' /metrics (vLLM, SGLang, TGI, Triton, NIM)
+    slurm_urls: list[str] = field(default_factory=list)  # slurmrestd base URLs (http://slurmctld:6820)
+    slurm_api_version: str = SLURM_API_VERSION  # the data_parser version in the path: /slurm/v0.0.40/jobs
+    slurm_user: str | None = None  # X-SLURM-USER-NAME
+    slurm_token: str | None = None  # X-SLURM-USER-TOKEN (a JWT from `scontrol token`)
+    slurm_max_bytes: int = SLURM_MAX_BYTES
+    slurm_endpoints: tuple[str, ...] = SLURM_ENDPOINTS  # of SLURM_PATHS: accounts give team rules by organization
     timeout_s: float = 10.0
     push: str = "otlp"
     buffer_bytes: int = DEFAULT_BUFFER_MB * 2**20
@@ -407,6 +428,11 @@ class Agent:
     def __post_init__(self) -> None:
         if self.push not in PUSH_MODES:
             raise ValueError(f"push must be one of {', '.join(PUSH_MODES)}, not {self.push!r}")
+        if not _SLURM_VERSION.match(self.slurm_api_version or ""):
+            raise ValueError(f"the slurmrestd data_parser version looks like v0.0.40, not {str(self.slurm_api_version)[:40]!r}")
+        unknown = [e for e in self.slurm_endpoints if e not in SLURM_PATHS]
+        if unknown or not self.slurm_endpoints:
+            raise ValueError(f"slurmrestd endpoints are some of {', '.join(SLURM_PATHS)}, not {', '.join(map(str, unknown))[:100] or 'none'}")
         self.client = httpx.Client(timeout=self.timeout_s, headers={"Authorization": f"Bearer {self.token}"})
         self.otlp = OtlpEncoder(host=self.host) if self.push == "otlp" else None
         self.backlog = Backlog(self.buffer_bytes, self.buffer_ticks, self.spool)
@@ -455,6 +481,13 @@ class Agent:
             r = self._source(report, url, lambda url=url: self._serving(url, now))
             if r is not None:
                 out.append(r)
+        for base in self.slurm_urls:
+            for endpoint in self.slurm_endpoints:
+                path, what = SLURM_PATHS[endpoint]
+                url = f"{base.rstrip('/')}/{path.format(v=self.slurm_api_version)}"
+                r = self._source(report, url, lambda url=url, what=what: self._slurm(url, what, now))
+                if r is not None:
+                    out.append(r)
         if self.otlp is not None and sources:
             report.points = sum(p.get("points", 0) for p in sources.values())
             body = self.otlp.encode(now)
@@ -479,6 +512,40 @@ class Agent:
         names), stamped with the scrape time; the URL is the replica's name unless the body's labels give one."""
         body = self.client.get(url).raise_for_status().content
         return Reading(now, "/api/v1/ingest/auto", gzip.compress(body, 6), "text/plain", "",
+                       params={"ts": now.isoformat(), "source": url}, sources={url: {}})
+
+    def _slurm(self, url: str, what: str, now: dt.datetime) -> Reading:
+        """One slurmrestd endpoint's answer, checked to be a slurmrestd ``what`` document, as a reading for
+        the ingest route's slurmrestd parser; read no further than ``slurm_max_bytes``."""
+        headers = {"Accept": "application/json"}
+        if self.slurm_user:
+            headers["X-SLURM-USER-NAME"] = self.slurm_user
+        if self.slurm_token:
+            headers["X-SLURM-USER-TOKEN"] = self.slurm_token
+        limit = self.slurm_max_bytes
+        with self.client.stream("GET", url, headers=headers) as resp:
+            if resp.status_code in (401, 403):
+                raise ValueError(f"slurmrestd refused the request ({resp.status_code}): give a user and token (--slurm-user, --slurm-token)")
+            resp.raise_for_status()
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise ValueError(f"answer of {int(declared)} bytes is over the {limit}-byte limit")
+            chunks, size = [], 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise ValueError(f"answer over the {limit}-byte limit")
+                chunks.append(chunk)
+        body = b"".join(chunks)
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):
+            raise ValueError(f"answer is not JSON ({len(body)} bytes starting {body[:40]!r})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get(what), list):
+            errors = doc.get("errors") if isinstance(doc, dict) else None
+            why = f"slurmrestd answered with errors: {json.dumps(errors)[:300]}" if errors else f"no {what} list: not a slurmrestd {what} answer"
+            raise ValueError(why)
+        return Reading(now, "/api/v1/ingest/slurmrestd", gzip.compress(body, 6), "application/json", "",
                        params={"ts": now.isoformat(), "source": url}, sources={url: {}})
 
     def _nvml(self, now: dt.datetime) -> Reading | dict[str, int]:

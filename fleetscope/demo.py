@@ -157,6 +157,7 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
     topo = build_topology(spec.sites, spec.racks_per_site, spec.nodes_per_rack, manifest.topology["gpus_per_node"], spec.gpu.name, spec.seed)
     add(api.call("POST", "/api/v1/batches", json=F.batch_to_json(topo.frames())))
     add(api.call("POST", "/api/v1/batches", json=_job_rows(manifest, topo)))
+    scheduler_setup(api, manifest, root, add, say)
     # Collectors post concurrently; the API's worker processes parse in parallel and the store serialises
     # the writes. One dcgm request carries a whole scrape, as a central collector relaying every exporter does.
     posts: list[tuple[str, bytes, dict[str, str]]] = []
@@ -209,6 +210,60 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
         say(f"monitoring {mon['model']} (Annex III 5(b)) versions {', '.join(sorted(mon['versions']))}: {mon['hours']} h of predictions "
             f"with outcomes, {len(mon['declarations'])} declarations each")
     return written
+
+
+GPU_HOUR_PRICE = 2.5  # USD per GPU-hour at both sites: a price book entry, so the team bill and idle GPUs have a cost
+ENERGY_PRICE_PER_KWH = 0.12
+
+
+def scheduler_setup(api: Api, manifest: Any, root: Path, add: Any, say: Any) -> None:
+    """The schedulers' own records, as a site would feed them: the Slurm cluster's ``sacct -P`` text and the
+    Kubernetes cluster's kube-state-metrics scrape, each format told by the ingest door's detection; the team
+    rules for their accounts and namespaces, and the price book the bill is priced from."""
+    sched = manifest.scheduler
+    start = manifest.spec.start
+    for site in manifest.topology["sites"]:
+        api.call("PUT", "/api/v1/serving/prices", json={"site_id": site, "valid_from": (start - dt.timedelta(days=1)).isoformat(), "currency": "USD",
+                                                         "gpu_hour_price": GPU_HOUR_PRICE, "energy_price_per_kwh": ENERGY_PRICE_PER_KWH})
+    # the Kubernetes nodes are placed at a site, as the fleet's inventory would have them
+    add(api.call("POST", "/api/v1/batches", json={"source": "demo:k8s-nodes", "frames": {"host": [{"host": h, "site_id": sched["k8s_site"]}
+                                                                                                    for h in sched["k8s_nodes"]]}}))
+    add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["sacct"]).read_bytes(), params={"source": sched["sacct"]}))
+    # then slurmctld's view (squeue --json): each node's GPUs by device index, which ties multi-node jobs to the telemetry
+    add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["squeue_json"]).read_bytes(), params={"source": sched["squeue_json"], "ts": sched["end"]}))
+    add(api.call("POST", "/api/v1/ingest/auto", content=(root / sched["kube_state_metrics"]).read_bytes(),
+                 params={"source": sched["kube_state_metrics"], "ts": sched["end"]}))
+    for rule in sched["teams"]:
+        api.call("PUT", "/api/v1/teams/mappings", json=rule)
+    say(f"scheduler  Slurm accounting (sacct -P) and squeue --json of {sched['cluster']}, a kube-state-metrics scrape; {len(sched['teams'])} team rules, "
+        f"a price of {GPU_HOUR_PRICE} USD per GPU-hour")
+
+
+def team_bill(api: Api, manifest: Any) -> list[dict[str, Any]]:
+    """Per team, the GPU-hours its jobs and pods held up to the end of the simulation and what they cost."""
+    sched = manifest.scheduler
+    start = manifest.spec.start - dt.timedelta(days=1)
+    usage = api.call("GET", "/api/v1/teams/usage", params={"start": start.isoformat(), "end": sched["end"]})
+    return [{k: t.get(k) for k in ("team", "jobs", "gpu_hours", "used_gpu_hours", "energy_kwh", "cost", "currency")} for t in usage["teams"]]
+
+
+def scheduler_checks(api: Api, manifest: Any, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The team holding idle GPUs (an idle-allocation finding with its cost) and the preempted job (its end
+    state counted as a planned interruption)."""
+    sched = manifest.scheduler
+    idle = sched["idle"]
+    subject = f"job:{sched['cluster']}/{idle['job_id']}"
+    hits = [x for x in findings if x["kind"] == "idle_allocation" and x["subject"] == subject]
+    rows = [{"fault": "idle_allocation", "where": f"{idle['team']} on {idle['host']}", "found": bool(hits),
+             "evidence": hits[0]["summary"] if hits else f"no idle_allocation finding on {subject}"}]
+    start = manifest.spec.start - dt.timedelta(days=1)
+    q = api.call("GET", "/api/v1/teams/queue", params={"start": start.isoformat(), "end": sched["end"]})
+    pre = [o for o in q["outcomes"] if o["state"] == "PREEMPTED"]
+    rows.append({"fault": "preempted_job", "where": f"{sched['preempted']['team']} job {sched['preempted']['job_id']}",
+                 "found": bool(pre) and pre[0]["reliability"] == "planned",
+                 "evidence": (f"{pre[0]['jobs']} PREEMPTED job(s), {pre[0]['gpu_hours']:.2f} GPU-hours, counted as {pre[0]['reliability']} "
+                              f"({pre[0]['outcome']})") if pre else "no PREEMPTED end state"})
+    return rows
 
 
 def analyse(api: Api, manifest: Any, celery_app: Any, say: Any) -> dict[str, Any]:
@@ -314,6 +369,7 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
     fair = analysis["fairness"]
     rows.append({"fault": "biased_model", "where": manifest.predictions["model"], "found": fair["passed"] is False,
                  "evidence": f"fairness policy {'failed' if fair['passed'] is False else 'passed'}"})
+    rows += scheduler_checks(api, manifest, findings)
     return rows
 
 
@@ -351,6 +407,8 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         # ten simulated minutes leave the hung job 2.5 minutes of stall by the end: under the 5-minute floor
         # a fleet would use, so the short demo checks with a shorter one (as an operator may configure)
         env.setdefault("FLEETSCOPE_HANG_MIN_STALL_S", "120")
+        # and leave the team's idle GPUs 6.5 minutes idle: under the 30-minute threshold, so a 5-minute one here
+        env.setdefault("FLEETSCOPE_IDLE_ALLOCATION_MIN_S", "300")
     logs = safefiles.private_dir(settings.data_dir / "logs")
     cli = [sys.executable, "-m", "fleetscope.cli"]
     specs = {
@@ -398,10 +456,13 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         faults = check_faults(api, manifest, analysis)
         for row in faults:
             say(f"  {'FOUND ' if row['found'] else 'MISSED'} {row['fault']:<30} {row['where']:<22} {row['evidence']}")
+        bill = team_bill(api, manifest)
+        say("team bill  " + "; ".join(f"{b['team'] or '(unassigned)'} {b['jobs']} jobs {b['gpu_hours']:.2f} GPU-hours "
+                                      + (f"{b['cost']:.2f} {b['currency']}" if b.get("cost") is not None else "unpriced") for b in bill))
         summary = {
             "api_url": url, "docs_url": url + "/docs", "dashboard_url": f"http://{settings.api_host}:{dash_port}", "webhook_sink": sink.url,
             "token": admin, "written": written, "alerts_delivered": len(sink.received), "alertnames": alerts, "audit": audit,
-            "export_id": export["export_id"], "faults": faults, "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),
+            "export_id": export["export_id"], "faults": faults, "team_bill": bill, "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),
         }
         if as_json:
             click.echo(json.dumps(summary, default=str))

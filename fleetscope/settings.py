@@ -81,6 +81,7 @@ class Settings:
     hour_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", "doc": "the 1-hour roll-up tier of GPU telemetry (gpu_sample_hour) kept this long; at least the minute tier's", "default": "1095"})
     sweep_shards: int = field(metadata={"env": "FLEETSCOPE_SWEEP_SHARDS", "doc": "beat splits the energy roll-up and the health sweep into this many tasks, each over the GPUs of one group of hosts, for the workers to run in parallel", "default": "1"})
     hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
+    idle_allocation_min_s: float = field(metadata={"env": "FLEETSCOPE_IDLE_ALLOCATION_MIN_S", "doc": "GPUs a scheduler job or pod holds at or under 5 % utilisation for this long are an idle allocation (a finding with its cost)", "default": "1800"})
     otel_exporter: str = field(metadata={"env": "FLEETSCOPE_OTEL_EXPORTER", "doc": "tracing of Fleetscope itself: none, console or otlp", "default": "none"})
     otel_endpoint: str = field(metadata={"env": "FLEETSCOPE_OTEL_ENDPOINT", "doc": "OTLP/HTTP traces endpoint when otel_exporter=otlp", "default": "http://127.0.0.1:4318/v1/traces"})
     report_schedule: str = field(metadata={"env": "FLEETSCOPE_REPORT_SCHEDULE", "doc": "crontab (UTC) of the scheduled EU AI Act audit report", "default": "0 6 * * 1"})
@@ -161,6 +162,7 @@ def load() -> Settings:
         hour_tier_retention_days=hour_days,
         hang_min_stall_s=_float("FLEETSCOPE_HANG_MIN_STALL_S", 300.0),
         sweep_shards=_positive("FLEETSCOPE_SWEEP_SHARDS", 1),
+        idle_allocation_min_s=_float("FLEETSCOPE_IDLE_ALLOCATION_MIN_S", 1800.0),
         otel_exporter=otel,
         otel_endpoint=env("FLEETSCOPE_OTEL_ENDPOINT", "http://127.0.0.1:4318/v1/traces"),
         report_schedule=env("FLEETSCOPE_REPORT_SCHEDULE", "0 6 * * 1"),

@@ -18,6 +18,15 @@ A pod becomes a ``sched_job`` (scheduler ``kubernetes``, ``job_id`` ``namespace/
 namespace, state from the phase: Pending, Running, Succeeded -> COMPLETED, Failed -> FAILED) with its node
 in ``sched_job_node``; a node with GPUs a ``sched_node``. Which GPUs a pod holds comes from dcgm-exporter's
 pod attribution (``gpu_workload``), joined on (namespace, pod). Rows are stamped with the scrape time.
+
+The pods of one distributed training run are one fleet ``job``: pods whose controller is a batch Job or a
+training operator's job (Kubeflow's PyTorchJob, MPIJob, TFJob, XGBoostJob, PaddleJob, JAXJob, TrainJob;
+KubeRay's RayJob) are grouped by it, and a JobSet's pods (owned by its child Jobs, labelled
+``jobset.sigs.k8s.io/jobset-name``, which kube-state-metrics exposes as ``label_jobset_sigs_k8s_io_jobset_name``
+where its label allowlist admits it) by the JobSet. The ``job`` row (``namespace/Kind/name``) holds the GPUs of
+all its pods as its world size, the first creation and start, the last completion once every pod has one,
+and a status from its pods' phases (running while one runs, failed once one failed, completed when all
+succeeded).
 Pure: bytes in, a ``Batch`` out.
 """
 
@@ -37,6 +46,9 @@ MAX_INPUT_BYTES = 256 * 2**20
 MAX_LINE_BYTES = 64 * 1024
 GPU_RESOURCES = frozenset({"nvidia_com_gpu", "amd_com_gpu", "gpu_intel_com_i915"})
 _PHASE = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "COMPLETED", "Failed": "FAILED", "Unknown": None}
+TRAINING_CONTROLLERS = frozenset({"PyTorchJob", "MPIJob", "TFJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob", "RayJob", "JobSet"})
+BATCH_CONTROLLERS = TRAINING_CONTROLLERS | {"Job"}
+JOBSET_LABEL = "jobset_sigs_k8s_io_jobset_name"  # jobset.sigs.k8s.io/jobset-name as kube-state-metrics names it
 
 
 def _at(v: float) -> dt.datetime | None:
@@ -101,6 +113,11 @@ def parse(data: bytes, *, ts: dt.datetime | None, source: str = "kube-state-metr
     if not pods and not nodes:
         raise ParseError("no kube_pod_* or kube_node_status_allocatable series: not a kube-state-metrics scrape", source=source)
     jobs = list(pods.values())
+    for p in jobs:
+        jobset = (labels.get((str(p["account"]), str(p["name"]))) or {}).get(JOBSET_LABEL)
+        if jobset:
+            p["controller"] = f"JobSet/{jobset}"
+    fleet_jobs = _controller_jobs(jobs, cluster)
     job_nodes = [{"cluster": cluster, "job_id": p["job_id"], "host": p["nodes"], "gpus": p.get("gpus"), "source": source} for p in jobs if p.get("nodes")]
     alloc: dict[str, int] = {}
     for p in jobs:
@@ -110,7 +127,31 @@ def parse(data: bytes, *, ts: dt.datetime | None, source: str = "kube-state-metr
     hosts = sorted({str(r["host"]) for r in job_nodes} | set(nodes))
     return F.Batch(source=source, sched_job=S.frame(S.SCHED_JOB, jobs), sched_job_node=S.frame(S.SCHED_JOB_NODE, job_nodes),
                    sched_node=S.frame(S.SCHED_NODE, node_rows), host=S.frame(F.HOST, [{"host": h} for h in hosts]),
-                   meta={"pods": len(jobs), "gpu_pods": sum(1 for p in jobs if p.get("gpus")), "gpu_nodes": len(nodes)})
+                   job=S.frame(F.JOB, fleet_jobs) if fleet_jobs else None,
+                   meta={"pods": len(jobs), "gpu_pods": sum(1 for p in jobs if p.get("gpus")), "gpu_nodes": len(nodes), "controller_jobs": len(fleet_jobs)})
+
+
+def _controller_jobs(pods: list[dict[str, object]], cluster: str) -> list[dict[str, object]]:
+    """One fleet ``job`` row per batch or training controller, over its pods."""
+    groups: dict[tuple[str, str, str], list[dict[str, object]]] = {}
+    for p in pods:
+        kind, _, name = str(p.get("controller") or "").partition("/")
+        if kind in BATCH_CONTROLLERS and name:
+            groups.setdefault((str(p["account"]), kind, name), []).append(p)
+    out = []
+    for (ns, kind, name), members in sorted(groups.items()):
+        states = {m.get("state") for m in members}
+        ends = [m.get("end_at") for m in members]
+        status = ("running" if "RUNNING" in states else "failed" if "FAILED" in states else "completed" if states == {"COMPLETED"} else "pending")
+        starts = [m["start_at"] for m in members if m.get("start_at")]
+        submits = [m["submit_at"] for m in members if m.get("submit_at")]
+        gpus = sum(int(m.get("gpus") or 0) for m in members)  # type: ignore[call-overload]
+        out.append({"job_id": S.fleet_job_id(cluster, f"{ns}/{kind}/{name}"), "name": name, "kind": "training" if kind in TRAINING_CONTROLLERS else None,
+                    "world_size": gpus or None, "owner": ns, "submitted_at": min(submits) if submits else None,  # type: ignore[type-var]
+                    "started_at": min(starts) if starts else None,  # type: ignore[type-var]
+                    "ended_at": max(ends) if ends and all(ends) and status != "running" else None,  # type: ignore[type-var]
+                    "status": status})
+    return out
 
 
 def _looks_like(view: SniffView) -> bool:

@@ -273,7 +273,8 @@ def get_health(
     """Health score (0-100), recommendation and reasons per GPU or node over a window of at most a day."""
 
     try:
-        out = health_window(request.app.state.store, start, end, write=False, hang_min_stall_s=request.app.state.settings.hang_min_stall_s)
+        out = health_window(request.app.state.store, start, end, write=False, hang_min_stall_s=request.app.state.settings.hang_min_stall_s,
+                              idle_min_s=request.app.state.settings.idle_allocation_min_s)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     df = out["gpus" if level == "gpu" else "nodes"]

@@ -131,3 +131,24 @@ async def get_stranded(request: Request) -> dict[str, Any]:
     out = await run_in_threadpool(teams_service.stranded_capacity, request.app.state.store, now=dt.datetime.now(dt.UTC))
     return {"stranded_gpus": out["stranded_gpus"], "cost_per_hour": out["cost_per_hour"], "currency": out["currency"],
             "partitions": _rows(out["partitions"]), "nodes": _rows(out["nodes"]), "findings": _rows(out["findings"])}
+
+
+# --- what the dashboard's Teams & Cost page reads besides the above ------------------------------------
+
+
+@router.get("/usage/series", dependencies=[Depends(require("read"))])
+async def get_usage_series(request: Request, start: Start = None, end: End = None, month: Month = None,
+                           step_s: Annotated[int, Query(ge=60, le=31 * 86_400)] = 86_400) -> dict[str, Any]:
+    """Per time bucket of ``step_s`` seconds and team: jobs, GPU-hours allocated and their GPU-hour cost (at most
+    400 buckets; energy is priced in ``/usage`` only)."""
+    s, e = _window(start, end, month)
+    df = await run_in_threadpool(teams_service.usage_over_time, request.app.state.store, start=s, end=e, step_s=step_s, now=dt.datetime.now(dt.UTC))
+    return {"start": s.isoformat(), "end": e.isoformat(), "step_s": step_s, "buckets": _rows(df)}
+
+
+@router.get("/idle", dependencies=[Depends(require("read"))])
+async def get_idle(request: Request, start: Start = None, end: End = None, month: Month = None) -> list[dict[str, Any]]:
+    """Idle allocations found in the period: per job, the newest finding's team, idle GPUs, since when, idle
+    GPU-hours and their cost."""
+    s, e = _window(start, end, month)
+    return _rows(await run_in_threadpool(teams_service.idle_allocations, request.app.state.store, start=s, end=e))

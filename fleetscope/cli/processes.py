@@ -203,6 +203,15 @@ def beat(ctx: click.Context) -> None:
 @click.option("--nvml", is_flag=True, help="Read the local GPUs through NVML (needs the NVIDIA driver).")
 @click.option("--serving", "serving_urls", multiple=True,
               help="Inference server /metrics URL to poll (vLLM, SGLang, TGI, Triton, NIM; detected by content); repeat for several.")
+@click.option("--slurm", "slurm_urls", multiple=True,
+              help="slurmrestd base URL (http://slurmctld:6820) whose jobs and nodes to poll each tick; repeat for several clusters.")
+@click.option("--slurm-api", "slurm_api", envvar="FLEETSCOPE_SLURM_API", default="v0.0.40", show_default=True,
+              help="slurmrestd data_parser version in the path (/slurm/v0.0.40/jobs); v0.0.40 to v0.0.44 are read (or FLEETSCOPE_SLURM_API).")
+@click.option("--slurm-user", "slurm_user", envvar="FLEETSCOPE_SLURM_USER", default=None, help="X-SLURM-USER-NAME sent to slurmrestd (or FLEETSCOPE_SLURM_USER).")
+@click.option("--slurm-token", "slurm_token", envvar=["FLEETSCOPE_SLURM_TOKEN", "SLURM_JWT"], default=None,
+              help="X-SLURM-USER-TOKEN sent to slurmrestd, e.g. from `scontrol token` (or FLEETSCOPE_SLURM_TOKEN, SLURM_JWT).")
+@click.option("--slurm-endpoint", "slurm_endpoints", multiple=True, type=click.Choice(["jobs", "nodes", "partitions", "accounting", "accounts"]),
+              help="slurmrestd endpoints to poll (default jobs and nodes): partitions, slurmdbd's accounting jobs, accounts (their organizations name teams); repeat.")
 @click.option("--interval", "interval_s", type=float, default=10.0, show_default=True, help="Seconds between polls.")
 @click.option("--api", "api_url", envvar="FLEETSCOPE_API_URL", required=True, help="Fleetscope API base URL (or FLEETSCOPE_API_URL).")
 @click.option("--token", envvar="FLEETSCOPE_TOKEN", required=True, help="Token with the ingest scope (or FLEETSCOPE_TOKEN).")
@@ -219,10 +228,12 @@ def beat(ctx: click.Context) -> None:
 @click.option("--infiniband-root", default="/sys/class/infiniband", show_default=True, help="The sysfs directory of the RDMA devices.")
 @click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
-def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...], interval_s: float, api_url: str, token: str, push: str,
+def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...], slurm_urls: tuple[str, ...], slurm_api: str,
+          slurm_user: str | None, slurm_token: str | None, slurm_endpoints: tuple[str, ...], interval_s: float, api_url: str, token: str, push: str,
           buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, once: bool,
           as_json: bool) -> None:
-    """Node-side collector: poll dcgm-exporter and/or NVML and push to the API (OTLP by default).
+    """Node-side collector: poll dcgm-exporter and/or NVML (and slurmrestd, inference servers) and push to the API
+    (OTLP by default).
     Readings the API does not take (unreachable, 429, 5xx) are kept, bounded, and sent again later with
     the time they were measured.
 
@@ -230,13 +241,15 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
     Examples:
       fleetscope agent --dcgm http://localhost:9400/metrics --api https://fleet.example:8000 --token "$TOKEN"
       fleetscope agent --nvml --serving http://localhost:8000/metrics --push batch --once --json
+      SLURM_JWT=$(scontrol token | cut -d= -f2) fleetscope agent --slurm http://slurmctld:6820 --slurm-user fleetscope --interval 60
     """
     from fleetscope.agent import Agent, AgentStopped  # lazy: the collector and its encoders load only for this verb
 
     if infiniband is None:
         infiniband = Path(infiniband_root).is_dir()
-    if not dcgm_urls and not nvml and not infiniband and not serving_urls:
-        raise click.UsageError("nothing to collect: give --dcgm URL, --serving URL and/or --nvml (or --infiniband on a host with RDMA devices)")
+    if not dcgm_urls and not nvml and not infiniband and not serving_urls and not slurm_urls:
+        raise click.UsageError("nothing to collect: give --dcgm URL, --serving URL, --slurm URL and/or --nvml (or --infiniband on a host with RDMA devices)")
+    _check_slurm_api(slurm_api)
     if nvml:
         try:
             nvml_driver.read_devices()
@@ -244,7 +257,8 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
             raise click.ClickException(str(exc)) from None
     ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
                buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None,
-               serving_urls=list(serving_urls))
+               serving_urls=list(serving_urls), slurm_urls=list(slurm_urls), slurm_api_version=slurm_api, slurm_user=slurm_user,
+               slurm_token=slurm_token, slurm_endpoints=tuple(slurm_endpoints) or ("jobs", "nodes"))
     failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]
@@ -278,6 +292,13 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
         sys.exit(1)
 
 
+def _check_slurm_api(version: str) -> None:
+    from fleetscope.agent import _SLURM_VERSION  # lazy: the collector loads only for the agent verb
+
+    if not _SLURM_VERSION.match(version):
+        raise click.BadParameter(f"a data_parser version looks like v0.0.40, not {version[:40]!r}", param_hint="--slurm-api")
+
+
 @click.command()
 @click.option("--size", type=click.Choice(["demo", "small"]), default="demo", show_default=True,
               help="demo: 2 sites, 64 nodes of 8 GPUs, 4 jobs, 2 simulated hours; small: 64 GPUs, 2 jobs, 10 minutes.")
@@ -289,10 +310,10 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
 def demo(size: str, seed: int, exit_after: float | None, port: int | None, dashboard_port: int | None, as_json: bool) -> None:
     """Run the whole product on embedded defaults with a simulated fleet.
 
-    Simulates a fleet with injected faults, starts the API, a Celery worker, beat, the dashboard and a
-    local webhook sink, ingests everything through the API, runs every analyzer, delivers the alerts,
-    evaluates the EU AI Act rules, files a report and a signed export, checks each injected fault was
-    found, prints the URLs and an API token, and keeps running until Ctrl-C.
+    Simulates a fleet with injected faults and its Slurm and Kubernetes schedulers, starts the API, a Celery
+    worker, beat, the dashboard and a local webhook sink, ingests everything through the API, runs every
+    analyzer, delivers the alerts, evaluates the EU AI Act rules, files a report and a signed export, checks
+    each injected fault was found, prints the team bill, the URLs and an API token, and keeps running until Ctrl-C.
 
     \b
     Examples:

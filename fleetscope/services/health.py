@@ -17,7 +17,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, sdc
+from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, idle_allocations, sdc
 from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
@@ -84,6 +84,7 @@ class WindowRun:
     end: dt.datetime
     hang_min_stall_s: float
     part: Part = None
+    idle_min_s: float = idle_allocations.MIN_IDLE_S
     found: list[pl.DataFrame] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)
     gpu_rows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -197,7 +198,7 @@ def _fabric_attribution(w: WindowRun) -> None:
 @WINDOW.register("idle_allocations", modules=("analyzers.idle_allocations",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample", "price_book"),
                  writes=("finding",), summary="GPUs a scheduler job or pod holds while near-idle past a threshold, with their cost")
 def _idle_allocations(w: WindowRun) -> None:
-    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end))
+    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end, min_idle_s=w.idle_min_s))
 
 
 @WINDOW.register("team_budgets", modules=("analyzers.team_budgets", "analyzers.chargeback"),
@@ -216,7 +217,7 @@ def _stranded_capacity(w: WindowRun) -> None:
 
 
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0,
-                  part: Part = None) -> dict[str, Any]:
+                  part: Part = None, idle_min_s: float = idle_allocations.MIN_IDLE_S) -> dict[str, Any]:
     """Per-GPU and per-node health over [start, end), with fabric regressions; findings stored when ``write``.
     Every analysis of the ``WINDOW`` registry runs in turn.
 
@@ -230,7 +231,7 @@ def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: 
     if part is not None and part != "fleet" and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
         raise ValueError(f"part must be None, 'fleet' or (shard, shards) with 0 <= shard < shards, not {part!r}")
     with tracer().start_as_current_span("health.window"):
-        w = WindowRun(store, start, end, hang_min_stall_s, part)
+        w = WindowRun(store, start, end, hang_min_stall_s, part, idle_min_s)
         only = None if part is None else (lambda a: a.sharded) if isinstance(part, tuple) else (lambda a: not a.sharded)
         # an empty window is a finding of its own (absence), never a note
         WINDOW.run_all(w, lambda frame: w.read(frame).height > 0, lambda _note: None, only)

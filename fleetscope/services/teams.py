@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -459,3 +460,81 @@ def stranded_capacity(store: Store, *, now: dt.datetime | None = None) -> dict[s
     return {"partitions": summary, "nodes": out_nodes, "findings": found, "stranded_gpus": int(fleet["free_gpus"].sum()) if fleet.height else 0,
             "cost_per_hour": round(sum(p for p, _ in priced), 4) if priced and len(cur) == 1 else None,
             "currency": next(iter(cur)) if len(cur) == 1 else None}
+
+
+# --- reads of the dashboard's Teams & Cost page ------------------------------------------------------
+
+MAX_BUCKETS = 400
+
+
+def usage_over_time(store: Store, *, start: dt.datetime, end: dt.datetime, step_s: int, now: dt.datetime | None = None) -> pl.DataFrame:
+    """Per time bucket of ``step_s`` seconds and team: jobs, GPU-hours allocated and their GPU-hour cost from
+    the price book. The energy cost needs telemetry per job and period and is in ``usage`` only, so a bucket's
+    ``gpu_cost`` is the allocation's price alone."""
+    start, end = as_utc(start), as_utc(end)
+    if end <= start:
+        raise ValidationError("end must be after start", frame="usage", field="end")
+    step = dt.timedelta(seconds=max(int(step_s), 1))
+    if (end - start) / step > MAX_BUCKETS:
+        raise ValidationError(f"more than {MAX_BUCKETS} buckets of {int(step_s)} s: take a longer step", frame="usage", field="step_s")
+    schema = {"bucket_start": pl.Datetime("us", "UTC"), "team": pl.String, "jobs": pl.UInt32, "gpu_hours": pl.Float64,
+              "gpu_cost": pl.Float64, "currency": pl.String}
+    jobs = chargeback.assign_teams(jobs_in(store, start, end), store.read("team_mapping"), store.read("sched_account"))
+    if not jobs.height:
+        return pl.DataFrame(schema=schema)
+    prices, sites, now_ = serving_service.price_book(store), _sites(store), as_utc(now) if now else None
+    parts = []
+    b = start
+    while b < end:
+        e = min(b + step, end)
+        alloc = sched_analysis.allocated_gpu_seconds(jobs, b, e, now=now_)
+        if alloc.height:
+            c = chargeback.job_costs(alloc, busy=None, prices=prices, sites=sites, start=b)
+            parts.append(c.group_by("team").agg(pl.len().cast(pl.UInt32).alias("jobs"), pl.col("gpu_hours").sum(),
+                                                pl.when(pl.col("gpu_cost").is_not_null().any()).then(pl.col("gpu_cost").sum()).otherwise(None).alias("gpu_cost"),
+                                                pl.col("currency").drop_nulls().first())
+                         .with_columns(pl.lit(b).cast(pl.Datetime("us", "UTC")).alias("bucket_start")).select(list(schema)))
+        b = e
+    return pl.concat(parts).sort("bucket_start", "team", nulls_last=True) if parts else pl.DataFrame(schema=schema)
+
+
+IDLE_COLUMNS = {"subject": pl.String, "team": pl.String, "account": pl.String, "gpus_idle": pl.Int64, "hosts": pl.String,
+                "idle_since": pl.Datetime("us", "UTC"), "last_seen": pl.Datetime("us", "UTC"), "idle_gpu_hours": pl.Float64,
+                "idle_cost": pl.Float64, "currency": pl.String, "summary": pl.String}
+
+
+def idle_allocations(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 500) -> pl.DataFrame:
+    """The stored idle-allocation findings of the window (the health sweep's ``analyzers.idle_allocations``), the
+    newest per job, with their evidence as columns: team, idle GPUs, since when, idle GPU-hours and cost."""
+    # a finding is in the window when its own window overlaps it (as services.health reads findings)
+    sql = ("SELECT subject, window_start, window_end, summary, evidence FROM finding WHERE analyzer = ? AND kind = ?"
+           " AND window_start < ? AND (window_end IS NULL OR window_end >= ?)"
+           f" ORDER BY window_end DESC LIMIT {max(1, min(int(limit), 5000))}")
+    utc = pl.Datetime("us", "UTC")
+    found = fetch(store, sql, [idle.ANALYZER, idle.KIND, as_utc(end), as_utc(start)],
+                  {"subject": pl.String, "window_start": utc, "window_end": utc, "summary": pl.String, "evidence": pl.String})
+    if not found.height:
+        return pl.DataFrame(schema=IDLE_COLUMNS)
+    newest = found.sort("window_end", descending=True, nulls_last=True).unique("subject", keep="first", maintain_order=True)
+    rows = []
+    for r in newest.iter_rows(named=True):
+        try:
+            ev = json.loads(r["evidence"] or "{}")
+        except ValueError:
+            ev = {}
+        ev = ev if isinstance(ev, dict) else {}
+        gpus, hosts = ev.get("gpus_idle"), ev.get("hosts")
+        rows.append({"subject": r["subject"], "team": _text(ev.get("team")), "account": _text(ev.get("account")),
+                     "gpus_idle": len(gpus) if isinstance(gpus, list) else 0,
+                     "hosts": (",".join(h for h in hosts if isinstance(h, str)) or None) if isinstance(hosts, list) else None,
+                     "idle_since": r["window_start"], "last_seen": r["window_end"], "idle_gpu_hours": _float(ev.get("idle_gpu_hours")),
+                     "idle_cost": _float(ev.get("idle_cost")), "currency": _text(ev.get("currency")), "summary": r["summary"]})
+    return pl.DataFrame(rows, schema=IDLE_COLUMNS).sort("idle_gpu_hours", descending=True, nulls_last=True)
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -30,6 +30,7 @@ import numpy as np
 
 from fleetscope import safefiles
 from fleetscope.sim import formats
+from fleetscope.sim import scheduler as sched_sim
 from fleetscope.sim.facility import facility_series
 from fleetscope.sim.faults import InjectedFault, plan_faults
 from fleetscope.sim.fleet import Topology, build_topology
@@ -63,6 +64,7 @@ class Manifest:
     notes: list[str] = field(default_factory=list)
     ib_scrapes: list[dict[str, str]] = field(default_factory=list)  # (ts, file) of node_exporter infiniband bodies
     monitoring: dict[str, Any] = field(default_factory=dict)  # the high-risk deployment: its versions, files, declarations
+    scheduler: dict[str, Any] = field(default_factory=dict)  # the Slurm and Kubernetes clusters: files, teams, what must be found
 
     def faults_of(self, kind: str) -> list[InjectedFault]:
         return [f for f in self.faults if f.kind == kind]
@@ -217,6 +219,16 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
             "process_groups": formats.process_groups(r),
         })
 
+    # --- the schedulers: a Slurm cluster (sacct -P) running the jobs, a team holding idle GPUs and a preempted job
+    # on a node no job uses, and a Kubernetes cluster (kube-state-metrics) beside it
+    quiet_host = (topo.hosts[fplan.silent_host[0]],) if fplan.silent_host is not None else ()
+    world = sched_sim.scheduler_world(spec.start, D, list(topo.hosts), list(topo.host_site), g, job_info, avoid_hosts=quiet_host)
+    _write(out, "scheduler/sacct.txt", sched_sim.sacct_text(world), files, "slurm_sacct")
+    _write(out, "scheduler/squeue.json", sched_sim.slurmrestd_jobs_json(world, g), files, "slurmrestd")
+    _write(out, "scheduler/kube-state-metrics.prom", sched_sim.kube_state_text(world, g), files, "kube_state_metrics")
+    scheduler = {**world.truth(), "sacct": "scheduler/sacct.txt", "squeue_json": "scheduler/squeue.json",
+                 "kube_state_metrics": "scheduler/kube-state-metrics.prom"}
+
     # --- facility meters and grid intensity (OTLP/JSON)
     frng = np.random.default_rng([spec.seed, _STREAM_FACILITY])
     fac_files = []
@@ -262,6 +274,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
                   "series": ["facility_power_w", "it_power_w", "grid_intensity_g_per_kwh"]},
         notes=notes,
         monitoring=monitoring,
+        scheduler=scheduler,
     )
     safefiles.write_private(out / "manifest.json", (manifest.to_json() + "\n").encode())
     return manifest

@@ -127,9 +127,10 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
             # the per-GPU analyses one task per shard of hosts, in parallel on the workers; the fleet's here
             for shard in range(settings.sweep_shards):
                 health_window_shard.delay(start.isoformat(), end.isoformat(), shard, settings.sweep_shards)
-            out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s, part="fleet")
+            out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s, part="fleet",
+                      idle_min_s=settings.idle_allocation_min_s)
             return {"shards": settings.sweep_shards, "findings": out["findings"].height}
-        out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s)
+        out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s, idle_min_s=settings.idle_allocation_min_s)
         return {"gpus": out["gpus"].height, "findings": out["findings"].height}
 
 

@@ -33,3 +33,12 @@ def test_short_idle_busy_end_and_empty_inputs_find_nothing():
     assert A.idle_findings(JOB, samples([0.06] * 60)).height == 0  # above 5 %
     assert A.idle_findings(JOB.head(0), samples([0.0] * 60)).height == 0
     assert A.idle_findings(JOB, samples([0.0] * 31), min_idle_s=60).height == 1
+
+
+def test_a_gpu_listed_once_per_sample_counts_once():
+    # the service hands over the job's GPUs joined to their samples: one row per sample must not multiply the hours
+    s = samples([0.0] * 41)
+    repeated = pl.concat([JOB] * 41)
+    f = A.idle_findings(repeated, s, prices={("hpc", "7"): (3.0, "EUR")})
+    ev = json.loads(f["evidence"][0])
+    assert f.height == 1 and f["score"][0] == 40 / 60 and ev["gpus_idle"] == ["G0"] and ev["idle_cost"] == 2.0

@@ -138,3 +138,45 @@ def empty_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     yield store
     store.engine.dispose()
     gen.close()
+
+
+# The simulator's Slurm and Kubernetes clusters over the showcase's nodes: a training job on every node but the two
+# quietest, the vision team's jobs on the quietest (at most 17 % utilisation), as the Teams & Cost tests use them.
+SCHED_IDLE_NODE = "site-b-node-002"
+SCHED_FREE_NODES = ("site-a-node-003", SCHED_IDLE_NODE)
+SCHED_GPU_HOUR_PRICE = {"site-a": 2.0, "site-b": 3.0}
+
+
+def seed_schedulers(store: Store, *, fleet_jobs: bool = True) -> Any:
+    """Ingest the simulator's ``sacct -P`` text and kube-state-metrics scrape over the showcase's nodes through the
+    ingest door, place the Kubernetes nodes at site-a, record the team rules and a GPU-hour price per site; the
+    ``SchedulerWorld``. ``fleet_jobs=False`` leaves out the fleet ``job`` rows the parsers also make, for tests
+    whose other pages count the showcase's jobs."""
+    from fleetscope.core import frames as F
+    from fleetscope.core import scheduler_frames as SCH
+    from fleetscope.door import ingestion
+    from fleetscope.services import serving as serving_svc
+    from fleetscope.services import teams as teams_svc
+    from fleetscope.sim import scheduler as sim_sched
+    from ingest.format import Options
+
+    hosts = store.read("host").sort("host")
+    busy = [h for h in hosts["host"] if h not in SCHED_FREE_NODES]
+    training = [{"job_id": "4100", "name": "pretrain", "hosts": busy, "world_size": 8 * len(busy),
+                 "start": (SEED_START + dt.timedelta(seconds=60)).isoformat(), "end": None}]
+    world = sim_sched.scheduler_world(SEED_START, SEED_DURATION_S, hosts["host"].to_list(), hosts["site_id"].to_list(), 8, training)
+    for data, source, opts in ((sim_sched.sacct_text(world), "sim:sacct", Options()),
+                               (sim_sched.kube_state_text(world), "sim:kube-state-metrics", Options(ts=world.end))):
+        if fleet_jobs:
+            ingestion.ingest_bytes(store, data, source=source, opts=opts)
+        else:
+            batch = ingestion.to_push(data, source=source, opts=opts, now=world.end).batch
+            batch.job = None
+            store.write(batch)
+    store.write(F.Batch(source="test:k8s-nodes", host=SCH.frame(F.HOST, [{"host": h, "site_id": "site-a"} for h in sim_sched.K8S_NODES])))
+    for kind, match, team in sim_sched.TEAMS:
+        teams_svc.set_mapping(store, kind=kind, match=match, team=team, recorded_by="test")
+    for site, price in SCHED_GPU_HOUR_PRICE.items():
+        serving_svc.record_price(store, {"site_id": site, "gpu_model": "", "valid_from": SEED_START - dt.timedelta(days=1), "currency": "EUR",
+                                         "gpu_hour_price": price, "energy_price_per_kwh": None}, recorded_by="test")
+    return world

@@ -10,6 +10,7 @@ Screenshots go to $FLEETSCOPE_TEST_ARTIFACTS/dashboard (default: test-artifacts/
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -21,22 +22,33 @@ from typing import Any
 import pytest
 
 from dashboard import browser as B
-from fleetscope.services import auth
+from fleetscope.services import auth, telemetry
 from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.store import Store
 from governance import exports
-from tests.dashboard.conftest import data_dir_of
+from tests.dashboard.conftest import data_dir_of, seed_schedulers
 
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(os.environ.get("FLEETSCOPE_TEST_ARTIFACTS", B.ROOT / "test-artifacts")) / "dashboard"
 
 
+SCHEDULERS: dict[str, Any] = {}  # the simulated Slurm and Kubernetes clusters seeded beside the showcase
+
+
 @pytest.fixture(scope="module")
 def data_dir(seeded_sqlite_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A private copy of the seeded database and its reports: this module creates silences in it."""
+    """A private copy of the seeded database and its reports (this module creates silences in it), with the
+    simulator's Slurm and Kubernetes clusters for the Teams & Cost page (no fleet job rows: the other pages
+    count the showcase's jobs)."""
     copy = tmp_path_factory.mktemp("dash-browser") / "data"
     shutil.copytree(data_dir_of(seeded_sqlite_url), copy)
+    store = Store.open(f"sqlite:///{copy / 'fleetscope.store.db'}")
+    try:
+        SCHEDULERS["world"] = seed_schedulers(store, fleet_jobs=False)
+        SCHEDULERS["end"] = telemetry.data_end(store) + dt.timedelta(microseconds=1)
+    finally:
+        store.engine.dispose()
     return copy
 
 
@@ -124,7 +136,7 @@ def test_a_read_only_token_sees_fleet_pages_but_cannot_silence_or_export(base_ur
     assert metric(visitor, "GPUs") == "64"
     nav = visitor.locator('[data-testid="stSidebarNav"] a')
     assert [nav.nth(i).get_attribute("href").rsplit("/", 1)[-1] for i in range(nav.count())] == [
-        "", "health_sdc", "reliability", "network", "energy_carbon", "jobs", "stragglers", "serving", "alerts"]
+        "", "health_sdc", "reliability", "network", "energy_carbon", "teams_cost", "jobs", "stragglers", "serving", "alerts"]
     visitor.get_by_text("Not shown, as they need the governance scope: Governance.", exact=True).wait_for(timeout=10_000)
     B.navigate(visitor, next(p for p in B.PAGES if p.name == "alerts"))
     assert B.error_texts(visitor) == []
@@ -150,9 +162,9 @@ KEY_METRICS = {
     "governance": {"Fail": "1"},
     "alerts": {"Firing": "4", "Dead": "1"},
 }
-MIN_CHARTS = {"overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
+MIN_CHARTS = {"teams_cost": 1, "overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
 # Pages whose every panel has data in the showcase world (the Alerts page has no silence yet).
-NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1}
+NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1, "teams_cost": 1}
 
 
 def test_a_token_revoked_while_live_panels_refresh_ends_the_session(base_url: str, visitor: Any, tokens: dict[str, str], data_dir: Path) -> None:
@@ -180,6 +192,12 @@ def test_every_page_renders_its_content(spec: B.PageSpec, base_url: str, page: A
     assert page.locator('[data-testid="stVegaLiteChart"]').count() >= MIN_CHARTS.get(spec.name, 0)
     if spec.name in NO_DATA_YET:
         assert page.get_by_text("No data yet", exact=False).count() == NO_DATA_YET[spec.name]
+    if spec.name == "teams_cost":  # no idle allocation is stored here: that is the one panel without data
+        world, end = SCHEDULERS["world"], SCHEDULERS["end"]
+        hours = sum(j.gpu_hours(end) for j in world.slurm) + sum(p.gpu_hours(end) for p in world.pods)
+        assert (metric(page, "Teams"), metric(page, "GPU-hours allocated")) == ("4", f"{hours:,.1f}")
+        for text in ("Usage and cost per team", "Queue wait per partition", "Top jobs by cost"):
+            page.get_by_text(text, exact=True).wait_for(timeout=10_000)
 
 
 def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any, tokens: dict[str, str]) -> None:

@@ -20,7 +20,7 @@ from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 
-PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts", "serving")
+PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts", "serving", "teams_cost")
 
 
 def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None,
@@ -212,7 +212,17 @@ def _serving(at: AppTest, url: str) -> None:
         "SGLang, TGI, Triton or NIM replicas."]
 
 
+def _teams_cost(at: AppTest, url: str) -> None:
+    # the showcase world has no scheduler: the page says where jobs come from (tests/dashboard/test_teams_page.py
+    # adds Slurm and Kubernetes clusters to it)
+    assert [t for t in infos(at) if t.startswith("No data yet")] == [
+        "No data yet: no scheduler job in this time range. Ingest `sacct -P`, `squeue --json`, slurmrestd or kube-state-metrics output "
+        "with `fleetscope ingest`, or poll slurmrestd with `fleetscope agent --slurm URL`; map accounts and namespaces to teams with "
+        "`fleetscope teams map`."]
+
+
 CHECKS = {
+    "teams_cost": _teams_cost,
     "serving": _serving,
     "overview": _overview,
     "jobs": _jobs,

@@ -37,7 +37,7 @@ def test_demo_finds_every_injected_fault(tmp_path):
     assert set(faults) == {"thermal_straggler", "slow_link", "sdc", "row_remap_failure", "gpu_failure", "preemption",
                            "hung_job", "silent_host", "flapping_ib_link", "comm_stragglers_on_flapping_port",
                            "quarantined_dataset_upstream", "biased_model", "model_data_drift", "biased_model_version",
-                           "kv_cache_saturated", "throttled_replica", "slo_burn"}
+                           "kv_cache_saturated", "throttled_replica", "slo_burn", "idle_allocation", "preempted_job"}
     missed = [f for f in summary["faults"] if not f["found"]]
     assert missed == []
     # 64 GPUs, a scrape every 30 s for 10 minutes, but the silent host's 8 GPUs from 7 minutes on (7 scrapes)
@@ -47,6 +47,7 @@ def test_demo_finds_every_injected_fault(tmp_path):
     # the high-risk credit-scoring deployment gives the audit real failures: Annex IV point 9 undocumented
     # (both versions) and version 2's accuracy in operation under its declared 0.92
     assert summary["audit"]["counts"]["fail"] >= 3
+    assert_team_bill(summary, json.loads((tmp_path / "data" / "sim" / "manifest.json").read_text())["scheduler"])
     assert summary["ready_s"] < 90
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
     assert_visible_on_the_dashboard(tmp_path / "data", summary["token"])
@@ -56,6 +57,25 @@ def test_demo_finds_every_injected_fault(tmp_path):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections the demo made linger in TIME_WAIT
         s.bind(("127.0.0.1", port))
+
+
+def assert_team_bill(summary: dict, sched: dict) -> None:
+    """The Slurm and Kubernetes clusters the simulator wrote, read back through sacct's and kube-state-metrics'
+    parsers: each team's GPU-hours as the simulator placed its jobs and pods, at the demo's 2.50 USD per GPU-hour;
+    the team holding idle GPUs found with what they cost, the preempted job counted as a planned interruption."""
+    bill = {b["team"]: b for b in summary["team_bill"]}
+    assert set(bill) == set(sched["team_gpu_hours"]) == {"llm", "vision", "inference", "research"}
+    for team, hours in sched["team_gpu_hours"].items():
+        assert abs(bill[team]["gpu_hours"] - hours) < 1e-5, (team, bill[team], hours)
+        assert abs(bill[team]["cost"] - (2.5 * hours + 0.12 * (bill[team]["energy_kwh"] or 0))) < 1e-3 and bill[team]["currency"] == "USD"
+    # the vision team: its preempted evaluation and its notebook, on a node whose GPUs telemetry shows idle; the
+    # training jobs' GPUs (tied by squeue --json's per-node device indices) mostly busy
+    assert bill["vision"]["jobs"] == 2 and bill["vision"]["used_gpu_hours"] < 0.01 * bill["vision"]["gpu_hours"]
+    assert 0.5 * bill["llm"]["gpu_hours"] < bill["llm"]["used_gpu_hours"] <= bill["llm"]["gpu_hours"] and bill["llm"]["energy_kwh"] > 0
+    faults = {f["fault"]: f for f in summary["faults"]}
+    idle = faults["idle_allocation"]["evidence"]
+    assert f"job sim-slurm/{sched['idle']['job_id']} (vision) holds 8 GPU(s) idle" in idle and idle.endswith(" USD"), idle
+    assert "1 PREEMPTED job(s)" in faults["preempted_job"]["evidence"] and "counted as planned" in faults["preempted_job"]["evidence"]
 
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -98,6 +118,7 @@ def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
         reliability = _all(page_cells(env["FLEETSCOPE_DATABASE_URL"], "reliability", env, token))
         gov_cols = page_cells(env["FLEETSCOPE_DATABASE_URL"], "governance", env, token)
         governance = _all(gov_cols)
+        teams = page_cells(env["FLEETSCOPE_DATABASE_URL"], "teams_cost", env, token)
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -110,6 +131,10 @@ def assert_visible_on_the_dashboard(data_dir: Path, token: str) -> None:
             assert any(c.startswith("gpu:") and c[4:] in f["gpu_uuids"] or c == f"job:{f['job_id']}/rank:{f['ranks'][0]}" for c in health), f
         elif f["kind"] in ("gpu_failure", "preemption"):
             assert f["job_id"] in reliability and ("preempted" if f["kind"] == "preemption" else "failure") in reliability, f
+    sched = manifest["scheduler"]
+    # the team bill and the idle allocation on the Teams & Cost page
+    assert set(sched["team_gpu_hours"]) <= teams["team"], teams["team"]
+    assert f"job:{sched['cluster']}/{sched['idle']['job_id']}" in teams["subject"] and sched["idle"]["host"] in teams["hosts"]
     lin = manifest["lineage"]
     assert lin["tainted_model"]["name"] in governance and lin["quarantined_dataset"]["name"] in governance
     # the biased model's fairness evaluation did not pass (SQLite shows the boolean as 0)

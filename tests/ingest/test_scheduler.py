@@ -318,3 +318,44 @@ def test_kube_state_pods_and_gpu_requests():
     for bad, words in [(b"kube_pod_info{pod=\"x\"} 1\n", "namespace"), (b"node_cpu 1\n", "not a kube-state-metrics"), (b'kube_pod_info{namespace="a" 1\n', "line 1")]:
         with pytest.raises(ParseError, match=words):
             kube_state.parse(bad, ts=T0)
+
+
+# A PyTorchJob's two pods (owned by it, as the Kubeflow training operator makes them) and a JobSet's two pods
+# (owned by its child Jobs, labelled with the JobSet's name), per kube-state-metrics' documented series.
+KSM_CONTROLLERS = b"""kube_pod_owner{namespace="nlp",pod="bert-master-0",uid="a",owner_kind="PyTorchJob",owner_name="bert",owner_is_controller="true"} 1
+kube_pod_owner{namespace="nlp",pod="bert-worker-0",uid="b",owner_kind="PyTorchJob",owner_name="bert",owner_is_controller="true"} 1
+kube_pod_container_resource_requests{namespace="nlp",pod="bert-master-0",uid="a",container="pytorch",node="n1",resource="nvidia_com_gpu",unit="integer"} 8
+kube_pod_container_resource_requests{namespace="nlp",pod="bert-worker-0",uid="b",container="pytorch",node="n2",resource="nvidia_com_gpu",unit="integer"} 8
+kube_pod_status_phase{namespace="nlp",pod="bert-master-0",uid="a",phase="Succeeded"} 1
+kube_pod_status_phase{namespace="nlp",pod="bert-worker-0",uid="b",phase="Succeeded"} 1
+kube_pod_created{namespace="nlp",pod="bert-master-0",uid="a"} 1.763e+09
+kube_pod_created{namespace="nlp",pod="bert-worker-0",uid="b"} 1.76300001e+09
+kube_pod_start_time{namespace="nlp",pod="bert-master-0",uid="a"} 1.76300006e+09
+kube_pod_start_time{namespace="nlp",pod="bert-worker-0",uid="b"} 1.76300003e+09
+kube_pod_completion_time{namespace="nlp",pod="bert-master-0",uid="a"} 1.7630036e+09
+kube_pod_completion_time{namespace="nlp",pod="bert-worker-0",uid="b"} 1.76300361e+09
+kube_pod_owner{namespace="vision",pod="vit-slice-0-0",uid="c",owner_kind="Job",owner_name="vit-slice-0",owner_is_controller="true"} 1
+kube_pod_owner{namespace="vision",pod="vit-slice-1-0",uid="d",owner_kind="Job",owner_name="vit-slice-1",owner_is_controller="true"} 1
+kube_pod_labels{namespace="vision",pod="vit-slice-0-0",uid="c",label_jobset_sigs_k8s_io_jobset_name="vit"} 1
+kube_pod_labels{namespace="vision",pod="vit-slice-1-0",uid="d",label_jobset_sigs_k8s_io_jobset_name="vit"} 1
+kube_pod_container_resource_requests{namespace="vision",pod="vit-slice-0-0",uid="c",container="jax",node="n3",resource="nvidia_com_gpu",unit="integer"} 4
+kube_pod_container_resource_requests{namespace="vision",pod="vit-slice-1-0",uid="d",container="jax",node="n4",resource="nvidia_com_gpu",unit="integer"} 4
+kube_pod_status_phase{namespace="vision",pod="vit-slice-0-0",uid="c",phase="Running"} 1
+kube_pod_status_phase{namespace="vision",pod="vit-slice-1-0",uid="d",phase="Failed"} 1
+kube_pod_start_time{namespace="vision",pod="vit-slice-0-0",uid="c"} 1.7630001e+09
+kube_pod_owner{namespace="web",pod="api-1",uid="e",owner_kind="ReplicaSet",owner_name="api-5d",owner_is_controller="true"} 1
+"""
+
+
+def test_kube_state_training_controllers_are_one_fleet_job_each():
+    b = kube_state.parse(KSM_CONTROLLERS, ts=T0)
+    jobs = {r["job_id"]: r for r in b.job.iter_rows(named=True)}
+    assert set(jobs) == {"nlp/PyTorchJob/bert", "vision/JobSet/vit"}  # a ReplicaSet's pods are a service, not a job
+    bert = jobs["nlp/PyTorchJob/bert"]
+    at = lambda s: dt.datetime.fromtimestamp(s, dt.UTC)  # noqa: E731
+    assert (bert["world_size"], bert["status"], bert["kind"], bert["owner"]) == (16, "completed", "training", "nlp")
+    assert (bert["submitted_at"], bert["started_at"], bert["ended_at"]) == (at(1.763e9), at(1.76300003e9), at(1.76300361e9))
+    vit = jobs["vision/JobSet/vit"]
+    assert (vit["world_size"], vit["status"], vit["ended_at"]) == (8, "running", None)
+    pods = b.sched_job.filter(pl.col("account") == "vision")
+    assert set(pods["controller"]) == {"JobSet/vit"} and b.meta["controller_jobs"] == 2
