@@ -286,8 +286,17 @@ def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
 
 
 def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], list[dict[str, int]], list[int]] | None:
-    """A group of line-read dcgm bodies without fault readings as plain rows (``Store.write_rows``): the
-    frame machinery's fixed costs are most of a small group's write. None for any other group."""
+    """A group of line-read dcgm bodies, or of OTLP requests, without fault readings as plain rows
+    (``Store.write_rows``): the frame machinery's fixed costs are most of a small group's write. None for
+    any other group."""
+    if all(p.otlp is not None and p.batch is None for p in pushes):
+        walks = [p.otlp for p in pushes]
+        rows = otlp.tuples(walks)
+        if rows is None:
+            return None
+        counted = [otlp.counts(w) for w in walks]
+        return ([(F.FRAMES[name], Rows(cols, r)) for name, (cols, r) in rows.items()],
+                [c[0] for c in counted], [c[1] for c in counted])
     if any(p.lines is None or dcgm_lines.faulty(p.lines) for p in pushes):
         return None
     lines_of: list[dcgm_lines.Lines] = [p.lines for p in pushes]  # type: ignore[misc]
