@@ -136,40 +136,65 @@ def _scrape_columns(walk: _Walk) -> tuple[np.ndarray, np.ndarray, dict[str, np.n
     return found
 
 
+def plain(walk: _Walk) -> bool:
+    """Whether a request's readings can be written as rows (``tuples``): a scrape of GPU samples and plain
+    series (no NCCL operations, no serving rows) with no fault reading (a health event needs the frame
+    path), every float finite and no NUL in any text (which the frame path refuses, and says where)."""
+    return _walk_rows(walk) is not None
+
+
+def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]] | None:
+    """(ts_us, GPU key, values per column) of a ``plain`` walk's gpu_sample rows; None for another walk.
+    Worked out once a walk."""
+    found = walk.__dict__.get("_rows", False)
+    if found is not False:
+        return found
+    walk._rows = None
+    if walk.colls or walk.serving:
+        return None
+    shaped = _scrape_columns(walk)
+    if shaped is None:
+        return None
+    t0, g0, cols = shaped
+    out = {}
+    for column, values in cols.items():
+        if column in _FAULT_COLUMNS and values.any():
+            return None
+        if column in _INT_COLUMNS:
+            out[column] = np.round(values).astype(np.int64).tolist()  # half to even, as the frame path's round(0)
+        elif not np.isfinite(values).all():
+            return None
+        else:
+            out[column] = values.tolist()
+    texts = [v for g in walk.gpus for v in g.values() if isinstance(v, str)]
+    texts += [v for r in walk.workloads for v in r.values() if isinstance(v, str)]
+    texts += [series for _, series in walk.series_rows]
+    if any("\x00" in v for v in texts):
+        return None
+    uuids = [g["gpu_uuid"] for g in walk.gpus]
+    walk._rows = (t0.tolist(), [uuids[g] for g in g0.tolist()], out)
+    return walk._rows
+
+
 def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]] | None:
     """Many requests' readings as plain rows per frame, ``(columns, rows)`` with times in epoch
     microseconds, for ``Store.write_rows``: what ``gather``'s Batch stores, without building frames. None
-    unless every walk is a scrape of GPU samples and plain series (no NCCL operations, no serving rows),
-    with no fault reading (a health event needs the frame path), no GPU in two walks, every float finite
-    and no NUL in any text (which the frame path refuses, and says where)."""
-    samples: list[tuple[Any, ...]] = []
+    unless every walk is ``plain`` and no GPU is in two of them."""
     columns: dict[str, None] = {}
     per_walk = []
     seen: set[str] = set()
     for w in walks:
-        if w.colls or w.serving:
+        rows = _walk_rows(w)
+        if rows is None:
             return None
-        shaped = _scrape_columns(w)
-        if shaped is None:
-            return None
-        t0, g0, cols = shaped
         uuids = [g["gpu_uuid"] for g in w.gpus]
         if not seen.isdisjoint(uuids):
             return None
         seen.update(uuids)
-        out = {}
-        for column, values in cols.items():
-            if column in _FAULT_COLUMNS and values.any():
-                return None
-            if column in _INT_COLUMNS:
-                out[column] = np.round(values).astype(np.int64).tolist()
-            elif not np.isfinite(values).all():
-                return None
-            else:
-                out[column] = values.tolist()
-            columns[column] = None
-        per_walk.append((t0.tolist(), [uuids[g] for g in g0.tolist()], out))
+        columns.update(dict.fromkeys(rows[2]))
+        per_walk.append(rows)
     names = tuple(columns)
+    samples: list[tuple[Any, ...]] = []
     for ts, keys, out in per_walk:
         filled = [out.get(c) or [None] * len(ts) for c in names]
         samples.extend(zip(ts, keys, *filled))
@@ -183,16 +208,13 @@ def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[An
             workload.setdefault((r["ts_us"], r["gpu_uuid"]), (r["ts_us"], r["gpu_uuid"], *(r[c] for c in _WORKLOAD_COLUMNS)))
         for (ts_us, series), value in w.series_rows.items():
             metrics.setdefault((ts_us, series), (ts_us, series, value))
-    text = [*inventory.values(), *workload.values()]
-    if any("\x00" in v for row in text for v in row if isinstance(v, str)) or any("\x00" in k[1] for k in metrics):
-        return None
     out_frames = {"gpu_sample": (("ts", "gpu_uuid", *names), samples)}
-    for name, cols, rows in (("gpu", _GPU_TUPLE_COLUMNS, list(inventory.values())),
-                             ("gpu_workload", ("ts", "gpu_uuid", *_WORKLOAD_COLUMNS), list(workload.values())),
-                             ("metric_sample", ("ts", "series", "value"), list(metrics.values()))):
+    for name, cols, rows_ in (("gpu", _GPU_TUPLE_COLUMNS, list(inventory.values())),
+                              ("gpu_workload", ("ts", "gpu_uuid", *_WORKLOAD_COLUMNS), list(workload.values())),
+                              ("metric_sample", ("ts", "series", "value"), list(metrics.values()))):
         # a column null in every row is left out (none of these has a server default)
-        keep = [i for i, c in enumerate(cols) if i < 2 or any(r[i] is not None for r in rows)]
-        out_frames[name] = (tuple(cols[i] for i in keep), rows if len(keep) == len(cols) else [tuple(r[i] for i in keep) for r in rows])
+        keep = [i for i, c in enumerate(cols) if i < 2 or any(r[i] is not None for r in rows_)]
+        out_frames[name] = (tuple(cols[i] for i in keep), rows_ if len(keep) == len(cols) else [tuple(r[i] for i in keep) for r in rows_])
     return {k: v for k, v in out_frames.items() if v[1]}
 
 

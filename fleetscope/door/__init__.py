@@ -305,6 +305,46 @@ def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], li
     return frames, [_offered(lines) for lines in lines_of], [lines.values() for lines in lines_of]
 
 
+def _kind(push: Push) -> str:
+    """Which write a push can share: ``lines`` / ``otlp`` for what ``_as_rows`` takes, else ``frames``."""
+    if push.lines is not None and push.batch is None and not dcgm_lines.faulty(push.lines):
+        return "lines"
+    if push.otlp is not None and push.batch is None and otlp.plain(push.otlp):
+        return "otlp"
+    return "frames"
+
+
+def _gpus(push: Push) -> list[str]:
+    if push.lines is not None:
+        return push.lines.keys
+    if push.otlp is not None:
+        return otlp.gpu_uuids(push.otlp)
+    return []
+
+
+def _split(group: list[Any]) -> list[list[Any]]:
+    """A group as the writes it takes: its plain dcgm bodies as rows, its plain OTLP requests as rows, the
+    rest (a fault reading, a JSON batch, ...) as frames, each a transaction of its own, so that one node's
+    XID does not send a whole group down the frame path. Each push is still in one transaction whole. Kept
+    one group where two kinds name one GPU: which copy of a reading is stored follows arrival order within
+    a write, not across writes."""
+    if len(group) < 2 or any(item[0].batch is not None for item in group):
+        return [group]  # a parsed batch's GPUs are not listed here: kept whole
+    kinds: dict[str, list[Any]] = {}
+    for item in group:
+        kinds.setdefault(_kind(item[0]), []).append(item)
+    parts = list(kinds.values())
+    if len(parts) < 2:
+        return [group]
+    seen: set[str] = set()
+    for part in parts:
+        gpus = {g for item in part for g in _gpus(item[0])}
+        if not seen.isdisjoint(gpus):
+            return [group]
+        seen |= gpus
+    return parts
+
+
 def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
     """The group's Batch, each push's rows offered per frame, and each push's values."""
     lined = [p for p in pushes if p.lines is not None]
@@ -514,6 +554,11 @@ class Door:
                                                                                      values=values[0]), skipped_duplicate=True, notes=push.notes))
 
     def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+        parts = _split(fresh)
+        if len(parts) > 1:
+            for part in parts:
+                self._write(part)
+            return
         pushes = [p for p, _ in fresh]
         source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
         batch = None
