@@ -53,6 +53,8 @@ class _Shape:
     time_idx: np.ndarray  # (points, 8) byte positions of each point's time
     value_idx: np.ndarray  # (points, 8) byte positions of each point's value
     value_tag_at: np.ndarray  # position of each point's value tag (0x21 double, 0x31 int)
+    struct_idx: np.ndarray  # every byte the walk that found the slots read
+    struct_bytes: np.ndarray  # and what it read there
 
     def digest(self, arr: np.ndarray) -> bytes:
         return hashlib.sha256(np.bitwise_and(arr, self.keep).data).digest()  # SHA-NI: faster than BLAKE2 here
@@ -165,30 +167,44 @@ def _evict() -> None:
 
 def _find_shape(data: bytes) -> _Shape | None:
     """The fixed64 slots of every data point of every gauge/sum in ``data``, or None where a point has no
-    time or no value, or one of them twice."""
+    time or no value, or one of them twice. A shape of this length already known is taken where the body
+    has the same bytes at every place this walk would read (each field's tag and length, each varint):
+    the walk would then find the same slots."""
     global _shape_count
+    arr = np.frombuffer(data, np.uint8)
+    for known in _SHAPES.get(len(data), ()):
+        if np.array_equal(arr[known.struct_idx], known.struct_bytes):
+            return known
     times: list[int] = []
     values: list[int] = []
     tags: list[int] = []
     starts: list[int] = []
+    read_at: list[int] = []  # [start, end) of every byte range the walk reads, flat
+    mark = read_at.extend
+
+    def fields(pos: int, end: int, depth: int) -> Any:
+        for num, wt, at, a, b in _fields(data, pos, end, depth):
+            mark((at, a if wt in (1, 2, 5) else b))
+            yield num, wt, at, a, b
+
     try:
-        for num, wt, _at, a, b in _fields(data, 0, len(data)):
+        for num, wt, _at, a, b in fields(0, len(data), 0):
             if num != 1 or wt != 2:
                 continue
-            for num2, wt2, _at2, a2, b2 in _fields(data, a, b, 1):
+            for num2, wt2, _at2, a2, b2 in fields(a, b, 1):
                 if num2 != 2 or wt2 != 2:
                     continue
-                for num3, wt3, _at3, a3, b3 in _fields(data, a2, b2, 2):
+                for num3, wt3, _at3, a3, b3 in fields(a2, b2, 2):
                     if num3 != 2 or wt3 != 2:
                         continue
-                    for num4, wt4, _at4, a4, b4 in _fields(data, a3, b3, 3):
+                    for num4, wt4, _at4, a4, b4 in fields(a3, b3, 3):
                         if num4 not in (5, 7) or wt4 != 2:
                             continue
-                        for num5, wt5, _at5, a5, b5 in _fields(data, a4, b4, 4):
+                        for num5, wt5, _at5, a5, b5 in fields(a4, b4, 4):
                             if num5 != 1 or wt5 != 2:
                                 continue
-                            t = v = -1
-                            for num6, wt6, at6, a6, _b6 in _fields(data, a5, b5, 5):
+                            t = v = tag_at = -1
+                            for num6, wt6, at6, a6, _b6 in fields(a5, b5, 5):
                                 if wt6 != 1:
                                     continue
                                 if num6 == 3:
@@ -217,14 +233,15 @@ def _find_shape(data: bytes) -> _Shape | None:
     keep[value_idx] = 0
     if starts:
         keep[np.array(starts, np.int64)[:, None] + _B8] = 0
+    spans = np.array(read_at, np.int64).reshape(-1, 2)
+    lengths = spans[:, 1] - spans[:, 0]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    struct_idx = np.repeat(spans[:, 0] - offsets, lengths) + np.arange(int(lengths.sum()))
     shapes = _SHAPES.setdefault(len(data), [])
-    for s in shapes:
-        if np.array_equal(s.keep, keep) and np.array_equal(s.value_tag_at, tags):
-            return s
     if len(shapes) >= _MAX_SHAPES_PER_LENGTH:
         return None
     _shape_count += 1
-    shape = _Shape(_shape_count, len(data), keep, time_idx, value_idx, np.array(tags, np.int64))
+    shape = _Shape(_shape_count, len(data), keep, time_idx, value_idx, np.array(tags, np.int64), struct_idx, arr[struct_idx].copy())
     shapes.append(shape)
     return shape
 

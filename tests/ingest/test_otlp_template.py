@@ -302,3 +302,21 @@ def test_rows_decline_what_needs_the_frame_path(change):
     if change == "gpu-twice":
         walks.append(otlp.read(restamp(a, TS + 1), encoding="protobuf"))
     assert otlp.tuples(walks) is None
+
+
+def test_same_length_other_structure_gets_its_own_shape():
+    """A body as long as a known one whose fields sit elsewhere (one label a byte shorter, another a byte
+    longer): the known shape's slots are not taken for it."""
+    a = scrape(gpus=8)
+    b = ExportMetricsServiceRequest(); b.CopyFrom(a)
+    p = b.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    p.attributes[0].value.string_value += "0"  # gpu: "0" -> "00"
+    p.attributes[3].value.string_value = p.attributes[3].value.string_value[:-1]  # device: "nvidia0" -> "nvidia"
+    body_a, body_b = a.SerializeToString(), b.SerializeToString()
+    assert len(body_a) == len(body_b)
+    read(body_a)
+    assert_same_outcome(body_b)
+    assert len(otlp_template._SHAPES[len(body_a)]) == 2
+    assert_same_outcome(restamp(b, TS + 10**10))
+    assert_same_outcome(restamp(a, TS + 10**10))
+    assert hits() == 2
