@@ -58,6 +58,51 @@ def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | Non
         server.wait(timeout=30)
 
 
+class CpuWatch:
+    """CPU seconds of every process whose command line holds ``needle`` (a database's backends), sampled
+    every ``interval_s`` from a thread: a backend that exits between reads keeps what it was last seen at."""
+
+    def __init__(self, needle: str, interval_s: float = 0.25):
+        import threading
+
+        self.needle, self.interval_s = needle, interval_s
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> float:
+        for pid, cpu in _cpu_by_pid(self.needle).items():
+            self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
+        return sum(self.seen.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _cpu_by_pid(needle: str) -> dict[int, float]:
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def cpu_seconds(root_pid: int | None = None, cmdline_has: str | None = None) -> float:
     """User + system CPU seconds of ``root_pid`` and its descendants, or of every process whose command
     line holds ``cmdline_has`` (a database's backends, whose title names the database); 0 without /proc."""

@@ -240,15 +240,21 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
             reqs = (dcgm_requests(args.hosts, args.rounds, hh, "/api/v1/ingest/dcgm", token, "ts") if kind == "dcgm"
                     else otlp_requests(args.hosts, args.rounds, hh, token))
             before = stored_rows(url)
-            dbname = url.rsplit("/", 1)[1]
+            # PostgreSQL's backends of this database (their title names it); a pooled connection closed
+            # mid-run keeps the CPU it was last seen with
+            watch = _server.CpuWatch(f" {url.rsplit('/', 1)[1]} ") if label == "postgresql" else None
 
             def cpu() -> dict[str, float]:
                 out = {"server": _server.cpu_seconds(started[0])}
-                if label == "postgresql":
-                    out["postgres"] = _server.cpu_seconds(cmdline_has=f" {dbname} ")
+                if watch is not None:
+                    out["postgres"] = watch.sample()
                 return out
 
-            seconds, lat, st, steady = asyncio.run(_drive(base, reqs, args.connections, cpu))
+            try:
+                seconds, lat, st, steady = asyncio.run(_drive(base, reqs, args.connections, cpu))
+            finally:
+                if watch is not None:
+                    watch.close()
             report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
                    workers=args.workers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 
