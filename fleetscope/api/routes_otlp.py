@@ -64,7 +64,9 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
     if encoding == "json" and jsonbody.depth_over(body, max_depth):
         raise ParseError(str(jsonbody.TooDeep(max_depth)), source="otlp:/v1/metrics")
     # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
-    return otlp.read(body, encoding=encoding, source="otlp:/v1/metrics"), content_hash(body + encoding.encode())
+    walk = otlp.read(body, encoding=encoding, source="otlp:/v1/metrics")
+    otlp.plain(walk)  # its rows worked out here, off the door's one writer thread (kept on the walk)
+    return walk, content_hash(body + encoding.encode())
 
 
 @router.post("/v1/metrics")
