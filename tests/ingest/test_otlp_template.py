@@ -320,3 +320,19 @@ def test_same_length_other_structure_gets_its_own_shape():
     assert_same_outcome(restamp(b, TS + 10**10))
     assert_same_outcome(restamp(a, TS + 10**10))
     assert hits() == 2
+
+
+def test_learning_backs_off_for_bodies_that_never_come_again(monkeypatch):
+    """Past half the cache with few hits, one miss in 16 learns; a fleet whose nodes come again keeps learning."""
+    monkeypatch.setattr(otlp_template, "_MAX_TEMPLATES", 16)
+    for h in range(40):  # every body new (another GPU set each time), none read again
+        read(scrape(gpus=2, value=lambda i, f, h=h: float(h), resource={"service.name": f"x{h:03d}"}).SerializeToString())
+    learned = otlp_template._stats["learned"]
+    assert 8 <= learned < 12  # 8 freely, then about one in 16 of the 32 misses after
+    otlp_template.clear()
+    fleet = [scrape(gpus=2, resource={"service.name": f"n{h:03d}"}) for h in range(12)]
+    for r in range(3):
+        for req in fleet:
+            read(restamp(req, TS + r * 10**10))
+    # 8 learned in the first round (half the cache), the other 4 once the first 8 came back
+    assert otlp_template._stats["learned"] == 12 and hits() == 8 + 12
