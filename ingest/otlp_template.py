@@ -121,9 +121,9 @@ def lookup(data: bytes) -> Any:
 def learn(data: bytes, walk: Any, read: Any) -> None:
     """Make a template of ``data``, whose walk the general path (``read``: bytes to walk) gave as ``walk``,
     where one can stand for it. Learning costs about two general reads. A fleet's first round learns a
-    template per node and the rounds after use them; a sender whose bodies never come again would pay
-    that on every push, so past half the cache with fewer hits than a quarter of the templates learned,
-    only one miss in 16 tries."""
+    template per node (up to half the cache; the rest once those come back) and the rounds after use
+    them; a sender whose bodies never come again would pay that on every push, so past half the cache
+    with fewer hits than a quarter of the templates learned, only one miss in 16 tries."""
     if walk.colls or walk.serving or walk.rejected or len(data) > MAX_BYTES:
         return
     if _stats["learned"] >= _MAX_TEMPLATES // 2 and 4 * _stats["hits"] < _stats["learned"] and _stats["misses"] % 16:
