@@ -5,10 +5,11 @@ alert evaluation, and it commits concurrent pushes together.
 Group commit. A fleet arrives as thousands of small pushes (an agent per node, ~240 values each), and a
 write's fixed costs — a transaction, a frame conform, a duplicate-input query, an inventory compare — do not
 shrink with the push. One writer thread per process takes every push that is waiting (after at most
-``FLEETSCOPE_GROUP_COMMIT_MS`` for company), builds the group's frames once, and writes them in one
-transaction with one ingest-log row per push. Small dcgm-exporter bodies are not even parsed alone:
-:mod:`ingest.dcgm_lines` reads each into lists, and a group of them goes to the store as plain rows
-(``Store.write_rows``), or, where a body carries a fault reading, is assembled into frames in one go.
+``FLEETSCOPE_GROUP_COMMIT_MS`` for company) and writes them with one ingest-log row per push, in as
+few transactions as their kinds allow (``_split``): small dcgm-exporter bodies, which
+:mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as plain rows
+(``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
+(health events need the frame path) or parsed already are assembled into frames in one go.
 
 What each push is promised:
 - *Acknowledged means stored.* A push's future resolves only after the transaction holding its rows
