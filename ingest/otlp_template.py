@@ -40,7 +40,9 @@ _MAX_TEMPLATES = 16_384
 # Shapes by body length: bodies of one length from a fleet's nodes usually share one.
 _MAX_SHAPES_PER_LENGTH = 4
 # Larger bodies are a scrape of many GPUs, read by the wire path's own layouts.
-MAX_BYTES = 1 << 20
+MAX_BYTES = 512 * 1024
+# What the shapes may hold in memory together (about 150 KB for an 8-GPU body's); past it all are forgotten.
+_MAX_SHAPE_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -55,6 +57,10 @@ class _Shape:
     value_tag_at: np.ndarray  # position of each point's value tag (0x21 double, 0x31 int)
     struct_idx: np.ndarray  # every byte the walk that found the slots read
     struct_bytes: np.ndarray  # and what it read there
+
+    @property
+    def nbytes(self) -> int:
+        return self.keep.nbytes + self.time_idx.nbytes + self.value_idx.nbytes + self.struct_idx.nbytes + self.struct_bytes.nbytes
 
     def digest(self, arr: np.ndarray) -> bytes:
         return hashlib.sha256(np.bitwise_and(arr, self.keep).data).digest()  # SHA-NI: faster than BLAKE2 here
@@ -129,7 +135,7 @@ def learn(data: bytes, walk: Any, read: Any) -> None:
     if _stats["learned"] >= _MAX_TEMPLATES // 2 and 4 * _stats["hits"] < _stats["learned"] and _stats["misses"] % 16:
         return
     with _lock:
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES or sum(x.nbytes for v in _SHAPES.values() for x in v) > _MAX_SHAPE_BYTES:
             _evict()
         _learn(data, walk, read)
 

@@ -336,3 +336,13 @@ def test_learning_backs_off_for_bodies_that_never_come_again(monkeypatch):
             read(restamp(req, TS + r * 10**10))
     # 8 learned in the first round (half the cache), the other 4 once the first 8 came back
     assert otlp_template._stats["learned"] == 12 and hits() == 8 + 12
+
+
+def test_shapes_are_forgotten_past_their_memory_budget(monkeypatch):
+    """Bodies of ever new lengths each leave a shape; past the budget all are forgotten, and reading goes on."""
+    monkeypatch.setattr(otlp_template, "_MAX_SHAPE_BYTES", 20_000)
+    for g in range(1, 12):
+        read(scrape(gpus=g).SerializeToString())
+        assert sum(x.nbytes for v in otlp_template._SHAPES.values() for x in v) <= 20_000 + 25_000  # the budget and one more
+    assert len(otlp_template._SHAPES) < 11
+    assert_same_outcome(restamp(scrape(gpus=11), TS + 10**10))
