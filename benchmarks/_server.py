@@ -32,9 +32,11 @@ def wait_healthy(url: str, tries: int = 300) -> None:
 
 
 @contextlib.contextmanager
-def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
+def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None,
+               started: list[int] | None = None) -> Iterator[tuple[str, str]]:
     """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
-    environment (a shared data directory, a broker, alerting settings)."""
+    environment (a shared data directory, a broker, alerting settings). The server's process id is
+    appended to ``started`` where given (its CPU time is read from /proc)."""
     from fleetscope.services import auth
     from fleetscope.store import db
 
@@ -45,6 +47,8 @@ def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | Non
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if started is not None:
+        started.append(server.pid)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base + "/healthz")
@@ -52,3 +56,80 @@ def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | Non
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+class CpuWatch:
+    """CPU seconds of every process whose command line holds ``needle`` (a database's backends), sampled
+    every ``interval_s`` from a thread: a backend that exits between reads keeps what it was last seen at."""
+
+    def __init__(self, needle: str, interval_s: float = 0.25):
+        import threading
+
+        self.needle, self.interval_s = needle, interval_s
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> float:
+        for pid, cpu in _cpu_by_pid(self.needle).items():
+            self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
+        return sum(self.seen.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _cpu_by_pid(needle: str) -> dict[int, float]:
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if needle.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_seconds(root_pid: int | None = None, cmdline_has: str | None = None) -> float:
+    """User + system CPU seconds of ``root_pid`` and its descendants, or of every process whose command
+    line holds ``cmdline_has`` (a database's backends, whose title names the database); 0 without /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    cmds: dict[int, bytes] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if cmdline_has is not None:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmds[int(entry)] = f.read()
+        except OSError:
+            continue
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    if cmdline_has is not None:
+        needle = cmdline_has.encode()
+        return sum(cpu for pid, (_, cpu) in stats.items() if needle in cmds.get(pid, b""))
+    keep = {root_pid}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in keep and pid not in keep:
+                keep.add(pid)
+                grew = True
+    return sum(stats[pid][1] for pid in keep if pid in stats)

@@ -114,10 +114,12 @@ async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list
         writer.close()
 
 
-async def _drive(base: str, rounds: list[list[bytes]], connections: int) -> tuple[float, list[float], dict[int, int], dict]:
+async def _drive(base: str, rounds: list[list[bytes]], connections: int, cpu: object = None) -> tuple[float, list[float], dict[int, int], dict]:
     """Seconds, latencies and statuses of all rounds, and the same for the rounds after the first as
     ``{"seconds", "latencies"}``: the first round is the service meeting every node for the first time
-    (series, inventory, a template per node), the rest the steady state of a fleet it knows."""
+    (series, inventory, a template per node), the rest the steady state of a fleet it knows. ``cpu``
+    (no arguments: CPU seconds so far of what is measured) is read after the first round and at the end:
+    ``{"cpu_s"}`` is what the steady state cost."""
     host, port = base.split("//")[1].split(":")
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -130,8 +132,11 @@ async def _drive(base: str, rounds: list[list[bytes]], connections: int) -> tupl
         await asyncio.gather(*(_connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
         if i == 0:
             after_first, first_n = time.perf_counter(), len(latencies)
+            cpu_first = cpu() if cpu else {}
     end = time.perf_counter()
-    return end - start, latencies, statuses, {"seconds": end - after_first, "latencies": latencies[first_n:]}
+    cpu_end = cpu() if cpu else {}
+    return end - start, latencies, statuses, {"seconds": end - after_first, "latencies": latencies[first_n:],
+                                              "cpu_s": {k: cpu_end[k] - cpu_first[k] for k in cpu_end}}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -153,6 +158,9 @@ def report(system: str, body: str, hosts: int, seconds: float, latencies: list[f
         n_s = len(steady["latencies"])
         line.update(steady_requests_per_s=round(n_s / steady["seconds"]), steady_p50_ms=round(_quantile(steady["latencies"], 0.5) * 1e3, 1),
                     steady_p99_ms=round(_quantile(steady["latencies"], 0.99) * 1e3, 1))
+        for what, seconds_ in steady.get("cpu_s", {}).items():
+            # CPU a push costs in the steady state, whatever else loads the machine
+            line[f"steady_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n_s, 2)
     if peer:
         line["ratio_to_victoriametrics"] = round(line["requests_per_s"] / peer["requests_per_s"], 2)
         if "steady_requests_per_s" in line and "steady_requests_per_s" in peer:
@@ -226,12 +234,27 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
     for kind in ("dcgm", "otlp"):
         if args.only and kind != args.only:
             continue
-        with _server.served_api(url, args.workers) as (base, token):
+        started: list[int] = []
+        with _server.served_api(url, args.workers, started=started) as (base, token):
             hh = base.split("//")[1]
             reqs = (dcgm_requests(args.hosts, args.rounds, hh, "/api/v1/ingest/dcgm", token, "ts") if kind == "dcgm"
                     else otlp_requests(args.hosts, args.rounds, hh, token))
             before = stored_rows(url)
-            seconds, lat, st, steady = asyncio.run(_drive(base, reqs, args.connections))
+            # PostgreSQL's backends of this database (their title names it); a pooled connection closed
+            # mid-run keeps the CPU it was last seen with
+            watch = _server.CpuWatch(f" {url.rsplit('/', 1)[1]} ") if label == "postgresql" else None
+
+            def cpu() -> dict[str, float]:
+                out = {"server": _server.cpu_seconds(started[0])}
+                if watch is not None:
+                    out["postgres"] = watch.sample()
+                return out
+
+            try:
+                seconds, lat, st, steady = asyncio.run(_drive(base, reqs, args.connections, cpu))
+            finally:
+                if watch is not None:
+                    watch.close()
             report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
                    workers=args.workers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 

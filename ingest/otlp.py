@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import Batch
 from fleetscope.core.protowire import WireError as _WireError
+from ingest import otlp_template
 from ingest.format import FormatSpec, Sniff
-from ingest.otlp_mapping import _attrs, _gpu_target, _Walk, _walk_request
+from ingest.otlp_mapping import _INT_COLUMNS, _attrs, _distinct, _gpu_target, _Walk, _walk_request
 from ingest.otlp_wire import _LabelSets, _real_metric, _strip, _wire_points, locate_error
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -71,7 +75,11 @@ def read(data: bytes, *, encoding: str, source: str = "") -> _Walk:
     """What ``parse`` gathers from a request before building its frames: many requests' readings are
     built into one Batch by ``gather`` (a group commit of agents' pushes), each frame once."""
     if encoding == "protobuf":
-        return _parse_protobuf(data, source)
+        walk = otlp_template.lookup(data)
+        if walk is None:
+            walk = _parse_protobuf(data, source)
+            otlp_template.learn(data, walk, lambda body: _parse_protobuf(body, source))
+        return walk
     return _walk_request(decode(data, encoding=encoding, source=source))
 
 
@@ -101,6 +109,115 @@ def gather(walks: list[_Walk], source: str = "") -> Batch:
     return merged.batch(source)
 
 
+_FAULT_COLUMNS = frozenset(("xid_last", *(c for c, *_ in DCGM_HEALTH_COUNTERS)))
+_GPU_TUPLE_COLUMNS = ("gpu_uuid", "host", "pci_bus_id", "model_name")
+_WORKLOAD_COLUMNS = ("namespace", "pod", "container")
+
+
+def _scrape_columns(walk: _Walk) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+    """(ts_us, GPU number, values per column) of a walk whose GPU metrics all have the same points in the
+    same order, no (ts, GPU) twice (``_wide``'s scrape case, a later metric of a column winning); None for
+    any other walk."""
+    found = walk.__dict__.get("_scrape", False)  # worked out once a walk: the door asks twice
+    if found is not False:
+        return found
+    found = None
+    parts = walk.parts
+    if not parts:
+        found = np.zeros(0, np.int64), np.zeros(0, np.int64), {}
+    else:
+        t0, g0 = parts[0][0], parts[0][1]
+        if all(p[0].size == t0.size and p[1].size == g0.size for p in parts) and t0.size == g0.size:
+            same = len(parts) == 1 or (bool((np.stack([p[0] for p in parts[1:]]) == t0).all())
+                                       and bool((np.stack([p[1] for p in parts[1:]]) == g0).all()))
+            if same and _distinct(t0, g0):
+                found = t0, g0, {column: values for _t, _g, column, values in parts}  # a later metric of a column wins
+    walk._scrape = found
+    return found
+
+
+def plain(walk: _Walk) -> bool:
+    """Whether a request's readings can be written as rows (``tuples``): a scrape of GPU samples and plain
+    series (no NCCL operations, no serving rows) with no fault reading (a health event needs the frame
+    path), every float finite and no NUL in any text (which the frame path refuses, and says where)."""
+    return _walk_rows(walk) is not None
+
+
+def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]] | None:
+    """(ts_us, GPU key, values per column) of a ``plain`` walk's gpu_sample rows; None for another walk.
+    Worked out once a walk."""
+    found = walk.__dict__.get("_rows", False)
+    if found is not False:
+        return found
+    walk._rows = None
+    if walk.colls or walk.serving:
+        return None
+    shaped = _scrape_columns(walk)
+    if shaped is None:
+        return None
+    t0, g0, cols = shaped
+    out = {}
+    for column, values in cols.items():
+        if column in _FAULT_COLUMNS and values.any():
+            return None
+        if column in _INT_COLUMNS:
+            out[column] = np.round(values).astype(np.int64).tolist()  # half to even, as the frame path's round(0)
+        elif not np.isfinite(values).all():
+            return None
+        else:
+            out[column] = values.tolist()
+    texts = [v for g in walk.gpus for v in g.values() if isinstance(v, str)]
+    texts += [v for r in walk.workloads for v in r.values() if isinstance(v, str)]
+    texts += [series for _, series in walk.series_rows]
+    if any("\x00" in v for v in texts):
+        return None
+    uuids = [g["gpu_uuid"] for g in walk.gpus]
+    walk._rows = (t0.tolist(), [uuids[g] for g in g0.tolist()], out)
+    return walk._rows
+
+
+def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]] | None:
+    """Many requests' readings as plain rows per frame, ``(columns, rows)`` with times in epoch
+    microseconds, for ``Store.write_rows``: what ``gather``'s Batch stores, without building frames. None
+    unless every walk is ``plain`` and no GPU is in two of them."""
+    columns: dict[str, None] = {}
+    per_walk = []
+    seen: set[str] = set()
+    for w in walks:
+        rows = _walk_rows(w)
+        if rows is None:
+            return None
+        uuids = [g["gpu_uuid"] for g in w.gpus]
+        if not seen.isdisjoint(uuids):
+            return None
+        seen.update(uuids)
+        columns.update(dict.fromkeys(rows[2]))
+        per_walk.append(rows)
+    names = tuple(columns)
+    samples: list[tuple[Any, ...]] = []
+    for ts, keys, out in per_walk:
+        filled = [out.get(c) or [None] * len(ts) for c in names]
+        samples.extend(zip(ts, keys, *filled))
+    inventory: dict[str, tuple[Any, ...]] = {}
+    workload: dict[tuple[int, str], tuple[Any, ...]] = {}
+    metrics: dict[tuple[int, str], tuple[Any, ...]] = {}
+    for w in walks:
+        for g in w.gpus:
+            inventory[g["gpu_uuid"]] = tuple(g[c] for c in _GPU_TUPLE_COLUMNS)
+        for r in w.workloads:
+            workload.setdefault((r["ts_us"], r["gpu_uuid"]), (r["ts_us"], r["gpu_uuid"], *(r[c] for c in _WORKLOAD_COLUMNS)))
+        for (ts_us, series), value in w.series_rows.items():
+            metrics.setdefault((ts_us, series), (ts_us, series, value))
+    out_frames = {"gpu_sample": (("ts", "gpu_uuid", *names), samples)}
+    for name, cols, rows_ in (("gpu", _GPU_TUPLE_COLUMNS, list(inventory.values())),
+                              ("gpu_workload", ("ts", "gpu_uuid", *_WORKLOAD_COLUMNS), list(workload.values())),
+                              ("metric_sample", ("ts", "series", "value"), list(metrics.values()))):
+        # a column null in every row is left out (none of these has a server default)
+        keep = [i for i, c in enumerate(cols) if i < 2 or any(r[i] is not None for r in rows_)]
+        out_frames[name] = (tuple(cols[i] for i in keep), rows_ if len(keep) == len(cols) else [tuple(r[i] for i in keep) for r in rows_])
+    return {k: v for k, v in out_frames.items() if v[1]}
+
+
 def gpu_uuids(walk: _Walk) -> list[str]:
     """The GPUs a request's readings are about (to keep apart requests that share one)."""
     return [g["gpu_uuid"] for g in walk.gpus]
@@ -109,10 +226,15 @@ def gpu_uuids(walk: _Walk) -> list[str]:
 def counts(walk: _Walk) -> tuple[dict[str, int], int]:
     """Rows a request offers per frame (health events aside) and the values it carries, as its ``parse``
     Batch would count them, without building the frames."""
-    cells = {(t, g, col) for ts, gids, col, _ in walk.parts for t, g in zip(ts.tolist(), gids.tolist())}
-    rows = {"gpu_sample": len({(t, g) for t, g, _ in cells}), "gpu": len(walk.gpus), "gpu_workload": len(walk.workloads),
+    shaped = _scrape_columns(walk)
+    if shaped is not None:
+        n_rows, n_cells = shaped[0].size, shaped[0].size * len(shaped[2])
+    else:
+        cells = {(t, g, col) for ts, gids, col, _ in walk.parts for t, g in zip(ts.tolist(), gids.tolist())}
+        n_rows, n_cells = len({(t, g) for t, g, _ in cells}), len(cells)
+    rows = {"gpu_sample": n_rows, "gpu": len(walk.gpus), "gpu_workload": len(walk.workloads),
             "metric_sample": len(walk.series_rows), "collective": len(walk.colls)}
-    return {k: v for k, v in rows.items() if v}, len(cells) + len(walk.series_rows)
+    return {k: v for k, v in rows.items() if v}, n_cells + len(walk.series_rows)
 
 
 def rejected(walk: _Walk) -> tuple[int, dict[str, int]]:

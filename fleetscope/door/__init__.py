@@ -5,10 +5,11 @@ alert evaluation, and it commits concurrent pushes together.
 Group commit. A fleet arrives as thousands of small pushes (an agent per node, ~240 values each), and a
 write's fixed costs — a transaction, a frame conform, a duplicate-input query, an inventory compare — do not
 shrink with the push. One writer thread per process takes every push that is waiting (after at most
-``FLEETSCOPE_GROUP_COMMIT_MS`` for company), builds the group's frames once, and writes them in one
-transaction with one ingest-log row per push. Small dcgm-exporter bodies are not even parsed alone:
-:mod:`ingest.dcgm_lines` reads each into lists, and a group of them goes to the store as plain rows
-(``Store.write_rows``), or, where a body carries a fault reading, is assembled into frames in one go.
+``FLEETSCOPE_GROUP_COMMIT_MS`` for company) and writes them with one ingest-log row per push, in as
+few transactions as their kinds allow (``_split``): small dcgm-exporter bodies, which
+:mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as plain rows
+(``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
+(health events need the frame path) or parsed already are assembled into frames in one go.
 
 What each push is promised:
 - *Acknowledged means stored.* A push's future resolves only after the transaction holding its rows
@@ -286,14 +287,63 @@ def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
 
 
 def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], list[dict[str, int]], list[int]] | None:
-    """A group of line-read dcgm bodies without fault readings as plain rows (``Store.write_rows``): the
-    frame machinery's fixed costs are most of a small group's write. None for any other group."""
+    """A group of line-read dcgm bodies, or of OTLP requests, without fault readings as plain rows
+    (``Store.write_rows``): the frame machinery's fixed costs are most of a small group's write. None for
+    any other group."""
+    if all(p.otlp is not None and p.batch is None for p in pushes):
+        walks = [p.otlp for p in pushes]
+        rows = otlp.tuples(walks)
+        if rows is None:
+            return None
+        counted = [otlp.counts(w) for w in walks]
+        return ([(F.FRAMES[name], Rows(cols, r)) for name, (cols, r) in rows.items()],
+                [c[0] for c in counted], [c[1] for c in counted])
     if any(p.lines is None or dcgm_lines.faulty(p.lines) for p in pushes):
         return None
     lines_of: list[dcgm_lines.Lines] = [p.lines for p in pushes]  # type: ignore[misc]
     rows_of = dcgm_lines.tuples([(lines, p.ts_us) for lines, p in zip(lines_of, pushes)])
     frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in rows_of.items() if rows]
     return frames, [_offered(lines) for lines in lines_of], [lines.values() for lines in lines_of]
+
+
+def _kind(push: Push) -> str:
+    """Which write a push can share: ``lines`` / ``otlp`` for what ``_as_rows`` takes, else ``frames``."""
+    if push.lines is not None and push.batch is None and not dcgm_lines.faulty(push.lines):
+        return "lines"
+    if push.otlp is not None and push.batch is None and otlp.plain(push.otlp):
+        return "otlp"
+    return "frames"
+
+
+def _gpus(push: Push) -> list[str]:
+    if push.lines is not None:
+        return push.lines.keys
+    if push.otlp is not None:
+        return otlp.gpu_uuids(push.otlp)
+    return []
+
+
+def _split(group: list[Any]) -> list[list[Any]]:
+    """A group as the writes it takes: its plain dcgm bodies as rows, its plain OTLP requests as rows, the
+    rest (a fault reading, a JSON batch, ...) as frames, each a transaction of its own, so that one node's
+    XID does not send a whole group down the frame path. Each push is still in one transaction whole. Kept
+    one group where two kinds name one GPU: which copy of a reading is stored follows arrival order within
+    a write, not across writes."""
+    if len(group) < 2 or any(item[0].batch is not None for item in group):
+        return [group]  # a parsed batch's GPUs are not listed here: kept whole
+    kinds: dict[str, list[Any]] = {}
+    for item in group:
+        kinds.setdefault(_kind(item[0]), []).append(item)
+    parts = list(kinds.values())
+    if len(parts) < 2:
+        return [group]
+    seen: set[str] = set()
+    for part in parts:
+        gpus = {g for item in part for g in _gpus(item[0])}
+        if not seen.isdisjoint(gpus):
+            return [group]
+        seen |= gpus
+    return parts
 
 
 def _assemble(pushes: Sequence[Push], source: str) -> tuple[F.Batch, list[dict[str, int]], list[int]]:
@@ -505,6 +555,11 @@ class Door:
                                                                                      values=values[0]), skipped_duplicate=True, notes=push.notes))
 
     def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+        parts = _split(fresh)
+        if len(parts) > 1:
+            for part in parts:
+                self._write(part)
+            return
         pushes = [p for p, _ in fresh]
         source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
         batch = None

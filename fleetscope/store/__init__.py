@@ -67,19 +67,24 @@ def _q(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _unnest_sql(table: str, columns: tuple[str, ...], key: Sequence[str], conflict: str) -> str:
+@functools.lru_cache(maxsize=512)
+def _unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str) -> str:
     """PostgreSQL: insert rows given as one array per column. Timestamps travel as epoch microseconds
-    (``Rows``' form) and are turned into ``timestamptz`` exactly, by integer interval arithmetic."""
+    (``Rows``' form) and are turned into ``timestamptz`` exactly, by integer interval arithmetic. The
+    arrays go in binary (``%b``): psycopg writes a text-format array element by element in Python, half
+    the client's time for an agents' group of 16 pushes (34 arrays of 128). A column holds one Python
+    type (``Rows``' promise: psycopg refuses a list of mixed types in either format)."""
+    mark = "%b"
 
     cols = schema.metadata.tables[table].columns
     arrays, exprs = [], []
     for c in columns:
         sa_type = cols[c].type
         if isinstance(sa_type, UTCDateTime):
-            arrays.append("%s::bigint[]")
+            arrays.append(f"{mark}::bigint[]")
             exprs.append(f"'epoch'::timestamptz + u.{_q(c)} * interval '1 microsecond' AS {_q(c)}")
         else:
-            arrays.append(f"%s::{sa_type.compile(dialect=postgresql.dialect())}[]")
+            arrays.append(f"{mark}::{sa_type.compile(dialect=postgresql.dialect())}[]")
             exprs.append(f"u.{_q(c)} AS {_q(c)}")
     names = ", ".join(_q(c) for c in columns)
     order = ", ".join(_q(k) for k in key)
@@ -526,9 +531,9 @@ class Store:
             # A small group (an agent's push or a few): one statement, the columns sent as arrays and
             # unnested, instead of a temp table's create, empty, COPY and INSERT ... SELECT: five round
             # trips a frame become one, and a push's write is mostly round trips.
-            sql = _unnest_sql(table, tuple(df.columns), key, conflict)
             with conn.connection.driver_connection.cursor() as cur:
-                cur.execute(sql, [list(col) for col in zip(*df.rows)] if df.rows else [[] for _ in df.columns])
+                cur.execute(_unnest_sql(table, tuple(df.columns), tuple(key), conflict),
+                            [list(col) for col in zip(*df.rows)] if df.rows else [[] for _ in df.columns])
                 return max(cur.rowcount, 0)
         # One temp table per column list: a session's tables keep the columns they were made with, and
         # writes of one table may carry different columns (all-null ones left out of a group's rows).

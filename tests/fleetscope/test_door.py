@@ -268,3 +268,109 @@ def test_otlp_pushes_are_built_together_and_a_repeated_gpu_stays_apart(store):
     assert _count(store, "gpu_sample") == 8 * 7
     gpu0 = store.read("gpu_sample", gpu_uuid=otlp.gpu_uuids(otlp.read(bodies[0], encoding="protobuf"))[:1])
     assert gpu0.height == 2
+
+
+def _otlp_bench():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("_bench_otlp", REPO / "benchmarks" / "ingest_otlp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | None = None) -> list[door.Push]:
+    """Agent-shaped OTLP requests (8 GPUs, 30 DCGM fields), one with pods and a plain series; ``faulty``:
+    that host's GPUs report XID 79."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from ingest import otlp
+
+    bench = _otlp_bench()
+    out = []
+    for h in hosts:
+        req = ExportMetricsServiceRequest.FromString(bench.build_request(8, t_ns, first=8 * h + 1))  # from GPU 1: no fault by default
+        for m in req.resource_metrics[0].scope_metrics[0].metrics:
+            for p in m.gauge.data_points:
+                if m.name == "DCGM_FI_DEV_XID_ERRORS":
+                    p.as_double = 79.0 if h == faulty else 0.0
+                if pods and h % 2:
+                    p.attributes.extend([KeyValue(key="pod", value=AnyValue(string_value=f"train-{h}")),
+                                         KeyValue(key="namespace", value=AnyValue(string_value="ml"))])
+        m = req.resource_metrics[0].scope_metrics[0].metrics.add()
+        m.name = "node.fan.speed"
+        dp = m.gauge.data_points.add()
+        dp.time_unix_nano, dp.as_double = t_ns, 1200.0 + h
+        dp.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=f"gpu-node-{h}")))
+        body = req.SerializeToString()
+        out.append(door.Push(f"otlp-{h}", f"{h:032x}{t_ns:032x}", ["otlp"], otlp=otlp.read(body, encoding="protobuf")))
+    return out
+
+
+@pytest.mark.parametrize("seen_before", [False, True], ids=["first-sight", "from-templates"])
+def test_the_otlp_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_before):
+    """A group of plain OTLP requests goes to the store as tuples (Store.write_rows); the same requests
+    built into frames (gather, Store.write) leave the same rows: pods, a plain series, integer columns."""
+    from fleetscope.store import db as dbm
+    from ingest import otlp, otlp_template
+
+    other_url = f"sqlite:///{tmp_path / 'frames.db'}"
+    dbm.upgrade(other_url)
+    rows_store, frames_store = Store.open(db_url), Store.open(other_url)
+    otlp_template.clear()
+    t_ns = 1_800_000_000 * 10**9
+    if seen_before:
+        _otlp_pushes(t_ns - 10**10, range(6))
+    hits = otlp_template._stats["hits"]
+    group = _otlp_pushes(t_ns, range(6))
+    assert otlp_template._stats["hits"] - hits == (6 if seen_before else 0)
+    assert door._as_rows(group) is not None and all(otlp.plain(p.otlp) for p in group)
+    d = door.Door(rows_store)
+    futures = [cf.Future() for _ in group]
+    d._write(list(zip(group, futures)))
+    frames_store.write(otlp.gather([p.otlp for p in _otlp_pushes(t_ns, range(6))]))
+    try:
+        assert [f.result(0).result.written["gpu_sample"] for f in futures] == [8] * 6
+        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample"):
+            a, b = rows_store.read(frame), frames_store.read(frame)
+            assert a.height > 0, frame
+            assert a.sort(a.columns).equals(b.sort(b.columns)), frame
+        assert rows_store.read("gpu_workload").height == 3 * 8
+    finally:
+        d.close()
+        rows_store.engine.dispose()
+        frames_store.engine.dispose()
+
+
+def test_a_faulty_push_is_written_apart_from_its_plain_group(store):
+    """One node's XID in a group of plain OTLP pushes: the plain ones go as rows, the faulty one as frames
+    (its health event written, alerting woken), each answered for itself; a re-send writes nothing."""
+    woken: list[int] = []
+    d = door.Door(store, after_commit=lambda health, jobs: woken.append(health.height))
+    gate = threading.Event()
+    original = d._commit
+    d._commit = lambda group: (gate.wait(10), original(group))[1]  # type: ignore[method-assign]
+    t_ns = 1_800_000_000 * 10**9
+    group = _otlp_pushes(t_ns, range(5), faulty=2)
+    assert [door._kind(p) for p in group] == ["otlp", "otlp", "frames", "otlp", "otlp"]
+    futures = [d.submit(p) for p in group]
+    gate.set()
+    answers = [f.result(30) for f in futures]
+    again = d.accept(_otlp_pushes(t_ns, range(5), faulty=2)[2], timeout_s=30)
+    d.close()
+    assert [a.result.written["gpu_sample"] for a in answers] == [8] * 5
+    assert [a.result.written.get("health_event", 0) for a in answers] == [0, 0, 8, 0, 0]
+    assert sum(woken) == 8
+    assert again.skipped_duplicate
+    assert _count(store, "gpu_sample") == 40 and _count(store, "health_event") == 8 and _count(store, "ingest_log") == 5
+    assert _count(store, "metric_sample") == 5
+
+
+def test_kinds_naming_one_gpu_stay_one_write():
+    """A plain and a faulty push about the same GPU are not split: arrival order decides which copy is kept."""
+    t_ns = 1_800_000_000 * 10**9
+    a = _otlp_pushes(t_ns, range(1))[0]
+    b = _otlp_pushes(t_ns, range(1), faulty=0)[0]
+    items = [(a, None), (b, None)]
+    assert door._split(items) == [items]
+    c = _otlp_pushes(t_ns, range(1, 2), faulty=1)[0]
+    assert door._split([(a, None), (c, None)]) == [[(a, None)], [(c, None)]]

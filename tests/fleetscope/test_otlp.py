@@ -321,3 +321,45 @@ def test_the_agents_lane_answers_otlp_as_the_route_does(api, realdata, monkeypat
     else:
         assert by_lane.status_code in (400, 413)
         assert sum(api.app.state.store.counts().values()) == 0
+
+
+def test_a_templated_agent_push_is_read_on_the_event_loop(api, monkeypatch):
+    """An agent's request whose template the service knows is read without a worker thread and stored as
+    the thread's way stores it; a first sight, or a body past the inline bounds, takes the thread."""
+    import importlib.util
+    from pathlib import Path
+
+    from fleetscope.api import routes_otlp
+    from ingest import otlp_template
+
+    spec = importlib.util.spec_from_file_location("_bench_otlp", Path(__file__).resolve().parents[2] / "benchmarks" / "ingest_otlp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threaded = []
+    real = routes_otlp.run_in_threadpool
+
+    async def counting(fn, *args):
+        threaded.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(routes_otlp, "run_in_threadpool", counting)
+    otlp_template.clear()
+    h = {**headers(api), "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+    import time
+
+    t_ns = (int(time.time()) - 3600) * 10**9  # an hour ago: inside the future-skew horizon
+    answers = []
+    for r in range(3):
+        body = gzip.compress(bench.build_request(8, t_ns + r * 10**10, first=8))
+        answers.append(httpx.post(api.url + "/v1/metrics", content=body, headers=h))
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert answers[0].content == answers[1].content == answers[2].content
+    assert threaded == ["_decode"]  # only the first sight
+    samples = api.app.state.store.read("gpu_sample")
+    assert samples.height == 24 and samples["ts"].n_unique() == 3
+    assert samples.sort("ts", "gpu_uuid")["temp_c"].to_list()[:8] == samples.sort("ts", "gpu_uuid")["temp_c"].to_list()[8:16]
+    monkeypatch.setattr(routes_otlp, "INLINE_MAX_BYTES", 10)
+    assert httpx.post(api.url + "/v1/metrics", content=gzip.compress(bench.build_request(8, t_ns + 30 * 10**9, first=8)),
+                      headers=h).status_code == 200
+    assert threaded == ["_decode", "_decode"]
+    assert api.app.state.store.read("gpu_sample").height == 32

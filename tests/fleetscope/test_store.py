@@ -474,3 +474,40 @@ def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path):
     assert main.stat().st_size > before + 1_000_000  # the thread did
     store.stop_checkpointing()
     assert store._checkpointer is None and store.read("gpu_sample").height == 10_000
+
+
+def test_rows_with_nulls_are_written_as_given(store):
+    """``Rows`` go to PostgreSQL as binary arrays (nulls among the values) and come back as given."""
+    from fleetscope.store import Rows
+
+    t = dt.datetime(2026, 3, 2, 12, tzinfo=dt.UTC)
+    us = int(t.timestamp() * 1_000_000)
+    rows = Rows(("ts", "gpu_uuid", "power_w", "temp_c"), [(us, "GPU-a", 300.5, 61), (us, "GPU-b", 301.0, None), (us, "GPU-c", None, 70)])
+    written = store.write_rows([(F.GPU_SAMPLE, rows)], ingest_log=lambda r: [("mixed", None, r.written, 6)], values=6)
+    assert written.written["gpu_sample"] == 3
+    got = {r["gpu_uuid"]: (r["power_w"], r["temp_c"]) for r in store.read("gpu_sample", start=t).iter_rows(named=True)}
+    assert got == {"GPU-a": (300.5, 61), "GPU-b": (301.0, None), "GPU-c": (None, 70)}
+
+
+def test_an_idle_pooled_connection_that_died_is_replaced(db_url, monkeypatch):
+    """PostgreSQL: a pooled connection idle past ``PING_AFTER_IDLE_S`` is pinged before use; one the
+    server ended is replaced without the caller seeing an error. One back sooner is not pinged."""
+    from sqlalchemy import text
+
+    from fleetscope.store import db as dbm
+
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite connections are files")
+    engine = dbm.make_engine(db_url)
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    with engine.connect() as conn:  # back at once: not pinged, same backend
+        assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+    other = dbm.make_engine(db_url)
+    with other.connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
+    other.dispose()
+    monkeypatch.setattr(dbm, "PING_AFTER_IDLE_S", 0.0)
+    with engine.connect() as conn:  # the dead one fails its ping and a new one is used
+        assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+    engine.dispose()

@@ -1,0 +1,348 @@
+"""OTLP whole-request templates (ingest.otlp_template) and the OTLP rows the door writes (otlp.tuples):
+a body read from a template gives, bit for bit, the walk the general path gives; a body it cannot vouch
+for goes the general way; and the rows are what the frame path stores."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+from pathlib import Path
+
+import polars as pl
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from polars.testing import assert_frame_equal
+
+from fleetscope.core import frames as F
+from fleetscope.core.errors import ParseError
+from fleetscope.core.spec import conform
+from fleetscope.store import Rows
+from ingest import dcgm, otlp, otlp_template
+from ingest.otlp_export import gpu_observations
+from tests.ingest.test_otlp_wire import FRAMES, add_metric, dcgm_labels, kv, scrape
+
+TS = 1_772_366_400_000_000_000
+REALDATA = Path("/work/shared/realdata")
+EXAMPLE = REALDATA / "telemetry/otlp-json_ExportMetricsServiceRequest_example_opentelemetry-proto.json"
+PROM_8X = REALDATA / "telemetry/dcgm-exporter_metrics_8xH100_k8s-pod-labels_sampled_nvidia-aicr.prom"
+
+
+@pytest.fixture(autouse=True)
+def fresh_templates():
+    otlp_template.clear()
+    yield
+    otlp_template.clear()
+
+
+def general(body: bytes):
+    """The general path's walk (no template), or its ParseError."""
+    try:
+        return otlp._parse_protobuf(body, "t")
+    except ParseError as exc:
+        return exc
+
+
+def read(body: bytes):
+    try:
+        return otlp.read(body, encoding="protobuf", source="t")
+    except ParseError as exc:
+        return exc
+
+
+def assert_same_outcome(body: bytes) -> object:
+    want, got = general(body), read(body)
+    if isinstance(want, ParseError):
+        assert isinstance(got, ParseError) and str(got) == str(want)
+        return got
+    assert not isinstance(got, ParseError), got
+    assert otlp_template.same_walk(got, want)
+    a, b = got.batch("t"), want.batch("t")
+    assert a.meta == b.meta
+    for name in FRAMES:
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert_frame_equal(x, y, check_exact=True)
+    return got
+
+
+def restamp(req: ExportMetricsServiceRequest, ts_ns: int, value=lambda v, k: v * 1.5 + k) -> bytes:
+    """The same request with every point's time set to ``ts_ns`` and its value changed (same kind)."""
+    req = ExportMetricsServiceRequest.FromString(req.SerializeToString())
+    k = 0
+    for rm in req.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = m.WhichOneof("data")
+                if kind not in ("gauge", "sum"):
+                    continue
+                for p in getattr(m, kind).data_points:
+                    p.time_unix_nano = ts_ns
+                    k += 1
+                    if p.WhichOneof("value") == "as_int":
+                        p.as_int = int(value(p.as_int, k)) % 1000
+                    elif p.WhichOneof("value") == "as_double":
+                        p.as_double = value(p.as_double, k)
+    return req.SerializeToString()
+
+
+def hits() -> int:
+    return otlp_template._stats["hits"]
+
+
+def agent_request(host: str = "node-a", ts: dt.datetime = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)) -> ExportMetricsServiceRequest:
+    """What `fleetscope agent` sends for the real 8 x H100 exporter scrape (pods included): the
+    OpenTelemetry SDK's own encoding."""
+    from fleetscope.agent import OtlpEncoder
+
+    batch = dcgm.parse(PROM_8X.read_bytes(), source="real", ts=ts)
+    enc = OtlpEncoder(host=host)
+    try:
+        enc.add(gpu_observations(batch))
+        body = enc.encode(ts)
+    finally:
+        enc.close()
+    assert body
+    return ExportMetricsServiceRequest.FromString(body)
+
+
+def real_requests() -> list[tuple[str, ExportMetricsServiceRequest]]:
+    if not EXAMPLE.is_file() or not PROM_8X.is_file():
+        pytest.skip("shared real data not found")
+    example = ExportMetricsServiceRequest()
+    json_format.Parse(EXAMPLE.read_text(), example, ignore_unknown_fields=True)
+    return [("agent-sdk", agent_request()), ("spec-example", example), ("collector-scrape", scrape(gpus=8, fields=tuple(
+        ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS", "app.requests"])))]
+
+
+def test_real_bodies_read_from_a_template_as_the_general_path_reads_them():
+    for name, req in real_requests():
+        otlp_template.clear()
+        first = req.SerializeToString()
+        assert_same_outcome(first)  # learns
+        templated = otlp_template._stats["learned"]
+        for r in range(1, 4):
+            body = restamp(req, TS + r * 10**10)
+            before = hits()
+            assert_same_outcome(body)
+            if name != "spec-example":
+                assert templated == 1 and hits() == before + 1, name  # the repeat came from the template
+            else:  # it carries a histogram and a summary (rejected): never templated
+                assert templated == 0 and hits() == 0
+
+
+def test_agent_body_values_land_where_the_general_path_puts_them():
+    """Independent of the walk: the agent's real power and temperature readings come back in their columns."""
+    req = agent_request()
+    read(req.SerializeToString())
+    body = restamp(req, TS + 10**10, value=lambda v, k: float(k))
+    walk = read(body)
+    assert hits() == 1
+    batch = walk.batch("t")
+    assert batch.gpu_sample.height == 8 and batch.gpu.height == 8
+    want = {}
+    k = 0
+    for m in ExportMetricsServiceRequest.FromString(body).resource_metrics[0].scope_metrics[0].metrics:
+        for p in getattr(m, m.WhichOneof("data")).data_points:
+            k += 1
+            attrs = {a.key: a.value.string_value for a in p.attributes}
+            if m.name == "hw.power":
+                want[attrs["hw.id"]] = float(k)
+    got = dict(zip(batch.gpu_sample["gpu_uuid"].to_list(), batch.gpu_sample["power_w"].to_list()))
+    assert got == want and len(want) == 8
+    assert (batch.gpu_sample["ts"].dt.epoch("us") == (TS + 10**10) // 1000).all()
+
+
+def base_request(gpus: int = 8) -> ExportMetricsServiceRequest:
+    req = scrape(gpus=gpus, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED", "hw.power", "app.x"),
+                 start_ns=TS - 5)
+    sm = req.resource_metrics[0].scope_metrics[0]
+    add_metric(sm, "DCGM_FI_DEV_SM_CLOCK", [(TS, 1410, dcgm_labels(i)) for i in range(gpus)])  # as_int
+    for p in sm.metrics[3].gauge.data_points:
+        p.attributes.append(kv("hw.type", "gpu"))
+    return req
+
+
+def test_mutated_bodies_fall_back_and_agree():
+    """Changes a template cannot stand for: a value of the other kind, a new series, metrics reordered,
+    a longer label, a truncated body: each read as the general path reads it."""
+    req = base_request()
+    read(req.SerializeToString())
+    assert otlp_template._stats["learned"] == 1
+    variants = []
+    r = ExportMetricsServiceRequest(); r.CopyFrom(req)
+    r.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_int = 55  # double -> int, same width
+    variants.append(r.SerializeToString())
+    r = ExportMetricsServiceRequest(); r.CopyFrom(req)
+    add_metric(r.resource_metrics[0].scope_metrics[0], "app.y", [(TS, 1.0, [kv("k", "v")])])  # a new series
+    variants.append(r.SerializeToString())
+    r = ExportMetricsServiceRequest(); r.CopyFrom(req)
+    ms = r.resource_metrics[0].scope_metrics[0].metrics
+    order = list(ms)
+    reordered = [order[1], order[0], *order[2:]]
+    del ms[:]
+    ms.extend(reordered)
+    variants.append(r.SerializeToString())
+    r = ExportMetricsServiceRequest(); r.CopyFrom(req)
+    r.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[2].attributes[0].value.string_value = "12"  # one byte longer
+    variants.append(r.SerializeToString())
+    body = req.SerializeToString()
+    variants += [body[:-1], body[: len(body) // 2], body + b"\x00", body[:-9] + b"\xff" * 9]
+    for v in variants:
+        assert_same_outcome(v)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300])
+def test_values_the_template_cannot_vouch_for_are_rejected_as_before(value):
+    """A non-finite value, or one past an integer column's range (FB used, MiB -> bytes), in a body
+    that otherwise matches a template: the general path reads it and counts the rejection."""
+    req = base_request()
+    read(req.SerializeToString())
+    r = ExportMetricsServiceRequest(); r.CopyFrom(req)
+    r.resource_metrics[0].scope_metrics[0].metrics[2].gauge.data_points[3].as_double = value  # DCGM_FI_DEV_FB_USED
+    walk = assert_same_outcome(r.SerializeToString())
+    assert sum(walk.rejected.values()) == 1
+
+
+def test_zero_time_goes_the_general_way():
+    req = base_request()
+    read(req.SerializeToString())
+    body = bytearray(req.SerializeToString())
+    shape = otlp_template._SHAPES[len(body)][0]
+    for at in shape.time_idx[5].tolist():
+        body[at] = 0  # the sixth point's time, zeroed: a fixed64 field still, present
+    walk = assert_same_outcome(bytes(body))
+    assert sum(walk.rejected.values()) == 1
+
+
+def test_hostile_byte_flips_of_a_templated_body():
+    """Random flips, deletions and insertions of a body a template was made of: the same outcome (walk or
+    refusal) as the general path, slots included."""
+    rng = random.Random(20261205)
+    req = base_request(gpus=6)
+    base = req.SerializeToString()
+    read(base)
+    shape = otlp_template._SHAPES[len(base)][0]
+    slots = shape.time_idx.ravel().tolist() + shape.value_idx.ravel().tolist()
+    refused = 0
+    for i in range(300):
+        body = bytearray(base)
+        for _ in range(rng.randint(1, 3)):
+            op = rng.random()
+            at = rng.choice(slots) if i % 2 else rng.randrange(len(body))
+            if op < 0.7:
+                body[at] = rng.randrange(256)
+            elif op < 0.85:
+                del body[at:at + rng.randint(1, 4)]
+            else:
+                body[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 3)))
+        refused += isinstance(assert_same_outcome(bytes(body)), ParseError)
+    assert refused > 20 and hits() > 20  # both refusals and template reads were exercised
+
+
+def test_same_length_other_host_gets_its_own_template():
+    """Two nodes whose bodies have one length and one shape: each reads as its own, never as the other."""
+    a = scrape(gpus=8, resource={"service.name": "dcgm-exporter"})
+    b = scrape(gpus=8, resource={"service.name": "dcgm-exporter"})
+    for p in b.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points:
+        p.attributes[1].value.string_value = p.attributes[1].value.string_value.replace("GPU-0", "GPU-9")  # same length
+    body_a, body_b = a.SerializeToString(), b.SerializeToString()
+    assert len(body_a) == len(body_b) and body_a != body_b
+    read(body_a)
+    walk = assert_same_outcome(body_b)
+    assert any(g["gpu_uuid"].startswith("GPU-9") for g in walk.gpus)
+    assert_same_outcome(restamp(b, TS + 10**10))
+    assert otlp_template._stats["learned"] == 2 and len(otlp_template._SHAPES[len(body_a)]) == 1
+
+
+def _conformed_rows(spec: F.FrameSpec, df: pl.DataFrame) -> list[tuple]:
+    df = conform(spec, df)
+    return sorted(df.with_columns([pl.col(c).dt.epoch("us") for c in df.columns if df.schema[c] == F.UTC_US]).rows(), key=repr)
+
+
+def test_rows_are_what_the_frame_path_stores():
+    """``otlp.tuples`` of a group of requests against the conformed frames of ``gather``'s Batch."""
+    reqs = [scrape(gpus=8, ts=TS + 10**10, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "app.x"),
+                   value=lambda i, f, h=h: float((i * 7 + f * 13 + h) % 97) + 0.5) for h in range(3)]
+    for h, r in enumerate(reqs):  # distinct GPUs per request, one with pods
+        for m in r.resource_metrics[0].scope_metrics[0].metrics:
+            for p in m.gauge.data_points:
+                for a in p.attributes:
+                    if a.key in ("UUID", "Hostname"):
+                        a.value.string_value += f"-{h}"
+                if h == 1:
+                    p.attributes.extend([kv("pod", "trainer-0"), kv("namespace", "ml")])
+    walks = [otlp.read(r.SerializeToString(), encoding="protobuf") for r in reqs]
+    rows = otlp.tuples(walks)
+    batch = otlp.gather(walks)
+    assert rows is not None and set(rows) == {"gpu_sample", "gpu", "gpu_workload", "metric_sample"}
+    assert batch.health_event is None or batch.health_event.height == 0
+    for name, (cols, r) in rows.items():
+        spec = F.FRAMES[name]
+        got = Rows(cols, r).frame(spec)
+        want = getattr(batch, name)
+        assert _conformed_rows(spec, got) == _conformed_rows(spec, want), name
+    # FB used is an integer column: 0.5 MiB steps scale to whole bytes; rounding is the frame path's
+    assert rows["gpu_sample"][1][0][rows["gpu_sample"][0].index("fb_used_bytes")] % 1 == 0
+    n_rows = {name: len(r) for name, (_, r) in rows.items()}
+    assert n_rows == {"gpu_sample": 24, "gpu": 24, "gpu_workload": 8, "metric_sample": 24}
+    assert [otlp.counts(w)[1] for w in walks] == [32, 32, 32]
+
+
+@pytest.mark.parametrize("change", ["xid", "gpu-twice", "nul"])
+def test_rows_decline_what_needs_the_frame_path(change):
+    fields = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_POWER_USAGE")
+    value = (lambda i, f: 13.0 if f == 1 and i == 2 else 1.0) if change == "xid" else (lambda i, f: 0.0 if f == 1 else 1.0)
+    a = scrape(gpus=4, fields=fields, value=value)
+    if change == "nul":
+        a.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes[5].value.string_value = "no\x00de"
+    walks = [otlp.read(a.SerializeToString(), encoding="protobuf")]
+    if change == "gpu-twice":
+        walks.append(otlp.read(restamp(a, TS + 1), encoding="protobuf"))
+    assert otlp.tuples(walks) is None
+
+
+def test_same_length_other_structure_gets_its_own_shape():
+    """A body as long as a known one whose fields sit elsewhere (one label a byte shorter, another a byte
+    longer): the known shape's slots are not taken for it."""
+    a = scrape(gpus=8)
+    b = ExportMetricsServiceRequest(); b.CopyFrom(a)
+    p = b.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    p.attributes[0].value.string_value += "0"  # gpu: "0" -> "00"
+    p.attributes[3].value.string_value = p.attributes[3].value.string_value[:-1]  # device: "nvidia0" -> "nvidia"
+    body_a, body_b = a.SerializeToString(), b.SerializeToString()
+    assert len(body_a) == len(body_b)
+    read(body_a)
+    assert_same_outcome(body_b)
+    assert len(otlp_template._SHAPES[len(body_a)]) == 2
+    assert_same_outcome(restamp(b, TS + 10**10))
+    assert_same_outcome(restamp(a, TS + 10**10))
+    assert hits() == 2
+
+
+def test_learning_backs_off_for_bodies_that_never_come_again(monkeypatch):
+    """Past half the cache with few hits, one miss in 16 learns; a fleet whose nodes come again keeps learning."""
+    monkeypatch.setattr(otlp_template, "_MAX_TEMPLATES", 16)
+    for h in range(40):  # every body new (another GPU set each time), none read again
+        read(scrape(gpus=2, value=lambda i, f, h=h: float(h), resource={"service.name": f"x{h:03d}"}).SerializeToString())
+    learned = otlp_template._stats["learned"]
+    assert 8 <= learned < 12  # 8 freely, then about one in 16 of the 32 misses after
+    otlp_template.clear()
+    fleet = [scrape(gpus=2, resource={"service.name": f"n{h:03d}"}) for h in range(12)]
+    for r in range(3):
+        for req in fleet:
+            read(restamp(req, TS + r * 10**10))
+    # 8 learned in the first round (half the cache), the other 4 once the first 8 came back
+    assert otlp_template._stats["learned"] == 12 and hits() == 8 + 12
+
+
+def test_shapes_are_forgotten_past_their_memory_budget(monkeypatch):
+    """Bodies of ever new lengths each leave a shape; past the budget all are forgotten, and reading goes on."""
+    monkeypatch.setattr(otlp_template, "_MAX_SHAPE_BYTES", 20_000)
+    for g in range(1, 12):
+        read(scrape(gpus=g).SerializeToString())
+        assert sum(x.nbytes for v in otlp_template._SHAPES.values() for x in v) <= 20_000 + 25_000  # the budget and one more
+    assert len(otlp_template._SHAPES) < 11
+    assert_same_outcome(restamp(scrape(gpus=11), TS + 10**10))
