@@ -21,6 +21,7 @@ def fleet_series(request: Request) -> Response:
 
 @router.get("/analyzers", dependencies=[Depends(require("read"))])
 def analyzers() -> list[dict]:
-    """The analyzer registry: every analysis the service runs per job and per fleet window, in the order it
-    runs, with the pure modules it calls and the frames it needs, reads and writes."""
+    """The analyzer registry: every analysis the service runs per job, per fleet window and on a schedule of its
+    own, in the order it runs, with the pure modules it calls, the frames it needs, reads and writes, and the
+    beat entry and task that run it and when."""
     return catalog.analyses()

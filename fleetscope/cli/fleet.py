@@ -67,18 +67,22 @@ def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int,
 @fleet.command("analyzers")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def analyzers_cmd(as_json: bool) -> None:
-    """The analyses the service runs, per job and per fleet window, in the order they run: the pure modules
-    each calls and the frames it reads and writes.
+    """The analyses the service runs, per job, per fleet window and on a schedule of their own, in the order they
+    run: the pure modules each calls, the frames it reads and writes, and the beat entry that runs it and when.
 
     \b
     Examples:
       fleetscope fleet analyzers
       fleetscope fleet analyzers --json | jq '.[] | select(.writes | index("finding")) | .name'
+      fleetscope fleet analyzers --json | jq '.[] | select(.cadence == "scheduled") | {name, beat, when}'
     """
     from fleetscope.services import catalog  # lazy: imports every analyzer, only for this verb
 
     rows = catalog.analyses()
-    _emit(as_json, rows, "\n".join(f"{r['cadence']:<7} {r['name']:<19} {' '.join(r['modules']):<58} {r['summary']}" for r in rows))
+    _emit(as_json, rows, "\n".join(
+        f"{r['cadence']:<9} {r['name']:<19} {' '.join(r['modules']):<58} {r['summary']}\n"
+        f"{'':<9} reads {', '.join(r['reads']) or '-'}; writes {', '.join(r['writes'] + r['files']) or '-'}; beat's {r['beat']} {r['when']}"
+        for r in rows))
 
 
 @fleet.command("metrics")

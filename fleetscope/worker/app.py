@@ -24,17 +24,25 @@ from fleetscope import settings as settings_mod
 from fleetscope.observability import TASKS, setup_tracing
 from fleetscope.store import Store
 from fleetscope.services import audit as audit_service
+from fleetscope.services import scheduled
 
 log = logging.getLogger(__name__)
 
 
-def _crontab(spec: str) -> crontab:
+def _crontab(spec: str, what: str = "FLEETSCOPE_REPORT_SCHEDULE") -> crontab:
     """A five-field crontab string ("minute hour day-of-month month day-of-week") as Celery's schedule."""
     parts = spec.split()
     if len(parts) != 5:
-        raise ValueError(f"FLEETSCOPE_REPORT_SCHEDULE={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
+        raise ValueError(f"{what}={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
     m, h, dom, mon, dow = parts
     return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
+
+
+def analysis_schedule() -> dict[str, dict[str, Any]]:
+    """Beat's entries for the fleet's analyses, from their registries (``services.scheduled``): per job, per
+    fleet window and each scheduled analysis, under its entry name, sending its task."""
+    return {b.entry: {"task": b.task, "schedule": b.every_s if b.every_s is not None else _crontab(b.crontab or "", b.entry)}
+            for b in scheduled.beats()}
 
 
 DEFAULT_QUEUE = "celery"
@@ -69,17 +77,9 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         beat_scheduler="fleetscope.worker.beat:LeaderScheduler",
         beat_schedule={
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
-            "analyze-active-jobs": {"task": "fleetscope.analyze_active_jobs", "schedule": 60.0},
-            "energy-rollup": {"task": "fleetscope.energy_rollup", "schedule": 60.0},
-            "tier-rollup": {"task": "fleetscope.tier_rollup", "schedule": 60.0},
             "partitions-ahead": {"task": "fleetscope.partitions_ahead", "schedule": crontab(minute=3)},
-            "health-window": {"task": "fleetscope.health_window", "schedule": 300.0},
-            # a few minutes past the hour, once the last hourly window has closed and its late pushes landed
-            "model-monitoring": {"task": "fleetscope.model_monitoring", "schedule": crontab(minute=7)},
-            "serving-window": {"task": "fleetscope.serving_window", "schedule": 300.0},
             "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
-            # the month just closed, once its last jobs' accounting has arrived
-            "teams-showback": {"task": "fleetscope.teams_showback", "schedule": crontab(minute=30, hour=2, day_of_month=1)},
+            **analysis_schedule(),
         },
     )
     if settings.broker_url.startswith("sqla+"):

@@ -1,4 +1,8 @@
-"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, post-market monitoring, retention and scheduled audits."""
+"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, post-market monitoring, retention and scheduled audits.
+
+The analyses' beat entries come from their registries (``services.scheduled``, ``worker/app.py``); each task
+here is what its entry sends: it takes the arguments an operator re-runs it with and fans out over shards
+of hosts where the sweep is split, and calls its service."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.services import auth, catalog, health, jobs
-from fleetscope.services.analysis import Registry
+from fleetscope.services import auth, catalog, health, jobs, scheduled
+from fleetscope.services.analysis import Beat, Registry, Timetable
 from fleetscope.store import schema
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -30,11 +30,70 @@ def test_every_registered_analysis_names_real_modules_and_frames():
         for m in r["modules"]:
             importlib.import_module(m)  # an analysis names the pure module it calls
         assert set(r["reads"]) <= tables and set(r["writes"]) <= tables and set(r["needs"]) <= set(r["reads"]), r["name"]
-        assert r["writes"] and r["summary"] and r["runs"]
+        assert (r["writes"] or r["files"]) and r["summary"] and r["runs"] and r["beat"] in r["runs"]
     # what depends on an earlier analysis runs after it
     window = [n for c, n in names if c == "window"]
     assert window.index("ib_links") < window.index("alltoall") < window.index("fabric_attribution")
     assert window.index("slow_fabric") < window.index("fabric_attribution")
+
+
+def test_beat_runs_every_analysis_from_its_registry_under_its_old_names():
+    from celery.schedules import crontab
+
+    from fleetscope.worker import celery_app, make_celery
+
+    rows = catalog.analyses()
+    assert [(r["cadence"], r["name"], r["beat"], r["task"]) for r in rows if r["cadence"] == "scheduled"] == [
+        ("scheduled", "energy_rollup", "energy-rollup", "fleetscope.energy_rollup"),
+        ("scheduled", "tier_rollup", "tier-rollup", "fleetscope.tier_rollup"),
+        ("scheduled", "model_monitoring", "model-monitoring", "fleetscope.model_monitoring"),
+        ("scheduled", "serving_window", "serving-window", "fleetscope.serving_window"),
+        ("scheduled", "teams_showback", "teams-showback", "fleetscope.teams_showback")]
+    assert {(r["beat"], r["task"]) for r in rows if r["cadence"] in ("job", "window")} == {
+        ("analyze-active-jobs", "fleetscope.analyze_active_jobs"), ("health-window", "fleetscope.health_window")}
+    schedule = make_celery().conf.beat_schedule
+    for b in scheduled.beats():
+        assert schedule[b.entry]["task"] == b.task and b.task in celery_app.tasks, b.entry
+    assert {k: schedule[k]["schedule"] for k in ("analyze-active-jobs", "energy-rollup", "tier-rollup", "health-window", "serving-window")} == {
+        "analyze-active-jobs": 60.0, "energy-rollup": 60.0, "tier-rollup": 60.0, "health-window": 300.0, "serving-window": 300.0}
+    assert schedule["model-monitoring"]["schedule"] == crontab(minute=7)
+    assert schedule["teams-showback"]["schedule"] == crontab(minute=30, hour=2, day_of_month=1)
+    # the upkeep that is no analysis keeps its own entries
+    assert {"retention", "partitions-ahead", "audit-report"} <= set(schedule)
+
+
+def test_a_registered_scheduled_analysis_gets_its_beat_entry_and_is_listed():
+    from fleetscope.worker import make_celery
+
+    scheduled.SCHEDULED.register("nightly_test", beat=Beat("nightly-test", "fleetscope.nightly_test", crontab="0 3 * * *"),
+                                 modules=("analyzers.energy",), reads=("gpu_sample",), writes=("finding",), summary="test")
+    try:
+        entry = make_celery().conf.beat_schedule["nightly-test"]
+        assert entry["task"] == "fleetscope.nightly_test" and entry["schedule"].hour == {3} and entry["schedule"].minute == {0}
+        row = [r for r in catalog.analyses() if r["name"] == "nightly_test"]
+        assert row and row[0]["when"] == "at crontab '0 3 * * *' UTC" and row[0]["runs"] == "beat's nightly-test (at crontab '0 3 * * *' UTC)"
+    finally:
+        scheduled.SCHEDULED._items.pop("nightly_test")
+    assert "nightly-test" not in make_celery().conf.beat_schedule
+
+
+def test_a_beat_entry_says_when_once_and_is_registered_once():
+    with pytest.raises(ValueError, match="one of the two"):
+        Beat("x", "t")
+    with pytest.raises(ValueError, match="one of the two"):
+        Beat("x", "t", every_s=60.0, crontab="* * * * *")
+    with pytest.raises(ValueError, match="positive"):
+        Beat("x", "t", every_s=0.0)
+    with pytest.raises(ValueError, match="five fields"):
+        Beat("x", "t", crontab="7 * *")
+    assert Beat("x", "t", every_s=300.0).when == "every 300 s"
+    table = Timetable()
+    table.register("a", beat=Beat("a-entry", "t.a", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="a")
+    with pytest.raises(ValueError, match="registered twice"):
+        table.register("a", beat=Beat("other", "t.a", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="a")
+    with pytest.raises(ValueError, match="beat entry 'a-entry' is registered twice"):
+        table.register("b", beat=Beat("a-entry", "t.b", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="b")
+    assert table.names() == ["a"]
 
 
 def test_a_name_is_registered_once():

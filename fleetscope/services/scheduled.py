@@ -1,0 +1,63 @@
+"""When the fleet's analyses run: the beat entry of each cadence and the scheduled analyses' registry.
+
+Per job (``services.jobs.JOB``) and per fleet window (``services.health.WINDOW``) each have one beat entry,
+``JOB_BEAT`` and ``WINDOW_BEAT``. The fleet analyses with a window and a clock of their own are registered in
+``SCHEDULED``, each with its entry, the task that entry sends and when. Beat's schedule for all of them
+(``worker/app.py``) and the catalog (``services.catalog``) are built from here.
+
+Adding a scheduled analysis: its pure module in ``analyzers/`` (or ``governance/``), the service function that
+reads and writes the store, a ``SCHEDULED.register`` here, and the task in ``worker/tasks.py`` that its entry
+sends (the arguments it takes, as an operator re-runs it, and any fan-out over shards of hosts).
+
+Beat loads this module when it starts, so it names modules and tables as text and imports no analyzer: a
+task's service loads when the task runs. Entry and task names are kept in the database (``beat_entry``, the
+last send of each, which a new leader resumes from), in ``task_run`` and in operators' dashboards: they do not
+change.
+"""
+
+from __future__ import annotations
+
+from fleetscope.services.analysis import Beat, Timetable
+
+JOB_BEAT = Beat("analyze-active-jobs", "fleetscope.analyze_active_jobs", every_s=60.0)
+"""Queues the per-job analyses of every job with new steps or events, each incremental from its watermark."""
+WINDOW_BEAT = Beat("health-window", "fleetscope.health_window", every_s=300.0)
+"""The health sweep: the per-window analyses over the last window (per shard of hosts when sharded)."""
+
+SCHEDULED = Timetable("scheduled")
+
+SCHEDULED.register(
+    "energy_rollup", beat=Beat("energy-rollup", "fleetscope.energy_rollup", every_s=60.0),
+    modules=("analyzers.energy",), reads=("gpu_sample", "gpu", "host", "site", "job_rank", "metric_sample"),
+    writes=("gpu_energy_minute", "site_energy_minute", "job_energy_minute", "metric_sample"), sharded=True,
+    summary="per-minute energy per GPU, site and job over the last ten closed minutes (late scrapes counted), "
+            "the sites' measured PUE")
+SCHEDULED.register(
+    "tier_rollup", beat=Beat("tier-rollup", "fleetscope.tier_rollup", every_s=60.0),
+    modules=("analyzers.tiers",), reads=("gpu_sample", "gpu_sample_minute", "rollup_watermark"),
+    writes=("gpu_sample_minute", "gpu_sample_hour", "rollup_watermark"),
+    summary="GPU telemetry's minute tier from raw and hour tier from minutes, from each tier's watermark")
+# A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
+SCHEDULED.register(
+    "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),
+    modules=("governance.monitoring", "governance.fairness_depth"),
+    reads=("model_prediction", "model_outcome", "monitoring_window", "finding"), writes=("monitoring_window", "finding"),
+    summary="post-market monitoring (AI Act Art. 72): each deployed model version's hourly windows of the last two "
+            "days against its reference: accuracy, drift, fairness")
+SCHEDULED.register(
+    "serving_window", beat=Beat("serving-window", "fleetscope.serving_window", every_s=300.0),
+    modules=("analyzers.serving_saturation", "analyzers.serving_replicas", "analyzers.slo"),
+    reads=("serving_gauge", "serving_counter", "serving_bucket", "serving_slo"), writes=("finding",),
+    summary="serving saturation, slow replicas and SLO burn rates over the last window")
+# The month just closed, once its last jobs' accounting has arrived.
+SCHEDULED.register(
+    "teams_showback", beat=Beat("teams-showback", "fleetscope.teams_showback", crontab="30 2 1 * *"),
+    modules=("analyzers.chargeback", "analyzers.carbon"),
+    reads=("sched_job", "team_mapping", "price_book", "job_energy_minute", "site"), writes=(),
+    files=("reports/showback-MONTH.csv", "reports/showback-MONTH.pdf"),
+    summary="the month just closed per team: GPU-hours, energy, CO2e and cost, as CSV and PDF")
+
+
+def beats() -> list[Beat]:
+    """Every analysis beat entry: per job, per window, then the scheduled ones in registration order."""
+    return [JOB_BEAT, WINDOW_BEAT, *(a.beat for a in SCHEDULED)]
