@@ -12,6 +12,12 @@ transfer (the last rank to arrive waits least). Per step, across the ranks of a 
   reference (median) section time over its own; ``gpu_rel_threshold`` 0.75 by default);
 - robust z-score = (busy_s − median) / (1.4826 · MAD) (Iglewicz & Hoaglin's modified z-score; 1.4826
   makes the MAD a consistent estimate of σ for normal data); above 3.5 is an outlier;
+- the same modified z-score of each C³ part (C1 compute, C2 exposed transfer, idle) across the step's
+  ranks: healthy ranks' transfers of the same collectives vary far less than their busy times, whose
+  spread is the compute's, so a rank whose reduce-scatter and all-gather take twice its peers' on a
+  compute-heavy step (a flapping NIC port) is an outlier in C2 while only ~10 % slower in busy time:
+  under the relative threshold, and within the busy-time MAD where a third of the profiled ranks share
+  its node. A part outlier is flagged only with the busy-time excess below (``min_excess_ratio``);
 - persistence: flagged in at least k of the rank's last m steps, so one noisy step raises no alarm.
 
 Attribution (from the C³ parts, per flagged rank-step): the part with the largest excess over the median
@@ -71,6 +77,7 @@ Z_THRESHOLD = 3.5  # Iglewicz & Hoaglin's cut-off for the modified z-score
 _MAD_TO_SIGMA = 1.4826
 _STEP_COLUMNS = ("job_id", "rank", "step", "start", "end", "compute_s", "comm_s", "comm_overlap_s", "idle_s")
 _ATTRIBUTIONS = ("compute_slow", "communication_slow", "host_bound")
+_PART_DEVIATIONS = ("_d1", "_d2", "_d3")  # each C³ part's deviation from the step's median rank
 
 
 # --- per-step detection on canonical frames -----------------------------------------------------
@@ -105,9 +112,10 @@ def detect_stragglers(
 ) -> pl.DataFrame:
     """Score every rank-step; flag stragglers and say why.
 
-    A rank-step is flagged when its relative score is below ``rel_threshold`` or its robust z-score is
-    above ``z_threshold`` *and* it is at least ``min_excess_ratio`` slower than the median (a tightly
-    clustered job has a tiny MAD, and a rank 1 % slower than the rest is no straggler worth an alert).
+    A rank-step is flagged when its relative score is below ``rel_threshold`` or, when it is at least
+    ``min_excess_ratio`` slower than the median (a tightly clustered job has a tiny MAD, and a rank 1 %
+    slower than the rest is no straggler worth an alert), its busy time's or one C³ part's robust z-score
+    is above ``z_threshold``.
     ``persistent``: flagged in at least ``persist_k`` of the rank's last ``persist_m`` steps (in step
     order, the current one included).
 
@@ -137,12 +145,17 @@ def detect_stragglers(
         (pl.col("idle_s") - pl.col("idle_s").median().over(by)).alias("_d3"),
     ).with_columns(
         (pl.col("busy_s") - pl.col("median_busy_s")).abs().median().over(by).alias("_mad"),
+        *((pl.col(d).abs().median().over(by)).alias(f"_mad{d}") for d in _PART_DEVIATIONS),
     )
     score = pl.when(pl.col("busy_s") > 0).then(pl.col("median_busy_s") / pl.col("busy_s")).otherwise(1.0)
     z = pl.when(pl.col("_mad") > 0).then((pl.col("busy_s") - pl.col("median_busy_s")) / (_MAD_TO_SIGMA * pl.col("_mad"))).otherwise(0.0)
-    df = df.with_columns(score.alias("relative_score"), z.alias("robust_z")).with_columns(
+    # the largest modified z-score among the C³ parts (a part whose MAD is 0 scores 0, as the busy time's does)
+    part_z = pl.max_horizontal(*(pl.when(pl.col(f"_mad{d}") > 0).then(pl.col(d) / (_MAD_TO_SIGMA * pl.col(f"_mad{d}"))).otherwise(0.0)
+                                 for d in _PART_DEVIATIONS))
+    slower = pl.col("busy_s") >= (1 + min_excess_ratio) * pl.col("median_busy_s")
+    df = df.with_columns(score.alias("relative_score"), z.alias("robust_z"), part_z.alias("_part_z")).with_columns(
         ((pl.col("relative_score") < rel_threshold)
-         | ((pl.col("robust_z") > z_threshold) & (pl.col("busy_s") >= (1 + min_excess_ratio) * pl.col("median_busy_s"))))
+         | (((pl.col("robust_z") > z_threshold) | (pl.col("_part_z") > z_threshold)) & slower))
         .alias("flagged")
     )
     # the part of the excess that dominates says what kind of straggler it is

@@ -86,6 +86,24 @@ def test_host_bound_attribution():
     assert f["attribution"].unique().to_list() == ["host_bound"]
 
 
+def test_a_comm_outlier_hidden_in_busy_time_noise_is_flagged_by_its_c2_part():
+    # a compute-heavy step (1.6 s ± 2 %) whose transfers (0.13 s) barely vary; a third of the ranks (one node
+    # of the three profiled) move their data 2.5x slower: 0.2 s more busy time, 11 %, under the relative
+    # threshold, and with a third of the ranks slow the busy-time MAD is the compute noise's
+    n = 24
+    compute = {r: 1.6 * (1 + 0.02 * ((r * 7) % 5 - 2) / 2) for r in range(n)}
+    comm = {r: (0.33 if 8 <= r < 16 else 0.13) + 0.0005 * (r % 3) for r in range(n)}
+    det = s.detect_stragglers(steps_frame(n_ranks=n, compute=compute, comm=comm))
+    slow = det.filter(pl.col("rank").is_between(8, 15))
+    assert slow["relative_score"].min() > 0.85 and slow["robust_z"].max() < 3.5  # the busy-time rules alone miss them
+    f = det.filter("flagged")
+    assert sorted(f["rank"].unique()) == list(range(8, 16)) and f["attribution"].unique().to_list() == ["communication_slow"]
+    assert det.filter("persistent")["rank"].n_unique() == 8
+    # a part outlier that costs under 5 % of the busy time is not material: not flagged
+    comm = {r: (0.19 if 8 <= r < 16 else 0.13) + 0.0005 * (r % 3) for r in range(n)}
+    assert s.detect_stragglers(steps_frame(n_ranks=n, compute=compute, comm=comm)).filter("flagged").height == 0
+
+
 def test_robust_z_flags_a_clear_outlier_above_relative_threshold():
     # 10 % slower: relative score 0.91 (> 0.75), but far outside a tight cluster
     compute = {r: 1.0 + 0.001 * r for r in range(16)}

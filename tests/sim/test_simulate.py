@@ -15,7 +15,7 @@ import pytest
 
 from analyzers import carbon, energy, goodput, stragglers
 from fleetscope.door import ingestion
-from fleetscope.sim import FaultSpec, JobSpec, Manifest, SimSpec, fleet_law, ring_allreduce_s, simulate, small_spec
+from fleetscope.sim import FaultSpec, JobSpec, Manifest, SimSpec, demo_spec, fleet_law, ring_allreduce_s, simulate, small_spec
 from fleetscope.sim.jobs import ALPHA_NET_S
 from governance import fairness
 from governance import lineage as gl
@@ -362,3 +362,46 @@ def test_the_flapping_ib_link_shows_in_node_exporter_counters(sim: Manifest) -> 
     downs = dict(rows.select("host", "link_downed_total").iter_rows())
     assert downs.pop(f.hosts[0]) == 4 and set(downs.values()) == {0}
     assert set(rows["rate_gbps"]) == {400.0} and set(rows["state"]) == {"ACTIVE"}
+
+
+# --- the demo's full size ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_sim(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    # `fleetscope demo`'s fleet (2 sites, 64 nodes, 2 hours); DCGM text is not needed here and is most of its bytes
+    return simulate(demo_spec(seed=7, write_dcgm=False), tmp_path_factory.mktemp("demo-sim"))
+
+
+def test_at_demo_size_the_flapping_ports_node_straggles_and_is_blamed_on_that_port(demo_sim: Manifest) -> None:
+    """The profiler samples three of the job's fifteen nodes (node 0, the thermal straggler's, the flapping
+    port's), so a third of the scored ranks sit on the flapping port; its 4x slower reduce-scatter and
+    all-gather make their ranks only ~10 % slower in busy time on a compute-heavy step, but an outlier in C2."""
+    from analyzers import fabric_attribution as fa
+    from analyzers import ib_links
+    from ingest import ib_node_exporter
+
+    flap, thermal = _one(demo_sim, "flapping_ib_link"), _one(demo_sim, "thermal_straggler")
+    job = demo_sim.job(flap.job_id)
+    assert job["world_size"] == 120 and len(job["kineto_ranks"]) == 24 and thermal.job_id == flap.job_id
+    b = _kineto_batch(demo_sim, flap.job_id)
+    det = stragglers.detect_stragglers(b.step, b.collective)
+    assert _persistent(det) == {**{r: "communication_slow" for r in flap.ranks}, thermal.ranks[0]: "compute_slow"}
+    found = stragglers.straggler_findings(det)
+    slow = found.filter(pl.col("kind") == "straggler_communication_slow").select(
+        pl.lit(flap.job_id).alias("job_id"), pl.col("subject").str.extract(r"/rank:(\d+)$").cast(pl.Int64).alias("rank"))
+    assert sorted(slow["rank"]) == list(flap.ranks)
+    # the link telemetry over the whole run: the port went down four times
+    root = Path(demo_sim.out_dir)
+    samples = pl.concat([ib_node_exporter.parse((root / s["file"]).read_bytes(), ts=_ts(s["ts"])).fabric_port_sample
+                         for s in (demo_sim.ib_scrapes[0], demo_sim.ib_scrapes[-1])])
+    links = ib_links.link_findings(ib_links.port_health(samples), window_start=_ts(demo_sim.start), window_end=_ts(demo_sim.end))
+    assert links.filter(pl.col("kind") == "ib_link_flapping")["subject"].to_list() == [f"host:{flap.hosts[0]}/ib:mlx5_0:1"]
+    # each of the job's hosts with its one HCA port under its rack's leaf, as ibnetdiscover would place them
+    hosts = job["hosts"]
+    ports = pl.DataFrame({"host": hosts, "device": ["mlx5_0"] * len(hosts), "hca_node": None, "leaf": [h.rsplit("-", 1)[0] for h in hosts],
+                          "leaf_desc": None, "rate_gbps": 400.0}, schema=fa.PORTS_SCHEMA)
+    ranks = pl.DataFrame({"job_id": flap.job_id, "rank": range(job["world_size"]), "host": [hosts[r // 8] for r in range(job["world_size"])]})
+    attr = fa.attribute_stragglers(fa.rank_placement(ranks, ports), slow, unhealthy=fa.unhealthy_components(links, ports))
+    (best,) = fa.attribution_findings(attr, window_start=_ts(demo_sim.start), window_end=_ts(demo_sim.end)).to_dicts()
+    assert best["subject"] == f"job:{flap.job_id}/ib:{flap.hosts[0]}/mlx5_0" and best["severity"] == "critical"
