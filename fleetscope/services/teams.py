@@ -18,6 +18,8 @@ import datetime as dt
 import io
 import json
 import re
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +406,9 @@ def budgets(store: Store) -> pl.DataFrame:
     return df.sort("team", "month") if df.height else df
 
 
+_NO_USAGE = {"team": pl.String, "gpu_hours": pl.Float64, "cost": pl.Float64, "currency": pl.String}
+
+
 def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | None = None) -> pl.DataFrame:
     """Per team with a budget: the month's usage so far against its quota and budget, projected to the month's
     end (``analyzers.team_budgets``); the month ``now`` is in by default."""
@@ -413,17 +418,73 @@ def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | 
     b = store.read("team_budget")
     if not b.height:
         return pl.DataFrame(schema=team_budgets.STATUS_SCHEMA)
-    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema={"team": pl.String, "gpu_hours": pl.Float64,
-                                                                                                        "cost": pl.Float64, "currency": pl.String})
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema=_NO_USAGE)
     return team_budgets.budget_status(used, b, month=month, start=start, end=end, now=now)
 
 
-def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
-    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets)."""
+USAGE_REFRESH = dt.timedelta(minutes=15)
+"""The health sweep's month-to-date usage is recomputed at most this often, and then only when the hour has
+turned or scheduler, team or price data has been written since (a month of a large fleet is seconds of CPU)."""
+
+_USAGE_INPUTS = ("sched_job", "sched_job_node", "sched_account", "team_mapping", "price_book")
+"""Frames whose writes change month-to-date usage at once (telemetry's share of it waits for the hour)."""
+
+
+@dataclass
+class _MonthToDate:
+    month: str
+    as_of: dt.datetime
+    ingest_id: int
+    used: pl.DataFrame
+
+
+_month_to_date: weakref.WeakKeyDictionary[Store, _MonthToDate] = weakref.WeakKeyDictionary()
+
+
+def _last_ingest_id(store: Store) -> int:
+    n = store.query("SELECT MAX(ingest_id) AS n FROM ingest_log", [], {"n": pl.Int64})["n"][0]
+    return int(n or 0)
+
+
+def _inputs_written_since(store: Store, ingest_id: int) -> bool:
+    # the ingest log records every committed write with the rows it wrote per frame (``Store._log_ingest``)
+    like = " OR ".join("rows_json LIKE ?" for _ in _USAGE_INPUTS)
+    q = f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM ingest_log WHERE ingest_id > ? AND ({like}) LIMIT 1) w"
+    return bool(store.query(q, [ingest_id, *(f'%"{f}"%' for f in _USAGE_INPUTS)], {"n": pl.Int64})["n"][0])
+
+
+def month_to_date_usage(store: Store, *, now: dt.datetime) -> tuple[pl.DataFrame, dt.datetime]:
+    """The usage of the month ``now`` is in, up to ``now`` or up to when it was last computed (returned with it):
+    recomputed when the month or the hour (of ``now``) turned, or scheduler, team-mapping or price data was
+    written since and ``USAGE_REFRESH`` has passed. For the 5-minute health sweep, which then pages within
+    ``USAGE_REFRESH`` of new jobs and within the hour as running jobs and telemetry accumulate."""
     now = as_utc(now)
     month = f"{now.year:04d}-{now.month:02d}"
-    status = budget_status(store, month=month, now=now)
-    return team_budgets.budget_findings(status, start=month_bounds(month)[0], now=now)
+    start, end = month_bounds(month)
+    c = _month_to_date.get(store)
+    if c is not None and c.month == month and c.as_of <= now:
+        same_hour = c.as_of.replace(minute=0, second=0, microsecond=0) == now.replace(minute=0, second=0, microsecond=0)
+        if same_hour and (now - c.as_of < USAGE_REFRESH or not _inputs_written_since(store, c.ingest_id)):
+            return c.used, c.as_of
+    ingest_id = _last_ingest_id(store)  # before the read: a write during it is seen next time
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema=_NO_USAGE)
+    _month_to_date[store] = _MonthToDate(month, now, ingest_id, used)
+    return used, now
+
+
+def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
+    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets). The
+    budgets are read each time (a raised quota ends the finding at once); the usage is
+    :func:`month_to_date_usage`'s, projected from when it was computed."""
+    now = as_utc(now)
+    month = f"{now.year:04d}-{now.month:02d}"
+    start, end = month_bounds(month)
+    b = store.read("team_budget")
+    if not b.height:
+        return team_budgets.budget_findings(pl.DataFrame(schema=team_budgets.STATUS_SCHEMA), start=start, now=now)
+    used, as_of = month_to_date_usage(store, now=now)
+    status = team_budgets.budget_status(used, b, month=month, start=start, end=end, now=as_of)
+    return team_budgets.budget_findings(status, start=start, now=now)
 
 
 # --- stranded capacity -------------------------------------------------------------------------------
