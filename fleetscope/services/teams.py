@@ -119,6 +119,9 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
                     .join(gpus, on=["host", "gpu_index"]))
         whole = n.filter(pl.col("gpu_indices").is_null() & (pl.col("gpus") == pl.col("host_gpus"))).join(gpus, on="host")
         parts += [explicit.select("cluster", "job_id", "gpu_uuid"), whole.select("cluster", "job_id", "gpu_uuid")]
+        undivided = n.filter(pl.col("gpu_indices").is_null() & pl.col("gpus").is_null())
+        if undivided.height and "gpus" in slurm_jobs.columns:
+            parts.append(_whole_nodes(store, undivided, slurm_jobs).join(gpus, on="host").select("cluster", "job_id", "gpu_uuid"))
     pods = jobs.filter(pl.col("scheduler") == "kubernetes")
     if pods.height:
         w = store.read("gpu_workload", columns=["gpu_uuid", "namespace", "pod"]).unique(["gpu_uuid", "namespace", "pod"])
@@ -127,6 +130,21 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
             parts.append(j.select("cluster", "job_id", "gpu_uuid"))
     # no (job, GPU) twice: a node row is either by device index or whole, keyed by (cluster, job_id, host), and pods were made unique
     return pl.concat(parts) if parts else out
+
+
+def _whole_nodes(store: Store, undivided: pl.DataFrame, jobs: pl.DataFrame) -> pl.DataFrame:
+    """The node rows (cluster, job_id, host) of jobs known only by their total GPU count (``sacct`` names a
+    multi-node job's AllocTRES for the whole job, not per node) whose total is every GPU of their nodes: such
+    a job holds each GPU on them. A node's GPUs are the scheduler's count (``sched_node.gpus_total``), else
+    those telemetry sees on it; a job with a node of unknown size, or fewer GPUs than its nodes have, is left
+    unmatched (which of them it held is not known)."""
+    sn = store.read("sched_node", columns=["host", "gpus_total"])
+    sizes = sn.group_by("host").agg(pl.col("gpus_total").max()) if sn.height else pl.DataFrame(schema={"host": pl.String, "gpus_total": pl.Int64})
+    u = undivided.join(sizes, on="host", how="left").with_columns(pl.coalesce(pl.col("gpus_total"), pl.col("host_gpus").cast(pl.Int64)).alias("_node_gpus"))
+    full = (u.group_by("cluster", "job_id").agg(pl.col("_node_gpus").sum().alias("_sum"), pl.col("_node_gpus").null_count().alias("_unknown"))
+            .join(jobs.select("cluster", "job_id", pl.col("gpus").cast(pl.Int64).alias("_total")), on=["cluster", "job_id"])
+            .filter((pl.col("_unknown") == 0) & (pl.col("_sum") == pl.col("_total"))))
+    return u.join(full.select("cluster", "job_id"), on=["cluster", "job_id"]).select("cluster", "job_id", "host")
 
 
 GPU_FILTER_MAX = 2000

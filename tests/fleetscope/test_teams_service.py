@@ -163,6 +163,30 @@ def test_sweep_budget_check_reuses_month_to_date_usage(loaded, monkeypatch):
     assert len(calls) == 4
 
 
+def test_multi_node_sacct_job_holds_every_gpu_of_its_nodes(store):
+    """sacct gives a multi-node job's GPUs as one total: where it is every GPU of its nodes, the job holds them
+    all; where it is fewer, which ones is unknown and none are matched."""
+    from fleetscope.core import scheduler_frames as SCH
+    from fleetscope.core.spec import conform
+
+    gpus = [{"gpu_uuid": f"GPU-{h}-{i}", "host": h, "gpu_index": i} for h in ("n1", "n2", "n3") for i in range(2)]
+    store.write(F.Batch(gpu=F.conform(F.GPU, pl.DataFrame(gpus))))
+    # n3 has 4 GPUs by the scheduler's count, though telemetry sees only 2 of them
+    store.write_frames([(SCH.SCHED_NODE, conform(SCH.SCHED_NODE, pl.DataFrame([{"host": "n1", "gpus_total": 2}, {"host": "n3", "gpus_total": 4}])))],
+                       source="sinfo")
+    t = dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
+    jobs = pl.DataFrame([{"job_id": j, "scheduler": "slurm", "state": "RUNNING", "gpus": g, "start_at": t} for j, g in
+                         (("all", 4), ("part", 2), ("big", 6), ("small", 4))])
+    nodes = [{"job_id": j, "host": h} for j, hs in (("all", ("n1", "n2")), ("part", ("n1", "n2")), ("big", ("n2", "n3")), ("small", ("n2", "n3")))
+             for h in hs]
+    store.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, jobs)), (SCH.SCHED_JOB_NODE, conform(SCH.SCHED_JOB_NODE, pl.DataFrame(nodes)))],
+                       source="sacct")
+    got = teams.job_gpus(store, teams.jobs_in(store, t, t + dt.timedelta(hours=1)))
+    held = {j: sorted(g["gpu_uuid"]) for (j,), g in got.group_by("job_id")}
+    # all: n1 (2 by sinfo) + n2 (2 seen) = 4; big: n2 (2) + n3 (4 by sinfo) = 6, the 2 of n3 telemetry sees; part, small: fewer than their nodes have
+    assert held == {"all": ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"], "big": ["GPU-n2-0", "GPU-n2-1", "GPU-n3-0", "GPU-n3-1"]}
+
+
 def test_stranded_capacity_in_the_service(store, realdata):
     from fleetscope.core import scheduler_frames as SCH
     from fleetscope.services import health
