@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import polars as pl
 
@@ -98,10 +99,20 @@ def _assign(jobs: pl.DataFrame, mapping: pl.DataFrame, accounts: pl.DataFrame | 
 
 
 
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+def _first_ranges(nodes: str) -> str:
+    """``nodes`` cut to what names its first host: each bracket's first value (``gpu[0001-0064,0070]`` ->
+    ``gpu[0001]``), so a 64-node list is not expanded to take one name. Slurm pads a range's values to its
+    lower bound's width, so the first value alone expands to the same name."""
+    return _BRACKET.sub(lambda m: "[" + m.group(1).split(",")[0].split("-")[0].strip() + "]", nodes) if "[" in nodes else nodes
+
+
 def _first_hosts(nodes: pl.Series) -> pl.Series:
     """The first host of each node list (``node[01-04]`` -> ``node01``), expanding each distinct list once."""
     uniq = [n for n in nodes.drop_nulls().unique().to_list() if n]
-    first = {n: (h[0] if (h := expand_hostlist(n)) else None) for n in uniq}
+    first = {n: (h[0] if (h := expand_hostlist(_first_ranges(n))) else None) for n in uniq}
     return nodes.replace_strict(first, default=None, return_dtype=pl.String) if first else pl.Series(nodes.name, [None] * len(nodes), pl.String)
 
 

@@ -18,9 +18,12 @@ import datetime as dt
 import io
 import json
 import re
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from analyzers import carbon, chargeback, serving_energy
@@ -116,6 +119,9 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
                     .join(gpus, on=["host", "gpu_index"]))
         whole = n.filter(pl.col("gpu_indices").is_null() & (pl.col("gpus") == pl.col("host_gpus"))).join(gpus, on="host")
         parts += [explicit.select("cluster", "job_id", "gpu_uuid"), whole.select("cluster", "job_id", "gpu_uuid")]
+        undivided = n.filter(pl.col("gpu_indices").is_null() & pl.col("gpus").is_null())
+        if undivided.height and "gpus" in slurm_jobs.columns:
+            parts.append(_whole_nodes(store, undivided, slurm_jobs).join(gpus, on="host").select("cluster", "job_id", "gpu_uuid"))
     pods = jobs.filter(pl.col("scheduler") == "kubernetes")
     if pods.height:
         w = store.read("gpu_workload", columns=["gpu_uuid", "namespace", "pod"]).unique(["gpu_uuid", "namespace", "pod"])
@@ -124,6 +130,21 @@ def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
             parts.append(j.select("cluster", "job_id", "gpu_uuid"))
     # no (job, GPU) twice: a node row is either by device index or whole, keyed by (cluster, job_id, host), and pods were made unique
     return pl.concat(parts) if parts else out
+
+
+def _whole_nodes(store: Store, undivided: pl.DataFrame, jobs: pl.DataFrame) -> pl.DataFrame:
+    """The node rows (cluster, job_id, host) of jobs known only by their total GPU count (``sacct`` names a
+    multi-node job's AllocTRES for the whole job, not per node) whose total is every GPU of their nodes: such
+    a job holds each GPU on them. A node's GPUs are the scheduler's count (``sched_node.gpus_total``), else
+    those telemetry sees on it; a job with a node of unknown size, or fewer GPUs than its nodes have, is left
+    unmatched (which of them it held is not known)."""
+    sn = store.read("sched_node", columns=["host", "gpus_total"])
+    sizes = sn.group_by("host").agg(pl.col("gpus_total").max()) if sn.height else pl.DataFrame(schema={"host": pl.String, "gpus_total": pl.Int64})
+    u = undivided.join(sizes, on="host", how="left").with_columns(pl.coalesce(pl.col("gpus_total"), pl.col("host_gpus").cast(pl.Int64)).alias("_node_gpus"))
+    full = (u.group_by("cluster", "job_id").agg(pl.col("_node_gpus").sum().alias("_sum"), pl.col("_node_gpus").null_count().alias("_unknown"))
+            .join(jobs.select("cluster", "job_id", pl.col("gpus").cast(pl.Int64).alias("_total")), on=["cluster", "job_id"])
+            .filter((pl.col("_unknown") == 0) & (pl.col("_sum") == pl.col("_total"))))
+    return u.join(full.select("cluster", "job_id"), on=["cluster", "job_id"]).select("cluster", "job_id", "host")
 
 
 GPU_FILTER_MAX = 2000
@@ -147,13 +168,17 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
     spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
-    x = held_samples(jg.join(spans, on=["cluster", "job_id"]), samples)
-    per_gpu = x.group_by("cluster", "job_id", "gpu_uuid").agg(
-        pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
+    spans = spans.unique(["cluster", "job_id"], keep="first", maintain_order=True).with_row_index("_j")
+    # grouped by integers (the held span, then the job), not by millions of (cluster, job, GPU) strings
+    held = jg.join(spans, on=["cluster", "job_id"]).select("_j", "gpu_uuid", "s", "e").with_row_index("_h")
+    x = held_samples(held, samples)
+    per_gpu = x.group_by("_h").agg(
+        pl.col("_j").first(), pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
         ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
-    return per_gpu.group_by("cluster", "job_id").agg(
+    per_job = per_gpu.group_by("_j").agg(
         pl.col("u").mean().alias("busy_ratio"),
-        pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j")).select(list(schema))
+        pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j"))
+    return per_job.join(spans.select("_j", "cluster", "job_id"), on="_j").select(list(schema))
 
 
 def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
@@ -175,7 +200,13 @@ def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
     ss = samples.join(ids, on="gpu_uuid").with_columns(key("ts").alias("_k")).sort("_k")
     keys = ss["_k"]
     h = held.join(ids, on="gpu_uuid").with_columns(key("s").alias("_ks"), key("e").alias("_ke"))
-    h = h.with_columns(keys.search_sorted(h["_ks"], side="left").alias("_lo"), keys.search_sorted(h["_ke"], side="left").alias("_hi"))
+    # binary searches in key order walk the sorted samples once instead of jumping about them (several times
+    # faster for millions of spans); the positions go back to the spans' own order, so nothing else moves
+    order = h["_ks"].arg_sort().to_numpy()
+    lo, hi = np.empty(h.height, np.int64), np.empty(h.height, np.int64)
+    lo[order] = keys.search_sorted(h["_ks"].gather(order), side="left").to_numpy()
+    hi[order] = keys.search_sorted(h["_ke"].gather(order), side="left").to_numpy()
+    h = h.with_columns(pl.Series("_lo", lo), pl.Series("_hi", hi))
     h = h.filter(pl.col("_hi") > pl.col("_lo")).with_columns(pl.int_ranges("_lo", "_hi").alias("_row")).explode("_row")
     rows = ss.drop("_k", "_g", "gpu_uuid").with_row_index("_row")
     return h.drop("_g", "_ks", "_ke", "_lo", "_hi").join(rows.with_columns(pl.col("_row").cast(h.schema["_row"])), on="_row").drop("_row")
@@ -393,6 +424,9 @@ def budgets(store: Store) -> pl.DataFrame:
     return df.sort("team", "month") if df.height else df
 
 
+_NO_USAGE = {"team": pl.String, "gpu_hours": pl.Float64, "cost": pl.Float64, "currency": pl.String}
+
+
 def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | None = None) -> pl.DataFrame:
     """Per team with a budget: the month's usage so far against its quota and budget, projected to the month's
     end (``analyzers.team_budgets``); the month ``now`` is in by default."""
@@ -402,17 +436,73 @@ def budget_status(store: Store, *, month: str | None = None, now: dt.datetime | 
     b = store.read("team_budget")
     if not b.height:
         return pl.DataFrame(schema=team_budgets.STATUS_SCHEMA)
-    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema={"team": pl.String, "gpu_hours": pl.Float64,
-                                                                                                        "cost": pl.Float64, "currency": pl.String})
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema=_NO_USAGE)
     return team_budgets.budget_status(used, b, month=month, start=start, end=end, now=now)
 
 
-def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
-    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets)."""
+USAGE_REFRESH = dt.timedelta(minutes=15)
+"""The health sweep's month-to-date usage is recomputed at most this often, and then only when the hour has
+turned or scheduler, team or price data has been written since (a month of a large fleet is seconds of CPU)."""
+
+_USAGE_INPUTS = ("sched_job", "sched_job_node", "sched_account", "team_mapping", "price_book")
+"""Frames whose writes change month-to-date usage at once (telemetry's share of it waits for the hour)."""
+
+
+@dataclass
+class _MonthToDate:
+    month: str
+    as_of: dt.datetime
+    ingest_id: int
+    used: pl.DataFrame
+
+
+_month_to_date: weakref.WeakKeyDictionary[Store, _MonthToDate] = weakref.WeakKeyDictionary()
+
+
+def _last_ingest_id(store: Store) -> int:
+    n = store.query("SELECT MAX(ingest_id) AS n FROM ingest_log", [], {"n": pl.Int64})["n"][0]
+    return int(n or 0)
+
+
+def _inputs_written_since(store: Store, ingest_id: int) -> bool:
+    # the ingest log records every committed write with the rows it wrote per frame (``Store._log_ingest``)
+    like = " OR ".join("rows_json LIKE ?" for _ in _USAGE_INPUTS)
+    q = f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM ingest_log WHERE ingest_id > ? AND ({like}) LIMIT 1) w"
+    return bool(store.query(q, [ingest_id, *(f'%"{f}"%' for f in _USAGE_INPUTS)], {"n": pl.Int64})["n"][0])
+
+
+def month_to_date_usage(store: Store, *, now: dt.datetime) -> tuple[pl.DataFrame, dt.datetime]:
+    """The usage of the month ``now`` is in, up to ``now`` or up to when it was last computed (returned with it):
+    recomputed when the month or the hour (of ``now``) turned, or scheduler, team-mapping or price data was
+    written since and ``USAGE_REFRESH`` has passed. For the 5-minute health sweep, which then pages within
+    ``USAGE_REFRESH`` of new jobs and within the hour as running jobs and telemetry accumulate."""
     now = as_utc(now)
     month = f"{now.year:04d}-{now.month:02d}"
-    status = budget_status(store, month=month, now=now)
-    return team_budgets.budget_findings(status, start=month_bounds(month)[0], now=now)
+    start, end = month_bounds(month)
+    c = _month_to_date.get(store)
+    if c is not None and c.month == month and c.as_of <= now:
+        same_hour = c.as_of.replace(minute=0, second=0, microsecond=0) == now.replace(minute=0, second=0, microsecond=0)
+        if same_hour and (now - c.as_of < USAGE_REFRESH or not _inputs_written_since(store, c.ingest_id)):
+            return c.used, c.as_of
+    ingest_id = _last_ingest_id(store)  # before the read: a write during it is seen next time
+    used = usage(store, start=start, end=end, now=min(now, end)) if now > start else pl.DataFrame(schema=_NO_USAGE)
+    _month_to_date[store] = _MonthToDate(month, now, ingest_id, used)
+    return used, now
+
+
+def budget_findings(store: Store, *, now: dt.datetime) -> pl.DataFrame:
+    """Findings for teams over, or projected over, this month's budget (nothing to read without budgets). The
+    budgets are read each time (a raised quota ends the finding at once); the usage is
+    :func:`month_to_date_usage`'s, projected from when it was computed."""
+    now = as_utc(now)
+    month = f"{now.year:04d}-{now.month:02d}"
+    start, end = month_bounds(month)
+    b = store.read("team_budget")
+    if not b.height:
+        return team_budgets.budget_findings(pl.DataFrame(schema=team_budgets.STATUS_SCHEMA), start=start, now=now)
+    used, as_of = month_to_date_usage(store, now=now)
+    status = team_budgets.budget_status(used, b, month=month, start=start, end=end, now=as_of)
+    return team_budgets.budget_findings(status, start=start, now=now)
 
 
 # --- stranded capacity -------------------------------------------------------------------------------

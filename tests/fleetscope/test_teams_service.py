@@ -2,6 +2,7 @@
 logged), GPU telemetry on one job's GPU, prices from the price book; figures checked by hand."""
 
 import datetime as dt
+import json
 
 import polars as pl
 import pytest
@@ -121,6 +122,69 @@ def test_budgets_recorded_audited_and_found(loaded):
     assert "team_budgets" in health.WINDOW.names()
     swept = health.health_window(loaded, now - dt.timedelta(minutes=15), now)["findings"]
     assert swept.filter(pl.col("kind") == "team_budget")["subject"].to_list() == ["team_budget:vision"]
+
+
+def test_sweep_budget_check_reuses_month_to_date_usage(loaded, monkeypatch):
+    """The health sweep's budget check recomputes the month's usage only when the hour turns or scheduler,
+    team or price data was written (and USAGE_REFRESH passed); budgets are read each time."""
+    from fleetscope.core import scheduler_frames as SCH
+    from fleetscope.core.spec import conform
+
+    calls = []
+    real = teams.usage
+    monkeypatch.setattr(teams, "usage", lambda store, **kw: calls.append(kw["now"]) or real(store, **kw))
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    teams.set_budget(loaded, team="vision", month="2024-04", gpu_hour_quota=20.0, recorded_by="finance")
+    t0 = dt.datetime(2024, 4, 30, tzinfo=dt.UTC)
+    job_h = 41003 / 3600  # the job alone: 11.39 GPU-h, projected 11.78 for April, under 20
+    assert teams.budget_findings(loaded, now=t0).height == 0 and len(calls) == 1
+    assert teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=5)).height == 0 and len(calls) == 1  # nothing written
+    # a lowered quota pages at the next sweep, from the same usage
+    teams.set_budget(loaded, team="vision", month="2024-04", gpu_hour_quota=5.0, recorded_by="finance")
+    f = teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=10))
+    assert f.select("subject", "severity").rows() == [("team_budget:vision", "critical")] and len(calls) == 1
+    assert f["window_end"][0] == t0 + dt.timedelta(minutes=10)  # the finding is fresh, so the alert's lookback holds it
+    # a new job of the team: counted once USAGE_REFRESH has passed since the last computation
+    job = {"cluster": "", "job_id": "new-1", "scheduler": "slurm", "user": "user420", "state": "COMPLETED", "gpus": 4,
+           "start_at": dt.datetime(2024, 4, 29, 12, tzinfo=dt.UTC), "end_at": dt.datetime(2024, 4, 29, 14, tzinfo=dt.UTC)}
+    loaded.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, pl.DataFrame([job])))], source="sacct")
+    teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=12))
+    assert len(calls) == 1
+    f = teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=16))
+    assert len(calls) == 2 and f.height == 1
+    ev = json.loads(f["evidence"][0])
+    assert ev["gpu_hours"] == pytest.approx(job_h + 8.0)  # the new job's 4 GPUs x 2 h
+    teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=50))
+    assert len(calls) == 2  # nothing written since
+    teams.budget_findings(loaded, now=t0 + dt.timedelta(hours=1, minutes=1))
+    assert calls[-1] == t0 + dt.timedelta(hours=1, minutes=1) and len(calls) == 3  # the hour turned
+    # the service's own status is always fresh
+    teams.budget_status(loaded, month="2024-04", now=t0 + dt.timedelta(hours=1, minutes=2))
+    assert len(calls) == 4
+
+
+def test_multi_node_sacct_job_holds_every_gpu_of_its_nodes(store):
+    """sacct gives a multi-node job's GPUs as one total: where it is every GPU of its nodes, the job holds them
+    all; where it is fewer, which ones is unknown and none are matched."""
+    from fleetscope.core import scheduler_frames as SCH
+    from fleetscope.core.spec import conform
+
+    gpus = [{"gpu_uuid": f"GPU-{h}-{i}", "host": h, "gpu_index": i} for h in ("n1", "n2", "n3") for i in range(2)]
+    store.write(F.Batch(gpu=F.conform(F.GPU, pl.DataFrame(gpus))))
+    # n3 has 4 GPUs by the scheduler's count, though telemetry sees only 2 of them
+    store.write_frames([(SCH.SCHED_NODE, conform(SCH.SCHED_NODE, pl.DataFrame([{"host": "n1", "gpus_total": 2}, {"host": "n3", "gpus_total": 4}])))],
+                       source="sinfo")
+    t = dt.datetime(2026, 11, 2, tzinfo=dt.UTC)
+    jobs = pl.DataFrame([{"job_id": j, "scheduler": "slurm", "state": "RUNNING", "gpus": g, "start_at": t} for j, g in
+                         (("all", 4), ("part", 2), ("big", 6), ("small", 4))])
+    nodes = [{"job_id": j, "host": h} for j, hs in (("all", ("n1", "n2")), ("part", ("n1", "n2")), ("big", ("n2", "n3")), ("small", ("n2", "n3")))
+             for h in hs]
+    store.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, jobs)), (SCH.SCHED_JOB_NODE, conform(SCH.SCHED_JOB_NODE, pl.DataFrame(nodes)))],
+                       source="sacct")
+    got = teams.job_gpus(store, teams.jobs_in(store, t, t + dt.timedelta(hours=1)))
+    held = {j: sorted(g["gpu_uuid"]) for (j,), g in got.group_by("job_id")}
+    # all: n1 (2 by sinfo) + n2 (2 seen) = 4; big: n2 (2) + n3 (4 by sinfo) = 6, the 2 of n3 telemetry sees; part, small: fewer than their nodes have
+    assert held == {"all": ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"], "big": ["GPU-n2-0", "GPU-n2-1", "GPU-n3-0", "GPU-n3-1"]}
 
 
 def test_stranded_capacity_in_the_service(store, realdata):
