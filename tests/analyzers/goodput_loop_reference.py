@@ -1,5 +1,5 @@
-"""The per-event loop analyzers.goodput's timeline was first written as (kept verbatim as the reference the
-vectorised timeline is checked against in test_goodput_vectorised.py)."""
+"""The per-event loops analyzers.goodput's timeline and scheduling goodput were first written as (kept verbatim as the references the
+column-wise versions are checked against in test_goodput_vectorised.py)."""
 
 from __future__ import annotations
 
@@ -276,3 +276,29 @@ def _paint(job_id: str, base: list, overlays: dict[str, list[tuple[int, int]]], 
         pl.when(pl.col("step") >= 0).then(pl.col("step")).alias("step"),
     )
 
+
+
+def scheduling_goodput(job_event: pl.DataFrame, *, submitted_at: datetime | None = None, until: datetime | None = None) -> float:
+    ev = _check_events(job_event)
+    job_id = _one_job(ev)
+    if not ev.filter(pl.col("kind") == "allocated").height:
+        raise ValueError(f"job {job_id}: no 'allocated' event, so scheduling goodput is undefined")
+    t_first = _us(ev["ts"].min())
+    a = _us(submitted_at) if submitted_at is not None else t_first
+    fin = ev.filter(pl.col("kind") == "finished")["ts"]
+    b = _us(until) if until is not None else (_us(fin.max()) if fin.len() else None)
+    if b is None:
+        raise ValueError(f"job {job_id} has no 'finished' event: pass until=")
+    if b <= a:
+        raise ValueError("the job's end is not after its submission")
+    held, since = 0, None
+    for k, t in zip(ev["kind"].to_list(), (_us(x) for x in ev["ts"].to_list())):
+        t = min(max(t, a), b)
+        if k == "allocated" and since is None:
+            since = t
+        elif k in ("preempted", "finished") and since is not None:
+            held += t - since
+            since = None
+    if since is not None:
+        held += b - since
+    return held / (b - a)

@@ -112,6 +112,22 @@ def test_vectorised_timeline_equals_the_loop(seed):
         assert_frame_equal(new, old)
 
 
+@pytest.mark.parametrize("seed", range(0, 300, 7))
+def test_scheduling_goodput_equals_the_loop(seed):
+    job_event, until = random_job(seed)
+    extra = job_event.filter(pl.col("kind") == "preempted").with_columns(
+        pl.lit("allocated").alias("kind"), pl.col("ts") + timedelta(seconds=2))  # re-allocated after preemption
+    job_event = pl.concat([job_event, extra])
+    got = []
+    for f in (g.scheduling_goodput, ref.scheduling_goodput):
+        try:
+            got.append(f(job_event, until=until))
+        except ValueError as e:
+            got.append(str(e))
+    assert got[0] == got[1]
+    assert isinstance(got[0], float) or "finished" in got[0]
+
+
 def test_the_random_jobs_cover_what_they_are_for():
     buckets: set[str] = set()
     for seed in range(300):
