@@ -1,5 +1,5 @@
-"""The per-event loops analyzers.goodput's timeline and scheduling goodput were first written as (kept verbatim as the references the
-column-wise versions are checked against in test_goodput_vectorised.py)."""
+"""The per-event loops analyzers.goodput's timeline and scheduling goodput were first written as, kept
+verbatim as the references the column-wise versions are checked against in test_goodput_vectorised.py."""
 
 from __future__ import annotations
 
