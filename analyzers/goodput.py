@@ -187,25 +187,72 @@ class _Attempt:
     last_seen: int = 0
 
 
-def _steps_from_events(ev: pl.DataFrame) -> list[tuple[int, int, float]]:
-    """(step, start µs, data loading s) per step event. A step's start is its payload ``start``, else
-    ``ts − duration_s`` (``ts`` is the step's end in our schema), else ``ts`` itself: a bare step event
-    marks the step's start, as the library's ``record_step_start_time`` does. Several ranks reporting the
-    same step give one start: the earliest."""
-    rows = ev.filter(pl.col("kind") == "step").select("ts", "step", "payload", "rank").iter_rows()
-    out: list[tuple[int, int, float]] = []
-    for ts, step, text, rank in rows:
-        where = f"step event (step {step}, rank {rank})"
-        p = _payload(text, where)
-        start = _payload_time(p, "start", where)
-        if start is None:
-            end = _payload_time(p, "end", where)
-            end = _us(ts) if end is None else end
-            dur = _payload_number(p, "duration_s", where)
-            start = end - round(dur * _US) if dur is not None else end
-        dl = _payload_number(p, "data_loading_s", where) or 0.0
-        out.append((int(step), start, dl))
-    return out
+_STEP_KEYS = ("start", "end", "duration_s", "data_loading_s")
+
+
+def _step_row(ts: datetime, step: int, text: str | None, rank: int) -> tuple[int, float]:
+    """(start µs, data loading s) of one step event, read the slow, exact way (``json.loads``); it raises
+    the error that names the row when its payload is bad."""
+    where = f"step event (step {step}, rank {rank})"
+    p = _payload(text, where)
+    start = _payload_time(p, "start", where)
+    if start is None:
+        end = _payload_time(p, "end", where)
+        end = _us(ts) if end is None else end
+        dur = _payload_number(p, "duration_s", where)
+        start = end - round(dur * _US) if dur is not None else end
+    return start, _payload_number(p, "data_loading_s", where) or 0.0
+
+
+def _steps_from_events(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(step, start µs, data loading s)`` arrays, one entry per step event in ``ev``'s order. A step's
+    start is its payload ``start``, else ``ts − duration_s`` (``ts`` is the step's end in our schema), else
+    ``ts`` itself: a bare step event marks the step's start, as the library's ``record_step_start_time``
+    does.
+
+    Payloads are read column-wise (a job reporting every rank's step sends ~10⁵ events an hour). A row
+    goes to the exact per-row reader when the columnar one could read it differently: a payload that is
+    not a plain JSON object, a key whose value is not a plain number (a string, a bool, NaN, a number
+    beyond float range, a negative), or a ``start``/``end`` given as text."""
+    st = ev.filter(pl.col("kind") == "step").select("ts", "step", "payload", "rank")
+    n = st.height
+    step = st["step"].cast(pl.Int64).to_numpy()
+    ts_us = st["ts"].dt.epoch("us").to_numpy()
+    if n == 0:
+        return step, ts_us, np.zeros(0)
+    # One parse per payload checks that it is a JSON object; only payloads that name one of the keys (most
+    # carry just loss and norms) are parsed again for them.
+    st = st.with_columns(pl.col("payload").str.json_path_match("$").alias("_doc"),
+                         pl.any_horizontal([pl.col("payload").str.contains(c, literal=True)
+                                            for c in (*(f'"{k}"' for k in _STEP_KEYS), "\\")]).alias("_keyed"))
+    keyed = st.filter(pl.col("_keyed").fill_null(False)).select(
+        "_doc",
+        *(pl.col("_doc").str.json_path_match(f"$.{k}").alias(f"_raw_{k}") for k in _STEP_KEYS),
+    ).with_columns(pl.col(f"_raw_{k}").cast(pl.Float64, strict=False).alias(k) for k in _STEP_KEYS)
+    # a key's value is read as a number only when it is one: a float, finite, ≥ 0, and not a JSON string
+    odd = pl.any_horizontal([pl.col(f"_raw_{k}").is_not_null()
+                             & (pl.col(k).is_null() | ~pl.col(k).is_finite() | (pl.col(k) < 0)
+                                | pl.col("_doc").str.contains(f'"{k}":"', literal=True))
+                             for k in _STEP_KEYS])
+    keyed = keyed.with_columns(odd.alias("_odd"))
+    slow = st.select(pl.col("payload").is_not_null()
+                     & (pl.col("_doc").is_null() | ~pl.col("_doc").str.starts_with("{"))).to_series().to_numpy().copy()
+    at = np.flatnonzero(st["_keyed"].fill_null(False).to_numpy())
+    slow[at] |= keyed["_odd"].to_numpy()
+    f = {k: np.full(n, np.nan) for k in _STEP_KEYS}
+    for k in _STEP_KEYS:
+        f[k][at] = keyed[k].to_numpy()
+    with np.errstate(invalid="ignore"):
+        end = np.where(np.isnan(f["end"]), ts_us, np.round(np.nan_to_num(f["end"]) * _US).astype(np.int64))
+        start = np.where(np.isnan(f["duration_s"]), end,
+                         end - np.round(np.nan_to_num(f["duration_s"]) * _US).astype(np.int64))
+        start = np.where(np.isnan(f["start"]), start, np.round(np.nan_to_num(f["start"]) * _US).astype(np.int64))
+    dl = np.nan_to_num(f["data_loading_s"])
+    if slow.any():
+        rows = st.select("ts", "step", "payload", "rank").rows()
+        for i in np.flatnonzero(slow):
+            start[i], dl[i] = _step_row(*rows[i])
+    return step, start.astype(np.int64), dl.astype(float)
 
 
 def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
@@ -221,34 +268,40 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     """
     ev = _check_events(job_event)
     job_id = _one_job(ev)
-    kinds = ev["kind"].to_list()
-    ts_us = [_us(t) for t in ev["ts"].to_list()]
+    # Step events are most of the rows (one per rank per step); everything per event is done column-wise,
+    # and the Python below runs per lifecycle event and per distinct step.
+    ts_all = ev["ts"].dt.epoch("us").to_numpy()
+    life = ev.filter(pl.col("kind") != "step")
+    kinds = life["kind"].to_list()
+    ts_us = [int(t) for t in life["ts"].dt.epoch("us").to_list()]
 
     boundaries = [t for k, t in zip(kinds, ts_us) if k in ("started", "restart")]
     if not boundaries:
         raise ValueError(f"job {job_id}: no 'started' event, so the runtime has no beginning")
-    steps = _steps_from_events(ev)
-    if steps and min(s[1] for s in steps) < boundaries[0]:
+    step_no, step_start, step_dl = _steps_from_events(ev)
+    if step_start.size and int(step_start.min()) < boundaries[0]:
         raise ValueError(f"job {job_id}: a step starts before the job's first 'started' event")
 
     # Attempts: a 'restart' followed by 'started' (or the reverse) with no step between is one attempt.
-    step_starts = sorted(s[1] for s in steps)
+    step_starts = np.sort(step_start)
     attempts: list[_Attempt] = []
     for b in boundaries:
-        if attempts and not any(attempts[-1].start <= s < b for s in step_starts):
+        if attempts and np.searchsorted(step_starts, b, side="left") == np.searchsorted(step_starts, attempts[-1].start, side="left"):
             continue
         attempts.append(_Attempt(start=b, last_seen=b))
     starts = np.array([a.start for a in attempts])
 
-    # Steps into attempts; several ranks reporting one step collapse to its earliest start.
-    per: dict[tuple[int, int], tuple[int, float]] = {}
-    for step, start, dl in steps:
-        i = int(np.searchsorted(starts, start, side="right")) - 1
-        key = (i, step)
-        if key not in per or start < per[key][0]:
-            per[key] = (start, dl)
-    for (i, step), (start, dl) in per.items():
-        attempts[i].steps.append((step, start, dl))
+    # Steps into attempts; several ranks reporting one step collapse to its earliest start (the first such
+    # event in time order on a tie).
+    if step_start.size:
+        att = np.searchsorted(starts, step_start, side="right") - 1
+        order = np.lexsort((np.arange(step_start.size), step_start, step_no, att))
+        a_s, n_s = att[order], step_no[order]
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = (a_s[1:] != a_s[:-1]) | (n_s[1:] != n_s[:-1])
+        keep = order[first]
+        for i, step, start, dl in zip(att[keep].tolist(), step_no[keep].tolist(), step_start[keep].tolist(), step_dl[keep].tolist()):
+            attempts[i].steps.append((step, start, dl))
     for a in attempts:
         a.steps.sort(key=lambda s: (s[1], s[0]))
 
@@ -260,14 +313,16 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     if end < boundaries[0]:
         raise ValueError(f"job {job_id}: end {_dt(end).isoformat()} is before its start")
 
-    # Per attempt: initialization, disruption and the attempt's last sign of life.
+    # Per attempt: initialization, disruption and the attempt's last sign of life (any event, steps too).
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1].start if i + 1 < len(attempts) else end
         last_step = a.steps[-1][1] if a.steps else a.start
+        lo, hi = np.searchsorted(ts_all, a.start, side="left"), np.searchsorted(ts_all, nxt, side="left")
+        if hi > lo:
+            a.last_seen = max(a.last_seen, int(ts_all[hi - 1]))
         for k, t in zip(kinds, ts_us):
             if not (a.start <= t < nxt):
                 continue
-            a.last_seen = max(a.last_seen, t)
             if k == "initialized" and a.initialized is None:
                 a.initialized = t
             if k in ("failure", "preempted") and t >= last_step and a.disruption is None:
@@ -329,11 +384,11 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
                 add(s, e, "wasted_progress", step)
         add(cut, stop, "infrastructure_recovery")
 
-    overlays = _overlays(ev, kinds, ts_us, attempts, job_id)
+    overlays = _overlays(kinds, ts_us, int(ts_all[-1]), attempts, job_id)
     return _paint(job_id, base, overlays, attempts[0].start, end)
 
 
-def _overlays(ev: pl.DataFrame, kinds: list[str], ts_us: list[int], attempts: list[_Attempt], job_id: str) -> dict[str, list[tuple[int, int]]]:
+def _overlays(kinds: list[str], ts_us: list[int], t_last: int, attempts: list[_Attempt], job_id: str) -> dict[str, list[tuple[int, int]]]:
     out: dict[str, list[tuple[int, int]]] = {b: [] for b in _OVERLAY_ORDER}
     for what in ("save", "restore"):
         open_at: int | None = None
@@ -347,7 +402,7 @@ def _overlays(ev: pl.DataFrame, kinds: list[str], ts_us: list[int], attempts: li
                 open_at = None
         # a save still open at the end (job cut by until=, or a crash mid-save) blocks until then
         if open_at is not None:
-            out[f"checkpoint_{what}"].append((open_at, max(ts_us)))
+            out[f"checkpoint_{what}"].append((open_at, t_last))
     for a in attempts:
         for _, s, dl in a.steps:
             if dl > 0:
@@ -581,7 +636,9 @@ def scheduling_goodput(
     if b <= a:
         raise ValueError("the job's end is not after its submission")
     held, since = 0, None
-    for k, t in zip(ev["kind"].to_list(), (_us(x) for x in ev["ts"].to_list())):
+    # only these kinds move the state below; a job may send ~10⁵ step events an hour
+    held_by = ev.filter(pl.col("kind").is_in(["allocated", "preempted", "finished"]))
+    for k, t in zip(held_by["kind"].to_list(), held_by["ts"].dt.epoch("us").to_list()):
         t = min(max(t, a), b)
         if k == "allocated" and since is None:
             since = t

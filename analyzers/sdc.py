@@ -332,6 +332,21 @@ def rerun_runs(records: pl.DataFrame, signals: pl.DataFrame | None = None,
     """
     require_columns(records, "rerun records", ("job_id", "ts", "step", "rank", "suspect_gpu", "gpu_uuid", "result", "attempt", "expected"))
     own: dict[tuple[str, int, int], tuple[str, Any]] = {}
+    # Only the (job, step, rank) of a rerun record is looked up: a job reporting every rank's step has
+    # ~10⁵ signals an hour and, most of the time, no rerun records at all.
+    cases = records.select("job_id", "step", "rank").unique()
+
+    def of_cases(frame: pl.DataFrame) -> pl.DataFrame:
+        keys = cases.cast({c: frame.schema[c] for c in cases.columns})
+        return (frame.with_row_index("_at").join(keys, on=cases.columns, how="semi", nulls_equal=True).sort("_at").drop("_at")
+                if frame.height else frame)
+
+    if signals is not None and signals.height:
+        require_columns(signals, "signals", ("job_id", "step", "rank", "ts", "param_checksum"))
+        signals = of_cases(signals)
+    if checksums is not None and checksums.height:
+        require_columns(checksums, "checksums", ("job_id", "step", "rank", "majority_checksum"))
+        checksums = of_cases(checksums)
     if signals is not None and signals.height:
         require_columns(signals, "signals", ("job_id", "step", "rank", "ts", "param_checksum"))
         for j, st, r, ts, cs in signals.filter(pl.col("param_checksum").is_not_null()).select("job_id", "step", "rank", "ts", "param_checksum").iter_rows():
