@@ -54,7 +54,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("reliability", "reliability", ("Failures by category", "Checkpoint intervals")),
     PageSpec("network", "network", ("Collectives in production", "nccl-tests history")),
     PageSpec("energy_carbon", "energy_carbon", ("GPU energy by site", "PUE over time")),
-    PageSpec("teams_cost", "teams_cost", ("Teams & Cost",)),
+    PageSpec("teams_cost", "teams_cost", ("Usage and cost per team", "GPU-hours per team over time", "Top jobs by cost")),
     PageSpec("governance", "governance", ("Models and risk class", "EU AI Act rule matrix", "Audit reports and export bundles")),
     PageSpec("alerts", "alerts", ("Firing and recent", "Silences", "Dead letters")),
 )

@@ -102,6 +102,16 @@ def page(base_url: str, browser: Any, tokens: dict[str, str]) -> Iterator[Any]:
     context.close()
 
 
+@pytest.fixture
+def own_page(browser: Any) -> Iterator[Any]:
+    """A page in a context of its own, for a test that opens a page with a job or site in its address: that
+    selection stays in its own session, and the page-by-page tests (in any order, on any worker) keep the shared
+    page unselected."""
+    context = browser.new_context(viewport=B.VIEWPORT)
+    yield context.new_page()
+    context.close()
+
+
 def shows_only_the_sign_in(page: Any, timeout_s: float = 120) -> None:
     page.get_by_text(B.SIGN_IN_TITLE, exact=True).wait_for(state="visible", timeout=timeout_s * 1000)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_s * 1000)
@@ -200,10 +210,11 @@ def test_every_page_renders_its_content(spec: B.PageSpec, base_url: str, page: A
             page.get_by_text(text, exact=True).wait_for(timeout=10_000)
 
 
-def test_the_fleet_law_fit_is_drawn(base_url: str, page: Any, tokens: dict[str, str]) -> None:
+def test_the_fleet_law_fit_is_drawn(base_url: str, own_page: Any, tokens: dict[str, str]) -> None:
+    page = own_page
     jobs = next(p for p in B.PAGES if p.name == "jobs")
     # A reload is a new session: it signs in again and lands on the linked page.
-    B.open_page(page, base_url, jobs, query="?job=job-sweep-n32", token=tokens["browser-admin"])
+    B.open_page(page, base_url, jobs, query="?job=job-sweep-n32", timeout_s=180, token=tokens["browser-admin"])
     assert B.error_texts(page) == []
     assert metric(page, "GPUs past which steps get slower") == "31.6"
     assert metric(page, "η of this run") == "0.44"
@@ -250,15 +261,17 @@ def test_a_silence_made_in_the_browser_mutes_the_alert(base_url: str, page: Any,
     page.screenshot(path=str(ARTIFACTS / "alerts-silenced.png"), full_page=True)
 
 
-def test_a_deep_link_opens_the_job(base_url: str, page: Any, tokens: dict[str, str]) -> None:
+def test_a_deep_link_opens_the_job(base_url: str, own_page: Any, tokens: dict[str, str]) -> None:
+    page = own_page
     jobs = next(p for p in B.PAGES if p.name == "jobs")
-    B.open_page(page, base_url, jobs, query="?job=job-llm-c", token=tokens["browser-admin"])
+    B.open_page(page, base_url, jobs, query="?job=job-llm-c", timeout_s=180, token=tokens["browser-admin"])
     assert B.error_texts(page) == []
     assert metric(page, "World size") == "32 GPUs"
 
 
-def test_sidebar_filters(base_url: str, page: Any, tokens: dict[str, str]) -> None:
-    B.open_page(page, base_url, B.PAGES[0], token=tokens["browser-admin"])
+def test_sidebar_filters(base_url: str, own_page: Any, tokens: dict[str, str]) -> None:
+    page = own_page
+    B.open_page(page, base_url, B.PAGES[0], timeout_s=180, token=tokens["browser-admin"])
     page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Site").click()
     page.get_by_role("option", name="site-b").click()
     page.wait_for_function(
