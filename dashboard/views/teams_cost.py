@@ -1,5 +1,6 @@
 """Teams & Cost: who holds the fleet's GPUs and what it costs. Per team, GPU-hours allocated and used (busy share
-from telemetry), energy and cost over the range and over time; idle allocations with their cost; queue wait per
+from telemetry), energy, CO2e and cost over the range and over time; idle allocations with their cost; this
+month's budgets and quotas; stranded capacity; queue wait per
 partition, pending reasons and end states; the jobs that cost the most. Scheduler jobs come from Slurm (sacct,
 squeue, slurmrestd) and Kubernetes (kube-state-metrics); teams from the mapping set with ``PUT /api/v1/teams/mappings``."""
 
@@ -53,8 +54,11 @@ st.subheader("Usage and cost per team")
 if usage.is_empty():
     ui.no_data("no job held GPUs in this time range.")
 else:
-    st.dataframe(usage.select("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "cost", "currency"), hide_index=True,
+    carbon = [c for c in ("location_kgco2e", "market_kgco2e") if c in usage.columns]
+    st.dataframe(usage.select("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", *carbon, "cost", "currency"), hide_index=True,
                  column_config={"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+                                "location_kgco2e": st.column_config.NumberColumn("kgCO2e (location)", format="%.1f"),
+                                "market_kgco2e": st.column_config.NumberColumn("kgCO2e (market)", format="%.1f"),
                                 "used_gpu_hours": st.column_config.NumberColumn("used GPU-hours", format="%.2f"),
                                 "busy_share": st.column_config.NumberColumn("busy share", format="percent"),
                                 "energy_kwh": st.column_config.NumberColumn("energy (kWh)", format="%.1f"),
@@ -87,6 +91,32 @@ else:
                  hide_index=True, column_config={"idle_since": ui.utc_column("idle since"),
                                                  "idle_gpu_hours": st.column_config.NumberColumn("idle GPU-hours", format="%.2f"),
                                                  "idle_cost": st.column_config.NumberColumn("idle cost", format="%.2f")})
+
+st.subheader("Budgets this month")
+month = f"{f.end.year:04d}-{f.end.month:02d}"
+budgets = ui.q(teams_svc.budget_status, live=False, month=month, now=f.end)
+if budgets.is_empty():
+    st.caption(f"No team has a GPU-hour quota or money budget for {month}: set one with `fleetscope teams budget TEAM` or "
+               "`PUT /api/v1/teams/budgets` (admin); the health sweep then pages when a team is over or on course to exceed it.")
+else:
+    over = budgets.filter((pl.col("quota_status") == "over") | (pl.col("budget_status") == "over"))
+    st.metric("Teams over budget or quota", f"{over.height} of {budgets.height}")
+    st.dataframe(budgets.select("team", "gpu_hours", "gpu_hour_quota", "projected_gpu_hours", "quota_status", "cost", "budget", "currency",
+                                "projected_cost", "budget_status", "note"), hide_index=True,
+                 column_config={c: st.column_config.NumberColumn(c.replace("_", " "), format="%.2f")
+                                for c in ("gpu_hours", "gpu_hour_quota", "projected_gpu_hours", "cost", "budget", "projected_cost")})
+    st.caption(f"{month} so far, projected to the month's end at the rate so far (no projection on its first day).")
+
+st.subheader("Stranded capacity")
+stranded = ui.q(teams_svc.stranded_capacity, live=False, now=f.end)
+if not stranded["stranded_gpus"]:
+    st.caption("No free GPU is stranded: every node with free GPUs can take some pending job of its partitions, or nothing is pending.")
+else:
+    k = st.columns(2)
+    k[0].metric("Stranded GPUs", f"{stranded['stranded_gpus']:,}",
+                help="free GPUs on nodes where no pending job of their partitions fits (too few free GPUs or CPUs on the node)")
+    k[1].metric("Their cost per hour", f"{stranded['cost_per_hour']:,.2f} {stranded['currency']}" if stranded["cost_per_hour"] is not None else "—")
+    st.dataframe(stranded["partitions"], hide_index=True)
 
 st.subheader("Queue wait per partition")
 waits = pl.DataFrame(queue["queue_wait"]) if queue["queue_wait"] else pl.DataFrame()

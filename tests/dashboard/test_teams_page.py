@@ -9,9 +9,11 @@ import dataclasses
 import datetime as dt
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import polars as pl
 import pytest
+import streamlit as st
 
 from fleetscope.core import frames as F
 from fleetscope.services import teams as teams_svc
@@ -192,3 +194,33 @@ def test_an_idle_finding_with_unreadable_evidence_still_shows(empty_sqlite_url: 
     assert (rows["job:x/3"]["gpus_idle"], rows["job:x/3"]["idle_gpu_hours"], rows["job:x/3"]["idle_cost"], rows["job:x/3"]["team"]) == (2, None, None, "a")
     assert (rows["job:x/3"]["hosts"], rows["job:x/3"]["currency"]) == (None, None)
     assert (rows["job:x/4"]["gpus_idle"], rows["job:x/4"]["hosts"]) == (0, "n1,n2")
+
+
+def test_budgets_and_stranded_capacity_on_the_page(teams_world: World, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A team over its GPU-hour quota shows as over, with the month-to-date GPU-hours of the usage read; a world
+    without a budget or stranded GPUs says so in a caption rather than a gap (on its own copy of the world, so the
+    other tests' pages keep no budget)."""
+    shutil.copytree(Path(teams_world.url.removeprefix("sqlite:///")).parent, tmp_path / "data")
+    url = f"sqlite:///{tmp_path / 'data' / 'fleetscope.store.db'}"
+    at = open_page(url, "teams_cost", monkeypatch)
+    healthy(at)
+    assert not [d for d in at.dataframe if "quota_status" in d.value.columns]
+    store = Store.open(url)
+    end = teams_world.end
+    month = f"{end.year:04d}-{end.month:02d}"
+    start = dt.datetime(end.year, end.month, 1, tzinfo=dt.UTC)
+    try:
+        teams_svc.set_budget(store, team="vision", gpu_hour_quota=1.0, recorded_by="test")
+        vision = teams_svc.usage(store, start=start, end=end, now=end).filter(pl.col("team") == "vision")["gpu_hours"].item()
+    finally:
+        store.engine.dispose()
+    assert vision > 1.0
+    st.cache_data.clear()  # the page's reads are cached per database for minutes; a user sees the budget after that
+    at = open_page(url, "teams_cost", monkeypatch)
+    healthy(at)
+    table = next(d.value for d in at.dataframe if "quota_status" in d.value.columns).set_index("team")
+    assert table.index.tolist() == ["vision"]
+    assert table.loc["vision", "quota_status"] == "over" and table.loc["vision", "gpu_hour_quota"] == 1.0
+    assert table.loc["vision", "gpu_hours"] == pytest.approx(vision, rel=1e-9)
+    assert metrics(at)["Teams over budget or quota"] == "1 of 1"
+    assert any(month in c.value for c in at.caption)
