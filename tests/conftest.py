@@ -7,6 +7,7 @@ FLEETSCOPE_REQUIRE_SERVICES=1 (CI sets it), where an unreachable server fails th
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,18 @@ def _truncate_all(store: Store) -> None:
             conn.execute(text("DROP TABLE " + ", ".join(f'"{d}"' for d in days)))
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     partitions.forget_all(store.engine)
+
+
+def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.05):  # type: ignore[no-untyped-def]
+    """Poll ``pred`` until it returns something truthy and return that; fail the test naming ``what`` after
+    ``timeout_s``: how tests wait on real processes, servers and replicas."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

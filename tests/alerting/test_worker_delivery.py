@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import httpx
@@ -22,7 +21,7 @@ from fleetscope.services.alerting import state as ST
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver
-from tests.conftest import make_settings
+from tests.conftest import make_settings, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,16 +72,6 @@ def xid79(store: Store, gpu: str) -> None:
     store.write(F.Batch(health_event=pl.DataFrame({"ts": [dt.datetime.now(dt.UTC)], "gpu_uuid": [gpu], "host": ["n-" + gpu], "kind": ["xid"], "code": [79]})))
 
 
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_worker_evaluates_and_delivers(setup):
     env, store, app, queue, box, procs, log = setup
     with Receiver() as rx:
@@ -91,9 +80,9 @@ def test_worker_evaluates_and_delivers(setup):
         xid79(store, "G1")
         result = app.send_task("fleetscope.alerting.evaluate", queue=queue).get(timeout=90)
         assert result["firing"] == 1 and len(result["notifications"]) == 1
-        (req,) = wait_for(rx.accepted, 60, "the webhook")
+        (req,) = wait_until(rx.accepted, 60, "the webhook", poll_s=0.1)
         assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "G1" and req["json"]["status"] == "firing"
-        wait_for(lambda: ST.list_notifications(store.engine, status="delivered"), 20, "delivered status")
+        wait_until(lambda: ST.list_notifications(store.engine, status="delivered"), 20, "delivered status", poll_s=0.1)
 
 
 def test_worker_killed_mid_delivery_leads_to_redelivery(setup):
@@ -126,7 +115,7 @@ def test_worker_killed_mid_delivery_leads_to_redelivery(setup):
             app.send_task("fleetscope.alerting.deliver_due", queue=queue).get(timeout=60)
             return ST.list_notifications(store.engine, status="delivered")
 
-        (done,) = wait_for(redelivered, 60, "redelivery")
+        (done,) = wait_until(redelivered, 60, "redelivery", poll_s=0.1)
         ids = [r["headers"]["webhook-id"] for r in rx.requests]
         assert ids == [done["webhook_id"], done["webhook_id"]]  # at least once, one idempotency key
         assert done["attempts"] == 2
@@ -154,12 +143,12 @@ def test_ingest_api_kicks_an_evaluation_no_beat_needed(setup, monkeypatch):
         scrape = b'DCGM_FI_DEV_XID_ERRORS{gpu="0",UUID="GPU-k1",Hostname="kick-1"} 79\n'
         r = httpx.post(server.url + "/api/v1/ingest/dcgm", content=scrape, headers=h, params={"ts": dt.datetime.now(dt.UTC).isoformat()})
         assert r.status_code == 200 and r.json()["written"]["health_event"] == 1
-        (req,) = wait_for(lambda: heard("kick-1"), 60, "the webhook for the scrape's XID 79")
+        (req,) = wait_until(lambda: heard("kick-1"), 60, "the webhook for the scrape's XID 79", poll_s=0.1)
         assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "GPU-k1" and req["json"]["status"] == "firing"
 
         batch = {"frames": {"health_event": [{"ts": dt.datetime.now(dt.UTC).isoformat(), "gpu_uuid": "GPU-k2", "host": "kick-2", "kind": "xid", "code": 79}]}}
         assert httpx.post(server.url + "/api/v1/batches", json=batch, headers=h).status_code == 200
-        (req,) = wait_for(lambda: heard("kick-2"), 60, "the webhook for the batch's XID 79")
+        (req,) = wait_until(lambda: heard("kick-2"), 60, "the webhook for the batch's XID 79", poll_s=0.1)
         assert req["json"]["alerts"][0]["labels"]["gpu_uuid"] == "GPU-k2"
         runs = store.query("SELECT task FROM task_run WHERE task = 'fleetscope.alerting.evaluate'", [], {"task": pl.String})
         assert runs.height >= 2  # the kicks; nothing else queues an evaluation here

@@ -18,16 +18,7 @@ from sqlalchemy import delete, select
 
 from fleetscope.services.leader import Lease, current
 from fleetscope.store import db, schema
-
-
-def _wait(pred, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+from tests.conftest import wait_until
 
 
 def test_one_holder_at_a_time_and_a_lapsed_lease_passes_on(db_url: str) -> None:
@@ -41,7 +32,7 @@ def test_one_holder_at_a_time_and_a_lapsed_lease_passes_on(db_url: str) -> None:
     # a stops renewing: its own clock gives up before the database does, and only then may b take it
     time.sleep(0.92)
     assert not a.held_locally()
-    _wait(b.try_acquire, 2.0, "b to take the lapsed lease")
+    wait_until(b.try_acquire, 2.0, "b to take the lapsed lease")
     assert current(engine, "t")["holder"] == "b"
     assert not a.try_acquire() and not a.held_locally()
     # a clean stop hands it on at once
@@ -129,7 +120,7 @@ def test_two_beats_send_from_one_and_the_other_takes_over_when_it_is_killed(pg_m
             procs.append(subprocess.Popen([sys.executable, "-c", BEAT, queue], env={**env, "FLEETSCOPE_DATA_DIR": str(tmp_path / name)},
                                           stdout=log.open("wb"), stderr=subprocess.STDOUT))
         sends = lambda: [len(SENT.findall(log.read_text(errors="replace"))) for log in logs]  # noqa: E731
-        _wait(lambda: sum(sends()) >= 4, 30, "the first sends")
+        wait_until(lambda: sum(sends()) >= 4, 30, "the first sends")
         time.sleep(2.0)  # both beats are up and ticking by now
         before = sends()
         leader = 0 if before[0] else 1
@@ -144,7 +135,7 @@ def test_two_beats_send_from_one_and_the_other_takes_over_when_it_is_killed(pg_m
         procs[leader].wait(timeout=10)
         killed_at = time.monotonic()
         at_kill = sends()[leader]
-        _wait(lambda: sends()[1 - leader] > 0, lease_s * 2 + 5, "the other beat to take over")
+        wait_until(lambda: sends()[1 - leader] > 0, lease_s * 2 + 5, "the other beat to take over")
         took_s = time.monotonic() - killed_at
         # the lease runs out at most lease_s after the dead leader's last renewal, and the follower asks every third of it
         assert took_s <= lease_s * (1 + 1 / 3) + 1.0, took_s

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from fleetscope.core import frames as F
 from fleetscope.store import Store, db, reads_on_replica
-from tests.conftest import _unavailable, make_settings
+from tests.conftest import _unavailable, make_settings, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -103,16 +103,6 @@ def replica():  # type: ignore[no-untyped-def]
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _wait(pred, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def _gpus(names: list[str]) -> F.Batch:
     return F.Batch(gpu=pl.DataFrame({"gpu_uuid": names, "host": ["h1"] * len(names)}),
                    gpu_sample=pl.DataFrame({"ts": [T0] * len(names), "gpu_uuid": names, "power_w": [300.0] * len(names)}))
@@ -136,13 +126,13 @@ def test_reads_go_to_the_replica_writes_to_the_primary_and_the_lag_is_reported(r
 
     # a write on the primary appears on the replica
     store.write(_gpus(["GPU-a", "GPU-b"]))
-    _wait(lambda: replica_reads() == {"GPU-a", "GPU-b"}, 10, "the first write on the replica")
+    wait_until(lambda: replica_reads() == {"GPU-a", "GPU-b"}, 10, "the first write on the replica")
 
     # replay paused: the replica stops where it is, the primary goes on
     with store.read_engine.connect() as conn:
         conn.execute(text("SELECT pg_wal_replay_pause()"))
         conn.commit()
-        _wait(lambda: conn.execute(text("SELECT pg_get_wal_replay_pause_state()")).scalar_one() == "paused", 10, "replay to pause")
+        wait_until(lambda: conn.execute(text("SELECT pg_get_wal_replay_pause_state()")).scalar_one() == "paused", 10, "replay to pause")
     written_at = time.monotonic()
     store.write(_gpus(["GPU-c"]))
     assert on_replica() == {"GPU-a", "GPU-b", "GPU-c"}  # outside reads_on_replica: the primary
@@ -196,8 +186,8 @@ def test_reads_go_to_the_replica_writes_to_the_primary_and_the_lag_is_reported(r
     with store.read_engine.connect() as conn:
         conn.execute(text("SELECT pg_wal_replay_resume()"))
         conn.commit()
-    _wait(lambda: replica_reads() == {"GPU-a", "GPU-b", "GPU-c"}, 10, "the replica to catch up")
-    caught_up = _wait(lambda: (lambda r: r if r["lag_bytes"] == 0 else None)(db.replica_lag(store.engine, store.read_engine)), 10, "no lag")
+    wait_until(lambda: replica_reads() == {"GPU-a", "GPU-b", "GPU-c"}, 10, "the replica to catch up")
+    caught_up = wait_until(lambda: (lambda r: r if r["lag_bytes"] == 0 else None)(db.replica_lag(store.engine, store.read_engine)), 10, "no lag")
     assert caught_up["lag_s"] == 0.0 and not caught_up["replay_paused"]
     store.engine.dispose()
     store.read_engine.dispose()
