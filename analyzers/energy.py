@@ -1,5 +1,5 @@
-"""GPU and facility energy: counters and power integration, per-minute roll-ups, job attribution,
-PUE / WUE, energy productivity and the serving-versus-training crossover.
+"""GPU energy: counters and power integration, per-minute roll-ups, job attribution, energy productivity
+and the serving-versus-training crossover. Site-level figures (PUE, WUE) are ``analyzers.facility``.
 
 Method (issue 6):
 
@@ -26,30 +26,23 @@ Attribution to jobs uses ``job_rank`` (which rank ran on which GPU when) at minu
 held a GPU for part of a minute gets that fraction of the minute's energy (power assumed even within the
 minute). Energy of a GPU-minute not held by any rank is **idle** energy (``job_id`` null).
 
-PUE follows ISO/IEC 30134-2: PUE = total facility energy / IT equipment energy over the same window,
-labelled with its measurement category by where IT energy is metered (category 1: UPS output; 2: PDU
-output; 3: IT equipment input). The standard reports PUE over a year; shorter windows are marked
-``interim``. A site without a facility meter uses its declared PUE (``site.declared_pue``) and every
-figure derived from it is marked ``estimate``. WUE follows ISO/IEC 30134-9: site water (L) / IT energy
-(kWh).
-
 Energy productivity ρ = useful FLOPs / J (the textbook's energy law, docs/ARCHITECTURE.md): useful FLOPs are the model
 FLOPs of the steps that count (a step re-run after a restart counts once), J is GPU energy including idle
 for the fleet figure.
 
-Pure: polars and numpy over canonical frames (``fleetscope.core.frames``); nothing here reads the clock, a file
+Pure: polars over canonical frames (``fleetscope.core.frames``); nothing here reads the clock, a file
 or the database.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
 
+from analyzers.energy_intervals import MINUTE_US, US, epoch_us, reading_intervals, split_minutes, utc_epoch_us
 from fleetscope.core.errors import ValidationError
 from fleetscope.core.frames import UTC_US
 
@@ -59,11 +52,6 @@ __all__ = [
     "METHOD_COUNTER",
     "METHOD_POWER",
     "METHOD_BOTH",
-    "FACILITY_ENERGY",
-    "FACILITY_POWER",
-    "IT_ENERGY",
-    "IT_POWER",
-    "WATER",
     "EnergyRollup",
     "energy_rollup",
     "gpu_energy",
@@ -71,18 +59,12 @@ __all__ = [
     "energy_summary",
     "energy_productivity",
     "fleet_energy_productivity",
-    "PueResult",
-    "pue",
-    "apply_pue",
-    "wue",
     "serving_vs_training",
     "energy_from_chip_hours",
     "J_PER_KWH",
 ]
 
-J_PER_KWH = 3.6e6
-_US = 1_000_000  # microseconds per second
-_MINUTE_US = 60 * _US
+J_PER_KWH = 3.6e6  # J per kWh, for the reports that give GPU energy in kWh
 
 METHOD_COUNTER = "counter"
 METHOD_POWER = "power_integration"
@@ -111,13 +93,6 @@ ATTRIBUTED_SCHEMA: dict[str, pl.DataType] = {
     "covered_s": pl.Float64,
     "allocated_s": pl.Float64,  # GPU-seconds of the minute this row stands for
 }
-
-# Facility meter series in metric_sample (labels: site, and for IT meters point=ups|pdu|it).
-FACILITY_ENERGY = "facility_energy_j"  # cumulative counter, J
-FACILITY_POWER = "facility_power_w"
-IT_ENERGY = "it_energy_j"
-IT_POWER = "it_power_w"
-WATER = "facility_water_l"  # cumulative counter, litres
 
 _EVENTS_SCHEMA = {"gpu_uuid": pl.String, "ts": UTC_US, "kind": pl.String, "value": pl.Float64}
 _GPU_SUMMARY_SCHEMA = {
@@ -150,27 +125,6 @@ def _method_expr(counter: pl.Expr, integrated: pl.Expr, covered: pl.Expr) -> pl.
     )
 
 
-def _as_us(value: dt.datetime | None) -> int | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise ValidationError("window bounds must be timezone-aware (UTC)", frame="window")
-    return int(pl.Series([value]).dt.convert_time_zone("UTC").dt.cast_time_unit("us").dt.epoch("us")[0])
-
-
-def _utc_ts(df: pl.DataFrame, frame: str, col: str = "ts") -> pl.Expr:
-    """Epoch microseconds of a UTC datetime column; a naive or non-datetime column is refused, because a
-    timestamp without a zone would silently shift energy between minutes (and between jobs)."""
-    if col not in df.columns:
-        raise ValidationError("missing required column", frame=frame, field=col)
-    dtype = df.schema[col]
-    if not isinstance(dtype, pl.Datetime):
-        raise ValidationError(f"expected a UTC timestamp, got {dtype}", frame=frame, field=col)
-    if dtype.time_zone is None:
-        raise ValidationError("timestamps must carry a time zone (UTC)", frame=frame, field=col)
-    return pl.col(col).dt.convert_time_zone("UTC").dt.epoch("us")
-
-
 def _clean_value(name: str, present: bool) -> pl.Expr:
     """NaN/inf are treated as missing; negative power or counter values are invalid (a sign or unit error
     upstream) and dropped, counted in ``invalid_values`` and reported as events."""
@@ -185,136 +139,6 @@ def _invalid_expr(name: str, present: bool) -> pl.Expr:
         return pl.lit(False)
     c = pl.col(name).cast(pl.Float64)
     return c.is_not_null() & (c.is_nan() | c.is_infinite() | (c < 0))
-
-
-def _pairs(df: pl.DataFrame, key: str, value: str) -> pl.DataFrame:
-    """Consecutive readings of ``value`` per ``key`` (df sorted by key, t): columns key, t0, t1, v0, v1."""
-    sub = df.filter(pl.col(value).is_not_null()).select(key, "t", value)
-    return (
-        sub.with_columns(
-            pl.col("t").shift(1).alias("t0"),
-            pl.col(value).shift(1).alias("v0"),
-            (pl.col(key) == pl.col(key).shift(1)).alias("_same"),
-        )
-        .filter(pl.col("_same"))
-        .select(key, "t0", pl.col("t").alias("t1"), "v0", pl.col(value).alias("v1"))
-    )
-
-
-def _intervals(
-    df: pl.DataFrame, key: str, *, max_power_gap_s: float, max_counter_gap_s: float, max_power_w: float | None
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Energy intervals and events from readings sorted by (key, t) with columns key, t, power, counter.
-
-    Returns ``intervals`` (key, t0, t1, p0, p1, energy_j, counter: bool) and ``events`` (key, t, kind, value).
-    """
-    c = _pairs(df, key, "counter").with_columns(
-        ((pl.col("t1") - pl.col("t0")) / _US).alias("dt_s"), (pl.col("v1") - pl.col("v0")).alias("de")
-    )
-    glitch = pl.lit(False) if max_power_w is None else pl.col("de") > max_power_w * pl.col("dt_s")
-    c = c.with_columns(
-        pl.when(pl.col("de") < 0)
-        .then(pl.lit("counter_reset"))
-        .when(glitch)
-        .then(pl.lit("counter_implausible"))
-        .when(pl.col("dt_s") > max_counter_gap_s)
-        .then(pl.lit("counter_gap"))
-        .otherwise(None)
-        .alias("problem")
-    )
-    good_c = c.filter(pl.col("problem").is_null())
-    bad_c = c.filter(pl.col("problem").is_not_null())
-
-    p = _pairs(df, key, "power").with_columns(((pl.col("t1") - pl.col("t0")) / _US).alias("dt_s"))
-    long_p = p.filter(pl.col("dt_s") > max_power_gap_s)
-    p = p.filter(pl.col("dt_s") <= max_power_gap_s)
-
-    # Power fills only what the counter leaves: keys with no counter, a counter problem, or power readings
-    # outside the counter's span. The common case (both read on every scrape, no reset) skips the join.
-    if p.height:
-        c_span = df.filter(pl.col("counter").is_not_null()).group_by(key).agg(
-            pl.col("t").min().alias("c_lo"), pl.col("t").max().alias("c_hi")
-        )
-        p_span = p.group_by(key).agg(pl.col("t0").min().alias("p_lo"), pl.col("t1").max().alias("p_hi"))
-        spans = p_span.join(c_span, on=key, how="left")
-        need = spans.filter(
-            pl.col("c_lo").is_null() | (pl.col("p_lo") < pl.col("c_lo")) | (pl.col("p_hi") > pl.col("c_hi"))
-        ).select(key)
-        if bad_c.height:
-            need = pl.concat([need, bad_c.select(key)]).unique()
-        p = p.join(need, on=key, how="semi")
-        if p.height and good_c.height:
-            mid = p.with_columns(((pl.col("t0") + pl.col("t1")) // 2).alias("mid")).sort("mid")
-            right = good_c.select(key, pl.col("t0").alias("c_t0"), pl.col("t1").alias("c_t1")).sort("c_t0")
-            # both sides sorted globally by time, hence within each key
-            joined = mid.join_asof(right, left_on="mid", right_on="c_t0", by=key, strategy="backward", check_sortedness=False)
-            p = joined.filter(pl.col("c_t1").is_null() | (pl.col("mid") >= pl.col("c_t1"))).drop("mid", "c_t0", "c_t1")
-
-    counter_iv = good_c.select(
-        key, "t0", "t1", pl.lit(None, pl.Float64).alias("p0"), pl.lit(None, pl.Float64).alias("p1"),
-        pl.col("de").alias("energy_j"), pl.lit(True).alias("counter"),
-    )
-    power_iv = p.select(
-        key, "t0", "t1", pl.col("v0").alias("p0"), pl.col("v1").alias("p1"),
-        ((pl.col("v0") + pl.col("v1")) / 2 * pl.col("dt_s")).alias("energy_j"), pl.lit(False).alias("counter"),
-    )
-    intervals = pl.concat([counter_iv, power_iv])
-    events = pl.concat(
-        [
-            bad_c.select(key, pl.col("t1").alias("t"), pl.col("problem").alias("kind"), pl.col("de").alias("value")),
-            long_p.select(key, pl.col("t1").alias("t"), pl.lit("power_gap").alias("kind"), pl.col("dt_s").alias("value")),
-        ]
-    )
-    return intervals, events
-
-
-def _split_minutes(iv: pl.DataFrame, key: str, lo: int | None, hi: int | None) -> pl.DataFrame:
-    """Energy and covered seconds of each interval per UTC minute, clipped to [lo, hi).
-
-    Counter energy is spread evenly over the interval (the counter says nothing finer); power energy is the
-    trapezoid of the linearly interpolated power over each piece, so pieces add up to the whole.
-    """
-    if lo is not None:
-        iv = iv.filter(pl.col("t1") > lo)
-    if hi is not None:
-        iv = iv.filter(pl.col("t0") < hi)
-    a0 = pl.col("t0") if lo is None else pl.max_horizontal(pl.col("t0"), pl.lit(lo))
-    b0 = pl.col("t1") if hi is None else pl.min_horizontal(pl.col("t1"), pl.lit(hi))
-    iv = iv.with_columns(a0.alias("a"), b0.alias("b"))
-    iv = iv.with_columns(
-        (pl.col("a") // _MINUTE_US).alias("m0"), ((pl.col("b") - 1) // _MINUTE_US).alias("m1")
-    )
-    single = iv.filter(pl.col("m0") == pl.col("m1")).with_columns(pl.col("m0").alias("m"))
-    multi = iv.filter(pl.col("m0") != pl.col("m1"))
-    if multi.height:
-        multi = (
-            multi.with_columns(pl.int_ranges(pl.col("m0"), pl.col("m1") + 1).alias("m"))
-            .explode("m")
-            .with_columns(
-                pl.max_horizontal(pl.col("a"), pl.col("m") * _MINUTE_US).alias("a"),
-                pl.min_horizontal(pl.col("b"), (pl.col("m") + 1) * _MINUTE_US).alias("b"),
-            )
-        )
-        pieces = pl.concat([single, multi.select(single.columns)])
-    else:
-        pieces = single
-    span = (pl.col("t1") - pl.col("t0")).cast(pl.Float64)
-    frac_a = (pl.col("a") - pl.col("t0")) / span
-    frac_b = (pl.col("b") - pl.col("t0")) / span
-    pa = pl.col("p0") + (pl.col("p1") - pl.col("p0")) * frac_a
-    pb = pl.col("p0") + (pl.col("p1") - pl.col("p0")) * frac_b
-    piece_s = (pl.col("b") - pl.col("a")) / _US
-    whole = (pl.col("a") == pl.col("t0")) & (pl.col("b") == pl.col("t1"))
-    energy = (
-        pl.when(whole)
-        .then(pl.col("energy_j"))
-        .when(pl.col("counter"))
-        .then(pl.col("energy_j") * (frac_b - frac_a))
-        .otherwise((pa + pb) / 2 * piece_s)
-    )
-    return pieces.select(
-        key, "m", "counter", energy.alias("energy_j"), piece_s.alias("covered_s")
-    )
 
 
 # --- GPU energy and the per-minute roll-up --------------------------------------------------------
@@ -362,12 +186,12 @@ def energy_rollup(
     column, a naive timestamp column, a null ts or gpu_uuid, or window_end <= window_start.
     """
     frame = "gpu_sample"
-    ws, we = _as_us(window_start), _as_us(window_end)
+    ws, we = epoch_us(window_start), epoch_us(window_end)
     if ws is not None and we is not None and we <= ws:
         raise ValidationError("window_end must be after window_start", frame=frame)
     if "gpu_uuid" not in gpu_sample.columns:
         raise ValidationError("missing required column", frame=frame, field="gpu_uuid")
-    ts = _utc_ts(gpu_sample, frame)
+    ts = utc_epoch_us(gpu_sample, frame)
     has_p, has_e = "power_w" in gpu_sample.columns, "energy_j" in gpu_sample.columns
     params = dict(max_power_gap_s=max_power_gap_s, max_counter_gap_s=max_counter_gap_s, max_power_w=max_power_w)
     if gpu_sample.height == 0:
@@ -405,9 +229,9 @@ def energy_rollup(
     lo = ws if ws is not None else int(df["t"].min())
     hi = we if we is not None else int(df["t"].max())
 
-    iv, ev = _intervals(df, "k", max_power_gap_s=max_power_gap_s, max_counter_gap_s=max_counter_gap_s, max_power_w=max_power_w)
+    iv, ev = reading_intervals(df, "k", max_power_gap_s=max_power_gap_s, max_counter_gap_s=max_counter_gap_s, max_power_w=max_power_w)
     ev = ev.join(lut, on="k", how="left").select("gpu_uuid", "t", "kind", "value")
-    pieces = _split_minutes(iv, "k", lo, hi)
+    pieces = split_minutes(iv, "k", lo, hi)
     minutes = (
         pieces.group_by("m", "k")
         .agg(
@@ -417,7 +241,7 @@ def energy_rollup(
         )
         .filter(pl.col("covered_s") > 0)
         .select(
-            (pl.col("m") * _MINUTE_US).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("minute"),
+            (pl.col("m") * MINUTE_US).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("minute"),
             "k",
             (pl.col("counter_energy_j") + pl.col("integrated_energy_j")).alias("energy_j"),
             "counter_energy_j",
@@ -439,7 +263,7 @@ def energy_rollup(
         .select("gpu_uuid", pl.col("t").cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"), "kind", "value")
         .sort("ts", "gpu_uuid")
     )
-    window_s = (hi - lo) / _US
+    window_s = (hi - lo) / US
     per_gpu = df.group_by("k").agg(
         pl.len().cast(pl.UInt32).alias("samples"), pl.col("invalid").sum().cast(pl.UInt32).alias("invalid_values")
     )
@@ -481,8 +305,8 @@ def gpu_energy(
     ``energy_j`` null and status ``no_data`` (flagged, never zero). Columns: gpu_uuid, energy_j,
     counter_energy_j, integrated_energy_j, covered_s, uncovered_s, method, status (measured/partial/no_data).
     """
-    lo, hi = _as_us(window_start), _as_us(window_end)
-    window_s = (hi - lo) / _US
+    lo, hi = epoch_us(window_start), epoch_us(window_end)
+    window_s = (hi - lo) / US
     m = minutes.filter((pl.col("minute") >= window_start) & (pl.col("minute") < window_end))
     tot = m.group_by("gpu_uuid").agg(
         pl.col("energy_j").sum(), pl.col("counter_energy_j").sum(), pl.col("integrated_energy_j").sum(), pl.col("covered_s").sum()
@@ -524,11 +348,11 @@ def attribute_to_jobs(minutes: pl.DataFrame, job_rank: pl.DataFrame) -> pl.DataF
         if col not in job_rank.columns:
             raise ValidationError("missing required column", frame="job_rank", field=col)
     m = minutes.with_columns(pl.col("minute").dt.epoch("us").alias("mu"))
-    lo, hi = int(m["mu"].min()), int(m["mu"].max()) + _MINUTE_US
-    start = _utc_ts(job_rank, "job_rank", "start")
+    lo, hi = int(m["mu"].min()), int(m["mu"].max()) + MINUTE_US
+    start = utc_epoch_us(job_rank, "job_rank", "start")
     # an all-null "end" column built without a schema has dtype Null: every rank is still running
     has_end = "end" in job_rank.columns and job_rank.schema["end"] != pl.Null
-    end = _utc_ts(job_rank, "job_rank", "end") if has_end else pl.lit(None, pl.Int64)
+    end = utc_epoch_us(job_rank, "job_rank", "end") if has_end else pl.lit(None, pl.Int64)
     jr = (
         job_rank.select("job_id", "rank", "gpu_uuid", start.alias("s"), end.alias("e"))
         .with_columns(pl.col("e").fill_null(hi))
@@ -537,11 +361,11 @@ def attribute_to_jobs(minutes: pl.DataFrame, job_rank: pl.DataFrame) -> pl.DataF
         .join(m.select("gpu_uuid").unique(), on="gpu_uuid", how="semi")
     )
     jr = (
-        jr.with_columns(pl.int_ranges(pl.col("s") // _MINUTE_US, (pl.col("e") - 1) // _MINUTE_US + 1).alias("mi"))
+        jr.with_columns(pl.int_ranges(pl.col("s") // MINUTE_US, (pl.col("e") - 1) // MINUTE_US + 1).alias("mi"))
         .explode("mi")
-        .with_columns((pl.col("mi") * _MINUTE_US).alias("mu"))
+        .with_columns((pl.col("mi") * MINUTE_US).alias("mu"))
         .with_columns(
-            ((pl.min_horizontal("e", pl.col("mu") + _MINUTE_US) - pl.max_horizontal("s", "mu")) / _US).alias("held_s")
+            ((pl.min_horizontal("e", pl.col("mu") + MINUTE_US) - pl.max_horizontal("s", "mu")) / US).alias("held_s")
         )
         .select("job_id", "rank", "gpu_uuid", "mu", "held_s")
     )
@@ -667,251 +491,6 @@ def energy_from_chip_hours(n_chips: float, hours: float, avg_power_w: float, pue
     if n_chips < 0 or hours < 0 or avg_power_w < 0 or pue < 1.0:
         raise ValueError("chips, hours and power must be >= 0 and PUE >= 1")
     return n_chips * hours * 3600.0 * avg_power_w * pue
-
-
-# --- facility meters: PUE and WUE ------------------------------------------------------------------
-
-_SERIES_RE = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
-_LABEL_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-_CATEGORY_BY_POINT = {"ups": 1, "pdu": 2, "it": 3, "server": 3}
-_CATEGORY_TEXT = {
-    1: "category 1 (IT energy at UPS output)",
-    2: "category 2 (IT energy at PDU output)",
-    3: "category 3 (IT energy at IT equipment input)",
-}
-
-
-def _parse_series(series: pl.Series) -> pl.DataFrame:
-    names, labels = [], []
-    for key in series.to_list():
-        mt = _SERIES_RE.match(key or "")
-        names.append(mt.group(1) if mt else key)
-        labels.append(dict(_LABEL_RE.findall(mt.group(2) or "")) if mt else {})
-    return pl.DataFrame(
-        {
-            "series": series,
-            "name": names,
-            "site": [lb.get("site") for lb in labels],
-            "point": [lb.get("point") for lb in labels],
-        },
-        schema={"series": pl.String, "name": pl.String, "site": pl.String, "point": pl.String},
-    )
-
-
-def _meter_energy(metric_sample: pl.DataFrame, names: tuple[str, str], site_id: str, lo: int, hi: int, *, max_gap_s: float) -> pl.DataFrame:
-    """Energy per meter series of one site in [lo, hi): counter series (names[0]) by differences with
-    resets starting new segments, power series (names[1]) by trapezoid. Returns series, point, energy, covered_s."""
-    pieces = _meter_minutes(metric_sample, names, lo, hi, max_gap_s=max_gap_s, site_id=site_id)
-    return pieces.group_by("series", "point").agg(pl.col("energy").sum(), pl.col("covered_s").sum()).select("series", "point", "energy", "covered_s")
-
-
-def _meter_minutes(metric_sample: pl.DataFrame, names: tuple[str, str], lo: int, hi: int, *, max_gap_s: float,
-                   site_id: str | None = None) -> pl.DataFrame:
-    """Energy and covered seconds per meter series (of one site, or all) and UTC minute index ``m`` in
-    [lo, hi): series, site, point, m, energy, covered_s."""
-    schema = {"series": pl.String, "site": pl.String, "point": pl.String, "m": pl.Int64, "energy": pl.Float64, "covered_s": pl.Float64}
-    if metric_sample.height == 0:
-        return pl.DataFrame(schema=schema)
-    keys = _parse_series(metric_sample.get_column("series").unique())
-    keys = keys.filter(pl.col("name").is_in(list(names)) & (pl.col("site") == site_id if site_id is not None else pl.col("site").is_not_null()))
-    out = []
-    for kind_name, is_counter in ((names[0], True), (names[1], False)):
-        ks = keys.filter(pl.col("name") == kind_name)
-        if ks.height == 0:
-            continue
-        df = (
-            metric_sample.join(ks.select("series"), on="series", how="semi")
-            .select("series", _utc_ts(metric_sample, "metric_sample").alias("t"), pl.col("value").cast(pl.Float64))
-            .with_columns(pl.when(pl.col("value").is_finite() & (pl.col("value") >= 0)).then(pl.col("value")).alias("value"))
-            .with_columns(
-                (pl.col("value") if is_counter else pl.lit(None, pl.Float64)).alias("counter"),
-                (pl.lit(None, pl.Float64) if is_counter else pl.col("value")).alias("power"),
-            )
-            .sort("series", "t")
-        )
-        iv, _ = _intervals(df, "series", max_power_gap_s=max_gap_s, max_counter_gap_s=max_gap_s, max_power_w=None)
-        pieces = _split_minutes(iv, "series", lo, hi)
-        out.append(pieces.group_by("series", "m").agg(pl.col("energy_j").sum().alias("energy"), pl.col("covered_s").sum()))
-    if not out:
-        return pl.DataFrame(schema=schema)
-    return pl.concat(out).join(keys.select("series", "site", "point"), on="series", how="left").select(list(schema)).cast(schema)
-
-
-def pue_series(
-    metric_sample: pl.DataFrame,
-    *,
-    window_start: dt.datetime,
-    window_end: dt.datetime,
-    bucket_s: int = 900,
-    max_gap_s: float = 900.0,
-    min_coverage_ratio: float = 0.95,
-) -> pl.DataFrame:
-    """PUE per site and time bucket from the facility and IT meters, the way :func:`pue` computes it for one
-    window (ISO/IEC 30134-2: facility energy / IT energy; the IT point nearest the equipment that the site
-    meters sets the category) — for a chart of PUE over time. A bucket needs both meters to cover
-    ``min_coverage_ratio`` of it. Buckets are UTC-aligned multiples of ``bucket_s`` (a whole number of
-    minutes). Returns site_id, ts (bucket start), pue, category, facility_energy_j, it_energy_j; sites with
-    no usable pair of meters have no rows. Sub-annual values are interim figures under the standard."""
-    if bucket_s < 60 or bucket_s % 60:
-        raise ValidationError("bucket_s must be a whole number of minutes", frame="pue_series", field="bucket_s")
-    out_schema = {"site_id": pl.String, "ts": pl.Datetime("us", "UTC"), "pue": pl.Float64, "category": pl.Int64,
-                  "facility_energy_j": pl.Float64, "it_energy_j": pl.Float64}
-    lo, hi = _as_us(window_start), _as_us(window_end)
-    if hi <= lo:
-        raise ValidationError("window_end must be after window_start", frame="window")
-    per = bucket_s // 60
-
-    def bucketed(names: tuple[str, str]) -> pl.DataFrame:
-        m = _meter_minutes(metric_sample, names, lo, hi, max_gap_s=max_gap_s)
-        return (m.with_columns((pl.col("m") // per * per).alias("b"))
-                .group_by("series", "site", "point", "b").agg(pl.col("energy").sum(), pl.col("covered_s").sum()))
-
-    def covered(df: pl.DataFrame) -> pl.DataFrame:
-        # the bucket's own length: the first and last bucket may be cut by the window
-        length_s = ((pl.min_horizontal((pl.col("b") + per) * _MINUTE_US, pl.lit(hi))
-                     - pl.max_horizontal(pl.col("b") * _MINUTE_US, pl.lit(lo))) / _US)
-        return df.filter(pl.col("covered_s") >= min_coverage_ratio * length_s)
-
-    fac = covered(bucketed((FACILITY_ENERGY, FACILITY_POWER)))
-    fac = fac.group_by("site", "b").agg(pl.col("energy").sum().alias("facility_energy_j"), pl.len().alias("feeds"))
-    it = covered(bucketed((IT_ENERGY, IT_POWER))).with_columns(
-        pl.col("point").replace_strict(_CATEGORY_BY_POINT, default=None, return_dtype=pl.Int64).alias("category")).drop_nulls("category")
-    # one category per site for the whole chart, so its line does not jump between measurement points
-    best = it.group_by("site").agg(pl.col("category").max())
-    it = it.join(best, on=["site", "category"]).group_by("site", "b", "category").agg(pl.col("energy").sum().alias("it_energy_j"))
-    both = fac.join(it, on=["site", "b"]).filter(pl.col("it_energy_j") > 0)
-    if both.height == 0:
-        return pl.DataFrame(schema=out_schema)
-    return both.select(
-        pl.col("site").alias("site_id"), (pl.col("b") * _MINUTE_US).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").alias("ts"),
-        (pl.col("facility_energy_j") / pl.col("it_energy_j")).alias("pue"), "category", "facility_energy_j", "it_energy_j",
-    ).cast(out_schema).sort("site_id", "ts")
-
-
-@dataclass(frozen=True)
-class PueResult:
-    """PUE of one site over one window, with how it was obtained.
-
-    ``basis``: ``measured`` (facility and IT meters), ``measured_facility_gpu_it`` (facility meter over GPU
-    energy from telemetry: not an ISO/IEC 30134-2 category, since GPUs are only part of IT load) or
-    ``declared`` (the site's declared PUE; ``estimate`` is then True and so is every figure derived from it).
-    """
-
-    site_id: str
-    window_start: dt.datetime
-    window_end: dt.datetime
-    pue: float | None
-    basis: str
-    category: int | None
-    label: str
-    estimate: bool
-    interim: bool
-    facility_energy_j: float | None
-    it_energy_j: float | None
-    coverage_ratio: float | None
-
-
-def pue(
-    metric_sample: pl.DataFrame,
-    site_id: str,
-    *,
-    window_start: dt.datetime,
-    window_end: dt.datetime,
-    site: pl.DataFrame | None = None,
-    gpu_it_energy_j: float | None = None,
-    max_gap_s: float = 900.0,
-    min_coverage_ratio: float = 0.95,
-) -> PueResult:
-    """PUE = total facility energy / IT equipment energy over [window_start, window_end) — ISO/IEC 30134-2.
-
-    Meters are ``metric_sample`` series labelled ``site="<site_id>"``: ``facility_energy_j`` (cumulative,
-    preferred) or ``facility_power_w``; ``it_energy_j`` / ``it_power_w`` with ``point="ups"|"pdu"|"it"``
-    giving the measurement category 1/2/3 (with several points, the one nearest the IT equipment wins, as
-    it is the more accurate category). Several feeds of one kind are summed. Meters covering less than
-    ``min_coverage_ratio`` of the window are not used. Without an IT meter, ``gpu_it_energy_j`` may stand
-    in (labelled as not an ISO category). Without a usable facility meter, the site's ``declared_pue``
-    is returned as an estimate; with neither, ``pue`` is None and ``basis`` says why.
-    """
-    lo, hi = _as_us(window_start), _as_us(window_end)
-    if hi <= lo:
-        raise ValidationError("window_end must be after window_start", frame="window")
-    window_s = (hi - lo) / _US
-    interim = window_s < 365 * 86400
-    suffix = " (interim: ISO/IEC 30134-2 reports PUE over 12 months)" if interim else ""
-
-    fac = _meter_energy(metric_sample, (FACILITY_ENERGY, FACILITY_POWER), site_id, lo, hi, max_gap_s=max_gap_s)
-    fac_ok = fac.height > 0 and float(fac["covered_s"].min()) >= min_coverage_ratio * window_s
-    facility_j = float(fac["energy"].sum()) if fac_ok else None
-    fac_cov = float(fac["covered_s"].min()) / window_s if fac.height else None
-
-    it = _meter_energy(metric_sample, (IT_ENERGY, IT_POWER), site_id, lo, hi, max_gap_s=max_gap_s)
-    it = it.with_columns(pl.col("point").replace_strict(_CATEGORY_BY_POINT, default=None, return_dtype=pl.Int64).alias("category"))
-    it = it.filter(pl.col("category").is_not_null() & (pl.col("covered_s") >= min_coverage_ratio * window_s))
-    category, it_j = None, None
-    if it.height:
-        category = int(it["category"].max())
-        it_j = float(it.filter(pl.col("category") == category)["energy"].sum())
-
-    if facility_j is not None and it_j:
-        return PueResult(site_id, window_start, window_end, facility_j / it_j, "measured", category,
-                         f"PUE{category}: ISO/IEC 30134-2 {_CATEGORY_TEXT[category]}{suffix}", False, interim, facility_j, it_j, fac_cov)
-    if facility_j is not None and gpu_it_energy_j:
-        return PueResult(site_id, window_start, window_end, facility_j / gpu_it_energy_j, "measured_facility_gpu_it", None,
-                         "facility energy / GPU energy from telemetry: not an ISO/IEC 30134-2 category (GPUs are part of IT load); an upper bound on PUE" + suffix,
-                         True, interim, facility_j, gpu_it_energy_j, fac_cov)
-    declared = None
-    if site is not None and "declared_pue" in site.columns:
-        row = site.filter(pl.col("site_id") == site_id)
-        if row.height and row["declared_pue"][0] is not None:
-            declared = float(row["declared_pue"][0])
-    if declared is not None:
-        if declared < 1.0:
-            raise ValidationError(f"declared PUE {declared} is below 1", frame="site", field="declared_pue")
-        return PueResult(site_id, window_start, window_end, declared, "declared", None,
-                         "declared PUE (no usable facility meter): estimate", True, interim, None, None, fac_cov)
-    return PueResult(site_id, window_start, window_end, None, "none", None,
-                     "no facility meter and no declared PUE", True, interim, None, None, fac_cov)
-
-
-def apply_pue(site_energy: pl.DataFrame, pues: Sequence[PueResult]) -> pl.DataFrame:
-    """Add facility energy to per-site IT energy: ``facility_energy_j`` = energy_j × PUE, with ``pue``,
-    ``pue_basis``, ``pue_label`` and ``estimate`` (True wherever the PUE was declared rather than metered,
-    or missing). ``site_energy`` needs columns site_id, energy_j."""
-    table = pl.DataFrame(
-        {
-            "site_id": [p.site_id for p in pues],
-            "pue": [p.pue for p in pues],
-            "pue_basis": [p.basis for p in pues],
-            "pue_label": [p.label for p in pues],
-            "estimate": [p.estimate for p in pues],
-        },
-        schema={"site_id": pl.String, "pue": pl.Float64, "pue_basis": pl.String, "pue_label": pl.String, "estimate": pl.Boolean},
-    )
-    return site_energy.join(table, on="site_id", how="left").with_columns(
-        (pl.col("energy_j") * pl.col("pue")).alias("facility_energy_j"),
-        pl.col("estimate").fill_null(True),
-        pl.col("pue_basis").fill_null("none"),
-    )
-
-
-def wue(
-    metric_sample: pl.DataFrame,
-    site_id: str,
-    *,
-    window_start: dt.datetime,
-    window_end: dt.datetime,
-    it_energy_j: float,
-    max_gap_s: float = 3600.0,
-) -> float | None:
-    """WUE in L/kWh = site water usage / IT equipment energy — ISO/IEC 30134-9. Water from the cumulative
-    ``facility_water_l{site=...}`` meter; None where the site has no water meter (never zero)."""
-    lo, hi = _as_us(window_start), _as_us(window_end)
-    water = _meter_energy(metric_sample, (WATER, "\x00none"), site_id, lo, hi, max_gap_s=max_gap_s)
-    if water.height == 0 or not it_energy_j or it_energy_j <= 0:
-        return None
-    return float(water["energy"].sum()) / (it_energy_j / J_PER_KWH)
-
 
 # --- serving versus training ---------------------------------------------------------------------
 

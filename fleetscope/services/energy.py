@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import carbon, energy
+from analyzers import carbon, energy, facility
 from fleetscope.core import frames as F
 from fleetscope.core.errors import Conflict, NotFound  # noqa: F401  (this domain's refusals)
 from fleetscope.observability import tracer
@@ -24,7 +24,7 @@ from sqlalchemy import delete
 PAD = dt.timedelta(minutes=2)
 # metric_sample series the energy figures read: facility meters (PUE, WUE) and grid intensity. Read by
 # name, never the whole table: they are a handful among the fleet's many series.
-METER_SERIES = (energy.FACILITY_ENERGY, energy.FACILITY_POWER, energy.IT_ENERGY, energy.IT_POWER, energy.WATER)
+METER_SERIES = (facility.FACILITY_ENERGY, facility.FACILITY_POWER, facility.IT_ENERGY, facility.IT_POWER, facility.WATER)
 MARKET_METHOD = ("market-based, GHG Protocol Scope 2 Guidance (2015) ch. 6: energy covered by the site's contractual instruments "
                  "× each instrument's factor + uncovered energy × ")
 
@@ -116,7 +116,7 @@ PUE_WINDOW = dt.timedelta(minutes=15)
 
 def site_pue_samples(store: Store, end: dt.datetime) -> pl.DataFrame:
     """``site_pue_ratio{site}`` at ``end`` for every site whose facility and IT meters cover the last
-    ``PUE_WINDOW`` (ISO/IEC 30134-2 through ``analyzers.energy.pue``; interim, since the standard's PUE is
+    ``PUE_WINDOW`` (ISO/IEC 30134-2 through ``analyzers.facility.pue``; interim, since the standard's PUE is
     annual). Declared PUEs are not measurements and are not written: an alert on them would page on a
     number someone typed."""
     start = end - PUE_WINDOW
@@ -125,7 +125,7 @@ def site_pue_samples(store: Store, end: dt.datetime) -> pl.DataFrame:
     rows = []
     if meters.height and site.height:
         for site_id in site["site_id"].to_list():
-            res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
+            res = facility.pue(meters, site_id, window_start=start, window_end=end, site=site)
             if res.pue is not None and not res.estimate and res.basis == "measured":
                 rows.append({"ts": end, "series": F.series_key(PUE_SERIES, {"site": site_id}), "value": float(res.pue)})
     return pl.DataFrame(rows, schema=F.METRIC_SAMPLE.schema)
@@ -182,13 +182,13 @@ def site_pue(store: Store, site_id: str, start: dt.datetime, end: dt.datetime) -
     if site.filter(pl.col("site_id") == site_id).height == 0:
         raise ValueError(f"no site {site_id!r} in the inventory")
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
-    res = energy.pue(meters, site_id, window_start=start, window_end=end, site=site)
+    res = facility.pue(meters, site_id, window_start=start, window_end=end, site=site)
     # WUE (ISO/IEC 30134-9) over the IT energy the PUE used: metered where it was, else the GPUs' own
     it_j, it_basis = res.it_energy_j, "IT energy from the site's IT meter"
     if not it_j:
         it_j = float(site_minutes(store, start, end, [site_id])["energy_j"].sum()) or None
         it_basis = "GPU energy from the roll-ups (no IT meter): an upper bound on WUE"
-    w = energy.wue(meters, site_id, window_start=start, window_end=end, it_energy_j=it_j or 0.0)
+    w = facility.wue(meters, site_id, window_start=start, window_end=end, it_energy_j=it_j or 0.0)
     return {**_jsonable(dataclasses.asdict(res)), "wue_l_per_kwh": w,
             "wue_basis": f"ISO/IEC 30134-9: site water / {it_basis}" if w is not None else "no water meter (facility_water_l) at the site"}
 
@@ -357,11 +357,11 @@ def site_scope2(store: Store, start: dt.datetime, end: dt.datetime, site_ids: li
         raise NotFound(f"no site {unknown[0]!r} in the inventory")
     gpu_min = site_minutes(store, start, end, site_ids)
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
-    pues = [energy.pue(meters, sid, window_start=start, window_end=end, site=site,
+    pues = [facility.pue(meters, sid, window_start=start, window_end=end, site=site,
                        gpu_it_energy_j=float(gpu_min.filter(pl.col("site_id") == sid)["energy_j"].sum()) or None) for sid in site_ids]
     per_site = gpu_min.group_by("site_id").agg(pl.col("energy_j").sum())
     per_site = pl.DataFrame({"site_id": site_ids}).join(per_site, on="site_id", how="left").with_columns(pl.col("energy_j").fill_null(0.0))
-    per_site = energy.apply_pue(per_site.with_columns(pl.col("energy_j").alias("gpu_energy_j")), pues).with_columns(
+    per_site = facility.apply_pue(per_site.with_columns(pl.col("energy_j").alias("gpu_energy_j")), pues).with_columns(
         pl.col("pue_label").fill_null(""),
         pl.when(pl.col("pue").is_not_null())
         .then(pl.format("facility energy for the GPUs: GPU energy from the roll-ups × PUE {} ({})", pl.col("pue").round(3), pl.col("pue_label")))

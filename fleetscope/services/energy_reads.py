@@ -15,7 +15,7 @@ from fleetscope.services.telemetry import data_start, sample_interval_s
 from fleetscope.store import Store
 from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql, site_is_sql
 from analyzers import carbon
-from analyzers import energy
+from analyzers import facility
 from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
 from fleetscope.services.energy import site_scope2
 
@@ -180,7 +180,7 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
 
 
 def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, bucket_s: int = 900) -> pl.DataFrame:
-    """PUE per site and time bucket from the facility and IT meter series (``analyzers.energy.pue_series``:
+    """PUE per site and time bucket from the facility and IT meter series (``analyzers.facility.pue_series``:
     ISO/IEC 30134-2, category from the IT metering point): ``site_id, ts, pue, category, facility_energy_j,
     it_energy_j``. Reads the meter series by name only: a handful of series per site."""
 
@@ -188,7 +188,7 @@ def pue_over_time(store: Store, start: dt.datetime, end: dt.datetime, site: str 
     bucket_s = max(60, int(bucket_s) // 60 * 60)
     meters = metric_samples(store, METER_SERIES, start - PAD, end + PAD)
     # by the site label pue_series itself parses, not a second text match on the series key
-    out = energy.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
+    out = facility.pue_series(meters, window_start=start, window_end=end, bucket_s=bucket_s)
     return out if site is None else out.filter(pl.col("site_id") == site)
 
 

@@ -1,6 +1,6 @@
 """Facility meters and grid carbon intensity per site, as ``metric_sample`` series.
 
-Series follow the conventions ``analyzers.energy`` and ``analyzers.carbon`` read (README, "Energy, PUE and
+Series follow the conventions ``analyzers.facility`` and ``analyzers.carbon`` read (README, "Energy, PUE and
 carbon"): ``facility_power_w{site}``, ``it_power_w{point="it",site}`` and
 ``grid_intensity_g_per_kwh{site}`` (hourly).
 

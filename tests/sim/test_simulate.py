@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzers import carbon, energy, goodput, stragglers
+from analyzers import carbon, facility, goodput, stragglers
 from fleetscope.door import ingestion
 from fleetscope.sim import FaultSpec, JobSpec, Manifest, SimSpec, demo_spec, fleet_law, ring_allreduce_s, simulate, small_spec
 from fleetscope.sim.jobs import ALPHA_NET_S
@@ -313,7 +313,7 @@ def test_facility_meters_give_a_diurnal_pue_and_hourly_intensity(sim: Manifest) 
     assert 'it_power_w{point="it",site="site-a"}' in set(ms["series"].to_list())
     start, end = _ts(sim.start), _ts(sim.end)
     for site in sim.topology["sites"]:
-        r = energy.pue(ms, site, window_start=start, window_end=end - dt.timedelta(seconds=1))
+        r = facility.pue(ms, site, window_start=start, window_end=end - dt.timedelta(seconds=1))
         assert r.basis == "measured" and r.category == 3 and 1.05 < r.pue < 1.5, r
     hourly = carbon.hourly_intensity(ms)
     assert set(hourly["site_id"].to_list()) == set(sim.topology["sites"])
