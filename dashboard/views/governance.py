@@ -23,7 +23,7 @@ from fleetscope.services import audit as audit_svc
 from fleetscope.services import governance as governance_svc
 from fleetscope.services import monitoring as monitoring_svc
 from fleetscope.core.errors import NotFound
-from governance.aiact import rules as R
+from governance.aiact import checks
 from governance.aiact.model import INCIDENT_KINDS, DeclarationError
 from governance.fairness import FairnessInputError
 from fleetscope import settings as settings_mod
@@ -184,10 +184,10 @@ def declare_incident() -> None:
     except (NotFound, DeclarationError, ValueError) as exc:
         ui.tell("gov_incident_result", False, f"No incident was declared: {exc}")
         return
-    days = R.incident_deadline(kind)
+    days = checks.incident_deadline(kind)
     due = dt.datetime.fromisoformat(str(d.value["aware_at"]).replace("Z", "+00:00")) + dt.timedelta(days=days)
     ui.tell("gov_incident_result", True, f"Serious incident declared for {d.model_name}@{d.model_version} by {actor.name}: report it to the "
-                                         f"market surveillance authority by {due:%Y-%m-%d %H:%M} UTC ({days} days, {R.incident_paragraph(kind)}).")
+                                         f"market surveillance authority by {due:%Y-%m-%d %H:%M} UTC ({days} days, {checks.incident_paragraph(kind)}).")
 
 
 def incident_form(found: pl.DataFrame) -> None:

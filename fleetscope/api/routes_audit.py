@@ -16,8 +16,8 @@ from fleetscope.services import auth
 from fleetscope.services import governance as gs
 from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
+from governance.aiact import checks
 from governance.aiact import model as M
-from governance.aiact import rules as R
 from governance import exports
 
 router = APIRouter(prefix="/api/v1", tags=["ai act"], route_class=CheckedRoute)
@@ -77,10 +77,10 @@ def post_incident(request: Request, body: IncidentIn, token: Gov) -> dict[str, A
                                 entered_by=token.name, description=body.description, aware_at=body.aware_at)
     except M.DeclarationError as exc:
         raise HTTPException(422, str(exc)) from None
-    days = R.incident_deadline(d.value["kind"])
+    days = checks.incident_deadline(d.value["kind"])
     due = M.parse_time(d.value["aware_at"]) + dt.timedelta(days=days)  # type: ignore[operator]
     return {"declaration_id": d.declaration_id, "key": d.key, "model": d.model_name, "version": d.model_version, "value": dict(d.value),
-            "deadline_days": days, "paragraph": R.incident_paragraph(d.value["kind"]), "report_due_at": M.iso(due)}
+            "deadline_days": days, "paragraph": checks.incident_paragraph(d.value["kind"]), "report_due_at": M.iso(due)}
 
 
 @router.post("/audits", status_code=201)

@@ -12,7 +12,7 @@ import click
 
 from fleetscope.cli.common import _emit, _os_user, _store, _utc_option
 from fleetscope.core.errors import FleetscopeError
-from governance.aiact import rules as R
+from governance.aiact import checks
 from governance.aiact.model import DeclarationError, iso, parse_time
 from governance.fairness import FairnessInputError
 
@@ -194,10 +194,10 @@ def incident(finding_kind: str, subject: str, window_start: str, incident_kind: 
                                 description=description, aware_at=_utc_option(aware_at, "--aware-at"))
     except (FleetscopeError, DeclarationError) as exc:
         raise click.ClickException(str(exc)) from None
-    days = R.incident_deadline(incident_kind)
+    days = checks.incident_deadline(incident_kind)
     due = parse_time(d.value["aware_at"]) + dt.timedelta(days=days)  # type: ignore[operator]
     out = {"declaration_id": d.declaration_id, "key": d.key, "value": dict(d.value), "deadline_days": days,
-           "paragraph": R.incident_paragraph(incident_kind), "report_due_at": iso(due)}
+           "paragraph": checks.incident_paragraph(incident_kind), "report_due_at": iso(due)}
     _emit(as_json, json.loads(json.dumps(out, default=str)),
           f"incident {d.key} declared for {d.model_name}@{d.model_version}: report to the market surveillance authority by {iso(due)} "
-          f"({days} days, {R.incident_paragraph(incident_kind)})")
+          f"({days} days, {checks.incident_paragraph(incident_kind)})")

@@ -1,8 +1,8 @@
 """EU AI Act (Regulation (EU) 2024/1689) obligations as code.
 
-``model`` holds the types (declarations, evidence, results), ``rules`` the classification, the rules and
-their versioned rule sets, ``evidence`` helpers computing evidence from stored frames, ``frames`` the
-tables to store. Typical use::
+``model`` holds the types (declarations, evidence, results), ``classify`` the risk classification,
+``checks`` the check of each article, ``rules`` the rules, their versioned rule sets and evaluation,
+``evidence`` helpers computing evidence from stored frames, ``frames`` the tables to store. Typical use::
 
     from governance.aiact import Evidence, evaluate
     audit = evaluate(Evidence(model, declarations=..., fairness=...), now)
@@ -30,14 +30,13 @@ from governance.aiact.model import (
     current,
     declare,
 )
+from governance.aiact.classify import Classification, classify
 from governance.aiact.rules import (
     AI_ACT_2024,
     RULE_SETS,
-    Classification,
     ModelAudit,
     Rule,
     RuleSet,
-    classify,
     evaluate,
     evaluate_all,
     rule_set,

@@ -26,7 +26,7 @@ from governance.aiact import (
 from governance.aiact import evidence as E
 from governance.aiact.frames import AIACT_FRAMES, audit_frames, declaration_frame, declarations_from_frame, fairness_records
 from governance.aiact.model import LoggingEvidence
-from governance.aiact.rules import art5_matches
+from governance.aiact.classify import art5_matches
 from governance.registry import ModelEntry
 from tests.governance.aiact_fixtures import (
     GP_MODEL,
