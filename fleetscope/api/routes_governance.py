@@ -22,6 +22,7 @@ from fleetscope.api.jsonbody import CheckedRoute
 from fleetscope.api.security import require
 from governance import fairness
 from governance import lineage as L
+from governance import lineage_events
 from governance.registry import DatasetEntry, ModelEntry
 
 _governance = require("governance")
@@ -43,7 +44,7 @@ async def post_lineage(request: Request) -> JSONResponse:
     body = await request.body()
     try:
         parsed = await run_in_threadpool(gs.record_lineage, request.app.state.store, body, content_encoding=request.headers.get("content-encoding"))
-    except L.LineageError as exc:
+    except lineage_events.LineageError as exc:
         return JSONResponse(exc.to_dict(), 400 if exc.malformed else 422)
     return JSONResponse({"kind": parsed.kind, "event_id": parsed.event_id, "notes": list(parsed.notes)}, 201)
 
@@ -57,7 +58,7 @@ def get_lineage(request: Request, nodeId: Annotated[str, Query(max_length=2000)]
         return gs.graph(store).marquez_graph(nodeId, depth, registry={d_ref(d): d for d in datasets})
     except L.LineageNotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    except L.LineageError as exc:
+    except lineage_events.LineageError as exc:
         raise HTTPException(400, str(exc)) from None
 
 

@@ -20,6 +20,7 @@ from fleetscope.store import Store
 from governance import fairness
 from governance import frames as GF
 from governance import lineage as L
+from governance import lineage_events
 from governance.registry import DatasetEntry, ModelEntry
 from fleetscope.core import frames as F
 from fleetscope.store.reads import fetch
@@ -32,7 +33,7 @@ def _write(store: Store, frames: dict[str, pl.DataFrame], source: str) -> dict[s
 
 def record_lineage(store: Store, body: bytes, *, content_encoding: str | None = None, source: str = "api:/api/v1/lineage") -> L.ParsedEvent:
     """Validate and store one OpenLineage event; re-sending it stores nothing new (event id = its hash)."""
-    parsed = L.parse_body(body, content_encoding=content_encoding)
+    parsed = lineage_events.parse_body(body, content_encoding=content_encoding)
     _write(store, GF.lineage_frames([parsed]), source)
     return parsed
 

@@ -17,6 +17,7 @@ import pytest
 
 from governance import frames as GF
 from governance import lineage as L
+from governance import lineage_events
 from governance.registry import DatasetEntry, ModelEntry
 
 NS = "lake"
@@ -63,7 +64,7 @@ REGISTRY = [
 
 @pytest.fixture(scope="module")
 def graph() -> L.LineageGraph:
-    return L.LineageGraph.from_events(L.parse_event(e) for e in events())
+    return L.LineageGraph.from_events(lineage_events.parse_event(e) for e in events())
 
 
 def ds(name: str) -> L.DatasetRef:
@@ -99,7 +100,7 @@ def test_data_written_after_training_did_not_train_the_model(graph: L.LineageGra
     ans = L.did_ingest(graph, MODEL, ds("late_src"))
     assert ans.answer is False
     # A retrain after the backfill does see it.
-    later = L.LineageGraph.from_events(L.parse_event(e) for e in [*events(), run_event("r6", "train", "2025-01-05T00:00:00Z", ["features"], ["w2"])])
+    later = L.LineageGraph.from_events(lineage_events.parse_event(e) for e in [*events(), run_event("r6", "train", "2025-01-05T00:00:00Z", ["features"], ["w2"])])
     retrained = ModelEntry("ranker", "2", training_run_ids=(rid("r6"),))
     yes = L.did_ingest(later, retrained, ds("late_src"))
     assert yes.answer is True and yes.path[2].id == "dataset:lake:features"
@@ -146,7 +147,7 @@ def test_model_linked_by_facet_and_child_runs() -> None:
                   facets={"parent": {**P, "run": {"runId": rid("dag")}, "job": {"namespace": "etl", "name": "nightly"}}}),
         run_event("dag", "nightly", "2025-01-01T02:00:00Z", [], []),
     ]
-    g = L.LineageGraph.from_events(L.parse_event(e) for e in evs)
+    g = L.LineageGraph.from_events(lineage_events.parse_event(e) for e in evs)
     model = ModelEntry("m", "7")  # no run ids in the registry: the facet links it
     ans = L.did_ingest(g, model, ds("src"))
     assert ans.answer is True
@@ -184,7 +185,7 @@ def test_marquez_graph_shape_and_depth(graph: L.LineageGraph) -> None:
 
 
 def test_marquez_node_ids_with_colons_and_unknown_nodes() -> None:
-    g = L.LineageGraph.from_events([L.parse_event(run_event("x", "load", "2025-01-01T00:00:00Z", ["public.users"], ["public.dim"],
+    g = L.LineageGraph.from_events([lineage_events.parse_event(run_event("x", "load", "2025-01-01T00:00:00Z", ["public.users"], ["public.dim"],
                                                            ds_ns="postgres://db:5432"))])
     out = g.marquez_graph("dataset:postgres://db:5432:public.users", depth=1)
     assert "dataset:postgres://db:5432:public.dim" in {n["id"] for n in out["graph"]}
@@ -194,7 +195,7 @@ def test_marquez_node_ids_with_colons_and_unknown_nodes() -> None:
 
 
 def test_stored_frames_answer_the_same(graph: L.LineageGraph) -> None:
-    fr = GF.lineage_frames(L.parse_event(e) for e in events())
+    fr = GF.lineage_frames(lineage_events.parse_event(e) for e in events())
     assert fr["lineage_io"].height == 15 and fr["lineage_run_event"].height == 7
     again = GF.graph_from_frames(fr["lineage_run_event"], fr["lineage_io"], fr["lineage_dataset"])
     assert [u.to_dict() for u in L.upstream_datasets(again, MODEL)] == [u.to_dict() for u in L.upstream_datasets(graph, MODEL)]
@@ -215,12 +216,12 @@ def test_column_lineage_upstream() -> None:
     e1["outputs"][0]["facets"] = feat_facet
     e2 = run_event("b", "score", "2025-01-02T00:00:00Z", ["features"], ["scores"])
     e2["outputs"][0]["facets"] = out_facet
-    cols = [c for e in (e1, e2) for c in L.parse_event(e).columns]
+    cols = [c for e in (e1, e2) for c in lineage_events.parse_event(e).columns]
     assert any(c.masking is True for c in cols)
     up = L.column_upstream(cols, ds("scores"), "score")
     assert [(d.name, f) for d, f, _ in up] == [("features", "f1"), ("features", "region"), ("raw", "email")]
     assert up[-1][2] == ("lake:raw.email", "lake:features.f1", "lake:scores.score")
-    fr = GF.lineage_frames(L.parse_event(e) for e in (e1, e2))
+    fr = GF.lineage_frames(lineage_events.parse_event(e) for e in (e1, e2))
     assert GF.columns_from_frame(fr["lineage_column"]) == cols
 
 

@@ -26,6 +26,7 @@ from openlineage.client.transport.http import ApiKeyTokenProvider, HttpCompressi
 from openlineage.client.uuid import generate_new_uuid  # noqa: E402
 
 from governance import lineage as L  # noqa: E402
+from governance import lineage_events  # noqa: E402
 from tests.conftest import LiveServer  # noqa: E402
 
 TOKEN = "test-token-governance"
@@ -55,8 +56,8 @@ def lineage_app(received: list[L.ParsedEvent]) -> FastAPI:
         if request.headers.get("authorization") != f"Bearer {TOKEN}":
             return JSONResponse({"error": "missing or unknown token"}, status_code=401)
         try:
-            parsed = L.parse_body(await request.body(), content_encoding=request.headers.get("content-encoding"))
-        except L.LineageError as exc:
+            parsed = lineage_events.parse_body(await request.body(), content_encoding=request.headers.get("content-encoding"))
+        except lineage_events.LineageError as exc:
             return JSONResponse(exc.to_dict(), status_code=400 if exc.malformed else 422)
         received.append(parsed)
         return JSONResponse({"kind": parsed.kind, "notes": list(parsed.notes)}, status_code=201)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from governance import lineage as L
+from governance import lineage
+from governance import lineage_events as L
 
 RUN_ID = "d46e465b-d358-4d32-83d4-df660ff614dd"
 
@@ -55,7 +56,7 @@ def test_real_events_parse_into_records(real_events: dict[str, dict[str, Any]]) 
     full = L.parse_event(real_events["03_run_complete_full_facets.json"])
     run = full.runs[0]
     assert run.parent_run_id == "3f5e83fa-3480-44ff-99c5-ff943904e5e8"
-    assert run.parent_job == L.JobRef("my-scheduler-namespace", "myjob.mytask")
+    assert run.parent_job == lineage.JobRef("my-scheduler-namespace", "myjob.mytask")
     assert run.nominal_start_time is not None and run.nominal_start_time.isoformat() == "2020-12-17T03:00:00.001000+00:00"
     assert full.io[0].facets["dataQualityAssertions"]["assertions"][1]["column"] == "id"
     job_event = L.parse_event(real_events["05_job_event.json"])

@@ -19,6 +19,7 @@ from fleetscope.sim import FaultSpec, JobSpec, Manifest, SimSpec, demo_spec, fle
 from fleetscope.sim.jobs import ALPHA_NET_S
 from governance import fairness
 from governance import lineage as gl
+from governance import lineage_events
 from governance.registry import DatasetEntry, ModelEntry
 from ingest import kineto
 
@@ -269,7 +270,7 @@ def test_ring_allreduce_cost_model() -> None:
 
 def test_quarantined_dataset_is_upstream_of_the_model(sim: Manifest) -> None:
     root = _root(sim)
-    events = [gl.parse_event(json.loads((root / rel).read_text())) for rel in sim.files["openlineage"]]
+    events = [lineage_events.parse_event(json.loads((root / rel).read_text())) for rel in sim.files["openlineage"]]
     graph = gl.LineageGraph.from_events(events)
     reg = json.loads((root / sim.lineage["registry"]).read_text())
     datasets = [DatasetEntry(**d) for d in reg["datasets"]]
