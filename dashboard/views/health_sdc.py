@@ -7,7 +7,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import health as health_svc
+from fleetscope.services import health_reads
 
 f = ui.filters()
 st.title("Health & SDC")
@@ -16,7 +16,7 @@ st.title("Health & SDC")
 TOP_HOSTS = 12
 
 bucket_s = ui.bucket_for(f.range_s)
-over_time = ui.q(health_svc.health_events_over_time, live=False, start=f.start, end=f.end, bucket_s=bucket_s, site=f.site)
+over_time = ui.q(health_reads.health_events_over_time, live=False, start=f.start, end=f.end, bucket_s=bucket_s, site=f.site)
 st.subheader("Health events over time by node")
 if over_time.is_empty():
     ui.no_data("no XID, ECC, row-remap, NVLink, throttle or SDC events in this time range.")
@@ -35,12 +35,12 @@ else:
             tooltip=["node:N", "kind:N", alt.Tooltip("ts:T", title="bucket (UTC)"), alt.Tooltip("sum(events):Q", title="events")],
         )
     )
-    st.dataframe(ui.q(health_svc.health_events_by_node, live=False, start=f.start, end=f.end, site=f.site), hide_index=True)
+    st.dataframe(ui.q(health_reads.health_events_by_node, live=False, start=f.start, end=f.end, site=f.site), hide_index=True)
 
 st.subheader("Drain and repair recommendations")
 # The health analyzer's findings are its recommendations: gpu_/node_ followed by the action (drain_node,
 # send_for_repair, reset, watch, ...; analyzers.health).
-advice = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, analyzer="health")
+advice = ui.q(health_reads.findings, live=False, start=f.start, end=f.end, analyzer="health")
 if advice.is_empty():
     ui.no_data("no drain or repair recommendations.", "The health analyzer (`fleetscope.health_window`, run by beat) recommends actions from XIDs, ECC, row remaps and throttling.")
 else:
@@ -50,7 +50,7 @@ else:
 st.subheader("Silent GPUs, hosts down and hung jobs")
 # analyzers.absence (a GPU, host or site that stopped reporting) and analyzers.hangs (a job that stopped
 # stepping with its GPUs held), both from the health sweep
-quiet = pl.concat([ui.q(health_svc.findings, live=False, start=f.start, end=f.end, analyzer=a) for a in ("absence", "hangs")], how="vertical_relaxed")
+quiet = pl.concat([ui.q(health_reads.findings, live=False, start=f.start, end=f.end, analyzer=a) for a in ("absence", "hangs")], how="vertical_relaxed")
 if quiet.is_empty():
     ui.no_data("nothing has gone quiet.", "The health sweep flags a GPU or host silent for three of its intervals (and 2 minutes), a site silent "
                "at once, and a job with no step for ten of its steps (and FLEETSCOPE_HANG_MIN_STALL_S) while it holds its GPUs.")
@@ -58,8 +58,8 @@ else:
     st.dataframe(quiet.select("kind", "subject", "severity", "summary", "window_start", "window_end"), hide_index=True)
 
 st.subheader("SDC suspects")
-sdc = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, kind_like="sdc%")
-sdc_events = ui.q(health_svc.health_events_recent, live=False, start=f.start, end=f.end, site=f.site, kinds=("sdc",))
+sdc = ui.q(health_reads.findings, live=False, start=f.start, end=f.end, kind_like="sdc%")
+sdc_events = ui.q(health_reads.health_events_recent, live=False, start=f.start, end=f.end, site=f.site, kinds=("sdc",))
 if sdc.is_empty() and sdc_events.is_empty():
     ui.no_data("no silent-data-corruption suspects.", "Checksum and loss-divergence evidence arrives with the SDC analyzer.")
 else:
@@ -70,7 +70,7 @@ else:
         st.dataframe(sdc_events, hide_index=True)
 
 st.subheader("Recent events")
-recent = ui.q(health_svc.health_events_recent, live=False, start=f.start, end=f.end, site=f.site)
+recent = ui.q(health_reads.health_events_recent, live=False, start=f.start, end=f.end, site=f.site)
 if recent.is_empty():
     ui.no_data("no health events in this time range.")
 else:

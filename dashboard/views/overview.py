@@ -12,7 +12,7 @@ from dashboard import ui
 from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.services import catalog, energy as energy_svc
 from fleetscope.services import energy_reads as energy_reads
-from fleetscope.services import health as health_svc
+from fleetscope.services import health_reads
 from fleetscope.services import jobs as jobs_svc
 from fleetscope.services import telemetry
 
@@ -25,7 +25,7 @@ STATUS_COLORS = alt.Scale(domain=["ok", "hot", "silent", "unhealthy"], range=["#
 def live_panel() -> None:
     end = ui.live_end(f)
     size = ui.q(telemetry.fleet_size, site=f.site)
-    counts = ui.q(health_svc.gpu_state_counts, end=end, site=f.site).row(0, named=True)
+    counts = ui.q(health_reads.gpu_state_counts, end=end, site=f.site).row(0, named=True)
     gpus = int(size["gpus"][0]) if size.height else 0
     if gpus == 0 and counts["reporting"] == 0:
         ui.no_data("no GPUs in the inventory and no GPU telemetry.", "Point dcgm-exporter or the agent at the API, or run `fleetscope demo`.")
@@ -40,7 +40,7 @@ def live_panel() -> None:
     cols[5].metric("Power now", ui.fmt_power(power["power_w"]), help=f"sum of {power['gpus_reporting']:,} GPUs' latest power")
 
     st.subheader("Host × GPU health")
-    grid = ui.q(health_svc.health_grid, end=end, site=f.site)
+    grid = ui.q(health_reads.health_grid, end=end, site=f.site)
     if grid.is_empty():
         ui.no_data("no GPU in the inventory or reporting.")
         return

@@ -7,7 +7,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import health as health_svc
+from fleetscope.services import health_reads
 from fleetscope.services import reliability as reliability_svc
 
 f = ui.filters()
@@ -51,7 +51,7 @@ else:
         height=220,
     )
     st.dataframe(ckpt, hide_index=True)
-advice = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, kind_like="checkpoint%")
+advice = ui.q(health_reads.findings, live=False, start=f.start, end=f.end, kind_like="checkpoint%")
 if advice.is_empty():
     ui.no_data("no checkpoint-interval advice.", "The advised interval (Young/Daly, from MTBF and save cost) arrives with the reliability analyzer.")
 else:

@@ -7,14 +7,14 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import health as health_svc
+from fleetscope.services import health_reads
 from fleetscope.services import jobs as jobs_svc
 
 f = ui.filters()
 st.title("Stragglers")
 
 st.subheader("Current suspects")
-suspects = ui.q(health_svc.findings, live=False, start=f.start, end=f.end, kind_like="%straggler%")
+suspects = ui.q(health_reads.findings, live=False, start=f.start, end=f.end, kind_like="%straggler%")
 if suspects.is_empty():
     ui.no_data("no straggler findings in this time range.", "Attribution and cost arrive with the straggler analyzer.")
 else:

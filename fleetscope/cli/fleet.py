@@ -55,10 +55,10 @@ def findings_cmd(since: str, analyzer: str | None, kind: str | None, limit: int,
       fleetscope fleet findings --kind job_hang --since 1d
       fleetscope fleet findings --kind 'ib_%' --json
     """
-    from fleetscope.services import health as health_svc  # lazy: imports the health analyzers
+    from fleetscope.services import health_reads  # lazy: keeps --help light
 
     end = dt.datetime.now(dt.UTC)
-    rows = health_svc.findings(_store(), end - dt.timedelta(seconds=_span_s(since, "--since")), end, kind_like=kind, analyzer=analyzer, limit=limit)
+    rows = health_reads.findings(_store(), end - dt.timedelta(seconds=_span_s(since, "--since")), end, kind_like=kind, analyzer=analyzer, limit=limit)
     data = [{**r, "window_start": r["window_start"].isoformat(), "window_end": r["window_end"].isoformat() if r["window_end"] else None}
             for r in rows.drop("evidence").to_dicts()]
     _emit(as_json, data, "\n".join(f"{r['severity']:<8} {r['kind']:<24} {r['subject']:<40} {r['summary'] or ''}" for r in data) or "no findings")

@@ -18,7 +18,7 @@ from fleetscope.services import energy as energy_svc
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import fabric as fabric_svc
 from fleetscope.services import governance as governance_svc
-from fleetscope.services import health as health_svc
+from fleetscope.services import health_reads
 from fleetscope.services import jobs as jobs_svc
 from fleetscope.services import reliability as reliability_svc
 from fleetscope.services import telemetry
@@ -96,26 +96,26 @@ def test_latest_samples_and_power_now_match_the_simulated_fleet(seeded_store: St
 
 
 def test_gpu_states_are_disjoint_and_cover_the_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
-    counts = health_svc.gpu_state_counts(seeded_store, END).row(0, named=True)
+    counts = health_reads.gpu_state_counts(seeded_store, END).row(0, named=True)
     assert counts["gpus"] == counts["reporting"] == 64
     # Three GPUs had an XID, an SDC or a double-bit ECC event (fleetscope.sim.showcase._health).
     assert counts["unhealthy"] == 3
     assert counts["busy"] + counts["idle"] + counts["unhealthy"] + counts["silent"] == 64
     recent = fleet.filter(pl.col("ts") >= END - dt.timedelta(seconds=300)).group_by("gpu_uuid").agg(pl.col("util_ratio").mean())
-    bad = set(health_svc.unhealthy_gpus(seeded_store, HOUR_AGO, END)["gpu_uuid"])
+    bad = set(health_reads.unhealthy_gpus(seeded_store, HOUR_AGO, END)["gpu_uuid"])
     assert counts["busy"] == recent.filter((pl.col("util_ratio") >= 0.1) & ~pl.col("gpu_uuid").is_in(list(bad))).height
     # An hour after the data ends, every GPU is silent.
-    later = health_svc.gpu_state_counts(seeded_store, END + dt.timedelta(hours=2)).row(0, named=True)
+    later = health_reads.gpu_state_counts(seeded_store, END + dt.timedelta(hours=2)).row(0, named=True)
     assert later["silent"] == 64 and later["reporting"] == 0
 
 
 def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
-    grid = health_svc.health_grid(seeded_store, END)
+    grid = health_reads.health_grid(seeded_store, END)
     assert grid.height == 64
     unhealthy = grid.filter(pl.col("status") == "unhealthy")
     assert unhealthy.height == 3 and set(unhealthy["host"]) == {"site-a-node-001", "site-a-node-002"}
     assert grid["status"][0] == "unhealthy"  # worst hosts first
-    two = health_svc.health_grid(seeded_store, END, max_hosts=2)
+    two = health_reads.health_grid(seeded_store, END, max_hosts=2)
     assert set(two["host"]) == {"site-a-node-001", "site-a-node-002"}
 
 
@@ -193,18 +193,18 @@ def test_counter_energy_splits_at_the_hour(empty_sqlite_url: str) -> None:
 
 
 def test_health_events_and_findings(seeded_store: Store) -> None:
-    over_time = health_svc.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
+    over_time = health_reads.health_events_over_time(seeded_store, HOUR_AGO, END, bucket_s=600)
     assert over_time["events"].sum() == 6
     assert all(t.minute % 10 == 0 and t.second == 0 for t in over_time["ts"])
-    by_node = health_svc.health_events_by_node(seeded_store, HOUR_AGO, END)
+    by_node = health_reads.health_events_by_node(seeded_store, HOUR_AGO, END)
     assert by_node.row(0, named=True)["kind"] == "xid" and by_node["events"][0] == 2
-    assert health_svc.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
-    assert health_svc.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
-    kinds = health_svc.findings_by_kind(seeded_store, HOUR_AGO, END)
+    assert health_reads.health_events_recent(seeded_store, HOUR_AGO, END, kinds=("sdc",)).height == 1
+    assert health_reads.health_events_recent(seeded_store, HOUR_AGO, END, site="site-b").height == 0
+    kinds = health_reads.findings_by_kind(seeded_store, HOUR_AGO, END)
     assert set(kinds["kind"]) >= {"straggler", "sdc_suspect", "gpu_send_for_repair", "node_drain_node"}
-    health = health_svc.findings(seeded_store, HOUR_AGO, END, analyzer="health")
+    health = health_reads.findings(seeded_store, HOUR_AGO, END, analyzer="health")
     assert sorted(health["kind"]) == ["gpu_send_for_repair", "node_drain_node"]
-    straggler = health_svc.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
+    straggler = health_reads.findings(seeded_store, HOUR_AGO, END, kind_like="%straggler%")
     assert straggler["subject"].to_list() == [f"job:{STRAGGLER_JOB}/rank:{STRAGGLER_RANK}"]
 
 
@@ -298,17 +298,17 @@ CALLS = {
     "fleet_size": lambda s: telemetry.fleet_size(s),
     "latest_gpu_samples": lambda s: telemetry.latest_gpu_samples(s, END),
     "gpu_activity": lambda s: telemetry.gpu_activity(s, END),
-    "unhealthy_gpus": lambda s: health_svc.unhealthy_gpus(s, HOUR_AGO, END),
-    "health_grid": lambda s: health_svc.health_grid(s, END),
+    "unhealthy_gpus": lambda s: health_reads.unhealthy_gpus(s, HOUR_AGO, END),
+    "health_grid": lambda s: health_reads.health_grid(s, END),
     "fleet_series": lambda s: telemetry.fleet_series(s, HOUR_AGO, END),
     "gpu_energy": lambda s: energy_reads.gpu_energy(s, HOUR_AGO, END),
     "metric_series": lambda s: telemetry.metric_series(s, "%pue%", HOUR_AGO, END),
     "site_carbon": lambda s: energy_reads.site_carbon(s, HOUR_AGO, END),
-    "health_events_over_time": lambda s: health_svc.health_events_over_time(s, HOUR_AGO, END),
-    "health_events_by_node": lambda s: health_svc.health_events_by_node(s, HOUR_AGO, END),
-    "health_events_recent": lambda s: health_svc.health_events_recent(s, HOUR_AGO, END),
-    "findings_by_kind": lambda s: health_svc.findings_by_kind(s, HOUR_AGO, END),
-    "findings": lambda s: health_svc.findings(s, HOUR_AGO, END),
+    "health_events_over_time": lambda s: health_reads.health_events_over_time(s, HOUR_AGO, END),
+    "health_events_by_node": lambda s: health_reads.health_events_by_node(s, HOUR_AGO, END),
+    "health_events_recent": lambda s: health_reads.health_events_recent(s, HOUR_AGO, END),
+    "findings_by_kind": lambda s: health_reads.findings_by_kind(s, HOUR_AGO, END),
+    "findings": lambda s: health_reads.findings(s, HOUR_AGO, END),
     "jobs": lambda s: jobs_svc.jobs(s, HOUR_AGO, END),
     "running_jobs": lambda s: jobs_svc.running_jobs(s, END),
     "job_step_summary": lambda s: jobs_svc.job_step_summary(s, "nope"),
@@ -383,7 +383,7 @@ def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
             assert df.is_empty(), name
         assert pl.Null not in df.dtypes, f"{name}: {df.schema}"
     assert telemetry.fleet_size(empty_store).row(0) == (0, 0, 0)
-    counts = health_svc.gpu_state_counts(empty_store, END).row(0, named=True)
+    counts = health_reads.gpu_state_counts(empty_store, END).row(0, named=True)
     assert set(counts.values()) == {0}
     assert telemetry.power_now(empty_store, END)["power_w"][0] is None
     assert reliability_svc.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
@@ -419,7 +419,7 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     jobs_svc.scaling(store, SWEEP_MODEL)
     energy_svc.energy_rollup_end(store)
     energy_reads.counter_energy_by_site_hour(store, SEED_START + dt.timedelta(minutes=10), END)
-    health_svc.gpu_state_counts(store, END)
+    health_reads.gpu_state_counts(store, END)
     telemetry.data_end(store)
     telemetry.table_rows(store)
     assert len(seen) > 30
