@@ -30,13 +30,15 @@ energy counters that integrate power, ``DcgmWriter`` for one dcgm-exporter body 
    machinery) over this database: the fleet's last minutes of raw samples, its minute tier and energy minutes.
    Not a day: a day of 100,000 GPUs is 864 M raw rows (about 360 GB at 4.2 MB a GPU-day), more than this
    machine's disk.
-7. ``model``: ``capacity_model`` of the run's per-GPU figures (README "Capacity model").
+7. ``model``: ``capacity_model`` of the run's per-GPU figures (README "Capacity model"); ``--compare`` checks the
+   model's linearity: one run's per-GPU figures scaled to another run's fleet against what that run measured.
 
 Every line is JSON; the first has the load average, since the 2-core machine is shared: CPU seconds are the
 figure to trust, wall seconds a lower bound.
 
     python benchmarks/capacity.py [--gpus 100000] [--rounds 3] [--fill-minutes 6] [--shards 4] [--connections 16]
                                   [--workers 2] [--skip job,dashboard] [--postgres URL]
+    python benchmarks/capacity.py --compare run16k.jsonl run100k.jsonl
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def capacity_model(per_gpu_day: dict[str, float], gpus: int, *, cores: int = MAC
         if cpu_s < 0:
             raise ValueError(f"CPU seconds per GPU-day of {role} is negative: {cpu_s}")
         need = cpu_s * gpus
-        out[role] = {"cpu_s_per_day": round(need), "cores": round(need / 86_400, 2), "machines": max(1, math.ceil(need / machine_s))}
+        # less a rounding error's worth, so a load that exactly fills n machines asks for n
+        out[role] = {"cpu_s_per_day": round(need), "cores": round(need / 86_400, 2), "machines": max(1, math.ceil(need / machine_s - 1e-9))}
     return out
 
 
@@ -126,6 +129,42 @@ def predicted_round_s(cpu_s_per_gpu_round: float, gpus: int, cores: int = MACHIN
     """Wall seconds of one push round of ``gpus`` GPUs on one machine of ``cores`` cores whose API and
     PostgreSQL share them, if the round is bound by CPU (``cpu_s_per_gpu_round``: both together per GPU)."""
     return cpu_s_per_gpu_round * gpus / cores
+
+
+def per_gpu_figures(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The figures of one run's JSON lines that the model takes as linear in GPUs, per GPU: CPU seconds per
+    push round (API, PostgreSQL), per 5-minute energy roll-up and health sweep, per minute of the minute tier,
+    and bytes per GPU-day of each tier."""
+    by = {ln.get("what"): ln for ln in lines if ln.get("bench") == "capacity"}
+    gpus = by["start"]["gpus"]
+    ing = by["ingest"]
+    out = {"api_cpu_s_per_round": ing["api_cpu_s_per_round"] / gpus, "pg_cpu_s_per_round": ing["pg_cpu_s_per_round"] / gpus}
+    if "energy_rollup" in by:
+        out["energy_5min_cpu_s"] = (by["energy_rollup"]["energy_5min"]["worker_cpu_s"] + by["energy_rollup"]["energy_5min"]["pg_cpu_s"]) / gpus
+        tm = by["tier_rollup"]["tier_minute_4min"]
+        out["tier_minute_cpu_s_per_min"] = (tm["worker_cpu_s"] + tm["pg_cpu_s"]) / 4 / gpus
+        h = by["health_sweep"]["health_5min"]
+        out["health_5min_cpu_s"] = (h["worker_cpu_s"] + h["pg_cpu_s"]) / gpus
+    for tier in ("raw", "minute", "hour", "energy_minute"):
+        if "storage" in by:
+            out[f"{tier}_bytes_per_gpu_day"] = float(by["storage"][tier]["bytes_per_gpu_day"])
+    return out
+
+
+def compare_runs(small: list[dict[str, Any]], large: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each per-GPU figure: what the smaller run predicts for the larger fleet (linear in GPUs), what the
+    larger run measured, and measured over predicted (1.0: the linear model holds)."""
+    gs = next(ln["gpus"] for ln in small if ln.get("what") == "start")
+    gl = next(ln["gpus"] for ln in large if ln.get("what") == "start")
+    a, b = per_gpu_figures(small), per_gpu_figures(large)
+    out = []
+    for k in a.keys() & b.keys():
+        scale = 1 if k.endswith("_per_gpu_day") else gl
+        predicted, measured = a[k] * scale, b[k] * scale
+        out.append({"bench": "capacity", "what": "model_check", "figure": k, "from_gpus": gs, "to_gpus": gl,
+                    "predicted": round(predicted, 3), "measured": round(measured, 3),
+                    "measured_over_predicted": round(measured / predicted, 2) if predicted else None})
+    return sorted(out, key=lambda r: r["figure"])
 
 
 # --- the simulated fleet --------------------------------------------------------------------------------
@@ -410,7 +449,14 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated: job, dashboard, sweeps")
     ap.add_argument("--pages", default="overview,energy_carbon")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--compare", nargs=2, metavar=("SMALL.jsonl", "LARGE.jsonl"),
+                    help="no run: the smaller run's per-GPU figures against the larger run's, from two runs' output")
     args = ap.parse_args()
+    if args.compare:
+        runs = [[json.loads(ln) for ln in Path(f).read_text().splitlines() if ln.startswith("{")] for f in args.compare]
+        for row in compare_runs(*runs):
+            print(json.dumps(row))
+        return
     skip = set(filter(None, args.skip.split(",")))
     if args.fill_minutes < 6:
         ap.error("--fill-minutes must be at least 6: the sweeps read minutes 1-6")
