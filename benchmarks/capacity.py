@@ -146,7 +146,7 @@ def per_gpu_figures(lines: list[dict[str, Any]]) -> dict[str, float]:
         h = by["health_sweep"]["health_5min"]
         out["health_5min_cpu_s"] = (h["worker_cpu_s"] + h["pg_cpu_s"]) / gpus
     for tier in ("raw", "minute", "hour", "energy_minute"):
-        if "storage" in by:
+        if tier in by.get("storage", {}):
             out[f"{tier}_bytes_per_gpu_day"] = float(by["storage"][tier]["bytes_per_gpu_day"])
     return out
 
@@ -198,7 +198,43 @@ def _inventory(store: Any, topo: Topology) -> None:
 # --- 1. ingest through the API --------------------------------------------------------------------------
 
 
-async def _round(base: str, reqs: list[bytes], connections: int, agents: Any) -> tuple[float, list[float], dict[int, int]]:
+async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list[float], statuses: dict[int, int]) -> None:
+    """``ingest_agents``' keep-alive client, except that a connection the server closes (a worker restarted)
+    counts its request as status 0 and opens a new one, as an agent would, instead of failing the rest."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while True:
+            try:
+                req = work.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            t = time.perf_counter()
+            try:
+                writer.write(req)
+                await writer.drain()
+                status_line = await reader.readline()
+                if not status_line:
+                    raise ConnectionError("closed by the server")
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length:
+                    await reader.readexactly(length)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                statuses[0] = statuses.get(0, 0) + 1
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
+            latencies.append(time.perf_counter() - t)
+            code = int(status_line.split()[1])
+            statuses[code] = statuses.get(code, 0) + 1
+    finally:
+        writer.close()
+
+
+async def _round(base: str, reqs: list[bytes], connections: int) -> tuple[float, list[float], dict[int, int]]:
     host, port = base.split("//")[1].split(":")
     work: asyncio.Queue = asyncio.Queue()
     for r in reqs:
@@ -206,7 +242,7 @@ async def _round(base: str, reqs: list[bytes], connections: int, agents: Any) ->
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     t = time.perf_counter()
-    await asyncio.gather(*(agents._connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
+    await asyncio.gather(*(_connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
     return time.perf_counter() - t, latencies, statuses
 
 
@@ -226,7 +262,7 @@ def bench_ingest(url: str, topo: Topology, telem: GpuTelemetry, writer: formats.
                         for h, body in zip(topo.hosts, bodies)]
                 del bodies
                 api0, pg0 = server.cpu_seconds(started[0]), watch.sample()
-                seconds, lat, st = asyncio.run(_round(base, reqs, args.connections, agents))
+                seconds, lat, st = asyncio.run(_round(base, reqs, args.connections))
                 rounds.append({"seconds": seconds, "latencies": lat, "statuses": st, "api_cpu_s": server.cpu_seconds(started[0]) - api0,
                                "pg_cpu_s": watch.sample() - pg0, "bytes": sum(len(q) for q in reqs)})
                 _emit(bench="capacity", what="ingest_round", gpus=topo.n_gpus, round=r, seconds=round(seconds, 2), pushes=len(lat),
@@ -399,6 +435,8 @@ def bench_storage(store: Any, gpus: int, t0: dt.datetime) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, (rel, per_day) in tiers.items():
             rows, nbytes = size(rel)
+            if not rows:
+                continue  # a tier the run did not roll (``--skip sweeps``)
             per_row = nbytes / max(rows, 1)
             out[name] = {"relation": rel, "rows": rows, "bytes": nbytes, "bytes_per_row": round(per_row, 1), "rows_per_gpu_day": per_day,
                          "bytes_per_gpu_day": round(per_row * per_day)}
@@ -446,7 +484,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma-separated: job, dashboard, sweeps")
+    ap.add_argument("--skip", default="", help="comma-separated: job, dashboard, sweeps (and the fill they read)")
     ap.add_argument("--pages", default="overview,energy_carbon")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--compare", nargs=2, metavar=("SMALL.jsonl", "LARGE.jsonl"),
@@ -458,7 +496,7 @@ def main() -> None:
             print(json.dumps(row))
         return
     skip = set(filter(None, args.skip.split(",")))
-    if args.fill_minutes < 6:
+    if args.fill_minutes < 6 and "sweeps" not in skip:
         ap.error("--fill-minutes must be at least 6: the sweeps read minutes 1-6")
 
     topo = fleet_topology(args.gpus)
@@ -474,9 +512,9 @@ def main() -> None:
         try:
             _inventory(store, topo)
             ingest = bench_ingest(url, topo, telem, writer, t0, args)
-            fill(store, topo, telem, writer, t0, args.rounds, args.fill_minutes * 60 // INTERVAL_S)
             model_in = {"api": ingest["api_cpu_s_per_gpu_day"], "database": ingest["pg_cpu_s_per_gpu_day"]}
             if "sweeps" not in skip:
+                fill(store, topo, telem, writer, t0, args.rounds, args.fill_minutes * 60 // INTERVAL_S)
                 sweeps = bench_sweeps(store, url, topo.n_gpus, t0, args.shards)
                 worker = sweep_cpu_per_gpu_day(sweeps, topo.n_gpus)
                 _emit(bench="capacity", what="sweep_cpu_s_per_gpu_day", gpus=topo.n_gpus, **worker)
