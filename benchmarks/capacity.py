@@ -198,43 +198,7 @@ def _inventory(store: Any, topo: Topology) -> None:
 # --- 1. ingest through the API --------------------------------------------------------------------------
 
 
-async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list[float], statuses: dict[int, int]) -> None:
-    """``ingest_agents``' keep-alive client, except that a connection the server closes (a worker restarted)
-    counts its request as status 0 and opens a new one, as an agent would, instead of failing the rest."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        while True:
-            try:
-                req = work.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            t = time.perf_counter()
-            try:
-                writer.write(req)
-                await writer.drain()
-                status_line = await reader.readline()
-                if not status_line:
-                    raise ConnectionError("closed by the server")
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                if length:
-                    await reader.readexactly(length)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                statuses[0] = statuses.get(0, 0) + 1
-                writer.close()
-                reader, writer = await asyncio.open_connection(host, port)
-                continue
-            latencies.append(time.perf_counter() - t)
-            code = int(status_line.split()[1])
-            statuses[code] = statuses.get(code, 0) + 1
-    finally:
-        writer.close()
-
-
-async def _round(base: str, reqs: list[bytes], connections: int) -> tuple[float, list[float], dict[int, int]]:
+async def _round(agents: Any, base: str, reqs: list[bytes], connections: int) -> tuple[float, list[float], dict[int, int]]:
     host, port = base.split("//")[1].split(":")
     work: asyncio.Queue = asyncio.Queue()
     for r in reqs:
@@ -242,7 +206,7 @@ async def _round(base: str, reqs: list[bytes], connections: int) -> tuple[float,
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     t = time.perf_counter()
-    await asyncio.gather(*(_connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
+    await asyncio.gather(*(agents._connection(host, int(port), work, latencies, statuses) for _ in range(connections)))
     return time.perf_counter() - t, latencies, statuses
 
 
@@ -262,7 +226,7 @@ def bench_ingest(url: str, topo: Topology, telem: GpuTelemetry, writer: formats.
                         for h, body in zip(topo.hosts, bodies)]
                 del bodies
                 api0, pg0 = server.cpu_seconds(started[0]), watch.sample()
-                seconds, lat, st = asyncio.run(_round(base, reqs, args.connections))
+                seconds, lat, st = asyncio.run(_round(agents, base, reqs, args.connections))
                 rounds.append({"seconds": seconds, "latencies": lat, "statuses": st, "api_cpu_s": server.cpu_seconds(started[0]) - api0,
                                "pg_cpu_s": watch.sample() - pg0, "bytes": sum(len(q) for q in reqs)})
                 _emit(bench="capacity", what="ingest_round", gpus=topo.n_gpus, round=r, seconds=round(seconds, 2), pushes=len(lat),
