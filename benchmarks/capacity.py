@@ -28,13 +28,13 @@ energy counters that integrate power, ``DcgmWriter`` for one dcgm-exporter body 
 5. ``job``: ``benchmarks/job_analysis.py``'s 1-hour 1,024-rank job, per-minute analysis, on this database.
 6. ``dashboard``: the Overview and Energy & Carbon pages in headless Chromium (``benchmarks/dashboard.py``'s
    machinery) over this database: the fleet's last minutes of raw samples, its minute tier and energy minutes.
-   Not a day: a day of 100,000 GPUs is 864 M raw rows (about 360 GB at 4.2 MB a GPU-day), more than this
+   Not a day: a day of 100,000 GPUs is 864 M raw rows (about 350 GB at 3.5 MB a GPU-day), more than this
    machine's disk.
 7. ``model``: ``capacity_model`` of the run's per-GPU figures (README "Capacity model"); ``--compare`` checks the
    model's linearity: one run's per-GPU figures scaled to another run's fleet against what that run measured.
 
 Every line is JSON; the first has the load average, since the 2-core machine is shared: CPU seconds are the
-figure to trust, wall seconds a lower bound.
+figure to trust, wall seconds what the machine gave at that load.
 
     python benchmarks/capacity.py [--gpus 100000] [--rounds 3] [--fill-minutes 6] [--shards 4] [--connections 16]
                                   [--workers 2] [--skip job,dashboard] [--postgres URL]
