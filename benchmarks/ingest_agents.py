@@ -87,6 +87,8 @@ def _request(target: str, host: str, body: bytes, ctype: str, token: str | None,
 
 
 async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list[float], statuses: dict[int, int]) -> None:
+    """A keep-alive client taking requests from ``work`` until it is empty. A connection the server closes (a
+    worker restarted) counts its request as status 0 and opens a new one, as an agent would."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while True:
@@ -95,20 +97,26 @@ async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list
             except asyncio.QueueEmpty:
                 return
             t = time.perf_counter()
-            writer.write(req)
-            status_line = await reader.readline()
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if length:
-                await reader.readexactly(length)
+            try:
+                writer.write(req)
+                await writer.drain()
+                status_line = await reader.readline()
+                if not status_line:
+                    raise ConnectionError("closed by the server")
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length:
+                    await reader.readexactly(length)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                statuses[0] = statuses.get(0, 0) + 1
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
             latencies.append(time.perf_counter() - t)
-            code = int(status_line.split()[1]) if status_line else 0
+            code = int(status_line.split()[1])
             statuses[code] = statuses.get(code, 0) + 1
     finally:
         writer.close()
