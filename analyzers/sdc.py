@@ -73,6 +73,7 @@ __all__ = [
     "SPIKE_WINDOW_STEPS",
     "ScreenFold",
     "fold_screen",
+    "fold_screen_open",
     "folded_screen",
 ]
 
@@ -708,29 +709,31 @@ class ScreenFold:
         return {k: getattr(self, k) for k in ("checksums", "step_ts", "spikes", "nonfinite", "carry", "step_span", "case_signals")}
 
 
-def fold_screen(state: ScreenFold, signals: pl.DataFrame, cases: pl.DataFrame | None = None) -> ScreenFold:
-    """Fold ``signals`` (``step_signals`` output: whole steps, all later than ``state.last_step``) into
-    ``state``. Folding a job's steps chunk by chunk gives what ``screen`` gives over all of them at once:
-    mismatches and the NaN onset are per step, and a spike's baseline is the rank's previous
-    ``SPIKE_WINDOW_STEPS`` losses, which ``carry`` holds across chunks. ``cases``: (job_id, step, rank) of the
-    job's rerun records, whose signals are kept for the rerun protocol's original runs."""
-    require_columns(signals, "signals", tuple(_empty_signals().columns))
-    if signals.height == 0:
+def _signals_after(state: ScreenFold, signals: pl.DataFrame, what: str = "signals") -> pl.DataFrame:
+    require_columns(signals, what, tuple(_empty_signals().columns))
+    if signals.height and state.last_step is not None and int(signals["step"].min()) <= state.last_step:
+        raise ValueError(f"{what} of step {int(signals['step'].min())} folded after step {state.last_step}: fold steps in order")
+    return signals.select(_empty_signals().columns).cast(_empty_signals().schema)
+
+
+def _spikes_of(state: ScreenFold, sig: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The loss spikes of ``sig``'s rows, scored against the carried losses (which go first; their own rows
+    are scored too, and left out), and the carried losses followed by ``sig``'s."""
+    both = pl.concat([state.carry, sig.select("job_id", "rank", "step", "ts", "loss")])
+    spikes = metric_spikes(both, "loss", window_steps=SPIKE_WINDOW_STEPS)
+    return (spikes if state.last_step is None else spikes.filter(pl.col("step") > state.last_step)), both
+
+
+def _carry(losses: pl.DataFrame) -> pl.DataFrame:
+    return (losses.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
+            .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS))
+
+
+def _merge(state: ScreenFold, sig: pl.DataFrame, cases: pl.DataFrame | None, spikes: pl.DataFrame, carry: pl.DataFrame) -> ScreenFold:
+    if sig.height == 0:
         return state
-    lo = int(signals["step"].min())
-    if state.last_step is not None and lo <= state.last_step:
-        raise ValueError(f"signals of step {lo} folded after step {state.last_step}: fold steps in order")
-    sig = signals.select(_empty_signals().columns).cast(_empty_signals().schema)
     checks = checksum_mismatches(sig)
     step_ts = sig.join(checks.select("job_id", "step").unique(), on=["job_id", "step"]).group_by("job_id", "step").agg(pl.col("ts").min())
-    # the carried losses go first: the chunk's spikes are scored against them, their own rows are not kept
-    losses = sig.select("job_id", "rank", "step", "ts", "loss")
-    both = pl.concat([state.carry, losses])
-    spikes = metric_spikes(both, "loss", window_steps=SPIKE_WINDOW_STEPS)
-    if state.last_step is not None:
-        spikes = spikes.filter(pl.col("step") > state.last_step)
-    carry = (both.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
-             .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS))
     nonfinite = state.nonfinite if state.nonfinite.height else nonfinite_onset(sig)
     span = sig.group_by("step").agg(pl.col("ts").min().alias("first_ts"), pl.col("ts").max().alias("last_ts"))
     case_rows = state.case_signals
@@ -748,6 +751,38 @@ def fold_screen(state: ScreenFold, signals: pl.DataFrame, cases: pl.DataFrame | 
         nonfinite=nonfinite, carry=carry, step_span=pl.concat([state.step_span, span.cast(state.step_span.schema)]).sort("step"),
         case_signals=case_rows,
     )
+
+
+def fold_screen(state: ScreenFold, signals: pl.DataFrame, cases: pl.DataFrame | None = None) -> ScreenFold:
+    """Fold ``signals`` (``step_signals`` output: whole steps, all later than ``state.last_step``) into
+    ``state``. Folding a job's steps chunk by chunk gives what ``screen`` gives over all of them at once:
+    mismatches and the NaN onset are per step, and a spike's baseline is the rank's previous
+    ``SPIKE_WINDOW_STEPS`` losses, which ``carry`` holds across chunks. ``cases``: (job_id, step, rank) of the
+    job's rerun records, whose signals are kept for the rerun protocol's original runs."""
+    sig = _signals_after(state, signals)
+    if sig.height == 0:
+        return state
+    spikes, both = _spikes_of(state, sig)
+    return _merge(state, sig, cases, spikes, _carry(both))
+
+
+def fold_screen_open(state: ScreenFold, signals: pl.DataFrame, open_signals: pl.DataFrame,
+                     cases: pl.DataFrame | None = None) -> tuple[ScreenFold, ScreenFold]:
+    """``fold_screen`` of ``signals`` (the steps to keep) and, on from that, of ``open_signals`` (later steps,
+    whose signals may not all be in yet), scoring both chunks' spikes in one pass: (``signals`` folded,
+    both folded). The second is a result to read, not to fold on: its ``carry`` is the first's."""
+    sig = _signals_after(state, signals)
+    opened = _signals_after(state, open_signals, "open signals")
+    if sig.height and opened.height and int(opened["step"].min()) <= int(sig["step"].max()):
+        raise ValueError(f"open signals of step {int(opened['step'].min())} are not after the folded step {int(sig['step'].max())}")
+    if sig.height + opened.height == 0:
+        return state, state
+    spikes, both = _spikes_of(state, pl.concat([sig, opened]))
+    if sig.height:
+        cut = int(sig["step"].max())
+        state = _merge(state, sig, cases, spikes.filter(pl.col("step") <= cut), _carry(both.filter(pl.col("step") <= cut)))
+        spikes = spikes.filter(pl.col("step") > cut)
+    return state, _merge(state, opened, cases, spikes, state.carry)
 
 
 def folded_screen(state: ScreenFold, job_event: pl.DataFrame, job_rank: pl.DataFrame | None = None) -> dict[str, pl.DataFrame | int | Any]:

@@ -149,16 +149,6 @@ def _cases(events: pl.DataFrame) -> pl.DataFrame:
     return events.filter(pl.col("kind") == "sdc_rerun").select("job_id", "step", "rank").unique()
 
 
-def _fold(state: EventState, chunk: pl.DataFrame, cases: pl.DataFrame) -> EventState:
-    signals = sdc.step_signals(chunk)
-    steps = chunk.filter(pl.col("kind") == "step")["step"].drop_nulls()
-    return dataclasses.replace(
-        state, kept=goodput.compact_events(pl.concat([state.kept, chunk], how="vertical_relaxed")),
-        screen=sdc.fold_screen(state.screen, signals, cases),
-        last_step=state.last_step if steps.len() == 0 else max(int(steps.max()), state.last_step if state.last_step is not None else -(2**62)),
-    )
-
-
 def _read_back_cases(store: Store, job_id: str, screen: sdc.ScreenFold, cases: pl.DataFrame) -> sdc.ScreenFold:
     """Rerun records naming a step folded before they came: read that step's events back (its time span is in
     the state) for the suspect rank's own checksum, once."""
@@ -195,10 +185,17 @@ def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
     at = pl.col("ts").dt.epoch("us")
     committed, open_ = (tail, tail.clear()) if cut is None else (tail.filter(at < cut), tail.filter(at >= cut))
     cases = _cases(pl.concat([state.kept, tail], how="vertical_relaxed"))
+    screen, result = sdc.fold_screen_open(state.screen, sdc.step_signals(committed), sdc.step_signals(open_), cases)
     if committed.height:
-        state = _fold(state, committed, cases)
-        state.commit_ts_us = cut if cut is not None else int(committed.select(at.max()).item()) + 1
-    state = dataclasses.replace(state, screen=_read_back_cases(store, job_id, state.screen, cases))
-    screen = sdc.fold_screen(state.screen, sdc.step_signals(open_), cases) if open_.height else state.screen
+        steps = committed.filter(pl.col("kind") == "step")["step"].drop_nulls()
+        state = dataclasses.replace(
+            state, kept=goodput.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
+            last_step=max([int(steps.max())] * (steps.len() > 0) + [state.last_step] * (state.last_step is not None), default=None),
+            commit_ts_us=cut if cut is not None else int(committed.select(at.max()).item()) + 1)
+    read_back = _read_back_cases(store, job_id, state.screen, cases)
+    if read_back is not state.screen:
+        # the original runs read back go into this run's result too
+        state = dataclasses.replace(state, screen=read_back)
+        result = dataclasses.replace(result, case_signals=pl.concat([result.case_signals, read_back.case_signals]).unique(maintain_order=True))
     events = pl.concat([state.kept, open_], how="vertical_relaxed") if open_.height else state.kept
-    return EventView(state, events, screen, refolded)
+    return EventView(state, events, result, refolded)
