@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-from sqlalchemy import select
-
 from analyzers import goodput, sdc
 from fleetscope.core import frames as F
-from fleetscope.store import Store, schema
+from fleetscope.services import job_fold
+from fleetscope.store import Store
 
 STATE = "events"
 """The ``job_analysis_state.analyzer`` of the event fold."""
@@ -91,18 +90,13 @@ class EventState:
 
 
 def _load(store: Store, job_id: str) -> EventState | None:
-    t = schema.job_analysis_state
-    with store.engine.connect() as conn:
-        text = conn.execute(select(t.c.state).where(t.c.job_id == job_id, t.c.analyzer == STATE)).scalar_one_or_none()
+    text = job_fold.load_state(store, job_id, STATE)
     return None if text is None else EventState.from_json(text)
 
 
 def save(store: Store, job_id: str, state: EventState, now: dt.datetime) -> None:
     """Store the job's folded events (replacing what was there)."""
-    t = schema.job_analysis_state
-    with store.engine.begin() as conn:
-        conn.execute(t.delete().where(t.c.job_id == job_id, t.c.analyzer == STATE))
-        conn.execute(t.insert().values(job_id=job_id, analyzer=STATE, state=state.to_json(), updated_at=now))
+    job_fold.save_state(store, job_id, STATE, state.to_json(), now)
 
 
 @dataclass
