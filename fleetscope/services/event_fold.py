@@ -181,10 +181,10 @@ def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
     cases = _cases(pl.concat([state.kept, tail], how="vertical_relaxed"))
     screen, result = sdc.fold_screen_open(state.screen, sdc.step_signals(committed), sdc.step_signals(open_), cases)
     if committed.height:
-        steps = committed.filter(pl.col("kind") == "step")["step"].drop_nulls()
+        steps = [s for s in (committed.filter(pl.col("kind") == "step")["step"].max(), state.last_step) if s is not None]
         state = dataclasses.replace(
             state, kept=goodput.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
-            last_step=max([int(steps.max())] * (steps.len() > 0) + [state.last_step] * (state.last_step is not None), default=None),
+            last_step=int(max(steps)) if steps else None,
             commit_ts_us=cut if cut is not None else int(committed.select(at.max()).item()) + 1)
     read_back = _read_back_cases(store, job_id, state.screen, cases)
     if read_back is not state.screen:

@@ -245,3 +245,16 @@ def test_a_rerun_record_for_a_folded_step_reads_that_step_back(store):
             == json.dumps(full.batch.finding.select(cols).to_dicts(), default=str).replace("whole", "JOB"))
     assert [v["verdict"] for v in full.sdc_reruns] == ["inconclusive"]
     assert event_fold._load(store, "incr").screen.case_signals.height == 1
+
+
+def test_lifecycle_events_alone_fold_too(store):
+    ev = random_events(9).filter(pl.col("kind") != "step")
+    end = ev.filter(pl.col("kind") != "sdc_rerun")["ts"].max() + dt.timedelta(minutes=1)
+    last, _ = replay(store, ev.filter(pl.col("kind") != "sdc_rerun"), "inc", dt.timedelta(minutes=1), end)
+    store.write(F.Batch(source="test", job_event=ev.filter(pl.col("kind") != "sdc_rerun").with_columns(pl.lit("full").alias("job_id"))))
+    whole = analysis.analyze_job(store, "full", now=end)
+    assert comparable(store, "inc", last) == comparable(store, "full", whole)
+    state = event_fold._load(store, "inc")
+    # no step events: everything read is committed, and the watermark is past the last event
+    assert state.last_step is None and state.commit_ts_us == event_fold._us(ev.filter(pl.col("kind") != "sdc_rerun")["ts"].max()) + 1
+    assert whole.goodput["goodput_ratio"] == 0.0 and whole.checkpoint["saves"] >= 5
