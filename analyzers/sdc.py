@@ -725,8 +725,9 @@ def _spikes_of(state: ScreenFold, sig: pl.DataFrame) -> tuple[pl.DataFrame, pl.D
 
 
 def _carry(losses: pl.DataFrame) -> pl.DataFrame:
+    # a carried loss is a baseline, never a spike of its own: its time is not needed, and not kept
     return (losses.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
-            .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS))
+            .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS).with_columns(pl.lit(None, UTC_US).alias("ts")))
 
 
 def _merge(state: ScreenFold, sig: pl.DataFrame, cases: pl.DataFrame | None, spikes: pl.DataFrame, carry: pl.DataFrame) -> ScreenFold:
