@@ -33,9 +33,9 @@ import datetime as dt
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import polars as pl
+
 from analyzers import goodput, sdc
 from fleetscope.core import frames as F
 from fleetscope.services import job_fold
@@ -103,7 +103,7 @@ def save(store: Store, job_id: str, state: EventState, now: dt.datetime) -> None
 class EventView:
     """One run's view of a job's events: ``committed`` (stored after the run), ``events`` (the kept events and
     the open ones: what goodput and checkpoint advice read), ``screen`` (the SDC screen's fold with the open
-    steps merged in) and ``rows`` (whether the job has any event)."""
+    steps merged in) and ``rows`` (how many events those are: none, no event analysis)."""
 
     committed: EventState
     events: pl.DataFrame
