@@ -51,6 +51,7 @@ __all__ = [
     "BADPUT_BUCKETS",
     "RuntimeGoodput",
     "goodput_timeline",
+    "compact_events",
     "runtime_goodput",
     "rolling_goodput",
     "step_times",
@@ -386,6 +387,59 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
 
     overlays = _overlays(kinds, ts_us, int(ts_all[-1]), attempts, job_id)
     return _paint(job_id, base, overlays, attempts[0].start, end)
+
+
+def compact_events(job_event: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``job_event`` that :func:`goodput_timeline`, :func:`runtime_goodput`, :func:`scheduling_goodput`
+    and the checkpoint advice's inputs (``analyzers.reliability``: ``checkpoint_costs``, ``job_exposure``,
+    ``interruptions``) read the same way as the whole frame: every event but ``step`` events, and of those,
+
+    - per stretch between two ``started``/``restart`` events (by start) and step number, the event with the
+      earliest start, the first in time order on a tie: the one the timeline keeps for that step;
+    - per stretch between two of those events by time, the latest: an attempt's last sign of life;
+    - per rank, its first: the ranks seen;
+    - every step event without a step number, and every step event of a frame with a payload the fast reader
+      cannot read, so the error goodput raises on them is raised on the compacted frame too.
+
+    A job reporting every rank's step sends ~10⁵ step events an hour and keeps ~10³ here. Compacting is a
+    fold: ``compact_events(concat([compact_events(a), b]))`` reads like ``concat([a, b])`` as long as no
+    ``started``/``restart`` event of ``b`` is earlier than a step event of ``a`` (a boundary arriving after
+    the steps it precedes would cut a stretch whose earliest step was already chosen)."""
+    require = [c for c in ("job_id", "ts", "kind", "rank", "step", "payload") if c not in job_event.columns]
+    if require:
+        raise ValueError(f"job_event frame lacks column(s) {', '.join(require)}")
+    is_step = pl.col("kind") == "step"
+    life = job_event.filter(~is_step | pl.col("kind").is_null())
+    # time order as goodput_timeline reads them: its tie-break is the position in this order
+    st = job_event.filter(is_step).sort("ts", maintain_order=True)
+    if st.height == 0:
+        return job_event
+    unnumbered = st.filter(pl.col("step").is_null() | pl.col("ts").is_null())
+    st = st.filter(pl.col("step").is_not_null() & pl.col("ts").is_not_null())
+    try:
+        step_no, start, _ = _steps_from_events(st.with_columns(pl.col("rank").fill_null(-1)))
+    except ValueError:
+        return job_event
+    bounds = np.sort(life.filter(pl.col("kind").is_in(["started", "restart"]))["ts"].dt.epoch("us").to_numpy())
+    ts_us = st["ts"].dt.epoch("us").to_numpy()
+    pos = np.arange(st.height)
+    keep = np.zeros(st.height, dtype=bool)
+    by_start = np.searchsorted(bounds, start, side="right") - 1
+    order = np.lexsort((pos, start, step_no, by_start))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = (by_start[order][1:] != by_start[order][:-1]) | (step_no[order][1:] != step_no[order][:-1])
+    keep[order[first]] = True
+    by_ts = np.searchsorted(bounds, ts_us, side="right") - 1
+    order = np.lexsort((pos, ts_us, by_ts))
+    last = np.ones(order.size, dtype=bool)
+    last[:-1] = by_ts[order][1:] != by_ts[order][:-1]
+    keep[order[last]] = True
+    rank = st["rank"].fill_null(-1).to_numpy()
+    order = np.lexsort((pos, ts_us, rank))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = rank[order][1:] != rank[order][:-1]
+    keep[order[first]] = True
+    return pl.concat([life, unnumbered, st.filter(pl.Series(keep))], how="vertical_relaxed")
 
 
 def _overlays(kinds: list[str], ts_us: list[int], t_last: int, attempts: list[_Attempt], job_id: str) -> dict[str, list[tuple[int, int]]]:

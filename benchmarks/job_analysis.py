@@ -17,8 +17,8 @@ Also prints the same job's full analysis (``incremental=False``, what ``POST /ap
 runs), the cost the per-minute analysis had before it advanced from watermarks.
 
 With ``--step-events`` the job also reports a ``step`` job event per rank and step (loss, grad norm, parameter
-checksum: the SDC screen's input). Goodput's timeline, SDC screening and checkpoint advice still read the job's
-events whole, so this shows the part of the per-minute cost that still grows with the job's age.
+checksum: the SDC screen's input), which goodput, SDC screening and checkpoint advice fold from the job's event
+watermark (``services.event_fold``); ``event_state_bytes`` is the size of that folded state.
 
     python benchmarks/job_analysis.py [--ranks 1024] [--minutes 5] [--only 1h|30d] [--step-events] [--postgres URL] [--skip-full]
 """
@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import job_fold, jobs  # noqa: E402
+from fleetscope.services import event_fold, job_fold, jobs  # noqa: E402
 from fleetscope.store import Store, db  # noqa: E402
 
 NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
@@ -142,10 +142,12 @@ def run_job(store: Store, job_id: str, ranks: int, age: dt.timedelta, history_st
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     state = job_fold._load(store, job_id)
+    events = job_fold.load_state(store, job_id, event_fold.STATE) if step_events else None
     _emit(bench="job_analysis_per_minute", db="postgresql", ranks=ranks, per_rank_step_events=step_events, age_h=round(age.total_seconds() / 3600, 1),
           history_step_s=history_step_s, history_rank_steps=rows, minutes=minutes, seconds_median=round(statistics.median(times), 3),
           seconds_max=round(max(times), 3), cpu_s_median=round(statistics.median(cpu), 3), target_s=1.0,
           stragglers=[f["subject"] for f in out.stragglers], steps_folded=state.steps, state_bytes=len(state.to_json()),
+          event_state_bytes=len(events) if events is not None else None,
           fill_s=round(fill_s, 1))
     if full:
         t, c = time.perf_counter(), time.process_time()
@@ -162,7 +164,7 @@ def main() -> None:
     ap.add_argument("--skip-full", action="store_true", help="leave out the full analyses")
     ap.add_argument("--only", choices=("1h", "30d"))
     ap.add_argument("--step-events", action="store_true",
-                    help="the job also reports a step event per rank and step (the SDC screen's input), which goodput, SDC and checkpoint advice still read whole")
+                    help="the job also reports a step event per rank and step (the SDC screen's input), folded from the job's event watermark")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     for name, age, step_s in (("1h", dt.timedelta(hours=1), 10.0), ("30d", dt.timedelta(days=30), 600.0)):

@@ -251,19 +251,29 @@ def _ranks_from_json(d: dict[str, Any]) -> dict[str, Any]:
             "score": Sketch.from_json(d["score"])}
 
 
-def _load(store: Store, job_id: str) -> StepState | None:
+def load_state(store: Store, job_id: str, analyzer: str) -> str | None:
+    """The stored state text of one of a job's incremental analyses (``job_analysis_state``), if any."""
     t = schema.job_analysis_state
     with store.engine.connect() as conn:
-        text = conn.execute(select(t.c.state).where(t.c.job_id == job_id, t.c.analyzer == STATE)).scalar_one_or_none()
+        return conn.execute(select(t.c.state).where(t.c.job_id == job_id, t.c.analyzer == analyzer)).scalar_one_or_none()
+
+
+def save_state(store: Store, job_id: str, analyzer: str, text: str, now: dt.datetime) -> None:
+    """Store the state text of one of a job's incremental analyses (replacing what was there)."""
+    t = schema.job_analysis_state
+    with store.engine.begin() as conn:
+        conn.execute(t.delete().where(t.c.job_id == job_id, t.c.analyzer == analyzer))
+        conn.execute(t.insert().values(job_id=job_id, analyzer=analyzer, state=text, updated_at=now))
+
+
+def _load(store: Store, job_id: str) -> StepState | None:
+    text = load_state(store, job_id, STATE)
     return None if text is None else StepState.from_json(text)
 
 
 def save(store: Store, job_id: str, state: StepState, now: dt.datetime) -> None:
     """Store the job's folded state (replacing what was there)."""
-    t = schema.job_analysis_state
-    with store.engine.begin() as conn:
-        conn.execute(t.delete().where(t.c.job_id == job_id, t.c.analyzer == STATE))
-        conn.execute(t.insert().values(job_id=job_id, analyzer=STATE, state=state.to_json(), updated_at=now))
+    save_state(store, job_id, STATE, state.to_json(), now)
 
 
 @dataclass

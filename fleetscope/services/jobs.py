@@ -16,7 +16,7 @@ import polars as pl
 
 from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
 from fleetscope.core import frames as F
-from fleetscope.services import job_fold
+from fleetscope.services import event_fold, job_fold
 from fleetscope.services.analysis import Registry
 from fleetscope.services.energy import floor_minute
 from fleetscope.observability import tracer
@@ -73,6 +73,7 @@ class JobRun:
     incremental: bool = False
     _frames: dict[str, pl.DataFrame] = field(default_factory=dict)
     _steps: job_fold.StepView | None = None
+    _events: event_fold.EventView | None = None
 
     def steps(self) -> job_fold.StepView:
         """The job's steps folded (``services.job_fold``): from its watermark when ``incremental``, else from its
@@ -81,8 +82,19 @@ class JobRun:
             self._steps = job_fold.advance(self.store, self.job_id, incremental=self.incremental)
         return self._steps
 
+    def events(self) -> event_fold.EventView:
+        """The job's events folded (``services.event_fold``): from its watermark when ``incremental``, else from
+        its start; goodput, SDC screening and checkpoint advice read this, never the job_event frame whole."""
+        if self._events is None:
+            self._events = event_fold.advance(self.store, self.job_id, incremental=self.incremental)
+        return self._events
+
     def has_rows(self, frame: str) -> bool:
-        return self.steps().result.rows > 0 if frame == "step" else self.read(frame).height > 0
+        if frame == "step":
+            return self.steps().result.rows > 0
+        if frame == "job_event":
+            return self.events().rows > 0
+        return self.read(frame).height > 0
 
     def read(self, frame: str) -> pl.DataFrame:
         """The job's rows of ``frame``, read once per run."""
@@ -140,7 +152,7 @@ def _stragglers(r: JobRun) -> None:
               writes=("job_analysis", "metric_sample"), needs=("job_event",),
               summary="runtime, scheduling and program goodput (MFU) and their product, with badput by cause")
 def _goodput(r: JobRun) -> None:
-    events = r.read("job_event")
+    events = r.events().events
     finished = events.filter(pl.col("kind") == "finished").height > 0
     until = None if finished else r.now
     try:
@@ -165,8 +177,9 @@ def _goodput(r: JobRun) -> None:
 def _sdc(r: JobRun) -> None:
     """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
     rerun protocol's records; suspects and rerun verdicts become findings."""
-    s = sdc.screen(r.read("job_event"), r.read("job_rank"))
-    if s["signals"].height == 0 and s["records"].height == 0:
+    view = r.events()
+    s = sdc.folded_screen(view.screen, view.events, r.read("job_rank"))
+    if s["steps_screened"] == 0 and s["records"].height == 0:
         return
     found = s["findings"]
     r.findings(found)
@@ -174,8 +187,8 @@ def _sdc(r: JobRun) -> None:
     out.sdc = found.select("subject", "kind", "severity", "summary").to_dicts() if found.height else []
     out.sdc_reruns = [{k: v[k] for k in ("case_id", "suspect_gpu", "verdict", "reason")} for v in s["verdicts"].to_dicts()]
     out.notes.extend(f"SDC rerun case {p['case_id']} not judged: {p['problem']}" for p in s["problems"].to_dicts())
-    times = pl.concat([s["signals"].select("ts"), s["records"].select("ts")])["ts"]
-    r.record("sdc", times.min(), times.max(), {"findings": out.sdc, "steps_screened": s["signals"].height, "reruns": out.sdc_reruns,
+    times = pl.concat([s["records"].select("ts"), pl.DataFrame({"ts": [s["first_ts"], s["last_ts"]]}, schema={"ts": F.UTC_US})])["ts"]
+    r.record("sdc", times.min(), times.max(), {"findings": out.sdc, "steps_screened": s["steps_screened"], "reruns": out.sdc_reruns,
                                                "rerun_problems": s["problems"].to_dicts()})
 
 
@@ -183,7 +196,7 @@ def _sdc(r: JobRun) -> None:
               needs=("job_event",), summary="Young/Daly checkpoint interval from the job's measured save cost and its own MTBF")
 def _checkpoint(r: JobRun) -> None:
     """Young/Daly checkpoint advice from the job's measured save cost and its own MTBF."""
-    events = r.read("job_event").filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
+    events = r.events().events.filter(~pl.col("kind").is_in(list(F.JOB_RECORD_KINDS)))
     if events.height == 0:
         return
     costs = reliability.checkpoint_costs(events).filter(pl.col("saves") > 0)
@@ -243,6 +256,8 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None, in
             span.set_attribute("fleetscope.refolded", run._steps.refolded)
             if run._steps.committed.rows:
                 job_fold.save(store, job_id, run._steps.committed, now)
+        if run._events is not None and run._events.committed.kept.height:
+            event_fold.save(store, job_id, run._events.committed, now)
         out.batch = run.batch
     return out
 
