@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetscope.core.spec import UTC_US, Col, FrameSpec
+from fleetscope.core.spec import UTC_US, Col, FrameSpec, conform
 
 
 def _k(name: str, dtype: pl.DataType, doc: str = "", default: object = None) -> Col:
@@ -200,8 +200,6 @@ SCHEDULER_FRAMES: tuple[FrameSpec, ...] = (SCHED_ACCOUNT, SCHED_PARTITION, SCHED
 
 def frame(spec: FrameSpec, rows: list[dict[str, object]]) -> pl.DataFrame:
     """Rows (dicts of the spec's columns, any subset) as a conformed frame; the empty frame for none."""
-    from fleetscope.core.spec import conform
-
     if not rows:
         return spec.empty()
     return conform(spec, pl.DataFrame(rows, schema_overrides={k: v for k, v in spec.schema.items()}, infer_schema_length=None))
