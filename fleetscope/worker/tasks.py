@@ -35,6 +35,7 @@ def _entry_tasks(app: Celery, a: Scheduled, open_store: Callable[[], Store], sha
     """One scheduled analysis' Celery task, and its shard task where it is sharded. Its service is loaded
     by name when the task runs (``services.analysis.load``), so beat, which imports this module, loads none."""
     sharding = a.shards
+    made: dict[str, Task] = {}
     shard_task: Task | None = None
     if sharding is not None:
         def run_shard(task: Task, **args: Any) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def _entry_tasks(app: Celery, a: Scheduled, open_store: Callable[[], Store], sha
 
         run_shard.__name__ = run_shard.__qualname__ = f"{a.name}_shard"
         run_shard.__doc__ = f"One shard of hosts' part of {a.name} ({sharding.run})."
-        shard_task = app.task(name=sharding.task, bind=True, shared=shared)(run_shard)
+        shard_task = made[sharding.task] = app.task(name=sharding.task, bind=True, shared=shared)(run_shard)
 
     def run(task: Task, **args: Any) -> dict[str, Any]:
         settings: settings_mod.Settings = task.app.conf.fleetscope_settings
@@ -58,9 +59,7 @@ def _entry_tasks(app: Celery, a: Scheduled, open_store: Callable[[], Store], sha
 
     run.__name__ = run.__qualname__ = a.name
     run.__doc__ = f"Beat's {a.beat.entry} ({a.beat.when}): {a.summary} ({a.run})."
-    made = {a.beat.task: app.task(name=a.beat.task, bind=True, shared=shared)(run)}
-    if sharding is not None and shard_task is not None:
-        made[sharding.task] = shard_task
+    made[a.beat.task] = app.task(name=a.beat.task, bind=True, shared=shared)(run)
     return made
 
 
