@@ -50,8 +50,23 @@ def test_the_rule_sees_a_local_import_and_its_reason():
     assert unmarked_local_imports(src) == [3, 8, 10]
 
 
+def offenders(root: str) -> list[str]:
+    """``path:line: statement`` of each unmarked function-local import under ``root``."""
+    out = []
+    for path in sorted((REPO / root).rglob("*.py")):
+        source = path.read_text()
+        out += [f"{path.relative_to(REPO)}:{n}: {source.splitlines()[n - 1].strip()}" for n in unmarked_local_imports(source)]
+    return out
+
+
 @pytest.mark.parametrize("root", CHECKED)
 def test_every_function_local_import_says_why_it_loads_late(root: str) -> None:
-    offenders = [f"{path.relative_to(REPO)}:{n}: {path.read_text().splitlines()[n - 1].strip()}"
-                 for path in sorted((REPO / root).rglob("*.py")) for n in unmarked_local_imports(path.read_text())]
-    assert offenders == [], "imports inside functions without a '# lazy: why' comment (hoist them, or say why):\n" + "\n".join(offenders)
+    found = offenders(root)
+    assert found == [], "imports inside functions without a '# lazy: why' comment (hoist them, or say why):\n" + "\n".join(found)
+
+
+if __name__ == "__main__":
+    # `python tests/test_house.py`: the offenders, one a line, as a check to run by hand
+    for root in CHECKED:
+        for line in offenders(root):
+            print(line)
