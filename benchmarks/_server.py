@@ -1,5 +1,6 @@
-"""A `fleetscope serve` subprocess on a free loopback port over a given database, for the end-to-end
-benchmarks: migrated, with an ingest token, stopped on exit."""
+"""What the benchmarks share: a `fleetscope serve` subprocess on a free loopback port over a given database
+(migrated, with an ingest token, stopped on exit), a migrated store on a scratch PostgreSQL database, and
+the CPU time of a database's backends."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 
 import httpx
+
+from fleetscope.store import Store, db
 
 
 def free_port() -> int:
@@ -32,13 +36,33 @@ def wait_healthy(url: str, tries: int = 300) -> None:
 
 
 @contextlib.contextmanager
+def migrated_store(url: str) -> Iterator[Store]:
+    """The store at ``url``, migrated to head; its connections closed after the block."""
+    db.upgrade(url)
+    store = Store.open(url)
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
+
+
+@contextlib.contextmanager
+def scratch_store(admin_url: str, prefix: str = "fleetscope_bench") -> Iterator[Store]:
+    """A migrated store on a new PostgreSQL database (``db.scratch_database``) under ``admin_url``'s server,
+    dropped after the block, so a run never touches a database someone else migrated."""
+    with db.scratch_database(admin_url, prefix) as url, migrated_store(url) as store:
+        yield store
+
+
+@contextlib.contextmanager
 def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None,
                started: list[int] | None = None) -> Iterator[tuple[str, str]]:
     """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
     environment (a shared data directory, a broker, alerting settings). The server's process id is
     appended to ``started`` where given (its CPU time is read from /proc)."""
-    from fleetscope.services import auth
-    from fleetscope.store import db
+    # The services import the analyzers package, which benchmarks/analyzers.py shadows in a script whose own
+    # folder is first on its path (store_write.py).
+    from fleetscope.services import auth  # lazy: only the scripts that serve an API load the services
 
     db.upgrade(database_url)
     token = auth.create_token(db.make_engine(database_url), "bench", ["ingest"])
@@ -63,8 +87,6 @@ class CpuWatch:
     every ``interval_s`` from a thread: a backend that exits between reads keeps what it was last seen at."""
 
     def __init__(self, needle: str, interval_s: float = 0.25):
-        import threading
-
         self.needle, self.interval_s = needle, interval_s
         self.seen: dict[int, float] = {}
         self._stop = threading.Event()

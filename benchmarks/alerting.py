@@ -45,7 +45,9 @@ sys.path.insert(0, str(_HERE.parent))
 sys.path.append(str(_HERE))
 
 from _server import served_api  # noqa: E402
+from cryptography.fernet import Fernet  # noqa: E402
 from ingest_dcgm import synth_scrape  # noqa: E402
+from tests.alerting.receiver import Receiver  # noqa: E402
 
 from fleetscope.store import db  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
@@ -234,10 +236,6 @@ def bench_time_to_alert(args: argparse.Namespace) -> None:
     """Time to alert as an operator sees it: `fleetscope serve`, `fleetscope worker` and `fleetscope beat`
     on the shipped schedule, a webhook receiver on loopback, the fleet's load posted by another process,
     and runs that post one node's scrape carrying an XID 79 and wait for the webhook to receive it."""
-    from cryptography.fernet import Fernet
-
-    from tests.alerting.receiver import Receiver
-
     for k in _NOT_DEFAULT:
         os.environ.pop(k, None)
     data_dir = Path(tempfile.mkdtemp(prefix="fleetscope-bench-alerting-"))

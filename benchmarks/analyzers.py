@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from analyzers import c3, stragglers  # noqa: E402
 from fleetscope.core.frames import UTC_US  # noqa: E402
+from ingest import bytedance_whatif  # noqa: E402
 
 
 def synthetic_job(ranks: int, steps: int, *, collectives: bool = True, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame | None]:
@@ -94,8 +95,6 @@ def main() -> int:
 
     realdata = REPO.parent / "shared" / "realdata" / "traces" / "bytedance_straggler_whatif"
     if realdata.is_dir():
-        from ingest import bytedance_whatif
-
         for name in ("AR", "SE", "ST"):
             tr = bytedance_whatif.parse((realdata / f"trace-{name}.parquet").read_bytes(),
                                         meta=(realdata / f"meta-{name}.yaml").read_bytes(), source=name)

@@ -39,6 +39,9 @@ _server = importlib.util.module_from_spec(_spec2)
 _spec2.loader.exec_module(_server)
 served_api = _server.served_api
 
+from fleetscope.store import db  # noqa: E402
+from ingest import dcgm  # noqa: E402
+
 
 def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int, values_per_scrape: int, in_flight: int = 1) -> None:
     started: list[int] = []
@@ -101,14 +104,10 @@ def main() -> None:
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args()
-    from ingest import dcgm
-
     body = synth_scrape(args.gpus)
     values = dcgm.parse(body, ts=dt.datetime(2026, 6, 1, tzinfo=dt.UTC)).values()
     run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-ingest-db-')}/fs.db", body, args.gpus, args.scrapes, args.workers, values, args.in_flight)
     if not args.no_postgres:
-        from fleetscope.store import db
-
         try:
             with db.scratch_database(args.postgres, "fleetscope_bench") as url:
                 run("postgresql", url, body, args.gpus, args.scrapes, args.workers, values, args.in_flight)

@@ -37,6 +37,10 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+from sqlalchemy import text  # noqa: E402
+
+from fleetscope.store import db  # noqa: E402
+
 
 def _load(name: str):  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
@@ -199,10 +203,6 @@ def victoria_metrics() -> Iterator[str | None]:
 
 def stored_rows(url: str) -> int:
     """gpu_sample rows in the store after the dcgm load: every acknowledged push must be there."""
-    from sqlalchemy import text
-
-    from fleetscope.store import db
-
     with db.make_engine(url).connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one())
 
@@ -228,8 +228,6 @@ def main() -> None:
     if not args.no_sqlite:
         run_db("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-agents-')}/fleetscope.store.db", args, peer)
     if not args.no_postgres:
-        from fleetscope.store import db
-
         base = os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
         try:
             with db.scratch_database(base, "fleetscope_bench_agents") as url:

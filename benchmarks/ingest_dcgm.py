@@ -110,7 +110,7 @@ def _peak_rss_mb() -> float:
 
 def _child(path: str, gpus: int, runs: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from ingest import dcgm
+    from ingest import dcgm  # lazy: in the measured child only, once the repository is on its path
 
     ts = datetime(2026, 1, 1, tzinfo=UTC)
     dcgm.parse(synth_scrape(64, seed=1), source="warm-up", ts=ts)

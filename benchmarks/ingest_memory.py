@@ -102,8 +102,9 @@ def write_kineto(path: Path, mb: float) -> int:
 def write_kineto_large(path: Path, gz_path: Path, gb: float) -> dict:
     """The real nccl_data trace's structure (keys before and after traceEvents, in its order) with its events
     repeated, timestamps shifted, until the JSON is ``gb`` GB; written as generated, plain and gzip at once."""
+    # lazy: the generator's libraries stay out of the measured child, which imports this script
     import msgspec
-    from isal import igzip
+    from isal import igzip  # lazy: as msgspec, kept out of the measured child
 
     src = REPO.parent / "shared" / "realdata" / "traces" / "hta" / "nccl_data_rank0_of_2" / "nccl_data.json.gz"
     doc = json.loads(gzip.decompress(src.read_bytes()))
@@ -133,10 +134,9 @@ def write_kineto_large(path: Path, gz_path: Path, gb: float) -> dict:
 
 def child(path: str, fmt: str, chunk_mb: float) -> None:
     sys.path.insert(0, str(REPO))
-    from fleetscope.store import db
-    from fleetscope.door import ingestion
-    from fleetscope.door import streaming
-    from fleetscope.store import Store
+    # lazy: the store and the ingest door load in the measured child only, once the repository is on its path
+    from fleetscope.door import ingestion, streaming
+    from fleetscope.store import Store, db  # lazy: as the door, in the measured child only
 
     url = f"sqlite:///{Path(path).parent / 'bench.db'}"
     db.upgrade(url)

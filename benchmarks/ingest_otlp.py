@@ -32,6 +32,9 @@ sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.append(_HERE)
 from _server import served_api  # noqa: E402
 
+from fleetscope.store import db  # noqa: E402
+from ingest import otlp  # noqa: E402
+
 FIELDS = list(dict.fromkeys(dcgm_fields.DCGM_FIELDS))[:30]
 FAULT_FIELDS = {"DCGM_FI_DEV_XID_ERRORS", *(name for *_, name in dcgm_fields.DCGM_HEALTH_COUNTERS)}
 
@@ -95,8 +98,6 @@ def main() -> None:
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args()
 
-    from ingest import otlp
-
     body = build_request(args.gpus, 1_800_000_000 * 10**9)
     t = time.perf_counter()
     batch = otlp.parse(body, encoding="protobuf")
@@ -107,8 +108,6 @@ def main() -> None:
                       "values_per_s": round(values / seconds)}), flush=True)
     run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-otlp-db-')}/fs.db", args.gpus, args.scrapes, args.workers)
     if not args.no_postgres:
-        from fleetscope.store import db
-
         try:
             with db.scratch_database(args.postgres, "fleetscope_bench") as url:
                 run("postgresql", url, args.gpus, args.scrapes, args.workers)

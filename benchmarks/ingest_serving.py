@@ -29,6 +29,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+from ingest import serving_metrics  # noqa: E402
+
 BODY = _HERE.parent.parent / "shared" / "realdata" / "serving" / "vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom"
 
 
@@ -45,8 +47,6 @@ def bodies(n: int) -> list[bytes]:
 
 
 def parse_rate(body: bytes, seconds: float = 3.0) -> dict[str, float]:
-    from ingest import serving_metrics
-
     ts = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:

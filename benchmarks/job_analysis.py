@@ -43,7 +43,8 @@ import polars as pl  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.services import event_fold, job_fold, jobs  # noqa: E402
-from fleetscope.store import Store, db  # noqa: E402
+from benchmarks._server import scratch_store  # noqa: E402
+from fleetscope.store import Store  # noqa: E402
 
 NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
 SLOW_RANK = 17
@@ -170,13 +171,8 @@ def main() -> None:
     for name, age, step_s in (("1h", dt.timedelta(hours=1), 10.0), ("30d", dt.timedelta(days=30), 600.0)):
         if args.only not in (None, name):
             continue
-        with db.scratch_database(args.postgres, "fleetscope_bench") as url:
-            db.upgrade(url)
-            store = Store.open(url)
-            try:
-                run_job(store, f"job-{name}", args.ranks, age, step_s, args.minutes, not args.skip_full, args.step_events)
-            finally:
-                store.engine.dispose()
+        with scratch_store(args.postgres) as store:
+            run_job(store, f"job-{name}", args.ranks, age, step_s, args.minutes, not args.skip_full, args.step_events)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.services import retention, telemetry, tiers  # noqa: E402
-from fleetscope.store import Store, db, partitions, schema  # noqa: E402
+from benchmarks._server import scratch_store  # noqa: E402
+from fleetscope.store import Store, partitions, schema  # noqa: E402
 
 FIELDS = [c.name for c in F.GPU_FIELDS][:30]
 DAY0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
@@ -227,13 +228,8 @@ def main() -> None:
     for name, run in runs.items():
         if args.only not in (None, name):
             continue
-        with db.scratch_database(args.postgres, "fleetscope_bench") as url:
-            db.upgrade(url)
-            store = Store.open(url)
-            try:
-                run(store)
-            finally:
-                store.engine.dispose()
+        with scratch_store(args.postgres) as store:
+            run(store)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from fleetscope.services import energy as es  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.store import Store  # noqa: E402
+from _server import migrated_store  # noqa: E402
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 H = dt.timedelta(hours=1)
@@ -90,26 +91,24 @@ def best_of(fn, n: int = 3) -> tuple[float, object]:  # type: ignore[no-untyped-
 
 
 def measure(label: str, url: str, gpus: int, job_days: int) -> None:
-    db.upgrade(url)
-    store = Store.open(url)
-    t = time.perf_counter()
-    fill(store, gpus, job_days)
-    print(json.dumps({"bench": "scope2_fill", "db": label, "gpus": gpus, "rollup_rows": gpus * 60, "seconds": round(time.perf_counter() - t, 2)}), flush=True)
-    for minutes in (30, 60):
-        start, end = T0 + dt.timedelta(minutes=60 - minutes), T0 + H
-        s, one = best_of(lambda: es.site_carbon(store, "site-a", start, end))
-        print(json.dumps({"bench": "scope2_site", "db": label, "window_min": minutes, "gpus": gpus // 2, "seconds": round(s, 3), "target": "< 1 s",
-                          "energy_kwh": round(one["energy_kwh"], 3), "location_kgco2e": round(one["location_based_kgco2e"], 3),
-                          "market_kgco2e": round(one["market_based_kgco2e"], 3)}), flush=True)
-        s, every = best_of(lambda: energy_reads.site_carbon(store, start, end))
-        print(json.dumps({"bench": "scope2_all_sites", "db": label, "window_min": minutes, "gpus": gpus, "seconds": round(s, 3), "target": "< 1 s",
-                          "sites": every.height, "market_kgco2e": round(float(every["market_kgco2e"].sum()), 3)}), flush=True)
-    for job_id, days in (("job-hour", 1 / 24), ("job-long", job_days + 1 / 24)):
-        s, rep = best_of(lambda: es.job_report(store, job_id))
-        print(json.dumps({"bench": "job_energy", "db": label, "job_id": job_id, "gpus": min(JOB_GPUS, gpus // 2), "period_days": round(days, 3),
-                          "seconds": round(s, 3), "target": "< 1 s", "gpu_energy_kwh": round(rep["gpu_energy_kwh"], 3),
-                          "location_kgco2e": round(rep["location_based_kgco2e"], 3), "market_kgco2e": round(rep["market_based_kgco2e"], 3)}), flush=True)
-    store.engine.dispose()
+    with migrated_store(url) as store:
+        t = time.perf_counter()
+        fill(store, gpus, job_days)
+        print(json.dumps({"bench": "scope2_fill", "db": label, "gpus": gpus, "rollup_rows": gpus * 60, "seconds": round(time.perf_counter() - t, 2)}), flush=True)
+        for minutes in (30, 60):
+            start, end = T0 + dt.timedelta(minutes=60 - minutes), T0 + H
+            s, one = best_of(lambda: es.site_carbon(store, "site-a", start, end))
+            print(json.dumps({"bench": "scope2_site", "db": label, "window_min": minutes, "gpus": gpus // 2, "seconds": round(s, 3), "target": "< 1 s",
+                              "energy_kwh": round(one["energy_kwh"], 3), "location_kgco2e": round(one["location_based_kgco2e"], 3),
+                              "market_kgco2e": round(one["market_based_kgco2e"], 3)}), flush=True)
+            s, every = best_of(lambda: energy_reads.site_carbon(store, start, end))
+            print(json.dumps({"bench": "scope2_all_sites", "db": label, "window_min": minutes, "gpus": gpus, "seconds": round(s, 3), "target": "< 1 s",
+                              "sites": every.height, "market_kgco2e": round(float(every["market_kgco2e"].sum()), 3)}), flush=True)
+        for job_id, days in (("job-hour", 1 / 24), ("job-long", job_days + 1 / 24)):
+            s, rep = best_of(lambda: es.job_report(store, job_id))
+            print(json.dumps({"bench": "job_energy", "db": label, "job_id": job_id, "gpus": min(JOB_GPUS, gpus // 2), "period_days": round(days, 3),
+                              "seconds": round(s, 3), "target": "< 1 s", "gpu_energy_kwh": round(rep["gpu_energy_kwh"], 3),
+                              "location_kgco2e": round(rep["location_based_kgco2e"], 3), "market_kgco2e": round(rep["market_based_kgco2e"], 3)}), flush=True)
 
 
 def main() -> None:

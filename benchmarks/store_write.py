@@ -24,6 +24,7 @@ import polars as pl
 from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.store import Store
+from _server import migrated_store
 
 # 30 fields a default-plus-DCP dcgm-exporter scrape fills in.
 FIELDS = [c.name for c in F.GPU_FIELDS][:30]
@@ -90,11 +91,9 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
 
 
 def measure(label: str, url: str, args: argparse.Namespace) -> None:
-    db.upgrade(url)
-    store = Store.open(url)
-    bench_write(store, label, args.gpus, args.scrapes)
-    bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s)
-    store.engine.dispose()
+    with migrated_store(url) as store:
+        bench_write(store, label, args.gpus, args.scrapes)
+        bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ from fleetscope.core import scheduler_frames as SCH  # noqa: E402
 from fleetscope.core.spec import conform  # noqa: E402
 from fleetscope.services import serving, teams  # noqa: E402
 from fleetscope.store import Store, db  # noqa: E402
+from _server import migrated_store  # noqa: E402
 
 MONTH = "2026-11"
 START, END = dt.datetime(2026, 11, 1, tzinfo=dt.UTC), dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
@@ -146,9 +147,7 @@ def timed(fn, repeat: int):  # type: ignore[no-untyped-def]
 
 
 def run(name: str, url: str, args: argparse.Namespace, *, filled: bool = False) -> None:
-    db.upgrade(url)
-    store = Store.open(url)
-    try:
+    with migrated_store(url) as store:
         meta = {"jobs": store.query("SELECT COUNT(*) AS n FROM sched_job", [], {"n": pl.Int64})["n"][0]} if filled else fill(store, args.jobs, args.sample_h)
         t, cpu, load, df = timed(lambda: teams.usage(store, start=START, end=END, now=END), args.repeat)
         gh = float(df["gpu_hours"].sum())
@@ -159,8 +158,6 @@ def run(name: str, url: str, args: argparse.Namespace, *, filled: bool = False) 
         t, cpu, load, rep = timed(lambda: teams.showback(store, MONTH, now=END + dt.timedelta(hours=2)), args.repeat)
         print(json.dumps({"bench": "teams_showback_month", "db": name, "jobs": rep["jobs"], "seconds": round(t, 2), "cpu_s": round(cpu, 2),
                           "loadavg": [round(x, 2) for x in load]}), flush=True)
-    finally:
-        store.engine.dispose()
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from fleetscope.core.protowire import WireError
 from fleetscope.core.protowire import fields as _fields
+from ingest.otlp_mapping import _INT_COLUMNS, _Walk
 
 _B8 = np.arange(8, dtype=np.int64)
 _I64_MIN, _I64_END = -float(2**63), float(2**63)
@@ -280,8 +281,6 @@ def _derive(probe: Any, walk: Any, is_int: np.ndarray, n: int) -> _Template | No
         if {k: v for k, v in pw.items() if k != "ts_us"} != {k: v for k, v in ww.items() if k != "ts_us"} or not 1 <= pw["ts_us"] <= n:
             return None
         workloads.append((pw["ts_us"] - 1, {k: v for k, v in pw.items() if k != "ts_us"}))
-    from ingest.otlp_mapping import _INT_COLUMNS  # the columns whose range the walk checks
-
     for p in parts:
         p.integer = p.column in _INT_COLUMNS
     covered = np.zeros(n, bool)
@@ -293,8 +292,6 @@ def _derive(probe: Any, walk: Any, is_int: np.ndarray, n: int) -> _Template | No
 
 
 def _fill(tpl: _Template, shape: _Shape, arr: np.ndarray) -> Any:
-    from ingest.otlp_mapping import _Walk
-
     ts_ns = arr[shape.time_idx].view("<u8").ravel()
     raw = arr[shape.value_idx]
     values = raw.view("<f8").ravel()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from fleetscope.store import db
+from fleetscope.store import db, partitions
 from fleetscope.store import schema
 from fleetscope.store import Store
 
@@ -63,14 +63,11 @@ def redis_url() -> str:
 
 
 def _truncate_all(store: Store) -> None:
-    from fleetscope.store import partitions
-
     # Day partitions earlier tests made are dropped, not kept empty: a TRUNCATE touches every partition, and
     # with a session's worth of them (tests write many different days) each test's emptying took seconds.
     names = ", ".join(f'"{t.name}"' for t in schema.metadata.sorted_tables)
+    days = partitions.all_partitions(store.engine)
     with store.engine.begin() as conn:
-        days = [d for d in conn.execute(text("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                                             " JOIN pg_partitioned_table p ON p.partrelid = i.inhparent")).scalars() if partitions.is_partition(d)]
         if days:
             conn.execute(text("DROP TABLE " + ", ".join(f'"{d}"' for d in days)))
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))

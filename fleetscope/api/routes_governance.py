@@ -4,16 +4,17 @@ token's name."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 import polars as pl
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from fleetscope.services import auth
 from fleetscope.services import governance as gs
@@ -72,19 +73,16 @@ def d_ref(d: DatasetEntry) -> L.DatasetRef:
     return L.DatasetRef(d.namespace, d.name)
 
 
-class DatasetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    namespace: str = Field(min_length=1, max_length=1000)
-    name: str = Field(min_length=1, max_length=1000)
-    license: str | None = None
-    contains_personal_data: bool = False
-    special_category_data: bool = False
-    legal_basis: str | None = None
-    art9_condition: str | None = None
-    consent_reference: str | None = None
-    provenance: str | None = None
-    quarantined: bool = False
-    quarantine_reason: str | None = None
+def _body_of(entry: type, **bounded: Any) -> type[BaseModel]:
+    """A registry entry's request body: the dataclass's own fields, types and defaults (one declaration, in
+    ``governance.registry``), unknown keys refused; ``bounded`` gives a field the limits of its own."""
+    hints = get_type_hints(entry)
+    fields = {f.name: (hints[f.name], bounded.get(f.name, ... if f.default is dataclasses.MISSING else f.default))
+              for f in dataclasses.fields(entry)}
+    return create_model(f"{entry.__name__.removesuffix('Entry')}In", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+DatasetIn = _body_of(DatasetEntry, namespace=Field(min_length=1, max_length=1000), name=Field(min_length=1, max_length=1000))
 
 
 class ModelIn(BaseModel):

@@ -21,19 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetscope.core.spec import UTC_US, Col, FrameSpec
-
-
-def _k(name: str, dtype: pl.DataType, doc: str = "", default: object = None) -> Col:
-    return Col(name, dtype, key=True, nullable=False, default=default, doc=doc)
-
-
-def _f(name: str, dtype: pl.DataType = pl.Float64, doc: str = "") -> Col:
-    return Col(name, dtype, doc=doc)
-
-
-def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
-    return Col(name, dtype, nullable=False, doc=doc)
+from fleetscope.core.spec import UTC_US, FrameSpec, _f, _k, _r, conform
 
 
 SCHED_JOB = FrameSpec(
@@ -200,8 +188,6 @@ SCHEDULER_FRAMES: tuple[FrameSpec, ...] = (SCHED_ACCOUNT, SCHED_PARTITION, SCHED
 
 def frame(spec: FrameSpec, rows: list[dict[str, object]]) -> pl.DataFrame:
     """Rows (dicts of the spec's columns, any subset) as a conformed frame; the empty frame for none."""
-    from fleetscope.core.spec import conform
-
     if not rows:
         return spec.empty()
     return conform(spec, pl.DataFrame(rows, schema_overrides={k: v for k, v in spec.schema.items()}, infer_schema_length=None))

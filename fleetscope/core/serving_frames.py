@@ -27,19 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetscope.core.spec import UTC_US, Col, FrameSpec
-
-
-def _k(name: str, dtype: pl.DataType, doc: str = "", default: object = None) -> Col:
-    return Col(name, dtype, key=True, nullable=False, default=default, doc=doc)
-
-
-def _f(name: str, dtype: pl.DataType = pl.Float64, doc: str = "") -> Col:
-    return Col(name, dtype, doc=doc)
-
-
-def _r(name: str, dtype: pl.DataType, doc: str = "") -> Col:
-    return Col(name, dtype, nullable=False, doc=doc)
+from fleetscope.core.spec import UTC_US, Col, FrameSpec, _f, _k, _r
 
 
 def _series_key(*extra: Col) -> tuple[Col, ...]:

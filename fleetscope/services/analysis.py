@@ -12,18 +12,24 @@ the registry of their cadence, in the module of their domain:
   ``sharded`` run once per shard of hosts (``services.shards``), over that shard's GPUs, the others once.
 - ``SCHEDULED`` (``services.scheduled``): fleet analyses with a window and a clock of their own (the energy
   and tier roll-ups, post-market monitoring, the serving window, the teams showback), each one beat entry
-  sending one worker task. These entries carry no runner: the task (``worker/tasks.py``) is the runner, since
-  what it does around the service call (its arguments, its fan-out over shards of hosts) is Celery's.
+  sending one worker task. An entry names its service function as text ("package.module:function", loaded
+  when its task runs, so beat imports no analyzer), called ``fn(store, settings, **args)`` with the JSON-able
+  arguments an operator re-runs it with; a sharded one also says how a shard of hosts runs (``Shards``).
+  ``worker/tasks.py`` makes every entry's Celery task (and its shards') from the timetable.
 
-Job analysis, the health sweep, beat's schedule, the API's ``GET /api/v1/fleet/analyzers`` and ``fleetscope
-fleet analyzers`` all loop over these registries; adding an analysis is its module in ``analyzers/`` plus one
-registered runner (a scheduled one: its registration and the task its beat entry sends).
+Job analysis, the health sweep, beat's schedule, the worker's scheduled tasks, the API's ``GET
+/api/v1/fleet/analyzers`` and ``fleetscope fleet analyzers`` all loop over these registries; adding an
+analysis is its module in ``analyzers/`` plus one registered runner (a scheduled one: its service function
+and its ``SCHEDULED.register``).
 Order matters within a cadence: a runner may use what an earlier one left in the run's ``shared`` dict
 (the health sweep's topology, say), so runners register in the order they run.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import importlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -129,20 +135,68 @@ class Beat:
         return f"every {self.every_s:g} s" if self.every_s is not None else f"at crontab '{self.crontab}' UTC"
 
 
+_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _check_ref(ref: str, what: str) -> str:
+    if not _REF.match(ref):
+        raise ValueError(f"{what}: {ref!r} is not a function named as 'package.module:function'")
+    return ref
+
+
+def load(ref: str) -> Callable[..., Any]:
+    """The function a "package.module:function" reference names, importing its module (a scheduled analysis'
+    service loads when its task runs, not when beat starts)."""
+    module, _, name = _check_ref(ref, "function").partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def at(iso: str | None) -> dt.datetime:
+    """A scheduled run's clock: the ``now_iso`` an operator re-runs it at, else now (UTC)."""
+    return dt.datetime.fromisoformat(iso) if iso else dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """How a sharded scheduled analysis runs when ``FLEETSCOPE_SWEEP_SHARDS`` > 1, each as "package.module:function":
+    ``args(**args) -> dict`` fixes the run's arguments once (its window, from the clock) so that every shard and
+    the fleet part see the same; ``run(store, settings, shard=, shards=, **args)`` is one shard of hosts' part,
+    sent as Celery task ``task``; ``fleet(store, settings, **args)`` the part run once, in the entry's own task,
+    after the shards are sent. ``run`` and ``fleet`` return JSON-able dicts."""
+
+    task: str
+    args: str
+    run: str
+    fleet: str
+
+
 @dataclass(frozen=True)
 class Scheduled:
-    """One fleet analysis beat runs on a clock of its own: ``beat`` says which entry, task and when.
+    """One fleet analysis beat runs on a clock of its own: ``beat`` says which entry, task and when; ``run`` names
+    the service function its task calls, ``fn(store, settings, **args) -> dict``, ``args`` being the JSON-able
+    keyword arguments an operator re-runs it with (``now_iso``, ``window_start``/``window_end``, ``month``,
+    ``window_s``); ``shards``, where set, how it splits over shards of hosts.
     ``files``: what it writes outside the database (the showback's reports), beside the tables in ``writes``."""
 
     name: str
     beat: Beat
+    run: str
     modules: tuple[str, ...]
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     summary: str
     files: tuple[str, ...] = ()
-    sharded: bool = False
+    shards: Shards | None = None
     cadence: str = "scheduled"
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards is not None
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The Celery tasks it is run as: its beat entry's, then its shards'."""
+        return (self.beat.task, *((self.shards.task,) if self.shards else ()))
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "cadence": self.cadence, "modules": list(self.modules), "reads": list(self.reads),
@@ -150,19 +204,28 @@ class Scheduled:
 
 
 class Timetable:
-    """The scheduled analyses, in the order they are listed; a name and a beat entry are each registered once."""
+    """The scheduled analyses, in the order they are listed; a name, a beat entry and a task are each registered once."""
 
     def __init__(self, cadence: str = "scheduled"):
         self.cadence = cadence
         self._items: dict[str, Scheduled] = {}
 
-    def register(self, name: str, *, beat: Beat, modules: tuple[str, ...], reads: tuple[str, ...], writes: tuple[str, ...],
-                 summary: str, files: tuple[str, ...] = (), sharded: bool = False) -> Scheduled:
+    def register(self, name: str, *, beat: Beat, run: str, modules: tuple[str, ...], reads: tuple[str, ...],
+                 writes: tuple[str, ...], summary: str, files: tuple[str, ...] = (), shards: Shards | None = None) -> Scheduled:
         if name in self._items:
             raise ValueError(f"analysis {name!r} is registered twice for cadence {self.cadence!r}")
         if any(a.beat.entry == beat.entry for a in self._items.values()):
             raise ValueError(f"beat entry {beat.entry!r} is registered twice for cadence {self.cadence!r}")
-        item = Scheduled(name, beat, modules, reads, writes, summary, files, sharded, self.cadence)
+        item = Scheduled(name, beat, run, modules, reads, writes, summary, files, shards, self.cadence)
+        taken = [t for a in self._items.values() for t in a.tasks]
+        for task in item.tasks:
+            if task in taken:
+                raise ValueError(f"task {task!r} is registered twice for cadence {self.cadence!r}")
+            taken.append(task)
+        _check_ref(run, f"analysis {name!r}'s run")
+        if shards is not None:
+            for what in ("args", "run", "fleet"):
+                _check_ref(getattr(shards, what), f"analysis {name!r}'s shards.{what}")
         self._items[name] = item
         return item
 

@@ -13,9 +13,11 @@ from fleetscope.core import frames as F
 from fleetscope.core.errors import Conflict, NotFound  # noqa: F401  (this domain's refusals)
 from fleetscope.observability import tracer
 from fleetscope.services import auditlog
+from fleetscope.services.analysis import at
 from fleetscope.services import shards as shards_mod
 from fleetscope.store import Store
 from fleetscope.store import schema
+from fleetscope.settings import Settings
 import dataclasses
 from sqlalchemy import delete
 
@@ -106,6 +108,32 @@ def rollup_sums(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str,
         store.write_frames(frames, source=f"energy_sums:{start.isoformat()}")
         return {"window_start": start.isoformat(), "window_end": end.isoformat(), "minutes": minutes.height,
                 "site_minutes": frames[0][1].height, "job_minutes": frames[1][1].height, "site_pue": pues}
+
+
+def rollup_args(*, window_start: str | None = None, window_end: str | None = None) -> dict[str, str]:
+    """Beat's energy roll-up window: the last ten closed minutes unless given, so late scrapes are counted; a
+    window's roll-up comes out the same however often it is rewritten."""
+    end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(at(None))
+    start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
+    return {"window_start": start.isoformat(), "window_end": end.isoformat()}
+
+
+def scheduled_rollup(store: Store, settings: Settings, **window: str | None) -> dict[str, Any]:
+    """Beat's ``energy-rollup`` (``services.scheduled``): ``rollup_window`` over ``rollup_args``' window."""
+    w = rollup_args(**window)
+    return rollup_window(store, dt.datetime.fromisoformat(w["window_start"]), dt.datetime.fromisoformat(w["window_end"]))
+
+
+def scheduled_rollup_shard(store: Store, settings: Settings, *, shard: int, shards: int, window_start: str, window_end: str) -> dict[str, Any]:
+    """One shard of hosts' part of beat's sharded energy roll-up: ``rollup_shard``."""
+    return rollup_shard(store, dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end), shard, shards)
+
+
+def scheduled_rollup_sums(store: Store, settings: Settings, *, window_start: str, window_end: str) -> dict[str, Any]:
+    """The sharded energy roll-up's part run once, after its shards are sent: ``rollup_sums``. The window is
+    re-rolled every minute, so a minute's sums are complete from the tick after its shards ran (the newest
+    minute's lag one tick behind)."""
+    return {"sums": rollup_sums(store, dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end))}
 
 
 PUE_SERIES = "site_pue_ratio"

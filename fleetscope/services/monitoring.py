@@ -24,6 +24,8 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.errors import FleetscopeError, NotFound
 from fleetscope.core.monitoring_frames import MONITORING_WINDOW
+from fleetscope.services.analysis import at
+from fleetscope.settings import Settings
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 from governance import monitoring as GM
@@ -212,6 +214,12 @@ def evaluate_all(store: Store, *, now: dt.datetime | None = None, window_s: int 
             continue
         done.append({"model": name, "version": version, "evaluated": out["evaluated"], "findings": out["findings"]})
     return {"models": done, "skipped": skipped}
+
+
+def scheduled_evaluate(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
+    """Beat's hourly ``model-monitoring`` (``services.scheduled``): ``evaluate_all`` at ``now_iso``, else now, so
+    outcomes that arrived late are counted."""
+    return evaluate_all(store, now=at(now_iso))
 
 
 # --- reads (the dashboard's, the API's, the CLI's and the audit's) -----------------------------------

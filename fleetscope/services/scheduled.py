@@ -2,22 +2,24 @@
 
 Per job (``services.jobs.JOB``) and per fleet window (``services.health.WINDOW``) each have one beat entry,
 ``JOB_BEAT`` and ``WINDOW_BEAT``. The fleet analyses with a window and a clock of their own are registered in
-``SCHEDULED``, each with its entry, the task that entry sends and when. Beat's schedule for all of them
-(``worker/app.py``) and the catalog (``services.catalog``) are built from here.
+``SCHEDULED``, each with its entry, the task that entry sends and when, and the service function the task
+runs. Beat's schedule for all of them (``worker/app.py``), the worker's tasks for the scheduled ones
+(``worker/tasks.py``) and the catalog (``services.catalog``) are built from here.
 
 Adding a scheduled analysis: its pure module in ``analyzers/`` (or ``governance/``), the service function that
-reads and writes the store, a ``SCHEDULED.register`` here, and the task in ``worker/tasks.py`` that its entry
-sends (the arguments it takes, as an operator re-runs it, and any fan-out over shards of hosts).
+reads and writes the store, ``fn(store, settings, **args) -> dict`` with the JSON-able keyword arguments an
+operator re-runs it with, and a ``SCHEDULED.register`` here naming it (and, for one split over shards of
+hosts, its ``Shards``). The worker makes its Celery task, and its shards', from the registration.
 
-Beat loads this module when it starts, so it names modules and tables as text and imports no analyzer: a
-task's service loads when the task runs. Entry and task names are kept in the database (``beat_entry``, the
-last send of each, which a new leader resumes from), in ``task_run`` and in operators' dashboards: they do not
-change.
+Beat loads this module when it starts, so it names functions, modules and tables as text and imports no
+analyzer: a task's service loads when the task runs. Entry and task names are kept in the database
+(``beat_entry``, the last send of each, which a new leader resumes from), in ``task_run`` and in operators'
+dashboards: they do not change.
 """
 
 from __future__ import annotations
 
-from fleetscope.services.analysis import Beat, Timetable
+from fleetscope.services.analysis import Beat, Shards, Timetable
 
 JOB_BEAT = Beat("analyze-active-jobs", "fleetscope.analyze_active_jobs", every_s=60.0)
 """Queues the per-job analyses of every job with new steps or events, each incremental from its watermark."""
@@ -28,30 +30,39 @@ SCHEDULED = Timetable("scheduled")
 
 SCHEDULED.register(
     "energy_rollup", beat=Beat("energy-rollup", "fleetscope.energy_rollup", every_s=60.0),
+    run="fleetscope.services.energy:scheduled_rollup",
+    # One task per shard of hosts rolls its GPUs' minutes, on whichever workers are free; the per-site and
+    # per-job sums then read those minutes back.
+    shards=Shards("fleetscope.energy_rollup_shard", args="fleetscope.services.energy:rollup_args",
+                  run="fleetscope.services.energy:scheduled_rollup_shard", fleet="fleetscope.services.energy:scheduled_rollup_sums"),
     modules=("analyzers.energy",), reads=("gpu_sample", "gpu", "host", "site", "job_rank", "metric_sample"),
-    writes=("gpu_energy_minute", "site_energy_minute", "job_energy_minute", "metric_sample"), sharded=True,
+    writes=("gpu_energy_minute", "site_energy_minute", "job_energy_minute", "metric_sample"),
     summary="per-minute energy per GPU, site and job over the last ten closed minutes (late scrapes counted), "
             "the sites' measured PUE")
 SCHEDULED.register(
     "tier_rollup", beat=Beat("tier-rollup", "fleetscope.tier_rollup", every_s=60.0),
+    run="fleetscope.services.tiers:scheduled_advance",
     modules=("analyzers.tiers",), reads=("gpu_sample", "gpu_sample_minute", "rollup_watermark"),
     writes=("gpu_sample_minute", "gpu_sample_hour", "rollup_watermark"),
     summary="GPU telemetry's minute tier from raw and hour tier from minutes, from each tier's watermark")
 # A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
 SCHEDULED.register(
     "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),
+    run="fleetscope.services.monitoring:scheduled_evaluate",
     modules=("governance.monitoring", "governance.fairness_depth"),
     reads=("model_prediction", "model_outcome", "monitoring_window", "finding"), writes=("monitoring_window", "finding"),
     summary="post-market monitoring (AI Act Art. 72): each deployed model version's hourly windows of the last two "
             "days against its reference: accuracy, drift, fairness")
 SCHEDULED.register(
     "serving_window", beat=Beat("serving-window", "fleetscope.serving_window", every_s=300.0),
+    run="fleetscope.services.serving:scheduled_window",
     modules=("analyzers.serving_saturation", "analyzers.serving_replicas", "analyzers.slo"),
     reads=("serving_gauge", "serving_counter", "serving_bucket", "serving_slo"), writes=("finding",),
     summary="serving saturation, slow replicas and SLO burn rates over the last window")
 # The month just closed, once its last jobs' accounting has arrived.
 SCHEDULED.register(
     "teams_showback", beat=Beat("teams-showback", "fleetscope.teams_showback", crontab="30 2 1 * *"),
+    run="fleetscope.services.teams:scheduled_showback",
     modules=("analyzers.chargeback", "analyzers.carbon"),
     reads=("sched_job", "team_mapping", "price_book", "job_energy_minute", "site"), writes=(),
     files=("reports/showback-MONTH.csv", "reports/showback-MONTH.pdf"),

@@ -21,6 +21,8 @@ from analyzers import serving_energy, serving_goodput, serving_latency, serving_
 from fleetscope.core import frames as F
 from fleetscope.core import serving_frames as SF
 from fleetscope.core.errors import NotFound
+from fleetscope.services.analysis import at
+from fleetscope.settings import Settings
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
 from fleetscope.services import energy as energy_service
@@ -159,6 +161,13 @@ def window_findings(store: Store, *, start: dt.datetime, end: dt.datetime, write
     if write and found.height:
         store.write(F.Batch(source="serving_window", finding=found))
     return found
+
+
+def scheduled_window(store: Store, settings: Settings, *, window_s: int = 900) -> dict[str, Any]:
+    """Beat's five-minute ``serving-window`` (``services.scheduled``): ``window_findings`` over the last
+    ``window_s`` seconds."""
+    end = at(None)
+    return {"findings": window_findings(store, start=end - dt.timedelta(seconds=window_s), end=end).height}
 
 
 def _pods(store: Store, deployment: str) -> pl.DataFrame:

@@ -37,10 +37,12 @@ from fleetscope.core.frames import findings_frame
 from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
+from fleetscope.services.analysis import at
 from fleetscope.services import energy as energy_service
 from fleetscope.services import serving as serving_service
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
+from fleetscope.settings import Settings
 from governance import reports
 
 MAX_JOBS = 2_000_000
@@ -374,6 +376,12 @@ def write_showback(store: Store, month: str, out_dir: Any, *, now: dt.datetime |
         files["html"] = str(out / f"showback-{month}.html")
         files["pdf_unavailable"] = str(exc)
     return {"files": files, "report": report}
+
+
+def scheduled_showback(store: Store, settings: Settings, *, month: str | None = None) -> dict[str, Any]:
+    """Beat's monthly ``teams-showback`` (``services.scheduled``): ``month`` (YYYY-MM, else the one just closed)
+    written under the data directory's ``reports/``; the files written."""
+    return write_showback(store, month or previous_month(at(None)), settings.data_dir / "reports")["files"]
 
 
 def previous_month(now: dt.datetime) -> str:

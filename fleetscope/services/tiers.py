@@ -26,6 +26,8 @@ from fleetscope.core import frames as F
 from fleetscope.core.tier_frames import GPU_SAMPLE_HOUR, GPU_SAMPLE_MINUTE
 from fleetscope.core.units import as_utc
 from fleetscope.observability import tracer
+from fleetscope.services.analysis import at
+from fleetscope.settings import Settings
 from fleetscope.store import Store, schema
 
 SETTLE = dt.timedelta(minutes=3)
@@ -112,6 +114,11 @@ def advance(store: Store, now: dt.datetime, max_chunks: int = 24) -> dict[str, A
         hour = (_advance(store, "hour", floor_to(minute_wm, "hour"), now, max_chunks) if minute_wm is not None
                 else {"watermark": None, "buckets": 0, "rows": 0, "chunks": 0})
         return {"minute": minute, "hour": hour}
+
+
+def scheduled_advance(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
+    """Beat's ``tier-rollup`` (``services.scheduled``): ``advance`` at ``now_iso``, else now."""
+    return advance(store, at(now_iso))
 
 
 def rolled_tiers(store: Store) -> frozenset[str]:

@@ -31,6 +31,7 @@ from fleetscope.sim.predictions import prediction_table
 from governance.registry import DatasetEntry, ModelEntry
 from fleetscope.door import ingestion
 from fleetscope.services import monitoring as monitoring_service
+from fleetscope.services import tiers as tiers_service
 from fleetscope.sim.predictions import credit_stream
 
 STRAGGLER_JOB = "job-llm-a"
@@ -301,9 +302,7 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     audit_service.bind(store, settings)  # the audit log's key and checkpoints go beside the reports
     if rollup:
         out["energy"] = energy_service.rollup_window(store, start, end)
-        from fleetscope.services import tiers
-
-        out["tiers"] = tiers.advance(store, end + dt.timedelta(minutes=5))
+        out["tiers"] = tiers_service.advance(store, end + dt.timedelta(minutes=5))
     job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()
     out["jobs"] = {j: analysis.analyze_job(store, j, now=end).to_dict() for j in job_ids}
     if health:

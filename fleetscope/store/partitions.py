@@ -103,17 +103,27 @@ def ensure_ahead(engine: Engine, today: dt.date, days_ahead: int = AHEAD_DAYS) -
     return {t: ensure_days(engine, t, want) for t in PARTITIONED if is_partitioned(engine, t)}
 
 
+# The children of the partitioned tables, with their parent as p.
+_CHILDREN = ("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent"
+             " JOIN pg_partitioned_table pt ON pt.partrelid = p.oid")
+
+
 def partitions(engine: Engine, table: str) -> list[tuple[str, dt.date]]:
     """The day partitions of ``table`` (name, day), oldest first."""
     with engine.connect() as conn:
-        names = conn.execute(text("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                                  " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = :t"), {"t": table}).scalars().all()
+        names = conn.execute(text(_CHILDREN + " WHERE p.relname = :t"), {"t": table}).scalars().all()
     out = []
     for name in names:
         m = PARTITION_NAME.match(name)
         if m and m.group("table") == table:
             out.append((name, dt.datetime.strptime(m.group("day"), "%Y%m%d").date()))
     return sorted(out, key=lambda p: p[1])
+
+
+def all_partitions(engine: Engine) -> list[str]:
+    """The day partitions of every partitioned table, by name (PostgreSQL; what emptying a database drops)."""
+    with engine.connect() as conn:
+        return sorted(n for n in conn.execute(text(_CHILDREN)).scalars() if is_partition(n))
 
 
 def drop_before(engine: Engine, table: str, cutoff: dt.datetime) -> tuple[int, list[str]]:

@@ -1,24 +1,81 @@
-"""Beat's fleet work: job analyses, energy roll-ups, health sweeps, post-market monitoring, retention and scheduled audits.
+"""Beat's fleet work: job analyses, the scheduled analyses, health sweeps, retention and scheduled audits.
 
-The analyses' beat entries come from their registries (``services.scheduled``, ``worker/app.py``); each task
-here is what its entry sends: it takes the arguments an operator re-runs it with and fans out over shards
-of hosts where the sweep is split, and calls its service."""
+The analyses' beat entries come from their registries (``services.scheduled``, ``worker/app.py``). The
+scheduled analyses' tasks are made here from their timetable (``scheduled_tasks``): each calls the service
+function its entry names with the arguments an operator re-runs it with and, for a sharded one with
+``FLEETSCOPE_SWEEP_SHARDS`` > 1, first sends one task per shard of hosts. The other tasks are written out
+below: they are no registered analysis (upkeep, audits) or belong to the per-job and per-window registries."""
 
 from __future__ import annotations
 
 import datetime as dt
 import socket
+from collections.abc import Callable
 from typing import Any
 
+from celery import Celery, Task
 from sqlalchemy import text
 
 from fleetscope import settings as settings_mod
 from fleetscope.observability import tracer
 from fleetscope.worker.app import celery_app, store
 from fleetscope.services import retention as retention_service
+from fleetscope.services.analysis import Scheduled, Timetable, load
 from fleetscope.services.audit import AuditError, run_audit
-from fleetscope.services.energy import floor_minute, rollup_shard, rollup_sums, rollup_window
 from fleetscope.services.jobs import active_jobs
+from fleetscope.services.scheduled import SCHEDULED
+from fleetscope.store import Store, partitions
+
+
+def _span(task_name: str) -> str:
+    return "task." + task_name.rpartition(".")[2]
+
+
+def _entry_tasks(app: Celery, a: Scheduled, open_store: Callable[[], Store], shared: bool) -> dict[str, Task]:
+    """One scheduled analysis' Celery task, and its shard task where it is sharded. Its service is loaded
+    by name when the task runs (``services.analysis.load``), so beat, which imports this module, loads none."""
+    sharding = a.shards
+    made: dict[str, Task] = {}
+    shard_task: Task | None = None
+    if sharding is not None:
+        def run_shard(task: Task, **args: Any) -> dict[str, Any]:
+            with tracer().start_as_current_span(_span(sharding.task)):
+                return load(sharding.run)(open_store(), task.app.conf.fleetscope_settings, **args)
+
+        run_shard.__name__ = run_shard.__qualname__ = f"{a.name}_shard"
+        run_shard.__doc__ = f"One shard of hosts' part of {a.name} ({sharding.run})."
+        shard_task = made[sharding.task] = app.task(name=sharding.task, bind=True, shared=shared)(run_shard)
+
+    def run(task: Task, **args: Any) -> dict[str, Any]:
+        settings: settings_mod.Settings = task.app.conf.fleetscope_settings
+        with tracer().start_as_current_span(_span(a.beat.task)):
+            if sharding is None or shard_task is None or settings.sweep_shards <= 1:
+                return load(a.run)(open_store(), settings, **args)
+            shards = settings.sweep_shards
+            args = load(sharding.args)(**args)  # one window for every shard, fixed before any is sent
+            for shard in range(shards):
+                shard_task.delay(shard=shard, shards=shards, **args)
+            return {"shards": shards, **load(sharding.fleet)(open_store(), settings, **args)}
+
+    run.__name__ = run.__qualname__ = a.name
+    run.__doc__ = f"Beat's {a.beat.entry} ({a.beat.when}): {a.summary} ({a.run})."
+    made[a.beat.task] = app.task(name=a.beat.task, bind=True, shared=shared)(run)
+    return made
+
+
+def scheduled_tasks(app: Celery, timetable: Timetable, open_store: Callable[[], Store], *, shared: bool = True) -> dict[str, Task]:
+    """The Celery task of every timetable entry, under its beat entry's task name, and each sharded entry's
+    shard task, by name. A task takes its service's keyword arguments (``fleetscope.energy_rollup`` takes
+    ``window_start``/``window_end``, say) and returns the service's dict. ``shared`` as Celery's: whether every
+    app made later has them too (the worker's do; a test's scratch app's need not)."""
+    made: dict[str, Task] = {}
+    for a in timetable:
+        made.update(_entry_tasks(app, a, open_store, shared))
+    return made
+
+
+SCHEDULED_TASKS = scheduled_tasks(celery_app, SCHEDULED, store)
+"""The scheduled analyses' tasks by name: ``fleetscope.energy_rollup``, ``fleetscope.energy_rollup_shard``, ..."""
 
 
 @celery_app.task(name="fleetscope.ping")
@@ -70,49 +127,10 @@ def analyze_active_jobs(window_s: int = 900) -> list[str]:
     return jobs
 
 
-@celery_app.task(name="fleetscope.energy_rollup")
-def energy_rollup(window_start: str | None = None, window_end: str | None = None) -> dict[str, Any]:
-    """Beat's minute tick: re-roll the last ten closed minutes, so late scrapes are counted; a window's
-    roll-up comes out the same however often it is rewritten."""
-
-    end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(dt.datetime.now(dt.UTC))
-    start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
-    shards = celery_app.conf.fleetscope_settings.sweep_shards
-    with tracer().start_as_current_span("task.energy_rollup"):
-        if shards <= 1:
-            return rollup_window(store(), start, end)
-        # One task per shard of hosts rolls its GPUs' minutes, on whichever workers are free. The per-site and
-        # per-job sums read those minutes back: the window is re-rolled every minute, so a minute's sums are
-        # complete from the tick after its shards ran (the newest minute's lag one tick behind).
-        for shard in range(shards):
-            energy_rollup_shard.delay(start.isoformat(), end.isoformat(), shard, shards)
-        return {"shards": shards, "sums": rollup_sums(store(), start, end)}
-
-
-@celery_app.task(name="fleetscope.energy_rollup_shard")
-def energy_rollup_shard(window_start: str, window_end: str, shard: int, shards: int) -> dict[str, Any]:
-    """One shard of hosts' part of the energy roll-up (``services.energy.rollup_shard``)."""
-    with tracer().start_as_current_span("task.energy_rollup_shard"):
-        return rollup_shard(store(), dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end), shard, shards)
-
-
-@celery_app.task(name="fleetscope.tier_rollup")
-def tier_rollup(now_iso: str | None = None) -> dict[str, Any]:
-    """Beat's minute tick: advance the GPU telemetry roll-up tiers (minute from raw, hour from minute) from their
-    watermarks over the buckets closed since (``services.tiers``)."""
-    from fleetscope.services import tiers
-
-    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
-    with tracer().start_as_current_span("task.tier_rollup"):
-        return tiers.advance(store(), now)
-
-
 @celery_app.task(name="fleetscope.partitions_ahead")
 def partitions_ahead(today_iso: str | None = None) -> dict[str, list[str]]:
     """Beat's hourly tick: PostgreSQL day partitions of the raw telemetry tables for today and the next days
     (``store.partitions.ensure_ahead``), so no write waits to create one. Nothing on SQLite."""
-    from fleetscope.store import partitions
-
     today = dt.date.fromisoformat(today_iso) if today_iso else dt.datetime.now(dt.UTC).date()
     with tracer().start_as_current_span("task.partitions_ahead"):
         return partitions.ensure_ahead(store().engine, today)
@@ -130,7 +148,7 @@ def health_window(window_s: int = 900) -> dict[str, Any]:
         if settings.sweep_shards > 1:
             # the per-GPU analyses one task per shard of hosts, in parallel on the workers; the fleet's here
             for shard in range(settings.sweep_shards):
-                health_window_shard.delay(start.isoformat(), end.isoformat(), shard, settings.sweep_shards)
+                health_window_shard.delay(window_start=start.isoformat(), window_end=end.isoformat(), shard=shard, shards=settings.sweep_shards)
             out = run(store(), start, end, hang_min_stall_s=settings.hang_min_stall_s, part="fleet",
                       idle_min_s=settings.idle_allocation_min_s)
             return {"shards": settings.sweep_shards, "findings": out["findings"].height}
@@ -149,39 +167,6 @@ def health_window_shard(window_start: str, window_end: str, shard: int, shards: 
         out = run(store(), dt.datetime.fromisoformat(window_start), dt.datetime.fromisoformat(window_end),
                   hang_min_stall_s=settings.hang_min_stall_s, part=(shard, shards))
         return {"shard": shard, "shards": shards, "gpus": out["gpus"].height, "findings": out["findings"].height}
-
-
-@celery_app.task(name="fleetscope.model_monitoring")
-def model_monitoring(now_iso: str | None = None) -> dict[str, Any]:
-    """Beat's hourly tick: every deployed model version's windows of the last two days against its
-    reference (``services.monitoring.evaluate_all``), so outcomes that arrived late are counted."""
-    from fleetscope.services.monitoring import evaluate_all  # lazy: a task's service loads when it runs (beat imports this module)
-
-    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
-    with tracer().start_as_current_span("task.model_monitoring"):
-        return evaluate_all(store(), now=now)
-
-
-@celery_app.task(name="fleetscope.serving_window")
-def serving_window(window_s: int = 900) -> dict[str, Any]:
-    """Beat's five-minute tick: serving saturation and slow-replica findings over the last window."""
-    from fleetscope.services.serving import window_findings  # lazy: a task's service loads when it runs (beat imports this module)
-
-    end = dt.datetime.now(dt.UTC)
-    with tracer().start_as_current_span("task.serving_window"):
-        found = window_findings(store(), start=end - dt.timedelta(seconds=window_s), end=end)
-        return {"findings": found.height}
-
-
-@celery_app.task(name="fleetscope.teams_showback")
-def teams_showback(month: str | None = None) -> dict[str, Any]:
-    """Beat's monthly showback report per team (CSV and PDF under the data directory's ``reports/``)."""
-    from fleetscope.services import teams
-
-    settings: settings_mod.Settings = celery_app.conf.fleetscope_settings
-    month = month or teams.previous_month(dt.datetime.now(dt.UTC))
-    with tracer().start_as_current_span("task.teams_showback"):
-        return teams.write_showback(store(), month, settings.data_dir / "reports")["files"]
 
 
 @celery_app.task(name="fleetscope.audit_report")

@@ -66,6 +66,7 @@ def test_a_registered_scheduled_analysis_gets_its_beat_entry_and_is_listed():
     from fleetscope.worker import make_celery
 
     scheduled.SCHEDULED.register("nightly_test", beat=Beat("nightly-test", "fleetscope.nightly_test", crontab="0 3 * * *"),
+                                 run="fleetscope.services.tiers:scheduled_advance",
                                  modules=("analyzers.energy",), reads=("gpu_sample",), writes=("finding",), summary="test")
     try:
         entry = make_celery().conf.beat_schedule["nightly-test"]
@@ -75,6 +76,88 @@ def test_a_registered_scheduled_analysis_gets_its_beat_entry_and_is_listed():
     finally:
         scheduled.SCHEDULED._items.pop("nightly_test")
     assert "nightly-test" not in make_celery().conf.beat_schedule
+
+
+CALLS: list[tuple[str, object, int, dict]] = []
+
+
+def scratch_run(store, settings, *, month: str | None = None) -> dict:
+    CALLS.append(("run", store, settings.sweep_shards, {"month": month}))
+    return {"month": month, "ran": True}
+
+
+def scratch_args(*, window_start: str | None = None) -> dict:
+    return {"window_start": window_start or "2026-03-01T12:00:00+00:00"}
+
+
+def scratch_shard(store, settings, *, shard: int, shards: int, window_start: str) -> dict:
+    CALLS.append(("shard", store, shard, {"shards": shards, "window_start": window_start}))
+    return {"shard": shard}
+
+
+def scratch_fleet(store, settings, *, window_start: str) -> dict:
+    CALLS.append(("fleet", store, settings.sweep_shards, {"window_start": window_start}))
+    return {"sums": window_start}
+
+
+def test_a_timetable_entry_gets_its_celery_task_and_it_runs_with_its_args():
+    """A new scheduled analysis is a service function and a registration: its task (and its shards') is made
+    from the timetable and calls the function, with the operator's arguments, on the worker's store."""
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from fleetscope.services.analysis import Shards
+    from fleetscope.worker.tasks import scheduled_tasks
+
+    here = __name__
+    table = Timetable()
+    table.register("nightly", beat=Beat("nightly", "scratch.nightly", crontab="0 3 * * *"), run=f"{here}:scratch_run",
+                   modules=(), reads=("gpu_sample",), writes=("finding",), summary="a test's")
+    table.register("split", beat=Beat("split", "scratch.split", every_s=60.0), run=f"{here}:scratch_run",
+                   shards=Shards("scratch.split_shard", args=f"{here}:scratch_args", run=f"{here}:scratch_shard", fleet=f"{here}:scratch_fleet"),
+                   modules=(), reads=("gpu_sample",), writes=("finding",), summary="a sharded test's")
+    app = Celery("scratch", set_as_current=False)
+    app.conf.task_always_eager = True
+    app.conf.fleetscope_settings = SimpleNamespace(sweep_shards=1)
+    made = scheduled_tasks(app, table, lambda: "the-store", shared=False)
+    assert sorted(made) == ["scratch.nightly", "scratch.split", "scratch.split_shard"]
+    assert {n for n in app.tasks if n.startswith("scratch.")} == set(made)
+    CALLS.clear()
+    assert app.tasks["scratch.nightly"].delay(month="2026-02").get() == {"month": "2026-02", "ran": True}
+    assert CALLS == [("run", "the-store", 1, {"month": "2026-02"})]
+    # one shard: the entry's own function, as unsharded
+    CALLS.clear()
+    assert made["scratch.split"].delay().get() == {"month": None, "ran": True}
+    # three shards: the arguments fixed once, a task per shard with them, then the fleet part
+    app.conf.fleetscope_settings = SimpleNamespace(sweep_shards=3)
+    CALLS.clear()
+    assert made["scratch.split"].delay().get() == {"shards": 3, "sums": "2026-03-01T12:00:00+00:00"}
+    w = "2026-03-01T12:00:00+00:00"
+    assert CALLS == [("shard", "the-store", k, {"shards": 3, "window_start": w}) for k in range(3)] + [("fleet", "the-store", 3, {"window_start": w})]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'window_s'"):
+        made["scratch.nightly"].delay(window_s=60).get()
+
+
+def test_every_scheduled_analysis_has_its_celery_task_under_its_beat_entry_s_task_name():
+    import inspect
+
+    from fleetscope.services.analysis import load
+    from fleetscope.worker import celery_app, make_celery, tasks
+
+    schedule = make_celery().conf.beat_schedule
+    names = []
+    for a in scheduled.SCHEDULED:
+        assert schedule[a.beat.entry]["task"] == a.beat.task and celery_app.tasks[a.beat.task].name == a.beat.task, a.name
+        assert list(inspect.signature(load(a.run)).parameters)[:2] == ["store", "settings"], a.run
+        names += [a.beat.task]
+        if a.shards:
+            assert celery_app.tasks[a.shards.task].name == a.shards.task
+            names += [a.shards.task]
+    assert sorted(tasks.SCHEDULED_TASKS) == sorted(names) and "fleetscope.energy_rollup_shard" in names
+    with pytest.raises(ValueError, match="'package.module:function'"):
+        Timetable().register("x", beat=Beat("x", "t.x", every_s=1.0), run="fleetscope.services.tiers.advance",
+                             modules=(), reads=(), writes=("finding",), summary="x")
 
 
 def test_a_beat_entry_says_when_once_and_is_registered_once():
@@ -88,11 +171,13 @@ def test_a_beat_entry_says_when_once_and_is_registered_once():
         Beat("x", "t", crontab="7 * *")
     assert Beat("x", "t", every_s=300.0).when == "every 300 s"
     table = Timetable()
-    table.register("a", beat=Beat("a-entry", "t.a", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="a")
+    table.register("a", beat=Beat("a-entry", "t.a", every_s=60.0), run="m:f", modules=(), reads=(), writes=("finding",), summary="a")
     with pytest.raises(ValueError, match="registered twice"):
-        table.register("a", beat=Beat("other", "t.a", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="a")
+        table.register("a", beat=Beat("other", "t.a", every_s=60.0), run="m:f", modules=(), reads=(), writes=("finding",), summary="a")
     with pytest.raises(ValueError, match="beat entry 'a-entry' is registered twice"):
-        table.register("b", beat=Beat("a-entry", "t.b", every_s=60.0), modules=(), reads=(), writes=("finding",), summary="b")
+        table.register("b", beat=Beat("a-entry", "t.b", every_s=60.0), run="m:f", modules=(), reads=(), writes=("finding",), summary="b")
+    with pytest.raises(ValueError, match="task 't.a' is registered twice"):
+        table.register("c", beat=Beat("c-entry", "t.a", every_s=60.0), run="m:f", modules=(), reads=(), writes=("finding",), summary="c")
     assert table.names() == ["a"]
 
 

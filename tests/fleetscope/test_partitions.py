@@ -34,6 +34,9 @@ def test_writes_route_to_day_partitions_and_stay_idempotent(store):
     if store.dialect == "postgresql":
         parts = partitions.partitions(store.engine, "gpu_sample")
         assert {dt.date(2026, 10, 1), dt.date(2026, 10, 2), dt.date(2026, 10, 3), dt.date(2026, 10, 6)} <= {d for _, d in parts}
+        every = partitions.all_partitions(store.engine)
+        assert {"gpu_sample_p20261001", "gpu_sample_p20261006"} <= set(every) and set(every) >= {n for n, _ in parts}
+        assert all(partitions.is_partition(n) for n in every) and every == sorted(every)
         with store.engine.connect() as conn:
             n = conn.execute(text(f'SELECT count(*) FROM "{partitions.partition_name("gpu_sample", dt.date(2026, 10, 2))}"')).scalar()
             kind = conn.execute(text("SELECT c.relkind FROM pg_class c WHERE c.relname = 'gpu_sample'")).scalar()

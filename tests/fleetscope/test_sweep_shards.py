@@ -115,13 +115,15 @@ def test_beat_sends_one_task_per_shard_and_their_results_are_one_rollup_s(store,
     sent: list[tuple] = []
 
     def run_now(task):
-        return lambda *args: (sent.append((task.name, *args[2:])), task.run(*args))[1]
+        return lambda **kw: (sent.append((task.name, kw["shard"], kw["shards"])), task.run(**kw))[1]
 
-    monkeypatch.setattr(tasks.energy_rollup_shard, "delay", run_now(tasks.energy_rollup_shard))
+    rollup, rollup_shard = (tasks.SCHEDULED_TASKS[t] for t in ("fleetscope.energy_rollup", "fleetscope.energy_rollup_shard"))
+    monkeypatch.setattr(rollup_shard, "delay", run_now(rollup_shard))
     monkeypatch.setattr(tasks.health_window_shard, "delay", run_now(tasks.health_window_shard))
-    tasks.energy_rollup.run(start.isoformat(), end.isoformat())
+    window = {"window_start": start.isoformat(), "window_end": end.isoformat()}
+    assert rollup.run(**window)["shards"] == SHARDS
     # the sums ran before the shards' minutes existed (as they may on a busy beat); the next tick has them
-    tasks.energy_rollup.run(start.isoformat(), end.isoformat())
+    assert rollup.run(**window)["sums"]["window_start"] == start.isoformat()
     assert sent[:SHARDS] == [("fleetscope.energy_rollup_shard", k, SHARDS) for k in range(SHARDS)]
     split = snapshot(store)
     for t in ENERGY_TABLES:
