@@ -69,11 +69,15 @@ def _lex_records(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame, list[_Run] | 
     last = raw.row(n, named=True)
     if last["labels"] is not None or last["extra"] is not None:
         return None
-    split = raw["pre"].str.splitn("\n", 2)
-    first, rest = split.struct.field("field_0"), split.struct.field("field_1")
+    pre = raw["pre"]
+    # Where the value line of each record ends (null: no line feed), a byte offset: the value line is ASCII
+    # whenever its number parses, and only then is the record accepted, so it is the character offset too.
+    # One search and two slices cost a third of splitting into a struct (0.06 s for a 16,384-GPU scrape).
+    cut = pre.str.find("\n", literal=True).cast(pl.Int64)
+    rest = pre.str.slice(cut + 1)
     # The value of record i is the first line of record i + 1: parse, then shift the numbers.
-    value = first.str.slice(1).cast(pl.Float64, strict=False).shift(-1).head(n)
-    blank_first = first.str.starts_with(" ").shift(-1).head(n)
+    value = pre.str.slice(1, (cut - 1).clip(lower_bound=0)).cast(pl.Float64, strict=False).shift(-1).head(n)
+    blank_first = pre.str.starts_with(" ").shift(-1).head(n)
     ok = (
         raw["extra"].is_null().all()
         and raw["labels"].head(n).null_count() == 0

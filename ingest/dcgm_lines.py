@@ -43,9 +43,8 @@ from ingest.dcgm import (
     _INT32_MAX,
     _INT64_BLANK,
     _INT_COLUMNS,
-    _KNOWN_LABELS,
-    _LABELS,
 )
+from ingest.dcgm_blocks import _KNOWN_LABELS, _LABELS
 from ingest.dcgm_lex import MAX_LABELS_CHARS
 
 __all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "host_of"]

@@ -183,7 +183,7 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
         return body, formats
 
     def prepare(data: bytes, formats: list[str]) -> door.Push:
-        return ingestion.to_push(data, source=source, fmt=fmt, opts=opts, now=received, formats=formats)
+        return ingestion.to_push(data, source=source, fmt=fmt, opts=opts, now=received, formats=formats, received=body)
 
     try:
         # A node's push (tens of kB) is inflated and sniffed here, and a small dcgm body left for the door's

@@ -36,6 +36,7 @@ from fleetscope.core import dcgm_fields
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
+from fleetscope.store.inventory import InventoryMemory
 from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -190,6 +191,8 @@ class Store:
         self._counter_readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
         self._counter_version = 0
         self._counter_lock = threading.Lock()
+        # gpu inventory frames found stored, so an unchanged one is not upserted again (store.inventory)
+        self._inventory = InventoryMemory(self.dialect)
         # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
         self._partitioned: frozenset[str] | None = None
         # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
@@ -490,7 +493,20 @@ class Store:
     def _write_frame(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame, new_series: dict[str, int]) -> int:
         if spec.name == "metric_sample":
             return self._write_metric_samples(conn, df, new_series)
+        if spec.name == "gpu":
+            return self._write_inventory(conn, spec, df)
         return self._insert(conn, spec.name, df, spec.key, spec.on_conflict)
+
+    def _write_inventory(self, conn: Connection, spec: F.FrameSpec, df: pl.DataFrame) -> int:
+        """The gpu upsert, skipped where this process found an equal frame stored and the table's change
+        counter has not moved since (``store.inventory``)."""
+        before = self._inventory.version(conn)
+        if before is not None and self._inventory.unchanged(df, before):
+            return 0
+        n = self._insert(conn, spec.name, df, spec.key, spec.on_conflict)
+        if before is not None and n == 0 and self._inventory.version(conn) == before:
+            self._inventory.remember(df, before)
+        return n
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
         cols = list(df.columns)

@@ -237,6 +237,18 @@ counter_reading = Table(
     comment="Last reading of each GPU's DCGM fault counters, shared by the writing processes.",
 )
 
+# The gpu table's change counter on SQLite, advanced by a trigger for every row inserted, updated or deleted
+# (migration 0020), so a process can tell that an inventory it found stored is still what the table holds
+# (store/inventory.py). PostgreSQL counts with the sequence gpu_inventory_version instead: nextval takes no
+# row lock for concurrent writers to queue on.
+inventory_version = Table(
+    "inventory_version",
+    metadata,
+    Column("name", String(40), primary_key=True, comment="the inventory table counted: gpu"),
+    Column("version", BigInteger, nullable=False, comment="rows of it changed since the count began"),
+    comment="Change counter of the gpu inventory (SQLite; PostgreSQL: the sequence gpu_inventory_version).",
+)
+
 # What an incremental job analysis has folded so far (services/job_fold.py): the step-based analyses' mergeable
 # state and the watermarks a run reads on from, one row per job and analysis state.
 job_analysis_state = Table(

@@ -183,3 +183,33 @@ def test_sigkill_during_agent_load_loses_nothing_acknowledged(db_url, tmp_path):
     # every (node, scrape) whole and exactly once: 8 GPUs, never part of them
     assert len(rows) == len(pushes) and {n for *_, n in rows} == {8}
     engine.dispose()
+
+
+def test_a_gzip_scrape_sent_again_is_known_by_its_compressed_bytes(api):
+    """The content hash of a body the API inflates is taken over the bytes as they arrived: the same gzip
+    body again writes nothing, and the same text sent plain is a new input whose rows are all stored already."""
+    import hashlib
+    import json
+
+    h = _headers(api.app.state.store.engine)
+    text_body = _bench.synth_scrape(144)  # under the 1 MiB body limit
+    gz = gzip.compress(text_body)
+    assert len(gz) > 64 * 1024  # past the small-body lane: parsed in the thread pool, hashed beside the parse
+    params = {"ts": T0.isoformat(), "source": "scraper"}
+
+    def post(body: bytes, **headers: str) -> dict:
+        r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params=params, content=body, headers={**h, **headers}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = post(gz, **{"Content-Encoding": "gzip"})
+    again = post(gz, **{"Content-Encoding": "gzip"})
+    plain = post(text_body)
+    assert first["written"]["gpu_sample"] == 144 and first["skipped_duplicate"] is False
+    assert again["skipped_duplicate"] is True and again["written"]["gpu_sample"] == 0
+    assert plain["skipped_duplicate"] is False and plain["written"]["gpu_sample"] == 0 and plain["offered"]["gpu_sample"] == 144
+    options = json.dumps(["dcgm", None, T0.isoformat(), None]).encode()
+    with api.app.state.store.engine.connect() as conn:
+        shas = conn.execute(text("SELECT content_sha256 FROM ingest_log ORDER BY at")).scalars().all()
+        assert conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one() == 144
+    assert shas == [hashlib.sha256(gz + options).hexdigest(), hashlib.sha256(text_body + options).hexdigest()]

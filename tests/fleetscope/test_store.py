@@ -511,3 +511,55 @@ def test_an_idle_pooled_connection_that_died_is_replaced(db_url, monkeypatch):
     with engine.connect() as conn:  # the dead one fails its ping and a new one is used
         assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
     engine.dispose()
+
+
+def _fleet_inventory(driver: str = "580.1") -> pl.DataFrame:
+    return pl.DataFrame({"gpu_uuid": [f"g{i}" for i in range(6)], "host": ["n1"] * 3 + ["n2"] * 3, "gpu_index": [0, 1, 2] * 2,
+                         "model_name": ["H100"] * 6, "driver_version": [driver] * 6})
+
+
+def _gpu_upserts(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of each gpu upsert ``store`` sends to the database from now on."""
+    sent: list[int] = []
+    insert = store._insert
+
+    def counting(conn, table, df, key, on_conflict):  # type: ignore[no-untyped-def]
+        if table == "gpu":
+            sent.append(df.height)
+        return insert(conn, table, df, key, on_conflict)
+
+    monkeypatch.setattr(store, "_insert", counting)
+    return sent
+
+
+def test_an_unchanged_inventory_is_not_upserted_again(store: Store, monkeypatch: pytest.MonkeyPatch):
+    sent = _gpu_upserts(store, monkeypatch)
+    results = [store.write(F.Batch(source="scrape", gpu=_fleet_inventory())).written["gpu"] for _ in range(4)]
+    # The first write stores it, the second finds it stored (and remembers), the rest skip the upsert.
+    assert results == [6, 0, 0, 0] and sent == [6, 6]
+    # A frame that differs is upserted, and what it changes is stored.
+    assert store.write(F.Batch(source="scrape", gpu=_fleet_inventory("580.2"))).written["gpu"] == 6
+    assert sent == [6, 6, 6]
+    assert store.query("SELECT DISTINCT driver_version FROM gpu").rows() == [("580.2",)]
+
+
+@pytest.mark.parametrize("change", ["another store", "sql update", "sql delete"])
+def test_an_inventory_changed_elsewhere_is_written_again(store: Store, monkeypatch: pytest.MonkeyPatch, change: str):
+    """A process that remembers the inventory as stored still sees another process's change to it, and its
+    next scrape puts its own values back, as the upsert would."""
+    for _ in range(2):
+        store.write(F.Batch(source="scrape", gpu=_fleet_inventory()))
+    sent = _gpu_upserts(store, monkeypatch)
+    assert store.write(F.Batch(source="scrape", gpu=_fleet_inventory())).written["gpu"] == 0 and sent == []  # remembered
+    if change == "another store":
+        other = Store(store.engine)  # another process: nothing remembered
+        moved = _fleet_inventory().with_columns(host=pl.when(pl.col("gpu_uuid") == "g4").then(pl.lit("n9")).otherwise("host"))
+        assert other.write(F.Batch(source="admin", gpu=moved)).written["gpu"] == 1
+    else:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE gpu SET host = 'n9' WHERE gpu_uuid = 'g4'" if change == "sql update" else
+                                 "DELETE FROM gpu WHERE gpu_uuid = 'g4'")
+    assert store.write(F.Batch(source="scrape", gpu=_fleet_inventory())).written["gpu"] == 1
+    assert sent == [6]
+    assert store.query("SELECT gpu_uuid, host FROM gpu ORDER BY gpu_uuid").rows() == [
+        ("g0", "n1"), ("g1", "n1"), ("g2", "n1"), ("g3", "n2"), ("g4", "n2"), ("g5", "n2")]

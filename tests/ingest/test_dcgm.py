@@ -451,3 +451,25 @@ def test_naive_scrape_time_is_utc_and_aware_times_are_converted():
     naive = dcgm.parse(body, ts=datetime(2026, 3, 10, 12, 0))
     shifted = dcgm.parse(body, ts=datetime(2026, 3, 10, 14, 0, tzinfo=timezone(timedelta(hours=2))))
     assert naive.gpu_sample["ts"].to_list() == [TS] == shifted.gpu_sample["ts"].to_list()
+
+
+def test_a_scrape_whose_blocks_differ_from_the_last_only_inside_reads_its_own_labels():
+    """The resolution of label blocks kept from the last scrape is reused only for blocks equal to them all:
+    a GPU that moved host in the middle of the fleet (same count, same first and last block) is seen."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from ingest_dcgm import synth_scrape
+
+    body = synth_scrape(16, seed=7)
+    text = body.decode()
+    uuid5 = list(dict.fromkeys(ln.split('UUID="', 1)[1].split('"', 1)[0] for ln in text.splitlines() if 'UUID="' in ln))[5]  # printed 6th
+    host5 = text.split(f'UUID="{uuid5}"', 1)[1].split('Hostname="', 1)[1].split('"', 1)[0]
+    moved = "\n".join(ln.replace(f'Hostname="{host5}"', 'Hostname="moved-host"') if f'UUID="{uuid5}"' in ln else ln
+                      for ln in text.split("\n")).encode()
+    first, again, other = dcgm.parse(body, ts=TS), dcgm.parse(body, ts=TS), dcgm.parse(moved, ts=TS)
+    assert first.meta["lexer"] == again.meta["lexer"] == other.meta["lexer"] == "records"
+    assert first.gpu.equals(again.gpu) and first.gpu_sample.equals(again.gpu_sample)
+    hosts = dict(other.gpu.select("gpu_uuid", "host").iter_rows())
+    assert hosts[uuid5] == "moved-host" and dict(first.gpu.select("gpu_uuid", "host").iter_rows())[uuid5] == host5 != "moved-host"
+    assert {g: h for g, h in hosts.items() if g != uuid5} == {g: h for g, h in first.gpu.select("gpu_uuid", "host").iter_rows() if g != uuid5}
