@@ -37,6 +37,12 @@ SCHEDULED.register(
     modules=("analyzers.tiers",), reads=("gpu_sample", "gpu_sample_minute", "rollup_watermark"),
     writes=("gpu_sample_minute", "gpu_sample_hour", "rollup_watermark"),
     summary="GPU telemetry's minute tier from raw and hour tier from minutes, from each tier's watermark")
+# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE).
+SCHEDULED.register(
+    "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),
+    modules=(), reads=("gpu_sample", "rollup_watermark"), writes=("gpu_sample",),
+    summary="PostgreSQL: closed days of raw GPU telemetry, once the tiers have passed them, packed into per-GPU "
+            "hourly rows of compressed column arrays (4x smaller; reads unchanged)")
 # A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
 SCHEDULED.register(
     "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),

@@ -36,6 +36,7 @@ from fleetscope.core import dcgm_fields
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
+from fleetscope.store import packed
 from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -706,7 +707,9 @@ class Store:
             if colname not in spec.schema:
                 raise ValueError(f"{frame} cannot be filtered by {colname}")
             where.append(self._in(f"{alias}.{_q(colname)}", values, params))
-        source = f" FROM {_q(frame)} {alias}{joins}" + (" WHERE " + " AND ".join(where) if where else "")
+        # raw GPU samples of packed days are read back from their arrays (store.packed)
+        table = packed.source(self.dialect, start, end, want, alias) if frame == packed.RAW else f"{_q(frame)} {alias}"
+        source = f" FROM {table}{joins}" + (" WHERE " + " AND ".join(where) if where else "")
         sql = f"SELECT {', '.join(select_cols)}{source}"
         order = list(dict.fromkeys(c for c in (tcol, *spec.key) if c and c in want))
         # Without a LIMIT, polars sorts the result (in parallel, after the fact) faster than SQLite's

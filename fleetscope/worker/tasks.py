@@ -107,6 +107,17 @@ def tier_rollup(now_iso: str | None = None) -> dict[str, Any]:
         return tiers.advance(store(), now)
 
 
+@celery_app.task(name="fleetscope.raw_packing")
+def raw_packing(now_iso: str | None = None) -> dict[str, Any]:
+    """Beat's hourly tick: pack the closed days of raw GPU telemetry that the tiers have passed (``services.packing``;
+    nothing on SQLite)."""
+    from fleetscope.services import packing  # lazy: a task's service loads when it runs (beat imports this module)
+
+    now = dt.datetime.fromisoformat(now_iso) if now_iso else dt.datetime.now(dt.UTC)
+    with tracer().start_as_current_span("task.raw_packing"):
+        return packing.pack_closed(store(), now)
+
+
 @celery_app.task(name="fleetscope.partitions_ahead")
 def partitions_ahead(today_iso: str | None = None) -> dict[str, list[str]]:
     """Beat's hourly tick: PostgreSQL day partitions of the raw telemetry tables for today and the next days
