@@ -70,21 +70,36 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, col
     bad = [c for c in fields if c not in FIELDS]
     if bad:
         raise ValueError(f"gpu_sample has no field {bad[0]!r}")
-    raw_where, packed_where = [], []
+    raw_where, hour_where, ts_where = [], [], []
     if start is not None:
         raw_where.append(f"ts >= {_literal(start)}")
-        packed_where += [f"p.hour >= {_literal(_hour_floor(start))}", f"u.ts >= {_literal(start)}"]
+        hour_where.append(f"p.hour >= {_literal(_hour_floor(start))}")
+        ts_where.append(f"u.ts >= {_literal(start)}")
     if end is not None:
         raw_where.append(f"ts < {_literal(end)}")
-        packed_where += [f"p.hour < {_literal(end)}", f"u.ts < {_literal(end)}"]
-    raw_cols = ", ".join(["ts", "gpu_uuid", *(f'"{c}"' for c in fields)])
-    unnested = ", ".join(["p.ts", *(f'p."{c}"' for c in fields)])
-    names = ", ".join(["ts", *(f'"{c}"' for c in fields)])
-    picked = ", ".join(["u.ts", "p.gpu_uuid", *((f'u."{c}"::float8 AS "{c}"' if c in FLOAT4_FIELDS else f'u."{c}"') for c in fields)])
-    raw = f"SELECT {raw_cols} FROM {RAW}" + (" WHERE " + " AND ".join(raw_where) if raw_where else "")
-    packed = (f"SELECT {picked} FROM {TABLE} p CROSS JOIN LATERAL unnest({unnested}) AS u({names})"
-              + (" WHERE " + " AND ".join(packed_where) if packed_where else ""))
-    return f"({raw} UNION ALL {packed}) {alias}"
+        hour_where.append(f"p.hour < {_literal(end)}")
+        ts_where.append(f"u.ts < {_literal(end)}")
+    raw = _raw_select(RAW, fields, raw_where)
+    return f"({raw} UNION ALL {_packed_select(TABLE, fields, hour_where, ts_where)}) {alias}"
+
+
+def _where(conds: Sequence[str]) -> str:
+    return " WHERE " + " AND ".join(conds) if conds else ""
+
+
+def _raw_select(table: str, fields: Sequence[str], where: Sequence[str], tag: str = "") -> str:
+    cols = ", ".join(["ts", "gpu_uuid", *(f'"{c}"' for c in fields)])
+    return f"SELECT {tag}{cols} FROM {table}{_where(where)}"
+
+
+def _packed_select(table: str, fields: Sequence[str], hour_where: Sequence[str], ts_where: Sequence[str], tag: str = "") -> str:
+    """Rows of ``table``'s packed samples: the arrays unnested side by side in the select list (a ProjectSet,
+    which PostgreSQL 10+ runs in lockstep, an all-NULL field's NULL array giving NULLs; several times faster
+    than ``unnest`` in FROM, which stores its rows first), float4 fields widened to float8 as ``gpu_sample``
+    holds them."""
+    picked = ", ".join(["unnest(p.ts) AS ts", "p.gpu_uuid",
+                        *(f'unnest(p."{c}"){"::float8" if c in FLOAT4_FIELDS else ""} AS "{c}"' for c in fields)])
+    return f"SELECT {tag}u.* FROM (SELECT {picked} FROM {table} p{_where(hour_where)}) u{_where(ts_where)}"
 
 
 def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, list[dt.datetime]]:
@@ -150,14 +165,11 @@ def pack_sql(day: dt.date, merge: bool) -> list[str]:
              " FROM src GROUP BY 1, 2 ORDER BY 1, 2")
     if not merge:
         return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}){group}"]
-    both = source("postgresql", None, None).removesuffix(" gpu_sample")
-    both = both.replace(f"FROM {RAW}", f"FROM {raw}", 1).replace(f"FROM {TABLE} p", f"FROM {packed} p", 1)
-    tagged = both.replace("SELECT ts, gpu_uuid,", "SELECT 1 AS src_order, ts, gpu_uuid,", 1).replace(
-        "SELECT u.ts, p.gpu_uuid,", "SELECT 0 AS src_order, u.ts, p.gpu_uuid,", 1)
+    tagged = f"{_raw_select(raw, FIELDS, [], '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, [], [], '0 AS src_order, ')}"
     firsts = ", ".join(f'(array_agg("{c}" ORDER BY src_order) FILTER (WHERE "{c}" IS NOT NULL))[1] AS "{c}"' for c in FIELDS)
     # the day's rows are rebuilt aside first: a row deleted and inserted again by one statement would still
     # hold its key in the unique index
-    return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged[1:-1]}),"
+    return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged}),"
             f" src AS (SELECT ts, gpu_uuid, {firsts} FROM tagged GROUP BY gpu_uuid, ts){group}",
             f"DELETE FROM {packed}",
             f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack"]
