@@ -89,8 +89,7 @@ def downgrade() -> None:
         return
     # the packed samples back into their raw day partitions (packing leaves those in place, emptied)
     names = [line.split()[0] for line in COLUMNS.strip().splitlines()]
-    picked = ", ".join(f"u.{n}::{'float8' if 'real' in line else line.split()[1].removesuffix('[],').removesuffix('[]')}"
-                       for n, line in zip(names, COLUMNS.strip().splitlines()))
+    picked = ", ".join(f"u.{n}::{'bigint' if 'bigint' in line else 'float8'}" for n, line in zip(names, COLUMNS.strip().splitlines()))
     op.execute(f"INSERT INTO gpu_sample (ts, gpu_uuid, {', '.join(names)}) SELECT u.ts, p.gpu_uuid, {picked}"
                f" FROM gpu_sample_packed p CROSS JOIN LATERAL unnest(p.ts, {', '.join('p.' + n for n in names)})"
                f" AS u(ts, {', '.join(names)}) ON CONFLICT DO NOTHING")
