@@ -15,8 +15,8 @@
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
 they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
 whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day;
-the packed days of ``gpu_sample`` (``store.packed``) go the same way, to the hour. Each table is pruned in a transaction of its own, so one busy
-table neither holds the others back nor undoes them.
+the packed days of ``gpu_sample`` (``store.packed``) go the same way, to the hour. Each table is pruned in a
+transaction of its own, so one busy table neither holds the others back nor undoes them.
 """
 
 from __future__ import annotations
