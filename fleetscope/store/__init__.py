@@ -837,6 +837,8 @@ class Store:
         with self.reader.connect() as conn:
             for name in F.FRAMES:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
+            if self.dialect == "postgresql":  # with the samples of packed days (store.packed)
+                out[packed.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(samples), 0) FROM {packed.TABLE}")).scalar_one())
         return out
 
     def ingested(self, shas: Sequence[str]) -> set[str]:

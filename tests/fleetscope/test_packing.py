@@ -130,6 +130,7 @@ def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
         raw_left = conn.execute(text(f'SELECT count(*) FROM "{partitions.partition_name("gpu_sample", DAY.date())}"')).scalar()
         nulls = conn.execute(text(f"SELECT count(*) FROM {packed.TABLE} WHERE gpu_uuid = 'GPU-0003' AND mem_temp_c IS NULL")).scalar()
     assert raw_left == 0 and nulls == 24 - 2  # an all-NULL field of a GPU-hour is stored as NULL, not an array
+    assert store.counts()["gpu_sample"] == df.height
     after = _reads(store)
     _assert_same(before, after, packed_day=True)
     # the rows outside the packed day are untouched, bit for bit
