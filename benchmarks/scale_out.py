@@ -6,13 +6,18 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   and Energy & Carbon pages' fleet panels. Target: under 2 s.
 - ``storage``: ``--gpus`` GPUs (64) sampled every 10 s for a day with 30 fields through ``Store.write`` (the
   day's partition), rolled to the minute and hour tiers by the service's own ``tiers.advance``; bytes of each
-  (table, indexes and TOAST: ``pg_total_relation_size``) per GPU-day.
+  (table, indexes and TOAST: ``pg_total_relation_size``) per GPU-day; then the day packed by
+  ``services.packing.pack_day`` as beat does once the day is closed, and the bytes of the packed day (its
+  packed partition and the emptied raw one). ``--values random`` (default): every field uniform random at
+  full float8 precision, the worst case for compression; ``--values dcgm``: values as DCGM reports them
+  (``_dcgm_scrapes``), a busy GPU.
 - ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
   the first day goes as one dropped partition. Target: under 1 s.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel] [--postgres URL]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel] [--values random|dcgm]
+                                   [--postgres URL]
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ import polars as pl  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import retention, telemetry, tiers  # noqa: E402
+from fleetscope.services import packing, retention, telemetry, tiers  # noqa: E402
 from benchmarks._server import scratch_store  # noqa: E402
-from fleetscope.store import Store, partitions, schema  # noqa: E402
+from fleetscope.store import Store, packed, partitions, schema  # noqa: E402
 
 FIELDS = [c.name for c in F.GPU_FIELDS][:30]
 DAY0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
@@ -63,13 +68,74 @@ def _scrapes(uuids: list[str], start: dt.datetime, scrapes: int, interval_s: int
     return pl.DataFrame(cols)
 
 
-def _write_day(store: Store, uuids: list[str], day: dt.datetime, interval_s: int, rng: np.random.Generator) -> int:
+def _wander(rng: np.random.Generator, n: int, scrapes: int, mean: float, sd: float, lo: float, hi: float) -> np.ndarray:
+    """``scrapes`` x ``n`` values (scrape-major, as ``_scrapes`` lays rows out): per GPU, a level of its own and
+    AR(1) noise about it (each scrape keeps 0.9 of the last one's deviation; stationary deviation ``sd``),
+    clipped to [lo, hi]: readings that move every scrape, as a busy GPU's do, without sitting at a bound."""
+    level = rng.normal(mean, sd, n)
+    eps = rng.normal(0.0, sd * np.sqrt(1 - 0.9**2), (scrapes, n))
+    dev = np.empty_like(eps)
+    dev[0] = rng.normal(0.0, sd, n)
+    for i in range(1, scrapes):
+        dev[i] = 0.9 * dev[i - 1] + eps[i]
+    return np.clip(level + dev, lo, hi).ravel()
+
+
+def _dcgm_scrapes(uuids: list[str], start: dt.datetime, scrapes: int, interval_s: int, rng: np.random.Generator,
+                  energy0_j: np.ndarray) -> pl.DataFrame:
+    """The same rows as ``_scrapes`` with values shaped as dcgm-exporter reports a busy training GPU (H100, DCGM
+    3.x ``default-counters.csv`` and profiling fields): utilisations in whole percent, profiling ratios to 6
+    decimals, memory in whole MiB changing when a job does, power to the mW, the energy counter in mJ,
+    temperatures in whole °C, clocks in whole MHz, PCIe and NVLink bytes per second, error counters and the
+    last XID at zero. ``energy0_j`` (per GPU) carries the counter on across calls."""
+    n = len(uuids)
+    m = n * scrapes
+    ts = np.repeat(np.arange(scrapes, dtype=np.int64) * interval_s * 1_000_000, n) + int(start.timestamp() * 1_000_000)
+    power = np.round(_wander(rng, n, scrapes, 550.0, 60.0, 60.0, 700.0), 3)
+    energy = energy0_j + np.cumsum(np.round(power * interval_s * 1000).reshape(scrapes, n), axis=0) / 1000
+    energy0_j[:] = energy[-1]
+    mib = np.repeat(rng.integers(20_000, 80_000, n)[None, :], scrapes, axis=0).ravel()
+    cols: dict[str, object] = {"ts": pl.Series("ts", ts).cast(pl.Datetime("us", "UTC")), "gpu_uuid": uuids * scrapes}
+    for name in FIELDS:
+        if name in ("util_ratio", "mem_copy_util_ratio"):
+            v = np.round(_wander(rng, n, scrapes, 90.0, 8.0, 0.0, 100.0)) / 100
+        elif name in ("enc_util_ratio", "dec_util_ratio", "fp64_active_ratio"):
+            v = np.zeros(m)
+        elif name.endswith("_ratio"):
+            v = np.round(_wander(rng, n, scrapes, 0.6, 0.1, 0.0, 1.0), 6)
+        elif name == "fb_used_bytes":
+            v = mib * 2**20
+        elif name == "fb_free_bytes":
+            v = (81_559 - mib) * 2**20
+        elif name == "fb_reserved_bytes":
+            v = np.full(m, 521 * 2**20)
+        elif name == "power_w":
+            v = power
+        elif name == "energy_j":
+            v = energy.ravel()
+        elif name in ("temp_c", "mem_temp_c"):
+            v = np.round(_wander(rng, n, scrapes, 65.0, 3.0, 25.0, 95.0))
+        elif name == "sm_clock_mhz":
+            v = np.where(rng.random(m) < 0.95, 1980.0, 1755.0)
+        elif name == "mem_clock_mhz":
+            v = np.full(m, 2619.0)
+        elif name.endswith("_bytes_per_s"):
+            v = np.round(_wander(rng, n, scrapes, 1e10, 3e9, 0.0, 6.4e10))
+        else:  # counters and the last XID
+            v = np.zeros(m, dtype=np.int64)
+        cols[name] = pl.Series(name, v, dtype=F.GPU_SAMPLE.schema[name])
+    return pl.DataFrame(cols)
+
+
+def _write_day(store: Store, uuids: list[str], day: dt.datetime, interval_s: int, rng: np.random.Generator, values: str = "random") -> int:
     per_write = max(1, 200_000 // len(uuids))
     scrapes = 86_400 // interval_s
     rows = 0
+    energy0_j = np.full(len(uuids), 1e8)
     for s0 in range(0, scrapes, per_write):
         k = min(per_write, scrapes - s0)
-        df = _scrapes(uuids, day + dt.timedelta(seconds=s0 * interval_s), k, interval_s, rng)
+        at = day + dt.timedelta(seconds=s0 * interval_s)
+        df = _scrapes(uuids, at, k, interval_s, rng) if values == "random" else _dcgm_scrapes(uuids, at, k, interval_s, rng, energy0_j)
         rows += store.write(F.Batch(source="bench", gpu_sample=df)).written.get("gpu_sample", 0)
     return rows
 
@@ -79,11 +145,11 @@ def _bytes(store: Store, relation: str) -> int:
         return int(conn.execute(text("SELECT pg_total_relation_size(to_regclass(:r))"), {"r": relation}).scalar() or 0)
 
 
-def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> None:
+def bench_storage_and_retention(store: Store, gpus: int, interval_s: int, values: str) -> None:
     rng = np.random.default_rng(7)
     uuids = _uuids(gpus, "s")
     t = time.perf_counter()
-    rows = _write_day(store, uuids, DAY0, interval_s, rng)
+    rows = _write_day(store, uuids, DAY0, interval_s, rng, values)
     write_s = time.perf_counter() - t
     t = time.perf_counter()
     rolled = tiers.advance(store, DAY0 + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
@@ -102,7 +168,7 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> Non
             " WHERE x.indrelid = to_regclass(:r) ORDER BY 1"), {"r": part})}
         row_bytes, uuid_bytes = conn.execute(text(
             f"SELECT AVG(pg_column_size(t.*)), AVG(pg_column_size(t.gpu_uuid)) FROM (SELECT * FROM {part} LIMIT 10000) t")).one()
-    _emit(bench="storage_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
+    _emit(bench="storage_per_gpu_day", db="postgresql", values=values, gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
           raw_rows=rows, minute_rows=rolled["minute"]["rows"], hour_rows=rolled["hour"]["rows"],
           raw_bytes_per_gpu_day=round(raw / gpus), minute_bytes_per_gpu_day=round(minute / gpus),
           hour_bytes_per_gpu_day=round(hour / gpus), raw_to_minute_ratio=round(raw / max(minute, 1), 2),
@@ -111,6 +177,32 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> Non
           index_bytes_per_gpu_day={k: round(v / gpus) for k, v in indexes.items()},
           mean_row_bytes=round(float(row_bytes), 1), mean_gpu_uuid_bytes=round(float(uuid_bytes), 1),
           rows_per_gpu_day=rows // gpus)
+
+    # the closed day packed as beat packs it, and what it then costs: its packed partition and the emptied raw one;
+    # an hour of every GPU's 30 fields read through Store.read before and after
+    hour = {"start": DAY0 + dt.timedelta(hours=12), "end": DAY0 + dt.timedelta(hours=13), "columns": ["ts", "gpu_uuid", *FIELDS]}
+    t = time.perf_counter()
+    rows_before = store.read("gpu_sample", **hour).height
+    read_raw_s = time.perf_counter() - t
+    t = time.perf_counter()
+    done = packing.pack_day(store, DAY0.date())
+    pack_s = time.perf_counter() - t
+    t = time.perf_counter()
+    rows_after = store.read("gpu_sample", **hour).height
+    read_packed_s = time.perf_counter() - t
+    assert rows_after == rows_before, (rows_before, rows_after)
+    packed_part = partitions.partition_name(packed.TABLE, DAY0.date())
+    with store.engine.begin() as conn:
+        conn.execute(text(f'ANALYZE "{packed_part}"'))
+    packed_bytes, emptied = _bytes(store, packed_part), _bytes(store, part)
+    with store.engine.connect() as conn:
+        toast = int(conn.execute(text("SELECT pg_total_relation_size(reltoastrelid) FROM pg_class WHERE oid = to_regclass(:r)"),
+                                 {"r": packed_part}).scalar() or 0)
+    _emit(bench="packed_bytes_per_gpu_day", db="postgresql", values=values, gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
+          samples=done["samples"], gpu_hour_rows=done["rows"], packed_bytes_per_gpu_day=round((packed_bytes + emptied) / gpus),
+          toast_bytes_per_gpu_day=round(toast / gpus), emptied_raw_partition_bytes=emptied,
+          raw_to_packed_ratio=round(raw / max(packed_bytes + emptied, 1), 2), target_bytes=round(4.21e6 / 4), pack_s=round(pack_s, 2),
+          read_hour_rows=rows_after, read_hour_raw_s=round(read_raw_s, 3), read_hour_packed_s=round(read_packed_s, 3))
 
     # The next day, so the first one is a whole partition behind the cutoff.
     _write_day(store, uuids, DAY0 + dt.timedelta(days=1), 3600, rng)
@@ -133,6 +225,7 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int) -> Non
     prune_s = time.perf_counter() - t
     partitions.drop_before = drop_before
     _emit(bench="retention_day_of_partitions", db="postgresql", raw_rows_dropped=deleted.get("gpu_sample"),
+          packed_gpu_hours_dropped=deleted.get(packed.TABLE),
           day_bytes=raw, seconds=round(prune_s, 3), target_s=1.0, gpu_sample_drop_s=drop_s.get("gpu_sample"),
           tables_pruned=len(deleted))
 
@@ -219,10 +312,12 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
     ap.add_argument("--only", choices=("storage", "layouts", "panel"), help="run one of the measurements")
+    ap.add_argument("--values", choices=("random", "dcgm"), default="random",
+                    help="storage: uniform random fields (the worst case for compression) or values as DCGM reports them")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     # each measurement on its own scratch database, so one's rows are not in the other's tables
-    runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s),
+    runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s, args.values),
             "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
             "panel": lambda store: bench_panel(store, args.panel_gpus, args.days)}
     for name, run in runs.items():

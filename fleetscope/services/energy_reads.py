@@ -12,8 +12,8 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, sample_interval_s
-from fleetscope.store import Store
-from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql, site_is_sql
+from fleetscope.store import Store, packed
+from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
 from analyzers import carbon
 from analyzers import facility
 from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
@@ -55,8 +55,10 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
     sql = (
         "SELECT h.site_id, COUNT(*) AS gpus,"
         " SUM(CASE WHEN b.e > a.e THEN b.e - a.e ELSE 0 END) AS energy_j FROM"
-        " (SELECT gpu_uuid, MIN(energy_j) AS e FROM gpu_sample WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) a"
-        " JOIN (SELECT gpu_uuid, MAX(energy_j) AS e FROM gpu_sample WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) b"
+        f" (SELECT gpu_uuid, MIN(energy_j) AS e FROM {gpu_samples_sql(store, start, start + probe, ('energy_j',))}"
+        " WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) a"
+        f" JOIN (SELECT gpu_uuid, MAX(energy_j) AS e FROM {gpu_samples_sql(store, end - probe, end, ('energy_j',))}"
+        " WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) b"
         " ON b.gpu_uuid = a.gpu_uuid"
         " LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE a.e IS NOT NULL AND b.e IS NOT NULL{site_sql} GROUP BY h.site_id ORDER BY 1"
@@ -146,10 +148,12 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
         return pl.DataFrame(schema=_SITE_HOUR_CARBON)
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
-    followed = fetch(store, "SELECT ts FROM gpu_sample WHERE ts >= ? AND ts < ? LIMIT 1", [end, end + probe], {"ts": UTC}).height > 0
+    ahead = gpu_samples_sql(store, end, end + probe)
+    followed = fetch(store, f"SELECT ts FROM {ahead} WHERE ts >= ? AND ts < ? LIMIT 1", [end, end + probe], {"ts": UTC}).height > 0
     if not followed:
         # The window runs past the data: close it at the newest sample instead.
-        last = fetch(store, "SELECT MAX(ts) AS ts FROM gpu_sample WHERE ts < ?", [end], {"ts": UTC})["ts"][0]
+        newest, newest_params = packed.max_ts_sql(store.dialect, before=end)
+        last = fetch(store, f"SELECT {newest} AS ts", newest_params, {"ts": UTC})["ts"][0]
         if last is None or last < start:
             return pl.DataFrame(schema=_SITE_HOUR_CARBON)
         end = min(end, last + dt.timedelta(microseconds=1))
@@ -165,7 +169,8 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     for k, (at, agg, lo, hi) in enumerate([(b, "MIN", b, b + probe) for b in bounds] + [closing]):
         params += [lo, hi]
         site_sql = site_gpus_sql(site, params)
-        parts.append(f"SELECT {k} AS k, gpu_uuid, {agg}(energy_j) AS e FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid")
+        source = gpu_samples_sql(store, lo, hi, ("energy_j",))
+        parts.append(f"SELECT {k} AS k, gpu_uuid, {agg}(energy_j) AS e FROM {source} WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid")
     sql = (
         "SELECT h.site_id, x.k, COUNT(*) AS gpus, SUM(CASE WHEN x.d > 0 THEN x.d ELSE 0 END) AS energy_j FROM ("
         " SELECT k, gpu_uuid, LEAD(e) OVER (PARTITION BY gpu_uuid ORDER BY k) - e AS d FROM (" + " UNION ALL ".join(parts) + ") p"

@@ -27,6 +27,7 @@ from fleetscope.services import shards
 from fleetscope.services import teams as teams_service
 from fleetscope.services.analysis import Registry
 from fleetscope.store import Store
+from fleetscope.store.reads import gpu_samples_sql
 
 MAX_WINDOW = dt.timedelta(days=1)
 
@@ -66,7 +67,8 @@ Part = None | str | tuple[int, int]
 def fleet_loaded_clock_p90(store: Store, start: dt.datetime, end: dt.datetime) -> float | None:
     """``analyzers.health.loaded_clock_p90`` over the whole fleet's samples in [start, end), reading only the
     two columns it needs: what a shard's GPUs are held to."""
-    df = store.query("SELECT util_ratio, sm_clock_mhz FROM gpu_sample WHERE ts >= ? AND ts < ? AND util_ratio >= 0.5",
+    source = gpu_samples_sql(store, start, end, ("util_ratio", "sm_clock_mhz"))
+    df = store.query(f"SELECT util_ratio, sm_clock_mhz FROM {source} WHERE ts >= ? AND ts < ? AND util_ratio >= 0.5",
                      [start, end], {"util_ratio": pl.Float64, "sm_clock_mhz": pl.Float64})
     return health.loaded_clock_p90(df)
 

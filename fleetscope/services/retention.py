@@ -14,19 +14,20 @@
 
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
 they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
-whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day. Each table is pruned in a transaction of its own, so one busy
-table neither holds the others back nor undoes them.
+whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day;
+the packed days of ``gpu_sample`` (``store.packed``) go the same way, to the hour. Each table is pruned in a
+transaction of its own, so one busy table neither holds the others back nor undoes them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import delete
+from sqlalchemy import delete, text
 
 from fleetscope.observability import tracer
 from fleetscope.settings import Settings
-from fleetscope.store import Store, partitions, schema
+from fleetscope.store import Store, packed, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
        "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
@@ -70,4 +71,15 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
             col = table.c[EVIDENCE.get(name) or schema.TIME_COLUMN[name]]
             with store.engine.begin() as conn:
                 deleted[name] = dropped + conn.execute(delete(table).where(col < cutoff)).rowcount
+            if name == packed.RAW and partitions.is_partitioned(store.engine, packed.TABLE):
+                deleted[packed.TABLE] = _prune_packed(store, cutoff)
     return deleted
+
+
+def _prune_packed(store: Store, cutoff: dt.datetime) -> int:
+    """The packed days of raw samples (``store.packed``) go with the raw ones: whole day partitions, then the
+    GPU-hours of the cutoff's day that end at or before it (an hour the cutoff falls in stays whole until the
+    next prune, so nothing younger than the retention goes). Rows (GPU-hours) deleted."""
+    dropped, _ = partitions.drop_before(store.engine, packed.TABLE, cutoff)
+    with store.engine.begin() as conn:
+        return dropped + conn.execute(text(f"DELETE FROM {packed.TABLE} WHERE hour <= :c"), {"c": cutoff - dt.timedelta(hours=1)}).rowcount

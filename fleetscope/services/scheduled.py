@@ -35,7 +35,7 @@ SCHEDULED.register(
     # per-job sums then read those minutes back.
     shards=Shards("fleetscope.energy_rollup_shard", args="fleetscope.services.energy:rollup_args",
                   run="fleetscope.services.energy:scheduled_rollup_shard", fleet="fleetscope.services.energy:scheduled_rollup_sums"),
-    modules=("analyzers.energy",), reads=("gpu_sample", "gpu", "host", "site", "job_rank", "metric_sample"),
+    modules=("analyzers.energy", "analyzers.facility"), reads=("gpu_sample", "gpu", "host", "site", "job_rank", "metric_sample"),
     writes=("gpu_energy_minute", "site_energy_minute", "job_energy_minute", "metric_sample"),
     summary="per-minute energy per GPU, site and job over the last ten closed minutes (late scrapes counted), "
             "the sites' measured PUE")
@@ -45,6 +45,13 @@ SCHEDULED.register(
     modules=("analyzers.tiers",), reads=("gpu_sample", "gpu_sample_minute", "rollup_watermark"),
     writes=("gpu_sample_minute", "gpu_sample_hour", "rollup_watermark"),
     summary="GPU telemetry's minute tier from raw and hour tier from minutes, from each tier's watermark")
+# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE).
+SCHEDULED.register(
+    "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),
+    run="fleetscope.services.packing:scheduled_pack",
+    modules=(), reads=("gpu_sample", "rollup_watermark"), writes=("gpu_sample",),
+    summary="PostgreSQL: closed days of raw GPU telemetry, once the tiers have passed them, packed into per-GPU "
+            "hourly rows of compressed column arrays, which every raw read unpacks")
 # A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
 SCHEDULED.register(
     "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),

@@ -15,6 +15,7 @@ import zlib
 import polars as pl
 
 from fleetscope.store import Store
+from fleetscope.store.reads import gpu_samples_sql
 
 
 def shard_of(host: str, shards: int) -> int:
@@ -37,7 +38,7 @@ def shard_gpu_samples(store: Store, shard: int, shards: int, start: dt.datetime,
     clauses = ([f"g.host IN ({', '.join('?' * len(hosts))})"] if hosts else []) + (["g.host IS NULL"] if shard == 0 else [])
     if not clauses:
         return pl.DataFrame(schema={c: schema[c] for c in columns})
-    sql = (f"SELECT {', '.join('s.' + c for c in columns)} FROM gpu_sample s LEFT JOIN gpu g ON g.gpu_uuid = s.gpu_uuid"
+    sql = (f"SELECT {', '.join('s.' + c for c in columns)} FROM {gpu_samples_sql(store, start, end, columns, 's')} LEFT JOIN gpu g ON g.gpu_uuid = s.gpu_uuid"
            f" WHERE s.ts >= ? AND s.ts < ? AND ({' OR '.join(clauses)}) ORDER BY s.gpu_uuid, s.ts")
     return store.query(sql, [start, end, *hosts], {c: schema[c] for c in columns}).select(columns)
 

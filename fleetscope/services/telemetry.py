@@ -5,7 +5,7 @@ than a short one). Bounded by construction: the dashboard never reads raw teleme
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import polars as pl
@@ -14,8 +14,8 @@ from sqlalchemy import inspect
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services import tiers
-from fleetscope.store import Store
-from fleetscope.store.reads import bucket_us_sql, fetch, site_gpus_sql
+from fleetscope.store import Store, packed
+from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql
 
 UTC = F.UTC_US
 
@@ -49,6 +49,11 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
             sql, approx = (f"SELECT (GREATEST(reltuples, 0) + COALESCE((SELECT SUM(GREATEST(c.reltuples, 0)) FROM pg_inherits i"
                            f" JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{quoted}'::regclass), 0))::bigint AS n"
                            f" FROM pg_class WHERE oid = '{quoted}'::regclass"), True
+            if name == packed.RAW and packed.TABLE in present:
+                # packed days hold their samples in GPU-hour rows: those rows times the samples of a few of them
+                sql = (f"SELECT ((SELECT n FROM ({sql}) a) + COALESCE((SELECT SUM(GREATEST(c.reltuples, 0))"
+                       f" FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{packed.TABLE}'::regclass)"
+                       f" * (SELECT AVG(samples) FROM (SELECT samples FROM {packed.TABLE} LIMIT 100) s), 0))::bigint AS n")
         else:
             sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
         df = fetch(store, sql, [], {"n": pl.Int64})
@@ -69,7 +74,7 @@ def data_end(store: Store) -> dt.datetime | None:
     # forecast), and anchoring there would leave every live panel looking at an empty window.
     sql = (
         "SELECT COALESCE((SELECT MAX(t) FROM ("
-        " SELECT MAX(ts) AS t FROM gpu_sample"
+        f" SELECT {packed.max_ts_sql(store.dialect)[0]} AS t"
         " UNION ALL SELECT MAX(ts) FROM job_event"
         " UNION ALL SELECT MAX(ts) FROM health_event"
         " UNION ALL SELECT MAX(ts) FROM nccl_test"
@@ -83,7 +88,7 @@ def data_end(store: Store) -> dt.datetime | None:
 
 def data_start(store: Store) -> dt.datetime | None:
     """The earliest GPU sample held (indexed MIN), or None."""
-    df = fetch(store, "SELECT MIN(ts) AS t FROM gpu_sample", [], {"t": UTC})
+    df = fetch(store, f"SELECT {packed.min_ts_sql(store.dialect)} AS t", [], {"t": UTC})
     return df["t"][0] if df.height else None
 
 
@@ -91,17 +96,12 @@ def sample_interval_s(store: Store, at: dt.datetime) -> float:
     """The GPU sampling interval near ``at``: the median gap between the last few samples of the GPU
     sampled last before ``at`` (two indexed lookups). Falls back to DEFAULT_SAMPLE_INTERVAL_S."""
     at = as_utc(at)
-    last = fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts <= ? ORDER BY ts DESC LIMIT 1", [at], {"gpu_uuid": pl.String})
+    last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=True), {"gpu_uuid": pl.String})
     if last.is_empty():
-        last = fetch(store, "SELECT gpu_uuid FROM gpu_sample WHERE ts > ? ORDER BY ts LIMIT 1", [at], {"gpu_uuid": pl.String})
+        last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=False), {"gpu_uuid": pl.String})
     if last.is_empty():
         return DEFAULT_SAMPLE_INTERVAL_S
-    ts = fetch(
-        store,
-        "SELECT ts FROM gpu_sample WHERE gpu_uuid = ? AND ts <= ? ORDER BY ts DESC LIMIT 9",
-        [last["gpu_uuid"][0], at + dt.timedelta(days=1)],
-        {"ts": UTC},
-    )["ts"]
+    ts = fetch(store, *packed.gpu_last_ts_sql(store.dialect, last["gpu_uuid"][0], at + dt.timedelta(days=1), 9), {"ts": UTC})["ts"]
     if ts.len() < 2:
         return DEFAULT_SAMPLE_INTERVAL_S
     gaps = (ts.sort().diff().dt.total_microseconds() / 1e6).drop_nulls()
@@ -168,7 +168,7 @@ def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None 
     sql = (
         f"SELECT x.gpu_uuid, g.host, g.gpu_index, h.site_id, x.ts, {', '.join('x.' + c for c in _LATEST_COLUMNS)} FROM ("
         f" SELECT s.gpu_uuid, s.ts, {fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM gpu_sample s WHERE s.ts >= ? AND s.ts < ?{site_sql}"
+        f" FROM {gpu_samples_sql(store, start, end, _LATEST_COLUMNS, 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}"
         ") x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         " WHERE x.rn = 1 ORDER BY g.host, g.gpu_index, x.gpu_uuid"
     )
@@ -199,12 +199,13 @@ def gpu_activity(
     Columns: ``gpu_uuid, host, gpu_index, site_id, samples, util_mean_ratio, power_mean_w, last_ts, busy``.
     """
     end = as_utc(end)
-    params: list[Any] = [end - dt.timedelta(seconds=window_s), end]
+    start = end - dt.timedelta(seconds=window_s)
+    params: list[Any] = [start, end]
     site_sql = site_gpus_sql(site, params)
     sql = (
         "SELECT a.gpu_uuid, g.host, g.gpu_index, h.site_id, a.samples, a.util_mean_ratio, a.power_mean_w, a.last_ts FROM ("
         " SELECT gpu_uuid, COUNT(*) AS samples, AVG(util_ratio) AS util_mean_ratio, AVG(power_w) AS power_mean_w, MAX(ts) AS last_ts"
-        f" FROM gpu_sample WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid"
+        f" FROM {gpu_samples_sql(store, start, end, ('util_ratio', 'power_w'))} WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid"
         ") a LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
     )
     schema = {
@@ -260,14 +261,18 @@ def fleet_series(
         return pl.DataFrame(schema=schema)
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
-    inner = "AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM gpu_sample WHERE ts >= ? AND ts < ?"
+    def inner(lo: dt.datetime, hi: dt.datetime) -> str:
+        source = gpu_samples_sql(store, lo, hi, ("util_ratio", "power_w", "temp_c"))
+        return f"AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM {source} WHERE ts >= ? AND ts < ?"
+
     return _probes(store, inner, start, end, points, probe, busy_util_ratio, site, schema)
 
 
-def _probes(store: Store, inner: str, start: dt.datetime, end: dt.datetime, points: int, probe: dt.timedelta,
+def _probes(store: Store, inner: Callable[[dt.datetime, dt.datetime], str], start: dt.datetime, end: dt.datetime, points: int, probe: dt.timedelta,
             busy_util_ratio: float, site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """``fleet_series``' probes as one query: per instant, each GPU's ``inner`` aggregates (``u``, ``p``,
-    ``t`` over the ``probe`` before it, from raw samples or a tier) folded over the fleet."""
+    ``t`` over the ``probe`` before it, from raw samples or a tier, ``inner(lo, hi)`` of the probe's bounds) folded
+    over the fleet."""
     points = max(1, int(points))
     step = (end - start) / points
     parts: list[str] = []
@@ -279,7 +284,7 @@ def _probes(store: Store, inner: str, start: dt.datetime, end: dt.datetime, poin
         parts.append(
             "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
             " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
-            f" SELECT gpu_uuid, {inner}{site_sql} GROUP BY gpu_uuid) x"
+            f" SELECT gpu_uuid, {inner(at - probe, at)}{site_sql} GROUP BY gpu_uuid) x"
         )
     df = fetch(store, " UNION ALL ".join(parts), params, schema)
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
@@ -299,7 +304,7 @@ def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.date
     if end <= start:
         return pl.DataFrame(schema=schema)
     inner = f"AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t FROM {table} WHERE bucket >= ? AND bucket < ?"
-    return _probes(store, inner, start, end, points, TIER_PROBE[tier], busy_util_ratio, site, schema)
+    return _probes(store, lambda lo, hi: inner, start, end, points, TIER_PROBE[tier], busy_util_ratio, site, schema)
 
 
 def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,
@@ -312,7 +317,8 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime
     out = {"ts": UTC, "min": pl.Float64, "max": pl.Float64, "mean": pl.Float64, "last": pl.Float64}
     params = [gpu_uuid, as_utc(start), as_utc(end)]
     if tier == "raw":
-        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM gpu_sample WHERE gpu_uuid = ? AND ts >= ? AND ts < ? ORDER BY ts"
+        source = gpu_samples_sql(store, as_utc(start), as_utc(end), (field,))
+        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM {source} WHERE gpu_uuid = ? AND ts >= ? AND ts < ? ORDER BY ts"
     else:
         aggs = ", ".join(f"{field}_{a} AS {a}" for a in ("min", "max", "mean", "last"))
         sql = f"SELECT bucket AS ts, {aggs} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"

@@ -37,6 +37,7 @@ from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
 from fleetscope.store.inventory import InventoryMemory
+from fleetscope.store import packed
 from fleetscope.store import sqlite_reader
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -722,7 +723,9 @@ class Store:
             if colname not in spec.schema:
                 raise ValueError(f"{frame} cannot be filtered by {colname}")
             where.append(self._in(f"{alias}.{_q(colname)}", values, params))
-        source = f" FROM {_q(frame)} {alias}{joins}" + (" WHERE " + " AND ".join(where) if where else "")
+        # raw GPU samples of packed days are read back from their arrays (store.packed)
+        table = packed.source(self.dialect, start, end, want, alias) if frame == packed.RAW else f"{_q(frame)} {alias}"
+        source = f" FROM {table}{joins}" + (" WHERE " + " AND ".join(where) if where else "")
         sql = f"SELECT {', '.join(select_cols)}{source}"
         order = list(dict.fromkeys(c for c in (tcol, *spec.key) if c and c in want))
         # Without a LIMIT, polars sorts the result (in parallel, after the fact) faster than SQLite's
@@ -850,6 +853,8 @@ class Store:
         with self.reader.connect() as conn:
             for name in F.FRAMES:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
+            if self.dialect == "postgresql":  # with the samples of packed days (store.packed)
+                out[packed.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(samples), 0) FROM {packed.TABLE}")).scalar_one())
         return out
 
     def ingested(self, shas: Sequence[str]) -> set[str]:

@@ -22,6 +22,8 @@ import threading
 
 from sqlalchemy import Engine, text
 
+from fleetscope.store import packed
+
 # table -> its time column
 PARTITIONED: dict[str, str] = {"gpu_sample": "ts", "gpu_workload": "ts", "metric_sample": "ts", "fabric_port_sample": "ts"}
 PARTITION_NAME = re.compile(r"^(?P<table>[a-z_]+)_p(?P<day>\d{8})$")
@@ -39,7 +41,7 @@ def partition_name(table: str, day: dt.date) -> str:
 def is_partition(name: str) -> bool:
     """Whether a table name is one of the day partitions (schema comparison leaves them out)."""
     m = PARTITION_NAME.match(name)
-    return bool(m and m.group("table") in PARTITIONED)
+    return bool(m and (m.group("table") in PARTITIONED or m.group("table") == packed.TABLE))
 
 
 def _bounds(day: dt.date) -> tuple[str, str]:

@@ -3,12 +3,13 @@ its declared columns even when empty, time buckets and durations in each dialect
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
-from fleetscope.store import Store
+from fleetscope.store import Store, packed
 
 
 def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -23,6 +24,14 @@ def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.Da
         else:
             cols.append(pl.col(name))
     return df.select(cols) if df.width else pl.DataFrame(schema=schema)
+
+
+def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | None, columns: Sequence[str] = (),
+                    alias: str = "gpu_sample") -> str:
+    """The FROM item every SQL read of raw GPU samples uses in place of ``gpu_sample``: the rows with
+    ``start <= ts < end`` (each bound optional) and ``ts``, ``gpu_uuid`` and ``columns``, packed days included
+    (``store.packed.source``). The query keeps its own ``ts`` filter."""
+    return packed.source(store.dialect, start, end, columns, alias)
 
 
 def bucket_us_sql(store: Store, column: str, bucket_s: int) -> str:

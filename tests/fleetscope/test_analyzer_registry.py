@@ -46,6 +46,7 @@ def test_beat_runs_every_analysis_from_its_registry_under_its_old_names():
     assert [(r["cadence"], r["name"], r["beat"], r["task"]) for r in rows if r["cadence"] == "scheduled"] == [
         ("scheduled", "energy_rollup", "energy-rollup", "fleetscope.energy_rollup"),
         ("scheduled", "tier_rollup", "tier-rollup", "fleetscope.tier_rollup"),
+        ("scheduled", "raw_packing", "raw-packing", "fleetscope.raw_packing"),
         ("scheduled", "model_monitoring", "model-monitoring", "fleetscope.model_monitoring"),
         ("scheduled", "serving_window", "serving-window", "fleetscope.serving_window"),
         ("scheduled", "teams_showback", "teams-showback", "fleetscope.teams_showback")]

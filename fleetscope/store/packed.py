@@ -1,0 +1,179 @@
+"""Closed days of raw GPU telemetry packed into per-(GPU, hour) rows of column arrays (PostgreSQL only).
+
+A day of ``gpu_sample`` rows costs 4.2 MB per GPU as rows (a 24-byte tuple header, the 41-byte text UUID and
+the (gpu_uuid, ts) key entry on every 10-second sample). Once a day is closed and the roll-up tiers have
+passed it, beat packs its partition into ``gpu_sample_packed``: one row per GPU and UTC hour holding the
+hour's timestamps and each field as an array in time order, which PostgreSQL's TOAST compresses (lz4 where
+the server has it; PostgreSQL 15 docs, ch. 73.2 "TOAST"). The UUID and the row overhead are then paid once
+per 360 samples, and fields that hold still (clocks, memory, error counters) compress to almost nothing.
+
+Fields whose source precision is far below float4's 24-bit mantissa (DCGM's utilisations are whole percent or
+ratios, temperatures whole °C, clocks whole MHz, power to the mW, bandwidths averaged over a second) are
+kept as ``real``; counters read as differences (energy in J, violation time in s) keep ``double precision``,
+and integer fields ``bigint``. Every read of raw samples goes through ``source``: on PostgreSQL the rows of
+the range from the raw partitions and, unnested, from the packed ones (partition pruning on the literal
+bounds leaves out whatever the range does not reach); on SQLite, which never packs, the table itself.
+
+Packing keeps the day's (emptied) raw partition, so a late or backfilled sample still finds it and the next
+pack folds it in. Retention drops both tables' day partitions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import polars as pl
+
+from fleetscope.core import frames as F
+from fleetscope.core.units import as_utc
+
+TABLE = "gpu_sample_packed"
+RAW = "gpu_sample"
+
+FLOAT4_FIELDS = frozenset({
+    "util_ratio", "mem_copy_util_ratio", "enc_util_ratio", "dec_util_ratio", "gr_engine_active_ratio", "sm_active_ratio",
+    "sm_occupancy_ratio", "tensor_active_ratio", "fp64_active_ratio", "fp32_active_ratio", "fp16_active_ratio",
+    "dram_active_ratio", "power_w", "temp_c", "mem_temp_c", "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
+})
+"""Fields packed as ``real``: measured to far fewer than float4's 7 significant digits."""
+
+FIELDS: tuple[str, ...] = tuple(c.name for c in F.GPU_FIELDS)
+
+
+def array_type(field: str) -> str:
+    """The SQL array type a packed field is held in."""
+    if field in FLOAT4_FIELDS:
+        return "real[]"
+    return "bigint[]" if F.GPU_SAMPLE.schema[field] == pl.Int64 else "double precision[]"
+
+
+def _literal(t: dt.datetime) -> str:
+    if not isinstance(t, dt.datetime):
+        raise TypeError(f"a raw sample bound must be a datetime, got {t!r}")
+    return f"TIMESTAMPTZ '{as_utc(t).isoformat()}'"
+
+
+def _hour_floor(t: dt.datetime) -> dt.datetime:
+    return as_utc(t).replace(minute=0, second=0, microsecond=0)
+
+
+def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, columns: Sequence[str] | None = None,
+           alias: str = "gpu_sample") -> str:
+    """A FROM item, named ``alias``, of the raw samples with ``start <= ts < end`` (either bound may be None),
+    with ``ts``, ``gpu_uuid`` and ``columns`` (default: every field). The caller still filters on ``ts``
+    (the bounds here only confine what is unpacked) and on anything else."""
+    if dialect != "postgresql":
+        return RAW if alias == RAW else f"{RAW} {alias}"
+    fields = [c for c in dict.fromkeys(columns if columns is not None else FIELDS) if c not in ("ts", "gpu_uuid")]
+    bad = [c for c in fields if c not in FIELDS]
+    if bad:
+        raise ValueError(f"gpu_sample has no field {bad[0]!r}")
+    raw_where, hour_where, ts_where = [], [], []
+    if start is not None:
+        raw_where.append(f"ts >= {_literal(start)}")
+        hour_where.append(f"p.hour >= {_literal(_hour_floor(start))}")
+        ts_where.append(f"u.ts >= {_literal(start)}")
+    if end is not None:
+        raw_where.append(f"ts < {_literal(end)}")
+        hour_where.append(f"p.hour < {_literal(end)}")
+        ts_where.append(f"u.ts < {_literal(end)}")
+    raw = _raw_select(RAW, fields, raw_where)
+    return f"({raw} UNION ALL {_packed_select(TABLE, fields, hour_where, ts_where)}) {alias}"
+
+
+def _where(conds: Sequence[str]) -> str:
+    return " WHERE " + " AND ".join(conds) if conds else ""
+
+
+def _raw_select(table: str, fields: Sequence[str], where: Sequence[str], tag: str = "") -> str:
+    cols = ", ".join(["ts", "gpu_uuid", *(f'"{c}"' for c in fields)])
+    return f"SELECT {tag}{cols} FROM {table}{_where(where)}"
+
+
+def _packed_select(table: str, fields: Sequence[str], hour_where: Sequence[str], ts_where: Sequence[str], tag: str = "") -> str:
+    """Rows of ``table``'s packed samples: the arrays unnested side by side in the select list (a ProjectSet,
+    which PostgreSQL 10+ runs in lockstep, an all-NULL field's NULL array giving NULLs; several times faster
+    than ``unnest`` in FROM, which stores its rows first), float4 fields widened to float8 as ``gpu_sample``
+    holds them."""
+    picked = ", ".join(["unnest(p.ts) AS ts", "p.gpu_uuid",
+                        *(f'unnest(p."{c}"){"::float8" if c in FLOAT4_FIELDS else ""} AS "{c}"' for c in fields)])
+    return f"SELECT {tag}u.* FROM (SELECT {picked} FROM {table} p{_where(hour_where)}) u{_where(ts_where)}"
+
+
+def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, list[dt.datetime]]:
+    """A scalar subquery, and its parameters: the newest raw sample's ``ts`` (before ``before``, when given), or NULL."""
+    if dialect != "postgresql":
+        return f"(SELECT MAX(ts) FROM {RAW}" + ("" if before is None else " WHERE ts < ?") + ")", ([] if before is None else [before])
+    below = "" if before is None else f" WHERE ts < {_literal(before)}"
+    # the newest packed sample lies in the newest packed hour (or, with ``before`` inside an hour ahead of its
+    # first sample, the hour before it): only those rows' timestamps are unpacked
+    last = f"(SELECT MAX(hour) FROM {TABLE}" + ("" if before is None else f" WHERE hour < {_literal(before)}") + ")"
+    packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
+              f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last}"
+              + ("" if before is None else f" AND u.t < {_literal(before)}") + ")")
+    return f"GREATEST((SELECT MAX(ts) FROM {RAW}{below}), {packed})", []
+
+
+def min_ts_sql(dialect: str) -> str:
+    """A scalar subquery: the oldest raw sample's ``ts``, or NULL."""
+    if dialect != "postgresql":
+        return f"(SELECT MIN(ts) FROM {RAW})"
+    return f"LEAST((SELECT MIN(ts) FROM {RAW}), (SELECT MIN(ts[1]) FROM {TABLE} WHERE hour = (SELECT MIN(hour) FROM {TABLE})))"
+
+
+def nearest_gpu_sql(dialect: str, at: dt.datetime, before: bool) -> tuple[str, list[dt.datetime]]:
+    """A query of one row, and its parameters, ``gpu_uuid, ts``: the GPU sampled last at or before ``at`` (``before``), else first
+    after it. Of packed days it looks at whole hours only (the newest hour ending by ``at``, the oldest
+    starting after it), which ``telemetry.sample_interval_s`` needs: a GPU reporting near ``at``."""
+    op, order = ("<=", "DESC") if before else (">", "")
+    if dialect != "postgresql":
+        return f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} ? ORDER BY ts {order} LIMIT 1", [at]
+    raw = f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} {_literal(at)} ORDER BY ts {order} LIMIT 1"
+    if before:
+        packed = (f"SELECT gpu_uuid, ts[array_upper(ts, 1)] AS ts FROM {TABLE} WHERE hour <= {_literal(at - dt.timedelta(hours=1))}"
+                  " ORDER BY hour DESC, 2 DESC LIMIT 1")
+    else:
+        packed = f"SELECT gpu_uuid, ts[1] AS ts FROM {TABLE} WHERE hour > {_literal(at)} ORDER BY hour, 2 LIMIT 1"
+    return f"SELECT gpu_uuid, ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts {order} LIMIT 1", []
+
+
+def gpu_last_ts_sql(dialect: str, gpu_uuid: str, at: dt.datetime, n: int) -> tuple[str, list[object]]:
+    """A query, and its parameters, of the ``ts`` of one GPU's last ``n`` samples at or before ``at``, newest
+    first; of packed days, its two newest hours there (≥ ``n`` samples at any interval under 400 s)."""
+    if dialect != "postgresql":
+        return f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= ? ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, at]
+    raw = f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= {_literal(at)} ORDER BY ts DESC LIMIT {int(n)}"
+    packed = (f"SELECT u.t AS ts FROM (SELECT ts FROM {TABLE} WHERE gpu_uuid = ? AND hour <= {_literal(at)} ORDER BY hour DESC LIMIT 2) p"
+              f" CROSS JOIN LATERAL unnest(p.ts) AS u(t) WHERE u.t <= {_literal(at)}")
+    return f"SELECT ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, gpu_uuid]
+
+
+def pack_sql(day: dt.date, merge: bool) -> list[str]:
+    """The statements that pack ``day``'s raw partition into ``TABLE``'s partition of the day. ``merge``: that
+    partition already holds rows (samples arrived after an earlier pack), so they are unpacked, joined by the
+    raw ones and packed again, a sample present in both taking the packed copy's values and only filling its
+    NULLs from the raw one, as a re-sent sample does on write (``gpu_sample``'s ``fill``)."""
+    raw, packed = f'"{RAW}_p{day:%Y%m%d}"', f'"{TABLE}_p{day:%Y%m%d}"'
+    cols = ", ".join(f'"{c}"' for c in FIELDS)
+    aggs = ", ".join(
+        f'CASE WHEN count("{c}") = 0 THEN NULL ELSE array_agg("{c}"{"::real" if c in FLOAT4_FIELDS else ""}) END AS "{c}"'
+        for c in FIELDS)
+    insert = f"INSERT INTO {TABLE} (hour, gpu_uuid, samples, ts, {cols})"
+    # One sort of the day's rows by (hour, GPU, time), then one pass: the aggregates take the rows in that order,
+    # every array of a GPU-hour in the same one (an ORDER BY inside each of the 42 aggregates sorted each group 42
+    # times), and the rows go in by hour, as the hour BRIN index wants.
+    group = (f" SELECT hour, gpu_uuid, count(*) AS samples, array_agg(ts) AS ts, {aggs} FROM"
+             f" (SELECT date_trunc('hour', ts, 'UTC') AS hour, ts, gpu_uuid, {cols} FROM src ORDER BY 1, 3, 2) sorted"
+             " GROUP BY hour, gpu_uuid")
+    if not merge:
+        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}){group}"]
+    tagged = f"{_raw_select(raw, FIELDS, [], '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, [], [], '0 AS src_order, ')}"
+    firsts = ", ".join(f'(array_agg("{c}" ORDER BY src_order) FILTER (WHERE "{c}" IS NOT NULL))[1] AS "{c}"' for c in FIELDS)
+    # the day's rows are rebuilt aside first: a row deleted and inserted again by one statement would still
+    # hold its key in the unique index
+    return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged}),"
+            f" src AS (SELECT ts, gpu_uuid, {firsts} FROM tagged GROUP BY gpu_uuid, ts){group}",
+            f"DELETE FROM {packed}",
+            f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack"]

@@ -1,0 +1,184 @@
+"""Closed days of raw GPU telemetry packed into per-(GPU, hour) column arrays (store/packed.py, services/packing.py,
+migration 0021): on PostgreSQL a packed day reads back as its rows did, field by field (the float4 fields as
+their float4 rounding, everything else exactly, NULLs and timestamps included), through every read of raw
+samples; late samples are folded in by the next pack, and retention drops packed days. SQLite never packs
+and reads the same."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import polars as pl
+import pytest
+from sqlalchemy import text
+
+from fleetscope.core import frames as F
+from fleetscope.services import energy_reads, health, packing, retention, shards, telemetry, tiers
+from fleetscope.store import packed, partitions
+
+DAY = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
+GPUS = [f"GPU-{g:04d}" for g in range(4)]
+
+
+def _samples() -> pl.DataFrame:
+    """Two days at 60 s for four GPUs with DCGM-shaped values: whole-percent utilisation, power to the mW, an
+    energy counter in J with mJ digits, bytes in MiB, counters; NULLs where a source lacks a field, GPU 3
+    silent from 05:00 to 07:00 and without memory temperature on day one."""
+    rng = np.random.default_rng(3)
+    ts = [DAY + dt.timedelta(seconds=s) for s in range(0, 2 * 86400, 60)]
+    frames = []
+    for g, uuid in enumerate(GPUS):
+        n = len(ts)
+        power = np.round(300 + 400 * rng.random(n), 3)
+        df = pl.DataFrame({
+            "ts": ts, "gpu_uuid": [uuid] * n,
+            "util_ratio": rng.integers(0, 101, n) / 100, "sm_active_ratio": np.round(rng.random(n), 6),
+            "power_w": power, "energy_j": np.round(1e7 * g + np.cumsum(power * 60), 3),
+            "temp_c": rng.integers(30, 85, n).astype(float), "mem_temp_c": rng.integers(30, 90, n).astype(float),
+            "sm_clock_mhz": np.where(rng.random(n) < 0.9, 1980.0, 1410.0), "fb_used_bytes": rng.integers(0, 81_920, n) * 2**20,
+            "pcie_tx_bytes_per_s": rng.integers(0, 64_000_000_000, n).astype(float), "xid_last": np.where(rng.random(n) < 0.01, 79, 0),
+            "power_violation_s": np.round(np.cumsum(rng.random(n)), 9),
+        })
+        if g == 3:
+            df = df.filter(~pl.col("ts").is_between(DAY + dt.timedelta(hours=5), DAY + dt.timedelta(hours=7)))
+            df = df.with_columns(pl.when(pl.col("ts") < DAY + dt.timedelta(days=1)).then(None).otherwise(pl.col("mem_temp_c")).alias("mem_temp_c"))
+        if g == 2:
+            df = df.with_columns(pl.when(pl.col("ts").dt.minute() % 7 == 0).then(None).otherwise(pl.col("power_w")).alias("power_w"))
+        frames.append(df)
+    return F.conform(F.GPU_SAMPLE, pl.concat(frames))
+
+
+def _as_packed(df: pl.DataFrame, packed_days: int = 1) -> pl.DataFrame:
+    """What reads of ``df`` give once its first ``packed_days`` days are packed: their float4 fields rounded."""
+    inside = pl.col("ts") < DAY + dt.timedelta(days=packed_days)
+    return df.with_columns(pl.when(inside).then(pl.col(c).cast(pl.Float32).cast(pl.Float64)).otherwise(pl.col(c)).alias(c)
+                           for c in df.columns if c in packed.FLOAT4_FIELDS)
+
+
+def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Every read of raw samples, over ranges inside day one, across its end and unbounded."""
+    mid = DAY + dt.timedelta(hours=12, seconds=30)
+    host = store.read("gpu", columns=["gpu_uuid", "host"])
+    return {
+        "read_all": store.read("gpu_sample"),
+        "read_range": store.read("gpu_sample", start=DAY + dt.timedelta(hours=4, minutes=30), end=DAY + dt.timedelta(days=1, hours=2)),
+        "read_gpu_cols": store.read("gpu_sample", gpu_uuid=[GPUS[3]], columns=["ts", "mem_temp_c", "power_w"], start=DAY, end=DAY + dt.timedelta(hours=8)),
+        "read_job": store.read("gpu_sample", job_id="job-1", columns=["ts", "gpu_uuid", "energy_j"]),
+        "read_limit": store.read("gpu_sample", start=DAY, limit=7),
+        "data_start": telemetry.data_start(store),
+        "data_end": telemetry.data_end(store),
+        "interval": telemetry.sample_interval_s(store, mid),
+        "latest": telemetry.latest_gpu_samples(store, mid, lookback_s=300),
+        "activity": telemetry.gpu_activity(store, mid, window_s=900),
+        "fleet_series": telemetry.fleet_series(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5), points=8, tier="raw"),
+        "field_series": telemetry.gpu_field_series(store, GPUS[2], "power_w", DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=3), tier="raw"),
+        "gpu_energy": energy_reads.gpu_energy(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=9)),
+        "counter_energy": energy_reads.counter_energy_by_site_hour(store, DAY + dt.timedelta(hours=20), DAY + dt.timedelta(hours=26)),
+        "clock_p90": health.fleet_loaded_clock_p90(store, DAY, DAY + dt.timedelta(hours=6)),
+        "shard": shards.shard_gpu_samples(store, 0, 1, DAY + dt.timedelta(hours=23), DAY + dt.timedelta(days=1, hours=1),
+                                          ["gpu_uuid", "ts", "temp_c", "xid_last"], F.GPU_SAMPLE.schema),
+        "hosts": host.height,
+    }
+
+
+def _assert_same(before: dict[str, object], after: dict[str, object], packed_day: bool) -> None:
+    from polars.testing import assert_frame_equal
+
+    for name, b in before.items():
+        a = after[name]
+        if not packed_day or not isinstance(b, pl.DataFrame | float):
+            assert (a.equals(b) if isinstance(b, pl.DataFrame) else a == b), name
+        elif isinstance(b, float):
+            assert a == pytest.approx(b, rel=1e-6), name
+        elif name == "field_series":  # power_w of one GPU, as min, max, mean and last
+            assert a.equals(b.with_columns(pl.col("min", "max", "mean", "last").cast(pl.Float32).cast(pl.Float64))), name
+        elif name in ("activity", "fleet_series", "gpu_energy", "counter_energy"):
+            # aggregates over float4-rounded inputs: the same to float4's precision
+            assert_frame_equal(a, b, check_exact=False, rel_tol=1e-6, abs_tol=1e-6)
+        else:
+            assert a.equals(_as_packed(b)), name
+
+
+def _write(store, df: pl.DataFrame) -> None:  # type: ignore[no-untyped-def]
+    inv = pl.DataFrame({"gpu_uuid": GPUS, "host": ["h0", "h0", "h1", "h1"], "gpu_index": [0, 1, 0, 1]})
+    hosts = pl.DataFrame({"host": ["h0", "h1"], "site_id": ["s1", "s1"]})
+    site = pl.DataFrame({"site_id": ["s1"], "name": ["one"], "country": ["DEU"]})
+    store.write(F.Batch(source="t", site=F.conform(F.SITE, site), host=F.conform(F.HOST, hosts), gpu=F.conform(F.GPU, inv), gpu_sample=df))
+    rank = pl.DataFrame({"job_id": ["job-1"], "rank": [0], "start": [DAY + dt.timedelta(hours=3)],
+                         "end": [DAY + dt.timedelta(days=1, hours=1)], "gpu_uuid": [GPUS[1]], "host": ["h0"]})
+    store.write_frames([(F.JOB_RANK, F.conform(F.JOB_RANK, rank))], source="t")
+
+
+def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
+    df = _samples()
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
+    before = _reads(store)
+    assert before["read_all"].equals(df.sort("ts", "gpu_uuid")) and before["read_job"].height > 0
+    assert before["fleet_series"].height == 8 and before["gpu_energy"].height > 0 and before["counter_energy"].height > 0
+
+    done = packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    if store.dialect == "sqlite":
+        assert done == {}
+        _assert_same(before, _reads(store), packed_day=False)
+        return
+    # day one only: day two's end is past the minute tier's watermark
+    day1 = df.filter(pl.col("ts") < DAY + dt.timedelta(days=1))
+    assert done == {"2026-10-01": {"samples": day1.height, "rows": 4 * 24 - 2}}
+    with store.engine.connect() as conn:
+        raw_left = conn.execute(text(f'SELECT count(*) FROM "{partitions.partition_name("gpu_sample", DAY.date())}"')).scalar()
+        nulls = conn.execute(text(f"SELECT count(*) FROM {packed.TABLE} WHERE gpu_uuid = 'GPU-0003' AND mem_temp_c IS NULL")).scalar()
+    assert raw_left == 0 and nulls == 24 - 2  # an all-NULL field of a GPU-hour is stored as NULL, not an array
+    assert store.counts()["gpu_sample"] == df.height
+    after = _reads(store)
+    _assert_same(before, after, packed_day=True)
+    # the rows outside the packed day are untouched, bit for bit
+    day2 = after["read_all"].filter(pl.col("ts") >= DAY + dt.timedelta(days=1))
+    assert day2.equals(df.filter(pl.col("ts") >= DAY + dt.timedelta(days=1)).sort("ts", "gpu_uuid"))
+    # energy_j and the integer fields keep every digit
+    assert after["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s").equals(
+        before["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s"))
+
+
+def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _samples()
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
+    packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    # GPU 3's gap filled late, and a re-sent sample that only adds a field the stored copy lacked
+    late = df.filter(pl.col("gpu_uuid") == GPUS[0]).filter(pl.col("ts").is_between(DAY + dt.timedelta(hours=5), DAY + dt.timedelta(hours=5, minutes=10)))
+    late = late.with_columns(pl.lit(GPUS[3]).alias("gpu_uuid"))
+    resent = df.filter((pl.col("gpu_uuid") == GPUS[3]) & (pl.col("ts") == DAY + dt.timedelta(hours=1))).with_columns(
+        pl.lit(55.0).alias("mem_temp_c"), pl.lit(1.0).alias("power_w"))
+    partitions.forget_all(store.engine)
+    store.write(F.Batch(source="late", gpu_sample=pl.concat([late, resent])))
+    between = store.read("gpu_sample", gpu_uuid=GPUS[3], start=DAY, end=DAY + dt.timedelta(days=1))
+    assert between.height == df.filter((pl.col("gpu_uuid") == GPUS[3]) & (pl.col("ts") < DAY + dt.timedelta(days=1))).height + late.height + 1
+    assert packing.packable_days(store, DAY + dt.timedelta(days=3)) == [DAY.date()]
+    packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    got = store.read("gpu_sample", gpu_uuid=GPUS[3], start=DAY, end=DAY + dt.timedelta(days=1))
+    want = _as_packed(pl.concat([df.filter((pl.col("gpu_uuid") == GPUS[3]) & (pl.col("ts") < DAY + dt.timedelta(days=1))), late]).sort("ts"))
+    # the packed copy's values stay (power_w), its missing memory temperature is filled from the re-sent one
+    want = want.with_columns(pl.when(pl.col("ts") == DAY + dt.timedelta(hours=1)).then(55.0).otherwise(pl.col("mem_temp_c")).alias("mem_temp_c"))
+    assert got.equals(want)
+    assert packing.packable_days(store, DAY + dt.timedelta(days=3)) == []
+
+
+def test_retention_drops_packed_days_whole_and_to_the_hour(store):
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _samples()
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(days=2, minutes=5), max_chunks=10_000)
+    assert set(packing.pack_closed(store, DAY + dt.timedelta(days=3))) == {"2026-10-01", "2026-10-02"}
+    now = DAY + dt.timedelta(days=3, hours=12, minutes=30)
+    deleted = retention.prune(store, now, retention_days=2, evidence_retention_days=10_000)
+    # cutoff 2026-10-02 12:30: day one's partition goes whole, day two's hours ending by 12:30, 12:00's stays
+    assert deleted[packed.TABLE] == 4 * 24 - 2 + 4 * 12
+    assert [d for _, d in partitions.partitions(store.engine, packed.TABLE)] == [dt.date(2026, 10, 2)]
+    left = store.read("gpu_sample")
+    assert left["ts"].min() == DAY + dt.timedelta(days=1, hours=12)
+    assert left.height == df.filter(pl.col("ts") >= DAY + dt.timedelta(days=1, hours=12)).height
