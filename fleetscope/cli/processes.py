@@ -53,6 +53,9 @@ def _warn_plain_http(host: str, what: str) -> None:
                    "(or give --tls-cert and --tls-key)", err=True)
 
 
+WORKER_HEALTHCHECK_S = 60
+
+
 @click.command()
 @click.option("--host", default=None, help="Bind address (default FLEETSCOPE_API_HOST).")
 @click.option("--port", type=int, default=None, help="Port (default FLEETSCOPE_API_PORT).")
@@ -76,8 +79,13 @@ def serve(host: str | None, port: int | None, workers: int, tls_cert: str | None
     _engine(s)  # migrate once here, not in every worker process
     from fleetscope.api.server import uvicorn_options  # lazy: imports the whole API
 
+    # With --workers > 1 uvicorn's supervisor kills a worker that does not answer its health ping within
+    # timeout_worker_healthcheck (5 s by default), and a starting one that is not ready in that time. A
+    # worker under full ingest load on a busy host, or importing the app there, can miss 5 s; killing it
+    # drops every request it holds, so the limit is a minute: a worker hung that long is still replaced.
     uvicorn.run("fleetscope.api:create_app", factory=True, host=host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
-                ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None, **uvicorn_options(s.max_header_bytes))
+                ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **uvicorn_options(s.max_header_bytes))
 
 
 ALERTING_WORKER_THREADS = 4  # evaluations take a lock and run one at a time; deliveries wait on receivers
