@@ -427,8 +427,15 @@ class Door:
 
     def __init__(self, store: Store, *, window_s: float = 0.002, max_pending: int = 1024, max_pending_bytes: int = 512 * 2**20,
                  max_group: int = 512, max_group_bytes: int = 64 * 2**20, after_commit: Hook | None = None,
-                 max_future_skew_s: float | None = None):
+                 max_future_skew_s: float | None = None, writers: int | None = None):
         self.store = store
+        # Writer threads, each committing its own group. On PostgreSQL a group spends most of its time in the
+        # database, with the writer waiting and the clients of the group waiting on it: a second writer
+        # prepares and sends the next group meanwhile, and the database's work for the two runs on both
+        # cores. SQLite takes one writer at a time (``Store._write_lock``), so it keeps one. Pushes that
+        # arrive together (one group) keep their order within the write; pushes committed by two writers at
+        # once were concurrent requests, which no order is promised between.
+        self.writers = max(1, writers) if writers is not None else (2 if store.dialect == "postgresql" else 1)
         # The API's door refuses pushes dated past the clock plus this; the CLI's (files an operator
         # chose, a simulation's) takes any time.
         self.max_future_skew_s = max_future_skew_s
@@ -442,7 +449,7 @@ class Door:
         self._lock = threading.Lock()
         self._pending = 0
         self._pending_bytes = 0
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._hooks = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="door-hooks")
         self._closed = False
 
@@ -461,9 +468,10 @@ class Door:
                 raise Overloaded(f"{self._pending} pushes ({self._pending_bytes >> 20} MiB) are waiting to be written; retry shortly")
             self._pending += 1
             self._pending_bytes += push.nbytes
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ingest-door", daemon=True)
-                self._thread.start()
+            if not self._threads:
+                self._threads = [threading.Thread(target=self._run, name=f"ingest-door-{i}", daemon=True) for i in range(self.writers)]
+                for thread in self._threads:
+                    thread.start()
         fut: cf.Future[Accepted] = cf.Future()
         self._queue.put((push, fut))
         return fut
@@ -478,9 +486,10 @@ class Door:
         """Write what is queued, then stop the writer."""
         with self._lock:
             self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
+            threads = self._threads
+        for _ in threads:
+            self._queue.put(None)  # one stop for each writer, after everything queued
+        for thread in threads:
             thread.join(timeout=60)
         self._hooks.shutdown(wait=True)
 

@@ -403,12 +403,20 @@ class Store:
         process has no id for are created first (their ids go into the metric rows); a frame of
         ``_DIRECT_COPY_ROWS`` or more goes by COPY after the sync."""
         raw = self._pg(conn)
+        check = None
+        if any(spec.name == "metric_sample" and not self._series_known(r) for spec, r in frames):
+            # Series to create: the check first, so that a writer waiting on another's check holds no row.
+            self._refuse_logged(conn, unless_logged)
+            unless_logged = ()
         staged: list[tuple[str, Rows, Sequence[str], str]] = []
         for spec, r in frames:
             if spec.name == "metric_sample":
                 staged.append(("metric_sample", self._metric_rows(conn, r, new_series), ("series_id", "ts"), "ignore"))
             else:
                 staged.append((spec.name, r, spec.key, spec.on_conflict))
+        # One table order for every writer: two groups in flight lock rows of the same tables in the same
+        # order (and each table's rows in key order), so they wait for each other rather than deadlock.
+        staged.sort(key=lambda item: item[0])
         cursors = []
         with raw.pipeline():
             check = self._logged_cursor(raw, unless_logged)
@@ -493,6 +501,11 @@ class Store:
             else:
                 days = set(data.get_column(tcol).dt.date().unique().drop_nulls().to_list())
             partitions.ensure_days(self.engine, name, days)
+
+    def _series_known(self, r: Rows) -> bool:
+        """Whether this process has the id of every series of these ``metric_sample`` rows."""
+        i_series, get = r.columns.index("series"), self._series_cache.get
+        return all(get(row[i_series]) is not None for row in r.rows)
 
     def _metric_rows(self, conn: Connection, r: Rows, new_series: dict[str, int]) -> Rows:
         """``metric_sample`` rows with series keys as ids (series new to this process are looked up or
