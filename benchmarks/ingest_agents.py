@@ -14,7 +14,7 @@ The load generator is a small asyncio HTTP/1.1 client over pre-built requests, s
                                        [--door-writers N] [--no-postgres] [--no-sqlite] [--only dcgm|otlp]
 
 ``--workers``: API processes (``fleetscope serve --workers``); ``--door-writers``: the ingest door's writer
-threads in each (``FLEETSCOPE_INGEST_WRITERS``; 0, the default, lets the door choose by database).
+threads in each (``FLEETSCOPE_INGEST_WRITERS``).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--door-writers", type=int, default=0)
+    ap.add_argument("--door-writers", type=int, default=1)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--only", choices=("dcgm", "otlp"))

@@ -427,15 +427,15 @@ class Door:
 
     def __init__(self, store: Store, *, window_s: float = 0.002, max_pending: int = 1024, max_pending_bytes: int = 512 * 2**20,
                  max_group: int = 512, max_group_bytes: int = 64 * 2**20, after_commit: Hook | None = None,
-                 max_future_skew_s: float | None = None, writers: int | None = None):
+                 max_future_skew_s: float | None = None, writers: int = 1):
         self.store = store
-        # Writer threads, each committing its own group. On PostgreSQL a group spends most of its time in the
-        # database, with the writer waiting and the clients of the group waiting on it: a second writer
-        # prepares and sends the next group meanwhile, and the database's work for the two runs on both
-        # cores. SQLite takes one writer at a time (``Store._write_lock``), so it keeps one. Pushes that
-        # arrive together (one group) keep their order within the write; pushes committed by two writers at
-        # once were concurrent requests, which no order is promised between.
-        self.writers = max(1, writers) if writers is not None else (2 if store.dialect == "postgresql" else 1)
+        # Writer threads, each committing its own group. With two on PostgreSQL one prepares and sends the next
+        # group while the other waits on the database; on the shared 2-core machine it cost more CPU a push
+        # (groups half the size) than it gained (README, benchmarks/ingest_agents.py --door-writers), so one is
+        # the default. SQLite takes one writer at a time (``Store._write_lock``) whatever the number. Pushes
+        # that arrive together (one group) keep their order within the write; pushes committed by two writers
+        # at once were concurrent requests, which no order is promised between.
+        self.writers = max(1, writers)
         # The API's door refuses pushes dated past the clock plus this; the CLI's (files an operator
         # chose, a simulation's) takes any time.
         self.max_future_skew_s = max_future_skew_s

@@ -432,7 +432,7 @@ def test_a_group_holding_a_push_another_process_stored_writes_the_rest(store):
 
 
 def test_two_writers_answer_every_push_after_its_commit(db_url):
-    """Two writer threads (PostgreSQL's default): every push stored and answered once, each answer with
+    """Two writer threads (FLEETSCOPE_INGEST_WRITERS=2): every push stored and answered once, each answer with
     its own rows."""
     st = Store.open(db_url)
     d = door.Door(st, window_s=0.0, writers=2)
