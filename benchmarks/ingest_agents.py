@@ -11,7 +11,10 @@ The load generator is a small asyncio HTTP/1.1 client over pre-built requests, s
 2-core machine as little as it can: its CPU is taken from the server under test, for every system alike.
 
     python benchmarks/ingest_agents.py [--hosts 2048] [--rounds 3] [--connections 16] [--workers 2]
-                                       [--no-postgres] [--no-sqlite] [--only dcgm|otlp]
+                                       [--door-writers N] [--no-postgres] [--no-sqlite] [--only dcgm|otlp]
+
+``--workers``: API processes (``fleetscope serve --workers``); ``--door-writers``: the ingest door's writer
+threads in each (``FLEETSCOPE_INGEST_WRITERS``).
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--door-writers", type=int, default=1)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--only", choices=("dcgm", "otlp"))
@@ -241,7 +245,7 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
         if args.only and kind != args.only:
             continue
         started: list[int] = []
-        with _server.served_api(url, args.workers, started=started) as (base, token):
+        with _server.served_api(url, args.workers, env={"FLEETSCOPE_INGEST_WRITERS": str(args.door_writers)}, started=started) as (base, token):
             hh = base.split("//")[1]
             reqs = (dcgm_requests(args.hosts, args.rounds, hh, "/api/v1/ingest/dcgm", token, "ts") if kind == "dcgm"
                     else otlp_requests(args.hosts, args.rounds, hh, token))
@@ -262,7 +266,7 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
                 if watch is not None:
                     watch.close()
             report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
-                   workers=args.workers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
+                   workers=args.workers, door_writers=args.door_writers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.state.door = door.Door(
         store, window_s=settings.group_commit_ms / 1000, max_pending=settings.ingest_max_pending,
         max_pending_bytes=settings.ingest_max_pending_mb * 2**20, after_commit=lambda health, jobs: _after_commit(app, health, jobs),
-        max_future_skew_s=settings.max_future_skew_s,
+        max_future_skew_s=settings.max_future_skew_s, writers=settings.ingest_writers,
     )
     app.state.gate = Gate(app, settings)
     app.router.on_shutdown.append(app.state.door.close)

@@ -80,20 +80,10 @@ async def _otlp(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     found: auth.Token | None = scope.get(TOKEN_KEY)
     if found is None or not found.allows("ingest") or scope.get("query_string"):
         return False
-    length = None
-    ctype = None
-    encoding = ""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if length is not None or not value.isdigit():
-                return False
-            length = int(value)
-        elif name == b"content-type":
-            if ctype is not None:
-                return False
-            ctype = value.decode("latin-1")
-        elif name == b"content-encoding":
-            encoding = value.decode("latin-1")
+    headers = _headers(scope)
+    if headers is None:
+        return False
+    length, ctype, encoding = headers
     wire = routes_otlp.encoding_of(ctype or "")
     if wire is None:
         return False  # the route answers 415
@@ -130,17 +120,12 @@ def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None
     found: auth.Token | None = scope.get(TOKEN_KEY)
     if found is None or not found.allows("ingest"):
         return None
-    length = None
-    encoding = ""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if length is not None or not value.isdigit():
-                return None  # FastAPI's stack answers a bad or repeated length
-            length = int(value)
-        elif name == b"content-encoding":
-            encoding = value.decode("latin-1")
-            if encoding.strip().lower() not in ("", "identity", "gzip"):
-                return None  # the route answers 415
+    headers = _headers(scope)
+    if headers is None:
+        return None
+    length, _, encoding = headers
+    if encoding.strip().lower() not in ("", "identity", "gzip"):
+        return None  # the route answers 415
     query: dict[str, str] = {}
     for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
         if k not in _QUERY or k in query or len(v) > _QUERY[k]:
@@ -155,6 +140,26 @@ def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None
         if ts.tzinfo is None:
             return None
     return fmt, query.get("source"), query.get("job_id"), ts, length, found, encoding
+
+
+def _headers(scope: dict) -> tuple[int | None, str | None, str] | None:
+    """(Content-Length, Content-Type, Content-Encoding) of ``scope``; None where a length is repeated or not
+    a number, or a type repeated: FastAPI's stack answers those."""
+    length = None
+    ctype = None
+    encoding = ""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"content-type":
+            if ctype is not None:
+                return None
+            ctype = value.decode("latin-1")
+        elif name == b"content-encoding":
+            encoding = value.decode("latin-1")
+    return length, ctype, encoding
 
 
 _TOO_LARGE = object()

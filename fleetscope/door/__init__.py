@@ -18,7 +18,9 @@ What each push is promised:
   group's write fails, each of its pushes is written again alone, so each gets its own answer and a bad
   one never spoils the rest.
 - *Idempotent.* A push whose content (bytes and options) is in the ingest log, or earlier in the same
-  group, writes nothing and says so; rows already stored are skipped by their natural keys anyway.
+  group, writes nothing and says so; rows already stored are skipped by their natural keys anyway. The
+  log is checked inside the group's write transaction, with the writers of one content taking turns
+  (``Store.write_frames``' ``unless_logged``), so two API processes given the same push store it once.
 - *Bounded.* Past ``FLEETSCOPE_INGEST_MAX_PENDING`` pushes or ``FLEETSCOPE_INGEST_MAX_PENDING_MB`` waiting,
   :class:`Overloaded` is raised at once (the API answers 503 with ``Retry-After``), never a hang.
 
@@ -48,7 +50,7 @@ from fleetscope.core import frames as F
 from fleetscope.core.spec import cast_column
 from fleetscope.core.errors import FleetscopeError, ValidationError
 from fleetscope.observability import INGEST_GROUP_PUSHES, INGEST_REFUSED_OVERLOAD
-from fleetscope.store import Rows, Store, WriteResult
+from fleetscope.store import AlreadyLogged, Rows, Store, WriteResult
 from ingest import dcgm_lines, otlp
 from ingest import dcgm
 
@@ -425,8 +427,15 @@ class Door:
 
     def __init__(self, store: Store, *, window_s: float = 0.002, max_pending: int = 1024, max_pending_bytes: int = 512 * 2**20,
                  max_group: int = 512, max_group_bytes: int = 64 * 2**20, after_commit: Hook | None = None,
-                 max_future_skew_s: float | None = None):
+                 max_future_skew_s: float | None = None, writers: int = 1):
         self.store = store
+        # Writer threads, each committing its own group. With two on PostgreSQL one prepares and sends the next
+        # group while the other waits on the database; on the shared 2-core machine it cost more CPU a push
+        # (groups half the size) than it gained (README, benchmarks/ingest_agents.py --door-writers), so one is
+        # the default. SQLite takes one writer at a time (``Store._write_lock``) whatever the number. Pushes
+        # that arrive together (one group) keep their order within the write; pushes committed by two writers
+        # at once were concurrent requests, which no order is promised between.
+        self.writers = max(1, writers)
         # The API's door refuses pushes dated past the clock plus this; the CLI's (files an operator
         # chose, a simulation's) takes any time.
         self.max_future_skew_s = max_future_skew_s
@@ -440,7 +449,7 @@ class Door:
         self._lock = threading.Lock()
         self._pending = 0
         self._pending_bytes = 0
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._hooks = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="door-hooks")
         self._closed = False
 
@@ -459,9 +468,10 @@ class Door:
                 raise Overloaded(f"{self._pending} pushes ({self._pending_bytes >> 20} MiB) are waiting to be written; retry shortly")
             self._pending += 1
             self._pending_bytes += push.nbytes
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ingest-door", daemon=True)
-                self._thread.start()
+            if not self._threads:
+                self._threads = [threading.Thread(target=self._run, name=f"ingest-door-{i}", daemon=True) for i in range(self.writers)]
+                for thread in self._threads:
+                    thread.start()
         fut: cf.Future[Accepted] = cf.Future()
         self._queue.put((push, fut))
         return fut
@@ -476,9 +486,10 @@ class Door:
         """Write what is queued, then stop the writer."""
         with self._lock:
             self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
+            threads = self._threads
+        for _ in threads:
+            self._queue.put(None)  # one stop for each writer, after everything queued
+        for thread in threads:
             thread.join(timeout=60)
         self._hooks.shutdown(wait=True)
 
@@ -531,13 +542,11 @@ class Door:
         if not live:
             return
         INGEST_GROUP_PUSHES.observe(len(live))
-        shas = [p.sha for p, _ in live if p.sha and p.dedupe]
-        stored = self.store.ingested(shas) if shas else set()
         fresh: list[tuple[Push, cf.Future[Accepted]]] = []
         dups: list[tuple[Push, cf.Future[Accepted]]] = []
         seen: set[str] = set()
         for push, fut in live:
-            if push.sha and push.dedupe and (push.sha in stored or push.sha in seen):
+            if push.sha and push.dedupe and push.sha in seen:
                 dups.append((push, fut))
             else:
                 if push.sha and push.dedupe:
@@ -545,7 +554,7 @@ class Door:
                 fresh.append((push, fut))
         try:
             if fresh:
-                self._write(fresh)
+                dups.extend(self._write(fresh))
         finally:
             # A duplicate is told only once its first copy has been written (or has failed).
             for push, fut in dups:
@@ -554,15 +563,18 @@ class Door:
                     fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=offered[0], written=dict.fromkeys(offered[0], 0),
                                                                                      values=values[0]), skipped_duplicate=True, notes=push.notes))
 
-    def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+    def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> list[tuple[Push, cf.Future[Accepted]]]:
+        """Write ``fresh`` and answer each push; the pushes found in the ingest log instead (stored by an
+        earlier group or another process), for the caller to answer as duplicates."""
         parts = _split(fresh)
         if len(parts) > 1:
-            for part in parts:
-                self._write(part)
-            return
+            return [dup for part in parts for dup in self._write(part)]
         pushes = [p for p, _ in fresh]
         source = pushes[0].source if len(pushes) == 1 else f"group of {len(pushes)}"
         batch = None
+        # Checked in the write's own transaction (``Store.write_frames``): one round trip less than a query
+        # of its own, and exact between API processes.
+        shas = [p.sha for p in pushes if p.sha and p.dedupe]
 
         def log_rows(result: WriteResult) -> list[tuple[str, str | None, dict[str, int], int]]:
             return [(p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(result, offered), values)]
@@ -571,25 +583,31 @@ class Door:
             as_rows = _as_rows(pushes)
             if as_rows is not None:
                 frames, offered, values = as_rows
-                result = self.store.write_rows(frames, values=sum(values), ingest_log=log_rows)
+                result = self.store.write_rows(frames, values=sum(values), ingest_log=log_rows, unless_logged=shas)
             else:
                 batch, offered, values = _assemble(pushes, source)
-                result = self.store.write(batch, ingest_log=log_rows)
+                result = self.store.write(batch, ingest_log=log_rows, unless_logged=shas)
+        except AlreadyLogged as found:
+            # Rare (a re-sent input): nothing was written; the rest go again without those found.
+            logged = [item for item in fresh if item[0].dedupe and item[0].sha in found.shas]
+            rest = [item for item in fresh if not (item[0].dedupe and item[0].sha in found.shas)]
+            return logged + (self._write(rest) if rest else [])
         except OperationalError as exc:
             # The database is busy or gone: every push may retry; none was stored.
             for _, fut in fresh:
                 fut.set_exception(exc)
-            return
+            return []
         except Exception:
             if len(fresh) == 1:
                 raise
             log.info("a group of %d pushes failed; writing each alone", len(fresh))
+            dups = []
             for item in fresh:
                 try:
-                    self._write([item])
+                    dups.extend(self._write([item]))
                 except Exception as exc:  # noqa: BLE001 - that push's own answer
                     item[1].set_exception(exc)
-            return
+            return dups
         shares = _attribute(result, offered)
         written_health = batch.health_event if batch is not None and result.written.get("health_event") else None
         job_ids = (batch.job_rank["job_id"].unique().to_list()
@@ -599,6 +617,7 @@ class Door:
                                     group_size=len(fresh)))
         if self.after_commit is not None and (written_health is not None or job_ids):
             self._hooks.submit(self._hook, written_health, job_ids)
+        return []
 
     def _hook(self, health: pl.DataFrame | None, job_ids: list[str]) -> None:
         try:

@@ -73,9 +73,8 @@ def _q(name: str) -> str:
 def _unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str) -> str:
     """PostgreSQL: insert rows given as one array per column. Timestamps travel as epoch microseconds
     (``Rows``' form) and are turned into ``timestamptz`` exactly, by integer interval arithmetic. The
-    arrays go in binary (``%b``): psycopg writes a text-format array element by element in Python, half
-    the client's time for an agents' group of 16 pushes (34 arrays of 128). A column holds one Python
-    type (``Rows``' promise: psycopg refuses a list of mixed types in either format)."""
+    arrays go in binary (``%b``), encoded by ``store.pg_arrays`` and cast here to each column's type. A
+    column holds one Python type (``Rows``' promise: psycopg refuses a list of mixed types)."""
     mark = "%b"
 
     cols = schema.metadata.tables[table].columns
@@ -155,6 +154,22 @@ IDLE_CHECKPOINT_S = 5.0
 
 # What an ingest-log row holds: source, content hash, rows written per frame, values.
 LogRows = Callable[[WriteResult], list[tuple[str, str | None, dict[str, int], int]]]
+
+
+class AlreadyLogged(Exception):
+    """A write given ``unless_logged`` content hashes found some in the ingest log: nothing was written.
+    ``shas`` are those found; the caller writes the rest again without them."""
+
+    def __init__(self, shas: set[str]):
+        super().__init__(f"{len(shas)} input(s) already in the ingest log")
+        self.shas = shas
+
+
+def _sha_lock_keys(shas: Iterable[str]) -> list[int]:
+    """The transaction advisory lock keys of content hashes (PostgreSQL): a writer holds its inputs' keys
+    from its duplicate check to its commit, so a second writer of the same input (another API process)
+    checks only once the first has committed, and finds it."""
+    return sorted({int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big", signed=True) for s in shas})
 
 
 _READS_ON_REPLICA: contextvars.ContextVar[bool] = contextvars.ContextVar("fleetscope_reads_on_replica", default=False)
@@ -269,24 +284,29 @@ class Store:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def write(self, batch: F.Batch, *, content_sha256: str | None = None, ingest_log: LogRows | None = None) -> WriteResult:
+    def write(self, batch: F.Batch, *, content_sha256: str | None = None, ingest_log: LogRows | None = None,
+              unless_logged: Sequence[str] = ()) -> WriteResult:
         """Write every frame of ``batch`` in one transaction: all of it or, on any error, nothing.
 
         Rows whose natural key is already stored are skipped (telemetry) or update the stored row
         (inventory, findings), so writing the same Batch twice leaves one copy.
         """
         return self.write_frames(list(batch.frames()), source=batch.source, values=batch.values(), content_sha256=content_sha256,
-                                 ingest_log=ingest_log)
+                                 ingest_log=ingest_log, unless_logged=unless_logged)
 
     def write_frames(
         self, frames: Sequence[tuple[F.FrameSpec, pl.DataFrame]], *, source: str, values: int = 0, content_sha256: str | None = None,
-        ingest_log: LogRows | None = None,
+        ingest_log: LogRows | None = None, unless_logged: Sequence[str] = (),
     ) -> WriteResult:
         """Write frames of any registered spec (canonical or governance) in one transaction, all or nothing.
 
         The ingest log gets one row for the write, or, with ``ingest_log``, the rows it makes of the write's
         result — (source, content hash, rows written per frame, values) per input of a group commit —
-        in the same transaction."""
+        in the same transaction. ``unless_logged``: content hashes checked against the ingest log in that
+        transaction, before anything is written; any found raise ``AlreadyLogged`` and nothing is written.
+        Writers of the same hashes take turns from the check to the commit (SQLite: the write lock;
+        PostgreSQL: an advisory lock per hash), so of two identical inputs, from any processes, one is
+        written and the other finds it."""
         with tracer().start_as_current_span("store.write") as span:
             span.set_attribute("fleetscope.source", source)
             span.set_attribute("db.system", self.dialect)
@@ -305,6 +325,7 @@ class Store:
                 readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
+                        self._refuse_logged(conn, unless_logged)
                         todo = conformed
                         if any(spec.name == "health_event" for spec, _ in conformed):
                             # first in the transaction: a writer waiting for the counters' lock holds no row lock
@@ -342,10 +363,11 @@ class Store:
         VALUES_WRITTEN.inc(result.values)
         span.set_attribute("fleetscope.rows", sum(result.written.values()))
 
-    def write_rows(self, frames: Sequence[tuple[F.FrameSpec, Rows]], *, ingest_log: LogRows, values: int = 0) -> WriteResult:
-        """Write frames given as ``Rows`` in one transaction, all or nothing, as ``write_frames`` does, without
-        conforming them: the caller vouches for their types and keys. Health events are not taken here
-        (their fault-counter memory needs the frame path)."""
+    def write_rows(self, frames: Sequence[tuple[F.FrameSpec, Rows]], *, ingest_log: LogRows, values: int = 0,
+                   unless_logged: Sequence[str] = ()) -> WriteResult:
+        """Write frames given as ``Rows`` in one transaction, all or nothing, as ``write_frames`` does (with its
+        ``unless_logged`` check), without conforming them: the caller vouches for their types and keys. Health
+        events are not taken here (their fault-counter memory needs the frame path)."""
         with tracer().start_as_current_span("store.write") as span:
             span.set_attribute("db.system", self.dialect)
             if any(spec.name == "health_event" or spec.name not in schema.FRAME_SPECS for spec, _ in frames):
@@ -357,12 +379,16 @@ class Store:
             for attempt in (0, 1):
                 try:
                     with self._write_lock, self.engine.begin() as conn:
-                        for spec, r in frames:
-                            if spec.name == "metric_sample":
-                                result.written[spec.name] = self._write_metric_rows(conn, r, new_series)
-                            else:
-                                small = self.dialect == "sqlite" or len(r.rows) < _DIRECT_COPY_ROWS
-                                result.written[spec.name] = self._insert(conn, spec.name, r if small else r.frame(spec), spec.key, spec.on_conflict)
+                        if self.dialect == "postgresql":
+                            self._write_rows_pipelined(conn, frames, result, new_series, unless_logged)
+                        else:
+                            self._refuse_logged(conn, unless_logged)
+                            for spec, r in frames:
+                                if spec.name == "metric_sample":
+                                    result.written[spec.name] = self._insert(conn, "metric_sample", self._metric_rows(conn, r, new_series),
+                                                                             ("series_id", "ts"), "ignore")
+                                else:
+                                    result.written[spec.name] = self._insert(conn, spec.name, r, spec.key, spec.on_conflict)
                         self._log_ingest(conn, ingest_log(result))
                     break
                 except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
@@ -371,6 +397,86 @@ class Store:
                     new_series.clear()
             self._committed(result, new_series, span)
             return result
+
+    def _write_rows_pipelined(self, conn: Connection, frames: Sequence[tuple[F.FrameSpec, Rows]], result: WriteResult,
+                              new_series: dict[str, int], unless_logged: Sequence[str]) -> None:
+        """PostgreSQL: ``write_rows``' statements in one round trip (psycopg's pipeline mode): the duplicate
+        check and every frame's insert are sent together and their results read at one sync. A group of
+        agents' pushes took a round trip a statement, each a wake-up of the database's backend and of the
+        writer, on a 2-core machine shared with the API, most of a group's wall time under load. Series the
+        process has no id for are created first (their ids go into the metric rows); a frame of
+        ``_DIRECT_COPY_ROWS`` or more goes by COPY after the sync."""
+        raw = self._pg(conn)
+        check = None
+        if any(spec.name == "metric_sample" and not self._series_known(r) for spec, r in frames):
+            # Series to create: the check first, so that a writer waiting on another's check holds no row.
+            self._refuse_logged(conn, unless_logged)
+            unless_logged = ()
+        staged: list[tuple[str, Rows, Sequence[str], str]] = []
+        for spec, r in frames:
+            if spec.name == "metric_sample":
+                staged.append(("metric_sample", self._metric_rows(conn, r, new_series), ("series_id", "ts"), "ignore"))
+            else:
+                staged.append((spec.name, r, spec.key, spec.on_conflict))
+        # One table order for every writer: two groups in flight lock rows of the same tables in the same
+        # order (and each table's rows in key order), so they wait for each other rather than deadlock.
+        staged.sort(key=lambda item: item[0])
+        cursors = []
+        with raw.pipeline():
+            check = self._logged_cursor(raw, unless_logged)
+            for name, r, key, on_conflict in staged:
+                if len(r.rows) < _DIRECT_COPY_ROWS:
+                    cur = raw.cursor()
+                    self._execute_unnest(cur, name, r, key, self._conflict_sql(name, list(r.columns), key, on_conflict))
+                    cursors.append((name, cur))
+        if check is not None:
+            found = {row[0] for row in check.fetchall()}
+            check.close()
+            if found:
+                for _, cur in cursors:
+                    cur.close()
+                raise AlreadyLogged(found)
+        for name, cur in cursors:
+            result.written[name] = max(cur.rowcount, 0)
+            cur.close()
+        for name, r, key, on_conflict in staged:
+            if len(r.rows) >= _DIRECT_COPY_ROWS:
+                spec = F.FRAMES[name] if name != "metric_sample" else None
+                df = r.frame(spec) if spec is not None else pl.DataFrame(r.rows, schema={"series_id": pl.Int64, "ts": pl.Int64, "value": pl.Float64},
+                                                                          orient="row").with_columns(pl.col("ts").cast(F.UTC_US))
+                result.written[name] = self._insert(conn, name, df, key, on_conflict)
+
+    def _logged_cursor(self, raw: Any, shas: Sequence[str]) -> Any:
+        """PostgreSQL: send the advisory locks of ``shas`` and the query for those the ingest log holds (two
+        statements, so that the query's snapshot is taken once the locks are held); the cursor of the query,
+        or None without hashes."""
+        if not shas:
+            return None
+        from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+        keys = _sha_lock_keys(shas)
+        with raw.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(k) FROM (SELECT k FROM unnest(%b::bigint[]) AS u(k) ORDER BY k) AS s",
+                        (pg_arrays.encode(keys),))
+        check = raw.cursor()
+        check.execute("SELECT content_sha256 FROM ingest_log WHERE content_sha256 = ANY(%b::text[])", (pg_arrays.encode(sorted(set(shas))),))
+        return check
+
+    def _refuse_logged(self, conn: Connection, shas: Sequence[str]) -> None:
+        """``AlreadyLogged`` where the ingest log holds any of ``shas``, checked in ``conn``'s transaction
+        (see ``write_frames``)."""
+        if not shas:
+            return
+        if self.dialect == "postgresql":
+            raw = self._pg(conn)
+            with raw.pipeline():
+                check = self._logged_cursor(raw, shas)
+            found = {row[0] for row in check.fetchall()}
+            check.close()
+        else:
+            found = self._logged(conn, shas)
+        if found:
+            raise AlreadyLogged(found)
 
     def _partition_missing(self, exc: Exception, frames: Sequence[tuple[str, pl.DataFrame | Rows]]) -> bool:
         """Whether a write failed for want of a day partition this process believed was there (another process
@@ -400,7 +506,14 @@ class Store:
                 days = set(data.get_column(tcol).dt.date().unique().drop_nulls().to_list())
             partitions.ensure_days(self.engine, name, days)
 
-    def _write_metric_rows(self, conn: Connection, r: Rows, new_series: dict[str, int]) -> int:
+    def _series_known(self, r: Rows) -> bool:
+        """Whether this process has the id of every series of these ``metric_sample`` rows."""
+        i_series, get = r.columns.index("series"), self._series_cache.get
+        return all(get(row[i_series]) is not None for row in r.rows)
+
+    def _metric_rows(self, conn: Connection, r: Rows, new_series: dict[str, int]) -> Rows:
+        """``metric_sample`` rows with series keys as ids (series new to this process are looked up or
+        created in ``conn``'s transaction), in key order."""
         at = {c: i for i, c in enumerate(r.columns)}
         i_series, i_ts, i_value = at["series"], at["ts"], at["value"]
         get = self._series_cache.get
@@ -410,12 +523,7 @@ class Store:
             fetched = self._series_ids(conn, missing)
             ids = dict(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
             new_series.update(ids)
-        mapped = sorted((get(row[i_series]) or ids[row[i_series]], row[i_ts], row[i_value]) for row in r.rows)
-        out = Rows(("series_id", "ts", "value"), mapped)
-        if self.dialect != "sqlite" and len(mapped) >= _DIRECT_COPY_ROWS:
-            out = pl.DataFrame(mapped, schema={"series_id": pl.Int64, "ts": pl.Int64, "value": pl.Float64}, orient="row").with_columns(
-                pl.col("ts").cast(F.UTC_US))
-        return self._insert(conn, "metric_sample", out, ("series_id", "ts"), "ignore")
+        return Rows(("series_id", "ts", "value"), sorted((get(row[i_series]) or ids[row[i_series]], row[i_ts], row[i_value]) for row in r.rows))
 
     def _changed_counter_readings(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
         """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
@@ -509,11 +617,8 @@ class Store:
             self._inventory.remember(df, before)
         return n
 
-    def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
-        cols = list(df.columns)
-        if self.dialect == "sqlite" and isinstance(df, pl.DataFrame):
-            cols = _sqlite_columns(table, df, key)
-        col_sql = ", ".join(_q(c) for c in cols)
+    def _conflict_sql(self, table: str, cols: Sequence[str], key: Sequence[str], on_conflict: str) -> str:
+        """The ON CONFLICT clause of an insert of ``cols`` into ``table`` (``on_conflict`` of its spec)."""
         if on_conflict == "update" and len(cols) > len(key):
             # COALESCE: a source that knows less (nvidia-smi without the rack, say) must not erase what
             # another source told us; a value is replaced only by a value.
@@ -526,15 +631,40 @@ class Store:
             changed = " OR ".join(
                 f"(excluded.{_q(c)} IS NOT NULL AND excluded.{_q(c)} {distinct} {_q(table)}.{_q(c)})" for c in cols if c not in key
             )
-            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {changed}"
-        elif on_conflict == "fill" and len(cols) > len(key):
+            return f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {changed}"
+        if on_conflict == "fill" and len(cols) > len(key):
             # The stored copy's values stay; only fields it lacks are taken from this one, and only rows that
             # gain a field are rewritten.
             sets = ", ".join(f"{_q(c)} = COALESCE({_q(table)}.{_q(c)}, excluded.{_q(c)})" for c in cols if c not in key)
             gains = " OR ".join(f"({_q(table)}.{_q(c)} IS NULL AND excluded.{_q(c)} IS NOT NULL)" for c in cols if c not in key)
-            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {gains}"
-        else:
-            conflict = f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
+            return f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO UPDATE SET {sets} WHERE {gains}"
+        return f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
+
+    @staticmethod
+    def _pg(conn: Connection) -> Any:
+        """PostgreSQL: ``conn``'s psycopg connection, able to send ``pg_arrays``' columns (cursors copy their
+        connection's adapters when made, so this comes before any cursor of a write)."""
+        from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+        raw = conn.connection.driver_connection
+        pg_arrays.register(raw)
+        return raw
+
+    @staticmethod
+    def _execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str) -> None:
+        """PostgreSQL: send ``rows`` as one ``INSERT ... SELECT FROM unnest`` of binary arrays on ``cur`` (of a
+        connection ``_pg`` prepared)."""
+        from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+        params = [pg_arrays.encode(list(col)) for col in zip(*rows.rows)] if rows.rows else [[] for _ in rows.columns]
+        cur.execute(_unnest_sql(table, tuple(rows.columns), tuple(key), conflict), params)
+
+    def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
+        cols = list(df.columns)
+        if self.dialect == "sqlite" and isinstance(df, pl.DataFrame):
+            cols = _sqlite_columns(table, df, key)
+        col_sql = ", ".join(_q(c) for c in cols)
+        conflict = self._conflict_sql(table, cols, key, on_conflict)
         if self.dialect == "sqlite":
             rows = df.rows if isinstance(df, Rows) else _sqlite_values(df.select(cols))
             placeholders = ", ".join("?" for _ in cols)
@@ -548,9 +678,8 @@ class Store:
             # A small group (an agent's push or a few): one statement, the columns sent as arrays and
             # unnested, instead of a temp table's create, empty, COPY and INSERT ... SELECT: five round
             # trips a frame become one, and a push's write is mostly round trips.
-            with conn.connection.driver_connection.cursor() as cur:
-                cur.execute(_unnest_sql(table, tuple(df.columns), tuple(key), conflict),
-                            [list(col) for col in zip(*df.rows)] if df.rows else [[] for _ in df.columns])
+            with self._pg(conn).cursor() as cur:
+                self._execute_unnest(cur, table, df, key, conflict)
                 return max(cur.rowcount, 0)
         # One temp table per column list: a session's tables keep the columns they were made with, and
         # writes of one table may carry different columns (all-null ones left out of a group's rows).
@@ -627,7 +756,9 @@ class Store:
             finally:
                 cur.close()
         else:
-            with conn.connection.driver_connection.cursor() as cur:
+            from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+            with self._pg(conn).cursor() as cur:
                 # RETURNING hands back the ids of the rows it created; only keys that already existed (stored
                 # by another process, or before this one started) are looked up. A fleet's first scrape
                 # creates all of its series, and the lookup of 32,768 keys was 0.2 s of it.
@@ -636,18 +767,31 @@ class Store:
                 cur.execute(
                     "INSERT INTO series (series, name) SELECT * FROM unnest(%b::text[], %b::text[]) ON CONFLICT (series) DO NOTHING"
                     " RETURNING series_id, series",
-                    (keys, names),
+                    (pg_arrays.encode(keys), pg_arrays.encode(names)),
                 )
                 found = cur.fetchall()
                 if len(found) < len(keys):
                     created = {k for _, k in found}
                     existing = [k for k in keys if k not in created]
-                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%b)", (existing,))
+                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%b::text[])", (pg_arrays.encode(existing),))
                     found.extend(cur.fetchall())
         return pl.DataFrame(found, schema={"series_id": pl.Int64, "series": pl.String}, orient="row")
 
     def _log_ingest(self, conn: Connection, entries: list[tuple[str, str | None, dict[str, int], int]]) -> None:
         at = dt.datetime.now(dt.UTC)
+        if self.dialect == "postgresql":
+            # One statement on the driver's cursor, rows in their order: SQLAlchemy's executemany of a group's
+            # rows cost the writer more than the rows' own insert.
+            from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+            raw = self._pg(conn)
+            columns = ([source[:2000] for source, _, _, _ in entries], [sha for _, sha, _, _ in entries],
+                       [json.dumps(written, sort_keys=True) for _, _, written, _ in entries], [int(v) for _, _, _, v in entries])
+            with raw.cursor() as cur:
+                cur.execute('INSERT INTO ingest_log (at, source, content_sha256, rows_json, "values") SELECT %s, u.s, u.h, u.r, u.v'
+                            " FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) WITH ORDINALITY AS u(s, h, r, v, i) ORDER BY u.i",
+                            (at, *(pg_arrays.encode(c) for c in columns)))
+            return
         conn.execute(schema.ingest_log.insert(), [
             {"at": at, "source": source[:2000], "content_sha256": sha, "rows_json": json.dumps(written, sort_keys=True), "values": values}
             for source, sha, written, values in entries
@@ -857,21 +1001,24 @@ class Store:
                 out[packed.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(samples), 0) FROM {packed.TABLE}")).scalar_one())
         return out
 
-    def ingested(self, shas: Sequence[str]) -> set[str]:
-        """Which of these content hashes the ingest log holds (one query for a whole group commit)."""
+    def _logged(self, conn: Connection, shas: Sequence[str]) -> set[str]:
         found: set[str] = set()
         # On the driver's cursor: SQLAlchemy's statement building cost more than the query (one per group).
         mark = "?" if self.dialect == "sqlite" else "%s"
-        with self.engine.connect() as conn:
-            cur = conn.connection.driver_connection.cursor()
-            try:
-                for i in range(0, len(shas), 500):
-                    chunk = list(shas[i : i + 500])
-                    cur.execute(f"SELECT content_sha256 FROM ingest_log WHERE content_sha256 IN ({', '.join(mark for _ in chunk)})", chunk)
-                    found.update(r[0] for r in cur.fetchall())
-            finally:
-                cur.close()
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            for i in range(0, len(shas), 500):
+                chunk = list(shas[i : i + 500])
+                cur.execute(f"SELECT content_sha256 FROM ingest_log WHERE content_sha256 IN ({', '.join(mark for _ in chunk)})", chunk)
+                found.update(r[0] for r in cur.fetchall())
+        finally:
+            cur.close()
         return found
+
+    def ingested(self, shas: Sequence[str]) -> set[str]:
+        """Which of these content hashes the ingest log holds."""
+        with self.engine.connect() as conn:
+            return self._logged(conn, shas)
 
 
 class _SqliteWriteLock:

@@ -20,6 +20,7 @@ from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.store import Store
 from ingest import dcgm_lines
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
@@ -41,7 +42,7 @@ def _count(store: Store, table: str) -> int:
 def _gated(store: Store) -> tuple[door.Door, threading.Event]:
     """A door whose writer waits at its first group until the event is set: pushes pile up meanwhile."""
     gate = threading.Event()
-    d = door.Door(store, window_s=0.0)
+    d = door.Door(store, window_s=0.0, writers=1)
     original = d._commit
 
     def commit(group):  # type: ignore[no-untyped-def]
@@ -374,3 +375,71 @@ def test_kinds_naming_one_gpu_stay_one_write():
     assert door._split(items) == [items]
     c = _otlp_pushes(t_ns, range(1, 2), faulty=1)[0]
     assert door._split([(a, None), (c, None)]) == [[(a, None)], [(c, None)]]
+
+
+def test_one_push_given_to_two_processes_at_once_is_stored_once(db_url):
+    """Two API processes (two stores, two doors) given the same push while the first one's write is still
+    open: the second checks the ingest log only once the first has committed, finds it, and writes nothing."""
+    first, second = Store.open(db_url), Store.open(db_url)
+    held, release = threading.Event(), threading.Event()
+    log_ingest = first._log_ingest
+
+    def hold(conn, entries):  # type: ignore[no-untyped-def]
+        log_ingest(conn, entries)
+        held.set()  # the rows and the log row are written, not committed
+        release.wait(30)
+
+    first._log_ingest = hold  # type: ignore[method-assign]
+    door_1, door_2 = door.Door(first, window_s=0.0), door.Door(second, window_s=0.0)
+    try:
+        got_1 = door_1.submit(_agent_push(3))
+        assert held.wait(30)
+        got_2 = door_2.submit(_agent_push(3))
+        if db_url.startswith("postgresql"):
+            # the second writer waits on the first's lock of that content, not on its rows
+            wait_until(lambda: _count(first, "pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())") == 1, 30,
+                       "the second writer to wait for the first")
+        release.set()
+        one, two = got_1.result(30), got_2.result(30)
+    finally:
+        release.set()
+        door_1.close()
+        door_2.close()
+    assert not one.skipped_duplicate and one.result.written["gpu_sample"] == 8
+    assert two.skipped_duplicate and two.result.written["gpu_sample"] == 0 and two.result.offered == one.result.offered
+    assert _count(first, "ingest_log") == 1
+    assert _count(first, "gpu_sample") == 8
+    first.engine.dispose()
+    second.engine.dispose()
+
+
+def test_a_group_holding_a_push_another_process_stored_writes_the_rest(store):
+    """The ingest log is checked in the group's transaction: a push stored meanwhile by another process is
+    answered as a duplicate, and the rest of its group is written without it."""
+    other = Store.open(str(store.engine.url.render_as_string(hide_password=False)))
+    door.Door(other, window_s=0.0).accept(_agent_push(1))
+    d, gate = _gated(store)
+    futures = [d.submit(_agent_push(h)) for h in range(4)]
+    gate.set()
+    results = [f.result(30) for f in futures]
+    d.close()
+    assert [r.skipped_duplicate for r in results] == [False, True, False, False]
+    assert [r.result.written["gpu_sample"] for r in results] == [8, 0, 8, 8]
+    assert _count(store, "gpu_sample") == 4 * 8
+    assert _count(store, "ingest_log") == 4
+    other.engine.dispose()
+
+
+def test_two_writers_answer_every_push_after_its_commit(db_url):
+    """Two writer threads (FLEETSCOPE_INGEST_WRITERS=2): every push stored and answered once, each answer with
+    its own rows."""
+    st = Store.open(db_url)
+    d = door.Door(st, window_s=0.0, writers=2)
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda h: d.accept(_agent_push(h), 60), range(48)))
+    d.close()
+    assert [r.result.written["gpu_sample"] for r in results] == [8] * 48
+    assert _count(st, "gpu_sample") == 48 * 8
+    assert _count(st, "ingest_log") == 48
+    st.engine.dispose()
