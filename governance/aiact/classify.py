@@ -15,17 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from governance.aiact.model import (
-    ANNEX_III,
-    GPAI,
-    GPAI_SYSTEMIC,
-    HIGH_RISK,
-    HIGH_RISK_ANNEX_I,
-    LIMITED,
-    MINIMAL,
-    PROHIBITED,
-    Declaration,
-    Evidence,
-    EvidenceRef,
+    ANNEX_III, GPAI, GPAI_SYSTEMIC, HIGH_RISK, HIGH_RISK_ANNEX_I, LIMITED, MINIMAL, PROHIBITED, Declaration,
+    Evidence, EvidenceRef
 )
 
 # Art. 5(1)(a)-(h). Each practice is a list of term groups; the purpose matches when every group has a hit
