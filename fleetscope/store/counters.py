@@ -1,0 +1,127 @@
+"""The store's memory of DCGM fault-counter readings (ECC, row remap): which health events repeat a GPU's
+previous reading and are no new event. The readings are the database's (``counter_reading``), shared by
+every process that writes; each store keeps a copy of them, brought up to date by the rows changed since."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import polars as pl
+from sqlalchemy import Connection, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from fleetscope.core import dcgm_fields
+from fleetscope.store import schema
+
+_COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
+_COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
+# the advisory lock writers of changed counter readings take turns on (PostgreSQL): any fixed 64-bit number
+_COUNTER_LOCK_KEY = int.from_bytes(hashlib.sha256(b"fleetscope.counter_reading").digest()[:8], "big", signed=True)
+
+
+def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.DataFrame, seq: pl.DataFrame,
+                      known: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``events`` keeping the counter readings that differ from the GPU's previous one (in ``seq``, the batch's
+    readings by GPU, code and time, or before it in ``known``); and each counter's newest reading where it is
+    not what ``known`` holds."""
+    seq = seq.join(known.rename({"value": "_seen"}).with_columns(_known=pl.lit(True)), on=["gpu_uuid", "code"], how="left").with_columns(
+        pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
+        .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
+    kept = (counters.join(seq.select("gpu_uuid", "code", "ts", "_prev"), on=["gpu_uuid", "code", "ts"], how="left")
+            .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
+            .select(events.columns))
+    changes = (seq.group_by("gpu_uuid", "code").agg(pl.col("value").last(), pl.col("_seen").first(), pl.col("_known").first())
+               .filter(pl.col("_known").is_null() | pl.col("value").ne_missing(pl.col("_seen")))
+               .select(list(_COUNTER_SCHEMA)))
+    return pl.concat([events.filter(~is_counter), kept]), changes
+
+
+class CounterMemory:
+    """The last reading of each GPU's DCGM fault counters: gpu_uuid, code, value. A counter above zero is in
+    every scrape; only a changed reading is a new health event, or a GPU with one old corrected error would add
+    an event every second. The readings are the database's (counter_reading), shared by every process that
+    writes, so API processes behind one proxy agree on what is new; this is this process's copy of them as of
+    change ``_version``, checked against the table's newest version in each write that carries readings and
+    brought up to date by the rows changed since."""
+
+    def __init__(self, dialect: str):
+        self._dialect = dialect
+        self._readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
+        self._version = 0
+        self._lock = threading.Lock()
+
+    def changed(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
+        """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
+        GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
+        included, since a zero reading is no event) or as the database has it (``counter_reading``); and the
+        readings this write changes there, with their version, written in ``conn``'s transaction and kept by
+        this process once it commits (``remember``). A first reading, a change, a reading after a reset to zero
+        and a null value are kept. Other health events (XIDs among them: rules read the repeating last-XID
+        gauge) pass unchanged.
+
+        Writers that change readings take turns (PostgreSQL: a transaction advisory lock; SQLite: the store's
+        write lock, already held), each deciding on the readings the last one committed, so two processes
+        sharing one GPU's pushes decide as one process would. A write that changes nothing takes no lock:
+        the newest version is one indexed read, and the copy is brought up to date only when it moved."""
+        is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES)) & (pl.col("gpu_uuid") != "")
+        counters = events.filter(is_counter)
+        seen = [counters.select("ts", "gpu_uuid", "code", "value")]
+        if samples is not None:
+            for col, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS:
+                if col in samples.columns:
+                    seen.append(samples.filter(pl.col(col).is_not_null()).select(
+                        "ts", "gpu_uuid", pl.lit(code, pl.Int64).alias("code"), pl.col(col).cast(pl.Float64).alias("value")))
+        seq = pl.concat(seen).unique(["gpu_uuid", "code", "ts"], keep="first").sort("gpu_uuid", "code", "ts")
+        if seq.height == 0:
+            return events, None
+        known, version = self._state(conn)
+        kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+        if changes.height == 0:
+            return kept, None
+        if self._dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
+            known, version = self._state(conn)  # as the writer before us left them
+            kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+            if changes.height == 0:
+                return kept, None
+        version += 1
+        t = schema.counter_reading
+        ins = (postgresql.insert(t) if self._dialect == "postgresql" else sqlite_dialect.insert(t))
+        conn.execute(ins.on_conflict_do_update(index_elements=[t.c.gpu_uuid, t.c.code],
+                                               set_={"value": ins.excluded.value, "version": ins.excluded.version}),
+                     [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes.iter_rows()])
+        return kept, (changes, version)
+
+    def _state(self, conn: Connection) -> tuple[pl.DataFrame, int]:
+        """The counter readings as of the table's newest version: this process's copy, with the rows changed
+        since it was taken read in (all of them when the table went back, as when it was emptied)."""
+        # on the driver's cursor: SQLAlchemy's statement handling costs more than this one-row index read
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.execute("SELECT MAX(version) FROM counter_reading")
+            newest = cur.fetchone()[0] or 0
+        finally:
+            cur.close()
+        with self._lock:
+            known, version = self._readings, self._version
+        if newest == version:
+            return known, version
+        since = version if newest > version else 0
+        rows = conn.execute(text("SELECT gpu_uuid, code, value FROM counter_reading WHERE version > :v"), {"v": since}).all()
+        delta = pl.DataFrame(rows, schema=_COUNTER_SCHEMA, orient="row")
+        known = pl.concat([known.join(delta, on=["gpu_uuid", "code"], how="anti"), delta]) if since else delta
+        with self._lock:
+            if self._version <= newest:
+                self._readings, self._version = known, newest
+        return known, newest
+
+    def remember(self, changes: pl.DataFrame, version: int) -> None:
+        """After the commit of the change ``version``: the changed readings into this process's copy, where the
+        copy was the one that change was decided on (else the next write reads the table's rows in)."""
+        with self._lock:
+            if self._version == version - 1:
+                known = self._readings
+                self._readings = pl.concat([known.join(changes, on=["gpu_uuid", "code"], how="anti"), changes])
+                self._version = version
