@@ -10,7 +10,7 @@ after that time, and the *committed* part, everything before. The committed part
 state (``job_analysis_state``, analyzer ``events``) and the watermark moves to the cut; the open part is
 folded into this run's copy only, and read again next time. The state holds:
 
-- ``kept``: ``analyzers.goodput.compact_events`` of the committed events: every lifecycle and record event,
+- ``kept``: ``analyzers.goodput_events.compact_events`` of the committed events: every lifecycle and record event,
   and of the step events the few that goodput's timeline and the checkpoint advice read (per step the
   earliest, per attempt the last, per rank the first), from which they give what the whole history gives;
 - ``screen``: ``analyzers.sdc.ScreenFold``, the SDC screen's conclusions over the committed steps and each
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analyzers import goodput, sdc
+from analyzers import goodput, goodput_events, sdc
 from fleetscope.core import frames as F
 from fleetscope.services import job_fold
 from fleetscope.store import Store
@@ -183,7 +183,7 @@ def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
     if committed.height:
         steps = [s for s in (committed.filter(pl.col("kind") == "step")["step"].max(), state.last_step) if s is not None]
         state = dataclasses.replace(
-            state, kept=goodput.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
+            state, kept=goodput_events.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
             last_step=int(max(steps)) if steps else None,
             commit_ts_us=cut if cut is not None else int(committed.select(at.max()).item()) + 1)
     read_back = _read_back_cases(store, job_id, state.screen, cases)

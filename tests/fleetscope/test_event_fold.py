@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analyzers import goodput, reliability, sdc
+from analyzers import goodput, goodput_events, reliability, sdc
 from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold
@@ -82,7 +82,7 @@ def test_compacted_events_give_the_same_goodput_and_checkpoint_inputs(seed):
     ev = random_events(seed)
     kept = ev.clear()
     for chunk in _chunks(ev, seed):
-        kept = goodput.compact_events(pl.concat([kept, chunk]))
+        kept = goodput_events.compact_events(pl.concat([kept, chunk]))
     assert kept.height < ev.height / 3  # the step events are what it leaves out
     until = ev["ts"].max() + dt.timedelta(minutes=1)
     for f in (lambda e: goodput.runtime_goodput(e, until=until), lambda e: goodput.scheduling_goodput(e, until=until),
@@ -97,7 +97,7 @@ def test_a_bad_payload_keeps_its_error():
     ev = random_events(4)
     bad = ev.with_columns(pl.when((pl.col("step") == 7) & (pl.col("rank") == 2)).then(pl.lit('{"duration_s": -1}'))
                           .otherwise(pl.col("payload")).alias("payload"))
-    kept = goodput.compact_events(bad)
+    kept = goodput_events.compact_events(bad)
     with pytest.raises(ValueError, match="duration_s must be a finite number") as want:
         goodput.runtime_goodput(bad, until=T0 + dt.timedelta(days=1))
     with pytest.raises(ValueError) as got:
