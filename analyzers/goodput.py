@@ -33,25 +33,24 @@ Pure: polars/numpy in, frames and dataclasses out.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from fleetscope.core.frames import JOB_EVENT_KINDS, JOB_RECORD_KINDS, UTC_US
+from analyzers.goodput_events import US, check_events, epoch_us, from_epoch_us, one_job, steps_from_events
+from fleetscope.core.frames import UTC_US
 
 __all__ = [
     "BUCKETS",
     "BADPUT_BUCKETS",
     "RuntimeGoodput",
     "goodput_timeline",
-    "compact_events",
     "runtime_goodput",
     "rolling_goodput",
     "step_times",
@@ -83,98 +82,6 @@ BUCKETS: tuple[str, ...] = (PRODUCTIVE, *BADPUT_BUCKETS)
 # Overlays win over the base timeline, earlier entries over later ones.
 _OVERLAY_ORDER = ("checkpoint_restore", "checkpoint_save", "data_loading")
 
-_EVENT_COLUMNS = ("job_id", "ts", "kind")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = 1_000_000
-
-
-# --- input checks ----------------------------------------------------------------------------------
-
-
-def _check_events(job_event: pl.DataFrame) -> pl.DataFrame:
-    """Validate a job_event frame and return it sorted by time, with rank/step/payload filled in."""
-    if not isinstance(job_event, pl.DataFrame):
-        raise TypeError(f"job_event must be a polars DataFrame, not {type(job_event).__name__}")
-    missing = [c for c in _EVENT_COLUMNS if c not in job_event.columns]
-    if missing:
-        raise ValueError(f"job_event frame lacks column(s) {', '.join(missing)}")
-    if job_event.height == 0:
-        raise ValueError("job_event frame is empty: no lifecycle events to compute goodput from")
-    ev = job_event
-    if ev.schema["ts"] != UTC_US:
-        if not isinstance(ev.schema["ts"], pl.Datetime):
-            raise ValueError(f"job_event.ts must be a UTC datetime column, got {ev.schema['ts']}")
-        ts = pl.col("ts")
-        ev = ev.with_columns((ts.dt.replace_time_zone("UTC") if ev.schema["ts"].time_zone is None
-                              else ts.dt.convert_time_zone("UTC")).dt.cast_time_unit("us"))
-    if ev["ts"].null_count():
-        raise ValueError(f"job_event row {int(ev['ts'].is_null().arg_true()[0])}: missing ts")
-    unknown = ev.filter(~pl.col("kind").is_in(list(JOB_EVENT_KINDS)) | pl.col("kind").is_null())
-    if unknown.height:
-        raise ValueError(f"unknown job event kind {unknown['kind'][0]!r} (expected one of {', '.join(JOB_EVENT_KINDS)})")
-    # Records such as SDC replays can be stamped long after the job ended; they are not part of its timeline.
-    ev = ev.filter(~pl.col("kind").is_in(list(JOB_RECORD_KINDS)))
-    if ev.height == 0:
-        raise ValueError("job_event frame holds no lifecycle events to compute goodput from")
-    for col, dtype in (("rank", pl.Int64), ("step", pl.Int64), ("payload", pl.String)):
-        if col not in ev.columns:
-            ev = ev.with_columns(pl.lit(None, dtype).alias(col))
-    ev = ev.with_columns(pl.col("rank").fill_null(-1))
-    if ev.filter((pl.col("kind") == "step") & pl.col("step").is_null()).height:
-        raise ValueError("a step event has no step number")
-    # Events arrive from many ranks and transports out of order; time order is the only meaningful one.
-    return ev.sort("ts", "kind", maintain_order=True)
-
-
-def _one_job(ev: pl.DataFrame) -> str:
-    jobs = ev["job_id"].unique().to_list()
-    if len(jobs) != 1:
-        raise ValueError(f"job_event frame holds {len(jobs)} jobs ({', '.join(map(str, jobs[:5]))}); filter to one")
-    return str(jobs[0])
-
-
-def _us(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1)
-
-
-def _dt(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=int(us))
-
-
-def _payload_number(p: dict, key: str, where: str) -> float | None:
-    v = p.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0:
-        raise ValueError(f"{where}: payload {key} must be a finite number ≥ 0, got {v!r}")
-    return float(v)
-
-
-def _payload_time(p: dict, key: str, where: str) -> int | None:
-    v = p.get(key)
-    if v is None:
-        return None
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-        return round(float(v) * _US)
-    if isinstance(v, str):
-        try:
-            return _us(datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00")).astimezone(timezone.utc))
-        except ValueError:
-            pass
-    raise ValueError(f"{where}: payload {key} is not a timestamp: {v!r}")
-
-
-def _payload(text: str | None, where: str) -> dict:
-    if text is None:
-        return {}
-    try:
-        p = json.loads(text)
-    except json.JSONDecodeError:
-        raise ValueError(f"{where}: payload is not JSON") from None
-    if not isinstance(p, dict):
-        raise ValueError(f"{where}: payload is not a JSON object")
-    return p
-
 
 # --- the runtime timeline --------------------------------------------------------------------------
 
@@ -188,74 +95,6 @@ class _Attempt:
     last_seen: int = 0
 
 
-_STEP_KEYS = ("start", "end", "duration_s", "data_loading_s")
-
-
-def _step_row(ts: datetime, step: int, text: str | None, rank: int) -> tuple[int, float]:
-    """(start µs, data loading s) of one step event, read the slow, exact way (``json.loads``); it raises
-    the error that names the row when its payload is bad."""
-    where = f"step event (step {step}, rank {rank})"
-    p = _payload(text, where)
-    start = _payload_time(p, "start", where)
-    if start is None:
-        end = _payload_time(p, "end", where)
-        end = _us(ts) if end is None else end
-        dur = _payload_number(p, "duration_s", where)
-        start = end - round(dur * _US) if dur is not None else end
-    return start, _payload_number(p, "data_loading_s", where) or 0.0
-
-
-def _steps_from_events(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(step, start µs, data loading s)`` arrays, one entry per step event in ``ev``'s order. A step's
-    start is its payload ``start``, else ``ts − duration_s`` (``ts`` is the step's end in our schema), else
-    ``ts`` itself: a bare step event marks the step's start, as the library's ``record_step_start_time``
-    does.
-
-    Payloads are read column-wise (a job reporting every rank's step sends ~10⁵ events an hour). A row
-    goes to the exact per-row reader when the columnar one could read it differently: a payload that is
-    not a plain JSON object, a key whose value is not a plain number (a string, a bool, NaN, a number
-    beyond float range, a negative), or a ``start``/``end`` given as text."""
-    st = ev.filter(pl.col("kind") == "step").select("ts", "step", "payload", "rank")
-    n = st.height
-    step = st["step"].cast(pl.Int64).to_numpy()
-    ts_us = st["ts"].dt.epoch("us").to_numpy()
-    if n == 0:
-        return step, ts_us, np.zeros(0)
-    # One parse per payload checks that it is a JSON object; only payloads that name one of the keys (most
-    # carry just loss and norms) are parsed again for them.
-    st = st.with_columns(pl.col("payload").str.json_path_match("$").alias("_doc"),
-                         pl.any_horizontal([pl.col("payload").str.contains(c, literal=True)
-                                            for c in (*(f'"{k}"' for k in _STEP_KEYS), "\\")]).alias("_keyed"))
-    keyed = st.filter(pl.col("_keyed").fill_null(False)).select(
-        "_doc",
-        *(pl.col("_doc").str.json_path_match(f"$.{k}").alias(f"_raw_{k}") for k in _STEP_KEYS),
-    ).with_columns(pl.col(f"_raw_{k}").cast(pl.Float64, strict=False).alias(k) for k in _STEP_KEYS)
-    # a key's value is read as a number only when it is one: a float, finite, ≥ 0, and not a JSON string
-    odd = pl.any_horizontal([pl.col(f"_raw_{k}").is_not_null()
-                             & (pl.col(k).is_null() | ~pl.col(k).is_finite() | (pl.col(k) < 0)
-                                | pl.col("_doc").str.contains(f'"{k}":"', literal=True))
-                             for k in _STEP_KEYS])
-    keyed = keyed.with_columns(odd.alias("_odd"))
-    slow = st.select(pl.col("payload").is_not_null()
-                     & (pl.col("_doc").is_null() | ~pl.col("_doc").str.starts_with("{"))).to_series().to_numpy().copy()
-    at = np.flatnonzero(st["_keyed"].fill_null(False).to_numpy())
-    slow[at] |= keyed["_odd"].to_numpy()
-    f = {k: np.full(n, np.nan) for k in _STEP_KEYS}
-    for k in _STEP_KEYS:
-        f[k][at] = keyed[k].to_numpy()
-    with np.errstate(invalid="ignore"):
-        end = np.where(np.isnan(f["end"]), ts_us, np.round(np.nan_to_num(f["end"]) * _US).astype(np.int64))
-        start = np.where(np.isnan(f["duration_s"]), end,
-                         end - np.round(np.nan_to_num(f["duration_s"]) * _US).astype(np.int64))
-        start = np.where(np.isnan(f["start"]), start, np.round(np.nan_to_num(f["start"]) * _US).astype(np.int64))
-    dl = np.nan_to_num(f["data_loading_s"])
-    if slow.any():
-        rows = st.select("ts", "step", "payload", "rank").rows()
-        for i in np.flatnonzero(slow):
-            start[i], dl[i] = _step_row(*rows[i])
-    return step, start.astype(np.int64), dl.astype(float)
-
-
 def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
     """The job's elapsed runtime cut into labelled spans: ``job_id, start, end, duration_s, bucket, step``.
 
@@ -267,8 +106,8 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     Raises ``ValueError`` on an empty frame, missing columns, unknown kinds, several jobs, a step before
     the job started, a checkpoint end without its start, or a non-finite payload number.
     """
-    ev = _check_events(job_event)
-    job_id = _one_job(ev)
+    ev = check_events(job_event)
+    job_id = one_job(ev)
     # Step events are most of the rows (one per rank per step); everything per event is done column-wise,
     # and the Python below runs per lifecycle event and per distinct step.
     ts_all = ev["ts"].dt.epoch("us").to_numpy()
@@ -279,7 +118,7 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     boundaries = [t for k, t in zip(kinds, ts_us) if k in ("started", "restart")]
     if not boundaries:
         raise ValueError(f"job {job_id}: no 'started' event, so the runtime has no beginning")
-    step_no, step_start, step_dl = _steps_from_events(ev)
+    step_no, step_start, step_dl = steps_from_events(ev)
     if step_start.size and int(step_start.min()) < boundaries[0]:
         raise ValueError(f"job {job_id}: a step starts before the job's first 'started' event")
 
@@ -307,12 +146,12 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
         a.steps.sort(key=lambda s: (s[1], s[0]))
 
     finished = [t for k, t in zip(kinds, ts_us) if k == "finished"]
-    end = min(finished[-1], _us(until)) if finished and until is not None else (
-        finished[-1] if finished else (_us(until) if until is not None else None))
+    end = min(finished[-1], epoch_us(until)) if finished and until is not None else (
+        finished[-1] if finished else (epoch_us(until) if until is not None else None))
     if end is None:
         raise ValueError(f"job {job_id} has no 'finished' event: pass until= to measure it while it runs")
     if end < boundaries[0]:
-        raise ValueError(f"job {job_id}: end {_dt(end).isoformat()} is before its start")
+        raise ValueError(f"job {job_id}: end {from_epoch_us(end).isoformat()} is before its start")
 
     # Per attempt: initialization, disruption and the attempt's last sign of life (any event, steps too).
     for i, a in enumerate(attempts):
@@ -389,59 +228,6 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     return _paint(job_id, base, overlays, attempts[0].start, end)
 
 
-def compact_events(job_event: pl.DataFrame) -> pl.DataFrame:
-    """The rows of ``job_event`` that :func:`goodput_timeline`, :func:`runtime_goodput`, :func:`scheduling_goodput`
-    and the checkpoint advice's inputs (``analyzers.reliability``: ``checkpoint_costs``, ``job_exposure``,
-    ``interruptions``) read the same way as the whole frame: every event but ``step`` events, and of those,
-
-    - per stretch between two ``started``/``restart`` events (by start) and step number, the event with the
-      earliest start, the first in time order on a tie: the one the timeline keeps for that step;
-    - per stretch between two of those events by time, the latest: an attempt's last sign of life;
-    - per rank, its first: the ranks seen;
-    - every step event without a step number, and every step event of a frame with a payload the fast reader
-      cannot read, so the error goodput raises on them is raised on the compacted frame too.
-
-    A job reporting every rank's step sends ~10⁵ step events an hour and keeps ~10³ here. Compacting is a
-    fold: ``compact_events(concat([compact_events(a), b]))`` reads like ``concat([a, b])`` as long as no
-    ``started``/``restart`` event of ``b`` is earlier than a step event of ``a`` (a boundary arriving after
-    the steps it precedes would cut a stretch whose earliest step was already chosen)."""
-    require = [c for c in ("job_id", "ts", "kind", "rank", "step", "payload") if c not in job_event.columns]
-    if require:
-        raise ValueError(f"job_event frame lacks column(s) {', '.join(require)}")
-    is_step = pl.col("kind") == "step"
-    life = job_event.filter(~is_step | pl.col("kind").is_null())
-    # time order as goodput_timeline reads them: its tie-break is the position in this order
-    st = job_event.filter(is_step).sort("ts", maintain_order=True)
-    if st.height == 0:
-        return job_event
-    unnumbered = st.filter(pl.col("step").is_null() | pl.col("ts").is_null())
-    st = st.filter(pl.col("step").is_not_null() & pl.col("ts").is_not_null())
-    try:
-        step_no, start, _ = _steps_from_events(st.with_columns(pl.col("rank").fill_null(-1)))
-    except ValueError:
-        return job_event
-    bounds = np.sort(life.filter(pl.col("kind").is_in(["started", "restart"]))["ts"].dt.epoch("us").to_numpy())
-    ts_us = st["ts"].dt.epoch("us").to_numpy()
-    pos = np.arange(st.height)
-    keep = np.zeros(st.height, dtype=bool)
-    by_start = np.searchsorted(bounds, start, side="right") - 1
-    order = np.lexsort((pos, start, step_no, by_start))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = (by_start[order][1:] != by_start[order][:-1]) | (step_no[order][1:] != step_no[order][:-1])
-    keep[order[first]] = True
-    by_ts = np.searchsorted(bounds, ts_us, side="right") - 1
-    order = np.lexsort((pos, ts_us, by_ts))
-    last = np.ones(order.size, dtype=bool)
-    last[:-1] = by_ts[order][1:] != by_ts[order][:-1]
-    keep[order[last]] = True
-    rank = st["rank"].fill_null(-1).to_numpy()
-    order = np.lexsort((pos, ts_us, rank))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = rank[order][1:] != rank[order][:-1]
-    keep[order[first]] = True
-    return pl.concat([life, unnumbered, st.filter(pl.Series(keep))], how="vertical_relaxed")
-
-
 def _overlays(kinds: list[str], ts_us: list[int], t_last: int, attempts: list[_Attempt], job_id: str) -> dict[str, list[tuple[int, int]]]:
     out: dict[str, list[tuple[int, int]]] = {b: [] for b in _OVERLAY_ORDER}
     for what in ("save", "restore"):
@@ -451,7 +237,7 @@ def _overlays(kinds: list[str], ts_us: list[int], t_last: int, attempts: list[_A
                 open_at = t if open_at is None else open_at
             elif k == f"checkpoint_{what}_end":
                 if open_at is None:
-                    raise ValueError(f"job {job_id}: checkpoint_{what}_end at {_dt(t).isoformat()} without a start")
+                    raise ValueError(f"job {job_id}: checkpoint_{what}_end at {from_epoch_us(t).isoformat()} without a start")
                 out[f"checkpoint_{what}"].append((open_at, t))
                 open_at = None
         # a save still open at the end (job cut by until=, or a crash mid-save) blocks until then
@@ -460,7 +246,7 @@ def _overlays(kinds: list[str], ts_us: list[int], t_last: int, attempts: list[_A
     for a in attempts:
         for _, s, dl in a.steps:
             if dl > 0:
-                out["data_loading"].append((s - round(dl * _US), s))
+                out["data_loading"].append((s - round(dl * US), s))
     return out
 
 
@@ -496,7 +282,7 @@ def _paint(job_id: str, base: list, overlays: dict[str, list[tuple[int, int]]], 
         pl.lit(job_id).alias("job_id"),
         pl.from_epoch("start_us", time_unit="us").dt.replace_time_zone("UTC").alias("start"),
         pl.from_epoch("end_us", time_unit="us").dt.replace_time_zone("UTC").alias("end"),
-        ((pl.col("end_us") - pl.col("start_us")) / _US).alias("duration_s"),
+        ((pl.col("end_us") - pl.col("start_us")) / US).alias("duration_s"),
         "bucket",
         pl.when(pl.col("step") >= 0).then(pl.col("step")).alias("step"),
     )
@@ -545,7 +331,7 @@ def _clip(tl: pl.DataFrame, a: datetime, b: datetime) -> pl.DataFrame:
         pl.max_horizontal(pl.col("start"), pl.lit(a, UTC_US)).alias("start"),
         pl.min_horizontal(pl.col("end"), pl.lit(b, UTC_US)).alias("end"),
     ).filter(pl.col("end") > pl.col("start")).with_columns(
-        ((pl.col("end") - pl.col("start")).dt.total_microseconds() / _US).alias("duration_s"))
+        ((pl.col("end") - pl.col("start")).dt.total_microseconds() / US).alias("duration_s"))
 
 
 def runtime_goodput(
@@ -576,9 +362,9 @@ def runtime_goodput(
         job_id=str(tl["job_id"][0]),
         window_start=a,
         window_end=b,
-        total_s=total_us / _US,
-        productive_s=by.get(PRODUCTIVE, 0) / _US,
-        badput_s={k: by.get(k, 0) / _US for k in BADPUT_BUCKETS},
+        total_s=total_us / US,
+        productive_s=by.get(PRODUCTIVE, 0) / US,
+        badput_s={k: by.get(k, 0) / US for k in BADPUT_BUCKETS},
         last_step=int(prod_steps.max()) if prod_steps.len() and prod_steps.max() is not None else None,
         disruptions=disruptions,
     )
@@ -597,15 +383,15 @@ def rolling_goodput(
     if not (every_s > 0 and period_s > 0 and math.isfinite(every_s) and math.isfinite(period_s)):
         raise ValueError("every_s and period_s must be finite and > 0")
     tl = goodput_timeline(job_event, until=until)
-    t0, t1 = _us(tl["start"].min()), _us(tl["end"].max())
-    starts = np.arange(t0, t1, round(every_s * _US), dtype=np.int64)
-    ends = np.minimum(starts + round(period_s * _US), t1)
-    s = np.array([_us(x) for x in tl["start"].to_list()], dtype=np.int64)
-    e = np.array([_us(x) for x in tl["end"].to_list()], dtype=np.int64)
+    t0, t1 = epoch_us(tl["start"].min()), epoch_us(tl["end"].max())
+    starts = np.arange(t0, t1, round(every_s * US), dtype=np.int64)
+    ends = np.minimum(starts + round(period_s * US), t1)
+    s = np.array([epoch_us(x) for x in tl["start"].to_list()], dtype=np.int64)
+    e = np.array([epoch_us(x) for x in tl["end"].to_list()], dtype=np.int64)
     lab = np.array(tl["bucket"].to_list(), dtype=object)
     out: dict[str, object] = {
-        "window_start": [_dt(x) for x in starts], "window_end": [_dt(x) for x in ends],
-        "total_s": (ends - starts) / _US,
+        "window_start": [from_epoch_us(x) for x in starts], "window_end": [from_epoch_us(x) for x in ends],
+        "total_s": (ends - starts) / US,
     }
     # cumulative time per bucket: F(t) = time in the bucket before t; a window's share is F(b) − F(a)
     for bucket in BUCKETS:
@@ -621,7 +407,7 @@ def rolling_goodput(
             part = np.clip(t - bs[j], 0, be[j] - bs[j])
             return np.where(i >= 0, cum[j] + part, 0)
 
-        out[f"{bucket}_s"] = (F(ends) - F(starts)) / _US
+        out[f"{bucket}_s"] = (F(ends) - F(starts)) / US
     df = pl.DataFrame(out).with_columns(
         pl.col("window_start").cast(UTC_US), pl.col("window_end").cast(UTC_US))
     return df.with_columns(
@@ -677,14 +463,14 @@ def scheduling_goodput(
     of them (Google Cloud, "ML Productivity Goodput"). Resources are held from each ``allocated`` event
     until the next ``preempted`` or ``finished``; the job wants them from ``submitted_at`` (the job
     frame's submission time; default: its first event) until ``finished`` or ``until``."""
-    ev = _check_events(job_event)
-    job_id = _one_job(ev)
+    ev = check_events(job_event)
+    job_id = one_job(ev)
     if not ev.filter(pl.col("kind") == "allocated").height:
         raise ValueError(f"job {job_id}: no 'allocated' event, so scheduling goodput is undefined")
-    t_first = _us(ev["ts"].min())
-    a = _us(submitted_at) if submitted_at is not None else t_first
+    t_first = epoch_us(ev["ts"].min())
+    a = epoch_us(submitted_at) if submitted_at is not None else t_first
     fin = ev.filter(pl.col("kind") == "finished")["ts"]
-    b = _us(until) if until is not None else (_us(fin.max()) if fin.len() else None)
+    b = epoch_us(until) if until is not None else (epoch_us(fin.max()) if fin.len() else None)
     if b is None:
         raise ValueError(f"job {job_id} has no 'finished' event: pass until=")
     if b <= a:
@@ -788,7 +574,7 @@ def program_goodput(step: pl.DataFrame, *, peak_flops: float) -> float:
         raise ValueError("no step carries model_flops: program goodput needs them")
     if st.filter(pl.col("model_flops").is_nan() | (pl.col("model_flops") < 0)).height:
         raise ValueError("model_flops must be finite and ≥ 0 (got NaN or a negative value)")
-    secs = st.select((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).item() / _US
+    secs = st.select((pl.col("end") - pl.col("start")).dt.total_microseconds().sum()).item() / US
     return program_goodput_of(float(st["model_flops"].sum()), secs, peak_flops=peak_flops)
 
 

@@ -28,19 +28,16 @@ Signals and where they come from:
   order: the result is bit-identical across BLAS builds, thread counts and GPUs, and one SHA-256 is the
   golden answer for all of them. A device that returns another digest computed something wrong.
 
-The probe's arithmetic and its golden digests are here; running it on a device is
+The probe's arithmetic and its golden digests are ``analyzers.sdc_probe``'s; running it on a device is
 ``fleetscope.devices.probe.run_probe``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from fleetscope.core.errors import ValidationError
@@ -59,22 +56,8 @@ __all__ = [
     "rerun_runs",
     "rerun_findings",
     "rerun_report",
-    "PROBE_N",
-    "PROBE_ROUNDS",
-    "PROBE_SEED",
-    "PROBE_GOLDEN_SHA256",
-    "probe_inputs",
-    "probe_matmul",
-    "probe_digest",
-    "ProbeResult",
-    "check_probe",
     "sdc_findings",
     "screen",
-    "SPIKE_WINDOW_STEPS",
-    "ScreenFold",
-    "fold_screen",
-    "fold_screen_open",
-    "folded_screen",
 ]
 
 
@@ -447,92 +430,6 @@ def rerun_report(job_event: pl.DataFrame, signals: pl.DataFrame | None = None,
     return {"records": records, "runs": runs, "problems": problems, "verdicts": verdicts, "findings": findings}
 
 
-# --- known-answer test -----------------------------------------------------------------------------------
-
-PROBE_N = 256
-PROBE_ROUNDS = 8
-PROBE_SEED = 20_240_731
-_PROBE_LO, _PROBE_HI, _PROBE_MOD = -8, 8, 17
-# Golden digest of probe_matmul(PROBE_N, PROBE_ROUNDS, PROBE_SEED): computed with numpy's exact int64
-# matmul (no BLAS) and checked equal to float64 BLAS; see tests/analyzers/test_sdc.py. Any correct device
-# gives this value, because every intermediate is an integer that float32 represents exactly.
-PROBE_GOLDEN_SHA256: dict[tuple[int, int, int], str] = {
-    (PROBE_N, PROBE_ROUNDS, PROBE_SEED): "bd1dcbc036f416e5e9ae752ef346462241583f51d03e9b8d08c9b526bf6d2b21",
-}
-
-
-def probe_inputs(n: int = PROBE_N, seed: int = PROBE_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """The probe's two n×n matrices of integers in [-8, 8], from numpy's PCG64 with a fixed seed (the
-    generator's stream is fixed across numpy versions by NEP 19)."""
-    if not 1 <= n <= 8192:
-        raise ValueError("probe size must be 1..8192")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    a = rng.integers(_PROBE_LO, _PROBE_HI + 1, size=(n, n), dtype=np.int64)
-    b = rng.integers(_PROBE_LO, _PROBE_HI + 1, size=(n, n), dtype=np.int64)
-    return a, b
-
-
-def probe_matmul(n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED, *, dtype: Any = np.float64,
-                 xp: Any = np, device_put: Any = None) -> np.ndarray:
-    """X₀ = A; X_{k+1} = ((X_k · B) mod 17) − 8, for ``rounds`` rounds; returns X_rounds as int64 (numpy).
-
-    Exactness: entries stay in [-8, 8], so each dot product is a sum of n terms of magnitude ≤ 64 and
-    every partial sum is an integer of magnitude ≤ 64·n ≤ 2**19 for n ≤ 8192 — exact in float64, float32
-    and TF32 (inputs ≤ 8 need 4 mantissa bits), whatever order a BLAS sums in. ``xp`` is the array module
-    (numpy, cupy, or torch with ``device_put`` moving arrays to the device).
-    """
-    if rounds < 1:
-        raise ValueError("rounds must be >= 1")
-    a, b = probe_inputs(n, seed)
-    put = device_put or (lambda arr: xp.asarray(arr.astype(dtype)))
-    x, bm = put(a), put(b)
-    for _ in range(rounds):
-        y = x @ bm
-        x = (y % _PROBE_MOD) - 8  # floor modulo in numpy, cupy and torch alike
-    if hasattr(x, "cpu"):  # torch
-        x = x.cpu().numpy()
-    elif hasattr(x, "get"):  # cupy
-        x = x.get()
-    return np.asarray(x).astype(np.int64)
-
-
-def probe_digest(result: np.ndarray) -> str:
-    """SHA-256 of the result as little-endian int64 in C order, prefixed by its shape (so a truncated
-    result cannot collide with a smaller probe)."""
-    arr = np.ascontiguousarray(np.asarray(result).astype("<i8"))
-    h = hashlib.sha256(f"fleetscope-probe-v1 {arr.shape}".encode())
-    h.update(arr.tobytes())
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    backend: str
-    device: str
-    n: int
-    rounds: int
-    seed: int
-    digest: str
-    golden: str | None
-    passed: bool | None
-    seconds: float
-    mismatched_elements: int | None = None
-    device_type: str = ""  # "cpu" or the GPU's name: the golden digest is the same for every type
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def check_probe(digest: str, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED,
-                golden: Mapping[tuple[int, int, int], str] | None = None) -> bool | None:
-    """True when ``digest`` is the golden answer for this probe shape, False when not, None when no
-    golden answer is known for it (a probe size nobody has blessed is not a pass)."""
-    g = (golden or PROBE_GOLDEN_SHA256).get((n, rounds, seed))
-    if not g:
-        return None
-    return digest == g
-
-
 # --- findings -----------------------------------------------------------------------------------------
 
 
@@ -550,7 +447,7 @@ def sdc_findings(
     which replicas. Suspects are job ranks (``job:<id>/rank:<n>``, or ``gpu:<uuid>`` when ``job_rank``
     says which GPU the rank ran on) and GPUs named by reruns and probes.
 
-    ``probes``: rows with ``gpu_uuid``, ``ts``, ``passed`` and ``digest`` (``ProbeResult`` fields), as
+    ``probes``: rows with ``gpu_uuid``, ``ts``, ``passed`` and ``digest`` (``sdc_probe.ProbeResult`` fields), as
     ingested health results. ``signals`` (``step_signals`` output) supplies step times for the window.
     Severity: ``critical`` for a persistent rerun verdict, a failed probe or a strict-majority checksum
     mismatch; ``warning`` otherwise. Ties and job-wide spikes name no suspect and make no finding.
@@ -665,139 +562,3 @@ def screen(job_event: pl.DataFrame, job_rank: pl.DataFrame | None = None) -> dic
     found = [f for f in (chains, rr["findings"]) if f.height]
     findings = pl.concat(found, how="vertical_relaxed") if found else FINDING.empty()
     return {"signals": signals, "checksums": checksums, "spikes": spikes, "nonfinite": nonfinite, **rr, "findings": findings}
-
-
-# --- the screen folded step by step -------------------------------------------------------------------
-
-SPIKE_WINDOW_STEPS = 50
-"""``metric_spikes``' window as ``screen`` runs it: a rank's loss is scored against its previous 50 values."""
-_SIGNAL_TS = {"job_id": pl.String, "step": pl.Int64, "ts": UTC_US}
-
-
-def _empty_signals() -> pl.DataFrame:
-    return pl.DataFrame(schema={"job_id": pl.String, "rank": pl.Int64, "step": pl.Int64, "ts": UTC_US, "loss": pl.Float64,
-                                "grad_norm": pl.Float64, "loss_nonfinite": pl.Boolean, "grad_norm_nonfinite": pl.Boolean,
-                                "param_checksum": pl.String, "replica_group": pl.String})
-
-
-@dataclass(frozen=True)
-class ScreenFold:
-    """What ``screen`` concludes from a job's step signals, folded step by step (``fold_screen``): everything
-    in it is final once a step's signals are all in, except each rank's last ``SPIKE_WINDOW_STEPS`` losses,
-    which the next steps' spike scores look back at.
-
-    ``signals``/``first_ts``/``last_ts``: the signals screened and their time span; ``checksums``: the
-    ``checksum_mismatches`` rows; ``step_ts``: the first signal time of each step with such a row (a suspect's
-    time); ``spikes``: the ``metric_spikes`` rows (loss); ``nonfinite``: the ``nonfinite_onset`` row, once
-    found; ``carry``: each rank's last losses; ``step_span``: each step's first and last signal time, so
-    that a rerun record naming a folded step can have its original run read back; ``case_signals``: the
-    signals of the (step, rank) of rerun records, kept as they are folded or read back."""
-
-    signals: int = 0
-    first_ts: Any = None
-    last_ts: Any = None
-    last_step: int | None = None
-    checksums: pl.DataFrame = field(default_factory=lambda: checksum_mismatches(_empty_signals()))
-    step_ts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_SIGNAL_TS))
-    spikes: pl.DataFrame = field(default_factory=lambda: metric_spikes(_empty_signals(), "loss"))
-    nonfinite: pl.DataFrame = field(default_factory=lambda: nonfinite_onset(_empty_signals()))
-    carry: pl.DataFrame = field(default_factory=lambda: _empty_signals().select("job_id", "rank", "step", "ts", "loss"))
-    step_span: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"step": pl.Int64, "first_ts": UTC_US, "last_ts": UTC_US}))
-    case_signals: pl.DataFrame = field(default_factory=_empty_signals)
-
-    def frames(self) -> dict[str, pl.DataFrame]:
-        return {k: getattr(self, k) for k in ("checksums", "step_ts", "spikes", "nonfinite", "carry", "step_span", "case_signals")}
-
-
-def _signals_after(state: ScreenFold, signals: pl.DataFrame, what: str = "signals") -> pl.DataFrame:
-    require_columns(signals, what, tuple(_empty_signals().columns))
-    if signals.height and state.last_step is not None and int(signals["step"].min()) <= state.last_step:
-        raise ValueError(f"{what} of step {int(signals['step'].min())} folded after step {state.last_step}: fold steps in order")
-    return signals.select(_empty_signals().columns).cast(_empty_signals().schema)
-
-
-def _spikes_of(state: ScreenFold, sig: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The loss spikes of ``sig``'s rows, scored against the carried losses (which go first; their own rows
-    are scored too, and left out), and the carried losses followed by ``sig``'s."""
-    both = pl.concat([state.carry, sig.select("job_id", "rank", "step", "ts", "loss")])
-    spikes = metric_spikes(both, "loss", window_steps=SPIKE_WINDOW_STEPS)
-    return (spikes if state.last_step is None else spikes.filter(pl.col("step") > state.last_step)), both
-
-
-def _carry(losses: pl.DataFrame) -> pl.DataFrame:
-    # a carried loss is a baseline, never a spike of its own: its time is not needed, and not kept
-    return (losses.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
-            .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS).with_columns(pl.lit(None, UTC_US).alias("ts")))
-
-
-def _merge(state: ScreenFold, sig: pl.DataFrame, cases: pl.DataFrame | None, spikes: pl.DataFrame, carry: pl.DataFrame) -> ScreenFold:
-    if sig.height == 0:
-        return state
-    checks = checksum_mismatches(sig)
-    step_ts = sig.join(checks.select("job_id", "step").unique(), on=["job_id", "step"]).group_by("job_id", "step").agg(pl.col("ts").min())
-    nonfinite = state.nonfinite if state.nonfinite.height else nonfinite_onset(sig)
-    span = sig.group_by("step").agg(pl.col("ts").min().alias("first_ts"), pl.col("ts").max().alias("last_ts"))
-    case_rows = state.case_signals
-    if cases is not None and cases.height:
-        keys = cases.select("job_id", "step", "rank").unique()
-        case_rows = pl.concat([case_rows, sig.join(keys, on=["job_id", "step", "rank"], how="semi")])
-    return replace(
-        state, signals=state.signals + sig.height,
-        first_ts=sig["ts"].min() if state.first_ts is None else min(state.first_ts, sig["ts"].min()),
-        last_ts=sig["ts"].max() if state.last_ts is None else max(state.last_ts, sig["ts"].max()),
-        last_step=int(sig["step"].max()),
-        checksums=pl.concat([state.checksums, checks]).sort("job_id", "step", "rank", maintain_order=True),
-        step_ts=pl.concat([state.step_ts, step_ts.cast(_SIGNAL_TS)]),
-        spikes=pl.concat([state.spikes, spikes]).sort("job_id", "step", "rank", maintain_order=True),
-        nonfinite=nonfinite, carry=carry, step_span=pl.concat([state.step_span, span.cast(state.step_span.schema)]).sort("step"),
-        case_signals=case_rows,
-    )
-
-
-def fold_screen(state: ScreenFold, signals: pl.DataFrame, cases: pl.DataFrame | None = None) -> ScreenFold:
-    """Fold ``signals`` (``step_signals`` output: whole steps, all later than ``state.last_step``) into
-    ``state``. Folding a job's steps chunk by chunk gives what ``screen`` gives over all of them at once:
-    mismatches and the NaN onset are per step, and a spike's baseline is the rank's previous
-    ``SPIKE_WINDOW_STEPS`` losses, which ``carry`` holds across chunks. ``cases``: (job_id, step, rank) of the
-    job's rerun records, whose signals are kept for the rerun protocol's original runs."""
-    sig = _signals_after(state, signals)
-    if sig.height == 0:
-        return state
-    spikes, both = _spikes_of(state, sig)
-    return _merge(state, sig, cases, spikes, _carry(both))
-
-
-def fold_screen_open(state: ScreenFold, signals: pl.DataFrame, open_signals: pl.DataFrame,
-                     cases: pl.DataFrame | None = None) -> tuple[ScreenFold, ScreenFold]:
-    """``fold_screen`` of ``signals`` (the steps to keep) and, on from that, of ``open_signals`` (later steps,
-    whose signals may not all be in yet), scoring both chunks' spikes in one pass: (``signals`` folded,
-    both folded). The second is a result to read, not to fold on: its ``carry`` is the first's."""
-    sig = _signals_after(state, signals)
-    opened = _signals_after(state, open_signals, "open signals")
-    if sig.height and opened.height and int(opened["step"].min()) <= int(sig["step"].max()):
-        raise ValueError(f"open signals of step {int(opened['step'].min())} are not after the folded step {int(sig['step'].max())}")
-    if sig.height + opened.height == 0:
-        return state, state
-    spikes, both = _spikes_of(state, pl.concat([sig, opened]))
-    if sig.height:
-        cut = int(sig["step"].max())
-        state = _merge(state, sig, cases, spikes.filter(pl.col("step") <= cut), _carry(both.filter(pl.col("step") <= cut)))
-        spikes = spikes.filter(pl.col("step") > cut)
-    return state, _merge(state, opened, cases, spikes, state.carry)
-
-
-def folded_screen(state: ScreenFold, job_event: pl.DataFrame, job_rank: pl.DataFrame | None = None) -> dict[str, pl.DataFrame | int | Any]:
-    """``screen``'s conclusions from a folded state and the job's rerun records (``sdc_rerun`` events, in
-    ``job_event``; its step events are not read): ``checksums``, ``spikes``, ``nonfinite``, ``records``,
-    ``runs``, ``problems``, ``verdicts`` and ``findings`` as ``screen`` returns them, with ``steps_screened``
-    (the height of ``screen``'s ``signals``) and ``first_ts``/``last_ts`` (their time span) in place of the
-    signals themselves. The original runs of rerun cases are read from ``state.case_signals``."""
-    rr = rerun_report(job_event.filter(pl.col("kind") == "sdc_rerun"), state.case_signals, state.checksums)
-    jr = job_rank if job_rank is not None and job_rank.height else None
-    chains = sdc_findings(checksums=state.checksums, spikes=state.spikes, nonfinite=state.nonfinite, job_rank=jr,
-                          signals=state.step_ts,
-                          reruns=rr["verdicts"] if rr["verdicts"].height else None)
-    found = [f for f in (chains, rr["findings"]) if f.height]
-    findings = pl.concat(found, how="vertical_relaxed") if found else FINDING.empty()
-    return {"steps_screened": state.signals, "first_ts": state.first_ts, "last_ts": state.last_ts, "checksums": state.checksums,
-            "spikes": state.spikes, "nonfinite": state.nonfinite, **rr, "findings": findings}

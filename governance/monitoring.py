@@ -4,31 +4,10 @@ and findings when a threshold is crossed.
 
 Pure: frames or arrays in, results out. Windows and the reference are passed in; nothing reads the clock.
 
-Drift
------
-Population stability index (PSI), Siddiqi, *Credit Risk Scorecards* (Wiley 2006), ch. 8; Yurdakul,
-"Statistical properties of population stability index" (PhD thesis, Western Michigan University, 2018)::
-
-    PSI = sum_i (a_i - e_i) * ln(a_i / e_i)
-
-with ``e_i`` the reference share and ``a_i`` the window's share of bin ``i``. Binning: the reference
-window's deciles (``numpy.quantile`` at 0.1, ..., 0.9, the default linear interpolation), duplicate edges
-dropped (a feature with many ties, a count, has fewer bins), bins closed on the left: bin ``i`` holds
-``edges[i-1] <= x < edges[i]``, the first bin everything below ``edges[0]``, the last everything from
-``edges[-1]`` up. A share of 0 is replaced by ``epsilon = 1e-4`` (an empty bin would make the logarithm
-infinite). Conventional reading (Siddiqi 2006): below 0.1 no significant change; 0.1 to 0.25 a moderate
-shift, to watch; 0.25 and above a significant shift, to act on.
-
-Two-sample Kolmogorov-Smirnov per feature: the statistic ``D = sup |F_ref(x) - F_win(x)|`` and its
-p-value, equal to ``scipy.stats.ks_2samp`` (Hodges 1958, "The significance probability of the Smirnov
-two-sample test", Arkiv för Matematik 3:469-486). ``ks_method="auto"`` calls scipy itself (exact p-value
-up to 10 000 rows per sample); ``"asymp"`` computes the same statistic with numpy and the p-value as scipy's
-``method="asymp"`` does, ``kstwo.sf(D, round(m n / (m + n)))``, for all windows of a model in one call;
-``"limit"`` (the windows' default, for speed: ``kstwo.sf`` costs ~150 us a value) the Kolmogorov limiting
-distribution ``scipy.special.kolmogorov(sqrt(m n / (m + n)) D)``, which ``asymp`` converges to (within 0.02 at
-200 rows against 2,000). The statistic is the same in every method. With many rows KS rejects for shifts too small to matter, so a feature counts as drifted
-on PSI (>= 0.25), and KS (p below ``ks_alpha`` Bonferroni-divided by the number of features) is reported
-beside it and raises a moderate PSI (0.1-0.25) to a drift finding.
+Drift: PSI and two-sample KS per feature (``governance.drift``, which cites their sources). With many rows
+KS rejects for shifts too small to matter, so a feature counts as drifted on PSI (>= 0.25), and KS (p below
+``ks_alpha`` Bonferroni-divided by the number of features) is reported beside it and raises a moderate PSI
+(0.1-0.25) to a drift finding.
 
 Prediction drift: the PSI of the score (or of the prediction where there is no score) against the reference.
 
@@ -40,7 +19,6 @@ bootstrap intervals (``governance.fairness.confusion_intervals``).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -51,108 +29,11 @@ import numpy as np
 import polars as pl
 
 from governance import fairness as FZ
-
-PSI_MODERATE = 0.1
-PSI_SIGNIFICANT = 0.25
-"""Siddiqi 2006, ch. 8: < 0.1 no significant change; 0.1-0.25 some change; >= 0.25 significant shift."""
-PSI_BINS = 10
-PSI_EPSILON = 1e-4
+from governance.drift import (PSI_BINS, PSI_EPSILON, PSI_MODERATE, PSI_SIGNIFICANT, bin_shares, drift_many, ks_asymp_pvalue,
+                              ks_limit_pvalue, ks_test, psi_counts, psi_edges, psi_level)
 
 FINDING_KINDS = ("model_drift", "model_prediction_drift", "model_fairness", "model_accuracy_drop")
 ANALYZER = "monitoring"
-
-
-# --- statistics ---------------------------------------------------------------------------------
-
-
-def psi_edges(reference: np.ndarray, bins: int = PSI_BINS) -> np.ndarray:
-    """Inner bin edges: the reference's quantiles at 1/bins, ..., (bins-1)/bins, duplicates dropped."""
-    ref = np.asarray(reference, dtype=float)
-    ref = ref[~np.isnan(ref)]
-    if ref.size == 0:
-        raise ValueError("the reference has no values")
-    return np.unique(np.quantile(ref, np.arange(1, bins) / bins))
-
-
-def bin_shares(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Share of ``values`` (NaN dropped) in each bin ``[edges[i-1], edges[i])``; len(edges)+1 bins."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    counts = np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
-    return counts / max(v.size, 1)
-
-
-def psi_from_shares(expected: np.ndarray, actual: np.ndarray, epsilon: float = PSI_EPSILON) -> float:
-    e = np.where(expected > 0, expected, epsilon)
-    a = np.where(actual > 0, actual, epsilon)
-    return float(np.sum((a - e) * np.log(a / e)))
-
-
-def psi(reference: np.ndarray, current: np.ndarray, *, bins: int = PSI_BINS, epsilon: float = PSI_EPSILON) -> float:
-    """Population stability index of ``current`` against ``reference`` (binning in the module docstring)."""
-    edges = psi_edges(reference, bins)
-    return psi_from_shares(bin_shares(reference, edges), bin_shares(current, edges), epsilon)
-
-
-def ks_statistic(reference_sorted: np.ndarray, current: np.ndarray) -> float:
-    """Two-sample KS statistic, as ``scipy.stats.ks_2samp`` computes it (both CDFs at every pooled value)."""
-    cur = np.sort(np.asarray(current, dtype=float))
-    if reference_sorted.size == 0 or cur.size == 0:
-        return math.nan
-    pooled = np.concatenate([reference_sorted, cur])
-    d = np.searchsorted(reference_sorted, pooled, side="right") / reference_sorted.size - np.searchsorted(cur, pooled, side="right") / cur.size
-    return float(max(np.clip(-d.min(), 0, 1), d.max()))
-
-
-def ks_asymp_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.ndarray:
-    """scipy's ``ks_2samp(method="asymp")`` two-sided p-value, vectorised: ``kstwo.sf(D, round(mn/(m+n)))``."""
-    from scipy.stats import kstwo  # lazy: scipy, only for the drift test
-
-    m = np.asarray(n_ref, dtype=float)
-    n = np.asarray(n_cur, dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        en = np.round(m * n / (m + n))
-    out = np.full(np.shape(d), np.nan)
-    ok = ~np.isnan(d) & (en > 0)
-    if ok.any():
-        out[ok] = np.clip(kstwo.sf(np.asarray(d)[ok], en[ok]), 0, 1)
-    return out
-
-
-def ks_limit_pvalue(d: np.ndarray, n_ref: np.ndarray, n_cur: np.ndarray) -> np.ndarray:
-    """The Kolmogorov limiting distribution at ``sqrt(mn/(m+n)) D`` (Smirnov 1948, "Table for estimating the
-    goodness of fit of empirical distributions", Ann. Math. Statist. 19(2):279-281), ``scipy.special.kolmogorov``:
-    what ``asymp`` converges to as the samples grow, a C ufunc instead of ``kstwo.sf``'s ~150 us per value.
-    At 200 rows per window against 2,000 it differs from ``asymp`` by at most 0.02."""
-    from scipy.special import kolmogorov  # lazy: scipy, only for the drift test
-
-    m = np.asarray(n_ref, dtype=float)
-    n = np.asarray(n_cur, dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.clip(kolmogorov(np.sqrt(m * n / (m + n)) * np.asarray(d, dtype=float)), 0, 1)
-
-
-def ks_test(reference: np.ndarray, current: np.ndarray, *, method: str = "auto") -> tuple[float, float]:
-    """(statistic, two-sided p-value) of the two-sample KS test, equal to ``scipy.stats.ks_2samp(..., method=method)``."""
-    ref = np.asarray(reference, dtype=float)
-    cur = np.asarray(current, dtype=float)
-    ref, cur = ref[~np.isnan(ref)], cur[~np.isnan(cur)]
-    if ref.size == 0 or cur.size == 0:
-        return math.nan, math.nan
-    if method in ("asymp", "limit"):
-        d = ks_statistic(np.sort(ref), cur)
-        f = ks_asymp_pvalue if method == "asymp" else ks_limit_pvalue
-        return d, float(f(np.array([d]), np.array([ref.size]), np.array([cur.size]))[0])
-    from scipy.stats import ks_2samp  # lazy: scipy, only for the drift test
-
-    r = ks_2samp(ref, cur, method=method)
-    return float(r.statistic), float(r.pvalue)
-
-
-def psi_level(value: float | None) -> str:
-    if value is None or math.isnan(value):
-        return "unknown"
-    return "significant" if value >= PSI_SIGNIFICANT else "moderate" if value >= PSI_MODERATE else "stable"
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -517,77 +398,9 @@ def _none(x: float) -> float | None:
     return None if x != x else x
 
 
-def _sorted_within(vals: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """``vals`` (windows end to end, ``n`` rows each) with each window's values in ascending order."""
-    w_n, widest = n.size, int(n.max())
-    if w_n * widest <= 4 * vals.size + 4096:
-        # Rows of a padded grid, each sorted on its own: far faster than one sort keyed by (window, value).
-        grid = np.full((w_n, widest), np.inf)
-        start = np.cumsum(n) - n
-        win = np.repeat(np.arange(w_n), n)
-        grid[win, np.arange(vals.size) - start[win]] = vals
-        grid.sort(axis=1)
-        return grid[np.arange(widest)[None, :] < n[:, None]]
-    return vals[np.lexsort((vals, np.repeat(np.arange(w_n), n)))]  # one window far larger than the rest
-
-
-def _ranks(ref_sorted: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(ref_sorted, v, side="right")``, by interpolation: a uniform grid of up to 4 buckets per
-    reference value gives each value a starting rank, one step or two from its own, checked and walked there;
-    the few still off (ties in the reference) are looked up. The binary search's cache misses cost more."""
-    m = ref_sorted.size
-    lo, hi = float(ref_sorted[0]), float(ref_sorted[-1])
-    if m < 64 or not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
-        return np.searchsorted(ref_sorted, v, side="right")
-    k = min(4 * m, 4 * v.size + 1024)  # the grid costs no more than the values it serves
-    scale = k / (hi - lo)
-    table = np.searchsorted(ref_sorted, lo + np.arange(k + 1) / scale, side="right")
-    r = table[np.clip((v - lo) * scale, 0, k).astype(np.int64)]
-    r[v < lo] = 0
-    r[v >= hi] = m
-    ext = np.concatenate([[-np.inf], ref_sorted, [np.inf]])  # ext[r] = ref[r - 1], ext[r + 1] = ref[r]
-    # Right where ref[r - 1] <= v < ref[r]; v >= hi is settled, so ext[r + 1] <= v never reaches r = m.
-    off = np.flatnonzero((ext[r] > v) | ((ext[r + 1] <= v) & (v < hi)))
-    for _ in range(4):
-        if not off.size:
-            return r
-        ro, vo = r[off], v[off]
-        ro = ro + (ext[ro + 1] <= vo) - (ext[ro] > vo)
-        r[off] = ro
-        off = off[(ext[ro] > vo) | (ext[ro + 1] <= vo)]
-    r[off] = np.searchsorted(ref_sorted, v[off], side="right")
-    return r
-
-
-def _rank_bins(ref_sorted: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The PSI bin of a value from its rank ``r`` in the reference (``searchsorted(ref_sorted, v, "right")``):
-    a value of rank r lies in ``[ref[r-1], ref[r])``, so its bin (``searchsorted(edges, v, "right")``) is
-    ``bins[r]`` unless an edge falls inside that interval (``split[r]``), where it is looked up."""
-    left = np.concatenate([[-np.inf], ref_sorted])
-    right = np.concatenate([ref_sorted, [np.inf]])
-    lo = np.searchsorted(edges, left, side="right")
-    return lo, lo != np.searchsorted(edges, right, side="left")
-
-
-def _psi_counts(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, epsilon: float) -> np.ndarray:
-    """PSI per window from its (W, bins) counts and rows: ``psi_from_shares`` row by row, NaN without rows."""
-    out = np.full(n.size, np.nan)
-    has = n > 0
-    a = counts / np.maximum(n, 1)[:, None]
-    e = np.where(shares > 0, shares, epsilon)[None, :]
-    a = np.where(a > 0, a, epsilon)
-    out[has] = np.sum((a - e) * np.log(a / e), axis=1)[has]
-    return out
-
-
 def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value.
-
-    The KS statistic is scipy's (``ks_2samp`` evaluates both CDFs at every pooled value, right-continuous)
-    computed at the window's points only: between two consecutive window values the window's CDF is flat
-    and the reference's rises, so the largest F_ref - F_win is just left of a window value and the
-    smallest at one. Each window's values are sorted once; their ranks in the reference give both the
-    reference CDF and (``_rank_bins``) the PSI bin."""
+    """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value
+    (``governance.drift.drift_many``)."""
     w_n = len(datas)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
@@ -601,46 +414,7 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: Mo
         if n.sum() == 0:
             out[name] = (np.full(w_n, np.nan), ks_v, n)
             continue
-        v = _sorted_within(vals[ok], n)
-        w = np.repeat(np.arange(w_n), n)
-        r_right = _ranks(ref_sorted, v)
-        ext = np.concatenate([[-np.inf], ref_sorted])  # ext[r] = ref[r - 1]
-        tie = ext[r_right] == v  # only values equal to a reference value have a smaller left rank
-        r_left = r_right
-        if tie.any():
-            r_left = r_right.copy()
-            r_left[tie] = np.searchsorted(ref_sorted, v[tie], side="left")
-        bins, split = _rank_bins(ref_sorted, edges)
-        b = bins[r_right]
-        amb = split[r_right]
-        if amb.any():
-            b[amb] = np.searchsorted(edges, v[amb], side="right")
-        nb = len(edges) + 1
-        psi_v = _psi_counts(np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb), n, shares, cfg.epsilon)
-        has = n > 0
-        start = np.cumsum(n) - n
-        pos = np.arange(v.size) - start[w]  # rank within the window
-        nw = n[w].astype(float)
-        same = (v[1:] == v[:-1]) & (w[1:] == w[:-1])
-        if same.any():  # ties within a window: both window CDFs at a run of equal values
-            new = np.empty(v.size, dtype=bool)
-            new[0] = True
-            new[1:] = ~same
-            run_start = np.flatnonzero(new)
-            run_end = np.append(run_start[1:], v.size)
-            rid = np.cumsum(new) - 1
-            fc_right = (run_end[rid] - start[w]) / nw
-            fc_left = (run_start[rid] - start[w]) / nw
-        else:
-            fc_right = (pos + 1) / nw
-            fc_left = pos / nw
-        m = float(ref_sorted.size)
-        fr_right = r_right / m
-        fr_left = r_left / m
-        plus = np.maximum(fr_right - fc_right, fr_left - fc_left)
-        minus = fc_right - fr_right
-        idx = start[has]
-        ks_v[has] = np.maximum(np.maximum.reduceat(plus, idx), np.clip(np.maximum.reduceat(minus, idx), 0, 1))
+        psi_v, ks_v = drift_many(ref_sorted, edges, shares, vals[ok], n, cfg.epsilon)
         out[name] = (psi_v, ks_v, n)
     return out
 
@@ -660,7 +434,7 @@ def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack
     n = np.bincount(w, minlength=w_n)
     nb = len(edges) + 1
     counts = np.bincount(w * nb + np.searchsorted(edges, vals[ok], side="right"), minlength=w_n * nb).reshape(w_n, nb)
-    return [None if v != v else v for v in _psi_counts(counts, n, shares, cfg.epsilon).tolist()]
+    return [None if v != v else v for v in psi_counts(counts, n, shares, cfg.epsilon).tolist()]
 
 
 def _findings(window_start: datetime | None, window_end: datetime | None, metrics: dict[str, Any], prediction_psi: float | None,

@@ -1,5 +1,5 @@
 """The known-answer SDC probe on a device: numpy on the CPU, torch or cupy on CUDA. The arithmetic and
-the golden digests it is checked against are pure (``analyzers.sdc``); this module imports the GPU
+the golden digests it is checked against are pure (``analyzers.sdc_probe``); this module imports the GPU
 libraries, picks the device and reads the clock.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzers.sdc import PROBE_GOLDEN_SHA256, PROBE_N, PROBE_ROUNDS, PROBE_SEED, ProbeResult, check_probe, probe_digest, probe_matmul
+from analyzers.sdc_probe import PROBE_GOLDEN_SHA256, PROBE_N, PROBE_ROUNDS, PROBE_SEED, ProbeResult, check_probe, probe_digest, probe_matmul
 
 
 class ProbeUnavailable(RuntimeError):

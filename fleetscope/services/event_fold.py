@@ -10,10 +10,10 @@ after that time, and the *committed* part, everything before. The committed part
 state (``job_analysis_state``, analyzer ``events``) and the watermark moves to the cut; the open part is
 folded into this run's copy only, and read again next time. The state holds:
 
-- ``kept``: ``analyzers.goodput.compact_events`` of the committed events: every lifecycle and record event,
+- ``kept``: ``analyzers.goodput_events.compact_events`` of the committed events: every lifecycle and record event,
   and of the step events the few that goodput's timeline and the checkpoint advice read (per step the
   earliest, per attempt the last, per rank the first), from which they give what the whole history gives;
-- ``screen``: ``analyzers.sdc.ScreenFold``, the SDC screen's conclusions over the committed steps and each
+- ``screen``: ``analyzers.sdc_fold.ScreenFold``, the SDC screen's conclusions over the committed steps and each
   rank's last losses, from which the next steps' spike scores go on.
 
 Goodput and checkpoint advice run their pure analyzers over ``kept`` and the open events; SDC screening
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analyzers import goodput, sdc
+from analyzers import goodput, goodput_events, sdc, sdc_fold
 from fleetscope.core import frames as F
 from fleetscope.services import job_fold
 from fleetscope.store import Store
@@ -70,7 +70,7 @@ class EventState:
     commit_ts_us: int | None = None  # the tail is the events at or after this
     last_step: int | None = None  # the highest step folded
     kept: pl.DataFrame = field(default_factory=F.JOB_EVENT.empty)
-    screen: sdc.ScreenFold = field(default_factory=sdc.ScreenFold)
+    screen: sdc_fold.ScreenFold = field(default_factory=sdc_fold.ScreenFold)
 
     def to_json(self) -> str:
         s = self.screen
@@ -84,8 +84,8 @@ class EventState:
     def from_json(cls, text: str) -> EventState:
         d = json.loads(text)
         s = d["screen"]
-        screen = sdc.ScreenFold(signals=s["signals"], first_ts=_dt(s["first_ts"]), last_ts=_dt(s["last_ts"]), last_step=s["last_step"],
-                                **{k: _frame_of(s[k]) for k in sdc.ScreenFold().frames()})
+        screen = sdc_fold.ScreenFold(signals=s["signals"], first_ts=_dt(s["first_ts"]), last_ts=_dt(s["last_ts"]), last_step=s["last_step"],
+                                **{k: _frame_of(s[k]) for k in sdc_fold.ScreenFold().frames()})
         return cls(commit_ts_us=d["commit_ts_us"], last_step=d["last_step"], kept=_frame_of(d["kept"]), screen=screen)
 
 
@@ -107,7 +107,7 @@ class EventView:
 
     committed: EventState
     events: pl.DataFrame
-    screen: sdc.ScreenFold
+    screen: sdc_fold.ScreenFold
     refolded: bool
 
     @property
@@ -143,7 +143,7 @@ def _cases(events: pl.DataFrame) -> pl.DataFrame:
     return events.filter(pl.col("kind") == "sdc_rerun").select("job_id", "step", "rank").unique()
 
 
-def _read_back_cases(store: Store, job_id: str, screen: sdc.ScreenFold, cases: pl.DataFrame) -> sdc.ScreenFold:
+def _read_back_cases(store: Store, job_id: str, screen: sdc_fold.ScreenFold, cases: pl.DataFrame) -> sdc_fold.ScreenFold:
     """Rerun records naming a step folded before they came: read that step's events back (its time span is in
     the state) for the suspect rank's own checksum, once."""
     if cases.height == 0 or screen.last_step is None:
@@ -179,11 +179,11 @@ def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
     at = pl.col("ts").dt.epoch("us")
     committed, open_ = (tail, tail.clear()) if cut is None else (tail.filter(at < cut), tail.filter(at >= cut))
     cases = _cases(pl.concat([state.kept, tail], how="vertical_relaxed"))
-    screen, result = sdc.fold_screen_open(state.screen, sdc.step_signals(committed), sdc.step_signals(open_), cases)
+    screen, result = sdc_fold.fold_screen_open(state.screen, sdc.step_signals(committed), sdc.step_signals(open_), cases)
     if committed.height:
         steps = [s for s in (committed.filter(pl.col("kind") == "step")["step"].max(), state.last_step) if s is not None]
         state = dataclasses.replace(
-            state, kept=goodput.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
+            state, kept=goodput_events.compact_events(pl.concat([state.kept, committed], how="vertical_relaxed")), screen=screen,
             last_step=int(max(steps)) if steps else None,
             commit_ts_us=cut if cut is not None else int(committed.select(at.max()).item()) + 1)
     read_back = _read_back_cases(store, job_id, state.screen, cases)

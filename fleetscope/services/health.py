@@ -18,7 +18,7 @@ import polars as pl
 
 from sqlalchemy import select
 
-from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, idle_allocations, sdc
+from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, idle_allocations, sdc, sdc_probe
 from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
@@ -448,7 +448,7 @@ def watchdog_timeouts(store: Store, now: dt.datetime) -> pl.DataFrame:
 
 
 def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | None = None, host: str | None = None,
-              device_index: int = 0) -> sdc.ProbeResult:
+              device_index: int = 0) -> sdc_probe.ProbeResult:
     """Run the known-answer matmul probe and record it as a ``sdc_probe`` health event (value 1 = passed,
     0 = failed, null = no golden digest for that probe shape). A backend that cannot run here raises
     ``fleetscope.devices.probe.ProbeUnavailable`` and records nothing."""
@@ -460,7 +460,7 @@ def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | No
     return result
 
 
-def probe_event(result: sdc.ProbeResult, *, ts: dt.datetime, host: str, gpu_uuid: str) -> pl.DataFrame:
+def probe_event(result: sdc_probe.ProbeResult, *, ts: dt.datetime, host: str, gpu_uuid: str) -> pl.DataFrame:
     """One ``sdc_probe`` health-event row for a probe result (what a node that ran the probe sends)."""
     row = {"ts": ts, "host": host, "gpu_uuid": gpu_uuid, "kind": "sdc_probe", "code": 0,
            "value": None if result.passed is None else float(result.passed),

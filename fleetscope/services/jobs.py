@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import c3, carbon, energy, goodput, reliability, sdc, stragglers
+from analyzers import c3, carbon, energy, goodput, reliability, sdc, sdc_fold, stragglers
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold, job_fold
 from fleetscope.services.analysis import Registry
@@ -178,7 +178,7 @@ def _sdc(r: JobRun) -> None:
     """Silent-data-corruption screening from the per-step payloads (checksums, loss, grad norm) and the
     rerun protocol's records; suspects and rerun verdicts become findings."""
     view = r.events()
-    s = sdc.folded_screen(view.screen, view.events, r.read("job_rank"))
+    s = sdc_fold.folded_screen(view.screen, view.events, r.read("job_rank"))
     if s["steps_screened"] == 0 and s["records"].height == 0:
         return
     found = s["findings"]

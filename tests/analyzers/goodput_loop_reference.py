@@ -3,63 +3,19 @@ verbatim as the references the column-wise versions are checked against in test_
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 
 import numpy as np
 import polars as pl
 
-from analyzers.goodput import PRODUCTIVE, _check_events, _one_job
+from analyzers.goodput import PRODUCTIVE
+# the payload readers are the exact per-row ones goodput_events still uses for rows its columnar reader cannot read
+from analyzers.goodput_events import US as _US, _payload, _payload_number, _payload_time, check_events, one_job
+from analyzers.goodput_events import epoch_us as _us, from_epoch_us as _dt
 from fleetscope.core.frames import UTC_US
 
 _OVERLAY_ORDER = ("checkpoint_restore", "checkpoint_save", "data_loading")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = 1_000_000
-
-def _us(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1)
-
-
-def _dt(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=int(us))
-
-
-def _payload_number(p: dict, key: str, where: str) -> float | None:
-    v = p.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0:
-        raise ValueError(f"{where}: payload {key} must be a finite number ≥ 0, got {v!r}")
-    return float(v)
-
-
-def _payload_time(p: dict, key: str, where: str) -> int | None:
-    v = p.get(key)
-    if v is None:
-        return None
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-        return round(float(v) * _US)
-    if isinstance(v, str):
-        try:
-            return _us(datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00")).astimezone(timezone.utc))
-        except ValueError:
-            pass
-    raise ValueError(f"{where}: payload {key} is not a timestamp: {v!r}")
-
-
-def _payload(text: str | None, where: str) -> dict:
-    if text is None:
-        return {}
-    try:
-        p = json.loads(text)
-    except json.JSONDecodeError:
-        raise ValueError(f"{where}: payload is not JSON") from None
-    if not isinstance(p, dict):
-        raise ValueError(f"{where}: payload is not a JSON object")
-    return p
-
 
 
 @dataclass
@@ -103,8 +59,8 @@ def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) 
     Raises ``ValueError`` on an empty frame, missing columns, unknown kinds, several jobs, a step before
     the job started, a checkpoint end without its start, or a non-finite payload number.
     """
-    ev = _check_events(job_event)
-    job_id = _one_job(ev)
+    ev = check_events(job_event)
+    job_id = one_job(ev)
     kinds = ev["kind"].to_list()
     ts_us = [_us(t) for t in ev["ts"].to_list()]
 
@@ -279,8 +235,8 @@ def _paint(job_id: str, base: list, overlays: dict[str, list[tuple[int, int]]], 
 
 
 def scheduling_goodput(job_event: pl.DataFrame, *, submitted_at: datetime | None = None, until: datetime | None = None) -> float:
-    ev = _check_events(job_event)
-    job_id = _one_job(ev)
+    ev = check_events(job_event)
+    job_id = one_job(ev)
     if not ev.filter(pl.col("kind") == "allocated").height:
         raise ValueError(f"job {job_id}: no 'allocated' event, so scheduling goodput is undefined")
     t_first = _us(ev["ts"].min())

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analyzers import sdc
+from analyzers import sdc, sdc_probe
 from fleetscope.devices import probe
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.core.frames import FINDING
@@ -188,32 +188,32 @@ def test_rerun_verdicts_over_recorded_runs_and_bad_records():
 
 def test_probe_matches_the_golden_hash_on_cpu():
     res = probe.run_probe("numpy")
-    assert res.passed is True and res.digest == sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
+    assert res.passed is True and res.digest == sdc_probe.PROBE_GOLDEN_SHA256[(sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED)]
 
 
 def test_golden_hash_is_the_exact_integer_answer_in_every_precision():
     """The golden digest was computed with exact int64 arithmetic (no BLAS); float64 and float32 BLAS must
     give bit-identical results because every partial sum is an integer below 2**24."""
-    exact = sdc.probe_matmul(dtype=np.int64)
+    exact = sdc_probe.probe_matmul(dtype=np.int64)
     assert np.abs(exact).max() <= 8
-    golden = sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
-    assert sdc.probe_digest(exact) == golden
-    assert sdc.probe_digest(sdc.probe_matmul(dtype=np.float32)) == golden
+    golden = sdc_probe.PROBE_GOLDEN_SHA256[(sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED)]
+    assert sdc_probe.probe_digest(exact) == golden
+    assert sdc_probe.probe_digest(sdc_probe.probe_matmul(dtype=np.float32)) == golden
     # a small case against pure-Python integers, independent of numpy's matmul
-    a, b = sdc.probe_inputs(12, seed=1)
+    a, b = sdc_probe.probe_inputs(12, seed=1)
     x = a.tolist()
     for _ in range(2):
         x = [[(sum(x[i][k] * int(b[k][j]) for k in range(12)) % 17) - 8 for j in range(12)] for i in range(12)]
-    assert sdc.probe_matmul(12, 2, 1).tolist() == x
+    assert sdc_probe.probe_matmul(12, 2, 1).tolist() == x
 
 
 def test_one_flipped_element_fails_the_probe():
-    res = sdc.probe_matmul()
+    res = sdc_probe.probe_matmul()
     res[123, 45] += 1  # any single element
-    assert sdc.check_probe(sdc.probe_digest(res)) is False
-    assert sdc.check_probe(sdc.probe_digest(res), n=64) is None  # no golden for an unblessed size: not a pass
+    assert sdc_probe.check_probe(sdc_probe.probe_digest(res)) is False
+    assert sdc_probe.check_probe(sdc_probe.probe_digest(res), n=64) is None  # no golden for an unblessed size: not a pass
     # the digest covers the shape: a truncated result cannot pass
-    assert sdc.probe_digest(sdc.probe_matmul()[:-1]) != sdc.PROBE_GOLDEN_SHA256[(sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED)]
+    assert sdc_probe.probe_digest(sdc_probe.probe_matmul()[:-1]) != sdc_probe.PROBE_GOLDEN_SHA256[(sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED)]
 
 
 def _absent(module: str) -> bool:

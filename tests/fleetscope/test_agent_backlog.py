@@ -26,7 +26,8 @@ import pytest
 
 from fleetscope.services import auth
 from fleetscope.store import db
-from fleetscope.agent import Agent, Backlog, Reading, TickReport, _retry_after
+from fleetscope.agent import Agent, TickReport, _retry_after
+from fleetscope.agent.backlog import Backlog, Reading
 from fleetscope.store import Store
 from tests.conftest import make_settings
 

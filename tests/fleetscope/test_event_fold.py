@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analyzers import goodput, reliability, sdc
+from analyzers import goodput, goodput_events, reliability, sdc, sdc_fold
 from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold
@@ -82,7 +82,7 @@ def test_compacted_events_give_the_same_goodput_and_checkpoint_inputs(seed):
     ev = random_events(seed)
     kept = ev.clear()
     for chunk in _chunks(ev, seed):
-        kept = goodput.compact_events(pl.concat([kept, chunk]))
+        kept = goodput_events.compact_events(pl.concat([kept, chunk]))
     assert kept.height < ev.height / 3  # the step events are what it leaves out
     until = ev["ts"].max() + dt.timedelta(minutes=1)
     for f in (lambda e: goodput.runtime_goodput(e, until=until), lambda e: goodput.scheduling_goodput(e, until=until),
@@ -97,7 +97,7 @@ def test_a_bad_payload_keeps_its_error():
     ev = random_events(4)
     bad = ev.with_columns(pl.when((pl.col("step") == 7) & (pl.col("rank") == 2)).then(pl.lit('{"duration_s": -1}'))
                           .otherwise(pl.col("payload")).alias("payload"))
-    kept = goodput.compact_events(bad)
+    kept = goodput_events.compact_events(bad)
     with pytest.raises(ValueError, match="duration_s must be a finite number") as want:
         goodput.runtime_goodput(bad, until=T0 + dt.timedelta(days=1))
     with pytest.raises(ValueError) as got:
@@ -115,14 +115,14 @@ def test_the_sdc_screen_folded_step_by_step_equals_one_screen(seed):
     # a run with no restart: the fold takes steps in order (a step number that comes again refolds the job)
     ev = random_events(seed, fail=False)
     whole = sdc.screen(ev)
-    state = sdc.ScreenFold()
+    state = sdc_fold.ScreenFold()
     cases = ev.filter(pl.col("kind") == "sdc_rerun").select("job_id", "step", "rank")
     numbers = sorted(ev["step"].drop_nulls().unique().to_list())
     rng = np.random.default_rng(seed)
     bounds = [numbers[0], *sorted(rng.choice(numbers[1:], size=8, replace=False)), numbers[-1] + 1]
     for a, b in zip(bounds, bounds[1:]):
-        state = sdc.fold_screen(state, sdc.step_signals(ev.filter(pl.col("step").is_between(a, b, closed="left"))), cases)
-    got = sdc.folded_screen(state, ev)
+        state = sdc_fold.fold_screen(state, sdc.step_signals(ev.filter(pl.col("step").is_between(a, b, closed="left"))), cases)
+    got = sdc_fold.folded_screen(state, ev)
     assert _screen_json(got) == _screen_json(whole)
     assert got["steps_screened"] == whole["signals"].height
     assert (got["first_ts"], got["last_ts"]) == (whole["signals"]["ts"].min(), whole["signals"]["ts"].max())
@@ -135,9 +135,9 @@ def test_the_sdc_screen_folded_step_by_step_equals_one_screen(seed):
 
 def test_folding_steps_out_of_order_is_refused():
     ev = random_events(1).filter(pl.col("kind") == "step")
-    state = sdc.fold_screen(sdc.ScreenFold(), sdc.step_signals(ev.filter(pl.col("step").is_between(10, 12))))
+    state = sdc_fold.fold_screen(sdc_fold.ScreenFold(), sdc.step_signals(ev.filter(pl.col("step").is_between(10, 12))))
     with pytest.raises(ValueError, match="signals of step 5 folded after step 12"):
-        sdc.fold_screen(state, sdc.step_signals(ev.filter(pl.col("step") == 5)))
+        sdc_fold.fold_screen(state, sdc.step_signals(ev.filter(pl.col("step") == 5)))
 
 
 def test_the_cut_leaves_the_last_step_and_any_step_still_reporting_open():

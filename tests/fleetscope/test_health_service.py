@@ -94,17 +94,17 @@ def test_cli_probe_without_cuda_fails_naming_what_is_missing_and_records_nothing
 
 
 def test_a_failed_probe_is_a_confirmed_suspect_in_the_health_window(store):
-    from analyzers import sdc
+    from analyzers import sdc_probe
     from fleetscope.services.health import probe_event, run_probe
 
     seed(store)
     good = run_probe(store, "numpy", gpu_uuid="GPU-ok")  # recorded now: outside the window below
     assert good.passed is True and good.device_type == "cpu" and good.digest == good.golden
-    wrong = sdc.probe_matmul()
+    wrong = sdc_probe.probe_matmul()
     wrong[7, 9] += 1  # one element computed wrong, as a corrupting GPU would
-    bad = sdc.ProbeResult("torch", "NVIDIA H200 (cuda:0)", sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED, sdc.probe_digest(wrong),
-                          good.golden, sdc.check_probe(sdc.probe_digest(wrong)), 0.1, 1, "NVIDIA H200")
-    ok = sdc.ProbeResult("torch", "NVIDIA H200 (cuda:1)", sdc.PROBE_N, sdc.PROBE_ROUNDS, sdc.PROBE_SEED, good.digest, good.golden, True, 0.1,
+    bad = sdc_probe.ProbeResult("torch", "NVIDIA H200 (cuda:0)", sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED, sdc_probe.probe_digest(wrong),
+                          good.golden, sdc_probe.check_probe(sdc_probe.probe_digest(wrong)), 0.1, 1, "NVIDIA H200")
+    ok = sdc_probe.ProbeResult("torch", "NVIDIA H200 (cuda:1)", sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED, good.digest, good.golden, True, 0.1,
                          None, "NVIDIA H200")
     at = T0 + dt.timedelta(minutes=4)
     store.write(F.Batch(source="probe", health_event=pl.concat([probe_event(bad, ts=at, host="h1", gpu_uuid="GPU-bad"),

@@ -18,6 +18,7 @@ from scipy.special import kolmogorov
 from scipy.stats import ks_2samp
 
 from governance import fairness as FZ
+from governance import drift as D
 from governance import monitoring as M
 
 
@@ -202,7 +203,7 @@ def test_every_window_equals_the_one_window_computation(windows, cfg):
         # prediction drift: the PSI of the scores, or of the decisions in a window without a score
         values = d.score if (~np.isnan(d.score)).any() else d.y_pred
         edges, shares = ref.prediction
-        want_pred = M.psi_from_shares(shares, M.bin_shares(values, edges), cfg.epsilon) if d.n else None
+        want_pred = D.psi_from_shares(shares, D.bin_shares(values, edges), cfg.epsilon) if d.n else None
         assert res.prediction_psi == want_pred
         # drift per feature: PSI on the reference's deciles, scipy's KS statistic and the configured p-value
         assert [f.feature for f in res.drift] == list(ref.features)
@@ -214,8 +215,8 @@ def test_every_window_equals_the_one_window_computation(windows, cfg):
                 assert (fd.psi, fd.level, fd.ks, fd.ks_pvalue, fd.n, fd.drifted) == (None, "unknown", None, None, 0, False)
                 continue
             assert fd.n == v.size
-            assert fd.psi == M.psi_from_shares(f_shares, M.bin_shares(v, f_edges), cfg.epsilon)
-            assert fd.level == M.psi_level(fd.psi)
+            assert fd.psi == D.psi_from_shares(f_shares, D.bin_shares(v, f_edges), cfg.epsilon)
+            assert fd.level == D.psi_level(fd.psi)
             assert fd.ks == ks_2samp(ref_sorted, v, method="asymp").statistic
             m, n = ref_sorted.size, v.size
             if cfg.ks_method == "limit":
@@ -264,7 +265,7 @@ def test_reference_ranks_equal_a_binary_search(kind):
     }[kind]
     ref = np.sort(ref)
     for v in (cur, ref[:: max(1, ref.size // 5000)], np.sort(cur)):
-        assert (M._ranks(ref, v) == np.searchsorted(ref, v, side="right")).all()
+        assert (D._ranks(ref, v) == np.searchsorted(ref, v, side="right")).all()
 
 
 def test_windows_from_one_decoding_equal_the_windows_decoded_one_by_one():

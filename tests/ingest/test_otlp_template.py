@@ -95,7 +95,7 @@ def hits() -> int:
 def agent_request(host: str = "node-a", ts: dt.datetime = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)) -> ExportMetricsServiceRequest:
     """What `fleetscope agent` sends for the real 8 x H100 exporter scrape (pods included): the
     OpenTelemetry SDK's own encoding."""
-    from fleetscope.agent import OtlpEncoder
+    from fleetscope.agent.otlp import OtlpEncoder
 
     batch = dcgm.parse(PROM_8X.read_bytes(), source="real", ts=ts)
     enc = OtlpEncoder(host=host)

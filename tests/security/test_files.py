@@ -58,7 +58,7 @@ def test_everything_a_demo_like_run_creates_is_private(tmp_path, open_umask, rea
     from fleetscope.services import audit as au
     from fleetscope.services import governance as gs
     from fleetscope import worker
-    from fleetscope.agent import Backlog, Reading
+    from fleetscope.agent.backlog import Backlog, Reading
     from fleetscope.services.alerting import config as alert_config
     from governance.registry import ModelEntry
 

@@ -50,18 +50,16 @@ nothing new the second time.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import gzip
 import json
 import logging
 import math
-import os
 import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -69,9 +67,8 @@ from typing import Any
 
 import httpx
 
-from fleetscope import safefiles
-from fleetscope import __version__
-from ingest.otlp_export import GPU_EXPORT
+from fleetscope.agent.backlog import Backlog, Reading, raw_size
+from fleetscope.agent.otlp import OtlpEncoder
 from ingest import dcgm
 from fleetscope.devices import nvml as nvml_driver
 from ingest import nvml
@@ -89,7 +86,6 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
 RETRY_AFTER_CAP_S = 300.0  # a Retry-After beyond this is taken as this: a bad header must not silence the agent
 MERGE_BYTES = 4 * 2**20  # uncompressed bytes of one request that carries several waiting readings
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 SLURM_API_VERSION = "v0.0.40"
 # What the agent may poll: name -> (path under the base URL, with the data_parser version, and the list its answer holds)
 SLURM_PATHS = {"jobs": ("slurm/{v}/jobs", "jobs"), "nodes": ("slurm/{v}/nodes", "nodes"), "partitions": ("slurm/{v}/partitions", "partitions"),
@@ -117,147 +113,6 @@ class TickReport:
     discarded: int = 0  # readings the API refused as bad data or too large this tick: not sent again
 
 
-def _ns(ts: dt.datetime) -> int:
-    return (ts - _EPOCH) // dt.timedelta(microseconds=1) * 1000
-
-
-@dataclass(eq=False)
-class Reading:
-    """What one source (in OTLP mode: all sources) read at one tick, as the request that delivers it:
-    kept as is until the API has it, so a resend carries the time it was measured."""
-
-    ts: dt.datetime  # when it was measured
-    path: str  # API path it goes to
-    body: bytes  # gzip when ``gzipped``
-    content_type: str
-    kind: str  # readings of one kind may share a request: "batch:<source>" (NVML batches); "" never shares
-    params: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> what it read (TickReport.pushed)
-    gzipped: bool = False
-    file: Path | None = None  # its spool file
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.body)
-
-    def raw(self) -> bytes:
-        return gzip.decompress(self.body) if self.gzipped else self.body
-
-    def header(self) -> dict[str, Any]:
-        return {"ts": self.ts.isoformat(), "path": self.path, "content_type": self.content_type, "kind": self.kind,
-                "params": self.params, "sources": self.sources, "gzipped": self.gzipped}
-
-
-class Backlog:
-    """Readings not yet delivered, oldest first, bounded by bytes and by ticks; past either bound the
-    oldest are dropped (and counted in ``dropped``). With ``spool`` every reading is also a file there
-    (``<sequence>.reading``: a JSON header line, then the body), written before it is kept and removed
-    once delivered or dropped, and a new Backlog over the same directory starts with what it holds."""
-
-    def __init__(self, max_bytes: int, max_ticks: int, spool: str | Path | None = None) -> None:
-        if max_bytes < 1 or max_ticks < 1:
-            raise ValueError("the backlog needs room for at least one byte and one tick")
-        self.max_bytes, self.max_ticks = max_bytes, max_ticks
-        self.items: collections.deque[Reading] = collections.deque()
-        self.nbytes = 0
-        self.dropped = 0
-        self._ticks: collections.Counter[dt.datetime] = collections.Counter()
-        self._seq = 0
-        self.spool = Path(spool) if spool is not None else None
-        if self.spool is not None:
-            safefiles.private_dir(self.spool)
-            self._load()
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def ticks(self) -> int:
-        return len(self._ticks)
-
-    def add(self, r: Reading) -> list[Reading]:
-        """Keep ``r`` (newest); returns the readings dropped to stay within the bounds, oldest first."""
-        if self.spool is not None and r.file is None:
-            self._seq += 1
-            r.file = self.spool / f"{self._seq:012d}.reading"
-            tmp = r.file.with_suffix(".tmp")
-            try:
-                safefiles.write_private(tmp, json.dumps(r.header()).encode() + b"\n" + r.body)
-                os.replace(tmp, r.file)
-            except OSError as exc:  # a full or read-only disk: the reading is still kept in memory
-                log.warning("spool: cannot write %s (%s); this reading is kept in memory only", r.file, exc)
-                tmp.unlink(missing_ok=True)
-                r.file = None
-        self.items.append(r)
-        self.nbytes += r.nbytes
-        self._ticks[r.ts] += 1
-        dropped = []
-        while self.items and (self.nbytes > self.max_bytes or len(self._ticks) > self.max_ticks):
-            dropped.append(self._pop())
-        self.dropped += len(dropped)
-        return dropped
-
-    def head(self, max_bytes: int, max_items: int | None = None) -> list[Reading]:
-        """The oldest reading and the ones after it that may share its request, within ``max_bytes``
-        (uncompressed, estimated from the stored size) and ``max_items``."""
-        if not self.items:
-            return []
-        first = self.items[0]
-        out, size = [first], _raw_size(first)
-        for r in list(self.items)[1:]:
-            if not first.kind or r.kind != first.kind or (max_items is not None and len(out) >= max_items):
-                break
-            size += _raw_size(r)
-            if size > max_bytes:
-                break
-            out.append(r)
-        return out
-
-    def remove(self, done: Iterable[Reading]) -> None:
-        """Forget readings from the head (delivered, or refused for good)."""
-        for r in done:
-            if not self.items or self.items[0] is not r:
-                raise RuntimeError("only the oldest readings leave the backlog")
-            self._pop()
-
-    def _pop(self) -> Reading:
-        r = self.items.popleft()
-        self.nbytes -= r.nbytes
-        self._ticks[r.ts] -= 1
-        if not self._ticks[r.ts]:
-            del self._ticks[r.ts]
-        if r.file is not None:
-            r.file.unlink(missing_ok=True)
-        return r
-
-    def _load(self) -> None:
-        assert self.spool is not None
-        for tmp in self.spool.glob("*.tmp"):  # a write cut short by a crash: never became a reading
-            tmp.unlink(missing_ok=True)
-        files = sorted(self.spool.glob("*.reading"))
-        for f in files:
-            try:
-                head, _, body = f.read_bytes().partition(b"\n")
-                h = json.loads(head)
-                r = Reading(ts=dt.datetime.fromisoformat(h["ts"]), path=h["path"], body=body, content_type=h["content_type"],
-                            kind=h["kind"], params=h["params"], sources=h["sources"], gzipped=h["gzipped"], file=f)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("spool: %s is unreadable (%s); removed", f.name, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-                f.unlink(missing_ok=True)
-                continue
-            self.add(r)
-        self._seq = max((int(f.stem) for f in files if f.stem.isdigit()), default=0)
-        if self.items:
-            log.info("spool: %d readings from %s to %s waiting to be sent", len(self.items), self.items[0].ts.isoformat(), self.items[-1].ts.isoformat())
-        if self.dropped:
-            log.warning("spool: dropped the %d oldest readings to fit the backlog's bounds", self.dropped)
-
-
-def _raw_size(r: Reading) -> int:
-    # gzip'd bodies shrink ~5-10x; a generous estimate keeps merged requests under the limit
-    return r.nbytes * 10 if r.gzipped else r.nbytes
-
-
 def _retry_after(resp: httpx.Response) -> float | None:
     """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date, RFC 9110 10.2.3)."""
     value = resp.headers.get("retry-after")
@@ -276,95 +131,6 @@ def _retry_after(resp: httpx.Response) -> float | None:
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
-
-
-class OtlpEncoder:
-    """The OpenTelemetry SDK pipeline of the agent: observable instruments whose callbacks hand out the
-    readings of the current tick, a reader that collects on demand, and the OTLP exporter's encoder, which
-    turns the collection into an ``ExportMetricsServiceRequest``.
-
-    The SDK's OTLP/HTTP exporter would retry inside the tick (sleeping) and forget the request once it
-    gave up, and its points carry the collection time; the agent sends the encoded request itself so that
-    a failed one is kept with the time its readings were taken (``encode`` stamps every point with it).
-    """
-
-    def __init__(self, *, host: str) -> None:
-        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics  # lazy: OpenTelemetry SDK, only when used
-        from opentelemetry.sdk.metrics import MeterProvider, ObservableCounter, ObservableGauge  # lazy: OpenTelemetry SDK, only when used
-        from opentelemetry.sdk.metrics.export import MetricReader  # lazy: OpenTelemetry SDK, only when used
-        from opentelemetry.sdk.resources import Resource  # lazy: OpenTelemetry SDK, only when used
-
-        self._pending: dict[str, list[tuple[float, dict[str, str]]]] = {}
-        encoded: list[Any] = []
-        self._encoded = encoded
-
-        class TickReader(MetricReader):
-            """Collects only when asked (once per tick) and keeps the encoded request."""
-
-            def __init__(self) -> None:
-                # One point per GPU and metric: raise the SDK's default cap of 2,000 attribute sets per
-                # instrument, past which points would be folded into an overflow series.
-                super().__init__(cardinality_limits={ObservableGauge: 1_000_000, ObservableCounter: 1_000_000})
-
-            def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> None:
-                encoded.append(encode_metrics(metrics_data))
-
-            def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-                pass
-
-        self.reader = TickReader()
-        self.provider = MeterProvider(
-            resource=Resource.create({"service.name": "fleetscope-agent", "service.version": __version__, "host.name": host}),
-            metric_readers=[self.reader],
-        )
-        meter = self.provider.get_meter("fleetscope.agent", __version__)
-        for name, unit, _ in GPU_EXPORT.values():
-            # hw.energy is a counter in the hardware conventions; every other field is a gauge reading.
-            make = meter.create_observable_counter if name == "hw.energy" else meter.create_observable_gauge
-            make(name, callbacks=[self._callback(name)], unit=unit)
-
-    def _callback(self, name: str) -> Callable[[Any], Iterable[Any]]:
-        from opentelemetry.metrics import Observation  # lazy: OpenTelemetry SDK, only when used
-
-        def observe(_options: Any) -> Iterable[Any]:
-            return [Observation(v, a) for v, a in self._pending.get(name, ())]
-
-        return observe
-
-    def add(self, observations: dict[str, list[tuple[float, dict[str, str]]]]) -> int:
-        """Queue one source's readings for this tick's request; returns the number of points."""
-        for name, obs in observations.items():
-            self._pending.setdefault(name, []).extend(obs)
-        return sum(len(o) for o in observations.values())
-
-    def encode(self, ts: dt.datetime) -> bytes | None:
-        """Collect what was queued into a serialized ``ExportMetricsServiceRequest`` whose points say
-        ``ts``; None when nothing was queued."""
-        self._encoded.clear()
-        try:
-            self.reader.collect()
-        finally:
-            self._pending = {}
-        if not self._encoded:
-            return None
-        req = self._encoded[-1]
-        at = _ns(ts)
-        n = 0
-        for rm in req.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    kind = m.WhichOneof("data")
-                    if kind not in ("gauge", "sum"):
-                        continue
-                    for p in getattr(m, kind).data_points:
-                        p.time_unix_nano = at
-                        if p.start_time_unix_nano > at:  # a counter's first collection starts after the reading
-                            p.start_time_unix_nano = at
-                        n += 1
-        return req.SerializeToString() if n else None
-
-    def close(self) -> None:
-        self.provider.shutdown()
 
 
 IB_MAX_FILES = 20_000  # 64 devices x a few ports x ~60 attributes, with room; a bigger tree is not sysfs
@@ -629,7 +395,7 @@ class Agent:
                 # one at fault (if any) is dropped; a 413 also says requests must be smaller from now on.
                 self._solo = len(batch)
                 if status == 413:
-                    self.merge_bytes = max(1, sum(_raw_size(r) for r in batch) // 2)
+                    self.merge_bytes = max(1, sum(raw_size(r) for r in batch) // 2)
                 log.info("%s; sending the %d readings it carried one by one", what, len(batch))
                 continue
             self._discard(batch[0], report, what)
