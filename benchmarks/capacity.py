@@ -68,7 +68,7 @@ from sqlalchemy import text  # noqa: E402
 from analyzers import tiers as tier_rollup  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.core.tier_frames import GPU_SAMPLE_HOUR  # noqa: E402
-from fleetscope.services import auth, energy, health, tiers  # noqa: E402
+from fleetscope.services import auth, energy_rollup, health, tiers  # noqa: E402
 from fleetscope.sim import formats  # noqa: E402
 from fleetscope.sim.faults import FaultPlan  # noqa: E402
 from fleetscope.sim.fleet import Topology, build_topology  # noqa: E402
@@ -323,12 +323,12 @@ def bench_sweeps(store: Any, url: str, gpus: int, t0: dt.datetime, shards: int) 
     try:
         m1 = (t0 + dt.timedelta(minutes=1), t0 + dt.timedelta(minutes=2))
         m5 = (t0 + dt.timedelta(minutes=1), t0 + dt.timedelta(minutes=6))
-        _, out["energy_1min"] = meter.run(energy.rollup_window, store, *m1)
-        _, out["energy_5min"] = meter.run(energy.rollup_window, store, *m5)
+        _, out["energy_1min"] = meter.run(energy_rollup.rollup_window, store, *m1)
+        _, out["energy_5min"] = meter.run(energy_rollup.rollup_window, store, *m5)
         shard_parts = []
         for i in range(shards):
-            shard_parts.append(meter.run(energy.rollup_shard, store, *m5, i, shards)[1])
-        _, sums = meter.run(energy.rollup_sums, store, *m5)
+            shard_parts.append(meter.run(energy_rollup.rollup_shard, store, *m5, i, shards)[1])
+        _, sums = meter.run(energy_rollup.rollup_sums, store, *m5)
         out["energy_5min_sharded"] = {"shards": shards, "max_shard_s": max(p["seconds"] for p in shard_parts),
                                       "sum_shard_s": round(sum(p["seconds"] for p in shard_parts), 2),
                                       "sums_s": sums["seconds"],

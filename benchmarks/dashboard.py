@@ -53,7 +53,7 @@ from dashboard import browser as B  # noqa: E402
 from fleetscope.services import auth  # noqa: E402
 from fleetscope.store import db
 from fleetscope.services import health as health_service
-from fleetscope.services import energy as es  # noqa: E402
+from fleetscope.services import energy_rollup as rollup_svc  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope import settings as settings_mod  # noqa: E402
 from fleetscope.services.alerting import state as alert_state  # noqa: E402
@@ -86,10 +86,10 @@ def write_telemetry(store: Store, spec: FleetSpec, start: dt.datetime, end: dt.d
     rows = {"gpu_sample": 0, "gpu_energy_minute": 0, "site_energy_minute": 0, "job_energy_minute": 0}
     # the inventory and rank assignments the worker's roll-up reads for its per-site and per-job rows
     gpu, host = store.read("gpu", columns=["gpu_uuid", "host"]), store.read("host", columns=["host", "site_id"])
-    ranks = es.ranks_during(store, start, end)
+    ranks = rollup_svc.ranks_during(store, start, end)
 
     def rolled(minutes: pl.DataFrame | None) -> list[tuple[F.FrameSpec, pl.DataFrame]]:
-        return [] if minutes is None else es.rollup_frames(minutes, ranks, gpu, host)
+        return [] if minutes is None else rollup_svc.rollup_frames(minutes, ranks, gpu, host)
 
     carry: pl.DataFrame | None = None
     prev: pl.DataFrame | None = None

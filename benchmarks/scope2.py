@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetscope.store import db  # noqa: E402
 from fleetscope.services import energy as es  # noqa: E402
+from fleetscope.services import energy_rollup  # noqa: E402
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.store import Store  # noqa: E402
@@ -67,7 +68,7 @@ def fill(store: Store, gpus: int, job_days: int) -> None:
             "minute": pl.repeat(T0 + dt.timedelta(minutes=m), gpus, eager=True, dtype=F.UTC_US), "gpu_uuid": uuids,
             "energy_j": [42_000.0] * gpus, "counter_energy_j": [42_000.0] * gpus, "integrated_energy_j": [0.0] * gpus,
             "covered_s": [60.0] * gpus, "method": ["counter"] * gpus})
-        store.write_frames(es.rollup_frames(minutes, ranks, gpu, host), source="bench")
+        store.write_frames(energy_rollup.rollup_frames(minutes, ranks, gpu, host), source="bench")
     # the long job's and its site's earlier minutes, as the roll-ups of those days left them
     earlier = pl.datetime_range(long_start, T0, "1m", closed="left", time_unit="us", eager=True).dt.replace_time_zone("UTC")
     for chunk in earlier.to_frame("minute").iter_slices(100_000):

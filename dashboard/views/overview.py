@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import ui
 from fleetscope.services.alerting import reads as alert_reads
-from fleetscope.services import catalog, energy as energy_svc
+from fleetscope.services import catalog, energy_rollup
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import health_reads
 from fleetscope.services import jobs as jobs_svc
@@ -90,7 +90,7 @@ def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
     parts = [p for p in parts if p.height]
     if parts:
         return pl.concat(parts), "the GPUs' energy counters"
-    upto = ui.q(energy_svc.energy_rollup_end, live=False)
+    upto = ui.q(energy_rollup.energy_rollup_end, live=False)
     if upto is None or min(end, upto) <= day_start:
         return pl.DataFrame(), ""
     # Ending at the roll-up's newest minute keeps one cache entry per roll-up, not one per window end.

@@ -30,7 +30,7 @@ from fleetscope.services import audit as audit_service
 from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs,
                             routes_otlp, routes_remote_write, routes_serving, routes_teams, routes_tokens)
 from fleetscope.api.routes_alerts import kick_evaluation
-from fleetscope.services.energy import reroll_jobs
+from fleetscope.services.energy_rollup import reroll_jobs
 from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Energy and carbon reads over the roll-ups: power, per-GPU and per-site energy, location- and
-market-based emissions, PUE over time, energy by job and model, embodied emissions. The roll-ups and
-reports themselves are ``fleetscope.services.energy``."""
+market-based emissions, PUE over time, energy by job and model, embodied emissions. The roll-ups are
+``fleetscope.services.energy_rollup``, the reports ``fleetscope.services.energy``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fleetscope.store import Store, packed
 from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
 from analyzers import carbon
 from analyzers import facility
-from fleetscope.services.energy import METER_SERIES, PAD, metric_samples
+from fleetscope.services.energy_rollup import METER_SERIES, PAD, metric_samples
 from fleetscope.services.energy import site_scope2
 
 UTC = F.UTC_US

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fleetscope.core import frames as F
-from fleetscope.services.energy import PUE_SERIES, floor_minute
+from fleetscope.services.energy_rollup import PUE_SERIES, floor_minute
 from fleetscope.store import Store
 
 CURRENT = dt.timedelta(minutes=15)

@@ -18,7 +18,7 @@ from analyzers import c3, carbon, energy, goodput, reliability, sdc, sdc_fold, s
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold, job_fold
 from fleetscope.services.analysis import Registry
-from fleetscope.services.energy import floor_minute
+from fleetscope.services.energy_rollup import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store
 import numpy as np

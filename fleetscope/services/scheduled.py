@@ -30,11 +30,11 @@ SCHEDULED = Timetable("scheduled")
 
 SCHEDULED.register(
     "energy_rollup", beat=Beat("energy-rollup", "fleetscope.energy_rollup", every_s=60.0),
-    run="fleetscope.services.energy:scheduled_rollup",
+    run="fleetscope.services.energy_rollup:scheduled_rollup",
     # One task per shard of hosts rolls its GPUs' minutes, on whichever workers are free; the per-site and
     # per-job sums then read those minutes back.
-    shards=Shards("fleetscope.energy_rollup_shard", args="fleetscope.services.energy:rollup_args",
-                  run="fleetscope.services.energy:scheduled_rollup_shard", fleet="fleetscope.services.energy:scheduled_rollup_sums"),
+    shards=Shards("fleetscope.energy_rollup_shard", args="fleetscope.services.energy_rollup:rollup_args",
+                  run="fleetscope.services.energy_rollup:scheduled_rollup_shard", fleet="fleetscope.services.energy_rollup:scheduled_rollup_sums"),
     modules=("analyzers.energy", "analyzers.facility"), reads=("gpu_sample", "gpu", "host", "site", "job_rank", "metric_sample"),
     writes=("gpu_energy_minute", "site_energy_minute", "job_energy_minute", "metric_sample"),
     summary="per-minute energy per GPU, site and job over the last ten closed minutes (late scrapes counted), "

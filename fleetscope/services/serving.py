@@ -26,7 +26,7 @@ from fleetscope.settings import Settings
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
 from fleetscope.services import energy as energy_service
-from fleetscope.services.energy import metric_samples
+from fleetscope.services.energy_rollup import metric_samples
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 

@@ -1,5 +1,5 @@
 """Shards of the fleet for the sweeps beat splits across workers (``FLEETSCOPE_SWEEP_SHARDS``): the energy roll-up
-(``services.energy.rollup_shard``) and the health sweep (``services.health.health_window(part=...)``).
+(``services.energy_rollup.rollup_shard``) and the health sweep (``services.health.health_window(part=...)``).
 
 A shard is a group of hosts: host h belongs to shard crc32(h) mod n, so a host keeps its shard as others come
 and go and shards stay near equal in size; a GPU belongs to its host's shard, and GPUs the inventory places on

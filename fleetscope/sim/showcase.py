@@ -21,7 +21,7 @@ from fleetscope.sim.fleet import FleetSpec, gpu_fleet
 from fleetscope.store import Store
 from fleetscope.services import jobs as analysis
 from fleetscope.services import audit as audit_service
-from fleetscope.services import energy as energy_service
+from fleetscope.services import energy_rollup
 from fleetscope.services import health as health_service
 from fleetscope.services import governance as gs
 from fleetscope.services.alerting import state as alert_state
@@ -301,7 +301,7 @@ def run_services(store: Store, settings: Settings, start: dt.datetime, end: dt.d
     out: dict[str, Any] = {}
     audit_service.bind(store, settings)  # the audit log's key and checkpoints go beside the reports
     if rollup:
-        out["energy"] = energy_service.rollup_window(store, start, end)
+        out["energy"] = energy_rollup.rollup_window(store, start, end)
         out["tiers"] = tiers_service.advance(store, end + dt.timedelta(minutes=5))
     job_ids = store.read("job", columns=["job_id"])["job_id"].sort().to_list()
     out["jobs"] = {j: analysis.analyze_job(store, j, now=end).to_dict() for j in job_ids}

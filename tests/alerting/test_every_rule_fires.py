@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet
 from fleetscope.services import jobs as analysis
 from fleetscope.services import audit as audit_service
 from fleetscope.store import db
-from fleetscope.services import energy as energy_service
+from fleetscope.services import energy_rollup
 from fleetscope.services import health as health_service
 from fleetscope.services import governance as gs
 from fleetscope.core import frames as F
@@ -355,7 +355,7 @@ def run(tmp_path, name: str) -> tuple[Receiver, list[str]]:
         prev = at
         for job in analysis.active_jobs(store, since=at - 15 * MIN):
             analysis.analyze_job(store, job, now=at)
-        energy_service.rollup_window(store, at - 10 * MIN, at)
+        energy_rollup.rollup_window(store, at - 10 * MIN, at)
         if (m * s.step_min) % 5 == 0:
             health_service.health_window(store, at - 15 * MIN, at)
         if s.act is not None:

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from fleetscope.services import energy as es
+from fleetscope.services import energy_rollup
 from fleetscope.core import frames as F
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.store import Store
@@ -55,7 +56,7 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
         "series": ['facility_power_w{site="site-a"}'] * n + ['it_power_w{point="pdu",site="site-a"}'] * n,
         "value": [13_000.0] * n + [10_000.0] * n})))
     end = E0 + dt.timedelta(minutes=20)
-    es.rollup_window(store, E0, end)
+    energy_rollup.rollup_window(store, E0, end)
 
     jobs = energy_reads.energy_by_job(store, E0, end)
     stored = store.read("job_energy_minute").group_by("job_id").agg(pl.col("energy_j").sum(), pl.col("allocated_s").sum())

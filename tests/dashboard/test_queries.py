@@ -14,7 +14,7 @@ from analyzers.carbon import load_grid_intensity
 from fleetscope.core import frames as F
 from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.services import audit as audit_svc
-from fleetscope.services import energy as energy_svc
+from fleetscope.services import energy_rollup
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import fabric as fabric_svc
 from fleetscope.services import governance as governance_svc
@@ -148,7 +148,7 @@ def test_energy_by_site_hour_reads_the_roll_up_with_location_based_carbon(seeded
     assert rolled["g_per_kwh"].to_list() == [world["g_per_kwh"]] * 2
     assert rolled["kgco2e"].to_list() == pytest.approx((rolled["energy_j"] / 3.6e6 * world["g_per_kwh"] / 1000).to_list())
     assert energy_reads.energy_by_site_hour(seeded_store, HOUR_AGO, END, site="site-b")["site_id"].to_list() == ["site-b"]
-    assert energy_svc.energy_rollup_end(seeded_store) == END
+    assert energy_rollup.energy_rollup_end(seeded_store) == END
     # An hourly intensity series, where one covers the hour, wins over the annual figure.
     seeded_store.write(F.Batch(metric_sample=pl.DataFrame({"ts": [SEED_START], "series": ['grid_intensity_g_per_kwh{site="site-a"}'], "value": [100.0]})))
     try:
@@ -388,7 +388,7 @@ def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
     assert telemetry.power_now(empty_store, END)["power_w"][0] is None
     assert reliability_svc.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
     assert jobs_svc.job_totals(empty_store, "nope")["steps"][0] == 0
-    assert energy_svc.energy_rollup_end(empty_store) is None and jobs_svc.job_analyses(empty_store, "nope") == {}
+    assert energy_rollup.energy_rollup_end(empty_store) is None and jobs_svc.job_analyses(empty_store, "nope") == {}
     assert jobs_svc.scaling_fit(empty_store, "nope")["fit"] is None
 
 
@@ -417,7 +417,7 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     jobs_svc.job_rank_step_times(store, STRAGGLER_JOB)
     jobs_svc.job_c3_steps(store, STRAGGLER_JOB)
     jobs_svc.scaling(store, SWEEP_MODEL)
-    energy_svc.energy_rollup_end(store)
+    energy_rollup.energy_rollup_end(store)
     energy_reads.counter_energy_by_site_hour(store, SEED_START + dt.timedelta(minutes=10), END)
     health_reads.gpu_state_counts(store, END)
     telemetry.data_end(store)

@@ -9,7 +9,9 @@ import pytest
 
 from fleetscope.services import auth
 from fleetscope.core import frames as F
-from fleetscope.services.energy import energy_report, rollup_window
+from fleetscope.services.energy import energy_report
+from fleetscope.services import energy_rollup
+from fleetscope.services.energy_rollup import rollup_window
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -107,7 +109,7 @@ def test_energy_endpoint(api):
 def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
     """The simulator's facility meters (OTLP) give a measured PUE; its training job gets a measured footprint."""
     from fleetscope.door import ingestion
-    from fleetscope.services.energy import rollup_window
+    from fleetscope.services.energy_rollup import rollup_window
     from fleetscope.sim import simulate_small
 
     store = api.app.state.store
@@ -394,4 +396,4 @@ def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
         time.sleep(0.1)
     after = es.job_energy(store, ["train-1"]).row(0, named=True)
     assert after["allocated_s"] == pytest.approx(5 * 10 * 60.0) and after["energy_j"] == pytest.approx(before["energy_j"] + fifth)
-    assert es.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}
+    assert energy_rollup.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}

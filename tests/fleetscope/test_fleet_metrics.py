@@ -18,7 +18,7 @@ from benchmarks._server import free_port, served_api
 from fleetscope.services import jobs as analysis
 from fleetscope.services import auth
 from fleetscope.store import db
-from fleetscope.services import energy as energy_service
+from fleetscope.services import energy_rollup
 from fleetscope.services import fleet_metrics
 from fleetscope.services import health as health_service
 from fleetscope.core import frames as F
@@ -60,7 +60,7 @@ def seed(store: Store, now: dt.datetime) -> None:
                                   schema_overrides={"ts": F.UTC_US}),
     ))
     analysis.analyze_job(store, "j1", now=now)
-    energy_service.rollup_window(store, now - 10 * MIN, now)
+    energy_rollup.rollup_window(store, now - 10 * MIN, now)
     health_service.health_window(store, now - 15 * MIN, now)
 
 
@@ -77,7 +77,7 @@ def seeded(tmp_path):
     url = f"sqlite:///{tmp_path / 'fs.db'}"
     db.upgrade(url)
     store = Store.open(url)
-    now = energy_service.floor_minute(dt.datetime.now(dt.UTC))
+    now = energy_rollup.floor_minute(dt.datetime.now(dt.UTC))
     seed(store, now)
     yield store, url, now
     store.engine.dispose()

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.services import energy, health, shards
+from fleetscope.services import energy_rollup, health, shards
 from fleetscope.sim import FleetSpec, gpu_fleet
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -56,18 +56,18 @@ def clear(store) -> None:
 def test_energy_rollup_shards_and_sums_write_what_one_rollup_writes(store):
     b = seed(store)
     start, end = T0 + dt.timedelta(minutes=1), T0 + dt.timedelta(minutes=14)
-    energy.rollup_window(store, start, end)
+    energy_rollup.rollup_window(store, start, end)
     whole = snapshot(store)
     clear(store)
-    rolled = [energy.rollup_shard(store, start, end, k, SHARDS) for k in range(SHARDS)]
-    sums = energy.rollup_sums(store, start, end)
+    rolled = [energy_rollup.rollup_shard(store, start, end, k, SHARDS) for k in range(SHARDS)]
+    sums = energy_rollup.rollup_sums(store, start, end)
     split = snapshot(store)
     for t in ENERGY_TABLES:
         assert whole[t].height > 0, t
         assert split[t].equals(whole[t]), t
     # every shard did a share, and the GPU on no known host went to shard 0
     assert all(r["gpus"] > 0 for r in rolled) and sum(r["gpus"] for r in rolled) == b.gpu.height + 1
-    assert "GPU-not-in-inventory" in energy.shards_mod.shard_gpu_samples(
+    assert "GPU-not-in-inventory" in energy_rollup.shards_mod.shard_gpu_samples(
         store, 0, SHARDS, start, end, ["ts", "gpu_uuid"], dict(F.GPU_SAMPLE.schema))["gpu_uuid"].to_list()
     assert sums["job_minutes"] == whole["job_energy_minute"].height
 
@@ -105,7 +105,7 @@ def test_beat_sends_one_task_per_shard_and_their_results_are_one_rollup_s(store,
 
     seed(store)
     start, end = T0 + dt.timedelta(minutes=1), T0 + dt.timedelta(minutes=14)
-    energy.rollup_window(store, start, end)
+    energy_rollup.rollup_window(store, start, end)
     whole = snapshot(store)
     clear(store)
     url = str(store.engine.url.render_as_string(hide_password=False))

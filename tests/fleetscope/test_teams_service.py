@@ -72,6 +72,7 @@ def _nld_g_per_kwh(realdata=None):
 
 def test_team_co2e_location_and_market(loaded):
     from fleetscope.services import energy
+    from fleetscope.services import energy_rollup
 
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
     g, kwh = _nld_g_per_kwh(), 200 * 41003 / 3.6e6
@@ -81,7 +82,7 @@ def test_team_co2e_location_and_market(loaded):
     assert v["location_kgco2e"] == pytest.approx(kwh * g / 1000) and v["market_kgco2e"] == pytest.approx(kwh * g / 1000)
     assert "annual grid average 2023" in rep["carbon"]["carbon_basis"][0]
     # roll the site's energy up and hold a 1 kWh zero-carbon instrument over April: market drops by that kWh's share
-    energy.rollup_window(loaded, JOB_START - dt.timedelta(minutes=30), JOB_END + dt.timedelta(minutes=30))
+    energy_rollup.rollup_window(loaded, JOB_START - dt.timedelta(minutes=30), JOB_END + dt.timedelta(minutes=30))
     site_kwh = float(loaded.read("site_energy_minute")["energy_j"].sum()) / 3.6e6
     assert site_kwh > 1
     energy.record_instrument(loaded, {"instrument_id": "ppa-1", "site_id": "grn", "kind": "ppa", "start": APRIL[0], "end": APRIL[1],

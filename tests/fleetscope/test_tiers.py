@@ -11,7 +11,7 @@ import pytest
 
 from analyzers import tiers as tier_rollup
 from fleetscope.core import frames as F
-from fleetscope.services import energy as energy_svc
+from fleetscope.services import energy_rollup
 from fleetscope.services import retention, telemetry, tiers
 
 T0 = dt.datetime(2026, 11, 2, 9, 0, tzinfo=dt.UTC)
@@ -86,7 +86,7 @@ def test_hour_rollup_from_minutes_matches_raw():
 def test_advance_rolls_incrementally_with_exact_energy(store):
     raw = _samples(130)
     store.write_frames([(F.GPU_SAMPLE, raw)], source="test")
-    energy_svc.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
+    energy_rollup.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
     # first tick: 61 minutes after T0 plus the settling time; only closed minutes are rolled
     out = tiers.advance(store, T0 + dt.timedelta(minutes=61) + tiers.SETTLE)
     assert out["minute"]["watermark"] == (T0 + dt.timedelta(minutes=61)).isoformat()
