@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from dashboard import signin
 from dashboard.access import SESSION_KEY, Access
 from dashboard.connection import _store, database_url, read_database_url, store, tell, told  # noqa: F401  (pages reach them as ui.*)
-from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import job_reads as jobs_svc
 from fleetscope.services import telemetry
 from fleetscope.store import db
 from fleetscope.store import reads_on_replica

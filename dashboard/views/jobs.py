@@ -7,7 +7,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import job_reads as jobs_svc
 
 MAX_RANK_BARS = 128
 

@@ -13,7 +13,7 @@ from fleetscope.services.alerting import reads as alert_reads
 from fleetscope.services import catalog, energy_rollup
 from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import health_reads
-from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import job_reads as jobs_svc
 from fleetscope.services import telemetry
 
 f = ui.filters()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import ui
 from fleetscope.services import health_reads
-from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import job_reads as jobs_svc
 
 f = ui.filters()
 st.title("Stragglers")

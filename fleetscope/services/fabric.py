@@ -11,7 +11,7 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
-from fleetscope.services.jobs import jobs
+from fleetscope.services.job_reads import jobs
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 from analyzers import ib_links

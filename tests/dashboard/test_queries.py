@@ -19,7 +19,7 @@ from fleetscope.services import energy_reads as energy_reads
 from fleetscope.services import fabric as fabric_svc
 from fleetscope.services import governance as governance_svc
 from fleetscope.services import health_reads
-from fleetscope.services import jobs as jobs_svc
+from fleetscope.services import job_reads as jobs_svc
 from fleetscope.services import reliability as reliability_svc
 from fleetscope.services import telemetry
 from fleetscope.sim.fleet import gpu_fleet

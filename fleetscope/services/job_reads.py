@@ -1,0 +1,258 @@
+"""Job reads against the store, for the dashboard, the API and the CLI: jobs over a window and those
+running, a job's per-step, per-rank and total figures, the analyzers' stored summaries and C³ breakdown,
+and scaling across world sizes with the fitted Fleet Law.
+
+The analysis that writes those summaries and breakdowns is ``fleetscope.services.jobs``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analyzers.c3 import fit_fleet_law, scaling_efficiency
+from fleetscope.core import frames as F
+from fleetscope.core.units import as_utc
+from fleetscope.store import Store
+from fleetscope.store.reads import duration_s_sql, fetch, json_number_sql
+
+
+UTC = F.UTC_US
+
+
+_JOB_COLS = ("job_id", "name", "kind", "model_name", "world_size", "site_id", "owner", "status", "started_at", "ended_at")
+
+
+def jobs(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None, limit: int = 500) -> pl.DataFrame:
+    """Jobs whose run overlaps ``[start, end)`` (jobs with unknown times too), newest first, with
+    ``goodput_ratio`` (runtime goodput) from the goodput analyzer's stored analysis, where it has run."""
+    params: list[Any] = [as_utc(end), as_utc(start)]
+    where = "(j.started_at IS NULL OR j.started_at < ?) AND (j.ended_at IS NULL OR j.ended_at >= ?)"
+    if site is not None:
+        where += " AND j.site_id = ?"
+        params.append(site)
+    cols = ", ".join(f"j.{c}" for c in _JOB_COLS)
+    sql = (
+        f"SELECT {cols}, (SELECT {json_number_sql(store, 'a.result', 'goodput_ratio')} FROM job_analysis a"
+        " WHERE a.job_id = j.job_id AND a.analyzer = 'goodput') AS goodput_ratio"
+        # (started_at IS NULL) first: both databases then put jobs of unknown start last.
+        f" FROM job j WHERE {where} ORDER BY (j.started_at IS NULL), j.started_at DESC, j.job_id LIMIT {int(limit)}"
+    )
+    return fetch(store, sql, params, {**{c: F.JOB.schema[c] for c in _JOB_COLS}, "goodput_ratio": pl.Float64})
+
+
+def running_jobs(store: Store, end: dt.datetime, site: str | None = None, limit: int = 200) -> pl.DataFrame:
+    """Jobs running at ``end``: started, not ended (by time or by a terminal status)."""
+    df = jobs(store, end - dt.timedelta(seconds=1), end, site, limit)
+    done = ("finished", "failed", "cancelled", "canceled", "preempted", "completed")
+    return df.filter(pl.col("started_at").is_not_null() & pl.col("ended_at").is_null() & ~pl.col("status").fill_null("").str.to_lowercase().is_in(done))
+
+
+def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:
+    """Per step of a job, averaged over its ranks (the last ``max_steps`` steps):
+
+    ``step, ranks, start, step_mean_s, step_max_s, compute_mean_s, comm_exposed_mean_s, idle_mean_s,
+    overlap_mean_s, tokens, model_flops``. compute + exposed communication + idle = step time (docs/ARCHITECTURE.md's
+    C³ model, before a collective's wait is split from its transfer).
+    """
+    dur = duration_s_sql(store, '"start"', '"end"')
+    sql = (
+        f"SELECT step, COUNT(*) AS ranks, MIN(\"start\") AS start, AVG({dur}) AS step_mean_s, MAX({dur}) AS step_max_s,"
+        " AVG(compute_s) AS compute_mean_s, AVG(comm_s - COALESCE(comm_overlap_s, 0)) AS comm_exposed_mean_s,"
+        " AVG(idle_s) AS idle_mean_s, AVG(comm_overlap_s) AS overlap_mean_s, SUM(tokens) AS tokens, SUM(model_flops) AS model_flops"
+        f" FROM step WHERE job_id = ? GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
+    )
+    schema = {
+        "step": pl.Int64,
+        "ranks": pl.Int64,
+        "start": UTC,
+        "step_mean_s": pl.Float64,
+        "step_max_s": pl.Float64,
+        "compute_mean_s": pl.Float64,
+        "comm_exposed_mean_s": pl.Float64,
+        "idle_mean_s": pl.Float64,
+        "overlap_mean_s": pl.Float64,
+        "tokens": pl.Int64,
+        "model_flops": pl.Float64,
+    }
+    return fetch(store, sql, [job_id], schema).sort("step")
+
+
+def job_rank_step_times(store: Store, job_id: str, last_steps: int = 50, max_ranks: int = 256) -> pl.DataFrame:
+    """Per rank and step over a job's last ``last_steps`` steps: ``rank, ranks_in_cell, step, step_s,
+    compute_s, idle_s``.
+
+    In synchronous training every rank's step lasts as long as the slowest rank's, so a straggler shows
+    in compute time (high) and in the others' idle time (they wait for it), not in step time. Above
+    ``max_ranks`` ranks, neighbouring ranks share a cell (``rank`` is the first of them) holding the
+    largest step and compute time and the smallest idle time, so a straggler still stands out and the
+    heatmap stays drawable.
+    """
+    bounds = fetch(
+        store, "SELECT MAX(step) AS last, MAX(rank) AS top FROM step WHERE job_id = ?", [job_id], {"last": pl.Int64, "top": pl.Int64}
+    )
+    schema = {"rank": pl.Int64, "ranks_in_cell": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "compute_s": pl.Float64, "idle_s": pl.Float64}
+    if bounds.is_empty() or bounds["last"][0] is None:
+        return pl.DataFrame(schema=schema)
+    last, top = int(bounds["last"][0]), int(bounds["top"][0])
+    per_cell = max(1, math.ceil((top + 1) / max(1, max_ranks)))
+    dur = duration_s_sql(store, '"start"', '"end"')
+    sql = (
+        f"SELECT (rank / {per_cell}) * {per_cell} AS rank, COUNT(DISTINCT rank) AS ranks_in_cell, step,"
+        f" MAX({dur}) AS step_s, MAX(compute_s) AS compute_s, MIN(idle_s) AS idle_s"
+        " FROM step WHERE job_id = ? AND step > ? GROUP BY 1, 3 ORDER BY 1, 3"
+    )
+    return fetch(store, sql, [job_id, last - int(last_steps)], schema)
+
+
+def job_rank_summary(store: Store, job_id: str, last_steps: int = 50) -> pl.DataFrame:
+    """Per rank over a job's last steps, slowest first: ``rank, host, steps, step_mean_s, compute_mean_s,
+    idle_mean_s, slowdown_ratio`` (the rank's mean compute time over the median rank's: a straggler
+    computes longer while the others idle waiting for it). A raw view until the straggler analyzer lands."""
+    bounds = fetch(store, "SELECT MAX(step) AS last FROM step WHERE job_id = ?", [job_id], {"last": pl.Int64})
+    schema = {"rank": pl.Int64, "steps": pl.Int64, "step_mean_s": pl.Float64, "compute_mean_s": pl.Float64, "idle_mean_s": pl.Float64}
+    out_schema = {"rank": pl.Int64, "host": pl.String, **{k: v for k, v in schema.items() if k != "rank"}, "slowdown_ratio": pl.Float64}
+    if bounds.is_empty() or bounds["last"][0] is None:
+        return pl.DataFrame(schema=out_schema)
+    dur = duration_s_sql(store, '"start"', '"end"')
+    df = fetch(
+        store,
+        f"SELECT rank, COUNT(*) AS steps, AVG({dur}) AS step_mean_s, AVG(compute_s) AS compute_mean_s, AVG(idle_s) AS idle_mean_s"
+        " FROM step WHERE job_id = ? AND step > ? GROUP BY rank",
+        [job_id, int(bounds["last"][0]) - int(last_steps)],
+        schema,
+    )
+    hosts = fetch(
+        store, "SELECT rank, MAX(host) AS host FROM job_rank WHERE job_id = ? GROUP BY rank", [job_id], {"rank": pl.Int64, "host": pl.String}
+    )
+    median = df["compute_mean_s"].median() if df.height else None
+    return (
+        df.join(hosts, on="rank", how="left")
+        .with_columns(slowdown_ratio=pl.col("compute_mean_s") / median if median else pl.lit(None, pl.Float64))
+        .select(list(out_schema))
+        .sort(["slowdown_ratio", "rank"], descending=[True, False], nulls_last=True)
+    )
+
+
+def job_totals(store: Store, job_id: str) -> pl.DataFrame:
+    """One row for a job: ``steps, ranks, step_mean_s, tokens, model_flops, collective_bytes,
+    comm_intensity_bytes_per_flop`` (network bytes / model FLOPs, docs/ARCHITECTURE.md's CI)."""
+    dur = duration_s_sql(store, '"start"', '"end"')
+    s = fetch(
+        store,
+        f"SELECT COUNT(DISTINCT step) AS steps, COUNT(DISTINCT rank) AS ranks, AVG({dur}) AS step_mean_s,"
+        " SUM(tokens) AS tokens, SUM(model_flops) AS model_flops FROM step WHERE job_id = ?",
+        [job_id],
+        {"steps": pl.Int64, "ranks": pl.Int64, "step_mean_s": pl.Float64, "tokens": pl.Int64, "model_flops": pl.Float64},
+    )
+    c = fetch(store, "SELECT SUM(bytes) AS collective_bytes FROM collective WHERE job_id = ?", [job_id], {"collective_bytes": pl.Int64})
+    out = pl.concat([s, c], how="horizontal")
+    return out.with_columns(
+        comm_intensity_bytes_per_flop=pl.when(pl.col("model_flops") > 0)
+        .then(pl.col("collective_bytes").cast(pl.Float64) / pl.col("model_flops"))
+        .otherwise(None)
+    )
+
+
+def scaling(store: Store, model_name: str) -> pl.DataFrame:
+    """Runs of one model at different world sizes: ``job_id, world_size, step_time_mean_s,
+    efficiency_ratio`` (η = T1 / (N · T_N), relative to the smallest run when there is no 1-GPU run)."""
+
+    dur = duration_s_sql(store, 's."start"', 's."end"')
+    df = fetch(
+        store,
+        f"SELECT j.job_id, j.world_size, AVG({dur}) AS step_time_mean_s FROM job j JOIN step s ON s.job_id = j.job_id"
+        " WHERE j.model_name = ? AND j.world_size IS NOT NULL GROUP BY j.job_id, j.world_size ORDER BY 2, 1",
+        [model_name],
+        {"job_id": pl.String, "world_size": pl.Int64, "step_time_mean_s": pl.Float64},
+    ).filter(pl.col("step_time_mean_s") > 0)
+    if df.is_empty():
+        return df.with_columns(efficiency_ratio=pl.lit(None, pl.Float64))
+    eff = scaling_efficiency(df["world_size"].to_list(), df["step_time_mean_s"].to_list())
+    # scaling_efficiency sorts by world size (stably), as df already is.
+    return df.with_columns(efficiency_ratio=eff["efficiency"])
+
+
+def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
+    """The analyzers' stored summaries of a job (``fleetscope.services.jobs``: c3, goodput, stragglers, sdc,
+    checkpoint), keyed by analyzer: each the parsed ``result`` plus ``computed_at``, ``window_start`` and
+    ``window_end``. Empty before the job has been analysed."""
+    df = fetch(
+        store,
+        "SELECT analyzer, computed_at, window_start, window_end, result FROM job_analysis WHERE job_id = ?",
+        [job_id],
+        {"analyzer": pl.String, "computed_at": UTC, "window_start": UTC, "window_end": UTC, "result": pl.String},
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for row in df.iter_rows(named=True):
+        try:
+            result = json.loads(row["result"]) if row["result"] else {}
+        except ValueError:
+            result = {}
+        out[row["analyzer"]] = {**(result if isinstance(result, dict) else {"value": result}),
+                                "computed_at": row["computed_at"], "window_start": row["window_start"], "window_end": row["window_end"]}
+    return out
+
+
+def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:
+    """Per step of a job, averaged over its ranks, from the C³ analyzer's stored breakdown
+    (``step_breakdown``, analyzers.c3.c3_breakdown; the last ``max_steps`` steps): ``step, ranks,
+    step_mean_s, c1_compute_s, c2_comm_s, c3_coord_s, f_compute``. C1 + C2 + C3 = step time; unlike the
+    raw step records, a collective's wait for its last peer is in C3 (coordination), not in C2."""
+    sql = (
+        "SELECT step, COUNT(*) AS ranks, AVG(step_s) AS step_mean_s, AVG(c1_compute_s) AS c1_compute_s, AVG(c2_comm_s) AS c2_comm_s,"
+        " AVG(c3_coord_s) AS c3_coord_s, AVG(f_compute) AS f_compute"
+        f" FROM step_breakdown WHERE job_id = ? GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
+    )
+    schema = {k: pl.Float64 for k in ("step_mean_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")}
+    return fetch(store, sql, [job_id], {"step": pl.Int64, "ranks": pl.Int64, **schema}).sort("step")
+
+# How far either side of the runs the fitted curve is drawn, in factors of the world size.
+_FIT_SPAN = 2.0
+
+
+def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str = "ring") -> dict[str, Any]:
+    """The Fleet Law fitted to the runs of one model (analyzers.c3.fit_fleet_law: T_step(N) = a/N +
+    b·f(N) + c, ring all-reduce f(N) = 2(N−1) by default), for the Jobs page:
+
+    - ``runs``: ``scaling(store, model_name)`` (measured step time and η per run);
+    - ``fit``: ``a_s, b_s, c_s, r2, n_opt`` and ``comm_term``, or None with ``why`` when there are fewer than
+      three distinct world sizes or the fit fails;
+    - ``curve``: ``world_size, step_time_s, efficiency_ratio`` predicted at ``points`` world sizes spread
+      log-evenly from half the smallest run to twice the largest (or past N*, where the curve turns up),
+      η relative to the same baseline as the runs' η;
+    - ``n_opt``: the world size with the shortest predicted step, past which adding GPUs makes every step
+      slower (inf when the fitted curve has no minimum).
+    """
+
+    runs = scaling(store, model_name)
+    out: dict[str, Any] = {"runs": runs, "fit": None, "why": None,
+                           "curve": pl.DataFrame(schema={"world_size": pl.Float64, "step_time_s": pl.Float64, "efficiency_ratio": pl.Float64})}
+    sizes = runs["world_size"].n_unique() if runs.height else 0
+    if sizes < 3:
+        out["why"] = f"{sizes} distinct world size{'s' if sizes != 1 else ''} of {model_name}; the fit needs three"
+        return out
+    try:
+        fit = fit_fleet_law(runs["world_size"].to_list(), runs["step_time_mean_s"].to_list(), comm_term=comm_term)
+    except ValueError as exc:
+        out["why"] = str(exc)
+        return out
+    lo = max(1.0, float(runs["world_size"].min()) / _FIT_SPAN)
+    hi = float(runs["world_size"].max()) * _FIT_SPAN
+    if math.isfinite(fit.n_opt):
+        hi = max(hi, fit.n_opt * 1.5)
+    # The runs' own world sizes are points of the curve too, so it can be read off at each of them.
+    n = np.unique(np.concatenate([np.geomspace(lo, hi, max(2, int(points))), runs["world_size"].to_numpy().astype(float)]))
+    t = fit.predict(n)
+    # η relative to the runs' baseline: the smallest run's N·T (scaling_efficiency's T1).
+    base = runs.sort("world_size").row(0, named=True)
+    t1 = base["world_size"] * base["step_time_mean_s"]
+    curve = pl.DataFrame({"world_size": n, "step_time_s": t}).with_columns(efficiency_ratio=t1 / (pl.col("world_size") * pl.col("step_time_s")))
+    out["curve"] = curve.filter(pl.col("step_time_s") > 0)
+    out["fit"] = {"a_s": fit.a_s, "b_s": fit.b_s, "c_s": fit.c_s, "r2": fit.r2, "n_opt": fit.n_opt, "comm_term": fit.comm_term}
+    return out
