@@ -584,11 +584,6 @@ class Store:
                 out[packed.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(samples), 0) FROM {packed.TABLE}")).scalar_one())
         return out
 
-    def ingested(self, shas: Sequence[str]) -> set[str]:
-        """Which of these content hashes the ingest log holds."""
-        with self.engine.connect() as conn:
-            return _ingest_log.logged(conn, self.dialect, shas)
-
 
 def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
