@@ -1,13 +1,16 @@
 """Ingest end to end: a 16,384-GPU dcgm-exporter scrape posted to a running `fleetscope serve`
-(`POST /api/v1/ingest/dcgm`), parsed and written to the store, on SQLite and on PostgreSQL.
-Prints JSON lines: values/s per database (a value = one field of one GPU sample), and, since wall time on
-a shared machine follows its load, the CPU seconds a steady-state scrape costs the server (all its threads)
-and PostgreSQL's backends.
+(`POST /api/v1/ingest/dcgm`), parsed and written to the store, on SQLite and on PostgreSQL; and, where the
+``victoria-metrics`` binary is installed, the same gzip body to VictoriaMetrics' ``/api/v1/import/prometheus``
+in the same run, as the peer whose rate the target is set against.
+Prints JSON lines: values/s per system (a value = one field of one GPU sample), the steady ratio to
+VictoriaMetrics, and, since wall time on a shared machine follows its load, the CPU seconds a steady-state
+scrape costs the server (all its threads) and PostgreSQL's backends.
 
 Parse-only rates: benchmarks/ingest_dcgm.py (dcgm text), benchmarks/ingest_otlp.py (OTLP),
 benchmarks/ingest_kineto.py (Kineto traces).
 
     python benchmarks/ingest.py [--gpus 16384] [--scrapes 5] [--workers 1] [--in-flight 1] [--no-postgres]
+                                   [--no-victoria-metrics]
 """
 
 from __future__ import annotations
@@ -38,12 +41,42 @@ _spec2 = importlib.util.spec_from_file_location("_bench_server", _HERE / "_serve
 _server = importlib.util.module_from_spec(_spec2)
 _spec2.loader.exec_module(_server)
 served_api = _server.served_api
+_spec3 = importlib.util.spec_from_file_location("_bench_ingest_agents", _HERE / "ingest_agents.py")
+_agents = importlib.util.module_from_spec(_spec3)
+_spec3.loader.exec_module(_agents)
 
 from fleetscope.store import db  # noqa: E402
 from ingest import dcgm  # noqa: E402
 
 
-def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int, values_per_scrape: int, in_flight: int = 1) -> None:
+def run_victoria_metrics(body: bytes, gpus: int, scrapes: int, values_per_scrape: int) -> dict | None:
+    """The same scrapes, one at a time, into VictoriaMetrics; each scrape's lines stamped by ``timestamp``
+    (milliseconds), as Fleetscope's by ``ts``. None where the binary is not installed."""
+    with _agents.victoria_metrics() as base:
+        if base is None:
+            return None
+        gz = gzip.compress(body, compresslevel=1)
+        t0_ms = int(dt.datetime(2026, 6, 1, tzinfo=dt.UTC).timestamp() * 1000)
+        answered: list[float] = []
+        with httpx.Client(timeout=600) as client:
+            start = time.perf_counter()
+            for s in range(scrapes):
+                r = client.post(base + "/api/v1/import/prometheus", content=gz, params={"timestamp": t0_ms + 1000 * s},
+                                headers={"Content-Type": "text/plain", "Content-Encoding": "gzip"})
+                assert r.status_code == 204, r.text[:300]
+                answered.append(time.perf_counter() - start)
+        seconds = answered[-1]
+        line = {"bench": "dcgm_api_end_to_end", "system": "victoria-metrics", "gpus": gpus, "scrapes": scrapes,
+                "values": values_per_scrape * scrapes, "seconds": round(seconds, 2),
+                "values_per_s": round(values_per_scrape * scrapes / seconds), "first_scrape_s": round(answered[0], 2)}
+        if scrapes > 1:
+            line["steady_values_per_s"] = round(values_per_scrape * (scrapes - 1) / (answered[-1] - answered[0]))
+        print(json.dumps(line), flush=True)
+        return line
+
+
+def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int, values_per_scrape: int, in_flight: int = 1,
+        peer: dict | None = None) -> None:
     started: list[int] = []
     # PostgreSQL's backends name their database in their process title.
     watch = _server.CpuWatch(f" {url.rsplit('/', 1)[1]} ") if label == "postgresql" else None
@@ -87,7 +120,11 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
             db_cpu = (watch.sample() - cpu_after_first[1]) / (scrapes - 1) if watch else 0.0
             steady |= {"steady_server_cpu_s_per_scrape": round(server_cpu, 3), "steady_db_cpu_s_per_scrape": round(db_cpu, 3),
                        "steady_values_per_cpu_s": round(values_per_scrape / (server_cpu + db_cpu)) if server_cpu + db_cpu else None}
-        print(json.dumps({"bench": "dcgm_api_end_to_end", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "in_flight": in_flight,
+        if peer:
+            steady["ratio_to_victoriametrics"] = round(values / seconds / peer["values_per_s"], 2)
+            if "steady_values_per_s" in steady and "steady_values_per_s" in peer:
+                steady["steady_ratio_to_victoriametrics"] = round(steady["steady_values_per_s"] / peer["steady_values_per_s"], 2)
+        print(json.dumps({"bench": "dcgm_api_end_to_end", "system": f"fleetscope-{label}", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "in_flight": in_flight,
                           "body_mb": round(len(body) / 2**20, 1), "gzip_mb": round(len(gz) / 2**20, 1), "values": values,
                           "seconds": round(seconds, 2), "values_per_s": round(values / seconds), **steady,
                           "first_scrape_s": round(answered[0], 2), "target_values_per_s": 1_500_000}), flush=True)
@@ -103,14 +140,16 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=1, help="scrapes posted concurrently (1: each waits for the previous answer)")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--no-victoria-metrics", action="store_true")
     args = ap.parse_args()
     body = synth_scrape(args.gpus)
     values = dcgm.parse(body, ts=dt.datetime(2026, 6, 1, tzinfo=dt.UTC)).values()
-    run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-ingest-db-')}/fs.db", body, args.gpus, args.scrapes, args.workers, values, args.in_flight)
+    peer = None if args.no_victoria_metrics else run_victoria_metrics(body, args.gpus, args.scrapes, values)
+    run("sqlite", f"sqlite:///{tempfile.mkdtemp(prefix='fleetscope-ingest-db-')}/fs.db", body, args.gpus, args.scrapes, args.workers, values, args.in_flight, peer)
     if not args.no_postgres:
         try:
             with db.scratch_database(args.postgres, "fleetscope_bench") as url:
-                run("postgresql", url, body, args.gpus, args.scrapes, args.workers, values, args.in_flight)
+                run("postgresql", url, body, args.gpus, args.scrapes, args.workers, values, args.in_flight, peer)
         except Exception as exc:  # noqa: BLE001 - a missing server is a skipped measurement
             print(json.dumps({"bench": "dcgm_api_end_to_end", "db": "postgresql", "skipped": str(exc).splitlines()[0]}))
 
