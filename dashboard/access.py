@@ -30,6 +30,7 @@ PAGE_SCOPES: dict[str, str] = {
     "serving": "read",
     "alerts": "read",
     "governance": "governance",
+    "service": "read",
 }
 # Page actions and the scope of the API route that does the same (routes_alerts.create_silence and
 # expire_silence: admin; routes_audit.post_export and post_incident: governance).

@@ -40,6 +40,7 @@ PAGES = (
     ("Jobs", "stragglers", "Stragglers", ":material/slow_motion_video:"),
     ("Serving", "serving", "Serving", ":material/speed:"),
     ("Operations", "alerts", "Alerts", ":material/notifications:"),
+    ("Operations", "service", "Service", ":material/manage_history:"),
     ("Operations", "governance", "Governance", ":material/gavel:"),
 )
 

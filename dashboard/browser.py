@@ -57,6 +57,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("teams_cost", "teams_cost", ("Usage and cost per team", "GPU-hours per team over time", "Top jobs by cost")),
     PageSpec("governance", "governance", ("Models and risk class", "EU AI Act rule matrix", "Audit reports and export bundles")),
     PageSpec("alerts", "alerts", ("Firing and recent", "Silences", "Dead letters")),
+    PageSpec("service", "service", ("Roll-up stages", "Scheduled tasks", "Storage")),
 )
 
 

@@ -459,7 +459,14 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         bill = team_bill(api, manifest)
         say("team bill  " + "; ".join(f"{b['team'] or '(unassigned)'} {b['jobs']} jobs {b['gpu_hours']:.2f} GPU-hours "
                                       + (f"{b['cost']:.2f} {b['currency']}" if b.get("cost") is not None else "unpriced") for b in bill))
+        # The service's own pipeline, as an operator checks it: ingest arriving, roll-ups keeping up, beat leading.
+        pipe = api.call("GET", "/api/v1/fleet/pipeline")
+        late = [st["stage"] for st in pipe["stages"] if st["late"]]
+        say(f"pipeline   {pipe['ingest']['pushes_recent']:,} pushes in the last {pipe['ingest']['recent_s']:g} s; roll-ups "
+            + (f"LATE: {', '.join(late)}" if late else "keeping up") + "; beat " + ("leading" if pipe["beat"]["leading"] else "has NO LEADER")
+            + f"; {sum(r['bytes'] or 0 for r in pipe['storage']) / 2**20:,.0f} MiB stored (`fleetscope db status`)")
         summary = {
+            "pipeline": {"late": late, "beat_leading": pipe["beat"]["leading"], "pushes_recent": pipe["ingest"]["pushes_recent"]},
             "api_url": url, "docs_url": url + "/docs", "dashboard_url": f"http://{settings.api_host}:{dash_port}", "webhook_sink": sink.url,
             "token": admin, "written": written, "alerts_delivered": len(sink.received), "alertnames": alerts, "audit": audit,
             "export_id": export["export_id"], "faults": faults, "team_bill": bill, "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),

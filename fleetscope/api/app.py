@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from fleetscope.core.errors import FleetscopeError
 from fleetscope.observability import REGISTRY, REQUEST_SECONDS, setup_tracing
 from fleetscope.store import Store, reads_on_replica
 from fleetscope.services import audit as audit_service
+from fleetscope.services import pipeline
 from fleetscope.api import (routes_alerts, routes_audit, routes_data, routes_fabric, routes_fleet, routes_governance, routes_jobs,
                             routes_otlp, routes_remote_write, routes_serving, routes_teams, routes_tokens)
 from fleetscope.api.routes_alerts import kick_evaluation
@@ -177,6 +179,32 @@ class _TaskRunCollector:
         yield fam
 
 
+class _PipelineCollector:
+    """How far each roll-up stage is behind, whether it is late, whether beat has a leader and how many closed
+    days wait to be packed (``services.pipeline``), read from watermarks at scrape time, so a site's own
+    Prometheus can alert on the service falling behind."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        lag = GaugeMetricFamily("fleetscope_pipeline_lag_seconds", "Seconds the stage's newest rolled instant is behind now", labels=["stage"])
+        late = GaugeMetricFamily("fleetscope_pipeline_late", "1 when the stage is behind by more than its allowance", labels=["stage"])
+        try:
+            report = pipeline.status(self.store, dt.datetime.now(dt.UTC))
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the database blinked
+            return
+        for st in report["stages"]:
+            if st["lag_s"] is not None:
+                lag.add_metric([st["stage"]], st["lag_s"])
+            late.add_metric([st["stage"]], float(st["late"]))
+        yield lag
+        yield late
+        yield GaugeMetricFamily("fleetscope_beat_leading", "1 while a beat holds an unexpired leader lease", value=float(report["beat"]["leading"]))
+        yield GaugeMetricFamily("fleetscope_packing_pending_days", "Closed days of raw telemetry waiting to be packed (PostgreSQL)",
+                                value=len(report["packing_pending_days"]))
+
+
 def create_app(settings: settings_mod.Settings | None = None, store: Store | None = None) -> FastAPI:
     settings = settings or settings_mod.load()
     setup_tracing(settings.otel_exporter, settings.otel_endpoint, "fleetscope-api")
@@ -309,6 +337,7 @@ def _registry_with(store: Store):  # type: ignore[no-untyped-def]
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_TaskRunCollector(store))
+    reg.register(_PipelineCollector(store))
     if store.read_engine is not store.engine:
         reg.register(_ReplicaLagCollector(store))
     return reg

@@ -1,11 +1,14 @@
-"""The derived fleet series for a site's own Prometheus to scrape."""
+"""The derived fleet series for a site's own Prometheus to scrape, the analyzer registry, and the pipeline's
+own state."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from fleetscope.services import catalog, fleet_metrics
+from fleetscope.services import catalog, fleet_metrics, pipeline
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
@@ -25,3 +28,12 @@ def analyzers() -> list[dict]:
     own, in the order it runs, with the pure modules it calls, the frames it needs, reads and writes, and the
     beat entry and task that run it and when."""
     return catalog.analyses()
+
+
+@router.get("/pipeline", dependencies=[Depends(require("read"))])
+def pipeline_status(request: Request) -> dict:
+    """The service's own pipeline: ingest (last push, recent rate), how far the energy roll-up and the minute
+    and hour tiers are behind (``late`` past each one's allowance), closed days waiting to be packed
+    (PostgreSQL), beat's leader, each scheduled task's last success and failure, and bytes per table."""
+    store = request.app.state.store
+    return {**pipeline.status(store, dt.datetime.now(dt.UTC)), "storage": pipeline.storage(store)}

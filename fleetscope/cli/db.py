@@ -20,6 +20,7 @@ def db_group() -> None:
       fleetscope db current --json
       fleetscope db prune --dry-run
       fleetscope db replica
+      fleetscope db status
     """
 
 
@@ -122,3 +123,26 @@ def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
         return
     deleted = retention.prune(_store(), now, s.retention_days, s.evidence_retention_days, retention.tier_days(s))
     _emit(as_json, deleted, "\n".join(f"{k:<20} {v:>10,} deleted" for k, v in deleted.items()))
+
+
+@db_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--fail-late", is_flag=True, help="Exit 3 when a roll-up stage is late or beat has no leader (for a cron check).")
+def db_status(as_json: bool, fail_late: bool) -> None:
+    """How far each stage of the telemetry pipeline is behind (ingest, the energy roll-up, the minute and hour
+    tiers, days waiting to be packed), whether beat has a leader, each scheduled task's last outcomes, and
+    what the store holds per table. Read from watermarks and the database's catalogue: cheap at any size.
+
+    \b
+    Examples:
+      fleetscope db status
+      fleetscope db status --json | jq '.stages[] | select(.late)'
+      fleetscope db status --fail-late || page-oncall "fleetscope pipeline behind"
+    """
+    from fleetscope.services import pipeline  # lazy: keeps --help light
+
+    store = _store()
+    report, sizes = pipeline.status(store, dt.datetime.now(dt.UTC)), pipeline.storage(store)
+    _emit(as_json, {**report, "storage": sizes}, pipeline.describe(report, sizes))
+    if fail_late and (any(st["late"] for st in report["stages"]) or not report["beat"]["leading"]):
+        raise SystemExit(3)

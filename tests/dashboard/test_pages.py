@@ -20,7 +20,8 @@ from fleetscope.sim.showcase import SWEEP_A_S, SWEEP_B_S
 from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 
-PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts", "serving", "teams_cost")
+PAGES = ("overview", "jobs", "stragglers", "health_sdc", "reliability", "network", "energy_carbon", "governance", "alerts", "serving", "teams_cost",
+         "service")
 
 
 def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, query: dict[str, str] | None = None,
@@ -221,7 +222,21 @@ def _teams_cost(at: AppTest, url: str) -> None:
         "`fleetscope teams map`."]
 
 
+def _service(at: AppTest, url: str) -> None:
+    m = metrics(at)
+    assert m["Beat"] == "no leader"  # the seeded world runs no beat
+    assert any("No beat holds the leader lease" in w.value for w in at.warning)
+    stages, storage = (d.value for d in at.dataframe)
+    assert list(stages["stage"]) == ["energy", "minute", "hour"]
+    # nor a worker: no task outcome is recorded (tests/fleetscope/test_pipeline_service.py has them)
+    assert [t for t in infos(at) if t.startswith("No data yet")] == [
+        "No data yet: no task runs recorded. Workers record each task's outcome once `fleetscope worker` runs them."]
+    by_table = dict(zip(storage["table"], storage["MiB"]))
+    assert by_table["gpu_sample"] > 0 and "ingest_log" in by_table
+
+
 CHECKS = {
+    "service": _service,
     "teams_cost": _teams_cost,
     "serving": _serving,
     "overview": _overview,

@@ -24,7 +24,7 @@ from fleetscope.store import Store
 from tests.dashboard.conftest import APP, data_dir_of, sign_in
 from tests.dashboard.test_pages import healthy, metrics
 
-FLEET_PAGES = ["Overview", "Health & SDC", "Reliability", "Network", "Energy & Carbon", "Teams & Cost", "Jobs", "Stragglers", "Serving", "Alerts"]
+FLEET_PAGES = ["Overview", "Health & SDC", "Reliability", "Network", "Energy & Carbon", "Teams & Cost", "Jobs", "Stragglers", "Serving", "Alerts", "Service"]
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_no_page_can_run_without_the_main_script() -> None:
     # without the sign-in) until a run reaches st.navigation: the dashboard's pages live elsewhere.
     assert not (APP.parent / "pages").exists()
     assert sorted(p.stem for p in (APP.parent / "views").glob("*.py") if p.stem != "__init__") == sorted(
-        ["overview", "health_sdc", "reliability", "network", "energy_carbon", "teams_cost", "jobs", "stragglers", "serving", "alerts", "governance"])
+        ["overview", "health_sdc", "reliability", "network", "energy_carbon", "teams_cost", "jobs", "stragglers", "serving", "alerts", "service", "governance"])
 
 
 def test_without_sign_in_no_page_content_appears(url: str, monkeypatch: pytest.MonkeyPatch) -> None:

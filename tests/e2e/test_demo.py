@@ -49,6 +49,10 @@ def test_demo_finds_every_injected_fault(tmp_path):
     assert summary["audit"]["counts"]["fail"] >= 3
     assert_team_bill(summary, json.loads((tmp_path / "data" / "sim" / "manifest.json").read_text())["scheduler"])
     assert summary["ready_s"] < 90
+    # the service's own pipeline as `fleetscope db status` shows it: its beat leads, every roll-up keeps up,
+    # and the ingest log has the simulation's pushes of the last five minutes
+    assert summary["pipeline"]["beat_leading"] and summary["pipeline"]["late"] == []
+    assert summary["pipeline"]["pushes_recent"] >= 21
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
     assert_visible_on_the_dashboard(tmp_path / "data", summary["token"])
     # every child was stopped, so the API port is free again and nothing answers there
