@@ -3,10 +3,11 @@
 A UTC day's ``gpu_sample`` partition is packed once the day ended ``GRACE`` ago and the minute tier's
 watermark (``services.tiers``) has passed its end: the energy roll-up's ten-minute re-roll and the tiers are
 done with it, and what reads it afterwards reads the packed rows through ``store.packed.source`` with the
-same result. One transaction per day: the raw partition is locked against writers, its rows (with any
-packed earlier for the day, when samples came late) packed, then the partition emptied, so a reader sees
-either the raw rows or the packed ones and a writer waits and then lands in the emptied partition for the
-next tick to fold in. SQLite does not pack.
+same result. One transaction per hour of the day: the raw partition is locked against writers, the hour's
+rows (with any packed earlier for it, when samples came late) packed and deleted from the raw partition, so
+a reader sees an hour either raw or packed and a writer waits at most an hour's packing and then lands in
+the raw partition for the next tick to fold in. A tick stopped half-way leaves whole hours packed and goes
+on from the rest. SQLite does not pack.
 """
 
 from __future__ import annotations
@@ -46,21 +47,36 @@ def packable_days(store: Store, now: dt.datetime) -> list[dt.date]:
     return out
 
 
+def _hold(conn: Any, packed_name: str, raw_name: str) -> None:
+    """One packer per day at a time; the day's writers wait while an hour is packed (readers do not)."""
+    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": packed_name})
+    conn.execute(text(f'LOCK TABLE "{raw_name}" IN EXCLUSIVE MODE'))
+
+
 def pack_day(store: Store, day: dt.date) -> dict[str, int]:
-    """Pack ``day``'s raw partition (and whatever was packed of the day before) into the day's packed
-    partition and empty the raw one: ``samples`` packed, ``rows`` (GPU-hours) written."""
+    """Pack ``day``'s raw partition (with whatever was packed of the day before) into the day's packed
+    partition, an hour per transaction, and empty the raw one: ``samples`` packed, ``rows`` (GPU-hours) held."""
     raw_name = partitions.partition_name(packed.RAW, day)
     packed_name = partitions.partition_name(packed.TABLE, day)
     with store.engine.begin() as conn:
-        # one packer per day at a time; writers of the day wait until the raw partition is emptied
-        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": packed_name})
-        conn.execute(text(f'LOCK TABLE "{raw_name}" IN EXCLUSIVE MODE'))
         conn.execute(text(partitions.create_sql(packed.TABLE, day)))
-        merge = bool(conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{packed_name}")')).scalar())
-        for sql in packed.pack_sql(day, merge):
-            conn.execute(text(sql))
+    start = dt.datetime.combine(day, dt.time(), dt.UTC)
+    for h in range(24):
+        hour = start + dt.timedelta(hours=h)
+        with store.engine.begin() as conn:
+            _hold(conn, packed_name, raw_name)
+            bounds = {"a": hour, "b": hour + dt.timedelta(hours=1)}
+            if not conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{raw_name}" WHERE ts >= :a AND ts < :b)'), bounds).scalar():
+                continue
+            merge = bool(conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{packed_name}" WHERE hour = :a)'), bounds).scalar())
+            for sql in packed.pack_sql(day, merge, hour):
+                conn.execute(text(sql))
+    with store.engine.begin() as conn:
+        _hold(conn, packed_name, raw_name)
+        # the deleted rows' space back at once, rather than at the next vacuum
+        if not conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{raw_name}")')).scalar():
+            conn.execute(text(f'TRUNCATE "{raw_name}"'))
         rows, samples = conn.execute(text(f'SELECT count(*), COALESCE(sum(samples), 0) FROM "{packed_name}"')).one()
-        conn.execute(text(f'TRUNCATE "{raw_name}"'))
     return {"samples": int(samples), "rows": int(rows)}
 
 

@@ -14,8 +14,10 @@ and integer fields ``bigint``. Every read of raw samples goes through ``source``
 the range from the raw partitions and, unnested, from the packed ones (partition pruning on the literal
 bounds leaves out whatever the range does not reach); on SQLite, which never packs, the table itself.
 
-Packing keeps the day's (emptied) raw partition, so a late or backfilled sample still finds it and the next
-pack folds it in. Retention drops both tables' day partitions.
+A day is packed an hour at a time, each hour in its own transaction that inserts the packed rows and deletes the
+raw ones it read, so a reader sees an hour either raw or packed, never both, and a 16,384-GPU day is 24
+bounded transactions rather than one of hours. Packing keeps the day's (emptied) raw partition, so a late or
+backfilled sample still finds it and the next pack folds it in. Retention drops both tables' day partitions.
 """
 
 from __future__ import annotations
@@ -150,12 +152,17 @@ def gpu_last_ts_sql(dialect: str, gpu_uuid: str, at: dt.datetime, n: int) -> tup
     return f"SELECT ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, gpu_uuid]
 
 
-def pack_sql(day: dt.date, merge: bool) -> list[str]:
-    """The statements that pack ``day``'s raw partition into ``TABLE``'s partition of the day. ``merge``: that
-    partition already holds rows (samples arrived after an earlier pack), so they are unpacked, joined by the
-    raw ones and packed again, a sample present in both taking the packed copy's values and only filling its
-    NULLs from the raw one, as a re-sent sample does on write (``gpu_sample``'s ``fill``)."""
+def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
+    """The statements that pack ``hour`` (of ``day``) of the day's raw partition into ``TABLE``'s partition of
+    the day, and delete the raw rows they packed. ``merge``: that hour already holds packed rows (samples arrived
+    after an earlier pack), so they are unpacked, joined by the raw ones and packed again, a sample present in
+    both taking the packed copy's values and only filling its NULLs from the raw one, as a re-sent sample does
+    on write (``gpu_sample``'s ``fill``)."""
     raw, packed = f'"{RAW}_p{day:%Y%m%d}"', f'"{TABLE}_p{day:%Y%m%d}"'
+    hour = _hour_floor(hour)
+    in_hour = [f"ts >= {_literal(hour)}", f"ts < {_literal(hour + dt.timedelta(hours=1))}"]
+    this_hour = [f"p.hour = {_literal(hour)}"]
+    drop_raw = f"DELETE FROM {raw}{_where(in_hour)}"
     cols = ", ".join(f'"{c}"' for c in FIELDS)
     aggs = ", ".join(
         f'CASE WHEN count("{c}") = 0 THEN NULL ELSE array_agg("{c}"{"::real" if c in FLOAT4_FIELDS else ""}) END AS "{c}"'
@@ -168,12 +175,12 @@ def pack_sql(day: dt.date, merge: bool) -> list[str]:
              f" (SELECT date_trunc('hour', ts, 'UTC') AS hour, ts, gpu_uuid, {cols} FROM src ORDER BY 1, 3, 2) sorted"
              " GROUP BY hour, gpu_uuid")
     if not merge:
-        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}){group}"]
-    tagged = f"{_raw_select(raw, FIELDS, [], '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, [], [], '0 AS src_order, ')}"
+        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}{_where(in_hour)}){group}", drop_raw]
+    tagged = f"{_raw_select(raw, FIELDS, in_hour, '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, this_hour, [], '0 AS src_order, ')}"
     firsts = ", ".join(f'(array_agg("{c}" ORDER BY src_order) FILTER (WHERE "{c}" IS NOT NULL))[1] AS "{c}"' for c in FIELDS)
     # the day's rows are rebuilt aside first: a row deleted and inserted again by one statement would still
     # hold its key in the unique index
     return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged}),"
             f" src AS (SELECT ts, gpu_uuid, {firsts} FROM tagged GROUP BY gpu_uuid, ts){group}",
-            f"DELETE FROM {packed}",
-            f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack"]
+            f"DELETE FROM {packed} WHERE hour = {_literal(hour)}",
+            f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack", drop_raw]

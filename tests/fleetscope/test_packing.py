@@ -182,3 +182,40 @@ def test_retention_drops_packed_days_whole_and_to_the_hour(store):
     left = store.read("gpu_sample")
     assert left["ts"].min() == DAY + dt.timedelta(days=1, hours=12)
     assert left.height == df.filter(pl.col("ts") >= DAY + dt.timedelta(days=1, hours=12)).height
+
+
+def test_a_pack_stopped_half_way_leaves_whole_hours_and_the_next_one_finishes(store, monkeypatch):
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _samples()
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
+    before = _reads(store)
+    real = packed.pack_sql
+
+    def failing(day, merge, hour):  # type: ignore[no-untyped-def]
+        if hour >= DAY + dt.timedelta(hours=5):
+            raise RuntimeError("worker killed")
+        return real(day, merge, hour)
+
+    monkeypatch.setattr(packed, "pack_sql", failing)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    # hours 00-04 packed and gone from the raw partition, the rest still raw: every read the same, no sample twice
+    with store.engine.connect() as conn:
+        hours = conn.execute(text(f"SELECT DISTINCT hour FROM {packed.TABLE} ORDER BY 1")).scalars().all()
+        raw_min = conn.execute(text(f'SELECT min(ts) FROM "{partitions.partition_name("gpu_sample", DAY.date())}"')).scalar()
+    assert [h.astimezone(dt.UTC) for h in hours] == [DAY + dt.timedelta(hours=h) for h in range(5)]
+    assert raw_min.astimezone(dt.UTC) == DAY + dt.timedelta(hours=5)
+    assert store.counts()["gpu_sample"] == df.height
+    half = _reads(store)
+    assert half["read_all"].filter(pl.col("ts") >= DAY + dt.timedelta(hours=5)).equals(
+        before["read_all"].filter(pl.col("ts") >= DAY + dt.timedelta(hours=5)))
+    assert half["read_all"].filter(pl.col("ts") < DAY + dt.timedelta(hours=5)).equals(
+        _as_packed(before["read_all"]).filter(pl.col("ts") < DAY + dt.timedelta(hours=5)))
+    # the next tick goes on from hour 05 and empties the raw partition
+    monkeypatch.setattr(packed, "pack_sql", real)
+    assert packing.packable_days(store, DAY + dt.timedelta(days=3)) == [DAY.date()]
+    done = packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    assert done == {"2026-10-01": {"samples": df.filter(pl.col("ts") < DAY + dt.timedelta(days=1)).height, "rows": 4 * 24 - 2}}
+    _assert_same(before, _reads(store), packed_day=True)
