@@ -90,16 +90,16 @@ def _tasks(store: Store, now: dt.datetime) -> list[dict[str, Any]]:
     return out
 
 
-def status(store: Store, now: dt.datetime) -> dict[str, Any]:
+def status(store: Store, now: dt.datetime, *, tasks: bool = True) -> dict[str, Any]:
     """The pipeline at ``now``: ingest (first and last push, recent rate), each roll-up stage's newest rolled
     instant and its lag behind the newest push (``late`` past its allowance), days waiting to be packed (PostgreSQL), beat's leader, and each task's
-    last outcomes."""
+    last outcomes (``tasks``; the /metrics gauges leave them out, ``fleetscope_task_runs`` counts them)."""
     ingest = _ingest(store, now)
     stages = [_stage("energy", energy_rollup.energy_rollup_end(store), now, energy_rollup.PAD, ingest),
               *(_stage(t, tiers.watermark(store, t), now, tiers.SETTLE, ingest) for t in ("minute", "hour"))]
     return {"at": now, "ingest": ingest, "stages": stages,
             "packing_pending_days": [d.isoformat() for d in packing.packable_days(store, now)],
-            "beat": _beat(store, now), "tasks": _tasks(store, now)}
+            "beat": _beat(store, now), "tasks": _tasks(store, now) if tasks else []}
 
 
 def _pg_sizes(store: Store) -> list[dict[str, Any]]:
