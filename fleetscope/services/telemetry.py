@@ -253,7 +253,7 @@ def fleet_series(
         "temp_max_c": pl.Float64,
     }
     # a tier never rolled (no beat yet: a fresh embedded install) leaves the read on raw samples
-    tier = tier or tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store))
+    tier = tier or tiers.tier_for(store, start, end)
     if tier != "raw":
         return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema)
     first = data_start(store)
@@ -313,7 +313,7 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime
     per bucket of the tier ``services.tiers.choose_tier`` picks for the range (a GPU panel's read)."""
     if field not in F.GPU_SAMPLE.schema or field in ("ts", "gpu_uuid"):
         raise ValueError(f"gpu_sample has no field {field!r}")
-    tier = tier or tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store))
+    tier = tier or tiers.tier_for(store, start, end)
     out = {"ts": UTC, "min": pl.Float64, "max": pl.Float64, "mean": pl.Float64, "last": pl.Float64}
     params = [gpu_uuid, as_utc(start), as_utc(end)]
     if tier == "raw":

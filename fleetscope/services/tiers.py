@@ -27,6 +27,7 @@ from fleetscope.core.tier_frames import GPU_SAMPLE_HOUR, GPU_SAMPLE_MINUTE
 from fleetscope.core.units import as_utc
 from fleetscope.observability import tracer
 from fleetscope.services.analysis import at
+from fleetscope import settings as settings_mod
 from fleetscope.settings import Settings
 from fleetscope.store import Store, schema
 
@@ -146,6 +147,16 @@ def choose_tier(start: dt.datetime, end: dt.datetime, *, now: dt.datetime | None
         while tier != "raw" and tier not in rolled:
             tier = "minute" if tier == "hour" else "raw"
     return tier
+
+
+def tier_for(store: Store, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> str:
+    """The tier a panel's read of ``[start, end)`` goes to on this deployment: by the range, passed over to a
+    coarser tier where this one's retention (``FLEETSCOPE_RETENTION_DAYS`` for raw,
+    ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS``) no longer reaches ``start``, so a week of last year reads the hour
+    tier rather than a pruned minute tier's nothing; and raw while no tier has been rolled."""
+    s = settings_mod.load()
+    return choose_tier(start, end, now=now or dt.datetime.now(dt.UTC),
+                       retention_days={"raw": s.retention_days, "minute": s.minute_tier_retention_days}, rolled=rolled_tiers(store))
 
 
 def tier_rows(store: Store, tier: str, start: dt.datetime, end: dt.datetime, columns: list[str] | None = None,

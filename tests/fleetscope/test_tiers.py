@@ -198,6 +198,25 @@ def test_each_tier_has_its_own_retention(store):
     assert math.isclose((now - cut["gpu_sample_minute"]).total_seconds(), 10 * 86400)
 
 
+def test_a_panel_passes_over_a_tier_its_retention_no_longer_reaches(store, monkeypatch):
+    # A day's panel reads the minute tier, unless FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS has pruned that far back:
+    # then the hour tier, which still holds it, rather than an empty chart.
+    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
+    energy_rollup.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    start, end = T0, T0 + dt.timedelta(hours=24)
+    now = T0 + dt.timedelta(days=40)
+    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "90")
+    assert tiers.tier_for(store, start, end, now=now) == "minute"
+    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "30")
+    assert tiers.tier_for(store, start, end, now=now) == "hour"
+    # a GPU panel's read at the real clock, long after T0: the hour tier's two closed hours
+    df = telemetry.gpu_field_series(store, GPUS[0], "power_w", start, end)
+    assert df["tier"].to_list() == ["hour", "hour"] and df["ts"].to_list() == [T0, T0 + dt.timedelta(hours=1)]
+    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "400")
+    assert telemetry.gpu_field_series(store, GPUS[0], "power_w", start, end).height == 130  # the minute tier's minutes
+
+
 def test_a_tier_never_rolled_leaves_the_read_on_raw(store):
     store.write_frames([(F.GPU_SAMPLE, _samples(10))], source="test")
     end = T0 + dt.timedelta(minutes=10)
