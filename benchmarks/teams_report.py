@@ -8,7 +8,7 @@ their node rows (device indices for part-node jobs), a price book (a GPU-hour pr
 tariff), and GPU telemetry at a coarse grain: one sample per GPU every --sample-h hours (util_ratio,
 power_w). The fleet is filled to about 70 % of its GPU-hours.
 
-Timed, best of --repeat: ``fleetscope.services.teams.usage`` over the month — what GET /api/v1/teams/usage,
+Timed, best of --repeat: ``fleetscope.services.team_costs.usage`` over the month — what GET /api/v1/teams/usage,
 ``fleetscope teams usage --month`` and beat's showback read — and the month's showback report
 (``showback``: usage, CO2e, top jobs). Prints one JSON line per database and read with the seconds, the
 process CPU seconds of the read, and the machine's load average (``os.getloadavg``) before it.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetscope.core import frames as F  # noqa: E402
 from fleetscope.core import scheduler_frames as SCH  # noqa: E402
 from fleetscope.core.spec import conform  # noqa: E402
-from fleetscope.services import serving, teams  # noqa: E402
+from fleetscope.services import serving, team_costs, teams  # noqa: E402
 from fleetscope.store import Store, db  # noqa: E402
 from _server import migrated_store  # noqa: E402
 
@@ -149,13 +149,13 @@ def timed(fn, repeat: int):  # type: ignore[no-untyped-def]
 def run(name: str, url: str, args: argparse.Namespace, *, filled: bool = False) -> None:
     with migrated_store(url) as store:
         meta = {"jobs": store.query("SELECT COUNT(*) AS n FROM sched_job", [], {"n": pl.Int64})["n"][0]} if filled else fill(store, args.jobs, args.sample_h)
-        t, cpu, load, df = timed(lambda: teams.usage(store, start=START, end=END, now=END), args.repeat)
+        t, cpu, load, df = timed(lambda: team_costs.usage(store, start=START, end=END, now=END), args.repeat)
         gh = float(df["gpu_hours"].sum())
         print(json.dumps({"bench": "teams_usage_month", "db": name, **meta, "gpus": NODES * PER_NODE, "teams": df.height, "seconds": round(t, 2),
                           "cpu_s": round(cpu, 2), "loadavg": [round(x, 2) for x in load], "gpu_hours": round(gh),
                           "allocated_share": round(gh / (NODES * PER_NODE * (END - START).total_seconds() / 3600), 3),
                           "cost": round(float(df["cost"].sum())), "kgco2e_location": round(float(df["location_kgco2e"].sum()))}), flush=True)
-        t, cpu, load, rep = timed(lambda: teams.showback(store, MONTH, now=END + dt.timedelta(hours=2)), args.repeat)
+        t, cpu, load, rep = timed(lambda: team_costs.showback(store, MONTH, now=END + dt.timedelta(hours=2)), args.repeat)
         print(json.dumps({"bench": "teams_showback_month", "db": name, "jobs": rep["jobs"], "seconds": round(t, 2), "cpu_s": round(cpu, 2),
                           "loadavg": [round(x, 2) for x in load]}), flush=True)
 

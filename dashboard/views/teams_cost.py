@@ -11,7 +11,7 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import teams as teams_svc
+from fleetscope.services import scheduler_capacity, team_costs
 
 UNASSIGNED = "(unassigned)"
 
@@ -30,8 +30,8 @@ def _money(df: pl.DataFrame, col: str) -> str:
 f = ui.filters()
 st.title("Teams & Cost")
 
-usage = ui.q(teams_svc.usage, live=False, start=f.start, end=f.end)
-queue = ui.q(teams_svc.queue, live=False, start=f.start, end=f.end)
+usage = ui.q(team_costs.usage, live=False, start=f.start, end=f.end)
+queue = ui.q(scheduler_capacity.queue, live=False, start=f.start, end=f.end)
 if usage.is_empty() and not any(queue.values()):
     ui.no_data("no scheduler job in this time range.",
                "Ingest `sacct -P`, `squeue --json`, slurmrestd or kube-state-metrics output with `fleetscope ingest`, or poll "
@@ -66,7 +66,7 @@ else:
 
 st.subheader("GPU-hours per team over time")
 step_s = ui.bucket_for(f.range_s)
-over = ui.q(teams_svc.usage_over_time, live=False, start=f.start, end=f.end, step_s=step_s)
+over = ui.q(team_costs.usage_over_time, live=False, start=f.start, end=f.end, step_s=step_s)
 if over.is_empty():
     ui.no_data("no job held GPUs in this time range.")
 else:
@@ -79,7 +79,7 @@ else:
                f"({_money(over, 'gpu_cost')} in all); energy is priced in the table above.")
 
 st.subheader("Idle allocations")
-idle = ui.q(teams_svc.idle_allocations, live=False, start=f.start, end=f.end)
+idle = ui.q(scheduler_capacity.idle_allocations, live=False, start=f.start, end=f.end)
 if idle.is_empty():
     ui.no_data("no job or pod held GPUs idle past the threshold in this time range.",
                "The health sweep flags GPUs at or under 5 % utilisation for FLEETSCOPE_IDLE_ALLOCATION_MIN_S (30 minutes by default).")
@@ -94,7 +94,7 @@ else:
 
 st.subheader("Budgets this month")
 month = f"{f.end.year:04d}-{f.end.month:02d}"
-budgets = ui.q(teams_svc.budget_status, live=False, month=month, now=f.end)
+budgets = ui.q(team_costs.budget_status, live=False, month=month, now=f.end)
 if budgets.is_empty():
     st.caption(f"No team has a GPU-hour quota or money budget for {month}: set one with `fleetscope teams budget TEAM` or "
                "`PUT /api/v1/teams/budgets` (admin); the health sweep then pages when a team is over or on course to exceed it.")
@@ -108,7 +108,7 @@ else:
     st.caption(f"{month} so far, projected to the month's end at the rate so far (no projection on its first day).")
 
 st.subheader("Stranded capacity")
-stranded = ui.q(teams_svc.stranded_capacity, live=False, now=f.end)
+stranded = ui.q(scheduler_capacity.stranded_capacity, live=False, now=f.end)
 if not stranded["stranded_gpus"]:
     st.caption("No free GPU is stranded: every node with free GPUs can take some pending job of its partitions, or nothing is pending.")
 else:
@@ -145,7 +145,7 @@ with cols[1]:
         ui.no_data("no job ended in this time range.")
 
 st.subheader("Top jobs by cost")
-top = ui.q(teams_svc.top_jobs, live=False, start=f.start, end=f.end, limit=20)
+top = ui.q(team_costs.top_jobs, live=False, start=f.start, end=f.end, limit=20)
 if f.site and top.height:
     top = top.filter(pl.col("site_id") == f.site)
 if top.is_empty():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from fleetscope import door
+from fleetscope.door import screen
 from fleetscope.core.errors import Conflict, FleetscopeError, NotFound, ParseError, ValidationError
 
 
@@ -16,7 +16,7 @@ def error_response(exc: FleetscopeError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "frame": exc.frame, "row": exc.row, "field": exc.field}, 422)
     if isinstance(exc, ParseError):
         return JSONResponse({"detail": str(exc), "source": exc.source, "line": exc.line, "field": exc.field}, 400)
-    if isinstance(exc, door.Forbidden):
+    if isinstance(exc, screen.Forbidden):
         return JSONResponse({"detail": str(exc)}, 403)
     if isinstance(exc, NotFound):
         return JSONResponse({"detail": str(exc)}, 404)

@@ -21,7 +21,7 @@ from fleetscope.api.security import require
 from fleetscope.core.errors import ValidationError
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
-from fleetscope.door import ingestion
+from fleetscope.door import ingestion, screen
 from fleetscope.services import energy as es
 from fleetscope.services.energy import energy_report
 from fleetscope.services.energy import fleet_productivity
@@ -79,12 +79,12 @@ async def post_batch(request: Request, token: Annotated[auth.Token, Depends(requ
         if not isinstance(records, list):
             raise HTTPException(400, f"frames.{name} must be a list of records")
         setattr(batch, name, F.from_records(F.FRAMES[name], records))
-    push = door.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False, binding=binding_of(token))
+    push = screen.Push(batch.source, content_hash(body), ["batch"], batch=batch, nbytes=len(body), dedupe=False, binding=binding_of(token))
     accepted = await accept(request.app, push)
     return JSONResponse(accepted.result.to_dict())
 
 
-async def accept(app: Any, push: door.Push) -> door.Accepted:
+async def accept(app: Any, push: screen.Push) -> door.Accepted:
     """Through the app's ingest door; 503 with ``Retry-After`` when it is full or the database is busy
     (retryable: nothing of the push was stored)."""
     try:
@@ -182,7 +182,7 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
             return ingestion.gunzip_capped(body, limit, source), formats
         return body, formats
 
-    def prepare(data: bytes, formats: list[str]) -> door.Push:
+    def prepare(data: bytes, formats: list[str]) -> screen.Push:
         return ingestion.to_push(data, source=source, fmt=fmt, opts=opts, now=received, formats=formats, received=body)
 
     try:
@@ -194,7 +194,7 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
             small = formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES
             push = prepare(data, formats) if small else await run_in_threadpool(prepare, data, formats)
             if small:
-                door.read_lines(push)
+                screen.read_lines(push)
         else:
             push = await run_in_threadpool(lambda: prepare(*inflate()))
     except ingestion.UnknownFormat as exc:

@@ -25,7 +25,7 @@ from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.store import content_hash
 from fleetscope.core.errors import FleetscopeError, ParseError
-from fleetscope.door import ingestion
+from fleetscope.door import ingestion, screen
 from ingest import otlp, otlp_template
 from google.protobuf import json_format
 from google.rpc import status_pb2
@@ -160,8 +160,8 @@ async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str,
             # Through the ingest door: group-committed with the other pushes, logged, and alert evaluation
             # woken when it carries health events a rule reads. An exporter's retry of a body already
             # stored writes nothing.
-            await app.state.door.accept_async(door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body), binding=token.binding))
-        except door.Forbidden as exc:
+            await app.state.door.accept_async(screen.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body), binding=token.binding))
+        except screen.Forbidden as exc:
             return _status(7, str(exc), encoding, 403)  # google.rpc.Code PERMISSION_DENIED
         except door.Overloaded as exc:
             return _status(14, str(exc), encoding, 503, {"Retry-After": str(exc.retry_after_s)})

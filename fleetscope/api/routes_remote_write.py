@@ -28,7 +28,7 @@ from fleetscope.services import auth
 from fleetscope.api.inflight import InFlight
 from fleetscope.api.security import require
 from fleetscope.core.errors import ParseError
-from fleetscope.door import ingestion
+from fleetscope.door import ingestion, screen
 from fleetscope.door.ingestion import TooLarge
 import cramjam
 
@@ -109,7 +109,7 @@ async def remote_write(request: Request, token: Annotated[auth.Token, Depends(re
             return PlainTextResponse("empty body: expected a snappy-compressed prometheus.WriteRequest", 400)
         limit = request.app.state.settings.max_body_bytes
 
-        def prepare() -> door.Push:
+        def prepare() -> screen.Push:
             # Inflating and parsing in a worker thread: a large request takes tens of ms of CPU.
             push = ingestion.to_push(unsnappy(body, limit), source=SOURCE, fmt=FORMAT)
             push.binding = token.binding

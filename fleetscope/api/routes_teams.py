@@ -1,7 +1,7 @@
 """Teams and cost over HTTP: the team rules and budgets (read; set with the admin scope, recorded under the
 token's name and audit-logged), per team usage, CO2e and cost for a period, budget status, the top jobs by
 cost, queue waits, pending reasons, end states and stranded capacity. The same service functions as ``fleetscope teams`` and the Teams & Cost page
-(``fleetscope/services/teams.py``)."""
+(``fleetscope/services/teams.py``, ``team_costs.py``, ``scheduler_capacity.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.services import auth
+from fleetscope.services import scheduler_capacity, team_costs
 from fleetscope.services import teams as teams_service
 
 router = APIRouter(prefix="/api/v1/teams", tags=["teams"])
@@ -90,7 +91,7 @@ async def get_budget_status(request: Request, month: Month = None) -> dict[str, 
     """Per team with a budget: the month's usage so far against it, projected to the month's end, and whether
     it is over or on course to go over (default: this month)."""
     now = dt.datetime.now(dt.UTC)
-    df = await run_in_threadpool(teams_service.budget_status, request.app.state.store, month=month, now=now)
+    df = await run_in_threadpool(team_costs.budget_status, request.app.state.store, month=month, now=now)
     return {"month": month or f"{now.year:04d}-{now.month:02d}", "teams": _rows(df)}
 
 
@@ -105,7 +106,7 @@ async def get_usage(request: Request, start: Start = None, end: End = None, mont
     """Per team: jobs, GPU-hours allocated and used, busy share, energy (kWh), CO2e location- and market-based
     (kg), cost (default: the last 30 days); ``carbon``: each site's intensity the CO2e rests on, and its basis."""
     s, e = _window(start, end, month)
-    rep = await run_in_threadpool(teams_service.usage_report, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
+    rep = await run_in_threadpool(team_costs.usage_report, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC))
     return {"start": s.isoformat(), "end": e.isoformat(), "teams": _rows(rep["teams"]), "carbon": _rows(rep["carbon"])}
 
 
@@ -114,21 +115,21 @@ async def get_top_jobs(request: Request, start: Start = None, end: End = None, m
                        limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[dict[str, Any]]:
     """The jobs that cost the most in the period, with team, GPU-hours allocated and used, energy and cost."""
     s, e = _window(start, end, month)
-    return _rows(await run_in_threadpool(teams_service.top_jobs, request.app.state.store, start=s, end=e, limit=limit, now=dt.datetime.now(dt.UTC)))
+    return _rows(await run_in_threadpool(team_costs.top_jobs, request.app.state.store, start=s, end=e, limit=limit, now=dt.datetime.now(dt.UTC)))
 
 
 @router.get("/queue", dependencies=[Depends(require("read"))])
 async def get_queue(request: Request, start: Start = None, end: End = None, month: Month = None) -> dict[str, Any]:
     """Queue wait per partition (from eligibility), pending reasons and end states as outcomes."""
     s, e = _window(start, end, month)
-    return jsonbody.finite(await run_in_threadpool(teams_service.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))
+    return jsonbody.finite(await run_in_threadpool(scheduler_capacity.queue, request.app.state.store, start=s, end=e, now=dt.datetime.now(dt.UTC)))
 
 
 @router.get("/stranded", dependencies=[Depends(require("read"))])
 async def get_stranded(request: Request) -> dict[str, Any]:
     """Free GPUs no pending job can use because of how they are spread over nodes: per partition and node, the
     fleet's count (a node once) and their cost per hour from the price book."""
-    out = await run_in_threadpool(teams_service.stranded_capacity, request.app.state.store, now=dt.datetime.now(dt.UTC))
+    out = await run_in_threadpool(scheduler_capacity.stranded_capacity, request.app.state.store, now=dt.datetime.now(dt.UTC))
     return {"stranded_gpus": out["stranded_gpus"], "cost_per_hour": out["cost_per_hour"], "currency": out["currency"],
             "partitions": _rows(out["partitions"]), "nodes": _rows(out["nodes"]), "findings": _rows(out["findings"])}
 
@@ -142,7 +143,7 @@ async def get_usage_series(request: Request, start: Start = None, end: End = Non
     """Per time bucket of ``step_s`` seconds and team: jobs, GPU-hours allocated and their GPU-hour cost (at most
     400 buckets; energy is priced in ``/usage`` only)."""
     s, e = _window(start, end, month)
-    df = await run_in_threadpool(teams_service.usage_over_time, request.app.state.store, start=s, end=e, step_s=step_s, now=dt.datetime.now(dt.UTC))
+    df = await run_in_threadpool(team_costs.usage_over_time, request.app.state.store, start=s, end=e, step_s=step_s, now=dt.datetime.now(dt.UTC))
     return {"start": s.isoformat(), "end": e.isoformat(), "step_s": step_s, "buckets": _rows(df)}
 
 
@@ -151,4 +152,4 @@ async def get_idle(request: Request, start: Start = None, end: End = None, month
     """Idle allocations found in the period: per job, the newest finding's team, idle GPUs, since when, idle
     GPU-hours and their cost."""
     s, e = _window(start, end, month)
-    return _rows(await run_in_threadpool(teams_service.idle_allocations, request.app.state.store, start=s, end=e))
+    return _rows(await run_in_threadpool(scheduler_capacity.idle_allocations, request.app.state.store, start=s, end=e))

@@ -22,7 +22,7 @@ _END = click.option("--end", "end_text", default=None, help="RFC 3339, exclusive
 
 
 def _window(month: str | None, start_text: str | None, end_text: str | None) -> tuple[dt.datetime, dt.datetime]:
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import teams as svc  # lazy: imports the chargeback analyzer
 
     if month:
         return _call(svc.month_bounds, month)
@@ -70,7 +70,7 @@ def teams() -> None:
 def map_(kind: str, match: str, team: str, cluster: str, actor: str | None, as_json: bool) -> None:
     """Map a Slurm account/organization/user, a Kubernetes namespace or a label (key=value) to a team."""
 
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import teams as svc  # lazy: imports the chargeback analyzer
 
     out = _call(svc.set_mapping, _store(), kind=kind, match=match, team=team, cluster=cluster, recorded_by=actor or getpass.getuser())
     _emit(as_json, out, f"{kind} {match} -> {team} (recorded by {out['recorded_by']} at {out['recorded_at']})")
@@ -80,7 +80,7 @@ def map_(kind: str, match: str, team: str, cluster: str, actor: str | None, as_j
 @_JSON
 def mappings(as_json: bool) -> None:
     """Every team rule, newest first."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import teams as svc  # lazy: imports the chargeback analyzer
 
     rows = svc.mappings(_store()).to_dicts()
     _emit(as_json, rows, "\n".join(f"{r['kind']:<18} {r['match']:<28} {r['team']:<20} {r['recorded_by']} {r['recorded_at']}" for r in rows)
@@ -95,7 +95,7 @@ def mappings(as_json: bool) -> None:
 def usage(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """Per team: jobs, GPU-hours allocated and used, busy share, energy, CO2e (location- and market-based) and
     cost over the period."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import team_costs as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
 
     start, end = _window(month, start_text, end_text)
     rep = _call(svc.usage_report, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC))
@@ -118,7 +118,7 @@ def usage(month: str | None, start_text: str | None, end_text: str | None, as_js
 @_JSON
 def jobs(month: str | None, start_text: str | None, end_text: str | None, limit: int, as_json: bool) -> None:
     """The jobs that cost the most over the period."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import team_costs as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
 
     start, end = _window(month, start_text, end_text)
     rows = _call(svc.top_jobs, _store(), start=start, end=end, limit=limit, now=dt.datetime.now(dt.UTC)).to_dicts()
@@ -133,7 +133,7 @@ def jobs(month: str | None, start_text: str | None, end_text: str | None, limit:
 @_JSON
 def queue(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """Queue wait per partition (from eligibility), pending reasons and end states."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import scheduler_capacity as svc  # lazy: imports the scheduler, stranded and idle-allocation analyzers
 
     start, end = _window(month, start_text, end_text)
     out = _call(svc.queue, _store(), start=start, end=end, now=dt.datetime.now(dt.UTC))
@@ -155,7 +155,7 @@ def report(month: str, out_dir: str | None, as_json: bool) -> None:
     Example:
       fleetscope teams report --month 2026-11 --out ./reports
     """
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import team_costs as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
 
     target = out_dir or str(_settings().data_dir / "reports")
     out = _call(svc.write_showback, _store(), month, target)
@@ -177,7 +177,7 @@ def budget(team: str, month: str, gpu_hour_quota: float | None, budget: float | 
     """Set a team's monthly GPU-hour quota and/or money budget (the health sweep finds teams over, or on course
     to exceed, it; the shipped rule TeamOverBudget alerts)."""
 
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import teams as svc  # lazy: imports the chargeback analyzer
 
     out = _call(svc.set_budget, _store(), team=team, month=month, gpu_hour_quota=gpu_hour_quota, budget=budget, currency=currency,
                 recorded_by=actor or getpass.getuser())
@@ -191,7 +191,7 @@ def budget(team: str, month: str, gpu_hour_quota: float | None, budget: float | 
 @_JSON
 def budgets(month: str | None, as_json: bool) -> None:
     """Per team with a budget: the month's usage so far against it, and the projection to the month's end."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import team_costs as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
 
     rows = _call(svc.budget_status, _store(), month=month, now=dt.datetime.now(dt.UTC)).to_dicts()
     lines = [f"{'team':<20} {'GPU-h':>10} {'quota':>10} {'projected':>10} {'status':<15} {'cost':>12} {'budget':>12} {'projected':>12} status"]
@@ -205,7 +205,7 @@ def budgets(month: str | None, as_json: bool) -> None:
 @_JSON
 def stranded(as_json: bool) -> None:
     """Free GPUs that no pending job can use (fragmentation), per partition, with their cost per hour."""
-    from fleetscope.services import teams as svc  # lazy: imports the chargeback, carbon and scheduler analyzers
+    from fleetscope.services import scheduler_capacity as svc  # lazy: imports the scheduler, stranded and idle-allocation analyzers
 
     out = _call(svc.stranded_capacity, _store(), now=dt.datetime.now(dt.UTC))
     parts = out["partitions"].to_dicts()

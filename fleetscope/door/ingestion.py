@@ -23,6 +23,7 @@ from typing import Any
 from isal import isal_zlib
 
 from fleetscope import door
+from fleetscope.door import screen
 from fleetscope.core import frames as F
 from fleetscope.core.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
@@ -329,7 +330,7 @@ def _member_check(member: int, source: str) -> None:
 
 
 def _notes(batch: F.Batch) -> dict[str, Any]:
-    return door.notes(batch.meta)
+    return screen.notes(batch.meta)
 
 
 def _content_sha(data: bytes, fmt: str, opts: Options) -> str:
@@ -344,7 +345,7 @@ _BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-hash")
 
 
 def to_push(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Options(), now: dt.datetime | None = None,
-            formats: list[str] | None = None, received: bytes | None = None) -> door.Push:
+            formats: list[str] | None = None, received: bytes | None = None) -> screen.Push:
     """An input made ready for the ingest door: parsed, or, for a small dcgm-exporter body (an agent's
     per-node push), left for the door to read with the rest of its group. ``now`` stamps formats without
     timestamps when ``opts.ts`` does not (the time the input was received); ``formats``, where the caller
@@ -356,11 +357,11 @@ def to_push(data: bytes, *, source: str, fmt: str = "auto", opts: Options = Opti
     hashed = data if received is None else received
     if formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES and not data.startswith(GZIP_MAGIC):
         when = opts.ts or now or dt.datetime.now(dt.UTC)
-        return door.Push(source, _content_sha(hashed, fmt, opts), formats, dcgm=data, ts_us=_epoch_us(when))
+        return screen.Push(source, _content_sha(hashed, fmt, opts), formats, dcgm=data, ts_us=_epoch_us(when))
     # Hashing the input overlaps the parse (hashlib releases the GIL; the server has a second core).
     sha = _BESIDE.submit(_content_sha, hashed, fmt, opts)
     formats, batch = parse(data, source=source, fmt=formats[0] if len(formats) == 1 else fmt, opts=opts)
-    return door.Push(source, sha.result(), formats, batch=batch, notes=_notes(batch))
+    return screen.Push(source, sha.result(), formats, batch=batch, notes=_notes(batch))
 
 
 def _epoch_us(when: dt.datetime) -> int:

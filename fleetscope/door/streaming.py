@@ -56,6 +56,7 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.errors import FleetscopeError, ParseError, ValidationError
 from fleetscope import door, safefiles
+from fleetscope.door import screen
 from fleetscope.door.ingestion import FORMATS, GZIP_MAGIC, SNIFF_BYTES, LiveView, Options, Outcome, _notes, ingest_bytes, resolve
 from fleetscope.store import Store, WriteResult
 from fleetscope.core.textinput import require_final_newline
@@ -208,7 +209,7 @@ def _stream_kineto(store: Store, path: Path, source: str, fmt: str, opts: Option
     sha.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
     digest = sha.hexdigest()
     outcome = Outcome(source=source, formats=["kineto"], notes={**_notes(batch), "streamed": True})
-    accepted = door.for_store(store).accept(door.Push(source, digest, ["kineto"], batch=batch))
+    accepted = door.for_store(store).accept(screen.Push(source, digest, ["kineto"], batch=batch))
     outcome.skipped_duplicate = accepted.skipped_duplicate
     outcome.result = accepted.result
     return outcome
@@ -309,7 +310,7 @@ def _write(store: Store, batch: F.Batch, sha: str, outcome: Outcome, where: str)
     batch.source = outcome.source
     result = outcome.result
     try:
-        accepted = door.for_store(store).accept(door.Push(outcome.source, sha, outcome.formats, batch=batch))
+        accepted = door.for_store(store).accept(screen.Push(outcome.source, sha, outcome.formats, batch=batch))
     except ValidationError as exc:
         outcome.error = f"{outcome.source}: {where}: {exc}"
         return False

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from fleetscope.core import frames as F
-from fleetscope.door import Binding  # noqa: F401  (a token carries one; the door enforces it)
+from fleetscope.door.screen import Binding  # noqa: F401  (a token carries one; the door's screen enforces it)
 from fleetscope.store import schema
 
 SCOPES = ("ingest", "read", "governance", "admin")

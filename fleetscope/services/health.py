@@ -24,7 +24,7 @@ from fleetscope.devices import probe
 from fleetscope.store import schema
 from fleetscope.observability import tracer
 from fleetscope.services import shards
-from fleetscope.services import teams as teams_service
+from fleetscope.services import scheduler_capacity, team_costs
 from fleetscope.services.analysis import Registry
 from fleetscope.store import Store
 from fleetscope.store.reads import gpu_samples_sql
@@ -197,7 +197,7 @@ def _fabric_attribution(w: WindowRun) -> None:
 @WINDOW.register("idle_allocations", modules=("analyzers.idle_allocations",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample", "price_book"),
                  writes=("finding",), summary="GPUs a scheduler job or pod holds while near-idle past a threshold, with their cost")
 def _idle_allocations(w: WindowRun) -> None:
-    w.found.append(teams_service.idle_allocation_findings(w.store, end=w.end, min_idle_s=w.idle_min_s))
+    w.found.append(scheduler_capacity.idle_allocation_findings(w.store, end=w.end, min_idle_s=w.idle_min_s))
 
 
 @WINDOW.register("team_budgets", modules=("analyzers.team_budgets", "analyzers.chargeback"),
@@ -205,14 +205,14 @@ def _idle_allocations(w: WindowRun) -> None:
                  summary="teams over, or on course to exceed, their monthly GPU-hour quota or money budget")
 def _team_budgets(w: WindowRun) -> None:
     if w.store.read("team_budget", limit=1).height:  # the month's usage is read only where some team has a budget
-        w.found.append(teams_service.budget_findings(w.store, now=w.end))
+        w.found.append(team_costs.budget_findings(w.store, now=w.end))
 
 
 @WINDOW.register("stranded_capacity", modules=("analyzers.stranded",), reads=("sched_node", "sched_job", "sched_job_node", "price_book"),
                  writes=("finding",), summary="free GPUs no pending job can use because of how they are spread over nodes, with their cost per hour")
 def _stranded_capacity(w: WindowRun) -> None:
     if w.store.read("sched_node", limit=1).height:
-        w.found.append(teams_service.stranded_capacity(w.store, now=w.end)["findings"])
+        w.found.append(scheduler_capacity.stranded_capacity(w.store, now=w.end)["findings"])
 
 
 def health_window(store: Store, start: dt.datetime, end: dt.datetime, *, write: bool = True, hang_min_stall_s: float = 300.0,

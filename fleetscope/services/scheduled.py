@@ -69,7 +69,7 @@ SCHEDULED.register(
 # The month just closed, once its last jobs' accounting has arrived.
 SCHEDULED.register(
     "teams_showback", beat=Beat("teams-showback", "fleetscope.teams_showback", crontab="30 2 1 * *"),
-    run="fleetscope.services.teams:scheduled_showback",
+    run="fleetscope.services.team_costs:scheduled_showback",
     modules=("analyzers.chargeback", "analyzers.carbon"),
     reads=("sched_job", "team_mapping", "price_book", "job_energy_minute", "site"), writes=(),
     files=("reports/showback-MONTH.csv", "reports/showback-MONTH.pdf"),

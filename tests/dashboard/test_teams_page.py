@@ -16,6 +16,8 @@ import pytest
 import streamlit as st
 
 from fleetscope.core import frames as F
+from fleetscope.services import scheduler_capacity as capacity_svc
+from fleetscope.services import team_costs as costs_svc
 from fleetscope.services import teams as teams_svc
 from fleetscope.services import telemetry
 from fleetscope.sim import scheduler as sim_sched
@@ -44,7 +46,7 @@ def teams_world(seeded_sqlite_url: str, tmp_path_factory: pytest.TempPathFactory
     world = seed_schedulers(store)
     assert world.idle_job.hosts == (IDLE_NODE,)
     # the health sweep's idle-allocation analysis, with a threshold the showcase's quietest node stays under
-    found = teams_svc.idle_allocation_findings(store, end=world.end, threshold_ratio=IDLE_THRESHOLD, min_idle_s=600)
+    found = capacity_svc.idle_allocation_findings(store, end=world.end, threshold_ratio=IDLE_THRESHOLD, min_idle_s=600)
     store.write(F.Batch(source="test:idle", finding=found))
     end = telemetry.data_end(store) + dt.timedelta(microseconds=1)
     store.engine.dispose()
@@ -152,12 +154,12 @@ def test_usage_over_time_adds_up_to_the_period(teams_world: World) -> None:
     end = teams_world.end
     start = end - dt.timedelta(hours=24)
     try:
-        over = teams_svc.usage_over_time(store, start=start, end=end, step_s=1800)
-        total = teams_svc.usage(store, start=start, end=end)
-        with pytest.raises(teams_svc.ValidationError, match="more than 400 buckets"):
-            teams_svc.usage_over_time(store, start=start, end=end, step_s=60)
-        with pytest.raises(teams_svc.ValidationError, match="end must be after start"):
-            teams_svc.usage_over_time(store, start=end, end=start, step_s=1800)
+        over = costs_svc.usage_over_time(store, start=start, end=end, step_s=1800)
+        total = costs_svc.usage(store, start=start, end=end)
+        with pytest.raises(costs_svc.ValidationError, match="more than 400 buckets"):
+            costs_svc.usage_over_time(store, start=start, end=end, step_s=60)
+        with pytest.raises(costs_svc.ValidationError, match="end must be after start"):
+            costs_svc.usage_over_time(store, start=end, end=start, step_s=1800)
     finally:
         store.engine.dispose()
     summed = dict(over.group_by("team").agg(pl.col("gpu_hours").sum()).iter_rows())
@@ -184,7 +186,7 @@ def test_an_idle_finding_with_unreadable_evidence_still_shows(empty_sqlite_url: 
              "evidence": '{"gpus_idle": ["G0", "G1"], "idle_gpu_hours": true, "idle_cost": "12", "team": "a", "hosts": "n1", "currency": 5}'},
             {"analyzer": "idle_allocations", "kind": "idle_allocation", "subject": "job:x/4", "window_start": t, "window_end": t + dt.timedelta(hours=1),
              "severity": "warning", "score": 2.0, "summary": "job x/4 idle", "evidence": '{"gpus_idle": "GPU-0", "hosts": ["n1", 7, "n2"]}'}])))
-        idle = teams_svc.idle_allocations(store, start=t - dt.timedelta(hours=1), end=t + dt.timedelta(hours=2))
+        idle = capacity_svc.idle_allocations(store, start=t - dt.timedelta(hours=1), end=t + dt.timedelta(hours=2))
     finally:
         store.engine.dispose()
     rows = {r["subject"]: r for r in idle.iter_rows(named=True)}
@@ -211,7 +213,7 @@ def test_budgets_and_stranded_capacity_on_the_page(teams_world: World, monkeypat
     start = dt.datetime(end.year, end.month, 1, tzinfo=dt.UTC)
     try:
         teams_svc.set_budget(store, team="vision", gpu_hour_quota=1.0, recorded_by="test")
-        vision = teams_svc.usage(store, start=start, end=end, now=end).filter(pl.col("team") == "vision")["gpu_hours"].item()
+        vision = costs_svc.usage(store, start=start, end=end, now=end).filter(pl.col("team") == "vision")["gpu_hours"].item()
     finally:
         store.engine.dispose()
     assert vision > 1.0

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from fleetscope import door
-from fleetscope.door import ingestion
+from fleetscope.door import ingestion, screen
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError, ValidationError
 from fleetscope.store import Store
@@ -29,7 +29,7 @@ _spec.loader.exec_module(_bench)
 T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 
 
-def _agent_push(h: int, when: dt.datetime = T0, **kw) -> door.Push:
+def _agent_push(h: int, when: dt.datetime = T0, **kw) -> screen.Push:
     body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, **kw)
     return ingestion.to_push(body, source=f"agent-{h}", fmt="dcgm", opts=ingestion.Options(ts=when))
 
@@ -82,7 +82,7 @@ def test_a_bad_push_is_refused_alone(store):
     good = [d.submit(_agent_push(h)) for h in (1, 2, 3)]
     # A batch that parses but fails validation at the write (a NaN power reading).
     bad_batch = F.Batch(source="bad", gpu_sample=pl.DataFrame({"ts": [T0], "gpu_uuid": ["GPU-x"], "power_w": [float("nan")]}))
-    bad = d.submit(door.Push("bad", "f" * 64, ["batch"], batch=bad_batch))
+    bad = d.submit(screen.Push("bad", "f" * 64, ["batch"], batch=bad_batch))
     # A small dcgm body the line reader declines and the columnar parser refuses.
     cut = d.submit(ingestion.to_push(b'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 41\n', source="cut", fmt="dcgm", opts=ingestion.Options(ts=T0)))
     more = [d.submit(_agent_push(h)) for h in (4, 5)]
@@ -214,7 +214,7 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
     dbm.upgrade(other_url)
     rows_store, frames_store = Store.open(db_url), Store.open(other_url)
 
-    def pushes() -> list[door.Push]:
+    def pushes() -> list[screen.Push]:
         out = []
         for h in range(6):
             body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.6)
@@ -223,7 +223,7 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
         out.append(ingestion.to_push(_bench.synth_scrape(8, seed=0, busy_fraction=0.6), source="again", fmt="dcgm",
                                      opts=ingestion.Options(ts=T0 + dt.timedelta(seconds=10))))
         for p in out:
-            door._prepare(p)
+            screen.prepare(p)
         return out
 
     dcgm_lines._TEMPLATES.clear()
@@ -259,7 +259,7 @@ def test_otlp_pushes_are_built_together_and_a_repeated_gpu_stays_apart(store):
     bodies = [bench.build_request(8, t_ns, first=8 * h) for h in range(5)] + [bench.build_request(8, t_ns + 10**10, first=0)]
     d, gate = _gated(store)
     first = d.submit(_agent_push(40))
-    futures = [d.submit(door.Push(f"otlp-{i}", f"{i:064x}", ["otlp"], otlp=otlp.read(b, encoding="protobuf"))) for i, b in enumerate(bodies)]
+    futures = [d.submit(screen.Push(f"otlp-{i}", f"{i:064x}", ["otlp"], otlp=otlp.read(b, encoding="protobuf"))) for i, b in enumerate(bodies)]
     gate.set()
     first.result(30)
     answers = [f.result(30) for f in futures]
@@ -278,7 +278,7 @@ def _otlp_bench():  # type: ignore[no-untyped-def]
     return bench
 
 
-def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | None = None) -> list[door.Push]:
+def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | None = None) -> list[screen.Push]:
     """Agent-shaped OTLP requests (8 GPUs, 30 DCGM fields), one with pods and a plain series; ``faulty``:
     that host's GPUs report XID 79."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -303,7 +303,7 @@ def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | No
         dp.time_unix_nano, dp.as_double = t_ns, 1200.0 + h
         dp.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=f"gpu-node-{h}")))
         body = req.SerializeToString()
-        out.append(door.Push(f"otlp-{h}", f"{h:032x}{t_ns:032x}", ["otlp"], otlp=otlp.read(body, encoding="protobuf")))
+        out.append(screen.Push(f"otlp-{h}", f"{h:032x}{t_ns:032x}", ["otlp"], otlp=otlp.read(body, encoding="protobuf")))
     return out
 
 

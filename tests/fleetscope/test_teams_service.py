@@ -9,7 +9,7 @@ import pytest
 
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
-from fleetscope.services import serving, teams
+from fleetscope.services import scheduler_capacity, serving, team_costs, teams
 from ingest import slurm_sacct
 
 APRIL = (dt.datetime(2024, 4, 1, tzinfo=dt.UTC), dt.datetime(2024, 5, 1, tzinfo=dt.UTC))
@@ -48,13 +48,13 @@ def test_mapping_is_recorded_and_audited(loaded):
 
 def test_team_usage_busy_energy_cost(loaded):
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
-    costs = teams.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    costs = team_costs.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
     j = costs.filter(pl.col("job_id") == "7946767").row(0, named=True)
     assert j["team"] == "vision" and j["gpu_hours"] == pytest.approx(41003 / 3600)
     assert j["used_gpu_hours"] == pytest.approx(41003 / 3600 * 0.5)
     assert j["energy_kwh"] == pytest.approx(200 * 41003 / 3.6e6)  # 200 W while held
     assert j["cost"] == pytest.approx(41003 / 3600 * 2.0 + 200 * 41003 / 3.6e6 * 0.25) and j["currency"] == "EUR"
-    u = {r["team"]: r for r in teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
+    u = {r["team"]: r for r in team_costs.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
     # by hand from the sacct rows: GPU jobs of April 2024 clipped to the month
     raw = costs.filter(pl.col("team") == "vision")
     assert u["vision"]["gpu_hours"] == pytest.approx(raw["gpu_hours"].sum()) and u["vision"]["busy_share"] == pytest.approx(0.5)
@@ -77,7 +77,7 @@ def test_team_co2e_location_and_market(loaded):
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
     g, kwh = _nld_g_per_kwh(), 200 * 41003 / 3.6e6
     # no roll-up energy yet: the site's annual grid average for both, and the basis says so
-    rep = teams.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    rep = team_costs.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
     v = rep["teams"].filter(pl.col("team") == "vision").row(0, named=True)
     assert v["location_kgco2e"] == pytest.approx(kwh * g / 1000) and v["market_kgco2e"] == pytest.approx(kwh * g / 1000)
     assert "annual grid average 2023" in rep["carbon"]["carbon_basis"][0]
@@ -87,7 +87,7 @@ def test_team_co2e_location_and_market(loaded):
     assert site_kwh > 1
     energy.record_instrument(loaded, {"instrument_id": "ppa-1", "site_id": "grn", "kind": "ppa", "start": APRIL[0], "end": APRIL[1],
                                       "volume_mwh": 0.001, "g_per_kwh": 0.0}, recorded_by="finance")
-    rep = teams.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
+    rep = team_costs.usage_report(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1])
     v = rep["teams"].filter(pl.col("team") == "vision").row(0, named=True)
     assert v["location_kgco2e"] == pytest.approx(kwh * g / 1000)
     assert v["market_kgco2e"] == pytest.approx(kwh * g / 1000 * (site_kwh - 1) / site_kwh)
@@ -111,11 +111,11 @@ def test_budgets_recorded_audited_and_found(loaded):
     assert teams.budgets(loaded).height == 1  # a refused budget changes nothing
     # the job alone (41,003 s on 1 GPU: 11.39 GPU-h) is over the 5 GPU-h quota; 29 of April's 30 days have passed
     now = dt.datetime(2024, 4, 30, tzinfo=dt.UTC)
-    st = teams.budget_status(loaded, month="2024-04", now=now).row(0, named=True)
-    used = teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=now).filter(pl.col("team") == "vision").row(0, named=True)
+    st = team_costs.budget_status(loaded, month="2024-04", now=now).row(0, named=True)
+    used = team_costs.usage(loaded, start=APRIL[0], end=APRIL[1], now=now).filter(pl.col("team") == "vision").row(0, named=True)
     assert st["gpu_hours"] == pytest.approx(used["gpu_hours"]) and st["gpu_hours"] >= 41003 / 3600 and st["quota_status"] == "over"
     assert st["projected_gpu_hours"] == pytest.approx(used["gpu_hours"] * 30 / 29)
-    f = teams.budget_findings(loaded, now=now)
+    f = team_costs.budget_findings(loaded, now=now)
     assert f.select("kind", "subject", "severity").rows() == [("team_budget", "team_budget:vision", "critical")]
     # the health sweep runs it where a budget is set
     from fleetscope.services import health
@@ -132,35 +132,35 @@ def test_sweep_budget_check_reuses_month_to_date_usage(loaded, monkeypatch):
     from fleetscope.core.spec import conform
 
     calls = []
-    real = teams.usage
-    monkeypatch.setattr(teams, "usage", lambda store, **kw: calls.append(kw["now"]) or real(store, **kw))
+    real = team_costs.usage
+    monkeypatch.setattr(team_costs, "usage", lambda store, **kw: calls.append(kw["now"]) or real(store, **kw))
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
     teams.set_budget(loaded, team="vision", month="2024-04", gpu_hour_quota=20.0, recorded_by="finance")
     t0 = dt.datetime(2024, 4, 30, tzinfo=dt.UTC)
     job_h = 41003 / 3600  # the job alone: 11.39 GPU-h, projected 11.78 for April, under 20
-    assert teams.budget_findings(loaded, now=t0).height == 0 and len(calls) == 1
-    assert teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=5)).height == 0 and len(calls) == 1  # nothing written
+    assert team_costs.budget_findings(loaded, now=t0).height == 0 and len(calls) == 1
+    assert team_costs.budget_findings(loaded, now=t0 + dt.timedelta(minutes=5)).height == 0 and len(calls) == 1  # nothing written
     # a lowered quota pages at the next sweep, from the same usage
     teams.set_budget(loaded, team="vision", month="2024-04", gpu_hour_quota=5.0, recorded_by="finance")
-    f = teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=10))
+    f = team_costs.budget_findings(loaded, now=t0 + dt.timedelta(minutes=10))
     assert f.select("subject", "severity").rows() == [("team_budget:vision", "critical")] and len(calls) == 1
     assert f["window_end"][0] == t0 + dt.timedelta(minutes=10)  # the finding is fresh, so the alert's lookback holds it
     # a new job of the team: counted once USAGE_REFRESH has passed since the last computation
     job = {"cluster": "", "job_id": "new-1", "scheduler": "slurm", "user": "user420", "state": "COMPLETED", "gpus": 4,
            "start_at": dt.datetime(2024, 4, 29, 12, tzinfo=dt.UTC), "end_at": dt.datetime(2024, 4, 29, 14, tzinfo=dt.UTC)}
     loaded.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, pl.DataFrame([job])))], source="sacct")
-    teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=12))
+    team_costs.budget_findings(loaded, now=t0 + dt.timedelta(minutes=12))
     assert len(calls) == 1
-    f = teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=16))
+    f = team_costs.budget_findings(loaded, now=t0 + dt.timedelta(minutes=16))
     assert len(calls) == 2 and f.height == 1
     ev = json.loads(f["evidence"][0])
     assert ev["gpu_hours"] == pytest.approx(job_h + 8.0)  # the new job's 4 GPUs x 2 h
-    teams.budget_findings(loaded, now=t0 + dt.timedelta(minutes=50))
+    team_costs.budget_findings(loaded, now=t0 + dt.timedelta(minutes=50))
     assert len(calls) == 2  # nothing written since
-    teams.budget_findings(loaded, now=t0 + dt.timedelta(hours=1, minutes=1))
+    team_costs.budget_findings(loaded, now=t0 + dt.timedelta(hours=1, minutes=1))
     assert calls[-1] == t0 + dt.timedelta(hours=1, minutes=1) and len(calls) == 3  # the hour turned
     # the service's own status is always fresh
-    teams.budget_status(loaded, month="2024-04", now=t0 + dt.timedelta(hours=1, minutes=2))
+    team_costs.budget_status(loaded, month="2024-04", now=t0 + dt.timedelta(hours=1, minutes=2))
     assert len(calls) == 4
 
 
@@ -182,7 +182,7 @@ def test_multi_node_sacct_job_holds_every_gpu_of_its_nodes(store):
              for h in hs]
     store.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, jobs)), (SCH.SCHED_JOB_NODE, conform(SCH.SCHED_JOB_NODE, pl.DataFrame(nodes)))],
                        source="sacct")
-    got = teams.job_gpus(store, teams.jobs_in(store, t, t + dt.timedelta(hours=1)))
+    got = team_costs.job_gpus(store, team_costs.jobs_in(store, t, t + dt.timedelta(hours=1)))
     held = {j: sorted(g["gpu_uuid"]) for (j,), g in got.group_by("job_id")}
     # all: n1 (2 by sinfo) + n2 (2 seen) = 4; big: n2 (2) + n3 (4 by sinfo) = 6, the 2 of n3 telemetry sees; part, small: fewer than their nodes have
     assert held == {"all": ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"], "big": ["GPU-n2-0", "GPU-n2-1", "GPU-n3-0", "GPU-n3-1"]}
@@ -200,14 +200,14 @@ def test_stranded_capacity_in_the_service(store, realdata):
     serving.record_price(store, {"site_id": "mbz", "gpu_model": "", "valid_from": dt.datetime(2024, 1, 1, tzinfo=dt.UTC), "currency": "USD",
                                  "gpu_hour_price": 2.5}, recorded_by="finance")
     now = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
-    assert teams.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # no queue: idle, not stranded
+    assert scheduler_capacity.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # no queue: idle, not stranded
     seen = store.read("sched_node")["observed_at"].max()
     store.write(F.Batch(sched_job=SCH.frame(SCH.SCHED_JOB, [{"cluster": "", "job_id": "0", "state": "PENDING", "partition": "main", "gpus": 8,
                                                               "observed_at": seen - dt.timedelta(days=2)}])))
-    assert teams.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # a queue seen two days before the nodes is not compared with them
+    assert scheduler_capacity.stranded_capacity(store, now=now)["stranded_gpus"] == 0  # a queue seen two days before the nodes is not compared with them
     store.write(F.Batch(sched_job=SCH.frame(SCH.SCHED_JOB, [{"cluster": "", "job_id": "1", "state": "PENDING", "partition": "main,lowprio",
                                                               "gpus": 8, "cpus": 16, "node_count": 1}])))
-    out = teams.stranded_capacity(store, now=now)
+    out = scheduler_capacity.stranded_capacity(store, now=now)
     # 49 free GPUs on 8 nodes fit no 8-GPU job (tests/analyzers/test_stranded.py counts them from the JSON); a node once for the fleet
     assert (out["stranded_gpus"], out["cost_per_hour"], out["currency"]) == (49, 49 * 2.5, "USD")
     assert out["partitions"]["stranded_gpus"].to_list() == [49, 49]
@@ -216,7 +216,7 @@ def test_stranded_capacity_in_the_service(store, realdata):
 
 
 def test_queue_and_month(loaded):
-    q = teams.queue(loaded, start=dt.datetime(2023, 1, 1, tzinfo=dt.UTC), end=dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
+    q = scheduler_capacity.queue(loaded, start=dt.datetime(2023, 1, 1, tzinfo=dt.UTC), end=dt.datetime(2025, 1, 1, tzinfo=dt.UTC))
     assert sum(r["jobs"] for r in q["outcomes"]) == 90
     assert teams.month_bounds("2026-11") == (dt.datetime(2026, 11, 1, tzinfo=dt.UTC), dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
     with pytest.raises(ValidationError):
@@ -317,9 +317,9 @@ def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
     entry = make_celery().conf.beat_schedule["teams-showback"]
     assert entry["task"] == "fleetscope.teams_showback"
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
-    out = teams.write_showback(loaded, "2024-04", tmp_path / "reports", now=dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    out = team_costs.write_showback(loaded, "2024-04", tmp_path / "reports", now=dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
     rows = list(csv.DictReader(io.StringIO((tmp_path / "reports/showback-2024-04.csv").read_text())))
-    usage = {r["team"]: r for r in teams.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
+    usage = {r["team"]: r for r in team_costs.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).to_dicts()}
     assert {r["team"] for r in rows} == set(usage) and rows[0]["month"] == "2024-04"
     v = next(r for r in rows if r["team"] == "vision")
     assert float(v["gpu_hours"]) == pytest.approx(usage["vision"]["gpu_hours"]) and v["currency"] == "EUR"
@@ -333,8 +333,8 @@ def test_showback_report_csv_pdf_and_beat(loaded, tmp_path):
         assert (tmp_path / "reports/showback-2024-04.pdf").read_bytes().startswith(b"%PDF")
     else:
         assert "WeasyPrint" in out["files"]["pdf_unavailable"]
-    assert teams.previous_month(dt.datetime(2026, 12, 1, 2, 30, tzinfo=dt.UTC)) == "2026-11"
-    assert teams.previous_month(dt.datetime(2027, 1, 1, tzinfo=dt.UTC)) == "2026-12"
+    assert team_costs.previous_month(dt.datetime(2026, 12, 1, 2, 30, tzinfo=dt.UTC)) == "2026-11"
+    assert team_costs.previous_month(dt.datetime(2027, 1, 1, tzinfo=dt.UTC)) == "2026-12"
 
 
 def test_held_samples_is_the_join_filtered_to_each_span():
@@ -353,6 +353,6 @@ def test_held_samples_is_the_join_filtered_to_each_span():
               "e": samples.filter(pl.col("gpu_uuid") == "G1")["ts"].max()}]  # the first sample in, the last out
     held = pl.DataFrame(held, schema_overrides={"s": pl.Datetime("us", "UTC"), "e": pl.Datetime("us", "UTC")})
     want = held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
-    got = teams.held_samples(held, samples)
+    got = team_costs.held_samples(held, samples)
     order = ["job_id", "gpu_uuid", "ts"]
     assert want.height > 1000 and got.select(want.columns).sort(order).equals(want.sort(order))
