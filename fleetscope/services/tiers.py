@@ -27,9 +27,8 @@ from fleetscope.core.tier_frames import GPU_SAMPLE_HOUR, GPU_SAMPLE_MINUTE
 from fleetscope.core.units import as_utc
 from fleetscope.observability import tracer
 from fleetscope.services.analysis import at
-from fleetscope import settings as settings_mod
 from fleetscope.settings import Settings
-from fleetscope.store import Store, schema
+from fleetscope.store import Store, packed, schema
 
 SETTLE = dt.timedelta(minutes=3)
 """A minute is rolled this long after it ends."""
@@ -149,14 +148,29 @@ def choose_tier(start: dt.datetime, end: dt.datetime, *, now: dt.datetime | None
     return tier
 
 
-def tier_for(store: Store, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> str:
-    """The tier a panel's read of ``[start, end)`` goes to on this deployment: by the range, passed over to a
-    coarser tier where this one's retention (``FLEETSCOPE_RETENTION_DAYS`` for raw,
-    ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS``) no longer reaches ``start``, so a week of last year reads the hour
-    tier rather than a pruned minute tier's nothing; and raw while no tier has been rolled."""
-    s = settings_mod.load()
-    return choose_tier(start, end, now=now or dt.datetime.now(dt.UTC),
-                       retention_days={"raw": s.retention_days, "minute": s.minute_tier_retention_days}, rolled=rolled_tiers(store))
+def oldest(store: Store, tier: str) -> dt.datetime | None:
+    """The oldest instant ``tier`` still holds (raw: its oldest sample, packed days included; a roll-up tier: its
+    oldest bucket), by one indexed MIN read: what retention has left, whatever the settings say."""
+    sql = packed.min_ts_sql(store.dialect) if tier == "raw" else f"(SELECT MIN(bucket) FROM {TIER_TABLE[tier]})"
+    df = store.query(f"SELECT {sql} AS t", [], {"t": F.UTC_US})
+    return df["t"][0] if df.height else None
+
+
+def tier_for(store: Store, start: dt.datetime, end: dt.datetime) -> str:
+    """The tier a panel's read of ``[start, end)`` goes to: by the range (``choose_tier``), raw while no tier has
+    been rolled, and passed over to a coarser tier that still holds ``start`` where retention has pruned this
+    one past it (``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS`` shorter than the range's age), so a day of last year
+    reads the hour tier rather than a pruned minute tier's nothing. Asks each tier's oldest instant only as far
+    as it must: a read whose tier holds its start costs one indexed MIN."""
+    tier = choose_tier(start, end, rolled=rolled_tiers(store))
+    start = as_utc(start)
+    order = ("raw", "minute", "hour")
+    for name in order[order.index(tier):]:
+        first = oldest(store, name)
+        if first is not None and first <= start:
+            return name
+    # no tier reaches back to ``start`` (a young install): the range's choice stays
+    return tier
 
 
 def tier_rows(store: Store, tier: str, start: dt.datetime, end: dt.datetime, columns: list[str] | None = None,

@@ -162,7 +162,8 @@ def test_thirty_day_fleet_series_reads_the_hour_tier_not_raw(store):
     assert last["temp_max_c"] == 52.0
     seen.clear()
     day = telemetry.fleet_series(store, end - dt.timedelta(hours=24), end, points=4)
-    assert all("gpu_sample_minute" in s for s in seen) and day.height >= 1
+    # (tiers.tier_for's indexed MIN probes of how far back each tier holds aside) every read is of the minute tier
+    assert all("gpu_sample_minute" in s for s in seen if not s.startswith("SELECT (SELECT MIN(bucket)")) and day.height >= 1
     seen.clear()
     telemetry.fleet_series(store, end - dt.timedelta(hours=1), end, points=2)
     assert any("FROM gpu_sample WHERE" in s for s in seen)  # a short range still reads raw
@@ -198,23 +199,31 @@ def test_each_tier_has_its_own_retention(store):
     assert math.isclose((now - cut["gpu_sample_minute"]).total_seconds(), 10 * 86400)
 
 
-def test_a_panel_passes_over_a_tier_its_retention_no_longer_reaches(store, monkeypatch):
-    # A day's panel reads the minute tier, unless FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS has pruned that far back:
-    # then the hour tier, which still holds it, rather than an empty chart.
+def test_a_panel_passes_over_a_tier_retention_pruned_past_its_start(store):
+    # A day's panel reads the minute tier, unless retention (FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS) has pruned it
+    # past the range's start: then the hour tier, which still holds it, rather than an empty chart.
     store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
     energy_rollup.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
     tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
     start, end = T0, T0 + dt.timedelta(hours=24)
-    now = T0 + dt.timedelta(days=40)
-    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "90")
-    assert tiers.tier_for(store, start, end, now=now) == "minute"
-    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "30")
-    assert tiers.tier_for(store, start, end, now=now) == "hour"
-    # a GPU panel's read at the real clock, long after T0: the hour tier's two closed hours
+    assert tiers.tier_for(store, start, end) == "minute"
+    assert telemetry.gpu_field_series(store, GPUS[0], "power_w", start, end).height == 130
+    # a range starting before any data (a young install): no tier holds its start, the range's choice stays
+    assert tiers.tier_for(store, start - dt.timedelta(hours=2), end - dt.timedelta(hours=2)) == "minute"
+    # raw pruned past T0 + 30 min (the minute tier kept a day longer): an hour's panel starting before the cut
+    # goes to the minute tier, one after it stays on raw
+    retention.prune(store, T0 + dt.timedelta(days=30, minutes=30), retention_days=30, evidence_retention_days=1095,
+                    tier_retention_days={"minute": 31, "hour": 1095})
+    assert tiers.oldest(store, "raw") == T0 + dt.timedelta(minutes=30) and tiers.oldest(store, "minute") == T0
+    assert tiers.tier_for(store, T0 + dt.timedelta(minutes=10), T0 + dt.timedelta(minutes=70)) == "minute"
+    assert tiers.tier_for(store, T0 + dt.timedelta(minutes=40), T0 + dt.timedelta(minutes=100)) == "raw"
+    # the minute tier pruned likewise: the day's panel reads the hour tier, which still holds its start
+    retention.prune(store, T0 + dt.timedelta(days=30, minutes=30), retention_days=30, evidence_retention_days=1095,
+                    tier_retention_days={"minute": 30, "hour": 1095})
+    assert tiers.oldest(store, "minute") == T0 + dt.timedelta(minutes=30) and tiers.oldest(store, "hour") == T0
+    assert tiers.tier_for(store, start, end) == "hour"
     df = telemetry.gpu_field_series(store, GPUS[0], "power_w", start, end)
     assert df["tier"].to_list() == ["hour", "hour"] and df["ts"].to_list() == [T0, T0 + dt.timedelta(hours=1)]
-    monkeypatch.setenv("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "400")
-    assert telemetry.gpu_field_series(store, GPUS[0], "power_w", start, end).height == 130  # the minute tier's minutes
 
 
 def test_a_tier_never_rolled_leaves_the_read_on_raw(store):
