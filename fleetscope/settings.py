@@ -78,7 +78,7 @@ class Settings:
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
     evidence_retention_days: int = field(metadata={"env": "FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "doc": "what the analyses derived (roll-ups, per-step breakdowns, findings, health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) kept this long; at least the raw retention", "default": "1095"})
-    minute_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "doc": "the 1-minute roll-up tier of GPU telemetry (gpu_sample_minute) kept this long", "default": "400"})
+    minute_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", "doc": "the 1-minute roll-up tier of GPU telemetry (gpu_sample_minute) kept this long; older ranges read the hour tier and the packed raw days", "default": "35"})
     hour_tier_retention_days: int = field(metadata={"env": "FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", "doc": "the 1-hour roll-up tier of GPU telemetry (gpu_sample_hour) kept this long; at least the minute tier's", "default": "1095"})
     sweep_shards: int = field(metadata={"env": "FLEETSCOPE_SWEEP_SHARDS", "doc": "beat splits the energy roll-up and the health sweep into this many tasks, each over the GPUs of one group of hosts, for the workers to run in parallel", "default": "1"})
     hang_min_stall_s: float = field(metadata={"env": "FLEETSCOPE_HANG_MIN_STALL_S", "doc": "a job with no step for this long (and 10 of its steps) while holding its GPUs is hung; keep it under your collective timeout", "default": "300"})
@@ -131,7 +131,9 @@ def load() -> Settings:
         # a finding or roll-up must outlive the samples it came from, or an audit reads conclusions with no trail
         raise ValueError(f"FLEETSCOPE_EVIDENCE_RETENTION_DAYS={evidence_days} is shorter than FLEETSCOPE_RETENTION_DAYS={retention_days}: "
                          "keep what the analyses derived at least as long as the raw telemetry")
-    minute_days = _positive("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", 400)
+    # A month and a bit: past that the minute tier only speeds up ranges of hours to days in past periods, which
+    # the hour tier serves at a panel's 48 points; kept as long as raw it would be half the disk (README "Capacity model").
+    minute_days = _positive("FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS", 35)
     hour_days = _positive("FLEETSCOPE_HOUR_TIER_RETENTION_DAYS", 1095)
     if hour_days < minute_days:
         # reads past the minute tier's reach fall back to the hour tier, which must then still hold them
