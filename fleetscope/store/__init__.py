@@ -350,8 +350,8 @@ class Store:
             new_series.update(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
             ids = pl.concat([ids.filter(pl.col("series_id").is_not_null()), fetched])
         mapped = df.join(ids, on="series", how="left").select("series_id", "ts", "value")
-        # In key order the inserts walk the (series_id, ts) index and PostgreSQL's per-row foreign-key
-        # checks walk `series` page by page instead of at random: A/B over 16 scrapes of 16,384 GPUs,
+        # In key order the inserts walk the (series_id, ts) index page by page instead of at random: A/B
+        # over 16 scrapes of 16,384 GPUs (with the foreign key to `series` that migration 0022 dropped),
         # PostgreSQL's CPU per write 0.43 s -> 0.37 s and SQLite's 0.45 s -> 0.38 s.
         mapped = mapped.sort("series_id", "ts")
         return self._insert(conn, "metric_sample", mapped, ("series_id", "ts"), "ignore")
