@@ -40,7 +40,7 @@ from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 from fleetscope.store.db import make_engine
 from fleetscope.store.sql import bind as _bind, epoch_us as _epoch_us, quote as _q
-from fleetscope.store.sql import conflict_sql, conform, sqlite_columns, sqlite_values, storage_dtypes
+from fleetscope.store.sql import bound_columns, conflict_sql, conform, sqlite_values, storage_dtypes
 from fleetscope.store.sqlite_wal import IDLE_CHECKPOINT_S, SqliteWriteLock, checkpointer
 from fleetscope.store.writing import AlreadyLogged, LogRows, Rows, WriteResult
 
@@ -322,12 +322,13 @@ class Store:
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
         cols = list(df.columns)
-        if self.dialect == "sqlite" and isinstance(df, pl.DataFrame):
-            cols = sqlite_columns(table, df, key)
+        if isinstance(df, pl.DataFrame):
+            cols = bound_columns(table, df, key)
+            df = df.select(cols) if len(cols) < df.width else df
         col_sql = ", ".join(_q(c) for c in cols)
         conflict = conflict_sql(self.dialect, table, cols, key, on_conflict)
         if self.dialect == "sqlite":
-            rows = df.rows if isinstance(df, Rows) else sqlite_values(df.select(cols))
+            rows = df.rows if isinstance(df, Rows) else sqlite_values(df)
             placeholders = ", ".join("?" for _ in cols)
             cur = conn.connection.driver_connection.cursor()
             try:

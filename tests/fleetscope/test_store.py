@@ -53,7 +53,7 @@ def test_round_trip_keeps_values_and_dtypes(store: Store):
 
 
 def test_fields_a_source_never_sends_read_back_null(store: Store):
-    # SQLite leaves all-null columns out of the INSERT (fleetscope.store.sql.sqlite_columns): they must still
+    # All-null columns are left out of the INSERT or COPY (fleetscope.store.sql.bound_columns): they must still
     # read back as NULL, and a later batch that has them must fill them in.
     store.write(inventory())
     store.write(F.Batch(source="t", gpu_sample=samples(2)))
