@@ -94,7 +94,7 @@ series = Table(
 metric_sample = Table(
     "metric_sample",
     metadata,
-    # No foreign key to `series`: checked row by row it was most of PostgreSQL's work per scrape, and the
+    # No foreign key to `series`: checked row by row it was the largest part of PostgreSQL's work a scrape, and the
     # store, the one writer of both, takes every id from `series` in the sample's transaction (migration 0022).
     Column("series_id", Integer, primary_key=True),
     Column("ts", UTCDateTime(), primary_key=True),
