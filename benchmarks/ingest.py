@@ -104,6 +104,7 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
                 for s in range(first, scrapes, in_flight):
                     post(client, s)
 
+        cpu_before = (_server.cpu_seconds(started[0]), watch.sample() if watch else 0.0)
         start = time.perf_counter()
         with ThreadPoolExecutor(in_flight) as pool:
             for f in [pool.submit(poster, k) for k in range(in_flight)]:
@@ -120,6 +121,11 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
             db_cpu = (watch.sample() - cpu_after_first[1]) / (scrapes - 1) if watch else 0.0
             steady |= {"steady_server_cpu_s_per_scrape": round(server_cpu, 3), "steady_db_cpu_s_per_scrape": round(db_cpu, 3),
                        "steady_values_per_cpu_s": round(values_per_scrape / (server_cpu + db_cpu)) if server_cpu + db_cpu else None}
+        elif in_flight > 1:
+            # No steady state to read apart with scrapes overlapping: the CPU of all of them, the first included.
+            server_cpu = (_server.cpu_seconds(started[0]) - cpu_before[0]) / scrapes
+            db_cpu = (watch.sample() - cpu_before[1]) / scrapes if watch else 0.0
+            steady |= {"server_cpu_s_per_scrape": round(server_cpu, 3), "db_cpu_s_per_scrape": round(db_cpu, 3)}
         if peer:
             steady["ratio_to_victoriametrics"] = round(values / seconds / peer["values_per_s"], 2)
             if "steady_values_per_s" in steady and "steady_values_per_s" in peer:

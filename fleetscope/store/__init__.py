@@ -40,7 +40,7 @@ from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
 from fleetscope.store.db import make_engine
 from fleetscope.store.sql import bind as _bind, epoch_us as _epoch_us, quote as _q
-from fleetscope.store.sql import conflict_sql, conform, sqlite_columns, sqlite_values, storage_dtypes
+from fleetscope.store.sql import bound_columns, conflict_sql, conform, sqlite_values, storage_dtypes
 from fleetscope.store.sqlite_wal import IDLE_CHECKPOINT_S, SqliteWriteLock, checkpointer
 from fleetscope.store.writing import AlreadyLogged, LogRows, Rows, WriteResult
 
@@ -81,6 +81,10 @@ class Store:
         # series key -> id. Ids never change once committed (retention deletes samples, not series), so a
         # process may remember them: a scrape re-sends the same 30k series every time.
         self._series_cache: dict[str, int] = {}
+        # The series column of the last metric_sample frame whose every key had a committed id, and those ids
+        # row by row: a scrape lists the same series in the same order every time, so one compare of the
+        # column stands in for the lookups, the frame and the join (0.02-0.03 CPU-s a 16,384-GPU scrape).
+        self._series_column: tuple[pl.Series, pl.Series] | None = None
         # the last reading of each GPU's DCGM fault counters, so a repeated one is no new event (store.counters)
         self._counters = CounterMemory(self.dialect)
         # gpu inventory frames found stored, so an unchanged one is not upserted again (store.inventory)
@@ -322,12 +326,13 @@ class Store:
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
         cols = list(df.columns)
-        if self.dialect == "sqlite" and isinstance(df, pl.DataFrame):
-            cols = sqlite_columns(table, df, key)
+        if isinstance(df, pl.DataFrame):
+            cols = bound_columns(table, df, key)
+            df = df.select(cols) if len(cols) < df.width else df
         col_sql = ", ".join(_q(c) for c in cols)
         conflict = conflict_sql(self.dialect, table, cols, key, on_conflict)
         if self.dialect == "sqlite":
-            rows = df.rows if isinstance(df, Rows) else sqlite_values(df.select(cols))
+            rows = df.rows if isinstance(df, Rows) else sqlite_values(df)
             placeholders = ", ".join("?" for _ in cols)
             cur = conn.connection.driver_connection.cursor()
             try:
@@ -340,18 +345,26 @@ class Store:
         return pg_write.insert_frame(conn, table, df, key, on_conflict, conflict)
 
     def _write_metric_samples(self, conn: Connection, df: pl.DataFrame, new_series: dict[str, int]) -> int:
-        keys = df.get_column("series").unique().to_list()
-        get = self._series_cache.get
-        # One lookup per key, and the frame built by columns: a scrape maps 32,768 keys every second.
-        ids = pl.DataFrame({"series_id": [get(k) for k in keys], "series": keys}, schema={"series_id": pl.Int64, "series": pl.String})
-        missing = ids.filter(pl.col("series_id").is_null())["series"].to_list()
-        if missing:
-            fetched = self._series_ids(conn, missing)
-            new_series.update(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
-            ids = pl.concat([ids.filter(pl.col("series_id").is_not_null()), fetched])
-        mapped = df.join(ids, on="series", how="left").select("series_id", "ts", "value")
-        # In key order the inserts walk the (series_id, ts) index and PostgreSQL's per-row foreign-key
-        # checks walk `series` page by page instead of at random: A/B over 16 scrapes of 16,384 GPUs,
+        column = df.get_column("series")
+        last = self._series_column
+        if last is not None and last[0].len() == column.len() and last[0].equals(column):
+            mapped = pl.DataFrame([last[1], df.get_column("ts"), df.get_column("value")])
+        else:
+            keys = column.unique().to_list()
+            get = self._series_cache.get
+            # One lookup per key, and the frame built by columns: a scrape maps 32,768 keys every second.
+            ids = pl.DataFrame({"series_id": [get(k) for k in keys], "series": keys}, schema={"series_id": pl.Int64, "series": pl.String})
+            missing = ids.filter(pl.col("series_id").is_null())["series"].to_list()
+            if missing:
+                fetched = self._series_ids(conn, missing)
+                new_series.update(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
+                ids = pl.concat([ids.filter(pl.col("series_id").is_not_null()), fetched])
+            mapped = df.join(ids, on="series", how="left", maintain_order="left").select("series_id", "ts", "value")
+            if not missing:
+                # Only ids committed before this write: remembered whatever becomes of it.
+                self._series_column = (column, mapped.get_column("series_id"))
+        # In key order the inserts walk the (series_id, ts) index page by page instead of at random: A/B
+        # over 16 scrapes of 16,384 GPUs (with the foreign key to `series` that migration 0022 dropped),
         # PostgreSQL's CPU per write 0.43 s -> 0.37 s and SQLite's 0.45 s -> 0.38 s.
         mapped = mapped.sort("series_id", "ts")
         return self._insert(conn, "metric_sample", mapped, ("series_id", "ts"), "ignore")

@@ -51,16 +51,20 @@ def conflict_sql(dialect: str, table: str, cols: Sequence[str], key: Sequence[st
     return f"ON CONFLICT ({', '.join(_q(k) for k in key)}) DO NOTHING"
 
 
-def sqlite_columns(table: str, df: pl.DataFrame, key: Sequence[str]) -> list[str]:
-    """The columns worth binding: a column null in every row of the batch (a dcgm field the exporter does
+def bound_columns(table: str, df: pl.DataFrame, key: Sequence[str]) -> list[str]:
+    """The columns worth sending: a column null in every row of the batch (a dcgm field the exporter does
     not export) is left out, which stores the same NULL and, on conflict, leaves the stored value alone as
     COALESCE would. Binding dozens of NULLs per row costs sqlite3's executemany more than the values
-    themselves: a 10-field frame of the 43-column gpu_sample writes about 3x faster. Columns with a server
-    default keep their NULL (leaving them out would store the default instead)."""
+    themselves (a 10-field frame of the 43-column gpu_sample writes about 3x faster), and each is a field
+    PostgreSQL's COPY parses. Columns with a server default keep their NULL (leaving them out would store
+    the default instead)."""
     t = schema.metadata.tables.get(table)
     defaulted = {c.name for c in t.columns if c.server_default is not None} if t is not None else set(df.columns)
     nulls = df.null_count().row(0, named=True)
     return [c for c in df.columns if c in key or c in defaulted or nulls[c] < df.height]
+
+
+sqlite_columns = bound_columns  # its name where only SQLite's INSERT used it
 
 
 def db_ready(df: pl.DataFrame) -> pl.DataFrame:

@@ -1,9 +1,13 @@
 """Alembic: upgrade to head, downgrade to base, and no drift between models and migrations."""
 
-import pytest
-from sqlalchemy import create_engine
+import datetime as dt
 
-from fleetscope.store import db
+import polars as pl
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from fleetscope.core import frames as F
+from fleetscope.store import Store, db
 from fleetscope.store import schema
 from fleetscope.settings import load
 
@@ -30,6 +34,33 @@ def test_upgrade_head_no_drift_downgrade_base(request, tmp_path, kind):
     db.upgrade(url)  # and back up again: downgrade left nothing behind that blocks it
     assert db.schema_drift(engine) == []
     engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_0022_drops_the_series_key_of_metric_samples_and_keeps_their_rows(request, tmp_path, kind):
+    url = _empty_url(request, tmp_path, kind)
+    db.upgrade(url, "0021")
+
+    def foreign_keys() -> list[str]:
+        engine = db.make_engine(url)
+        try:
+            return [fk["referred_table"] for fk in inspect(engine).get_foreign_keys("metric_sample")]
+        finally:
+            engine.dispose()
+
+    assert foreign_keys() == ["series"]
+    t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    samples = pl.DataFrame({"ts": [t0, t0 + dt.timedelta(seconds=1)], "series": ['DCGM_FI_X{gpu_uuid="GPU-1"}'] * 2, "value": [1.5, 2.5]})
+    store = Store.open(url)
+    store.write(F.Batch(source="t", metric_sample=samples))
+    store.engine.dispose()
+    for revision, keys in (("head", []), ("0021", ["series"]), ("head", [])):
+        (db.upgrade if revision == "head" else db.downgrade)(url, revision)
+        assert foreign_keys() == keys
+        store = Store.open(url)
+        got = store.read("metric_sample")
+        store.engine.dispose()
+        assert got["value"].to_list() == [1.5, 2.5] and got["series"].to_list() == ['DCGM_FI_X{gpu_uuid="GPU-1"}'] * 2
 
 
 def test_drift_is_detected(tmp_path):

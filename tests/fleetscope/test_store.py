@@ -53,7 +53,7 @@ def test_round_trip_keeps_values_and_dtypes(store: Store):
 
 
 def test_fields_a_source_never_sends_read_back_null(store: Store):
-    # SQLite leaves all-null columns out of the INSERT (fleetscope.store.sql.sqlite_columns): they must still
+    # All-null columns are left out of the INSERT or COPY (fleetscope.store.sql.bound_columns): they must still
     # read back as NULL, and a later batch that has them must fill them in.
     store.write(inventory())
     store.write(F.Batch(source="t", gpu_sample=samples(2)))
@@ -63,6 +63,24 @@ def test_fields_a_source_never_sends_read_back_null(store: Store):
     store.write(F.Batch(source="t", gpu_sample=later))
     got = store.read("gpu_sample", columns=["ts", "temp_c"]).sort("ts")
     assert got["temp_c"].to_list() == [None] * 6 + [61.5] * 3
+
+
+def test_metric_samples_keep_their_series_when_a_scrape_repeats_its_series_column(store: Store):
+    # The 2nd write finds every series of the 1st stored and remembers the column; the 3rd reuses its ids;
+    # the 4th lists the series in another order and a new one, and is looked up again.
+    value_of = {'DCGM_FI_A{gpu_uuid="GPU-1"}': 1.0, 'DCGM_FI_A{gpu_uuid="GPU-2"}': 2.0, 'DCGM_FI_B{gpu_uuid="GPU-1"}': 3.0,
+                'DCGM_FI_C{gpu_uuid="GPU-1"}': 4.0}
+    keys = list(value_of)
+
+    def frame(k: int, order: list[str]) -> pl.DataFrame:
+        return pl.DataFrame({"ts": [T0 + k * S] * len(order), "series": order, "value": [value_of[x] + 10 * k for x in order]})
+
+    for k in range(3):
+        assert store.write(F.Batch(source="t", metric_sample=frame(k, keys[:3]))).written["metric_sample"] == 3
+    assert store.write(F.Batch(source="t", metric_sample=frame(3, [keys[3], keys[2], keys[0], keys[1]]))).written["metric_sample"] == 4
+    got = store.read("metric_sample").sort("series", "ts")
+    want = pl.concat([frame(k, keys[:3]) for k in range(3)] + [frame(3, keys)]).sort("series", "ts")
+    assert_frame_equal(got.select("ts", "series", "value"), F.conform(F.METRIC_SAMPLE, want).select("ts", "series", "value"))
 
 
 def test_writing_twice_keeps_one_copy(store: Store):
