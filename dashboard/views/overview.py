@@ -72,7 +72,7 @@ ui.live(live_panel)
 
 left, right = st.columns(2)
 # Whole hours older than this are settled: the counters' readings after their end have arrived.
-SETTLE = dt.timedelta(minutes=5)
+SETTLE = ui.SETTLE
 
 
 def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
@@ -136,28 +136,8 @@ else:
     st.dataframe(firing.select("alertname", "severity", "summary", "fired_at", "silenced_by"), hide_index=True,
                  column_config={"fired_at": ui.utc_column("Fired", seconds=False)})
 
-def fleet_series() -> pl.DataFrame:
-    """The fleet's power and busy GPUs at instants on a fixed grid over the range (about 48), and now.
-
-    Each instant is one probe (``telemetry.fleet_series`` with one point); a settled instant's probe is kept
-    for hours, so a day of a 16k-GPU fleet costs one new probe per grid step instead of 48 per visit."""
-    first = ui.q(telemetry.data_start, live=False)
-    if first is None or f.end <= first:
-        return pl.DataFrame()
-    start = max(f.start, first)
-    step = ui.bucket_for(int((f.end - start).total_seconds()))
-    at = dt.datetime.fromtimestamp((int(start.timestamp()) // step + 1) * step, dt.UTC)
-    parts = []
-    while at < f.end - SETTLE:
-        parts.append(ui.q(telemetry.fleet_series, settled=True, start=at - dt.timedelta(seconds=step), end=at, points=1, site=f.site))
-        at += dt.timedelta(seconds=step)
-    parts.append(ui.q(telemetry.fleet_series, live=False, start=f.end - dt.timedelta(seconds=step), end=f.end, points=1, site=f.site))
-    parts = [p for p in parts if p.height]
-    return pl.concat(parts).sort("ts") if parts else pl.DataFrame()
-
-
 st.subheader("Fleet power and utilisation")
-series = fleet_series()
+series = ui.fleet_series(f)
 if series.is_empty():
     ui.no_data("no GPU telemetry in this time range.")
 else:
