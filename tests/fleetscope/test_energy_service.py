@@ -6,13 +6,15 @@ import json
 import httpx
 import polars as pl
 import pytest
+from sqlalchemy import text
 
 from fleetscope.services import auth
 from fleetscope.core import frames as F
 from fleetscope.services.energy import energy_report
-from fleetscope.services import energy_rollup
+from fleetscope.services import energy_reads, energy_rollup
 from fleetscope.services.energy_rollup import rollup_window
 from fleetscope.sim import FleetSpec, gpu_fleet
+from fleetscope.store import _epoch_us
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 
@@ -397,3 +399,25 @@ def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
     after = es.job_energy(store, ["train-1"]).row(0, named=True)
     assert after["allocated_s"] == pytest.approx(5 * 10 * 60.0) and after["energy_j"] == pytest.approx(before["energy_j"] + fifth)
     assert energy_rollup.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}
+
+
+def test_a_settled_hour_reads_the_per_site_roll_up_where_it_is_final_and_agrees_with_the_counters(store):
+    seed(store, minutes=30)
+    rollup_window(store, T0, T0 + dt.timedelta(minutes=30))
+    settled = (T0, T0 + dt.timedelta(minutes=15))
+    rolled = energy_reads.settled_energy_by_site_hour(store, *settled)
+    counted = energy_reads.counter_energy_by_site_hour(store, *settled)
+    assert rolled["source"].unique().to_list() == ["roll-up"] and rolled["site_id"].to_list() == counted["site_id"].to_list() == ["site-a", "site-b"]
+    assert rolled["energy_j"].to_list() == pytest.approx(counted["energy_j"].to_list(), rel=1e-9)
+    assert rolled["kgco2e"].to_list() == pytest.approx(counted["kgco2e"].to_list(), rel=1e-9)
+    assert rolled["gpus"].to_list() == [8, 8] and rolled["intensity_basis"].to_list() == counted["intensity_basis"].to_list()
+    assert energy_reads.settled_energy_by_site_hour(store, *settled, site="site-b")["energy_j"].to_list() == pytest.approx(
+        counted.filter(pl.col("site_id") == "site-b")["energy_j"].to_list(), rel=1e-9)
+    # minutes beat still re-rolls (the last ten), and a range the roll-up does not hold whole, go to the counters
+    recent = energy_reads.settled_energy_by_site_hour(store, T0 + dt.timedelta(minutes=15), T0 + dt.timedelta(minutes=25))
+    assert recent["source"].unique().to_list() == ["counters"]
+    cut = T0 + dt.timedelta(minutes=5)
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM site_energy_minute WHERE minute < :t"), {"t": cut if store.dialect == "postgresql" else _epoch_us(cut)})
+    partial = energy_reads.settled_energy_by_site_hour(store, *settled)
+    assert partial["source"].unique().to_list() == ["counters"] and partial["energy_j"].to_list() == counted["energy_j"].to_list()
