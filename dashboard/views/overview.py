@@ -86,13 +86,14 @@ def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
     day_start = dt.datetime.combine(end.date(), dt.time(), dt.UTC)
     live_from = max(day_start, (end - SETTLE).replace(minute=0, second=0, microsecond=0))
     hours = [day_start + dt.timedelta(hours=i) for i in range(int((live_from - day_start).total_seconds() // 3600))]
-    settled = [ui.q(energy_reads.settled_energy_by_site_hour, settled=True, start=h, end=h + dt.timedelta(hours=1), site=f.site) for h in hours]
-    rolled = sum(p.filter(pl.col("source") == "roll-up").height for p in settled)
-    parts = [p.drop("source") for p in settled]
+    rolled = ui.q(energy_reads.rolled_energy_by_site_hour, settled=True, start=day_start, end=live_from, site=f.site) if hours else pl.DataFrame()
+    done = set(rolled["hour"].to_list()) if rolled.height else set()
+    parts = [rolled] + [ui.q(energy_reads.counter_energy_by_site_hour, settled=True, start=h, end=h + dt.timedelta(hours=1), site=f.site)
+                        for h in hours if h not in done]
     parts.append(ui.q(energy_reads.counter_energy_by_site_hour, live=False, start=live_from, end=end, site=f.site))
     parts = [p for p in parts if p.height]
     if parts:
-        return pl.concat(parts), "the GPUs' energy counters" + (" (whole hours past through the worker's per-site roll-up of them)" if rolled else "")
+        return pl.concat(parts), "the GPUs' energy counters" + (" (whole hours past through the worker's per-site roll-up of them)" if done else "")
     upto = ui.q(energy_rollup.energy_rollup_end, live=False)
     if upto is None or min(end, upto) <= day_start:
         return pl.DataFrame(), ""

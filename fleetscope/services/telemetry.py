@@ -256,6 +256,7 @@ def fleet_series(
     busy_util_ratio: float = 0.1,
     site: str | None = None,
     tier: str | None = None,
+    probe_s: float | None = None,
 ) -> pl.DataFrame:
     """Fleet power and utilisation at ``points`` instants evenly spread over ``(start, end]``.
 
@@ -268,6 +269,8 @@ def fleet_series(
     Each point is a probe: the GPUs' samples over the 1.5 sample intervals before the instant, averaged
     per GPU, then summed (power) or counted (busy GPUs) across the fleet. Reading a probe per point
     instead of every sample keeps a day of a 16k-GPU fleet at ``points`` × 16k rows, the same as an hour.
+    ``probe_s`` (``raw_probe_s`` of a page's whole range, read once for its many one-point calls) stands in
+    for measuring the sample interval at the range's ends.
     Columns: ``ts, gpus_reporting, gpus_busy, util_mean_ratio, power_w, temp_max_c``.
     """
     start, end = as_utc(start), as_utc(end)
@@ -282,13 +285,23 @@ def fleet_series(
     # a tier never rolled (no beat yet: a fresh embedded install) leaves the read on raw samples
     tier = tier or tiers.choose_tier(start, end, rolled=tiers.rolled_tiers(store))
     if tier != "raw":
-        return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema)
-    first = data_start(store)
-    if first is None or end <= start:
+        return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema, probe_s)
+    if end <= start:
         return pl.DataFrame(schema=schema)
-    start = max(start, first)
-    probe = _raw_probe_length(store, start, end)
+    if points > 1 or probe_s is None:
+        # a one-point series' instant is its end, wherever the data begins
+        first = data_start(store)
+        if first is None:
+            return pl.DataFrame(schema=schema)
+        start = max(start, first)
+    probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, start, end)
     return _probes(store, [_raw_probe(store, at, probe) for at in _instants(start, end, points)], busy_util_ratio, site, schema)
+
+
+def raw_probe_s(store: Store, start: dt.datetime, end: dt.datetime) -> float:
+    """How far back a raw probe of ``fleet_series`` over ``[start, end)`` looks: 1.5 sample intervals, measured
+    at both ends (one scrape of every GPU however the scrapes fall)."""
+    return _raw_probe_length(store, as_utc(start), as_utc(end)).total_seconds()
 
 
 def series_tier(store: Store, range_s: int) -> str:
@@ -297,6 +310,19 @@ def series_tier(store: Store, range_s: int) -> str:
     reads the tier the whole range would, not raw samples because one probe's own span is short."""
     now = dt.datetime.now(dt.UTC)
     return tiers.choose_tier(now - dt.timedelta(seconds=int(range_s)), now, rolled=tiers.rolled_tiers(store))
+
+
+def series_start(store: Store, range_s: int) -> dt.datetime | None:
+    """The earliest instant a fleet series over a range of ``range_s`` seconds can show: the oldest raw sample, or
+    the oldest bucket of the tier such a range reads where that is older (raw samples kept for less long than
+    the tier), or None before any data."""
+    first = data_start(store)
+    tier = series_tier(store, range_s)
+    if tier != "raw":
+        oldest = fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0]
+        if oldest is not None and (first is None or oldest < first):
+            first = oldest
+    return first
 
 
 def _instants(start: dt.datetime, end: dt.datetime, points: int) -> list[dt.datetime]:
@@ -345,26 +371,55 @@ TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
 
 
 def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.datetime, points: int, busy_util_ratio: float,
-                       site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Tier probes over what the tier has rolled, and raw probes for instants past its watermark (the minutes not
-    yet rolled: ``tiers.SETTLE`` and beat's tick behind the data for the minute tier, up to an hour more for the
-    hour tier), so the newest points are not missing while the tier catches up."""
+                       site: str | None, schema: dict[str, pl.DataType], probe_s: float | None = None) -> pl.DataFrame:
     table = tiers.TIER_TABLE[tier]
     first = fetch(store, f"SELECT MIN(bucket) AS t FROM {table}", [], {"t": UTC})["t"][0]
     if first is None:
-        return fleet_series(store, start, end, points, busy_util_ratio, site, tier="raw")
+        return fleet_series(store, start, end, points, busy_util_ratio, site, tier="raw", probe_s=probe_s)
     start = max(start, first)
     if end <= start:
         return pl.DataFrame(schema=schema)
+    return _tier_probes(store, tier, _instants(start, end, points), busy_util_ratio, site, schema, probe_s)
+
+
+def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util_ratio: float, site: str | None,
+                 schema: dict[str, pl.DataType], probe_s: float | None) -> pl.DataFrame:
+    """Tier probes over what the tier has rolled, and raw probes for instants whose probe holds no rolled bucket
+    (past the watermark: ``tiers.SETTLE`` and beat's tick behind the data for the minute tier, up to an hour more
+    for the hour tier), so the newest points are not missing while the tier catches up."""
+    table = tiers.TIER_TABLE[tier]
     rolled_to = tiers.watermark(store, tier)
     inner = f"AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t FROM {table} WHERE bucket >= ? AND bucket < ?"
-    instants = _instants(start, end, points)
-    tail = [at for at in instants if rolled_to is not None and at - TIER_PROBE[tier] >= rolled_to]
-    probes: list[Probe] = [(at, at - TIER_PROBE[tier], inner) for at in instants if at not in tail]
+
+    def rolled(at: dt.datetime) -> bool:
+        # the first bucket the probe reads starts before the watermark
+        lo = at - TIER_PROBE[tier]
+        first_bucket = tiers.floor_to(lo, tier)
+        if first_bucket < lo:
+            first_bucket += dt.timedelta(minutes=1) if tier == "minute" else dt.timedelta(hours=1)
+        return rolled_to is None or first_bucket < rolled_to
+
+    tail = [at for at in instants if not rolled(at)]
+    probes: list[Probe] = [(at, at - TIER_PROBE[tier], inner) for at in instants if rolled(at)]
     if tail:
-        probe = _raw_probe_length(store, tail[0], end)
+        probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, tail[0], tail[-1])
         probes += [_raw_probe(store, at, probe) for at in tail]
     return _probes(store, probes, busy_util_ratio, site, schema)
+
+
+def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | None = None, tier: str = "raw",
+                    probe_s: float | None = None, busy_util_ratio: float = 0.1) -> pl.DataFrame:
+    """``fleet_series``' point at each of ``instants`` (a page's grid), all in one statement: from ``tier`` where it
+    has rolled the instant, else from raw samples over ``probe_s`` (measured at the instants' ends if not given)."""
+    ats = sorted(as_utc(a) for a in instants)
+    schema = {"ts": UTC, "gpus_reporting": pl.Int64, "gpus_busy": pl.Int64, "util_mean_ratio": pl.Float64, "power_w": pl.Float64,
+              "temp_max_c": pl.Float64}
+    if not ats:
+        return pl.DataFrame(schema=schema)
+    if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0] is not None:
+        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s)
+    probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, ats[0], ats[-1])
+    return _probes(store, [_raw_probe(store, at, probe) for at in ats], busy_util_ratio, site, schema)
 
 
 def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,

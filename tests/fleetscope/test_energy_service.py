@@ -401,23 +401,21 @@ def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
     assert energy_rollup.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}
 
 
-def test_a_settled_hour_reads_the_per_site_roll_up_where_it_is_final_and_agrees_with_the_counters(store):
-    seed(store, minutes=30)
-    rollup_window(store, T0, T0 + dt.timedelta(minutes=30))
-    settled = (T0, T0 + dt.timedelta(minutes=15))
-    rolled = energy_reads.settled_energy_by_site_hour(store, *settled)
-    counted = energy_reads.counter_energy_by_site_hour(store, *settled)
-    assert rolled["source"].unique().to_list() == ["roll-up"] and rolled["site_id"].to_list() == counted["site_id"].to_list() == ["site-a", "site-b"]
+def test_whole_hours_the_roll_up_holds_finally_come_from_its_site_sums_and_agree_with_the_counters(store):
+    seed(store, minutes=150)
+    start = T0 - dt.timedelta(minutes=30)
+    rollup_window(store, T0 + dt.timedelta(minutes=1), T0 + dt.timedelta(minutes=150))  # begins a minute into 12:00
+    rolled = energy_reads.rolled_energy_by_site_hour(store, start, T0 + dt.timedelta(hours=3))
+    # 12:00 lacks its first minute, 14:00 is still re-rolled (the roll-up ends at 14:30): only 13:00
+    assert rolled["hour"].unique().to_list() == [T0 + dt.timedelta(hours=1)] and rolled["site_id"].to_list() == ["site-a", "site-b"]
+    counted = energy_reads.counter_energy_by_site_hour(store, T0 + dt.timedelta(hours=1), T0 + dt.timedelta(hours=2))
     assert rolled["energy_j"].to_list() == pytest.approx(counted["energy_j"].to_list(), rel=1e-9)
     assert rolled["kgco2e"].to_list() == pytest.approx(counted["kgco2e"].to_list(), rel=1e-9)
     assert rolled["gpus"].to_list() == [8, 8] and rolled["intensity_basis"].to_list() == counted["intensity_basis"].to_list()
-    assert energy_reads.settled_energy_by_site_hour(store, *settled, site="site-b")["energy_j"].to_list() == pytest.approx(
-        counted.filter(pl.col("site_id") == "site-b")["energy_j"].to_list(), rel=1e-9)
-    # minutes beat still re-rolls (the last ten), and a range the roll-up does not hold whole, go to the counters
-    recent = energy_reads.settled_energy_by_site_hour(store, T0 + dt.timedelta(minutes=15), T0 + dt.timedelta(minutes=25))
-    assert recent["source"].unique().to_list() == ["counters"]
-    cut = T0 + dt.timedelta(minutes=5)
+    one = energy_reads.rolled_energy_by_site_hour(store, T0, T0 + dt.timedelta(hours=3), site="site-b")
+    assert one["site_id"].to_list() == ["site-b"] and one["energy_j"].to_list() == pytest.approx(rolled["energy_j"].to_list()[1:], rel=1e-12)
+    # a skipped minute leaves its hour to the counters
+    cut = T0 + dt.timedelta(minutes=75)
     with store.engine.begin() as conn:
-        conn.execute(text("DELETE FROM site_energy_minute WHERE minute < :t"), {"t": cut if store.dialect == "postgresql" else _epoch_us(cut)})
-    partial = energy_reads.settled_energy_by_site_hour(store, *settled)
-    assert partial["source"].unique().to_list() == ["counters"] and partial["energy_j"].to_list() == counted["energy_j"].to_list()
+        conn.execute(text("DELETE FROM site_energy_minute WHERE minute = :t"), {"t": cut if store.dialect == "postgresql" else _epoch_us(cut)})
+    assert energy_reads.rolled_energy_by_site_hour(store, start, T0 + dt.timedelta(hours=3)).is_empty()
