@@ -97,12 +97,11 @@ else:
     st.dataframe(carbon, hide_index=True)
 
 st.subheader("Energy by job and model")
-by_job = ui.q(energy_reads.energy_by_job, live=False, start=f.start, end=f.end, site=f.site, limit=50)
+by_job, by_model = ui.q(energy_reads.energy_by_job_and_model, live=False, start=f.start, end=f.end, site=f.site, limit=50)
 if by_job.is_empty():
     ui.no_data("no per-job energy in this time range.", "Jobs get their share of their GPUs' energy once the roll-up has run over "
                "minutes in which the scheduler's rank-to-GPU assignments place them.")
 else:
-    by_model = ui.q(energy_reads.energy_by_model, live=False, start=f.start, end=f.end, site=f.site)
     c1, c2 = st.columns(2)
     with c1:
         top = by_job.head(15).with_columns(energy_kwh=pl.col("energy_j") / 3.6e6)
