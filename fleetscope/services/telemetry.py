@@ -366,6 +366,7 @@ def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
 
 
+TIER_BUCKET = {"minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}
 TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
 """How far back a tier probe looks: a few buckets, so a probe just behind the tier's watermark still finds one."""
 
@@ -379,28 +380,29 @@ def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.date
     start = max(start, first)
     if end <= start:
         return pl.DataFrame(schema=schema)
-    return _tier_probes(store, tier, _instants(start, end, points), busy_util_ratio, site, schema, probe_s)
+    return _tier_probes(store, tier, _instants(start, end, points), busy_util_ratio, site, schema, probe_s, TIER_PROBE[tier])
 
 
 def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util_ratio: float, site: str | None,
-                 schema: dict[str, pl.DataType], probe_s: float | None) -> pl.DataFrame:
-    """Tier probes over what the tier has rolled, and raw probes for instants whose probe holds no rolled bucket
-    (past the watermark: ``tiers.SETTLE`` and beat's tick behind the data for the minute tier, up to an hour more
-    for the hour tier), so the newest points are not missing while the tier catches up."""
+                 schema: dict[str, pl.DataType], probe_s: float | None, width: dt.timedelta) -> pl.DataFrame:
+    """Tier probes of the ``width`` before each instant over what the tier has rolled, and raw probes for instants
+    whose probe holds no rolled bucket (past the watermark: ``tiers.SETTLE`` and beat's tick behind the data for
+    the minute tier, up to an hour more for the hour tier), so the newest points are not missing while the tier
+    catches up."""
     table = tiers.TIER_TABLE[tier]
     rolled_to = tiers.watermark(store, tier)
     inner = f"AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t FROM {table} WHERE bucket >= ? AND bucket < ?"
 
     def rolled(at: dt.datetime) -> bool:
         # the first bucket the probe reads starts before the watermark
-        lo = at - TIER_PROBE[tier]
+        lo = at - width
         first_bucket = tiers.floor_to(lo, tier)
         if first_bucket < lo:
-            first_bucket += dt.timedelta(minutes=1) if tier == "minute" else dt.timedelta(hours=1)
+            first_bucket += TIER_BUCKET[tier]
         return rolled_to is None or first_bucket < rolled_to
 
     tail = [at for at in instants if not rolled(at)]
-    probes: list[Probe] = [(at, at - TIER_PROBE[tier], inner) for at in instants if rolled(at)]
+    probes: list[Probe] = [(at, at - width, inner) for at in instants if rolled(at)]
     if tail:
         probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, tail[0], tail[-1])
         probes += [_raw_probe(store, at, probe) for at in tail]
@@ -409,15 +411,16 @@ def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util
 
 def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | None = None, tier: str = "raw",
                     probe_s: float | None = None, busy_util_ratio: float = 0.1) -> pl.DataFrame:
-    """``fleet_series``' point at each of ``instants`` (a page's grid), all in one statement: from ``tier`` where it
-    has rolled the instant, else from raw samples over ``probe_s`` (measured at the instants' ends if not given)."""
+    """``fleet_series``' point at each of ``instants`` (a page's grid), all in one statement: from the bucket of
+    ``tier`` that ends at or before the instant where the tier has rolled it (one bucket: a grid's instants fall
+    on bucket edges), else from raw samples over ``probe_s`` (measured at the instants' ends if not given)."""
     ats = sorted(as_utc(a) for a in instants)
     schema = {"ts": UTC, "gpus_reporting": pl.Int64, "gpus_busy": pl.Int64, "util_mean_ratio": pl.Float64, "power_w": pl.Float64,
               "temp_max_c": pl.Float64}
     if not ats:
         return pl.DataFrame(schema=schema)
     if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0] is not None:
-        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s)
+        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s, TIER_BUCKET[tier])
     probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, ats[0], ats[-1])
     return _probes(store, [_raw_probe(store, at, probe) for at in ats], busy_util_ratio, site, schema)
 

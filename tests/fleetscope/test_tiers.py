@@ -235,12 +235,15 @@ def test_a_long_range_reads_the_tier_and_raw_only_past_its_watermark(store):
     assert tail.equals(raw)
     hour_of_tier = telemetry.fleet_series(store, T0, T0 + dt.timedelta(minutes=60), points=6, tier="minute")
     assert mixed.head(6).equals(hour_of_tier)
-    # a page's grid of the same instants, read in one statement, is the same series
-    assert telemetry.fleet_series_at(store, tuple(mixed["ts"]), tier="minute").equals(mixed)
-    assert telemetry.fleet_series_at(store, tuple(tail["ts"]), tier="raw", probe_s=15.0).equals(raw)
     # the tier's probe at minute 60 is the mean of each GPU's five minute means, summed over the GPUs
     minutes = store.read("gpu_sample_minute").filter(pl.col("bucket") >= T0 + dt.timedelta(minutes=55))
     assert mixed["power_w"][5] == pytest.approx(minutes.group_by("gpu_uuid").agg(pl.col("power_w_mean").mean())["power_w_mean"].sum(), rel=1e-12)
+    # a page's grid of instants in one statement: each from the tier's bucket before it, raw past the watermark
+    grid = telemetry.fleet_series_at(store, tuple(mixed["ts"]), tier="minute")
+    assert grid["ts"].to_list() == mixed["ts"].to_list() and grid.tail(3).equals(tail)
+    last = minutes.filter(pl.col("bucket") == T0 + dt.timedelta(minutes=59))
+    assert grid["power_w"][5] == pytest.approx(last["power_w_mean"].sum(), rel=1e-12) and grid["gpus_reporting"][5] == 3
+    assert telemetry.fleet_series_at(store, tuple(tail["ts"]), tier="raw", probe_s=15.0).equals(raw)
 
 
 def test_a_tier_with_no_rows_leaves_the_read_on_raw(store):
