@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--log", default=None, help="file for the dashboard server's log")
     ap.add_argument("--url", default=None, help="a seeded database (SQLite or PostgreSQL) to time the pages over, as is: no seeding")
     ap.add_argument("--range", default=None, help="the sidebar's time range to open the pages on (default: its own, 24 h)")
-    ap.add_argument("--pages", default=None, help="comma-separated page names (default: every page)")
+    ap.add_argument("--pages", default=None, help="comma-separated page names, the first opened first (default: every page)")
     args = ap.parse_args()
 
     why = B.missing_browser()
@@ -201,7 +201,8 @@ def main() -> None:
     engine = db.make_engine(url)
     token = auth.create_token(engine, "bench-dashboard", ["admin"])  # the dashboard shows nothing before sign-in
     engine.dispose()
-    pages = [p for p in B.PAGES if args.pages is None or p.name in args.pages.split(",")]
+    by_name = {p.name: p for p in B.PAGES}
+    pages = list(B.PAGES) if args.pages is None else [by_name[n] for n in args.pages.split(",")]  # the first is the first load
     query = "" if args.range is None else "?" + urllib.parse.urlencode({"range": args.range})
     with B.dashboard_server(url, data_dir=path.parent, timeout_s=args.timeout_s, log=log) as base, B.browser_page() as page:
         first = B.open_page(page, base, pages[0], timeout_s=args.timeout_s, token=token, query=query)
