@@ -178,7 +178,7 @@ def timed_reads(log: list[dict[str, Any]]) -> Iterator[None]:
 def run_page(url: str, token: str, page: str, range_label: str) -> tuple[float, Any]:
     from streamlit.testing.v1 import AppTest  # lazy: as above
 
-    from dashboard import signin
+    from dashboard import signin  # lazy: as above
 
     at = AppTest.from_file(str(APP), default_timeout=900)
     at.session_state[signin.TOKEN_KEY] = token
