@@ -192,6 +192,8 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
     params: list[Any] = [start, end]
     site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
     cols = [c for c in dict.fromkeys(columns) if c not in ("ts", "gpu_uuid")]
+    if any(c not in F.GPU_SAMPLE.schema for c in cols):
+        raise ValueError(f"gpu_sample has no field among {cols!r}")
     fields = "".join(f", s.{c}" for c in cols)
     sql = (
         f"SELECT gpu_uuid, ts{''.join(', ' + c for c in cols)} FROM ("
