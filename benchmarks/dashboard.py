@@ -27,6 +27,12 @@ the roll-up, except the busy/idle split, which averages each GPU's last 5 minute
 60 s, 30 at 10 s). ``--interval-s 10`` works too, six times the rows and the seeding time.
 
     python benchmarks/dashboard.py [--gpus 16384] [--hours 24] [--interval-s 60] [--db PATH] [--rounds 3]
+
+``--url`` times the pages over a database seeded already, as is (PostgreSQL too: ``benchmarks/dashboard_reads.py
+--db NAME`` seeds one shaped as the capacity run leaves it or as a steady site has it); ``--range`` opens the
+pages on another sidebar range than the default 24 h (``30 d``), ``--pages`` on a few of them:
+
+    python benchmarks/dashboard.py --url postgresql+psycopg://postgres@127.0.0.1:5432/NAME --range "30 d" --pages overview,energy_carbon
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import polars as pl
@@ -161,22 +168,30 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="warm visits per page")
     ap.add_argument("--timeout-s", type=float, default=300, help="longest wait for one page to render")
     ap.add_argument("--log", default=None, help="file for the dashboard server's log")
+    ap.add_argument("--url", default=None, help="a seeded database (SQLite or PostgreSQL) to time the pages over, as is: no seeding")
+    ap.add_argument("--range", default=None, help="the sidebar's time range to open the pages on (default: its own, 24 h)")
+    ap.add_argument("--pages", default=None, help="comma-separated page names, the first opened first (default: every page)")
     args = ap.parse_args()
 
     why = B.missing_browser()
     if why:
         sys.exit(why)
     tmp = None
-    if args.db:
+    if args.url:
+        path = Path(tempfile.mkdtemp(prefix="fleetscope-bench-")) / "unused"
+    elif args.db:
         path = Path(args.db).resolve()
     else:
         tmp = tempfile.TemporaryDirectory(prefix="fleetscope-bench-")
         path = Path(tmp.name) / "fleetscope.store.db"
-    url = f"sqlite:///{path}"
+    url = args.url or f"sqlite:///{path}"
     spec = fleet_spec(args.gpus, args.interval_s)
     gpus = spec.sites * spec.nodes_per_site * spec.gpus_per_node
-    common = {"gpus": gpus, "hours": args.hours, "interval_s": args.interval_s, "database": "sqlite", "cpus": os.cpu_count()}
-    if not path.exists():
+    common = {"gpus": gpus, "hours": args.hours, "interval_s": args.interval_s, "database": url.split(":", 1)[0].split("+")[0],
+              "cpus": os.cpu_count(), "range": args.range or "24 h"}
+    if args.url:
+        common = {k: v for k, v in common.items() if k not in ("gpus", "hours", "interval_s")}
+    elif not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         db.upgrade(url)
         end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
@@ -186,10 +201,14 @@ def main() -> None:
     engine = db.make_engine(url)
     token = auth.create_token(engine, "bench-dashboard", ["admin"])  # the dashboard shows nothing before sign-in
     engine.dispose()
+    by_name = {p.name: p for p in B.PAGES}
+    pages = list(B.PAGES) if args.pages is None else [by_name[n] for n in args.pages.split(",")]  # the first is the first load
+    query = "" if args.range is None else "?" + urllib.parse.urlencode({"range": args.range})
     with B.dashboard_server(url, data_dir=path.parent, timeout_s=args.timeout_s, log=log) as base, B.browser_page() as page:
-        first = B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s, token=token)
-        print(json.dumps({"bench": "dashboard", "what": "first_load", "page": "overview", **common, "seconds": round(first, 2)}), flush=True)
-        order = list(B.PAGES[1:]) + [B.PAGES[0]]
+        first = B.open_page(page, base, pages[0], timeout_s=args.timeout_s, token=token, query=query)
+        print(json.dumps({"bench": "dashboard", "what": "first_load", "page": pages[0].name, **common, "seconds": round(first, 2),
+                          "load": [round(x, 2) for x in os.getloadavg()]}), flush=True)
+        order = pages[1:] + pages[:1]
         visits: dict[str, list[float | None]] = {p.name: [] for p in order}
         errors: dict[str, list[str]] = {}
 
@@ -201,14 +220,14 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError and friends
                 visits[p.name].append(None)
                 errors.setdefault(p.name, []).append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                B.open_page(page, base, B.PAGES[0], timeout_s=args.timeout_s, token=token)
+                B.open_page(page, base, pages[0], timeout_s=args.timeout_s, token=token, query=query)
                 return
             errors.setdefault(p.name, []).extend(B.error_texts(page))
 
         for _ in range(1 + args.rounds):  # the first round is each page's first visit
             for p in order:
                 visit(p)
-        for p in B.PAGES:
+        for p in pages:
             first_visit, warm = visits[p.name][0], [v for v in visits[p.name][1:] if v is not None]
             w = statistics.median(warm) if warm else None
             print(
@@ -224,6 +243,7 @@ def main() -> None:
                         "timeouts": sum(v is None for v in visits[p.name]),
                         "target_s": TARGET_S,
                         "meets_target": w is not None and w < TARGET_S,
+                        "load": [round(x, 2) for x in os.getloadavg()],
                     }
                 ),
                 flush=True,

@@ -9,7 +9,6 @@ import streamlit as st
 
 from dashboard import ui
 from fleetscope.services import energy_reads as energy_reads
-from fleetscope.services import telemetry
 
 
 def _kg(kg: float) -> str:
@@ -37,11 +36,11 @@ else:
 
 st.subheader("GPU power over time")
 # From the per-site roll-up where the worker has written it (a day of a large fleet is a few thousand
-# rows); from probes of the raw samples where it has not.
+# rows); where it has not, from the Overview's probes of the fleet (the same cached ones).
 series = ui.q(energy_reads.rollup_power, live=False, start=f.start, end=f.end, site=f.site, bucket_s=ui.bucket_for(f.range_s))
 by_site = not series.is_empty()
 if not by_site:
-    series = ui.q(telemetry.fleet_series, live=False, start=f.start, end=f.end, site=f.site)
+    series = ui.fleet_series(f)
 if series.is_empty():
     ui.no_data("no GPU telemetry in this time range.")
 else:
@@ -98,12 +97,11 @@ else:
     st.dataframe(carbon, hide_index=True)
 
 st.subheader("Energy by job and model")
-by_job = ui.q(energy_reads.energy_by_job, live=False, start=f.start, end=f.end, site=f.site, limit=50)
+by_job, by_model = ui.q(energy_reads.energy_by_job_and_model, live=False, start=f.start, end=f.end, site=f.site, limit=50)
 if by_job.is_empty():
     ui.no_data("no per-job energy in this time range.", "Jobs get their share of their GPUs' energy once the roll-up has run over "
                "minutes in which the scheduler's rank-to-GPU assignments place them.")
 else:
-    by_model = ui.q(energy_reads.energy_by_model, live=False, start=f.start, end=f.end, site=f.site)
     c1, c2 = st.columns(2)
     with c1:
         top = by_job.head(15).with_columns(energy_kwh=pl.col("energy_j") / 3.6e6)

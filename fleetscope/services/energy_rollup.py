@@ -25,6 +25,8 @@ from fleetscope.store import schema
 PAD = dt.timedelta(minutes=2)
 # metric_sample series the energy figures read: facility meters (PUE, WUE) and grid intensity. Read by
 # name, never the whole table: they are a handful among the fleet's many series.
+WINDOW = dt.timedelta(minutes=10)
+"""Beat's roll-up re-rolls this many closed minutes every minute: a minute's figures are final this long after it."""
 METER_SERIES = (facility.FACILITY_ENERGY, facility.FACILITY_POWER, facility.IT_ENERGY, facility.IT_POWER, facility.WATER)
 
 
@@ -108,7 +110,7 @@ def rollup_args(*, window_start: str | None = None, window_end: str | None = Non
     """Beat's energy roll-up window: the last ten closed minutes unless given, so late scrapes are counted; a
     window's roll-up comes out the same however often it is rewritten."""
     end = dt.datetime.fromisoformat(window_end) if window_end else floor_minute(at(None))
-    start = dt.datetime.fromisoformat(window_start) if window_start else end - dt.timedelta(minutes=10)
+    start = dt.datetime.fromisoformat(window_start) if window_start else end - WINDOW
     return {"window_start": start.isoformat(), "window_end": end.isoformat()}
 
 

@@ -14,9 +14,9 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
-from fleetscope.services.telemetry import fleet_size, gpu_activity, latest_gpu_samples
+from fleetscope.services.telemetry import fleet_size, latest_fields
 from fleetscope.store import Store
-from fleetscope.store.reads import bucket_us_sql, fetch, site_hosts_sql
+from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql, site_hosts_sql
 
 UTC = F.UTC_US
 
@@ -60,7 +60,7 @@ def health_grid(
     screen shows, and the ones needing attention are the point of the grid.
     """
     end = as_utc(end)
-    latest = latest_gpu_samples(store, end, lookback_s, site)
+    latest = latest_fields(store, end, ("temp_c", "power_w", "xid_last"), lookback_s, site)
     params: list[Any] = [end - dt.timedelta(seconds=health_window_s), end]
     site_sql = site_hosts_sql(site, params)
     ev = fetch(
@@ -238,14 +238,31 @@ def gpu_state_counts(
     end = as_utc(end)
     size = fleet_size(store, site)
     inventory = int(size["gpus"][0]) if size.height else 0
-    act = gpu_activity(store, end, window_s, busy_util_ratio, site)
-    bad = unhealthy_gpus(store, end - dt.timedelta(seconds=health_window_s), end, site)
-    bad_set = set(bad["gpu_uuid"].to_list())
-    healthy = act.filter(~pl.col("gpu_uuid").is_in(list(bad_set)))
-    busy = int(healthy["busy"].sum()) if healthy.height else 0
-    idle = healthy.height - busy
-    silent = max(0, inventory - act.height - len(bad_set - set(act["gpu_uuid"].to_list())))
+    # Each GPU's state is decided in the database and only the five counts come back: the fleet's GPUs
+    # (100,000 rows at the largest sites) never travel to this process.
+    start = end - dt.timedelta(seconds=window_s)
+    params: list[Any] = [start, end]
+    act_site = site_gpus_sql(site, params)
+    params += [end - dt.timedelta(seconds=health_window_s), end, *UNHEALTHY_KINDS]
+    bad_site = site_hosts_sql(site, params)
+    params += [busy_util_ratio, busy_util_ratio]
+    kinds = ", ".join("?" for _ in UNHEALTHY_KINDS)
+    sql = (
+        "SELECT SUM(rep) AS reporting, SUM(CASE WHEN rep = 1 AND bad = 0 AND u >= ? THEN 1 ELSE 0 END) AS busy,"
+        " SUM(CASE WHEN rep = 1 AND bad = 0 AND u < ? THEN 1 ELSE 0 END) AS idle, SUM(bad) AS unhealthy,"
+        " SUM(CASE WHEN rep = 0 THEN 1 ELSE 0 END) AS bad_silent FROM ("
+        " SELECT gpu_uuid, MAX(rep) AS rep, MAX(bad) AS bad, COALESCE(MAX(u), 0) AS u FROM ("
+        f" SELECT gpu_uuid, 1 AS rep, 0 AS bad, AVG(util_ratio) AS u FROM {gpu_samples_sql(store, start, end, ('util_ratio',))}"
+        f" WHERE ts >= ? AND ts < ?{act_site} GROUP BY gpu_uuid"
+        " UNION ALL SELECT gpu_uuid, 0 AS rep, 1 AS bad, NULL AS u FROM (SELECT DISTINCT gpu_uuid FROM health_event"
+        f" WHERE ts >= ? AND ts < ? AND kind IN ({kinds}) AND gpu_uuid <> ''{bad_site}) b) z GROUP BY gpu_uuid) y"
+    )
+    # the two thresholds are the outer query's first placeholders
+    params = params[-2:] + params[:-2]
+    c = {k: int(v or 0) for k, v in fetch(store, sql, params, {k: pl.Int64 for k in ("reporting", "busy", "idle", "unhealthy", "bad_silent")}).row(0, named=True).items()}
+    silent = max(0, inventory - c["reporting"] - c["bad_silent"])
     return pl.DataFrame(
-        {"gpus": [max(inventory, act.height)], "reporting": [act.height], "busy": [busy], "idle": [idle], "unhealthy": [len(bad_set)], "silent": [silent]},
+        {"gpus": [max(inventory, c["reporting"])], "reporting": [c["reporting"]], "busy": [c["busy"]], "idle": [c["idle"]],
+         "unhealthy": [c["unhealthy"]], "silent": [silent]},
         schema={k: pl.Int64 for k in ("gpus", "reporting", "busy", "idle", "unhealthy", "silent")},
     )

@@ -5,7 +5,7 @@ than a short one). Bounded by construction: the dashboard never reads raw teleme
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
@@ -39,7 +39,7 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
     big = {"gpu_sample", "metric_sample", "collective", "step", "gpu_workload", "step_breakdown", "gpu_energy_minute"}
     present = set(existing_tables(store))
     names = [t for t in (tables or list(F.FRAMES)) if t in present]
-    rows: list[tuple[str, int, bool]] = []
+    counts: list[tuple[str, str, bool]] = []
     for name in names:
         quoted = '"' + name.replace('"', '""') + '"'
         if name in big and store.dialect == "sqlite":
@@ -56,9 +56,14 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
                        f" * (SELECT AVG(samples) FROM (SELECT samples FROM {packed.TABLE} LIMIT 100) s), 0))::bigint AS n")
         else:
             sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
-        df = fetch(store, sql, [], {"n": pl.Int64})
-        rows.append((name, int(df["n"][0]) if df.height and df["n"][0] is not None else 0, approx))
-    return pl.DataFrame(rows, schema={"table": pl.String, "rows": pl.Int64, "approximate": pl.Boolean}, orient="row")
+        counts.append((name, sql, approx))
+    schema = {"table": pl.String, "rows": pl.Int64, "approximate": pl.Boolean}
+    if not counts:
+        return pl.DataFrame(schema=schema)
+    # one statement for every table: each statement is a round trip (a new connection on PostgreSQL)
+    union = " UNION ALL ".join(f"SELECT {i} AS i, ({sql}) AS n" for i, (_, sql, _) in enumerate(counts))
+    n = dict(fetch(store, union, [], {"i": pl.Int64, "n": pl.Int64}).iter_rows())
+    return pl.DataFrame([(name, int(n.get(i) or 0), approx) for i, (name, _, approx) in enumerate(counts)], schema=schema, orient="row")
 
 
 def data_end(store: Store) -> dt.datetime | None:
@@ -177,17 +182,40 @@ def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None 
     return fetch(store, sql, params, schema)
 
 
-def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
-    """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w``."""
-    df = latest_gpu_samples(store, end, lookback_s, site)
-    return pl.DataFrame(
-        {
-            "as_of": [df["ts"].max() if df.height else None],
-            "gpus_reporting": [df.height],
-            "power_w": [float(df["power_w"].sum()) if df.height and df["power_w"].null_count() < df.height else None],
-        },
-        schema={"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64},
+def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookback_s: float | None = None,
+                  site: str | None = None) -> pl.DataFrame:
+    """``gpu_uuid, ts`` and ``columns`` of the latest sample of every GPU that reported in ``[end - lookback_s,
+    end)``, unordered and without the inventory: ``latest_gpu_samples`` for reads that need a few fields of
+    the whole fleet (the database sorts narrow rows, and a 100,000-GPU fleet sends 100,000 short ones)."""
+    end = as_utc(end)
+    start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
+    params: list[Any] = [start, end]
+    site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
+    cols = [c for c in dict.fromkeys(columns) if c not in ("ts", "gpu_uuid")]
+    if any(c not in F.GPU_SAMPLE.schema for c in cols):
+        raise ValueError(f"gpu_sample has no field among {cols!r}")
+    fields = "".join(f", s.{c}" for c in cols)
+    sql = (
+        f"SELECT gpu_uuid, ts{''.join(', ' + c for c in cols)} FROM ("
+        f" SELECT s.gpu_uuid, s.ts{fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
+        f" FROM {gpu_samples_sql(store, start, end, cols, 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}) x WHERE rn = 1"
     )
+    return fetch(store, sql, params, {"gpu_uuid": pl.String, "ts": UTC, **{c: F.GPU_SAMPLE.schema[c] for c in cols}})
+
+
+def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
+    """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w`` (the GPUs of
+    ``latest_gpu_samples``, summed in the database: one row comes back however large the fleet)."""
+    end = as_utc(end)
+    start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
+    params: list[Any] = [start, end]
+    site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
+    sql = (
+        "SELECT MAX(ts) AS as_of, COUNT(*) AS gpus_reporting, SUM(power_w) AS power_w FROM ("
+        " SELECT s.ts, s.power_w, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
+        f" FROM {gpu_samples_sql(store, start, end, ('power_w',), 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}) x WHERE rn = 1"
+    )
+    return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64})
 
 
 def gpu_activity(
@@ -230,17 +258,21 @@ def fleet_series(
     busy_util_ratio: float = 0.1,
     site: str | None = None,
     tier: str | None = None,
+    probe_s: float | None = None,
 ) -> pl.DataFrame:
     """Fleet power and utilisation at ``points`` instants evenly spread over ``(start, end]``.
 
     ``tier`` (default: ``services.tiers.choose_tier`` of the range) says what the probes read: raw samples
     for a short range, the minute or hour roll-up tier for a long one, so a 30-day panel reads no raw row.
     A tier probe averages the GPU's bucket means (utilisation, power) and takes its bucket maximum
-    (temperature) over the ``TIER_PROBE`` before the instant.
+    (temperature) over the ``TIER_PROBE`` before the instant; an instant the tier has not rolled yet (past its
+    watermark) is probed in the raw samples, as is every instant while the tier holds no row.
 
     Each point is a probe: the GPUs' samples over the 1.5 sample intervals before the instant, averaged
     per GPU, then summed (power) or counted (busy GPUs) across the fleet. Reading a probe per point
     instead of every sample keeps a day of a 16k-GPU fleet at ``points`` × 16k rows, the same as an hour.
+    ``probe_s`` (``raw_probe_s`` of a page's whole range, read once for its many one-point calls) stands in
+    for measuring the sample interval at the range's ends.
     Columns: ``ts, gpus_reporting, gpus_busy, util_mean_ratio, power_w, temp_max_c``.
     """
     start, end = as_utc(start), as_utc(end)
@@ -255,56 +287,144 @@ def fleet_series(
     # a tier never rolled (no beat yet: a fresh embedded install) leaves the read on raw samples
     tier = tier or tiers.tier_for(store, start, end)
     if tier != "raw":
-        return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema)
-    first = data_start(store)
-    if first is None or end <= start:
+        return _tier_fleet_series(store, tier, start, end, points, busy_util_ratio, site, schema, probe_s)
+    if end <= start:
         return pl.DataFrame(schema=schema)
-    start = max(start, first)
-    probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
-    def inner(lo: dt.datetime, hi: dt.datetime) -> str:
-        source = gpu_samples_sql(store, lo, hi, ("util_ratio", "power_w", "temp_c"))
-        return f"AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM {source} WHERE ts >= ? AND ts < ?"
+    if points > 1 or probe_s is None:
+        # a one-point series' instant is its end, wherever the data begins
+        first = data_start(store)
+        if first is None:
+            return pl.DataFrame(schema=schema)
+        start = max(start, first)
+    probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, start, end)
+    return _probes(store, [_raw_probe(store, at, probe) for at in _instants(start, end, points)], busy_util_ratio, site, schema)
 
-    return _probes(store, inner, start, end, points, probe, busy_util_ratio, site, schema)
+
+def raw_probe_s(store: Store, start: dt.datetime, end: dt.datetime) -> float:
+    """How far back a raw probe of ``fleet_series`` over ``[start, end)`` looks: 1.5 sample intervals, measured
+    at both ends (one scrape of every GPU however the scrapes fall)."""
+    return _raw_probe_length(store, as_utc(start), as_utc(end)).total_seconds()
 
 
-def _probes(store: Store, inner: Callable[[dt.datetime, dt.datetime], str], start: dt.datetime, end: dt.datetime, points: int, probe: dt.timedelta,
-            busy_util_ratio: float, site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """``fleet_series``' probes as one query: per instant, each GPU's ``inner`` aggregates (``u``, ``p``,
-    ``t`` over the ``probe`` before it, from raw samples or a tier, ``inner(lo, hi)`` of the probe's bounds) folded
-    over the fleet."""
+def series_tier(store: Store, range_s: int) -> str:
+    """The tier ``fleet_series`` reads for a range of ``range_s`` seconds (``services.tiers.choose_tier``, passing over
+    tiers never rolled): what a page probing a long range instant by instant asks once, so each of its probes
+    reads the tier the whole range would, not raw samples because one probe's own span is short."""
+    now = dt.datetime.now(dt.UTC)
+    return tiers.choose_tier(now - dt.timedelta(seconds=int(range_s)), now, rolled=tiers.rolled_tiers(store))
+
+
+def series_start(store: Store, range_s: int) -> dt.datetime | None:
+    """The earliest instant a fleet series over a range of ``range_s`` seconds can show: the oldest raw sample, or
+    the oldest bucket of the tier such a range reads where that is older (raw samples kept for less long than
+    the tier), or None before any data."""
+    first = data_start(store)
+    tier = series_tier(store, range_s)
+    if tier != "raw":
+        oldest = tiers.oldest(store, tier)
+        if oldest is not None and (first is None or oldest < first):
+            first = oldest
+    return first
+
+
+def _instants(start: dt.datetime, end: dt.datetime, points: int) -> list[dt.datetime]:
     points = max(1, int(points))
     step = (end - start) / points
+    return [start + step * (i + 1) for i in range(points)]
+
+
+Probe = tuple[dt.datetime, dt.datetime, str]
+"""One probe of ``fleet_series``: its instant, the start of what it reads, and the per-GPU aggregates
+(``u``, ``p``, ``t``) it reads up to the instant (SQL with two placeholders: the bounds)."""
+
+
+def _raw_probe_length(store: Store, start: dt.datetime, end: dt.datetime) -> dt.timedelta:
+    """1.5 sample intervals, measured at both ends of a range: one scrape of every GPU however the scrapes fall."""
+    return dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
+
+
+def _raw_probe(store: Store, at: dt.datetime, probe: dt.timedelta) -> Probe:
+    """A probe of the raw samples over the ``probe`` before ``at``."""
+    source = gpu_samples_sql(store, at - probe, at, ("util_ratio", "power_w", "temp_c"))
+    return at, at - probe, f"AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM {source} WHERE ts >= ? AND ts < ?"
+
+
+def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """``fleet_series``' probes as one query: per instant, each GPU's aggregates over its probe, from raw samples
+    or a tier, folded over the fleet."""
     parts: list[str] = []
     params: list[Any] = []
-    for i in range(points):
-        at = start + step * (i + 1)
-        params += [at, busy_util_ratio, at - probe, at]
+    for at, lo, inner in probes:
+        params += [at, busy_util_ratio, lo, at]
         site_sql = site_gpus_sql(site, params)
         parts.append(
             "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
             " AVG(u) AS util_mean_ratio, SUM(p) AS power_w, MAX(t) AS temp_max_c FROM ("
-            f" SELECT gpu_uuid, {inner(at - probe, at)}{site_sql} GROUP BY gpu_uuid) x"
+            f" SELECT gpu_uuid, {inner}{site_sql} GROUP BY gpu_uuid) x"
         )
+    if not parts:
+        return pl.DataFrame(schema=schema)
     df = fetch(store, " UNION ALL ".join(parts), params, schema)
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
 
 
+TIER_BUCKET = {"minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}
 TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
-"""How far back a tier probe looks: a few buckets, so the tier's settling lag (``tiers.SETTLE``) leaves no hole."""
+"""How far back a tier probe looks: a few buckets, so a probe just behind the tier's watermark still finds one."""
 
 
 def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.datetime, points: int, busy_util_ratio: float,
-                       site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+                       site: str | None, schema: dict[str, pl.DataType], probe_s: float | None = None) -> pl.DataFrame:
     table = tiers.TIER_TABLE[tier]
     first = fetch(store, f"SELECT MIN(bucket) AS t FROM {table}", [], {"t": UTC})["t"][0]
-    if first is None or end <= start:
-        return pl.DataFrame(schema=schema)
+    if first is None:
+        return fleet_series(store, start, end, points, busy_util_ratio, site, tier="raw", probe_s=probe_s)
     start = max(start, first)
     if end <= start:
         return pl.DataFrame(schema=schema)
+    return _tier_probes(store, tier, _instants(start, end, points), busy_util_ratio, site, schema, probe_s, TIER_PROBE[tier])
+
+
+def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util_ratio: float, site: str | None,
+                 schema: dict[str, pl.DataType], probe_s: float | None, width: dt.timedelta) -> pl.DataFrame:
+    """Tier probes of the ``width`` before each instant over what the tier has rolled, and raw probes for instants
+    whose probe holds no rolled bucket (past the watermark: ``tiers.SETTLE`` and beat's tick behind the data for
+    the minute tier, up to an hour more for the hour tier), so the newest points are not missing while the tier
+    catches up."""
+    table = tiers.TIER_TABLE[tier]
+    rolled_to = tiers.watermark(store, tier)
     inner = f"AVG(util_ratio_mean) AS u, AVG(power_w_mean) AS p, MAX(temp_c_max) AS t FROM {table} WHERE bucket >= ? AND bucket < ?"
-    return _probes(store, lambda lo, hi: inner, start, end, points, TIER_PROBE[tier], busy_util_ratio, site, schema)
+
+    def rolled(at: dt.datetime) -> bool:
+        # the first bucket the probe reads starts before the watermark
+        lo = at - width
+        first_bucket = tiers.floor_to(lo, tier)
+        if first_bucket < lo:
+            first_bucket += TIER_BUCKET[tier]
+        return rolled_to is None or first_bucket < rolled_to
+
+    tail = [at for at in instants if not rolled(at)]
+    probes: list[Probe] = [(at, at - width, inner) for at in instants if rolled(at)]
+    if tail:
+        probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, tail[0], tail[-1])
+        probes += [_raw_probe(store, at, probe) for at in tail]
+    return _probes(store, probes, busy_util_ratio, site, schema)
+
+
+def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | None = None, tier: str = "raw",
+                    probe_s: float | None = None, busy_util_ratio: float = 0.1) -> pl.DataFrame:
+    """``fleet_series``' point at each of ``instants`` (a page's grid), all in one statement: from the bucket of
+    ``tier`` that ends at or before the instant where the tier has rolled it (one bucket: a grid's instants fall
+    on bucket edges), else from raw samples over ``probe_s`` (measured at the instants' ends if not given)."""
+    ats = sorted(as_utc(a) for a in instants)
+    schema = {"ts": UTC, "gpus_reporting": pl.Int64, "gpus_busy": pl.Int64, "util_mean_ratio": pl.Float64, "power_w": pl.Float64,
+              "temp_max_c": pl.Float64}
+    if not ats:
+        return pl.DataFrame(schema=schema)
+    if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0] is not None:
+        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s, TIER_BUCKET[tier])
+    probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, ats[0], ats[-1])
+    return _probes(store, [_raw_probe(store, at, probe) for at in ats], busy_util_ratio, site, schema)
 
 
 def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,

@@ -96,3 +96,22 @@ def test_pue_job_model_and_embodied_panels(empty_sqlite_url: str, monkeypatch: p
     assert any(c.value.startswith("Mean GPU power per bucket from the energy roll-up") for c in at.caption)
     m = {x.label: x.value for x in at.metric}
     assert m["Embodied CO2e in range"] == f"{float(emb['embodied_kgco2e'].sum()):.1f} kg"
+
+
+def test_energy_by_job_and_model_in_one_read_is_both_reads(empty_sqlite_url: str) -> None:
+    from tests.fleetscope.test_energy_service import T0 as E0
+    from tests.fleetscope.test_energy_service import seed_two_jobs
+
+    store = Store.open(empty_sqlite_url)
+    seed_two_jobs(store)
+    store.write(F.Batch(job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "model_name": "llm-7b", "world_size": 4},
+                                          {"job_id": "serve-2", "kind": "inference", "model_name": "llm-7b", "world_size": 2}])))
+    end = E0 + dt.timedelta(minutes=20)
+    energy_rollup.rollup_window(store, E0, end)
+    for site in (None, "site-a"):
+        jobs, models = energy_reads.energy_by_job_and_model(store, E0, end, site=site)
+        assert jobs.equals(energy_reads.energy_by_job(store, E0, end, site=site))
+        assert models.sort("kind").equals(energy_reads.energy_by_model(store, E0, end, site=site).sort("kind"))
+    top, _ = energy_reads.energy_by_job_and_model(store, E0, end, limit=1)
+    assert top["job_id"].to_list() == energy_reads.energy_by_job(store, E0, end, limit=1)["job_id"].to_list()
+    store.engine.dispose()

@@ -109,6 +109,16 @@ def test_gpu_states_are_disjoint_and_cover_the_fleet(seeded_store: Store, fleet:
     assert later["silent"] == 64 and later["reporting"] == 0
 
 
+def test_gpu_states_count_an_unhealthy_gpu_that_went_silent_once(seeded_store: Store) -> None:
+    # Ten minutes after the data ends no GPU reports; the three GPUs with serious events in the last hour are
+    # unhealthy, and not silent as well.
+    counts = health_reads.gpu_state_counts(seeded_store, END + dt.timedelta(minutes=10)).row(0, named=True)
+    assert counts == {"gpus": 64, "reporting": 0, "busy": 0, "idle": 0, "unhealthy": 3, "silent": 61}
+    site_b = health_reads.gpu_state_counts(seeded_store, END, site="site-b").row(0, named=True)
+    assert site_b["gpus"] == site_b["reporting"] == 32 and site_b["unhealthy"] == 0
+    assert site_b["busy"] + site_b["idle"] == 32
+
+
 def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
     grid = health_reads.health_grid(seeded_store, END)
     assert grid.height == 64

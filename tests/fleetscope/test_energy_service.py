@@ -6,13 +6,15 @@ import json
 import httpx
 import polars as pl
 import pytest
+from sqlalchemy import text
 
 from fleetscope.services import auth
 from fleetscope.core import frames as F
 from fleetscope.services.energy import energy_report
-from fleetscope.services import energy_rollup
+from fleetscope.services import energy_reads, energy_rollup
 from fleetscope.services.energy_rollup import rollup_window
 from fleetscope.sim import FleetSpec, gpu_fleet
+from fleetscope.store import _epoch_us
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 
@@ -397,3 +399,23 @@ def test_a_rank_added_after_the_rollup_is_counted_once_its_batch_is_posted(api):
     after = es.job_energy(store, ["train-1"]).row(0, named=True)
     assert after["allocated_s"] == pytest.approx(5 * 10 * 60.0) and after["energy_j"] == pytest.approx(before["energy_j"] + fifth)
     assert energy_rollup.reroll_jobs(store, ["nope"]) == {"jobs": 0, "rows": 0}
+
+
+def test_whole_hours_the_roll_up_holds_finally_come_from_its_site_sums_and_agree_with_the_counters(store):
+    seed(store, minutes=150)
+    start = T0 - dt.timedelta(minutes=30)
+    rollup_window(store, T0 + dt.timedelta(minutes=1), T0 + dt.timedelta(minutes=150))  # begins a minute into 12:00
+    rolled = energy_reads.rolled_energy_by_site_hour(store, start, T0 + dt.timedelta(hours=3))
+    # 12:00 lacks its first minute, 14:00 is still re-rolled (the roll-up ends at 14:30): only 13:00
+    assert rolled["hour"].unique().to_list() == [T0 + dt.timedelta(hours=1)] and rolled["site_id"].to_list() == ["site-a", "site-b"]
+    counted = energy_reads.counter_energy_by_site_hour(store, T0 + dt.timedelta(hours=1), T0 + dt.timedelta(hours=2))
+    assert rolled["energy_j"].to_list() == pytest.approx(counted["energy_j"].to_list(), rel=1e-9)
+    assert rolled["kgco2e"].to_list() == pytest.approx(counted["kgco2e"].to_list(), rel=1e-9)
+    assert rolled["gpus"].to_list() == [8, 8] and rolled["intensity_basis"].to_list() == counted["intensity_basis"].to_list()
+    one = energy_reads.rolled_energy_by_site_hour(store, T0, T0 + dt.timedelta(hours=3), site="site-b")
+    assert one["site_id"].to_list() == ["site-b"] and one["energy_j"].to_list() == pytest.approx(rolled["energy_j"].to_list()[1:], rel=1e-12)
+    # a skipped minute leaves its hour to the counters
+    cut = T0 + dt.timedelta(minutes=75)
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM site_energy_minute WHERE minute = :t"), {"t": cut if store.dialect == "postgresql" else _epoch_us(cut)})
+    assert energy_reads.rolled_energy_by_site_hour(store, start, T0 + dt.timedelta(hours=3)).is_empty()

@@ -233,3 +233,58 @@ def test_a_tier_never_rolled_leaves_the_read_on_raw(store):
     df = telemetry.fleet_series(store, end - dt.timedelta(days=30), end, points=2)  # no beat yet: raw probes
     assert df.height >= 1 and df["gpus_reporting"][-1] == 3
     assert tiers.choose_tier(end - dt.timedelta(days=30), end, rolled=frozenset({"minute"})) == "minute"
+
+
+def test_a_long_range_reads_the_tier_and_raw_only_past_its_watermark(store):
+    """The minute tier rolled up to 60 minutes into 90 of raw samples (beat behind the data): probes the tier has
+    rolled read it, the probes after its watermark read raw and give what an all-raw read gives at those instants."""
+    store.write_frames([(F.GPU_SAMPLE, _samples(90))], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=60) + tiers.SETTLE)
+    assert tiers.watermark(store, "minute") == T0 + dt.timedelta(minutes=60)
+    end = T0 + dt.timedelta(minutes=90)
+    seen: list[str] = []
+    real = store.query
+
+    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return real(sql, params, schema_)
+
+    store.query = spy  # type: ignore[method-assign]
+    mixed = telemetry.fleet_series(store, T0, end, points=9, tier="minute")
+    store.query = real  # type: ignore[method-assign]
+    # one query of every probe: the tier's and the raw samples'
+    probes = next(s for s in seen if "gpu_sample_minute" in s and "gpus_reporting" in s)
+    assert "FROM gpu_sample WHERE" in probes
+    # every 10 minutes; the tier covers the instants whose 5-minute probe starts before minute 60
+    assert mixed["ts"].to_list() == [T0 + dt.timedelta(minutes=10 * i) for i in range(1, 10)]
+    assert mixed["gpus_reporting"].to_list() == [3] * 9
+    tail = mixed.filter(pl.col("ts") >= T0 + dt.timedelta(minutes=70))
+    raw = telemetry.fleet_series(store, T0 + dt.timedelta(minutes=60), end, points=3, tier="raw")
+    assert tail.equals(raw)
+    hour_of_tier = telemetry.fleet_series(store, T0, T0 + dt.timedelta(minutes=60), points=6, tier="minute")
+    assert mixed.head(6).equals(hour_of_tier)
+    # the tier's probe at minute 60 is the mean of each GPU's five minute means, summed over the GPUs
+    minutes = store.read("gpu_sample_minute").filter(pl.col("bucket") >= T0 + dt.timedelta(minutes=55))
+    assert mixed["power_w"][5] == pytest.approx(minutes.group_by("gpu_uuid").agg(pl.col("power_w_mean").mean())["power_w_mean"].sum(), rel=1e-12)
+    # a page's grid of instants in one statement: each from the tier's bucket before it, raw past the watermark
+    grid = telemetry.fleet_series_at(store, tuple(mixed["ts"]), tier="minute")
+    assert grid["ts"].to_list() == mixed["ts"].to_list() and grid.tail(3).equals(tail)
+    last = minutes.filter(pl.col("bucket") == T0 + dt.timedelta(minutes=59))
+    assert grid["power_w"][5] == pytest.approx(last["power_w_mean"].sum(), rel=1e-12) and grid["gpus_reporting"][5] == 3
+    assert telemetry.fleet_series_at(store, tuple(tail["ts"]), tier="raw", probe_s=15.0).equals(raw)
+
+
+def test_a_tier_with_no_rows_leaves_the_read_on_raw(store):
+    store.write_frames([(F.GPU_SAMPLE, _samples(10))], source="test")
+    tiers._set_watermark(store, "minute", None, T0, T0)  # rolled to where the data begins: no row yet
+    end = T0 + dt.timedelta(minutes=10)
+    assert "minute" in tiers.rolled_tiers(store) and store.read("gpu_sample_minute").is_empty()
+    assert telemetry.fleet_series(store, T0, end, points=2, tier="minute").equals(telemetry.fleet_series(store, T0, end, points=2, tier="raw"))
+
+
+def test_series_tier_follows_the_range_and_what_was_rolled(store):
+    assert telemetry.series_tier(store, 3600) == "raw"
+    assert telemetry.series_tier(store, 30 * 86_400) == "raw"  # nothing rolled yet
+    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    assert (telemetry.series_tier(store, 86_400), telemetry.series_tier(store, 30 * 86_400)) == ("minute", "hour")

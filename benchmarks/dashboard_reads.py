@@ -1,0 +1,260 @@
+"""Dashboard pages on PostgreSQL without a browser: each page run under Streamlit's AppTest, with the time of every
+service read it makes (``dashboard.ui.read``, the cached path every ``ui.q`` takes) and of the whole run.
+
+Seeds (once, into ``--db``, kept for later runs; or a scratch database dropped afterwards) a fleet of ``--gpus``
+GPUs (``fleetscope.sim.gpu_fleet``: 8 a node, 2 sites) shaped as the capacity run leaves it (``--shape
+capacity``: ``--minutes`` of raw samples at 10 s, the minute tier rolled up to a few minutes before the end, no
+hour tier, no energy minutes) or as a steady site has it (``--shape steady``: the same raw minutes with the energy
+roll-up and both tiers advanced over them, and before them ``--days`` of history: the hour tier for every GPU
+and the per-site and per-job energy minutes, written with COPY). Then, per page and range (``--ranges``), one
+first visit (caches cleared) and ``--rounds`` warm runs. Prints JSON lines:
+
+- ``read``: one per service read of a first visit (``module.name``, its arguments, seconds, rows);
+- ``page``: the page's first-visit and warm seconds, and the slowest read.
+
+    python benchmarks/dashboard_reads.py [--gpus 16384] [--shape capacity|steady] [--ranges "24 h,30 d"]
+                                         [--pages overview,energy_carbon] [--db NAME] [--postgres URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from fleetscope.core import frames as F  # noqa: E402
+from fleetscope.services import auth, energy_rollup, tiers  # noqa: E402
+from fleetscope.sim.fleet import FleetSpec, gpu_fleet  # noqa: E402
+from fleetscope.store import Store, db  # noqa: E402
+
+APP = _HERE.parent / "dashboard" / "app.py"
+INTERVAL_S = 10
+JOBS = 64
+"""Jobs in the per-job energy history: a 16,384-GPU fleet runs tens of jobs at once."""
+
+
+def _emit(**row: object) -> None:
+    print(json.dumps(row, default=str), flush=True)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def fleet_spec(gpus: int) -> FleetSpec:
+    nodes = max(2, gpus // 8)
+    return FleetSpec(sites=2, nodes_per_site=nodes // 2, gpus_per_node=8, interval_s=INTERVAL_S)
+
+
+def _copy(store: Store, table: str, df: pl.DataFrame) -> None:
+    raw = store.engine.raw_connection()
+    try:
+        with raw.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(df.columns)}) FROM STDIN WITH (FORMAT csv)") as cp:
+            cp.write(df.write_csv(include_header=False, datetime_format="%Y-%m-%dT%H:%M:%S%z"))
+        raw.commit()
+    finally:
+        raw.close()
+
+
+def seed_raw(store: Store, spec: FleetSpec, start: dt.datetime, minutes: int, scrapes: int | None = None) -> list[str]:
+    """The fleet's inventory and ``minutes`` of samples every 10 s (or only the first ``scrapes``), written a minute
+    at a time; the GPUs' ids."""
+    batch = gpu_fleet(spec, start, (scrapes or minutes * 6) * INTERVAL_S)
+    store.write(F.Batch(source="bench:dashboard_reads", site=batch.site, host=batch.host, gpu=batch.gpu))
+    samples = batch.gpu_sample
+    for m in range(minutes):
+        lo, hi = start + dt.timedelta(minutes=m), start + dt.timedelta(minutes=m + 1)
+        store.write(F.Batch(source=f"bench:dashboard_reads:{m}", gpu_sample=samples.filter((pl.col("ts") >= lo) & (pl.col("ts") < hi))))
+    return batch.gpu["gpu_uuid"].to_list()
+
+
+def seed_history(store: Store, uuids: list[str], sites: dict[str, str], end: dt.datetime, days: int) -> dict[str, int]:
+    """``days`` before ``end``: the hour tier of every GPU (the fields the pages read, and the exact energy), the
+    per-site energy minutes and ``JOBS`` jobs' energy minutes, as beat would have left them."""
+    rng = np.random.default_rng(22)
+    first = end - dt.timedelta(days=days)
+    n = len(uuids)
+    rows = {"gpu_sample_hour": 0, "site_energy_minute": 0, "job_energy_minute": 0}
+    site_of = [sites[u] for u in uuids]
+    for day in range(days):
+        hours = [first + dt.timedelta(days=day, hours=h) for h in range(24)]
+        power = 100 + rng.random(n * 24) * 600
+        _copy(store, "gpu_sample_hour", pl.DataFrame({
+            "bucket": pl.Series(np.repeat(np.array(hours, dtype="datetime64[us]"), n)).dt.replace_time_zone("UTC"),
+            "gpu_uuid": uuids * 24, "samples": pl.repeat(360, n * 24, eager=True),
+            "util_ratio_mean": rng.random(n * 24).round(4), "power_w_mean": power.round(2),
+            "temp_c_max": (30 + rng.random(n * 24) * 50).round(1), "gpu_energy_j": (power * 3600).round(1)}))
+        rows["gpu_sample_hour"] += n * 24
+    minutes = np.array([first + dt.timedelta(minutes=i) for i in range(days * 1440)], dtype="datetime64[us]")
+    per_site = pl.DataFrame({"site_id": site_of}).group_by("site_id").len().sort("site_id")
+    site_rows = pl.concat([pl.DataFrame({"minute": pl.Series(minutes).dt.replace_time_zone("UTC"), "site_id": s,
+                                         "energy_j": (k * 400.0 * 60) + rng.random(len(minutes)), "gpus": k})
+                           for s, k in per_site.iter_rows()])
+    _copy(store, "site_energy_minute", site_rows)
+    rows["site_energy_minute"] = site_rows.height
+    for j in range(JOBS):
+        # each job runs a random stretch of the history on 8-1,024 GPUs of one site
+        length = int(rng.integers(60, days * 1440 // 2))
+        at = int(rng.integers(0, days * 1440 - length))
+        gpus = int(2 ** rng.integers(3, 11))
+        site = per_site["site_id"][j % per_site.height]
+        job = pl.DataFrame({"minute": pl.Series(minutes[at:at + length]).dt.replace_time_zone("UTC"), "job_id": f"job-{j:03d}", "site_id": site,
+                            "energy_j": gpus * 400.0 * 60, "covered_s": gpus * 60.0, "allocated_s": gpus * 60.0, "gpus": gpus})
+        _copy(store, "job_energy_minute", job)
+        rows["job_energy_minute"] += job.height
+    store.write(F.Batch(source="bench:dashboard_reads:jobs", job=pl.DataFrame(
+        [{"job_id": f"job-{j:03d}", "kind": "training" if j % 4 else "inference", "model_name": f"model-{j % 8}", "world_size": 8}
+         for j in range(JOBS)])))
+    with store.engine.begin() as conn:
+        for t in rows:
+            conn.execute(text(f"ANALYZE {t}"))
+    return rows
+
+
+def seed(url: str, gpus: int, shape: str, minutes: int, days: int, scrapes: int | None = None) -> dict[str, Any]:
+    store = Store.open(url)
+    t = time.perf_counter()
+    spec = fleet_spec(gpus)
+    end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=1)
+    start = end - dt.timedelta(minutes=minutes)
+    uuids = seed_raw(store, spec, start, minutes, scrapes)
+    out: dict[str, Any] = {"raw_rows": len(uuids) * (scrapes or minutes * 6)}
+    if scrapes:
+        pass  # the 100,000-GPU capacity run's two scrapes: nothing rolled yet
+    elif shape == "capacity":
+        # the minute tier as far as a worker got while the pushes went on: a few minutes behind the data
+        out["tiers"] = tiers._advance(store, "minute", start + dt.timedelta(minutes=max(1, minutes - 3)), end, 24)
+    else:
+        out["energy"] = {k: v for k, v in energy_rollup.rollup_window(store, start, end).items() if k in ("minutes", "gpus")}
+        out["tiers"] = tiers.advance(store, end + tiers.SETTLE)
+        gpu = store.read("gpu", columns=["gpu_uuid", "host"]).join(store.read("host", columns=["host", "site_id"]), on="host")
+        out["history"] = seed_history(store, uuids, dict(gpu.select("gpu_uuid", "site_id").iter_rows()), start.replace(minute=0), days)
+        if tiers.watermark(store, "hour") is None:
+            # the raw minutes lie within one hour, which the hour tier has not closed: its history has
+            tiers._set_watermark(store, "hour", None, start.replace(minute=0), end)
+    with store.engine.begin() as conn:
+        conn.execute(text("ANALYZE"))
+    store.engine.dispose()
+    return {**out, "seconds": round(time.perf_counter() - t, 1), "end": end.isoformat()}
+
+
+@contextlib.contextmanager
+def timed_reads(log: list[dict[str, Any]]) -> Iterator[None]:
+    """Every cached page read (``dashboard.ui.read``) timed into ``log``."""
+    from dashboard import ui  # lazy: Streamlit loads only once the seeding is done
+
+    plain = ui.read
+
+    def read(url: str, module: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+        t, c = time.perf_counter(), time.process_time()
+        out = plain(url, module, name, kwargs)
+        log.append({"read": f"{module.rsplit('.', 1)[1]}.{name}", "args": {k: v for k, v in kwargs if k not in ("site",)},
+                    "seconds": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3),
+                    "rows": getattr(out, "height", None)})
+        return out
+
+    ui.read = read
+    try:
+        yield
+    finally:
+        ui.read = plain
+
+
+def run_page(url: str, token: str, page: str, range_label: str) -> tuple[float, Any]:
+    from streamlit.testing.v1 import AppTest  # lazy: as above
+
+    from dashboard import signin  # lazy: as above
+
+    at = AppTest.from_file(str(APP), default_timeout=900)
+    at.session_state[signin.TOKEN_KEY] = token
+    at.query_params["range"] = range_label
+    at.query_params["refresh"] = "off"
+    if page != "overview":
+        at.switch_page(f"views/{page}.py")
+    t = time.perf_counter()
+    at.run()
+    return time.perf_counter() - t, at
+
+
+def measure(url: str, pages: list[str], ranges: list[str], rounds: int, common: dict[str, Any]) -> None:
+    import streamlit as st  # lazy: as above
+
+    os.environ["FLEETSCOPE_DATABASE_URL"] = url
+    engine = create_engine(url)
+    token = auth.create_token(engine, "bench-dashboard-reads", ["admin"])
+    engine.dispose()
+    for range_label in ranges:
+        for page in pages:
+            st.cache_data.clear()
+            log: list[dict[str, Any]] = []
+            with timed_reads(log):
+                first, at = run_page(url, token, page, range_label)
+            errors = [e.message for e in at.exception] + [e.value for e in at.error]
+            by_read: dict[str, dict[str, Any]] = {}
+            for r in log:
+                d = by_read.setdefault(r["read"], {"calls": 0, "seconds": 0.0, "max_s": 0.0, "rows": 0})
+                d["calls"] += 1
+                d["seconds"] = round(d["seconds"] + r["seconds"], 3)
+                d["max_s"] = max(d["max_s"], r["seconds"])
+                d["rows"] += r["rows"] or 0
+            _emit(bench="dashboard_reads", what="reads", page=page, range=range_label, **common,
+                  reads=dict(sorted(by_read.items(), key=lambda kv: -kv[1]["seconds"])))
+            warm = [run_page(url, token, page, range_label)[0] for _ in range(rounds)]
+            _emit(bench="dashboard_reads", what="page", page=page, range=range_label, **common, first_visit_s=round(first, 2),
+                  reads_s=round(sum(r["seconds"] for r in log), 2), reads_cpu_s=round(sum(r["cpu_s"] for r in log), 2), reads=len(log),
+                  warm_s=[round(w, 2) for w in warm], errors=errors[:3], load=_load())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--shape", choices=("capacity", "steady"), default="capacity")
+    ap.add_argument("--minutes", type=int, default=6, help="minutes of raw samples at 10 s")
+    ap.add_argument("--scrapes", type=int, default=None, help="only this many scrapes, nothing rolled (the 100,000-GPU capacity run's 2)")
+    ap.add_argument("--days", type=int, default=30, help="steady: days of tier and energy history before the raw minutes")
+    ap.add_argument("--ranges", default="24 h,30 d")
+    ap.add_argument("--pages", default="overview,energy_carbon")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--db", default=None, help="database to seed once and keep (reused when it exists); default: a scratch one")
+    ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    args = ap.parse_args()
+    common = {"gpus": fleet_spec(args.gpus).nodes_per_site * 16, "shape": args.shape if args.scrapes is None else f"{args.scrapes} scrapes",
+              "database": "postgresql"}
+
+    def run(url: str, fresh: bool) -> None:
+        if fresh:
+            db.upgrade(url)
+            _emit(bench="dashboard_reads", what="seed", **common, **seed(url, args.gpus, args.shape, args.minutes, args.days, args.scrapes), load=_load())
+        measure(url, args.pages.split(","), args.ranges.split(","), args.rounds, common)
+
+    if args.db is None:
+        with db.scratch_database(args.postgres, "fleetscope_bench_dashreads") as url:
+            run(url, True)
+        return
+    admin = create_engine(args.postgres, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": args.db}).first() is not None
+        if not exists:
+            conn.execute(text(f'CREATE DATABASE "{args.db}"'))
+    url = admin.url.set(database=args.db).render_as_string(hide_password=False)
+    admin.dispose()
+    run(url, not exists)
+
+
+if __name__ == "__main__":
+    main()
