@@ -94,6 +94,8 @@ class Store:
         self._write_lock: Any = SqliteWriteLock(engine.url.database) if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
+        if self.dialect == "postgresql" and not event.contains(engine, "connect", pg_write.on_connect):
+            event.listen(engine, "connect", pg_write.on_connect)
 
     @classmethod
     def open(cls, url: str, read_url: str | None = None) -> Store:
@@ -230,16 +232,20 @@ class Store:
             self._ensure_partitions([(spec.name, r) for spec, r in frames])
             new_series: dict[str, int] = {}
             for attempt in (0, 1):
+                confirm = None  # gpu rows to remember as stored once committed (store.inventory.InventoryRows)
                 try:
                     with self._write_lock, self.engine.begin() as conn:
                         if self.dialect == "postgresql":
-                            pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
+                            confirm = pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
                         else:
                             self._refuse_logged(conn, unless_logged)
                             for spec, r in frames:
                                 if spec.name == "metric_sample":
                                     result.written[spec.name] = self._insert(conn, "metric_sample", self._metric_rows(conn, r, new_series),
                                                                              ("series_id", "ts"), "ignore")
+                                elif spec.name == "gpu":
+                                    result.written["gpu"], confirm = self._inventory.upsert_rows(
+                                        conn, r, lambda r=r, spec=spec: self._insert(conn, "gpu", r, spec.key, spec.on_conflict))
                                 else:
                                     result.written[spec.name] = self._insert(conn, spec.name, r, spec.key, spec.on_conflict)
                         self._log_ingest(conn, ingest_log(result))
@@ -248,6 +254,8 @@ class Store:
                     if attempt or not self._partition_missing(exc, [(spec.name, r) for spec, r in frames]):
                         raise
                     new_series.clear()
+            if confirm is not None:
+                self._inventory.rows.confirm(*confirm)
             self._committed(result, new_series, span)
             return result
 
