@@ -13,6 +13,9 @@ not move across it: the table then held every value of the frame (the upsert's C
 where the frame has nulls), and nothing has changed it as long as the counter reads the same. The next write of
 an equal frame at that value changes nothing and is skipped; any other change, from this process or another,
 moves the counter and the frame is upserted as usual.
+
+The agents' pushes (``Store.write_rows``) carry a node's few GPUs each, grouped with whichever nodes pushed at once, so no
+frame repeats; ``InventoryRows`` keeps the same kind of memory per row.
 """
 
 from __future__ import annotations
