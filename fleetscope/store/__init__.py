@@ -180,13 +180,14 @@ class Store:
                 readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
-                        self._refuse_logged(conn, unless_logged)
+                        health = any(spec.name == "health_event" for spec, _ in conformed)
+                        newest = self._refuse_logged(conn, unless_logged, counters=health)
                         todo = conformed
-                        if any(spec.name == "health_event" for spec, _ in conformed):
+                        if health:
                             # first in the transaction: a writer waiting for the counters' lock holds no row lock
                             events = next(df for spec, df in conformed if spec.name == "health_event")
                             samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
-                            changed, readings = self._counters.changed(conn, events, samples)
+                            changed, readings = self._counters.changed(conn, events, samples, newest)
                             todo = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
                             todo = [(spec, df) for spec, df in todo if df.height]
                         for spec, df in todo:
@@ -259,9 +260,10 @@ class Store:
             self._committed(result, new_series, span)
             return result
 
-    def _refuse_logged(self, conn: Connection, shas: Sequence[str]) -> None:
-        """``AlreadyLogged`` where the ingest log holds any of ``shas``, in ``conn``'s transaction (store.ingest_log)."""
-        _ingest_log.refuse_logged(conn, self.dialect, shas)
+    def _refuse_logged(self, conn: Connection, shas: Sequence[str], counters: bool = False) -> int | None:
+        """``AlreadyLogged`` where the ingest log holds any of ``shas``, in ``conn``'s transaction (store.ingest_log);
+        with ``counters``, the fault counters' newest version where it was read with the check."""
+        return _ingest_log.refuse_logged(conn, self.dialect, shas, counters)
 
     def _partition_missing(self, exc: Exception, frames: Sequence[tuple[str, pl.DataFrame | Rows]]) -> bool:
         """Whether a write failed for want of a day partition this process believed was there (another process

@@ -256,3 +256,4 @@ def test_a_failed_group_write_leaves_nothing_remembered(store: Store, monkeypatc
     assert d.accept(_agent_push(2, T0 + dt.timedelta(seconds=10)), timeout_s=30).result.written["gpu"] == 8
     d.close()
     assert _stored_inventory(store) == _inventory_of([0, 1, 2, 3])
+
