@@ -260,3 +260,36 @@ def test_a_node_whose_blocks_the_line_reader_declines_is_declined_alike(change):
         body = other.replace(b'instance="n1"', b'instance="n\\\\1"')
     assert body != other
     assert dcgm_lines.read(body) is None and _line_read(body) is None
+
+
+def test_label_blocks_mutated_in_a_known_skeleton_read_as_line_by_line(monkeypatch):
+    """Hostile label blocks in a body whose skeleton a template knows (a block changed everywhere it is
+    printed, so the skeleton still matches): the answer is always the line reader's, declines included."""
+    rng = random.Random(20261205)
+    first = _bench.synth_scrape(8, first_gpu=0, seed=0, busy_fraction=0.5)
+    calls = []
+    read_lines = dcgm_lines._read_lines
+    siblings = 0
+    for i in range(200):
+        dcgm_lines._TEMPLATES.clear()
+        dcgm_lines._SKELETONS.clear()
+        assert dcgm_lines.read(first) is not None
+        other = _bench.synth_scrape(8, first_gpu=8 + 8 * (i % 5), seed=1 + i % 5, busy_fraction=0.5)
+        blocks = sorted({line[line.index(b"{") + 1:line.rindex(b"}")] for line in other.split(b"\n") if line and line[0] != 35})
+        body = other
+        for _ in range(rng.randint(1, 3)):
+            block = rng.choice(blocks)
+            j = rng.randrange(len(block))
+            new = block[:j] + bytes([rng.choice(b' {}"=,\\#9aZ.-_\xff\r\t\x00')]) + block[j + 1:]
+            body = body.replace(block, new)
+            blocks = [new if b == block else b for b in blocks]
+        calls.clear()
+        monkeypatch.setattr(dcgm_lines, "_read_lines", lambda *a: calls.append(1) or read_lines(*a))
+        got = dcgm_lines.read(body)
+        monkeypatch.setattr(dcgm_lines, "_read_lines", read_lines)
+        siblings += not calls
+        want = _line_read(body)
+        assert (got is None) == (want is None), body
+        if got is not None:
+            _same_lines(got, want)
+    assert siblings > 20  # the rest broke the skeleton or a block, and were read (or declined) line by line
