@@ -5,7 +5,9 @@
 ``POST /api/v1/ingest/dcgm`` and as OTLP protobuf to ``POST /v1/metrics``, against a running
 `fleetscope serve` on SQLite and on PostgreSQL; and, where the ``victoria-metrics`` binary is installed,
 the same dcgm bodies to VictoriaMetrics' ``/api/v1/import/prometheus`` in the same run. One JSON line per
-system and body kind: requests/s, values/s, p50/p99 latency, and the ratio to VictoriaMetrics.
+system and body kind: requests/s, values/s, p50/p99 latency, and the ratio to VictoriaMetrics; beside them
+the same for the rounds after the first (``steady_*``, a fleet the service knows) and for the first round
+alone (``first_*``, every node new), each with the CPU a push cost the server and PostgreSQL's backends.
 
 The load generator is a small asyncio HTTP/1.1 client over pre-built requests, so that it costs the
 2-core machine as little as it can: its CPU is taken from the server under test, for every system alike.
@@ -134,10 +136,11 @@ async def _drive(base: str, rounds: list[list[bytes]], connections: int, cpu: ob
     ``{"seconds", "latencies"}``: the first round is the service meeting every node for the first time
     (series, inventory, a template per node), the rest the steady state of a fleet it knows. ``cpu``
     (no arguments: CPU seconds so far of what is measured) is read after the first round and at the end:
-    ``{"cpu_s"}`` is what the steady state cost."""
+    ``{"cpu_s"}`` is what the steady state cost; ``{"first"}`` holds the same for the first round alone."""
     host, port = base.split("//")[1].split(":")
     latencies: list[float] = []
     statuses: dict[int, int] = {}
+    cpu_start = cpu() if cpu else {}
     start = time.perf_counter()
     after_first = start
     for i, reqs in enumerate(rounds):
@@ -151,7 +154,9 @@ async def _drive(base: str, rounds: list[list[bytes]], connections: int, cpu: ob
     end = time.perf_counter()
     cpu_end = cpu() if cpu else {}
     return end - start, latencies, statuses, {"seconds": end - after_first, "latencies": latencies[first_n:],
-                                              "cpu_s": {k: cpu_end[k] - cpu_first[k] for k in cpu_end}}
+                                              "cpu_s": {k: cpu_end[k] - cpu_first[k] for k in cpu_end},
+                                              "first": {"seconds": after_first - start, "latencies": latencies[:first_n],
+                                                        "cpu_s": {k: cpu_first[k] - cpu_start[k] for k in cpu_first}}}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -176,6 +181,14 @@ def report(system: str, body: str, hosts: int, seconds: float, latencies: list[f
         for what, seconds_ in steady.get("cpu_s", {}).items():
             # CPU a push costs in the steady state, whatever else loads the machine
             line[f"steady_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n_s, 2)
+        first = steady.get("first")
+        if first and first["latencies"]:
+            # the first round alone: every node new to the service
+            n_f = len(first["latencies"])
+            line.update(first_requests_per_s=round(n_f / first["seconds"]), first_p50_ms=round(_quantile(first["latencies"], 0.5) * 1e3, 1),
+                        first_p99_ms=round(_quantile(first["latencies"], 0.99) * 1e3, 1))
+            for what, seconds_ in first.get("cpu_s", {}).items():
+                line[f"first_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n_f, 2)
     if peer:
         line["ratio_to_victoriametrics"] = round(line["requests_per_s"] / peer["requests_per_s"], 2)
         if "steady_requests_per_s" in line and "steady_requests_per_s" in peer:

@@ -15,8 +15,10 @@ so frames are built once per group commit rather than once per request.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
+from array import array
 import operator
 import re
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, EXPORTER_POD_MARK, dcgm_health_events
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, dcgm_health_events
 from fleetscope.core.frames import (
     GPU,
     GPU_SAMPLE,
@@ -32,9 +34,7 @@ from fleetscope.core.frames import (
     METRIC_SAMPLE,
     UTC_US,
     Batch,
-    series_key,
 )
-from fleetscope.core.promtext import BLOCK_OK
 from ingest.dcgm import (
     _FIELD_BY_NAME,
     _FP64_BLANK,
@@ -44,8 +44,7 @@ from ingest.dcgm import (
     _INT64_BLANK,
     _INT_COLUMNS,
 )
-from ingest.dcgm_blocks import _KNOWN_LABELS, _LABELS
-from ingest.dcgm_lex import MAX_LABELS_CHARS
+from ingest.dcgm_labels import _OUT_INDEX, block_of, host_of, inventory_row, plain, series_of, workload_of
 
 __all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "host_of"]
 
@@ -58,19 +57,16 @@ _VALUE_CUT = re.compile(rb"\} ([^ \n]*)\n")
 _PLAIN_NUMBERS = re.compile(rb"[0-9eE.+\- ]*")
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
-_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
-_BLOCK = re.compile(BLOCK_OK)
-_INTEGER = re.compile(r"-?[0-9]{1,18}")
-_OUT_INDEX = {out: i for i, (out, _) in enumerate(_LABELS)}
 _STRING_OF = {c.name: c.dtype for c in GPU_SAMPLE.columns}
 _SAMPLE_SCHEMA = {c: _STRING_OF[c] for c in _GPU_COLS}
-# Label blocks already read, across bodies: a node sends the same eight every interval. Bounded (a
-# 100,000-GPU fleet's blocks fit); cleared whole when full rather than tracked by age.
-_BLOCKS: dict[str, tuple[str, tuple[str | None, ...], str]] = {}
-_MAX_BLOCKS = 200_000
 # Bodies' templates by the SHA-1 of their text around the values: one a node, a fleet's worth per process.
 _TEMPLATES: dict[bytes, _Template] = {}
 _MAX_TEMPLATES = 16_384
+# Templates by their body's skeleton (``_skeleton``): the text around the values with each label block
+# given as the order it first appears in. The nodes of a fleet that run one exporter version on one GPU
+# count print one skeleton; a new node's body takes its template from another's (``_sibling``).
+_SKELETONS: dict[bytes, _Template] = {}
+_MAX_SKELETONS = 256
 # Fields whose nonzero reading is a health event (frames.dcgm_health_events).
 _FAULT_COLUMNS = ("xid_last", *(c for c, *_ in DCGM_HEALTH_COUNTERS))
 _INVENTORY_SCHEMA = {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "pci_bus_id": pl.String, "model_name": pl.String,
@@ -142,21 +138,108 @@ def read(data: bytes) -> Lines | None:
         return None
     parts = _VALUE_CUT.split(data)
     values = parts[1::2]
-    digest = hashlib.sha1(b"".join(parts[0::2])).digest()
+    texts = parts[0::2]
+    digest = hashlib.sha1(b"".join(texts)).digest()
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
         if out is not None:
             return out
+    skeleton = _skeleton(texts)
+    if template is None and skeleton is not None:
+        template = _sibling(data, skeleton)
+        if template is not None:
+            out = template.fill(values)
+            if out is not None:
+                _keep(digest, skeleton[0], template)
+                return out
     raws: list[str] = []
     slots: list[_Slot] = []
     out = _read_lines(data, raws, slots)
     if (out is not None and not out.meta["dcgm_blank_dropped"] and not out.meta["non_finite_dropped"]
             and [v.decode() for v in values] == raws):
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        _TEMPLATES[digest] = _Template(out, slots)
+        template = _Template(out, slots)
+        if skeleton is not None:
+            template.blocks = _key_of_block(skeleton[1], slots)
+        _keep(digest, skeleton[0] if skeleton is not None else None, template)
+        # The body as its template gives it (the same readings, kept flat): a fleet's first round then
+        # takes the group's flat row path too, not the per-field dicts of a line-read body.
+        filled = template.fill(values)
+        if filled is not None:
+            return filled
     return out
+
+
+def _keep(digest: bytes, skeleton: bytes | None, template: _Template) -> None:
+    if len(_TEMPLATES) >= _MAX_TEMPLATES:
+        _TEMPLATES.clear()
+    _TEMPLATES[digest] = template
+    if skeleton is not None and template.blocks is not None:
+        if len(_SKELETONS) >= _MAX_SKELETONS:
+            _SKELETONS.clear()
+        _SKELETONS.setdefault(skeleton, template)
+
+
+def _skeleton(texts: list[bytes]) -> tuple[bytes, list[int], list[bytes]] | None:
+    """(digest of the text around the values with each label block replaced by the order it first appears
+    in; that order, sample by sample; the distinct blocks in it) of a body cut at its values. None where a
+    sample's text has no label block."""
+    cut = [t.rpartition(b"{") for t in texts[:-1]]
+    seen: dict[bytes, int] = {}
+    order = [seen.setdefault(block, len(seen)) for _, brace, block in cut]
+    if any(not brace for _, brace, _ in cut):
+        return None
+    digest = hashlib.sha1(b"{".join([head for head, _, _ in cut] + [texts[-1]]))
+    digest.update(array("I", order).tobytes())
+    return digest.digest(), order, list(seen)
+
+
+def _key_of_block(order: list[int], slots: list[_Slot]) -> list[int | None] | None:
+    """For each distinct label block of a templated body (``order``: each sample's, as ``_skeleton`` numbers
+    them), the GPU (key index) its samples fill, or None for a block only skipped samples carry; None where
+    a block's samples fill two."""
+    out: list[int | None] = [None] * (max(order) + 1 if order else 0)
+    for i, slot in zip(order, slots):
+        if slot is None:
+            continue
+        if out[i] is None:
+            out[i] = slot[0]
+        elif out[i] != slot[0]:
+            return None
+    return out
+
+
+def _sibling(data: bytes, skeleton: tuple[bytes, list[int], list[bytes]]) -> _Template | None:
+    """A template for a body no template holds, from another body's of the same skeleton: its lines read
+    alike but for their label blocks, which are read here (each once, as ``_read_lines`` reads them); None
+    where a block would make ``_read_lines`` read the body otherwise (it then does)."""
+    known = _SKELETONS.get(skeleton[0])
+    if known is None or known.blocks is None or b"\r" in data or b"\t" in data or b"\x00" in data:
+        return None
+    base = known.lines
+    n = len(base.keys)
+    keys: list[str | None] = [None] * n
+    labels: list[tuple[str | None, ...]] = [()] * n
+    extra: list[str] = [""] * n
+    for raw, k in zip(skeleton[2], known.blocks):
+        try:
+            block = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if k is None:
+            if not plain(block):
+                return None
+            continue
+        parsed = block_of(block)
+        if parsed is None:
+            return None
+        keys[k], labels[k], extra[k] = parsed
+    if None in keys or len(set(keys)) != n:
+        return None  # a GPU given two label blocks: the columnar parser decides
+    meta = dict(base.meta)
+    meta["exporter_pod_labels_ignored"] = sum(1 for lab in labels if lab[_OUT_INDEX["pod"]] and workload_of(lab) is None)
+    lines = Lines(keys=keys, labels=labels, extra=extra, meta=meta)  # type: ignore[arg-type]
+    return _Template(lines, known.slots, known.compiled.relabelled(lines), known.blocks)
 
 
 def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | None:
@@ -198,7 +281,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
         spec = _FIELD_BY_NAME.get(name)
         if spec is None and not name.startswith("DCGM_FI_"):
             if block not in plain_blocks:
-                if not _plain(block):
+                if not plain(block):
                     return None
                 plain_blocks.add(block)
             skipped[name] = skipped.get(name, 0) + 1
@@ -206,14 +289,9 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
             continue
         k = block_key.get(block)
         if k is None:
-            parsed = _BLOCKS.get(block)
+            parsed = block_of(block)
             if parsed is None:
-                parsed = _block(block)
-                if parsed is None:
-                    return None
-                if len(_BLOCKS) >= _MAX_BLOCKS:
-                    _BLOCKS.clear()
-                _BLOCKS[block] = parsed
+                return None
             key, labels, extra = parsed
             if key in key_index:  # a second label block for one GPU: the columnar parser decides
                 return None
@@ -279,12 +357,15 @@ _Slot = tuple[Any, ...] | None
 
 
 class _Template:
-    """What a body's lines are, apart from their values: fills a later body with the same text around them."""
+    """What a body's lines are, apart from their values: fills a later body with the same text around them.
+    ``blocks``: the GPU each of its distinct label blocks fills (``_key_of_block``), for ``_sibling``."""
 
-    def __init__(self, lines: Lines, slots: list[_Slot]):
+    def __init__(self, lines: Lines, slots: list[_Slot], compiled: _Compiled | None = None,
+                 blocks: list[int | None] | None = None):
         self.lines = lines
         self.slots = slots
-        self.compiled = _Compiled(lines, slots)
+        self.compiled = compiled if compiled is not None else _Compiled(lines, slots)
+        self.blocks = blocks
 
     def fill(self, values: list[bytes]) -> Lines | None:
         if len(values) != len(self.slots) or not _PLAIN_NUMBERS.fullmatch(b" ".join(values)):
@@ -329,7 +410,7 @@ class _Compiled:
             k, col, factor, how = slot[0], slot[1], slot[2], slot[3]
             if how == "m":
                 metric_at.append(i)
-                self.series.append(_series(lines, k, col))
+                self.series.append(series_of(lines.keys[k], lines.extra[k], col))
                 self.metric_keys.append((k, col))
                 continue
             where[k * n + at[col]] = i
@@ -343,10 +424,19 @@ class _Compiled:
         self.n_metrics = len(metric_at)
         self.n_fields = sum(1 for w in where if w != len(slots))
         self.present = [frozenset(c for j, c in enumerate(self.cols) if where[k * n + j] != len(slots)) for k in range(k_n)]
-        self.inventory = [_inventory_row(key, labels)[:-1] for key, labels in zip(lines.keys, lines.labels)]
+        self.inventory = [inventory_row(key, labels)[:-1] for key, labels in zip(lines.keys, lines.labels)]
         self.workload = [workload_of(labels) for labels in lines.labels]
         fault_cols = [at[c] for c in _FAULT_COLUMNS if c in at]
         self.faults = [k * n + j for k in range(k_n) for j in fault_cols]
+
+    def relabelled(self, lines: Lines) -> _Compiled:
+        """These tables for a body whose samples lie where this one's do, with ``lines``' GPUs: what the
+        label blocks decide (inventory, pods, series keys) made again, the rest shared."""
+        out = copy.copy(self)
+        out.series = [series_of(lines.keys[k], lines.extra[k], col) for k, col in self.metric_keys]
+        out.inventory = [inventory_row(key, labels)[:-1] for key, labels in zip(lines.keys, lines.labels)]
+        out.workload = [workload_of(labels) for labels in lines.labels]
+        return out
 
     def fill(self, base: Lines, numbers: list[float]) -> Lines:
         values: list[Any] = numbers
@@ -362,43 +452,6 @@ class _Compiled:
         values.append(None)
         return Lines(keys=base.keys, labels=base.labels, extra=base.extra, metrics=metrics, meta=dict(base.meta),
                      flat=self.pick(values), compiled=self, n_values=self.n_fields - lost + self.n_metrics)
-
-
-def _plain(block: str) -> bool:
-    """A label block this reader vouches for: well formed, no escapes, no braces in values."""
-    return "{" not in block and "}" not in block and "\\" not in block and _BLOCK.match(block) is not None
-
-
-def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
-    """(GPU key, wanted labels, the block where it has non-standard labels) of a label block; None where
-    the block is not plain (bad syntax, a repeated label, no UUID, a non-numeric index)."""
-    if not _plain(block) or len(block) > MAX_LABELS_CHARS:
-        return None  # the columnar parser decides (a value over its limit is refused there, by line)
-    pairs = _PAIR.findall(block)
-    labels = dict(pairs)
-    if len(labels) != len(pairs):
-        return None
-    wanted = tuple(next((labels[n] for n in names if n in labels), None) for _, names in _LABELS)
-    uuid = wanted[_OUT_INDEX["uuid"]]
-    if not uuid:
-        return None
-    for out in ("gpu", "gpu_i_id"):
-        v = wanted[_OUT_INDEX[out]]
-        if v is not None and v != "" and not _INTEGER.fullmatch(v):
-            return None
-    mig = wanted[_OUT_INDEX["gpu_i_id"]]
-    key = f"{uuid}/mig{mig}" if mig else uuid
-    extra = block if any(k not in _KNOWN_LABELS for k in labels) else ""
-    return key, wanted, extra
-
-
-def _series(lines: Lines, k: int, name: str) -> str:
-    """The metric_sample series key of DCGM field ``name`` on the body's ``k``-th GPU."""
-    key = lines.keys[k]
-    if lines.extra[k]:
-        extra = {n: v for n, v in _PAIR.findall(lines.extra[k]) if n not in _KNOWN_LABELS}
-        return series_key(name, {**extra, "gpu_uuid": key})
-    return name + '{gpu_uuid="' + key.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"}'
 
 
 def faulty(lines: Lines) -> bool:
@@ -436,12 +489,12 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
                 samples[(t, key)] = row
             else:  # the same GPU and instant twice: the first copy of each field stays ("fill")
                 samples[(t, key)] = {**row, **kept}
-            inventory[key] = _inventory_row(key, labels)[:-1]  # gpu has no err_msg column
+            inventory[key] = inventory_row(key, labels)[:-1]  # gpu has no err_msg column
             work = workload_of(labels)
             if work is not None:
                 workload.setdefault((t, key), (t, key, *work))
         for k, name, value in lines.metrics:
-            series = _series(lines, k, name)
+            series = series_of(lines.keys[k], lines.extra[k], name)
             metrics.setdefault((t, series), (t, series, value))
     fields = [c for c in _GPU_COLS if any(c in row for row in samples.values())]
     out = {"gpu_sample": (("ts", "gpu_uuid", *fields), [(t, key, *(row.get(c) for c in fields)) for (t, key), row in samples.items()])}
@@ -491,32 +544,6 @@ def _flat_tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, .
     return out
 
 
-def _int_or_none(v: str | None) -> int | None:
-    return int(v) if v else None
-
-
-def _inventory_row(key: str, labels: tuple[str | None, ...]) -> tuple[Any, ...]:
-    """A GPU's inventory from its label block, in ``_INVENTORY_SCHEMA``'s order (``err_msg`` last)."""
-    L = _OUT_INDEX
-    return (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
-            labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]], labels[L["err_msg"]])
-
-
-def host_of(labels: tuple[str | None, ...]) -> str | None:
-    """The host a GPU's label block names (``Hostname``), or None."""
-    return labels[_OUT_INDEX["host"]]
-
-
-def workload_of(labels: tuple[str | None, ...]) -> tuple[str | None, str, str | None] | None:
-    """(namespace, pod, container) of the pod a label block attributes its GPU to; None without a pod, or
-    where the pod is dcgm-exporter's own (the columnar parser's ``_workload`` rule)."""
-    L = _OUT_INDEX
-    pod, container = labels[L["pod"]], labels[L["container"]]
-    if not pod or EXPORTER_POD_MARK in pod or EXPORTER_POD_MARK in (container or ""):
-        return None
-    return labels[L["namespace"]], pod, container
-
-
 def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
     """One Batch of many bodies, each ``(lines, scrape time in µs since the epoch)``; equal, frame by frame,
     to merging :func:`ingest.dcgm.parse` of each body (duplicate keys across bodies included: the
@@ -532,11 +559,11 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
         for key, labels in zip(lines.keys, lines.labels):
             uuids.append(key)
             ts_us.append(t)
-            inv.append(_inventory_row(key, labels))
+            inv.append(inventory_row(key, labels))
             pod = workload_of(labels)
             if pod is not None:
                 work.append((t, key, *pod))
-        ms.extend((t, _series(lines, k, name), value) for k, name, value in lines.metrics)
+        ms.extend((t, series_of(lines.keys[k], lines.extra[k], name), value) for k, name, value in lines.metrics)
     n = len(uuids)
     ts = pl.Series("ts", ts_us, dtype=pl.Int64).cast(UTC_US)
     # polars reads the row dicts in Rust (a missing field is null): a tenth of building the columns in Python.

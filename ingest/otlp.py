@@ -77,8 +77,11 @@ def read(data: bytes, *, encoding: str, source: str = "") -> _Walk:
     if encoding == "protobuf":
         walk = otlp_template.lookup(data)
         if walk is None:
-            walk = _parse_protobuf(data, source)
-            otlp_template.learn(data, walk, lambda body: _parse_protobuf(body, source))
+            walk, tried = otlp_template.read_new(data, lambda body: _parse_protobuf(body, source))
+            if walk is None:
+                walk = _parse_protobuf(data, source)
+                if not tried:
+                    otlp_template.learn(data, walk, lambda body: _parse_protobuf(body, source))
         return walk
     return _walk_request(decode(data, encoding=encoding, source=source))
 

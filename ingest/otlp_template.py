@@ -125,6 +125,10 @@ def lookup(data: bytes) -> Any:
     return None
 
 
+def _backing_off() -> bool:
+    return _stats["learned"] >= _MAX_TEMPLATES // 2 and 4 * _stats["hits"] < _stats["learned"] and bool(_stats["misses"] % 16)
+
+
 def learn(data: bytes, walk: Any, read: Any) -> None:
     """Make a template of ``data``, whose walk the general path (``read``: bytes to walk) gave as ``walk``,
     where one can stand for it. Learning costs about two general reads. A fleet's first round learns a
@@ -133,7 +137,7 @@ def learn(data: bytes, walk: Any, read: Any) -> None:
     with fewer hits than a quarter of the templates learned, only one miss in 16 tries."""
     if walk.colls or walk.serving or walk.rejected or len(data) > MAX_BYTES:
         return
-    if _stats["learned"] >= _MAX_TEMPLATES // 2 and 4 * _stats["hits"] < _stats["learned"] and _stats["misses"] % 16:
+    if _backing_off():
         return
     with _lock:
         if len(_TEMPLATES) >= _MAX_TEMPLATES or sum(x.nbytes for v in _SHAPES.values() for x in v) > _MAX_SHAPE_BYTES:
@@ -141,11 +145,47 @@ def learn(data: bytes, walk: Any, read: Any) -> None:
         _learn(data, walk, read)
 
 
-def _learn(data: bytes, walk: Any, read: Any) -> None:
-    shape = _find_shape(data)
-    if shape is None:
-        return
-    arr = np.frombuffer(data, np.uint8)
+def read_new(data: bytes, read: Any) -> tuple[Any, bool]:
+    """The walk of ``data``, which no template holds, from a template made for it now with one general read
+    (``read``) where a shape already known fits it: a fleet's nodes send bodies of one shape, and each node's
+    first body then costs one general read, of its probe, instead of two (the body, then its probe). The
+    template is kept only where it gives its probe's walk exactly; with every slot's time distinct there,
+    that proves which slot feeds which reading, and the body's own times and values are then read as every
+    later body's are. (walk, True); (None, True) where the read was spent without a template (the caller
+    reads the body the general way and learns nothing more); (None, False) where nothing was tried."""
+    if len(data) > MAX_BYTES or not _SHAPES.get(len(data)) or _backing_off():
+        return None, False
+    with _lock:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            return None, False  # the general way, whose ``learn`` makes room
+        arr = np.frombuffer(data, np.uint8)
+        shape = next((s for s in _SHAPES.get(len(data), ()) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
+        if shape is None:
+            return None, False
+        probe, is_int = _probe(arr, shape)
+        try:
+            pw = read(probe.tobytes())
+        except Exception:  # noqa: BLE001 - the body itself is read the general way, which says what is wrong
+            return None, True
+        if pw.colls or pw.serving or pw.rejected:
+            return None, True
+        n = shape.time_idx.shape[0]
+        tpl = _derive(pw, None, is_int, n)
+        if tpl is None:
+            return None, True
+        own = _fill(tpl, shape, probe)
+        if own is None or not same_walk(own, pw):
+            return None, True
+        walk = _fill(tpl, shape, arr)
+        if walk is None:
+            return None, True  # a value the template cannot vouch for: the general way counts it
+        _TEMPLATES[(shape.ident, shape.digest(arr))] = tpl
+        _stats["learned"] += 1
+        return walk, True
+
+
+def _probe(arr: np.ndarray, shape: _Shape) -> tuple[np.ndarray, np.ndarray]:
+    """``arr`` with slot j's time set to (j+1) µs and every value to 1 (of its kind); and which values are ints."""
     tag = arr[shape.value_tag_at]
     probe = arr.copy()
     n = shape.time_idx.shape[0]
@@ -153,6 +193,16 @@ def _learn(data: bytes, walk: Any, read: Any) -> None:
     is_int = tag == 0x31
     ones = np.where(is_int, np.int64(1).view("<u8"), np.float64(1.0).view("<u8")).astype("<u8")
     probe[shape.value_idx] = ones.view(np.uint8).reshape(n, 8)
+    return probe, is_int
+
+
+def _learn(data: bytes, walk: Any, read: Any) -> None:
+    shape = _find_shape(data)
+    if shape is None:
+        return
+    arr = np.frombuffer(data, np.uint8)
+    probe, is_int = _probe(arr, shape)
+    n = shape.time_idx.shape[0]
     try:
         pw = read(probe.tobytes())
     except Exception:  # noqa: BLE001 - a body whose probe reads otherwise is not templated
@@ -255,7 +305,9 @@ def _find_shape(data: bytes) -> _Shape | None:
 
 def _derive(probe: Any, walk: Any, is_int: np.ndarray, n: int) -> _Template | None:
     """Read off the probe's walk which slot each reading came from; None where the probe's walk is not
-    the real one's in everything but times and values."""
+    the real one's in everything but times and values (``walk`` None: the probe's is the only walk read)."""
+    same = walk is None
+    walk = probe if walk is None else walk
     if (probe.colls or probe.serving or probe.rejected or probe.accepted != walk.accepted or probe.gpus != walk.gpus
             or len(probe.parts) != len(walk.parts) or len(probe.series_rows) != len(walk.series_rows)
             or len(probe.workloads) != len(walk.workloads)):
@@ -264,7 +316,7 @@ def _derive(probe: Any, walk: Any, is_int: np.ndarray, n: int) -> _Template | No
     fed = []
     for (pts, pg, pcol, pv), (_wts, wg, wcol, _wv) in zip(probe.parts, walk.parts):
         slots = pts - 1
-        if pcol != wcol or not np.array_equal(pg, wg) or slots.min(initial=0) < 0 or slots.max(initial=0) >= n:
+        if (not same and (pcol != wcol or not np.array_equal(pg, wg))) or slots.min(initial=0) < 0 or slots.max(initial=0) >= n:
             return None
         if not pv.size or not (pv == pv[0]).all():
             return None

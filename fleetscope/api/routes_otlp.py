@@ -76,21 +76,23 @@ INLINE_MAX_BYTES = 64 * 1024
 INLINE_MAX_INFLATED = 256 * 1024
 
 
-def _from_template(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[Any, str] | None:
+def _from_template(body: bytes, gzipped: bool, limit: int, encoding: str) -> tuple[tuple[Any, str] | None, bytes | None]:
+    """(walk, content hash) of a body a template reads; else None, with the body inflated where it was
+    (the worker thread reads that rather than inflating it again)."""
     if encoding != "protobuf" or len(body) > INLINE_MAX_BYTES:
-        return None
+        return None, None
     if gzipped:
         try:
             body = ingestion.gunzip_capped(body, min(limit, INLINE_MAX_INFLATED), "otlp:/v1/metrics")
         except (ingestion.TooLarge, ParseError):
-            return None
+            return None, None
     elif len(body) > INLINE_MAX_INFLATED:
-        return None
+        return None, None
     walk = otlp_template.lookup(body)
     if walk is None:
-        return None
+        return None, body
     otlp.plain(walk)
-    return walk, content_hash(body + encoding.encode())
+    return (walk, content_hash(body + encoding.encode())), body
 
 
 @router.post("/v1/metrics")
@@ -143,7 +145,9 @@ async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str,
         limit = app.state.settings.max_body_bytes
         gzipped = content_encoding.lower() == "gzip"
         try:
-            found = _from_template(body, gzipped, limit, encoding)
+            found, inflated = _from_template(body, gzipped, limit, encoding)
+            if found is None and inflated is not None:
+                body, gzipped = inflated, False
             # Otherwise decompression and decoding together in a worker thread: at a large fleet's scrape
             # (~100 MB inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
             walk, sha = found if found is not None else await run_in_threadpool(

@@ -98,6 +98,8 @@ class Store:
         self._write_lock: Any = SqliteWriteLock(engine.url.database) if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
+        if self.dialect == "postgresql" and not event.contains(engine, "connect", pg_write.on_connect):
+            event.listen(engine, "connect", pg_write.on_connect)
 
     @classmethod
     def open(cls, url: str, read_url: str | None = None) -> Store:
@@ -182,13 +184,14 @@ class Store:
                 readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
-                        self._refuse_logged(conn, unless_logged)
+                        health = any(spec.name == "health_event" for spec, _ in conformed)
+                        newest = self._refuse_logged(conn, unless_logged, counters=health)
                         todo = conformed
-                        if any(spec.name == "health_event" for spec, _ in conformed):
+                        if health:
                             # first in the transaction: a writer waiting for the counters' lock holds no row lock
                             events = next(df for spec, df in conformed if spec.name == "health_event")
                             samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
-                            changed, readings = self._counters.changed(conn, events, samples)
+                            changed, readings = self._counters.changed(conn, events, samples, newest)
                             todo = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
                             todo = [(spec, df) for spec, df in todo if df.height]
                         for spec, df in todo:
@@ -234,16 +237,20 @@ class Store:
             self._ensure_partitions([(spec.name, r) for spec, r in frames])
             new_series: dict[str, int] = {}
             for attempt in (0, 1):
+                confirm = None  # gpu rows to remember as stored once committed (store.inventory.InventoryRows)
                 try:
                     with self._write_lock, self.engine.begin() as conn:
                         if self.dialect == "postgresql":
-                            pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
+                            confirm = pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
                         else:
                             self._refuse_logged(conn, unless_logged)
                             for spec, r in frames:
                                 if spec.name == "metric_sample":
                                     result.written[spec.name] = self._insert(conn, "metric_sample", self._metric_rows(conn, r, new_series),
                                                                              ("series_id", "ts"), "ignore")
+                                elif spec.name == "gpu":
+                                    result.written["gpu"], confirm = self._inventory.upsert_rows(
+                                        conn, r, lambda r=r, spec=spec: self._insert(conn, "gpu", r, spec.key, spec.on_conflict))
                                 else:
                                     result.written[spec.name] = self._insert(conn, spec.name, r, spec.key, spec.on_conflict)
                         self._log_ingest(conn, ingest_log(result))
@@ -252,12 +259,15 @@ class Store:
                     if attempt or not self._partition_missing(exc, [(spec.name, r) for spec, r in frames]):
                         raise
                     new_series.clear()
+            if confirm is not None:
+                self._inventory.rows.confirm(*confirm)
             self._committed(result, new_series, span)
             return result
 
-    def _refuse_logged(self, conn: Connection, shas: Sequence[str]) -> None:
-        """``AlreadyLogged`` where the ingest log holds any of ``shas``, in ``conn``'s transaction (store.ingest_log)."""
-        _ingest_log.refuse_logged(conn, self.dialect, shas)
+    def _refuse_logged(self, conn: Connection, shas: Sequence[str], counters: bool = False) -> int | None:
+        """``AlreadyLogged`` where the ingest log holds any of ``shas``, in ``conn``'s transaction (store.ingest_log);
+        with ``counters``, the fault counters' newest version where it was read with the check."""
+        return _ingest_log.refuse_logged(conn, self.dialect, shas, counters)
 
     def _partition_missing(self, exc: Exception, frames: Sequence[tuple[str, pl.DataFrame | Rows]]) -> bool:
         """Whether a write failed for want of a day partition this process believed was there (another process

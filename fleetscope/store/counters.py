@@ -19,6 +19,8 @@ _COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COU
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
 # the advisory lock writers of changed counter readings take turns on (PostgreSQL): any fixed 64-bit number
 _COUNTER_LOCK_KEY = int.from_bytes(hashlib.sha256(b"fleetscope.counter_reading").digest()[:8], "big", signed=True)
+# The readings' newest version: one indexed read, which a write may send with its duplicate check (store.ingest_log)
+NEWEST_SQL = "SELECT MAX(version) FROM counter_reading"
 
 
 def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.DataFrame, seq: pl.DataFrame,
@@ -52,7 +54,8 @@ class CounterMemory:
         self._version = 0
         self._lock = threading.Lock()
 
-    def changed(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
+    def changed(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None,
+                newest: int | None = None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
         """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
         GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
         included, since a zero reading is no event) or as the database has it (``counter_reading``); and the
@@ -64,7 +67,8 @@ class CounterMemory:
         Writers that change readings take turns (PostgreSQL: a transaction advisory lock; SQLite: the store's
         write lock, already held), each deciding on the readings the last one committed, so two processes
         sharing one GPU's pushes decide as one process would. A write that changes nothing takes no lock:
-        the newest version is one indexed read, and the copy is brought up to date only when it moved."""
+        the newest version is one indexed read (``newest``, where the caller read it in this transaction
+        already), and the copy is brought up to date only when it moved."""
         is_counter = pl.col("kind").is_in(["ecc", "row_remap"]) & pl.col("code").is_in(list(_COUNTER_CODES)) & (pl.col("gpu_uuid") != "")
         counters = events.filter(is_counter)
         seen = [counters.select("ts", "gpu_uuid", "code", "value")]
@@ -76,7 +80,7 @@ class CounterMemory:
         seq = pl.concat(seen).unique(["gpu_uuid", "code", "ts"], keep="first").sort("gpu_uuid", "code", "ts")
         if seq.height == 0:
             return events, None
-        known, version = self._state(conn)
+        known, version = self._state(conn, newest)
         kept, changes = _counter_decision(events, is_counter, counters, seq, known)
         if changes.height == 0:
             return kept, None
@@ -94,16 +98,18 @@ class CounterMemory:
                      [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes.iter_rows()])
         return kept, (changes, version)
 
-    def _state(self, conn: Connection) -> tuple[pl.DataFrame, int]:
-        """The counter readings as of the table's newest version: this process's copy, with the rows changed
-        since it was taken read in (all of them when the table went back, as when it was emptied)."""
-        # on the driver's cursor: SQLAlchemy's statement handling costs more than this one-row index read
-        cur = conn.connection.driver_connection.cursor()
-        try:
-            cur.execute("SELECT MAX(version) FROM counter_reading")
-            newest = cur.fetchone()[0] or 0
-        finally:
-            cur.close()
+    def _state(self, conn: Connection, newest: int | None = None) -> tuple[pl.DataFrame, int]:
+        """The counter readings as of the table's newest version (``newest``, where read already in ``conn``'s
+        transaction): this process's copy, with the rows changed since it was taken read in (all of them when
+        the table went back, as when it was emptied)."""
+        if newest is None:
+            # on the driver's cursor: SQLAlchemy's statement handling costs more than this one-row index read
+            cur = conn.connection.driver_connection.cursor()
+            try:
+                cur.execute(NEWEST_SQL)
+                newest = cur.fetchone()[0] or 0
+            finally:
+                cur.close()
         with self._lock:
             known, version = self._readings, self._version
         if newest == version:

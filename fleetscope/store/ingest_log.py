@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from sqlalchemy import Connection
 
 from fleetscope.store import pg_write, schema
+from fleetscope.store.counters import NEWEST_SQL
 from fleetscope.store.writing import AlreadyLogged
 
 
@@ -30,21 +31,28 @@ def logged(conn: Connection, dialect: str, shas: Sequence[str]) -> set[str]:
     return found
 
 
-def refuse_logged(conn: Connection, dialect: str, shas: Sequence[str]) -> None:
+def refuse_logged(conn: Connection, dialect: str, shas: Sequence[str], counters: bool = False) -> int | None:
     """``AlreadyLogged`` where the ingest log holds any of ``shas``, checked in ``conn``'s transaction
-    (see ``Store.write_frames``)."""
+    (see ``Store.write_frames``). With ``counters`` on PostgreSQL, the fault counters' newest version
+    (``store.counters.NEWEST_SQL``) is read in the same round trip, after the check, and returned; else None."""
     if not shas:
-        return
+        return None
+    newest = None
     if dialect == "postgresql":
         raw = pg_write.pg(conn)
         with raw.pipeline():
             check = pg_write.logged_cursor(raw, shas)
+            versions = raw.cursor().execute(NEWEST_SQL) if counters else None
         found = {row[0] for row in check.fetchall()}
         check.close()
+        if versions is not None:
+            newest = int(versions.fetchone()[0] or 0)
+            versions.close()
     else:
         found = logged(conn, dialect, shas)
     if found:
         raise AlreadyLogged(found)
+    return newest
 
 
 def log(conn: Connection, dialect: str, entries: list[tuple[str, str | None, dict[str, int], int]]) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store.sql import conflict_sql, quote as _q
+from fleetscope.store.inventory import VERSION_SQL, Confirm
 from fleetscope.store.sqltypes import UTCDateTime
 from fleetscope.store.writing import AlreadyLogged, Rows, WriteResult
 
@@ -28,22 +29,30 @@ if TYPE_CHECKING:
 DIRECT_COPY_ROWS = 1000
 
 
+def on_connect(dbapi_conn: Any, _record: Any) -> None:
+    """The store engine's ``connect`` event: each new psycopg connection learns ``pg_arrays``' columns once."""
+    from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+    pg_arrays.register(dbapi_conn)
+
+
 def pg(conn: Connection) -> Any:
     """``conn``'s psycopg connection, able to send ``pg_arrays``' columns (cursors copy their connection's
     adapters when made, so this comes before any cursor of a write)."""
-    from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
-
     raw = conn.connection.driver_connection
-    pg_arrays.register(raw)
+    if not getattr(raw, "_fleetscope_arrays", False):  # pooled before the store listened (``on_connect``)
+        on_connect(raw, None)
     return raw
 
 
 @functools.lru_cache(maxsize=512)
-def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str) -> str:
+def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str, guarded: bool = False) -> str:
     """Insert rows given as one array per column. Timestamps travel as epoch microseconds (``Rows``' form)
     and are turned into ``timestamptz`` exactly, by integer interval arithmetic. The arrays go in binary
     (``%b``), encoded by ``store.pg_arrays`` and cast here to each column's type. A column holds one Python
-    type (``Rows``' promise: psycopg refuses a list of mixed types)."""
+    type (``Rows``' promise: psycopg refuses a list of mixed types). ``guarded`` (the gpu table): a last
+    parameter, a value of the inventory's change counter at which the rows are known stored; while the
+    counter reads it, nothing is inserted (a one-time filter: the arrays are not even unnested)."""
     mark = "%b"
 
     cols = schema.metadata.tables[table].columns
@@ -58,17 +67,20 @@ def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], confl
             exprs.append(f"u.{_q(c)} AS {_q(c)}")
     names = ", ".join(_q(c) for c in columns)
     order = ", ".join(_q(k) for k in key)
+    where = f"WHERE ({VERSION_SQL['postgresql']}) <> %s::bigint " if guarded else ""
     return (f"INSERT INTO {_q(table)} ({names}) SELECT {', '.join(exprs)} FROM unnest({', '.join(arrays)}) AS u({names}) "
-            f"ORDER BY {order} {conflict}")
+            f"{where}ORDER BY {order} {conflict}")
 
 
-def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str) -> None:
+def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str, unless_version: int | None = None) -> None:
     """Send ``rows`` as one ``INSERT ... SELECT FROM unnest`` of binary arrays on ``cur`` (of a connection
-    ``pg`` prepared)."""
+    ``pg`` prepared); with ``unless_version``, nothing while the gpu inventory's counter reads it."""
     from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
 
     params = [pg_arrays.encode(list(col)) for col in zip(*rows.rows)] if rows.rows else [[] for _ in rows.columns]
-    cur.execute(unnest_sql(table, tuple(rows.columns), tuple(key), conflict), params)
+    if unless_version is not None:
+        params.append(unless_version)
+    cur.execute(unnest_sql(table, tuple(rows.columns), tuple(key), conflict, unless_version is not None), params)
 
 
 def insert_rows(conn: Connection, table: str, rows: Rows, key: Sequence[str], conflict: str) -> int:
@@ -170,15 +182,22 @@ def logged_cursor(raw: Any, shas: Sequence[str]) -> Any:
 
 
 def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[F.FrameSpec, Rows]], result: WriteResult,
-                         new_series: dict[str, int], unless_logged: Sequence[str]) -> None:
+                         new_series: dict[str, int], unless_logged: Sequence[str]) -> Confirm | None:
     """``Store.write_rows``' statements in one round trip (psycopg's pipeline mode): the duplicate check and
     every frame's insert are sent together and their results read at one sync. A group of agents' pushes
     took a round trip a statement, each a wake-up of the database's backend and of the writer, on a 2-core
     machine shared with the API, most of a group's wall time under load. Series the process has no id for
     are created first (their ids go into the metric rows); a frame of ``DIRECT_COPY_ROWS`` or more goes by
-    COPY after the sync."""
+    COPY after the sync. The gpu rows' upsert is skipped where the process knows them stored
+    (``store.inventory.InventoryRows``), the inventory's counter read around it: what to confirm there once
+    the write commits is returned."""
     raw = pg(conn)
     check = None
+    inventory = store._inventory
+    gpu_rows = next((r for spec, r in frames if spec.name == "gpu" and len(r.rows) < DIRECT_COPY_ROWS), None)
+    counted = gpu_rows is not None and inventory.counted(conn)
+    known = inventory.rows.known_at(gpu_rows) if counted and gpu_rows is not None else None
+    around: list[Any] = []
     if any(spec.name == "metric_sample" and not store._series_known(r) for spec, r in frames):
         # Series to create: the check first, so that a writer waiting on another's check holds no row.
         store._refuse_logged(conn, unless_logged)
@@ -197,22 +216,38 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
         check = logged_cursor(raw, unless_logged)
         for name, r, key, on_conflict in staged:
             if len(r.rows) < DIRECT_COPY_ROWS:
+                inventory_rows = counted and r is gpu_rows
+                if inventory_rows:
+                    around.append(raw.cursor().execute(VERSION_SQL["postgresql"]))
                 cur = raw.cursor()
-                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, list(r.columns), key, on_conflict))
+                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, list(r.columns), key, on_conflict),
+                               known if inventory_rows else None)
                 cursors.append((name, cur))
+                if inventory_rows:
+                    around.append(raw.cursor().execute(VERSION_SQL["postgresql"]))
     if check is not None:
         found = {row[0] for row in check.fetchall()}
         check.close()
         if found:
             for _, cur in cursors:
                 cur.close()
+            for cur in around:
+                cur.close()
             raise AlreadyLogged(found)
     for name, cur in cursors:
         result.written[name] = max(cur.rowcount, 0)
         cur.close()
+    confirm = None
+    if around:
+        before, after = (int(cur.fetchone()[0]) for cur in around)
+        for cur in around:
+            cur.close()
+        assert gpu_rows is not None
+        confirm = (gpu_rows, before, after, result.written["gpu"])
     for name, r, key, on_conflict in staged:
         if len(r.rows) >= DIRECT_COPY_ROWS:
             spec = F.FRAMES[name] if name != "metric_sample" else None
             df = r.frame(spec) if spec is not None else pl.DataFrame(r.rows, schema={"series_id": pl.Int64, "ts": pl.Int64, "value": pl.Float64},
                                                                       orient="row").with_columns(pl.col("ts").cast(F.UTC_US))
             result.written[name] = store._insert(conn, name, df, key, on_conflict)
+    return confirm

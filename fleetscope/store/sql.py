@@ -64,7 +64,6 @@ def bound_columns(table: str, df: pl.DataFrame, key: Sequence[str]) -> list[str]
     return [c for c in df.columns if c in key or c in defaulted or nulls[c] < df.height]
 
 
-sqlite_columns = bound_columns  # its name where only SQLite's INSERT used it
 
 
 def db_ready(df: pl.DataFrame) -> pl.DataFrame:

@@ -203,11 +203,12 @@ def test_many_threads_many_pushes(store):
     assert _count(store, "ingest_log") == 96
 
 
-@pytest.mark.parametrize("seen_before", [False, True], ids=["first-sight", "from-templates"])
+@pytest.mark.parametrize("seen_before", [None, False, True], ids=["line-read", "first-sight", "from-templates"])
 def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_before):
     """A group of plain agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
     as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included;
-    read line by line (nodes met for the first time) and filled from their templates (the steady state)."""
+    as read line by line (the general row path), as read on first sight (line by line, then given as the
+    template just learned gives them) and filled from their templates (the steady state)."""
     from fleetscope.store import db as dbm
 
     other_url = f"sqlite:///{tmp_path / 'frames.db'}"
@@ -230,7 +231,11 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
     if seen_before:
         pushes()
     group = pushes()
-    assert all((p.lines.flat is not None) == seen_before for p in group)
+    assert all(p.lines.flat is not None for p in group)
+    if seen_before is None:
+        for p in group:
+            p.lines = dcgm_lines._read_lines(p.dcgm, [], [])
+            assert p.lines.flat is None
     assert door._as_rows(group) is not None
     d = door.Door(rows_store)
     d._write([(p, cf.Future()) for p in group])

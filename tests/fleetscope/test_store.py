@@ -8,7 +8,7 @@ from polars.testing import assert_frame_equal
 
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
-from fleetscope.store import Store
+from fleetscope.store import Store, ingest_log
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 S = dt.timedelta(seconds=1)
@@ -581,3 +581,14 @@ def test_an_inventory_changed_elsewhere_is_written_again(store: Store, monkeypat
     assert sent == [6]
     assert store.query("SELECT gpu_uuid, host FROM gpu ORDER BY gpu_uuid").rows() == [
         ("g0", "n1"), ("g1", "n1"), ("g2", "n1"), ("g3", "n2"), ("g4", "n2"), ("g5", "n2")]
+
+
+def test_the_duplicate_check_reads_the_fault_counters_version_with_it(store: Store):
+    """PostgreSQL: a write carrying health events reads the fault counters' newest version in the duplicate
+    check's round trip; what it reads is the table's."""
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO counter_reading (gpu_uuid, code, value, version) VALUES ('g0', 310, 1.0, 7), ('g1', 310, 2.0, 9)")
+    with store.engine.begin() as conn:
+        got = ingest_log.refuse_logged(conn, store.dialect, ["a" * 64], counters=True)
+        assert got == (9 if store.dialect == "postgresql" else None)
+        assert ingest_log.refuse_logged(conn, store.dialect, ["a" * 64]) is None

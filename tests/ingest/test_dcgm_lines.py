@@ -211,3 +211,85 @@ def test_a_node_seen_before_is_filled_from_its_template_and_reads_alike():
             _same_as_columnar(body)
         except ParseError:
             assert dcgm_lines.read(body) is None
+
+
+def _line_read(body: bytes):  # type: ignore[no-untyped-def]
+    return dcgm_lines._read_lines(body, [], [])
+
+
+def _same_lines(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert (a.keys, a.labels, a.extra, a.metrics, a.meta, a.fields, a.values()) == (
+        b.keys, b.labels, b.extra, b.metrics, b.meta, b.fields, b.values())
+
+
+def test_a_new_node_takes_its_template_from_another_nodes(monkeypatch):
+    """Nodes of one fleet print one skeleton (the text around the values, label blocks aside): a node met for
+    the first time is not read line by line when another's template fits it, and reads alike."""
+    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines._SKELETONS.clear()
+    calls = []
+    read_lines = dcgm_lines._read_lines
+    monkeypatch.setattr(dcgm_lines, "_read_lines", lambda *a: calls.append(1) or read_lines(*a))
+    for h in range(12):
+        body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.5, xids={8 * h + 2: 79} if h % 3 else None)
+        body += f'node_boot_time_seconds{{instance="n{h}"}} 1.7e9\n'.encode()  # a skipped series, its block unread
+        assert _same_as_columnar(body)
+        monkeypatch.setattr(dcgm_lines, "_read_lines", read_lines)
+        _same_lines(dcgm_lines.read(body), _line_read(body))
+        monkeypatch.setattr(dcgm_lines, "_read_lines", lambda *a: calls.append(1) or read_lines(*a))
+    assert len(calls) == 1 and len(dcgm_lines._SKELETONS) == 1 and len(dcgm_lines._TEMPLATES) == 12
+
+
+@pytest.mark.parametrize("change", ["one gpu twice", "an escape", "not utf-8", "skipped block not plain", "a brace"])
+def test_a_node_whose_blocks_the_line_reader_declines_is_declined_alike(change):
+    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines._SKELETONS.clear()
+    first = _bench.synth_scrape(8, first_gpu=0, seed=0) + b'node_boot_time_seconds{instance="n0"} 1\n'
+    assert dcgm_lines.read(first) is not None
+    other = _bench.synth_scrape(8, first_gpu=8, seed=1) + b'node_boot_time_seconds{instance="n1"} 1\n'
+    uuids = dcgm_lines.read(other).keys
+    if change == "one gpu twice":
+        body = other.replace(uuids[5].encode(), uuids[3].encode())
+    elif change == "an escape":
+        body = other.replace(b'Hostname="gpu-node-2"', b'Hostname="gpu-node\\\\2"', 1)
+    elif change == "not utf-8":
+        body = other.replace(b'Hostname="gpu-node-2"', b'Hostname="gpu-node-\xff"')
+    elif change == "a brace":
+        body = other.replace(b'Hostname="gpu-node-2"', b'Hostname="gpu-{node"')
+    else:
+        body = other.replace(b'instance="n1"', b'instance="n\\\\1"')
+    assert body != other
+    assert dcgm_lines.read(body) is None and _line_read(body) is None
+
+
+def test_label_blocks_mutated_in_a_known_skeleton_read_as_line_by_line(monkeypatch):
+    """Hostile label blocks in a body whose skeleton a template knows (a block changed everywhere it is
+    printed, so the skeleton still matches): the answer is always the line reader's, declines included."""
+    rng = random.Random(20261205)
+    first = _bench.synth_scrape(8, first_gpu=0, seed=0, busy_fraction=0.5)
+    calls = []
+    read_lines = dcgm_lines._read_lines
+    siblings = 0
+    for i in range(200):
+        dcgm_lines._TEMPLATES.clear()
+        dcgm_lines._SKELETONS.clear()
+        assert dcgm_lines.read(first) is not None
+        other = _bench.synth_scrape(8, first_gpu=8 + 8 * (i % 5), seed=1 + i % 5, busy_fraction=0.5)
+        blocks = sorted({line[line.index(b"{") + 1:line.rindex(b"}")] for line in other.split(b"\n") if line and line[0] != 35})
+        body = other
+        for _ in range(rng.randint(1, 3)):
+            block = rng.choice(blocks)
+            j = rng.randrange(len(block))
+            new = block[:j] + bytes([rng.choice(b' {}"=,\\#9aZ.-_\xff\r\t\x00')]) + block[j + 1:]
+            body = body.replace(block, new)
+            blocks = [new if b == block else b for b in blocks]
+        calls.clear()
+        monkeypatch.setattr(dcgm_lines, "_read_lines", lambda *a: calls.append(1) or read_lines(*a))
+        got = dcgm_lines.read(body)
+        monkeypatch.setattr(dcgm_lines, "_read_lines", read_lines)
+        siblings += not calls
+        want = _line_read(body)
+        assert (got is None) == (want is None), body
+        if got is not None:
+            _same_lines(got, want)
+    assert siblings > 20  # the rest broke the skeleton or a block, and were read (or declined) line by line

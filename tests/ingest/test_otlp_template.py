@@ -346,3 +346,35 @@ def test_shapes_are_forgotten_past_their_memory_budget(monkeypatch):
         assert sum(x.nbytes for v in otlp_template._SHAPES.values() for x in v) <= 20_000 + 25_000  # the budget and one more
     assert len(otlp_template._SHAPES) < 11
     assert_same_outcome(restamp(scrape(gpus=11), TS + 10**10))
+
+
+def test_a_new_node_of_a_known_shape_is_read_once(monkeypatch):
+    """Another node's first body, of a shape one node's gave: one general read (of its probe), not two, and
+    the walk the general path gives, bit for bit; a value the template cannot vouch for still goes the
+    general way and is counted as before."""
+    a = scrape(gpus=8, resource={"service.name": "dcgm-exporter"})
+    read(a.SerializeToString())
+    reads = []
+    parse = otlp._parse_protobuf
+    monkeypatch.setattr(otlp, "_parse_protobuf", lambda body, source: reads.append(len(body)) or parse(body, source))
+    for n in range(3):
+        b = ExportMetricsServiceRequest(); b.CopyFrom(a)
+        for m in b.resource_metrics[0].scope_metrics[0].metrics:
+            for p in m.gauge.data_points:
+                p.attributes[1].value.string_value = p.attributes[1].value.string_value.replace("GPU-0", f"GPU-{n + 1}")
+                p.as_double = p.as_double * 3 + n
+        body = b.SerializeToString()
+        before = len(reads)
+        walk = read(body)
+        assert len(reads) == before + 1
+        assert any(g["gpu_uuid"].startswith(f"GPU-{n + 1}") for g in walk.gpus)
+        assert otlp_template.same_walk(walk, general(body))
+        assert otlp_template.same_walk(read(restamp(b, TS + 10**10)), general(restamp(b, TS + 10**10)))
+    assert otlp_template._stats["learned"] == 4 and len(otlp_template._SHAPES[len(body)]) == 1
+    b.resource_metrics[0].scope_metrics[0].metrics[2].gauge.data_points[3].as_double = math.nan
+    body = b.SerializeToString()
+    otlp_template.clear()
+    read(a.SerializeToString())
+    walk = read(body)
+    assert sum(walk.rejected.values()) == 1 and otlp_template.same_walk(walk, general(body))
+    assert otlp_template._stats["learned"] == 1

@@ -1,0 +1,101 @@
+"""The label blocks of dcgm-exporter's sample lines, as ``ingest.dcgm_lines`` reads them: which GPU a block
+names, its inventory and pod, and the series key of a field on it. Each distinct block is read once per
+process (``block_of``): a node sends the same eight every interval."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fleetscope.core.dcgm_fields import EXPORTER_POD_MARK
+from fleetscope.core.frames import series_key
+from fleetscope.core.promtext import BLOCK_OK
+from ingest.dcgm_blocks import _KNOWN_LABELS, _LABELS
+from ingest.dcgm_lex import MAX_LABELS_CHARS
+
+__all__ = ["block_of", "host_of", "inventory_row", "plain", "series_of", "workload_of"]
+
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+_BLOCK = re.compile(BLOCK_OK)
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+_OUT_INDEX = {out: i for i, (out, _) in enumerate(_LABELS)}
+# Label blocks already read, across bodies. Bounded (a 100,000-GPU fleet's blocks fit); cleared whole when
+# full rather than tracked by age.
+_BLOCKS: dict[str, tuple[str, tuple[str | None, ...], str]] = {}
+_MAX_BLOCKS = 200_000
+
+
+def block_of(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
+    """``_block`` of ``block``, read once per process."""
+    parsed = _BLOCKS.get(block)
+    if parsed is None:
+        parsed = _block(block)
+        if parsed is None:
+            return None
+        if len(_BLOCKS) >= _MAX_BLOCKS:
+            _BLOCKS.clear()
+        _BLOCKS[block] = parsed
+    return parsed
+
+
+def plain(block: str) -> bool:
+    """A label block this reader vouches for: well formed, no escapes, no braces in values."""
+    return "{" not in block and "}" not in block and "\\" not in block and _BLOCK.match(block) is not None
+
+
+def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
+    """(GPU key, wanted labels, the block where it has non-standard labels) of a label block; None where
+    the block is not plain (bad syntax, a repeated label, no UUID, a non-numeric index)."""
+    if not plain(block) or len(block) > MAX_LABELS_CHARS:
+        return None  # the columnar parser decides (a value over its limit is refused there, by line)
+    pairs = _PAIR.findall(block)
+    labels = dict(pairs)
+    if len(labels) != len(pairs):
+        return None
+    wanted = tuple(next((labels[n] for n in names if n in labels), None) for _, names in _LABELS)
+    uuid = wanted[_OUT_INDEX["uuid"]]
+    if not uuid:
+        return None
+    for out in ("gpu", "gpu_i_id"):
+        v = wanted[_OUT_INDEX[out]]
+        if v is not None and v != "" and not _INTEGER.fullmatch(v):
+            return None
+    mig = wanted[_OUT_INDEX["gpu_i_id"]]
+    key = f"{uuid}/mig{mig}" if mig else uuid
+    extra = block if any(k not in _KNOWN_LABELS for k in labels) else ""
+    return key, wanted, extra
+
+
+def series_of(key: str, extra: str, name: str) -> str:
+    """The metric_sample series key of DCGM field ``name`` on GPU ``key`` whose block has the non-standard
+    labels of ``extra`` (or none: "")."""
+    if extra:
+        labels = {n: v for n, v in _PAIR.findall(extra) if n not in _KNOWN_LABELS}
+        return series_key(name, {**labels, "gpu_uuid": key})
+    return name + '{gpu_uuid="' + key.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"}'
+
+
+def _int_or_none(v: str | None) -> int | None:
+    return int(v) if v else None
+
+
+def inventory_row(key: str, labels: tuple[str | None, ...]) -> tuple[Any, ...]:
+    """A GPU's inventory from its label block, in the order of ``dcgm_lines``' inventory schema (``err_msg`` last)."""
+    L = _OUT_INDEX
+    return (key, labels[L["host"]], _int_or_none(labels[L["gpu"]]), labels[L["pci_bus_id"]], labels[L["model"]],
+            labels[L["gpu_i_profile"]], _int_or_none(labels[L["gpu_i_id"]]), labels[L["driver"]], labels[L["err_msg"]])
+
+
+def host_of(labels: tuple[str | None, ...]) -> str | None:
+    """The host a GPU's label block names (``Hostname``), or None."""
+    return labels[_OUT_INDEX["host"]]
+
+
+def workload_of(labels: tuple[str | None, ...]) -> tuple[str | None, str, str | None] | None:
+    """(namespace, pod, container) of the pod a label block attributes its GPU to; None without a pod, or
+    where the pod is dcgm-exporter's own (the columnar parser's ``_workload`` rule)."""
+    L = _OUT_INDEX
+    pod, container = labels[L["pod"]], labels[L["container"]]
+    if not pod or EXPORTER_POD_MARK in pod or EXPORTER_POD_MARK in (container or ""):
+        return None
+    return labels[L["namespace"]], pod, container
