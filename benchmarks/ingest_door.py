@@ -39,7 +39,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 from fleetscope import door  # noqa: E402
 from fleetscope.api import routes_otlp  # noqa: E402
-from fleetscope.door import ingestion  # noqa: E402
+from fleetscope.door import ingestion, screen  # noqa: E402
 from fleetscope import settings  # noqa: E402
 from fleetscope.store import db  # noqa: E402
 from ingest import otlp_template  # noqa: E402
@@ -61,16 +61,16 @@ T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 LIMIT = 64 * 2**20
 
 
-def _dcgm_push(body: bytes, host: int, when: dt.datetime) -> door.Push:
+def _dcgm_push(body: bytes, host: int, when: dt.datetime) -> screen.Push:
     push = ingestion.to_push(body, source=f"agent-{host}", fmt="dcgm", opts=Options(ts=when), now=when, formats=["dcgm"])
-    door.read_lines(push)
+    screen.read_lines(push)
     return push
 
 
-def _otlp_push(body: bytes) -> door.Push:
+def _otlp_push(body: bytes) -> screen.Push:
     found, inflated = routes_otlp._from_template(body, True, LIMIT, "protobuf")
     walk, sha = found if found is not None else routes_otlp._decode(inflated or body, inflated is None, LIMIT, "protobuf")
-    return door.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body))
+    return screen.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body))
 
 
 def run(label: str, url: str, kind: str, args: argparse.Namespace) -> None:
