@@ -5,6 +5,7 @@ the CPU time of a database's backends."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import subprocess
@@ -13,10 +14,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
 
 import httpx
 
 from fleetscope.store import Store, db
+
+
+def sibling(name: str) -> ModuleType:
+    """Another script of this folder, loaded by its file: the scripts are no package, and several are named after
+    the package they measure (``ingest_*.py`` beside ``ingest``), so none is imported by name."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).resolve().parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def free_port() -> int:

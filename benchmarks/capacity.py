@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
-import importlib.util
 import json
 import math
 import os
@@ -92,11 +91,9 @@ HEALTH_WINDOW_S, HEALTH_EVERY_S = 900, 300
 ``services.scheduled.WINDOW_BEAT``), so each sample is read three times."""
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import _server  # noqa: E402
+
+_load = _server.sibling
 
 
 def _emit(**row: object) -> None:
@@ -211,7 +208,7 @@ async def _round(agents: Any, base: str, reqs: list[bytes], connections: int) ->
 
 
 def bench_ingest(url: str, topo: Topology, telem: GpuTelemetry, writer: formats.DcgmWriter, t0: dt.datetime, args: argparse.Namespace) -> dict[str, Any]:
-    agents, server = _load("ingest_agents"), _load("_server")
+    agents, server = _load("ingest_agents"), _server
     started: list[int] = []
     rounds: list[dict[str, Any]] = []
     with server.served_api(url, args.workers, started=started) as (base, token):
@@ -303,7 +300,7 @@ class Meter:
     """Wall seconds, this process's CPU and PostgreSQL's backends' CPU of one call."""
 
     def __init__(self, url: str):
-        server = _load("_server")
+        server = _server
         self.watch = server.CpuWatch(f" {url.rsplit('/', 1)[1]} ")
 
     def run(self, fn: Any, *a: Any, **kw: Any) -> tuple[Any, dict[str, float]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gzip
-import importlib.util
 import json
 import os
 import sys
@@ -33,17 +32,13 @@ import httpx
 # `import ingest` finds the package, and load the scrape builder of ingest_dcgm.py by file.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-_spec = importlib.util.spec_from_file_location("_bench_ingest_dcgm", _HERE / "ingest_dcgm.py")
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-synth_scrape = _mod.synth_scrape
-_spec2 = importlib.util.spec_from_file_location("_bench_server", _HERE / "_server.py")
-_server = importlib.util.module_from_spec(_spec2)
-_spec2.loader.exec_module(_server)
+sys.path.insert(0, str(_HERE.parent))
+
+from benchmarks import _server  # noqa: E402
+
+synth_scrape = _server.sibling("ingest_dcgm").synth_scrape
 served_api = _server.served_api
-_spec3 = importlib.util.spec_from_file_location("_bench_ingest_agents", _HERE / "ingest_agents.py")
-_agents = importlib.util.module_from_spec(_spec3)
-_spec3.loader.exec_module(_agents)
+_agents = _server.sibling("ingest_agents")
 
 from fleetscope.store import db  # noqa: E402
 from ingest import dcgm  # noqa: E402

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -47,16 +46,13 @@ from sqlalchemy import text  # noqa: E402
 from fleetscope.store import db  # noqa: E402
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import _server  # noqa: E402
+
+_load = _server.sibling
 
 
 _dcgm = _load("ingest_dcgm")
 _otlp = _load("ingest_otlp")
-_server = _load("_server")
 
 VALUES_PER_HOST = 8 * 30
 T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)

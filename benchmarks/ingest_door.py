@@ -22,7 +22,6 @@ import concurrent.futures as cf
 import cProfile
 import datetime as dt
 import gzip
-import importlib.util
 import io
 import json
 import os
@@ -46,16 +45,13 @@ from ingest import otlp_template  # noqa: E402
 from ingest.format import Options  # noqa: E402
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import _server  # noqa: E402
+
+_load = _server.sibling
 
 
 _dcgm = _load("ingest_dcgm")
 _otlp = _load("ingest_otlp")
-_server = _load("_server")
 
 T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 LIMIT = 64 * 2**20

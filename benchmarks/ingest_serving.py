@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import sys
 import tempfile
@@ -34,11 +33,9 @@ from ingest import serving_metrics  # noqa: E402
 BODY = _HERE.parent.parent / "shared" / "realdata" / "serving" / "vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom"
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import _server  # noqa: E402
+
+_load = _server.sibling
 
 
 def bodies(n: int) -> list[bytes]:
@@ -57,7 +54,7 @@ def parse_rate(body: bytes, seconds: float = 3.0) -> dict[str, float]:
 
 
 def run(replicas: int, rounds: int, connections: int, workers: int) -> list[dict[str, object]]:
-    server = _load("_server")
+    server = _server
     out = []
     all_bodies = bodies(replicas)
     with tempfile.TemporaryDirectory() as tmp, server.served_api(f"sqlite:///{tmp}/bench.db", workers=workers) as (base, token):
