@@ -90,11 +90,9 @@ HEALTH_WINDOW_S, HEALTH_EVERY_S = 900, 300
 """Beat's health sweep: a 15-minute window every 5 minutes (``worker.tasks.health_window``,
 ``services.scheduled.WINDOW_BEAT``), so each sample is read three times."""
 
-
 from benchmarks import _server  # noqa: E402
 
 _load = _server.sibling
-
 
 def _emit(**row: object) -> None:
     print(json.dumps(row), flush=True)

@@ -45,11 +45,9 @@ from sqlalchemy import text  # noqa: E402
 
 from fleetscope.store import db  # noqa: E402
 
-
 from benchmarks import _server  # noqa: E402
 
 _load = _server.sibling
-
 
 _dcgm = _load("ingest_dcgm")
 _otlp = _load("ingest_otlp")
@@ -160,6 +158,15 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def _phase(line: dict, name: str, phase: dict) -> None:
+    """``name``_requests_per_s, _p50_ms, _p99_ms and the CPU ms a push of each process watched, of one phase of the run."""
+    n = len(phase["latencies"])
+    line.update({f"{name}_requests_per_s": round(n / phase["seconds"]), f"{name}_p50_ms": round(_quantile(phase["latencies"], 0.5) * 1e3, 1),
+                 f"{name}_p99_ms": round(_quantile(phase["latencies"], 0.99) * 1e3, 1)})
+    for what, seconds_ in phase.get("cpu_s", {}).items():
+        line[f"{name}_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n, 2)
+
+
 def report(system: str, body: str, hosts: int, seconds: float, latencies: list[float], statuses: dict[int, int], peer: dict | None,
            steady: dict | None = None, **extra: object) -> dict:
     n = len(latencies)
@@ -170,21 +177,12 @@ def report(system: str, body: str, hosts: int, seconds: float, latencies: list[f
         "statuses": {str(k): v for k, v in sorted(statuses.items())}, "target_requests_per_s": 1000, "target_p99_ms": 100, **extra,
     }
     if steady and steady["latencies"]:
-        # Reported beside the whole run, never instead of it.
-        n_s = len(steady["latencies"])
-        line.update(steady_requests_per_s=round(n_s / steady["seconds"]), steady_p50_ms=round(_quantile(steady["latencies"], 0.5) * 1e3, 1),
-                    steady_p99_ms=round(_quantile(steady["latencies"], 0.99) * 1e3, 1))
-        for what, seconds_ in steady.get("cpu_s", {}).items():
-            # CPU a push costs in the steady state, whatever else loads the machine
-            line[f"steady_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n_s, 2)
+        # Reported beside the whole run, never instead of it; the CPU a push costs, whatever else loads the machine.
+        _phase(line, "steady", steady)
         first = steady.get("first")
         if first and first["latencies"]:
             # the first round alone: every node new to the service
-            n_f = len(first["latencies"])
-            line.update(first_requests_per_s=round(n_f / first["seconds"]), first_p50_ms=round(_quantile(first["latencies"], 0.5) * 1e3, 1),
-                        first_p99_ms=round(_quantile(first["latencies"], 0.99) * 1e3, 1))
-            for what, seconds_ in first.get("cpu_s", {}).items():
-                line[f"first_{what}_cpu_ms_per_push"] = round(seconds_ * 1e3 / n_f, 2)
+            _phase(line, "first", first)
     if peer:
         line["ratio_to_victoriametrics"] = round(line["requests_per_s"] / peer["requests_per_s"], 2)
         if "steady_requests_per_s" in line and "steady_requests_per_s" in peer:

@@ -44,11 +44,9 @@ from fleetscope.store import db  # noqa: E402
 from ingest import otlp_template  # noqa: E402
 from ingest.format import Options  # noqa: E402
 
-
 from benchmarks import _server  # noqa: E402
 
 _load = _server.sibling
-
 
 _dcgm = _load("ingest_dcgm")
 _otlp = _load("ingest_otlp")

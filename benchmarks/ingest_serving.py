@@ -32,11 +32,9 @@ from ingest import serving_metrics  # noqa: E402
 
 BODY = _HERE.parent.parent / "shared" / "realdata" / "serving" / "vllm-v0_metrics_Llama-3.1-8B-FP8_kubeai-mock.prom"
 
-
 from benchmarks import _server  # noqa: E402
 
 _load = _server.sibling
-
 
 def bodies(n: int) -> list[bytes]:
     base = BODY.read_bytes()
