@@ -34,7 +34,7 @@ from fleetscope.store.inventory import InventoryMemory
 from fleetscope.store import packed
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
-from fleetscope.store import pg_write
+from fleetscope.store import pg_read, pg_write
 from fleetscope.store.counters import CounterMemory
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -411,13 +411,15 @@ class Store:
         gpu_uuid: str | Iterable[str] | None = None,
         columns: Sequence[str] | None = None,
         limit: int | None = None,
+        small: bool = False,
     ) -> pl.DataFrame:
         """Rows of one canonical frame as a polars frame with canonical dtypes.
 
         ``start``/``end`` bound the frame's time column (``start <= t < end``); ``job_id``, ``host`` and
         ``gpu_uuid`` filter where the frame has that column. For ``gpu_sample`` a ``job_id`` selects the
         samples of the GPUs the job's ranks held, each only while its rank held it, and adds
-        ``job_id`` and ``rank`` columns.
+        ``job_id`` and ``rank`` columns. ``small``: the caller knows the result is small (a job's ranks, an
+        inventory lookup), which PostgreSQL then sends over a pooled connection (``store.pg_read``).
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
@@ -487,7 +489,7 @@ class Store:
             if sort_after and frame in _PARALLEL_FRAMES and i_start >= 0 and i_end >= 0:
                 df = self._fetch_sqlite_parallel(sql, source, params, i_start, i_end, fetch_schema)
             if df is None:
-                df = self._fetch(sql, params, fetch_schema)
+                df = self._fetch(sql, params, fetch_schema, small)
             if assignments is not None:
                 df = self._with_assignments(df, *assignments).select(list(out_schema))
             return df.sort(order) if order and sort_after else df
@@ -540,9 +542,11 @@ class Store:
         come back as UTC datetimes on both databases."""
         return self._fetch(sql, list(params), schema_ or {})
 
-    def _fetch(self, sql: str, params: list[Any], out_schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    def _fetch(self, sql: str, params: list[Any], out_schema: dict[str, pl.DataType], small: bool = False) -> pl.DataFrame:
         if self.dialect == "sqlite":
             df = self._fetch_sqlite(sql, params, out_schema)
+        elif small:
+            df = pg_read.fetch_pooled(self.reader, _bind(sql, params), out_schema)
         else:
             df = self._fetch_postgres(sql, params)
         return conform(df, out_schema)
