@@ -295,7 +295,8 @@ class StepView:
 
 
 def _read_from(store: Store, frame: str, job_id: str, start_us: int | None) -> pl.DataFrame:
-    return store.read(frame, job_id=job_id, start=_dt(start_us)) if start_us is not None else store.read(frame, job_id=job_id)
+    # a tail is about a minute of the job's rows: small unless the job is very wide (Store.read falls back)
+    return store.read(frame, job_id=job_id, start=_dt(start_us), small=True) if start_us is not None else store.read(frame, job_id=job_id)
 
 
 def advance(store: Store, job_id: str, *, incremental: bool) -> StepView:
@@ -340,7 +341,7 @@ def job_energy(store: Store, job_id: str, ranks: pl.DataFrame, view: StepView, n
     # ``settled``: a GPU-minute's share depends on that minute and the ranks' intervals only, not on the
     # window read, and the sums are exact, so the split gives what two reads would.
     minutes = store.read("gpu_energy_minute", gpu_uuid=ranks["gpu_uuid"].unique().to_list(), start=_dt(c.energy_to_us),
-                         end=_dt(hi)) if hi > c.energy_to_us else None
+                         end=_dt(hi), small=True) if hi > c.energy_to_us else None
     mine = (energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id).with_columns(pl.col("minute").dt.epoch("us"))
             if minutes is not None and minutes.height else pl.DataFrame(schema={"minute": pl.Int64, "energy_j": pl.Float64, "allocated_s": pl.Float64}))
 

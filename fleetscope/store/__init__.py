@@ -418,8 +418,9 @@ class Store:
         ``start``/``end`` bound the frame's time column (``start <= t < end``); ``job_id``, ``host`` and
         ``gpu_uuid`` filter where the frame has that column. For ``gpu_sample`` a ``job_id`` selects the
         samples of the GPUs the job's ranks held, each only while its rank held it, and adds
-        ``job_id`` and ``rank`` columns. ``small``: the caller knows the result is small (a job's ranks, an
-        inventory lookup), which PostgreSQL then sends over a pooled connection (``store.pg_read``).
+        ``job_id`` and ``rank`` columns. ``small``: the caller expects at most some thousands of rows (a job's
+        ranks, an inventory lookup, a job's rows since a watermark), which PostgreSQL then sends over a pooled
+        connection (``store.pg_read``); a result past ``pg_read.SMALL_ROWS`` is read again the bulk way.
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
@@ -488,8 +489,12 @@ class Store:
             df = None
             if sort_after and frame in _PARALLEL_FRAMES and i_start >= 0 and i_end >= 0:
                 df = self._fetch_sqlite_parallel(sql, source, params, i_start, i_end, fetch_schema)
+            if df is None and small and self.dialect == "postgresql" and (limit is None or limit <= pg_read.SMALL_ROWS):
+                probe = sql + (f" LIMIT {pg_read.SMALL_ROWS + 1}" if limit is None else "")
+                df = conform(pg_read.fetch_pooled(self.reader, _bind(probe, params), fetch_schema), fetch_schema)
+                df = df if df.height <= pg_read.SMALL_ROWS else None
             if df is None:
-                df = self._fetch(sql, params, fetch_schema, small)
+                df = self._fetch(sql, params, fetch_schema)
             if assignments is not None:
                 df = self._with_assignments(df, *assignments).select(list(out_schema))
             return df.sort(order) if order and sort_after else df
@@ -542,11 +547,9 @@ class Store:
         come back as UTC datetimes on both databases."""
         return self._fetch(sql, list(params), schema_ or {})
 
-    def _fetch(self, sql: str, params: list[Any], out_schema: dict[str, pl.DataType], small: bool = False) -> pl.DataFrame:
+    def _fetch(self, sql: str, params: list[Any], out_schema: dict[str, pl.DataType]) -> pl.DataFrame:
         if self.dialect == "sqlite":
             df = self._fetch_sqlite(sql, params, out_schema)
-        elif small:
-            df = pg_read.fetch_pooled(self.reader, _bind(sql, params), out_schema)
         else:
             df = self._fetch_postgres(sql, params)
         return conform(df, out_schema)

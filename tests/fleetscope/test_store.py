@@ -188,6 +188,15 @@ def test_small_reads_give_what_bulk_reads_give(store: Store):
     assert store.read("gpu_sample", small=True, limit=2).height == 2
 
 
+def test_a_small_read_that_is_not_small_is_read_whole(store: Store, monkeypatch: pytest.MonkeyPatch):
+    from fleetscope.store import pg_read
+
+    monkeypatch.setattr(pg_read, "SMALL_ROWS", 5)
+    store.write(inventory().merge(F.Batch(gpu_sample=samples())))
+    assert_frame_equal(store.read("gpu_sample", small=True), store.read("gpu_sample"))
+    assert store.read("gpu_sample", small=True).height == 12 and store.read("gpu_sample", small=True, limit=4).height == 4
+
+
 def test_nccl_test_booleans_and_findings_upsert(store: Store):
     nt = pl.DataFrame({"run_id": ["r", "r"], "op": ["all_reduce"] * 2, "size_bytes": [8, 8], "in_place": [False, True], "busbw_gbps": [1.25, 1.5]})
     store.write(F.Batch(nccl_test=nt))
