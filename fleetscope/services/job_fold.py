@@ -53,6 +53,8 @@ PERSIST_K, PERSIST_M = 3, 5
 ENERGY_SETTLE = dt.timedelta(minutes=15)
 """GPU-minutes younger than this are re-read every run: the energy roll-up re-rolls the last ten minutes."""
 C3_COLUMNS = ("step_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")
+_ENERGY_COLUMNS = ("minute", "gpu_uuid", "energy_j", "counter_energy_j", "integrated_energy_j", "covered_s")
+"""What ``analyzers.energy.attribute_to_jobs`` reads of a GPU-minute."""
 _US = 1_000_000
 _MINUTE_US = 60 * _US
 
@@ -340,8 +342,8 @@ def job_energy(store: Store, job_id: str, ranks: pl.DataFrame, view: StepView, n
     # One read of the minutes that settle now and the unsettled ones after them, attributed once and split at
     # ``settled``: a GPU-minute's share depends on that minute and the ranks' intervals only, not on the
     # window read, and the sums are exact, so the split gives what two reads would.
-    minutes = store.read("gpu_energy_minute", gpu_uuid=ranks["gpu_uuid"].unique().to_list(), start=_dt(c.energy_to_us),
-                         end=_dt(hi), small=True) if hi > c.energy_to_us else None
+    minutes = store.read("gpu_energy_minute", gpu_uuid=ranks["gpu_uuid"].unique().to_list(), start=_dt(c.energy_to_us), end=_dt(hi),
+                         columns=_ENERGY_COLUMNS, small=True) if hi > c.energy_to_us else None
     mine = (energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id).with_columns(pl.col("minute").dt.epoch("us"))
             if minutes is not None and minutes.height else pl.DataFrame(schema={"minute": pl.Int64, "energy_j": pl.Float64, "allocated_s": pl.Float64}))
 
