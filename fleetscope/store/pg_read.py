@@ -5,8 +5,8 @@ psycopg connection, parsed by polars.
 connectorx, the bulk path, opens a connection of its own for every read (a backend started, authenticated,
 its catalog caches warmed) and asks for the result's types before it COPYs: about 10 ms before the first
 row on an idle 2-core machine, 20-50 ms under load, for a site row as for a thousand. A warm pooled
-connection sends a one-row result in tens of microseconds, and a 12,000-row tail in half the time
-connectorx takes (measured on this machine at load 11: 66 ms against 150 ms for 12,288 step rows);
+connection sends a one-row result in tens of microseconds, and a 12,000-row tail sooner than connectorx
+(66-89 ms against 114-150 ms for 12,288 step rows, measured on this machine at load 11-12);
 for the millions of rows of a fleet-wide read connectorx's binary protocol is the faster one (README,
 ``benchmarks/store_write.py``), so callers choose this path only for reads they know are not that large.
 
@@ -49,6 +49,7 @@ def fetch_pooled(engine: Engine, sql: str, out_schema: dict[str, pl.DataType]) -
     names = pl.read_csv(io.BytesIO(data), n_rows=0).columns
     df = pl.read_csv(io.BytesIO(data), schema={c: _csv_dtype(out_schema.get(c)) for c in names})
     return df.with_columns(_typed(c, out_schema[c]) for c in names if out_schema.get(c) in (F.UTC_US, pl.Boolean))
+
 
 def _csv_dtype(dtype: pl.DataType | None) -> pl.DataType:
     return pl.String if dtype is None or dtype in (F.UTC_US, pl.Boolean) else dtype

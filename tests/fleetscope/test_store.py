@@ -174,12 +174,12 @@ def test_empty_reads_have_canonical_schema(store: Store):
 def test_small_reads_give_what_bulk_reads_give(store: Store):
     # PostgreSQL sends a small read over a pooled connection (store.pg_read), a bulk one through connectorx:
     # the same frame, dtypes, nulls, text and timestamps included
-    msgs = ['a "quoted", comma', "50% 'off'", "ünïcødé ✓", "", None]
+    msgs = ['a "quoted", comma', "50% 'off'", "ünïcødé ✓", "", None, "line1\nline2\r\n", "tab\there", "back\\slash", "\\.", " padded "]
     health = pl.DataFrame({"ts": [T0 + i * S for i in range(len(msgs))], "kind": ["nccl_warn"] * len(msgs), "message": msgs, "host": ["h"] * len(msgs)})
     nt = pl.DataFrame({"run_id": ["r", "r"], "op": ["all_reduce"] * 2, "size_bytes": [8, 8], "in_place": [False, True],
                        "busbw_gbps": [None, 1.5]})
     store.write(inventory().merge(F.Batch(gpu_sample=samples(), health_event=health, nccl_test=nt)))
-    for frame, kw, rows in [("job_rank", {"job_id": "j1"}, 2), ("host", {}, 2), ("gpu", {"gpu_uuid": ["g0", "g2"]}, 2), ("health_event", {}, 5),
+    for frame, kw, rows in [("job_rank", {"job_id": "j1"}, 2), ("host", {}, 2), ("gpu", {"gpu_uuid": ["g0", "g2"]}, 2), ("health_event", {}, 10),
                             ("nccl_test", {}, 2), ("gpu_sample", {"start": T0 + S, "columns": ["ts", "gpu_uuid", "power_w", "xid_last"]}, 9),
                             ("finding", {}, 0), ("job_rank", {"job_id": "none"}, 0)]:
         bulk, small = store.read(frame, **kw), store.read(frame, small=True, **kw)
