@@ -47,6 +47,7 @@ __all__ = [
     "step_signals",
     "checksum_mismatches",
     "metric_spikes",
+    "spike_rows",
     "nonfinite_onset",
     "RERUN_VERDICTS",
     "rerun_verdict",
@@ -165,7 +166,17 @@ def metric_spikes(signals: pl.DataFrame, metric: str = "loss", *, window_steps: 
     s = signals.filter(x.is_not_null()).sort("job_id", "rank", "step").with_columns(
         x.rolling_median(**roll).shift(1).over("job_id", "rank").alias("baseline"),
         (x.rolling_quantile(0.75, **roll) - x.rolling_quantile(0.25, **roll)).shift(1).over("job_id", "rank").alias("_iqr"),
-    ).with_columns(
+    )
+    return spike_rows(s, metric, threshold=threshold)
+
+
+def spike_rows(s: pl.DataFrame, metric: str, *, threshold: float = 6.0) -> pl.DataFrame:
+    """``metric_spikes``' rows from its rows with their ``baseline`` and ``_iqr`` (the rolling median and
+    interquartile range of the rank's previous values, null where there are too few): the scores, the spikes
+    and how many ranks spiked and reported at each step (of ``s``'s rows; ``analyzers.sdc_fold`` passes whole
+    steps only)."""
+    x = pl.col(metric)
+    s = s.with_columns(
         pl.max_horizontal(pl.col("_iqr") / 1.349, pl.col("baseline").abs() * 1e-6, pl.lit(1e-12)).alias("robust_scale"),
     ).with_columns(((x - pl.col("baseline")) / pl.col("robust_scale")).alias("score"))
     reporting = s.group_by("job_id", "step").agg(pl.len().alias("ranks_reporting"))

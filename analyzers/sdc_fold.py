@@ -11,15 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from analyzers.sdc import checksum_mismatches, metric_spikes, nonfinite_onset, rerun_report, sdc_findings
+from analyzers.sdc import checksum_mismatches, metric_spikes, nonfinite_onset, rerun_report, sdc_findings, spike_rows
 from fleetscope.core.frames import FINDING, UTC_US, require_columns
 
-__all__ = ["SPIKE_WINDOW_STEPS", "ScreenFold", "fold_screen", "fold_screen_open", "folded_screen"]
+__all__ = ["SPIKE_WINDOW_STEPS", "ScreenFold", "fold_screen", "fold_screen_open", "folded_screen", "spikes_after"]
 
 SPIKE_WINDOW_STEPS = 50
 """``metric_spikes``' window as ``screen`` runs it: a rank's loss is scored against its previous 50 values."""
+_MIN_HISTORY = 10
+"""``metric_spikes``' ``min_history``: a rank's loss is scored once it has 10 before it."""
 _SIGNAL_TS = {"job_id": pl.String, "step": pl.Int64, "ts": UTC_US}
 
 
@@ -66,17 +69,73 @@ def _signals_after(state: ScreenFold, signals: pl.DataFrame, what: str = "signal
 
 
 def _spikes_of(state: ScreenFold, sig: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The loss spikes of ``sig``'s rows, scored against the carried losses (which go first; their own rows
-    are scored too, and left out), and the carried losses followed by ``sig``'s."""
-    both = pl.concat([state.carry, sig.select("job_id", "rank", "step", "ts", "loss")])
-    spikes = metric_spikes(both, "loss", window_steps=SPIKE_WINDOW_STEPS)
-    return (spikes if state.last_step is None else spikes.filter(pl.col("step") > state.last_step)), both
+    """The loss spikes of ``sig``'s rows, scored against the carried losses (which go first), and the carried
+    losses followed by ``sig``'s, by rank and step (``_by_rank``), from which the next carry is taken."""
+    s = _by_rank(pl.concat([state.carry, sig.select("job_id", "rank", "step", "ts", "loss")]))
+    return _spikes_after(s, state.last_step, 6.0), s
 
 
-def _carry(losses: pl.DataFrame) -> pl.DataFrame:
+def _by_rank(losses: pl.DataFrame) -> pl.DataFrame:
+    """The non-null losses in ``metric_spikes``' order: by job, rank and step."""
+    return losses.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
+
+
+def _places(s: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's place in its rank's losses, from the first and from the last (``s`` in ``_by_rank`` order)."""
+    first = np.ones(s.height, dtype=bool)
+    if s.height:
+        rank = s["rank"].to_numpy()
+        first[1:] = (rank[1:] != rank[:-1]) | s["job_id"].ne_missing(s["job_id"].shift(1)).to_numpy()[1:]
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], s.height)
+    group = np.cumsum(first) - 1
+    index = np.arange(s.height)
+    return index - starts[group], ends[group] - 1 - index
+
+
+def spikes_after(losses: pl.DataFrame, after_step: int | None, *, threshold: float = 6.0) -> pl.DataFrame:
+    """``metric_spikes(losses, "loss", window_steps=SPIKE_WINDOW_STEPS)``'s rows of the steps after
+    ``after_step`` (all of them for None), computed for those rows only: the earlier ones (a rank's carried
+    losses, about 50 of every 57 rows a minute folds) are read as baselines and not scored themselves.
+
+    The same numbers: each scored row's window is its rank's previous ``SPIKE_WINDOW_STEPS`` losses, sorted,
+    and the median and quartiles are picked from it as polars' rolling quantiles pick them (median: linear
+    interpolation, ``f·(v[⌈i⌉] − v[⌊i⌋]) + v[⌊i⌋]`` at ``i = (n − 1)/2``; quartiles: the nearest rank,
+    ``v[⌊(n − 1)q + ½⌋]``), then scored by ``metric_spikes``' own expressions (``spike_rows``). A NaN loss
+    (which polars orders apart) sends the whole frame through ``metric_spikes``."""
+    return _spikes_after(_by_rank(losses), after_step, threshold)
+
+
+def _spikes_after(s: pl.DataFrame, after_step: int | None, threshold: float) -> pl.DataFrame:
+    loss = s["loss"].to_numpy()
+    if s.height == 0 or np.isnan(loss).any():
+        spikes = metric_spikes(s, "loss", window_steps=SPIKE_WINDOW_STEPS, min_history=_MIN_HISTORY, threshold=threshold)
+        return spikes if after_step is None else spikes.filter(pl.col("step") > after_step)
+    w = SPIKE_WINDOW_STEPS
+    pos, _ = _places(s)
+    new = np.flatnonzero(s["step"].to_numpy() > after_step) if after_step is not None else np.arange(s.height)
+    n = np.minimum(pos[new], w)  # losses before the row, at most a window of them
+    back = np.arange(-w, 0)
+    window = np.where(back[None, :] >= -n[:, None], loss[np.maximum(new[:, None] + back[None, :], 0)], np.inf)
+    window.sort(axis=1)  # the n losses first, the +inf padding after
+    rows = np.arange(new.size)
+    nf = np.maximum(n, 1).astype(np.float64) - 1.0
+    mid = nf * 0.5
+    lo, hi = np.floor(mid).astype(np.int64), np.ceil(mid).astype(np.int64)
+    v_lo, v_hi = window[rows, lo], window[rows, hi]
+    with np.errstate(invalid="ignore"):
+        median = np.where(lo == hi, v_lo, (mid - lo) * (v_hi - v_lo) + v_lo)
+        iqr = window[rows, np.floor(nf * 0.75 + 0.5).astype(np.int64)] - window[rows, np.floor(nf * 0.25 + 0.5).astype(np.int64)]
+    enough = pl.Series(n >= _MIN_HISTORY)
+    scored = s[new].with_columns(pl.when(enough).then(pl.Series(median)).alias("baseline"), pl.when(enough).then(pl.Series(iqr)).alias("_iqr"))
+    return spike_rows(scored, "loss", threshold=threshold)
+
+
+def _carry(s: pl.DataFrame) -> pl.DataFrame:
+    """Each rank's last ``SPIKE_WINDOW_STEPS`` losses of ``s`` (in ``_by_rank`` order)."""
     # a carried loss is a baseline, never a spike of its own: its time is not needed, and not kept
-    return (losses.filter(pl.col("loss").is_not_null()).sort("job_id", "rank", "step")
-            .group_by("job_id", "rank", maintain_order=True).tail(SPIKE_WINDOW_STEPS).with_columns(pl.lit(None, UTC_US).alias("ts")))
+    _, from_last = _places(s)
+    return s.filter(pl.Series(from_last < SPIKE_WINDOW_STEPS)).with_columns(pl.lit(None, UTC_US).alias("ts"))
 
 
 def _merge(state: ScreenFold, sig: pl.DataFrame, cases: pl.DataFrame | None, spikes: pl.DataFrame, carry: pl.DataFrame) -> ScreenFold:
@@ -112,8 +171,8 @@ def fold_screen(state: ScreenFold, signals: pl.DataFrame, cases: pl.DataFrame | 
     sig = _signals_after(state, signals)
     if sig.height == 0:
         return state
-    spikes, both = _spikes_of(state, sig)
-    return _merge(state, sig, cases, spikes, _carry(both))
+    spikes, s = _spikes_of(state, sig)
+    return _merge(state, sig, cases, spikes, _carry(s))
 
 
 def fold_screen_open(state: ScreenFold, signals: pl.DataFrame, open_signals: pl.DataFrame,
@@ -127,10 +186,10 @@ def fold_screen_open(state: ScreenFold, signals: pl.DataFrame, open_signals: pl.
         raise ValueError(f"open signals of step {int(opened['step'].min())} are not after the folded step {int(sig['step'].max())}")
     if sig.height + opened.height == 0:
         return state, state
-    spikes, both = _spikes_of(state, pl.concat([sig, opened]))
+    spikes, s = _spikes_of(state, pl.concat([sig, opened]))
     if sig.height:
         cut = int(sig["step"].max())
-        state = _merge(state, sig, cases, spikes.filter(pl.col("step") <= cut), _carry(both.filter(pl.col("step") <= cut)))
+        state = _merge(state, sig, cases, spikes.filter(pl.col("step") <= cut), _carry(s.filter(pl.col("step") <= cut)))
         spikes = spikes.filter(pl.col("step") > cut)
     return state, _merge(state, opened, cases, spikes, state.carry)
 

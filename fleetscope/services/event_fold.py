@@ -136,7 +136,8 @@ def cut_us(tail: pl.DataFrame) -> int | None:
 
 
 def _read_from(store: Store, job_id: str, start_us: int | None) -> pl.DataFrame:
-    return store.read("job_event", job_id=job_id, start=_dt(start_us)) if start_us is not None else store.read("job_event", job_id=job_id)
+    # a tail is about a minute of the job's events: small unless the job is very wide (Store.read falls back)
+    return store.read("job_event", job_id=job_id, start=_dt(start_us), small=True) if start_us is not None else store.read("job_event", job_id=job_id)
 
 
 def _cases(events: pl.DataFrame) -> pl.DataFrame:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,8 @@ PERSIST_K, PERSIST_M = 3, 5
 ENERGY_SETTLE = dt.timedelta(minutes=15)
 """GPU-minutes younger than this are re-read every run: the energy roll-up re-rolls the last ten minutes."""
 C3_COLUMNS = ("step_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")
+_ENERGY_COLUMNS = ("minute", "gpu_uuid", "energy_j", "counter_energy_j", "integrated_energy_j", "covered_s")
+"""What ``analyzers.energy.attribute_to_jobs`` reads of a GPU-minute."""
 _US = 1_000_000
 _MINUTE_US = 60 * _US
 
@@ -260,10 +263,16 @@ def load_state(store: Store, job_id: str, analyzer: str) -> str | None:
 
 def save_state(store: Store, job_id: str, analyzer: str, text: str, now: dt.datetime) -> None:
     """Store the state text of one of a job's incremental analyses (replacing what was there)."""
+    save_states(store, job_id, {analyzer: text}, now)
+
+
+def save_states(store: Store, job_id: str, texts: Mapping[str, str], now: dt.datetime) -> None:
+    """Store the state texts of several of a job's incremental analyses (analyzer: text), replacing what was
+    there, in one transaction."""
     t = schema.job_analysis_state
     with store.engine.begin() as conn:
-        conn.execute(t.delete().where(t.c.job_id == job_id, t.c.analyzer == analyzer))
-        conn.execute(t.insert().values(job_id=job_id, analyzer=analyzer, state=text, updated_at=now))
+        conn.execute(t.delete().where(t.c.job_id == job_id, t.c.analyzer.in_(sorted(texts))))
+        conn.execute(t.insert(), [{"job_id": job_id, "analyzer": a, "state": text, "updated_at": now} for a, text in sorted(texts.items())])
 
 
 def _load(store: Store, job_id: str) -> StepState | None:
@@ -288,7 +297,8 @@ class StepView:
 
 
 def _read_from(store: Store, frame: str, job_id: str, start_us: int | None) -> pl.DataFrame:
-    return store.read(frame, job_id=job_id, start=_dt(start_us)) if start_us is not None else store.read(frame, job_id=job_id)
+    # a tail is about a minute of the job's rows: small unless the job is very wide (Store.read falls back)
+    return store.read(frame, job_id=job_id, start=_dt(start_us), small=True) if start_us is not None else store.read(frame, job_id=job_id)
 
 
 def advance(store: Store, job_id: str, *, incremental: bool) -> StepView:
@@ -329,18 +339,18 @@ def job_energy(store: Store, job_id: str, ranks: pl.DataFrame, view: StepView, n
     if c.energy_from_us != lo or c.energy_to_us is None:
         c.energy_from_us, c.energy_to_us, c.energy_j, c.held_s = lo, lo, ExactSum(), ExactSum()
     settled = max(c.energy_to_us, min(((_us(now) - int(ENERGY_SETTLE.total_seconds() * _US)) // _MINUTE_US) * _MINUTE_US, hi))
-    uuids = ranks["gpu_uuid"].unique().to_list()
+    # One read of the minutes that settle now and the unsettled ones after them, attributed once and split at
+    # ``settled``: a GPU-minute's share depends on that minute and the ranks' intervals only, not on the
+    # window read, and the sums are exact, so the split gives what two reads would.
+    minutes = store.read("gpu_energy_minute", gpu_uuid=ranks["gpu_uuid"].unique().to_list(), start=_dt(c.energy_to_us), end=_dt(hi),
+                         columns=_ENERGY_COLUMNS, small=True) if hi > c.energy_to_us else None
+    mine = (energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id).with_columns(pl.col("minute").dt.epoch("us"))
+            if minutes is not None and minutes.height else pl.DataFrame(schema={"minute": pl.Int64, "energy_j": pl.Float64, "allocated_s": pl.Float64}))
 
-    def read(a: int, b: int) -> tuple[ExactSum, ExactSum]:
-        if b <= a:
-            return ExactSum(), ExactSum()
-        minutes = store.read("gpu_energy_minute", gpu_uuid=uuids, start=_dt(a), end=_dt(b))
-        if minutes.height == 0:
-            return ExactSum(), ExactSum()
-        mine = energy.attribute_to_jobs(minutes, ranks).filter(pl.col("job_id") == job_id)
-        return ExactSum.of(mine["energy_j"].to_numpy()), ExactSum.of(mine["allocated_s"].to_numpy())
+    def sums(part: pl.DataFrame) -> tuple[ExactSum, ExactSum]:
+        return ExactSum.of(part["energy_j"].to_numpy()), ExactSum.of(part["allocated_s"].to_numpy())
 
-    e, h = read(c.energy_to_us, settled)
+    e, h = sums(mine.filter(pl.col("minute") < settled))
     c.energy_j, c.held_s, c.energy_to_us = c.energy_j + e, c.held_s + h, settled
-    e, h = read(settled, hi)
+    e, h = sums(mine.filter(pl.col("minute") >= settled))
     return c.energy_j + e, c.held_s + h

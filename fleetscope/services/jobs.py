@@ -96,7 +96,11 @@ class JobRun:
     def read(self, frame: str) -> pl.DataFrame:
         """The job's rows of ``frame``, read once per run."""
         if frame not in self._frames:
-            self._frames[frame] = self.store.read(frame, job_id=self.job_id)
+            if frame == "job_op" and not self.store.read(frame, job_id=self.job_id, columns=["job_id"], limit=1, small=True).height:
+                # most jobs record no operations: a pooled look first, the bulk read only for those that do
+                self._frames[frame] = F.FRAMES[frame].empty()
+            else:
+                self._frames[frame] = self.store.read(frame, job_id=self.job_id, small=frame in _SMALL)
         return self._frames[frame]
 
     def maybe(self, frame: str) -> pl.DataFrame | None:
@@ -109,6 +113,9 @@ class JobRun:
     def findings(self, found: pl.DataFrame) -> None:
         _add_findings(self.batch, found)
 
+
+_SMALL = frozenset({"job", "job_rank"})
+"""The frames a job has few rows of (one, one per rank), read over a pooled connection (``Store.read``'s ``small``)."""
 
 JOB: Registry[JobRun] = Registry("job", skip_notes={
     "step": "no step data: C3 and straggler analysis skipped",
@@ -135,7 +142,7 @@ def _stragglers(r: JobRun) -> None:
     res = view.result
     findings = res.straggler_findings(r.job_id)
     if findings.height:
-        price, note = _folded_energy_price(r.store, r.job_id, view, r.now)
+        price, note = _folded_energy_price(r.store, r.job_id, r.read("job_rank"), view, r.now)
         if price is not None:
             findings = stragglers.price_findings(findings, price)
         else:
@@ -164,7 +171,7 @@ def _goodput(r: JobRun) -> None:
     r.out.goodput = {"goodput_ratio": rg.goodput_ratio, "scheduling_goodput_ratio": sched, "total_s": rg.total_s,
                      "productive_s": rg.productive_s, "badput_s": rg.badput_s, "badput_ratio": rg.badput_ratio,
                      "last_step": rg.last_step, "disruptions": rg.disruptions, "finished": finished}
-    r.out.goodput.update(_program_goodput(r.store, r.job_id, r.steps().result, sched, rg.goodput_ratio, r.out.notes))
+    r.out.goodput.update(_program_goodput(r.store, r.read("job_rank"), r.steps().result, sched, rg.goodput_ratio, r.out.notes))
     r.record("goodput", rg.window_start, rg.window_end, r.out.goodput)
     r.batch.metric_sample = goodput_series(r.job_id, r.now, rg.goodput_ratio, r.out.goodput)
 
@@ -249,12 +256,15 @@ def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None, in
         if run.rows:
             run.batch.job_analysis = pl.DataFrame(run.rows, schema=F.JOB_ANALYSIS.schema)
             store.write(run.batch)
+        states = {}
         if run._steps is not None:
             span.set_attribute("fleetscope.refolded", run._steps.refolded)
             if run._steps.committed.rows:
-                job_fold.save(store, job_id, run._steps.committed, now)
+                states[job_fold.STATE] = run._steps.committed.to_json()
         if run._events is not None and run._events.committed.kept.height:
-            event_fold.save(store, job_id, run._events.committed, now)
+            states[event_fold.STATE] = run._events.committed.to_json()
+        if states:
+            job_fold.save_states(store, job_id, states, now)
         out.batch = run.batch
     return out
 
@@ -290,7 +300,7 @@ ran in, and mixed-precision training runs its matrix multiplies in bf16 (the con
 paper's MFU, Chowdhery et al. 2022, appendix B, and of Megatron-LM's reports)."""
 
 
-def _program_goodput(store: Store, job_id: str, steps: job_fold.StepState, scheduling: float | None, runtime: float | None,
+def _program_goodput(store: Store, ranks: pl.DataFrame, steps: job_fold.StepState, scheduling: float | None, runtime: float | None,
                      notes: list[str]) -> dict[str, Any]:
     """Program goodput (MFU) from the steps' model FLOPs and the peak of the GPU model the job's ranks ran
     on (``analyzers.goodput.program_goodput``'s formula over the folded sums), and the ML Productivity
@@ -301,8 +311,7 @@ def _program_goodput(store: Store, job_id: str, steps: job_fold.StepState, sched
     if steps.flops_rows == 0:
         notes.append("no step carries model_flops: program goodput (MFU) not computed")
         return out
-    ranks = store.read("job_rank", job_id=job_id)
-    gpus = store.read("gpu", gpu_uuid=ranks["gpu_uuid"].unique().to_list()) if ranks.height else pl.DataFrame()
+    gpus = store.read("gpu", gpu_uuid=ranks["gpu_uuid"].unique().to_list(), columns=["gpu_uuid", "model_name"], small=True) if ranks.height else pl.DataFrame()
     models = sorted(set(gpus["model_name"].drop_nulls().to_list())) if gpus.height else []
     if not models:
         notes.append("the job's GPUs have no model name in the inventory: program goodput (MFU) not computed")
@@ -370,9 +379,9 @@ def energy_price(store: Store, job_id: str, start: dt.datetime, end: dt.datetime
     return _price(store, ranks, float(mine["energy_j"].sum()) if mine.height else 0.0, held_s)
 
 
-def _folded_energy_price(store: Store, job_id: str, view: job_fold.StepView, now: dt.datetime) -> tuple[stragglers.EnergyPrice | None, str]:
+def _folded_energy_price(store: Store, job_id: str, ranks: pl.DataFrame, view: job_fold.StepView,
+                         now: dt.datetime) -> tuple[stragglers.EnergyPrice | None, str]:
     """``energy_price`` over the job's step window, its energy folded from the job's watermark (``services.job_fold``)."""
-    ranks = store.read("job_rank", job_id=job_id)
     if ranks.height == 0:
         return None, "no rank-to-GPU assignments: straggler cost left in GPU-hours"
     energy_j, held_s = job_fold.job_energy(store, job_id, ranks, view, now)
@@ -384,9 +393,9 @@ def _price(store: Store, ranks: pl.DataFrame, energy_j: float, held_s: float,
     if held_s <= 0:
         return None, "no energy roll-ups for the job's GPUs in its window: straggler cost left in GPU-hours"
     power_w = energy_j / held_s if power_w is None else power_w
-    sites = (ranks.join(store.read("host", host=ranks["host"].drop_nulls().unique().to_list()), on="host", how="inner")
-             .group_by("site_id").len().sort("len", "site_id", descending=[True, False]))
-    site = store.read("site").filter(pl.col("site_id") == sites["site_id"][0]) if sites.height else pl.DataFrame()
+    hosts = store.read("host", host=ranks["host"].drop_nulls().unique().to_list(), columns=["host", "site_id"], small=True)
+    sites = ranks.join(hosts, on="host", how="inner").group_by("site_id").len().sort("len", "site_id", descending=[True, False])
+    site = store.read("site", small=True).filter(pl.col("site_id") == sites["site_id"][0]) if sites.height else pl.DataFrame()
     if site.height:
         hit = carbon.site_intensity(site).row(0, named=True)
         g, g_basis = hit["g_per_kwh"], f"annual {hit['year']} ({hit['intensity_match']} of site {hit['site_id']}): {hit['intensity_source']}"

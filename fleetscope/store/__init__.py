@@ -34,7 +34,7 @@ from fleetscope.store.inventory import InventoryMemory
 from fleetscope.store import packed
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
-from fleetscope.store import pg_write
+from fleetscope.store import pg_read, pg_write
 from fleetscope.store.counters import CounterMemory
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -434,13 +434,16 @@ class Store:
         gpu_uuid: str | Iterable[str] | None = None,
         columns: Sequence[str] | None = None,
         limit: int | None = None,
+        small: bool = False,
     ) -> pl.DataFrame:
         """Rows of one canonical frame as a polars frame with canonical dtypes.
 
         ``start``/``end`` bound the frame's time column (``start <= t < end``); ``job_id``, ``host`` and
         ``gpu_uuid`` filter where the frame has that column. For ``gpu_sample`` a ``job_id`` selects the
         samples of the GPUs the job's ranks held, each only while its rank held it, and adds
-        ``job_id`` and ``rank`` columns.
+        ``job_id`` and ``rank`` columns. ``small``: the caller expects at most some thousands of rows (a job's
+        ranks, an inventory lookup, a job's rows since a watermark), which PostgreSQL then sends over a pooled
+        connection (``store.pg_read``); a result past ``pg_read.SMALL_ROWS`` is read again the bulk way.
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
@@ -509,6 +512,10 @@ class Store:
             df = None
             if sort_after and frame in _PARALLEL_FRAMES and i_start >= 0 and i_end >= 0:
                 df = self._fetch_sqlite_parallel(sql, source, params, i_start, i_end, fetch_schema)
+            if df is None and small and self.dialect == "postgresql" and (limit is None or limit <= pg_read.SMALL_ROWS):
+                probe = sql + (f" LIMIT {pg_read.SMALL_ROWS + 1}" if limit is None else "")
+                df = conform(pg_read.fetch_pooled(self.reader, _bind(probe, params), fetch_schema), fetch_schema)
+                df = df if df.height <= pg_read.SMALL_ROWS else None
             if df is None:
                 df = self._fetch(sql, params, fetch_schema)
             if assignments is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from analyzers import goodput, goodput_events, reliability, sdc, sdc_fold
 from fleetscope.door import ingestion
@@ -131,6 +132,28 @@ def test_the_sdc_screen_folded_step_by_step_equals_one_screen(seed):
     assert "sdc_confirmed" in kinds or "sdc_suspect" in kinds
     assert whole["spikes"].filter(pl.col("single_rank")).height >= 1
     assert whole["verdicts"].height == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_spikes_scored_after_a_step_are_metric_spikes_rows_bit_for_bit(seed):
+    # ties, nulls, infinities, short histories, two jobs, rows in any order; every scored row compared (threshold
+    # -inf) and the spikes alone, with and without a step before which rows are baselines only
+    rng = np.random.default_rng(seed)
+    ranks, steps = int(rng.integers(1, 6)), int(rng.integers(20, 90))
+    loss = {0: lambda: float(rng.normal(2, 0.01)), 1: lambda: float(np.round(rng.normal(2, 0.01), 3)),
+            2: lambda: float(rng.integers(0, 3)), 3: lambda: float(rng.choice([rng.normal(2, 0.01), np.inf, -np.inf], p=[0.96, 0.02, 0.02]))}[seed % 4]
+    rows = [(j, r, st, T0 + dt.timedelta(seconds=st), None if rng.random() < 0.05 else loss() * (40 if rng.random() < 0.02 else 1))
+            for j in (["a", "b"] if seed % 3 == 0 else ["j"]) for r in range(ranks) for st in range(steps)]
+    df = pl.DataFrame(rows, schema={"job_id": pl.String, "rank": pl.Int64, "step": pl.Int64, "ts": F.UTC_US, "loss": pl.Float64},
+                      orient="row").sample(fraction=1.0, shuffle=True, seed=seed)
+    scored = 0
+    for after in (None, int(rng.integers(0, steps)), steps + 5):
+        for threshold in (6.0, -np.inf):
+            want = sdc.metric_spikes(df, "loss", window_steps=sdc_fold.SPIKE_WINDOW_STEPS, threshold=threshold)
+            want = want if after is None else want.filter(pl.col("step") > after)
+            assert_frame_equal(sdc_fold.spikes_after(df, after, threshold=threshold), want, check_exact=True)
+            scored += want.height
+    assert scored > 0
 
 
 def test_folding_steps_out_of_order_is_refused():

@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -186,6 +187,41 @@ def test_empty_reads_have_canonical_schema(store: Store):
     got = store.read("finding")
     assert got.height == 0
     assert got.schema == pl.Schema(F.FINDING.schema)
+
+
+def test_small_reads_give_what_bulk_reads_give(store: Store):
+    # PostgreSQL sends a small read over a pooled connection (store.pg_read), a bulk one through connectorx:
+    # the same frame, dtypes, nulls, text and timestamps included
+    msgs = ['a "quoted", comma', "50% 'off'", "ünïcødé ✓", "", None, "line1\nline2\r\n", "tab\there", "back\\slash", "\\.", " padded "]
+    health = pl.DataFrame({"ts": [T0 + i * S for i in range(len(msgs))], "kind": ["nccl_warn"] * len(msgs), "message": msgs, "host": ["h"] * len(msgs)})
+    nt = pl.DataFrame({"run_id": ["r", "r"], "op": ["all_reduce"] * 2, "size_bytes": [8, 8], "in_place": [False, True],
+                       "busbw_gbps": [None, 1.5]})
+    store.write(inventory().merge(F.Batch(gpu_sample=samples(), health_event=health, nccl_test=nt)))
+    for frame, kw, rows in [("job_rank", {"job_id": "j1"}, 2), ("host", {}, 2), ("gpu", {"gpu_uuid": ["g0", "g2"]}, 2), ("health_event", {}, 10),
+                            ("nccl_test", {}, 2), ("gpu_sample", {"start": T0 + S, "columns": ["ts", "gpu_uuid", "power_w", "xid_last"]}, 9),
+                            ("finding", {}, 0), ("job_rank", {"job_id": "none"}, 0)]:
+        bulk, small = store.read(frame, **kw), store.read(frame, small=True, **kw)
+        assert_frame_equal(small, bulk, check_exact=True)
+        assert small.height == rows
+    assert store.read("health_event", small=True)["message"].to_list() == msgs
+    assert store.read("gpu_sample", small=True, limit=2).height == 2
+    # doubles come back bit for bit: the shortest text that reads back to the same value, at every magnitude
+    rng = np.random.default_rng(3)
+    powers = (rng.standard_normal(500) * 10.0 ** rng.integers(-300, 300, 500)).tolist() + [5e-324, 1.7976931348623157e308, 0.1, 1 / 3]
+    times = [T0 + dt.timedelta(microseconds=int(u)) for u in rng.integers(0, 10**12, len(powers))]
+    store.write(F.Batch(gpu_sample=pl.DataFrame({"ts": times, "gpu_uuid": "g9", "power_w": powers})))
+    got = store.read("gpu_sample", gpu_uuid="g9", columns=["ts", "power_w"], small=True)
+    assert_frame_equal(got, store.read("gpu_sample", gpu_uuid="g9", columns=["ts", "power_w"]), check_exact=True)
+    assert sorted(got["power_w"].to_list()) == sorted(powers) and got.height == len(powers)
+
+
+def test_a_small_read_that_is_not_small_is_read_whole(store: Store, monkeypatch: pytest.MonkeyPatch):
+    from fleetscope.store import pg_read
+
+    monkeypatch.setattr(pg_read, "SMALL_ROWS", 5)
+    store.write(inventory().merge(F.Batch(gpu_sample=samples())))
+    assert_frame_equal(store.read("gpu_sample", small=True), store.read("gpu_sample"))
+    assert store.read("gpu_sample", small=True).height == 12 and store.read("gpu_sample", small=True, limit=4).height == 4
 
 
 def test_nccl_test_booleans_and_findings_upsert(store: Store):
