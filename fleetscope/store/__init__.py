@@ -35,6 +35,7 @@ from fleetscope.store import packed
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
 from fleetscope.store import pg_read, pg_write
+from fleetscope.store.series import series_ids
 from fleetscope.store.counters import CounterMemory
 from fleetscope.core.errors import ValidationError
 from fleetscope.observability import BATCHES_REJECTED, ROWS_WRITTEN, VALUES_WRITTEN, tracer
@@ -311,7 +312,7 @@ class Store:
         missing = sorted({row[i_series] for row in r.rows if get(row[i_series]) is None})
         ids = {}
         if missing:
-            fetched = self._series_ids(conn, missing)
+            fetched = series_ids(conn, self.dialect, missing)
             ids = dict(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
             new_series.update(ids)
         return Rows(("series_id", "ts", "value"), sorted((get(row[i_series]) or ids[row[i_series]], row[i_ts], row[i_value]) for row in r.rows))
@@ -366,7 +367,7 @@ class Store:
             ids = pl.DataFrame({"series_id": [get(k) for k in keys], "series": keys}, schema={"series_id": pl.Int64, "series": pl.String})
             missing = ids.filter(pl.col("series_id").is_null())["series"].to_list()
             if missing:
-                fetched = self._series_ids(conn, missing)
+                fetched = series_ids(conn, self.dialect, missing)
                 new_series.update(zip(fetched["series"].to_list(), fetched["series_id"].to_list()))
                 ids = pl.concat([ids.filter(pl.col("series_id").is_not_null()), fetched])
             mapped = df.join(ids, on="series", how="left", maintain_order="left").select("series_id", "ts", "value")
@@ -378,44 +379,6 @@ class Store:
         # PostgreSQL's CPU per write 0.43 s -> 0.37 s and SQLite's 0.45 s -> 0.38 s.
         mapped = mapped.sort("series_id", "ts")
         return self._insert(conn, "metric_sample", mapped, ("series_id", "ts"), "ignore")
-
-    def _series_ids(self, conn: Connection, keys: list[str]) -> pl.DataFrame:
-        # In one order for every writer: two transactions creating the same new series in different orders
-        # each wait for a key the other holds, and PostgreSQL aborts one as a deadlock.
-        keys = sorted(keys)
-        names = [k.split("{", 1)[0] for k in keys]
-        if self.dialect == "sqlite":
-            cur = conn.connection.driver_connection.cursor()
-            try:
-                cur.executemany("INSERT INTO series (series, name) VALUES (?, ?) ON CONFLICT (series) DO NOTHING", zip(keys, names))
-                found: list[tuple[int, str]] = []
-                for i in range(0, len(keys), 5000):
-                    chunk = keys[i : i + 5000]
-                    cur.execute(f"SELECT series_id, series FROM series WHERE series IN ({', '.join('?' for _ in chunk)})", chunk)
-                    found.extend(cur.fetchall())
-            finally:
-                cur.close()
-        else:
-            from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
-
-            with pg_write.pg(conn).cursor() as cur:
-                # RETURNING hands back the ids of the rows it created; only keys that already existed (stored
-                # by another process, or before this one started) are looked up. A fleet's first scrape
-                # creates all of its series, and the lookup of 32,768 keys was 0.2 s of it.
-                # The key arrays go in binary (%b): psycopg escapes a text-format array element by element
-                # in Python, 0.43 s of CPU for 32,768 label sets against 0.02 s.
-                cur.execute(
-                    "INSERT INTO series (series, name) SELECT * FROM unnest(%b::text[], %b::text[]) ON CONFLICT (series) DO NOTHING"
-                    " RETURNING series_id, series",
-                    (pg_arrays.encode(keys), pg_arrays.encode(names)),
-                )
-                found = cur.fetchall()
-                if len(found) < len(keys):
-                    created = {k for _, k in found}
-                    existing = [k for k in keys if k not in created]
-                    cur.execute("SELECT series_id, series FROM series WHERE series = ANY(%b::text[])", (pg_arrays.encode(existing),))
-                    found.extend(cur.fetchall())
-        return pl.DataFrame(found, schema={"series_id": pl.Int64, "series": pl.String}, orient="row")
 
     def _log_ingest(self, conn: Connection, entries: list[tuple[str, str | None, dict[str, int], int]]) -> None:
         """The ingest log's rows of a write, in its transaction (store.ingest_log)."""
