@@ -7,6 +7,7 @@ FLEETSCOPE_REQUIRE_SERVICES=1 (CI sets it), where an unreachable server fails th
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -84,6 +85,20 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.05):  # type
             return got
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def end_worker(proc: subprocess.Popen) -> int | None:
+    """Kill a Celery worker process a test is done with, and reap it; the exit status it had already ended
+    with on its own (worth its log), else None.
+
+    Not SIGTERM: a warm shutdown waits for the consumer's ``drain_events(timeout=2.0)`` to return, and on the
+    embedded SQLite broker kombu polls once a second inside it, so each stop took about 4 s; a test's tasks
+    have all been answered by its end, so a kill loses nothing it checks."""
+    ended = proc.poll()
+    if ended is None:
+        proc.kill()
+        proc.wait(timeout=20)
+    return ended
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

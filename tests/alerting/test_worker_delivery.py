@@ -21,7 +21,7 @@ from fleetscope.services.alerting import state as ST
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver
-from tests.conftest import make_settings, wait_until
+from tests.conftest import end_worker, make_settings, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +59,7 @@ def setup(tmp_path):
     procs: list[subprocess.Popen] = []
     yield env, store, app, queue, ST.SecretBox([key]), procs, tmp_path / "worker.log"
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        end_worker(p)
     store.engine.dispose()
 
 

@@ -16,7 +16,7 @@ from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
-from tests.conftest import make_settings
+from tests.conftest import end_worker, make_settings
 
 
 def start_worker(env: dict[str, str], queue: str, log: Path) -> subprocess.Popen:
@@ -40,12 +40,7 @@ def worker(request, tmp_path):
                              result_backend=env.get("FLEETSCOPE_BROKER_URL", f"db+sqlite:///{tmp_path / 'results.db'}"))
     app = make_celery(settings)
     yield app, queue, env["FLEETSCOPE_DATABASE_URL"], request.param
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    if proc.returncode not in (0, -15):
+    if end_worker(proc) is not None:  # it died before the test was done with it
         print(log.read_text())
 
 
