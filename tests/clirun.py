@@ -17,9 +17,9 @@ What a fresh process would have and the test process must be given back:
 - an exception that escapes the command ends it with status 1 and its traceback on stderr, as the
   interpreter does.
 
-The processes a verb starts and keeps running (``serve``, ``worker``, ``beat``, ``dashboard``, ``demo``,
-``agent`` without ``--once``) stay real subprocesses in their tests; ``tests/fleetscope/test_cli.py`` also runs
-the installed ``fleetscope`` script itself.
+The verbs that are processes of their own (``serve``, ``worker``, ``beat``, ``dashboard``, ``demo``, ``agent``)
+stay real subprocesses in their tests; ``tests/fleetscope/test_cli.py`` also runs the installed ``fleetscope``
+script itself.
 """
 
 from __future__ import annotations
