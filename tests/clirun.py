@@ -3,7 +3,7 @@
 A ``python -m fleetscope.cli`` subprocess pays the whole import (polars, SQLAlchemy, the services) on every
 call: seconds each, and a CLI test makes a dozen calls. ``cli`` invokes the same click group,
 ``fleetscope.cli.main``, with click's ``CliRunner`` and returns a ``subprocess.CompletedProcess`` with the
-exit status in ``returncode`` and stdout and stderr apart (click >= 8.2 keeps them apart), so assertions
+exit status in ``returncode`` and stdout and stderr apart, so assertions
 written against a subprocess hold word for word.
 
 What a fresh process would have and the test process must be given back:
@@ -69,14 +69,22 @@ class _Engines:
             engine.dispose()
 
 
+def _runner() -> CliRunner:
+    """A runner that keeps stderr apart: click >= 8.2 always does and has no ``mix_stderr``; 8.1 (which
+    pyproject still allows) mixes it into stdout unless told not to."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:
+        return CliRunner()
+
+
 def cli(*args: str, env: Mapping[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
     """``fleetscope *args`` with ``env`` as its whole environment (None: the test process's)."""
     auth._cache.clear()
     with partitions._known_lock:
         partitions._known.clear()
     with _Engines():
-        result = CliRunner().invoke(main, list(args), env=_env_for(env), input=input, catch_exceptions=True,
-                                    prog_name="fleetscope")
+        result = _runner().invoke(main, list(args), env=_env_for(env), input=input, catch_exceptions=True, prog_name="fleetscope")
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
