@@ -6,7 +6,10 @@ FLEETSCOPE_REQUIRE_SERVICES=1 (CI sets it), where an unreachable server fails th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -86,13 +89,44 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.05):  # type
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def end_worker(proc: subprocess.Popen) -> int | None:
+    """Kill a Celery worker process a test is done with, and reap it; the exit status it had already ended
+    with on its own (worth its log), else None.
+
+    Not SIGTERM: a warm shutdown waits for the consumer's ``drain_events(timeout=2.0)`` to return, and on the
+    embedded SQLite broker kombu polls once a second inside it, so each stop took about 4 s; a test's tasks
+    have all been answered by its end, so a kill loses nothing it checks."""
+    ended = proc.poll()
+    if ended is None:
+        proc.kill()
+        proc.wait(timeout=20)
+    return ended
+
+
+@pytest.fixture(scope="session")
+def sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite store migrated to head once per session (per xdist worker), for ``fresh_sqlite`` to copy:
+    running every migration for each of the hundreds of SQLite tests took a few tenths of a second each."""
+    path = tmp_path_factory.mktemp("migrated") / "fleetscope.store.db"
+    db.upgrade(f"sqlite:///{path}")
+    return path
+
+
+def fresh_sqlite(template: Path, path: Path) -> str:
+    """A migrated, empty SQLite store at ``path`` (its URL): the file made as the product makes it (0600),
+    then filled with the template's pages by SQLite's online backup, so it is the schema ``db.upgrade`` built."""
+    url = f"sqlite:///{path}"
+    db.create_sqlite_file(url)
+    with contextlib.closing(sqlite3.connect(template)) as src, contextlib.closing(sqlite3.connect(path)) as dst:
+        src.backup(dst)
+    return url
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database: a new SQLite file, or the session's PostgreSQL database emptied."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
-        db.upgrade(url)
-        return url
+        return fresh_sqlite(request.getfixturevalue("sqlite_migrated"), tmp_path / "fleetscope.store.db")
     url = request.getfixturevalue("pg_migrated")
     st = Store.open(url)
     _truncate_all(st)

@@ -139,6 +139,7 @@ class Store:
         if found is not None:
             thread, stop = found
             stop.set()
+            self._wal_dirty.set()  # wake it from its idle wait, which the stop event alone does not end
             thread.join(timeout=30)
             self._checkpointer = None
 

@@ -21,7 +21,6 @@ from cryptography.fernet import Fernet
 
 from fleetscope.services import jobs as analysis
 from fleetscope.services import audit as audit_service
-from fleetscope.store import db
 from fleetscope.services import energy_rollup
 from fleetscope.services import health as health_service
 from fleetscope.services import governance as gs
@@ -33,7 +32,7 @@ from fleetscope.store import Store
 from governance.registry import ModelEntry
 from ingest import ibswinfo, nccl_log
 from tests.alerting.receiver import Receiver
-from tests.conftest import make_settings
+from tests.conftest import fresh_sqlite, make_settings
 
 pytestmark = pytest.mark.slow
 
@@ -326,10 +325,9 @@ SCENARIOS = {
 }
 
 
-def run(tmp_path, name: str) -> tuple[Receiver, list[str]]:
+def run(tmp_path, name: str, migrated: Path) -> tuple[Receiver, list[str]]:
     s = SCENARIOS[name]
-    url = f"sqlite:///{tmp_path / 'fs.db'}"
-    db.upgrade(url)
+    url = fresh_sqlite(migrated, tmp_path / "fs.db")
     store = Store.open(url)
     store.write(F.Batch(
         site=pl.DataFrame({"site_id": ["dc1"], "declared_pue": [1.3]}),
@@ -382,8 +380,8 @@ def notified(rx: Receiver, rule: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_every_shipped_rule_fires_and_resolves(tmp_path, name):
-    rx, log = run(tmp_path, name)
+def test_every_shipped_rule_fires_and_resolves(tmp_path, name, sqlite_migrated):
+    rx, log = run(tmp_path, name, sqlite_migrated)
     for rule in SCENARIOS[name].rules:
         got = notified(rx, rule)
         assert got["firing"], f"{rule} never fired in scenario {name}:\n" + "\n".join(log)

@@ -14,14 +14,13 @@ import polars as pl
 import pytest
 from cryptography.fernet import Fernet
 
-from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.services.alerting import notifiers as N
 from fleetscope.services.alerting import state as ST
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
 from tests.alerting.receiver import Receiver
-from tests.conftest import make_settings, wait_until
+from tests.conftest import end_worker, fresh_sqlite, make_settings, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +41,7 @@ def start_worker(env: dict[str, str], queue: str, log) -> subprocess.Popen:
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path, sqlite_migrated):
     key = Fernet.generate_key()
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
@@ -52,19 +51,14 @@ def setup(tmp_path):
            "PYTHONPATH": os.getcwd()}
     for k in ("FLEETSCOPE_BROKER_URL", "FLEETSCOPE_RESULT_BACKEND"):
         env.pop(k, None)
-    db.upgrade(url)
+    fresh_sqlite(sqlite_migrated, tmp_path / "fs.db")
     store = Store.open(url)
     app = make_celery(make_settings(tmp_path, url, broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}", result_backend=f"db+sqlite:///{tmp_path / 'results.db'}"))
     queue = f"alerting-test-{uuid.uuid4().hex[:8]}"
     procs: list[subprocess.Popen] = []
     yield env, store, app, queue, ST.SecretBox([key]), procs, tmp_path / "worker.log"
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        end_worker(p)
     store.engine.dispose()
 
 

@@ -28,7 +28,7 @@ from fleetscope import settings as settings_mod
 from fleetscope.sim.fleet import FleetSpec
 from fleetscope.sim.showcase import run_services, showcase
 from fleetscope.store import Store
-from tests.conftest import PG_ADMIN_URL, _unavailable
+from tests.conftest import PG_ADMIN_URL, _unavailable, fresh_sqlite
 
 SEED_START = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 SEED_DURATION_S = 1800
@@ -79,10 +79,8 @@ def seeded_sqlite_url(seeded_services: tuple[str, dict]) -> str:
 
 
 @pytest.fixture
-def empty_sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'fleetscope.store.db'}"
-    db.upgrade(url)
-    return url
+def empty_sqlite_url(tmp_path: Path, sqlite_migrated: Path) -> str:
+    return fresh_sqlite(sqlite_migrated, tmp_path / "fleetscope.store.db")
 
 
 def _pg_database() -> Iterator[str]:

@@ -4,8 +4,6 @@ via the store, the API and the CLI."""
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 
 import httpx
 import polars as pl
@@ -16,6 +14,7 @@ from fleetscope.services import jobs as analysis
 from fleetscope.services import auth
 from fleetscope.door import ingestion
 from fleetscope.core import frames as F
+from tests import clirun
 
 T0 = dt.datetime(2024, 1, 1, 1, tzinfo=dt.UTC)
 TWO_RANKS = "traces/hta/two_rank_sampled_128gpu_job"
@@ -130,7 +129,7 @@ def test_cli_analyze(tmp_path, realdata):
     env.pop("FLEETSCOPE_DATABASE_URL", None)
     ev = tmp_path / "events.jsonl"
     ev.write_bytes(job_events_jsonl("cli-job"))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     assert run("ingest", str(ev)).returncode == 0
     out = run("jobs", "analyze", "cli-job")
     assert out.returncode == 0, out.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import json
-import subprocess
-import sys
 
 import httpx
 import polars as pl
@@ -16,6 +14,7 @@ from fleetscope.core import frames as F
 from fleetscope.services import auth, catalog, health, jobs, scheduled
 from fleetscope.services.analysis import Beat, Registry, Timetable
 from fleetscope.store import schema
+from tests import clirun
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 
@@ -251,8 +250,8 @@ def test_the_api_lists_the_registry_to_a_reader(api):
 
 def test_the_cli_lists_the_registry(tmp_path):
     env = {"FLEETSCOPE_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "fleetscope.cli", "fleet", "analyzers", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    out = clirun.cli("fleet", "analyzers", "--json", env=env)
     assert out.returncode == 0, out.stderr
     assert [r["name"] for r in json.loads(out.stdout)] == [r["name"] for r in catalog.analyses()]
-    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "fleet", "analyzers"], env=env, capture_output=True, text=True, timeout=120).stdout
+    text = clirun.cli("fleet", "analyzers", env=env).stdout
     assert text.splitlines()[0].split()[:3] == ["job", "c3", "analyzers.c3"]

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 
 import httpx
@@ -14,6 +13,7 @@ import polars as pl
 import pytest
 
 from tests.fleetscope.test_governance_api import build_pipeline, gov
+from tests import clirun
 
 
 def declare(api, h, kind, value, model="ranker", version="1", key=""):
@@ -102,8 +102,7 @@ def test_export_verifies_offline_and_tampering_is_named(api, tmp_path):
     (tmp_path / "b.zip").write_bytes(bundle)
     (tmp_path / "pub.pem").write_bytes(pub)
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path / "other")}
-    verify = lambda p: subprocess.run([sys.executable, "-m", "fleetscope.cli", "verify", str(p), "--key", str(tmp_path / "pub.pem"), "--json"],  # noqa: E731
-                                      env=env, capture_output=True, text=True, timeout=120)
+    verify = lambda p: clirun.cli("verify", str(p), "--key", str(tmp_path / "pub.pem"), "--json", env=env)  # noqa: E731
     ok = verify(tmp_path / "b.zip")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert json.loads(ok.stdout)["ok"] is True
@@ -146,7 +145,7 @@ def test_audit_log_chains_governance_writes_and_finds_an_edit(api):
 def test_cli_report_export_and_auditlog(tmp_path):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     assert run("audit", "report").returncode == 1  # empty registry: a clear error
     assert run("governance", "registry", "model", "scorer", "3", "--purpose", "credit scoring of consumers", "--role", "provider").returncode == 0
     bad = run("audit", "declare", "scorer", "area", "--value", "{not json", "--by", "ana")

@@ -1,31 +1,38 @@
-"""The `fleetscope` command, run as a user would: a subprocess with the environment as configuration."""
+"""The `fleetscope` command with the environment as its configuration: its verbs run in the test process
+(``tests/clirun.py`` says what a fresh process would have that it restores), and the installed script runs
+once as a real process, as a user runs it."""
 
 import datetime as dt
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
 
 from fleetscope.services import auth
 from fleetscope.store import db
+from tests.clirun import cli
 
 
 def run(tmp_path, *args, check=True, input=None):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, input=input, timeout=120)
+    proc = cli(*args, env=env, input=input)
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout + proc.stderr)
     return proc
 
 
 def test_help_lists_the_verbs(tmp_path):
+    from fleetscope import __version__
+
     out = run(tmp_path, "--help").stdout
     for verb in ("demo", "serve", "worker", "beat", "db", "token"):
         assert f"  {verb}" in out
+    assert run(tmp_path, "--version").stdout.strip() == f"fleetscope, version {__version__}"
 
 
 def test_db_upgrade_and_current(tmp_path):
@@ -83,7 +90,7 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, args, words):
 
 def test_bad_setting_is_a_clear_error_not_a_traceback(tmp_path):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_API_PORT": "http"}
-    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "token", "list"], env=env, capture_output=True, text=True, timeout=60)
+    proc = cli("token", "list", env=env)
     assert proc.returncode == 1
     assert "FLEETSCOPE_API_PORT='http': expected an integer" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -131,3 +138,20 @@ def test_findings_lists_what_went_quiet_and_metrics_prints_the_fleet_series(tmp_
     run(tmp_path, "fleet", "metrics", "--out", str(out))
     assert "fleetscope_host_down" in out.read_text() and not list(out.parent.glob("*.tmp"))
     store.engine.dispose()
+
+
+def test_the_installed_script_is_the_command(tmp_path):
+    """The console script ``pip install`` puts next to the interpreter, as a process of its own: the entry point
+    resolves, --help answers, a verb does its work and a usage error is exit status 2."""
+    script = Path(sys.executable).with_name("fleetscope")
+    assert script.is_file(), f"{script} is missing: install the project (pip install -e .)"
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    env.pop("FLEETSCOPE_DATABASE_URL", None)
+    sh = lambda *a: subprocess.run([str(script), *a], env=env, capture_output=True, text=True, timeout=120)  # noqa: E731
+    helped = sh("--help")
+    assert helped.returncode == 0 and "Usage: fleetscope" in helped.stdout and "  token" in helped.stdout
+    upgraded = sh("db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert f"database at {db.head_revision('sqlite://')}" in upgraded.stdout and (tmp_path / "fleetscope.store.db").is_file()
+    wrong = sh("token", "create")
+    assert wrong.returncode == 2 and "Missing option '--scope'" in wrong.stderr

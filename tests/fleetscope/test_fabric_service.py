@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-import sys
 
 import httpx
 import pytest
@@ -17,6 +16,7 @@ from fleetscope.door import ingestion
 from fleetscope.agent import Agent
 from fleetscope.store import Store
 from ingest.format import Options
+from tests import clirun
 
 T = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 BAD = "fabric/perfquery-x_osc_0x506b4b03005c2740.txt"
@@ -86,7 +86,7 @@ def test_cli_fabric(tmp_path, realdata):
     env.pop("FLEETSCOPE_DATABASE_URL", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+        return clirun.cli(*args, env=env)
 
     first, later = bad_port_twice(realdata)
     (tmp_path / "a.txt").write_bytes(first)

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-import sys
 
 import httpx
 import polars as pl
@@ -19,6 +18,7 @@ from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 from ingest.format import Options
+from tests import clirun
 
 T = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 OSC = "fabric/ibnetdiscover-ports_osc_edr.txt"
@@ -159,7 +159,7 @@ def test_cli_topology_alltoall_and_attribution(tmp_path, realdata):
     env.pop("FLEETSCOPE_DATABASE_URL", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+        return clirun.cli(*args, env=env)
 
     (tmp_path / "topo.txt").write_bytes((realdata / OSC).read_bytes())
     assert cli("ingest", str(tmp_path / "topo.txt"), "--ts", T.isoformat()).returncode == 0

@@ -4,8 +4,6 @@ registry, lineage questions with a quarantined dataset two hops upstream, COMPAS
 import io
 import json
 import os
-import subprocess
-import sys
 import uuid
 
 import httpx
@@ -13,6 +11,7 @@ import polars as pl
 import pytest
 
 from fleetscope.services import auth
+from tests import clirun
 
 EVENTS = "openlineage/events"
 
@@ -181,7 +180,7 @@ def test_cli_lineage_and_fairness(api, tmp_path, realdata):
     build_pipeline(api, h)
     url = str(api.app.state.store.engine.url.render_as_string(hide_password=False))
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": url}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     show = run("governance", "lineage", "show", "ranker")
     assert show.returncode == 0, show.stderr
     assert "dataset:lake:raw" in show.stdout and "TAINT quarantined" in show.stdout

@@ -3,8 +3,6 @@
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 
 import httpx
 import polars as pl
@@ -14,6 +12,7 @@ from fleetscope.core import frames as F
 from fleetscope.services import health as health_service
 from fleetscope.services.health import health_window
 from fleetscope.sim import FleetSpec, gpu_fleet
+from tests import clirun
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 
@@ -66,7 +65,7 @@ def test_health_and_findings_endpoints(api):
 def test_cli_probe_records_a_health_event(tmp_path):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "health", "probe", "--gpu-uuid", "GPU-test", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    proc = clirun.cli("health", "probe", "--gpu-uuid", "GPU-test", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["digest"] == result["golden"]
@@ -85,7 +84,7 @@ def test_cli_probe_without_cuda_fails_naming_what_is_missing_and_records_nothing
         pytest.skip("a CUDA library is installed here")
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "fleetscope.cli", "health", "probe", "--backend", "cuda"], env=env, capture_output=True, text=True, timeout=120)
+    proc = clirun.cli("health", "probe", "--backend", "cuda", env=env)
     assert proc.returncode == 1 and proc.stdout == ""
     assert "no CUDA probe backend can run here" in proc.stderr and "torch is not installed" in proc.stderr and "cupy is not installed" in proc.stderr
     from fleetscope.store import Store

@@ -3,8 +3,6 @@
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -14,6 +12,7 @@ from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError
 from fleetscope.store import Store
+from tests import clirun
 
 TELEMETRY = "telemetry"
 EXPECTED = {
@@ -91,7 +90,7 @@ def test_unknown_and_forced_formats():
 def run_cli(tmp_path, *args):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+    return clirun.cli(*args, env=env)
 
 
 def test_cli_ingests_good_files_reports_bad_ones_and_exits_1(realdata, tmp_path):

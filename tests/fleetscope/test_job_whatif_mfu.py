@@ -5,8 +5,6 @@ product from steps' model FLOPs and the GPU model's datasheet peak, stored, serv
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 
 import httpx
 import polars as pl
@@ -18,6 +16,7 @@ from fleetscope.services import fleet_metrics
 from fleetscope.door import ingestion
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ParseError
+from tests import clirun
 
 T0 = dt.datetime(2025, 3, 1, 8, tzinfo=dt.UTC)
 WHATIF = "traces/bytedance_straggler_whatif"
@@ -148,7 +147,7 @@ def test_api_whatif_and_goodput(api, realdata):
 def test_cli_whatif(tmp_path, realdata):
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     trace = realdata / WHATIF / "trace-ST.parquet"
     out = run("ingest", str(trace), "--format", "bytedance_whatif", "--job-id", "st-cli")
     assert out.returncode == 0, out.stderr

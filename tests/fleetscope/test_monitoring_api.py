@@ -10,6 +10,7 @@ import pytest
 
 from fleetscope.services import auth
 from fleetscope.sim.predictions import credit_stream
+from tests import clirun
 
 NOW = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0)
 T0 = NOW - dt.timedelta(hours=29)  # the last hour and its outcomes (30 min later) lie in the past
@@ -89,12 +90,10 @@ def test_refusals(fed):
 def test_cli(tmp_path):
     import json
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     f = tmp_path / "credit.jsonl"
     f.write_bytes(credit_stream("credit", "1", T0, hours=28, rate=100, rng=np.random.default_rng(5), drift_from_hour=26, bias=1.5).jsonl)
     assert "no predictions stored" in run("monitoring", "models").stdout

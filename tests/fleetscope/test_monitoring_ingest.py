@@ -7,8 +7,6 @@ import datetime as dt
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from fleetscope.core.errors import ParseError
 from fleetscope.door import ingestion
 from fleetscope.services import auth
+from tests import clirun
 
 T0 = dt.datetime(2026, 8, 3, 10, tzinfo=dt.UTC)
 
@@ -136,7 +135,7 @@ def test_cli_ingest(tmp_path):
     good, bad = tmp_path / "credit.jsonl", tmp_path / "bad.jsonl"
     good.write_bytes(GOOD)
     bad.write_bytes(body([pred(0), pred(1, score=2)]))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     out = run("ingest", str(bad))
     assert out.returncode != 0 and "line 2" in out.stderr and "score" in out.stderr
     out = run("ingest", str(good))

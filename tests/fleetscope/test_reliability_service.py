@@ -10,7 +10,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import httpx
 import pytest
@@ -19,6 +18,7 @@ from analyzers import reliability as rel
 from fleetscope.services import auth
 from fleetscope.door.ingestion import ingest_bytes
 from fleetscope.services.reliability import UnknownJob, reliability_report
+from tests import clirun
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HOUR = 3600.0
@@ -243,7 +243,7 @@ def test_sdc_reruns_ingested_judged_stored_and_served(api):
 def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=180)
+    return clirun.cli(*args, env=env)
 
 
 def test_cli_reliability_and_sdc(tmp_path):

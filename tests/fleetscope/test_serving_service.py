@@ -14,6 +14,7 @@ import pytest
 from analyzers import serving_latency as sl
 from fleetscope.services import auth
 from fleetscope.services import serving as serving_service
+from tests import clirun
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -210,30 +211,24 @@ def test_serving_vs_training_in_money(api, tmp_path):
     assert c["crossover_basis"] == "projected" and c["crossover_date"] > "2026-02-04" and c["unpriced_job_minutes"] == 0
     assert httpx.get(api.url + "/api/v1/serving/crossover", params={"model": "mistral"}, headers=read, timeout=30).status_code == 404
     # the CLI answers the same from the same store
-    import subprocess
-    import sys
-
     env = {"FLEETSCOPE_DATA_DIR": str(tmp_path / "cli"), "PATH": "/usr/bin:/bin",
            "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
-    cli = subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", "crossover", "llama", "--json"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    cli = clirun.cli("serving", "crossover", "llama", "--json", env=env)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["training_cost"] == pytest.approx(training)
-    text = subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", "crossover", "llama"], env=env, capture_output=True, text=True,
-                          timeout=120).stdout
+    text = clirun.cli("serving", "crossover", "llama", env=env).stdout
     assert text.startswith(f"llama: training {training:,.2f} EUR, serving so far {3 * per_day:,.2f} EUR over 3 days; serving passes training on")
 
 
 def test_the_cli_reads_what_the_api_reads(loaded, tmp_path):
     import subprocess
-    import sys
 
     api, store, _, read = loaded
     env = {"FLEETSCOPE_DATA_DIR": str(tmp_path / "cli"), "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
            "PATH": "/usr/bin:/bin"}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fleetscope.cli", "serving", *args], env=env, capture_output=True, text=True, timeout=120)
+        return clirun.cli("serving", *args, env=env)
 
     end = (T0 + dt.timedelta(minutes=MINUTES)).isoformat()
     deps = cli("deployments", "--json")

@@ -500,14 +500,18 @@ def test_gpu_sample_fills_fields_from_later_copies_and_never_overwrites(store: S
     assert store.read("gpu_sample").height == 1
 
 
-def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path):
+def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path, monkeypatch):
     """The API's store leaves checkpoints to its own thread: a commit only appends to the log (its
     connections' autocheckpoint is off), the thread then copies the pages into the database file, and what
-    was committed reads back throughout."""
+    was committed reads back throughout. Stopping wakes the thread from its idle wait (made an hour here),
+    as the API's shutdown must not wait that out."""
     import time
 
     from fleetscope.core.spec import conform
     from fleetscope.store import db as dbm
+    from fleetscope.store import sqlite_wal
+
+    monkeypatch.setattr(sqlite_wal, "IDLE_CHECKPOINT_S", 3600.0)
 
     url = f"sqlite:///{tmp_path / 'ck.db'}"
     dbm.upgrade(url)
@@ -526,7 +530,9 @@ def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path):
     while main.stat().st_size == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert main.stat().st_size > before + 1_000_000  # the thread did
+    thread = store._checkpointer[0]
     store.stop_checkpointing()
+    assert not thread.is_alive()
     assert store._checkpointer is None and store.read("gpu_sample").height == 10_000
 
 

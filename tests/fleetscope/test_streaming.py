@@ -8,8 +8,6 @@ import datetime as dt
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from polars.testing import assert_frame_equal
@@ -19,6 +17,7 @@ from fleetscope.door import ingestion
 from fleetscope.door import streaming
 from fleetscope.core.errors import ParseError
 from fleetscope.door.ingestion import Options
+from tests import clirun
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 SCRAPES = (
@@ -209,7 +208,7 @@ def test_cli_streams_with_a_byte_progress_bar_and_reports_the_chunk(realdata, tm
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'fs.db'}"}
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "fleetscope.cli", "ingest", *args], env=env, capture_output=True, text=True, timeout=300)
+        return clirun.cli("ingest", *args, env=env)
 
     first = run("--chunk-mb", "0.002", "--ts", T0.isoformat(), str(path))
     assert first.returncode == 0, first.stderr

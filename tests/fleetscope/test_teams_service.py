@@ -11,6 +11,7 @@ from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
 from fleetscope.services import scheduler_capacity, serving, team_costs, teams
 from ingest import slurm_sacct
+from tests import clirun
 
 APRIL = (dt.datetime(2024, 4, 1, tzinfo=dt.UTC), dt.datetime(2024, 5, 1, tzinfo=dt.UTC))
 JOB_START = dt.datetime(2024, 4, 5, 0, 18, 37, tzinfo=dt.UTC)  # job 7946767 on v100gpu13, 1 GPU, 41003 s
@@ -270,14 +271,12 @@ def test_api_routes(api, realdata):
 def test_cli(tmp_path, realdata):
     import json
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+        return clirun.cli(*args, env=env)
 
     assert run("ingest", str(realdata / "scheduler/slurm_sacct-parsable-snowman-delim_habrok_gres-gpu.txt")).returncode == 0
     h = run("teams", "--help")

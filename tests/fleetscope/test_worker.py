@@ -12,11 +12,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fleetscope.store import db
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
-from tests.conftest import make_settings
+from tests.conftest import end_worker, fresh_sqlite, make_settings
 
 
 def start_worker(env: dict[str, str], queue: str, log: Path) -> subprocess.Popen:
@@ -32,7 +31,7 @@ def worker(request, tmp_path):
         env["FLEETSCOPE_BROKER_URL"] = request.getfixturevalue("redis_url")
     else:
         env.pop("FLEETSCOPE_BROKER_URL", None)
-    db.upgrade(env["FLEETSCOPE_DATABASE_URL"])
+    fresh_sqlite(request.getfixturevalue("sqlite_migrated"), tmp_path / "fs.db")
     queue = f"fleetscope-test-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "worker.log"
     proc = start_worker(env, queue, log)
@@ -40,12 +39,7 @@ def worker(request, tmp_path):
                              result_backend=env.get("FLEETSCOPE_BROKER_URL", f"db+sqlite:///{tmp_path / 'results.db'}"))
     app = make_celery(settings)
     yield app, queue, env["FLEETSCOPE_DATABASE_URL"], request.param
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    if proc.returncode not in (0, -15):
+    if end_worker(proc) is not None:  # it died before the test was done with it
         print(log.read_text())
 
 

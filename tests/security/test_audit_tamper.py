@@ -10,8 +10,6 @@ import io
 import json
 import os
 import stat
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +25,7 @@ from governance import exports
 from governance.aiact.frames import AUDIT_LOG
 from tests.conftest import make_settings
 from tests.fleetscope.test_governance_api import build_pipeline, gov
+from tests import clirun
 
 N = 6
 
@@ -173,7 +172,7 @@ def test_a_log_written_before_keying_is_keyed_from_a_recorded_entry(store: Store
 def test_the_cli_names_the_first_bad_entry(tmp_path: Path) -> None:
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     for v in ("1", "2", "3"):
         assert run("governance", "registry", "model", "scorer", v, "--purpose", "credit scoring").returncode == 0
     ok = run("verify", "--auditlog")
@@ -260,7 +259,7 @@ def test_cli_silences_are_logged_as_the_os_user(tmp_path: Path) -> None:
 
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "fleetscope.cli", *a], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    run = lambda *a: clirun.cli(*a, env=env)  # noqa: E731
     made = run("alerts", "silence", 'host="n1"', "--for", "1h", "--by", "oncall", "--comment", "GPU swap")
     assert made.returncode == 0, made.stderr
     sid = made.stdout.split()[1]

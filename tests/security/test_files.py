@@ -12,7 +12,6 @@ import os
 import random
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import defusedxml
@@ -29,6 +28,7 @@ from fleetscope.door.ingestion import Options
 from fleetscope.store import Store
 from ingest import dcgm, nvidia_smi
 from tests.conftest import make_settings
+from tests import clirun
 
 REPO = Path(__file__).resolve().parents[2]
 TS = dt.datetime(2026, 3, 10, 12, tzinfo=dt.UTC)
@@ -172,7 +172,7 @@ def test_a_kept_upload_whose_model_name_leads_out_is_refused_and_nothing_is_writ
 def run_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     env.pop("FLEETSCOPE_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "-m", "fleetscope.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+    return clirun.cli(*args, env=env)
 
 
 def _uuids(scrape: bytes) -> set[str]:
