@@ -146,7 +146,7 @@ def test_a_read_only_token_sees_fleet_pages_but_cannot_silence_or_export(base_ur
     assert metric(visitor, "GPUs") == "64"
     nav = visitor.locator('[data-testid="stSidebarNav"] a')
     assert [nav.nth(i).get_attribute("href").rsplit("/", 1)[-1] for i in range(nav.count())] == [
-        "", "health_sdc", "reliability", "network", "energy_carbon", "teams_cost", "jobs", "stragglers", "serving", "alerts"]
+        "", "health_sdc", "reliability", "network", "energy_carbon", "teams_cost", "jobs", "stragglers", "serving", "alerts", "service"]
     visitor.get_by_text("Not shown, as they need the governance scope: Governance.", exact=True).wait_for(timeout=10_000)
     B.navigate(visitor, next(p for p in B.PAGES if p.name == "alerts"))
     assert B.error_texts(visitor) == []
