@@ -188,7 +188,7 @@ class _PipelineCollector:
         self.store = store
 
     def collect(self):  # type: ignore[no-untyped-def]
-        lag = GaugeMetricFamily("fleetscope_pipeline_lag_seconds", "Seconds the stage's newest rolled instant is behind now", labels=["stage"])
+        lag = GaugeMetricFamily("fleetscope_pipeline_lag_seconds", "Seconds the stage's newest rolled instant is behind the newest push (or now, while pushes arrive)", labels=["stage"])
         late = GaugeMetricFamily("fleetscope_pipeline_late", "1 when the stage is behind by more than its allowance", labels=["stage"])
         try:
             report = pipeline.status(self.store, dt.datetime.now(dt.UTC), tasks=False)

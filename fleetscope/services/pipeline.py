@@ -17,7 +17,7 @@ from sqlalchemy import func, select, text
 
 from fleetscope.core.units import as_utc
 from fleetscope.services import energy_rollup, packing, scheduled, tiers
-from fleetscope.store import Store, partitions, schema
+from fleetscope.store import Store, schema
 
 RECENT = dt.timedelta(minutes=5)
 """The window the ingest rate is read over."""
@@ -138,13 +138,6 @@ def storage(store: Store) -> list[dict[str, Any]]:
     known = {t.name for t in schema.metadata.sorted_tables}
     rows = [r for r in rows if r["table"] in known]
     return sorted(rows, key=lambda r: (-(r["bytes"] or 0), r["table"]))
-
-
-def partition_days(store: Store, table: str) -> list[str]:
-    """The UTC days ``table`` has a partition for (PostgreSQL), oldest first; empty on SQLite."""
-    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, table):
-        return []
-    return [day.isoformat() for _, day in partitions.partitions(store.engine, table)]
 
 
 def describe(report: dict[str, Any], sizes: list[dict[str, Any]], top: int = 12) -> str:
