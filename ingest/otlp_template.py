@@ -17,11 +17,19 @@ its own body, filled from it, gives exactly the walk the general path gave; and 
 samples and plain series (no NCCL operations, no inference-server histograms, nothing rejected). A body
 the template cannot vouch for (a value that is not finite, out of range for its column, a zero time)
 returns None and goes the general way, which counts the rejection as before.
+
+A fleet's nodes send bodies of one shape that differ, outside the slots, only in the names they carry: a
+GPU's UUID, the host, a pod. A node's first body is read from another node's template *renamed*
+(``_renamed``) where every byte it differs in lies inside the string value of an attribute that only
+names something (``_NAME_KEYS``), and the names map one to one: the general walk treats such a value as an
+opaque name, so its walk of the new body is the known walk with the names replaced. The first few renamed
+reads of each shape are checked against the general path; one disagreement turns renaming off for it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -29,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from fleetscope.core.dcgm_fields import EXPORTER_POD_MARK
 from fleetscope.core.protowire import WireError
 from fleetscope.core.protowire import fields as _fields
-from ingest.otlp_mapping import _INT_COLUMNS, _Walk
+from ingest.otlp_mapping import _INT_COLUMNS, _UUID_KEYS, _WORKLOAD_KEYS, _Walk
 
 _B8 = np.arange(8, dtype=np.int64)
 _I64_MIN, _I64_END = -float(2**63), float(2**63)
@@ -44,6 +53,15 @@ _MAX_SHAPES_PER_LENGTH = 4
 MAX_BYTES = 512 * 1024
 # What the shapes may hold in memory together (about 150 KB for an 8-GPU body's); past it all are forgotten.
 _MAX_SHAPE_BYTES = 64 * 2**20
+# Attributes whose values the general walk (ingest.otlp_mapping) only uses as names: compared for equality,
+# copied into the GPU's inventory or pod, never parsed or tested for a value. A pod's name is also tested
+# for dcgm-exporter's mark, which a renamed read checks stays as it was.
+_NAME_KEYS = frozenset((*_UUID_KEYS, "Hostname", "hostname", "host.name", "k8s.node.name", "pci_bus_id", "modelName",
+                        "model_name", "hw.model", *(k for _, keys in _WORKLOAD_KEYS for k in keys)))
+# What a renamed value may hold: printable ASCII without the characters label syntax escapes.
+_NAME_BYTES = re.compile(rb'[^\x00-\x1f"\\,={}\x7f-\xff]+')
+# Renamed reads of a shape checked against the general path before renaming is trusted for it.
+_RENAME_CHECKS = 2
 
 
 @dataclass
@@ -58,6 +76,7 @@ class _Shape:
     value_tag_at: np.ndarray  # position of each point's value tag (0x21 double, 0x31 int)
     struct_idx: np.ndarray  # every byte the walk that found the slots read
     struct_bytes: np.ndarray  # and what it read there
+    ref: _Reference | None = None  # the first body templated in this shape, for renamed reads
 
     @property
     def nbytes(self) -> int:
@@ -65,6 +84,23 @@ class _Shape:
 
     def digest(self, arr: np.ndarray) -> bytes:
         return hashlib.sha256(np.bitwise_and(arr, self.keep).data).digest()  # SHA-NI: faster than BLAKE2 here
+
+
+@dataclass
+class _Reference:
+    """A templated body of a shape, with where its attributes' string values are, for renamed reads."""
+
+    masked: np.ndarray  # the body with its slots zeroed
+    tpl: _Template
+    starts: np.ndarray  # each string value's first byte, ascending
+    ends: np.ndarray
+    nameable: np.ndarray  # per value span: its key only names things and its text may be renamed
+    value_of: np.ndarray  # per value span: which distinct text it holds
+    texts: list[str]  # the distinct texts
+    members: list[np.ndarray]  # per text: the spans holding it
+    clean: np.ndarray  # per text: its bytes occur in the body only as those spans
+    checked: int = 0
+    off: bool = False
 
 
 @dataclass
@@ -98,7 +134,7 @@ class _Template:
 _SHAPES: dict[int, list[_Shape]] = {}
 _TEMPLATES: dict[tuple[int, bytes], _Template] = {}
 _shape_count = 0
-_stats = {"hits": 0, "learned": 0, "misses": 0}
+_stats = {"hits": 0, "learned": 0, "misses": 0, "renamed": 0}
 _lock = threading.Lock()
 
 
@@ -106,7 +142,7 @@ def clear() -> None:
     """Forget every template (tests; a process keeps its own)."""
     _SHAPES.clear()
     _TEMPLATES.clear()
-    _stats.update(hits=0, learned=0, misses=0)
+    _stats.update(hits=0, learned=0, misses=0, renamed=0)
 
 
 def lookup(data: bytes) -> Any:
@@ -162,6 +198,10 @@ def read_new(data: bytes, read: Any) -> tuple[Any, bool]:
         shape = next((s for s in _SHAPES.get(len(data), ()) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
         if shape is None:
             return None, False
+        if shape.ref is not None and not shape.ref.off:
+            walk, spent = _renamed(shape, shape.ref, data, arr, read)
+            if walk is not None or spent:
+                return walk, True
         probe, is_int = _probe(arr, shape)
         try:
             pw = read(probe.tobytes())
@@ -179,8 +219,7 @@ def read_new(data: bytes, read: Any) -> tuple[Any, bool]:
         walk = _fill(tpl, shape, arr)
         if walk is None:
             return None, True  # a value the template cannot vouch for: the general way counts it
-        _TEMPLATES[(shape.ident, shape.digest(arr))] = tpl
-        _stats["learned"] += 1
+        _keep(shape, tpl, data, arr)
         return walk, True
 
 
@@ -213,8 +252,145 @@ def _learn(data: bytes, walk: Any, read: Any) -> None:
     filled = _fill(tpl, shape, arr)
     if filled is None or not same_walk(filled, walk):
         return  # the general path reads this body in a way the template does not capture
+    _keep(shape, tpl, data, arr)
+
+
+def _keep(shape: _Shape, tpl: _Template, data: bytes, arr: np.ndarray) -> None:
+    """Keep ``tpl`` as the template of ``data``; the shape's first becomes its reference for renamed reads."""
     _TEMPLATES[(shape.ident, shape.digest(arr))] = tpl
     _stats["learned"] += 1
+    if shape.ref is None:
+        shape.ref = _reference(data, arr, shape, tpl)
+
+
+def _reference(data: bytes, arr: np.ndarray, shape: _Shape, tpl: _Template) -> _Reference:
+    """``data`` as the reference of its shape: where the string values of its resource's and data points'
+    attributes are. Renaming is off (``off``) for a body whose attributes are not plain key/string pairs."""
+    spans: list[tuple[int, int, str]] = []
+
+    def attributes(pos: int, end: int, depth: int) -> bool:
+        key = value = None
+        for num, wt, _at, a, b in _fields(data, pos, end, depth):
+            if wt != 2 or num not in (1, 2) or (key if num == 1 else value) is not None:
+                return False  # a repeated or unknown field: which one the decoder keeps is not ours to guess
+            if num == 1:
+                key = (a, b)
+            else:
+                value = (a, b)
+        if key is None or value is None:
+            return False
+        inner = list(_fields(data, value[0], value[1], depth + 1))
+        if len(inner) == 1 and inner[0][:2] == (1, 2):  # AnyValue.string_value, alone
+            try:
+                spans.append((inner[0][3], inner[0][4], data[key[0]:key[1]].decode("utf-8")))
+            except UnicodeDecodeError:
+                return False
+        return True
+
+    def each(pos: int, end: int, depth: int, want: int) -> Any:
+        return ((a, b) for num, wt, _at, a, b in _fields(data, pos, end, depth) if num == want and wt == 2)
+
+    ok = True
+    try:
+        for rm in each(0, len(data), 0, 1):
+            for num, wt, _at, a, b in _fields(data, *rm, 1):
+                if num == 1 and wt == 2:  # Resource
+                    ok &= all(attributes(*kv, 3) for kv in each(a, b, 2, 1))
+                elif num == 2 and wt == 2:  # ScopeMetrics
+                    for metric in each(a, b, 2, 2):
+                        for data_ in (x for n, w, _t, *x in _fields(data, *metric, 3) if n in (5, 7) and w == 2):
+                            for point in each(*data_, 4, 1):
+                                ok &= all(attributes(*kv, 6) for kv in each(*point, 5, 7))
+    except (WireError, RecursionError):
+        ok = False
+    spans.sort()
+    starts = np.array([a for a, _, _ in spans], np.int64)
+    ends = np.array([b for _, b, _ in spans], np.int64)
+    texts: dict[bytes, int] = {}
+    value_of = np.array([texts.setdefault(data[a:b], len(texts)) for a, b, _ in spans], np.int64)
+    raw = list(texts)
+    nameable = np.array([k in _NAME_KEYS and _NAME_BYTES.fullmatch(data[a:b]) is not None for a, b, k in spans], bool)
+    members = [np.flatnonzero(value_of == i) for i in range(len(raw))]
+    clean = np.array([bool(t) and data.count(t) == m.size for t, m in zip(raw, members)], bool)
+    return _Reference(np.bitwise_and(arr, shape.keep), tpl, starts, ends, nameable, value_of,
+                      [t.decode("latin-1") for t in raw], members, clean, off=not ok or not spans)
+
+
+def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read: Any) -> tuple[Any, bool]:
+    """The walk of ``data`` from its shape's reference template with names replaced, kept as ``data``'s
+    own template; (None, False) where ``data`` differs from the reference in more than names. The first
+    ``_RENAME_CHECKS`` of a shape are read the general way too ((walk, True) either way; (None, True) where
+    that read failed: the caller reads again and says why)."""
+    masked = np.bitwise_and(arr, shape.keep)
+    diff = np.flatnonzero(masked != ref.masked)
+    if not diff.size:
+        return None, False
+    at = np.searchsorted(ref.starts, diff, side="right") - 1
+    if (at < 0).any() or (diff >= ref.ends[at]).any():
+        return None, False  # a byte outside every string value
+    changed = np.unique(at)
+    if not ref.nameable[changed].all():
+        return None, False
+    names: dict[str, str] = {}
+    for t in np.unique(ref.value_of[changed]).tolist():
+        spans = ref.members[t]
+        if not ref.clean[t] or not ref.nameable[spans].all():
+            return None, False
+        width = int(ref.ends[spans[0]] - ref.starts[spans[0]])
+        block = arr[ref.starts[spans][:, None] + np.arange(width)]
+        if not (block == block[0]).all():
+            return None, False  # one name became two: the walk would see two things where it saw one
+        new = block[0].tobytes()
+        if _NAME_BYTES.fullmatch(new) is None:
+            return None, False
+        old, text = ref.texts[t], new.decode("ascii")
+        if text in names.values() or text in ref.texts or (EXPORTER_POD_MARK in old) != (EXPORTER_POD_MARK in text):
+            return None, False  # two names became one, or a pod became or stopped being the exporter's own
+        names[old] = text
+    tpl = _rename(ref.tpl, names)
+    if tpl is None:
+        return None, False
+    walk = _fill(tpl, shape, arr)
+    if walk is None:
+        return None, False
+    if ref.checked < _RENAME_CHECKS:
+        try:
+            want = read(data)
+        except Exception:  # noqa: BLE001 - the caller reads it again and says what is wrong
+            ref.off = True
+            return None, True
+        if not same_walk(walk, want):
+            ref.off = True
+            return want, True
+        ref.checked += 1
+    _TEMPLATES[(shape.ident, hashlib.sha256(masked.data).digest())] = tpl
+    _stats["learned"] += 1
+    _stats["renamed"] += 1
+    return walk, True
+
+
+def _rename(tpl: _Template, names: dict[str, str]) -> _Template | None:
+    """``tpl`` with every text that is one of ``names`` replaced; None where a text holds one inside it
+    (a series key, a composed id): such a text is not copied from one attribute."""
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        new = names.get(v)
+        if new is not None:
+            return new
+        if any(old in v for old in names):
+            raise LookupError(v)
+        return v
+
+    try:
+        if any(any(old in key for old in names) for _slot, key in tpl.series):
+            return None
+        gpus = [{k: one(v) for k, v in g.items()} for g in tpl.gpus]
+        workloads = [(slot, {k: one(v) for k, v in row.items()}) for slot, row in tpl.workloads]
+    except LookupError:
+        return None
+    return _Template(tpl.is_int, tpl.parts, tpl.series, workloads, gpus, tpl.accepted)
 
 
 def _evict() -> None:

@@ -349,9 +349,9 @@ def test_shapes_are_forgotten_past_their_memory_budget(monkeypatch):
 
 
 def test_a_new_node_of_a_known_shape_is_read_once(monkeypatch):
-    """Another node's first body, of a shape one node's gave: one general read (of its probe), not two, and
-    the walk the general path gives, bit for bit; a value the template cannot vouch for still goes the
-    general way and is counted as before."""
+    """Another node's first body, of a shape one node's gave: read from the first node's template renamed (the
+    first few of a shape also read the general way, to check it), and the walk the general path gives, bit for
+    bit; a value the template cannot vouch for still goes the general way and is counted as before."""
     a = scrape(gpus=8, resource={"service.name": "dcgm-exporter"})
     read(a.SerializeToString())
     reads = []
@@ -366,7 +366,7 @@ def test_a_new_node_of_a_known_shape_is_read_once(monkeypatch):
         body = b.SerializeToString()
         before = len(reads)
         walk = read(body)
-        assert len(reads) == before + 1
+        assert len(reads) == before + (n < otlp_template._RENAME_CHECKS)
         assert any(g["gpu_uuid"].startswith(f"GPU-{n + 1}") for g in walk.gpus)
         assert otlp_template.same_walk(walk, general(body))
         assert otlp_template.same_walk(read(restamp(b, TS + 10**10)), general(restamp(b, TS + 10**10)))
@@ -378,3 +378,97 @@ def test_a_new_node_of_a_known_shape_is_read_once(monkeypatch):
     walk = read(body)
     assert sum(walk.rejected.values()) == 1 and otlp_template.same_walk(walk, general(body))
     assert otlp_template._stats["learned"] == 1
+
+
+def node_body(node: int, ts: int = TS, pod: str | None = None, gpus: int = 8) -> bytes:
+    """What another node of one fleet sends: the same shape, its own GPU UUIDs, host name and (optionally) pods."""
+    req = scrape(gpus=gpus, ts=ts, resource={"service.name": "dcgm-exporter", "host.name": f"host-{node:04d}"},
+                 value=lambda i, f: float((i * 7 + f * 13 + node) % 97))
+    for m in req.resource_metrics[0].scope_metrics[0].metrics:
+        for i, p in enumerate(m.gauge.data_points):
+            for a in p.attributes:
+                if a.key == "UUID":
+                    a.value.string_value = f"GPU-{node:04d}{i:04x}-69c4-b61d-e0bc-{node:012x}"
+                elif a.key == "Hostname":
+                    a.value.string_value = f"node-{node:03d}"[-8:]
+            if pod is not None:
+                p.attributes.append(kv("pod", f"{pod}-{node:04d}"))
+                p.attributes.append(kv("namespace", "training"))
+    return req.SerializeToString()
+
+
+def test_other_nodes_first_bodies_are_read_renamed_as_the_general_path_reads_them():
+    """A fleet's first round: each node's first body comes from the first node's template with its names
+    (UUIDs, host names, pods) replaced, and equals the general path's walk, frames included."""
+    for pod in (None, "trainer"):
+        otlp_template.clear()
+        bodies = [node_body(n, pod=pod) for n in range(12)]
+        assert len({len(b) for b in bodies}) == 1
+        read(bodies[0])
+        for n, body in enumerate(bodies[1:], 1):
+            walk = assert_same_outcome(body)
+            assert walk.gpus[0]["gpu_uuid"].startswith(f"GPU-{n:04d}") and walk.gpus[0]["host"] == f"node-{n:03d}"[-8:]
+            if pod:
+                assert {w["pod"] for w in walk.workloads} == {f"trainer-{n:04d}"}
+        assert otlp_template._stats["renamed"] == 11 and otlp_template._stats["learned"] == 12
+        hits_before = hits()
+        for n in range(12):  # and their next bodies hit their own templates
+            assert_same_outcome(node_body(n, ts=TS + 10**10, pod=pod))
+        assert hits() == hits_before + 12
+
+
+def _mutate(body: bytes, old: str, new: str, count: int = -1) -> bytes:
+    assert len(old) == len(new) and old.encode() in body
+    return body.replace(old.encode(), new.encode(), count)
+
+
+def test_renamed_reads_refuse_what_is_more_than_a_new_name():
+    """Hostile or unusual second bodies of a known shape: names merged, a name split, a name taking
+    another's, a value of an attribute that is not a name, a quote or a NUL or bytes that are not UTF-8
+    in a name, an exporter's pod mark: none is read renamed, and each reads as the general path reads it."""
+    a = node_body(1, pod="trainer-pod")
+    read(a)
+    uuid0 = f"GPU-0001{0:04x}-69c4-b61d-e0bc-{1:012x}"
+    uuid1 = f"GPU-0001{1:04x}-69c4-b61d-e0bc-{1:012x}"
+    other = node_body(2, pod="trainer-pod")
+    variants = [
+        _mutate(a, uuid0, uuid1),  # two GPUs become one: duplicate points
+        _mutate(a, uuid0, uuid0[:-1] + "x", 1),  # one GPU's name becomes two
+        _mutate(a, "training", "trainin\\"),  # a backslash
+        _mutate(a, "training", 'traini"g'),
+        _mutate(a, "training", "traini\x00g"),  # a NUL
+        _mutate(a, "trainer-pod-0001", "dcgm-exporter-01"),  # a pod named as the exporter's own
+        _mutate(a, "dcgm-exporter", "dcgm-exportes"),  # service.name: not a name the walk treats as opaque
+        _mutate(a, '"0"', '"9"') if b'"0"' in a else a,
+    ]
+    bad = bytearray(other)
+    at = other.index(b"host-0002")
+    bad[at:at + 2] = b"\xff\xfe"
+    variants.append(bytes(bad))  # not UTF-8: upb refuses the body
+    for v in variants:
+        before = otlp_template._stats["renamed"]
+        assert_same_outcome(v)
+        assert otlp_template._stats["renamed"] == before, variants.index(v)
+    assert_same_outcome(other)
+    assert otlp_template._stats["renamed"] == 1
+
+
+def test_a_renamed_read_that_disagrees_with_the_general_path_turns_renaming_off(monkeypatch):
+    """The first renamed reads of a shape are checked; where one differs from the general path (here a
+    renaming made wrong on purpose) the general path's walk is returned and renaming stops for that shape."""
+    read(node_body(1))
+    rename = otlp_template._rename
+
+    def wrong(tpl, names):
+        out = rename(tpl, names)
+        out.gpus = [{**g, "host": "elsewhere"} for g in out.gpus]
+        return out
+
+    monkeypatch.setattr(otlp_template, "_rename", wrong)
+    body = node_body(2)
+    walk = assert_same_outcome(body)
+    assert walk.gpus[0]["host"] == "node-002"
+    shape = otlp_template._SHAPES[len(body)][0]
+    assert shape.ref.off and otlp_template._stats["renamed"] == 0
+    assert_same_outcome(node_body(3))
+    assert otlp_template._stats["renamed"] == 0
