@@ -71,11 +71,12 @@ def parse(data: bytes, *, encoding: str, source: str = "") -> Batch:
     return read(data, encoding=encoding, source=source).batch(source)
 
 
-def read(data: bytes, *, encoding: str, source: str = "") -> _Walk:
+def read(data: bytes, *, encoding: str, source: str = "", looked_up: bool = False) -> _Walk:
     """What ``parse`` gathers from a request before building its frames: many requests' readings are
-    built into one Batch by ``gather`` (a group commit of agents' pushes), each frame once."""
+    built into one Batch by ``gather`` (a group commit of agents' pushes), each frame once. ``looked_up``:
+    the caller has just found no template for ``data`` (``otlp_template.lookup``)."""
     if encoding == "protobuf":
-        walk = otlp_template.lookup(data)
+        walk = None if looked_up else otlp_template.lookup(data)
         if walk is None:
             walk, tried = otlp_template.read_new(data, lambda body: _parse_protobuf(body, source))
             if walk is None:
@@ -160,6 +161,18 @@ def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]]
         return None
     t0, g0, cols = shaped
     out = {}
+    matrix = walk.__dict__.get("_matrix")  # a template's scrape: its values as one matrix (otlp_template._fill)
+    if matrix is not None:
+        columns, values_of, integer = matrix
+        fault = np.array([c in _FAULT_COLUMNS for c in columns])
+        if fault.any() and values_of[fault].any():
+            return None
+        floats = values_of[~integer]
+        if not np.isfinite(floats).all():
+            return None
+        ints, flts = iter(np.round(values_of[integer]).astype(np.int64).tolist()), iter(floats.tolist())
+        out = {column: next(ints) if i else next(flts) for column, i in zip(columns, integer.tolist())}
+        cols = {}
     for column, values in cols.items():
         if column in _FAULT_COLUMNS and values.any():
             return None

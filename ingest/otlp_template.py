@@ -99,6 +99,7 @@ class _Reference:
     texts: list[str]  # the distinct texts
     members: list[np.ndarray]  # per text: the spans holding it
     clean: np.ndarray  # per text: its bytes occur in the body only as those spans
+    inside: frozenset[int]  # the texts some text of the template holds inside it (a series key, a composed id)
     checked: int = 0
     off: bool = False
 
@@ -124,11 +125,19 @@ class _Template:
     accepted: int
     # (slots, factor per part as a column, integer parts) where every part has as many points
     grid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # where the grid's parts all name the same GPUs in the same order, each once (a scrape): those GPU
+    # numbers, the columns in the order ``otlp._scrape_columns`` gives them, and the part feeding each
+    # (a later metric of a column wins)
+    scrape: tuple[np.ndarray, list[str], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
-        if self.parts and len({p.slots.size for p in self.parts}) == 1:
+        if self.grid is None and self.parts and len({p.slots.size for p in self.parts}) == 1:
             self.grid = (np.stack([p.slots for p in self.parts]), np.array([[p.factor] for p in self.parts]),
                          np.array([p.integer for p in self.parts]))
+            g0 = self.parts[0].gids
+            if all(np.array_equal(p.gids, g0) for p in self.parts) and np.unique(g0).size == g0.size:
+                last = {p.column: i for i, p in enumerate(self.parts)}
+                self.scrape = (g0, list(last), np.array(list(last.values()), np.int64))
 
 
 _SHAPES: dict[int, list[_Shape]] = {}
@@ -312,8 +321,19 @@ def _reference(data: bytes, arr: np.ndarray, shape: _Shape, tpl: _Template) -> _
     nameable = np.array([k in _NAME_KEYS and _NAME_BYTES.fullmatch(data[a:b]) is not None for a, b, k in spans], bool)
     members = [np.flatnonzero(value_of == i) for i in range(len(raw))]
     clean = np.array([bool(t) and data.count(t) == m.size for t, m in zip(raw, members)], bool)
-    return _Reference(np.bitwise_and(arr, shape.keep), tpl, starts, ends, nameable, value_of,
-                      [t.decode("latin-1") for t in raw], members, clean, off=not ok or not spans)
+    texts = [t.decode("latin-1") for t in raw]
+    exact = set(texts)
+    composed = [v for v in _texts(tpl) if v not in exact]
+    inside = frozenset(i for i, t in enumerate(texts) if any(t in v for v in composed))
+    return _Reference(np.bitwise_and(arr, shape.keep), tpl, starts, ends, nameable, value_of, texts, members, clean, inside,
+                      off=not ok or not spans)
+
+
+def _texts(tpl: _Template) -> list[str]:
+    """Every text a template's walk carries: inventory, pods, series keys."""
+    out = [v for g in tpl.gpus for v in g.values() if isinstance(v, str)]
+    out += [v for _slot, row in tpl.workloads for v in row.values() if isinstance(v, str)]
+    return out + [key for _slot, key in tpl.series]
 
 
 def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read: Any) -> tuple[Any, bool]:
@@ -326,21 +346,20 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
     if not diff.size:
         return None, False
     at = np.searchsorted(ref.starts, diff, side="right") - 1
-    if (at < 0).any() or (diff >= ref.ends[at]).any():
+    if at[0] < 0 or (diff >= ref.ends[at]).any():
         return None, False  # a byte outside every string value
-    changed = np.unique(at)
+    changed = at[np.flatnonzero(np.diff(at, prepend=-1))]  # ``at`` ascends with ``diff``
     if not ref.nameable[changed].all():
         return None, False
     names: dict[str, str] = {}
-    for t in np.unique(ref.value_of[changed]).tolist():
+    for t in set(ref.value_of[changed].tolist()):
         spans = ref.members[t]
-        if not ref.clean[t] or not ref.nameable[spans].all():
+        if not ref.clean[t] or t in ref.inside or not ref.nameable[spans].all():
             return None, False
-        width = int(ref.ends[spans[0]] - ref.starts[spans[0]])
-        block = arr[ref.starts[spans][:, None] + np.arange(width)]
-        if not (block == block[0]).all():
+        first, n = int(ref.starts[spans[0]]), int(ref.ends[spans[0]] - ref.starts[spans[0]])
+        new = data[first:first + n]
+        if any(data[a:a + n] != new for a in ref.starts[spans[1:]].tolist()):
             return None, False  # one name became two: the walk would see two things where it saw one
-        new = block[0].tobytes()
         if _NAME_BYTES.fullmatch(new) is None:
             return None, False
         old, text = ref.texts[t], new.decode("ascii")
@@ -348,8 +367,6 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
             return None, False  # two names became one, or a pod became or stopped being the exporter's own
         names[old] = text
     tpl = _rename(ref.tpl, names)
-    if tpl is None:
-        return None, False
     walk = _fill(tpl, shape, arr)
     if walk is None:
         return None, False
@@ -369,28 +386,11 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
     return walk, True
 
 
-def _rename(tpl: _Template, names: dict[str, str]) -> _Template | None:
-    """``tpl`` with every text that is one of ``names`` replaced; None where a text holds one inside it
-    (a series key, a composed id): such a text is not copied from one attribute."""
-
-    def one(v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        new = names.get(v)
-        if new is not None:
-            return new
-        if any(old in v for old in names):
-            raise LookupError(v)
-        return v
-
-    try:
-        if any(any(old in key for old in names) for _slot, key in tpl.series):
-            return None
-        gpus = [{k: one(v) for k, v in g.items()} for g in tpl.gpus]
-        workloads = [(slot, {k: one(v) for k, v in row.items()}) for slot, row in tpl.workloads]
-    except LookupError:
-        return None
-    return _Template(tpl.is_int, tpl.parts, tpl.series, workloads, gpus, tpl.accepted)
+def _rename(tpl: _Template, names: dict[str, str]) -> _Template:
+    """``tpl`` with every text that is one of ``names`` replaced (none holds one inside it: ``_Reference.inside``)."""
+    gpus = [{k: names.get(v, v) if isinstance(v, str) else v for k, v in g.items()} for g in tpl.gpus]
+    workloads = [(slot, {k: names.get(v, v) if isinstance(v, str) else v for k, v in row.items()}) for slot, row in tpl.workloads]
+    return _Template(tpl.is_int, tpl.parts, tpl.series, workloads, gpus, tpl.accepted, tpl.grid, tpl.scrape)
 
 
 def _evict() -> None:
@@ -540,6 +540,12 @@ def _fill(tpl: _Template, shape: _Shape, arr: np.ndarray) -> Any:
                 return None
         times = ts_us[grid]
         walk.parts = [(times[i], p.gids, p.column, scaled[i]) for i, p in enumerate(tpl.parts)]
+        if tpl.scrape is not None and (times == times[0, 0]).all():
+            # every point at one time: what ``otlp._scrape_columns`` would work out, and the values as one matrix
+            gids, columns, rows = tpl.scrape
+            matrix = scaled[rows]
+            walk._scrape = (times[0], gids, dict(zip(columns, matrix)))
+            walk._matrix = (columns, matrix, integer[rows])
     else:
         for p in tpl.parts:
             scaled = values[p.slots] * p.factor

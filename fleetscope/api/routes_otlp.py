@@ -52,9 +52,10 @@ class _BadGzip(Exception):
     """A body that says gzip and is not (or is cut short)."""
 
 
-def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64) -> tuple[Any, str]:
+def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64, looked_up: bool = False) -> tuple[Any, str]:
     """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
-    where it cannot be decoded (a JSON body nested past ``max_depth`` included)."""
+    where it cannot be decoded (a JSON body nested past ``max_depth`` included). ``looked_up``: no template
+    held it a moment ago (``_from_template``)."""
 
     if gzipped:
         try:
@@ -64,7 +65,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
     if encoding == "json" and jsonbody.depth_over(body, max_depth):
         raise ParseError(str(jsonbody.TooDeep(max_depth)), source="otlp:/v1/metrics")
     # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
-    walk = otlp.read(body, encoding=encoding, source="otlp:/v1/metrics")
+    walk = otlp.read(body, encoding=encoding, source="otlp:/v1/metrics", looked_up=looked_up)
     otlp.plain(walk)  # its rows worked out here, off the door's one writer thread (kept on the walk)
     return walk, content_hash(body + encoding.encode())
 
@@ -151,7 +152,7 @@ async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str,
             # Otherwise decompression and decoding together in a worker thread: at a large fleet's scrape
             # (~100 MB inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
             walk, sha = found if found is not None else await run_in_threadpool(
-                _decode, body, gzipped, limit, encoding, app.state.settings.max_json_depth)
+                _decode, body, gzipped, limit, encoding, app.state.settings.max_json_depth, inflated is not None)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:

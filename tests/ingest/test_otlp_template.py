@@ -472,3 +472,15 @@ def test_a_renamed_read_that_disagrees_with_the_general_path_turns_renaming_off(
     assert shape.ref.off and otlp_template._stats["renamed"] == 0
     assert_same_outcome(node_body(3))
     assert otlp_template._stats["renamed"] == 0
+
+
+def test_a_name_inside_a_series_key_is_not_renamed():
+    """A plain series carries the host in its key: a node differing in its host name is read the general
+    way (the key is composed, not copied from one attribute), and equals it."""
+    a = scrape(gpus=8, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "app.x"), resource={"service.name": "dcgm-exporter"})
+    body = a.SerializeToString()
+    read(body)
+    walk = assert_same_outcome(_mutate(body, "node-000", "node-777"))
+    assert any("node-777" in key for _, key in walk.series_rows) and otlp_template._stats["renamed"] == 0
+    walk = assert_same_outcome(_mutate(body, "GPU-00000003", "GPU-00000777"))  # the series' labels hold the UUIDs too
+    assert any("GPU-00000777" in key for _, key in walk.series_rows) and otlp_template._stats["renamed"] == 0
