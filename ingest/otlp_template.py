@@ -170,6 +170,23 @@ def lookup(data: bytes) -> Any:
     return None
 
 
+def lookup_renamed(data: bytes) -> Any:
+    """``lookup``; where no template holds ``data``, a renamed read (``_renamed``) if its shape's renaming has
+    passed its checks, so that no general read is spent (cheap enough for the API's event loop); else None."""
+    walk = lookup(data)
+    if walk is not None or len(data) > MAX_BYTES or not _SHAPES.get(len(data)) or _backing_off():
+        return walk
+    with _lock:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            return None
+        arr = np.frombuffer(data, np.uint8)
+        shape = next((s for s in _SHAPES.get(len(data), ()) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
+        ref = shape.ref if shape is not None else None
+        if ref is None or ref.off or ref.checked < _RENAME_CHECKS:
+            return None
+        return _renamed(shape, ref, data, arr, None)[0]
+
+
 def _backing_off() -> bool:
     return _stats["learned"] >= _MAX_TEMPLATES // 2 and 4 * _stats["hits"] < _stats["learned"] and bool(_stats["misses"] % 16)
 

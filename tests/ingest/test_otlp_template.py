@@ -484,3 +484,19 @@ def test_a_name_inside_a_series_key_is_not_renamed():
     assert any("node-777" in key for _, key in walk.series_rows) and otlp_template._stats["renamed"] == 0
     walk = assert_same_outcome(_mutate(body, "GPU-00000003", "GPU-00000777"))  # the series' labels hold the UUIDs too
     assert any("GPU-00000777" in key for _, key in walk.series_rows) and otlp_template._stats["renamed"] == 0
+
+
+def test_lookup_renamed_spends_no_general_read(monkeypatch):
+    """The API's event loop asks ``lookup_renamed``: a new node's body is read renamed only once its shape's
+    renaming has passed its checks, and never with a general read."""
+    read(node_body(0))
+    assert otlp_template.lookup_renamed(node_body(1)) is None  # not yet checked: the worker thread's way
+    for n in range(1, 1 + otlp_template._RENAME_CHECKS):
+        assert_same_outcome(node_body(n))
+    monkeypatch.setattr(otlp, "_parse_protobuf", lambda body, source: pytest.fail("a general read"))
+    body = node_body(40)
+    walk = otlp_template.lookup_renamed(body)
+    assert walk is not None and walk.gpus[0]["host"] == "node-040"
+    monkeypatch.undo()
+    assert otlp_template.same_walk(walk, general(body))
+    assert otlp_template.lookup_renamed(_mutate(node_body(41), "dcgm-exporter", "dcgm-exportes")) is None
