@@ -307,11 +307,12 @@ def raw_probe_s(store: Store, start: dt.datetime, end: dt.datetime) -> float:
 
 
 def series_tier(store: Store, range_s: int) -> str:
-    """The tier ``fleet_series`` reads for a range of ``range_s`` seconds (``services.tiers.choose_tier``, passing over
-    tiers never rolled): what a page probing a long range instant by instant asks once, so each of its probes
-    reads the tier the whole range would, not raw samples because one probe's own span is short."""
+    """The tier ``fleet_series`` reads for the last ``range_s`` seconds: the one a panel's read of that range goes
+    to (``services.tiers.tier_for``: by the range, passing over tiers never rolled and tiers retention has pruned
+    past its start). A page probing a long range instant by instant asks once, so each of its probes reads the
+    tier the whole range would, not raw samples because one probe's own span is short."""
     now = dt.datetime.now(dt.UTC)
-    return tiers.choose_tier(now - dt.timedelta(seconds=int(range_s)), now, rolled=tiers.rolled_tiers(store))
+    return tiers.tier_for(store, now - dt.timedelta(seconds=int(range_s)), now)
 
 
 def series_start(store: Store, range_s: int) -> dt.datetime | None:

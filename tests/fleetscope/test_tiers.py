@@ -288,3 +288,7 @@ def test_series_tier_follows_the_range_and_what_was_rolled(store):
     store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
     tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
     assert (telemetry.series_tier(store, 86_400), telemetry.series_tier(store, 30 * 86_400)) == ("minute", "hour")
+    # the minute tier pruned (a retention shorter than the data's age): the day's series reads the hour tier
+    retention.prune(store, T0 + dt.timedelta(days=10), retention_days=400, evidence_retention_days=1095,
+                    tier_retention_days={"minute": 1, "hour": 1095})
+    assert tiers.oldest(store, "minute") is None and telemetry.series_tier(store, 86_400) == "hour"
