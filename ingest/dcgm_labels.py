@@ -19,6 +19,8 @@ _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _BLOCK = re.compile(BLOCK_OK)
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
 _OUT_INDEX = {out: i for i, (out, _) in enumerate(_LABELS)}
+# label name -> (its output's index, its rank among that output's names: the first present wins)
+_PICK = {name: (i, r) for i, (_, names) in enumerate(_LABELS) for r, name in enumerate(names)}
 # Label blocks already read, across bodies. Bounded (a 100,000-GPU fleet's blocks fit); cleared whole when
 # full rather than tracked by age.
 _BLOCKS: dict[str, tuple[str, tuple[str | None, ...], str]] = {}
@@ -49,10 +51,18 @@ def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     if not plain(block) or len(block) > MAX_LABELS_CHARS:
         return None  # the columnar parser decides (a value over its limit is refused there, by line)
     pairs = _PAIR.findall(block)
-    labels = dict(pairs)
-    if len(labels) != len(pairs):
+    picked: list[str | None] = [None] * len(_LABELS)
+    rank = [len(_LABELS)] * len(_LABELS)
+    other = False
+    for name, value in pairs:
+        at = _PICK.get(name)
+        if at is None:
+            other = True
+        elif at[1] < rank[at[0]]:
+            picked[at[0]], rank[at[0]] = value, at[1]
+    if len({name for name, _ in pairs}) != len(pairs):
         return None
-    wanted = tuple(next((labels[n] for n in names if n in labels), None) for _, names in _LABELS)
+    wanted = tuple(picked)
     uuid = wanted[_OUT_INDEX["uuid"]]
     if not uuid:
         return None
@@ -62,7 +72,7 @@ def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
             return None
     mig = wanted[_OUT_INDEX["gpu_i_id"]]
     key = f"{uuid}/mig{mig}" if mig else uuid
-    extra = block if any(k not in _KNOWN_LABELS for k in labels) else ""
+    extra = block if other and any(k not in _KNOWN_LABELS for k, _ in pairs) else ""
     return key, wanted, extra
 
 
