@@ -13,6 +13,7 @@ import functools
 import importlib
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 from sqlalchemy.engine import make_url
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard import signin
@@ -89,8 +91,36 @@ def q(fn: Callable[..., Any], *, live: bool = True, fresh: bool = False, settled
         cache = _settled if settled else _live if live else _history
         return cache(database_url(), module, fn.__name__, tuple(sorted(kwargs.items())))
     except (SQLAlchemyError, sqlite3.Error) as exc:
+        if getattr(_prefetching, "active", False):
+            raise  # the page asks again and says it
         st.error(f"The database did not answer ({type(exc).__name__}): {str(exc).splitlines()[0][:300]}")
         st.stop()
+
+
+_prefetching = threading.local()
+
+
+def prefetch(*reads: Callable[[], Any]) -> None:
+    """Run a page's independent reads (each a call of ``q``, or of a helper made of them) at once, and return when
+    all are done, so the page then finds each in the cache as it draws: a first visit's reads are mostly the
+    database's time, which PostgreSQL spends on several at once, where the page asks one after the other. A
+    read that fails here is asked again by the page, which says why."""
+
+    def run(read: Callable[[], Any]) -> None:
+        _prefetching.active = True
+        try:
+            read()
+        except BaseException:  # noqa: BLE001 - the page's own call reports it
+            log.debug("prefetch failed", exc_info=True)
+
+    ctx = get_script_run_ctx()
+    threads = [threading.Thread(target=run, args=(read,), daemon=True) for read in reads]
+    for thread in threads:
+        if ctx is not None:
+            add_script_run_ctx(thread, ctx)
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 @st.cache_data(ttl=HISTORY_TTL_S, show_spinner=False)
