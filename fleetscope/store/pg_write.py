@@ -83,6 +83,34 @@ def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflic
     cur.execute(unnest_sql(table, tuple(rows.columns), tuple(key), conflict, unless_version is not None), params)
 
 
+_NEW_SERIES_SQL = "INSERT INTO series (series, name) SELECT * FROM unnest(%b::text[], %b::text[]) ON CONFLICT (series) DO NOTHING"
+_SERIES_IDS_SQL = "SELECT series_id, series FROM series WHERE series = ANY(%b::text[])"
+# Each id by a probe of the series index (a scalar subquery), not a join: the planner, guessing an unnest's
+# rows, may hash the whole series table for a push's few keys.
+_BY_KEY_SQL = ("INSERT INTO metric_sample (series_id, ts, value) SELECT (SELECT s.series_id FROM series s WHERE s.series = u.series),"
+               " 'epoch'::timestamptz + u.ts * interval '1 microsecond', u.value FROM unnest(%b::text[], %b::bigint[], %b::float8[])"
+               " AS u(series, ts, value) ORDER BY 1, 2 " + conflict_sql("postgresql", "metric_sample", ["series_id", "ts", "value"], ["series_id", "ts"], "ignore"))
+
+
+def execute_by_series_key(ids: Any, cur: Any, rows: Rows) -> None:
+    """Send ``metric_sample`` rows given by series key (``series, ts, value``) on a pipelined connection: their
+    series created where missing (in key order, as every writer creates them, so two never wait on each other
+    crosswise), every key's id asked for on ``ids``, and the rows inserted on ``cur`` with their ids joined
+    from ``series`` (the rows the series insert just made are visible to the next statement of the
+    transaction), in ``(series_id, ts)`` order. No round trip of its own: a node's first push no longer waits
+    for its series' ids before sending its samples."""
+    from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+    at = {c: i for i, c in enumerate(rows.columns)}
+    i_series, i_ts, i_value = at["series"], at["ts"], at["value"]
+    keys = sorted({row[i_series] for row in rows.rows})
+    with ids.connection.cursor() as made:
+        made.execute(_NEW_SERIES_SQL, (pg_arrays.encode(keys), pg_arrays.encode([k.split("{", 1)[0] for k in keys])))
+    ids.execute(_SERIES_IDS_SQL, (pg_arrays.encode(keys),))
+    cur.execute(_BY_KEY_SQL, (pg_arrays.encode([row[i_series] for row in rows.rows]), pg_arrays.encode([row[i_ts] for row in rows.rows]),
+                              pg_arrays.encode([row[i_value] for row in rows.rows])))
+
+
 def insert_rows(conn: Connection, table: str, rows: Rows, key: Sequence[str], conflict: str) -> int:
     """``rows`` into ``table``: rows new or changed."""
     # A small group (an agent's push or a few): one statement, the columns sent as arrays and
@@ -198,22 +226,34 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
     counted = gpu_rows is not None and inventory.counted(conn)
     known = inventory.rows.known_at(gpu_rows) if counted and gpu_rows is not None else None
     around: list[Any] = []
-    if any(spec.name == "metric_sample" and not store._series_known(r) for spec, r in frames):
-        # Series to create: the check first, so that a writer waiting on another's check holds no row.
-        store._refuse_logged(conn, unless_logged)
-        unless_logged = ()
     staged: list[tuple[str, Rows, Sequence[str], str]] = []
+    # metric rows with series this process has no id for (a node's first push): the series are created, and the
+    # rows insert with their ids joined, in the pipeline itself, after the duplicate check's locks
+    by_key: Rows | None = None
     for spec, r in frames:
-        if spec.name == "metric_sample":
-            staged.append(("metric_sample", store._metric_rows(conn, r, new_series), ("series_id", "ts"), "ignore"))
-        else:
+        if spec.name != "metric_sample":
             staged.append((spec.name, r, spec.key, spec.on_conflict))
+        elif len(r.rows) < DIRECT_COPY_ROWS and not store._series_known(r):
+            by_key = r
+        else:
+            if not store._series_known(r):
+                # Series to create outside the pipeline: the check first, so that a writer waiting on
+                # another's check holds no row.
+                store._refuse_logged(conn, unless_logged)
+                unless_logged = ()
+            staged.append(("metric_sample", store._metric_rows(conn, r, new_series), ("series_id", "ts"), "ignore"))
     # One table order for every writer: two groups in flight lock rows of the same tables in the same
     # order (and each table's rows in key order), so they wait for each other rather than deadlock.
     staged.sort(key=lambda item: item[0])
     cursors = []
+    series_ids = None
     with raw.pipeline():
         check = logged_cursor(raw, unless_logged)
+        if by_key is not None:
+            series_ids = raw.cursor()
+            cur = raw.cursor()
+            execute_by_series_key(series_ids, cur, by_key)
+            cursors.append(("metric_sample", cur))
         for name, r, key, on_conflict in staged:
             if len(r.rows) < DIRECT_COPY_ROWS:
                 inventory_rows = counted and r is gpu_rows
@@ -234,6 +274,9 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
             for cur in around:
                 cur.close()
             raise AlreadyLogged(found)
+    if series_ids is not None:
+        new_series.update((key, sid) for sid, key in series_ids.fetchall())
+        series_ids.close()
     for name, cur in cursors:
         result.written[name] = max(cur.rowcount, 0)
         cur.close()

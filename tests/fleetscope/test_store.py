@@ -634,3 +634,39 @@ def test_the_duplicate_check_reads_the_fault_counters_version_with_it(store: Sto
         got = ingest_log.refuse_logged(conn, store.dialect, ["a" * 64], counters=True)
         assert got == (9 if store.dialect == "postgresql" else None)
         assert ingest_log.refuse_logged(conn, store.dialect, ["a" * 64]) is None
+
+
+def test_metric_rows_with_new_series_are_written_with_their_ids_and_a_logged_input_leaves_no_series(store: Store):
+    """``write_rows`` of metric samples whose series the process has never seen (a node's first push): the
+    series are created and the samples stored under their ids, and the process remembers exactly the ids the
+    database gave; a re-sent input (its hash logged) is refused whole and leaves no series behind, and a
+    second process that did not create a series still stores its samples under the one id."""
+    from fleetscope.store import AlreadyLogged, Rows
+
+    us = int(dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC).timestamp() * 1_000_000)
+    keys = [f'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{gpu_uuid="GPU-{i}"}}' for i in range(5)]
+    rows = Rows(("ts", "series", "value"), [(us + k * 10_000_000, key, float(i * 10 + k)) for i, key in enumerate(keys) for k in range(3)])
+    log = lambda r: [("agent", "sha-first", r.written, 15)]  # noqa: E731
+    assert store.write_rows([(F.METRIC_SAMPLE, rows)], ingest_log=log, values=15, unless_logged=["sha-first"]).written["metric_sample"] == 15
+    stored = store.query("SELECT series_id, series FROM series", [], {"series_id": pl.Int64, "series": pl.String})
+    assert dict(zip(stored["series"], stored["series_id"])) == {k: store._series_cache[k] for k in keys}
+    samples = store.read("metric_sample")
+    assert samples.height == 15 and sorted(samples["value"].to_list()) == sorted(float(i * 10 + k) for i in range(5) for k in range(3))
+
+    more = Rows(("ts", "series", "value"), [(us, 'site_power_w{site="new"}', 1.0)])
+    with pytest.raises(AlreadyLogged):
+        store.write_rows([(F.METRIC_SAMPLE, more)], ingest_log=log, values=1, unless_logged=["sha-first"])
+    assert store.query("SELECT COUNT(*) AS n FROM series", [], {"n": pl.Int64})["n"][0] == 5
+    assert 'site_power_w{site="new"}' not in store._series_cache
+
+    other = Store.open(store.engine.url.render_as_string(hide_password=False))  # another process: no ids known
+    try:
+        later = Rows(("ts", "series", "value"), [(us + 60_000_000, keys[0], 7.0), (us + 60_000_000, 'site_power_w{site="new"}', 1.0)])
+        assert other.write_rows([(F.METRIC_SAMPLE, later)], ingest_log=lambda r: [("b", "sha-b", r.written, 2)], values=2,
+                                unless_logged=["sha-b"]).written["metric_sample"] == 2
+        assert other._series_cache[keys[0]] == store._series_cache[keys[0]]
+        got = store.query("SELECT m.value FROM metric_sample m JOIN series s ON s.series_id = m.series_id WHERE s.series = ?", [keys[0]],
+                          {"value": pl.Float64})
+        assert sorted(got["value"].to_list()) == [0.0, 1.0, 2.0, 7.0]
+    finally:
+        other.engine.dispose()
