@@ -500,3 +500,31 @@ def test_lookup_renamed_spends_no_general_read(monkeypatch):
     monkeypatch.undo()
     assert otlp_template.same_walk(walk, general(body))
     assert otlp_template.lookup_renamed(_mutate(node_body(41), "dcgm-exporter", "dcgm-exportes")) is None
+
+
+def test_hostile_names_in_a_new_node_of_a_known_shape():
+    """A new node's body of a known shape with its names attacked: random bytes put into the attribute values
+    (quotes, NULs, bytes that are not UTF-8, the exporter's mark), one value copied over another (two GPUs made
+    one, a GPU given a host's name). Whatever is read renamed equals what the general path reads; the rest is
+    read the general way, with its answer or refusal."""
+    rng = random.Random(20261206)
+    read(node_body(1, pod="trainer-pod"))
+    base = node_body(2, pod="trainer-pod")
+    shape = otlp_template._SHAPES[len(base)][0]
+    ref = shape.ref
+    spans = [(int(a), int(b)) for a, b in zip(ref.starts, ref.ends)]
+    alphabet = b'"\\\x00\xff\xfe{}=,- azAZ09.:/dcgm-exporter'
+    renamed_before = otlp_template._stats["renamed"]
+    for i in range(300):
+        body = bytearray(base)
+        for _ in range(rng.randint(1, 3)):
+            a, b = rng.choice(spans)
+            if i % 3 == 0:
+                c, d = rng.choice([s for s in spans if s[1] - s[0] == b - a] or [(a, b)])
+                body[a:b] = base[c:d]  # another attribute's value in its place
+            else:
+                at = rng.randrange(a, b)
+                body[at] = rng.choice(alphabet)
+        assert_same_outcome(bytes(body))
+    assert otlp_template._stats["renamed"] > renamed_before  # some were renamings, read without the general path
+
