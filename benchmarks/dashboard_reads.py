@@ -5,8 +5,8 @@ Seeds (once, into ``--db``, kept for later runs; or a scratch database dropped a
 GPUs (``fleetscope.sim.gpu_fleet``: 8 a node, 2 sites) shaped as the capacity run leaves it (``--shape
 capacity``: ``--minutes`` of raw samples at 10 s, the minute tier rolled up to a few minutes before the end, no
 hour tier, no energy minutes) or as a steady site has it (``--shape steady``: the same raw minutes with the energy
-roll-up and both tiers advanced over them, and before them ``--days`` of history: the hour tier for every GPU
-and the per-site and per-job energy minutes, written with COPY). Then, per page and range (``--ranges``), one
+roll-up and both tiers advanced over them, and before them ``--days`` of history: the hour tier for every GPU,
+the per-site and per-job energy minutes and 6,000 Slurm jobs with their nodes and teams, written with COPY). Then, per page and range (``--ranges``), one
 first visit (caches cleared) and ``--rounds`` warm runs. Prints JSON lines:
 
 - ``read``: one per service read of a first visit (``module.name``, its arguments, seconds, rows);
@@ -46,6 +46,10 @@ APP = _HERE.parent / "dashboard" / "app.py"
 INTERVAL_S = 10
 JOBS = 64
 """Jobs in the per-job energy history: a 16,384-GPU fleet runs tens of jobs at once."""
+SCHED_JOBS = 6_000
+"""Slurm jobs over the steady history (10 minutes to a day on 1-64 whole nodes of one site): about as many GPUs
+held at once as the fleet has, for Teams & Cost."""
+ACCOUNTS, TEAMS = 12, 6
 
 
 def _emit(**row: object) -> None:
@@ -64,7 +68,8 @@ def fleet_spec(gpus: int) -> FleetSpec:
 def _copy(store: Store, table: str, df: pl.DataFrame) -> None:
     raw = store.engine.raw_connection()
     try:
-        with raw.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(df.columns)}) FROM STDIN WITH (FORMAT csv)") as cp:
+        columns = ", ".join(f'"{c}"' for c in df.columns)  # quoted: sched_job has a column named user
+        with raw.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN WITH (FORMAT csv)") as cp:
             cp.write(df.write_csv(include_header=False, datetime_format="%Y-%m-%dT%H:%M:%S%z"))
         raw.commit()
     finally:
@@ -144,6 +149,9 @@ def seed(url: str, gpus: int, shape: str, minutes: int, days: int, scrapes: int 
         out["tiers"] = tiers.advance(store, end + tiers.SETTLE)
         gpu = store.read("gpu", columns=["gpu_uuid", "host"]).join(store.read("host", columns=["host", "site_id"]), on="host")
         out["history"] = seed_history(store, uuids, dict(gpu.select("gpu_uuid", "site_id").iter_rows()), start.replace(minute=0), days)
+        hosts = store.read("host", columns=["host", "site_id"]).sort("host")
+        out["scheduler"] = seed_scheduler(store, {s: hosts.filter(pl.col("site_id") == s)["host"].to_list() for s in hosts["site_id"].unique()},
+                                          end, days)
         if tiers.watermark(store, "hour") is None:
             # the raw minutes lie within one hour, which the hour tier has not closed: its history has
             tiers._set_watermark(store, "hour", None, start.replace(minute=0), end)
@@ -151,6 +159,36 @@ def seed(url: str, gpus: int, shape: str, minutes: int, days: int, scrapes: int 
         conn.execute(text("ANALYZE"))
     store.engine.dispose()
     return {**out, "seconds": round(time.perf_counter() - t, 1), "end": end.isoformat()}
+
+
+def seed_scheduler(store: Store, hosts_by_site: dict[str, list[str]], end: dt.datetime, days: int) -> dict[str, int]:
+    """``SCHED_JOBS`` Slurm jobs over the ``days`` before ``end`` (``sched_job``, their nodes in ``sched_job_node``;
+    the ones still running at ``end`` have no end), ``ACCOUNTS`` accounts mapped to ``TEAMS`` teams."""
+    rng = np.random.default_rng(23)
+    first = end - dt.timedelta(days=days)
+    sites = sorted(hosts_by_site)
+    jobs, nodes = [], []
+    for j in range(SCHED_JOBS):
+        hosts = hosts_by_site[sites[j % len(sites)]]
+        n_nodes = int(2 ** rng.integers(0, 7))
+        at = int(rng.integers(0, max(1, len(hosts) - n_nodes)))
+        start = first + dt.timedelta(seconds=int(rng.integers(0, days * 86_400 - 600)))
+        stop = start + dt.timedelta(seconds=int(rng.integers(600, 86_400)))
+        job_id = str(100_000 + j)
+        jobs.append({"cluster": "", "job_id": job_id, "scheduler": "slurm", "name": f"train-{j}", "user": f"user{j % 50}",
+                     "account": f"acct-{j % ACCOUNTS}", "partition": "gpu", "state": "RUNNING" if stop >= end else "COMPLETED",
+                     "submit_at": start - dt.timedelta(minutes=1), "start_at": start, "end_at": None if stop >= end else stop,
+                     "gpus": 8 * n_nodes, "gpu_source": "tres_alloc", "node_count": n_nodes, "source": "bench"})
+        nodes += [{"cluster": "", "job_id": job_id, "host": h, "gpus": 8, "gpu_indices": "0,1,2,3,4,5,6,7", "source": "bench"}
+                  for h in hosts[at:at + n_nodes]]
+    _copy(store, "sched_job", pl.DataFrame(jobs))
+    _copy(store, "sched_job_node", pl.DataFrame(nodes))
+    _copy(store, "team_mapping", pl.DataFrame([{"kind": "slurm_account", "match": f"acct-{a}", "cluster": "", "team": f"team-{a % TEAMS}",
+                                                 "recorded_by": "bench", "recorded_at": end} for a in range(ACCOUNTS)]))
+    with store.engine.begin() as conn:
+        for t in ("sched_job", "sched_job_node", "team_mapping"):
+            conn.execute(text(f"ANALYZE {t}"))
+    return {"sched_job": len(jobs), "sched_job_node": len(nodes)}
 
 
 @contextlib.contextmanager

@@ -30,7 +30,8 @@ def _money(df: pl.DataFrame, col: str) -> str:
 f = ui.filters()
 st.title("Teams & Cost")
 
-usage = ui.q(team_costs.usage, live=False, start=f.start, end=f.end)
+# totals and top jobs from one working-out of the period's job costs
+usage, top = ui.q(team_costs.usage_and_top_jobs, live=False, start=f.start, end=f.end, limit=20)
 queue = ui.q(scheduler_capacity.queue, live=False, start=f.start, end=f.end)
 if usage.is_empty() and not any(queue.values()):
     ui.no_data("no scheduler job in this time range.",
@@ -145,7 +146,6 @@ with cols[1]:
         ui.no_data("no job ended in this time range.")
 
 st.subheader("Top jobs by cost")
-top = ui.q(team_costs.top_jobs, live=False, start=f.start, end=f.end, limit=20)
 if f.site and top.height:
     top = top.filter(pl.col("site_id") == f.site)
 if top.is_empty():

@@ -30,6 +30,7 @@ from fleetscope.core.units import as_utc
 from fleetscope.services.analysis import at
 from fleetscope.services import energy as energy_service
 from fleetscope.services import serving as serving_service
+from fleetscope.services import tiers
 from fleetscope.services.teams import month_bounds
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
@@ -119,19 +120,49 @@ GPU_FILTER_MAX = 2000
 """Above this many GPUs the samples are read for the period and filtered in memory, not by an IN list."""
 
 
+def usage_tier(store: Store, start: dt.datetime, end: dt.datetime) -> str:
+    """Where a period's busy share and energy are read from: raw samples for a period of hours
+    (``tiers.RAW_MAX_RANGE``), else the hour tier where it reaches back to the period's start (a month of a
+    16,384-GPU fleet is 12 M hour rows against 4 billion raw samples), else what a panel of the period reads
+    (``tiers.tier_for``: raw while no tier has been rolled)."""
+    start, end = as_utc(start), as_utc(end)
+    if end - start <= tiers.RAW_MAX_RANGE:
+        return "raw"
+    if "hour" in tiers.rolled_tiers(store):
+        first = tiers.oldest(store, "hour")
+        if first is not None and first <= start:
+            return "hour"
+    return tiers.tier_for(store, start, end)
+
+
+def _held_source(store: Store, tier: str, start: dt.datetime, end: dt.datetime, uuids: pl.Series) -> pl.DataFrame:
+    """``ts, gpu_uuid, util_ratio, power_w, _w`` over the period: raw samples (weight 1), or a tier's buckets as
+    samples at their start, weighted by the samples each summarises."""
+    many = uuids.len() > GPU_FILTER_MAX  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
+    if tier == "raw":
+        table, cols = "gpu_sample", ["ts", "gpu_uuid", "util_ratio", "power_w"]
+    else:
+        table, cols = tiers.TIER_TABLE[tier], ["bucket", "gpu_uuid", "samples", "util_ratio_mean", "power_w_mean"]
+    if many:
+        df = store.read(table, start=start, end=end, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
+    else:
+        df = store.read(table, start=start, end=end, gpu_uuid=uuids.to_list(), columns=cols)
+    if tier == "raw":
+        return df.with_columns(pl.lit(1.0).alias("_w"))
+    return df.select(pl.col("bucket").alias("ts"), "gpu_uuid", pl.col("util_ratio_mean").alias("util_ratio"),
+                     pl.col("power_w_mean").alias("power_w"), pl.col("samples").cast(pl.Float64).alias("_w"))
+
+
 def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
     """Per job: ``busy_ratio`` (mean util_ratio of its GPUs' samples while it held them inside the period)
-    and ``energy_j`` (per GPU, the mean power of those samples × the time held)."""
+    and ``energy_j`` (per GPU, the mean power of those samples × the time held). Over a period longer than hours
+    the samples are the hour tier's buckets (``usage_tier``), each counted whole where it starts inside the
+    hold and weighted by its samples: a hold's first and last partial hours are then an hour's mean."""
     schema = {"cluster": pl.String, "job_id": pl.String, "busy_ratio": pl.Float64, "energy_j": pl.Float64}
     jg = job_gpus(store, alloc)
     if not jg.height:
         return pl.DataFrame(schema=schema)
-    uuids = jg["gpu_uuid"].unique()
-    cols = ["ts", "gpu_uuid", "util_ratio", "power_w"]
-    if uuids.len() > GPU_FILTER_MAX:  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
-        samples = store.read("gpu_sample", start=start, end=end, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
-    else:
-        samples = store.read("gpu_sample", start=start, end=end, gpu_uuid=uuids.to_list(), columns=cols)
+    samples = _held_source(store, usage_tier(store, start, end), start, end, jg["gpu_uuid"].unique())
     if not samples.height:
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
@@ -140,8 +171,12 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
     # grouped by integers (the held span, then the job), not by millions of (cluster, job, GPU) strings
     held = jg.join(spans, on=["cluster", "job_id"]).select("_j", "gpu_uuid", "s", "e").with_row_index("_h")
     x = held_samples(held, samples)
+    def weighted_mean(c: str) -> pl.Expr:
+        w = pl.col("_w").filter(pl.col(c).is_not_null()).sum()
+        return pl.when(w > 0).then((pl.col(c) * pl.col("_w")).sum() / w).otherwise(None)
+
     per_gpu = x.group_by("_h").agg(
-        pl.col("_j").first(), pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"),
+        pl.col("_j").first(), weighted_mean("util_ratio").alias("u"), weighted_mean("power_w").alias("p"),
         ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
     per_job = per_gpu.group_by("_j").agg(
         pl.col("u").mean().alias("busy_ratio"),
@@ -210,15 +245,19 @@ def job_costs(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.dat
     """Per job in the period: team, GPU-hours allocated and used, energy, CO2e (location- and market-based) and
     cost (``analyzers.chargeback.job_costs``, ``with_carbon``). ``rates``, when given, receives the sites'
     carbon intensities the CO2e rests on (:func:`carbon_rates`)."""
-    start, end = as_utc(start), as_utc(end)
-    jobs = jobs_in(store, start, end, COST_COLUMNS)
-    jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
-    alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=as_utc(now) if now else None)
-    costs = chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=host_sites(store), start=start)
-    r = carbon_rates(store, start, end, costs.filter(pl.col("energy_kwh").is_not_null())["site_id"].drop_nulls().unique().sort().to_list())
+    costs, r = _job_costs(store, as_utc(start), as_utc(end), as_utc(now) if now else None)
     if rates is not None:
         rates.append(r)
-    return chargeback.with_carbon(costs, r)
+    return costs
+
+
+def _job_costs(store: Store, start: dt.datetime, end: dt.datetime, now: dt.datetime | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    jobs = jobs_in(store, start, end, COST_COLUMNS)
+    jobs = chargeback.assign_teams(jobs, store.read("team_mapping"), store.read("sched_account"))
+    alloc = sched_analysis.allocated_gpu_seconds(jobs, start, end, now=now)
+    costs = chargeback.job_costs(alloc, busy=busy(store, alloc, start, end), prices=serving_service.price_book(store), sites=host_sites(store), start=start)
+    r = carbon_rates(store, start, end, costs.filter(pl.col("energy_kwh").is_not_null())["site_id"].drop_nulls().unique().sort().to_list())
+    return chargeback.with_carbon(costs, r), r
 
 
 def usage(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
@@ -236,8 +275,19 @@ def usage_report(store: Store, *, start: dt.datetime, end: dt.datetime, now: dt.
 
 def top_jobs(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 20, now: dt.datetime | None = None) -> pl.DataFrame:
     """The jobs that cost the most in the period (by cost, then GPU-hours where no price applies)."""
-    c = job_costs(store, start=start, end=end, now=now)
-    return c.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(max(1, min(int(limit), 1000)))
+    return _top(job_costs(store, start=start, end=end, now=now), limit)
+
+
+def _top(costs: pl.DataFrame, limit: int) -> pl.DataFrame:
+    return costs.sort(["cost", "gpu_hours"], descending=True, nulls_last=True).head(max(1, min(int(limit), 1000)))
+
+
+def usage_and_top_jobs(store: Store, *, start: dt.datetime, end: dt.datetime, limit: int = 20,
+                       now: dt.datetime | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`usage` and :func:`top_jobs` of one period from one working-out of its job costs (a page showing both:
+    over a month of a large fleet the job costs are seconds of reading the hour tier)."""
+    costs = job_costs(store, start=start, end=end, now=now)
+    return chargeback.team_totals(costs), _top(costs, limit)
 
 
 SHOWBACK_COLUMNS = ("team", "jobs", "gpu_hours", "used_gpu_hours", "busy_share", "energy_kwh", "location_kgco2e", "market_kgco2e", "cost", "currency")

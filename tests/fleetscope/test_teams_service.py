@@ -355,3 +355,31 @@ def test_held_samples_is_the_join_filtered_to_each_span():
     got = team_costs.held_samples(held, samples)
     order = ["job_id", "gpu_uuid", "ts"]
     assert want.height > 1000 and got.select(want.columns).sort(order).equals(want.sort(order))
+
+
+def test_a_months_busy_share_and_energy_come_from_the_hour_tier(loaded, monkeypatch):
+    """Over a month the job's GPU is read from the hour tier, not raw samples (a month of a 16,384-GPU fleet is
+    4 billion of them): each hour starting inside the hold counts whole, weighted by its samples. By hand from
+    the minute samples: hours 01:00-10:00 wholly held (util 0.5, 200 W), 11:00 held for 42 minutes then idle
+    (util 0.5 x 42/60, power (42 x 200 + 18 x 50)/60 W); 00:00 starts before the hold."""
+    from fleetscope.services import tiers
+
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    tiers.advance(loaded, JOB_END + dt.timedelta(hours=3))
+    assert team_costs.usage_tier(loaded, *APRIL) == "hour"
+    assert team_costs.usage_tier(loaded, JOB_START, JOB_START + dt.timedelta(hours=2)) == "raw"
+    read = loaded.read
+    monkeypatch.setattr(loaded, "read", lambda table, *a, **k: pytest.fail("raw samples read") if table == "gpu_sample" else read(table, *a, **k))
+    j = team_costs.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).filter(pl.col("job_id") == "7946767").row(0, named=True)
+    util = (10 * 0.5 + 0.5 * 42 / 60) / 11
+    power = (10 * 200 + (42 * 200 + 18 * 50) / 60) / 11
+    assert j["used_gpu_hours"] == pytest.approx(41003 / 3600 * util, rel=1e-9)
+    assert j["energy_kwh"] == pytest.approx(power * 41003 / 3.6e6, rel=1e-9)
+    assert abs(util - 0.5) < 0.02  # what the hour's edges cost against the raw samples' 0.5
+
+
+def test_usage_and_top_jobs_together_are_each_alone(loaded):
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    usage, top = team_costs.usage_and_top_jobs(loaded, start=APRIL[0], end=APRIL[1], limit=5, now=APRIL[1])
+    assert usage.equals(team_costs.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]))
+    assert top.equals(team_costs.top_jobs(loaded, start=APRIL[0], end=APRIL[1], limit=5, now=APRIL[1])) and top.height == 5
