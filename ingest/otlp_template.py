@@ -174,9 +174,13 @@ def lookup_renamed(data: bytes) -> Any:
     """``lookup``; where no template holds ``data``, a renamed read (``_renamed``) if its shape's renaming has
     passed its checks, so that no general read is spent (cheap enough for the API's event loop); else None."""
     walk = lookup(data)
-    if walk is not None or len(data) > MAX_BYTES or not _SHAPES.get(len(data)) or _backing_off():
+    shapes = _SHAPES.get(len(data)) if walk is None and len(data) <= MAX_BYTES else None
+    if not shapes or _backing_off() or not any(s.ref is not None and not s.ref.off and s.ref.checked >= _RENAME_CHECKS for s in list(shapes)):
         return walk
-    with _lock:
+    # never waits: a worker thread may hold the lock through a general read, which the event loop must not sit behind
+    if not _lock.acquire(blocking=False):
+        return None
+    try:
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             return None
         arr = np.frombuffer(data, np.uint8)
@@ -185,6 +189,8 @@ def lookup_renamed(data: bytes) -> Any:
         if ref is None or ref.off or ref.checked < _RENAME_CHECKS:
             return None
         return _renamed(shape, ref, data, arr, None)[0]
+    finally:
+        _lock.release()
 
 
 def _backing_off() -> bool:
@@ -305,12 +311,15 @@ def _reference(data: bytes, arr: np.ndarray, shape: _Shape, tpl: _Template) -> _
                 value = (a, b)
         if key is None or value is None:
             return False
+        try:
+            name = data[key[0]:key[1]].decode("utf-8")
+        except UnicodeDecodeError:
+            return False
         inner = list(_fields(data, value[0], value[1], depth + 1))
         if len(inner) == 1 and inner[0][:2] == (1, 2):  # AnyValue.string_value, alone
-            try:
-                spans.append((inner[0][3], inner[0][4], data[key[0]:key[1]].decode("utf-8")))
-            except UnicodeDecodeError:
-                return False
+            spans.append((inner[0][3], inner[0][4], name))
+        elif name in _NAME_KEYS:
+            return False  # a name given as a number or a bool is a name the walk reads as text: its collisions go unseen
         return True
 
     def each(pos: int, end: int, depth: int, want: int) -> Any:

@@ -137,18 +137,24 @@ def usage_tier(store: Store, start: dt.datetime, end: dt.datetime) -> str:
 
 def _held_source(store: Store, tier: str, start: dt.datetime, end: dt.datetime, uuids: pl.Series) -> pl.DataFrame:
     """``ts, gpu_uuid, util_ratio, power_w, _w`` over the period: raw samples (weight 1), or a tier's buckets as
-    samples at their start, weighted by the samples each summarises."""
+    samples at their start, weighted by the samples each summarises; past the hour tier's watermark (the hour
+    or two not rolled into it yet), the minute tier's."""
     many = uuids.len() > GPU_FILTER_MAX  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
+
+    def read(table: str, cols: list[str], lo: dt.datetime, hi: dt.datetime) -> pl.DataFrame:
+        if many:
+            return store.read(table, start=lo, end=hi, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
+        return store.read(table, start=lo, end=hi, gpu_uuid=uuids.to_list(), columns=cols)
+
     if tier == "raw":
-        table, cols = "gpu_sample", ["ts", "gpu_uuid", "util_ratio", "power_w"]
-    else:
-        table, cols = tiers.TIER_TABLE[tier], ["bucket", "gpu_uuid", "samples", "util_ratio_mean", "power_w_mean"]
-    if many:
-        df = store.read(table, start=start, end=end, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
-    else:
-        df = store.read(table, start=start, end=end, gpu_uuid=uuids.to_list(), columns=cols)
-    if tier == "raw":
-        return df.with_columns(pl.lit(1.0).alias("_w"))
+        return read("gpu_sample", ["ts", "gpu_uuid", "util_ratio", "power_w"], start, end).with_columns(pl.lit(1.0).alias("_w"))
+    cols = ["bucket", "gpu_uuid", "samples", "util_ratio_mean", "power_w_mean"]
+    spans = [(tier, start, end)]
+    wm = tiers.watermark(store, tier) if tier == "hour" else None
+    if wm is not None and wm < end:
+        spans = [("hour", start, max(start, wm)), ("minute", max(start, wm), end)]
+    parts = [read(tiers.TIER_TABLE[t], cols, lo, hi) for t, lo, hi in spans if lo < hi]
+    df = pl.concat(parts) if parts else pl.DataFrame(schema={c: pl.Float64 for c in cols})
     return df.select(pl.col("bucket").alias("ts"), "gpu_uuid", pl.col("util_ratio_mean").alias("util_ratio"),
                      pl.col("power_w_mean").alias("power_w"), pl.col("samples").cast(pl.Float64).alias("_w"))
 
@@ -162,14 +168,18 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
     jg = job_gpus(store, alloc)
     if not jg.height:
         return pl.DataFrame(schema=schema)
-    samples = _held_source(store, usage_tier(store, start, end), start, end, jg["gpu_uuid"].unique())
+    tier = usage_tier(store, start, end)
+    samples = _held_source(store, tier, start, end, jg["gpu_uuid"].unique())
     if not samples.height:
         return pl.DataFrame(schema=schema)
     lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
     spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
     spans = spans.unique(["cluster", "job_id"], keep="first", maintain_order=True).with_row_index("_j")
-    # grouped by integers (the held span, then the job), not by millions of (cluster, job, GPU) strings
-    held = jg.join(spans, on=["cluster", "job_id"]).select("_j", "gpu_uuid", "s", "e").with_row_index("_h")
+    # grouped by integers (the held span, then the job), not by millions of (cluster, job, GPU) strings; over a
+    # tier a hold takes the buckets from the one it starts in (``s`` truncated; ``s0`` its start), so a hold
+    # inside an hour still has its hour
+    held = jg.join(spans, on=["cluster", "job_id"]).select("_j", "gpu_uuid", pl.col("s").alias("s0"), "e").with_row_index("_h")
+    held = held.with_columns((pl.col("s0") if tier == "raw" else pl.col("s0").dt.truncate("1h")).alias("s"))
     x = held_samples(held, samples)
     def weighted_mean(c: str) -> pl.Expr:
         w = pl.col("_w").filter(pl.col(c).is_not_null()).sum()
@@ -177,7 +187,7 @@ def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime
 
     per_gpu = x.group_by("_h").agg(
         pl.col("_j").first(), weighted_mean("util_ratio").alias("u"), weighted_mean("power_w").alias("p"),
-        ((pl.col("e").first() - pl.col("s").first()).dt.total_microseconds() / 1e6).alias("held_s"))
+        ((pl.col("e").first() - pl.col("s0").first()).dt.total_microseconds() / 1e6).alias("held_s"))
     per_job = per_gpu.group_by("_j").agg(
         pl.col("u").mean().alias("busy_ratio"),
         pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j"))

@@ -92,21 +92,28 @@ _BY_KEY_SQL = ("INSERT INTO metric_sample (series_id, ts, value) SELECT (SELECT 
                " AS u(series, ts, value) ORDER BY 1, 2 " + conflict_sql("postgresql", "metric_sample", ["series_id", "ts", "value"], ["series_id", "ts"], "ignore"))
 
 
-def execute_by_series_key(ids: Any, cur: Any, rows: Rows) -> None:
-    """Send ``metric_sample`` rows given by series key (``series, ts, value``) on a pipelined connection: their
-    series created where missing (in key order, as every writer creates them, so two never wait on each other
-    crosswise), every key's id asked for on ``ids``, and the rows inserted on ``cur`` with their ids joined
-    from ``series`` (the rows the series insert just made are visible to the next statement of the
-    transaction), in ``(series_id, ts)`` order. No round trip of its own: a node's first push no longer waits
-    for its series' ids before sending its samples."""
+def send_series(ids: Any, rows: Rows) -> None:
+    """On a pipelined connection, the series of ``metric_sample`` rows given by series key (``series, ts, value``)
+    created where missing (in key order, as every writer creates them, so two never wait on each other
+    crosswise), and every key's id asked for on ``ids``. No round trip of its own: a node's first push no longer
+    waits for its series' ids before sending its samples (``send_by_series_key``)."""
     from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
 
-    at = {c: i for i, c in enumerate(rows.columns)}
-    i_series, i_ts, i_value = at["series"], at["ts"], at["value"]
+    i_series = rows.columns.index("series")
     keys = sorted({row[i_series] for row in rows.rows})
     with ids.connection.cursor() as made:
         made.execute(_NEW_SERIES_SQL, (pg_arrays.encode(keys), pg_arrays.encode([k.split("{", 1)[0] for k in keys])))
     ids.execute(_SERIES_IDS_SQL, (pg_arrays.encode(keys),))
+
+
+def send_by_series_key(cur: Any, rows: Rows) -> None:
+    """The ``metric_sample`` rows given by series key, inserted on ``cur`` with each id probed from ``series`` (the
+    rows ``send_series`` just made are visible to a later statement of the transaction), in ``(series_id, ts)``
+    order."""
+    from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
+
+    at = {c: i for i, c in enumerate(rows.columns)}
+    i_series, i_ts, i_value = at["series"], at["ts"], at["value"]
     cur.execute(_BY_KEY_SQL, (pg_arrays.encode([row[i_series] for row in rows.rows]), pg_arrays.encode([row[i_ts] for row in rows.rows]),
                               pg_arrays.encode([row[i_value] for row in rows.rows])))
 
@@ -250,11 +257,17 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
     with raw.pipeline():
         check = logged_cursor(raw, unless_logged)
         if by_key is not None:
+            # the series first, as every writer that creates series does; the samples in the tables' order below
             series_ids = raw.cursor()
-            cur = raw.cursor()
-            execute_by_series_key(series_ids, cur, by_key)
-            cursors.append(("metric_sample", cur))
+            send_series(series_ids, by_key)
+            staged.append(("metric_sample", by_key, ("series_id", "ts"), "ignore"))
+            staged.sort(key=lambda item: item[0])
         for name, r, key, on_conflict in staged:
+            if r is by_key:
+                cur = raw.cursor()
+                send_by_series_key(cur, by_key)
+                cursors.append((name, cur))
+                continue
             if len(r.rows) < DIRECT_COPY_ROWS:
                 inventory_rows = counted and r is gpu_rows
                 if inventory_rows:
@@ -271,7 +284,7 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
         if found:
             for _, cur in cursors:
                 cur.close()
-            for cur in around:
+            for cur in [*around, *([series_ids] if series_ids is not None else [])]:
                 cur.close()
             raise AlreadyLogged(found)
     if series_ids is not None:

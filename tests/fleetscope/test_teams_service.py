@@ -359,9 +359,9 @@ def test_held_samples_is_the_join_filtered_to_each_span():
 
 def test_a_months_busy_share_and_energy_come_from_the_hour_tier(loaded, monkeypatch):
     """Over a month the job's GPU is read from the hour tier, not raw samples (a month of a 16,384-GPU fleet is
-    4 billion of them): each hour starting inside the hold counts whole, weighted by its samples. By hand from
-    the minute samples: hours 01:00-10:00 wholly held (util 0.5, 200 W), 11:00 held for 42 minutes then idle
-    (util 0.5 x 42/60, power (42 x 200 + 18 x 50)/60 W); 00:00 starts before the hold."""
+    4 billion of them): each hour the hold touches counts whole, weighted by its samples. By hand from the minute
+    samples: hours 01:00-10:00 wholly held (util 0.5, 200 W); 00:00 and 11:00 held for 42 of their 60 samples and
+    idle for the rest (util 0.5 x 42/60, power (42 x 200 + 18 x 50)/60 W each)."""
     from fleetscope.services import tiers
 
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
@@ -371,11 +371,20 @@ def test_a_months_busy_share_and_energy_come_from_the_hour_tier(loaded, monkeypa
     read = loaded.read
     monkeypatch.setattr(loaded, "read", lambda table, *a, **k: pytest.fail("raw samples read") if table == "gpu_sample" else read(table, *a, **k))
     j = team_costs.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).filter(pl.col("job_id") == "7946767").row(0, named=True)
-    util = (10 * 0.5 + 0.5 * 42 / 60) / 11
-    power = (10 * 200 + (42 * 200 + 18 * 50) / 60) / 11
+    util = (10 * 0.5 + 2 * 0.5 * 42 / 60) / 12
+    power = (10 * 200 + 2 * (42 * 200 + 18 * 50) / 60) / 12
     assert j["used_gpu_hours"] == pytest.approx(41003 / 3600 * util, rel=1e-9)
     assert j["energy_kwh"] == pytest.approx(power * 41003 / 3.6e6, rel=1e-9)
-    assert abs(util - 0.5) < 0.02  # what the hour's edges cost against the raw samples' 0.5
+    assert abs(util - 0.5) < 0.03  # what the hours' edges cost against the raw samples' 0.5
+    # a hold inside one hour (10:10-10:50) still has its hour, and the hours past the hour tier's watermark come
+    # from the minute tier
+    from analyzers import scheduler as sched_analysis
+
+    job = team_costs.jobs_in(loaded, *APRIL).filter(pl.col("job_id") == "7946767").with_columns(
+        pl.lit(JOB_START.replace(hour=10, minute=10, second=0)).cast(pl.Datetime("us", "UTC")).alias("start_at"),
+        pl.lit(JOB_START.replace(hour=10, minute=50, second=0)).cast(pl.Datetime("us", "UTC")).alias("end_at"))
+    short = team_costs.busy(loaded, sched_analysis.allocated_gpu_seconds(job, *APRIL, now=APRIL[1]), *APRIL)
+    assert short["busy_ratio"].to_list() == [pytest.approx(0.5)] and short["energy_j"].to_list() == [pytest.approx(200 * 2400)]
 
 
 def test_usage_and_top_jobs_together_are_each_alone(loaded):

@@ -528,3 +528,21 @@ def test_hostile_names_in_a_new_node_of_a_known_shape():
         assert_same_outcome(bytes(body))
     assert otlp_template._stats["renamed"] > renamed_before  # some were renamings, read without the general path
 
+
+
+def test_a_name_given_as_a_number_turns_renaming_off():
+    """A UUID attribute holding an int (the walk reads it as text): renaming another GPU's UUID to that text would
+    merge two GPUs the template keeps apart, so a shape with such a name is never renamed."""
+    def body(node: int) -> bytes:
+        req = ExportMetricsServiceRequest.FromString(node_body(node))
+        for m in req.resource_metrics[0].scope_metrics[0].metrics:
+            for a in m.gauge.data_points[1].attributes:
+                if a.key == "UUID":
+                    a.value.int_value = 900_000_000_000 + node
+        return req.SerializeToString()
+
+    read(body(1))
+    shape = otlp_template._SHAPES[len(body(1))][0]
+    assert shape.ref is not None and shape.ref.off
+    walk = assert_same_outcome(body(2))  # another node: read the general way, never renamed
+    assert len(walk.gpus) == 8 and walk.gpus[1]["gpu_uuid"] == "900000000002" and otlp_template._stats["renamed"] == 0
