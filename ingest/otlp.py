@@ -160,19 +160,23 @@ def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]]
     if shaped is None:
         return None
     t0, g0, cols = shaped
-    out = {}
     matrix = walk.__dict__.get("_matrix")  # a template's scrape: its values as one matrix (otlp_template._fill)
-    if matrix is not None:
-        columns, values_of, integer = matrix
-        fault = np.array([c in _FAULT_COLUMNS for c in columns])
-        if fault.any() and values_of[fault].any():
-            return None
-        floats = values_of[~integer]
-        if not np.isfinite(floats).all():
-            return None
-        ints, flts = iter(np.round(values_of[integer]).astype(np.int64).tolist()), iter(floats.tolist())
-        out = {column: next(ints) if i else next(flts) for column, i in zip(columns, integer.tolist())}
-        cols = {}
+    out = _matrix_rows(*matrix) if matrix is not None else _column_rows(cols)
+    if out is None:
+        return None
+    texts = [v for g in walk.gpus for v in g.values() if isinstance(v, str)]
+    texts += [v for r in walk.workloads for v in r.values() if isinstance(v, str)]
+    texts += [series for _, series in walk.series_rows]
+    if any("\x00" in v for v in texts):
+        return None
+    uuids = [g["gpu_uuid"] for g in walk.gpus]
+    walk._rows = (t0.tolist(), [uuids[g] for g in g0.tolist()], out)
+    return walk._rows
+
+
+def _column_rows(cols: dict[str, np.ndarray]) -> dict[str, list[Any]] | None:
+    """Each column's values as a list (integer columns rounded); None for a fault reading or a value not finite."""
+    out = {}
     for column, values in cols.items():
         if column in _FAULT_COLUMNS and values.any():
             return None
@@ -182,14 +186,19 @@ def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]]
             return None
         else:
             out[column] = values.tolist()
-    texts = [v for g in walk.gpus for v in g.values() if isinstance(v, str)]
-    texts += [v for r in walk.workloads for v in r.values() if isinstance(v, str)]
-    texts += [series for _, series in walk.series_rows]
-    if any("\x00" in v for v in texts):
+    return out
+
+
+def _matrix_rows(columns: list[str], values_of: np.ndarray, integer: np.ndarray) -> dict[str, list[Any]] | None:
+    """``_column_rows`` of a template's scrape given as one matrix (a row a column), in a few array operations."""
+    fault = np.array([c in _FAULT_COLUMNS for c in columns])
+    if fault.any() and values_of[fault].any():
         return None
-    uuids = [g["gpu_uuid"] for g in walk.gpus]
-    walk._rows = (t0.tolist(), [uuids[g] for g in g0.tolist()], out)
-    return walk._rows
+    floats = values_of[~integer]
+    if not np.isfinite(floats).all():
+        return None
+    ints, flts = iter(np.round(values_of[integer]).astype(np.int64).tolist()), iter(floats.tolist())
+    return {column: next(ints) if i else next(flts) for column, i in zip(columns, integer.tolist())}
 
 
 def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]] | None:

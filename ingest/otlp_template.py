@@ -184,7 +184,7 @@ def lookup_renamed(data: bytes) -> Any:
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             return None
         arr = np.frombuffer(data, np.uint8)
-        shape = next((s for s in _SHAPES.get(len(data), ()) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
+        shape = _known_shape(arr)
         ref = shape.ref if shape is not None else None
         if ref is None or ref.off or ref.checked < _RENAME_CHECKS:
             return None
@@ -227,7 +227,7 @@ def read_new(data: bytes, read: Any) -> tuple[Any, bool]:
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             return None, False  # the general way, whose ``learn`` makes room
         arr = np.frombuffer(data, np.uint8)
-        shape = next((s for s in _SHAPES.get(len(data), ()) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
+        shape = _known_shape(arr)
         if shape is None:
             return None, False
         if shape.ref is not None and not shape.ref.off:
@@ -424,6 +424,11 @@ def _evict() -> None:
     _SHAPES.clear()
 
 
+def _known_shape(arr: np.ndarray) -> _Shape | None:
+    """The known shape of a body of this length whose bytes, at every place its walk read, are this body's."""
+    return next((s for s in list(_SHAPES.get(arr.size, ())) if np.array_equal(arr[s.struct_idx], s.struct_bytes)), None)
+
+
 def _find_shape(data: bytes) -> _Shape | None:
     """The fixed64 slots of every data point of every gauge/sum in ``data``, or None where a point has no
     time or no value, or one of them twice. A shape of this length already known is taken where the body
@@ -431,9 +436,9 @@ def _find_shape(data: bytes) -> _Shape | None:
     the walk would then find the same slots."""
     global _shape_count
     arr = np.frombuffer(data, np.uint8)
-    for known in _SHAPES.get(len(data), ()):
-        if np.array_equal(arr[known.struct_idx], known.struct_bytes):
-            return known
+    known = _known_shape(arr)
+    if known is not None:
+        return known
     times: list[int] = []
     values: list[int] = []
     tags: list[int] = []

@@ -241,7 +241,8 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
         if spec.name != "metric_sample":
             staged.append((spec.name, r, spec.key, spec.on_conflict))
         elif len(r.rows) < DIRECT_COPY_ROWS and not store._series_known(r):
-            by_key = r
+            by_key = r  # its series are sent first in the pipeline, its samples in the tables' order
+            staged.append(("metric_sample", r, ("series_id", "ts"), "ignore"))
         else:
             if not store._series_known(r):
                 # Series to create outside the pipeline: the check first, so that a writer waiting on
@@ -257,11 +258,9 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
     with raw.pipeline():
         check = logged_cursor(raw, unless_logged)
         if by_key is not None:
-            # the series first, as every writer that creates series does; the samples in the tables' order below
+            # the series first, as every writer that creates series does
             series_ids = raw.cursor()
             send_series(series_ids, by_key)
-            staged.append(("metric_sample", by_key, ("series_id", "ts"), "ignore"))
-            staged.sort(key=lambda item: item[0])
         for name, r, key, on_conflict in staged:
             if r is by_key:
                 cur = raw.cursor()

@@ -139,10 +139,8 @@ def test_tier_choice_by_range_and_retention():
     assert tiers.choose_tier(end - dt.timedelta(days=100, hours=1), end - dt.timedelta(days=100), now=end, retention_days=days) == "hour"
 
 
-def test_thirty_day_fleet_series_reads_the_hour_tier_not_raw(store):
-    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
-    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
-    end = T0 + dt.timedelta(hours=2)
+def spy_queries(store) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every statement ``store.query`` runs from now on (the store is the test's own)."""
     seen: list[str] = []
     real = store.query
 
@@ -151,6 +149,15 @@ def test_thirty_day_fleet_series_reads_the_hour_tier_not_raw(store):
         return real(sql, params, schema_)
 
     store.query = spy  # type: ignore[method-assign]
+    return seen
+
+
+def test_thirty_day_fleet_series_reads_the_hour_tier_not_raw(store):
+    store.write_frames([(F.GPU_SAMPLE, _samples(130))], source="test")
+    tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE)
+    end = T0 + dt.timedelta(hours=2)
+    real = store.query
+    seen = spy_queries(store)
     df = telemetry.fleet_series(store, end - dt.timedelta(days=30), end, points=48)
     assert seen and not any("gpu_sample " in s or "gpu_sample\n" in s or s.rstrip().endswith("gpu_sample") for s in seen)
     assert all("gpu_sample_hour" in s for s in seen)
@@ -242,14 +249,8 @@ def test_a_long_range_reads_the_tier_and_raw_only_past_its_watermark(store):
     tiers.advance(store, T0 + dt.timedelta(minutes=60) + tiers.SETTLE)
     assert tiers.watermark(store, "minute") == T0 + dt.timedelta(minutes=60)
     end = T0 + dt.timedelta(minutes=90)
-    seen: list[str] = []
     real = store.query
-
-    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
-        seen.append(sql)
-        return real(sql, params, schema_)
-
-    store.query = spy  # type: ignore[method-assign]
+    seen = spy_queries(store)
     mixed = telemetry.fleet_series(store, T0, end, points=9, tier="minute")
     store.query = real  # type: ignore[method-assign]
     # one query of every probe: the tier's and the raw samples'
