@@ -6,7 +6,8 @@ GPUs (``fleetscope.sim.gpu_fleet``: 8 a node, 2 sites) shaped as the capacity ru
 capacity``: ``--minutes`` of raw samples at 10 s, the minute tier rolled up to a few minutes before the end, no
 hour tier, no energy minutes) or as a steady site has it (``--shape steady``: the same raw minutes with the energy
 roll-up and both tiers advanced over them, and before them ``--days`` of history: the hour tier for every GPU,
-the per-site and per-job energy minutes and 6,000 Slurm jobs with their nodes and teams, written with COPY). Then, per page and range (``--ranges``), one
+the per-site and per-job energy minutes and 6,000 Slurm jobs with their nodes and teams, written with COPY, and
+the jobs' hours rolled as beat's ``job-usage-rollup`` leaves them). Then, per page and range (``--ranges``), one
 first visit (caches cleared) and ``--rounds`` warm runs. Prints JSON lines:
 
 - ``read``: one per service read of a first visit (``module.name``, its arguments, seconds, rows);
@@ -38,7 +39,7 @@ import polars as pl  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import auth, energy_rollup, tiers  # noqa: E402
+from fleetscope.services import auth, energy_rollup, job_usage, tiers  # noqa: E402
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet  # noqa: E402
 from fleetscope.store import Store, db  # noqa: E402
 
@@ -155,6 +156,8 @@ def seed(url: str, gpus: int, shape: str, minutes: int, days: int, scrapes: int 
         if tiers.watermark(store, "hour") is None:
             # the raw minutes lie within one hour, which the hour tier has not closed: its history has
             tiers._set_watermark(store, "hour", None, start.replace(minute=0), end)
+        # beat's job-usage roll-up over the history: the jobs' hours, as a steady site's tick has them
+        out["job_usage"] = job_usage.advance(store, end, max_chunks=days + 2)
     with store.engine.begin() as conn:
         conn.execute(text("ANALYZE"))
     store.engine.dispose()

@@ -1,5 +1,5 @@
 """Service: the pipeline watching itself (``fleetscope.services.pipeline``): whether ingest is arriving, how far
-the energy roll-up and the minute and hour tiers are behind, closed days waiting to be packed, beat's
+the energy roll-up, the minute and hour tiers and the jobs' hours are behind, closed days waiting to be packed, beat's
 leader, each scheduled task's last outcomes, and what the store holds per table."""
 
 from __future__ import annotations

@@ -56,3 +56,23 @@ GPU_SAMPLE_MINUTE = _spec("minute")
 GPU_SAMPLE_HOUR = _spec("hour")
 TIER_FRAMES: dict[str, FrameSpec] = {s.name: s for s in (GPU_SAMPLE_MINUTE, GPU_SAMPLE_HOUR)}
 TIER_SPEC = {"minute": GPU_SAMPLE_MINUTE, "hour": GPU_SAMPLE_HOUR}
+
+
+JOB_USAGE_HOUR = FrameSpec(
+    "job_usage_hour",
+    (
+        _k("bucket", UTC_US, doc="start of the UTC hour"),
+        _k("cluster", pl.String),
+        _k("job_id", pl.String),
+        Col("gpus", pl.Int64, nullable=False, doc="GPUs telemetry names for the job when the hour was rolled"),
+        Col("util_weighted", pl.Float64, nullable=False, doc="sum over its GPUs of the hour's mean util_ratio x its samples"),
+        Col("util_samples", pl.Float64, nullable=False, doc="samples under util_weighted (those with a util_ratio)"),
+        Col("power_weighted", pl.Float64, nullable=False, doc="sum over its GPUs of the hour's mean power_w x its samples"),
+        Col("power_samples", pl.Float64, nullable=False, doc="samples under power_weighted (those with a power_w)"),
+        Col("power_gpus", pl.Int64, nullable=False, doc="GPUs of the job with a power reading in the hour"),
+    ),
+    on_conflict="update",
+    doc=("Per scheduler job and UTC hour it held GPUs in, its GPUs' hour-tier utilisation and power summed with their "
+         "sample weights: a month of team costs reads a row per job-hour, not every GPU's hours (services/job_usage.py)."),
+)
+"""Rolled from the hour tier by ``services.job_usage``; kept out of ``FRAMES`` and ``TIER_FRAMES``: never pushed."""

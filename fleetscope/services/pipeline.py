@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from fleetscope.core.units import as_utc
-from fleetscope.services import energy_rollup, packing, scheduled, tiers
+from fleetscope.services import energy_rollup, job_usage, packing, scheduled, tiers
 from fleetscope.store import Store, schema
 
 RECENT = dt.timedelta(minutes=5)
 """The window the ingest rate is read over."""
-STAGE_EVERY = {"energy": dt.timedelta(minutes=1), "minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}
+STAGE_EVERY = {"energy": dt.timedelta(minutes=1), "minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1),
+               job_usage.TIER: dt.timedelta(hours=1)}
 """How far each roll-up's newest rolled instant may be behind now before it counts as late: the stage's own
 step, on top of the time it waits for late scrapes (``tiers.SETTLE``) and the bucket still filling."""
 
@@ -96,7 +97,8 @@ def status(store: Store, now: dt.datetime, *, tasks: bool = True) -> dict[str, A
     last outcomes (``tasks``; the /metrics gauges leave them out, ``fleetscope_task_runs`` counts them)."""
     ingest = _ingest(store, now)
     stages = [_stage("energy", energy_rollup.energy_rollup_end(store), now, energy_rollup.PAD, ingest),
-              *(_stage(t, tiers.watermark(store, t), now, tiers.SETTLE, ingest) for t in ("minute", "hour"))]
+              *(_stage(t, tiers.watermark(store, t), now, tiers.SETTLE, ingest) for t in ("minute", "hour")),
+              _stage(job_usage.TIER, job_usage.watermark(store), now, tiers.SETTLE + job_usage.SETTLE, ingest)]
     return {"at": now, "ingest": ingest, "stages": stages,
             "packing_pending_days": [d.isoformat() for d in packing.packable_days(store, now)],
             "beat": _beat(store, now), "tasks": _tasks(store, now) if tasks else []}

@@ -10,7 +10,8 @@
   push).
 
 - **Roll-up tiers** of GPU telemetry (``TIERS``: ``gpu_sample_minute``, ``gpu_sample_hour``) after their own
-  ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS`` and ``FLEETSCOPE_HOUR_TIER_RETENTION_DAYS`` (``services.tiers``).
+  ``FLEETSCOPE_MINUTE_TIER_RETENTION_DAYS`` and ``FLEETSCOPE_HOUR_TIER_RETENTION_DAYS`` (``services.tiers``); the
+  jobs' hours (``job_usage_hour``, ``services.job_usage``) with the hour tier.
 
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
 they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
@@ -40,12 +41,14 @@ EVIDENCE = {
 
 
 # roll-up tier -> its table (time column: bucket)
-TIERS = {"minute": "gpu_sample_minute", "hour": "gpu_sample_hour"}
+TIERS = {"minute": "gpu_sample_minute", "hour": "gpu_sample_hour", "job_hour": "job_usage_hour"}
 
 
 def tier_days(settings: Settings) -> dict[str, int]:
     """Each roll-up tier's retention in days, from the settings."""
-    return {"minute": settings.minute_tier_retention_days, "hour": settings.hour_tier_retention_days}
+    # a job's hours are read with the hour tier's, and re-rolled from it
+    return {"minute": settings.minute_tier_retention_days, "hour": settings.hour_tier_retention_days,
+            "job_hour": settings.hour_tier_retention_days}
 
 
 def cutoffs(now: dt.datetime, retention_days: int, evidence_retention_days: int,

@@ -45,6 +45,14 @@ SCHEDULED.register(
     modules=("analyzers.tiers",), reads=("gpu_sample", "gpu_sample_minute", "rollup_watermark"),
     writes=("gpu_sample_minute", "gpu_sample_hour", "rollup_watermark"),
     summary="GPU telemetry's minute tier from raw and hour tier from minutes, from each tier's watermark")
+# Every five minutes: an hour is rolled once the hour tier has it and SETTLE has passed; each tick also heals the
+# last week's jobs whose scheduler record changed after their hours were rolled.
+SCHEDULED.register(
+    "job_usage_rollup", beat=Beat("job-usage-rollup", "fleetscope.job_usage_rollup", every_s=300.0),
+    run="fleetscope.services.job_usage:scheduled_advance",
+    modules=("analyzers.job_usage",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample_hour", "rollup_watermark"),
+    writes=("job_usage_hour", "rollup_watermark"),
+    summary="each scheduler job's GPU utilisation and power per hour from the hour tier, for team costs over long periods")
 # Hourly: a day becomes packable an hour after it ends (services.packing.GRACE).
 SCHEDULED.register(
     "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),

@@ -25,7 +25,8 @@ from fleetscope.core.frames import findings_frame
 from fleetscope.core.slurm import expand_hostlist
 from fleetscope.core.units import as_utc
 from fleetscope.services import serving as serving_service
-from fleetscope.services.team_costs import MAX_JOBS, host_sites, job_gpus, jobs_in
+from fleetscope.services.job_usage import MAX_JOBS, job_gpus, jobs_in
+from fleetscope.services.team_costs import host_sites
 from fleetscope.store import Store
 from fleetscope.store.reads import fetch
 

@@ -3,9 +3,9 @@ jobs (``analyzers/chargeback.py``), over time for the Teams & Cost page, and the
 the jobs that cost the most; where each team stands against its monthly budget (``analyzers/team_budgets.py``),
 for the API and the health sweep. The team rules and budgets themselves are ``services/teams.py``'s.
 
-Reads the store (``sched_job``, ``sched_job_node``, ``sched_node``, ``sched_account``, ``team_mapping``,
-``team_budget``, ``gpu``, ``host``, ``site``, ``gpu_sample``, ``gpu_workload``, ``ingest_log``), the price
-book of ``services/serving.py`` and the sites' Scope 2 of ``services/energy.py``.
+Reads the store (``sched_job``, ``sched_account``, ``team_mapping``, ``team_budget``, ``host``, ``site``,
+``ingest_log``), what jobs used of their GPUs (``services/job_usage.py``), the price book of
+``services/serving.py`` and the sites' Scope 2 of ``services/energy.py``.
 """
 
 from __future__ import annotations
@@ -18,211 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from analyzers import carbon, chargeback
 from analyzers import scheduler as sched_analysis
 from analyzers import team_budgets
-from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
 from fleetscope.core.units import as_utc
 from fleetscope.services.analysis import at
 from fleetscope.services import energy as energy_service
 from fleetscope.services import serving as serving_service
-from fleetscope.services import tiers
+from fleetscope.services.job_usage import COST_COLUMNS, busy, jobs_in
 from fleetscope.services.teams import month_bounds
 from fleetscope.store import Store
-from fleetscope.store.reads import fetch
 from fleetscope.settings import Settings
 from governance import reports
-
-MAX_JOBS = 2_000_000
-
-
-COST_COLUMNS = ("cluster", "job_id", "scheduler", "user", "account", "partition", "state", "start_at", "end_at", "gpus", "gpu_types", "nodes", "labels")
-"""The ``sched_job`` columns costing a job needs: its owner for the team, its run and GPUs, where it ran."""
-
-
-def jobs_in(store: Store, start: dt.datetime, end: dt.datetime, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
-    """Scheduler jobs whose run overlaps ``[start, end)`` (started before its end and not ended before its start),
-    those that ended in it without starting (cancelled while pending), and those pending, submitted before the end.
-    ``columns``: only these (default every column)."""
-    schema = {c: SCH.SCHED_JOB.schema[c] for c in (columns or SCH.SCHED_JOB.schema)}
-    cols = ", ".join(f'"{c}"' for c in schema)
-    t0, t1 = store._time_param(as_utc(start)), store._time_param(as_utc(end))
-    sql = (f"SELECT {cols} FROM sched_job WHERE (start_at IS NOT NULL AND start_at < ? AND (end_at IS NULL OR end_at >= ?))"
-           f" OR (start_at IS NULL AND end_at >= ? AND end_at < ?) OR (state = 'PENDING' AND submit_at < ?) LIMIT {MAX_JOBS}")
-    p = [t1, t0, t0, t1, t1]
-    return fetch(store, sql, p, schema)
 
 
 def host_sites(store: Store) -> dict[str, str]:
     """Each host's site, where the host table names one: what prices and carbon intensities are looked up by."""
     h = store.read("host")
     return {r["host"]: r["site_id"] for r in h.iter_rows(named=True) if r.get("site_id")} if h.height else {}
-
-
-JOB_FILTER_MAX = 5000
-"""Up to this many jobs, their node rows are read by job id; above it, the table is read whole and joined."""
-
-
-def job_gpus(store: Store, jobs: pl.DataFrame) -> pl.DataFrame:
-    """(cluster, job_id, gpu_uuid) for jobs whose GPUs telemetry names: Slurm jobs by node and device index
-    (``gres_detail``; a node whose GPUs the job holds all of needs none), pods by dcgm-exporter's attribution."""
-    out = pl.DataFrame(schema={"cluster": pl.String, "job_id": pl.String, "gpu_uuid": pl.String})
-    if not jobs.height:
-        return out
-    gpus = store.read("gpu", columns=["gpu_uuid", "host", "gpu_index"])
-    parts = []
-    slurm_jobs = jobs.filter(pl.col("scheduler") != "kubernetes")
-    if slurm_jobs.height and gpus.height:
-        # a few jobs (the running ones of an idle sweep) by their ids, not the node rows of the whole history
-        ids = slurm_jobs["job_id"].unique().to_list() if slurm_jobs.height <= JOB_FILTER_MAX else None
-        nodes = store.read("sched_job_node", job_id=ids, columns=["cluster", "job_id", "host", "gpus", "gpu_indices"]).join(
-            slurm_jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
-        per_host = gpus.group_by("host").len("host_gpus")
-        n = nodes.join(per_host, on="host", how="left")
-        explicit = (n.filter(pl.col("gpu_indices").is_not_null())
-                    .with_columns(pl.col("gpu_indices").str.split(",").cast(pl.List(pl.Int64)).alias("gpu_index")).explode("gpu_index")
-                    .join(gpus, on=["host", "gpu_index"]))
-        whole = n.filter(pl.col("gpu_indices").is_null() & (pl.col("gpus") == pl.col("host_gpus"))).join(gpus, on="host")
-        parts += [explicit.select("cluster", "job_id", "gpu_uuid"), whole.select("cluster", "job_id", "gpu_uuid")]
-        undivided = n.filter(pl.col("gpu_indices").is_null() & pl.col("gpus").is_null())
-        if undivided.height and "gpus" in slurm_jobs.columns:
-            parts.append(_whole_nodes(store, undivided, slurm_jobs).join(gpus, on="host").select("cluster", "job_id", "gpu_uuid"))
-    pods = jobs.filter(pl.col("scheduler") == "kubernetes")
-    if pods.height:
-        w = store.read("gpu_workload", columns=["gpu_uuid", "namespace", "pod"]).unique(["gpu_uuid", "namespace", "pod"])
-        if w.height:
-            j = w.with_columns((pl.col("namespace") + "/" + pl.col("pod")).alias("job_id")).join(pods.select("cluster", "job_id"), on="job_id")
-            parts.append(j.select("cluster", "job_id", "gpu_uuid"))
-    # no (job, GPU) twice: a node row is either by device index or whole, keyed by (cluster, job_id, host), and pods were made unique
-    return pl.concat(parts) if parts else out
-
-
-def _whole_nodes(store: Store, undivided: pl.DataFrame, jobs: pl.DataFrame) -> pl.DataFrame:
-    """The node rows (cluster, job_id, host) of jobs known only by their total GPU count (``sacct`` names a
-    multi-node job's AllocTRES for the whole job, not per node) whose total is every GPU of their nodes: such
-    a job holds each GPU on them. A node's GPUs are the scheduler's count (``sched_node.gpus_total``), else
-    those telemetry sees on it; a job with a node of unknown size, or fewer GPUs than its nodes have, is left
-    unmatched (which of them it held is not known)."""
-    sn = store.read("sched_node", columns=["host", "gpus_total"])
-    sizes = sn.group_by("host").agg(pl.col("gpus_total").max()) if sn.height else pl.DataFrame(schema={"host": pl.String, "gpus_total": pl.Int64})
-    u = undivided.join(sizes, on="host", how="left").with_columns(pl.coalesce(pl.col("gpus_total"), pl.col("host_gpus").cast(pl.Int64)).alias("_node_gpus"))
-    full = (u.group_by("cluster", "job_id").agg(pl.col("_node_gpus").sum().alias("_sum"), pl.col("_node_gpus").null_count().alias("_unknown"))
-            .join(jobs.select("cluster", "job_id", pl.col("gpus").cast(pl.Int64).alias("_total")), on=["cluster", "job_id"])
-            .filter((pl.col("_unknown") == 0) & (pl.col("_sum") == pl.col("_total"))))
-    return u.join(full.select("cluster", "job_id"), on=["cluster", "job_id"]).select("cluster", "job_id", "host")
-
-
-GPU_FILTER_MAX = 2000
-"""Above this many GPUs the samples are read for the period and filtered in memory, not by an IN list."""
-
-
-def usage_tier(store: Store, start: dt.datetime, end: dt.datetime) -> str:
-    """Where a period's busy share and energy are read from: raw samples for a period of hours
-    (``tiers.RAW_MAX_RANGE``), else the hour tier where it reaches back to the period's start (a month of a
-    16,384-GPU fleet is 12 M hour rows against 4 billion raw samples), else what a panel of the period reads
-    (``tiers.tier_for``: raw while no tier has been rolled)."""
-    start, end = as_utc(start), as_utc(end)
-    if end - start <= tiers.RAW_MAX_RANGE:
-        return "raw"
-    if "hour" in tiers.rolled_tiers(store):
-        first = tiers.oldest(store, "hour")
-        if first is not None and first <= start:
-            return "hour"
-    return tiers.tier_for(store, start, end)
-
-
-def _held_source(store: Store, tier: str, start: dt.datetime, end: dt.datetime, uuids: pl.Series) -> pl.DataFrame:
-    """``ts, gpu_uuid, util_ratio, power_w, _w`` over the period: raw samples (weight 1), or a tier's buckets as
-    samples at their start, weighted by the samples each summarises; past the hour tier's watermark (the hour
-    or two not rolled into it yet), the minute tier's."""
-    many = uuids.len() > GPU_FILTER_MAX  # most of a fleet: one time-bounded read (parallel on SQLite), filtered here
-
-    def read(table: str, cols: list[str], lo: dt.datetime, hi: dt.datetime) -> pl.DataFrame:
-        if many:
-            return store.read(table, start=lo, end=hi, columns=cols).filter(pl.col("gpu_uuid").is_in(uuids.implode()))
-        return store.read(table, start=lo, end=hi, gpu_uuid=uuids.to_list(), columns=cols)
-
-    if tier == "raw":
-        return read("gpu_sample", ["ts", "gpu_uuid", "util_ratio", "power_w"], start, end).with_columns(pl.lit(1.0).alias("_w"))
-    cols = ["bucket", "gpu_uuid", "samples", "util_ratio_mean", "power_w_mean"]
-    spans = [(tier, start, end)]
-    wm = tiers.watermark(store, tier) if tier == "hour" else None
-    if wm is not None and wm < end:
-        spans = [("hour", start, max(start, wm)), ("minute", max(start, wm), end)]
-    parts = [read(tiers.TIER_TABLE[t], cols, lo, hi) for t, lo, hi in spans if lo < hi]
-    df = pl.concat(parts) if parts else pl.DataFrame(schema={c: pl.Float64 for c in cols})
-    return df.select(pl.col("bucket").alias("ts"), "gpu_uuid", pl.col("util_ratio_mean").alias("util_ratio"),
-                     pl.col("power_w_mean").alias("power_w"), pl.col("samples").cast(pl.Float64).alias("_w"))
-
-
-def busy(store: Store, alloc: pl.DataFrame, start: dt.datetime, end: dt.datetime) -> pl.DataFrame:
-    """Per job: ``busy_ratio`` (mean util_ratio of its GPUs' samples while it held them inside the period)
-    and ``energy_j`` (per GPU, the mean power of those samples × the time held). Over a period longer than hours
-    the samples are the hour tier's buckets (``usage_tier``), each counted whole where it starts inside the
-    hold and weighted by its samples: a hold's first and last partial hours are then an hour's mean."""
-    schema = {"cluster": pl.String, "job_id": pl.String, "busy_ratio": pl.Float64, "energy_j": pl.Float64}
-    jg = job_gpus(store, alloc)
-    if not jg.height:
-        return pl.DataFrame(schema=schema)
-    tier = usage_tier(store, start, end)
-    samples = _held_source(store, tier, start, end, jg["gpu_uuid"].unique())
-    if not samples.height:
-        return pl.DataFrame(schema=schema)
-    lo, hi = pl.lit(as_utc(start)).cast(pl.Datetime("us", "UTC")), pl.lit(as_utc(end)).cast(pl.Datetime("us", "UTC"))
-    spans = alloc.select("cluster", "job_id", pl.max_horizontal("start_at", lo).alias("s"), pl.min_horizontal(pl.col("end_at").fill_null(hi), hi).alias("e"))
-    spans = spans.unique(["cluster", "job_id"], keep="first", maintain_order=True).with_row_index("_j")
-    # grouped by integers (the held span, then the job), not by millions of (cluster, job, GPU) strings; over a
-    # tier a hold takes the buckets from the one it starts in (``s`` truncated; ``s0`` its start), so a hold
-    # inside an hour still has its hour
-    held = jg.join(spans, on=["cluster", "job_id"]).select("_j", "gpu_uuid", pl.col("s").alias("s0"), "e").with_row_index("_h")
-    held = held.with_columns((pl.col("s0") if tier == "raw" else pl.col("s0").dt.truncate("1h")).alias("s"))
-    x = held_samples(held, samples)
-    def weighted_mean(c: str) -> pl.Expr:
-        w = pl.col("_w").filter(pl.col(c).is_not_null()).sum()
-        return pl.when(w > 0).then((pl.col(c) * pl.col("_w")).sum() / w).otherwise(None)
-
-    per_gpu = x.group_by("_h").agg(
-        pl.col("_j").first(), weighted_mean("util_ratio").alias("u"), weighted_mean("power_w").alias("p"),
-        ((pl.col("e").first() - pl.col("s0").first()).dt.total_microseconds() / 1e6).alias("held_s"))
-    per_job = per_gpu.group_by("_j").agg(
-        pl.col("u").mean().alias("busy_ratio"),
-        pl.when(pl.col("p").is_not_null().any()).then((pl.col("p") * pl.col("held_s")).sum()).otherwise(None).alias("energy_j"))
-    return per_job.join(spans.select("_j", "cluster", "job_id"), on="_j").select(list(schema))
-
-
-def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
-    """Each sample of ``samples`` (ts, gpu_uuid, ...) taken while a row of ``held`` (gpu_uuid, s, e, ...) held its
-    GPU (``s <= ts < e``), with that row's columns: the join of the two on the GPU, filtered to the span, without
-    forming the pairs that fall outside it. Samples are sorted by (GPU, time) once and each span finds its first
-    and last sample by binary search, so the work is the samples that count, not spans × samples per GPU."""
-    ids = samples.select(pl.col("gpu_uuid").unique().sort()).with_row_index("_g")
-    offset = pl.lit(samples["ts"].min()).cast(pl.Datetime("us", "UTC"))
-    span_us = int((samples["ts"].max() - samples["ts"].min()).total_seconds() * 1e6) + 2
-    shift = (span_us + 2).bit_length()
-    if (ids.height << shift) >= 2**62:  # the (GPU, time) key would overflow: the plain join, filtered
-        return held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
-
-    def key(t: str) -> pl.Expr:
-        rel = (pl.col(t) - offset).dt.total_microseconds().clip(-1, span_us)  # before the first sample: -1 sorts first; past the last: span
-        return (pl.col("_g").cast(pl.Int64) * (1 << shift) + rel + 1)
-
-    ss = samples.join(ids, on="gpu_uuid").with_columns(key("ts").alias("_k")).sort("_k")
-    keys = ss["_k"]
-    h = held.join(ids, on="gpu_uuid").with_columns(key("s").alias("_ks"), key("e").alias("_ke"))
-    # binary searches in key order walk the sorted samples once instead of jumping about them (several times
-    # faster for millions of spans); the positions go back to the spans' own order, so nothing else moves
-    order = h["_ks"].arg_sort().to_numpy()
-    lo, hi = np.empty(h.height, np.int64), np.empty(h.height, np.int64)
-    lo[order] = keys.search_sorted(h["_ks"].gather(order), side="left").to_numpy()
-    hi[order] = keys.search_sorted(h["_ke"].gather(order), side="left").to_numpy()
-    h = h.with_columns(pl.Series("_lo", lo), pl.Series("_hi", hi))
-    h = h.filter(pl.col("_hi") > pl.col("_lo")).with_columns(pl.int_ranges("_lo", "_hi").alias("_row")).explode("_row")
-    rows = ss.drop("_k", "_g", "gpu_uuid").with_row_index("_row")
-    return h.drop("_g", "_ks", "_ke", "_lo", "_hi").join(rows.with_columns(pl.col("_row").cast(h.schema["_row"])), on="_row").drop("_row")
 
 
 def carbon_rates(store: Store, start: dt.datetime, end: dt.datetime, site_ids: list[str]) -> pl.DataFrame:

@@ -185,17 +185,19 @@ job_energy_minute = _frame_table(F.JOB_ENERGY_MINUTE, Index(None, "job_id", "min
 
 # Roll-up tiers of gpu_sample (fleetscope/core/tier_frames.py): keyed like gpu_sample, (gpu_uuid, bucket), for one
 # GPU's range; the bucket index serves fleet-wide probes and retention.
-from fleetscope.core.tier_frames import TIER_FRAMES  # noqa: E402
+from fleetscope.core.tier_frames import JOB_USAGE_HOUR, TIER_FRAMES  # noqa: E402
 
 for _spec in TIER_FRAMES.values():
     _frame_table(_spec, Index(None, "bucket"), key_order=("gpu_uuid", "bucket"))
+# Keyed (cluster, job_id, bucket) for one job's re-roll; a period's costs read the bucket index.
+job_usage_hour = _frame_table(JOB_USAGE_HOUR, Index(None, "bucket"), key_order=("cluster", "job_id", "bucket"))
 gpu_sample_minute, gpu_sample_hour = metadata.tables["gpu_sample_minute"], metadata.tables["gpu_sample_hour"]
 
 # How far each roll-up tier has been rolled: the tier task advances from here, never re-reading a closed window.
 rollup_watermark = Table(
     "rollup_watermark",
     metadata,
-    Column("tier", String(40), primary_key=True, comment="minute or hour"),
+    Column("tier", String(40), primary_key=True, comment="minute, hour, or job_hour (services/job_usage.py)"),
     Column("rolled_to", UTCDateTime(), nullable=False, comment="every bucket before this instant is rolled"),
     Column("rolled_at", UTCDateTime(), nullable=False, comment="when it last advanced"),
     comment="Watermarks of the gpu_sample roll-up tiers (services/tiers.py).",
@@ -264,7 +266,8 @@ job_analysis_state = Table(
 
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,
-                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK, SCH.TEAM_BUDGET.name: SCH.TEAM_BUDGET, **TIER_FRAMES}
+                                       SF.PRICE_BOOK.name: SF.PRICE_BOOK, SCH.TEAM_BUDGET.name: SCH.TEAM_BUDGET, **TIER_FRAMES,
+                                       JOB_USAGE_HOUR.name: JOB_USAGE_HOUR}
 FRAME_TABLES: dict[str, Table] = {name: metadata.tables[name] for name in FRAME_SPECS}
 
 # The time column each frame is windowed by, for reads and retention.
@@ -312,4 +315,5 @@ TIME_COLUMN: dict[str, str] = {
     "monitoring_window": "window_start",
     "gpu_sample_minute": "bucket",
     "gpu_sample_hour": "bucket",
+    "job_usage_hour": "bucket",
 }

@@ -227,7 +227,7 @@ def _service(at: AppTest, url: str) -> None:
     assert m["Beat"] == "no leader"  # the seeded world runs no beat
     assert any("No beat holds the leader lease" in w.value for w in at.warning)
     stages, storage = (d.value for d in at.dataframe)
-    assert list(stages["stage"]) == ["energy", "minute", "hour"]
+    assert list(stages["stage"]) == ["energy", "minute", "hour", "job_hour"]
     # nor a worker: no task outcome is recorded (tests/fleetscope/test_pipeline_service.py has them)
     assert [t for t in infos(at) if t.startswith("No data yet")] == [
         "No data yet: no task runs recorded. Workers record each task's outcome once `fleetscope worker` runs them."]

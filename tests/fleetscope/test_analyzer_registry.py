@@ -45,6 +45,7 @@ def test_beat_runs_every_analysis_from_its_registry_under_its_old_names():
     assert [(r["cadence"], r["name"], r["beat"], r["task"]) for r in rows if r["cadence"] == "scheduled"] == [
         ("scheduled", "energy_rollup", "energy-rollup", "fleetscope.energy_rollup"),
         ("scheduled", "tier_rollup", "tier-rollup", "fleetscope.tier_rollup"),
+        ("scheduled", "job_usage_rollup", "job-usage-rollup", "fleetscope.job_usage_rollup"),
         ("scheduled", "raw_packing", "raw-packing", "fleetscope.raw_packing"),
         ("scheduled", "model_monitoring", "model-monitoring", "fleetscope.model_monitoring"),
         ("scheduled", "serving_window", "serving-window", "fleetscope.serving_window"),
@@ -54,8 +55,9 @@ def test_beat_runs_every_analysis_from_its_registry_under_its_old_names():
     schedule = make_celery().conf.beat_schedule
     for b in scheduled.beats():
         assert schedule[b.entry]["task"] == b.task and b.task in celery_app.tasks, b.entry
-    assert {k: schedule[k]["schedule"] for k in ("analyze-active-jobs", "energy-rollup", "tier-rollup", "health-window", "serving-window")} == {
-        "analyze-active-jobs": 60.0, "energy-rollup": 60.0, "tier-rollup": 60.0, "health-window": 300.0, "serving-window": 300.0}
+    assert {k: schedule[k]["schedule"] for k in ("analyze-active-jobs", "energy-rollup", "tier-rollup", "job-usage-rollup", "health-window", "serving-window")} == {
+        "analyze-active-jobs": 60.0, "energy-rollup": 60.0, "tier-rollup": 60.0, "job-usage-rollup": 300.0, "health-window": 300.0,
+        "serving-window": 300.0}
     assert schedule["model-monitoring"]["schedule"] == crontab(minute=7)
     assert schedule["teams-showback"]["schedule"] == crontab(minute=30, hour=2, day_of_month=1)
     # the upkeep that is no analysis keeps its own entries

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from fleetscope.cli import main as cli_main
 from fleetscope.core import frames as F
-from fleetscope.services import auth, energy_rollup, pipeline, tiers
+from fleetscope.services import auth, energy_rollup, job_usage, pipeline, tiers
 from fleetscope.store import Store, partitions, schema
 
 GPUS = ("GPU-p0", "GPU-p1", "GPU-p2")
@@ -48,7 +48,8 @@ def test_rollups_that_never_ran_are_late_and_catch_up_when_they_run(store: Store
 
     # Ten minutes on and nothing rolled (no beat, no worker): the minute stages are late, the hour not yet.
     stale = _stages(pipeline.status(store, pushed_at + dt.timedelta(minutes=10)))
-    assert {k: (v["late"], v["rolled_to"]) for k, v in stale.items()} == {"energy": (True, None), "minute": (True, None), "hour": (False, None)}
+    assert {k: (v["late"], v["rolled_to"]) for k, v in stale.items()} == {"energy": (True, None), "minute": (True, None), "hour": (False, None),
+                                                                      "job_hour": (False, None)}
     assert stale["minute"]["allowed_lag_s"] == (tiers.SETTLE + 2 * dt.timedelta(minutes=1)).total_seconds()
 
     end = t0 + dt.timedelta(minutes=MINUTES)
@@ -72,7 +73,8 @@ def test_a_fleet_that_stopped_sending_leaves_no_stage_late(store: Store) -> None
     energy_rollup.rollup_window(store, end - dt.timedelta(minutes=MINUTES), end)
     tiers.advance(store, end + tiers.SETTLE)
     later = pushed_at + dt.timedelta(hours=3)
-    tiers.advance(store, later)  # beat's tick: every hour holding the data has closed by now
+    tiers.advance(store, later)  # beat's ticks: every hour holding the data has closed by now
+    job_usage.advance(store, later)
     report = pipeline.status(store, later)
     assert 3 * 3600 - 10 <= report["ingest"]["lag_s"] <= 3 * 3600 and report["ingest"]["pushes_recent"] == 0
     stages = _stages(report)
@@ -131,13 +133,14 @@ def test_api_metrics_and_cli(api, tmp_path, monkeypatch) -> None:  # type: ignor
     reader = {"Authorization": f"Bearer {auth.create_token(store.engine, 'ops', ['read'])}"}
     body = httpx.get(api.url + "/api/v1/fleet/pipeline", headers=reader).json()
     assert body["ingest"]["pushes_recent"] == 1 and body["beat"]["leading"] is False
-    assert {s["stage"] for s in body["stages"]} == {"energy", "minute", "hour"}
+    assert {s["stage"] for s in body["stages"]} == {"energy", "minute", "hour", "job_hour"}
     assert any(r["table"] == "gpu_sample" and r["bytes"] > 0 for r in body["storage"])
 
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(api.url + "/metrics", headers=reader).text)}
     assert families["fleetscope_beat_leading"].samples[0].value == 0.0
     # Pushed just now: nothing is owed yet by any stage.
-    assert {s.labels["stage"]: s.value for s in families["fleetscope_pipeline_late"].samples} == {"energy": 0.0, "minute": 0.0, "hour": 0.0}
+    assert {s.labels["stage"]: s.value for s in families["fleetscope_pipeline_late"].samples} == {"energy": 0.0, "minute": 0.0, "hour": 0.0,
+                                                                                                  "job_hour": 0.0}
 
     monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", str(store.engine.url.render_as_string(hide_password=False)))
     monkeypatch.setenv("FLEETSCOPE_DATA_DIR", str(tmp_path))

@@ -9,7 +9,8 @@ import pytest
 
 from fleetscope.core import frames as F
 from fleetscope.core.errors import ValidationError
-from fleetscope.services import scheduler_capacity, serving, team_costs, teams
+from analyzers import job_usage as usage_analysis
+from fleetscope.services import job_usage, scheduler_capacity, serving, team_costs, teams
 from ingest import slurm_sacct
 from tests import clirun
 
@@ -183,7 +184,7 @@ def test_multi_node_sacct_job_holds_every_gpu_of_its_nodes(store):
              for h in hs]
     store.write_frames([(SCH.SCHED_JOB, conform(SCH.SCHED_JOB, jobs)), (SCH.SCHED_JOB_NODE, conform(SCH.SCHED_JOB_NODE, pl.DataFrame(nodes)))],
                        source="sacct")
-    got = team_costs.job_gpus(store, team_costs.jobs_in(store, t, t + dt.timedelta(hours=1)))
+    got = job_usage.job_gpus(store, job_usage.jobs_in(store, t, t + dt.timedelta(hours=1)))
     held = {j: sorted(g["gpu_uuid"]) for (j,), g in got.group_by("job_id")}
     # all: n1 (2 by sinfo) + n2 (2 seen) = 4; big: n2 (2) + n3 (4 by sinfo) = 6, the 2 of n3 telemetry sees; part, small: fewer than their nodes have
     assert held == {"all": ["GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"], "big": ["GPU-n2-0", "GPU-n2-1", "GPU-n3-0", "GPU-n3-1"]}
@@ -352,7 +353,7 @@ def test_held_samples_is_the_join_filtered_to_each_span():
               "e": samples.filter(pl.col("gpu_uuid") == "G1")["ts"].max()}]  # the first sample in, the last out
     held = pl.DataFrame(held, schema_overrides={"s": pl.Datetime("us", "UTC"), "e": pl.Datetime("us", "UTC")})
     want = held.join(samples, on="gpu_uuid").filter((pl.col("ts") >= pl.col("s")) & (pl.col("ts") < pl.col("e")))
-    got = team_costs.held_samples(held, samples)
+    got = usage_analysis.held_samples(held, samples)
     order = ["job_id", "gpu_uuid", "ts"]
     assert want.height > 1000 and got.select(want.columns).sort(order).equals(want.sort(order))
 
@@ -366,8 +367,8 @@ def test_a_months_busy_share_and_energy_come_from_the_hour_tier(loaded, monkeypa
 
     teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
     tiers.advance(loaded, JOB_END + dt.timedelta(hours=3))
-    assert team_costs.usage_tier(loaded, *APRIL) == "hour"
-    assert team_costs.usage_tier(loaded, JOB_START, JOB_START + dt.timedelta(hours=2)) == "raw"
+    assert job_usage.usage_tier(loaded, *APRIL) == "hour"
+    assert job_usage.usage_tier(loaded, JOB_START, JOB_START + dt.timedelta(hours=2)) == "raw"
     read = loaded.read
     monkeypatch.setattr(loaded, "read", lambda table, *a, **k: pytest.fail("raw samples read") if table == "gpu_sample" else read(table, *a, **k))
     j = team_costs.job_costs(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]).filter(pl.col("job_id") == "7946767").row(0, named=True)
@@ -383,7 +384,7 @@ def test_a_months_busy_share_and_energy_come_from_the_hour_tier(loaded, monkeypa
     job = team_costs.jobs_in(loaded, *APRIL).filter(pl.col("job_id") == "7946767").with_columns(
         pl.lit(JOB_START.replace(hour=10, minute=10, second=0)).cast(pl.Datetime("us", "UTC")).alias("start_at"),
         pl.lit(JOB_START.replace(hour=10, minute=50, second=0)).cast(pl.Datetime("us", "UTC")).alias("end_at"))
-    short = team_costs.busy(loaded, sched_analysis.allocated_gpu_seconds(job, *APRIL, now=APRIL[1]), *APRIL)
+    short = job_usage.busy(loaded, sched_analysis.allocated_gpu_seconds(job, *APRIL, now=APRIL[1]), *APRIL)
     assert short["busy_ratio"].to_list() == [pytest.approx(0.5)] and short["energy_j"].to_list() == [pytest.approx(200 * 2400)]
 
 
