@@ -30,6 +30,18 @@ def _money(df: pl.DataFrame, col: str) -> str:
 f = ui.filters()
 st.title("Teams & Cost")
 
+# A first visit's independent reads at once (ui.prefetch); the sections below then draw from the cache.
+step_s = ui.bucket_for(f.range_s)
+month = f"{f.end.year:04d}-{f.end.month:02d}"
+ui.prefetch(
+    lambda: ui.q(team_costs.usage_and_top_jobs, live=False, start=f.start, end=f.end, limit=20),
+    lambda: ui.q(team_costs.usage_over_time, live=False, start=f.start, end=f.end, step_s=step_s),
+    lambda: ui.q(scheduler_capacity.queue, live=False, start=f.start, end=f.end),
+    lambda: ui.q(scheduler_capacity.idle_allocations, live=False, start=f.start, end=f.end),
+    lambda: ui.q(team_costs.budget_status, live=False, month=month, now=f.end),
+    lambda: ui.q(scheduler_capacity.stranded_capacity, live=False, now=f.end),
+)
+
 # totals and top jobs from one working-out of the period's job costs
 usage, top = ui.q(team_costs.usage_and_top_jobs, live=False, start=f.start, end=f.end, limit=20)
 queue = ui.q(scheduler_capacity.queue, live=False, start=f.start, end=f.end)
@@ -66,7 +78,6 @@ else:
                                 "cost": st.column_config.NumberColumn("cost", format="%.2f")})
 
 st.subheader("GPU-hours per team over time")
-step_s = ui.bucket_for(f.range_s)
 over = ui.q(team_costs.usage_over_time, live=False, start=f.start, end=f.end, step_s=step_s)
 if over.is_empty():
     ui.no_data("no job held GPUs in this time range.")
@@ -94,7 +105,6 @@ else:
                                                  "idle_cost": st.column_config.NumberColumn("idle cost", format="%.2f")})
 
 st.subheader("Budgets this month")
-month = f"{f.end.year:04d}-{f.end.month:02d}"
 budgets = ui.q(team_costs.budget_status, live=False, month=month, now=f.end)
 if budgets.is_empty():
     st.caption(f"No team has a GPU-hour quota or money budget for {month}: set one with `fleetscope teams budget TEAM` or "

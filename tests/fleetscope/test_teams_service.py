@@ -393,3 +393,37 @@ def test_usage_and_top_jobs_together_are_each_alone(loaded):
     usage, top = team_costs.usage_and_top_jobs(loaded, start=APRIL[0], end=APRIL[1], limit=5, now=APRIL[1])
     assert usage.equals(team_costs.usage(loaded, start=APRIL[0], end=APRIL[1], now=APRIL[1]))
     assert top.equals(team_costs.top_jobs(loaded, start=APRIL[0], end=APRIL[1], limit=5, now=APRIL[1])) and top.height == 5
+
+
+def test_usage_over_time_is_each_bucket_costed_alone(loaded):
+    """Every bucket equals the allocation of that bucket alone, priced at each job's start clipped to the bucket
+    (``allocated_gpu_seconds`` and ``job_costs`` over the bucket as its period), across a price change, with
+    running jobs cut at ``now``."""
+    from analyzers import chargeback
+    from analyzers import scheduler as sched_analysis
+
+    teams.set_mapping(loaded, kind="slurm_user", match="user420", team="vision", recorded_by="alice")
+    serving.record_price(loaded, {"site_id": "grn", "gpu_model": "", "valid_from": dt.datetime(2024, 4, 5, 6, tzinfo=dt.UTC), "currency": "EUR",
+                                  "gpu_hour_price": 3.5, "energy_price_per_kwh": 0.25}, recorded_by="finance")
+    start, end = APRIL[0] + dt.timedelta(days=2), APRIL[0] + dt.timedelta(days=12)
+    now = end - dt.timedelta(hours=5, minutes=7)
+    step = dt.timedelta(minutes=53)
+    got = team_costs.usage_over_time(loaded, start=start, end=end, step_s=int(step.total_seconds()), now=now)
+    jobs = chargeback.assign_teams(job_usage.jobs_in(loaded, start, end), loaded.read("team_mapping"), loaded.read("sched_account"))
+    want = []
+    b = start
+    while b < end:
+        e = min(b + step, end)
+        alloc = sched_analysis.allocated_gpu_seconds(jobs, b, e, now=now)
+        if alloc.height:
+            c = chargeback.job_costs(alloc, busy=None, prices=serving.price_book(loaded), sites=team_costs.host_sites(loaded), start=b)
+            for (team,), g in c.group_by("team"):
+                priced = g["gpu_cost"].drop_nulls()
+                want.append((b, team, g.height, g["gpu_hours"].sum(), priced.sum() if priced.len() else None))
+        b = e
+    rows = [(r["bucket_start"], r["team"], r["jobs"], r["gpu_hours"], r["gpu_cost"]) for r in got.to_dicts()]
+    key = lambda r: (r[0], r[1] or "")  # noqa: E731
+    assert len(want) > 20 and {round(r[4] / r[3], 9) for r in want if r[4]} == {2.0, 3.5}  # the job's hours at both prices
+    assert [(b, t, n) for b, t, n, _, _ in sorted(rows, key=key)] == [(b, t, n) for b, t, n, _, _ in sorted(want, key=key)]
+    for g, w in zip(sorted(rows, key=key), sorted(want, key=key)):
+        assert g[3] == pytest.approx(w[3], rel=1e-12) and (g[4] == w[4] is None or g[4] == pytest.approx(w[4], rel=1e-12)), (g, w)
