@@ -43,6 +43,8 @@ from fleetscope.services import auth, energy_rollup, job_usage, tiers  # noqa: E
 from fleetscope.sim.fleet import FleetSpec, gpu_fleet  # noqa: E402
 from fleetscope.store import Store, db  # noqa: E402
 
+from benchmarks import _server  # noqa: E402
+
 APP = _HERE.parent / "dashboard" / "app.py"
 INTERVAL_S = 10
 JOBS = 64
@@ -158,10 +160,45 @@ def seed(url: str, gpus: int, shape: str, minutes: int, days: int, scrapes: int 
             tiers._set_watermark(store, "hour", None, start.replace(minute=0), end)
         # beat's job-usage roll-up over the history: the jobs' hours, as a steady site's tick has them
         out["job_usage"] = job_usage.advance(store, end, max_chunks=days + 2)
+        out["training"] = seed_training(store, uuids, end, days)
     with store.engine.begin() as conn:
         conn.execute(text("ANALYZE"))
     store.engine.dispose()
     return {**out, "seconds": round(time.perf_counter() - t, 1), "end": end.isoformat()}
+
+
+TRAIN_RANKS = 1024
+TRAIN_STEP_S = 600.0
+"""The running training job of the steady history: 1,024 ranks on the fleet's first GPUs, a step every 10 minutes
+over the whole history (4,320 steps, 4.4 M rank-steps for 30 days), as the Stragglers page reads it."""
+
+
+def seed_training(store: Store, uuids: list[str], end: dt.datetime, days: int) -> dict[str, Any]:
+    """A 1,024-rank job that has run for ``days`` (``benchmarks/job_analysis.py``'s steps, with its straggler rank),
+    its ranks on the fleet's first 1,024 GPUs, analysed a day at a time as beat's per-minute analysis leaves it:
+    the Stragglers page's current suspects, rank × step grid and slowest ranks."""
+    from fleetscope.services import jobs  # lazy: the analysis stack only where the seed needs it
+
+    job_analysis = _server.sibling("job_analysis")
+    rng = np.random.default_rng(7)
+    job_id = "train-1024"
+    started = end - dt.timedelta(days=days)
+    gpus = store.read("gpu", columns=["gpu_uuid", "host"]).filter(pl.col("gpu_uuid").is_in(uuids[:TRAIN_RANKS])).sort("gpu_uuid")
+    store.write(F.Batch(source="bench:dashboard_reads:training",
+                        job=pl.DataFrame({"job_id": [job_id], "kind": ["training"], "world_size": [TRAIN_RANKS], "started_at": [started],
+                                          "status": ["running"]}),
+                        job_rank=pl.DataFrame({"job_id": job_id, "rank": list(range(gpus.height)), "start": started,
+                                               "gpu_uuid": gpus["gpu_uuid"], "host": gpus["host"]})))
+    n_steps = int((end - started).total_seconds() // TRAIN_STEP_S)
+    per_day = int(86_400 // TRAIN_STEP_S)
+    t = time.perf_counter()
+    for s0 in range(0, n_steps, per_day):
+        k = min(per_day, n_steps - s0)
+        starts = int(started.timestamp() * 1e6) + np.arange(s0, s0 + k, dtype=np.int64) * int(TRAIN_STEP_S * 1e6)
+        steps, colls = job_analysis._steps(job_id, gpus.height, s0, starts, TRAIN_STEP_S, rng)
+        store.write(F.Batch(source="bench:dashboard_reads:training", step=steps, collective=colls))
+        jobs.analyze_job(store, job_id, now=started + dt.timedelta(seconds=(s0 + k) * TRAIN_STEP_S), incremental=True)
+    return {"job_id": job_id, "ranks": gpus.height, "steps": n_steps, "rank_steps": n_steps * gpus.height, "seconds": round(time.perf_counter() - t, 1)}
 
 
 def seed_scheduler(store: Store, hosts_by_site: dict[str, list[str]], end: dt.datetime, days: int) -> dict[str, int]:

@@ -22,6 +22,9 @@ if jobs.is_empty():
 job_id = ui.pick_job(f)
 meta = jobs.filter(pl.col("job_id") == job_id)
 meta_row = meta.row(0, named=True) if meta.height else {"name": None, "model_name": None, "world_size": None, "status": None}
+# The job's reads at once (ui.prefetch): over a month-long 1,024-rank job each is a scan of millions of rank-steps.
+ui.prefetch(*(lambda read=read: ui.q(read, live=False, job_id=job_id)
+              for read in (jobs_svc.job_totals, jobs_svc.job_analyses, jobs_svc.job_c3_steps, jobs_svc.job_step_summary, jobs_svc.job_rank_summary)))
 totals = ui.q(jobs_svc.job_totals, live=False, job_id=job_id).row(0, named=True)
 
 st.subheader(f"{job_id}" + (f" · {meta_row['name']}" if meta_row["name"] else ""))

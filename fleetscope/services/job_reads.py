@@ -61,11 +61,10 @@ def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.Dat
     C³ model, before a collective's wait is split from its transfer).
     """
     dur = duration_s_sql(store, '"start"', '"end"')
-    sql = (
-        f"SELECT step, COUNT(*) AS ranks, MIN(\"start\") AS start, AVG({dur}) AS step_mean_s, MAX({dur}) AS step_max_s,"
+    select = (
+        f"step, COUNT(*) AS ranks, MIN(\"start\") AS start, AVG({dur}) AS step_mean_s, MAX({dur}) AS step_max_s,"
         " AVG(compute_s) AS compute_mean_s, AVG(comm_s - COALESCE(comm_overlap_s, 0)) AS comm_exposed_mean_s,"
         " AVG(idle_s) AS idle_mean_s, AVG(comm_overlap_s) AS overlap_mean_s, SUM(tokens) AS tokens, SUM(model_flops) AS model_flops"
-        f" FROM step WHERE job_id = ? GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
     )
     schema = {
         "step": pl.Int64,
@@ -80,7 +79,51 @@ def job_step_summary(store: Store, job_id: str, max_steps: int = 2000) -> pl.Dat
         "tokens": pl.Int64,
         "model_flops": pl.Float64,
     }
-    return fetch(store, sql, [job_id], schema).sort("step")
+    return _last_steps(store, "step", job_id, max_steps, select, schema)
+
+
+def _window(store: Store, table: str, job_id: str, last_steps: int) -> tuple[int, str, list[Any]] | None:
+    """Where a job's last ``last_steps`` steps begin in ``table`` (``step`` or ``step_breakdown``, both keyed (job_id,
+    rank, step, start) and indexed by (job_id, start)): the step before the window and the SQL bound (with its
+    parameters) that reads from when it began on the rank of the job's newest row (a full step of slack for ranks'
+    clocks). The last step is the newest row's, found by the (job_id, start) index where ``MAX(step)`` would read
+    every row of a month-long job; a job whose window start is not found is read whole. None: no rows."""
+    newest = fetch(store, f'SELECT step, rank FROM {table} WHERE job_id = ? ORDER BY "start" DESC LIMIT 1', [job_id],
+                   {"step": pl.Int64, "rank": pl.Int64})
+    if newest.is_empty():
+        return None
+    first = int(newest["step"][0]) - int(last_steps)
+    since = fetch(store, f'SELECT MIN("start") AS t FROM {table} WHERE job_id = ? AND rank = ? AND step = ?',
+                  [job_id, int(newest["rank"][0]), first], {"t": UTC})
+    if since.height and since["t"][0] is not None:
+        return first, ' AND step > ? AND "start" >= ?', [first, store._time_param(since["t"][0])]
+    return first, " AND step > ?", [first]
+
+
+def _tail(store: Store, job_id: str, last_steps: int) -> pl.DataFrame:
+    """A job's rank-steps of its last ``last_steps`` steps (:func:`_window`): ``rank, step, step_s, compute_s, idle_s``."""
+    schema = {"rank": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "compute_s": pl.Float64, "idle_s": pl.Float64}
+    w = _window(store, "step", job_id, last_steps)
+    if w is None:
+        return pl.DataFrame(schema=schema)
+    _, bound, params = w
+    dur = duration_s_sql(store, '"start"', '"end"')
+    return fetch(store, f"SELECT rank, step, {dur} AS step_s, compute_s, idle_s FROM step WHERE job_id = ?{bound}", [job_id, *params], schema)
+
+
+def _last_steps(store: Store, table: str, job_id: str, max_steps: int, select: str, schema: dict[str, Any]) -> pl.DataFrame:
+    """``SELECT {select} FROM {table} WHERE job_id = ? ... GROUP BY step``, its last ``max_steps`` steps, read through
+    :func:`_window`'s bound. Step numbers need not be dense (a job may record every tenth step): where the window by
+    number holds fewer than ``max_steps`` steps and older ones exist, the job is read whole."""
+    w = _window(store, table, job_id, max_steps)
+    tail = f" GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
+    sql = f"SELECT {select} FROM {table} WHERE job_id = ?"
+    if w is None:
+        return pl.DataFrame(schema=schema)
+    out = fetch(store, sql + w[1] + tail, [job_id, *w[2]], schema)
+    if out.height < max_steps and w[0] >= 0:
+        out = fetch(store, sql + tail, [job_id], schema)
+    return out.sort("step")
 
 
 def job_rank_step_times(store: Store, job_id: str, last_steps: int = 50, max_ranks: int = 256) -> pl.DataFrame:
@@ -93,40 +136,28 @@ def job_rank_step_times(store: Store, job_id: str, last_steps: int = 50, max_ran
     largest step and compute time and the smallest idle time, so a straggler still stands out and the
     heatmap stays drawable.
     """
-    bounds = fetch(
-        store, "SELECT MAX(step) AS last, MAX(rank) AS top FROM step WHERE job_id = ?", [job_id], {"last": pl.Int64, "top": pl.Int64}
-    )
+    tail = _tail(store, job_id, last_steps)
     schema = {"rank": pl.Int64, "ranks_in_cell": pl.Int64, "step": pl.Int64, "step_s": pl.Float64, "compute_s": pl.Float64, "idle_s": pl.Float64}
-    if bounds.is_empty() or bounds["last"][0] is None:
+    if tail.is_empty():
         return pl.DataFrame(schema=schema)
-    last, top = int(bounds["last"][0]), int(bounds["top"][0])
-    per_cell = max(1, math.ceil((top + 1) / max(1, max_ranks)))
-    dur = duration_s_sql(store, '"start"', '"end"')
-    sql = (
-        f"SELECT (rank / {per_cell}) * {per_cell} AS rank, COUNT(DISTINCT rank) AS ranks_in_cell, step,"
-        f" MAX({dur}) AS step_s, MAX(compute_s) AS compute_s, MIN(idle_s) AS idle_s"
-        " FROM step WHERE job_id = ? AND step > ? GROUP BY 1, 3 ORDER BY 1, 3"
-    )
-    return fetch(store, sql, [job_id, last - int(last_steps)], schema)
+    per_cell = max(1, math.ceil((int(tail["rank"].max()) + 1) / max(1, max_ranks)))
+    return (tail.with_columns(((pl.col("rank") // per_cell) * per_cell).alias("cell"))
+            .group_by("cell", "step").agg(pl.col("rank").n_unique().cast(pl.Int64).alias("ranks_in_cell"), pl.col("step_s").max(),
+                                          pl.col("compute_s").max(), pl.col("idle_s").min())
+            .rename({"cell": "rank"}).select(list(schema)).sort("rank", "step"))
 
 
 def job_rank_summary(store: Store, job_id: str, last_steps: int = 50) -> pl.DataFrame:
     """Per rank over a job's last steps, slowest first: ``rank, host, steps, step_mean_s, compute_mean_s,
     idle_mean_s, slowdown_ratio`` (the rank's mean compute time over the median rank's: a straggler
     computes longer while the others idle waiting for it). A raw view until the straggler analyzer lands."""
-    bounds = fetch(store, "SELECT MAX(step) AS last FROM step WHERE job_id = ?", [job_id], {"last": pl.Int64})
     schema = {"rank": pl.Int64, "steps": pl.Int64, "step_mean_s": pl.Float64, "compute_mean_s": pl.Float64, "idle_mean_s": pl.Float64}
     out_schema = {"rank": pl.Int64, "host": pl.String, **{k: v for k, v in schema.items() if k != "rank"}, "slowdown_ratio": pl.Float64}
-    if bounds.is_empty() or bounds["last"][0] is None:
+    tail = _tail(store, job_id, last_steps)
+    if tail.is_empty():
         return pl.DataFrame(schema=out_schema)
-    dur = duration_s_sql(store, '"start"', '"end"')
-    df = fetch(
-        store,
-        f"SELECT rank, COUNT(*) AS steps, AVG({dur}) AS step_mean_s, AVG(compute_s) AS compute_mean_s, AVG(idle_s) AS idle_mean_s"
-        " FROM step WHERE job_id = ? AND step > ? GROUP BY rank",
-        [job_id, int(bounds["last"][0]) - int(last_steps)],
-        schema,
-    )
+    df = tail.group_by("rank").agg(pl.len().cast(pl.Int64).alias("steps"), pl.col("step_s").mean().alias("step_mean_s"),
+                                   pl.col("compute_s").mean().alias("compute_mean_s"), pl.col("idle_s").mean().alias("idle_mean_s"))
     hosts = fetch(
         store, "SELECT rank, MAX(host) AS host FROM job_rank WHERE job_id = ? GROUP BY rank", [job_id], {"rank": pl.Int64, "host": pl.String}
     )
@@ -145,9 +176,11 @@ def job_totals(store: Store, job_id: str) -> pl.DataFrame:
     dur = duration_s_sql(store, '"start"', '"end"')
     s = fetch(
         store,
-        f"SELECT COUNT(DISTINCT step) AS steps, COUNT(DISTINCT rank) AS ranks, AVG({dur}) AS step_mean_s,"
-        " SUM(tokens) AS tokens, SUM(model_flops) AS model_flops FROM step WHERE job_id = ?",
-        [job_id],
+        # distinct counts as grouped subqueries (hashed): COUNT(DISTINCT) sorts every row of the job, twice
+        "SELECT (SELECT COUNT(*) FROM (SELECT step FROM step WHERE job_id = ? GROUP BY step) a) AS steps,"
+        " (SELECT COUNT(*) FROM (SELECT rank FROM step WHERE job_id = ? GROUP BY rank) b) AS ranks,"
+        f" AVG({dur}) AS step_mean_s, SUM(tokens) AS tokens, SUM(model_flops) AS model_flops FROM step WHERE job_id = ?",
+        [job_id, job_id, job_id],
         {"steps": pl.Int64, "ranks": pl.Int64, "step_mean_s": pl.Float64, "tokens": pl.Int64, "model_flops": pl.Float64},
     )
     c = fetch(store, "SELECT SUM(bytes) AS collective_bytes FROM collective WHERE job_id = ?", [job_id], {"collective_bytes": pl.Int64})
@@ -204,13 +237,10 @@ def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFra
     (``step_breakdown``, analyzers.c3.c3_breakdown; the last ``max_steps`` steps): ``step, ranks,
     step_mean_s, c1_compute_s, c2_comm_s, c3_coord_s, f_compute``. C1 + C2 + C3 = step time; unlike the
     raw step records, a collective's wait for its last peer is in C3 (coordination), not in C2."""
-    sql = (
-        "SELECT step, COUNT(*) AS ranks, AVG(step_s) AS step_mean_s, AVG(c1_compute_s) AS c1_compute_s, AVG(c2_comm_s) AS c2_comm_s,"
-        " AVG(c3_coord_s) AS c3_coord_s, AVG(f_compute) AS f_compute"
-        f" FROM step_breakdown WHERE job_id = ? GROUP BY step ORDER BY step DESC LIMIT {int(max_steps)}"
-    )
+    select = ("step, COUNT(*) AS ranks, AVG(step_s) AS step_mean_s, AVG(c1_compute_s) AS c1_compute_s, AVG(c2_comm_s) AS c2_comm_s,"
+              " AVG(c3_coord_s) AS c3_coord_s, AVG(f_compute) AS f_compute")
     schema = {k: pl.Float64 for k in ("step_mean_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")}
-    return fetch(store, sql, [job_id], {"step": pl.Int64, "ranks": pl.Int64, **schema}).sort("step")
+    return _last_steps(store, "step_breakdown", job_id, max_steps, select, {"step": pl.Int64, "ranks": pl.Int64, **schema})
 
 # How far either side of the runs the fitted curve is drawn, in factors of the world size.
 _FIT_SPAN = 2.0

@@ -443,3 +443,49 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
                     # A SCAN, even of a covering index, reads the whole table: only SEARCH is bounded.
                     assert not line.startswith(f"SCAN {table}"), f"{line}\n{sql}"
     store.engine.dispose()
+
+
+def test_a_long_jobs_rank_views_read_its_last_steps_by_time(store: Store, monkeypatch) -> None:
+    """The Stragglers page's rank views of a job with a long history read the tail from when the window's first
+    step began (by the (job_id, start) index), and equal the same figures worked out from every row: the last 50
+    steps, rank 3 computing 30 % longer in them, and the window's first step starting early on one rank (its clock runs ahead)."""
+    import random
+
+    rnd = random.Random(4)
+    t0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
+    rows = []
+    for step in range(400):
+        for rank in range(6):
+            start = t0 + dt.timedelta(seconds=10 * step + rnd.uniform(0, 0.05) - (0.3 if (rank, step) == (5, 350) else 0))
+            compute = rnd.uniform(5, 6) * (1.3 if rank == 3 and step >= 350 else 1.0)
+            rows.append({"job_id": "long", "rank": rank, "step": step, "start": start, "end": start + dt.timedelta(seconds=9.5),
+                         "compute_s": compute, "comm_s": 2.0, "comm_overlap_s": 0.5, "idle_s": 9.5 - compute - 1.5})
+    steps = pl.DataFrame(rows, schema_overrides={"start": pl.Datetime("us", "UTC"), "end": pl.Datetime("us", "UTC")})
+    store.write(F.Batch(source="test", step=steps))
+    tail = steps.filter(pl.col("step") > 399 - 50).with_columns(((pl.col("end") - pl.col("start")).dt.total_microseconds() / 1e6).alias("d"))
+    seen: list[str] = []
+    real = store.query
+    monkeypatch.setattr(store, "query", lambda sql, params=(), schema_=None: seen.append(sql) or real(sql, params, schema_))
+    ranks = jobs_svc.job_rank_summary(store, "long")
+    assert ranks["rank"][0] == 3 and ranks["steps"].to_list() == [50] * 6
+    want = tail.group_by("rank").agg(pl.col("compute_s").mean()).sort("rank")
+    assert ranks.sort("rank")["compute_mean_s"].to_list() == pytest.approx(want["compute_s"].to_list(), rel=1e-12)
+    cells = jobs_svc.job_rank_step_times(store, "long", last_steps=50, max_ranks=3)
+    assert cells["rank"].unique().sort().to_list() == [0, 2, 4] and cells["step"].n_unique() == 50 and cells["ranks_in_cell"].unique().to_list() == [2]
+    want = tail.with_columns((pl.col("rank") // 2 * 2).alias("rank")).group_by("rank", "step").agg(pl.col("idle_s").min()).sort("rank", "step")
+    assert cells["idle_s"].to_list() == pytest.approx(want["idle_s"].to_list(), rel=1e-12)
+    assert all('"start" >= ?' in q for q in seen if "step > ?" in q) and sum("step > ?" in q for q in seen) == 2
+
+
+def test_last_steps_of_a_job_that_records_every_tenth_step(store: Store) -> None:
+    """A job whose step numbers are sparse (every tenth step recorded) still gets its last ``max_steps`` recorded
+    steps per step, as it does its dense steps (the window by number holds too few; the job is read whole)."""
+    t0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
+    rows = [{"job_id": j, "rank": r, "step": s * k, "start": t0 + dt.timedelta(seconds=10 * s), "end": t0 + dt.timedelta(seconds=10 * s + 9),
+             "compute_s": 5.0 + s / 100, "comm_s": 2.0, "comm_overlap_s": 0.5, "idle_s": 1.0}
+            for j, k in (("sparse", 10), ("dense", 1)) for s in range(120) for r in range(2)]
+    store.write(F.Batch(source="test", step=pl.DataFrame(rows, schema_overrides={"start": pl.Datetime("us", "UTC"), "end": pl.Datetime("us", "UTC")})))
+    for job, k in (("sparse", 10), ("dense", 1)):
+        got = jobs_svc.job_step_summary(store, job, max_steps=30)
+        assert got["step"].to_list() == [s * k for s in range(90, 120)], job
+        assert got["compute_mean_s"].to_list() == pytest.approx([5.0 + s / 100 for s in range(90, 120)])
