@@ -10,6 +10,9 @@ from dashboard import ui
 from fleetscope.services import job_reads as jobs_svc
 
 MAX_RANK_BARS = 128
+STEP_ROWS = 262_144
+"""The most rank-steps a per-step chart reads: it shows the job's last STEP_ROWS / ranks steps, within MIN_STEPS and MAX_STEPS."""
+MIN_STEPS, MAX_STEPS = 100, 2000
 
 f = ui.filters()
 st.title("Jobs")
@@ -22,10 +25,22 @@ if jobs.is_empty():
 job_id = ui.pick_job(f)
 meta = jobs.filter(pl.col("job_id") == job_id)
 meta_row = meta.row(0, named=True) if meta.height else {"name": None, "model_name": None, "world_size": None, "status": None}
-# The job's reads at once (ui.prefetch): over a month-long 1,024-rank job each is a scan of millions of rank-steps.
-ui.prefetch(*(lambda read=read: ui.q(read, live=False, job_id=job_id)
-              for read in (jobs_svc.job_totals, jobs_svc.job_analyses, jobs_svc.job_c3_steps, jobs_svc.job_step_summary, jobs_svc.job_rank_summary)))
-totals = ui.q(jobs_svc.job_totals, live=False, job_id=job_id).row(0, named=True)
+analyses = ui.q(jobs_svc.job_analyses, live=False, job_id=job_id)
+c3 = analyses.get("c3") or {}
+# A job the C3 analysis has folded has its totals in the summary (as of its last run, a minute at most behind a
+# running job): a month-long 1,024-rank job's totals would be a scan of its 4.4 M rank-steps. The per-step charts
+# read at most STEP_ROWS rank-steps (the last 2,000 steps of a 128-rank job, 256 of a 1,024-rank one), all at once.
+world = meta_row["world_size"] or c3.get("ranks")
+max_steps = min(MAX_STEPS, max(MIN_STEPS, STEP_ROWS // int(world))) if world else MAX_STEPS
+reads = [lambda: ui.q(jobs_svc.job_c3_steps, live=False, job_id=job_id, max_steps=max_steps),
+         lambda: ui.q(jobs_svc.job_step_summary, live=False, job_id=job_id, max_steps=max_steps),
+         lambda: ui.q(jobs_svc.job_rank_summary, live=False, job_id=job_id)]
+if not c3.get("steps"):
+    reads.append(lambda: ui.q(jobs_svc.job_totals, live=False, job_id=job_id))
+ui.prefetch(*reads)
+totals = ({"ranks": c3["ranks"], "steps": c3["steps"], "step_mean_s": c3.get("step_s_mean"),
+           "comm_intensity_bytes_per_flop": c3.get("comm_intensity_bytes_per_flop")} if c3.get("steps")
+          else ui.q(jobs_svc.job_totals, live=False, job_id=job_id).row(0, named=True))
 
 st.subheader(f"{job_id}" + (f" · {meta_row['name']}" if meta_row["name"] else ""))
 c = st.columns(5)
@@ -36,24 +51,21 @@ c[3].metric("Mean step time", ui.fmt_duration(totals["step_mean_s"]))
 ci = totals["comm_intensity_bytes_per_flop"]
 c[4].metric("Comm. intensity", "—" if ci is None else f"{ci:.1e} B/FLOP".replace("e-0", "e-"), help="communication intensity: network bytes / model FLOPs")
 
-analyses = ui.q(jobs_svc.job_analyses, live=False, job_id=job_id)
-
 st.subheader("C³ breakdown over steps")
-c3_steps = ui.q(jobs_svc.job_c3_steps, live=False, job_id=job_id)
-steps = ui.q(jobs_svc.job_step_summary, live=False, job_id=job_id)
+c3_steps = ui.q(jobs_svc.job_c3_steps, live=False, job_id=job_id, max_steps=max_steps)
+steps = ui.q(jobs_svc.job_step_summary, live=False, job_id=job_id, max_steps=max_steps)
 step_x = alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True))
 if c3_steps.height:
-    c3 = analyses.get("c3") or {}
     c = st.columns(3)
     for col, part, label in zip(c, ("c1", "c2", "c3"), ("C1 compute", "C2 communication", "C3 coordination")):
         ratio = c3.get(f"{part}_ratio")
         col.metric(label, "—" if ratio is None else f"{ratio:.0%}", help="share of step time, over the job's steps and ranks (C³ analyzer)")
-    st.caption("Mean over ranks per step, from the C³ analyzer: C1 compute, C2 exposed transfer, C3 coordination (idle and waiting for the last peer of a collective). C1 + C2 + C3 = step time."
+    st.caption(f"Mean over ranks per step (the last {c3_steps.height:,}), from the C³ analyzer: C1 compute, C2 exposed transfer, C3 coordination (idle and waiting for the last peer of a collective). C1 + C2 + C3 = step time."
                + (f" {c3['advice']}" if c3.get("advice") else ""))
     parts = {"c1_compute_s": "C1 compute", "c2_comm_s": "C2 communication", "c3_coord_s": "C3 coordination"}
     ui.chart(ui.stacked_parts(c3_steps, "step", parts, step_x, "Time per step (s)"))
 elif steps.height:
-    st.caption("Mean over ranks per step, from the step records: compute, exposed communication, idle. The C³ analyzer has not run on this job yet; its breakdown also splits a collective's wait (coordination) from its transfer.")
+    st.caption(f"Mean over ranks per step (the last {steps.height:,}), from the step records: compute, exposed communication, idle. The C³ analyzer has not run on this job yet; its breakdown also splits a collective's wait (coordination) from its transfer.")
     parts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
     ui.chart(ui.stacked_parts(steps, "step", parts, step_x, "Time per step (s)"))
 else:
