@@ -23,8 +23,6 @@ from fleetscope.core.tier_frames import JOB_USAGE_HOUR
 SUMS = ("util_weighted", "util_samples", "power_weighted", "power_samples")
 """The additive sums a period's busy share and energy come from (see the module's docstring)."""
 
-HOUR = dt.timedelta(hours=1)
-
 
 def held_samples(held: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
     """Each sample of ``samples`` (ts, gpu_uuid, ...) taken while a row of ``held`` (gpu_uuid, s, e, ...) held its

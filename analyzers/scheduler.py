@@ -117,13 +117,16 @@ def pending_reasons(jobs: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.len().alias("jobs"), pl.col("gpus").fill_null(0).sum().alias("gpus_requested")).sort("jobs", "reason", descending=[True, False]))
 
 
-def allocated_gpu_seconds(jobs: pl.DataFrame, start: dt.datetime, end: dt.datetime, now: dt.datetime | None = None) -> pl.DataFrame:
+def allocated_gpu_seconds(jobs: pl.DataFrame, start: dt.datetime | str, end: dt.datetime | str, now: dt.datetime | None = None) -> pl.DataFrame:
     """GPU-seconds each job held inside ``[start, end)``: GPUs × the overlap of its run with the period.
-    A running job runs until ``now`` (or the period's end). Jobs without a GPU count or start are left out."""
+    A running job runs until ``now`` (or the period's end). Jobs without a GPU count or start are left out.
+    ``start`` and ``end`` may name columns of ``jobs`` instead: each row's own period (a job cut into buckets)."""
     require_columns(jobs, "sched_job", ("job_id", "gpus", "start_at", "end_at"))
-    lo = pl.lit(start).cast(pl.Datetime("us", "UTC"))
-    hi = pl.lit(end).cast(pl.Datetime("us", "UTC"))
-    run_end = pl.col("end_at").fill_null(pl.lit(min(now, end) if now else end).cast(pl.Datetime("us", "UTC")))
+    utc = pl.Datetime("us", "UTC")
+    lo = pl.col(start) if isinstance(start, str) else pl.lit(start).cast(utc)
+    hi = pl.col(end) if isinstance(end, str) else pl.lit(end).cast(utc)
+    running_to = pl.min_horizontal(pl.lit(now).cast(utc), hi) if now else hi
+    run_end = pl.col("end_at").fill_null(running_to)
     s = pl.max_horizontal(pl.col("start_at"), lo)
     e = pl.min_horizontal(run_end, hi)
     return (jobs.filter(pl.col("gpus").is_not_null() & pl.col("start_at").is_not_null() & (pl.col("gpus") > 0))

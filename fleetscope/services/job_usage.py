@@ -261,11 +261,9 @@ def watermark(store: Store) -> dt.datetime | None:
 
 def roll(store: Store, lo: dt.datetime, hi: dt.datetime, jobs: pl.DataFrame | None = None) -> int:
     """Write the ``job_usage_hour`` rows of the hours in ``[lo, hi)`` (hour-aligned, inside the hour tier) for
-    every job that held GPUs in them, or only ``jobs`` (cluster, job_id), whose old rows there are replaced
-    (an hour a job no longer holds loses its row). Rows written."""
-    found = jobs_in(store, lo, hi, COST_COLUMNS).filter(pl.col("start_at").is_not_null())
-    if jobs is not None:
-        found = found.join(jobs.select("cluster", "job_id"), on=["cluster", "job_id"])
+    every job that held GPUs in them, or only ``jobs`` (their ``sched_job`` records, ``COST_COLUMNS``), whose old
+    rows there are replaced (an hour a job no longer holds loses its row). Rows written."""
+    found = jobs if jobs is not None else jobs_in(store, lo, hi, COST_COLUMNS).filter(pl.col("start_at").is_not_null())
     jg = job_gpus(store, found)
     rows = usage.hour_rows(found, jg, _held_source(store, "hour", lo, hi, jg["gpu_uuid"].unique()), lo, hi) if jg.height else JOB_USAGE_HOUR.empty()
     if jobs is not None and jobs.height:
@@ -323,7 +321,7 @@ def heal(store: Store, rolled_to: dt.datetime) -> int:
     _, stale = _rolled(store, spans, jg, lo, rolled_to)
     if not stale.height:
         return 0
-    redo = spans.join(stale, on="_j").select("cluster", "job_id")
+    redo = jobs.join(spans.join(stale, on="_j").select("cluster", "job_id"), on=["cluster", "job_id"])
     roll(store, lo, rolled_to, redo)
     return redo.height
 

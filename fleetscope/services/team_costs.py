@@ -281,22 +281,19 @@ def usage_over_time(store: Store, *, start: dt.datetime, end: dt.datetime, step_
     jobs = chargeback.assign_teams(jobs_in(store, start, end), store.read("team_mapping"), store.read("sched_account"))
     if not jobs.height:
         return pl.DataFrame(schema=schema)
-    # every (job, bucket) it held GPUs in at once, each clipped to its bucket as ``allocated_gpu_seconds`` clips a
-    # job to a period, and priced at its clipped start: one pricing of the rows, not one per bucket
+    # every (job, bucket) it held GPUs in at once, each allocated over its own bucket and priced at its start clipped
+    # to the bucket: one pricing of the rows, not an allocation and a pricing per bucket
     utc = pl.Datetime("us", "UTC")
     t0, hi = pl.lit(start).cast(utc), pl.lit(end).cast(utc)
-    run_end = pl.min_horizontal(pl.col("end_at").fill_null(pl.lit(min(as_utc(now), end) if now else end).cast(utc)), hi)
     step_us = int(step.total_seconds() * 1e6)
     first = (pl.max_horizontal("start_at", t0) - t0).dt.total_microseconds() // step_us
-    last = ((run_end - t0).dt.total_microseconds() - 1) // step_us
-    held = (jobs.filter(pl.col("gpus").is_not_null() & pl.col("start_at").is_not_null() & (pl.col("gpus") > 0))
-            .with_columns(run_end.alias("_run_end"), first.alias("_k0"), last.alias("_k1")).filter(pl.col("_k1") >= pl.col("_k0"))
-            .with_columns(pl.int_ranges("_k0", pl.col("_k1") + 1).alias("_k")).explode("_k")
-            .with_columns((t0 + pl.duration(microseconds=pl.col("_k") * step_us)).alias("bucket_start")))
-    b_end = pl.min_horizontal(pl.col("bucket_start") + pl.duration(microseconds=step_us), hi)
-    held = (held.with_columns(pl.max_horizontal("start_at", "bucket_start").alias("start_at"), pl.min_horizontal("_run_end", b_end).alias("_e"))
-            .with_columns(((pl.col("_e") - pl.col("start_at")).dt.total_microseconds() / 1e6 * pl.col("gpus")).alias("gpu_s"))
-            .filter(pl.col("gpu_s") > 0))
+    last = ((pl.min_horizontal(pl.col("end_at").fill_null(hi), hi) - t0).dt.total_microseconds() - 1) // step_us
+    buckets = (jobs.filter(pl.col("start_at").is_not_null()).with_columns(first.alias("_k0"), last.alias("_k1"))
+               .filter(pl.col("_k1") >= pl.col("_k0")).with_columns(pl.int_ranges("_k0", pl.col("_k1") + 1).alias("_k")).explode("_k")
+               .with_columns((t0 + pl.duration(microseconds=pl.col("_k") * step_us)).alias("bucket_start"))
+               .with_columns(pl.min_horizontal(pl.col("bucket_start") + pl.duration(microseconds=step_us), hi).alias("_bucket_end")))
+    held = sched_analysis.allocated_gpu_seconds(buckets, "bucket_start", "_bucket_end", now=as_utc(now) if now else None)
+    held = held.with_columns(pl.max_horizontal("start_at", "bucket_start").alias("start_at"))
     if not held.height:
         return pl.DataFrame(schema=schema)
     c = chargeback.job_costs(held, busy=None, prices=serving_service.price_book(store), sites=host_sites(store), start=start)
