@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Engine, create_engine, event, inspect
+from sqlalchemy import BigInteger, DateTime, Engine, String, create_engine, event, inspect
 from sqlalchemy.exc import DisconnectionError
 
 from fleetscope import safefiles
@@ -178,11 +178,16 @@ def table_names(engine: Engine) -> list[str]:
 
 
 def compare_type(ctx, inspected_column, metadata_column, inspected_type, metadata_type):  # type: ignore[no-untyped-def]
-    """Alembic type comparison: UTCDateTime is BIGINT on SQLite and timestamptz on PostgreSQL, both as asked."""
+    """Alembic type comparison: UTCDateTime is BIGINT on SQLite and timestamptz on PostgreSQL, both as asked;
+    on PostgreSQL a string column's collation is compared too (Alembic compares it only where both name one,
+    and a column left in the database's default names none: migration 0024)."""
     if isinstance(metadata_type, schema.UTCDateTime):
         if ctx.dialect.name == "sqlite":
             return not isinstance(inspected_type, BigInteger)
         return not (isinstance(inspected_type, DateTime) and inspected_type.timezone)
+    if ctx.dialect.name == "postgresql" and isinstance(metadata_type, String) and isinstance(inspected_type, String):
+        if metadata_type.dialect_impl(ctx.dialect).collation != inspected_type.collation:
+            return True
     return None
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
-from sqlalchemy import Connection
+from sqlalchemy import Connection, String
 from sqlalchemy.dialects import postgresql
 
 from fleetscope.core import frames as F
@@ -63,7 +63,9 @@ def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], confl
             arrays.append(f"{mark}::bigint[]")
             exprs.append(f"'epoch'::timestamptz + u.{_q(c)} * interval '1 microsecond' AS {_q(c)}")
         else:
-            arrays.append(f"{mark}::{sa_type.compile(dialect=postgresql.dialect())}[]")
+            # an array's cast names the element type alone: a column's collation is the column's, not the value's
+            element = "text" if isinstance(sa_type, String) else sa_type.compile(dialect=postgresql.dialect())
+            arrays.append(f"{mark}::{element}[]")
             exprs.append(f"u.{_q(c)} AS {_q(c)}")
     names = ", ".join(_q(c) for c in columns)
     order = ", ".join(_q(k) for k in key)

@@ -29,7 +29,7 @@ from fleetscope.store import alerting_schema as _alerting_schema  # noqa: F401  
 from governance.aiact.frames import AIACT_FRAMES
 from governance.frames import GOVERNANCE_FRAMES
 
-from fleetscope.store.sqltypes import EPOCH, NAMING_CONVENTION, UTCDateTime, _columns, _frame_table, metadata, sql_type  # noqa: F401
+from fleetscope.store.sqltypes import EPOCH, NAMING_CONVENTION, UTCDateTime, _columns, _frame_table, byte_ordered_strings, metadata, sql_type  # noqa: F401
 
 
 site = _frame_table(F.SITE)
@@ -263,6 +263,9 @@ job_analysis_state = Table(
     Column("updated_at", UTCDateTime(), nullable=False, comment="the analysis time of the run that wrote it"),
     comment="Folded partial results of incremental job analyses (services/job_fold.py).",
 )
+
+# Last, once every table is on the metadata: string columns compare by bytes on PostgreSQL (migration 0024).
+byte_ordered_strings(metadata)
 
 # Every frame the store can write and read, by name.
 FRAME_SPECS: dict[str, F.FrameSpec] = {**F.FRAMES, **F.ENERGY_FRAMES, **GOVERNANCE_FRAMES, **AIACT_FRAMES, **MONITORING_FRAMES,

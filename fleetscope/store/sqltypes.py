@@ -17,6 +17,7 @@ from sqlalchemy import (
     Double,
     MetaData,
     PrimaryKeyConstraint,
+    String,
     Table,
     Text,
 )
@@ -91,3 +92,24 @@ def _frame_table(spec: F.FrameSpec, *extra: Any, key_order: tuple[str, ...] | No
     assert sorted(key) == sorted(spec.key), spec.name
     return Table(spec.name, metadata, *_columns(spec), PrimaryKeyConstraint(*key), *extra, comment=spec.doc or None)
 
+
+
+BYTE_ORDER = "C"
+"""The collation of every string column on PostgreSQL: compared and sorted by its bytes."""
+
+
+def byte_ordered_strings(md: MetaData) -> None:
+    """Give every string column of ``md`` the ``"C"`` collation on PostgreSQL (SQLite compares bytes already).
+
+    Keys here are machine strings (GPU UUIDs, host names, series keys, content hashes) that no user reads in a
+    language's order. Under a locale collation (even ``C.UTF-8`` before PostgreSQL 17) each comparison is a
+    ``strcoll`` of two copied strings, and sorts go without abbreviated keys (PostgreSQL 15 docs, 24.2.2.1:
+    "the C and POSIX collations ... sort by byte values"; ``varstr_cmp``). Measured on this machine's
+    PostgreSQL 15: probing 65,536 series keys 578 ms against 170 ms, a 16,384-row key insert into
+    ``gpu_sample``'s shape 73-127 ms against 62-77 ms (migration 0024). Byte order is also the order Python's
+    ``sorted`` gives the writers, which take keys in the index's order to avoid deadlocks."""
+    for table in md.tables.values():
+        for col in table.columns:
+            t = col.type
+            if type(t) in (String, Text) and t.collation is None:
+                col.type = t.with_variant(type(t)(length=t.length, collation=BYTE_ORDER), "postgresql")

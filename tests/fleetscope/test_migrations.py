@@ -4,7 +4,7 @@ import datetime as dt
 
 import polars as pl
 import pytest
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from fleetscope.core import frames as F
 from fleetscope.store import Store, db
@@ -61,6 +61,50 @@ def test_0022_drops_the_series_key_of_metric_samples_and_keeps_their_rows(reques
         got = store.read("metric_sample")
         store.engine.dispose()
         assert got["value"].to_list() == [1.5, 2.5] and got["series"].to_list() == ['DCGM_FI_X{gpu_uuid="GPU-1"}'] * 2
+
+
+def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):
+    url = pg_url
+    db.downgrade(url, "base") if db.current_revision(create_engine(url)) else None
+    db.upgrade(url, "0023")
+    t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    gpus = ["gpu-a", "GPU-b", "GPU-a", "GPU-\u00e9"]
+    store = Store.open(url)
+    store.write(F.Batch(source="t", gpu_sample=pl.DataFrame({"ts": [t0] * 4, "gpu_uuid": gpus, "power_w": [1.0, 2.0, 3.0, 4.0]}),
+                        metric_sample=pl.DataFrame({"ts": [t0], "series": ['DCGM_FI_X{gpu_uuid="GPU-1"}'], "value": [1.5]})))
+    store.engine.dispose()
+
+    def collations() -> dict[str, set]:
+        engine = db.make_engine(url)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(text(
+                    "SELECT c.relname, co.collname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+                    " JOIN pg_collation co ON co.oid = a.attcollation WHERE a.attname IN ('gpu_uuid', 'series') AND a.attnum > 0"
+                    " AND c.relkind IN ('r', 'p') AND c.relname LIKE ANY (ARRAY['gpu_sample%', 'series', 'counter_reading'])")).fetchall()
+                drift = db.schema_drift(engine)
+        finally:
+            engine.dispose()
+        return {"collations": {name for _, name in rows}, "tables": {t for t, _ in rows}, "drift": len(drift)}
+
+    before = collations()
+    # the models ask for byte order, so a database at 0023 is drift on every string column
+    assert before["collations"] == {"default"} and before["drift"] > 100
+    db.upgrade(url)
+    after = collations()
+    # the day partition made before the migration is byte-ordered too (an ALTER of the parent reaches it)
+    assert any(t.startswith("gpu_sample_p") for t in after["tables"])
+    assert after["collations"] == {"C"} and after["drift"] == 0
+    store = Store.open(url)
+    got = store.read("gpu_sample").sort("power_w")
+    assert got["gpu_uuid"].to_list() == gpus and got["power_w"].to_list() == [1.0, 2.0, 3.0, 4.0]
+    assert store.read("metric_sample")["value"].to_list() == [1.5]
+    # a key stored before the migration is still found by its index: the re-sent row writes nothing
+    again = store.write(F.Batch(source="t2", gpu_sample=pl.DataFrame({"ts": [t0], "gpu_uuid": ["GPU-b"], "power_w": [2.0]})))
+    assert again.written.get("gpu_sample", 0) == 0
+    store.engine.dispose()
+    db.downgrade(url, "0023")
+    assert collations()["collations"] == {"default"}
 
 
 def test_drift_is_detected(tmp_path):
