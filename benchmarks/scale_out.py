@@ -13,10 +13,13 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   (``_dcgm_scrapes``), a busy GPU.
 - ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
   the first day goes as one dropped partition. Target: under 1 s.
+- ``energy``: a day of DCGM-shaped samples rolled into per-GPU energy minutes by the service's own roll-up, their
+  bytes per GPU-day as rows and once ``services.packing.pack_energy_day`` has packed the day, and an hour of every
+  GPU's minutes read both ways (checked equal).
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel] [--values random|dcgm]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel|energy] [--values random|dcgm]
                                    [--postgres URL]
 """
 
@@ -40,9 +43,9 @@ import polars as pl  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import packing, retention, telemetry, tiers  # noqa: E402
+from fleetscope.services import energy_rollup, packing, retention, telemetry, tiers  # noqa: E402
 from benchmarks._server import scratch_store  # noqa: E402
-from fleetscope.store import Store, packed, partitions, schema  # noqa: E402
+from fleetscope.store import Store, packed, packed_energy, partitions, schema  # noqa: E402
 
 FIELDS = [c.name for c in F.GPU_FIELDS][:30]
 DAY0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
@@ -305,13 +308,52 @@ def bench_panel(store: Store, gpus: int, days: int) -> None:
               points=series.height, seconds=round(seconds, 3), target_s=2.0, fill_s=round(fill_s, 1))
 
 
+def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
+    """A day of per-GPU energy minutes as the energy roll-up writes them from DCGM-shaped samples (the energy
+    counter in J with mJ digits, power to the mW), in bytes per GPU-day as rows and once the day is packed
+    (``services.packing.pack_energy_day``: the packed table with its indexes and TOAST); an hour of every GPU's
+    minutes read both ways, and checked equal."""
+    rng = np.random.default_rng(11)
+    uuids = _uuids(gpus, "e")
+    _write_day(store, uuids, DAY0, interval_s, rng, "dcgm")
+    t = time.perf_counter()
+    for h in range(24):  # as beat rolls it, a window at a time
+        energy_rollup.rollup_window(store, DAY0 + dt.timedelta(hours=h), DAY0 + dt.timedelta(hours=h + 1))
+    roll_s = time.perf_counter() - t
+    with store.engine.begin() as conn:
+        conn.execute(text(f"ANALYZE {packed_energy.RAW}"))
+        minutes = int(conn.execute(text(f"SELECT count(*) FROM {packed_energy.RAW}")).scalar())
+    rows_bytes = _bytes(store, packed_energy.RAW)
+    hour = {"start": DAY0 + dt.timedelta(hours=12), "end": DAY0 + dt.timedelta(hours=13)}
+    t = time.perf_counter()
+    before = store.read(packed_energy.RAW, **hour)
+    read_rows_s = time.perf_counter() - t
+    t = time.perf_counter()
+    done = packing.pack_energy_day(store, DAY0.date())
+    pack_s = time.perf_counter() - t
+    t = time.perf_counter()
+    after = store.read(packed_energy.RAW, **hour)
+    read_packed_s = time.perf_counter() - t
+    assert after.equals(before), "a packed hour reads back other than its rows"
+    with store.engine.begin() as conn:
+        conn.execute(text(f"ANALYZE {packed_energy.TABLE}"))
+        toast = int(conn.execute(text("SELECT pg_total_relation_size(reltoastrelid) FROM pg_class WHERE oid = to_regclass(:r)"),
+                                 {"r": packed_energy.TABLE}).scalar() or 0)
+    packed_bytes = _bytes(store, packed_energy.TABLE)
+    _emit(bench="energy_minute_bytes_per_gpu_day", db="postgresql", gpus=gpus, interval_s=interval_s, minutes=minutes,
+          packed_minutes=done["minutes"], gpu_hour_rows=done["rows"], rows_bytes_per_gpu_day=round(rows_bytes / gpus),
+          packed_bytes_per_gpu_day=round(packed_bytes / gpus), toast_bytes_per_gpu_day=round(toast / gpus),
+          rows_to_packed_ratio=round(rows_bytes / max(packed_bytes, 1), 2), rollup_s=round(roll_s, 1), pack_s=round(pack_s, 2),
+          read_hour_minutes=after.height, read_hour_rows_s=round(read_rows_s, 3), read_hour_packed_s=round(read_packed_s, 3))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--panel-gpus", type=int, default=16384)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
-    ap.add_argument("--only", choices=("storage", "layouts", "panel"), help="run one of the measurements")
+    ap.add_argument("--only", choices=("storage", "layouts", "panel", "energy"), help="run one of the measurements")
     ap.add_argument("--values", choices=("random", "dcgm"), default="random",
                     help="storage: uniform random fields (the worst case for compression) or values as DCGM reports them")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -319,7 +361,8 @@ def main() -> None:
     # each measurement on its own scratch database, so one's rows are not in the other's tables
     runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s, args.values),
             "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
-            "panel": lambda store: bench_panel(store, args.panel_gpus, args.days)}
+            "panel": lambda store: bench_panel(store, args.panel_gpus, args.days),
+            "energy": lambda store: bench_energy_packing(store, args.gpus, args.interval_s)}
     for name, run in runs.items():
         if args.only not in (None, name):
             continue

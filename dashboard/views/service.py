@@ -39,7 +39,9 @@ def body() -> None:
                             "allowed": ui.fmt_age(s["allowed_lag_s"]), "late": s["late"]} for s in report["stages"]])
     st.dataframe(stages, hide_index=True)
     pending = report["packing_pending_days"]
-    st.caption(f"Closed days waiting to be packed: {', '.join(pending) if pending else 'none'} (PostgreSQL packs each closed day once the tiers have passed it).")
+    energy_pending = report["energy_packing_pending_days"]
+    st.caption(f"Closed days waiting to be packed: {', '.join(pending) if pending else 'none'}; of energy minutes: "
+               f"{', '.join(energy_pending) if energy_pending else 'none'} (PostgreSQL packs each closed day once the tiers and the energy roll-up have passed it).")
 
     st.subheader("Scheduled tasks")
     if not report["tasks"]:

@@ -16,6 +16,7 @@ from fleetscope.services import auditlog
 from fleetscope.services.energy_rollup import METER_SERIES, PAD, floor_minute, job_rollup, metric_samples
 from fleetscope.store import Store
 from fleetscope.store import schema
+from fleetscope.store.reads import energy_minutes_sql
 import dataclasses
 from sqlalchemy import delete
 
@@ -94,7 +95,7 @@ def site_minutes(store: Store, start: dt.datetime, end: dt.datetime, site_ids: l
     stored = store.read("site_energy_minute", start=start, end=end, columns=["site_id", "minute", "energy_j"])
     stored = stored.filter(pl.col("site_id").is_in(site_ids)).select(list(schema))
     have = set(stored["site_id"].unique().to_list())
-    sql = ('SELECT ? AS site_id, m."minute", SUM(m.energy_j) AS energy_j FROM gpu_energy_minute m'
+    sql = (f'SELECT ? AS site_id, m."minute", SUM(m.energy_j) AS energy_j FROM {energy_minutes_sql(store, start, end, "m")}'
            ' WHERE m."minute" >= ? AND m."minute" < ?'
            " AND m.gpu_uuid IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
            ' GROUP BY m."minute"')

@@ -13,7 +13,7 @@ from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, sample_interval_s
 from fleetscope.store import Store, packed
-from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
+from fleetscope.store.reads import bucket_us_sql, energy_minutes_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
 from analyzers import carbon
 from analyzers import facility
 from fleetscope.services.energy_rollup import METER_SERIES, PAD, WINDOW, energy_rollup_end, metric_samples
@@ -124,7 +124,7 @@ def energy_by_site_hour(store: Store, start: dt.datetime, end: dt.datetime, site
     site_sql = site_gpus_sql(site, params, "m.gpu_uuid")
     sql = (
         f"SELECT h.site_id, {bucket_us_sql(store, 'm.minute', 3600)} AS hour, COUNT(DISTINCT m.gpu_uuid) AS gpus, SUM(m.energy_j) AS energy_j"
-        " FROM gpu_energy_minute m LEFT JOIN gpu g ON g.gpu_uuid = m.gpu_uuid LEFT JOIN host h ON h.host = g.host"
+        f" FROM {energy_minutes_sql(store, start, end, 'm')} LEFT JOIN gpu g ON g.gpu_uuid = m.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE m.minute >= ? AND m.minute < ?{site_sql} GROUP BY 1, 2 ORDER BY 1, 2"
     )
     return _location_carbon(store, fetch(store, sql, params, _SITE_HOUR), start, end)

@@ -17,7 +17,7 @@ from fleetscope.observability import tracer
 from fleetscope.services.analysis import at
 from fleetscope.services import shards as shards_mod
 from fleetscope.settings import Settings
-from fleetscope.store import Store
+from fleetscope.store import Store, packed_energy
 from fleetscope.store import schema
 
 # Samples read either side of a window so every minute inside it has interval endpoints (at least one
@@ -32,7 +32,7 @@ METER_SERIES = (facility.FACILITY_ENERGY, facility.FACILITY_POWER, facility.IT_E
 
 def energy_rollup_end(store: Store) -> dt.datetime | None:
     """The end of the newest minute the energy roll-up (``gpu_energy_minute``) holds, or None before any."""
-    df = store.query("SELECT MAX(minute) AS t FROM gpu_energy_minute", [], {"t": F.UTC_US})
+    df = store.query(f"SELECT {packed_energy.newest_minute_sql(store.dialect)} AS t", [], {"t": F.UTC_US})
     t = df["t"][0] if df.height else None
     return None if t is None else t + dt.timedelta(minutes=1)
 

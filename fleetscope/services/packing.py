@@ -8,6 +8,9 @@ rows (with any packed earlier for it, when samples came late) packed and deleted
 a reader sees an hour either raw or packed and a writer waits at most an hour's packing and then lands in
 the raw partition for the next tick to fold in. A tick stopped half-way leaves whole hours packed and goes
 on from the rest. SQLite does not pack.
+
+The per-GPU energy minutes (``gpu_energy_minute``, evidence kept for years) are packed the same way, a closed
+day an hour at a time once the energy roll-up has passed it (``store.packed_energy``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from fleetscope.observability import tracer
 from fleetscope.services import tiers
 from fleetscope.services.analysis import at
 from fleetscope.settings import Settings
-from fleetscope.store import Store, packed, partitions
+from fleetscope.store import Store, packed, packed_energy, partitions
 
 GRACE = dt.timedelta(hours=1)
 """A day is packed no sooner than this after its end (late scrapes, the energy roll-up's re-roll)."""
@@ -86,6 +89,70 @@ def pack_closed(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TIC
     return done
 
 
+# --- the per-GPU energy minutes (store.packed_energy) ---------------------------------------------------
+
+
+def _day_end(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
+
+
+def packable_energy_days(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TICK) -> list[dt.date]:
+    """The oldest ``max_days`` days whose energy minutes, held as rows, may be packed at ``now``: ended ``GRACE``
+    ago and passed by the energy roll-up (its ten-minute re-roll is done with them)."""
+    if store.dialect != "postgresql":
+        return []
+    with store.engine.connect() as conn:
+        if conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is None:
+            return []
+        rolled = conn.execute(text(f"SELECT {packed_energy.newest_minute_sql(store.dialect)}")).scalar()
+        if rolled is None:
+            return []
+        bound = min(now - GRACE, rolled + dt.timedelta(minutes=1))  # the end of the newest minute rolled
+        days: list[dt.date] = []
+        after = None
+        while len(days) < max_days:
+            # the next day holding rows, by the (minute, gpu_uuid) key: a year of packed days is not walked
+            first = conn.execute(text("SELECT MIN(minute) FROM gpu_energy_minute" + ("" if after is None else " WHERE minute >= :a")),
+                                 {} if after is None else {"a": after}).scalar()
+            day = first.astimezone(dt.UTC).date() if first is not None else None
+            if day is None or _day_end(day) > bound:
+                break
+            days.append(day)
+            after = _day_end(day)
+    return days
+
+
+def pack_energy_day(store: Store, day: dt.date) -> dict[str, int]:
+    """Pack ``day``'s energy minutes (with whatever was packed of its hours before) into per-GPU hourly rows, an
+    hour per transaction: ``minutes`` packed, ``rows`` (GPU-hours) written."""
+    start = dt.datetime.combine(day, dt.time(), dt.UTC)
+    minutes = rows = 0
+    for h in range(24):
+        lo, hi = start + dt.timedelta(hours=h), start + dt.timedelta(hours=h + 1)
+        with store.engine.begin() as conn:
+            # one packer at a time; the roll-up's writes wait for the hour's pack, so none lands between its
+            # copy and its delete (readers do not wait)
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": packed_energy.TABLE})
+            conn.execute(text(f"LOCK TABLE {packed_energy.RAW} IN EXCLUSIVE MODE"))
+            n = conn.execute(text(f"SELECT count(*) FROM {packed_energy.RAW} WHERE minute >= :a AND minute < :b"), {"a": lo, "b": hi}).scalar()
+            if not n:
+                continue
+            merge = bool(conn.execute(text(f"SELECT EXISTS (SELECT 1 FROM {packed_energy.TABLE} WHERE hour = :a)"), {"a": lo}).scalar())
+            for sql in packed_energy.pack_sql(lo, merge):
+                result = conn.execute(text(sql))
+                if sql.startswith("INSERT"):
+                    rows += result.rowcount
+            minutes += int(n)
+    return {"minutes": minutes, "rows": rows}
+
+
+def pack_energy_closed(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TICK) -> dict[str, Any]:
+    """Beat's tick for the energy minutes: pack the oldest ``max_days`` packable days; per day, its minutes and rows."""
+    with tracer().start_as_current_span("packing.pack_energy_closed"):
+        return {day.isoformat(): pack_energy_day(store, day) for day in packable_energy_days(store, now, max_days)}
+
+
 def scheduled_pack(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
-    """Beat's ``raw-packing`` (``services.scheduled``): ``pack_closed`` at ``now_iso``, else now."""
-    return pack_closed(store, at(now_iso))
+    """Beat's ``raw-packing`` (``services.scheduled``): ``pack_closed`` and ``pack_energy_closed`` at ``now_iso``, else now."""
+    now = at(now_iso)
+    return {packed.RAW: pack_closed(store, now), packed_energy.RAW: pack_energy_closed(store, now)}

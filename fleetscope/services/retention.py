@@ -16,7 +16,8 @@
 Inventory (sites, hosts, GPUs, jobs, links), the registry, declarations, audits and the audit log are kept:
 they are small and they are the record. On PostgreSQL the partitioned raw tables (``store.partitions``) lose
 whole day partitions before the cutoff (a catalog change, not a scan), then a ``DELETE`` of the cutoff's own day;
-the packed days of ``gpu_sample`` (``store.packed``) go the same way, to the hour. Each table is pruned in a
+the packed days of ``gpu_sample`` (``store.packed``) go the same way, to the hour, and the packed energy minutes
+(``store.packed_energy``) to the hour too. Each table is pruned in a
 transaction of its own, so one busy table neither holds the others back nor undoes them.
 """
 
@@ -28,7 +29,7 @@ from sqlalchemy import delete, text
 
 from fleetscope.observability import tracer
 from fleetscope.settings import Settings
-from fleetscope.store import Store, packed, partitions, schema
+from fleetscope.store import Store, packed, packed_energy, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
        "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
@@ -76,7 +77,18 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
                 deleted[name] = dropped + conn.execute(delete(table).where(col < cutoff)).rowcount
             if name == packed.RAW and partitions.is_partitioned(store.engine, packed.TABLE):
                 deleted[packed.TABLE] = _prune_packed(store, cutoff)
+            if name == packed_energy.RAW and store.dialect == "postgresql":
+                deleted[packed_energy.TABLE] = _prune_packed_energy(store, cutoff)
     return deleted
+
+
+def _prune_packed_energy(store: Store, cutoff: dt.datetime) -> int:
+    """The packed energy minutes (``store.packed_energy``) go with the rows, to the hour: a GPU-hour ending at or
+    before the cutoff (the hour the cutoff falls in stays whole until the next prune). Rows (GPU-hours) deleted."""
+    with store.engine.begin() as conn:
+        if conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is None:
+            return 0
+        return conn.execute(text(f"DELETE FROM {packed_energy.TABLE} WHERE hour <= :c"), {"c": cutoff - dt.timedelta(hours=1)}).rowcount
 
 
 def _prune_packed(store: Store, cutoff: dt.datetime) -> int:

@@ -57,9 +57,9 @@ SCHEDULED.register(
 SCHEDULED.register(
     "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),
     run="fleetscope.services.packing:scheduled_pack",
-    modules=(), reads=("gpu_sample", "rollup_watermark"), writes=("gpu_sample",),
-    summary="PostgreSQL: closed days of raw GPU telemetry, once the tiers have passed them, packed into per-GPU "
-            "hourly rows of compressed column arrays, which every raw read unpacks")
+    modules=(), reads=("gpu_sample", "rollup_watermark", "gpu_energy_minute"), writes=("gpu_sample", "gpu_energy_minute"),
+    summary="PostgreSQL: closed days of raw GPU telemetry, once the tiers have passed them, and of the per-GPU energy "
+            "minutes, packed into per-GPU hourly rows of compressed column arrays, which every read unpacks")
 # A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
 SCHEDULED.register(
     "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),

@@ -14,7 +14,7 @@ from sqlalchemy import inspect
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services import tiers
-from fleetscope.store import Store, packed
+from fleetscope.store import Store, packed, packed_energy
 from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql
 
 UTC = F.UTC_US
@@ -54,6 +54,11 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
                 sql = (f"SELECT ((SELECT n FROM ({sql}) a) + COALESCE((SELECT SUM(GREATEST(c.reltuples, 0))"
                        f" FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{packed.TABLE}'::regclass)"
                        f" * (SELECT AVG(samples) FROM (SELECT samples FROM {packed.TABLE} LIMIT 100) s), 0))::bigint AS n")
+            if name == packed_energy.RAW and packed_energy.TABLE in present:
+                # packed energy minutes likewise: GPU-hour rows times the minutes of a few of them
+                sql = (f"SELECT ((SELECT n FROM ({sql}) a) + COALESCE((SELECT GREATEST(reltuples, 0) FROM pg_class"
+                       f" WHERE oid = '{packed_energy.TABLE}'::regclass)"
+                       f" * (SELECT AVG(cardinality(minutes)) FROM (SELECT minutes FROM {packed_energy.TABLE} LIMIT 100) s), 0))::bigint AS n")
         else:
             sql, approx = f"SELECT COUNT(*) AS n FROM {quoted}", False
         counts.append((name, sql, approx))

@@ -31,7 +31,7 @@ from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
 from fleetscope.store.inventory import InventoryMemory
-from fleetscope.store import packed
+from fleetscope.store import packed, packed_energy
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
 from fleetscope.store import pg_read, pg_write
@@ -459,7 +459,13 @@ class Store:
                 raise ValueError(f"{frame} cannot be filtered by {colname}")
             where.append(self._in(f"{alias}.{_q(colname)}", values, params))
         # raw GPU samples of packed days are read back from their arrays (store.packed)
-        table = packed.source(self.dialect, start, end, want, alias) if frame == packed.RAW else f"{_q(frame)} {alias}"
+        # and the energy minutes of packed days from theirs (store.packed_energy)
+        if frame == packed.RAW:
+            table = packed.source(self.dialect, start, end, want, alias)
+        elif frame == packed_energy.RAW:
+            table = packed_energy.source(self.dialect, start, end, alias)
+        else:
+            table = f"{_q(frame)} {alias}"
         source = f" FROM {table}{joins}" + (" WHERE " + " AND ".join(where) if where else "")
         sql = f"SELECT {', '.join(select_cols)}{source}"
         order = list(dict.fromkeys(c for c in (tcol, *spec.key) if c and c in want))

@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from fleetscope.store import Store, packed
+from fleetscope.store import Store, packed, packed_energy
 
 
 def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -32,6 +32,13 @@ def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | 
     ``start <= ts < end`` (each bound optional) and ``ts``, ``gpu_uuid`` and ``columns``, packed days included
     (``store.packed.source``). The query keeps its own ``ts`` filter."""
     return packed.source(store.dialect, start, end, columns, alias)
+
+
+def energy_minutes_sql(store: Store, start: dt.datetime | None, end: dt.datetime | None, alias: str = "gpu_energy_minute") -> str:
+    """The FROM item every SQL read of the per-GPU energy minutes uses in place of ``gpu_energy_minute``: the
+    minutes with ``start <= minute < end`` (each bound optional), packed days included
+    (``store.packed_energy.source``). The query keeps its own ``minute`` filter."""
+    return packed_energy.source(store.dialect, start, end, alias)
 
 
 def bucket_us_sql(store: Store, column: str, bucket_s: int) -> str:

@@ -105,6 +105,7 @@ def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):
     store.engine.dispose()
     db.downgrade(url, "0023")
     assert collations()["collations"] == {"default"}
+    db.upgrade(url)  # the session's database is shared with later tests
 
 
 def test_drift_is_detected(tmp_path):

@@ -138,6 +138,8 @@ def test_api_metrics_and_cli(api, tmp_path, monkeypatch) -> None:  # type: ignor
 
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(api.url + "/metrics", headers=reader).text)}
     assert families["fleetscope_beat_leading"].samples[0].value == 0.0
+    # the fleet's energy minutes are all of today: no closed day waits to be packed
+    assert families["fleetscope_energy_packing_pending_days"].samples[0].value == 0.0 and body["energy_packing_pending_days"] == []
     # Pushed just now: nothing is owed yet by any stage.
     assert {s.labels["stage"]: s.value for s in families["fleetscope_pipeline_late"].samples} == {"energy": 0.0, "minute": 0.0, "hour": 0.0,
                                                                                                   "job_hour": 0.0}
