@@ -14,8 +14,9 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
 - ``retention``: the next day written too, then ``services.retention.prune`` with the cutoff at its start:
   the first day goes as one dropped partition. Target: under 1 s.
 - ``energy``: a day of DCGM-shaped samples rolled into per-GPU energy minutes by the service's own roll-up, their
-  bytes per GPU-day as rows and once ``services.packing.pack_energy_day`` has packed the day, and an hour of every
-  GPU's minutes read both ways (checked equal).
+  bytes per GPU-day as rows and once ``services.packing.pack_energy_day`` has packed the day; an hour of every
+  GPU's minutes (checked equal) and the day's per-site hours (``energy_by_site_hour``, joined to the inventory)
+  read both ways.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
@@ -43,7 +44,7 @@ import polars as pl  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import energy_rollup, packing, retention, telemetry, tiers  # noqa: E402
+from fleetscope.services import energy_reads, energy_rollup, packing, retention, telemetry, tiers  # noqa: E402
 from benchmarks._server import scratch_store  # noqa: E402
 from fleetscope.store import Store, packed, packed_energy, partitions, schema  # noqa: E402
 
@@ -315,6 +316,11 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
     minutes read both ways, and checked equal."""
     rng = np.random.default_rng(11)
     uuids = _uuids(gpus, "e")
+    # an inventory of 8 GPUs a host on one site, so the site-hour read joins as it does in a fleet
+    hosts = [f"e-host-{i // 8}" for i in range(gpus)]
+    store.write(F.Batch(source="bench", site=F.conform(F.SITE, pl.DataFrame({"site_id": ["e1"], "name": ["e1"], "country": ["DEU"]})),
+                        host=F.conform(F.HOST, pl.DataFrame({"host": sorted(set(hosts)), "site_id": "e1"})),
+                        gpu=F.conform(F.GPU, pl.DataFrame({"gpu_uuid": uuids, "host": hosts}))))
     _write_day(store, uuids, DAY0, interval_s, rng, "dcgm")
     t = time.perf_counter()
     for h in range(24):  # as beat rolls it, a window at a time
@@ -328,6 +334,10 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
     t = time.perf_counter()
     before = store.read(packed_energy.RAW, **hour)
     read_rows_s = time.perf_counter() - t
+    day = (DAY0, DAY0 + dt.timedelta(days=1))
+    t = time.perf_counter()
+    site_before = energy_reads.energy_by_site_hour(store, *day)
+    site_rows_s = time.perf_counter() - t
     t = time.perf_counter()
     done = packing.pack_energy_day(store, DAY0.date())
     pack_s = time.perf_counter() - t
@@ -335,6 +345,10 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
     after = store.read(packed_energy.RAW, **hour)
     read_packed_s = time.perf_counter() - t
     assert after.equals(before), "a packed hour reads back other than its rows"
+    t = time.perf_counter()
+    site_after = energy_reads.energy_by_site_hour(store, *day)
+    site_packed_s = time.perf_counter() - t
+    assert site_after.height == site_before.height == 24, (site_before.height, site_after.height)
     with store.engine.begin() as conn:
         conn.execute(text(f"ANALYZE {packed_energy.TABLE}"))
         toast = int(conn.execute(text("SELECT pg_total_relation_size(reltoastrelid) FROM pg_class WHERE oid = to_regclass(:r)"),
@@ -344,7 +358,8 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
           packed_minutes=done["minutes"], gpu_hour_rows=done["rows"], rows_bytes_per_gpu_day=round(rows_bytes / gpus),
           packed_bytes_per_gpu_day=round(packed_bytes / gpus), toast_bytes_per_gpu_day=round(toast / gpus),
           rows_to_packed_ratio=round(rows_bytes / max(packed_bytes, 1), 2), rollup_s=round(roll_s, 1), pack_s=round(pack_s, 2),
-          read_hour_minutes=after.height, read_hour_rows_s=round(read_rows_s, 3), read_hour_packed_s=round(read_packed_s, 3))
+          read_hour_minutes=after.height, read_hour_rows_s=round(read_rows_s, 3), read_hour_packed_s=round(read_packed_s, 3),
+          site_hours_of_day_rows_s=round(site_rows_s, 3), site_hours_of_day_packed_s=round(site_packed_s, 3))
 
 
 def main() -> None:

@@ -95,12 +95,11 @@ def site_minutes(store: Store, start: dt.datetime, end: dt.datetime, site_ids: l
     stored = store.read("site_energy_minute", start=start, end=end, columns=["site_id", "minute", "energy_j"])
     stored = stored.filter(pl.col("site_id").is_in(site_ids)).select(list(schema))
     have = set(stored["site_id"].unique().to_list())
-    sql = (f'SELECT ? AS site_id, m."minute", SUM(m.energy_j) AS energy_j FROM {energy_minutes_sql(store, start, end, "m")}'
-           ' WHERE m."minute" >= ? AND m."minute" < ?'
-           " AND m.gpu_uuid IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
+    sql = (f'SELECT ? AS site_id, m."minute", SUM(m.energy_j) AS energy_j FROM {energy_minutes_sql(store, start, end, "m")} WHERE'
+           " m.gpu_uuid IN (SELECT g.gpu_uuid FROM gpu g JOIN host h ON h.host = g.host WHERE h.site_id = ?)"
            ' GROUP BY m."minute"')
     parts = [stored] if stored.height else []
-    parts += [store.query(sql, [sid, start, end, sid], schema).select(list(schema)) for sid in site_ids if sid not in have]
+    parts += [store.query(sql, [sid, sid], schema).select(list(schema)) for sid in site_ids if sid not in have]
     parts = [p for p in parts if p.height]
     return pl.concat(parts).filter(pl.col("energy_j").is_not_null()).sort("site_id", "minute") if parts else pl.DataFrame(schema=schema)
 

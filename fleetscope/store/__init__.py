@@ -444,11 +444,13 @@ class Store:
                 select_cols = ["r.job_id", "r.rank", *select_cols]
             job_ids = None
         i_start = i_end = -1
-        if tcol and start is not None:
+        # the energy minutes' source applies the range itself (an outer filter spoils the planner's estimate)
+        filtered = bool(tcol) and frame != packed_energy.RAW
+        if filtered and start is not None:
             where.append(f"{alias}.{_q(tcol)} >= ?")
             i_start = len(params)
             params.append(self._time_param(start))
-        if tcol and end is not None:
+        if filtered and end is not None:
             where.append(f"{alias}.{_q(tcol)} < ?")
             i_end = len(params)
             params.append(self._time_param(end))

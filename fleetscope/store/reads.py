@@ -37,7 +37,8 @@ def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | 
 def energy_minutes_sql(store: Store, start: dt.datetime | None, end: dt.datetime | None, alias: str = "gpu_energy_minute") -> str:
     """The FROM item every SQL read of the per-GPU energy minutes uses in place of ``gpu_energy_minute``: the
     minutes with ``start <= minute < end`` (each bound optional), packed days included
-    (``store.packed_energy.source``). The query keeps its own ``minute`` filter."""
+    (``store.packed_energy.source``). The range is applied there: the query adds no ``minute`` filter of its own,
+    which would leave the planner estimating the unpacked minutes at a two-hundredth of their number."""
     return packed_energy.source(store.dialect, start, end, alias)
 
 

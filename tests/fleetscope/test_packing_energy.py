@@ -58,6 +58,9 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "range": store.read("gpu_energy_minute", start=DAY + dt.timedelta(hours=4, minutes=30), end=DAY + dt.timedelta(days=1, hours=2)),
         "gpus": store.read("gpu_energy_minute", gpu_uuid=[GPUS[1], GPUS[3]], start=DAY + dt.timedelta(minutes=17), end=DAY + 9 * H),
         "columns": store.read("gpu_energy_minute", columns=["minute", "energy_j"], start=DAY + 23 * H, end=DAY + 25 * H),
+        "inside_hour": store.read("gpu_energy_minute", start=DAY + dt.timedelta(hours=10, minutes=7), end=DAY + dt.timedelta(hours=10, minutes=41)),
+        "from": store.read("gpu_energy_minute", start=DAY + dt.timedelta(hours=30, minutes=1)),
+        "to": store.read("gpu_energy_minute", end=DAY + dt.timedelta(hours=2, minutes=59)),
         "site_hour": energy_reads.energy_by_site_hour(store, DAY + 2 * H, DAY + 30 * H),
         "site_minutes": energy.site_minutes(store, DAY + 20 * H, DAY + 21 * H, ["s1", "s2"]),
         "report": energy.energy_report(store, DAY, DAY + 2 * 24 * H, ["site_id", "hour"]),
@@ -90,6 +93,10 @@ def test_a_packed_day_of_energy_minutes_reads_back_exactly_through_every_read(st
     _write(store, df)
     before = _reads(store)
     assert before["all"].height == df.height and before["site_hour"].height > 0 and before["report"].height > 0
+    # each range exactly, on both databases: its source applies the bounds
+    assert before["inside_hour"].height == 4 * 34 and before["to"].height == 4 * 179
+    assert before["range"].equals(df.filter(pl.col("minute").is_between(DAY + dt.timedelta(hours=4, minutes=30), DAY + 26 * H, closed="left"))
+                                  .sort("minute", "gpu_uuid"))
     assert before["rolled_to"] == DAY + dt.timedelta(days=2)
 
     now = DAY + dt.timedelta(days=3)
