@@ -55,6 +55,9 @@ metric = st.segmented_control(
 ) or "compute"
 column, title = {"compute": ("compute_s", "Compute per step (s)"), "idle": ("idle_s", "Idle per step (s)"), "step": ("step_s", "Step time (s)")}[metric]
 # 128 rows × 50 steps keeps the heatmap to ~6k cells: beyond that it draws slowly and no row is readable.
+# Both rank views read the job's last steps: asked at once, their reads overlap.
+ui.prefetch(lambda: ui.q(jobs_svc.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128),
+            lambda: ui.q(jobs_svc.job_rank_summary, live=False, job_id=job_id))
 cells = ui.q(jobs_svc.job_rank_step_times, live=False, job_id=job_id, last_steps=50, max_ranks=128)
 if cells.is_empty():
     ui.no_data("no step records for this job.", "Steps arrive with Kineto traces or step events.")
