@@ -51,13 +51,14 @@ def array_type(field: str) -> str:
     return "bigint[]" if F.GPU_SAMPLE.schema[field] == pl.Int64 else "double precision[]"
 
 
-def _literal(t: dt.datetime) -> str:
+def time_literal(t: dt.datetime) -> str:
+    """A UTC instant as a SQL literal: a packed read's bounds are literals, so the planner prunes partitions."""
     if not isinstance(t, dt.datetime):
-        raise TypeError(f"a raw sample bound must be a datetime, got {t!r}")
+        raise TypeError(f"a bound of packed data must be a datetime, got {t!r}")
     return f"TIMESTAMPTZ '{as_utc(t).isoformat()}'"
 
 
-def _hour_floor(t: dt.datetime) -> dt.datetime:
+def hour_floor(t: dt.datetime) -> dt.datetime:
     return as_utc(t).replace(minute=0, second=0, microsecond=0)
 
 
@@ -74,24 +75,24 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, col
         raise ValueError(f"gpu_sample has no field {bad[0]!r}")
     raw_where, hour_where, ts_where = [], [], []
     if start is not None:
-        raw_where.append(f"ts >= {_literal(start)}")
-        hour_where.append(f"p.hour >= {_literal(_hour_floor(start))}")
-        ts_where.append(f"u.ts >= {_literal(start)}")
+        raw_where.append(f"ts >= {time_literal(start)}")
+        hour_where.append(f"p.hour >= {time_literal(hour_floor(start))}")
+        ts_where.append(f"u.ts >= {time_literal(start)}")
     if end is not None:
-        raw_where.append(f"ts < {_literal(end)}")
-        hour_where.append(f"p.hour < {_literal(end)}")
-        ts_where.append(f"u.ts < {_literal(end)}")
+        raw_where.append(f"ts < {time_literal(end)}")
+        hour_where.append(f"p.hour < {time_literal(end)}")
+        ts_where.append(f"u.ts < {time_literal(end)}")
     raw = _raw_select(RAW, fields, raw_where)
     return f"({raw} UNION ALL {_packed_select(TABLE, fields, hour_where, ts_where)}) {alias}"
 
 
-def _where(conds: Sequence[str]) -> str:
+def where_sql(conds: Sequence[str]) -> str:
     return " WHERE " + " AND ".join(conds) if conds else ""
 
 
 def _raw_select(table: str, fields: Sequence[str], where: Sequence[str], tag: str = "") -> str:
     cols = ", ".join(["ts", "gpu_uuid", *(f'"{c}"' for c in fields)])
-    return f"SELECT {tag}{cols} FROM {table}{_where(where)}"
+    return f"SELECT {tag}{cols} FROM {table}{where_sql(where)}"
 
 
 def _packed_select(table: str, fields: Sequence[str], hour_where: Sequence[str], ts_where: Sequence[str], tag: str = "") -> str:
@@ -101,20 +102,20 @@ def _packed_select(table: str, fields: Sequence[str], hour_where: Sequence[str],
     holds them."""
     picked = ", ".join(["unnest(p.ts) AS ts", "p.gpu_uuid",
                         *(f'unnest(p."{c}"){"::float8" if c in FLOAT4_FIELDS else ""} AS "{c}"' for c in fields)])
-    return f"SELECT {tag}u.* FROM (SELECT {picked} FROM {table} p{_where(hour_where)}) u{_where(ts_where)}"
+    return f"SELECT {tag}u.* FROM (SELECT {picked} FROM {table} p{where_sql(hour_where)}) u{where_sql(ts_where)}"
 
 
 def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, list[dt.datetime]]:
     """A scalar subquery, and its parameters: the newest raw sample's ``ts`` (before ``before``, when given), or NULL."""
     if dialect != "postgresql":
         return f"(SELECT MAX(ts) FROM {RAW}" + ("" if before is None else " WHERE ts < ?") + ")", ([] if before is None else [before])
-    below = "" if before is None else f" WHERE ts < {_literal(before)}"
+    below = "" if before is None else f" WHERE ts < {time_literal(before)}"
     # the newest packed sample lies in the newest packed hour (or, with ``before`` inside an hour ahead of its
     # first sample, the hour before it): only those rows' timestamps are unpacked
-    last = f"(SELECT MAX(hour) FROM {TABLE}" + ("" if before is None else f" WHERE hour < {_literal(before)}") + ")"
+    last = f"(SELECT MAX(hour) FROM {TABLE}" + ("" if before is None else f" WHERE hour < {time_literal(before)}") + ")"
     packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
               f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last}"
-              + ("" if before is None else f" AND u.t < {_literal(before)}") + ")")
+              + ("" if before is None else f" AND u.t < {time_literal(before)}") + ")")
     return f"GREATEST((SELECT MAX(ts) FROM {RAW}{below}), {packed})", []
 
 
@@ -132,12 +133,12 @@ def nearest_gpu_sql(dialect: str, at: dt.datetime, before: bool) -> tuple[str, l
     op, order = ("<=", "DESC") if before else (">", "")
     if dialect != "postgresql":
         return f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} ? ORDER BY ts {order} LIMIT 1", [at]
-    raw = f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} {_literal(at)} ORDER BY ts {order} LIMIT 1"
+    raw = f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} {time_literal(at)} ORDER BY ts {order} LIMIT 1"
     if before:
-        packed = (f"SELECT gpu_uuid, ts[array_upper(ts, 1)] AS ts FROM {TABLE} WHERE hour <= {_literal(at - dt.timedelta(hours=1))}"
+        packed = (f"SELECT gpu_uuid, ts[array_upper(ts, 1)] AS ts FROM {TABLE} WHERE hour <= {time_literal(at - dt.timedelta(hours=1))}"
                   " ORDER BY hour DESC, 2 DESC LIMIT 1")
     else:
-        packed = f"SELECT gpu_uuid, ts[1] AS ts FROM {TABLE} WHERE hour > {_literal(at)} ORDER BY hour, 2 LIMIT 1"
+        packed = f"SELECT gpu_uuid, ts[1] AS ts FROM {TABLE} WHERE hour > {time_literal(at)} ORDER BY hour, 2 LIMIT 1"
     return f"SELECT gpu_uuid, ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts {order} LIMIT 1", []
 
 
@@ -146,9 +147,9 @@ def gpu_last_ts_sql(dialect: str, gpu_uuid: str, at: dt.datetime, n: int) -> tup
     first; of packed days, its two newest hours there (≥ ``n`` samples at any interval under 400 s)."""
     if dialect != "postgresql":
         return f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= ? ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, at]
-    raw = f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= {_literal(at)} ORDER BY ts DESC LIMIT {int(n)}"
-    packed = (f"SELECT u.t AS ts FROM (SELECT ts FROM {TABLE} WHERE gpu_uuid = ? AND hour <= {_literal(at)} ORDER BY hour DESC LIMIT 2) p"
-              f" CROSS JOIN LATERAL unnest(p.ts) AS u(t) WHERE u.t <= {_literal(at)}")
+    raw = f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= {time_literal(at)} ORDER BY ts DESC LIMIT {int(n)}"
+    packed = (f"SELECT u.t AS ts FROM (SELECT ts FROM {TABLE} WHERE gpu_uuid = ? AND hour <= {time_literal(at)} ORDER BY hour DESC LIMIT 2) p"
+              f" CROSS JOIN LATERAL unnest(p.ts) AS u(t) WHERE u.t <= {time_literal(at)}")
     return f"SELECT ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, gpu_uuid]
 
 
@@ -159,10 +160,10 @@ def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
     both taking the packed copy's values and only filling its NULLs from the raw one, as a re-sent sample does
     on write (``gpu_sample``'s ``fill``)."""
     raw, packed = f'"{RAW}_p{day:%Y%m%d}"', f'"{TABLE}_p{day:%Y%m%d}"'
-    hour = _hour_floor(hour)
-    in_hour = [f"ts >= {_literal(hour)}", f"ts < {_literal(hour + dt.timedelta(hours=1))}"]
-    this_hour = [f"p.hour = {_literal(hour)}"]
-    drop_raw = f"DELETE FROM {raw}{_where(in_hour)}"
+    hour = hour_floor(hour)
+    in_hour = [f"ts >= {time_literal(hour)}", f"ts < {time_literal(hour + dt.timedelta(hours=1))}"]
+    this_hour = [f"p.hour = {time_literal(hour)}"]
+    drop_raw = f"DELETE FROM {raw}{where_sql(in_hour)}"
     cols = ", ".join(f'"{c}"' for c in FIELDS)
     aggs = ", ".join(
         f'CASE WHEN count("{c}") = 0 THEN NULL ELSE array_agg("{c}"{"::real" if c in FLOAT4_FIELDS else ""}) END AS "{c}"'
@@ -175,12 +176,12 @@ def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
              f" (SELECT date_trunc('hour', ts, 'UTC') AS hour, ts, gpu_uuid, {cols} FROM src ORDER BY 1, 3, 2) sorted"
              " GROUP BY hour, gpu_uuid")
     if not merge:
-        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}{_where(in_hour)}){group}", drop_raw]
+        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}{where_sql(in_hour)}){group}", drop_raw]
     tagged = f"{_raw_select(raw, FIELDS, in_hour, '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, this_hour, [], '0 AS src_order, ')}"
     firsts = ", ".join(f'(array_agg("{c}" ORDER BY src_order) FILTER (WHERE "{c}" IS NOT NULL))[1] AS "{c}"' for c in FIELDS)
     # the day's rows are rebuilt aside first: a row deleted and inserted again by one statement would still
     # hold its key in the unique index
     return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged}),"
             f" src AS (SELECT ts, gpu_uuid, {firsts} FROM tagged GROUP BY gpu_uuid, ts){group}",
-            f"DELETE FROM {packed} WHERE hour = {_literal(hour)}",
+            f"DELETE FROM {packed} WHERE hour = {time_literal(hour)}",
             f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack", drop_raw]

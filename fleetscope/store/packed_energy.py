@@ -19,27 +19,12 @@ from __future__ import annotations
 import datetime as dt
 
 from fleetscope.core.units import as_utc
+from fleetscope.store.packed import hour_floor, time_literal, where_sql
 
 TABLE = "gpu_energy_minute_packed"
 RAW = "gpu_energy_minute"
 FIELDS: tuple[str, ...] = ("energy_j", "counter_energy_j", "integrated_energy_j", "covered_s", "method")
 """The columns packed as arrays, beside ``minute`` (as its offset in the hour) and ``gpu_uuid``."""
-ARRAY_TYPES = {"energy_j": "double precision[]", "counter_energy_j": "double precision[]", "integrated_energy_j": "double precision[]",
-               "covered_s": "double precision[]", "method": "text[]"}
-
-
-def _literal(t: dt.datetime) -> str:
-    if not isinstance(t, dt.datetime):
-        raise TypeError(f"an energy minute bound must be a datetime, got {t!r}")
-    return f"TIMESTAMPTZ '{as_utc(t).isoformat()}'"
-
-
-def _hour_floor(t: dt.datetime) -> dt.datetime:
-    return as_utc(t).replace(minute=0, second=0, microsecond=0)
-
-
-def _where(conds: list[str]) -> str:
-    return " WHERE " + " AND ".join(conds) if conds else ""
 
 
 def _unpacked(where: list[str]) -> str:
@@ -47,7 +32,7 @@ def _unpacked(where: list[str]) -> str:
     walked side by side, several times faster than ``unnest`` in FROM)."""
     cols = ", ".join(f'unnest(p."{c}") AS "{c}"' for c in FIELDS)
     return (f"SELECT p.hour + unnest(p.minutes) * INTERVAL '1 minute' AS minute, p.gpu_uuid, {cols}"
-            f" FROM {TABLE} p{_where(where)}")
+            f" FROM {TABLE} p{where_sql(where)}")
 
 
 def _sqlite_us(t: dt.datetime) -> int:
@@ -62,8 +47,8 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     cols = ", ".join(["minute", "gpu_uuid", *(f'"{c}"' for c in FIELDS)])
     if dialect != "postgresql":
         where = [*([f"minute >= {_sqlite_us(start)}"] if start is not None else []), *([f"minute < {_sqlite_us(end)}"] if end is not None else [])]
-        return f"(SELECT {cols} FROM {RAW}{_where(where)}) {alias}"
-    raw_where = [*([f"minute >= {_literal(start)}"] if start is not None else []), *([f"minute < {_literal(end)}"] if end is not None else [])]
+        return f"(SELECT {cols} FROM {RAW}{where_sql(where)}) {alias}"
+    raw_where = [*([f"minute >= {time_literal(start)}"] if start is not None else []), *([f"minute < {time_literal(end)}"] if end is not None else [])]
     # A range filter on an unpacked minute is an expression without statistics, which the planner gives a
     # selectivity of 0.005: a day of 16,384 GPUs' minutes estimated at 118,000 rows of 23.6 M, joined to the
     # inventory by nested loops (a site-hour read of one packed day of 1,024 GPUs took 30 s, against 2 s as rows).
@@ -72,16 +57,16 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     whole: list[str] = []
     edges: list[dt.datetime] = []
     if start is not None:
-        first = _hour_floor(start)
+        first = hour_floor(start)
         if first < start:
             edges.append(first)
             first += dt.timedelta(hours=1)
-        whole.append(f"p.hour >= {_literal(first)}")
+        whole.append(f"p.hour >= {time_literal(first)}")
     if end is not None:
-        last = _hour_floor(end)
+        last = hour_floor(end)
         if last < end and last not in edges:
             edges.append(last)
-        whole.append(f"p.hour < {_literal(last)}")
+        whole.append(f"p.hour < {time_literal(last)}")
     # A packed minute re-rolled since its pack is in the table too, and the table's row wins. Only the table's
     # rows up to the newest packed hour's end can be such a row (days are packed oldest first), and there are
     # none until a late re-roll, which the next pack folds in. So the per-minute check runs only when the range
@@ -90,11 +75,11 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     inner = " AND ".join([f"r.minute < {newest}", *(c.replace("minute", "r.minute", 1) for c in raw_where)])
     shadowed = (f"(NOT EXISTS (SELECT 1 FROM {RAW} r WHERE {inner})"
                 f" OR NOT EXISTS (SELECT 1 FROM {RAW} r WHERE r.minute = u.minute AND r.gpu_uuid = u.gpu_uuid AND {inner}))")
-    arms = [f"SELECT {cols} FROM {RAW}{_where(raw_where)}",
+    arms = [f"SELECT {cols} FROM {RAW}{where_sql(raw_where)}",
             f"SELECT u.* FROM ({_unpacked(whole)}) u WHERE {shadowed}"]
     if edges:
         cut = [f"u.{c}" for c in raw_where]
-        arms.append(f"SELECT u.* FROM ({_unpacked(['p.hour IN (' + ', '.join(_literal(h) for h in edges) + ')'])}) u"
+        arms.append(f"SELECT u.* FROM ({_unpacked(['p.hour IN (' + ', '.join(time_literal(h) for h in edges) + ')'])}) u"
                     f" WHERE {' AND '.join([*cut, shadowed])}")
     return f"({' UNION ALL '.join(arms)}) {alias}"
 
@@ -113,8 +98,8 @@ def pack_sql(hour: dt.datetime, merge: bool) -> list[str]:
     """The statements that pack the table's rows of ``hour`` into ``TABLE`` and delete them. ``merge``: the hour
     holds packed rows already (a re-roll after an earlier pack), so they are unpacked, joined by the table's
     rows, the table's row winning a minute both hold, and packed again."""
-    hour = _hour_floor(hour)
-    lo, hi = _literal(hour), _literal(hour + dt.timedelta(hours=1))
+    hour = hour_floor(hour)
+    lo, hi = time_literal(hour), time_literal(hour + dt.timedelta(hours=1))
     in_hour = [f"minute >= {lo}", f"minute < {hi}"]
     cols = ", ".join(f'"{c}"' for c in FIELDS)
     aggs = ", ".join(f'array_agg("{c}") AS "{c}"' for c in FIELDS)
@@ -123,10 +108,10 @@ def pack_sql(hour: dt.datetime, merge: bool) -> list[str]:
     group = (f"SELECT {lo} AS hour, gpu_uuid, array_agg(m) AS minutes, {aggs} FROM"
              f" (SELECT gpu_uuid, (EXTRACT(EPOCH FROM minute - {lo}) / 60)::smallint AS m, {cols} FROM src ORDER BY 1, 2) sorted"
              " GROUP BY gpu_uuid")
-    drop_raw = f"DELETE FROM {RAW}{_where(in_hour)}"
+    drop_raw = f"DELETE FROM {RAW}{where_sql(in_hour)}"
     if not merge:
-        return [f"{insert} WITH src AS (SELECT minute, gpu_uuid, {cols} FROM {RAW}{_where(in_hour)}) {group}", drop_raw]
-    tagged = (f"SELECT 0 AS older, minute, gpu_uuid, {cols} FROM {RAW}{_where(in_hour)}"
+        return [f"{insert} WITH src AS (SELECT minute, gpu_uuid, {cols} FROM {RAW}{where_sql(in_hour)}) {group}", drop_raw]
+    tagged = (f"SELECT 0 AS older, minute, gpu_uuid, {cols} FROM {RAW}{where_sql(in_hour)}"
               f" UNION ALL SELECT 1 AS older, u.* FROM ({_unpacked([f'p.hour = {lo}'])}) u")
     return [f"CREATE TEMP TABLE _repack_energy ON COMMIT DROP AS WITH tagged AS ({tagged}),"
             f" src AS (SELECT DISTINCT ON (gpu_uuid, minute) minute, gpu_uuid, {cols} FROM tagged ORDER BY gpu_uuid, minute, older) {group}",
