@@ -1,10 +1,12 @@
 """Retention: what is deleted when, in two tiers.
 
-- **Raw telemetry** (``RAW``: samples, collectives, steps, port counters, serving series and requests) after
+- **Raw telemetry** (``RAW``: samples, collectives, steps, port counters, serving series and requests, nccl-tests
+  results, the per-op timings of the what-if analysis) after
   ``FLEETSCOPE_RETENTION_DAYS`` (400 by default; the EU AI Act asks deployers to keep logs at least six
   months, Regulation (EU) 2024/1689 Art. 19(1) and 26(6)).
 - **What was derived from it** (``EVIDENCE``: energy roll-ups, per-step breakdowns, job analyses, findings,
-  health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) after
+  health and job events, the ingest and task logs, monitoring windows, predictions and outcomes, the alert
+  notifications sent and their delivery attempts) after
   ``FLEETSCOPE_EVIDENCE_RETENTION_DAYS`` (three years by default, never shorter than the raw tier): the
   conclusions audits read outlive the samples, and nothing grows forever (the ingest log gains a row per
   push).
@@ -32,12 +34,14 @@ from fleetscope.settings import Settings
 from fleetscope.store import Store, packed, packed_energy, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
-       "serving_bucket", "serving_counter", "serving_gauge", "serving_request")
+       "serving_bucket", "serving_counter", "serving_gauge", "serving_request", "nccl_test", "job_op")
 EVIDENCE = {
     "gpu_energy_minute": "minute", "site_energy_minute": "minute", "job_energy_minute": "minute",
     "step_breakdown": "start", "job_analysis": "computed_at", "finding": "window_start", "health_event": "ts",
     "job_event": "ts", "ingest_log": "at", "job_analysis_state": "updated_at", "task_run": "at", "monitoring_window": "window_start",
     "model_prediction": "ts", "model_outcome": "ts",
+    # alert history: each notification sent and its delivery attempts (the attempts also go with their notification)
+    "alert_delivery_attempt": "at", "alert_notification": "created_at",
 }
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from fleetscope.core import frames as F
 from fleetscope.services import retention
-from fleetscope.store import partitions
+from fleetscope.store import partitions, schema
 
 T0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
 
@@ -93,3 +93,29 @@ def test_a_partition_dropped_behind_the_stores_back_is_made_again(store):
     with store.engine.begin() as conn:  # another process's retention, or a rebuilt schema
         conn.execute(text(f'DROP TABLE "{partitions.partition_name("gpu_sample", T0.date())}"'))
     assert store.write_frames([(F.GPU_SAMPLE, df)], source="again").written["gpu_sample"] == df.height
+
+
+def test_nothing_the_analyses_or_alerting_write_per_event_is_kept_forever(store):
+    """nccl-tests results and the what-if analysis' per-op timings go with the raw tier; the alert notifications sent
+    and their delivery attempts with the evidence (each young row stays)."""
+    old, young = T0, T0 + dt.timedelta(days=1000)
+    nccl = pl.DataFrame({"run_id": ["r-old", "r-young"], "op": ["all_reduce"] * 2, "size_bytes": [1 << 20] * 2, "in_place": [False] * 2,
+                         "ts": [old, young], "busbw_gbps": [180.0, 181.0]})
+    ops = pl.DataFrame({"job_id": ["j"] * 2, "step": [1, 2], "rank": [0, 0], "optype": ["optimizer"] * 2, "seq_id": [0, 0],
+                        "ts": [old, young], "duration_s": [0.01, 0.02]})
+    store.write_frames([(F.NCCL_TEST, F.conform(F.NCCL_TEST, nccl)), (F.JOB_OP, F.conform(F.JOB_OP, ops))], source="t")
+    with store.engine.begin() as conn:  # through the tables' types: instants are integers on SQLite
+        for nid, at in ((1, old), (2, young)):
+            conn.execute(schema.metadata.tables["alert_notification"].insert().values(
+                notification_id=nid, webhook_id=f"wh-{nid}", receiver="ops", group_key="g", status="delivered", payload_json="{}",
+                created_at=at, attempts=1))
+            conn.execute(schema.metadata.tables["alert_delivery_attempt"].insert().values(
+                notification_id=nid, attempt=1, at=at + dt.timedelta(seconds=2), outcome="delivered"))
+    # raw retention 400 days, evidence 1,095, three years and a bit after the old rows
+    deleted = retention.prune(store, old + dt.timedelta(days=1100), 400, 1095)
+    assert deleted["nccl_test"] == 1 and deleted["job_op"] == 1
+    assert deleted["alert_delivery_attempt"] == 1 and deleted["alert_notification"] == 1
+    assert store.read("nccl_test")["run_id"].to_list() == ["r-young"] and store.read("job_op")["step"].to_list() == [2]
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT notification_id FROM alert_notification")).scalars().all() == [2]
+        assert conn.execute(text("SELECT notification_id FROM alert_delivery_attempt")).scalars().all() == [2]
