@@ -166,3 +166,24 @@ def test_retention_prunes_packed_energy_hours_with_the_rows(store):
     assert deleted[packed_energy.TABLE] == 4 * 6 - 1
     assert left["minute"].min() == DAY + 6 * H
     assert left.equals(df.filter(pl.col("minute") >= DAY + 6 * H).sort("minute", "gpu_uuid"))
+
+
+def test_downgrading_past_0025_puts_the_packed_minutes_back_as_rows(store):
+    if store.dialect == "sqlite":
+        return
+    from fleetscope.store import db
+
+    df = _minutes()
+    _write(store, df)
+    packing.pack_energy_closed(store, DAY + dt.timedelta(days=3))
+    assert _raw_rows(store) == 0
+    url = store.engine.url.render_as_string(hide_password=False)
+    store.engine.dispose()
+    try:
+        db.downgrade(url, "0024")
+        # read by plain SQL: this code's reads expect the packed table of head
+        back = store.query(f"SELECT minute, gpu_uuid, {', '.join(packed_energy.FIELDS)} FROM gpu_energy_minute ORDER BY minute, gpu_uuid",
+                           [], dict(F.GPU_ENERGY_MINUTE.schema))
+        assert back.select(df.columns).equals(df.sort("minute", "gpu_uuid"))
+    finally:
+        db.upgrade(url)  # the session's database is shared with later tests
