@@ -77,8 +77,11 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
                 # whole days go as partitions; the DELETE below then has only the day the cutoff falls in
                 dropped, _ = partitions.drop_before(store.engine, name, cutoff)
             col = table.c[EVIDENCE.get(name) or schema.TIME_COLUMN[name]]
+            stmt = delete(table).where(col < cutoff)
+            if name == "alert_notification":  # one still waiting to be sent stays, however old, until it is sent or dead
+                stmt = stmt.where(table.c.status != "pending")
             with store.engine.begin() as conn:
-                deleted[name] = dropped + conn.execute(delete(table).where(col < cutoff)).rowcount
+                deleted[name] = dropped + conn.execute(stmt).rowcount
             if name == packed.RAW and partitions.is_partitioned(store.engine, packed.TABLE):
                 deleted[packed.TABLE] = _prune_packed(store, cutoff)
             if name == packed_energy.RAW and store.dialect == "postgresql":

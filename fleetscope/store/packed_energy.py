@@ -44,6 +44,7 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     """A FROM item, named ``alias``, of the energy minutes with ``start <= minute < end`` (either bound may be
     None), every column of ``gpu_energy_minute``. The bounds are applied here, exactly: a caller adds no filter
     on ``minute`` of its own (see the estimate below)."""
+    start, end = (None if t is None else as_utc(t) for t in (start, end))  # a naive bound is UTC, as on every read
     cols = ", ".join(["minute", "gpu_uuid", *(f'"{c}"' for c in FIELDS)])
     if dialect != "postgresql":
         where = [*([f"minute >= {_sqlite_us(start)}"] if start is not None else []), *([f"minute < {_sqlite_us(end)}"] if end is not None else [])]
@@ -70,10 +71,14 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     # A packed minute re-rolled since its pack is in the table too, and the table's row wins. Only the table's
     # rows up to the newest packed hour's end can be such a row (days are packed oldest first), and there are
     # none until a late re-roll, which the next pack folds in. So the per-minute check runs only when the range
-    # holds one: the uncorrelated EXISTS is computed once (an InitPlan) and, false, short-circuits the OR.
+    # holds one: the range's oldest row (one probe of the key's index, computed once as an InitPlan) is not below
+    # the newest packed hour's end, and the OR short-circuits. A re-rolled minute replaces its packed copy whole,
+    # where a re-roll of a row keeps a stored value the new one lacks (the frame's ``update``): the pack folds it
+    # in the same way, so a minute reads the same before and after that pack.
     newest = f"(SELECT MAX(hour) FROM {TABLE}) + INTERVAL '1 hour'"
-    inner = " AND ".join([f"r.minute < {newest}", *(c.replace("minute", "r.minute", 1) for c in raw_where)])
-    shadowed = (f"(NOT EXISTS (SELECT 1 FROM {RAW} r WHERE {inner})"
+    in_range = [c.replace("minute", "r.minute", 1) for c in raw_where]
+    inner = " AND ".join([f"r.minute < {newest}", *in_range])
+    shadowed = (f"(COALESCE((SELECT MIN(r.minute) FROM {RAW} r{where_sql(in_range)}) >= {newest}, TRUE)"
                 f" OR NOT EXISTS (SELECT 1 FROM {RAW} r WHERE r.minute = u.minute AND r.gpu_uuid = u.gpu_uuid AND {inner}))")
     arms = [f"SELECT {cols} FROM {RAW}{where_sql(raw_where)}",
             f"SELECT u.* FROM ({_unpacked(whole)}) u WHERE {shadowed}"]

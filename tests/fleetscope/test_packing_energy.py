@@ -61,6 +61,8 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "inside_hour": store.read("gpu_energy_minute", start=DAY + dt.timedelta(hours=10, minutes=7), end=DAY + dt.timedelta(hours=10, minutes=41)),
         "from": store.read("gpu_energy_minute", start=DAY + dt.timedelta(hours=30, minutes=1)),
         "to": store.read("gpu_energy_minute", end=DAY + dt.timedelta(hours=2, minutes=59)),
+        # a naive bound is UTC, as on every read
+        "naive": store.read("gpu_energy_minute", start=dt.datetime(2026, 10, 1, 10, 30), end=dt.datetime(2026, 10, 1, 12, 15)),
         "site_hour": energy_reads.energy_by_site_hour(store, DAY + 2 * H, DAY + 30 * H),
         "site_minutes": energy.site_minutes(store, DAY + 20 * H, DAY + 21 * H, ["s1", "s2"]),
         "report": energy.energy_report(store, DAY, DAY + 2 * 24 * H, ["site_id", "hour"]),
@@ -94,7 +96,7 @@ def test_a_packed_day_of_energy_minutes_reads_back_exactly_through_every_read(st
     before = _reads(store)
     assert before["all"].height == df.height and before["site_hour"].height > 0 and before["report"].height > 0
     # each range exactly, on both databases: its source applies the bounds
-    assert before["inside_hour"].height == 4 * 34 and before["to"].height == 4 * 179
+    assert before["inside_hour"].height == 4 * 34 and before["to"].height == 4 * 179 and before["naive"].height == 4 * 105
     assert before["range"].equals(df.filter(pl.col("minute").is_between(DAY + dt.timedelta(hours=4, minutes=30), DAY + 26 * H, closed="left"))
                                   .sort("minute", "gpu_uuid"))
     assert before["rolled_to"] == DAY + dt.timedelta(days=2)
@@ -120,8 +122,9 @@ def test_a_packed_day_of_energy_minutes_reads_back_exactly_through_every_read(st
     _assert_same(before, _reads(store))
     with store.engine.begin() as conn:
         conn.execute(text(f"ANALYZE {packed_energy.TABLE}"))
-    # the data overview's estimate counts the packed minutes (every packed hour here holds all 60)
+    # the data overview's estimate counts the packed minutes (every packed hour here holds all 60), and so do the counts
     assert telemetry.table_rows(store, ["gpu_energy_minute"])["rows"].to_list() == [df.height]
+    assert store.counts()["gpu_energy_minute"] == df.height
     # nothing is left to pack
     assert packing.pack_energy_closed(store, DAY + dt.timedelta(days=3)) == {}
 

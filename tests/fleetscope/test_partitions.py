@@ -105,17 +105,18 @@ def test_nothing_the_analyses_or_alerting_write_per_event_is_kept_forever(store)
                         "ts": [old, young], "duration_s": [0.01, 0.02]})
     store.write_frames([(F.NCCL_TEST, F.conform(F.NCCL_TEST, nccl)), (F.JOB_OP, F.conform(F.JOB_OP, ops))], source="t")
     with store.engine.begin() as conn:  # through the tables' types: instants are integers on SQLite
-        for nid, at in ((1, old), (2, young)):
+        for nid, at, status in ((1, old, "delivered"), (2, young, "delivered"), (3, old, "pending")):
             conn.execute(schema.metadata.tables["alert_notification"].insert().values(
-                notification_id=nid, webhook_id=f"wh-{nid}", receiver="ops", group_key="g", status="delivered", payload_json="{}",
+                notification_id=nid, webhook_id=f"wh-{nid}", receiver="ops", group_key="g", status=status, payload_json="{}",
                 created_at=at, attempts=1))
             conn.execute(schema.metadata.tables["alert_delivery_attempt"].insert().values(
                 notification_id=nid, attempt=1, at=at + dt.timedelta(seconds=2), outcome="delivered"))
     # raw retention 400 days, evidence 1,095, three years and a bit after the old rows
     deleted = retention.prune(store, old + dt.timedelta(days=1100), 400, 1095)
     assert deleted["nccl_test"] == 1 and deleted["job_op"] == 1
-    assert deleted["alert_delivery_attempt"] == 1 and deleted["alert_notification"] == 1
+    assert deleted["alert_delivery_attempt"] == 2 and deleted["alert_notification"] == 1
     assert store.read("nccl_test")["run_id"].to_list() == ["r-young"] and store.read("job_op")["step"].to_list() == [2]
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT notification_id FROM alert_notification")).scalars().all() == [2]
-        assert conn.execute(text("SELECT notification_id FROM alert_delivery_attempt")).scalars().all() == [2]
+        # one still waiting to be sent stays, however old
+        assert conn.execute(text("SELECT notification_id FROM alert_notification ORDER BY 1")).scalars().all() == [2, 3]
+        assert conn.execute(text("SELECT notification_id FROM alert_delivery_attempt ORDER BY 1")).scalars().all() == [2]
