@@ -32,6 +32,10 @@ MAX_DAYS_PER_TICK = 2
 """Days packed by one tick, oldest first (a backlog after an outage goes over several ticks)."""
 
 
+def _day_end(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
+
+
 def packable_days(store: Store, now: dt.datetime) -> list[dt.date]:
     """Days whose raw partition holds rows and may be packed at ``now``, oldest first."""
     if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
@@ -41,7 +45,7 @@ def packable_days(store: Store, now: dt.datetime) -> list[dt.date]:
         return []
     bound = min(now - GRACE, rolled)
     closed = [(name, day) for name, day in partitions.partitions(store.engine, packed.RAW)
-              if dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC) <= bound]
+              if _day_end(day) <= bound]
     # every closed day's partition asked on one connection: a year of them is read on each /metrics scrape
     with store.engine.connect() as conn:
         return [day for name, day in closed if conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{name}")')).scalar()]
@@ -92,18 +96,12 @@ def pack_closed(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TIC
 # --- the per-GPU energy minutes (store.packed_energy) ---------------------------------------------------
 
 
-def _day_end(day: dt.date) -> dt.datetime:
-    return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
-
-
 def packable_energy_days(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TICK) -> list[dt.date]:
     """The oldest ``max_days`` days whose energy minutes, held as rows, may be packed at ``now``: ended ``GRACE``
     ago and passed by the energy roll-up (its ten-minute re-roll is done with them)."""
     if store.dialect != "postgresql":
         return []
     with store.engine.connect() as conn:
-        if conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is None:
-            return []
         rolled = conn.execute(text(f"SELECT {packed_energy.newest_minute_sql(store.dialect)}")).scalar()
         if rolled is None:
             return []

@@ -84,24 +84,20 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
                 deleted[name] = dropped + conn.execute(stmt).rowcount
             if name == packed.RAW and partitions.is_partitioned(store.engine, packed.TABLE):
                 deleted[packed.TABLE] = _prune_packed(store, cutoff)
-            if name == packed_energy.RAW and store.dialect == "postgresql":
-                deleted[packed_energy.TABLE] = _prune_packed_energy(store, cutoff)
+            if name == packed_energy.RAW and store.dialect == "postgresql":  # packed energy minutes go with the rows
+                deleted[packed_energy.TABLE] = _prune_hours(store, packed_energy.TABLE, cutoff)
     return deleted
 
 
-def _prune_packed_energy(store: Store, cutoff: dt.datetime) -> int:
-    """The packed energy minutes (``store.packed_energy``) go with the rows, to the hour: a GPU-hour ending at or
-    before the cutoff (the hour the cutoff falls in stays whole until the next prune). Rows (GPU-hours) deleted."""
+def _prune_hours(store: Store, table: str, cutoff: dt.datetime) -> int:
+    """Delete the GPU-hour rows of a packed table that end at or before ``cutoff`` (an hour the cutoff falls in
+    stays whole until the next prune, so nothing younger than the retention goes): rows deleted."""
     with store.engine.begin() as conn:
-        if conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is None:
-            return 0
-        return conn.execute(text(f"DELETE FROM {packed_energy.TABLE} WHERE hour <= :c"), {"c": cutoff - dt.timedelta(hours=1)}).rowcount
+        return conn.execute(text(f"DELETE FROM {table} WHERE hour <= :c"), {"c": cutoff - dt.timedelta(hours=1)}).rowcount
 
 
 def _prune_packed(store: Store, cutoff: dt.datetime) -> int:
     """The packed days of raw samples (``store.packed``) go with the raw ones: whole day partitions, then the
-    GPU-hours of the cutoff's day that end at or before it (an hour the cutoff falls in stays whole until the
-    next prune, so nothing younger than the retention goes). Rows (GPU-hours) deleted."""
+    GPU-hours of the cutoff's day (``_prune_hours``). Rows (GPU-hours) deleted."""
     dropped, _ = partitions.drop_before(store.engine, packed.TABLE, cutoff)
-    with store.engine.begin() as conn:
-        return dropped + conn.execute(text(f"DELETE FROM {packed.TABLE} WHERE hour <= :c"), {"c": cutoff - dt.timedelta(hours=1)}).rowcount
+    return dropped + _prune_hours(store, packed.TABLE, cutoff)

@@ -584,7 +584,7 @@ class Store:
                 out[name] = int(conn.execute(text(f"SELECT COUNT(*) FROM {_q(name)}")).scalar_one())
             if self.dialect == "postgresql":  # with the samples of packed days (store.packed) and packed energy minutes
                 out[packed.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(samples), 0) FROM {packed.TABLE}")).scalar_one())
-                if packed_energy.RAW in out and conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is not None:
+                if packed_energy.RAW in out:
                     out[packed_energy.RAW] += int(conn.execute(text(f"SELECT COALESCE(SUM(cardinality(minutes)), 0) FROM {packed_energy.TABLE}"))
                                                   .scalar_one())
         return out

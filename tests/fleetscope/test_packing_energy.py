@@ -9,6 +9,7 @@ import datetime as dt
 
 import numpy as np
 import polars as pl
+import pytest
 from sqlalchemy import text
 
 from fleetscope.core import frames as F
@@ -85,6 +86,16 @@ def _assert_same(before: dict[str, object], after: dict[str, object]) -> None:
             assert a.sort(a.columns).equals(b.sort(b.columns)), name
 
 
+def _packed(store) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    """Two days of minutes written and both packed (PostgreSQL; SQLite does not pack): the minutes written."""
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _minutes()
+    _write(store, df)
+    packing.pack_energy_closed(store, DAY + dt.timedelta(days=3))
+    return df
+
+
 def _raw_rows(store) -> int:  # type: ignore[no-untyped-def]
     with store.engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM gpu_energy_minute")).scalar())
@@ -130,11 +141,7 @@ def test_a_packed_day_of_energy_minutes_reads_back_exactly_through_every_read(st
 
 
 def test_a_minute_re_rolled_after_its_pack_wins_and_the_next_pack_folds_it_in(store):
-    if store.dialect == "sqlite":
-        return
-    df = _minutes()
-    _write(store, df)
-    packing.pack_energy_closed(store, DAY + dt.timedelta(days=3))
+    df = _packed(store)
     at = DAY + dt.timedelta(hours=10, minutes=7)
     changed = df.filter((pl.col("minute") == at) & (pl.col("gpu_uuid") == GPUS[0])).with_columns(
         energy_j=pl.lit(1.5), counter_energy_j=pl.lit(1.0), integrated_energy_j=pl.lit(0.5), method=pl.lit("counter+power_integration"))
@@ -172,13 +179,9 @@ def test_retention_prunes_packed_energy_hours_with_the_rows(store):
 
 
 def test_downgrading_past_0025_puts_the_packed_minutes_back_as_rows(store):
-    if store.dialect == "sqlite":
-        return
     from fleetscope.store import db
 
-    df = _minutes()
-    _write(store, df)
-    packing.pack_energy_closed(store, DAY + dt.timedelta(days=3))
+    df = _packed(store)
     assert _raw_rows(store) == 0
     url = store.engine.url.render_as_string(hide_password=False)
     store.engine.dispose()
