@@ -17,10 +17,15 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   bytes per GPU-day as rows and once ``services.packing.pack_energy_day`` has packed the day; an hour of every
   GPU's minutes (checked equal) and the day's per-site hours (``energy_by_site_hour``, joined to the inventory)
   read both ways.
+- ``reads``: a day of DCGM-shaped samples of ``--gpus`` GPUs on one site, and the service's reads of raw samples over
+  that day timed as rows and again once ``services.packing.pack_day`` has packed it (each checked equal): the
+  oldest rows with a limit and no range (``GET /api/v1/frames/gpu_sample?limit=``), an hour of every GPU, a job's 8
+  GPUs over the day, the fleet's activity and its latest samples at an instant of the day, each GPU's energy
+  over the day from its counter, the site's hourly energy from the counters, one GPU's power over the day.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel|energy] [--values random|dcgm]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel|energy|reads] [--values random|dcgm]
                                    [--postgres URL]
 """
 
@@ -309,6 +314,14 @@ def bench_panel(store: Store, gpus: int, days: int) -> None:
               points=series.height, seconds=round(seconds, 3), target_s=2.0, fill_s=round(fill_s, 1))
 
 
+def _site_inventory(store: Store, uuids: list[str], site: str) -> None:
+    """8 GPUs a host on one site, so reads that join the inventory join as they do in a fleet."""
+    hosts = [f"{site}-host-{i // 8}" for i in range(len(uuids))]
+    store.write(F.Batch(source="bench", site=F.conform(F.SITE, pl.DataFrame({"site_id": [site], "name": [site], "country": ["DEU"]})),
+                        host=F.conform(F.HOST, pl.DataFrame({"host": sorted(set(hosts)), "site_id": site})),
+                        gpu=F.conform(F.GPU, pl.DataFrame({"gpu_uuid": uuids, "host": hosts}))))
+
+
 def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
     """A day of per-GPU energy minutes as the energy roll-up writes them from DCGM-shaped samples (the energy
     counter in J with mJ digits, power to the mW), in bytes per GPU-day as rows and once the day is packed
@@ -316,11 +329,7 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
     minutes read both ways, and checked equal."""
     rng = np.random.default_rng(11)
     uuids = _uuids(gpus, "e")
-    # an inventory of 8 GPUs a host on one site, so the site-hour read joins as it does in a fleet
-    hosts = [f"e-host-{i // 8}" for i in range(gpus)]
-    store.write(F.Batch(source="bench", site=F.conform(F.SITE, pl.DataFrame({"site_id": ["e1"], "name": ["e1"], "country": ["DEU"]})),
-                        host=F.conform(F.HOST, pl.DataFrame({"host": sorted(set(hosts)), "site_id": "e1"})),
-                        gpu=F.conform(F.GPU, pl.DataFrame({"gpu_uuid": uuids, "host": hosts}))))
+    _site_inventory(store, uuids, "e1")
     _write_day(store, uuids, DAY0, interval_s, rng, "dcgm")
     t = time.perf_counter()
     for h in range(24):  # as beat rolls it, a window at a time
@@ -362,13 +371,69 @@ def bench_energy_packing(store: Store, gpus: int, interval_s: int) -> None:
           site_hours_of_day_rows_s=round(site_rows_s, 3), site_hours_of_day_packed_s=round(site_packed_s, 3))
 
 
+def _same_within_float4(packed_df: pl.DataFrame, rows_df: pl.DataFrame, what: str) -> None:
+    """Equal but for the fields packed as ``real`` (``store.packed.FLOAT4_FIELDS``), which read back within float4's
+    precision of what was written, and for aggregates of them."""
+    assert packed_df.columns == rows_df.columns and packed_df.height == rows_df.height, (what, packed_df.shape, rows_df.shape)
+    for c in rows_df.columns:
+        a, b = packed_df[c], rows_df[c]
+        if b.dtype.is_float():
+            assert bool(((a - b).abs() <= 1e-6 * b.abs() + 1e-9).all()) and a.is_null().equals(b.is_null()), f"{what}: {c} differs packed"
+        else:
+            assert a.equals(b), f"{what}: {c} differs packed"
+
+
+def bench_packed_reads(store: Store, gpus: int, interval_s: int) -> None:
+    """The service's reads of raw samples over a day, as rows and once the day is packed: seconds each way, and
+    the packed read checked equal to the rows' (README "Packed days of raw samples")."""
+    rng = np.random.default_rng(13)
+    uuids = _uuids(gpus, "r")
+    _site_inventory(store, uuids, "r1")
+    _write_day(store, uuids, DAY0, interval_s, rng, "dcgm")
+    day = (DAY0, DAY0 + dt.timedelta(days=1))
+    noon = DAY0 + dt.timedelta(hours=12)
+    reads = {
+        "oldest_1000_no_range": lambda: store.read(packed.RAW, limit=1000),
+        "hour_of_every_gpu": lambda: store.read(packed.RAW, start=noon, end=noon + dt.timedelta(hours=1)),
+        "job_8_gpus_day": lambda: store.read(packed.RAW, start=day[0], end=day[1], gpu_uuid=uuids[8:16]),
+        "fleet_activity_5min": lambda: telemetry.gpu_activity(store, noon, 300).sort("gpu_uuid"),
+        "latest_samples_at_noon": lambda: telemetry.latest_gpu_samples(store, noon).sort("gpu_uuid"),
+        "site_energy_day_counters": lambda: energy_reads.gpu_energy(store, *day).sort("site_id"),
+        "site_counter_energy_hours": lambda: energy_reads.counter_energy_by_site_hour(store, *day),
+        "one_gpu_power_day": lambda: telemetry.gpu_field_series(store, uuids[3], "power_w", *day, tier="raw"),
+    }
+
+    def timed() -> dict[str, tuple[float, pl.DataFrame]]:
+        with store.engine.begin() as conn:
+            conn.execute(text(f"ANALYZE {packed.RAW}"))
+            conn.execute(text(f"ANALYZE {packed.TABLE}"))
+        out = {}
+        for name, read in reads.items():
+            read()  # once to warm the caches the same way for both
+            t = time.perf_counter()
+            df = read()
+            out[name] = (time.perf_counter() - t, df)
+        return out
+
+    as_rows = timed()
+    t = time.perf_counter()
+    packing.pack_day(store, DAY0.date())
+    pack_s = time.perf_counter() - t
+    as_packed = timed()
+    for name, (_, df) in as_rows.items():
+        assert df.height > 0, name
+        _same_within_float4(as_packed[name][1], df, name)
+        _emit(bench="packed_raw_read", db="postgresql", gpus=gpus, read=name, rows=df.height, rows_s=round(as_rows[name][0], 3),
+              packed_s=round(as_packed[name][0], 3), ratio=round(as_packed[name][0] / max(as_rows[name][0], 1e-6), 2), pack_s=round(pack_s, 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--panel-gpus", type=int, default=16384)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
-    ap.add_argument("--only", choices=("storage", "layouts", "panel", "energy"), help="run one of the measurements")
+    ap.add_argument("--only", choices=("storage", "layouts", "panel", "energy", "reads"), help="run one of the measurements")
     ap.add_argument("--values", choices=("random", "dcgm"), default="random",
                     help="storage: uniform random fields (the worst case for compression) or values as DCGM reports them")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -377,7 +442,8 @@ def main() -> None:
     runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s, args.values),
             "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
             "panel": lambda store: bench_panel(store, args.panel_gpus, args.days),
-            "energy": lambda store: bench_energy_packing(store, args.gpus, args.interval_s)}
+            "energy": lambda store: bench_energy_packing(store, args.gpus, args.interval_s),
+            "reads": lambda store: bench_packed_reads(store, args.gpus, args.interval_s)}
     for name, run in runs.items():
         if args.only not in (None, name):
             continue

@@ -50,15 +50,15 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
         return pl.DataFrame(schema=schema)
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
-    params: list[Any] = [start, start + probe, end - probe, end]
+    params: list[Any] = []
     site_sql = site_gpus_sql(site, params, "a.gpu_uuid")
     sql = (
         "SELECT h.site_id, COUNT(*) AS gpus,"
         " SUM(CASE WHEN b.e > a.e THEN b.e - a.e ELSE 0 END) AS energy_j FROM"
         f" (SELECT gpu_uuid, MIN(energy_j) AS e FROM {gpu_samples_sql(store, start, start + probe, ('energy_j',))}"
-        " WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) a"
+        " GROUP BY gpu_uuid) a"
         f" JOIN (SELECT gpu_uuid, MAX(energy_j) AS e FROM {gpu_samples_sql(store, end - probe, end, ('energy_j',))}"
-        " WHERE ts >= ? AND ts < ? GROUP BY gpu_uuid) b"
+        " GROUP BY gpu_uuid) b"
         " ON b.gpu_uuid = a.gpu_uuid"
         " LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE a.e IS NOT NULL AND b.e IS NOT NULL{site_sql} GROUP BY h.site_id ORDER BY 1"
@@ -149,7 +149,7 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
     ahead = gpu_samples_sql(store, end, end + probe)
-    followed = fetch(store, f"SELECT ts FROM {ahead} WHERE ts >= ? AND ts < ? LIMIT 1", [end, end + probe], {"ts": UTC}).height > 0
+    followed = fetch(store, f"SELECT ts FROM {ahead} LIMIT 1", [], {"ts": UTC}).height > 0
     if not followed:
         # The window runs past the data: close it at the newest sample instead.
         newest, newest_params = packed.max_ts_sql(store.dialect, before=end)
@@ -167,10 +167,9 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     closing = (end, "MIN", end, end + probe) if followed else (end, "MAX", end - probe, end)
     # Probe k's reading closes hour k-1 and opens hour k; the last probe only closes.
     for k, (at, agg, lo, hi) in enumerate([(b, "MIN", b, b + probe) for b in bounds] + [closing]):
-        params += [lo, hi]
         site_sql = site_gpus_sql(site, params)
         source = gpu_samples_sql(store, lo, hi, ("energy_j",))
-        parts.append(f"SELECT {k} AS k, gpu_uuid, {agg}(energy_j) AS e FROM {source} WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid")
+        parts.append(f"SELECT {k} AS k, gpu_uuid, {agg}(energy_j) AS e FROM {source} WHERE TRUE{site_sql} GROUP BY gpu_uuid")
     sql = (
         "SELECT h.site_id, x.k, COUNT(*) AS gpus, SUM(CASE WHEN x.d > 0 THEN x.d ELSE 0 END) AS energy_j FROM ("
         " SELECT k, gpu_uuid, LEAD(e) OVER (PARTITION BY gpu_uuid ORDER BY k) - e AS d FROM (" + " UNION ALL ".join(parts) + ") p"

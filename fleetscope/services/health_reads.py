@@ -241,7 +241,7 @@ def gpu_state_counts(
     # Each GPU's state is decided in the database and only the five counts come back: the fleet's GPUs
     # (100,000 rows at the largest sites) never travel to this process.
     start = end - dt.timedelta(seconds=window_s)
-    params: list[Any] = [start, end]
+    params: list[Any] = []
     act_site = site_gpus_sql(site, params)
     params += [end - dt.timedelta(seconds=health_window_s), end, *UNHEALTHY_KINDS]
     bad_site = site_hosts_sql(site, params)
@@ -253,7 +253,7 @@ def gpu_state_counts(
         " SUM(CASE WHEN rep = 0 THEN 1 ELSE 0 END) AS bad_silent FROM ("
         " SELECT gpu_uuid, MAX(rep) AS rep, MAX(bad) AS bad, COALESCE(MAX(u), 0) AS u FROM ("
         f" SELECT gpu_uuid, 1 AS rep, 0 AS bad, AVG(util_ratio) AS u FROM {gpu_samples_sql(store, start, end, ('util_ratio',))}"
-        f" WHERE ts >= ? AND ts < ?{act_site} GROUP BY gpu_uuid"
+        f" WHERE TRUE{act_site} GROUP BY gpu_uuid"
         " UNION ALL SELECT gpu_uuid, 0 AS rep, 1 AS bad, NULL AS u FROM (SELECT DISTINCT gpu_uuid FROM health_event"
         f" WHERE ts >= ? AND ts < ? AND kind IN ({kinds}) AND gpu_uuid <> ''{bad_site}) b) z GROUP BY gpu_uuid) y"
     )

@@ -39,8 +39,8 @@ def shard_gpu_samples(store: Store, shard: int, shards: int, start: dt.datetime,
     if not clauses:
         return pl.DataFrame(schema={c: schema[c] for c in columns})
     sql = (f"SELECT {', '.join('s.' + c for c in columns)} FROM {gpu_samples_sql(store, start, end, columns, 's')} LEFT JOIN gpu g ON g.gpu_uuid = s.gpu_uuid"
-           f" WHERE s.ts >= ? AND s.ts < ? AND ({' OR '.join(clauses)}) ORDER BY s.gpu_uuid, s.ts")
-    return store.query(sql, [start, end, *hosts], {c: schema[c] for c in columns}).select(columns)
+           f" WHERE {' OR '.join(clauses)} ORDER BY s.gpu_uuid, s.ts")
+    return store.query(sql, hosts, {c: schema[c] for c in columns}).select(columns)
 
 
 def in_shard(store: Store, df: pl.DataFrame, shard: int, shards: int) -> pl.DataFrame:

@@ -172,13 +172,13 @@ def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None 
     """
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
-    params: list[Any] = [start, end]
-    site_sql = site_gpus_sql(site, params)
+    params: list[Any] = []
+    site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
     fields = ", ".join(f"s.{c}" for c in _LATEST_COLUMNS)
     sql = (
         f"SELECT x.gpu_uuid, g.host, g.gpu_index, h.site_id, x.ts, {', '.join('x.' + c for c in _LATEST_COLUMNS)} FROM ("
         f" SELECT s.gpu_uuid, s.ts, {fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, _LATEST_COLUMNS, 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}"
+        f" FROM {gpu_samples_sql(store, start, end, _LATEST_COLUMNS, 's')} WHERE TRUE{site_sql}"
         ") x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         " WHERE x.rn = 1 ORDER BY g.host, g.gpu_index, x.gpu_uuid"
     )
@@ -194,7 +194,7 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
     the whole fleet (the database sorts narrow rows, and a 100,000-GPU fleet sends 100,000 short ones)."""
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
-    params: list[Any] = [start, end]
+    params: list[Any] = []
     site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
     cols = [c for c in dict.fromkeys(columns) if c not in ("ts", "gpu_uuid")]
     if any(c not in F.GPU_SAMPLE.schema for c in cols):
@@ -203,7 +203,7 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
     sql = (
         f"SELECT gpu_uuid, ts{''.join(', ' + c for c in cols)} FROM ("
         f" SELECT s.gpu_uuid, s.ts{fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, cols, 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}) x WHERE rn = 1"
+        f" FROM {gpu_samples_sql(store, start, end, cols, 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
     return fetch(store, sql, params, {"gpu_uuid": pl.String, "ts": UTC, **{c: F.GPU_SAMPLE.schema[c] for c in cols}})
 
@@ -213,12 +213,12 @@ def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, s
     ``latest_gpu_samples``, summed in the database: one row comes back however large the fleet)."""
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
-    params: list[Any] = [start, end]
+    params: list[Any] = []
     site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
     sql = (
         "SELECT MAX(ts) AS as_of, COUNT(*) AS gpus_reporting, SUM(power_w) AS power_w FROM ("
         " SELECT s.ts, s.power_w, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, ('power_w',), 's')} WHERE s.ts >= ? AND s.ts < ?{site_sql}) x WHERE rn = 1"
+        f" FROM {gpu_samples_sql(store, start, end, ('power_w',), 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
     return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64})
 
@@ -233,12 +233,12 @@ def gpu_activity(
     """
     end = as_utc(end)
     start = end - dt.timedelta(seconds=window_s)
-    params: list[Any] = [start, end]
+    params: list[Any] = []
     site_sql = site_gpus_sql(site, params)
     sql = (
         "SELECT a.gpu_uuid, g.host, g.gpu_index, h.site_id, a.samples, a.util_mean_ratio, a.power_mean_w, a.last_ts FROM ("
         " SELECT gpu_uuid, COUNT(*) AS samples, AVG(util_ratio) AS util_mean_ratio, AVG(power_w) AS power_mean_w, MAX(ts) AS last_ts"
-        f" FROM {gpu_samples_sql(store, start, end, ('util_ratio', 'power_w'))} WHERE ts >= ? AND ts < ?{site_sql} GROUP BY gpu_uuid"
+        f" FROM {gpu_samples_sql(store, start, end, ('util_ratio', 'power_w'))} WHERE TRUE{site_sql} GROUP BY gpu_uuid"
         ") a LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
     )
     schema = {
@@ -339,9 +339,9 @@ def _instants(start: dt.datetime, end: dt.datetime, points: int) -> list[dt.date
     return [start + step * (i + 1) for i in range(points)]
 
 
-Probe = tuple[dt.datetime, dt.datetime, str]
-"""One probe of ``fleet_series``: its instant, the start of what it reads, and the per-GPU aggregates
-(``u``, ``p``, ``t``) it reads up to the instant (SQL with two placeholders: the bounds)."""
+Probe = tuple[dt.datetime, str, list[Any]]
+"""One probe of ``fleet_series``: its instant, the per-GPU aggregates (``u``, ``p``, ``t``) it reads up to the
+instant (SQL ending in a WHERE clause), and that SQL's parameters."""
 
 
 def _raw_probe_length(store: Store, start: dt.datetime, end: dt.datetime) -> dt.timedelta:
@@ -352,7 +352,7 @@ def _raw_probe_length(store: Store, start: dt.datetime, end: dt.datetime) -> dt.
 def _raw_probe(store: Store, at: dt.datetime, probe: dt.timedelta) -> Probe:
     """A probe of the raw samples over the ``probe`` before ``at``."""
     source = gpu_samples_sql(store, at - probe, at, ("util_ratio", "power_w", "temp_c"))
-    return at, at - probe, f"AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM {source} WHERE ts >= ? AND ts < ?"
+    return at, f"AVG(util_ratio) AS u, AVG(power_w) AS p, MAX(temp_c) AS t FROM {source} WHERE TRUE", []
 
 
 def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -360,8 +360,8 @@ def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str
     or a tier, folded over the fleet."""
     parts: list[str] = []
     params: list[Any] = []
-    for at, lo, inner in probes:
-        params += [at, busy_util_ratio, lo, at]
+    for at, inner, inner_params in probes:
+        params += [at, busy_util_ratio, *inner_params]
         site_sql = site_gpus_sql(site, params)
         parts.append(
             "SELECT ? AS ts, COUNT(*) AS gpus_reporting, SUM(CASE WHEN u >= ? THEN 1 ELSE 0 END) AS gpus_busy,"
@@ -410,7 +410,7 @@ def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util
         return rolled_to is None or first_bucket < rolled_to
 
     tail = [at for at in instants if not rolled(at)]
-    probes: list[Probe] = [(at, at - width, inner) for at in instants if rolled(at)]
+    probes: list[Probe] = [(at, inner, [at - width, at]) for at in instants if rolled(at)]
     if tail:
         probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, tail[0], tail[-1])
         probes += [_raw_probe(store, at, probe) for at in tail]
@@ -444,7 +444,8 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime
     params = [gpu_uuid, as_utc(start), as_utc(end)]
     if tier == "raw":
         source = gpu_samples_sql(store, as_utc(start), as_utc(end), (field,))
-        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM {source} WHERE gpu_uuid = ? AND ts >= ? AND ts < ? ORDER BY ts"
+        params = [gpu_uuid]
+        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM {source} WHERE gpu_uuid = ? ORDER BY ts"
     else:
         aggs = ", ".join(f"{field}_{a} AS {a}" for a in ("min", "max", "mean", "last"))
         sql = f"SELECT bucket AS ts, {aggs} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"

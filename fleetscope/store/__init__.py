@@ -399,6 +399,7 @@ class Store:
         columns: Sequence[str] | None = None,
         limit: int | None = None,
         small: bool = False,
+        _windowed: bool = False,
     ) -> pl.DataFrame:
         """Rows of one canonical frame as a polars frame with canonical dtypes.
 
@@ -411,6 +412,8 @@ class Store:
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
+        if limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed:
+            return self._read_oldest(frame, start, end, limit, dict(job_id=job_id, host=host, gpu_uuid=gpu_uuid, columns=columns, small=small))
         spec = schema.FRAME_SPECS[frame]
         want = list(columns) if columns else list(spec.names)
         bad = [c for c in want if c not in spec.schema]
@@ -444,8 +447,9 @@ class Store:
                 select_cols = ["r.job_id", "r.rank", *select_cols]
             job_ids = None
         i_start = i_end = -1
-        # the energy minutes' source applies the range itself (an outer filter spoils the planner's estimate)
-        filtered = bool(tcol) and frame != packed_energy.RAW
+        # the packed frames' sources apply the range themselves (an outer filter spoils PostgreSQL's estimate);
+        # SQLite's raw samples keep the outer filter too, which its parallel read slices by
+        filtered = bool(tcol) and frame != packed_energy.RAW and not (frame == packed.RAW and self.dialect == "postgresql")
         if filtered and start is not None:
             where.append(f"{alias}.{_q(tcol)} >= ?")
             i_start = len(params)
@@ -493,6 +497,34 @@ class Store:
             if assignments is not None:
                 df = self._with_assignments(df, *assignments).select(list(out_schema))
             return df.sort(order) if order and sort_after else df
+
+    def _read_oldest(self, frame: str, start: dt.datetime | None, end: dt.datetime | None, limit: int,
+                     filters: dict[str, Any]) -> pl.DataFrame:
+        """``read``'s oldest ``limit`` rows of a frame that packs its closed days (PostgreSQL), read in windows
+        from the oldest row held that grow eightfold (a minute, 8, 64, ...) until one holds ``limit`` rows or
+        reaches the range's end. Ordered by time, a window's first ``limit`` rows are the range's; and a
+        packed hour is unpacked whole to be read at all, so one over the whole range, all of it packed history
+        (``GET /api/v1/frames/gpu_sample?limit=10``), would unpack every day kept."""
+        if frame == packed.RAW:
+            newest_sql, newest_params = packed.max_ts_sql(self.dialect)
+            bounds = f"SELECT {packed.min_ts_sql(self.dialect)} AS lo, {newest_sql} AS hi"
+        else:
+            newest_sql, newest_params = packed_energy.newest_minute_sql(self.dialect), []
+            bounds = f"SELECT {packed_energy.oldest_minute_sql(self.dialect)} AS lo, {newest_sql} AS hi"
+        held = self.query(bounds, newest_params, {"lo": F.UTC_US, "hi": F.UTC_US})
+        oldest, newest = held["lo"][0], held["hi"][0]
+        if oldest is None or newest is None:
+            return self.read(frame, start=start, end=end, limit=limit, _windowed=True, **filters)
+        lo = oldest if start is None else max(as_utc(start), oldest)
+        last = newest + dt.timedelta(microseconds=1)
+        stop = last if end is None else min(as_utc(end), last)
+        span = dt.timedelta(minutes=1)
+        while True:
+            hi = min(lo + span, stop)
+            df = self.read(frame, start=lo, end=hi if hi < stop else end, limit=limit, _windowed=True, **filters)
+            if df.height >= limit or hi >= stop:
+                return df
+            span *= 8
 
     def _fetch_sqlite_parallel(self, sql: str, source: str, params: list[Any], i_start: int, i_end: int,
                                out_schema: dict[str, pl.DataType]) -> pl.DataFrame | None:

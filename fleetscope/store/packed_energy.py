@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 
 from fleetscope.core.units import as_utc
-from fleetscope.store.packed import hour_floor, time_literal, where_sql
+from fleetscope.store.packed import hour_floor, hour_split, sqlite_us, time_literal, where_sql
 
 TABLE = "gpu_energy_minute_packed"
 RAW = "gpu_energy_minute"
@@ -35,11 +35,6 @@ def _unpacked(where: list[str]) -> str:
             f" FROM {TABLE} p{where_sql(where)}")
 
 
-def _sqlite_us(t: dt.datetime) -> int:
-    delta = as_utc(t) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
 def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, alias: str = RAW) -> str:
     """A FROM item, named ``alias``, of the energy minutes with ``start <= minute < end`` (either bound may be
     None), every column of ``gpu_energy_minute``. The bounds are applied here, exactly: a caller adds no filter
@@ -47,27 +42,12 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     start, end = (None if t is None else as_utc(t) for t in (start, end))  # a naive bound is UTC, as on every read
     cols = ", ".join(["minute", "gpu_uuid", *(f'"{c}"' for c in FIELDS)])
     if dialect != "postgresql":
-        where = [*([f"minute >= {_sqlite_us(start)}"] if start is not None else []), *([f"minute < {_sqlite_us(end)}"] if end is not None else [])]
+        where = [*([f"minute >= {sqlite_us(start)}"] if start is not None else []), *([f"minute < {sqlite_us(end)}"] if end is not None else [])]
         return f"(SELECT {cols} FROM {RAW}{where_sql(where)}) {alias}"
     raw_where = [*([f"minute >= {time_literal(start)}"] if start is not None else []), *([f"minute < {time_literal(end)}"] if end is not None else [])]
-    # A range filter on an unpacked minute is an expression without statistics, which the planner gives a
-    # selectivity of 0.005: a day of 16,384 GPUs' minutes estimated at 118,000 rows of 23.6 M, joined to the
-    # inventory by nested loops (a site-hour read of one packed day of 1,024 GPUs took 30 s, against 2 s as rows).
-    # So the packed hours wholly inside the range are chosen by ``hour`` alone (a column with statistics), and
-    # only the one or two hours the bounds cut are filtered minute by minute.
-    whole: list[str] = []
-    edges: list[dt.datetime] = []
-    if start is not None:
-        first = hour_floor(start)
-        if first < start:
-            edges.append(first)
-            first += dt.timedelta(hours=1)
-        whole.append(f"p.hour >= {time_literal(first)}")
-    if end is not None:
-        last = hour_floor(end)
-        if last < end and last not in edges:
-            edges.append(last)
-        whole.append(f"p.hour < {time_literal(last)}")
+    # A filter on unpacked minutes has no statistics (a site-hour read of a packed day of 1,024 GPUs joined the
+    # inventory by nested loops: 30 s, against 2 s as rows), so hours are picked by ``hour`` (``packed.hour_split``).
+    whole, edges = hour_split(start, end)
     # A packed minute re-rolled since its pack is in the table too, and the table's row wins. Only the table's
     # rows up to the newest packed hour's end can be such a row (days are packed oldest first), and there are
     # none until a late re-roll, which the next pack folds in. So the per-minute check runs only when the range
@@ -81,12 +61,20 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     shadowed = (f"(COALESCE((SELECT MIN(r.minute) FROM {RAW} r{where_sql(in_range)}) >= {newest}, TRUE)"
                 f" OR NOT EXISTS (SELECT 1 FROM {RAW} r WHERE r.minute = u.minute AND r.gpu_uuid = u.gpu_uuid AND {inner}))")
     arms = [f"SELECT {cols} FROM {RAW}{where_sql(raw_where)}",
-            f"SELECT u.* FROM ({_unpacked(whole)}) u WHERE {shadowed}"]
+            *([f"SELECT u.* FROM ({_unpacked(whole)}) u WHERE {shadowed}"] if whole is not None else [])]
     if edges:
         cut = [f"u.{c}" for c in raw_where]
         arms.append(f"SELECT u.* FROM ({_unpacked(['p.hour IN (' + ', '.join(time_literal(h) for h in edges) + ')'])}) u"
                     f" WHERE {' AND '.join([*cut, shadowed])}")
     return f"({' UNION ALL '.join(arms)}) {alias}"
+
+
+def oldest_minute_sql(dialect: str) -> str:
+    """A scalar subquery: a time no later than the oldest energy minute held, packed or not (the oldest packed
+    hour's start stands for its minutes), or NULL."""
+    if dialect != "postgresql":
+        return f"(SELECT MIN(minute) FROM {RAW})"
+    return f"LEAST((SELECT MIN(minute) FROM {RAW}), (SELECT MIN(hour) FROM {TABLE}))"
 
 
 def newest_minute_sql(dialect: str) -> str:

@@ -30,7 +30,8 @@ def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | 
                     alias: str = "gpu_sample") -> str:
     """The FROM item every SQL read of raw GPU samples uses in place of ``gpu_sample``: the rows with
     ``start <= ts < end`` (each bound optional) and ``ts``, ``gpu_uuid`` and ``columns``, packed days included
-    (``store.packed.source``). The query keeps its own ``ts`` filter."""
+    (``store.packed.source``). The range is applied there: the query adds no ``ts`` filter of its own, which
+    would leave PostgreSQL's planner estimating the unpacked samples at a two-hundredth of their number."""
     return packed.source(store.dialect, start, end, columns, alias)
 
 

@@ -66,6 +66,12 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "read_gpu_cols": store.read("gpu_sample", gpu_uuid=[GPUS[3]], columns=["ts", "mem_temp_c", "power_w"], start=DAY, end=DAY + dt.timedelta(hours=8)),
         "read_job": store.read("gpu_sample", job_id="job-1", columns=["ts", "gpu_uuid", "energy_j"]),
         "read_limit": store.read("gpu_sample", start=DAY, limit=7),
+        # the oldest rows: read in growing windows on PostgreSQL, never by unpacking every hour (Store._read_oldest);
+        # GPU 3 is silent from 05:00 to 07:00, so its window grows past the gap, and past the packed day's end
+        "read_oldest": store.read("gpu_sample", limit=9),
+        "read_oldest_of_gpu": store.read("gpu_sample", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=58), limit=5),
+        "read_oldest_across_days": store.read("gpu_sample", gpu_uuid=[GPUS[0]], start=DAY + dt.timedelta(hours=23, minutes=59), limit=3),
+        "read_oldest_to": store.read("gpu_sample", end=DAY + dt.timedelta(minutes=3), limit=1000),
         "data_start": telemetry.data_start(store),
         "data_end": telemetry.data_end(store),
         "interval": telemetry.sample_interval_s(store, mid),
@@ -139,6 +145,34 @@ def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
     # energy_j and the integer fields keep every digit
     assert after["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s").equals(
         before["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s"))
+
+
+def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day(store, monkeypatch):
+    """``GET /api/v1/frames/gpu_sample?limit=10`` asks for the oldest rows held. Every packed hour an unbounded
+    read reaches is unpacked before it is sorted, so over a fleet's packed history that read would take hours; it
+    is read in windows from the oldest row instead, each bounded."""
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _samples()
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
+    packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    asked: list[tuple[object, object]] = []
+    real = packed.source
+
+    def spy(dialect, start, end, columns=None, alias="gpu_sample"):  # type: ignore[no-untyped-def]
+        asked.append((start, end))
+        return real(dialect, start, end, columns, alias)
+
+    monkeypatch.setattr(packed, "source", spy)
+    got = store.read("gpu_sample", limit=10)
+    assert got.equals(_as_packed(df).sort("ts", "gpu_uuid").head(10))
+    # the first minute held has the 4 GPUs' first samples, too few; the first 8 minutes have 32
+    assert asked == [(DAY, DAY + dt.timedelta(minutes=1)), (DAY, DAY + dt.timedelta(minutes=8))]
+    asked.clear()
+    sparse = store.read("gpu_sample", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=59, seconds=30), limit=2)
+    assert sparse["ts"].to_list() == [DAY + dt.timedelta(hours=7, minutes=1), DAY + dt.timedelta(hours=7, minutes=2)]
+    assert all(s is not None and e is not None for s, e in asked) and len(asked) == 4  # 1, 8, 64 and 512 minutes
 
 
 def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):

@@ -64,6 +64,9 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "to": store.read("gpu_energy_minute", end=DAY + dt.timedelta(hours=2, minutes=59)),
         # a naive bound is UTC, as on every read
         "naive": store.read("gpu_energy_minute", start=dt.datetime(2026, 10, 1, 10, 30), end=dt.datetime(2026, 10, 1, 12, 15)),
+        # the oldest rows: read in growing windows on PostgreSQL, never by unpacking every hour (Store._read_oldest)
+        "oldest": store.read("gpu_energy_minute", limit=9),
+        "oldest_of_gpu": store.read("gpu_energy_minute", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=58), limit=200),
         "site_hour": energy_reads.energy_by_site_hour(store, DAY + 2 * H, DAY + 30 * H),
         "site_minutes": energy.site_minutes(store, DAY + 20 * H, DAY + 21 * H, ["s1", "s2"]),
         "report": energy.energy_report(store, DAY, DAY + 2 * 24 * H, ["site_id", "hour"]),
