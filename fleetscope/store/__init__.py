@@ -412,6 +412,8 @@ class Store:
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
+        if frame == packed.RAW and job_id is not None and self.dialect == "postgresql" and not _windowed:
+            start, end = self._job_span(_as_list(job_id) or [], start, end)
         if limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed:
             return self._read_oldest(frame, start, end, limit, dict(job_id=job_id, host=host, gpu_uuid=gpu_uuid, columns=columns, small=small))
         spec = schema.FRAME_SPECS[frame]
@@ -497,6 +499,22 @@ class Store:
             if assignments is not None:
                 df = self._with_assignments(df, *assignments).select(list(out_schema))
             return df.sort(order) if order and sort_after else df
+
+    def _job_span(self, job_ids: list[str], start: dt.datetime | None, end: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None]:
+        """``[start, end)`` narrowed to when the jobs' ranks held GPUs: a job's samples are joined to its ranks
+        after the packed hours are unpacked, so a read of a job with no range would unpack every packed day
+        kept, and one of a job that ran an hour last month would unpack a month."""
+        span = self.query('SELECT MIN(r."start") AS lo, MAX(r."end") AS hi, COUNT(*) - COUNT(r."end") AS running FROM job_rank r'
+                          f' WHERE r.job_id IN ({", ".join("?" for _ in job_ids)})' if job_ids else
+                          'SELECT NULL AS lo, NULL AS hi, 0 AS running', list(job_ids), {"lo": F.UTC_US, "hi": F.UTC_US, "running": pl.Int64})
+        lo, hi, running = span["lo"][0], span["hi"][0], span["running"][0]
+        if lo is None:  # no ranks: nothing to read, over an empty range
+            first = as_utc(start) if start is not None else dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+            return first, first
+        start = lo if start is None else max(as_utc(start), lo)
+        if not running and hi is not None:
+            end = hi if end is None else min(as_utc(end), hi)
+        return start, end
 
     def _read_oldest(self, frame: str, start: dt.datetime | None, end: dt.datetime | None, limit: int,
                      filters: dict[str, Any]) -> pl.DataFrame:

@@ -173,6 +173,13 @@ def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day
     sparse = store.read("gpu_sample", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=59, seconds=30), limit=2)
     assert sparse["ts"].to_list() == [DAY + dt.timedelta(hours=7, minutes=1), DAY + dt.timedelta(hours=7, minutes=2)]
     assert all(s is not None and e is not None for s, e in asked) and len(asked) == 4  # 1, 8, 64 and 512 minutes
+    # a job's samples are read over the span its ranks held GPUs (03:00 to 01:00 the next day), never all history
+    asked.clear()
+    job = store.read("gpu_sample", job_id="job-1", columns=["ts", "gpu_uuid", "energy_j"])
+    assert asked == [(DAY + dt.timedelta(hours=3), DAY + dt.timedelta(days=1, hours=1))]
+    assert job.height == 22 * 60 and job["gpu_uuid"].unique().to_list() == [GPUS[1]]
+    asked.clear()
+    assert store.read("gpu_sample", job_id="no-such-job").height == 0 and asked[0][0] == asked[0][1]
 
 
 def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
