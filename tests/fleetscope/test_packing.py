@@ -147,16 +147,22 @@ def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
         before["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s"))
 
 
-def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day(store, monkeypatch):
-    """``GET /api/v1/frames/gpu_sample?limit=10`` asks for the oldest rows held. Every packed hour an unbounded
-    read reaches is unpacked before it is sorted, so over a fleet's packed history that read would take hours; it
-    is read in windows from the oldest row instead, each bounded."""
+def _packed_day_one(store) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    """The two days of ``_samples`` written, rolled and day one packed (PostgreSQL only); the samples."""
     if store.dialect == "sqlite":
         pytest.skip("SQLite does not pack")
     df = _samples()
     _write(store, df)
     tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
     packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    return df
+
+
+def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day(store, monkeypatch):
+    """``GET /api/v1/frames/gpu_sample?limit=10`` asks for the oldest rows held. Every packed hour an unbounded
+    read reaches is unpacked before it is sorted, so over a fleet's packed history that read would take hours; it
+    is read in windows from the oldest row instead, each bounded."""
+    df = _packed_day_one(store)
     asked: list[tuple[object, object]] = []
     real = packed.source
 
@@ -183,12 +189,7 @@ def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day
 
 
 def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
-    if store.dialect == "sqlite":
-        pytest.skip("SQLite does not pack")
-    df = _samples()
-    _write(store, df)
-    tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
-    packing.pack_closed(store, DAY + dt.timedelta(days=3))
+    df = _packed_day_one(store)
     # GPU 3's gap filled late, and a re-sent sample that only adds a field the stored copy lacked
     late = df.filter(pl.col("gpu_uuid") == GPUS[0]).filter(pl.col("ts").is_between(DAY + dt.timedelta(hours=5), DAY + dt.timedelta(hours=5, minutes=10)))
     late = late.with_columns(pl.lit(GPUS[3]).alias("gpu_uuid"))
