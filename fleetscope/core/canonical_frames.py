@@ -469,7 +469,7 @@ STEP_BREAKDOWN = FrameSpec(
 GPU_ENERGY_MINUTE = FrameSpec(
     "gpu_energy_minute",
     (
-        _k("minute", UTC_US, doc="start of the UTC minute"),
+        Col("minute", UTC_US, key=True, nullable=False, doc="start of the UTC minute", step_s=60),
         _k("gpu_uuid", pl.String),
         _f("energy_j", doc="counter_energy_j + integrated_energy_j"),
         _f("counter_energy_j", doc="part from the cumulative energy counter"),

@@ -32,6 +32,9 @@ class Col:
     nullable: bool = True
     default: Any = None
     doc: str = ""
+    # A time column whose values start a period of this many seconds (a minute's start: 60): a value inside one
+    # is refused rather than rounded, as a store that keeps the period's offset would round it.
+    step_s: int | None = None
 
     @property
     def required(self) -> bool:
@@ -156,6 +159,10 @@ def cast_column(spec: FrameSpec, col: Col, s: pl.Series) -> pl.Series:
         bad = _first_nonfinite(out)
         if bad is not None:
             raise ValidationError(f"{out[bad]!r} is not a finite number", frame=spec.name, row=bad, field=col.name)
+    if col.step_s and target == UTC_US:
+        bad = _first_bad((out.dt.epoch("us") % (col.step_s * 1_000_000) != 0).fill_null(False))
+        if bad is not None:
+            raise ValidationError(f"{out[bad]} is not the start of a {col.step_s}-second period", frame=spec.name, row=bad, field=col.name)
     return out
 
 def require_columns(df: object, frame: str, cols: Iterable[str]) -> None:

@@ -147,6 +147,17 @@ def test_an_ingest_token_cannot_write_derived_frames(api, frame, record):
     assert counts(api)[frame] == 1
 
 
+def test_an_energy_minute_inside_a_minute_is_refused_whole(api):
+    """A packed day keeps each energy minute as its offset in the hour: one written mid-minute would be rounded
+    there, so it is refused on the way in, naming its record, and nothing of the batch is stored."""
+    body = {"frames": {"gpu_energy_minute": [{"minute": "2026-03-01T12:00:00Z", "gpu_uuid": "G", "energy_j": 1.0},
+                                             {"minute": "2026-03-01T12:01:30Z", "gpu_uuid": "G", "energy_j": 2.0}]}}
+    r = httpx.post(api.url + "/api/v1/batches", json=body, headers=token(api, "admin"))
+    assert r.status_code == 422, r.text
+    assert "gpu_energy_minute row 1 field 'minute'" in r.json()["detail"] and "not the start of a 60-second period" in r.json()["detail"]
+    assert counts(api)["gpu_energy_minute"] == 0
+
+
 # --- bindings --------------------------------------------------------------------------------------------
 
 

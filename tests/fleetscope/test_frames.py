@@ -53,6 +53,9 @@ def test_naive_and_foreign_datetimes_become_utc():
         (F.GPU_SAMPLE, {"ts": ["2026-03-01T12:00:00Z"], "gpu_uuid": [7]}, 0, "gpu_uuid", "expected text"),
         (F.GPU_SAMPLE, {"ts": ["2026-03-01T12:00:00Z"], "gpu_uuid": ["a\x00b"]}, 0, "gpu_uuid", "NUL"),
         (F.STEP, {"job_id": ["j"], "rank": [0], "step": [1], "start": ["2026-03-01T12:00:00Z"]}, 0, "end", "missing required column"),
+        # an energy minute inside a minute: packing keeps a minute's offset in its hour, and would round it
+        (F.GPU_ENERGY_MINUTE, {"minute": ["2026-03-01T12:00:00Z", "2026-03-01T12:01:30Z"], "gpu_uuid": ["a", "a"]}, 1, "minute",
+         "2026-03-01 12:01:30+00:00 is not the start of a 60-second period"),
     ],
 )
 def test_conform_names_the_bad_row_and_field(frame, data, row, field, words):
