@@ -144,17 +144,37 @@ def pack_energy_day(store: Store, day: dt.date) -> dict[str, int]:
     return {"minutes": minutes, "rows": rows}
 
 
+def vacuum_energy(store: Store) -> None:
+    """VACUUM (ANALYZE) the energy minutes' table after days of it were packed."""
+    # The table is not partitioned: the packed days' rows are deleted, not dropped. Vacuumed now, their space
+    # and index entries are reused at once (an autovacuum would be cancelled by each pack's lock), and the
+    # next walk to the oldest minute does not step over a day of dead entries.
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM (ANALYZE) {packed_energy.RAW}"))
+
+
 def pack_energy_closed(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TICK) -> dict[str, Any]:
     """Beat's tick for the energy minutes: pack the oldest ``max_days`` packable days; per day, its minutes and rows."""
     with tracer().start_as_current_span("packing.pack_energy_closed"):
         done = {day.isoformat(): pack_energy_day(store, day) for day in packable_energy_days(store, now, max_days)}
         if done:
-            # The table is not partitioned: the packed days' rows are deleted, not dropped. Vacuumed now, their space
-            # and index entries are reused at once (an autovacuum would be cancelled by each pack's lock), and the
-            # next tick's walk to the oldest minute does not step over a day of dead entries.
-            with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.execute(text(f"VACUUM (ANALYZE) {packed_energy.RAW}"))
+            vacuum_energy(store)
         return done
+
+
+def backlog(store: Store, now: dt.datetime, max_days: int | None = None) -> list[tuple[str, dt.date]]:
+    """Every closed day beat has still to pack at ``now``, oldest first, as ``(table, day)``: the raw samples'
+    days, then the energy minutes' (at most ``max_days`` of each where given). Beat packs ``MAX_DAYS_PER_TICK``
+    of each an hour, so after an outage, or the upgrade that brought packing to a store holding years of
+    energy minutes, an operator packs the rest at once (``fleetscope db pack``)."""
+    raw = packable_days(store, now)
+    energy = packable_energy_days(store, now, max_days if max_days is not None else 1_000_000)
+    return [(packed.RAW, d) for d in raw[:max_days]] + [(packed_energy.RAW, d) for d in energy]
+
+
+def pack_one(store: Store, table: str, day: dt.date) -> dict[str, int]:
+    """Pack one day of ``table`` (``packed.RAW`` or ``packed_energy.RAW``); after energy days, ``vacuum_energy``."""
+    return pack_day(store, day) if table == packed.RAW else pack_energy_day(store, day)
 
 
 def scheduled_pack(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:

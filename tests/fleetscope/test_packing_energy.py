@@ -196,3 +196,32 @@ def test_downgrading_past_0025_puts_the_packed_minutes_back_as_rows(store):
         assert back.select(df.columns).equals(df.sort("minute", "gpu_uuid"))
     finally:
         db.upgrade(url)  # the session's database is shared with later tests
+
+
+def test_db_pack_packs_the_backlog_beat_would_take_ticks_over(store, tmp_path):
+    """``fleetscope db pack``: every closed day at once, oldest first (beat packs two a tick), or ``--days`` of
+    them; then nothing is left, and the reads are the rows' reads."""
+    import json
+    import os
+
+    from tests.clirun import cli
+
+    if store.dialect == "sqlite":
+        proc = cli("db", "pack", env={**os.environ, "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False),
+                                      "FLEETSCOPE_DATA_DIR": str(tmp_path)})
+        assert proc.returncode == 0 and "SQLite keeps every day as rows" in proc.stdout
+        return
+    df = _minutes()
+    _write(store, df)
+    before = _reads(store)
+    env = {**os.environ, "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False), "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    first = cli("db", "pack", "--days", "1", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    day1 = df.filter(pl.col("minute") < DAY + 24 * H)
+    assert json.loads(first.stdout) == {"gpu_energy_minute": {"2026-10-01": {"minutes": day1.height, "rows": 4 * 24 - 2}}}
+    rest = cli("db", "pack", env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert "gpu_energy_minute    2026-10-02" in rest.stdout and f"{df.height - day1.height:,} packed into" in rest.stdout
+    assert _raw_rows(store) == 0
+    assert "every closed day is packed" in cli("db", "pack", env=env).stdout
+    _assert_same(before, _reads(store))
