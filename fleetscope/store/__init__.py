@@ -414,7 +414,9 @@ class Store:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
         if frame == packed.RAW and job_id is not None and self.dialect == "postgresql" and not _windowed:
             start, end = self._job_span(_as_list(job_id) or [], start, end)
-        if limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed:
+        # windows hold a range's first rows only where the rows are ordered by time first (the time column asked)
+        if (limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed
+                and (not columns or schema.TIME_COLUMN[frame] in columns)):
             return self._read_oldest(frame, start, end, limit, dict(job_id=job_id, host=host, gpu_uuid=gpu_uuid, columns=columns, small=small))
         spec = schema.FRAME_SPECS[frame]
         want = list(columns) if columns else list(spec.names)
@@ -469,7 +471,9 @@ class Store:
         # raw GPU samples of packed days are read back from their arrays (store.packed)
         # and the energy minutes of packed days from theirs (store.packed_energy)
         if frame == packed.RAW:
-            table = packed.source(self.dialect, start, end, want, alias)
+            # SQLite: the outer filter holds the range, which its parallel read slices (a range inside the source too
+            # would have each slice's reader seek by the whole range's bounds)
+            table = packed.source(self.dialect, *((start, end) if self.dialect == "postgresql" else (None, None)), want, alias)
         elif frame == packed_energy.RAW:
             table = packed_energy.source(self.dialect, start, end, alias)
         else:

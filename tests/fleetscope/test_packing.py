@@ -72,6 +72,8 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "read_oldest_of_gpu": store.read("gpu_sample", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=58), limit=5),
         "read_oldest_across_days": store.read("gpu_sample", gpu_uuid=[GPUS[0]], start=DAY + dt.timedelta(hours=23, minutes=59), limit=3),
         "read_oldest_to": store.read("gpu_sample", end=DAY + dt.timedelta(minutes=3), limit=1000),
+        # without the time column the rows are ordered by GPU, and a limit takes them whole, not window by window
+        "read_limit_by_gpu": store.read("gpu_sample", columns=["gpu_uuid"], limit=3),
         "data_start": telemetry.data_start(store),
         "data_end": telemetry.data_end(store),
         "interval": telemetry.sample_interval_s(store, mid),
@@ -122,6 +124,7 @@ def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
     tiers.advance(store, DAY + dt.timedelta(days=1, minutes=5), max_chunks=10_000)
     before = _reads(store)
     assert before["read_all"].equals(df.sort("ts", "gpu_uuid")) and before["read_job"].height > 0
+    assert before["read_limit_by_gpu"]["gpu_uuid"].to_list() == [GPUS[0]] * 3
     assert before["fleet_series"].height == 8 and before["gpu_energy"].height > 0 and before["counter_energy"].height > 0
 
     done = packing.pack_closed(store, DAY + dt.timedelta(days=3))

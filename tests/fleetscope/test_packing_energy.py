@@ -67,6 +67,7 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         # the oldest rows: read in growing windows on PostgreSQL, never by unpacking every hour (Store._read_oldest)
         "oldest": store.read("gpu_energy_minute", limit=9),
         "oldest_of_gpu": store.read("gpu_energy_minute", gpu_uuid=[GPUS[3]], start=DAY + dt.timedelta(hours=4, minutes=58), limit=200),
+        "limit_by_gpu": store.read("gpu_energy_minute", columns=["gpu_uuid"], limit=3),
         "site_hour": energy_reads.energy_by_site_hour(store, DAY + 2 * H, DAY + 30 * H),
         "site_minutes": energy.site_minutes(store, DAY + 20 * H, DAY + 21 * H, ["s1", "s2"]),
         "report": energy.energy_report(store, DAY, DAY + 2 * 24 * H, ["site_id", "hour"]),
