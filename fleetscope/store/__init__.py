@@ -56,6 +56,9 @@ def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
     return list(value)
 
 
+JOB_GPU_FILTER_MAX = 20_000
+"""Most GPUs a job's raw-sample read lists as a filter (PostgreSQL takes 65,535 parameters a statement)."""
+
 _READS_ON_REPLICA: contextvars.ContextVar[bool] = contextvars.ContextVar("fleetscope_reads_on_replica", default=False)
 
 
@@ -413,7 +416,11 @@ class Store:
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
         if frame == packed.RAW and job_id is not None and self.dialect == "postgresql" and not _windowed:
-            start, end = self._job_span(_as_list(job_id) or [], start, end)
+            start, end, job_gpus = self._job_span(_as_list(job_id) or [], start, end)
+            # the join to the ranks comes after the unpacking: the packed arm is confined to the jobs' GPUs first (a
+            # list of them within a statement's parameters; past that the join alone confines the rows)
+            if gpu_uuid is None and len(job_gpus) <= JOB_GPU_FILTER_MAX:
+                gpu_uuid = job_gpus
         # windows hold a range's first rows only where the rows are ordered by time first (the time column asked)
         if (limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed
                 and (not columns or schema.TIME_COLUMN[frame] in columns)):
@@ -504,21 +511,22 @@ class Store:
                 df = self._with_assignments(df, *assignments).select(list(out_schema))
             return df.sort(order) if order and sort_after else df
 
-    def _job_span(self, job_ids: list[str], start: dt.datetime | None, end: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None]:
-        """``[start, end)`` narrowed to when the jobs' ranks held GPUs: a job's samples are joined to its ranks
-        after the packed hours are unpacked, so a read of a job with no range would unpack every packed day
-        kept, and one of a job that ran an hour last month would unpack a month."""
-        span = self.query('SELECT MIN(r."start") AS lo, MAX(r."end") AS hi, COUNT(*) - COUNT(r."end") AS running FROM job_rank r'
-                          f' WHERE r.job_id IN ({", ".join("?" for _ in job_ids)})' if job_ids else
-                          'SELECT NULL AS lo, NULL AS hi, 0 AS running', list(job_ids), {"lo": F.UTC_US, "hi": F.UTC_US, "running": pl.Int64})
-        lo, hi, running = span["lo"][0], span["hi"][0], span["running"][0]
-        if lo is None:  # no ranks: nothing to read, over an empty range
+    def _job_span(self, job_ids: list[str], start: dt.datetime | None,
+                  end: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None, list[str]]:
+        """``[start, end)`` narrowed to when the jobs' ranks held GPUs, and those GPUs: a job's samples are joined to
+        its ranks after the packed hours are unpacked, so a read of a job with no range would unpack every packed
+        day kept (one that ran an hour last month, a month), and every GPU of the fleet in the job's hours."""
+        marks = ", ".join("?" for _ in job_ids) or "NULL"
+        ranks = self.query(f'SELECT r.gpu_uuid, r."start", r."end" FROM job_rank r WHERE r.job_id IN ({marks})', list(job_ids),
+                           {"gpu_uuid": pl.String, "start": F.UTC_US, "end": F.UTC_US})
+        if not ranks.height:  # no ranks: nothing to read, over an empty range
             first = as_utc(start) if start is not None else dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-            return first, first
+            return first, first, []
+        lo, hi = ranks["start"].min(), ranks["end"].max()
         start = lo if start is None else max(as_utc(start), lo)
-        if not running and hi is not None:
+        if not ranks["end"].null_count() and hi is not None:
             end = hi if end is None else min(as_utc(end), hi)
-        return start, end
+        return start, end, sorted(ranks["gpu_uuid"].drop_nulls().unique().to_list())
 
     def _read_oldest(self, frame: str, start: dt.datetime | None, end: dt.datetime | None, limit: int,
                      filters: dict[str, Any]) -> pl.DataFrame:

@@ -150,6 +150,25 @@ def test_a_packed_day_reads_back_as_its_rows_through_every_raw_read(store):
         before["read_all"].select("energy_j", "fb_used_bytes", "power_violation_s"))
 
 
+def _last_read_sql(store, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The SQL ``Store.read`` runs for a job's samples, its parameters bound (for EXPLAIN)."""
+    from fleetscope.store.sql import bind
+
+    seen: list[str] = []
+    real = store._fetch
+
+    def grab(sql, params, schema):  # type: ignore[no-untyped-def]
+        seen.append(bind(sql, params))
+        return real(sql, params, schema)
+
+    store._fetch = grab
+    try:
+        store.read("gpu_sample", job_id=job_id, columns=["ts", "gpu_uuid", "energy_j"])
+    finally:
+        del store._fetch
+    return seen[-1]
+
+
 def _packed_day_one(store) -> pl.DataFrame:  # type: ignore[no-untyped-def]
     """The two days of ``_samples`` written, rolled and day one packed (PostgreSQL only); the samples."""
     if store.dialect == "sqlite":
@@ -189,6 +208,10 @@ def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day
     assert job.height == 22 * 60 and job["gpu_uuid"].unique().to_list() == [GPUS[1]]
     asked.clear()
     assert store.read("gpu_sample", job_id="no-such-job").height == 0 and asked[0][0] == asked[0][1]
+    # and over the job's GPUs only, before the unpacking: GPU 1's packed hours, not the fleet's
+    with store.engine.connect() as conn:
+        plan = "\n".join(r[0] for r in conn.execute(text("EXPLAIN " + _last_read_sql(store, "job-1"))))
+    assert "'GPU-0001'" in plan and "'GPU-0000'" not in plan
 
 
 def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
