@@ -20,8 +20,9 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
 - ``reads``: a day of DCGM-shaped samples of ``--gpus`` GPUs on one site, and the service's reads of raw samples over
   that day timed as rows and again once ``services.packing.pack_day`` has packed it (each checked equal): the
   oldest rows with a limit and no range (``GET /api/v1/frames/gpu_sample?limit=``), an hour of every GPU, a job's 8
-  GPUs over the day, the fleet's activity and its latest samples at an instant of the day, each GPU's energy
-  over the day from its counter, the site's hourly energy from the counters, one GPU's power over the day.
+  GPUs over the day, a job's samples by its id (12 hours of 8 ranks, no range given), the fleet's activity and its
+  latest samples at an instant of the day, each GPU's energy over the day from its counter, the site's hourly
+  energy from the counters, one GPU's power over the day.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
@@ -391,11 +392,16 @@ def bench_packed_reads(store: Store, gpus: int, interval_s: int) -> None:
     _site_inventory(store, uuids, "r1")
     _write_day(store, uuids, DAY0, interval_s, rng, "dcgm")
     day = (DAY0, DAY0 + dt.timedelta(days=1))
+    # a job of 8 ranks on GPUs 8-15 from 06:00 to 18:00
+    ranks = pl.DataFrame({"job_id": ["j-8"] * 8, "rank": list(range(8)), "start": [DAY0 + dt.timedelta(hours=6)] * 8,
+                          "end": [DAY0 + dt.timedelta(hours=18)] * 8, "gpu_uuid": uuids[8:16], "host": ["r1-host-1"] * 8})
+    store.write_frames([(F.JOB_RANK, F.conform(F.JOB_RANK, ranks))], source="bench")
     noon = DAY0 + dt.timedelta(hours=12)
     reads = {
         "oldest_1000_no_range": lambda: store.read(packed.RAW, limit=1000),
         "hour_of_every_gpu": lambda: store.read(packed.RAW, start=noon, end=noon + dt.timedelta(hours=1)),
         "job_8_gpus_day": lambda: store.read(packed.RAW, start=day[0], end=day[1], gpu_uuid=uuids[8:16]),
+        "job_by_id_12h": lambda: store.read(packed.RAW, job_id="j-8"),
         "fleet_activity_5min": lambda: telemetry.gpu_activity(store, noon, 300).sort("gpu_uuid"),
         "latest_samples_at_noon": lambda: telemetry.latest_gpu_samples(store, noon).sort("gpu_uuid"),
         "site_energy_day_counters": lambda: energy_reads.gpu_energy(store, *day).sort("site_id"),
