@@ -29,6 +29,7 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
+from fleetscope.store.sql import epoch_us
 
 TABLE = "gpu_sample_packed"
 RAW = "gpu_sample"
@@ -72,10 +73,9 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, col
     if bad:
         raise ValueError(f"gpu_sample has no field {bad[0]!r}")
     start, end = (None if t is None else as_utc(t) for t in (start, end))  # a naive bound is UTC, as on every read
+    raw_where = range_sql(dialect, "ts", start, end)
     if dialect != "postgresql":
-        where = [*([f"ts >= {sqlite_us(start)}"] if start is not None else []), *([f"ts < {sqlite_us(end)}"] if end is not None else [])]
-        return f"({_raw_select(RAW, fields, where)}) {alias}"
-    raw_where = [*([f"ts >= {time_literal(start)}"] if start is not None else []), *([f"ts < {time_literal(end)}"] if end is not None else [])]
+        return f"({_raw_select(RAW, fields, raw_where)}) {alias}"
     # A range filter on an unpacked timestamp is an expression without statistics, which the planner gives a
     # selectivity of 0.005 (and a caller's second filter another 0.005): a packed hour of a fleet estimated at a
     # few rows, then joined by nested loops, or sorted where it should be hashed. So the packed hours wholly inside
@@ -112,10 +112,11 @@ def hour_split(start: dt.datetime | None, end: dt.datetime | None) -> tuple[list
     return (None if first is not None and last is not None and first >= last else whole), edges
 
 
-def sqlite_us(t: dt.datetime) -> int:
-    """``t`` as SQLite stores time: integer microseconds since the epoch."""
-    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+def range_sql(dialect: str, column: str, start: dt.datetime | None, end: dt.datetime | None) -> list[str]:
+    """The conditions ``start <= column < end`` (a None bound left out) with the bounds as literals in the
+    dialect's storage form: SQLite's epoch microseconds, PostgreSQL's timestamptz (which prunes partitions)."""
+    lit = epoch_us if dialect != "postgresql" else time_literal
+    return [*([f"{column} >= {lit(start)}"] if start is not None else []), *([f"{column} < {lit(end)}"] if end is not None else [])]
 
 
 def where_sql(conds: Sequence[str]) -> str:

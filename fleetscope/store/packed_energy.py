@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 
 from fleetscope.core.units import as_utc
-from fleetscope.store.packed import hour_floor, hour_split, sqlite_us, time_literal, where_sql
+from fleetscope.store.packed import hour_floor, hour_split, range_sql, time_literal, where_sql
 
 TABLE = "gpu_energy_minute_packed"
 RAW = "gpu_energy_minute"
@@ -41,10 +41,9 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, ali
     on ``minute`` of its own (see the estimate below)."""
     start, end = (None if t is None else as_utc(t) for t in (start, end))  # a naive bound is UTC, as on every read
     cols = ", ".join(["minute", "gpu_uuid", *(f'"{c}"' for c in FIELDS)])
+    raw_where = range_sql(dialect, "minute", start, end)
     if dialect != "postgresql":
-        where = [*([f"minute >= {sqlite_us(start)}"] if start is not None else []), *([f"minute < {sqlite_us(end)}"] if end is not None else [])]
-        return f"(SELECT {cols} FROM {RAW}{where_sql(where)}) {alias}"
-    raw_where = [*([f"minute >= {time_literal(start)}"] if start is not None else []), *([f"minute < {time_literal(end)}"] if end is not None else [])]
+        return f"(SELECT {cols} FROM {RAW}{where_sql(raw_where)}) {alias}"
     # A filter on unpacked minutes has no statistics (a site-hour read of a packed day of 1,024 GPUs joined the
     # inventory by nested loops: 30 s, against 2 s as rows), so hours are picked by ``hour`` (``packed.hour_split``).
     whole, edges = hour_split(start, end)
