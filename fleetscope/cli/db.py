@@ -127,10 +127,6 @@ def db_prune(now_text: str | None, dry_run: bool, as_json: bool) -> None:
     _emit(as_json, deleted, "\n".join(f"{k:<20} {v:>10,} deleted" for k, v in deleted.items()))
 
 
-# The energy minutes' table is not partitioned: packed days leave dead rows, vacuumed every week of days packed.
-ENERGY_VACUUM_EVERY_DAYS = 7
-
-
 @db_group.command("pack")
 @click.option("--days", "max_days", type=click.IntRange(min=1), default=None,
               help="Pack at most this many days of each table, oldest first (default: every closed day).")
@@ -154,14 +150,11 @@ def db_pack(max_days: int | None, as_json: bool) -> None:
         return
     todo = packing.backlog(store, dt.datetime.now(dt.UTC), max_days)
     done: dict[str, dict[str, dict[str, int]]] = {}
-    with click.progressbar(todo, label="packing closed days", file=sys.stderr,
-                           item_show_func=lambda item: f"{item[0]} {item[1]}" if item else None) as days:
-        for table, day in days:
-            done.setdefault(table, {})[day.isoformat()] = packing.pack_one(store, table, day)
-            if table != "gpu_sample" and len(done[table]) % ENERGY_VACUUM_EVERY_DAYS == 0:
-                packing.vacuum_energy(store)
-    if done.get("gpu_energy_minute") and len(done["gpu_energy_minute"]) % ENERGY_VACUUM_EVERY_DAYS:
-        packing.vacuum_energy(store)
+    with click.progressbar(length=len(todo), label="packing closed days", file=sys.stderr,
+                           item_show_func=lambda item: f"{item[0]} {item[1]}" if item else None) as bar:
+        for table, day, packed_day in packing.pack_backlog(store, todo):
+            done.setdefault(table, {})[day.isoformat()] = packed_day
+            bar.update(1, (table, day))
     lines = [f"{table:<20} {day}  {n.get('samples', n.get('minutes', 0)):>12,} packed into {n['rows']:>8,} GPU-hour rows"
              for table, days_done in done.items() for day, n in days_done.items()]
     _emit(as_json, done, "\n".join(lines) or "nothing to pack: every closed day is packed")

@@ -16,6 +16,7 @@ day an hour at a time once the energy roll-up has passed it (``store.packed_ener
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import text
@@ -172,9 +173,25 @@ def backlog(store: Store, now: dt.datetime, max_days: int | None = None) -> list
     return [(packed.RAW, d) for d in raw[:max_days]] + [(packed_energy.RAW, d) for d in energy]
 
 
-def pack_one(store: Store, table: str, day: dt.date) -> dict[str, int]:
-    """Pack one day of ``table`` (``packed.RAW`` or ``packed_energy.RAW``); after energy days, ``vacuum_energy``."""
-    return pack_day(store, day) if table == packed.RAW else pack_energy_day(store, day)
+ENERGY_VACUUM_EVERY_DAYS = 7
+"""Energy days packed between two vacuums of the (unpartitioned) energy table while a backlog is packed."""
+
+
+def pack_backlog(store: Store, todo: Iterable[tuple[str, dt.date]]) -> Iterator[tuple[str, dt.date, dict[str, int]]]:
+    """Pack each ``(table, day)`` of ``backlog``, yielding each as it is done with what was packed; the energy table
+    is vacuumed every ``ENERGY_VACUUM_EVERY_DAYS`` of its days and after its last."""
+    energy_days = 0
+    for table, day in todo:
+        if table == packed.RAW:
+            yield table, day, pack_day(store, day)
+            continue
+        done = pack_energy_day(store, day)
+        energy_days += 1
+        if energy_days % ENERGY_VACUUM_EVERY_DAYS == 0:
+            vacuum_energy(store)
+        yield table, day, done
+    if energy_days % ENERGY_VACUUM_EVERY_DAYS:
+        vacuum_energy(store)
 
 
 def scheduled_pack(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
