@@ -306,6 +306,49 @@ def test_series_stored_by_another_process_keep_their_ids(store: Store):
     assert got.rows() == [('a{gpu="0"}', 2), ('b{gpu="0"}', 2), ('c{gpu="0"}', 1)]
 
 
+def test_the_duplicate_check_probes_the_index_even_on_a_young_log(pg_migrated: str):
+    """A new store's ingest log is small and unanalysed when the check is first prepared; the plan
+    PostgreSQL keeps for it must still probe the index once the log has grown, or each group's check
+    grows with the log. The plain ``= ANY`` form falls into this (a sequential scan kept), the check's does not."""
+    import psycopg
+
+    from fleetscope.store import pg_write
+
+    with psycopg.connect(pg_migrated.replace("+psycopg", ""), autocommit=True) as conn:
+        # a fresh copy of the log (its columns, collations and indexes) first on the search path
+        conn.execute("CREATE SCHEMA young")
+        try:
+            conn.execute("CREATE TABLE young.ingest_log (LIKE public.ingest_log INCLUDING ALL)")
+            conn.execute("SET search_path = young, public")
+
+            def grow(n: int) -> None:
+                conn.execute("INSERT INTO ingest_log (at, source, content_sha256, rows_json, \"values\") SELECT now(), 's',"
+                             " md5(g::text || %s) || md5(g::text), '{}', 1 FROM generate_series(1, %s::int) g", (str(n), n))
+
+            def plan_once_grown(sql: str) -> str:
+                conn.execute(f"PREPARE q(text[]) AS {sql}")
+                try:
+                    for _ in range(10):  # a group's check at a time, the log gaining a group's rows each
+                        grow(16)
+                        conn.execute("EXECUTE q(ARRAY['a', 'b'])")
+                    grow(6000)
+                    return "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE q(ARRAY['a', 'b'])"))
+                finally:
+                    conn.execute("DEALLOCATE q")
+                    conn.execute("TRUNCATE ingest_log")
+
+            assert "Seq Scan on ingest_log" in plan_once_grown("SELECT content_sha256 FROM ingest_log WHERE content_sha256 = ANY($1)")
+            probed = plan_once_grown(pg_write.LOGGED_SQL.format("$1"))
+            assert "Index" in probed and "Seq Scan" not in probed
+            grow(3)
+            stored = [r[0] for r in conn.execute("SELECT content_sha256 FROM ingest_log ORDER BY 1")]
+            check = pg_write.LOGGED_SQL.format("%s")
+            assert sorted(r[0] for r in conn.execute(check, ([stored[0], "f" * 64, stored[2], stored[2]],))) == [stored[0], stored[2], stored[2]]
+            assert conn.execute(check, (["f" * 64],)).fetchall() == []
+        finally:
+            conn.execute("DROP SCHEMA young CASCADE")
+
+
 def test_concurrent_writers_of_one_process_all_land(store: Store):
     # The API ingests in a thread pool: on SQLite the writers queue on the store's lock, on PostgreSQL
     # they run side by side; either way every batch is written once.
