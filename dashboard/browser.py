@@ -163,12 +163,39 @@ _CHARTS_DRAWN = """() => document.querySelectorAll(
     && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].every(e => e.querySelector('canvas, svg'))"""
 
 
+class EmptyPage(Exception):
+    """The page finished showing its empty state ("No data yet: ...", ``dashboard.ui.no_data``) where one of
+    its key texts belongs: the store holds nothing for it, which is not a page too slow to render."""
+
+
+# How long a "No data yet" notice may stand in for a key text before the page counts as empty: the last
+# page's notice stays on screen until this page's script replaces it, well within this.
+EMPTY_GRACE_S = 15.0
+
+
 def wait_rendered(page: Any, spec: PageSpec, timeout_s: float = 60) -> None:
     """Wait until the page's script has finished, its key texts are shown, nothing is still loading and
-    every chart is drawn."""
+    every chart is drawn; ``EmptyPage`` once it has finished with a "No data yet" notice instead of a key
+    text (within ``EMPTY_GRACE_S``, not the whole timeout)."""
+    import re
+
     ms = timeout_s * 1000
+    empty = page.get_by_text(re.compile(r"^No data yet"))
     for text in spec.expect:
-        page.get_by_text(text, exact=True).first.wait_for(state="visible", timeout=ms)
+        shown = page.get_by_text(text, exact=True).first
+        shown.or_(empty.first).first.wait_for(state="visible", timeout=ms)
+        if shown.is_visible():
+            continue
+        try:
+            shown.wait_for(state="visible", timeout=min(ms, EMPTY_GRACE_S * 1000))
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: decided below
+            page.wait_for_selector(_SCRIPT_DONE, timeout=ms)
+            if shown.is_visible():
+                continue
+            notices = [empty.nth(i).inner_text()[:200] for i in range(empty.count())]
+            if not notices:
+                raise
+            raise EmptyPage(f"{spec.name}: {text!r} not shown; the page says {'; '.join(notices)}") from None
     page.wait_for_selector(_SCRIPT_DONE, timeout=ms)
     page.wait_for_function(_CHARTS_DRAWN, timeout=ms)
 
