@@ -402,7 +402,6 @@ class Store:
         columns: Sequence[str] | None = None,
         limit: int | None = None,
         small: bool = False,
-        _windowed: bool = False,
     ) -> pl.DataFrame:
         """Rows of one canonical frame as a polars frame with canonical dtypes.
 
@@ -415,16 +414,33 @@ class Store:
         """
         if frame not in schema.FRAME_SPECS:
             raise ValueError(f"unknown frame {frame!r}: expected one of {', '.join(schema.FRAME_SPECS)}")
-        if frame == packed.RAW and job_id is not None and self.dialect == "postgresql" and not _windowed:
+        if frame == packed.RAW and job_id is not None and self.dialect == "postgresql":
             start, end, job_gpus = self._job_span(_as_list(job_id) or [], start, end)
             # the join to the ranks comes after the unpacking: the packed arm is confined to the jobs' GPUs first (a
             # list of them within a statement's parameters; past that the join alone confines the rows)
             if gpu_uuid is None and len(job_gpus) <= JOB_GPU_FILTER_MAX:
                 gpu_uuid = job_gpus
         # windows hold a range's first rows only where the rows are ordered by time first (the time column asked)
-        if (limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW) and not _windowed
+        filters = dict(job_id=job_id, host=host, gpu_uuid=gpu_uuid, columns=columns, small=small)
+        if (limit is not None and self.dialect == "postgresql" and frame in (packed.RAW, packed_energy.RAW)
                 and (not columns or schema.TIME_COLUMN[frame] in columns)):
-            return self._read_oldest(frame, start, end, limit, dict(job_id=job_id, host=host, gpu_uuid=gpu_uuid, columns=columns, small=small))
+            return self._read_oldest(frame, start, end, limit, filters)
+        return self._read(frame, start=start, end=end, limit=limit, **filters)
+
+    def _read(
+        self,
+        frame: str,
+        *,
+        start: dt.datetime | None,
+        end: dt.datetime | None,
+        job_id: str | Iterable[str] | None,
+        host: str | Iterable[str] | None,
+        gpu_uuid: str | Iterable[str] | None,
+        columns: Sequence[str] | None,
+        limit: int | None,
+        small: bool,
+    ) -> pl.DataFrame:
+        """``read`` as one statement: a job's span and GPUs already narrowed, no windows."""
         spec = schema.FRAME_SPECS[frame]
         want = list(columns) if columns else list(spec.names)
         bad = [c for c in want if c not in spec.schema]
@@ -544,14 +560,14 @@ class Store:
         held = self.query(bounds, newest_params, {"lo": F.UTC_US, "hi": F.UTC_US})
         oldest, newest = held["lo"][0], held["hi"][0]
         if oldest is None or newest is None:
-            return self.read(frame, start=start, end=end, limit=limit, _windowed=True, **filters)
+            return self._read(frame, start=start, end=end, limit=limit, **filters)
         lo = oldest if start is None else max(as_utc(start), oldest)
         last = newest + dt.timedelta(microseconds=1)
         stop = last if end is None else min(as_utc(end), last)
         span = dt.timedelta(minutes=1)
         while True:
             hi = min(lo + span, stop)
-            df = self.read(frame, start=lo, end=hi if hi < stop else end, limit=limit, _windowed=True, **filters)
+            df = self._read(frame, start=lo, end=hi if hi < stop else end, limit=limit, **filters)
             if df.height >= limit or hi >= stop:
                 return df
             span *= 8
