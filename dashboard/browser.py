@@ -8,6 +8,7 @@ dashboard itself never needs it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -177,8 +178,6 @@ def wait_rendered(page: Any, spec: PageSpec, timeout_s: float = 60) -> None:
     """Wait until the page's script has finished, its key texts are shown, nothing is still loading and
     every chart is drawn; ``EmptyPage`` once it has finished with a "No data yet" notice instead of a key
     text (within ``EMPTY_GRACE_S``, not the whole timeout)."""
-    import re
-
     ms = timeout_s * 1000
     empty = page.get_by_text(re.compile(r"^No data yet"))
     for text in spec.expect:
