@@ -23,14 +23,14 @@ STATUS_COLORS = alt.Scale(domain=["ok", "hot", "silent", "unhealthy"], range=["#
 
 
 def live_panel() -> None:
-    end = ui.live_end(f)
-    size = ui.q(telemetry.fleet_size, site=f.site)
-    counts = ui.q(health_reads.gpu_state_counts, end=end, site=f.site).row(0, named=True)
+    state = ui.q(health_reads.live_state, end=ui.live_end(f), site=f.site)
+    size = state["size"]
+    counts = state["counts"].row(0, named=True)
     gpus = int(size["gpus"][0]) if size.height else 0
     if gpus == 0 and counts["reporting"] == 0:
         ui.no_data("no GPUs in the inventory and no GPU telemetry.", "Point dcgm-exporter or the agent at the API, or run `fleetscope demo`.")
         return
-    power = ui.q(telemetry.power_now, end=end, site=f.site).row(0, named=True)
+    power = state["power"].row(0, named=True)
     cols = st.columns(6)
     cols[0].metric("GPUs", f"{max(gpus, counts['gpus']):,}", help="GPUs in the inventory (or reporting, if more)")
     cols[1].metric("Busy", f"{counts['busy']:,}", help="mean utilisation ≥ 10 % over the last 5 min")
@@ -40,7 +40,7 @@ def live_panel() -> None:
     cols[5].metric("Power now", ui.fmt_power(power["power_w"]), help=f"sum of {power['gpus_reporting']:,} GPUs' latest power")
 
     st.subheader("Host × GPU health")
-    grid = ui.q(health_reads.health_grid, end=end, site=f.site)
+    grid = state["grid"]
     if grid.is_empty():
         ui.no_data("no GPU in the inventory or reporting.")
         return
@@ -100,10 +100,7 @@ def energy_today(end: dt.datetime) -> tuple[pl.DataFrame, str]:
 
 # A first visit's reads, all at once (ui.prefetch): the panels below then draw from the cache.
 ui.prefetch(
-    lambda: ui.q(telemetry.fleet_size, site=f.site),
-    lambda: ui.q(health_reads.gpu_state_counts, end=ui.live_end(f), site=f.site),
-    lambda: ui.q(telemetry.power_now, end=ui.live_end(f), site=f.site),
-    lambda: ui.q(health_reads.health_grid, end=ui.live_end(f), site=f.site),
+    lambda: ui.q(health_reads.live_state, end=ui.live_end(f), site=f.site),
     lambda: energy_today(f.end),
     lambda: ui.q(jobs_svc.running_jobs, end=f.end, site=f.site),
     lambda: ui.q(alert_reads.alerts, include_resolved=False),

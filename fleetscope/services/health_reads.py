@@ -14,7 +14,7 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
-from fleetscope.services.telemetry import fleet_size, latest_fields
+from fleetscope.services.telemetry import fleet_size, latest_fields, power_of
 from fleetscope.store import Store
 from fleetscope.store.reads import bucket_us_sql, fetch, gpu_samples_sql, site_gpus_sql, site_hosts_sql
 
@@ -24,6 +24,12 @@ UTC = F.UTC_US
 # Health event kinds that make a GPU "unhealthy" on the overview. Throttling (thermal, power) and NCCL
 # warnings are worth seeing but do not by themselves mean the GPU should be drained.
 UNHEALTHY_KINDS: tuple[str, ...] = ("xid", "ecc", "row_remap", "nvlink", "sdc")
+# The live panel's windows: busy or idle by the mean utilisation over ACTIVITY_WINDOW_S; unhealthy by an event
+# in HEALTH_WINDOW_S; the grid's hosts cut at GRID_MAX_HOSTS.
+ACTIVITY_WINDOW_S = 300
+BUSY_UTIL_RATIO = 0.1
+HEALTH_WINDOW_S = 3600
+GRID_MAX_HOSTS = 64
 
 
 def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
@@ -48,7 +54,8 @@ def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str
 
 
 def health_grid(
-    store: Store, end: dt.datetime, lookback_s: float | None = None, health_window_s: float = 3600, site: str | None = None, max_hosts: int = 64
+    store: Store, end: dt.datetime, lookback_s: float | None = None, health_window_s: float = HEALTH_WINDOW_S, site: str | None = None,
+    max_hosts: int = GRID_MAX_HOSTS,
 ) -> pl.DataFrame:
     """Host × GPU grid of the latest temperature, power and XID, with health events in the last
     ``health_window_s``: ``host, gpu_index, gpu_uuid, temp_c, power_w, xid_last, events, status``.
@@ -60,7 +67,14 @@ def health_grid(
     screen shows, and the ones needing attention are the point of the grid.
     """
     end = as_utc(end)
-    latest = latest_fields(store, end, ("temp_c", "power_w", "xid_last"), lookback_s, site)
+    return _grid(store, end, latest_fields(store, end, _GRID_FIELDS, lookback_s, site), health_window_s, site, max_hosts)
+
+
+_GRID_FIELDS = ("temp_c", "power_w", "xid_last")
+
+
+def _grid(store: Store, end: dt.datetime, latest: pl.DataFrame, health_window_s: float, site: str | None, max_hosts: int) -> pl.DataFrame:
+    """``health_grid`` from ``latest`` (``latest_fields`` of ``_GRID_FIELDS``)."""
     params: list[Any] = [end - dt.timedelta(seconds=health_window_s), end]
     site_sql = site_hosts_sql(site, params)
     ev = fetch(
@@ -223,9 +237,9 @@ def findings(
 def gpu_state_counts(
     store: Store,
     end: dt.datetime,
-    window_s: float = 300,
-    busy_util_ratio: float = 0.1,
-    health_window_s: float = 3600,
+    window_s: float = ACTIVITY_WINDOW_S,
+    busy_util_ratio: float = BUSY_UTIL_RATIO,
+    health_window_s: float = HEALTH_WINDOW_S,
     site: str | None = None,
 ) -> pl.DataFrame:
     """One row splitting the fleet into disjoint states at ``end``:
@@ -235,8 +249,12 @@ def gpu_state_counts(
     + ``silent`` (in the inventory, no sample in the window). ``reporting`` counts GPUs with samples,
     including ones not (yet) in the inventory.
     """
-    end = as_utc(end)
-    size = fleet_size(store, site)
+    return _state_counts(store, as_utc(end), fleet_size(store, site), window_s, busy_util_ratio, health_window_s, site)
+
+
+def _state_counts(store: Store, end: dt.datetime, size: pl.DataFrame, window_s: float, busy_util_ratio: float, health_window_s: float,
+                  site: str | None) -> pl.DataFrame:
+    """``gpu_state_counts`` with the fleet's ``fleet_size`` read already."""
     inventory = int(size["gpus"][0]) if size.height else 0
     # Each GPU's state is decided in the database and only the five counts come back: the fleet's GPUs
     # (100,000 rows at the largest sites) never travel to this process.
@@ -266,3 +284,20 @@ def gpu_state_counts(
          "unhealthy": [c["unhealthy"]], "silent": [silent]},
         schema={k: pl.Int64 for k in ("gpus", "reporting", "busy", "idle", "unhealthy", "silent")},
     )
+
+
+def live_state(store: Store, end: dt.datetime, site: str | None = None) -> dict[str, pl.DataFrame]:
+    """What the Overview's live panel shows, in one read: ``size`` (``fleet_size``), ``counts``
+    (``gpu_state_counts``), ``power`` (``power_now``'s row) and ``grid`` (``health_grid``), each with its
+    defaults. The power now and the grid come from one read of every GPU's latest sample, and the counts
+    reuse the inventory's size: read apart, the three panels scanned the newest raw rows twice and counted the
+    inventory twice, which at 100,000 GPUs was most of the page's first visit."""
+    end = as_utc(end)
+    size = fleet_size(store, site)
+    latest = latest_fields(store, end, _GRID_FIELDS, None, site)
+    return {
+        "size": size,
+        "counts": _state_counts(store, end, size, ACTIVITY_WINDOW_S, BUSY_UTIL_RATIO, HEALTH_WINDOW_S, site),
+        "power": power_of(latest),
+        "grid": _grid(store, end, latest, HEALTH_WINDOW_S, site, GRID_MAX_HOSTS),
+    }

@@ -208,6 +208,15 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
     return fetch(store, sql, params, {"gpu_uuid": pl.String, "ts": UTC, **{c: F.GPU_SAMPLE.schema[c] for c in cols}})
 
 
+def power_of(latest: pl.DataFrame) -> pl.DataFrame:
+    """``power_now``'s row from ``latest_fields`` rows that hold ``power_w``: the same GPUs (each one's latest
+    sample in the window) and the same sums, without a second read of them."""
+    watts = latest["power_w"].drop_nulls()
+    return pl.DataFrame({"as_of": [latest["ts"].max()], "gpus_reporting": [latest.height],
+                         "power_w": [float(watts.sum()) if watts.len() else None]},
+                        schema={"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64})
+
+
 def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
     """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w`` (the GPUs of
     ``latest_gpu_samples``, summed in the database: one row comes back however large the fleet)."""

@@ -129,6 +129,24 @@ def test_health_grid_puts_unhealthy_hosts_first(seeded_store: Store) -> None:
     assert set(two["host"]) == {"site-a-node-001", "site-a-node-002"}
 
 
+@pytest.mark.parametrize("when", [END, END + dt.timedelta(minutes=10)], ids=["reporting", "silent"])
+@pytest.mark.parametrize("site", [None, "site-a"])
+def test_the_live_panel_in_one_read_is_the_panels_read_apart(seeded_store: Store, when: dt.datetime, site: str | None) -> None:
+    """``live_state`` gives the Overview's live panel from one read of the latest samples: its parts must equal
+    the reads the API and CLI make of each, while GPUs report and after they went silent."""
+    state = health_reads.live_state(seeded_store, when, site=site)
+    assert state["size"].equals(telemetry.fleet_size(seeded_store, site=site))
+    assert state["counts"].equals(health_reads.gpu_state_counts(seeded_store, when, site=site))
+    power, alone = state["power"].row(0, named=True), telemetry.power_now(seeded_store, when, site=site).row(0, named=True)
+    assert power["as_of"] == alone["as_of"] and power["gpus_reporting"] == alone["gpus_reporting"]
+    assert (power["power_w"] is None) == (alone["power_w"] is None) and (alone["power_w"] is None or power["power_w"] == pytest.approx(alone["power_w"]))
+    assert state["grid"].equals(health_reads.health_grid(seeded_store, when, site=site))
+    if when == END:
+        assert power["gpus_reporting"] == (64 if site is None else 32) and state["grid"].height == power["gpus_reporting"]
+    else:
+        assert power == {"as_of": None, "gpus_reporting": 0, "power_w": None}
+
+
 def test_fleet_series_probes_the_range(seeded_store: Store, fleet: pl.DataFrame) -> None:
     series = telemetry.fleet_series(seeded_store, HOUR_AGO, END, points=6)
     # The range starts before the data: points spread over the part that has data.
