@@ -30,7 +30,7 @@ from fleetscope.core.units import as_utc
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
-from fleetscope.store.inventory import InventoryMemory
+from fleetscope.store.inventory import InventoryMemory, InventoryMoved
 from fleetscope.store import packed, packed_energy
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
@@ -260,6 +260,13 @@ class Store:
                                     result.written[spec.name] = self._insert(conn, spec.name, r, spec.key, spec.on_conflict)
                         self._log_ingest(conn, ingest_log(result))
                     break
+                except InventoryMoved:
+                    # rolled back: sent again with the gpu rows' upsert, which the memory had left out
+                    if attempt:
+                        raise
+                    self._inventory.rows.forget()
+                    new_series.clear()
+                    result.written.clear()
                 except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
                     if attempt or not self._partition_missing(exc, [(spec.name, r) for spec, r in frames]):
                         raise

@@ -110,14 +110,20 @@ class InventoryMemory:
 Confirm = tuple[Rows, int, int, int]
 
 
+class InventoryMoved(Exception):
+    """A write left out an upsert of gpu rows the process remembered stored, and found the table's counter
+    moved since: the write is rolled back and sent again whole, without the memory (``InventoryRows.forget``)."""
+
+
 class InventoryRows:
     """Per-process memory of single ``gpu`` rows the table holds as some push gave them, for the agents' row
     path (``Store.write_rows``): a node's push carries its 8 GPUs' inventory every interval, and a group's
     upsert that finds nothing to change still looks up and locks every row (on PostgreSQL a WAL record a row
     locked). The memory is valid as of one value of the table's change counter; a group whose every row it
-    holds, unchanged, is not upserted while the counter still reads that value (PostgreSQL: the statement's
-    own ``WHERE`` on the counter, so the check and the skip are one step; SQLite: read in the write's
-    transaction, writers taking turns).
+    holds, unchanged, is not upserted while the counter still reads that value (PostgreSQL: the counter is
+    read in the group's pipeline instead of the upsert being sent, and a counter found moved rolls the write
+    back to be sent again whole, ``InventoryMoved``; SQLite: read in the write's transaction, writers taking
+    turns).
 
     What a write teaches it, once committed (``confirm``): the counter read just before the group's upsert
     and just after. Where they differ by exactly the rows the upsert changed, nothing but this upsert moved
@@ -132,6 +138,12 @@ class InventoryRows:
         self._rows: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {}
         self._version: int | None = None
         self._lock = threading.Lock()
+
+    def forget(self) -> None:
+        """Remember nothing: the table has changed since the memory's counter value."""
+        with self._lock:
+            self._rows.clear()
+            self._version = None
 
     def known_at(self, rows: Rows) -> int | None:
         """The counter value at which every row of ``rows`` is remembered as stored, or None."""

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql
 from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store.sql import conflict_sql, quote as _q
-from fleetscope.store.inventory import VERSION_SQL, Confirm
+from fleetscope.store.inventory import VERSION_SQL, Confirm, InventoryMoved
 from fleetscope.store.sqltypes import UTCDateTime
 from fleetscope.store.writing import AlreadyLogged, Rows, WriteResult
 
@@ -46,13 +46,11 @@ def pg(conn: Connection) -> Any:
 
 
 @functools.lru_cache(maxsize=512)
-def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str, guarded: bool = False) -> str:
+def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], conflict: str) -> str:
     """Insert rows given as one array per column. Timestamps travel as epoch microseconds (``Rows``' form)
     and are turned into ``timestamptz`` exactly, by integer interval arithmetic. The arrays go in binary
     (``%b``), encoded by ``store.pg_arrays`` and cast here to each column's type. A column holds one Python
-    type (``Rows``' promise: psycopg refuses a list of mixed types). ``guarded`` (the gpu table): a last
-    parameter, a value of the inventory's change counter at which the rows are known stored; while the
-    counter reads it, nothing is inserted (a one-time filter: the arrays are not even unnested)."""
+    type (``Rows``' promise: psycopg refuses a list of mixed types)."""
     mark = "%b"
 
     cols = schema.metadata.tables[table].columns
@@ -69,20 +67,17 @@ def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], confl
             exprs.append(f"u.{_q(c)} AS {_q(c)}")
     names = ", ".join(_q(c) for c in columns)
     order = ", ".join(_q(k) for k in key)
-    where = f"WHERE ({VERSION_SQL['postgresql']}) <> %s::bigint " if guarded else ""
     return (f"INSERT INTO {_q(table)} ({names}) SELECT {', '.join(exprs)} FROM unnest({', '.join(arrays)}) AS u({names}) "
-            f"{where}ORDER BY {order} {conflict}")
+            f"ORDER BY {order} {conflict}")
 
 
-def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str, unless_version: int | None = None) -> None:
+def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str) -> None:
     """Send ``rows`` as one ``INSERT ... SELECT FROM unnest`` of binary arrays on ``cur`` (of a connection
-    ``pg`` prepared); with ``unless_version``, nothing while the gpu inventory's counter reads it."""
+    ``pg`` prepared)."""
     from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL
 
     params = [pg_arrays.encode(list(col)) for col in zip(*rows.rows)] if rows.rows else [[] for _ in rows.columns]
-    if unless_version is not None:
-        params.append(unless_version)
-    cur.execute(unnest_sql(table, tuple(rows.columns), tuple(key), conflict, unless_version is not None), params)
+    cur.execute(unnest_sql(table, tuple(rows.columns), tuple(key), conflict), params)
 
 
 _NEW_SERIES_SQL = "INSERT INTO series (series, name) SELECT * FROM unnest(%b::text[], %b::text[]) ON CONFLICT (series) DO NOTHING"
@@ -282,9 +277,13 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
                 inventory_rows = counted and r is gpu_rows
                 if inventory_rows:
                     around.append(raw.cursor().execute(VERSION_SQL["postgresql"]))
+                if inventory_rows and known is not None:
+                    # every row is remembered stored as of the counter's value ``known``: the counter is read
+                    # and the upsert not sent (its arrays cost the writer and the backend more than the rest
+                    # of a group's inventory); a counter that moved sends the write again (InventoryMoved)
+                    continue
                 cur = raw.cursor()
-                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, list(r.columns), key, on_conflict),
-                               known if inventory_rows else None)
+                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, list(r.columns), key, on_conflict))
                 cursors.append((name, cur))
                 if inventory_rows:
                     around.append(raw.cursor().execute(VERSION_SQL["postgresql"]))
@@ -305,11 +304,16 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
         cur.close()
     confirm = None
     if around:
-        before, after = (int(cur.fetchone()[0]) for cur in around)
+        readings = [int(cur.fetchone()[0]) for cur in around]
         for cur in around:
             cur.close()
         assert gpu_rows is not None
-        confirm = (gpu_rows, before, after, result.written["gpu"])
+        if len(readings) == 1:  # the upsert was not sent
+            if readings[0] != known:
+                raise InventoryMoved(f"the gpu inventory's counter reads {readings[0]}, not {known}")
+            result.written["gpu"] = 0
+            readings *= 2
+        confirm = (gpu_rows, readings[0], readings[1], result.written["gpu"])
     for name, r, key, on_conflict in staged:
         if len(r.rows) >= DIRECT_COPY_ROWS:
             spec = F.FRAMES[name] if name != "metric_sample" else None
