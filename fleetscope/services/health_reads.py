@@ -30,6 +30,7 @@ ACTIVITY_WINDOW_S = 300
 BUSY_UTIL_RATIO = 0.1
 HEALTH_WINDOW_S = 3600
 GRID_MAX_HOSTS = 64
+_GRID_FIELDS = ("temp_c", "power_w", "xid_last")  # the latest sample's fields the grid shows
 
 
 def unhealthy_gpus(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:
@@ -68,9 +69,6 @@ def health_grid(
     """
     end = as_utc(end)
     return _grid(store, end, latest_fields(store, end, _GRID_FIELDS, lookback_s, site), health_window_s, site, max_hosts)
-
-
-_GRID_FIELDS = ("temp_c", "power_w", "xid_last")
 
 
 def _grid(store: Store, end: dt.datetime, latest: pl.DataFrame, health_window_s: float, site: str | None, max_hosts: int) -> pl.DataFrame:

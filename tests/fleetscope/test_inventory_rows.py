@@ -68,7 +68,7 @@ def _counter(store: Store) -> int:
     return version
 
 
-def _skipped(store: Store, seen: list[Any]) -> bool:
+def _skipped(seen: list[Any]) -> bool:
     """Whether the last write's gpu upsert was skipped (not sent)."""
     return not seen
 
@@ -85,11 +85,11 @@ def test_known_rows_are_not_upserted_again(store: Store, monkeypatch: pytest.Mon
     assert _write(store, _rows()).written["gpu"] == 6
     seen = _upserts(store, monkeypatch)
     assert _write(store, _rows()).written["gpu"] == 0
-    assert _skipped(store, seen)
+    assert _skipped(seen)
     assert _stored(store) == _rows().rows
     # A row that differs is upserted, and what it changes is stored.
     seen.clear()
-    assert _write(store, _rows(driver="580.2")).written["gpu"] == 6 and not _skipped(store, seen)
+    assert _write(store, _rows(driver="580.2")).written["gpu"] == 6 and not _skipped(seen)
     assert {r[-1] for r in _stored(store)} == {"580.2"}
 
 
@@ -109,10 +109,10 @@ def test_rows_changed_elsewhere_are_written_again(store: Store, monkeypatch: pyt
                                  "DELETE FROM gpu WHERE gpu_uuid = 'g4'")
     seen.clear()
     assert _write(store, _rows()).written["gpu"] == 1
-    assert not _skipped(store, seen)
+    assert not _skipped(seen)
     assert _stored(store) == _rows().rows
     seen.clear()
-    assert _write(store, _rows()).written["gpu"] == 0 and _skipped(store, seen)
+    assert _write(store, _rows()).written["gpu"] == 0 and _skipped(seen)
 
 
 def test_a_push_that_finds_the_counter_moved_is_written_once_whole(store: Store, monkeypatch: pytest.MonkeyPatch):
@@ -146,10 +146,10 @@ def test_a_push_that_finds_the_counter_moved_is_written_once_whole(store: Store,
 def test_a_group_of_new_and_known_gpus_is_upserted_whole(store: Store, monkeypatch: pytest.MonkeyPatch):
     _write(store, _rows(range(6)))
     seen = _upserts(store, monkeypatch)
-    assert _write(store, _rows(range(12))).written["gpu"] == 6 and not _skipped(store, seen)
+    assert _write(store, _rows(range(12))).written["gpu"] == 6 and not _skipped(seen)
     assert _stored(store) == sorted(_rows(range(12)).rows)
     seen.clear()
-    assert _write(store, _rows(range(3, 9))).written["gpu"] == 0 and _skipped(store, seen)
+    assert _write(store, _rows(range(3, 9))).written["gpu"] == 0 and _skipped(seen)
 
 
 def test_a_write_rolled_back_is_not_remembered(store: Store, monkeypatch: pytest.MonkeyPatch):
