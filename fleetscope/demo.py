@@ -459,6 +459,11 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         bill = team_bill(api, manifest)
         say("team bill  " + "; ".join(f"{b['team'] or '(unassigned)'} {b['jobs']} jobs {b['gpu_hours']:.2f} GPU-hours "
                                       + (f"{b['cost']:.2f} {b['currency']}" if b.get("cost") is not None else "unpriced") for b in bill))
+        # The fleet now, as on-call reads it first (the Overview's live panel).
+        state = api.call("GET", "/api/v1/fleet/state", params={"problems_only": "true"})
+        c, watts = state["counts"], state["power"]["power_w"]
+        say(f"fleet now  {c['gpus']:,} GPUs: {c['busy']:,} busy, {c['idle']:,} idle, {c['unhealthy']:,} unhealthy, {c['silent']:,} silent; "
+            + (f"{watts / 1e3:,.1f} kW" if watts is not None else "no power reading") + " (`fleetscope fleet state --problems`)")
         # The service's own pipeline, as an operator checks it: ingest arriving, roll-ups keeping up, beat leading.
         pipe = api.call("GET", "/api/v1/fleet/pipeline")
         late = [st["stage"] for st in pipe["stages"] if st["late"]]
@@ -466,6 +471,7 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
             + (f"LATE: {', '.join(late)}" if late else "keeping up") + "; beat " + ("leading" if pipe["beat"]["leading"] else "has NO LEADER")
             + f"; {sum(r['bytes'] or 0 for r in pipe['storage']) / 2**20:,.0f} MiB stored (`fleetscope db status`)")
         summary = {
+            "fleet_state": {"counts": c, "power_w": watts, "problems": len(state["grid"])},
             "pipeline": {"late": late, "beat_leading": pipe["beat"]["leading"], "pushes_recent": pipe["ingest"]["pushes_recent"]},
             "api_url": url, "docs_url": url + "/docs", "dashboard_url": f"http://{settings.api_host}:{dash_port}", "webhook_sink": sink.url,
             "token": admin, "written": written, "alerts_delivered": len(sink.received), "alertnames": alerts, "audit": audit,

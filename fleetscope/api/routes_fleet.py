@@ -1,17 +1,30 @@
-"""The derived fleet series for a site's own Prometheus to scrape, the analyzer registry, and the pipeline's
-own state."""
+"""The fleet's live state, the derived fleet series for a site's own Prometheus to scrape, the analyzer
+registry, and the pipeline's own state."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from fleetscope.services import catalog, fleet_metrics, pipeline
+from fleetscope.services import catalog, fleet_metrics, health_reads, pipeline
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
+
+
+@router.get("/state", dependencies=[Depends(require("read"))])
+def fleet_state(
+    request: Request,
+    site: str | None = Query(None, max_length=256, description="Only this site's hosts and GPUs."),
+    problems_only: bool = Query(False, description="The grid holds only GPUs whose status is not ok."),
+) -> dict:
+    """The fleet right now, as the dashboard's Overview shows it: GPUs in the inventory, how many are busy,
+    idle, unhealthy (a serious health event in the last hour) and silent (no sample in the last 5 minutes),
+    the power they draw now, and the worst hosts' GPUs, each with its latest temperature, power, XID and
+    status (``unhealthy``, ``hot``, ``silent``, ``ok``)."""
+    return health_reads.fleet_state(request.app.state.store, dt.datetime.now(dt.UTC), site, problems_only)
 
 
 @router.get("/metrics", dependencies=[Depends(require("read"))])

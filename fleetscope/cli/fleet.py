@@ -1,5 +1,5 @@
-"""``fleetscope fleet``: the fleet as a whole: what it can ingest, what it analyses, what it concluded, and the
-derived series in the Prometheus text format."""
+"""``fleetscope fleet``: the fleet as a whole: its state now, what it can ingest, what it analyses, what it
+concluded, and the derived series in the Prometheus text format."""
 
 from __future__ import annotations
 
@@ -13,15 +13,56 @@ from fleetscope.cli.common import _emit, _span_s, _store
 
 @click.group()
 def fleet() -> None:
-    """The fleet as a whole: input formats, the analyzer registry, findings, derived metrics.
+    """The fleet as a whole: its state now, input formats, the analyzer registry, findings, derived metrics.
 
     \b
     Examples:
+      fleetscope fleet state --problems
       fleetscope fleet formats
       fleetscope fleet analyzers --json
       fleetscope fleet findings --since 6h
       fleetscope fleet metrics --out /var/lib/node_exporter/textfile/fleetscope.prom
     """
+
+
+@fleet.command("state")
+@click.option("--site", default=None, help="Only this site's hosts and GPUs.")
+@click.option("--problems", is_flag=True, help="List only the GPUs whose status is not ok.")
+@click.option("--json", "as_json", is_flag=True)
+def state_cmd(site: str | None, problems: bool, as_json: bool) -> None:
+    """The fleet right now, as the dashboard's Overview shows it: GPUs busy, idle, unhealthy (a serious health
+    event in the last hour) and silent (no sample in the last 5 minutes), the power they draw, and the worst
+    hosts' GPUs with their latest temperature, power and XID.
+
+    \b
+    Examples:
+      fleetscope fleet state
+      fleetscope fleet state --site site-a --problems
+      fleetscope fleet state --json | jq '.grid[] | select(.status == "unhealthy") | .gpu_uuid'
+    """
+    from fleetscope.services import health_reads  # lazy: keeps --help light
+
+    try:
+        state = health_reads.fleet_state(_store(), dt.datetime.now(dt.UTC), site, problems_only=problems)
+    except health_reads.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    _emit(as_json, state, describe_state(state))
+
+
+def describe_state(state: dict) -> str:
+    """``fleet_state`` as the terminal shows it: a summary line, then one line per GPU of the grid."""
+    inv, c, power = state["inventory"], state["counts"], state["power"]
+    watts = f"{power['power_w'] / 1e3:,.1f} kW from {power['gpus_reporting']:,} GPUs" if power["power_w"] is not None else "no power reading"
+    lines = [
+        f"{c['gpus']:,} GPUs on {inv['hosts']:,} hosts at {inv['sites']:,} site(s): {c['busy']:,} busy, {c['idle']:,} idle, "
+        f"{c['unhealthy']:,} unhealthy, {c['silent']:,} silent; {watts}",
+    ]
+    for g in state["grid"]:
+        temp = f"{g['temp_c']:.0f} C" if g["temp_c"] is not None else "-"
+        watt = f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-"
+        lines.append(f"  {g['status']:<9} {g['host']:<24} {g['gpu_index']:>2} {g['gpu_uuid'] or '-':<42} {temp:>6} {watt:>7}"
+                     f"  xid {g['xid_last'] or 0:<3} events {g['events']}")
+    return "\n".join(lines)
 
 
 @fleet.command("formats")

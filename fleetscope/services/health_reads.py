@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.core import frames as F
+from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import fleet_size, latest_fields, power_of
 from fleetscope.store import Store
@@ -298,4 +299,30 @@ def live_state(store: Store, end: dt.datetime, site: str | None = None) -> dict[
         "counts": _state_counts(store, end, size, ACTIVITY_WINDOW_S, BUSY_UTIL_RATIO, HEALTH_WINDOW_S, site),
         "power": power_of(latest),
         "grid": _grid(store, end, latest, HEALTH_WINDOW_S, site, GRID_MAX_HOSTS),
+    }
+
+
+def fleet_state(store: Store, end: dt.datetime, site: str | None = None, problems_only: bool = False) -> dict[str, Any]:
+    """``live_state`` as plain values, for ``GET /api/v1/fleet/state`` and ``fleetscope fleet state``: ``as_of``,
+    ``site``, the inventory's ``sites, hosts, gpus``, the state ``counts``, ``power`` now, the windows and
+    thresholds that decide the states, and the ``grid`` of the worst ``GRID_MAX_HOSTS`` hosts' GPUs (only the
+    GPUs that are not ``ok`` with ``problems_only``). ``NotFound`` for a site with no GPU in the inventory:
+    a mistyped name must not read as a fleet of zero GPUs."""
+    end = as_utc(end)
+    state = live_state(store, end, site)
+    size = state["size"].row(0, named=True) if state["size"].height else {"sites": 0, "hosts": 0, "gpus": 0}
+    if site is not None and not size["sites"]:
+        raise NotFound(f"no GPU at site {site!r} in the inventory")
+    grid = state["grid"]
+    if problems_only:
+        grid = grid.filter(pl.col("status") != "ok")
+    return {
+        "as_of": end,
+        "site": site,
+        "inventory": {k: int(size[k] or 0) for k in ("sites", "hosts", "gpus")},
+        "counts": state["counts"].row(0, named=True),
+        "power": state["power"].row(0, named=True),
+        "rules": {"activity_window_s": ACTIVITY_WINDOW_S, "busy_util_ratio": BUSY_UTIL_RATIO, "health_window_s": HEALTH_WINDOW_S,
+                  "unhealthy_kinds": list(UNHEALTHY_KINDS), "grid_max_hosts": GRID_MAX_HOSTS},
+        "grid": grid.to_dicts(),
     }

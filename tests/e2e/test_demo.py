@@ -53,6 +53,12 @@ def test_demo_finds_every_injected_fault(tmp_path):
     # and the ingest log has the simulation's pushes of the last five minutes
     assert summary["pipeline"]["beat_leading"] and summary["pipeline"]["late"] == []
     assert summary["pipeline"]["pushes_recent"] >= 21
+    # the fleet now, as `fleetscope fleet state` shows it: every GPU in one state, the failed GPU unhealthy, and
+    # among the GPUs that are not ok the silent host's 8 (quiet for the last 3 simulated minutes)
+    counts = summary["fleet_state"]["counts"]
+    assert counts["gpus"] == 64 and counts["busy"] + counts["idle"] + counts["unhealthy"] + counts["silent"] == 64
+    assert counts["unhealthy"] >= 1 and counts["busy"] >= 32 and summary["fleet_state"]["problems"] >= 8 + counts["unhealthy"]
+    assert summary["fleet_state"]["power_w"] > 64 * 30
     assert (tmp_path / "data" / "reports").is_dir() and any((tmp_path / "data" / "exports").glob("*.zip"))
     assert_visible_on_the_dashboard(tmp_path / "data", summary["token"])
     # every child was stopped, so the API port is free again and nothing answers there
