@@ -170,14 +170,14 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int, values
     part = f"gpu_sample_p{DAY0:%Y%m%d}"
     raw = _bytes(store, part)
     minute, hour = _bytes(store, "gpu_sample_minute"), _bytes(store, "gpu_sample_hour")
-    # what the raw figure is made of: the heap (row headers, the text GPU id, the 8-byte columns) and each index
+    # what the raw figure is made of: the heap (row headers, the integer GPU id, the 8-byte columns) and each index
     with store.engine.connect() as conn:
         heap = int(conn.execute(text("SELECT pg_relation_size(to_regclass(:r))"), {"r": part}).scalar())
         indexes = {name: int(size) for name, size in conn.execute(text(
             "SELECT i.relname, pg_relation_size(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
             " WHERE x.indrelid = to_regclass(:r) ORDER BY 1"), {"r": part})}
         row_bytes, uuid_bytes = conn.execute(text(
-            f"SELECT AVG(pg_column_size(t.*)), AVG(pg_column_size(t.gpu_uuid)) FROM (SELECT * FROM {part} LIMIT 10000) t")).one()
+            f"SELECT AVG(pg_column_size(t.*)), AVG(pg_column_size(t.gpu_id)) FROM (SELECT * FROM {part} LIMIT 10000) t")).one()
     _emit(bench="storage_per_gpu_day", db="postgresql", values=values, gpus=gpus, interval_s=interval_s, fields=len(FIELDS),
           raw_rows=rows, minute_rows=rolled["minute"]["rows"], hour_rows=rolled["hour"]["rows"],
           raw_bytes_per_gpu_day=round(raw / gpus), minute_bytes_per_gpu_day=round(minute / gpus),
@@ -185,7 +185,7 @@ def bench_storage_and_retention(store: Store, gpus: int, interval_s: int, values
           raw_to_hour_ratio=round(raw / max(hour, 1), 1), write_s=round(write_s, 1), rollup_s=round(roll_s, 1))
     _emit(bench="raw_bytes_breakdown", db="postgresql", heap_bytes_per_gpu_day=round(heap / gpus),
           index_bytes_per_gpu_day={k: round(v / gpus) for k, v in indexes.items()},
-          mean_row_bytes=round(float(row_bytes), 1), mean_gpu_uuid_bytes=round(float(uuid_bytes), 1),
+          mean_row_bytes=round(float(row_bytes), 1), mean_gpu_id_bytes=round(float(uuid_bytes), 1),
           rows_per_gpu_day=rows // gpus)
 
     # the closed day packed as beat packs it, and what it then costs: its packed partition and the emptied raw one;

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from fleetscope.store import db, packed_energy, partitions
+from fleetscope.store import db, gpu_keys, packed_energy, partitions
 from fleetscope.store import schema
 from fleetscope.store import Store
 
@@ -71,8 +71,9 @@ def _truncate_all(store: Store) -> None:
     tables = [t.name for t in schema.metadata.sorted_tables]
     if store.dialect == "postgresql":
         with store.engine.connect() as conn:  # made by a migration, not declared in the models
-            if conn.execute(text("SELECT to_regclass(:t)"), {"t": packed_energy.TABLE}).scalar() is not None:
-                tables.append(packed_energy.TABLE)
+            for extra in (packed_energy.TABLE, gpu_keys.TABLE):
+                if conn.execute(text("SELECT to_regclass(:t)"), {"t": extra}).scalar() is not None:
+                    tables.append(extra)
     names = ", ".join(f'"{t}"' for t in tables)
     days = partitions.all_partitions(store.engine)
     with store.engine.begin() as conn:

@@ -17,7 +17,7 @@ from sqlalchemy import func, select, text
 
 from fleetscope.core.units import as_utc
 from fleetscope.services import energy_rollup, job_usage, packing, scheduled, tiers
-from fleetscope.store import Store, schema
+from fleetscope.store import Store, gpu_keys, packed, packed_energy, schema
 
 RECENT = dt.timedelta(minutes=5)
 """The window the ingest rate is read over."""
@@ -139,10 +139,11 @@ def _sqlite_sizes(store: Store) -> list[dict[str, Any]]:
 
 
 def storage(store: Store) -> list[dict[str, Any]]:
-    """Per table of the schema: bytes with its indexes (and its partitions' on PostgreSQL), PostgreSQL's row
-    estimate, and how many day partitions it has; largest first."""
+    """Per table of the schema (and PostgreSQL's packed days and GPU ids): bytes with its indexes (and its
+    partitions' on PostgreSQL), PostgreSQL's row estimate, and how many day partitions it has; largest first."""
     rows = _pg_sizes(store) if store.dialect == "postgresql" else _sqlite_sizes(store)
-    known = {t.name for t in schema.metadata.sorted_tables}
+    # with PostgreSQL's own tables, not in the models: the packed days, most of what is kept, and the GPU ids
+    known = {t.name for t in schema.metadata.sorted_tables} | {packed.TABLE, packed_energy.TABLE, gpu_keys.TABLE}
     rows = [r for r in rows if r["table"] in known]
     return sorted(rows, key=lambda r: (-(r["bytes"] or 0), r["table"]))
 

@@ -31,7 +31,8 @@ from fleetscope.core import frames as F
 from fleetscope.store import schema
 from fleetscope.store import partitions
 from fleetscope.store.inventory import InventoryMemory, InventoryMoved
-from fleetscope.store import packed, packed_energy
+from fleetscope.store import gpu_keys, packed, packed_energy
+from fleetscope.store.gpu_keys import GpuKeys
 from fleetscope.store import sqlite_reader
 from fleetscope.store import ingest_log as _ingest_log
 from fleetscope.store import pg_read, pg_write
@@ -93,6 +94,8 @@ class Store:
         self._counters = CounterMemory(self.dialect)
         # gpu inventory frames found stored, so an unchanged one is not upserted again (store.inventory)
         self._inventory = InventoryMemory(self.dialect)
+        # PostgreSQL's integer GPU ids of raw samples this process has met (store.gpu_keys)
+        self._gpu_keys = GpuKeys()
         # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
         self._partitioned: frozenset[str] | None = None
         # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
@@ -189,6 +192,7 @@ class Store:
                 readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
+                        self._gpu_keys.begin()
                         health = any(spec.name == "health_event" for spec, _ in conformed)
                         newest = self._refuse_logged(conn, unless_logged, counters=health)
                         todo = conformed
@@ -223,6 +227,7 @@ class Store:
         if len(self._series_cache) + len(new_series) > 2_000_000:
             self._series_cache.clear()
         self._series_cache.update(new_series)
+        self._gpu_keys.commit()
         for name, n in result.written.items():
             ROWS_WRITTEN.labels(name).inc(n)
         VALUES_WRITTEN.inc(result.values)
@@ -245,6 +250,7 @@ class Store:
                 confirm = None  # gpu rows to remember as stored once committed (store.inventory.InventoryRows)
                 try:
                     with self._write_lock, self.engine.begin() as conn:
+                        self._gpu_keys.begin()
                         if self.dialect == "postgresql":
                             confirm = pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
                         else:
@@ -347,12 +353,21 @@ class Store:
         return n
 
     def _insert(self, conn: Connection, table: str, df: pl.DataFrame | Rows, key: Sequence[str], on_conflict: str) -> int:
+        if table == gpu_keys.RAW and self.dialect == "postgresql":
+            # keyed by integer GPU id there (store.gpu_keys): a frame is mapped to ids here, rows probe theirs in SQL
+            if isinstance(df, Rows):
+                i = df.columns.index("gpu_uuid")
+                with pg_write.pg(conn).cursor() as cur:
+                    self._gpu_keys.send_new(cur, (row[i] for row in df.rows))
+            else:
+                df = self._gpu_keys.keyed(pg_write.pg(conn), df)
+            key = gpu_keys.physical(table, (), key)[1]
         cols = list(df.columns)
         if isinstance(df, pl.DataFrame):
             cols = bound_columns(table, df, key)
             df = df.select(cols) if len(cols) < df.width else df
         col_sql = ", ".join(_q(c) for c in cols)
-        conflict = conflict_sql(self.dialect, table, cols, key, on_conflict)
+        conflict = conflict_sql(self.dialect, table, gpu_keys.physical(table, cols, key)[0] if self.dialect == "postgresql" else cols, key, on_conflict)
         if self.dialect == "sqlite":
             rows = df.rows if isinstance(df, Rows) else sqlite_values(df)
             placeholders = ", ".join("?" for _ in cols)

@@ -12,7 +12,7 @@ from sqlalchemy import BigInteger, DateTime, Engine, String, create_engine, even
 from sqlalchemy.exc import DisconnectionError
 
 from fleetscope import safefiles
-from fleetscope.store import packed, packed_energy, partitions, schema
+from fleetscope.store import gpu_keys, packed, packed_energy, partitions, schema
 
 from fleetscope.settings import Settings
 import uuid
@@ -202,10 +202,14 @@ def render_item(type_, obj, autogen_context):  # type: ignore[no-untyped-def]
 def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
     """Alembic comparison: the day partitions of raw telemetry and their BRIN indexes, and the packed days of
     ``gpu_sample`` and ``gpu_energy_minute`` (PostgreSQL only, made by the migrations, ``store.partitions``,
-    ``store.packed`` and ``store.packed_energy``, not declared in the models: arrays have no SQLite form) are not
-    drift."""
-    if type_ == "table" and reflected and name and (partitions.is_partition(name) or name in (packed.TABLE, packed_energy.TABLE)):
+    ``store.packed`` and ``store.packed_energy``, not declared in the models: arrays have no SQLite form), and
+    the integer GPU ids of PostgreSQL's raw samples (``store.gpu_keys``) are not drift."""
+    if type_ == "table" and reflected and name and (partitions.is_partition(name) or name in (packed.TABLE, packed_energy.TABLE, gpu_keys.TABLE)):
         return False
+    # PostgreSQL's raw samples hold an integer GPU id where the model (and SQLite) hold the UUID (store.gpu_keys)
+    if type_ == "column" and getattr(getattr(obj, "table", None), "name", None) == gpu_keys.RAW:
+        if (reflected and name == "gpu_id") or (not reflected and name == "gpu_uuid" and compare_to is None):
+            return False
     if type_ == "index" and reflected and name and name.endswith("_brin"):
         return False
     return True

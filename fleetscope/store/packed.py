@@ -29,6 +29,7 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
+from fleetscope.store import gpu_keys
 from fleetscope.store.sql import epoch_us
 
 TABLE = "gpu_sample_packed"
@@ -75,7 +76,7 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, col
     start, end = (None if t is None else as_utc(t) for t in (start, end))  # a naive bound is UTC, as on every read
     raw_where = range_sql(dialect, "ts", start, end)
     if dialect != "postgresql":
-        return f"({_raw_select(RAW, fields, raw_where)}) {alias}"
+        return f"({_raw_select(RAW, fields, raw_where, keyed=False)}) {alias}"
     # A range filter on an unpacked timestamp is an expression without statistics, which the planner gives a
     # selectivity of 0.005 (and a caller's second filter another 0.005): a packed hour of a fleet estimated at a
     # few rows, then joined by nested loops, or sorted where it should be hashed. So the packed hours wholly inside
@@ -123,9 +124,11 @@ def where_sql(conds: Sequence[str]) -> str:
     return " WHERE " + " AND ".join(conds) if conds else ""
 
 
-def _raw_select(table: str, fields: Sequence[str], where: Sequence[str], tag: str = "") -> str:
+def _raw_select(table: str, fields: Sequence[str], where: Sequence[str], tag: str = "", keyed: bool = True) -> str:
+    """Raw rows of ``table`` (``gpu_sample`` or a day partition); ``keyed``: PostgreSQL's, whose GPU is an
+    integer id, the UUID joined back (``store.gpu_keys``)."""
     cols = ", ".join(["ts", "gpu_uuid", *(f'"{c}"' for c in fields)])
-    return f"SELECT {tag}{cols} FROM {table}{where_sql(where)}"
+    return f"SELECT {tag}{cols} FROM {gpu_keys.join_sql(table) if keyed else table}{where_sql(where)}"
 
 
 def _packed_select(table: str, fields: Sequence[str], hour_where: Sequence[str], ts_where: Sequence[str], tag: str = "") -> str:
@@ -166,7 +169,7 @@ def nearest_gpu_sql(dialect: str, at: dt.datetime, before: bool) -> tuple[str, l
     op, order = ("<=", "DESC") if before else (">", "")
     if dialect != "postgresql":
         return f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} ? ORDER BY ts {order} LIMIT 1", [at]
-    raw = f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} {time_literal(at)} ORDER BY ts {order} LIMIT 1"
+    raw = f"SELECT gpu_uuid, ts FROM {gpu_keys.join_sql(RAW)} WHERE ts {op} {time_literal(at)} ORDER BY ts {order} LIMIT 1"
     if before:
         packed = (f"SELECT gpu_uuid, ts[array_upper(ts, 1)] AS ts FROM {TABLE} WHERE hour <= {time_literal(at - dt.timedelta(hours=1))}"
                   " ORDER BY hour DESC, 2 DESC LIMIT 1")
@@ -180,7 +183,7 @@ def gpu_last_ts_sql(dialect: str, gpu_uuid: str, at: dt.datetime, n: int) -> tup
     first; of packed days, its two newest hours there (≥ ``n`` samples at any interval under 400 s)."""
     if dialect != "postgresql":
         return f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= ? ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, at]
-    raw = f"SELECT ts FROM {RAW} WHERE gpu_uuid = ? AND ts <= {time_literal(at)} ORDER BY ts DESC LIMIT {int(n)}"
+    raw = f"SELECT ts FROM {gpu_keys.join_sql(RAW)} WHERE gpu_uuid = ? AND ts <= {time_literal(at)} ORDER BY ts DESC LIMIT {int(n)}"
     packed = (f"SELECT u.t AS ts FROM (SELECT ts FROM {TABLE} WHERE gpu_uuid = ? AND hour <= {time_literal(at)} ORDER BY hour DESC LIMIT 2) p"
               f" CROSS JOIN LATERAL unnest(p.ts) AS u(t) WHERE u.t <= {time_literal(at)}")
     return f"SELECT ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts DESC LIMIT {int(n)}", [gpu_uuid, gpu_uuid]
@@ -209,7 +212,7 @@ def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
              f" (SELECT date_trunc('hour', ts, 'UTC') AS hour, ts, gpu_uuid, {cols} FROM src ORDER BY 1, 3, 2) sorted"
              " GROUP BY hour, gpu_uuid")
     if not merge:
-        return [f"{insert} WITH src AS (SELECT ts, gpu_uuid, {cols} FROM {raw}{where_sql(in_hour)}){group}", drop_raw]
+        return [f"{insert} WITH src AS ({_raw_select(raw, FIELDS, in_hour)}){group}", drop_raw]
     tagged = f"{_raw_select(raw, FIELDS, in_hour, '1 AS src_order, ')} UNION ALL {_packed_select(packed, FIELDS, this_hour, [], '0 AS src_order, ')}"
     firsts = ", ".join(f'(array_agg("{c}" ORDER BY src_order) FILTER (WHERE "{c}" IS NOT NULL))[1] AS "{c}"' for c in FIELDS)
     # the day's rows are rebuilt aside first: a row deleted and inserted again by one statement would still

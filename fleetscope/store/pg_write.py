@@ -16,7 +16,7 @@ from sqlalchemy import Connection, String
 from sqlalchemy.dialects import postgresql
 
 from fleetscope.core import frames as F
-from fleetscope.store import schema
+from fleetscope.store import gpu_keys, schema
 from fleetscope.store.sql import conflict_sql, quote as _q
 from fleetscope.store.inventory import VERSION_SQL, Confirm, InventoryMoved
 from fleetscope.store.sqltypes import UTCDateTime
@@ -56,6 +56,11 @@ def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], confl
     cols = schema.metadata.tables[table].columns
     arrays, exprs = [], []
     for c in columns:
+        if table == gpu_keys.RAW and c == "gpu_uuid":
+            # PostgreSQL keys raw samples by integer GPU id: the UUID's id probed (store.gpu_keys)
+            arrays.append(f"{mark}::text[]")
+            exprs.append(f"{gpu_keys.PROBE} AS gpu_id")
+            continue
         sa_type = cols[c].type
         if isinstance(sa_type, UTCDateTime):
             arrays.append(f"{mark}::bigint[]")
@@ -66,9 +71,10 @@ def unnest_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], confl
             arrays.append(f"{mark}::{element}[]")
             exprs.append(f"u.{_q(c)} AS {_q(c)}")
     names = ", ".join(_q(c) for c in columns)
+    stored, key = gpu_keys.physical(table, columns, key)
     order = ", ".join(_q(k) for k in key)
-    return (f"INSERT INTO {_q(table)} ({names}) SELECT {', '.join(exprs)} FROM unnest({', '.join(arrays)}) AS u({names}) "
-            f"ORDER BY {order} {conflict}")
+    return (f"INSERT INTO {_q(table)} ({', '.join(_q(c) for c in stored)}) SELECT {', '.join(exprs)} FROM unnest({', '.join(arrays)})"
+            f" AS u({names}) ORDER BY {order} {conflict}")
 
 
 def execute_unnest(cur: Any, table: str, rows: Rows, key: Sequence[str], conflict: str) -> None:
@@ -260,6 +266,7 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
     # order (and each table's rows in key order), so they wait for each other rather than deadlock.
     staged.sort(key=lambda item: item[0])
     cursors = []
+    around_new: list[Any] = []  # the gpu_key inserts' cursors, closed once the pipeline has synced
     series_ids = None
     with raw.pipeline():
         check = logged_cursor(raw, unless_logged)
@@ -282,11 +289,18 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
                     # and the upsert not sent (its arrays cost the writer and the backend more than the rest
                     # of a group's inventory); a counter that moved sends the write again (InventoryMoved)
                     continue
+                if name == gpu_keys.RAW:
+                    made = raw.cursor()
+                    i = r.columns.index("gpu_uuid")
+                    store._gpu_keys.send_new(made, (row[i] for row in r.rows))  # before the samples that probe their ids
+                    around_new.append(made)
                 cur = raw.cursor()
-                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, list(r.columns), key, on_conflict))
+                execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, *gpu_keys.physical(name, r.columns, key), on_conflict))
                 cursors.append((name, cur))
                 if inventory_rows:
                     around.append(raw.cursor().execute(VERSION_SQL["postgresql"]))
+    for cur in around_new:
+        cur.close()
     if check is not None:
         found = {row[0] for row in check.fetchall()}
         check.close()

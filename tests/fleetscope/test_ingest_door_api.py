@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from fleetscope.services import auth
-from fleetscope.store import db
+from fleetscope.store import db, packed
 from ingest import dcgm_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,7 +179,8 @@ def test_sigkill_during_agent_load_loses_nothing_acknowledged(db_url, tmp_path):
     assert at_kill < len(pushes) and refused_or_lost > 0  # the kill interrupted the load
     assert sorted(acknowledged) == sorted(pushes)
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT g.host, s.ts, count(*) FROM gpu_sample s JOIN gpu g ON g.gpu_uuid = s.gpu_uuid GROUP BY g.host, s.ts")).all()
+        samples = packed.source(engine.dialect.name, None, None, (), "s")  # the raw rows with their GPU's UUID
+        rows = conn.execute(text(f"SELECT g.host, s.ts, count(*) FROM {samples} JOIN gpu g ON g.gpu_uuid = s.gpu_uuid GROUP BY g.host, s.ts")).all()
     # every (node, scrape) whole and exactly once: 8 GPUs, never part of them
     assert len(rows) == len(pushes) and {n for *_, n in rows} == {8}
     engine.dispose()

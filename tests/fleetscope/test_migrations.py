@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from fleetscope.core import frames as F
-from fleetscope.store import Store, db
+from fleetscope.store import Store, db, partitions
 from fleetscope.store import schema
 from fleetscope.settings import load
 
@@ -70,8 +70,12 @@ def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):
     t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
     gpus = ["gpu-a", "GPU-b", "GPU-a", "GPU-\u00e9"]
     store = Store.open(url)
-    store.write(F.Batch(source="t", gpu_sample=pl.DataFrame({"ts": [t0] * 4, "gpu_uuid": gpus, "power_w": [1.0, 2.0, 3.0, 4.0]}),
-                        metric_sample=pl.DataFrame({"ts": [t0], "series": ['DCGM_FI_X{gpu_uuid="GPU-1"}'], "value": [1.5]})))
+    store.write(F.Batch(source="t", metric_sample=pl.DataFrame({"ts": [t0], "series": ['DCGM_FI_X{gpu_uuid="GPU-1"}'], "value": [1.5]})))
+    # the store writes raw samples in the head's shape (integer GPU ids, 0026); at 0023 they are rows of UUIDs
+    partitions.ensure_days(store.engine, "gpu_sample", {t0.date()})
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO gpu_sample (ts, gpu_uuid, power_w) SELECT :t, u, p FROM unnest(CAST(:g AS text[]), CAST(:p AS float8[])) AS x(u, p)"),
+                     {"t": t0, "g": gpus, "p": [1.0, 2.0, 3.0, 4.0]})
     store.engine.dispose()
 
     def collations() -> dict[str, set]:
@@ -90,11 +94,13 @@ def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):
     before = collations()
     # the models ask for byte order, so a database at 0023 is drift on every string column
     assert before["collations"] == {"default"} and before["drift"] > 100
-    db.upgrade(url)
+    db.upgrade(url, "0025")
     after = collations()
     # the day partition made before the migration is byte-ordered too (an ALTER of the parent reaches it)
     assert any(t.startswith("gpu_sample_p") for t in after["tables"])
     assert after["collations"] == {"C"} and after["drift"] == 0
+    db.upgrade(url)  # and on to integer GPU ids, the UUIDs byte-ordered in gpu_key
+    assert collations()["drift"] == 0
     store = Store.open(url)
     got = store.read("gpu_sample").sort("power_w")
     assert got["gpu_uuid"].to_list() == gpus and got["power_w"].to_list() == [1.0, 2.0, 3.0, 4.0]
@@ -137,3 +143,47 @@ def test_without_auto_migrate_a_stale_database_is_refused_with_the_fix(tmp_path,
     with pytest.raises(RuntimeError, match="fleetscope db upgrade"):
         db.ensure_schema(settings, engine)
     assert db.table_names(engine) == []
+
+
+def test_0026_keys_raw_samples_by_integer_gpu_id_and_keeps_the_rows(pg_url):
+    url = pg_url
+    db.downgrade(url, "0025")
+    t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    gpus = ["GPU-b", "GPU-a", "GPU-b", "GPU-c"]
+    engine = create_engine(url)
+    partitions.forget_all(engine)
+    partitions.ensure_days(engine, "gpu_sample", {t0.date()})
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM gpu_sample"))
+        conn.execute(text("INSERT INTO gpu_sample (ts, gpu_uuid, power_w) SELECT :t + make_interval(secs => i), u, p"
+                          " FROM unnest(CAST(:g AS text[]), CAST(:p AS float8[])) WITH ORDINALITY AS x(u, p, i)"),
+                     {"t": t0, "g": gpus, "p": [1.0, 2.0, 3.0, 4.0]})
+    engine.dispose()
+    db.upgrade(url)
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        keys = conn.execute(text("SELECT gpu_uuid, gpu_id FROM gpu_key ORDER BY gpu_id")).all()
+        columns = {c["name"]: str(c["type"]) for c in inspect(conn).get_columns("gpu_sample")}
+        pk = inspect(conn).get_pk_constraint("gpu_sample")["constrained_columns"]
+    engine.dispose()
+    # one id per UUID, in byte order; the samples keyed by it, the text column gone
+    assert keys == [("GPU-a", 1), ("GPU-b", 2), ("GPU-c", 3)]
+    assert columns["gpu_id"] == "INTEGER" and "gpu_uuid" not in columns and pk == ["gpu_id", "ts"]
+    store = Store.open(url)
+    got = store.read("gpu_sample", start=t0, end=t0 + dt.timedelta(minutes=1)).sort("power_w")
+    assert got.select("gpu_uuid", "power_w").rows() == list(zip(gpus, [1.0, 2.0, 3.0, 4.0]))
+    # the migrated key still holds: a re-sent sample writes nothing, a new GPU's gets the next id
+    t1 = t0 + dt.timedelta(seconds=1)
+    again = store.write(F.Batch(source="t", gpu_sample=pl.DataFrame({"ts": [t1, t1], "gpu_uuid": ["GPU-b", "GPU-d"], "power_w": [9.0, 5.0]})))
+    assert again.written["gpu_sample"] == 1
+    store.engine.dispose()
+    db.downgrade(url, "0025")
+    store_engine = create_engine(url)
+    with store_engine.connect() as conn:
+        rows = conn.execute(text("SELECT gpu_uuid, power_w FROM gpu_sample ORDER BY power_w")).all()
+        assert conn.execute(text("SELECT to_regclass('gpu_key')")).scalar() is None
+        conn.execute(text("DELETE FROM gpu_sample"))
+        conn.commit()
+    store_engine.dispose()
+    assert rows == [("GPU-b", 1.0), ("GPU-a", 2.0), ("GPU-b", 3.0), ("GPU-c", 4.0), ("GPU-d", 5.0)]
+    db.upgrade(url)  # the session's database is shared with later tests
