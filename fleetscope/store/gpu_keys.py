@@ -53,6 +53,9 @@ class GpuKeys:
         self._exist: set[str] = set()
         self._pending_ids: dict[str, int] = {}
         self._pending_exist: set[str] = set()
+        # The UUID column of the last frame whose every id was committed, and those ids row by row: a scrape lists
+        # the same GPUs in the same order every time, so one compare stands in for the lookups and the join.
+        self._last: tuple[pl.Series, pl.Series] | None = None
 
     def begin(self) -> None:
         """A write's transaction opens: nothing it learns is remembered until ``commit``."""
@@ -87,7 +90,12 @@ class GpuKeys:
     def keyed(self, raw: Any, df: pl.DataFrame) -> pl.DataFrame:
         """``df`` (``gpu_sample`` rows) with ``gpu_id`` in place of ``gpu_uuid``, ids made for new UUIDs on
         ``raw`` (a psycopg connection in the write's transaction)."""
-        uuids = df.get_column("gpu_uuid").unique().to_list()
+        column = df.get_column("gpu_uuid")
+        cols = ["gpu_id" if c == "gpu_uuid" else c for c in df.columns]
+        last = self._last
+        if last is not None and last[0].len() == column.len() and last[0].equals(column):
+            return df.with_columns(last[1]).select(cols)
+        uuids = column.unique().to_list()
         ids, pending = self._ids, self._pending_ids
         need = sorted(u for u in uuids if u not in ids and u not in pending)
         if need:
@@ -99,5 +107,8 @@ class GpuKeys:
                 pending.update(cur.fetchall())
         got = [ids.get(u) or pending[u] for u in uuids]
         table = pl.DataFrame({"gpu_uuid": uuids, "gpu_id": got}, schema={"gpu_uuid": pl.String, "gpu_id": pl.Int32})
-        cols = ["gpu_id" if c == "gpu_uuid" else c for c in df.columns]
-        return df.join(table, on="gpu_uuid", how="left").select(cols)
+        out = df.join(table, on="gpu_uuid", how="left", maintain_order="left").select(cols)
+        if not need:
+            # only ids committed before this write: remembered whatever becomes of it
+            self._last = (column, out.get_column("gpu_id"))
+        return out

@@ -60,6 +60,12 @@ def test_every_write_path_stores_ids_and_reads_uuids(pg: Store) -> None:
 
     # re-sent, each path finds its rows by the integer key: nothing new, a missing field filled
     assert pg.write(F.Batch(source="big2", gpu_sample=_frame(["GPU-b", "GPU-a"], 600))).written.get("gpu_sample", 0) == 0
+    # the next scrape lists the same GPUs in the same order: the ids of the last one are taken whole
+    later = T0 + dt.timedelta(hours=5)
+    scrape = _frame(["GPU-b", "GPU-a"], 600, later).with_columns(power_w=pl.when(pl.col("gpu_uuid") == "GPU-b").then(2.0).otherwise(1.0))
+    assert pg.write(F.Batch(source="big3", gpu_sample=scrape)).written["gpu_sample"] == 1200
+    back = pg.read("gpu_sample", start=later, columns=["gpu_uuid", "power_w"]).group_by("gpu_uuid").agg(pl.col("power_w").unique())
+    assert sorted(back.rows()) == [("GPU-a", [1.0]), ("GPU-b", [2.0])]
     again = Rows(("ts", "gpu_uuid", "power_w", "temp_c"), [(t_us, "GPU-d", 99.0, 41.0)])
     assert pg.write_rows([(F.FRAMES["gpu_sample"], again)], ingest_log=_log).written["gpu_sample"] == 1
     d = pg.read("gpu_sample", gpu_uuid="GPU-d", columns=["gpu_uuid", "power_w", "temp_c"])
