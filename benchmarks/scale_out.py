@@ -23,10 +23,12 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   GPUs over the day, a job's samples by its id (12 hours of 8 ranks, no range given), the fleet's activity and its
   latest samples at an instant of the day, each GPU's energy over the day from its counter, the site's hourly
   energy from the counters, one GPU's power over the day.
+- ``openday``: the day under way packed an hour at a time as beat does (``bench_open_day``): its bytes at 23:59,
+  packed hours and the raw partition, and at the raw rows' peak.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|layouts|panel|energy|reads] [--values random|dcgm]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|openday|layouts|panel|energy|reads] [--values random|dcgm]
                                    [--postgres URL]
 """
 
@@ -153,6 +155,41 @@ def _write_day(store: Store, uuids: list[str], day: dt.datetime, interval_s: int
 def _bytes(store: Store, relation: str) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(text("SELECT pg_total_relation_size(to_regclass(:r))"), {"r": relation}).scalar() or 0)
+
+
+def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> None:
+    """The day under way packed an hour at a time (``packing.pack_hours``, beat's ``raw-packing``): each hour
+    written, rolled into the minute tier, packed 40 minutes after its end and its partition vacuumed (as autovacuum
+    does once a fifth of a partition is dead), then the day's bytes at 23:59, before the day closes: the packed
+    partition and the raw one. Beat packs at :40, so the raw rows peak at 1 h 40 min of the day, not the hour left
+    here: ``peak_bytes_per_gpu_day`` adds 40 minutes' worth of the open-day rows measured by ``storage``."""
+    rng = np.random.default_rng(7)
+    uuids = _uuids(gpus, "o")
+    energy0_j = np.full(len(uuids), 1e8)
+    scrapes = 3600 // interval_s
+    part, packed_part = f"gpu_sample_p{DAY0:%Y%m%d}", f"gpu_sample_packed_p{DAY0:%Y%m%d}"
+    pack_s = 0.0
+    for h in range(24):
+        at = DAY0 + dt.timedelta(hours=h)
+        df = _scrapes(uuids, at, scrapes, interval_s, rng) if values == "random" else _dcgm_scrapes(uuids, at, scrapes, interval_s, rng, energy0_j)
+        store.write(F.Batch(source="bench", gpu_sample=df))
+        tiers.advance(store, at + dt.timedelta(hours=1, minutes=5), max_chunks=10_000)
+        if h == 23:
+            break  # 23:59: the last hour still rows, the day not closed
+        t = time.perf_counter()
+        done = packing.pack_hours(store, at + dt.timedelta(hours=1, minutes=40))
+        pack_s += time.perf_counter() - t
+        assert list(done.values()) == ["packed"], done
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'VACUUM "{part}"'))
+    raw, packed_bytes = _bytes(store, part), _bytes(store, packed_part)
+    open_rows_per_hour = 3_064_960 / 24  # bytes of an hour of rows a GPU, measured by `storage` (2026-12-06)
+    _emit(bench="open_day_packed_hourly", db="postgresql", values=values, gpus=gpus, interval_s=interval_s,
+          packed_bytes_per_gpu_day_23h=round(packed_bytes / gpus), raw_bytes_per_gpu_at_2359=round(raw / gpus),
+          open_day_bytes_per_gpu=round((raw + packed_bytes) / gpus),
+          peak_bytes_per_gpu_day=round((raw + packed_bytes) / gpus + 40 / 60 * open_rows_per_hour),
+          ratio_to_4_21_mb=round(4_210_000 / ((raw + packed_bytes) / gpus + 40 / 60 * open_rows_per_hour), 2),
+          pack_s_per_hour=round(pack_s / 23, 3))
 
 
 def bench_storage_and_retention(store: Store, gpus: int, interval_s: int, values: str) -> None:
@@ -439,13 +476,14 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
-    ap.add_argument("--only", choices=("storage", "layouts", "panel", "energy", "reads"), help="run one of the measurements")
+    ap.add_argument("--only", choices=("storage", "openday", "layouts", "panel", "energy", "reads"), help="run one of the measurements")
     ap.add_argument("--values", choices=("random", "dcgm"), default="random",
                     help="storage: uniform random fields (the worst case for compression) or values as DCGM reports them")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
     # each measurement on its own scratch database, so one's rows are not in the other's tables
     runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s, args.values),
+            "openday": lambda store: bench_open_day(store, args.gpus, args.interval_s, args.values),
             "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
             "panel": lambda store: bench_panel(store, args.panel_gpus, args.days),
             "energy": lambda store: bench_energy_packing(store, args.gpus, args.interval_s),

@@ -29,6 +29,11 @@ from fleetscope.store import Store, packed, packed_energy, partitions
 
 GRACE = dt.timedelta(hours=1)
 """A day is packed no sooner than this after its end (late scrapes, the energy roll-up's re-roll)."""
+HOUR_GRACE = dt.timedelta(minutes=30)
+"""An hour of the day under way is packed no sooner than this after its end: the energy roll-up's ten-minute
+re-roll and the minute tier are done with it, and the live reads (the last minutes to the last hour) stay on rows."""
+PACK_LOCK_TIMEOUT = "5s"
+"""How long an hour's pack of the day under way waits for a writer's row lock before it gives up until the next tick."""
 MAX_DAYS_PER_TICK = 2
 """Days packed by one tick, oldest first (a backlog after an outage goes over several ticks)."""
 
@@ -58,6 +63,19 @@ def _hold(conn: Any, packed_name: str, raw_name: str) -> None:
     conn.execute(text(f'LOCK TABLE "{raw_name}" IN EXCLUSIVE MODE'))
 
 
+def _pack_hour(conn: Any, day: dt.date, hour: dt.datetime) -> bool:
+    """In ``conn``'s transaction, pack ``hour`` of ``day``'s raw partition (merged with what was packed of it
+    before) and delete the rows it packed; whether the hour held raw rows."""
+    raw_name, packed_name = partitions.partition_name(packed.RAW, day), partitions.partition_name(packed.TABLE, day)
+    bounds = {"a": hour, "b": hour + dt.timedelta(hours=1)}
+    if not conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{raw_name}" WHERE ts >= :a AND ts < :b)'), bounds).scalar():
+        return False
+    merge = bool(conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{packed_name}" WHERE hour = :a)'), bounds).scalar())
+    for sql in packed.pack_sql(day, merge, hour):
+        conn.execute(text(sql))
+    return True
+
+
 def pack_day(store: Store, day: dt.date) -> dict[str, int]:
     """Pack ``day``'s raw partition (with whatever was packed of the day before) into the day's packed
     partition, an hour per transaction, and empty the raw one: ``samples`` packed, ``rows`` (GPU-hours) held."""
@@ -67,15 +85,9 @@ def pack_day(store: Store, day: dt.date) -> dict[str, int]:
         conn.execute(text(partitions.create_sql(packed.TABLE, day)))
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
     for h in range(24):
-        hour = start + dt.timedelta(hours=h)
         with store.engine.begin() as conn:
             _hold(conn, packed_name, raw_name)
-            bounds = {"a": hour, "b": hour + dt.timedelta(hours=1)}
-            if not conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{raw_name}" WHERE ts >= :a AND ts < :b)'), bounds).scalar():
-                continue
-            merge = bool(conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{packed_name}" WHERE hour = :a)'), bounds).scalar())
-            for sql in packed.pack_sql(day, merge, hour):
-                conn.execute(text(sql))
+            _pack_hour(conn, day, start + dt.timedelta(hours=h))
     with store.engine.begin() as conn:
         _hold(conn, packed_name, raw_name)
         # the deleted rows' space back at once, rather than at the next vacuum
@@ -83,6 +95,74 @@ def pack_day(store: Store, day: dt.date) -> dict[str, int]:
             conn.execute(text(f'TRUNCATE "{raw_name}"'))
         rows, samples = conn.execute(text(f'SELECT count(*), COALESCE(sum(samples), 0) FROM "{packed_name}"')).one()
     return {"samples": int(samples), "rows": int(rows)}
+
+
+def packable_hours(store: Store, now: dt.datetime) -> list[dt.datetime]:
+    """Hours of days not yet closed (``packable_days`` takes those whole) that ended ``HOUR_GRACE`` ago, that the
+    minute tier has passed, and that hold raw rows, oldest first: one indexed probe an hour."""
+    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
+        return []
+    rolled = tiers.watermark(store, "minute")
+    if rolled is None:
+        return []
+    bound = min(now - HOUR_GRACE, rolled)
+    hours = []
+    with store.engine.connect() as conn:
+        for name, day in partitions.partitions(store.engine, packed.RAW):
+            if _day_end(day) <= min(now - GRACE, rolled):
+                continue  # closed: packed whole, its partition emptied (pack_day)
+            start = dt.datetime.combine(day, dt.time(), dt.UTC)
+            for h in range(24):
+                hour = start + dt.timedelta(hours=h)
+                if hour + dt.timedelta(hours=1) > bound:
+                    break
+                if conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{name}" WHERE ts >= :a AND ts < :b)'),
+                                {"a": hour, "b": hour + dt.timedelta(hours=1)}).scalar():
+                    hours.append(hour)
+    return hours
+
+
+def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
+    """Beat's tick for the day under way: pack each of ``packable_hours``, an hour a transaction, while agents
+    keep writing the day's partition. An open day's raw rows were most of what a GPU-day cost while it lasted
+    (3.06 MB of rows against 0.72 MB packed); packed an hour at a time, it keeps the last hour or two as rows.
+
+    The partition is not locked against writers, who write its newest minutes all the while: the transaction is
+    REPEATABLE READ, so the delete after the pack removes exactly the rows the pack read, and a sample written to
+    the hour meanwhile stays a row for the next tick to fold in (readers see it beside the packed hour until
+    then, as after a closed day's pack). A writer that changed a row of the hour since the pack began (a re-sent
+    sample filling a field) makes the delete fail to serialize; the hour is left for the next tick, as it is
+    when a writer's row lock outlasts ``PACK_LOCK_TIMEOUT``. Per hour packed: GPU-hour rows written, or the
+    reason it was left."""
+    from sqlalchemy.exc import OperationalError  # lazy: only for the failures a busy day's pack may meet
+
+    done: dict[str, Any] = {}
+    with tracer().start_as_current_span("packing.pack_hours"):
+        for hour in packable_hours(store, now):
+            day = hour.date()
+            with store.engine.begin() as conn:
+                conn.execute(text(partitions.create_sql(packed.TABLE, day)))
+            lock = {"n": partitions.partition_name(packed.TABLE, day)}
+            with store.engine.connect() as conn:
+                # One packer of a day at a time, held from before the transaction: its snapshot, taken by its first
+                # statement, must not predate another packer's commit of the same hour.
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.execute(text("SELECT pg_advisory_lock(hashtext(:n))"), lock)
+                conn.commit()
+                try:
+                    conn.execution_options(isolation_level="REPEATABLE READ")
+                    with conn.begin():
+                        conn.execute(text(f"SET LOCAL lock_timeout = '{PACK_LOCK_TIMEOUT}'"))
+                        _pack_hour(conn, day, hour)
+                    done[hour.isoformat()] = "packed"
+                except OperationalError as exc:  # serialization failure, deadlock or lock timeout: the next tick tries again
+                    done[hour.isoformat()] = f"left for the next tick: {type(exc.orig).__name__}"
+                finally:
+                    conn.rollback()
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), lock)
+                    conn.commit()
+    return done
 
 
 def pack_closed(store: Store, now: dt.datetime, max_days: int = MAX_DAYS_PER_TICK) -> dict[str, Any]:
@@ -195,6 +275,7 @@ def pack_backlog(store: Store, todo: Iterable[tuple[str, dt.date]]) -> Iterator[
 
 
 def scheduled_pack(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
-    """Beat's ``raw-packing`` (``services.scheduled``): ``pack_closed`` and ``pack_energy_closed`` at ``now_iso``, else now."""
+    """Beat's ``raw-packing`` (``services.scheduled``): ``pack_closed``, ``pack_hours`` and ``pack_energy_closed`` at
+    ``now_iso``, else now."""
     now = at(now_iso)
-    return {packed.RAW: pack_closed(store, now), packed_energy.RAW: pack_energy_closed(store, now)}
+    return {packed.RAW: pack_closed(store, now), "gpu_sample_hours": pack_hours(store, now), packed_energy.RAW: pack_energy_closed(store, now)}

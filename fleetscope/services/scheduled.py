@@ -53,13 +53,14 @@ SCHEDULED.register(
     modules=("analyzers.job_usage",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample_hour", "rollup_watermark"),
     writes=("job_usage_hour", "rollup_watermark"),
     summary="each scheduler job's GPU utilisation and power per hour from the hour tier, for team costs over long periods")
-# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE).
+# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE), an hour of the day under way half
+# an hour after it ends (HOUR_GRACE); at :40 the hour that ended 40 minutes ago is packed.
 SCHEDULED.register(
     "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),
     run="fleetscope.services.packing:scheduled_pack",
     modules=(), reads=("gpu_sample", "rollup_watermark", "gpu_energy_minute"), writes=("gpu_sample", "gpu_energy_minute"),
-    summary="PostgreSQL: closed days of raw GPU telemetry, once the tiers have passed them, and of the per-GPU energy "
-            "minutes, packed into per-GPU hourly rows of compressed column arrays, which every read unpacks")
+    summary="PostgreSQL: raw GPU telemetry, an hour at a time once the tiers have passed it (the day under way too), and "
+            "closed days of the per-GPU energy minutes, packed into per-GPU hourly rows of compressed column arrays, which every read unpacks")
 # A few minutes past the hour, once the last hourly window has closed and its late pushes landed.
 SCHEDULED.register(
     "model_monitoring", beat=Beat("model-monitoring", "fleetscope.model_monitoring", crontab="7 * * * *"),

@@ -7,6 +7,7 @@ and reads the same."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 import numpy as np
 import polars as pl
@@ -287,3 +288,89 @@ def test_a_pack_stopped_half_way_leaves_whole_hours_and_the_next_one_finishes(st
     done = packing.pack_closed(store, DAY + dt.timedelta(days=3))
     assert done == {"2026-10-01": {"samples": df.filter(pl.col("ts") < DAY + dt.timedelta(days=1)).height, "rows": 4 * 24 - 2}}
     _assert_same(before, _reads(store), packed_day=True)
+
+
+def _open_day(store, hours: int = 6) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    """``hours`` of the day under way at 60 s, four GPUs, power only, rolled into the minute tier to its end."""
+    ts = [DAY + dt.timedelta(seconds=s) for s in range(0, hours * 3600, 60)]
+    df = F.conform(F.GPU_SAMPLE, pl.DataFrame({"ts": ts * 4, "gpu_uuid": [g for g in GPUS for _ in ts],
+                                               "power_w": [100.0 + 10 * g + i / 8 for g in range(4) for i in range(len(ts))]}))
+    store.write(F.Batch(source="t", gpu_sample=df))
+    tiers.advance(store, DAY + dt.timedelta(hours=hours, minutes=5), max_chunks=10_000)
+    return df
+
+
+def _raw_rows_before(store, t: dt.datetime) -> int:  # type: ignore[no-untyped-def]
+    with store.engine.connect() as conn:
+        return conn.execute(text(f'SELECT count(*) FROM "{partitions.partition_name("gpu_sample", DAY.date())}" WHERE ts < :t'), {"t": t}).scalar()
+
+
+def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    df = _open_day(store)
+    now = DAY + dt.timedelta(hours=6, minutes=2)
+    # ended 30 minutes ago and passed by the minute tier: 00:00 to 05:00; the day itself is not closed
+    assert packing.packable_hours(store, now) == [DAY + dt.timedelta(hours=h) for h in range(5)]
+    assert packing.packable_days(store, now) == []
+    stop = threading.Event()
+    written: list[int] = []
+
+    def agent() -> None:  # the newest minutes keep arriving while the hours are packed, and one late sample of 02:30
+        i = 0
+        while not stop.is_set() and i < 200:
+            at = DAY + dt.timedelta(hours=6, seconds=i)
+            store.write(F.Batch(source=f"live-{i}", gpu_sample=F.conform(F.GPU_SAMPLE, pl.DataFrame(
+                {"ts": [at, DAY + dt.timedelta(hours=2, minutes=30, seconds=1 + i)], "gpu_uuid": [GPUS[0], "GPU-late"], "power_w": [1.0, 2.0]}))))
+            written.append(i)
+            i += 1
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    try:
+        done = packing.pack_hours(store, now)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert done == {(DAY + dt.timedelta(hours=h)).isoformat(): "packed" for h in range(5)} and written
+    # a late sample that landed after its hour's pack is a row until the next tick folds it in
+    packing.pack_hours(store, now)
+    assert _raw_rows_before(store, DAY + dt.timedelta(hours=5)) == 0
+    got = store.read("gpu_sample", columns=["ts", "gpu_uuid", "power_w"])
+    late = got.filter(pl.col("gpu_uuid") == "GPU-late")
+    live = got.filter(pl.col("ts") >= DAY + dt.timedelta(hours=6))
+    assert late.height == len(written) == live.height and late["ts"].n_unique() == late.height  # each exactly once
+    mine = got.filter(pl.col("gpu_uuid").is_in(GPUS) & (pl.col("ts") < DAY + dt.timedelta(hours=6)))
+    want = df.select("ts", "gpu_uuid", "power_w").sort("ts", "gpu_uuid")
+    # the packed hours read as their float4 rounding, the hour still raw exactly
+    packed_part = pl.col("ts") < DAY + dt.timedelta(hours=5)
+    want = want.with_columns(pl.when(packed_part).then(pl.col("power_w").cast(pl.Float32).cast(pl.Float64)).otherwise(pl.col("power_w")))
+    assert mine.equals(want)
+
+
+def test_an_hour_whose_row_a_writer_changed_during_its_pack_is_left_whole_for_the_next_tick(store, monkeypatch):
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite does not pack")
+    _open_day(store, hours=2)
+    now = DAY + dt.timedelta(hours=2, minutes=2)
+    real = packed.pack_sql
+
+    def racing(day, merge, hour):  # type: ignore[no-untyped-def]
+        statements = real(day, merge, hour)
+        yield from statements[:-1]
+        # between the pack and its delete, an agent re-sends a sample of the hour with a field it lacked
+        store.write(F.Batch(source="resent", gpu_sample=F.conform(F.GPU_SAMPLE, pl.DataFrame(
+            {"ts": [hour + dt.timedelta(minutes=7)], "gpu_uuid": [GPUS[1]], "power_w": [0.0], "temp_c": [51.0]}))))
+        yield statements[-1]
+
+    monkeypatch.setattr(packed, "pack_sql", racing)
+    done = packing.pack_hours(store, now)
+    assert done == {DAY.isoformat(): "left for the next tick: SerializationFailure"}
+    # nothing of the hour moved: every sample still a row, none packed
+    assert _raw_rows_before(store, DAY + dt.timedelta(hours=1)) == 4 * 60
+    with store.engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {packed.TABLE}")).scalar() == 0
+    monkeypatch.setattr(packed, "pack_sql", real)
+    assert packing.pack_hours(store, now) == {DAY.isoformat(): "packed"}
+    one = store.read("gpu_sample", gpu_uuid=GPUS[1], start=DAY + dt.timedelta(minutes=7), end=DAY + dt.timedelta(minutes=8))
+    assert one.select("power_w", "temp_c").rows() == [(pytest.approx(110.875), 51.0)]  # the stored power kept, the field filled
