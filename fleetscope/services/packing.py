@@ -42,11 +42,17 @@ def _day_end(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
 
 
+def _rolled(store: Store) -> dt.datetime | None:
+    """How far the minute tier has rolled, where raw samples are packed at all (PostgreSQL, partitioned): nothing
+    is packed before the tier has passed it."""
+    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
+        return None
+    return tiers.watermark(store, "minute")
+
+
 def packable_days(store: Store, now: dt.datetime) -> list[dt.date]:
     """Days whose raw partition holds rows and may be packed at ``now``, oldest first."""
-    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
-        return []
-    rolled = tiers.watermark(store, "minute")
+    rolled = _rolled(store)
     if rolled is None:
         return []
     bound = min(now - GRACE, rolled)
@@ -100,9 +106,7 @@ def pack_day(store: Store, day: dt.date) -> dict[str, int]:
 def packable_hours(store: Store, now: dt.datetime) -> list[dt.datetime]:
     """Hours of days not yet closed (``packable_days`` takes those whole) that ended ``HOUR_GRACE`` ago, that the
     minute tier has passed, and that hold raw rows, oldest first: one indexed probe an hour."""
-    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
-        return []
-    rolled = tiers.watermark(store, "minute")
+    rolled = _rolled(store)
     if rolled is None:
         return []
     bound = min(now - HOUR_GRACE, rolled)
