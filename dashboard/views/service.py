@@ -42,6 +42,9 @@ def body() -> None:
     energy_pending = report["energy_packing_pending_days"]
     st.caption(f"Closed days waiting to be packed: {', '.join(pending) if pending else 'none'}; of energy minutes: "
                f"{', '.join(energy_pending) if energy_pending else 'none'} (PostgreSQL packs each closed day once the tiers and the energy roll-up have passed it).")
+    if report["packing_overdue_hours"]:
+        st.warning(f"Hours of the day under way still raw an hour after they should have been packed: {', '.join(report['packing_overdue_hours'])}. "
+                   "Beat's raw-packing tick missed or failed them (its last outcome is in the tasks below); they stay readable as rows.")
 
     st.subheader("Scheduled tasks")
     if not report["tasks"]:

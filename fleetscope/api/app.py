@@ -203,6 +203,9 @@ class _PipelineCollector:
         yield GaugeMetricFamily("fleetscope_beat_leading", "1 while a beat holds an unexpired leader lease", value=float(report["beat"]["leading"]))
         yield GaugeMetricFamily("fleetscope_packing_pending_days", "Closed days of raw telemetry waiting to be packed (PostgreSQL)",
                                 value=len(report["packing_pending_days"]))
+        yield GaugeMetricFamily("fleetscope_packing_overdue_hours",
+                                "Hours of the day under way still raw an hour after beat should have packed them (PostgreSQL)",
+                                value=len(report["packing_overdue_hours"]))
         yield GaugeMetricFamily("fleetscope_energy_packing_pending_days",
                                 "Closed days of per-GPU energy minutes waiting to be packed (PostgreSQL; at most 30 counted)",
                                 value=len(report["energy_packing_pending_days"]))

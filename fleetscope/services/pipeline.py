@@ -28,6 +28,8 @@ step, on top of the time it waits for late scrapes (``tiers.SETTLE``) and the bu
 
 PENDING_SHOWN = 30
 """Closed days of energy minutes waiting to be packed listed at most (a backlog after an upgrade is years long)."""
+OVERDUE = dt.timedelta(hours=1)
+"""An hour of the day under way is overdue once it has been packable this long: beat's hourly tick missed it."""
 
 
 def _lag_s(now: dt.datetime, t: dt.datetime | None) -> float | None:
@@ -97,7 +99,7 @@ def _tasks(store: Store, now: dt.datetime) -> list[dict[str, Any]]:
 def status(store: Store, now: dt.datetime, *, tasks: bool = True) -> dict[str, Any]:
     """The pipeline at ``now``: ingest (first and last push, recent rate), each roll-up stage's newest rolled
     instant and its lag behind the newest push (``late`` past its allowance), days waiting to be packed (PostgreSQL; of energy
-    minutes the oldest ``PENDING_SHOWN``), beat's leader, and each task's
+    minutes the oldest ``PENDING_SHOWN``) and hours of the day under way overdue, beat's leader, and each task's
     last outcomes (``tasks``; the /metrics gauges leave them out, ``fleetscope_task_runs`` counts them)."""
     ingest = _ingest(store, now)
     stages = [_stage("energy", energy_rollup.energy_rollup_end(store), now, energy_rollup.PAD, ingest),
@@ -105,6 +107,8 @@ def status(store: Store, now: dt.datetime, *, tasks: bool = True) -> dict[str, A
               _stage(job_usage.TIER, job_usage.watermark(store), now, tiers.SETTLE + job_usage.SETTLE, ingest)]
     return {"at": now, "ingest": ingest, "stages": stages,
             "packing_pending_days": [d.isoformat() for d in packing.packable_days(store, now)],
+            # hours of the day under way that were packable an hour ago and are still rows: a tick missed or failed
+            "packing_overdue_hours": [h.isoformat() for h in packing.packable_hours(store, now - OVERDUE)],
             "energy_packing_pending_days": [d.isoformat() for d in packing.packable_energy_days(store, now, max_days=PENDING_SHOWN)],
             "beat": _beat(store, now), "tasks": _tasks(store, now) if tasks else []}
 
@@ -163,6 +167,8 @@ def describe(report: dict[str, Any], sizes: list[dict[str, Any]], top: int = 12)
         lines.append(f"{st['stage']:<11} {behind} (allowed {st['allowed_lag_s']:,.0f} s): {flag}")
     pending = report["packing_pending_days"]
     lines.append(f"packing     {len(pending)} closed day(s) waiting" + (f": {', '.join(pending)}" if pending else ""))
+    overdue = report["packing_overdue_hours"]
+    lines.append(f"hour pack   {len(overdue)} hour(s) of the day under way overdue" + (f": {', '.join(overdue)}" if overdue else ""))
     pending = report["energy_packing_pending_days"]
     more = "+" if len(pending) >= PENDING_SHOWN else ""
     lines.append(f"energy pack {len(pending)}{more} closed day(s) of energy minutes waiting" + (f": {', '.join(pending)}" if pending else ""))

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from fleetscope.core import frames as F
-from fleetscope.services import energy_reads, health, packing, retention, shards, telemetry, tiers
+from fleetscope.services import energy_reads, health, packing, pipeline, retention, shards, telemetry, tiers
 from fleetscope.store import packed, partitions
 
 DAY = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
@@ -313,6 +313,9 @@ def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
     # ended 30 minutes ago and passed by the minute tier: 00:00 to 05:00; the day itself is not closed
     assert packing.packable_hours(store, now) == [DAY + dt.timedelta(hours=h) for h in range(5)]
     assert packing.packable_days(store, now) == []
+    # an hour on with no tick, the service says so: the hours packable an hour before are overdue
+    overdue = pipeline.status(store, now + dt.timedelta(hours=1), tasks=False)["packing_overdue_hours"]
+    assert overdue == [(DAY + dt.timedelta(hours=h)).isoformat() for h in range(5)]
     stop = threading.Event()
     written: list[int] = []
 
@@ -336,6 +339,7 @@ def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
     # a late sample that landed after its hour's pack is a row until the next tick folds it in
     packing.pack_hours(store, now)
     assert _raw_rows_before(store, DAY + dt.timedelta(hours=5)) == 0
+    assert pipeline.status(store, now + dt.timedelta(hours=1), tasks=False)["packing_overdue_hours"] == []
     got = store.read("gpu_sample", columns=["ts", "gpu_uuid", "power_w"])
     late = got.filter(pl.col("gpu_uuid") == "GPU-late")
     live = got.filter(pl.col("ts") >= DAY + dt.timedelta(hours=6))
