@@ -25,10 +25,12 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
   energy from the counters, one GPU's power over the day.
 - ``openday``: the day under way packed an hour at a time as beat does (``bench_open_day``): its bytes at 23:59,
   packed hours and the raw partition, and at the raw rows' peak.
+- ``openreads``: ``--hours`` of the day under way for ``--gpus`` GPUs, the live reads (the fleet panel over six hours
+  and one, a GPU's six hours, the live panel) as rows and once beat's tick has packed the hours it packs.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 
-    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|openday|layouts|panel|energy|reads] [--values random|dcgm]
+    python benchmarks/scale_out.py [--panel-gpus 16384] [--gpus 64] [--only storage|openday|openreads|layouts|panel|energy|reads] [--hours 7] [--values random|dcgm]
                                    [--postgres URL]
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -52,7 +55,7 @@ import polars as pl  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from fleetscope.core import frames as F  # noqa: E402
-from fleetscope.services import energy_reads, energy_rollup, packing, retention, telemetry, tiers  # noqa: E402
+from fleetscope.services import energy_reads, energy_rollup, health_reads, packing, retention, telemetry, tiers  # noqa: E402
 from benchmarks._server import scratch_store  # noqa: E402
 from fleetscope.store import Store, packed, packed_energy, partitions, schema  # noqa: E402
 
@@ -159,10 +162,11 @@ def _bytes(store: Store, relation: str) -> int:
 
 def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> None:
     """The day under way packed an hour at a time (``packing.pack_hours``, beat's ``raw-packing``): each hour
-    written, rolled into the minute tier, packed 40 minutes after its end and its partition vacuumed (as autovacuum
-    does once a fifth of a partition is dead), then the day's bytes at 23:59, before the day closes: the packed
-    partition and the raw one. Beat packs at :40, so the raw rows peak at 1 h 40 min of the day, not the hour left
-    here: ``peak_bytes_per_gpu_day`` adds 40 minutes' worth of the open-day rows measured by ``storage``."""
+    written, rolled into the minute tier, and beat's tick 40 minutes after its end run (which packs and vacuums the
+    partition), then the day's bytes at 23:59, before the day closes: the packed
+    partition and the raw one (the hours within ``packing.HOUR_GRACE`` of the end, and the last). Beat packs at :40,
+    so the raw rows peak 40 minutes later than here: ``peak_bytes_per_gpu_day`` adds 40 minutes' worth of the
+    open-day rows measured by ``storage``."""
     rng = np.random.default_rng(7)
     uuids = _uuids(gpus, "o")
     energy0_j = np.full(len(uuids), 1e8)
@@ -179,9 +183,7 @@ def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> Non
         t = time.perf_counter()
         done = packing.pack_hours(store, at + dt.timedelta(hours=1, minutes=40))
         pack_s += time.perf_counter() - t
-        assert list(done.values()) == ["packed"], done
-        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f'VACUUM "{part}"'))
+        assert set(done.values()) <= {"packed"}, done
     raw, packed_bytes = _bytes(store, part), _bytes(store, packed_part)
     open_rows_per_hour = 3_064_960 / 24  # bytes of an hour of rows a GPU, measured by `storage` (2026-12-06)
     _emit(bench="open_day_packed_hourly", db="postgresql", values=values, gpus=gpus, interval_s=interval_s,
@@ -190,6 +192,42 @@ def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> Non
           peak_bytes_per_gpu_day=round((raw + packed_bytes) / gpus + 40 / 60 * open_rows_per_hour),
           ratio_to_4_21_mb=round(4_210_000 / ((raw + packed_bytes) / gpus + 40 / 60 * open_rows_per_hour), 2),
           pack_s_per_hour=round(pack_s / 23, 3))
+
+
+def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -> None:
+    """What the day under way's packing costs the live reads: ``hours`` of DCGM-shaped samples of ``gpus`` GPUs, the
+    Overview's fleet panel over the last six hours and the last hour, one GPU's six hours and the live panel, each
+    the best of 3, as rows and again once beat's tick 40 minutes after the last hour has packed what it packs."""
+    rng = np.random.default_rng(1)
+    uuids = _uuids(gpus, "r")
+    energy0_j = np.full(gpus, 1e8)
+    for h in range(hours):
+        store.write(F.Batch(source="bench", gpu_sample=_dcgm_scrapes(uuids, DAY0 + dt.timedelta(hours=h), 3600 // interval_s, interval_s, rng, energy0_j)))
+    end = DAY0 + dt.timedelta(hours=hours)
+    tiers.advance(store, end + dt.timedelta(minutes=5), max_chunks=10_000)
+    with store.engine.begin() as conn:
+        conn.execute(text("ANALYZE gpu_sample"))
+
+    def reads() -> dict[str, float]:
+        out = {}
+        for name, read in (("fleet_panel_6h", lambda: telemetry.fleet_series(store, end - dt.timedelta(hours=6), end, points=48)),
+                           ("fleet_panel_1h", lambda: telemetry.fleet_series(store, end - dt.timedelta(hours=1), end, points=48)),
+                           ("gpu_power_6h", lambda: telemetry.gpu_field_series(store, uuids[0], "power_w", end - dt.timedelta(hours=6), end)),
+                           ("live_panel", lambda: health_reads.live_state(store, end))):
+            best = math.inf
+            for _ in range(3):
+                t = time.perf_counter()
+                read()
+                best = min(best, time.perf_counter() - t)
+            out[name] = round(best, 3)
+        return out
+
+    rows = reads()
+    done = packing.pack_hours(store, end + dt.timedelta(minutes=40))  # which vacuums the day's raw partition
+    with store.engine.begin() as conn:
+        conn.execute(text("ANALYZE gpu_sample_packed"))
+    _emit(bench="open_day_reads", db="postgresql", gpus=gpus, hours=hours, hours_packed=len(done), hour_grace_h=packing.HOUR_GRACE.total_seconds() / 3600,
+          seconds_as_rows=rows, seconds_after_packing=reads())
 
 
 def bench_storage_and_retention(store: Store, gpus: int, interval_s: int, values: str) -> None:
@@ -476,7 +514,8 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--interval-s", type=int, default=10)
-    ap.add_argument("--only", choices=("storage", "openday", "layouts", "panel", "energy", "reads"), help="run one of the measurements")
+    ap.add_argument("--only", choices=("storage", "openday", "openreads", "layouts", "panel", "energy", "reads"), help="run one of the measurements")
+    ap.add_argument("--hours", type=int, default=7, help="openreads: hours of the day under way written")
     ap.add_argument("--values", choices=("random", "dcgm"), default="random",
                     help="storage: uniform random fields (the worst case for compression) or values as DCGM reports them")
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -484,6 +523,7 @@ def main() -> None:
     # each measurement on its own scratch database, so one's rows are not in the other's tables
     runs = {"storage": lambda store: bench_storage_and_retention(store, args.gpus, args.interval_s, args.values),
             "openday": lambda store: bench_open_day(store, args.gpus, args.interval_s, args.values),
+            "openreads": lambda store: bench_open_day_reads(store, args.gpus, args.hours, args.interval_s),
             "layouts": lambda store: bench_layouts(store, args.gpus, args.interval_s),
             "panel": lambda store: bench_panel(store, args.panel_gpus, args.days),
             "energy": lambda store: bench_energy_packing(store, args.gpus, args.interval_s),

@@ -308,21 +308,23 @@ def _raw_rows_before(store, t: dt.datetime) -> int:  # type: ignore[no-untyped-d
 def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
     if store.dialect == "sqlite":
         pytest.skip("SQLite does not pack")
-    df = _open_day(store)
-    now = DAY + dt.timedelta(hours=6, minutes=2)
-    # ended 30 minutes ago and passed by the minute tier: 00:00 to 05:00; the day itself is not closed
-    assert packing.packable_hours(store, now) == [DAY + dt.timedelta(hours=h) for h in range(5)]
+    df = _open_day(store, hours=12)
+    now = DAY + dt.timedelta(hours=12, minutes=2)
+    # ended six hours ago (the longest range a panel reads from rows) and passed by the minute tier: 00:00 to 06:00;
+    # the day itself is not closed
+    assert packing.HOUR_GRACE == dt.timedelta(hours=6)
+    assert packing.packable_hours(store, now) == [DAY + dt.timedelta(hours=h) for h in range(6)]
     assert packing.packable_days(store, now) == []
     # an hour on with no tick, the service says so: the hours packable an hour before are overdue
     overdue = pipeline.status(store, now + dt.timedelta(hours=1), tasks=False)["packing_overdue_hours"]
-    assert overdue == [(DAY + dt.timedelta(hours=h)).isoformat() for h in range(5)]
+    assert overdue == [(DAY + dt.timedelta(hours=h)).isoformat() for h in range(6)]
     stop = threading.Event()
     written: list[int] = []
 
     def agent() -> None:  # the newest minutes keep arriving while the hours are packed, and one late sample of 02:30
         i = 0
         while not stop.is_set() and i < 200:
-            at = DAY + dt.timedelta(hours=6, seconds=i)
+            at = DAY + dt.timedelta(hours=12, seconds=i)
             store.write(F.Batch(source=f"live-{i}", gpu_sample=F.conform(F.GPU_SAMPLE, pl.DataFrame(
                 {"ts": [at, DAY + dt.timedelta(hours=2, minutes=30, seconds=1 + i)], "gpu_uuid": [GPUS[0], "GPU-late"], "power_w": [1.0, 2.0]}))))
             written.append(i)
@@ -335,19 +337,19 @@ def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
     finally:
         stop.set()
         thread.join(60)
-    assert done == {(DAY + dt.timedelta(hours=h)).isoformat(): "packed" for h in range(5)} and written
+    assert done == {(DAY + dt.timedelta(hours=h)).isoformat(): "packed" for h in range(6)} and written
     # a late sample that landed after its hour's pack is a row until the next tick folds it in
     packing.pack_hours(store, now)
-    assert _raw_rows_before(store, DAY + dt.timedelta(hours=5)) == 0
+    assert _raw_rows_before(store, DAY + dt.timedelta(hours=6)) == 0
     assert pipeline.status(store, now + dt.timedelta(hours=1), tasks=False)["packing_overdue_hours"] == []
     got = store.read("gpu_sample", columns=["ts", "gpu_uuid", "power_w"])
     late = got.filter(pl.col("gpu_uuid") == "GPU-late")
-    live = got.filter(pl.col("ts") >= DAY + dt.timedelta(hours=6))
+    live = got.filter(pl.col("ts") >= DAY + dt.timedelta(hours=12))
     assert late.height == len(written) == live.height and late["ts"].n_unique() == late.height  # each exactly once
-    mine = got.filter(pl.col("gpu_uuid").is_in(GPUS) & (pl.col("ts") < DAY + dt.timedelta(hours=6)))
+    mine = got.filter(pl.col("gpu_uuid").is_in(GPUS) & (pl.col("ts") < DAY + dt.timedelta(hours=12)))
     want = df.select("ts", "gpu_uuid", "power_w").sort("ts", "gpu_uuid")
     # the packed hours read as their float4 rounding, the hour still raw exactly
-    packed_part = pl.col("ts") < DAY + dt.timedelta(hours=5)
+    packed_part = pl.col("ts") < DAY + dt.timedelta(hours=6)
     want = want.with_columns(pl.when(packed_part).then(pl.col("power_w").cast(pl.Float32).cast(pl.Float64)).otherwise(pl.col("power_w")))
     assert mine.equals(want)
 
@@ -355,8 +357,8 @@ def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
 def test_an_hour_whose_row_a_writer_changed_during_its_pack_is_left_whole_for_the_next_tick(store, monkeypatch):
     if store.dialect == "sqlite":
         pytest.skip("SQLite does not pack")
-    _open_day(store, hours=2)
-    now = DAY + dt.timedelta(hours=2, minutes=2)
+    _open_day(store, hours=7)
+    now = DAY + dt.timedelta(hours=7, minutes=2)
     real = packed.pack_sql
 
     def racing(day, merge, hour):  # type: ignore[no-untyped-def]
