@@ -143,11 +143,14 @@ def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
     from sqlalchemy.exc import OperationalError  # lazy: only for the failures a busy day's pack may meet
 
     done: dict[str, Any] = {}
+    packed_days: set[dt.date] = set()
     with tracer().start_as_current_span("packing.pack_hours"):
-        for hour in packable_hours(store, now):
-            day = hour.date()
+        hours = packable_hours(store, now)
+        for day in sorted({h.date() for h in hours}):
             with store.engine.begin() as conn:
                 conn.execute(text(partitions.create_sql(packed.TABLE, day)))
+        for hour in hours:
+            day = hour.date()
             lock = {"n": partitions.partition_name(packed.TABLE, day)}
             with store.engine.connect() as conn:
                 # One packer of a day at a time, held from before the transaction: its snapshot, taken by its first
@@ -161,6 +164,7 @@ def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
                         conn.execute(text(f"SET LOCAL lock_timeout = '{PACK_LOCK_TIMEOUT}'"))
                         _pack_hour(conn, day, hour)
                     done[hour.isoformat()] = "packed"
+                    packed_days.add(day)
                 except OperationalError as exc:  # serialization failure, deadlock or lock timeout: the next tick tries again
                     done[hour.isoformat()] = f"left for the next tick: {type(exc.orig).__name__}"
                 finally:
@@ -168,7 +172,7 @@ def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
                     conn.execution_options(isolation_level="AUTOCOMMIT")
                     conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), lock)
                     conn.commit()
-        for day in sorted({h.date() for h, outcome in ((dt.datetime.fromisoformat(k), v) for k, v in done.items()) if outcome == "packed"}):
+        for day in sorted(packed_days):
             # The packed hours' rows are dead in the partition agents write: vacuumed now, their space takes the next
             # hours' rows and reads of the live hours step over none of them (autovacuum waits for a fifth of the
             # partition, two or three hours of it). Over 1,024 GPUs at the end of a day the last six hours' fleet

@@ -356,9 +356,8 @@ class Store:
         if table == gpu_keys.RAW and self.dialect == "postgresql":
             # keyed by integer GPU id there (store.gpu_keys): a frame is mapped to ids here, rows probe theirs in SQL
             if isinstance(df, Rows):
-                i = df.columns.index("gpu_uuid")
                 with pg_write.pg(conn).cursor() as cur:
-                    self._gpu_keys.send_new(cur, (row[i] for row in df.rows))
+                    self._gpu_keys.send_new(cur, df)
             else:
                 df = self._gpu_keys.keyed(pg_write.pg(conn), df)
             key = gpu_keys.physical(table, (), key)[1]

@@ -20,9 +20,10 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.store.writing import Rows
+
 TABLE = "gpu_key"
 RAW = "gpu_sample"
-KEY = ("gpu_id", "ts")
 MAX_REMEMBERED = 2_000_000
 
 # Each UUID's id by a probe of the unique index, not a join (the planner, guessing an unnest's rows, may hash
@@ -76,10 +77,11 @@ class GpuKeys:
         seen = (self._ids, self._exist, self._pending_ids, self._pending_exist)
         return sorted({u for u in uuids if not any(u in s for s in seen)})
 
-    def send_new(self, cur: Any, uuids: Iterable[str]) -> None:
-        """On ``cur`` (of a connection ``pg_write.pg`` prepared, pipelined or not), make the ids of those of
-        ``uuids`` this process does not know: a statement sent, its result not awaited."""
-        new = self.unknown(uuids)
+    def send_new(self, cur: Any, rows: Rows) -> None:
+        """On ``cur`` (of a connection ``pg_write.pg`` prepared, pipelined or not), make the ids of the GPUs of
+        ``rows`` (``gpu_sample`` rows) this process does not know: a statement sent, its result not awaited."""
+        i = rows.columns.index("gpu_uuid")
+        new = self.unknown(row[i] for row in rows.rows)
         if not new:
             return
         from fleetscope.store import pg_arrays  # lazy: psycopg, only against PostgreSQL

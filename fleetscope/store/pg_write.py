@@ -291,8 +291,7 @@ def write_rows_pipelined(store: Store, conn: Connection, frames: Sequence[tuple[
                     continue
                 if name == gpu_keys.RAW:
                     made = raw.cursor()
-                    i = r.columns.index("gpu_uuid")
-                    store._gpu_keys.send_new(made, (row[i] for row in r.rows))  # before the samples that probe their ids
+                    store._gpu_keys.send_new(made, r)  # before the samples that probe their ids
                     around_new.append(made)
                 cur = raw.cursor()
                 execute_unnest(cur, name, r, key, conflict_sql("postgresql", name, *gpu_keys.physical(name, r.columns, key), on_conflict))
