@@ -713,3 +713,22 @@ def test_metric_rows_with_new_series_are_written_with_their_ids_and_a_logged_inp
         assert sorted(got["value"].to_list()) == [0.0, 1.0, 2.0, 7.0]
     finally:
         other.engine.dispose()
+
+
+def test_postgresql_reads_run_without_jit_and_keep_the_urls_own_options(store: Store):
+    """A panel's statement of many short probes is costed as one and crossed the JIT threshold, compiling for a
+    second what ran in milliseconds; the bulk reads' sessions turn JIT off, keeping any ``options`` of the URL
+    (percent-encoded: a space written as "+" reads as part of a setting's name)."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL's JIT")
+    from fleetscope.store import _no_jit_url
+
+    settings = "SELECT current_setting('jit') AS jit, current_setting('statement_timeout') AS timeout"
+    with store.engine.connect() as conn:  # the writer's own sessions keep the server's settings (JIT on by default)
+        server_timeout = conn.exec_driver_sql("SHOW statement_timeout").scalar()
+    assert store.query(settings).rows() == [("off", server_timeout)]
+    with_options = store.reader.url.update_query_dict({"options": "-c statement_timeout=7s"})
+    import connectorx as cx
+
+    got = cx.read_sql(_no_jit_url(with_options), settings, return_type="polars")
+    assert got.rows() == [("off", "7s")]
