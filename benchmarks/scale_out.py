@@ -196,7 +196,8 @@ def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> Non
 
 def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -> None:
     """What the day under way's packing costs the live reads: ``hours`` of DCGM-shaped samples of ``gpus`` GPUs, the
-    Overview's fleet panel over the last six hours and the last hour, one GPU's six hours and the live panel, each
+    Overview's fleet panel over the last six hours and the last hour, one GPU's six hours, the live panel and the
+    Energy page's counter total over six hours, each
     the best of 3, as rows and again once beat's tick 40 minutes after the last hour has packed what it packs."""
     rng = np.random.default_rng(1)
     uuids = _uuids(gpus, "r")
@@ -213,7 +214,8 @@ def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -
         for name, read in (("fleet_panel_6h", lambda: telemetry.fleet_series(store, end - dt.timedelta(hours=6), end, points=48)),
                            ("fleet_panel_1h", lambda: telemetry.fleet_series(store, end - dt.timedelta(hours=1), end, points=48)),
                            ("gpu_power_6h", lambda: telemetry.gpu_field_series(store, uuids[0], "power_w", end - dt.timedelta(hours=6), end)),
-                           ("live_panel", lambda: health_reads.live_state(store, end))):
+                           ("live_panel", lambda: health_reads.live_state(store, end)),
+                           ("energy_6h", lambda: energy_reads.gpu_energy(store, end - dt.timedelta(hours=6), end))):
             best = math.inf
             for _ in range(3):
                 t = time.perf_counter()

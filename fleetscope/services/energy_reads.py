@@ -11,8 +11,10 @@ import polars as pl
 
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
-from fleetscope.services.telemetry import data_start, sample_interval_s
+from fleetscope.services.telemetry import data_start, minute_tier_serves, sample_interval_s
+from fleetscope.services.tiers import TIER_TABLE, floor_to
 from fleetscope.store import Store, packed
+from fleetscope.store.packed import time_literal
 from fleetscope.store.reads import bucket_us_sql, energy_minutes_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
 from analyzers import carbon
 from analyzers import facility
@@ -50,20 +52,37 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
         return pl.DataFrame(schema=schema)
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
+    opening, closing = minute_tier_serves(store, [(start, start + probe), (end - probe, end)])
     params: list[Any] = []
     site_sql = site_gpus_sql(site, params, "a.gpu_uuid")
     sql = (
         "SELECT h.site_id, COUNT(*) AS gpus,"
         " SUM(CASE WHEN b.e > a.e THEN b.e - a.e ELSE 0 END) AS energy_j FROM"
-        f" (SELECT gpu_uuid, MIN(energy_j) AS e FROM {gpu_samples_sql(store, start, start + probe, ('energy_j',))}"
-        " GROUP BY gpu_uuid) a"
-        f" JOIN (SELECT gpu_uuid, MAX(energy_j) AS e FROM {gpu_samples_sql(store, end - probe, end, ('energy_j',))}"
-        " GROUP BY gpu_uuid) b"
+        f" ({_counter_reading(store, 'MIN', start, start + probe, opening)}) a"
+        f" JOIN ({_counter_reading(store, 'MAX', end - probe, end, closing)}) b"
         " ON b.gpu_uuid = a.gpu_uuid"
         " LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE a.e IS NOT NULL AND b.e IS NOT NULL{site_sql} GROUP BY h.site_id ORDER BY 1"
     )
     return fetch(store, sql, params, schema)
+
+
+def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, by_minute: bool) -> str:
+    """Each GPU's energy counter over ``[lo, hi)``, its first (``MIN``) or last (``MAX``) reading, as ``gpu_uuid, e``.
+    ``by_minute`` (``telemetry.minute_tier_serves``: the range reaches a packed hour), the minute tier's reading
+    instead: the first full minute from ``lo`` or the last one before ``hi``, no more than a minute from the raw
+    reading, where the raw probe would unpack the hour for every GPU."""
+    if not by_minute:
+        return f"SELECT gpu_uuid, {agg}(energy_j) AS e FROM {gpu_samples_sql(store, lo, hi, ('energy_j',))} GROUP BY gpu_uuid"
+    if agg == "MIN":
+        first = floor_to(lo, "minute")
+        first += dt.timedelta(minutes=1) if first < lo else dt.timedelta(0)
+        bucket = (first, first + dt.timedelta(minutes=1))
+    else:
+        last = floor_to(hi, "minute")
+        bucket = (last - dt.timedelta(minutes=1), last)
+    return (f"SELECT gpu_uuid, {agg}(energy_j_{agg.lower()}) AS e FROM {TIER_TABLE['minute']}"
+            f" WHERE bucket >= {time_literal(bucket[0])} AND bucket < {time_literal(bucket[1])} GROUP BY gpu_uuid")
 
 
 def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:

@@ -29,11 +29,12 @@ from fleetscope.store import Store, packed, packed_energy, partitions
 
 GRACE = dt.timedelta(hours=1)
 """A day is packed no sooner than this after its end (late scrapes, the energy roll-up's re-roll)."""
-HOUR_GRACE = tiers.RAW_MAX_RANGE
-"""An hour of the day under way is packed no sooner than this after its end, the longest range a panel reads from
-raw samples (``tiers.RAW_MAX_RANGE``): a read of the last minutes to the last six hours stays on rows. A packed
-hour is unpacked whole, for every GPU, by each instant a fleet panel probes in it: the last six hours' panel over
-1,024 GPUs took 0.18 s from rows and 6.8 s from packed hours (2026-12-06)."""
+HOUR_GRACE = dt.timedelta(hours=1)
+"""An hour of the day under way is packed no sooner than this after its end: the fleet-wide reads of recent
+samples (the live panel, activity and state counts, the health sweeps' fifteen minutes, a job analysis a few
+ticks behind, an agent's buffered readings sent after an API restart) stay on rows. Fleet panels' probes further
+back read the minute tier wherever an hour is packed (``store.reads.packed_hours_reached``); one GPU's panel
+unpacks only its own hours."""
 PACK_LOCK_TIMEOUT = "5s"
 """How long an hour's pack of the day under way waits for a writer's row lock before it gives up until the next tick."""
 MAX_DAYS_PER_TICK = 2
@@ -131,7 +132,7 @@ def packable_hours(store: Store, now: dt.datetime) -> list[dt.datetime]:
 def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
     """Beat's tick for the day under way: pack each of ``packable_hours``, an hour a transaction, while agents
     keep writing the day's partition. An open day's raw rows were most of what a GPU-day cost while it lasted
-    (3.06 MB of rows against 0.72 MB packed); packed an hour at a time, it keeps the last six to eight hours as rows.
+    (3.06 MB of rows against 0.72 MB packed); packed an hour at a time, it keeps the last one to three hours as rows.
 
     The partition is not locked against writers, who write its newest minutes all the while: the transaction is
     REPEATABLE READ, so the delete after the pack removes exactly the rows the pack read, and a sample written to
@@ -175,8 +176,8 @@ def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
         for day in sorted(packed_days):
             # The packed hours' rows are dead in the partition agents write: vacuumed now, their space takes the next
             # hours' rows and reads of the live hours step over none of them (autovacuum waits for a fifth of the
-            # partition, two or three hours of it). Over 1,024 GPUs at the end of a day the last six hours' fleet
-            # panel took 0.42 s with 17 packed hours' rows dead in it, 0.28 s vacuumed, 0.22 s before any was packed.
+            # partition, hours of it). Over 1,024 GPUs at the end of a day the last six hours' fleet panel took
+            # 0.42 s with 17 packed hours' rows dead in it, 0.28 s vacuumed, 0.22 s before any was packed.
             with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text(f'VACUUM (ANALYZE) "{partitions.partition_name(packed.RAW, day)}"'))
     return done

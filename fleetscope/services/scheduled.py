@@ -53,8 +53,8 @@ SCHEDULED.register(
     modules=("analyzers.job_usage",), reads=("sched_job", "sched_job_node", "gpu", "gpu_sample_hour", "rollup_watermark"),
     writes=("job_usage_hour", "rollup_watermark"),
     summary="each scheduler job's GPU utilisation and power per hour from the hour tier, for team costs over long periods")
-# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE), an hour of the day under way six
-# hours after it ends (HOUR_GRACE).
+# Hourly: a day becomes packable an hour after it ends (services.packing.GRACE), and so does an hour of the day
+# under way (HOUR_GRACE).
 SCHEDULED.register(
     "raw_packing", beat=Beat("raw-packing", "fleetscope.raw_packing", crontab="40 * * * *"),
     run="fleetscope.services.packing:scheduled_pack",

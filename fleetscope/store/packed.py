@@ -155,6 +155,15 @@ def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, li
     return f"GREATEST((SELECT MAX(ts) FROM {RAW}{below}), {packed})", []
 
 
+def held_hours_sql(hours: Sequence[dt.datetime]) -> str:
+    """A query of ``hour``: which of ``hours`` hold packed rows (PostgreSQL), one indexed probe an hour, each
+    hour a literal so only its day's partition is asked."""
+    if not hours:
+        raise ValueError("held_hours_sql needs at least one hour")
+    lits = [time_literal(hour_floor(h)) for h in dict.fromkeys(hours)]
+    return " UNION ALL ".join(f"SELECT {lit} AS hour WHERE EXISTS (SELECT 1 FROM {TABLE} WHERE hour = {lit})" for lit in lits)
+
+
 def min_ts_sql(dialect: str) -> str:
     """A scalar subquery: the oldest raw sample's ``ts``, or NULL."""
     if dialect != "postgresql":

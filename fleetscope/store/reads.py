@@ -9,6 +9,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core import frames as F
 from fleetscope.store import Store, packed, packed_energy
 
 
@@ -33,6 +34,17 @@ def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | 
     (``store.packed.source``). The range is applied there: the query adds no ``ts`` filter of its own, which
     would leave PostgreSQL's planner estimating the unpacked samples at a two-hundredth of their number."""
     return packed.source(store.dialect, start, end, columns, alias)
+
+
+def packed_hours_reached(store: Store, spans: Sequence[tuple[dt.datetime, dt.datetime]]) -> list[bool]:
+    """Whether each ``[start, end)`` reaches into an hour of raw samples held packed (``store.packed``; never on
+    SQLite), one indexed probe per distinct hour. A packed hour is one array row per GPU, so a fleet-wide read of
+    a few seconds in it unpacks the whole hour for every GPU: such probes read a roll-up tier instead."""
+    reach = [{packed.hour_floor(a), packed.hour_floor(b - dt.timedelta(microseconds=1))} for a, b in spans]
+    if store.dialect != "postgresql" or not reach:
+        return [False] * len(reach)
+    held = set(fetch(store, packed.held_hours_sql(sorted(set().union(*reach))), [], {"hour": F.UTC_US})["hour"].to_list())
+    return [bool(r & held) for r in reach]
 
 
 def energy_minutes_sql(store: Store, start: dt.datetime | None, end: dt.datetime | None, alias: str = "gpu_energy_minute") -> str:

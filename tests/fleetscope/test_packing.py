@@ -7,6 +7,7 @@ and reads the same."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 
 import numpy as np
@@ -309,10 +310,9 @@ def test_the_hours_of_the_day_under_way_are_packed_while_agents_write_it(store):
     if store.dialect == "sqlite":
         pytest.skip("SQLite does not pack")
     df = _open_day(store, hours=12)
-    now = DAY + dt.timedelta(hours=12, minutes=2)
-    # ended six hours ago (the longest range a panel reads from rows) and passed by the minute tier: 00:00 to 06:00;
-    # the day itself is not closed
-    assert packing.HOUR_GRACE == dt.timedelta(hours=6)
+    now = DAY + dt.timedelta(hours=7, minutes=2)
+    # ended an hour ago and passed by the minute tier: 00:00 to 06:00; the day itself is not closed
+    assert packing.HOUR_GRACE == dt.timedelta(hours=1)
     assert packing.packable_hours(store, now) == [DAY + dt.timedelta(hours=h) for h in range(6)]
     assert packing.packable_days(store, now) == []
     # an hour on with no tick, the service says so: the hours packable an hour before are overdue
@@ -358,7 +358,7 @@ def test_an_hour_whose_row_a_writer_changed_during_its_pack_is_left_whole_for_th
     if store.dialect == "sqlite":
         pytest.skip("SQLite does not pack")
     _open_day(store, hours=7)
-    now = DAY + dt.timedelta(hours=7, minutes=2)
+    now = DAY + dt.timedelta(hours=1, minutes=2) + packing.HOUR_GRACE  # the first hour alone is packable
     real = packed.pack_sql
 
     def racing(day, merge, hour):  # type: ignore[no-untyped-def]
@@ -380,3 +380,109 @@ def test_an_hour_whose_row_a_writer_changed_during_its_pack_is_left_whole_for_th
     assert packing.pack_hours(store, now) == {DAY.isoformat(): "packed"}
     one = store.read("gpu_sample", gpu_uuid=GPUS[1], start=DAY + dt.timedelta(minutes=7), end=DAY + dt.timedelta(minutes=8))
     assert one.select("power_w", "temp_c").rows() == [(pytest.approx(110.875), 51.0)]  # the stored power kept, the field filled
+
+
+def _ten_second_day(store, hours: int) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    """``hours`` of the day under way at 10 s for the four GPUs, utilisation, power, temperature and an energy
+    counter random per sample (a minute's mean is then no single sample's value), rolled to its end."""
+    rng = np.random.default_rng(11)
+    ts = [DAY + dt.timedelta(seconds=s) for s in range(0, hours * 3600, 10)]
+    n = len(ts)
+    power = np.round(200 + 500 * rng.random(4 * n), 3)
+    df = F.conform(F.GPU_SAMPLE, pl.DataFrame({
+        "ts": ts * 4, "gpu_uuid": [g for g in GPUS for _ in ts], "util_ratio": rng.integers(0, 101, 4 * n) / 100,
+        "power_w": power, "temp_c": rng.integers(30, 90, 4 * n).astype(float),
+        "energy_j": np.concatenate([1e6 * g + np.cumsum(power[g * n:(g + 1) * n] * 10) for g in range(4)]).round(3)}))
+    _write(store, df)
+    tiers.advance(store, DAY + dt.timedelta(hours=hours, minutes=5), max_chunks=10_000)
+    return df
+
+
+def _point(df: pl.DataFrame, lo: dt.datetime, hi: dt.datetime) -> tuple[int, float, float, float]:
+    """A fleet point computed here from the written samples in ``[lo, hi)``: GPUs, mean utilisation, power, hottest."""
+    per = (df.filter((pl.col("ts") >= lo) & (pl.col("ts") < hi)).group_by("gpu_uuid")
+           .agg(pl.col("util_ratio").mean().alias("u"), pl.col("power_w").mean().alias("p"), pl.col("temp_c").max().alias("t")))
+    return per.height, per["u"].mean(), per["p"].sum(), per["t"].max()
+
+
+def _packed_hours_read(sql: str) -> set[dt.datetime]:
+    """The hours of packed rows a statement unpacks for the fleet (``store.packed.source``'s arms)."""
+    hours: set[dt.datetime] = set()
+    for group in re.findall(r"p\.hour IN \(([^)]*)\)", sql):
+        hours |= {dt.datetime.fromisoformat(t) for t in re.findall(r"TIMESTAMPTZ '([^']+)'", group)}
+    for a, b in re.findall(r"p\.hour >= TIMESTAMPTZ '([^']+)' AND p\.hour < TIMESTAMPTZ '([^']+)'", sql):
+        h = dt.datetime.fromisoformat(a)
+        while h < dt.datetime.fromisoformat(b):
+            hours.add(h)
+            h += dt.timedelta(hours=1)
+    return hours
+
+
+def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_not_every_gpus_hour(store, monkeypatch):
+    """A packed hour is one array row per GPU, so a probe of a few seconds in it would unpack the hour for every
+    GPU (six hours of a 1,024-GPU panel: 6.8 s). Such probes read the minute tier's last full minute before the
+    instant, and the counter readings of an energy total the minute tier's nearest one; probes in hours still
+    raw read the samples of the last 1.5 intervals as before. Expected values are computed here from the samples."""
+    df = _ten_second_day(store, hours=8)
+    if store.dialect == "postgresql":
+        done = packing.pack_hours(store, DAY + dt.timedelta(hours=6) + packing.HOUR_GRACE)
+        assert sorted(done) == [(DAY + dt.timedelta(hours=h)).isoformat() for h in range(6)]
+    packed_until = DAY + dt.timedelta(hours=6 if store.dialect == "postgresql" else 0)
+    statements: list[str] = []
+    fetch = store._fetch
+
+    def seen(sql, *args):  # type: ignore[no-untyped-def]
+        statements.append(sql)
+        return fetch(sql, *args)
+
+    monkeypatch.setattr(store, "_fetch", seen)
+    series = telemetry.fleet_series(store, DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=8), points=12, tier="raw")
+    grid = telemetry.fleet_series_at(store, [DAY + dt.timedelta(hours=3, minutes=7, seconds=30), DAY + dt.timedelta(hours=7, minutes=7, seconds=30)])
+    early = energy_reads.gpu_energy(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=30))
+    across = energy_reads.gpu_energy(store, DAY + dt.timedelta(hours=2, seconds=5), DAY + dt.timedelta(hours=7, seconds=5))
+    unpacked = set().union(*(_packed_hours_read(sql) for sql in statements))
+    assert len(statements) > 4 and not {h for h in unpacked if h < packed_until}  # no packed hour was unpacked
+    assert series.height == 12 and grid.height == 2
+    for row in [*series.iter_rows(named=True), *grid.iter_rows(named=True)]:
+        at = row["ts"]
+        if at - dt.timedelta(seconds=15) < packed_until:
+            minute = at.replace(second=0, microsecond=0)
+            want = _point(df, minute - dt.timedelta(minutes=1), minute)
+        else:  # 1.5 sample intervals: the one sample 10 s before the instant
+            want = _point(df, at - dt.timedelta(seconds=15), at)
+        got = (row["gpus_reporting"], row["util_mean_ratio"], row["power_w"], row["temp_max_c"])
+        assert got[0] == want[0] == 4 and got[1:] == pytest.approx(want[1:], rel=1e-9), at
+
+    def reading(t: dt.datetime) -> pl.DataFrame:
+        return df.filter(pl.col("ts") == t).select("gpu_uuid", "energy_j")
+
+    def total(a: dt.datetime, b: dt.datetime) -> float:
+        return float(reading(b).join(reading(a), on="gpu_uuid").select((pl.col("energy_j") - pl.col("energy_j_right")).sum()).item())
+
+    if store.dialect == "postgresql":
+        # opening in a packed hour on a minute's edge: that minute's first reading; closing in one: the last full minute's last
+        assert early["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=29, seconds=50))])
+        # opening between minutes: the next full minute's first reading; closing in a raw hour: the last sample before the end
+        assert across["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=2, minutes=1), DAY + dt.timedelta(hours=7))])
+    else:  # raw samples throughout: the first reading in the opening probe, the last in the closing one
+        assert early["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=29, seconds=50))])
+        assert across["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=2, seconds=10), DAY + dt.timedelta(hours=7))])
+    assert early["gpus"].to_list() == across["gpus"].to_list() == [4]
+    if store.dialect != "postgresql":
+        return
+    # past the minute tier's retention (it keeps less than raw) a packed hour is read after all: the raw points
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM gpu_sample_minute WHERE bucket < :t"), {"t": DAY + dt.timedelta(hours=4)})
+    pruned = telemetry.fleet_series(store, DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=8), points=12, tier="raw")
+    assert pruned.height == 12
+    for row in pruned.iter_rows(named=True):
+        at = row["ts"]
+        if at < DAY + dt.timedelta(hours=4, minutes=2, seconds=15):
+            want = _point(_as_packed(df), at - dt.timedelta(seconds=15), at)
+        elif at - dt.timedelta(seconds=15) < packed_until:
+            minute = at.replace(second=0, microsecond=0)
+            want = _point(df, minute - dt.timedelta(minutes=1), minute)
+        else:
+            want = _point(df, at - dt.timedelta(seconds=15), at)
+        got = (row["gpus_reporting"], row["util_mean_ratio"], row["power_w"], row["temp_max_c"])
+        assert got[0] == want[0] == 4 and got[1:] == pytest.approx(want[1:], rel=1e-6), at
