@@ -16,6 +16,7 @@ range's start (README "Scale out").
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -34,6 +35,11 @@ SETTLE = dt.timedelta(minutes=3)
 """A minute is rolled this long after it ends."""
 MAX_CHUNK = dt.timedelta(hours=1)
 """The most raw time one roll reads at once (a catch-up after an outage goes in chunks of this)."""
+ROLL_ROWS = {"minute": 1_000_000, "hour": 250_000}
+"""The most rows one read of a roll takes: raw samples for the minute tier (≈ 340 MB at 42 fields), minute-tier
+rows for the hour tier (≈ 340 MB at 170 columns). A chunk is cut to fit (down to one bucket), and an hour of a
+fleet larger still is read in ranges of GPUs: a catch-up roll of a day's hours of 16,384 GPUs read 23 M minute
+rows at once and ran out of 24 GB, and at 100,000 GPUs one hour is 6 M."""
 RAW_MAX_RANGE = dt.timedelta(hours=6)
 MINUTE_MAX_RANGE = dt.timedelta(days=7)
 TIER_TABLE = {"raw": "gpu_sample", "minute": "gpu_sample_minute", "hour": "gpu_sample_hour"}
@@ -74,6 +80,33 @@ def _first_time(store: Store, table: str, column: str, at_or_after: dt.datetime 
     return None if t is None else as_utc(t)
 
 
+def _rows(store: Store, tier: str, lo: dt.datetime, hi: dt.datetime) -> int:
+    """How many rows a roll of ``tier`` over ``[lo, hi)`` reads: raw samples (minute tier) or minute rows (hour tier)."""
+    source = packed.source(store.dialect, lo, hi, ()) if tier == "minute" else "gpu_sample_minute WHERE bucket >= ? AND bucket < ?"
+    params = [] if tier == "minute" else [lo, hi]
+    return int(store.query(f"SELECT COUNT(*) AS n FROM {source}", params, {"n": pl.Int64})["n"][0] or 0)
+
+
+def _minute_rows(store: Store, lo: dt.datetime, hi: dt.datetime, per_hour: int) -> Iterator[pl.DataFrame]:
+    """The minute-tier rows of ``[lo, hi)`` (whole hours), in ranges of GPUs of at most ``ROLL_ROWS["hour"]`` rows
+    where an hour holds more (``per_hour``): split at the GPUs of the first minute, every range bounded by UUID so
+    a GPU that minute lacks still falls in one."""
+    cols = ", ".join(f'"{c}"' for c in GPU_SAMPLE_MINUTE.names)
+    bounds: list[str] = []
+    if per_hour > ROLL_ROWS["hour"]:
+        first = store.query("SELECT gpu_uuid FROM gpu_sample_minute WHERE bucket = (SELECT MIN(bucket) FROM gpu_sample_minute"
+                            " WHERE bucket >= ?) ORDER BY gpu_uuid", [lo], {"gpu_uuid": pl.String})["gpu_uuid"].to_list()
+        per_range = max(1, len(first) * ROLL_ROWS["hour"] // per_hour)
+        bounds = first[per_range::per_range]
+    for a, b in zip([None, *bounds], [*bounds, None], strict=True):
+        conds, params = ["bucket >= ?", "bucket < ?"], [lo, hi]
+        for cond, value in (("gpu_uuid >= ?", a), ("gpu_uuid < ?", b)):
+            if value is not None:
+                conds.append(cond)
+                params.append(value)
+        yield store.query(f"SELECT {cols} FROM gpu_sample_minute WHERE {' AND '.join(conds)}", params, dict(GPU_SAMPLE_MINUTE.schema))
+
+
 def _advance(store: Store, tier: str, bound: dt.datetime, now: dt.datetime, max_chunks: int) -> dict[str, Any]:
     """Roll ``tier``'s buckets from its watermark up to ``bound``, in chunks; the hour tier reads the minute tier."""
     source, column, chunk = ("gpu_sample", "ts", MAX_CHUNK) if tier == "minute" else ("gpu_sample_minute", "bucket", dt.timedelta(hours=24))
@@ -89,13 +122,17 @@ def _advance(store: Store, tier: str, bound: dt.datetime, now: dt.datetime, max_
                 wm = bound
             break
         lo = floor_to(nxt, tier) if wm is None else max(wm, floor_to(nxt, tier))
-        hi = min(bound, lo + chunk)
+        step = dt.timedelta(minutes=1) if tier == "minute" else dt.timedelta(hours=1)
+        per_step = _rows(store, tier, lo, lo + step)
+        hi = min(bound, lo + min(chunk, step * max(1, ROLL_ROWS[tier] // max(per_step, 1))))
         if tier == "minute":
             samples = store.read("gpu_sample", start=lo, end=hi)
             energy = store.read("gpu_energy_minute", start=lo, end=hi, columns=["minute", "gpu_uuid", "energy_j", "covered_s"])
             out = tier_rollup.minute_rollup(samples, energy)
         else:
-            out = tier_rollup.hour_rollup(store.read("gpu_sample_minute", start=lo, end=hi))
+            # an hour's GPUs in ranges, each rolled alone: a GPU's rows are all in one range
+            parts = [tier_rollup.hour_rollup(rows) for rows in _minute_rows(store, lo, hi, per_step)]
+            out = pl.concat(parts) if parts else GPU_SAMPLE_HOUR.empty()
         if out.height:
             store.write_frames([(spec, out)], source=f"tier_rollup:{tier}:{lo.isoformat()}")
         _set_watermark(store, tier, wm, hi, now)

@@ -296,3 +296,27 @@ def test_series_tier_follows_the_range_and_what_was_rolled(store):
     retention.prune(store, T0 + dt.timedelta(days=10), retention_days=400, evidence_retention_days=1095,
                     tier_retention_days={"minute": 1, "hour": 1095})
     assert tiers.oldest(store, "minute") is None and telemetry.series_tier(store, 86_400) == "hour"
+
+
+def test_a_roll_reads_bounded_chunks_and_gpu_ranges_and_rolls_the_same_rows(store, monkeypatch):
+    """A roll's read is cut to ``ROLL_ROWS``: the minute tier's chunk to fewer minutes, an hour of a fleet larger
+    than the hour tier's budget into ranges of GPUs (a catch-up of a day's hours of 16,384 GPUs read 23 M minute
+    rows at once and ran out of memory). Cut or not, the tiers hold what the roll-ups of the whole range give."""
+    raw = _samples(130)
+    store.write_frames([(F.GPU_SAMPLE, raw)], source="test")
+    energy_rollup.rollup_window(store, T0, T0 + dt.timedelta(minutes=130))
+    energy = store.read("gpu_energy_minute", columns=["minute", "gpu_uuid", "energy_j", "covered_s"])
+    want_minutes = tier_rollup.minute_rollup(raw, energy)
+    want_hours = tier_rollup.hour_rollup(want_minutes.filter(pl.col("bucket") < T0 + dt.timedelta(hours=2)))
+    # 18 raw rows a minute, 180 minute rows an hour: two-minute chunks, and each hour read a GPU at a time
+    monkeypatch.setattr(tiers, "ROLL_ROWS", {"minute": 40, "hour": 70})
+    reads: dict[str, list[int]] = {"minute": [], "hour": []}
+    minute_rollup, hour_rollup = tier_rollup.minute_rollup, tier_rollup.hour_rollup
+    monkeypatch.setattr(tier_rollup, "minute_rollup", lambda s, e: (reads["minute"].append(s.height), minute_rollup(s, e))[1])
+    monkeypatch.setattr(tier_rollup, "hour_rollup", lambda m: (reads["hour"].append(m.height), hour_rollup(m))[1])
+    out = tiers.advance(store, T0 + dt.timedelta(minutes=130) + tiers.SETTLE, max_chunks=10_000)
+    assert out["minute"]["chunks"] == 65 and reads["minute"] == [36] * 65
+    assert out["hour"]["chunks"] == 2 and reads["hour"] == [60] * 6  # two hours, three GPUs each
+    got_minutes, got_hours = store.read("gpu_sample_minute"), store.read("gpu_sample_hour")
+    assert got_minutes.sort("bucket", "gpu_uuid").equals(want_minutes.sort("bucket", "gpu_uuid"))
+    assert got_hours.sort("bucket", "gpu_uuid").equals(want_hours.sort("bucket", "gpu_uuid"))
