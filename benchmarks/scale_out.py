@@ -26,7 +26,8 @@ of a day of raw partitions, and bytes per GPU-day in raw samples and in each rol
 - ``openday``: the day under way packed an hour at a time as beat does (``bench_open_day``): its bytes at 23:59,
   packed hours and the raw partition, and at the raw rows' peak.
 - ``openreads``: ``--hours`` of the day under way for ``--gpus`` GPUs, the live reads (the fleet panel over six hours
-  and one, a GPU's six hours, the live panel) as rows and once beat's tick has packed the hours it packs.
+  and one, a GPU's six hours, the live panel, the six-hour energy total) as rows and once beat's tick has packed
+  the hours it packs.
 - ``layouts``: the bytes of a raw GPU-day in bare tables keyed by text UUID, by integer GPU id, and by integer
   id with 4-byte floats (``bench_layouts``): what narrower keys and columns would save.
 

@@ -12,7 +12,7 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, minute_tier_serves, sample_interval_s
-from fleetscope.services.tiers import TIER_TABLE, floor_to
+from fleetscope.services.tiers import BUCKET, TIER_TABLE, bucket_before, floor_to
 from fleetscope.store import Store, packed
 from fleetscope.store.packed import time_literal
 from fleetscope.store.reads import bucket_us_sql, energy_minutes_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
@@ -74,13 +74,12 @@ def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, b
     reading, where the raw probe would unpack the hour for every GPU."""
     if not by_minute:
         return f"SELECT gpu_uuid, {agg}(energy_j) AS e FROM {gpu_samples_sql(store, lo, hi, ('energy_j',))} GROUP BY gpu_uuid"
-    if agg == "MIN":
+    if agg == "MIN":  # the first whole minute from lo
         first = floor_to(lo, "minute")
-        first += dt.timedelta(minutes=1) if first < lo else dt.timedelta(0)
-        bucket = (first, first + dt.timedelta(minutes=1))
+        first += BUCKET["minute"] if first < lo else dt.timedelta(0)
+        bucket = (first, first + BUCKET["minute"])
     else:
-        last = floor_to(hi, "minute")
-        bucket = (last - dt.timedelta(minutes=1), last)
+        bucket = bucket_before(hi, "minute")
     return (f"SELECT gpu_uuid, {agg}(energy_j_{agg.lower()}) AS e FROM {TIER_TABLE['minute']}"
             f" WHERE bucket >= {time_literal(bucket[0])} AND bucket < {time_literal(bucket[1])} GROUP BY gpu_uuid")
 

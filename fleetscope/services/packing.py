@@ -33,7 +33,7 @@ HOUR_GRACE = dt.timedelta(hours=1)
 """An hour of the day under way is packed no sooner than this after its end: the fleet-wide reads of recent
 samples (the live panel, activity and state counts, the health sweeps' fifteen minutes, a job analysis a few
 ticks behind, an agent's buffered readings sent after an API restart) stay on rows. Fleet panels' probes further
-back read the minute tier wherever an hour is packed (``store.reads.packed_hours_reached``); one GPU's panel
+back read the minute tier wherever an hour is packed (``telemetry.minute_tier_serves``); one GPU's panel
 unpacks only its own hours."""
 PACK_LOCK_TIMEOUT = "5s"
 """How long an hour's pack of the day under way waits for a writer's row lock before it gives up until the next tick."""

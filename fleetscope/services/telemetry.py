@@ -380,7 +380,7 @@ def minute_tier_serves(store: Store, spans: Sequence[tuple[dt.datetime, dt.datet
     if not any(reached):
         return reached
     oldest = tiers.oldest(store, "minute")
-    return [r and oldest is not None and start - 2 * TIER_BUCKET["minute"] >= oldest for r, (start, _) in zip(reached, spans, strict=True)]
+    return [r and oldest is not None and start - 2 * tiers.BUCKET["minute"] >= oldest for r, (start, _) in zip(reached, spans, strict=True)]
 
 
 def _raw_probes(store: Store, instants: Sequence[dt.datetime], probe: dt.timedelta) -> list[Probe]:
@@ -389,8 +389,7 @@ def _raw_probes(store: Store, instants: Sequence[dt.datetime], probe: dt.timedel
     out: list[Probe] = []
     for at, by_minute in zip(instants, minute_tier_serves(store, [(at - probe, at) for at in instants]), strict=True):
         if by_minute:
-            last = tiers.floor_to(at, "minute")
-            out.append((at, _tier_inner("minute"), [last - TIER_BUCKET["minute"], last]))
+            out.append((at, _tier_inner("minute"), list(tiers.bucket_before(at, "minute"))))
         else:
             out.append(_raw_probe(store, at, probe))
     return out
@@ -415,7 +414,6 @@ def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
 
 
-TIER_BUCKET = {"minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}
 TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
 """How far back a tier probe looks: a few buckets, so a probe just behind the tier's watermark still finds one."""
 
@@ -446,7 +444,7 @@ def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util
         lo = at - width
         first_bucket = tiers.floor_to(lo, tier)
         if first_bucket < lo:
-            first_bucket += TIER_BUCKET[tier]
+            first_bucket += tiers.BUCKET[tier]
         return rolled_to is None or first_bucket < rolled_to
 
     tail = [at for at in instants if not rolled(at)]
@@ -468,7 +466,7 @@ def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | N
     if not ats:
         return pl.DataFrame(schema=schema)
     if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0] is not None:
-        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s, TIER_BUCKET[tier])
+        return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s, tiers.BUCKET[tier])
     probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, ats[0], ats[-1])
     return _probes(store, _raw_probes(store, ats, probe), busy_util_ratio, site, schema)
 

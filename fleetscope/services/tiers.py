@@ -45,9 +45,19 @@ MINUTE_MAX_RANGE = dt.timedelta(days=7)
 TIER_TABLE = {"raw": "gpu_sample", "minute": "gpu_sample_minute", "hour": "gpu_sample_hour"}
 
 
+BUCKET = {"minute": dt.timedelta(minutes=1), "hour": dt.timedelta(hours=1)}
+"""The span of one bucket of each roll-up tier."""
+
+
 def floor_to(t: dt.datetime, tier: str) -> dt.datetime:
     t = as_utc(t)
     return t.replace(second=0, microsecond=0) if tier == "minute" else t.replace(minute=0, second=0, microsecond=0)
+
+
+def bucket_before(t: dt.datetime, tier: str) -> tuple[dt.datetime, dt.datetime]:
+    """``[start, end)`` of ``tier``'s last whole bucket that ends at or before ``t``."""
+    end = floor_to(t, tier)
+    return end - BUCKET[tier], end
 
 
 def watermark(store: Store, tier: str) -> dt.datetime | None:
@@ -122,9 +132,8 @@ def _advance(store: Store, tier: str, bound: dt.datetime, now: dt.datetime, max_
                 wm = bound
             break
         lo = floor_to(nxt, tier) if wm is None else max(wm, floor_to(nxt, tier))
-        step = dt.timedelta(minutes=1) if tier == "minute" else dt.timedelta(hours=1)
-        per_step = _rows(store, tier, lo, lo + step)
-        hi = min(bound, lo + min(chunk, step * max(1, ROLL_ROWS[tier] // max(per_step, 1))))
+        per_step = _rows(store, tier, lo, lo + BUCKET[tier])
+        hi = min(bound, lo + min(chunk, BUCKET[tier] * max(1, ROLL_ROWS[tier] // max(per_step, 1))))
         if tier == "minute":
             samples = store.read("gpu_sample", start=lo, end=hi)
             energy = store.read("gpu_energy_minute", start=lo, end=hi, columns=["minute", "gpu_uuid", "energy_j", "covered_s"])
