@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 
+from fleetscope.core import hashing
 from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, dcgm_health_events
 from fleetscope.core.frames import (
     GPU,
@@ -139,7 +140,7 @@ def read(data: bytes) -> Lines | None:
     parts = _VALUE_CUT.split(data)
     values = parts[1::2]
     texts = parts[0::2]
-    digest = hashlib.sha1(b"".join(texts)).digest()
+    digest = hashing.fed(hashlib.sha1(), b"".join(texts)).digest()
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
@@ -189,7 +190,7 @@ def _skeleton(texts: list[bytes]) -> tuple[bytes, list[int], list[bytes]] | None
     order = [seen.setdefault(block, len(seen)) for _, brace, block in cut]
     if any(not brace for _, brace, _ in cut):
         return None
-    digest = hashlib.sha1(b"{".join([head for head, _, _ in cut] + [texts[-1]]))
+    digest = hashing.fed(hashlib.sha1(), b"{".join([head for head, _, _ in cut] + [texts[-1]]))
     digest.update(array("I", order).tobytes())
     return digest.digest(), order, list(seen)
 

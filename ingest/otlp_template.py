@@ -28,7 +28,6 @@ reads of each shape are checked against the general path; one disagreement turns
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from collections import Counter
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetscope.core import hashing
 from fleetscope.core.dcgm_fields import EXPORTER_POD_MARK
 from fleetscope.core.protowire import WireError
 from fleetscope.core.protowire import fields as _fields
@@ -83,7 +83,7 @@ class _Shape:
         return self.keep.nbytes + self.time_idx.nbytes + self.value_idx.nbytes + self.struct_idx.nbytes + self.struct_bytes.nbytes
 
     def digest(self, arr: np.ndarray) -> bytes:
-        return hashlib.sha256(np.bitwise_and(arr, self.keep).data).digest()  # SHA-NI: faster than BLAKE2 here
+        return hashing.sha256(np.bitwise_and(arr, self.keep).data).digest()  # SHA-NI: faster than BLAKE2 here
 
 
 @dataclass
@@ -406,7 +406,7 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
             ref.off = True
             return want, True
         ref.checked += 1
-    _TEMPLATES[(shape.ident, hashlib.sha256(masked.data).digest())] = tpl
+    _TEMPLATES[(shape.ident, hashing.sha256(masked.data).digest())] = tpl
     _stats["learned"] += 1
     _stats["renamed"] += 1
     return walk, True

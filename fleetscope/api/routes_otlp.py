@@ -67,7 +67,7 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
     # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
     walk = otlp.read(body, encoding=encoding, source="otlp:/v1/metrics", looked_up=looked_up)
     otlp.plain(walk)  # its rows worked out here, off the door's one writer thread (kept on the walk)
-    return walk, content_hash(body + encoding.encode())
+    return walk, content_hash(body, encoding.encode())
 
 
 # An agent's request (8 GPUs, ~50 KB inflated, ~2-5 KB gzipped) whose template is known, or that a known
@@ -94,7 +94,7 @@ def _from_template(body: bytes, gzipped: bool, limit: int, encoding: str) -> tup
     if walk is None:
         return None, body
     otlp.plain(walk)
-    return (walk, content_hash(body + encoding.encode())), body
+    return (walk, content_hash(body, encoding.encode())), body
 
 
 @router.post("/v1/metrics")

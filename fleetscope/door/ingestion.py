@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import importlib
 import json
 import zlib
@@ -25,6 +24,7 @@ from isal import isal_zlib
 from fleetscope import door
 from fleetscope.door import screen
 from fleetscope.core import frames as F
+from fleetscope.core import hashing
 from fleetscope.core.errors import FleetscopeError, ParseError
 from fleetscope.observability import tracer
 from fleetscope.core.textinput import MAX_GZIP_MEMBERS
@@ -336,7 +336,7 @@ def _notes(batch: F.Batch) -> dict[str, Any]:
 def _content_sha(data: bytes, fmt: str, opts: Options) -> str:
     """The content hash of an input: its bytes and the options it was ingested with (the same trace under
     another job id is new data)."""
-    h = hashlib.sha256(data)
+    h = hashing.sha256(data)
     h.update(json.dumps([fmt, opts.job_id, opts.ts.isoformat() if opts.ts else None, opts.op]).encode())
     return h.hexdigest()
 

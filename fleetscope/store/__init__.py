@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as dt
-import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from sqlalchemy import Connection, Engine, event, text
 
 from fleetscope.core.units import as_utc
 from fleetscope.core import frames as F
+from fleetscope.core import hashing
 from fleetscope.store import schema
 from fleetscope.store import partitions
 from fleetscope.store.inventory import InventoryMemory, InventoryMoved
@@ -702,8 +702,9 @@ def _no_jit_url(url: Any) -> str:
     return f"{base}{'&' if '?' in base else '?'}options={quote(options, safe='')}"
 
 
-def content_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def content_hash(*parts: bytes) -> str:
+    """The hex SHA-256 of ``parts`` joined (``core.hashing``: a small input without releasing the GIL)."""
+    return hashing.sha256(*parts).hexdigest()
 
 
 # Telemetry frames whose hour-long reads are large enough to split across reader processes.
