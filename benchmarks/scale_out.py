@@ -216,6 +216,8 @@ def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -
                            ("fleet_panel_1h", lambda: telemetry.fleet_series(store, end - dt.timedelta(hours=1), end, points=48)),
                            ("gpu_power_6h", lambda: telemetry.gpu_field_series(store, uuids[0], "power_w", end - dt.timedelta(hours=6), end)),
                            ("live_panel", lambda: health_reads.live_state(store, end)),
+                           # the same panel anchored two hours back (a past time in the Overview's URL): a packed hour
+                           ("live_panel_2h_ago", lambda: health_reads.live_state(store, end - dt.timedelta(hours=2))),
                            ("energy_6h", lambda: energy_reads.gpu_energy(store, end - dt.timedelta(hours=6), end))):
             best = math.inf
             for _ in range(3):

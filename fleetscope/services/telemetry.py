@@ -159,6 +159,22 @@ _LATEST_COLUMNS = (
 )
 
 
+def fleet_rows_sql(store: Store, start: dt.datetime, end: dt.datetime, columns: Sequence[str], alias: str, agg: str = "last") -> str:
+    """The FROM item of a fleet-wide read of raw samples in ``[start, end)`` (``ts``, ``gpu_uuid``, ``columns``):
+    ``gpu_samples_sql``, or where the range reaches an hour held packed and the minute tier serves it
+    (``minute_tier_serves``: a packed hour is one array row per GPU, unpacked whole for a few minutes of it), each
+    GPU's whole minutes from the minute tier's start before ``start`` to its last before ``end`` (at least that
+    one), one row a minute standing in for its samples: ``ts`` the minute's start, each field its minute's
+    ``agg`` (``last`` for a latest reading, ``mean`` for an average)."""
+    if not minute_tier_serves(store, [(start, end)])[0]:
+        return gpu_samples_sql(store, start, end, columns, alias)
+    first, last = tiers.floor_to(start, "minute"), tiers.floor_to(end, "minute")
+    first = min(first, last - tiers.BUCKET["minute"])
+    fields = "".join(f", {c}_{agg} AS {c}" for c in dict.fromkeys(columns) if c not in ("ts", "gpu_uuid"))
+    return (f"(SELECT bucket AS ts, gpu_uuid{fields} FROM {tiers.TIER_TABLE['minute']}"
+            f" WHERE bucket >= {packed.time_literal(first)} AND bucket < {packed.time_literal(last)}) {alias}")
+
+
 def _lookback(store: Store, end: dt.datetime, lookback_s: float | None) -> float:
     # Three sample intervals: a GPU whose last scrape was slow or dropped still counts as reporting.
     return float(lookback_s) if lookback_s else max(60.0, 3 * sample_interval_s(store, end))
@@ -191,7 +207,9 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
                   site: str | None = None) -> pl.DataFrame:
     """``gpu_uuid, ts`` and ``columns`` of the latest sample of every GPU that reported in ``[end - lookback_s,
     end)``, unordered and without the inventory: ``latest_gpu_samples`` for reads that need a few fields of
-    the whole fleet (the database sorts narrow rows, and a 100,000-GPU fleet sends 100,000 short ones)."""
+    the whole fleet (the database sorts narrow rows, and a 100,000-GPU fleet sends 100,000 short ones). In an
+    hour held packed, each GPU's last whole minute before ``end`` stands in for its latest sample
+    (``fleet_rows_sql``): ``ts`` that minute's start, the fields their last readings in it."""
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
     params: list[Any] = []
@@ -203,7 +221,7 @@ def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookba
     sql = (
         f"SELECT gpu_uuid, ts{''.join(', ' + c for c in cols)} FROM ("
         f" SELECT s.gpu_uuid, s.ts{fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, cols, 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
+        f" FROM {fleet_rows_sql(store, start, end, cols, 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
     return fetch(store, sql, params, {"gpu_uuid": pl.String, "ts": UTC, **{c: F.GPU_SAMPLE.schema[c] for c in cols}})
 
@@ -219,7 +237,7 @@ def power_of(latest: pl.DataFrame) -> pl.DataFrame:
 
 def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
     """One row: ``as_of`` (newest sample), ``gpus_reporting`` and their summed latest ``power_w`` (the GPUs of
-    ``latest_gpu_samples``, summed in the database: one row comes back however large the fleet)."""
+    ``latest_fields``, summed in the database: one row comes back however large the fleet)."""
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
     params: list[Any] = []
@@ -227,7 +245,7 @@ def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, s
     sql = (
         "SELECT MAX(ts) AS as_of, COUNT(*) AS gpus_reporting, SUM(power_w) AS power_w FROM ("
         " SELECT s.ts, s.power_w, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, ('power_w',), 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
+        f" FROM {fleet_rows_sql(store, start, end, ('power_w',), 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
     return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64})
 

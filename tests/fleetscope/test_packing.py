@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from fleetscope.core import frames as F
-from fleetscope.services import energy_reads, health, packing, pipeline, retention, shards, telemetry, tiers
+from fleetscope.services import energy_reads, health, health_reads, packing, pipeline, retention, shards, telemetry, tiers
 from fleetscope.store import packed, partitions
 
 DAY = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
@@ -486,3 +486,40 @@ def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_n
             want = _point(df, at - dt.timedelta(seconds=15), at)
         got = (row["gpus_reporting"], row["util_mean_ratio"], row["power_w"], row["temp_max_c"])
         assert got[0] == want[0] == 4 and got[1:] == pytest.approx(want[1:], rel=1e-6), at
+
+
+def test_live_panel_anchored_in_a_packed_hour_reads_the_minute_tier(store, monkeypatch):
+    """The Overview's live panel at a past instant (a time in its URL) reads each GPU's latest sample of the last
+    minute and its mean utilisation over five minutes: in a packed hour that would unpack the hour for every GPU, so
+    there it reads the minute tier (the last whole minute's last readings, the minutes' means). Expected values are
+    computed here from the samples."""
+    df = _ten_second_day(store, hours=4)
+    on_pg = store.dialect == "postgresql"
+    if on_pg:
+        assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 3
+    statements: list[str] = []
+    fetch = store._fetch
+
+    def seen(sql, *args):  # type: ignore[no-untyped-def]
+        statements.append(sql)
+        return fetch(sql, *args)
+
+    monkeypatch.setattr(store, "_fetch", seen)
+    at = DAY + dt.timedelta(hours=1, minutes=30, seconds=20)
+    # raw rows: each GPU's newest sample of the last 60 s (10 s ago) and its mean over 300 s; packed: the minutes'
+    latest_at = DAY + dt.timedelta(hours=1, minutes=29, seconds=50) if on_pg else at - dt.timedelta(seconds=10)
+    window = (DAY + dt.timedelta(hours=1, minutes=25), DAY + dt.timedelta(hours=1, minutes=30)) if on_pg else (at - dt.timedelta(minutes=5), at)
+    util = df.filter((pl.col("ts") >= window[0]) & (pl.col("ts") < window[1])).group_by("gpu_uuid").agg(pl.col("util_ratio").mean())
+    # the busy line halfway between the window's second and third GPU: two busy, two idle, by the window's means
+    means = sorted(util["util_ratio"].to_list())
+    monkeypatch.setattr(health_reads, "BUSY_UTIL_RATIO", (means[1] + means[2]) / 2)
+    state = health_reads.live_state(store, at)
+    assert statements and not set().union(*(_packed_hours_read(sql) for sql in statements))
+    latest = df.filter(pl.col("ts") == latest_at)
+    assert latest.height == 4
+    assert state["power"]["power_w"].item() == pytest.approx(latest["power_w"].sum(), rel=1e-6)
+    assert state["power"]["gpus_reporting"].item() == 4
+    grid = state["grid"].sort("gpu_uuid")
+    assert grid["temp_c"].to_list() == latest.sort("gpu_uuid")["temp_c"].to_list()
+    counts = state["counts"].row(0, named=True)
+    assert (counts["reporting"], counts["busy"], counts["idle"], counts["silent"]) == (4, 2, 2, 0)
