@@ -4,7 +4,7 @@ A metric value is one field of one GPU sample. The write target (issue 2) is 500
 i.e. a 16,384-GPU fleet sampled every second with 30 fields; the read target is 2,000,000 values/s for
 one hour of one job's GPUs into a polars frame. Prints one JSON line per measurement.
 
-    python benchmarks/store_write.py [--gpus 16384] [--scrapes 10] [--postgres URL] [--no-sqlite]
+    python benchmarks/store_write.py [--gpus 16384] [--scrapes 10] [--postgres URL] [--no-sqlite] [--fresh-partition]
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def bench_write(store: Store, label: str, gpus: int, scrapes: int) -> None:
                       "values": res.values, "seconds": round(seconds, 3), "values_per_s": round(res.values / seconds)}), flush=True)
 
 
-def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interval_s: int) -> None:
-    """One hour of one job: its GPUs sampled every ``interval_s`` beside other jobs' GPUs."""
+def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interval_s: int, fresh: bool = False) -> None:
+    """One hour of one job: its GPUs sampled every ``interval_s`` beside other jobs' GPUs; with ``fresh``, read before
+    the day partition is analyzed."""
     rng = np.random.default_rng(2)
     all_uuids = pl.Series("gpu_uuid", [f"GPU-read-{i:06d}" for i in range(job_gpus + other_gpus)])
     job_uuids = all_uuids[:job_gpus]
@@ -78,10 +79,11 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
     for s0 in range(0, steps, chunk):
         parts = [scrape(all_uuids, start + dt.timedelta(seconds=s * interval_s), rng) for s in range(s0, min(steps, s0 + chunk))]
         store.write(F.Batch(source="bench", gpu_sample=pl.concat(parts)))
-    if store.dialect == "postgresql":
+    if store.dialect == "postgresql" and not fresh:
         # A running service's autovacuum analyzes a day partition within a minute of its first rows and again as it
         # grows by a tenth; read the moment after the write, the planner would have no statistics for the hour
-        # just written, guess it at a few rows and join the job's ranks by nested loops (4 s instead of 1 here).
+        # just written and guess it at a few rows (``--fresh-partition`` reads it so: the ranks are joined in polars,
+        # so no plan can join them by nested loops, which took 4 s instead of 1 here).
         with store.engine.begin() as conn:
             conn.execute(text("ANALYZE gpu_sample"))
     # A running service has its SQLite reader processes up (fleetscope.store.sqlite_reader); the first read of
@@ -94,13 +96,13 @@ def bench_read(store: Store, label: str, job_gpus: int, other_gpus: int, interva
         assert df.height == job_gpus * steps, (df.height, job_gpus * steps)
         print(json.dumps({"bench": bench, "db": label, "job_gpus": job_gpus, "rows": df.height,
                           "values": values, "seconds": round(seconds, 3), "values_per_s": round(values / seconds),
-                          "target_values_per_s": 2_000_000}), flush=True)
+                          "fresh_partition": fresh, "target_values_per_s": 2_000_000}), flush=True)
 
 
 def measure(label: str, url: str, args: argparse.Namespace) -> None:
     with migrated_store(url) as store:
         bench_write(store, label, args.gpus, args.scrapes)
-        bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s)
+        bench_read(store, label, args.job_gpus, args.other_gpus, args.interval_s, args.fresh_partition)
 
 
 def main() -> None:
@@ -113,6 +115,8 @@ def main() -> None:
     ap.add_argument("--postgres", default=os.environ.get("FLEETSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--fresh-partition", action="store_true",
+                    help="read the job's hour before its day partition is analyzed (the first minute of a day)")
     args = ap.parse_args()
     if not args.no_sqlite:
         tmp = tempfile.mkdtemp(prefix="fleetscope-bench-")

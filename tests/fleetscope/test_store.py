@@ -153,6 +153,12 @@ def test_gpu_samples_of_a_job_follow_its_rank_assignments(store: Store):
     j2 = store.read("gpu_sample", job_id="j2", columns=["ts", "gpu_uuid"])
     assert j2["ts"].to_list() == [T0 + 2 * S, T0 + 3 * S]
     assert set(j2["gpu_uuid"]) == {"g1"}
+    # PostgreSQL joins the ranks in polars (no plan to go wrong on a fresh partition's missing statistics); a read
+    # with a limit joins them in SQL: both give the same rows, columns, types and order, as SQLite's join does
+    both = store.read("gpu_sample", job_id=["j1", "j2"])
+    assert both.columns == ["job_id", "rank", *F.GPU_SAMPLE.names] and both.height == 8
+    assert both.equals(store.read("gpu_sample", job_id=["j1", "j2"], limit=100))
+    assert both.select("ts", "gpu_uuid").equals(both.select("ts", "gpu_uuid").sort("ts", "gpu_uuid"))
 
 
 def test_metric_series_round_trip_with_hostile_labels(store: Store):
