@@ -418,6 +418,19 @@ def _packed_hours_read(sql: str) -> set[dt.datetime]:
     return hours
 
 
+def _statements_of(store, monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The SQL of every bulk read ``store`` runs from now on, in order."""
+    statements: list[str] = []
+    fetch = store._fetch
+
+    def seen(sql, *args):  # type: ignore[no-untyped-def]
+        statements.append(sql)
+        return fetch(sql, *args)
+
+    monkeypatch.setattr(store, "_fetch", seen)
+    return statements
+
+
 def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_not_every_gpus_hour(store, monkeypatch):
     """A packed hour is one array row per GPU, so a probe of a few seconds in it would unpack the hour for every
     GPU (six hours of a 1,024-GPU panel: 6.8 s). Such probes read the minute tier's last full minute before the
@@ -428,14 +441,7 @@ def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_n
         done = packing.pack_hours(store, DAY + dt.timedelta(hours=6) + packing.HOUR_GRACE)
         assert sorted(done) == [(DAY + dt.timedelta(hours=h)).isoformat() for h in range(6)]
     packed_until = DAY + dt.timedelta(hours=6 if store.dialect == "postgresql" else 0)
-    statements: list[str] = []
-    fetch = store._fetch
-
-    def seen(sql, *args):  # type: ignore[no-untyped-def]
-        statements.append(sql)
-        return fetch(sql, *args)
-
-    monkeypatch.setattr(store, "_fetch", seen)
+    statements = _statements_of(store, monkeypatch)
     series = telemetry.fleet_series(store, DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=8), points=12, tier="raw")
     grid = telemetry.fleet_series_at(store, [DAY + dt.timedelta(hours=3, minutes=7, seconds=30), DAY + dt.timedelta(hours=7, minutes=7, seconds=30)])
     early = energy_reads.gpu_energy(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=30))
@@ -497,14 +503,7 @@ def test_live_panel_anchored_in_a_packed_hour_reads_the_minute_tier(store, monke
     on_pg = store.dialect == "postgresql"
     if on_pg:
         assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 3
-    statements: list[str] = []
-    fetch = store._fetch
-
-    def seen(sql, *args):  # type: ignore[no-untyped-def]
-        statements.append(sql)
-        return fetch(sql, *args)
-
-    monkeypatch.setattr(store, "_fetch", seen)
+    statements = _statements_of(store, monkeypatch)
     at = DAY + dt.timedelta(hours=1, minutes=30, seconds=20)
     # raw rows: each GPU's newest sample of the last 60 s (10 s ago) and its mean over 300 s; packed: the minutes'
     latest_at = DAY + dt.timedelta(hours=1, minutes=29, seconds=50) if on_pg else at - dt.timedelta(seconds=10)
