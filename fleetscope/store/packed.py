@@ -152,7 +152,12 @@ def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, li
     packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
               f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last}"
               + ("" if before is None else f" AND u.t < {time_literal(before)}") + ")")
-    return f"GREATEST((SELECT MAX(ts) FROM {RAW}{below}), {packed})", []
+    # A raw sample at or past the end of the newest packed hour is newer than any packed one, and on a live fleet
+    # the hours under way are rows: the packed hours are then not unpacked at all (the CASE's other arm, a
+    # subplan, runs only when reached). Unpacking the newest two hours of every GPU took 0.23 s over 2,048 GPUs,
+    # and every dashboard page asks for the newest sample.
+    return (f"(SELECT CASE WHEN r.t >= {last} + INTERVAL '1 hour' THEN r.t ELSE GREATEST(r.t, {packed}) END"
+            f" FROM (SELECT (SELECT MAX(ts) FROM {RAW}{below}) AS t) r)"), []
 
 
 def held_hours_sql(hours: Sequence[dt.datetime]) -> str:

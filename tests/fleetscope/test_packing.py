@@ -522,3 +522,39 @@ def test_live_panel_anchored_in_a_packed_hour_reads_the_minute_tier(store, monke
     assert grid["temp_c"].to_list() == latest.sort("gpu_uuid")["temp_c"].to_list()
     counts = state["counts"].row(0, named=True)
     assert (counts["reporting"], counts["busy"], counts["idle"], counts["silent"]) == (4, 2, 2, 0)
+
+
+def test_the_newest_sample_skips_the_packed_hours_only_when_a_row_is_newer(store):
+    """``data_end`` and the newest sample before an instant: a raw row at or past the newest packed hour's end is
+    the answer without unpacking (a live fleet's hours under way are rows); otherwise the packed hours are read,
+    a late raw row in an older hour included."""
+    df = _ten_second_day(store, hours=4)
+    newest = df["ts"].max()
+    if store.dialect != "postgresql":
+        assert telemetry.data_end(store) == newest
+        return
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 3
+
+    def unpacked() -> bool:
+        """Whether the newest-sample query ran its unnest of packed timestamps (EXPLAIN ANALYZE says so)."""
+        with store.engine.connect() as conn:
+            plan = [r[0] for r in conn.execute(text(f"EXPLAIN ANALYZE SELECT {packed.max_ts_sql('postgresql')[0]} AS t"))]
+        scans = [line for line in plan if "Function Scan on unnest" in line]
+        assert scans, plan
+        return not all("never executed" in line for line in scans)
+
+    assert telemetry.data_end(store) == newest and not unpacked()  # hour 3 is rows: nothing unpacked
+    # the hour under way packed too: the newest sample is a packed one
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE rollup_watermark SET rolled_to = :t WHERE tier = 'minute'"), {"t": DAY + dt.timedelta(hours=5)})
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=4) + packing.HOUR_GRACE)) == 1
+    assert telemetry.data_end(store) == newest and unpacked()
+    # a late row in an older hour is not the newest: the packed hours are still read
+    late = df.filter((pl.col("ts") == DAY + dt.timedelta(minutes=30)) & (pl.col("gpu_uuid") == GPUS[0])).with_columns(
+        pl.col("ts") + dt.timedelta(seconds=5))
+    store.write(F.Batch(source="late", gpu_sample=late))
+    assert telemetry.data_end(store) == newest and unpacked()
+    before = DAY + dt.timedelta(hours=2, minutes=30, seconds=5)
+    sql, params = packed.max_ts_sql("postgresql", before=before)
+    got = store.query(f"SELECT {sql} AS t", params, {"t": F.UTC_US})["t"][0]
+    assert got == df.filter(pl.col("ts") < before)["ts"].max()
