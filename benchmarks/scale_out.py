@@ -198,7 +198,7 @@ def bench_open_day(store: Store, gpus: int, interval_s: int, values: str) -> Non
 def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -> None:
     """What the day under way's packing costs the live reads: ``hours`` of DCGM-shaped samples of ``gpus`` GPUs, the
     Overview's fleet panel over the last six hours and the last hour, one GPU's six hours, the live panel and the
-    Energy page's counter total over six hours, each
+    Energy page's counter total over six hours, the oldest and newest sample held, each
     the best of 3, as rows and again once beat's tick 40 minutes after the last hour has packed what it packs."""
     rng = np.random.default_rng(1)
     uuids = _uuids(gpus, "r")
@@ -218,7 +218,10 @@ def bench_open_day_reads(store: Store, gpus: int, hours: int, interval_s: int) -
                            ("live_panel", lambda: health_reads.live_state(store, end)),
                            # the same panel anchored two hours back (a past time in the Overview's URL): a packed hour
                            ("live_panel_2h_ago", lambda: health_reads.live_state(store, end - dt.timedelta(hours=2))),
-                           ("energy_6h", lambda: energy_reads.gpu_energy(store, end - dt.timedelta(hours=6), end))):
+                           ("energy_6h", lambda: energy_reads.gpu_energy(store, end - dt.timedelta(hours=6), end)),
+                           # what every page asks first: the oldest and the newest sample held
+                           ("data_start", lambda: telemetry.data_start(store)),
+                           ("data_end", lambda: telemetry.data_end(store))):
             best = math.inf
             for _ in range(3):
                 t = time.perf_counter()

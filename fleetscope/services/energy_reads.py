@@ -64,7 +64,7 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
         " LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         f" WHERE a.e IS NOT NULL AND b.e IS NOT NULL{site_sql} GROUP BY h.site_id ORDER BY 1"
     )
-    return fetch(store, sql, params, schema)
+    return fetch(store, sql, params, schema, small=True)  # a row a site
 
 
 def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, by_minute: bool) -> str:
@@ -94,7 +94,7 @@ def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | 
     schema = {"site_id": pl.String, "energy_kwh": pl.Float64, "location_kgco2e": pl.Float64, "market_kgco2e": pl.Float64,
               "covered_kwh": pl.Float64, "instruments": pl.String, "pue": pl.Float64, "energy_basis": pl.String, "uncovered_basis": pl.String}
     start, end = as_utc(start), as_utc(end)
-    known = fetch(store, "SELECT site_id FROM site ORDER BY 1", [], {"site_id": pl.String})["site_id"].to_list()
+    known = fetch(store, "SELECT site_id FROM site ORDER BY 1", [], {"site_id": pl.String}, small=True)["site_id"].to_list()
     ids = [s for s in known if site is None or s == site]
     if not ids or end <= start:
         return pl.DataFrame(schema=schema)
@@ -167,11 +167,11 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
     start = max(start, first)
     probe = dt.timedelta(seconds=1.5 * max(sample_interval_s(store, end), sample_interval_s(store, start)))
     ahead = gpu_samples_sql(store, end, end + probe)
-    followed = fetch(store, f"SELECT ts FROM {ahead} LIMIT 1", [], {"ts": UTC}).height > 0
+    followed = fetch(store, f"SELECT ts FROM {ahead} LIMIT 1", [], {"ts": UTC}, small=True).height > 0
     if not followed:
         # The window runs past the data: close it at the newest sample instead.
         newest, newest_params = packed.max_ts_sql(store.dialect, before=end)
-        last = fetch(store, f"SELECT {newest} AS ts", newest_params, {"ts": UTC})["ts"][0]
+        last = fetch(store, f"SELECT {newest} AS ts", newest_params, {"ts": UTC}, small=True)["ts"][0]
         if last is None or last < start:
             return pl.DataFrame(schema=_SITE_HOUR_CARBON)
         end = min(end, last + dt.timedelta(microseconds=1))
@@ -194,7 +194,7 @@ def counter_energy_by_site_hour(store: Store, start: dt.datetime, end: dt.dateti
         " WHERE e IS NOT NULL) x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
         " WHERE x.d IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2"
     )
-    rises = fetch(store, sql, params, {"site_id": pl.String, "k": pl.Int64, "gpus": pl.Int64, "energy_j": pl.Float64})
+    rises = fetch(store, sql, params, {"site_id": pl.String, "k": pl.Int64, "gpus": pl.Int64, "energy_j": pl.Float64}, small=True)
     hours = pl.DataFrame({"k": list(range(len(bounds))), "hour": [b.replace(minute=0, second=0, microsecond=0) for b in bounds]},
                          schema={"k": pl.Int64, "hour": UTC})
     energy = rises.join(hours, on="k").group_by("site_id", "hour").agg(pl.col("gpus").max(), pl.col("energy_j").sum()).select(list(_SITE_HOUR))

@@ -276,7 +276,7 @@ def _state_counts(store: Store, end: dt.datetime, size: pl.DataFrame, window_s: 
     )
     # the two thresholds are the outer query's first placeholders
     params = params[-2:] + params[:-2]
-    c = {k: int(v or 0) for k, v in fetch(store, sql, params, {k: pl.Int64 for k in ("reporting", "busy", "idle", "unhealthy", "bad_silent")}).row(0, named=True).items()}
+    c = {k: int(v or 0) for k, v in fetch(store, sql, params, {k: pl.Int64 for k in ("reporting", "busy", "idle", "unhealthy", "bad_silent")}, small=True).row(0, named=True).items()}
     silent = max(0, inventory - c["reporting"] - c["bad_silent"])
     return pl.DataFrame(
         {"gpus": [max(inventory, c["reporting"])], "reporting": [c["reporting"]], "busy": [c["busy"]], "idle": [c["idle"]],

@@ -292,8 +292,28 @@ def pack_backlog(store: Store, todo: Iterable[tuple[str, dt.date]]) -> Iterator[
         vacuum_energy(store)
 
 
+def fill_bounds(store: Store) -> int:
+    """Give the oldest and the newest packed hour's rows packed before migration 0028 their first and last sample
+    times (``first_ts``, ``last_ts``), which the oldest and newest sample reads take from the row instead of the
+    timestamps' array (``packed.min_ts_sql``, ``max_ts_sql``): an upgraded database fills them an hour at a time
+    as retention and packing move those ends, rather than rewriting every packed row at the upgrade. The rows
+    filled; 0 on SQLite or with nothing packed."""
+    if store.dialect != "postgresql" or not partitions.is_partitioned(store.engine, packed.RAW):
+        return 0
+    filled = 0
+    with store.engine.begin() as conn:
+        ends = conn.execute(text(f"SELECT MIN(hour), MAX(hour) FROM {packed.TABLE}")).one()
+        for hour in dict.fromkeys(h for h in ends if h is not None):
+            # the hour as a literal, so that only its day's partition is asked
+            filled += conn.execute(text(f"UPDATE {packed.TABLE} SET first_ts = ts[1], last_ts = ts[array_upper(ts, 1)]"
+                                        f" WHERE hour = {packed.time_literal(hour)} AND first_ts IS NULL")).rowcount
+    return filled
+
+
 def scheduled_pack(store: Store, settings: Settings, *, now_iso: str | None = None) -> dict[str, Any]:
     """Beat's ``raw-packing`` (``services.scheduled``): ``pack_closed``, ``pack_hours`` and ``pack_energy_closed`` at
-    ``now_iso``, else now."""
+    ``now_iso``, else now, then ``fill_bounds``."""
     now = at(now_iso)
-    return {packed.RAW: pack_closed(store, now), "gpu_sample_hours": pack_hours(store, now), packed_energy.RAW: pack_energy_closed(store, now)}
+    out = {packed.RAW: pack_closed(store, now), "gpu_sample_hours": pack_hours(store, now), packed_energy.RAW: pack_energy_closed(store, now)}
+    out["bounds_filled"] = fill_bounds(store)
+    return out

@@ -67,7 +67,7 @@ def table_rows(store: Store, tables: Sequence[str] | None = None) -> pl.DataFram
         return pl.DataFrame(schema=schema)
     # one statement for every table: each statement is a round trip (a new connection on PostgreSQL)
     union = " UNION ALL ".join(f"SELECT {i} AS i, ({sql}) AS n" for i, (_, sql, _) in enumerate(counts))
-    n = dict(fetch(store, union, [], {"i": pl.Int64, "n": pl.Int64}).iter_rows())
+    n = dict(fetch(store, union, [], {"i": pl.Int64, "n": pl.Int64}, small=True).iter_rows())
     return pl.DataFrame([(name, int(n.get(i) or 0), approx) for i, (name, _, approx) in enumerate(counts)], schema=schema, orient="row")
 
 
@@ -92,13 +92,13 @@ def data_end(store: Store) -> dt.datetime | None:
         " UNION ALL SELECT MAX(ended_at) FROM job"
         ") x), (SELECT MAX(ts) FROM metric_sample)) AS t"
     )
-    df = fetch(store, sql, [], {"t": UTC})
+    df = fetch(store, sql, [], {"t": UTC}, small=True)
     return df["t"][0] if df.height else None
 
 
 def data_start(store: Store) -> dt.datetime | None:
     """The earliest GPU sample held (indexed MIN), or None."""
-    df = fetch(store, f"SELECT {packed.min_ts_sql(store.dialect)} AS t", [], {"t": UTC})
+    df = fetch(store, f"SELECT {packed.min_ts_sql(store.dialect)} AS t", [], {"t": UTC}, small=True)
     return df["t"][0] if df.height else None
 
 
@@ -106,12 +106,12 @@ def sample_interval_s(store: Store, at: dt.datetime) -> float:
     """The GPU sampling interval near ``at``: the median gap between the last few samples of the GPU
     sampled last before ``at`` (two indexed lookups). Falls back to DEFAULT_SAMPLE_INTERVAL_S."""
     at = as_utc(at)
-    last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=True), {"gpu_uuid": pl.String})
+    last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=True), {"gpu_uuid": pl.String}, small=True)
     if last.is_empty():
-        last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=False), {"gpu_uuid": pl.String})
+        last = fetch(store, *packed.nearest_gpu_sql(store.dialect, at, before=False), {"gpu_uuid": pl.String}, small=True)
     if last.is_empty():
         return DEFAULT_SAMPLE_INTERVAL_S
-    ts = fetch(store, *packed.gpu_last_ts_sql(store.dialect, last["gpu_uuid"][0], at + dt.timedelta(days=1), 9), {"ts": UTC})["ts"]
+    ts = fetch(store, *packed.gpu_last_ts_sql(store.dialect, last["gpu_uuid"][0], at + dt.timedelta(days=1), 9), {"ts": UTC}, small=True)["ts"]
     if ts.len() < 2:
         return DEFAULT_SAMPLE_INTERVAL_S
     gaps = (ts.sort().diff().dt.total_microseconds() / 1e6).drop_nulls()
@@ -127,7 +127,7 @@ def sites(store: Store) -> pl.DataFrame:
         " WHERE h.site_id IS NOT NULL AND h.site_id NOT IN (SELECT site_id FROM site)"
         " ORDER BY 1"
     )
-    return fetch(store, sql, [], {"site_id": pl.String, "name": pl.String})
+    return fetch(store, sql, [], {"site_id": pl.String, "name": pl.String}, small=True)
 
 
 def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
@@ -141,7 +141,7 @@ def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
         "SELECT COUNT(DISTINCT h.site_id) AS sites, COUNT(DISTINCT g.host) AS hosts, COUNT(*) AS gpus"
         f" FROM gpu g LEFT JOIN host h ON h.host = g.host{where}"
     )
-    return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64})
+    return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64}, small=True)
 
 
 _LATEST_COLUMNS = (
@@ -247,7 +247,7 @@ def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, s
         " SELECT s.ts, s.power_w, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
         f" FROM {fleet_rows_sql(store, start, end, ('power_w',), 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
-    return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64})
+    return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64}, small=True)
 
 
 def gpu_activity(
@@ -428,7 +428,7 @@ def _probes(store: Store, probes: list[Probe], busy_util_ratio: float, site: str
         )
     if not parts:
         return pl.DataFrame(schema=schema)
-    df = fetch(store, " UNION ALL ".join(parts), params, schema)
+    df = fetch(store, " UNION ALL ".join(parts), params, schema, small=True)  # a row a point
     return df.filter(pl.col("gpus_reporting") > 0).sort("ts")
 
 
@@ -439,7 +439,7 @@ TIER_PROBE = {"minute": dt.timedelta(minutes=5), "hour": dt.timedelta(hours=2)}
 def _tier_fleet_series(store: Store, tier: str, start: dt.datetime, end: dt.datetime, points: int, busy_util_ratio: float,
                        site: str | None, schema: dict[str, pl.DataType], probe_s: float | None = None) -> pl.DataFrame:
     table = tiers.TIER_TABLE[tier]
-    first = fetch(store, f"SELECT MIN(bucket) AS t FROM {table}", [], {"t": UTC})["t"][0]
+    first = fetch(store, f"SELECT MIN(bucket) AS t FROM {table}", [], {"t": UTC}, small=True)["t"][0]
     if first is None:
         return fleet_series(store, start, end, points, busy_util_ratio, site, tier="raw", probe_s=probe_s)
     start = max(start, first)
@@ -483,7 +483,7 @@ def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | N
               "temp_max_c": pl.Float64}
     if not ats:
         return pl.DataFrame(schema=schema)
-    if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC})["t"][0] is not None:
+    if tier != "raw" and fetch(store, f"SELECT MIN(bucket) AS t FROM {tiers.TIER_TABLE[tier]}", [], {"t": UTC}, small=True)["t"][0] is not None:
         return _tier_probes(store, tier, ats, busy_util_ratio, site, schema, probe_s, tiers.BUCKET[tier])
     probe = dt.timedelta(seconds=probe_s) if probe_s else _raw_probe_length(store, ats[0], ats[-1])
     return _probes(store, _raw_probes(store, ats, probe), busy_util_ratio, site, schema)

@@ -85,7 +85,7 @@ def _first_time(store: Store, table: str, column: str, at_or_after: dt.datetime 
     where, params = "", []
     if at_or_after is not None:
         where, params = f" WHERE {column} >= ?", [at_or_after]
-    df = store.query(f"SELECT MIN({column}) AS t FROM {table}{where}", params, {"t": F.UTC_US})
+    df = store.query(f"SELECT MIN({column}) AS t FROM {table}{where}", params, {"t": F.UTC_US}, small=True)
     t = df["t"][0] if df.height else None
     return None if t is None else as_utc(t)
 
@@ -94,7 +94,7 @@ def _rows(store: Store, tier: str, lo: dt.datetime, hi: dt.datetime) -> int:
     """How many rows a roll of ``tier`` over ``[lo, hi)`` reads: raw samples (minute tier) or minute rows (hour tier)."""
     source = packed.source(store.dialect, lo, hi, ()) if tier == "minute" else "gpu_sample_minute WHERE bucket >= ? AND bucket < ?"
     params = [] if tier == "minute" else [lo, hi]
-    return int(store.query(f"SELECT COUNT(*) AS n FROM {source}", params, {"n": pl.Int64})["n"][0] or 0)
+    return int(store.query(f"SELECT COUNT(*) AS n FROM {source}", params, {"n": pl.Int64}, small=True)["n"][0] or 0)
 
 
 def _minute_rows(store: Store, lo: dt.datetime, hi: dt.datetime, per_hour: int) -> Iterator[pl.DataFrame]:
@@ -198,7 +198,7 @@ def oldest(store: Store, tier: str) -> dt.datetime | None:
     """The oldest instant ``tier`` still holds (raw: its oldest sample, packed days included; a roll-up tier: its
     oldest bucket), by one indexed MIN read: what retention has left, whatever the settings say."""
     sql = packed.min_ts_sql(store.dialect) if tier == "raw" else f"(SELECT MIN(bucket) FROM {TIER_TABLE[tier]})"
-    df = store.query(f"SELECT {sql} AS t", [], {"t": F.UTC_US})
+    df = store.query(f"SELECT {sql} AS t", [], {"t": F.UTC_US}, small=True)
     return df["t"][0] if df.height else None
 
 

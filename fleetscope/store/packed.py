@@ -149,9 +149,12 @@ def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, li
     # the newest packed sample lies in the newest packed hour (or, with ``before`` inside an hour ahead of its
     # first sample, the hour before it): only those rows' timestamps are unpacked
     last = f"(SELECT MAX(hour) FROM {TABLE}" + ("" if before is None else f" WHERE hour < {time_literal(before)}") + ")"
-    packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
-              f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last}"
-              + ("" if before is None else f" AND u.t < {time_literal(before)}") + ")")
+    if before is None:
+        # each GPU-hour's last time is a column (migration 0028); the array only for rows packed before it
+        packed = f"(SELECT MAX(COALESCE(last_ts, ts[array_upper(ts, 1)])) FROM {TABLE} WHERE hour = {last})"
+    else:
+        packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
+                  f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last} AND u.t < {time_literal(before)})")
     # A raw sample at or past the end of the newest packed hour is newer than any packed one, and on a live fleet
     # the hours under way are rows: the packed hours are then not unpacked at all (the CASE's other arm, a
     # subplan, runs only when reached). Unpacking the newest two hours of every GPU took 0.23 s over 2,048 GPUs,
@@ -173,7 +176,9 @@ def min_ts_sql(dialect: str) -> str:
     """A scalar subquery: the oldest raw sample's ``ts``, or NULL."""
     if dialect != "postgresql":
         return f"(SELECT MIN(ts) FROM {RAW})"
-    return f"LEAST((SELECT MIN(ts) FROM {RAW}), (SELECT MIN(ts[1]) FROM {TABLE} WHERE hour = (SELECT MIN(hour) FROM {TABLE})))"
+    # each GPU-hour's first time is a column (migration 0028); the array only for rows packed before it
+    return (f"LEAST((SELECT MIN(ts) FROM {RAW}),"
+            f" (SELECT MIN(COALESCE(first_ts, ts[1])) FROM {TABLE} WHERE hour = (SELECT MIN(hour) FROM {TABLE})))")
 
 
 def nearest_gpu_sql(dialect: str, at: dt.datetime, before: bool) -> tuple[str, list[dt.datetime]]:
@@ -220,11 +225,11 @@ def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
     aggs = ", ".join(
         f'CASE WHEN count("{c}") = 0 THEN NULL ELSE array_agg("{c}"{"::real" if c in FLOAT4_FIELDS else ""}) END AS "{c}"'
         for c in FIELDS)
-    insert = f"INSERT INTO {TABLE} (hour, gpu_uuid, samples, ts, {cols})"
+    insert = f"INSERT INTO {TABLE} (hour, gpu_uuid, samples, first_ts, last_ts, ts, {cols})"
     # One sort of the day's rows by (hour, GPU, time), then one pass: the aggregates take the rows in that order,
     # every array of a GPU-hour in the same one (an ORDER BY inside each of the 42 aggregates sorted each group 42
     # times), and the rows go in by hour, as the hour BRIN index wants.
-    group = (f" SELECT hour, gpu_uuid, count(*) AS samples, array_agg(ts) AS ts, {aggs} FROM"
+    group = (f" SELECT hour, gpu_uuid, count(*) AS samples, min(ts) AS first_ts, max(ts) AS last_ts, array_agg(ts) AS ts, {aggs} FROM"
              f" (SELECT date_trunc('hour', ts, 'UTC') AS hour, ts, gpu_uuid, {cols} FROM src ORDER BY 1, 3, 2) sorted"
              " GROUP BY hour, gpu_uuid")
     if not merge:
@@ -236,4 +241,4 @@ def pack_sql(day: dt.date, merge: bool, hour: dt.datetime) -> list[str]:
     return [f"CREATE TEMP TABLE _repack ON COMMIT DROP AS WITH tagged AS ({tagged}),"
             f" src AS (SELECT ts, gpu_uuid, {firsts} FROM tagged GROUP BY gpu_uuid, ts){group}",
             f"DELETE FROM {packed} WHERE hour = {time_literal(hour)}",
-            f"{insert} SELECT hour, gpu_uuid, samples, ts, {cols} FROM _repack", drop_raw]
+            f"{insert} SELECT hour, gpu_uuid, samples, first_ts, last_ts, ts, {cols} FROM _repack", drop_raw]

@@ -13,9 +13,10 @@ from fleetscope.core import frames as F
 from fleetscope.store import Store, packed, packed_energy
 
 
-def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Run ``sql`` and return exactly the columns of ``schema`` with those dtypes, even when empty."""
-    df = store.query(sql, list(params), schema)
+def fetch(store: Store, sql: str, params: Sequence[Any], schema: dict[str, pl.DataType], small: bool = False) -> pl.DataFrame:
+    """Run ``sql`` and return exactly the columns of ``schema`` with those dtypes, even when empty; ``small`` as
+    ``Store.query`` takes it (a result of a few rows: a pooled connection on PostgreSQL)."""
+    df = store.query(sql, list(params), schema, small)
     cols = []
     for name, dtype in schema.items():
         if name not in df.columns:
@@ -43,7 +44,7 @@ def packed_hours_reached(store: Store, spans: Sequence[tuple[dt.datetime, dt.dat
     reach = [{packed.hour_floor(a), packed.hour_floor(b - dt.timedelta(microseconds=1))} for a, b in spans]
     if store.dialect != "postgresql" or not reach:
         return [False] * len(reach)
-    held = set(fetch(store, packed.held_hours_sql(sorted(set().union(*reach))), [], {"hour": F.UTC_US})["hour"].to_list())
+    held = set(fetch(store, packed.held_hours_sql(sorted(set().union(*reach))), [], {"hour": F.UTC_US}, small=True)["hour"].to_list())
     return [bool(r & held) for r in reach]
 
 

@@ -432,9 +432,9 @@ def test_no_query_scans_a_whole_telemetry_table(seeded_sqlite_url: str, monkeypa
     seen: list[tuple[str, list]] = []
     real = store.query
 
-    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
+    def spy(sql, params=(), schema_=None, small=False):  # type: ignore[no-untyped-def]
         seen.append((sql, list(params)))
-        return real(sql, params, schema_)
+        return real(sql, params, schema_, small)
 
     monkeypatch.setattr(store, "query", spy)
     for call in CALLS.values():
@@ -483,7 +483,7 @@ def test_a_long_jobs_rank_views_read_its_last_steps_by_time(store: Store, monkey
     tail = steps.filter(pl.col("step") > 399 - 50).with_columns(((pl.col("end") - pl.col("start")).dt.total_microseconds() / 1e6).alias("d"))
     seen: list[str] = []
     real = store.query
-    monkeypatch.setattr(store, "query", lambda sql, params=(), schema_=None: seen.append(sql) or real(sql, params, schema_))
+    monkeypatch.setattr(store, "query", lambda sql, params=(), schema_=None, small=False: seen.append(sql) or real(sql, params, schema_, small))
     ranks = jobs_svc.job_rank_summary(store, "long")
     assert ranks["rank"][0] == 3 and ranks["steps"].to_list() == [50] * 6
     want = tail.group_by("rank").agg(pl.col("compute_s").mean()).sort("rank")

@@ -159,9 +159,9 @@ def _last_read_sql(store, job_id: str) -> str:  # type: ignore[no-untyped-def]
     seen: list[str] = []
     real = store._fetch
 
-    def grab(sql, params, schema):  # type: ignore[no-untyped-def]
+    def grab(sql, params, *rest):  # type: ignore[no-untyped-def]
         seen.append(bind(sql, params))
-        return real(sql, params, schema)
+        return real(sql, params, *rest)
 
     store._fetch = grab
     try:
@@ -536,10 +536,11 @@ def test_the_newest_sample_skips_the_packed_hours_only_when_a_row_is_newer(store
     assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 3
 
     def unpacked() -> bool:
-        """Whether the newest-sample query ran its unnest of packed timestamps (EXPLAIN ANALYZE says so)."""
+        """Whether the newest-sample query read packed rows (EXPLAIN ANALYZE says so), beyond the newest packed
+        hour's index-only lookup."""
         with store.engine.connect() as conn:
             plan = [r[0] for r in conn.execute(text(f"EXPLAIN ANALYZE SELECT {packed.max_ts_sql('postgresql')[0]} AS t"))]
-        scans = [line for line in plan if "Function Scan on unnest" in line]
+        scans = [line for line in plan if " on gpu_sample_packed" in line and "Index Only Scan" not in line]
         assert scans, plan
         return not all("never executed" in line for line in scans)
 
@@ -558,3 +559,40 @@ def test_the_newest_sample_skips_the_packed_hours_only_when_a_row_is_newer(store
     sql, params = packed.max_ts_sql("postgresql", before=before)
     got = store.query(f"SELECT {sql} AS t", params, {"t": F.UTC_US})["t"][0]
     assert got == df.filter(pl.col("ts") < before)["ts"].max()
+
+
+def test_packed_rows_carry_their_first_and_last_times_and_older_rows_are_filled(store):
+    """Each packed GPU-hour keeps its first and last sample time beside the array (migration 0028), merges
+    included, so the oldest and newest sample reads need not detoast every GPU's timestamps; rows packed before
+    the migration (NULL there) are read from their arrays and filled at the ends by the packing tick."""
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite does not pack")
+    df = _ten_second_day(store, hours=4)
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 3
+    # a late sample at 00:59:56, after that GPU's last of hour 0 (00:59:50), folded in by a merge: its last time moves
+    late = df.filter((pl.col("ts") == DAY + dt.timedelta(hours=1)) & (pl.col("gpu_uuid") == GPUS[2])).with_columns(
+        pl.col("ts") - dt.timedelta(seconds=4))
+    store.write(F.Batch(source="late", gpu_sample=late))
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 1
+
+    def rows() -> pl.DataFrame:
+        return store.query(f"SELECT hour, gpu_uuid, first_ts, last_ts, ts[1] AS a, ts[array_upper(ts, 1)] AS b FROM {packed.TABLE}", [],
+                           {"hour": F.UTC_US, "gpu_uuid": pl.String, "first_ts": F.UTC_US, "last_ts": F.UTC_US, "a": F.UTC_US, "b": F.UTC_US})
+
+    got = rows()
+    assert got.height == 12 and got["first_ts"].equals(got["a"]) and got["last_ts"].equals(got["b"])
+    h0 = got.filter((pl.col("hour") == DAY) & (pl.col("gpu_uuid") == GPUS[2]))
+    assert h0["last_ts"].item() == late["ts"].item()  # the merged sample, 00:59:56
+    first, last = df["ts"].min(), df["ts"].max()
+    assert telemetry.data_start(store) == first
+    # as rows packed before migration 0028 are: no first or last time, read from the arrays meanwhile
+    with store.engine.begin() as conn:
+        conn.execute(text(f"UPDATE {packed.TABLE} SET first_ts = NULL, last_ts = NULL"))
+    assert telemetry.data_start(store) == first
+    assert store.query(f"SELECT {packed.max_ts_sql('postgresql')[0]} AS t", [], {"t": F.UTC_US})["t"][0] == last
+    assert packing.fill_bounds(store) == 8  # four GPUs in the oldest and in the newest packed hour
+    assert packing.fill_bounds(store) == 0
+    filled = rows().filter(pl.col("first_ts").is_not_null())
+    assert sorted(set(filled["hour"].to_list())) == [DAY, DAY + dt.timedelta(hours=2)]
+    assert filled["first_ts"].equals(filled["a"]) and filled["last_ts"].equals(filled["b"])
+    assert telemetry.data_start(store) == first

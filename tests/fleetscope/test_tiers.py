@@ -147,9 +147,9 @@ def spy_queries(store) -> list[str]:  # type: ignore[no-untyped-def]
     seen: list[str] = []
     real = store.query
 
-    def spy(sql, params=(), schema_=None):  # type: ignore[no-untyped-def]
+    def spy(sql, params=(), schema_=None, small=False):  # type: ignore[no-untyped-def]
         seen.append(sql)
-        return real(sql, params, schema_)
+        return real(sql, params, schema_, small)
 
     store.query = spy  # type: ignore[method-assign]
     return seen
