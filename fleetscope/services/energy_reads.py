@@ -12,7 +12,7 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, minute_tier_serves, sample_interval_s
-from fleetscope.services.tiers import BUCKET, TIER_TABLE, bucket_before, floor_to
+from fleetscope.services.tiers import BUCKET, TIER_TABLE, bucket_before, bucket_from
 from fleetscope.store import Store, packed
 from fleetscope.store.packed import time_literal
 from fleetscope.store.reads import bucket_us_sql, energy_minutes_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
@@ -75,8 +75,7 @@ def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, b
     if not by_minute:
         return f"SELECT gpu_uuid, {agg}(energy_j) AS e FROM {gpu_samples_sql(store, lo, hi, ('energy_j',))} GROUP BY gpu_uuid"
     if agg == "MIN":  # the first whole minute from lo
-        first = floor_to(lo, "minute")
-        first += BUCKET["minute"] if first < lo else dt.timedelta(0)
+        first = bucket_from(lo, "minute")
         bucket = (first, first + BUCKET["minute"])
     else:
         bucket = bucket_before(hi, "minute")

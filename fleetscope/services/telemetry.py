@@ -459,11 +459,7 @@ def _tier_probes(store: Store, tier: str, instants: list[dt.datetime], busy_util
 
     def rolled(at: dt.datetime) -> bool:
         # the first bucket the probe reads starts before the watermark
-        lo = at - width
-        first_bucket = tiers.floor_to(lo, tier)
-        if first_bucket < lo:
-            first_bucket += tiers.BUCKET[tier]
-        return rolled_to is None or first_bucket < rolled_to
+        return rolled_to is None or tiers.bucket_from(at - width, tier) < rolled_to
 
     tail = [at for at in instants if not rolled(at)]
     probes: list[Probe] = [(at, inner, [at - width, at]) for at in instants if rolled(at)]

@@ -54,6 +54,12 @@ def floor_to(t: dt.datetime, tier: str) -> dt.datetime:
     return t.replace(second=0, microsecond=0) if tier == "minute" else t.replace(minute=0, second=0, microsecond=0)
 
 
+def bucket_from(t: dt.datetime, tier: str) -> dt.datetime:
+    """The start of ``tier``'s first whole bucket that starts at or after ``t``."""
+    first = floor_to(t, tier)
+    return first + BUCKET[tier] if first < as_utc(t) else first
+
+
 def bucket_before(t: dt.datetime, tier: str) -> tuple[dt.datetime, dt.datetime]:
     """``[start, end)`` of ``tier``'s last whole bucket that ends at or before ``t``."""
     end = floor_to(t, tier)
