@@ -146,15 +146,21 @@ def max_ts_sql(dialect: str, before: dt.datetime | None = None) -> tuple[str, li
     if dialect != "postgresql":
         return f"(SELECT MAX(ts) FROM {RAW}" + ("" if before is None else " WHERE ts < ?") + ")", ([] if before is None else [before])
     below = "" if before is None else f" WHERE ts < {time_literal(before)}"
-    # the newest packed sample lies in the newest packed hour (or, with ``before`` inside an hour ahead of its
-    # first sample, the hour before it): only those rows' timestamps are unpacked
+    # The newest packed sample lies in the newest packed hour; with ``before`` inside that hour ahead of its first
+    # sample, in the packed hour before it, which a fleet-wide outage may have left hours earlier. Only the newest
+    # hour's timestamps are unpacked; the one before gives its last times, each GPU-hour's a column (migration
+    # 0028; the array's last element for rows packed before it).
     last = f"(SELECT MAX(hour) FROM {TABLE}" + ("" if before is None else f" WHERE hour < {time_literal(before)}") + ")"
+
+    def last_of(hour: str) -> str:
+        return f"(SELECT MAX(COALESCE(last_ts, ts[array_upper(ts, 1)])) FROM {TABLE} WHERE hour = {hour})"
+
     if before is None:
-        # each GPU-hour's last time is a column (migration 0028); the array only for rows packed before it
-        packed = f"(SELECT MAX(COALESCE(last_ts, ts[array_upper(ts, 1)])) FROM {TABLE} WHERE hour = {last})"
+        packed = last_of(last)
     else:
-        packed = (f"(SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
-                  f" WHERE p.hour >= {last} - INTERVAL '1 hour' AND p.hour <= {last} AND u.t < {time_literal(before)})")
+        packed = (f"GREATEST((SELECT MAX(u.t) FROM {TABLE} p CROSS JOIN LATERAL unnest(p.ts) AS u(t)"
+                  f" WHERE p.hour = {last} AND u.t < {time_literal(before)}),"
+                  f" {last_of(f'(SELECT MAX(hour) FROM {TABLE} WHERE hour < {last})')})")
     # A raw sample at or past the end of the newest packed hour is newer than any packed one, and on a live fleet
     # the hours under way are rows: the packed hours are then not unpacked at all (the CASE's other arm, a
     # subplan, runs only when reached). Unpacking the newest two hours of every GPU took 0.23 s over 2,048 GPUs,
@@ -184,18 +190,20 @@ def min_ts_sql(dialect: str) -> str:
 def nearest_gpu_sql(dialect: str, at: dt.datetime, before: bool) -> tuple[str, list[dt.datetime]]:
     """A query of one row, and its parameters, ``gpu_uuid, ts``: the GPU sampled last at or before ``at`` (``before``), else first
     after it. Of packed days it looks at whole hours only (the newest hour ending by ``at``, the oldest
-    starting after it), and takes any one GPU of that hour, which ``telemetry.sample_interval_s`` needs: a GPU
-    reporting near ``at``. Ordering the hour's GPUs by their last sample detoasted every GPU's timestamps
+    starting after it), and takes any one GPU of that hour with two samples or more, which
+    ``telemetry.sample_interval_s`` needs: a GPU reporting near ``at``. Ordering the hour's GPUs by their last sample detoasted every GPU's timestamps
     (58 ms over 4,096 GPUs, called at both ends of every fleet panel's range)."""
     op, order = ("<=", "DESC") if before else (">", "")
     if dialect != "postgresql":
         return f"SELECT gpu_uuid, ts FROM {RAW} WHERE ts {op} ? ORDER BY ts {order} LIMIT 1", [at]
     raw = f"SELECT gpu_uuid, ts FROM {gpu_keys.join_sql(RAW)} WHERE ts {op} {time_literal(at)} ORDER BY ts {order} LIMIT 1"
+    # A GPU with one sample in the hour has no interval to give (a node that sent once and went quiet): one with
+    # two or more is taken, as ``sample_interval_s`` measures the gap between a GPU's samples.
     if before:
         packed = (f"SELECT gpu_uuid, ts[array_upper(ts, 1)] AS ts FROM {TABLE} WHERE hour <= {time_literal(at - dt.timedelta(hours=1))}"
-                  " ORDER BY hour DESC LIMIT 1")
+                  " AND samples >= 2 ORDER BY hour DESC LIMIT 1")
     else:
-        packed = f"SELECT gpu_uuid, ts[1] AS ts FROM {TABLE} WHERE hour > {time_literal(at)} ORDER BY hour LIMIT 1"
+        packed = f"SELECT gpu_uuid, ts[1] AS ts FROM {TABLE} WHERE hour > {time_literal(at)} AND samples >= 2 ORDER BY hour LIMIT 1"
     return f"SELECT gpu_uuid, ts FROM (({raw}) UNION ALL ({packed})) x ORDER BY ts {order} LIMIT 1", []
 
 

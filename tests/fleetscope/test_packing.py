@@ -561,6 +561,48 @@ def test_the_newest_sample_skips_the_packed_hours_only_when_a_row_is_newer(store
     assert got == df.filter(pl.col("ts") < before)["ts"].max()
 
 
+def test_the_newest_sample_before_an_instant_crosses_an_hour_with_no_data(store):
+    """A fleet-wide outage leaves hours with no packed rows: the newest packed sample before an instant inside the
+    next packed hour, ahead of its first sample, is the last one before the outage, hours earlier, as raw rows give
+    it; the energy over a window that runs past the data reads from it."""
+    first = _ten_second_day(store, hours=1)
+    again = first.with_columns(pl.col("ts") + dt.timedelta(hours=2, minutes=30))  # nothing from 01:00 to 02:30
+    _write(store, again)
+    tiers.advance(store, DAY + dt.timedelta(hours=4), max_chunks=10_000)
+    before = DAY + dt.timedelta(hours=2, minutes=10)  # in hour 2, ahead of its first sample
+    want = DAY + dt.timedelta(minutes=59, seconds=50)
+    assert pl.concat([first, again]).filter(pl.col("ts") < before)["ts"].max() == want
+    window = (DAY + dt.timedelta(minutes=10), before)
+    as_rows = energy_reads.counter_energy_by_site_hour(store, *window)
+    assert as_rows.height > 0
+    if store.dialect != "postgresql":
+        return
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=3) + packing.HOUR_GRACE)) == 2  # hours 0 and 2
+    sql, params = packed.max_ts_sql("postgresql", before=before)
+    assert store.query(f"SELECT {sql} AS t", params, {"t": F.UTC_US})["t"][0] == want
+    got = energy_reads.counter_energy_by_site_hour(store, *window)
+    assert got["hour"].to_list() == as_rows["hour"].to_list()
+    assert got["energy_j"].to_list() == pytest.approx(as_rows["energy_j"].to_list())
+
+
+def test_the_sampling_interval_of_packed_hours_comes_from_a_gpu_with_two_samples(store):
+    """A GPU that sent one sample and went quiet gives no interval: in packed hours as in rows, the interval near an
+    instant is measured on a GPU with two samples or more, not whichever GPU an hour's index meets first (the last
+    UUID looking back, the first looking ahead)."""
+    df = _ten_second_day(store, hours=3)
+    once = df.filter((pl.col("gpu_uuid") == GPUS[0]) & pl.col("ts").is_in([DAY + dt.timedelta(minutes=20), DAY + dt.timedelta(hours=1, minutes=20)]))
+    once = once.with_columns(pl.when(pl.col("ts") < DAY + dt.timedelta(hours=1)).then(pl.lit("GPU-~once")).otherwise(pl.lit("GPU-+once")).alias("gpu_uuid"))
+    _write(store, once)
+    assert telemetry.sample_interval_s(store, DAY + dt.timedelta(hours=1, minutes=30)) == 10.0
+    if store.dialect != "postgresql":
+        return
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=2) + packing.HOUR_GRACE)) == 2
+    assert store.query(f"SELECT gpu_uuid FROM {packed.TABLE} WHERE samples = 1 ORDER BY 1", [], {"gpu_uuid": pl.String})["gpu_uuid"].to_list() == [
+        "GPU-+once", "GPU-~once"]
+    assert telemetry.sample_interval_s(store, DAY + dt.timedelta(hours=1, minutes=30)) == 10.0  # looks back to hour 0
+    assert telemetry.sample_interval_s(store, DAY + dt.timedelta(minutes=10)) == 10.0  # nothing before: ahead to hour 1
+
+
 def test_packed_rows_carry_their_first_and_last_times_and_older_rows_are_filled(store):
     """Each packed GPU-hour keeps its first and last sample time beside the array (migration 0028), merges
     included, so the oldest and newest sample reads need not detoast every GPU's timestamps; rows packed before
