@@ -400,7 +400,9 @@ def _wide(long: pl.DataFrame, name_codes: pl.Series, metric: list[str], rowkeys:
     blank = _blank_mask(pl.col("v"), pl.col("d"))
     rows = rows.with_columns(_blank=blank.fill_null(False), _nf=~pl.col("v").is_finite())
     bad = rows.select(
-        b=pl.col("_blank").sum(), n=(pl.col("_nf") & ~pl.col("_blank")).sum(), other=pl.col("fid").null_count()
+        # a field with no column is counted where its metric samples are (``_metric_samples``), not here as well
+        b=(pl.col("_blank") & pl.col("fid").is_not_null()).sum(), n=(pl.col("_nf") & ~pl.col("_blank") & pl.col("fid").is_not_null()).sum(),
+        other=pl.col("fid").null_count()
     ).row(0)
     meta["dcgm_blank_dropped"] += int(bad[0])
     meta["non_finite_dropped"] += int(bad[1])

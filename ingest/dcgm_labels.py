@@ -16,9 +16,10 @@ __all__ = ["block_of", "host_of", "inventory_row", "plain", "series_of", "worklo
 
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # ``promtext.BLOCK_OK`` for a block without a backslash (``plain`` checks that first), where a value is any run
-# of characters but the quote: the same blocks, a fifth of the time (each value's characters are matched
-# by a class, not by BLOCK_OK's escape alternation), and nothing after the last label, a newline included.
-_LABEL_PLAIN = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"'
+# of characters but the quote and the line feed (written escaped): the same blocks, a fifth of the time (each
+# value's characters are matched by a class, not by BLOCK_OK's escape alternation), and nothing after the last
+# label, a newline included.
+_LABEL_PLAIN = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\n]*"'
 _BLOCK = re.compile(rf"(?:{_LABEL_PLAIN}(?:,{_LABEL_PLAIN})*,?)?\Z")
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
 _OUT_INDEX = {out: i for i, (out, _) in enumerate(_LABELS)}
@@ -44,14 +45,16 @@ def block_of(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
 
 
 def plain(block: str) -> bool:
-    """A label block this reader vouches for: well formed, no escapes, no braces in values."""
-    return "{" not in block and "}" not in block and "\\" not in block and _BLOCK.match(block) is not None
+    """A label block this reader vouches for: well formed, no escapes, no braces in values, within the columnar
+    parser's length limit (over it, that parser refuses the line, and so it must read it)."""
+    return (len(block) <= MAX_LABELS_CHARS and "{" not in block and "}" not in block and "\\" not in block
+            and _BLOCK.match(block) is not None)
 
 
 def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     """(GPU key, wanted labels, the block where it has non-standard labels) of a label block; None where
     the block is not plain (bad syntax, a repeated label, no UUID, a non-numeric index)."""
-    if not plain(block) or len(block) > MAX_LABELS_CHARS:
+    if not plain(block):
         return None  # the columnar parser decides (a value over its limit is refused there, by line)
     pairs = _PAIR.findall(block)
     picked: list[str | None] = [None] * len(_LABELS)

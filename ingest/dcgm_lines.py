@@ -140,7 +140,10 @@ def read(data: bytes) -> Lines | None:
     parts = _VALUE_CUT.split(data)
     values = parts[1::2]
     texts = parts[0::2]
-    digest = hashing.fed(hashlib.sha1(), b"".join(texts)).digest()
+    # with the pieces' lengths: the same text cut at other places (a quote moved across a value) is another body
+    digest = hashing.fed(hashlib.sha1(), b"".join(texts))
+    digest.update(array("I", map(len, texts)).tobytes())
+    digest = digest.digest()
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
@@ -190,7 +193,9 @@ def _skeleton(texts: list[bytes]) -> tuple[bytes, list[int], list[bytes]] | None
     order = [seen.setdefault(block, len(seen)) for _, brace, block in cut]
     if any(not brace for _, brace, _ in cut):
         return None
-    digest = hashing.fed(hashlib.sha1(), b"{".join([head for head, _, _ in cut] + [texts[-1]]))
+    heads = [head for head, _, _ in cut]
+    digest = hashing.fed(hashlib.sha1(), b"{".join([*heads, texts[-1]]))
+    digest.update(array("I", map(len, heads)).tobytes())
     digest.update(array("I", order).tobytes())
     return digest.digest(), order, list(seen)
 
@@ -285,6 +290,8 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
                 if not plain(block):
                     return None
                 plain_blocks.add(block)
+            if not (raw.isdigit() or match_number(raw) or raw in _SPECIAL):
+                return None  # skipped, but a value that is no number makes the body malformed all the same
             skipped[name] = skipped.get(name, 0) + 1
             slots.append(None)
             continue
@@ -318,6 +325,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
                 blank += 1
             elif (k, name) in seen_metrics:  # a duplicated series: the first one stays
                 dups += 1
+                slots[-1] = (k, name, 0.0, "d", "?")
             else:
                 seen_metrics.add((k, name))
                 out.metrics.append((k, name, value))
@@ -330,6 +338,7 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
         row = out.fields[k]
         if col in row:
             dups += 1
+            slots[-1] = (k, col, factor, "d", kind)
             continue
         row[col] = _scaled(value, factor, col in _INT_COLUMNS)
         slots[-1] = (k, col, factor, "i" if col in _INT_COLUMNS else "f", kind)
@@ -353,7 +362,9 @@ def _scaled(value: float, factor: float, integer: bool) -> float | int | None:
 
 
 # Where a sample's value went: (key index, gpu_sample column, factor, "i"/"f" for an integer or float
-# column, DCGM type) or (key index, DCGM field, 0.0, "m") for a metric_sample; None where it was dropped.
+# column, DCGM type) or (key index, DCGM field, 0.0, "m") for a metric_sample; (..., "d", DCGM type or "?") for
+# a later copy of a series, dropped but for its value's blank test (a blank there is counted as blank, not as a
+# duplicate, so the template declines it); None where it was dropped.
 _Slot = tuple[Any, ...] | None
 
 
@@ -394,7 +405,7 @@ class _Compiled:
     scaled, and the rows that do not change between bodies (inventory, pod attribution, series keys)."""
 
     def __init__(self, lines: Lines, slots: list[_Slot]):
-        cols_seen = {s[1] for s in slots if s is not None and s[3] != "m"}
+        cols_seen = {s[1] for s in slots if s is not None and s[3] not in ("m", "d")}
         self.cols = tuple(c for c in _GPU_COLS if c in cols_seen)
         n = len(self.cols)
         at = {c: j for j, c in enumerate(self.cols)}
@@ -406,7 +417,7 @@ class _Compiled:
         self.series: list[str] = []
         self.metric_keys: list[tuple[int, str]] = []
         for i, slot in enumerate(slots):
-            if slot is None:
+            if slot is None or slot[3] == "d":
                 continue
             k, col, factor, how = slot[0], slot[1], slot[2], slot[3]
             if how == "m":
@@ -573,8 +584,10 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
     # Every frame operation costs ~0.1-0.2 ms here whatever its size, so work a group does not need (a
     # node twice, a pod, a fault) is found in Python first and skipped.
     inventory = pl.DataFrame(inv, schema=_INVENTORY_SCHEMA, orient="row")
-    if len(set(uuids)) < n:
-        inventory = inventory.unique("gpu_uuid", keep="first", maintain_order=True)
+    by_body = inventory
+    repeated = len(set(uuids)) < n
+    if repeated:  # a GPU in two bodies: its inventory as the later one says (the store's upsert keeps the last)
+        inventory = inventory.unique("gpu_uuid", keep="last", maintain_order=True)
     gpu = inventory.select(GPU.names)
     workload = None
     if work:
@@ -587,6 +600,17 @@ def assemble(parts: list[tuple[Lines, int]], source: str = "") -> Batch:
             pl.col("ts").cast(UTC_US)).select(METRIC_SAMPLE.names)
     health = None
     if any(faulty(lines) for lines, _ in parts):
-        health = dcgm_health_events(gpu_sample, inventory.select("gpu_uuid", "host", "err_msg"), source="dcgm")
+        if not repeated:
+            health = dcgm_health_events(gpu_sample, inventory.select("gpu_uuid", "host", "err_msg"), source="dcgm")
+        else:  # each body's events named by its own labels (a GPU moved host between them), as parsed alone
+            at, events = 0, []
+            for lines, _ in parts:
+                rows = len(lines.keys)
+                if faulty(lines):
+                    events.append(dcgm_health_events(gpu_sample.slice(at, rows), by_body.slice(at, rows).select("gpu_uuid", "host", "err_msg"),
+                                                     source="dcgm"))
+                at += rows
+            found = [e for e in events if e is not None]
+            health = pl.concat(found).sort("ts", "gpu_uuid", "kind", "code") if found else None
     return Batch(source=source, gpu=gpu if n else GPU.empty(), gpu_sample=gpu_sample, gpu_workload=workload,
                  health_event=health, metric_sample=metric_sample, meta={})

@@ -13,8 +13,9 @@ import re
 
 from fleetscope.core.errors import ParseError
 
-# Prometheus text format: label value escapes are \\, \" and \n only.
-VALUE_RE = r'(?:[^"\\]|\\[\\"n])*'
+# Prometheus text format: label value escapes are \\, \" and \n only, and a line feed is written escaped
+# (a raw one ends the line).
+VALUE_RE = r'(?:[^"\\\n]|\\[\\"n])*'
 LABEL_RE = rf'[a-zA-Z_][a-zA-Z0-9_]*="{VALUE_RE}"'
 BLOCK_OK = rf"^(?:{LABEL_RE}(?:,{LABEL_RE})*,?)?$"
 NAME_OK = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"

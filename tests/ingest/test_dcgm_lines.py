@@ -293,3 +293,89 @@ def test_label_blocks_mutated_in_a_known_skeleton_read_as_line_by_line(monkeypat
         if got is not None:
             _same_lines(got, want)
     assert siblings > 20  # the rest broke the skeleton or a block, and were read (or declined) line by line
+
+
+# Found by a differential fuzz of this reader against the columnar parser: bodies the line reader or a template
+# took that the columnar parser refuses, or counted otherwise.
+
+_U = 'UUID="GPU-a",Hostname="node-1"'
+
+
+def _refused_and_declined(body: bytes, match: str) -> None:
+    with pytest.raises(ParseError, match=match):
+        dcgm.parse(body, source="s", ts=TS)
+    assert dcgm_lines.read(body) is None
+
+
+def test_a_quote_moved_across_a_value_is_not_the_learned_body():
+    """The template's digest holds where the body was cut at its values, not only the text between."""
+    learned = (b'# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n'
+               b'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",Hostname="node-1"} 41\nDCGM_FI_DEV_GPU_TEMP{UUID="GPU-b",Hostname="node-1"} 42\n')
+    assert _same_as_columnar(learned)
+    broken = learned.replace(b'Hostname="node-1"} 41\nDCGM', b'Hostname="node-1} 41\n"DCGM')
+    assert len(broken) == len(learned)
+    _refused_and_declined(broken, "unterminated value of label Hostname")
+
+
+def test_skipped_series_are_held_to_the_formats_rules_too():
+    """A series this reader skips (not DCGM's) still has a number for its value and labels within the limit."""
+    dcgm_lines._TEMPLATES.clear()
+    small = f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\n".encode()
+    assert _same_as_columnar(small)  # learned: a later body of the same node meets its template
+    _refused_and_declined(small + b'node_info{x="' + b"a" * 17000 + b'"} 1\n', "over the limit of 16384")
+    for value in (b"abc", b"1e", b"", b"0x10", b"1_000"):
+        _refused_and_declined(small + b'node_boot_time_seconds{instance="n1"} ' + value + b"\n", "is not a number|has no value")
+
+
+def test_a_raw_line_feed_in_a_label_value_is_refused_both_ways():
+    """The format writes a line feed in a label value escaped (``\\n``): a raw one is a broken line, whether the
+    columnar parser reads the body by records or by lines, and a new node's body is not read from another's
+    template with one."""
+    for first_gpu in (0, 8):
+        body = _bench.synth_scrape(8, first_gpu=first_gpu, seed=first_gpu)
+        assert _same_as_columnar(body)  # node 0 learned: node 8's skeleton is known
+    body = _bench.synth_scrape(8, first_gpu=16, seed=16)
+    host = body.split(b'Hostname="', 1)[1].split(b'"', 1)[0]
+    broken = body.replace(b'Hostname="' + host + b'"', b'Hostname="' + host[:3] + b"\n" + host[3:] + b'"')
+    _refused_and_declined(broken, "Hostname")
+    braced = broken.replace(b"# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).", b"# HELP DCGM_FI_DEV_SM_CLOCK SM clock {MHz}.")
+    assert braced != broken
+    _refused_and_declined(braced, "Hostname")
+
+
+def test_a_blank_in_a_duplicated_series_is_counted_as_the_columnar_parser_counts_it():
+    """A later copy of a series is dropped; a blank or an infinity there is counted as such, through a template too."""
+    dcgm_lines._TEMPLATES.clear()
+    learned = f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_GPU_TEMP{{{_U}}} 43\n".encode()
+    assert _same_as_columnar(learned)
+    for value, counted in ((b"2147483647", "dcgm_blank_dropped"), (b"1e999", "non_finite_dropped")):
+        body = learned.replace(b"} 43", b"} " + value)
+        assert _same_as_columnar(body)
+        lines = dcgm_lines.read(body)
+        assert lines.meta[counted] == 1 and lines.meta["duplicates_dropped"] == 0
+
+
+def test_a_blank_field_without_a_column_is_counted_once():
+    """A blank or NaN in a DCGM field kept as a metric sample is one dropped value, whichever way the columnar
+    parser reads the body."""
+    for comment in (b"", b"# HELP x a {brace} reads the body line by line\n"):
+        body = comment + (f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{_U}}} 2147483647\n"
+                          f"DCGM_FI_DEV_VGPU_LICENSE_STATUS{{{_U}}} NaN\n").encode()
+        meta = dcgm.parse(body, source="s", ts=TS).meta
+        assert (meta["dcgm_blank_dropped"], meta["non_finite_dropped"]) == (1, 1)
+
+
+def test_a_gpu_in_two_bodies_of_a_group_keeps_the_later_inventory_and_each_bodys_host():
+    """Two pushes of one GPU in a group, the second from another host and driver, one carrying an XID: the
+    inventory is the later body's (the store's upsert keeps the last) and each event names its own body's host."""
+    first = 'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a",gpu="0",Hostname="node-1",DCGM_FI_DRIVER_VERSION="570.1"} 41\n'
+    first += 'DCGM_FI_DEV_XID_ERRORS{UUID="GPU-a",gpu="0",Hostname="node-1",DCGM_FI_DRIVER_VERSION="570.1"} 79\n'
+    b1 = first.encode()
+    b2 = b1.replace(b"570.1", b"580.2").replace(b"node-1", b"node-1b").replace(b"} 41", b"} 42")
+    t2 = TS + timedelta(seconds=30)
+    merged = dcgm.parse(b1, source="s", ts=TS).merge(dcgm.parse(b2, source="s", ts=t2))
+    group = dcgm_lines.assemble([(dcgm_lines.read(b1), _us(TS)), (dcgm_lines.read(b2), _us(t2))], source="s")
+    _frames_equal(merged, group)
+    assert F.conform(F.GPU, group.gpu).select("host", "driver_version").rows() == [("node-1b", "580.2")]
+    assert group.health_event.select("ts", "host").rows() == [(TS, "node-1"), (t2, "node-1b")]
+    assert dcgm_lines.tuples([(dcgm_lines.read(b1), _us(TS)), (dcgm_lines.read(b2), _us(t2))])["gpu"][1] == [("GPU-a", "node-1b", 0, "580.2")]
