@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures as cf
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -346,25 +347,34 @@ class Door:
             return
         INGEST_GROUP_PUSHES.observe(len(live))
         fresh: list[tuple[Push, cf.Future[Accepted]]] = []
-        dups: list[tuple[Push, cf.Future[Accepted]]] = []
-        seen: set[str] = set()
+        copies: list[tuple[Push, cf.Future[Accepted], cf.Future[Accepted]]] = []  # a later copy, its first copy's answer
+        first_of: dict[str, cf.Future[Accepted]] = {}
         for push, fut in live:
-            if push.sha and push.dedupe and push.sha in seen:
-                dups.append((push, fut))
+            if push.sha and push.dedupe and push.sha in first_of:
+                copies.append((push, fut, first_of[push.sha]))
             else:
                 if push.sha and push.dedupe:
-                    seen.add(push.sha)
+                    first_of[push.sha] = fut
                 fresh.append((push, fut))
+        logged: list[tuple[Push, cf.Future[Accepted]]] = []
         try:
             if fresh:
-                dups.extend(self._write(fresh))
+                logged = self._write(fresh)
         finally:
-            # A duplicate is told only once its first copy has been written (or has failed).
-            for push, fut in dups:
+            for push, fut in logged:  # stored by an earlier group or another process
                 if not fut.done():
-                    batch, offered, values = _assemble([push], push.source)
-                    fut.set_result(Accepted(push.source, push.formats, WriteResult(offered=offered[0], written=dict.fromkeys(offered[0], 0),
-                                                                                     values=values[0]), skipped_duplicate=True, notes=push.notes))
+                    fut.set_result(_skipped(push))
+            # A later copy of a push in the group shares its first copy's fate: skipped once that one is stored,
+            # its error where that one failed (an acknowledgement means stored), and, where the group's write
+            # raised before answering it, the group's error with the rest (``_run``).
+            for push, fut, first in copies:
+                if fut.done() or not first.done():
+                    continue
+                exc = first.exception()
+                if exc is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(_skipped(push))
 
     def _write(self, fresh: list[tuple[Push, cf.Future[Accepted]]]) -> list[tuple[Push, cf.Future[Accepted]]]:
         """Write ``fresh`` and answer each push; the pushes found in the ingest log instead (stored by an
@@ -395,22 +405,24 @@ class Door:
             logged = [item for item in fresh if item[0].dedupe and item[0].sha in found.shas]
             rest = [item for item in fresh if not (item[0].dedupe and item[0].sha in found.shas)]
             return logged + (self._write(rest) if rest else [])
-        except OperationalError as exc:
-            # The database is busy or gone: every push may retry; none was stored.
+        except Exception as exc:
+            unavailable = _unavailable(exc)
+            if unavailable is None:
+                if len(fresh) == 1:
+                    raise
+                log.info("a group of %d pushes failed; writing each alone", len(fresh))
+                dups = []
+                for item in fresh:
+                    try:
+                        dups.extend(self._write([item]))
+                    except Exception as own:  # noqa: BLE001 - that push's own answer
+                        item[1].set_exception(own)
+                return dups
+            # The database is busy or gone: every push may retry; none was stored. Not written again one by
+            # one: each would wait out the busy timeout in turn.
             for _, fut in fresh:
-                fut.set_exception(exc)
+                fut.set_exception(unavailable)
             return []
-        except Exception:
-            if len(fresh) == 1:
-                raise
-            log.info("a group of %d pushes failed; writing each alone", len(fresh))
-            dups = []
-            for item in fresh:
-                try:
-                    dups.extend(self._write([item]))
-                except Exception as exc:  # noqa: BLE001 - that push's own answer
-                    item[1].set_exception(exc)
-            return dups
         shares = _attribute(result, offered)
         written_health = batch.health_event if batch is not None and result.written.get("health_event") else None
         job_ids = (batch.job_rank["job_id"].unique().to_list()
@@ -428,6 +440,27 @@ class Door:
             self.after_commit(health, job_ids)
         except Exception:  # noqa: BLE001 - the pushes are stored; beat's next tick covers a lost wake-up
             log.warning("post-commit hook failed", exc_info=True)
+
+
+def _skipped(push: Push) -> Accepted:
+    """The answer to a push whose input was stored before: nothing written."""
+    _batch, offered, values = _assemble([push], push.source)
+    return Accepted(push.source, push.formats, WriteResult(offered=offered[0], written=dict.fromkeys(offered[0], 0), values=values[0]),
+                    skipped_duplicate=True, notes=push.notes)
+
+
+def _unavailable(exc: BaseException) -> OperationalError | None:
+    """``exc`` as SQLAlchemy's ``OperationalError`` (the routes' 503 with Retry-After) where it says the database is
+    busy or gone, else None. Rows go by the drivers' own cursors, whose errors come unwrapped: sqlite3's "database is
+    locked" after the busy timeout, psycopg's lost connection."""
+    if isinstance(exc, OperationalError):
+        return exc
+    import sqlite3  # lazy: only to classify an error
+
+    psycopg = sys.modules.get("psycopg")  # loaded where PostgreSQL is used
+    if isinstance(exc, sqlite3.OperationalError) or (psycopg is not None and isinstance(exc, psycopg.OperationalError)):
+        return OperationalError("ingest write", None, exc)  # type: ignore[arg-type]
+    return None
 
 
 def for_store(store: Store) -> Door:

@@ -182,6 +182,59 @@ def test_a_database_error_fails_the_group_and_stores_nothing(store, monkeypatch)
     assert _count(store, "gpu_sample") == 0
 
 
+@pytest.mark.parametrize("driver", ["sqlite3", "psycopg"])
+def test_a_drivers_busy_error_is_the_retryable_error_and_is_not_written_push_by_push(store, monkeypatch, driver):
+    """Rows go by the drivers' own cursors, whose errors come unwrapped ("database is locked" after SQLite's busy
+    timeout, a lost PostgreSQL connection): the group's pushes all get the retryable error at once (the routes' 503
+    with Retry-After), not a 500, and are not written again one by one, each waiting out the timeout."""
+    import importlib
+
+    error = importlib.import_module(driver).OperationalError("database is locked")
+    d, gate = _gated(store)
+    futures = [d.submit(_agent_push(h)) for h in range(4)]
+    calls = []
+
+    def down(*a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        raise error
+
+    monkeypatch.setattr(store, "write", down)
+    monkeypatch.setattr(store, "write_rows", down)
+    gate.set()
+    for f in futures:
+        with pytest.raises(OperationalError) as exc:
+            f.result(30)
+        assert exc.value.orig is error
+    assert len(calls) == 1
+    monkeypatch.undo()
+    d.close()
+    assert _count(store, "gpu_sample") == 0
+
+
+@pytest.mark.parametrize("failure", ["busy", "bad"])
+def test_a_copy_in_the_group_shares_its_first_copys_failure(store, monkeypatch, failure):
+    """Two copies of one push in a group: where the first's write fails, the second is told the same error, never
+    "skipped as a duplicate" (an acknowledgement means stored), and a later send stores it."""
+    d, gate = _gated(store)
+    first, copy = d.submit(_agent_push(6)), d.submit(_agent_push(6))
+    error = OperationalError("INSERT", {}, Exception("database is locked")) if failure == "busy" else RuntimeError("disk on fire")
+
+    def down(*a, **k):  # type: ignore[no-untyped-def]
+        raise error
+
+    monkeypatch.setattr(store, "write", down)
+    monkeypatch.setattr(store, "write_rows", down)
+    gate.set()
+    for f in (first, copy):
+        with pytest.raises(type(error)):
+            f.result(30)
+    monkeypatch.undo()
+    assert _count(store, "gpu_sample") == 0
+    again = d.accept(_agent_push(6), timeout_s=30)
+    assert not again.skipped_duplicate and again.result.written["gpu_sample"] == 8
+    d.close()
+
+
 def test_health_events_wake_alerting_once_per_group(store):
     woken: list[int] = []
     d = door.Door(store, after_commit=lambda health, jobs: woken.append(health.height))
