@@ -73,7 +73,7 @@ class Settings:
     max_body_bytes: int = field(metadata={"env": "FLEETSCOPE_MAX_BODY_BYTES", "doc": "largest request body the API accepts (413 above)", "default": str(256 * 2**20)})
     group_commit_ms: float = field(metadata={"env": "FLEETSCOPE_GROUP_COMMIT_MS", "doc": "how long the ingest door waits for more pushes to commit with the first", "default": "2"})
     ingest_max_pending: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING", "doc": "pushes waiting to be written per API process before 503 + Retry-After", "default": "1024"})
-    ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After", "default": "512"})
+    ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After; the same again for input being parsed at once", "default": "512"})
     ingest_writers: int = field(metadata={"env": "FLEETSCOPE_INGEST_WRITERS", "doc": "ingest door writer threads per API process, each committing its own group (PostgreSQL; SQLite writes one at a time)", "default": "1"})
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})

@@ -12,6 +12,7 @@ the lane never decides a refusal the route would make differently.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from typing import Any
 from urllib.parse import parse_qsl
@@ -29,6 +30,7 @@ from fleetscope.observability import REQUEST_SECONDS
 
 PREFIX = "/api/v1/ingest/"
 _QUERY = {"ts": 64, "source": 2000, "job_id": 500}  # the parameters the lane takes, with their length limits
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})")
 
 
 ROUTE = PREFIX + "{fmt}"
@@ -91,19 +93,15 @@ async def _otlp(app: Any, scope: dict, receive: Any, send: Any) -> bool:
     limit = app.state.settings.max_body_bytes
     if length is not None and length > limit:
         response: Any = too_large(limit)
-    elif not routes_otlp.enter():
-        response = routes_otlp.saturated(wire)
     else:
-        try:
-            body = await _read_body(receive, limit)
-        except BaseException:
-            routes_otlp.leave()
-            raise
-        if body is None or body is _TOO_LARGE:
-            routes_otlp.leave()
-            if body is None:
-                return True  # the client went away mid-body: nothing to answer, and a cut body is never stored
+        # the body before a place in the bound, as the route reads it: a slow sender holds only its connection
+        body = await _read_body(receive, limit)
+        if body is None:
+            return True  # the client went away mid-body: nothing to answer, and a cut body is never stored
+        if body is _TOO_LARGE:
             response = too_large(limit)
+        elif not routes_otlp.enter():
+            response = routes_otlp.saturated(wire)
         else:
             response = await routes_otlp.otlp_body(app, body, wire, encoding, found)
     await response(scope, receive, send)
@@ -133,21 +131,23 @@ def _plain(scope: dict) -> tuple[str, str | None, str | None, dt.datetime | None
         query[k] = v
     ts = None
     if "ts" in query:
+        # RFC 3339 only, which the route's parser reads alike; anything else (ISO 8601's week dates and basic
+        # format, a bare hour, an epoch number) is the route's to take or refuse
+        if _RFC3339.fullmatch(query["ts"]) is None:
+            return None
         try:
             ts = dt.datetime.fromisoformat(query["ts"])
         except ValueError:
-            return None
-        if ts.tzinfo is None:
             return None
     return fmt, query.get("source"), query.get("job_id"), ts, length, found, encoding
 
 
 def _headers(scope: dict) -> tuple[int | None, str | None, str] | None:
     """(Content-Length, Content-Type, Content-Encoding) of ``scope``; None where a length is repeated or not
-    a number, or a type repeated: FastAPI's stack answers those."""
+    a number, or a type or a coding repeated: FastAPI's stack answers those."""
     length = None
     ctype = None
-    encoding = ""
+    encoding, coded = "", False
     for name, value in scope["headers"]:
         if name == b"content-length":
             if length is not None or not value.isdigit():
@@ -158,7 +158,9 @@ def _headers(scope: dict) -> tuple[int | None, str | None, str] | None:
                 return None
             ctype = value.decode("latin-1")
         elif name == b"content-encoding":
-            encoding = value.decode("latin-1")
+            if coded:
+                return None  # which of two codings counts is the route's to decide (it reads the first)
+            coded, encoding = True, value.decode("latin-1")
     return length, ctype, encoding
 
 

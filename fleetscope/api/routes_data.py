@@ -19,6 +19,7 @@ from fleetscope.core import frames as F
 from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.core.errors import ValidationError
+from fleetscope.observability import INGEST_REFUSED_OVERLOAD
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
 from fleetscope.door import ingestion, screen
@@ -41,7 +42,10 @@ MAX_PARTS = 10**9  # more GPUs than any fleet has; A^N of anything larger is a t
 
 def claimed_source(token: auth.Token | None, given: str | None) -> str:
     """The source a push is recorded under: the one given, else the token's bound one, else ``api``;
-    403 where the token is bound to another."""
+    400 where it holds a control character, 403 where the token is bound to another."""
+    if given is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in given):
+        # a NUL is no text to PostgreSQL (a 500 there), and an escape sequence would be echoed to a terminal
+        raise HTTPException(400, "source must be text without control characters")
     bound = token.binding.source if token is not None and token.binding is not None else None
     if bound is not None and given not in (None, "", bound):
         raise HTTPException(403, f"the push claims source {given[:200]!r}, and the token {token.name!r} is bound to source {bound!r}")  # type: ignore[index,union-attr]
@@ -191,12 +195,13 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
         # event loop.
         if len(body) <= SMALL_BODY_BYTES:
             data, formats = inflate()
-            small = formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES
-            push = prepare(data, formats) if small else await run_in_threadpool(prepare, data, formats)
-            if small:
-                screen.read_lines(push)
         else:
-            push = await run_in_threadpool(lambda: prepare(*inflate()))
+            data, formats = await run_in_threadpool(inflate)
+        if len(body) <= SMALL_BODY_BYTES and formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES:
+            push = prepare(data, formats)
+            screen.read_lines(push)
+        else:
+            push = await _parsed(app, len(data), lambda: prepare(data, formats))
     except ingestion.UnknownFormat as exc:
         raise HTTPException(415, str(exc)) from None
     except ingestion.TooLarge as exc:
@@ -207,6 +212,26 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
     push.binding = binding_of(token)
     accepted = await accept(app, push)
     return Response(orjson.dumps(ingestion.outcome_of(accepted).to_dict(), default=str), media_type="application/json")
+
+
+_parsing = {"bytes": 0}  # input being parsed now in this process; changed on the event loop only
+
+
+async def _parsed(app: Any, nbytes: int, work: Any) -> screen.Push:
+    """``work`` (a parse of ``nbytes`` of input) in a worker thread, within this process's budget of input being
+    parsed at once (``FLEETSCOPE_INGEST_MAX_PENDING_MB``, the door's own for what waits to be written): past it,
+    503 with Retry-After. The door counts pushes only once parsed, and a parse holds several times its input: 44
+    gzip bodies of 64 KiB, each 64 MiB of blank lines once inflated, took a server past 23 GB. One input larger than
+    the budget is still read when it is the only one."""
+    budget = app.state.settings.ingest_max_pending_mb * 2**20
+    if _parsing["bytes"] and _parsing["bytes"] + nbytes > budget:
+        INGEST_REFUSED_OVERLOAD.inc()
+        raise HTTPException(503, f"{_parsing['bytes'] >> 20} MiB of input are being read; retry later", headers={"Retry-After": "1"})
+    _parsing["bytes"] += nbytes
+    try:
+        return await run_in_threadpool(work)
+    finally:
+        _parsing["bytes"] -= nbytes
 
 
 @router.get("/energy", dependencies=[Depends(require("read"))])

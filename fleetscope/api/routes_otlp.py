@@ -105,13 +105,11 @@ async def otlp_metrics(request: Request, token: Annotated[auth.Token, Depends(re
     encoding = encoding_of(ctype)
     if encoding is None:
         return _unsupported(ctype)
+    # The body first, then a place in the bound: a client that sends its body slowly, or never ends it, holds a
+    # connection, not one of the places every other sender needs.
+    body = await request.body()
     if not enter():
         return saturated(encoding)
-    try:
-        body = await request.body()
-    except BaseException:
-        leave()
-        raise
     return await otlp_body(request.app, body, encoding, request.headers.get("content-encoding", ""), token)
 
 
@@ -130,13 +128,9 @@ def saturated(encoding: str) -> Response:
 
 
 def enter() -> bool:
-    """Take a place in the in-flight bound before reading a body (False: saturated, answer 503); ``leave``
-    or ``otlp_body`` gives it back."""
+    """Take a place in the in-flight bound once a body has been read (False: saturated, answer 503);
+    ``otlp_body`` gives it back."""
     return _in_flight.enter()
-
-
-def leave() -> None:
-    _in_flight.exit()
 
 
 async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str, token: auth.Token) -> Response:

@@ -101,10 +101,10 @@ async def remote_write(request: Request, token: Annotated[auth.Token, Depends(re
     problem = _media_type_error(request)
     if problem:
         return PlainTextResponse(problem, 415)
+    body = await request.body()  # before taking a place: a slow sender holds its connection, not a place
     if not _in_flight.enter():
         return PlainTextResponse("server saturated, retry later", 503, headers={"Retry-After": "1"})
     try:
-        body = await request.body()
         if not body:
             return PlainTextResponse("empty body: expected a snappy-compressed prometheus.WriteRequest", 400)
         limit = request.app.state.settings.max_body_bytes

@@ -214,3 +214,78 @@ def test_a_gzip_scrape_sent_again_is_known_by_its_compressed_bytes(api):
         shas = conn.execute(text("SELECT content_sha256 FROM ingest_log ORDER BY at")).scalars().all()
         assert conn.execute(text("SELECT count(*) FROM gpu_sample")).scalar_one() == 144
     assert shas == [hashlib.sha256(gz + options).hexdigest(), hashlib.sha256(text_body + options).hexdigest()]
+
+
+def test_the_agents_lane_and_the_route_judge_a_push_alike(api):
+    """What a hostile or sloppy client sends is answered the same whether the agents' lane or FastAPI's route takes
+    it (an extra query parameter sends it the route's way): times in forms other than RFC 3339, two
+    Content-Encoding headers, a source holding control characters. Nothing is stored for a refusal."""
+    h = _headers(api.app.state.store.engine)
+    gz = gzip.compress(_body(50))
+
+    def both(params: dict, body: bytes, headers: list[tuple[str, str]]) -> tuple[int, int]:
+        codes = []
+        for extra in ({}, {"route": "1"}):
+            r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={**params, **extra}, content=body,
+                           headers=[*h.items(), *headers], timeout=60)
+            codes.append(r.status_code)
+        return codes[0], codes[1]
+
+    def stored() -> int:
+        with api.app.state.store.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM ingest_log")).scalar_one()
+
+    for ts in ("20261206T190000Z", "2026-W49-7T19:00:00+00:00", "2026-12-06T19+00:00", "2026-12-06T19:00:00\x00+00:00",
+               "2026-12-06T19:00:00", "2026-12-06t19:00:00z", "1765047600"):
+        lane, route = both({"ts": ts}, _body(51), [])
+        assert lane == route, ts
+    assert stored() <= 2  # a form the route takes is stored once (the second send a duplicate)
+    before = stored()
+    lane, route = both({"ts": "2026-12-06T19:00:00.5+00:00"}, _body(52), [])
+    assert (lane, route) == (200, 200) and stored() == before + 1
+    before = stored()
+    assert both({}, gz, [("Content-Encoding", "br"), ("Content-Encoding", "gzip")]) == (415, 415)
+    for source in ("a\x00b", "node\x1b[2J", "tab\there"):
+        assert both({"source": source}, _body(53), []) == (400, 400), repr(source)
+    assert stored() == before
+
+
+def test_input_being_parsed_is_bounded_and_past_the_bound_is_told_to_retry(db_url, tmp_path, monkeypatch):
+    """A small gzip body can inflate to the body limit of blank lines, which a parse holds several times over: the
+    input being parsed at once is bounded (``FLEETSCOPE_INGEST_MAX_PENDING_MB``), and past it a push gets 503
+    with Retry-After at once rather than a place in a pile that can exhaust memory. One input larger than the
+    bound is still read when it is alone."""
+    from fleetscope.api import create_app
+    from fleetscope.door import ingestion as ingestion_mod
+    from tests.conftest import LiveServer, make_settings
+
+    app = create_app(make_settings(tmp_path, db_url, max_body_bytes=4 * 2**20, ingest_max_pending_mb=1))
+    entered, release = threading.Event(), threading.Event()
+    original = ingestion_mod.to_push
+
+    def held(data, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("source") == "first":
+            entered.set()
+            release.wait(30)
+        return original(data, **kw)
+
+    monkeypatch.setattr(ingestion_mod, "to_push", held)
+    bomb = gzip.compress(b"\n" * (3 * 2**20))  # 3 MiB of blank lines in a few kB
+    assert len(bomb) < 8192
+    with LiveServer(app) as server:
+        h = {**_headers(app.state.store.engine), "Content-Encoding": "gzip"}
+        with cf.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, f"{server.url}/api/v1/ingest/dcgm", params={"source": "first"}, content=bomb, headers=h, timeout=60)
+            assert entered.wait(30)
+            second = httpx.post(f"{server.url}/api/v1/ingest/dcgm", params={"source": "second"}, content=bomb, headers=h, timeout=60)
+            assert second.status_code == 503 and second.headers["Retry-After"] == "1", second.text
+            # a node's small push is not parsed in this stage (the door's writer reads it): it is taken meanwhile
+            small = httpx.post(f"{server.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=_body(60),
+                               headers=_headers(app.state.store.engine), timeout=60)
+            assert small.status_code == 200, small.text
+            release.set()
+            done = first.result()
+            assert done.status_code == 200 and not any(done.json()["written"].values())  # read: nothing in it
+        again = httpx.post(f"{server.url}/api/v1/ingest/dcgm", params={"source": "second"}, content=bomb, headers=h, timeout=60)
+        assert again.status_code == 200  # room again
+    app.state.store.engine.dispose()

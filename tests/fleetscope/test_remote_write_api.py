@@ -140,3 +140,32 @@ def test_a_scrape_split_over_two_requests_keeps_both_halves(api):
     assert post(api, snappy(second), h).status_code == 204
     row = api.app.state.store.read("gpu_sample").row(0, named=True)
     assert (row["temp_c"], row["power_w"]) == (45, 312.25)
+
+
+def test_senders_that_never_finish_their_bodies_do_not_lock_out_the_others(api, monkeypatch):
+    """Remote write and OTLP take one of their bounded places only once a body has been read: more stalled senders
+    than there are places (each sent its headers and a few bytes, then nothing) leave an honest sender answered."""
+    import socket
+
+    from fleetscope.api import routes_otlp, routes_remote_write
+    from fleetscope.api.inflight import InFlight
+
+    monkeypatch.setattr(routes_remote_write, "_in_flight", InFlight(2))
+    monkeypatch.setattr(routes_otlp, "_in_flight", InFlight(2))
+    h = auth_headers(api, "ingest")
+    host, port = api.url.split("//")[1].split(":")
+    stalled = []
+    try:
+        for path, ctype in [("/api/v1/write", "application/x-protobuf"), ("/v1/metrics", "application/x-protobuf")] * 4:
+            s = socket.create_connection((host, int(port)))
+            extra = "Content-Encoding: snappy\r\nX-Prometheus-Remote-Write-Version: 0.1.0\r\n" if path == "/api/v1/write" else ""
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {h['Authorization']}\r\nContent-Type: {ctype}\r\n{extra}"
+                      "Content-Length: 50000\r\n\r\n0123456789".encode())
+            stalled.append(s)
+        r = post(api, snappy(small_request()), h)
+        assert r.status_code == 204, r.text
+        otlp = httpx.post(f"{api.url}/v1/metrics", content=b"", headers={**h, "Content-Type": "application/x-protobuf"}, timeout=10)
+        assert otlp.status_code == 200, otlp.text
+    finally:
+        for s in stalled:
+            s.close()
