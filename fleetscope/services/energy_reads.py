@@ -12,7 +12,7 @@ import polars as pl
 from fleetscope.core import frames as F
 from fleetscope.core.units import as_utc
 from fleetscope.services.telemetry import data_start, minute_tier_serves, sample_interval_s
-from fleetscope.services.tiers import BUCKET, TIER_TABLE, bucket_before, bucket_from
+from fleetscope.services.tiers import BUCKET, TIER_TABLE, floor_to
 from fleetscope.store import Store, packed
 from fleetscope.store.packed import time_literal
 from fleetscope.store.reads import bucket_us_sql, energy_minutes_sql, fetch, gpu_samples_sql, site_gpus_sql, site_is_sql
@@ -69,18 +69,21 @@ def gpu_energy(store: Store, start: dt.datetime, end: dt.datetime, site: str | N
 
 def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, by_minute: bool) -> str:
     """Each GPU's energy counter over ``[lo, hi)``, its first (``MIN``) or last (``MAX``) reading, as ``gpu_uuid, e``.
-    ``by_minute`` (``telemetry.minute_tier_serves``: the range reaches a packed hour), the minute tier's reading
-    instead: the first full minute from ``lo`` or the last one before ``hi``, no more than a minute from the raw
-    reading, where the raw probe would unpack the hour for every GPU."""
+    ``by_minute`` (``telemetry.minute_tier_serves``: the range reaches a packed hour), where the raw probe would
+    unpack the hour for every GPU, the counter at ``lo`` (``MIN``) or ``hi`` (``MAX``) from the minute tier instead:
+    the minute holding that instant keeps the counter's first and last reading and how many samples it had, taken as
+    evenly spaced (the first half a spacing after the minute starts, the last half a spacing before it ends), and
+    the counter is interpolated between them. Whole minutes (an hour's bounds) give the raw probe's readings; a
+    range of seconds gets its share of the minute rather than nothing."""
     if not by_minute:
         return f"SELECT gpu_uuid, {agg}(energy_j) AS e FROM {gpu_samples_sql(store, lo, hi, ('energy_j',))} GROUP BY gpu_uuid"
-    if agg == "MIN":  # the first whole minute from lo
-        first = bucket_from(lo, "minute")
-        bucket = (first, first + BUCKET["minute"])
-    else:
-        bucket = bucket_before(hi, "minute")
-    return (f"SELECT gpu_uuid, {agg}(energy_j_{agg.lower()}) AS e FROM {TIER_TABLE['minute']}"
-            f" WHERE bucket >= {time_literal(bucket[0])} AND bucket < {time_literal(bucket[1])} GROUP BY gpu_uuid")
+    at = lo if agg == "MIN" else hi - dt.timedelta(microseconds=1)
+    bucket = floor_to(at, "minute")
+    offset_s = ((lo if agg == "MIN" else hi) - bucket).total_seconds()
+    minute_s = BUCKET["minute"].total_seconds()
+    share = (f"LEAST(GREATEST(({offset_s!r} - {minute_s / 2!r} / samples) / ({minute_s!r} - {minute_s!r} / samples), 0.0), 1.0)")
+    return (f"SELECT gpu_uuid, CASE WHEN samples > 1 THEN energy_j_min + (energy_j_max - energy_j_min) * {share}"
+            f" ELSE energy_j_min END AS e FROM {TIER_TABLE['minute']} WHERE bucket = {time_literal(bucket)}")
 
 
 def site_carbon(store: Store, start: dt.datetime, end: dt.datetime, site: str | None = None) -> pl.DataFrame:

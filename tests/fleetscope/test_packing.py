@@ -434,7 +434,7 @@ def _statements_of(store, monkeypatch) -> list[str]:  # type: ignore[no-untyped-
 def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_not_every_gpus_hour(store, monkeypatch):
     """A packed hour is one array row per GPU, so a probe of a few seconds in it would unpack the hour for every
     GPU (six hours of a 1,024-GPU panel: 6.8 s). Such probes read the minute tier's last full minute before the
-    instant, and the counter readings of an energy total the minute tier's nearest one; probes in hours still
+    instant, and the counter readings of an energy total the counter interpolated within its minute; probes in hours still
     raw read the samples of the last 1.5 intervals as before. Expected values are computed here from the samples."""
     df = _ten_second_day(store, hours=8)
     if store.dialect == "postgresql":
@@ -468,8 +468,9 @@ def test_fleet_probes_and_energy_readings_in_packed_hours_read_the_minute_tier_n
     if store.dialect == "postgresql":
         # opening in a packed hour on a minute's edge: that minute's first reading; closing in one: the last full minute's last
         assert early["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=29, seconds=50))])
-        # opening between minutes: the next full minute's first reading; closing in a raw hour: the last sample before the end
-        assert across["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=2, minutes=1), DAY + dt.timedelta(hours=7))])
+        # opening 5 s into a minute, which its six samples' spacing places at its first (taken at :05, it was at :00);
+        # closing in a raw hour: the last sample before the end
+        assert across["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=7))])
     else:  # raw samples throughout: the first reading in the opening probe, the last in the closing one
         assert early["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5, minutes=29, seconds=50))])
         assert across["energy_j"].to_list() == pytest.approx([total(DAY + dt.timedelta(hours=2, seconds=10), DAY + dt.timedelta(hours=7))])
@@ -601,6 +602,39 @@ def test_the_sampling_interval_of_packed_hours_comes_from_a_gpu_with_two_samples
         "GPU-+once", "GPU-~once"]
     assert telemetry.sample_interval_s(store, DAY + dt.timedelta(hours=1, minutes=30)) == 10.0  # looks back to hour 0
     assert telemetry.sample_interval_s(store, DAY + dt.timedelta(minutes=10)) == 10.0  # nothing before: ahead to hour 1
+
+
+def test_energy_over_a_range_in_packed_hours_is_the_counters_rise_over_it(store):
+    """A GPU's energy over a range reaching packed hours is read from the minute tier (unpacking an hour for every
+    GPU costs more than the read): the counter interpolated at each end within its minute, so a range of seconds
+    gets its share and whole minutes the raw readings. Checked against each counter's rise between the range's
+    ends (linear between samples), within what the raw probes give: each end within a sampling interval (10 s) of
+    the hottest GPU's power (a minute's rise, 40-130 kJ here, read as none before)."""
+    df = _ten_second_day(store, hours=3)
+    if store.dialect != "postgresql":
+        pytest.skip("SQLite does not pack")
+    assert len(packing.pack_hours(store, DAY + dt.timedelta(hours=2) + packing.HOUR_GRACE)) == 2
+
+    def truth(a: dt.datetime, b: dt.datetime) -> float:
+        total = 0.0
+        for g in GPUS:
+            one = df.filter(pl.col("gpu_uuid") == g).sort("ts")
+            t = [(x - DAY).total_seconds() for x in one["ts"]]
+            total += float(np.interp((b - DAY).total_seconds(), t, one["energy_j"]) - np.interp((a - DAY).total_seconds(), t, one["energy_j"]))
+        return total
+
+    slack = len(GPUS) * 2 * 10 * df["power_w"].max()
+    for start_s, length_s in [(1830.4, 20), (2011.0, 45), (3333.3, 90), (600, 150), (1234.5, 900), (0, 3600), (900, 4500)]:
+        a = DAY + dt.timedelta(seconds=start_s)
+        b = a + dt.timedelta(seconds=length_s)
+        got = energy_reads.gpu_energy(store, a, b)
+        want = truth(a, b)
+        assert got["gpus"].sum() == len(GPUS)
+        assert abs(got["energy_j"].sum() - want) <= slack, (start_s, length_s, got["energy_j"].sum(), want)
+    # whole minutes: the raw probes' readings, to the joule
+    whole = energy_reads.gpu_energy(store, DAY + dt.timedelta(minutes=10), DAY + dt.timedelta(minutes=40))["energy_j"].sum()
+    opening, closing = (df.filter(pl.col("ts") == DAY + dt.timedelta(seconds=s))["energy_j"].sum() for s in (600, 39 * 60 + 50))
+    assert whole == pytest.approx(closing - opening)
 
 
 def test_packed_rows_carry_their_first_and_last_times_and_older_rows_are_filled(store):
