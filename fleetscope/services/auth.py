@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, select, text, update
+from sqlalchemy.exc import OperationalError
 
 from fleetscope.core import frames as F
 from fleetscope.door.screen import Binding  # noqa: F401  (a token carries one; the door's screen enforces it)
 from fleetscope.store import schema
+
+log = logging.getLogger(__name__)
 
 SCOPES = ("ingest", "read", "governance", "admin")
 PREFIX = "fs_"
@@ -208,13 +212,47 @@ def verify(engine: Engine, secret: str) -> Token | None:
         return token
     t = schema.api_token
     now = dt.datetime.now(dt.UTC)
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         row = conn.execute(select(t.c.token_id, t.c.name, t.c.scopes, t.c.expires_at, t.c.revoked_at, t.c.bound_site, t.c.bound_host,
-                                  t.c.bound_source).where(t.c.token_sha256 == digest)).first()
-        token = None
-        if row is not None and row.revoked_at is None and (row.expires_at is None or row.expires_at > now):
-            binding = Binding(row.bound_site, row.bound_host, row.bound_source)
-            token = Token(row.token_id, row.name, frozenset(row.scopes.split()), binding if binding else None)
-            conn.execute(update(t).where(t.c.token_id == row.token_id).values(last_used_at=now))
+                                  t.c.bound_source, t.c.last_used_at).where(t.c.token_sha256 == digest)).first()
+    token = None
+    if row is not None and row.revoked_at is None and (row.expires_at is None or row.expires_at > now):
+        binding = Binding(row.bound_site, row.bound_host, row.bound_source)
+        token = Token(row.token_id, row.name, frozenset(row.scopes.split()), binding if binding else None)
+        if row.last_used_at is None or now - _utc(row.last_used_at) >= LAST_USED_EVERY:
+            _mark_used(engine, row.token_id, now)
     _cache.put(digest, token)
     return token
+
+
+LAST_USED_EVERY = dt.timedelta(minutes=1)
+"""How stale a token's ``last_used_at`` may be: rewritten at most this often, not on every cache miss."""
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
+def _mark_used(engine: Engine, token_id: int, now: dt.datetime) -> None:
+    """Record that a token was used, if the database takes the write at once. A request is not made to wait for
+    it: while SQLite's one writer holds the file (a large ingest), the update would wait out the busy timeout
+    (30 s) before the request was even authenticated; the next use after the writer is done records it."""
+    t = schema.api_token
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                raw = conn.connection.driver_connection
+                waited = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+                raw.execute("PRAGMA busy_timeout = 0")
+                try:
+                    conn.execute(update(t).where(t.c.token_id == token_id).values(last_used_at=now))
+                    conn.commit()
+                finally:
+                    conn.rollback()
+                    raw.execute(f"PRAGMA busy_timeout = {int(waited)}")
+            else:
+                conn.execute(text("SET LOCAL lock_timeout = '100ms'"))
+                conn.execute(update(t).where(t.c.token_id == token_id).values(last_used_at=now))
+                conn.commit()
+    except OperationalError:
+        log.debug("token %s used; last_used_at not written (database busy)", token_id)

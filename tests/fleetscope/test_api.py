@@ -170,3 +170,41 @@ def test_metrics_expose_own_counters(api):
     assert 'fleetscope_rows_written_total{frame="gpu_sample"}' in text
     assert 'fleetscope_http_request_duration_seconds_count{method="POST",route="/api/v1/batches",status="200"}' in text
     assert "fleetscope_task_runs_total" in text or "# TYPE fleetscope_task_runs counter" in text
+
+
+def test_a_token_is_verified_without_waiting_on_a_busy_writer(store, db_url):
+    """``last_used_at`` is written at most once a minute, and only if the database takes the write at once: while
+    another connection holds SQLite's write lock (a large ingest) or the token's row, a token is still verified in
+    well under the busy timeout, and its use is recorded once the writer is done."""
+    import time as _time
+
+    from sqlalchemy import select, text
+
+    from fleetscope.store import schema
+
+    engine = store.engine
+    secret = auth.create_token(engine, "agent", ["ingest"])
+    holder = engine.connect()
+    try:
+        if store.dialect == "sqlite":
+            holder.exec_driver_sql("BEGIN IMMEDIATE")  # the file's write lock, as a writer holds it
+        else:
+            holder.execute(text("SELECT 1 FROM api_token FOR UPDATE"))
+        auth._cache.clear()
+        t0 = _time.monotonic()
+        assert auth.verify(engine, secret) is not None
+        assert _time.monotonic() - t0 < 2
+    finally:
+        holder.rollback()
+        holder.close()
+
+    def used() -> object:
+        with engine.connect() as conn:
+            return conn.execute(select(schema.api_token.c.last_used_at).where(schema.api_token.c.name == "agent")).scalar_one()
+
+    assert used() is None  # not recorded while the writer held on
+    auth._cache.clear()
+    assert auth.verify(engine, secret) is not None and used() is not None
+    first = used()
+    auth._cache.clear()
+    assert auth.verify(engine, secret) is not None and used() == first  # within the minute: not written again
