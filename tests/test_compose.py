@@ -161,7 +161,7 @@ def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
     api_port, dash_port, proxy_port = free_port(), free_port(), free_port()
     env = env_for(tmp_path)
     proxy = _caddy_env(tmp_path, PROXY_LISTEN=f":{proxy_port}", PROXY_CERT=str(cert), PROXY_KEY=str(key),
-                       PROXY_API=f"127.0.0.1:{api_port}", PROXY_DASHBOARD=f"127.0.0.1:{dash_port}")
+                       PROXY_API=f"127.0.0.1:{api_port}", PROXY_DASHBOARD=f"127.0.0.1:{dash_port}", PROXY_READ_BODY="2s")
     base = f"https://127.0.0.1:{proxy_port}"
     with running(["serve", "--host", "127.0.0.1", "--port", str(api_port)], env, f"http://127.0.0.1:{api_port}/healthz", ctx, tmp_path / "api.log"), \
          running(["dashboard", "--host", "127.0.0.1", "--port", str(dash_port)], env, f"http://127.0.0.1:{dash_port}/_stcore/health", ctx, tmp_path / "dash.log"):
@@ -189,6 +189,22 @@ def test_the_proxy_terminates_tls_for_the_api_and_the_dashboard(tmp_path):
             assert httpx.get(base + "/_stcore/health", verify=ctx, timeout=10).text == "ok"
             with connect(f"wss://127.0.0.1:{proxy_port}/_stcore/stream", ssl=ctx, open_timeout=10) as ws:
                 assert ws.protocol.state.name == "OPEN"  # the upgrade went through to Streamlit
+            # A sender that stops mid-body is cut off at the proxy's read deadline (PROXY_READ_BODY, 2 s here), not
+            # held for good, and others are answered meanwhile.
+            import socket
+            import ssl
+
+            raw = ctx.wrap_socket(socket.create_connection(("127.0.0.1", proxy_port)), server_hostname="127.0.0.1")
+            raw.sendall(b"POST /api/v1/ingest/dcgm HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n\r\nDCGM_FI_DEV_GPU_TEMP{")
+            raw.settimeout(15)
+            stalled_at = time.monotonic()
+            assert httpx.get(base + "/healthz", verify=ctx, timeout=5).status_code == 200
+            try:
+                answer = raw.recv(4096)
+            except (ConnectionError, ssl.SSLError):
+                answer = b""
+            assert time.monotonic() - stalled_at < 12 and (answer == b"" or answer.startswith(b"HTTP/1.1 4")), answer[:200]
+            raw.close()
             # Plain HTTP to the TLS port is refused by the TLS server itself, never forwarded.
             plain = httpx.get(f"http://127.0.0.1:{proxy_port}/healthz", timeout=5)
             assert plain.status_code == 400 and "HTTP request to an HTTPS server" in plain.text
