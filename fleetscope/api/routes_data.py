@@ -178,12 +178,12 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
     received = dt.datetime.now(dt.UTC)
     opts = ingestion.Options(job_id=job_id, ts=ts)
 
-    def inflate() -> tuple[bytes, list[str]]:
+    def inflate(cap: int = limit) -> tuple[bytes, list[str]]:
         # A gzip body is inflated here, within the body limit, so no parser ever holds a bomb's output;
         # a Kineto trace stays compressed: its parser inflates it a piece at a time, whatever its size.
         formats = ingestion.resolve(body, source=source, fmt=fmt)
         if body.startswith(ingestion.GZIP_MAGIC) and formats != ["kineto"]:
-            return ingestion.gunzip_capped(body, limit, source), formats
+            return ingestion.gunzip_capped(body, cap, source), formats
         return body, formats
 
     def prepare(data: bytes, formats: list[str]) -> screen.Push:
@@ -194,7 +194,14 @@ async def ingest_body(app: Any, fmt: str, body: bytes, *, source: str | None, jo
         # writer to read: a hop to the thread pool costs more than that. Anything else is parsed off the
         # event loop.
         if len(body) <= SMALL_BODY_BYTES:
-            data, formats = inflate()
+            try:
+                data, formats = inflate(min(limit, dcgm_lines.MAX_BYTES))
+            except ingestion.TooLarge:
+                # a few kB that inflate past what a node sends (a bomb, or a file): inflated off the event loop,
+                # which would otherwise stop for the 30-60 ms a 64 MiB inflate takes
+                if limit <= dcgm_lines.MAX_BYTES:
+                    raise
+                data, formats = await run_in_threadpool(inflate)
         else:
             data, formats = await run_in_threadpool(inflate)
         if len(body) <= SMALL_BODY_BYTES and formats == ["dcgm"] and len(data) <= dcgm_lines.MAX_BYTES:

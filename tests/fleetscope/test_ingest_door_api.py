@@ -289,3 +289,31 @@ def test_input_being_parsed_is_bounded_and_past_the_bound_is_told_to_retry(db_ur
         again = httpx.post(f"{server.url}/api/v1/ingest/dcgm", params={"source": "second"}, content=bomb, headers=h, timeout=60)
         assert again.status_code == 200  # room again
     app.state.store.engine.dispose()
+
+
+def test_a_small_body_that_inflates_past_a_nodes_push_is_inflated_off_the_event_loop(api, monkeypatch):
+    """A few kB of gzip are inflated on the event loop only as far as a node's push can go (the agents' reader's
+    limit): one that goes on (a bomb, a compressed file) is inflated again in a worker thread, within the body
+    limit, so the loop every push waits on is not stopped for a large inflate."""
+    from fleetscope.door import ingestion as ingestion_mod
+
+    calls: list[tuple[int, str]] = []
+    original = ingestion_mod.gunzip_capped
+
+    def watched(data, limit, source):  # type: ignore[no-untyped-def]
+        calls.append((limit, threading.current_thread().name))
+        return original(data, limit, source)
+
+    monkeypatch.setattr(ingestion_mod, "gunzip_capped", watched)
+    h = {**_headers(api.app.state.store.engine), "Content-Encoding": "gzip"}
+    blank = gzip.compress(b"\n" * (900 * 1024))  # past the reader's 512 KiB, within the fixture's 1 MiB body limit
+    r = httpx.post(f"{api.url}/api/v1/ingest/dcgm", content=blank, headers=h, timeout=60)
+    assert r.status_code == 200 and not any(r.json()["written"].values())
+    assert [limit for limit, _ in calls] == [dcgm_lines.MAX_BYTES, 2**20]
+    assert calls[0][1] != calls[1][1]  # the event loop's thread, then a worker's
+    calls.clear()
+    node = httpx.post(f"{api.url}/api/v1/ingest/dcgm", params={"ts": T0.isoformat()}, content=gzip.compress(_body(70)), headers=h, timeout=60)
+    assert node.status_code == 200 and node.json()["written"]["gpu_sample"] == 8
+    assert [limit for limit, _ in calls] == [dcgm_lines.MAX_BYTES]  # a node's push: inflated once, where it arrived
+    over = httpx.post(f"{api.url}/api/v1/ingest/dcgm", content=gzip.compress(b"\n" * (2**20 + 1)), headers=h, timeout=60)
+    assert over.status_code == 413
