@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures as cf
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -405,24 +404,23 @@ class Door:
             logged = [item for item in fresh if item[0].dedupe and item[0].sha in found.shas]
             rest = [item for item in fresh if not (item[0].dedupe and item[0].sha in found.shas)]
             return logged + (self._write(rest) if rest else [])
-        except Exception as exc:
-            unavailable = _unavailable(exc)
-            if unavailable is None:
-                if len(fresh) == 1:
-                    raise
-                log.info("a group of %d pushes failed; writing each alone", len(fresh))
-                dups = []
-                for item in fresh:
-                    try:
-                        dups.extend(self._write([item]))
-                    except Exception as own:  # noqa: BLE001 - that push's own answer
-                        item[1].set_exception(own)
-                return dups
-            # The database is busy or gone: every push may retry; none was stored. Not written again one by
-            # one: each would wait out the busy timeout in turn.
+        except OperationalError as exc:
+            # The database is busy or gone (the store gives its drivers' errors as SQLAlchemy's): every push may
+            # retry; none was stored. Not written again one by one: each would wait out the busy timeout in turn.
             for _, fut in fresh:
-                fut.set_exception(unavailable)
+                fut.set_exception(exc)
             return []
+        except Exception:
+            if len(fresh) == 1:
+                raise
+            log.info("a group of %d pushes failed; writing each alone", len(fresh))
+            dups = []
+            for item in fresh:
+                try:
+                    dups.extend(self._write([item]))
+                except Exception as exc:  # noqa: BLE001 - that push's own answer
+                    item[1].set_exception(exc)
+            return dups
         shares = _attribute(result, offered)
         written_health = batch.health_event if batch is not None and result.written.get("health_event") else None
         job_ids = (batch.job_rank["job_id"].unique().to_list()
@@ -447,20 +445,6 @@ def _skipped(push: Push) -> Accepted:
     _batch, offered, values = _assemble([push], push.source)
     return Accepted(push.source, push.formats, WriteResult(offered=offered[0], written=dict.fromkeys(offered[0], 0), values=values[0]),
                     skipped_duplicate=True, notes=push.notes)
-
-
-def _unavailable(exc: BaseException) -> OperationalError | None:
-    """``exc`` as SQLAlchemy's ``OperationalError`` (the routes' 503 with Retry-After) where it says the database is
-    busy or gone, else None. Rows go by the drivers' own cursors, whose errors come unwrapped: sqlite3's "database is
-    locked" after the busy timeout, psycopg's lost connection."""
-    if isinstance(exc, OperationalError):
-        return exc
-    import sqlite3  # lazy: only to classify an error
-
-    psycopg = sys.modules.get("psycopg")  # loaded where PostgreSQL is used
-    if isinstance(exc, sqlite3.OperationalError) or (psycopg is not None and isinstance(exc, psycopg.OperationalError)):
-        return OperationalError("ingest write", None, exc)  # type: ignore[arg-type]
-    return None
 
 
 def for_store(store: Store) -> Door:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as dt
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import polars as pl
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fleetscope.core.units import as_utc
 from fleetscope.core import frames as F
@@ -90,6 +92,20 @@ def reads_on_replica() -> Iterator[None]:
         yield
     finally:
         _READS_ON_REPLICA.reset(token)
+
+
+def _wrapped(exc: Exception) -> Exception:
+    """``exc`` as its callers meet the database's errors: a driver's own ``OperationalError`` (rows go by the drivers'
+    cursors, whose errors come unwrapped: sqlite3's "database is locked" after the busy timeout, psycopg's lost
+    connection) as SQLAlchemy's, which the API answers 503 with Retry-After; anything else as it is."""
+    if isinstance(exc, DBAPIError):
+        return exc
+    import sqlite3  # lazy: only to classify an error
+
+    psycopg = sys.modules.get("psycopg")  # loaded where PostgreSQL is used
+    if isinstance(exc, sqlite3.OperationalError) or (psycopg is not None and isinstance(exc, psycopg.OperationalError)):
+        return OperationalError("store write", None, exc)  # type: ignore[arg-type]
+    return exc
 
 
 class Store:
@@ -227,7 +243,7 @@ class Store:
                     break
                 except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
                     if attempt or not self._partition_missing(exc, [(spec.name, df) for spec, df in conformed]):
-                        raise
+                        raise _wrapped(exc)
                     new_series.clear()
             if readings is not None:
                 self._counters.remember(*readings)
@@ -292,7 +308,7 @@ class Store:
                     result.written.clear()
                 except Exception as exc:  # noqa: BLE001 - re-raised unless a day partition was missing (SQLAlchemy wraps it; the raw driver cursor does not)
                     if attempt or not self._partition_missing(exc, [(spec.name, r) for spec, r in frames]):
-                        raise
+                        raise _wrapped(exc)
                     new_series.clear()
             if confirm is not None:
                 self._inventory.rows.confirm(*confirm)

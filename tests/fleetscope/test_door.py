@@ -185,8 +185,9 @@ def test_a_database_error_fails_the_group_and_stores_nothing(store, monkeypatch)
 @pytest.mark.parametrize("driver", ["sqlite3", "psycopg"])
 def test_a_drivers_busy_error_is_the_retryable_error_and_is_not_written_push_by_push(store, monkeypatch, driver):
     """Rows go by the drivers' own cursors, whose errors come unwrapped ("database is locked" after SQLite's busy
-    timeout, a lost PostgreSQL connection): the group's pushes all get the retryable error at once (the routes' 503
-    with Retry-After), not a 500, and are not written again one by one, each waiting out the timeout."""
+    timeout, a lost PostgreSQL connection): the store gives them as SQLAlchemy's, so the group's pushes all get the
+    retryable error at once (the routes' 503 with Retry-After), not a 500, and are not written again one by one,
+    each waiting out the timeout."""
     import importlib
 
     error = importlib.import_module(driver).OperationalError("database is locked")
@@ -198,8 +199,7 @@ def test_a_drivers_busy_error_is_the_retryable_error_and_is_not_written_push_by_
         calls.append(1)
         raise error
 
-    monkeypatch.setattr(store, "write", down)
-    monkeypatch.setattr(store, "write_rows", down)
+    monkeypatch.setattr(store, "_log_ingest", down)  # inside the write's transaction, on either path
     gate.set()
     for f in futures:
         with pytest.raises(OperationalError) as exc:
