@@ -1,6 +1,6 @@
 """The push screen: what a push is (``Push``: a parsed batch, or a small dcgm body or OTLP request that the
 writer reads, with its content hash and the pushing token's ``Binding``), how its rows are made ready
-(``prepare``), and what it must pass before its group forms (``check``): no row dated more than
+(``prepare``), and what it must pass before its group forms (``check``): no row dated before the Unix epoch or more than
 ``FLEETSCOPE_MAX_FUTURE_SKEW_S`` ahead of the server's clock, and no row naming a site or host other than
 the one its token is bound to (``Forbidden``). A push refused here changes nothing and is answered alone;
 the door (``fleetscope/door/__init__.py``) groups and commits the rest.
@@ -118,6 +118,20 @@ def _too_late(frame: str, row: int | None, field_: str, what: str, ts_us: int, h
         frame=frame, row=row, field=field_)
 
 
+def _too_early(frame: str, row: int | None, field_: str, what: str, ts_us: int) -> ValidationError:
+    return ValidationError(
+        f"{what} at {_iso_any(ts_us)} lies before 1970-01-01T00:00:00Z, the earliest time a row may carry; nothing of the push "
+        "was stored", frame=frame, row=row, field=field_)
+
+
+def _iso_any(ts_us: int) -> str:
+    """``_iso`` for any instant microseconds can hold, years before 1 included (``datetime`` stops at year 1)."""
+    try:
+        return _iso(ts_us)
+    except (OverflowError, ValueError, OSError):
+        return f"{ts_us} µs since the epoch"
+
+
 def _not_bound(kind: str, named: str | None, binding: Binding, where: str) -> Forbidden:
     bound = binding.site if kind == "site" else binding.host
     said = f"names {kind} {named!r}" if named else f"names no {kind}"
@@ -140,11 +154,16 @@ def _describe_row(spec: F.FrameSpec, df: pl.DataFrame, row: int) -> str:
 
 def _screen_batch(batch: F.Batch, horizon_us: int | None, skew_s: float, binding: Binding | None) -> None:
     for spec, df in list(batch.frames()):
-        times = [c for c in _time_columns(spec) if c in df.columns] if horizon_us is not None else []
-        for c in times:
+        for c in [c for c in _time_columns(spec) if c in df.columns]:
             # JSON records hold RFC 3339 text until the store conforms them: read it the way the store will
             # (a value that does not parse is refused here as it would be there), rows kept in their order.
             at_us = cast_column(spec, spec.col(c), df.get_column(c)).dt.epoch("us")
+            early = at_us < 0
+            if early.any():
+                row = int(early.arg_true()[0])
+                raise _too_early(spec.name, row, c, f"{_describe_row(spec, df, row)}: {c}", int(at_us[row]))
+            if horizon_us is None:
+                continue
             late = at_us > horizon_us
             if spec.name == "metric_sample" and "series" in df.columns:
                 late = late & ~_forecast(df.get_column("series").cast(pl.String))
@@ -171,6 +190,8 @@ def _screen_batch(batch: F.Batch, horizon_us: int | None, skew_s: float, binding
 
 
 def _screen_lines(push: Push, lines: dcgm_lines.Lines, horizon_us: int | None, skew_s: float) -> None:
+    if push.ts_us < 0 and lines.keys:
+        raise _too_early("gpu_sample", 0, "ts", f"gpu_sample of {lines.keys[0]!r} (the push's ts)", push.ts_us)
     if horizon_us is not None and push.ts_us > horizon_us and lines.keys:
         raise _too_late("gpu_sample", 0, "ts", f"gpu_sample of {lines.keys[0]!r} (the push's ts)", push.ts_us, horizon_us, skew_s)
     binding = push.binding
@@ -204,7 +225,8 @@ def _screen_otlp(walk: Any, horizon_us: int | None, skew_s: float, binding: Bind
 
 
 def check(push: Push, max_future_skew_s: float | None, now_us: int | None = None) -> None:
-    """Refuse ``push`` whole when a row lies more than ``max_future_skew_s`` past the clock
+    """Refuse ``push`` whole when a row lies before the Unix epoch (``ValidationError``, as the remote-write
+    parser refuses one; OTLP's unsigned times cannot) or more than ``max_future_skew_s`` past the clock
     (``ValidationError`` naming the row or series and its time) or names a site or host its token is not
     bound to (``Forbidden``). ``None``: no horizon. Run on a prepared push (``prepare``)."""
     horizon_us = None
@@ -215,5 +237,5 @@ def check(push: Push, max_future_skew_s: float | None, now_us: int | None = None
         _screen_lines(push, push.lines, horizon_us, skew_s)
     if push.otlp is not None and push.batch is None:
         _screen_otlp(push.otlp, horizon_us, skew_s, push.binding)
-    if push.batch is not None and (horizon_us is not None or push.binding is not None):
+    if push.batch is not None:
         _screen_batch(push.batch, horizon_us, skew_s, push.binding)

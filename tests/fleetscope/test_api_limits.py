@@ -242,6 +242,22 @@ def test_the_skew_is_a_setting(serve):
     assert httpx.post(api.url + "/api/v1/batches", json={"frames": {"gpu_sample": [{"ts": now_iso(3600), "gpu_uuid": "G"}]}}, headers=h).status_code == 200
 
 
+def test_rows_dated_before_the_epoch_are_refused_whole(api):
+    h = token(api, "ingest")
+    # +14:00 puts the first instant a datetime can name 14 hours before year 1: shown as year 0000 once stored
+    body = {"frames": {"gpu_sample": [{"ts": T, "gpu_uuid": "G0", "power_w": 1.0}, {"ts": "0001-01-01T00:00:00+14:00", "gpu_uuid": "G1", "power_w": 2.0}]}}
+    r = httpx.post(api.url + "/api/v1/batches", json=body, headers=h)
+    assert r.status_code == 422, r.text
+    assert (r.json()["frame"], r.json()["row"], r.json()["field"]) == ("gpu_sample", 1, "ts")
+    assert "gpu_uuid='G1'" in r.json()["detail"] and "before 1970-01-01T00:00:00Z" in r.json()["detail"]
+    r = httpx.post(api.url + "/api/v1/ingest/dcgm", params={"ts": "1969-12-31T23:59:59Z"}, content=_dcgm("n1"), headers=h)
+    assert r.status_code == 422 and "GPU-a" in r.json()["detail"] and "1969-12-31T23:59:59Z" in r.json()["detail"], r.text
+    assert sum(counts(api).values()) == 0
+    body["frames"]["gpu_sample"][1]["ts"] = "1970-01-01T00:00:00Z"  # the epoch itself is a time a row may carry
+    assert httpx.post(api.url + "/api/v1/batches", json=body, headers=h).status_code == 200
+    assert counts(api)["gpu_sample"] == 2
+
+
 # --- rate limits -----------------------------------------------------------------------------------------
 
 
