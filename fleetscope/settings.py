@@ -96,6 +96,8 @@ class Settings:
     dashboard_oidc_scopes: str = field(metadata={"env": "FLEETSCOPE_DASHBOARD_OIDC_SCOPES", "doc": "with oidc: who gets which scopes, e.g. alice@x.org=admin;*@x.org=read;group:sre=read,admin", "default": ""})
     # API request limits (README "Scopes, bindings and limits")
     max_header_bytes: int = field(default=16384, metadata={"env": "FLEETSCOPE_MAX_HEADER_BYTES", "doc": "largest request head (request line and headers) the API reads; 431 above", "default": "16384"})
+    read_header_timeout_s: float = field(default=10.0, metadata={"env": "FLEETSCOPE_READ_HEADER_TIMEOUT_S", "doc": "how long `fleetscope serve` waits for a request's head, from a connection's opening or a request's first byte; 408 and closed past it (0: no limit)", "default": "10"})
+    read_body_timeout_s: float = field(default=60.0, metadata={"env": "FLEETSCOPE_READ_BODY_TIMEOUT_S", "doc": "how long `fleetscope serve` waits for a request's whole body once its head is read; 408 and closed past it, nothing of it stored (0: no limit)", "default": "60"})
     max_json_depth: int = field(default=64, metadata={"env": "FLEETSCOPE_MAX_JSON_DEPTH", "doc": "deepest nesting of arrays and objects a JSON body may have (400 above)", "default": "64"})
     max_future_skew_s: float = field(default=300.0, metadata={"env": "FLEETSCOPE_MAX_FUTURE_SKEW_S", "doc": "how far past the server's clock a pushed timestamp may lie (the whole push is refused with 422 beyond)", "default": "300"})
     token_rate_per_s: float = field(default=1000.0, metadata={"env": "FLEETSCOPE_TOKEN_RATE_PER_S", "doc": "requests per second one token may make to one API process, on average (429 + Retry-After above; 0: no limit)", "default": "1000"})
@@ -179,6 +181,8 @@ def load() -> Settings:
         dashboard_auth=dashboard_auth,
         dashboard_oidc_scopes=env("FLEETSCOPE_DASHBOARD_OIDC_SCOPES", ""),
         max_header_bytes=_positive("FLEETSCOPE_MAX_HEADER_BYTES", 16384),
+        read_header_timeout_s=_float("FLEETSCOPE_READ_HEADER_TIMEOUT_S", 10.0),
+        read_body_timeout_s=_float("FLEETSCOPE_READ_BODY_TIMEOUT_S", 60.0),
         max_json_depth=_positive("FLEETSCOPE_MAX_JSON_DEPTH", 64),
         max_future_skew_s=_float("FLEETSCOPE_MAX_FUTURE_SKEW_S", 300.0),
         token_rate_per_s=_float("FLEETSCOPE_TOKEN_RATE_PER_S", 1000.0),

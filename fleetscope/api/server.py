@@ -7,13 +7,25 @@ as the parser hands them over: past the same ``h11_max_incomplete_event_size`` (
 ``FLEETSCOPE_MAX_HEADER_BYTES``) or ``gate.MAX_HEADERS`` fields the connection is answered 431
 (RFC 6585 §5) and closed before anything more is buffered. The gate (``api.gate``) checks the same limit
 again on the parsed head, for servers started otherwise.
+
+uvicorn also sets no deadline on a request under way: its keep-alive timer runs only between requests, and
+is cancelled by a client's first byte. A client that opens a connection and sends nothing, or sends a head or
+a body a byte at a time, held its connection (a file descriptor, and a request's buffers) for as long as it
+liked. ``CappedHttpTools`` gives the head ``FLEETSCOPE_READ_HEADER_TIMEOUT_S`` from a connection's opening or a
+request's first byte, and the body ``FLEETSCOPE_READ_BODY_TIMEOUT_S`` from the end of its head, as Go's
+``http.Server`` ReadHeaderTimeout and ReadTimeout do and the shipped Caddyfile's ``read_header`` and
+``read_body``; past either the client is answered 408 (RFC 9110 §15.5.9) and the connection closed. A request
+whose body was cut off is never stored: the route sees the client gone (``http.disconnect``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any
 
 from fleetscope.api.gate import MAX_HEADERS
+from fleetscope.settings import load
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -25,16 +37,82 @@ class _HeadTooLarge(Exception):
     pass
 
 
+@functools.cache
+def _deadlines() -> tuple[float, float]:
+    """(head, body) seconds from this process's settings; 0 is no deadline."""
+    s = load()
+    return s.read_header_timeout_s, s.read_body_timeout_s
+
+
+_TIMED_OUT = {
+    "head": b"the request head did not arrive within FLEETSCOPE_READ_HEADER_TIMEOUT_S",
+    "body": b"the request body did not arrive within FLEETSCOPE_READ_BODY_TIMEOUT_S; nothing of it was stored",
+}
+
+
 if HttpToolsProtocol is not None:
 
     class CappedHttpTools(HttpToolsProtocol):  # type: ignore[misc,valid-type]
-        """httptools with the request head capped (module level: uvicorn's workers import it by name)."""
+        """httptools with the request head capped and the head and body given deadlines (module level:
+        uvicorn's workers import it by name). ``read_header_s``/``read_body_s``: None takes the settings'."""
+
+        read_header_s: float | None = None
+        read_body_s: float | None = None
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self, phase: str) -> None:
+            self._disarm()
+            head_s, body_s = _deadlines() if self.read_header_s is None or self.read_body_s is None else (0.0, 0.0)
+            seconds = (self.read_header_s if self.read_header_s is not None else head_s) if phase == "head" else \
+                (self.read_body_s if self.read_body_s is not None else body_s)
+            if seconds > 0:
+                self._deadline = self.loop.call_later(seconds, self._timed_out, phase)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _timed_out(self, phase: str) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if phase == "head":
+                # An idle connection that never began a request is closed without a word, as keep-alive's are;
+                # so is a pipelined head that times out while the request before it is being answered.
+                answer = getattr(self, "_head_bytes", None) is not None and (cycle is None or cycle.response_complete)
+            else:
+                answer = cycle is not None and not cycle.response_started
+            if answer:
+                body = _TIMED_OUT[phase]
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: "
+                                     + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n" + body)
+            self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm("head")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             self._head_bytes = 0
             self._head_fields = 0
             self._head_refused = ""
             super().on_message_begin()
+            if self._deadline is None:  # a kept-alive connection's next request: the head's clock starts now
+                self._arm("head")
+
+        def on_headers_complete(self) -> None:
+            self._arm("body")
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
 
         def _count(self, n: int, fields: int = 0) -> None:
             self._head_bytes += n

@@ -3,6 +3,7 @@ answer is the refusal it should be, never a 5xx, and nothing stored changes."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gzip
 import json
@@ -16,7 +17,7 @@ import pytest
 
 from fleetscope.services import auth
 from fleetscope.api import create_app
-from fleetscope.api.server import uvicorn_options
+from fleetscope.api.server import CappedHttpTools, uvicorn_options
 from tests.conftest import LiveServer, make_settings
 
 T = "2026-03-01T12:00:00Z"
@@ -215,14 +216,15 @@ def test_a_header_flood_is_refused_by_the_gate(api):
     assert many.status_code == 431 and "over the limit of 100" in many.json()["detail"]
 
 
-def test_a_header_flood_is_cut_off_while_the_server_reads_it(tmp_path):
-    """`fleetscope serve`'s protocol answers 431 past the cap without buffering the rest of the head."""
+@contextlib.contextmanager
+def served(app, **options):  # type: ignore[no-untyped-def]
+    """``app`` under uvicorn with `fleetscope serve`'s protocol options (and ``options`` over them), on a
+    loopback port: yields the port."""
     import uvicorn
 
-    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}", max_header_bytes=8192))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **uvicorn_options(8192)))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **{**uvicorn_options(8192), **options}))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -233,20 +235,73 @@ def test_a_header_flood_is_cut_off_while_the_server_reads_it(tmp_path):
                 break
             except httpx.HTTPError:
                 threading.Event().wait(0.05)
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-            try:
-                for _ in range(1000):  # up to 64 MiB of headers, never finished
-                    conn.sendall(b"X-Flood: " + b"a" * 65536 + b"\r\n")
-            except OSError:
-                pass  # closed by the server once over the cap
-            answer = conn.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 431") and b"FLEETSCOPE_MAX_HEADER_BYTES" in answer
+        yield port
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
         app.state.store.engine.dispose()
+
+
+def test_a_header_flood_is_cut_off_while_the_server_reads_it(tmp_path):
+    """`fleetscope serve`'s protocol answers 431 past the cap without buffering the rest of the head."""
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}", max_header_bytes=8192))
+    with served(app) as port, socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for _ in range(1000):  # up to 64 MiB of headers, never finished
+                conn.sendall(b"X-Flood: " + b"a" * 65536 + b"\r\n")
+        except OSError:
+            pass  # closed by the server once over the cap
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431") and b"FLEETSCOPE_MAX_HEADER_BYTES" in answer
+
+
+class _Hurried(CappedHttpTools):
+    read_header_s = 0.5
+    read_body_s = 1.0
+
+
+def _until_closed(conn: socket.socket) -> bytes:
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    return data
+
+
+def test_stalled_heads_and_bodies_are_cut_off_and_nothing_of_them_is_stored(tmp_path, db_url):
+    """Without the proxy, `fleetscope serve` itself bounds how long a client may take: an idle connection, a
+    head or a body sent a byte at a time each hold a connection (a file descriptor and buffers) until cut."""
+    app = create_app(make_settings(tmp_path, db_url))
+    secret = auth.create_token(app.state.store.engine, "t", ["ingest"])
+    body = b'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-slow",Hostname="n1"} 100.0\n'
+    head = (f"POST /api/v1/ingest/dcgm HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with served(app, http=_Hurried) as port:
+        def connect() -> socket.socket:
+            return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+        with connect() as idle:
+            assert _until_closed(idle) == b""  # never began a request: closed without an answer
+        with connect() as slow_head:
+            slow_head.sendall(head[:40])
+            answer = _until_closed(slow_head)
+        assert answer.startswith(b"HTTP/1.1 408") and answer.endswith(b"FLEETSCOPE_READ_HEADER_TIMEOUT_S")
+        with connect() as slow_body:
+            slow_body.sendall(head + body[:30])
+            answer = _until_closed(slow_body)
+        assert answer.startswith(b"HTTP/1.1 408") and b"FLEETSCOPE_READ_BODY_TIMEOUT_S; nothing of it was stored" in answer
+        assert app.state.store.read("gpu_sample").height == 0
+        with connect() as kept:
+            # a kept-alive connection's clock starts at each request's first byte, not at the connection's
+            kept.sendall(head + body)
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+            threading.Event().wait(0.8)
+            kept.sendall(head[:40])
+            threading.Event().wait(0.3)
+            kept.sendall(head[40:] + body)
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        assert app.state.store.read("gpu_sample").height == 1
 
 
 def test_healthz_never_echoes_the_database_error(tmp_path):
