@@ -103,6 +103,7 @@ def pack_day(store: Store, day: dt.date) -> dict[str, int]:
         if not conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{raw_name}")')).scalar():
             conn.execute(text(f'TRUNCATE "{raw_name}"'))
         rows, samples = conn.execute(text(f'SELECT count(*), COALESCE(sum(samples), 0) FROM "{packed_name}"')).one()
+    store.packed_changed()
     return {"samples": int(samples), "rows": int(rows)}
 
 
@@ -166,6 +167,7 @@ def pack_hours(store: Store, now: dt.datetime) -> dict[str, Any]:
                         _pack_hour(conn, day, hour)
                     done[hour.isoformat()] = "packed"
                     packed_days.add(day)
+                    store.packed_changed()
                 except OperationalError as exc:  # serialization failure, deadlock or lock timeout: the next tick tries again
                     done[hour.isoformat()] = f"left for the next tick: {type(exc.orig).__name__}"
                 finally:

@@ -84,6 +84,7 @@ def prune(store: Store, now: dt.datetime, retention_days: int, evidence_retentio
                 deleted[name] = dropped + conn.execute(stmt).rowcount
             if name == packed.RAW and partitions.is_partitioned(store.engine, packed.TABLE):
                 deleted[packed.TABLE] = _prune_packed(store, cutoff)
+                store.packed_changed()
             if name == packed_energy.RAW and store.dialect == "postgresql":  # packed energy minutes go with the rows
                 deleted[packed_energy.TABLE] = _prune_hours(store, packed_energy.TABLE, cutoff)
     return deleted

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import datetime as dt
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -108,6 +109,10 @@ def _wrapped(exc: Exception) -> Exception:
     return exc
 
 
+PACKED_UNTIL_TTL_S = 5.0
+"""How long a process trusts its reading of ``Store.packed_until``."""
+
+
 class Store:
     """One database, SQLite or PostgreSQL, behind the canonical frames; optionally a read replica of it
     (``read_engine``) that reads go to inside ``reads_on_replica``."""
@@ -131,6 +136,7 @@ class Store:
         self._gpu_keys = GpuKeys()
         # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
         self._partitioned: frozenset[str] | None = None
+        self._packed_until: tuple[float, dt.datetime | None] | None = None  # (when read, monotonic; the value)
         # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
         # last commits, rather than in SQLite's busy handler, which polls with sleeps of up to 100 ms:
         # threads of this process on a lock, other processes (API workers, the worker, the CLI) on an
@@ -553,7 +559,8 @@ class Store:
         if frame == packed.RAW:
             # SQLite: the outer filter holds the range, which its parallel read slices (a range inside the source too
             # would have each slice's reader seek by the whole range's bounds)
-            table = packed.source(self.dialect, *((start, end) if self.dialect == "postgresql" else (None, None)), want, alias)
+            table = (packed.source(self.dialect, start, end, want, alias, self.packed_until()) if self.dialect == "postgresql"
+                     else packed.source(self.dialect, None, None, want, alias))
         elif frame == packed_energy.RAW:
             table = packed_energy.source(self.dialect, start, end, alias)
         else:
@@ -720,6 +727,27 @@ class Store:
         return df
 
     # --- small helpers the service layer uses ------------------------------------------------------
+
+    def packed_until(self) -> dt.datetime | None:
+        """The end of the newest hour of raw samples held packed (``store.packed.HORIZON_SQL``; None on SQLite, or
+        where none is), read again at most every ``PACKED_UNTIL_TTL_S``: what ``packed.source`` needs to leave out a
+        raw sample that a packed hour also holds. Packing in this process forgets it (``packed_changed``); another
+        process's pack is seen within the TTL, and only a sample re-sent into the hour just packed, in that time,
+        could be read twice until the next pack."""
+        if self.dialect != "postgresql":
+            return None
+        now = time.monotonic()
+        cached = self._packed_until
+        if cached is not None and now - cached[0] < PACKED_UNTIL_TTL_S:
+            return cached[1]
+        with self.engine.connect() as conn:
+            value = conn.exec_driver_sql(packed.HORIZON_SQL).scalar()
+        self._packed_until = (now, value)
+        return value
+
+    def packed_changed(self) -> None:
+        """This process packed (or dropped) hours of raw samples: ``packed_until`` is read again."""
+        self._packed_until = None
 
     def counts(self) -> dict[str, int]:
         """Row count of every canonical table (cheap enough for the demo and tests, not for dashboards)."""

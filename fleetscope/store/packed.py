@@ -65,10 +65,18 @@ def hour_floor(t: dt.datetime) -> dt.datetime:
 
 
 def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, columns: Sequence[str] | None = None,
-           alias: str = "gpu_sample") -> str:
+           alias: str = "gpu_sample", packed_until: dt.datetime | None = None) -> str:
     """A FROM item, named ``alias``, of the raw samples with ``start <= ts < end`` (either bound may be None),
     with ``ts``, ``gpu_uuid`` and ``columns`` (default: every field). The bounds are applied here, exactly, on
-    both databases: a caller adds no ``ts`` filter of its own (see the estimate below)."""
+    both databases: a caller adds no ``ts`` filter of its own (see the estimate below).
+
+    ``packed_until``: the end of the newest packed hour (``HORIZON_SQL``), or None where none is. A raw row
+    before it may be a sample that a packed hour also holds: sent again in another body after its hour was
+    packed, which the raw table's key cannot see. Such a row is left out (the packed copy was stored first;
+    the next pack folds the raw one in, filling only the packed copy's NULLs, ``pack_sql``, as a re-sent raw
+    sample does on write), each raw row before the horizon probing its own GPU-hour by the packed table's key.
+    Those are late rows only (the hours under way are rows), so a range after the horizon is read as
+    without it, by the same SQL."""
     fields = [c for c in dict.fromkeys(columns if columns is not None else FIELDS) if c not in ("ts", "gpu_uuid")]
     bad = [c for c in fields if c not in FIELDS]
     if bad:
@@ -83,13 +91,35 @@ def source(dialect: str, start: dt.datetime | None, end: dt.datetime | None, col
     # the range are chosen by ``hour`` alone (a column with statistics), and only the one or two hours the bounds
     # cut are filtered sample by sample (``store.packed_energy.source`` does the same for the energy minutes).
     whole, edges = hour_split(start, end)
-    arms = [_raw_select(RAW, fields, raw_where)]
+    arms = _raw_arms(fields, start, end, packed_until)
     if whole is not None:
         arms.append(_packed_select(TABLE, fields, whole, []))
     if edges:
         arms.append(_packed_select(TABLE, fields, ["p.hour IN (" + ", ".join(time_literal(h) for h in edges) + ")"],
                                    [f"u.{c}" for c in raw_where]))
     return f"({' UNION ALL '.join(arms)}) {alias}"
+
+
+HORIZON_SQL = f"SELECT MAX(hour) + INTERVAL '1 hour' FROM {TABLE}"
+"""The end of the newest packed hour (NULL where none is): ``source``'s ``packed_until``."""
+
+
+def _raw_arms(fields: Sequence[str], start: dt.datetime | None, end: dt.datetime | None,
+              packed_until: dt.datetime | None) -> list[str]:
+    """PostgreSQL's raw rows of ``[start, end)``: those at or after ``packed_until`` as they are, those before it
+    without the samples a packed hour also holds (``source``)."""
+    if packed_until is None or (start is not None and start >= packed_until):
+        return [_raw_select(RAW, fields, range_sql("postgresql", "ts", start, end))]
+    packed_until = as_utc(packed_until)
+    before = packed_until if end is None else min(end, packed_until)
+    # A scalar subquery stays a per-row probe by the packed key: as a join, the planner (not knowing how few these
+    # rows are) might hash a range's packed hours, detoasting every GPU-hour's timestamps.
+    probe = (f"NOT (SELECT EXISTS (SELECT 1 FROM {TABLE} q WHERE q.gpu_uuid = {gpu_keys.TABLE}.gpu_uuid"
+             f" AND q.hour = date_trunc('hour', {RAW}.ts, 'UTC') AND {RAW}.ts = ANY(q.ts)))")
+    arms = [_raw_select(RAW, fields, [*range_sql("postgresql", "ts", start, before), probe])]
+    if end is None or end > packed_until:
+        arms.insert(0, _raw_select(RAW, fields, range_sql("postgresql", "ts", packed_until, end)))
+    return arms
 
 
 def hour_split(start: dt.datetime | None, end: dt.datetime | None) -> tuple[list[str] | None, list[dt.datetime]]:

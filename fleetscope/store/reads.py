@@ -34,7 +34,7 @@ def gpu_samples_sql(store: Store, start: dt.datetime | None, end: dt.datetime | 
     ``start <= ts < end`` (each bound optional) and ``ts``, ``gpu_uuid`` and ``columns``, packed days included
     (``store.packed.source``). The range is applied there: the query adds no ``ts`` filter of its own, which
     would leave PostgreSQL's planner estimating the unpacked samples at a two-hundredth of their number."""
-    return packed.source(store.dialect, start, end, columns, alias)
+    return packed.source(store.dialect, start, end, columns, alias, store.packed_until())
 
 
 def packed_hours_reached(store: Store, spans: Sequence[tuple[dt.datetime, dt.datetime]]) -> list[bool]:

@@ -190,9 +190,9 @@ def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day
     asked: list[tuple[object, object]] = []
     real = packed.source
 
-    def spy(dialect, start, end, columns=None, alias="gpu_sample"):  # type: ignore[no-untyped-def]
+    def spy(dialect, start, end, columns=None, alias="gpu_sample", packed_until=None):  # type: ignore[no-untyped-def]
         asked.append((start, end))
-        return real(dialect, start, end, columns, alias)
+        return real(dialect, start, end, columns, alias, packed_until)
 
     monkeypatch.setattr(packed, "source", spy)
     got = store.read("gpu_sample", limit=10)
@@ -216,7 +216,7 @@ def test_a_read_of_the_oldest_rows_unpacks_a_bounded_window_not_every_packed_day
     assert "'GPU-0001'" in plan and "'GPU-0000'" not in plan
 
 
-def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
+def test_late_samples_of_a_packed_day_are_read_once_and_folded_in_by_the_next_pack(store):
     df = _packed_day_one(store)
     # GPU 3's gap filled late, and a re-sent sample that only adds a field the stored copy lacked
     late = df.filter(pl.col("gpu_uuid") == GPUS[0]).filter(pl.col("ts").is_between(DAY + dt.timedelta(hours=5), DAY + dt.timedelta(hours=5, minutes=10)))
@@ -226,7 +226,13 @@ def test_late_samples_of_a_packed_day_are_folded_in_by_the_next_pack(store):
     partitions.forget_all(store.engine)
     store.write(F.Batch(source="late", gpu_sample=pl.concat([late, resent])))
     between = store.read("gpu_sample", gpu_uuid=GPUS[3], start=DAY, end=DAY + dt.timedelta(days=1))
-    assert between.height == df.filter((pl.col("gpu_uuid") == GPUS[3]) & (pl.col("ts") < DAY + dt.timedelta(days=1))).height + late.height + 1
+    # before the next pack: the late rows as rows, and the re-sent sample read once, as the packed copy stored first
+    day_one = df.filter((pl.col("gpu_uuid") == GPUS[3]) & (pl.col("ts") < DAY + dt.timedelta(days=1)))
+    assert between.equals(pl.concat([_as_packed(day_one), late]).sort("ts"))
+    assert store.read("gpu_sample", start=DAY, end=DAY + dt.timedelta(days=2)).height == df.height + late.height
+    # the services' reads too (``reads.gpu_samples_sql``): ten minutes at 60 s around the re-sent one, ten samples
+    around = telemetry.gpu_activity(store, DAY + dt.timedelta(hours=1, minutes=5), window_s=600)
+    assert around.filter(pl.col("gpu_uuid") == GPUS[3])["samples"].to_list() == [10]
     assert packing.packable_days(store, DAY + dt.timedelta(days=3)) == [DAY.date()]
     packing.pack_closed(store, DAY + dt.timedelta(days=3))
     got = store.read("gpu_sample", gpu_uuid=GPUS[3], start=DAY, end=DAY + dt.timedelta(days=1))
