@@ -19,6 +19,7 @@ from fleetscope.core import frames as F
 from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.core.errors import ValidationError
+from fleetscope.core.textinput import has_control
 from fleetscope.observability import INGEST_REFUSED_OVERLOAD
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
@@ -43,8 +44,7 @@ MAX_PARTS = 10**9  # more GPUs than any fleet has; A^N of anything larger is a t
 def claimed_source(token: auth.Token | None, given: str | None) -> str:
     """The source a push is recorded under: the one given, else the token's bound one, else ``api``;
     400 where it holds a control character, 403 where the token is bound to another."""
-    if given is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in given):
-        # a NUL is no text to PostgreSQL (a 500 there), and an escape sequence would be echoed to a terminal
+    if given is not None and has_control(given):
         raise HTTPException(400, "source must be text without control characters")
     bound = token.binding.source if token is not None and token.binding is not None else None
     if bound is not None and given not in (None, "", bound):

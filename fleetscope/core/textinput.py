@@ -6,9 +6,20 @@ the first bad line.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fleetscope.core.errors import ParseError
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a C0 control character or DEL: what a name, a binding or a source an operator types
+    never holds. A NUL is no text to PostgreSQL (a 500 there, stored as given on SQLite), and an escape sequence
+    stored would be echoed to whoever lists it in a terminal."""
+    return _CONTROL.search(text) is not None
+
 
 # Most gzip members one input may hold. Collectors and the profiler write one; concatenated files a few.
 # Each member restarts the inflater on the rest of the input, so without a bound a body of thousands of

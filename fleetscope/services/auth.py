@@ -30,6 +30,7 @@ from sqlalchemy import Engine, select, text, update
 from sqlalchemy.exc import OperationalError
 
 from fleetscope.core import frames as F
+from fleetscope.core.textinput import has_control
 from fleetscope.door.screen import Binding  # noqa: F401  (a token carries one; the door's screen enforces it)
 from fleetscope.store import schema
 
@@ -87,7 +88,7 @@ def check_binding(binding: Binding | None) -> Binding | None:
         value = getattr(binding, name)
         if value is None or value == "":
             continue
-        if not isinstance(value, str) or len(value) > limit or any(ord(ch) < 32 for ch in value):
+        if not isinstance(value, str) or len(value) > limit or has_control(value):
             raise ValueError(f"binding {name} must be text of at most {limit} characters without control characters")
         out[name] = value
     return Binding(**out) if out else None

@@ -17,6 +17,7 @@ import polars as pl
 from analyzers import chargeback
 from fleetscope.core import scheduler_frames as SCH
 from fleetscope.core.errors import ValidationError
+from fleetscope.core.textinput import has_control
 from fleetscope.core.units import as_utc
 from fleetscope.services import auditlog
 from fleetscope.store import Store
@@ -31,7 +32,7 @@ def set_mapping(store: Store, *, kind: str, match: str, team: str, cluster: str 
     if kind not in chargeback.KINDS:
         raise ValidationError(f"kind must be one of {', '.join(chargeback.KINDS)}", frame="team_mapping", field="kind")
     for name, value in (("match", match), ("team", team), ("cluster", cluster)):
-        if not isinstance(value, str) or len(value) > _NAME_MAX or any(ord(c) < 32 for c in value) or (name != "cluster" and not value.strip()):
+        if not isinstance(value, str) or len(value) > _NAME_MAX or has_control(value) or (name != "cluster" and not value.strip()):
             raise ValidationError(f"{name} must be 1-{_NAME_MAX} printable characters", frame="team_mapping", field=name)
     if kind == "k8s_label" and "=" not in match:
         raise ValidationError("a label rule matches key=value", frame="team_mapping", field="match")
@@ -74,7 +75,7 @@ def set_budget(store: Store, *, team: str, month: str = "", gpu_hour_quota: floa
     def bad(field: str, message: str) -> ValidationError:
         return ValidationError(message, frame="team_budget", field=field)
 
-    if not isinstance(team, str) or not team.strip() or len(team) > _NAME_MAX or any(ord(c) < 32 for c in team):
+    if not isinstance(team, str) or not team.strip() or len(team) > _NAME_MAX or has_control(team):
         raise bad("team", f"team must be 1-{_NAME_MAX} printable characters")
     if month:
         month_bounds(month)

@@ -427,3 +427,26 @@ def test_usage_over_time_is_each_bucket_costed_alone(loaded):
     assert [(b, t, n) for b, t, n, _, _ in sorted(rows, key=key)] == [(b, t, n) for b, t, n, _, _ in sorted(want, key=key)]
     for g, w in zip(sorted(rows, key=key), sorted(want, key=key)):
         assert g[3] == pytest.approx(w[3], rel=1e-12) and (g[4] == w[4] is None or g[4] == pytest.approx(w[4], rel=1e-12)), (g, w)
+
+
+@pytest.mark.parametrize("control", ["\x00", "\x1b[2J", "\t", "\x7f"])
+def test_every_name_an_operator_gives_refuses_control_characters_alike(store, control):
+    """A push's source, a token's binding and a team's names share one rule (``textinput.has_control``): C0
+    controls and DEL are refused, which none of them held apart."""
+    from fastapi import HTTPException
+
+    from fleetscope.api.routes_data import claimed_source
+    from fleetscope.services import auth
+
+    name = f"node{control}7"
+    with pytest.raises(HTTPException) as refused:
+        claimed_source(None, name)
+    assert refused.value.status_code == 400
+    with pytest.raises(ValueError, match="without control characters"):
+        auth.check_binding(auth.Binding(host=name))
+    with pytest.raises(ValidationError, match="printable"):
+        teams.set_mapping(store, kind="slurm_user", match=name, team="vision", recorded_by="alice")
+    with pytest.raises(ValidationError, match="printable"):
+        teams.set_budget(store, team=name, gpu_hour_quota=10.0, recorded_by="alice")
+    assert store.read("team_mapping").height == 0 and store.read("team_budget").height == 0
+    assert claimed_source(None, "node-7 ü") == "node-7 ü" and auth.check_binding(auth.Binding(host="node-7")) == auth.Binding(host="node-7")
