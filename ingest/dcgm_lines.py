@@ -141,9 +141,7 @@ def read(data: bytes) -> Lines | None:
     values = parts[1::2]
     texts = parts[0::2]
     # with the pieces' lengths: the same text cut at other places (a quote moved across a value) is another body
-    digest = hashing.fed(hashlib.sha1(), b"".join(texts))
-    digest.update(array("I", map(len, texts)).tobytes())
-    digest = digest.digest()
+    digest = _digest(b"".join(texts), map(len, texts))
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
@@ -194,10 +192,16 @@ def _skeleton(texts: list[bytes]) -> tuple[bytes, list[int], list[bytes]] | None
     if any(not brace for _, brace, _ in cut):
         return None
     heads = [head for head, _, _ in cut]
-    digest = hashing.fed(hashlib.sha1(), b"{".join([*heads, texts[-1]]))
-    digest.update(array("I", map(len, heads)).tobytes())
-    digest.update(array("I", order).tobytes())
-    return digest.digest(), order, list(seen)
+    return _digest(b"{".join([*heads, texts[-1]]), map(len, heads), order), order, list(seen)
+
+
+def _digest(text: bytes, *numbers: Any) -> bytes:
+    """SHA-1 of ``text`` and of each sequence of ``numbers`` (the lengths it was cut into, an order), which tell
+    apart texts that join alike."""
+    digest = hashing.fed(hashlib.sha1(), text)
+    for seq in numbers:
+        digest.update(array("I", seq).tobytes())
+    return digest.digest()
 
 
 def _key_of_block(order: list[int], slots: list[_Slot]) -> list[int | None] | None:

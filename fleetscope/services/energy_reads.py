@@ -77,9 +77,10 @@ def _counter_reading(store: Store, agg: str, lo: dt.datetime, hi: dt.datetime, b
     range of seconds gets its share of the minute rather than nothing."""
     if not by_minute:
         return f"SELECT gpu_uuid, {agg}(energy_j) AS e FROM {gpu_samples_sql(store, lo, hi, ('energy_j',))} GROUP BY gpu_uuid"
-    at = lo if agg == "MIN" else hi - dt.timedelta(microseconds=1)
-    bucket = floor_to(at, "minute")
-    offset_s = ((lo if agg == "MIN" else hi) - bucket).total_seconds()
+    instant = lo if agg == "MIN" else hi
+    # the minute holding the instant; an end bound belongs to the minute before it
+    bucket = floor_to(instant if agg == "MIN" else instant - dt.timedelta(microseconds=1), "minute")
+    offset_s = (instant - bucket).total_seconds()
     minute_s = BUCKET["minute"].total_seconds()
     share = (f"LEAST(GREATEST(({offset_s!r} - {minute_s / 2!r} / samples) / ({minute_s!r} - {minute_s!r} / samples), 0.0), 1.0)")
     return (f"SELECT gpu_uuid, CASE WHEN samples > 1 THEN energy_j_min + (energy_j_max - energy_j_min) * {share}"
