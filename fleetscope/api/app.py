@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select, text
 
@@ -248,6 +249,13 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
         # input back to the caller; where and why is enough.
         detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSONResponse({"detail": detail}, 422)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(_request: Request, _exc: ClientDisconnect) -> Response:
+        # The client went away before its body's end (or was cut off by `fleetscope serve`'s body deadline):
+        # nothing was stored and no one is left to answer. Not the service's error, so no traceback in its log:
+        # any client with a token could fill the log with them. 499 is what the request timing records.
+        return Response(status_code=499)
 
     @app.exception_handler(FleetscopeError)
     async def _fleetscope_error(_request: Request, exc: FleetscopeError) -> JSONResponse:

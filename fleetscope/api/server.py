@@ -15,7 +15,10 @@ liked. ``CappedHttpTools`` gives the head ``FLEETSCOPE_READ_HEADER_TIMEOUT_S`` f
 request's first byte, and the body ``FLEETSCOPE_READ_BODY_TIMEOUT_S`` from the end of its head, as Go's
 ``http.Server`` ReadHeaderTimeout and ReadTimeout do and the shipped Caddyfile's ``read_header`` and
 ``read_body``; past either the client is answered 408 (RFC 9110 §15.5.9) and the connection closed. A request
-whose body was cut off is never stored: the route sees the client gone (``http.disconnect``).
+whose body was cut off is never stored: the route sees the client gone (``http.disconnect``). Only the client's
+time counts: while the server holds the connection up (reading paused for backpressure, a pipelined request
+waiting for the one before it, a response under way) an expired deadline waits and then starts again whole, and
+no 408 is ever written into another request's response.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def _deadlines() -> tuple[float, float]:
     s = load()
     return s.read_header_timeout_s, s.read_body_timeout_s
 
+
+_BUSY_POLL_S = 0.5
+"""How often an expired deadline looks again while the server, not the client, is holding the connection up."""
 
 _TIMED_OUT = {
     "head": b"the request head did not arrive within FLEETSCOPE_READ_HEADER_TIMEOUT_S",
@@ -73,37 +79,66 @@ if HttpToolsProtocol is not None:
                 self._deadline.cancel()
                 self._deadline = None
 
+        def _server_busy(self, phase: str) -> bool:
+            """Whether the connection waits on the server, not the client: reading paused (backpressure, or a
+            pipelined request waiting for the one before it), or a response under way that bytes written now
+            would land inside."""
+            cycle = self.cycle
+            if self.flow.read_paused or self.pipeline:
+                return True
+            if phase == "head":
+                return cycle is not None and not cycle.response_complete
+            return cycle is not None and cycle.response_started and not cycle.response_complete
+
         def _timed_out(self, phase: str) -> None:
             self._deadline = None
             if self.transport.is_closing():
                 return
+            if self._server_busy(phase):
+                # not the client's time: its clock starts again, whole, once the server waits on it
+                self._deadline = self.loop.call_later(_BUSY_POLL_S, self._rearm, phase)
+                return
             cycle = self.cycle
-            if phase == "head":
-                # An idle connection that never began a request is closed without a word, as keep-alive's are;
-                # so is a pipelined head that times out while the request before it is being answered.
-                answer = getattr(self, "_head_bytes", None) is not None and (cycle is None or cycle.response_complete)
-            else:
-                answer = cycle is not None and not cycle.response_started
-            if answer:
+            # a connection that began no request (idle, or blank lines between requests) is closed without a word,
+            # as keep-alive's are; so is one whose request was answered before its body came
+            began = self._head_bytes is not None if phase == "head" else cycle is not None and not cycle.response_started
+            if began:
                 body = _TIMED_OUT[phase]
                 self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: "
                                      + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n" + body)
             self.transport.close()
 
+        def _rearm(self, phase: str) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if self._server_busy(phase):
+                self._deadline = self.loop.call_later(_BUSY_POLL_S, self._rearm, phase)
+            else:
+                self._arm(phase)
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._head_bytes: int | None = None
             self._arm("head")
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            # Bytes on an idle kept-alive connection cancel uvicorn's keep-alive timer, and blank lines between
+            # requests begin no message: the head's clock starts at the first byte, whatever it is.
+            if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm("head")
+            super().data_received(data)
+
         def on_message_begin(self) -> None:
             self._head_bytes = 0
             self._head_fields = 0
             self._head_refused = ""
             super().on_message_begin()
-            if self._deadline is None:  # a kept-alive connection's next request: the head's clock starts now
+            if self._deadline is None:  # a pipelined request's head: its clock starts now
                 self._arm("head")
 
         def on_headers_complete(self) -> None:
@@ -112,6 +147,7 @@ if HttpToolsProtocol is not None:
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._head_bytes = None
             super().on_message_complete()
 
         def _count(self, n: int, fields: int = 0) -> None:

@@ -10,6 +10,7 @@ import json
 import secrets
 import socket
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -302,6 +303,128 @@ def test_stalled_heads_and_bodies_are_cut_off_and_nothing_of_them_is_stored(tmp_
             kept.sendall(head[40:] + body)
             assert kept.recv(65536).startswith(b"HTTP/1.1 200")
         assert app.state.store.read("gpu_sample").height == 1
+
+
+class _HeldUp:
+    """``app`` behind a server that holds requests up: one whose query is ``slow`` waits ``delay_s`` before its
+    handler runs (a handler waiting on the database); with ``stream``, its response streams with that pause
+    in its middle instead."""
+
+    def __init__(self, app, delay_s: float = 2.0, stream: bool = False):  # type: ignore[no-untyped-def]
+        self.app, self.state, self.delay_s, self.stream = app, app.state, delay_s, stream
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        if scope["type"] != "http" or scope.get("query_string") != b"slow":
+            return await self.app(scope, receive, send)
+        if self.stream:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+            await send({"type": "http.response.body", "body": b"01234", "more_body": True})
+            await asyncio.sleep(self.delay_s)
+            await send({"type": "http.response.body", "body": b"56789"})
+            return None
+        await asyncio.sleep(self.delay_s)
+        return await self.app(scope, receive, send)
+
+
+def _push(secret: str, body: bytes, query: str = "") -> bytes:
+    return (f"POST /api/v1/ingest/dcgm{query} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _dcgm_of(*uuids: str) -> bytes:
+    return "".join(f'DCGM_FI_DEV_POWER_USAGE{{gpu="{i % 8}",UUID="{u}",Hostname="n1"}} 100.0\n' for i, u in enumerate(uuids)).encode()
+
+
+def _answers(conn: socket.socket, n: int) -> tuple[list[bytes], bytes]:
+    """The next ``n`` answers' status lines (Content-Length framed), fewer where the connection closed, and the
+    bytes they came in."""
+    conn.settimeout(10)
+    data, seen, out = b"", b"", []
+    while len(out) < n:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+            if len(rest) >= length:
+                out.append(head.split(b"\r\n")[0])
+                data = rest[length:]
+                continue
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        seen += chunk
+    return out, seen
+
+
+def test_the_deadlines_count_only_the_clients_time(tmp_path):
+    """Time the server holds a connection up is not the client's: a pipelined request waiting behind a slow
+    one, a body the server pauses reading (past 64 KiB) until its handler reads, a response under way. Each
+    is answered as it would be without deadlines, and no 408 lands inside another request's response."""
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}"))
+    secret = auth.create_token(app.state.store.engine, "t", ["ingest"])
+    with served(_HeldUp(app), http=_Hurried) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            # behind a request whose handler takes 2 s, the next one's head, and its body 0.2 s later
+            second = _push(secret, _dcgm_of("GPU-second"))
+            conn.sendall(_push(secret, _dcgm_of("GPU-first"), "?slow") + second[:-20])
+            threading.Event().wait(0.2)
+            conn.sendall(second[-20:])
+            assert [a[:12] for a in _answers(conn, 2)[0]] == [b"HTTP/1.1 200", b"HTTP/1.1 200"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            large = _dcgm_of(*(f"GPU-bulk-{i}" for i in range(4000)))
+            assert len(large) > 4 * 65536  # uvicorn stops reading past 64 KiB not yet taken by the handler
+            conn.sendall(_push(secret, large, "?slow"))  # all at once; read 2 s later
+            assert [a[:12] for a in _answers(conn, 1)[0]] == [b"HTTP/1.1 200"]
+        stored = set(app.state.store.read("gpu_sample")["gpu_uuid"].to_list())
+        assert {"GPU-first", "GPU-second", "GPU-bulk-3999"} <= stored
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 's.db'}"))
+    secret = auth.create_token(app.state.store.engine, "t", ["ingest"])
+    with served(_HeldUp(app, stream=True), http=_Hurried) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        late = _push(secret, _dcgm_of("GPU-late"))
+        conn.sendall(b"GET /healthz?slow HTTP/1.1\r\nHost: x\r\n\r\n" + late[:-20])
+        threading.Event().wait(0.2)
+        conn.sendall(late[-20:])
+        statuses, data = _answers(conn, 2)
+    assert [a[:12] for a in statuses] == [b"HTTP/1.1 200", b"HTTP/1.1 200"] and b"\r\n\r\n0123456789HTTP/1.1 200" in data, data
+
+
+def test_blank_lines_on_a_kept_alive_connection_do_not_hold_it(tmp_path):
+    """Bytes cancel uvicorn's keep-alive timer, and blank lines between requests begin no request: the head's
+    clock starts at the first byte, so a client sending one every few tenths of a second is still cut off."""
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}"))
+    with served(app, http=_Hurried, timeout_keep_alive=1) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _answers(conn, 1)[0][0].startswith(b"HTTP/1.1 200")
+        closed_after = None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:
+            try:
+                conn.sendall(b"\r\n")
+            except OSError:
+                closed_after = time.monotonic() - t0
+                break
+            threading.Event().wait(0.2)
+    # the head's 0.5 s, and a write or two more before the client learns of the close
+    assert closed_after is not None and closed_after < 2.0, closed_after
+
+
+def test_a_body_cut_off_leaves_no_traceback_in_the_log(tmp_path, capfd):
+    """A client gone before its body's end (here cut off by the body deadline) is no error of the service: any
+    client with a token could otherwise fill the log with tracebacks."""
+    app = create_app(make_settings(tmp_path, f"sqlite:///{tmp_path / 'h.db'}"))
+    secret = auth.create_token(app.state.store.engine, "t", ["ingest"])
+    body = json.dumps({"frames": {"gpu_sample": [{"ts": "2026-03-01T12:00:00Z", "gpu_uuid": "G", "power_w": 1.0}]}}).encode()
+    head = (f"POST /api/v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\ncontent-type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with served(app, http=_Hurried) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(head + body[:20])
+        assert _until_closed(conn).startswith(b"HTTP/1.1 408")
+        threading.Event().wait(0.5)
+    assert app.state.store.read("gpu_sample").height == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ClientDisconnect" not in err, err
 
 
 def test_healthz_never_echoes_the_database_error(tmp_path):
