@@ -98,7 +98,8 @@ def _first_time(store: Store, table: str, column: str, at_or_after: dt.datetime 
 
 def _rows(store: Store, tier: str, lo: dt.datetime, hi: dt.datetime) -> int:
     """How many rows a roll of ``tier`` over ``[lo, hi)`` reads: raw samples (minute tier) or minute rows (hour tier)."""
-    source = packed.source(store.dialect, lo, hi, ()) if tier == "minute" else "gpu_sample_minute WHERE bucket >= ? AND bucket < ?"
+    source = (packed.source(store.dialect, lo, hi, (), packed_until=store.packed_until()) if tier == "minute"
+              else "gpu_sample_minute WHERE bucket >= ? AND bucket < ?")
     params = [] if tier == "minute" else [lo, hi]
     return int(store.query(f"SELECT COUNT(*) AS n FROM {source}", params, {"n": pl.Int64}, small=True)["n"][0] or 0)
 
