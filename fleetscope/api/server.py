@@ -90,13 +90,19 @@ if HttpToolsProtocol is not None:
                 return cycle is not None and not cycle.response_complete
             return cycle is not None and cycle.response_started and not cycle.response_complete
 
-        def _timed_out(self, phase: str) -> None:
+        def _held(self, phase: str) -> bool:
+            """At a deadline: whether nothing is to be done now, the connection closing or the server holding it up.
+            The latter is not the client's time: its clock starts again, whole, once the server waits on it."""
             self._deadline = None
             if self.transport.is_closing():
-                return
+                return True
             if self._server_busy(phase):
-                # not the client's time: its clock starts again, whole, once the server waits on it
                 self._deadline = self.loop.call_later(_BUSY_POLL_S, self._rearm, phase)
+                return True
+            return False
+
+        def _timed_out(self, phase: str) -> None:
+            if self._held(phase):
                 return
             cycle = self.cycle
             # a connection that began no request (idle, or blank lines between requests) is closed without a word,
@@ -109,12 +115,7 @@ if HttpToolsProtocol is not None:
             self.transport.close()
 
         def _rearm(self, phase: str) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            if self._server_busy(phase):
-                self._deadline = self.loop.call_later(_BUSY_POLL_S, self._rearm, phase)
-            else:
+            if not self._held(phase):
                 self._arm(phase)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
