@@ -546,3 +546,59 @@ def test_a_name_given_as_a_number_turns_renaming_off():
     assert shape.ref is not None and shape.ref.off
     walk = assert_same_outcome(body(2))  # another node: read the general way, never renamed
     assert len(walk.gpus) == 8 and walk.gpus[1]["gpu_uuid"] == "900000000002" and otlp_template._stats["renamed"] == 0
+
+
+def test_reads_racing_the_template_lock_agree_with_the_general_path(monkeypatch):
+    """The API's event loop asks ``lookup_renamed`` (no lock for a template hit, the lock only tried) while
+    worker threads read, learn and evict under it. With thread switches forced often and a cache small enough to
+    be emptied again and again, every walk any of them gets is the general path's, and nothing raises."""
+    import sys
+    import threading
+
+    monkeypatch.setattr(otlp_template, "_MAX_TEMPLATES", 24)  # evicted many times over 96 nodes' bodies
+    evictions = []
+    real_evict = otlp_template._evict
+    monkeypatch.setattr(otlp_template, "_evict", lambda: (evictions.append(1), real_evict())[1])
+    bodies = [node_body(n, ts=TS + r * 10**10) for r in range(3) for n in range(32)]
+    want = [general(b) for b in bodies]
+    read(bodies[0])
+    for n in range(1, 1 + otlp_template._RENAME_CHECKS):  # renaming checked, so the event loop's way reads renamed
+        read(bodies[n])
+    wrong: list[str] = []
+    counts = {"loop": 0, "worker": 0}
+
+    def worker(offset: int) -> None:
+        try:
+            for i in range(offset, len(bodies), 3):
+                got = read(bodies[i])
+                counts["worker"] += 1
+                if isinstance(got, ParseError) or not otlp_template.same_walk(got, want[i]):
+                    wrong.append(f"worker, body {i}: {got!r}"[:200])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            wrong.append(f"worker raised {exc!r}")
+
+    def loop() -> None:
+        try:
+            for _ in range(4):
+                for i, body in enumerate(bodies):
+                    got = otlp_template.lookup_renamed(body)
+                    if got is not None:
+                        counts["loop"] += 1
+                        if not otlp_template.same_walk(got, want[i]):
+                            wrong.append(f"lookup_renamed, body {i}")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            wrong.append(f"lookup_renamed raised {exc!r}")
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)] + [threading.Thread(target=loop)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(before)
+    assert not wrong, wrong[:5]
+    assert counts["worker"] == len(bodies) and counts["loop"] > 0, counts
+    assert otlp_template._stats["renamed"] > 0 and len(evictions) > 2, (otlp_template._stats, len(evictions))
