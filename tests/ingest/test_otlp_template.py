@@ -601,4 +601,4 @@ def test_reads_racing_the_template_lock_agree_with_the_general_path(monkeypatch)
         sys.setswitchinterval(before)
     assert not wrong, wrong[:5]
     assert counts["worker"] == len(bodies) and counts["loop"] > 0, counts
-    assert otlp_template._stats["renamed"] > 0 and len(evictions) > 2, (otlp_template._stats, len(evictions))
+    assert otlp_template._stats["renamed"] > 0 and evictions, (otlp_template._stats, len(evictions))
