@@ -136,7 +136,7 @@ class Store:
         self._gpu_keys = GpuKeys()
         # which raw tables are partitioned (PostgreSQL, store.partitions): looked up on the first write
         self._partitioned: frozenset[str] | None = None
-        self._packed_until: tuple[float, dt.datetime | None] | None = None  # (when read, monotonic; the value)
+        self._packed_until: dict[int, tuple[float, dt.datetime | None]] = {}  # per engine: (when read, monotonic; the value)
         # SQLite takes one writer at a time. Writers queue here, and the next one starts the moment the
         # last commits, rather than in SQLite's busy handler, which polls with sleeps of up to 100 ms:
         # threads of this process on a lock, other processes (API workers, the worker, the CLI) on an
@@ -736,18 +736,20 @@ class Store:
         could be read twice until the next pack."""
         if self.dialect != "postgresql":
             return None
+        # from the database the read goes to: a replica's own horizon, and reads that go on with the primary down
+        engine = self.reader
         now = time.monotonic()
-        cached = self._packed_until
+        cached = self._packed_until.get(id(engine))
         if cached is not None and now - cached[0] < PACKED_UNTIL_TTL_S:
             return cached[1]
-        with self.engine.connect() as conn:
+        with engine.connect() as conn:
             value = conn.exec_driver_sql(packed.HORIZON_SQL).scalar()
-        self._packed_until = (now, value)
+        self._packed_until[id(engine)] = (now, value)
         return value
 
     def packed_changed(self) -> None:
         """This process packed (or dropped) hours of raw samples: ``packed_until`` is read again."""
-        self._packed_until = None
+        self._packed_until.clear()
 
     def counts(self) -> dict[str, int]:
         """Row count of every canonical table (cheap enough for the demo and tests, not for dashboards)."""

@@ -678,3 +678,17 @@ def test_packed_rows_carry_their_first_and_last_times_and_older_rows_are_filled(
     assert sorted(set(filled["hour"].to_list())) == [DAY, DAY + dt.timedelta(hours=2)]
     assert filled["first_ts"].equals(filled["a"]) and filled["last_ts"].equals(filled["b"])
     assert telemetry.data_start(store) == first
+
+
+def test_the_packed_horizon_is_read_where_the_read_goes(store):
+    """A read on the replica (``reads_on_replica``) asks the replica for the packed horizon, as for its rows: the
+    replica's own packing state, and reads that go on while the primary is down."""
+    from fleetscope.store import Store, db, reads_on_replica
+
+    df = _packed_day_one(store)
+    down = Store(db.make_engine("postgresql+psycopg://postgres@127.0.0.1:9/nowhere?connect_timeout=2"), store.engine)
+    with reads_on_replica():
+        assert down.packed_until() == DAY + dt.timedelta(days=1)
+        assert down.read("gpu_sample", start=DAY, end=DAY + dt.timedelta(hours=2)).height == df.filter(pl.col("ts") < DAY + dt.timedelta(hours=2)).height
+    with pytest.raises(Exception, match="nowhere|refused|connect"):
+        down.packed_until()  # outside it, the primary's
