@@ -577,9 +577,13 @@ def test_reads_racing_the_template_lock_agree_with_the_general_path(monkeypatch)
         except Exception as exc:  # noqa: BLE001 - reported below
             wrong.append(f"worker raised {exc!r}")
 
+    done = threading.Event()
+
     def loop() -> None:
         try:
-            for _ in range(4):
+            last = False
+            while not last:
+                last = done.is_set()  # and one whole pass once the workers are done: templates are left then
                 for i, body in enumerate(bodies):
                     got = otlp_template.lookup_renamed(body)
                     if got is not None:
@@ -592,11 +596,14 @@ def test_reads_racing_the_template_lock_agree_with_the_general_path(monkeypatch)
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)] + [threading.Thread(target=loop)]
-        for t in threads:
+        workers = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+        looping = threading.Thread(target=loop)
+        for t in [*workers, looping]:
             t.start()
-        for t in threads:
+        for t in workers:
             t.join(timeout=120)
+        done.set()
+        looping.join(timeout=120)
     finally:
         sys.setswitchinterval(before)
     assert not wrong, wrong[:5]
