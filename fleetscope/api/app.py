@@ -13,9 +13,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import ClientDisconnect
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select, text
+from starlette.requests import ClientDisconnect
 
 from fleetscope import __version__, door
 from fleetscope.store import db

@@ -68,9 +68,8 @@ if HttpToolsProtocol is not None:
 
         def _arm(self, phase: str) -> None:
             self._disarm()
-            head_s, body_s = _deadlines() if self.read_header_s is None or self.read_body_s is None else (0.0, 0.0)
-            seconds = (self.read_header_s if self.read_header_s is not None else head_s) if phase == "head" else \
-                (self.read_body_s if self.read_body_s is not None else body_s)
+            own = self.read_header_s if phase == "head" else self.read_body_s
+            seconds = own if own is not None else _deadlines()[0 if phase == "head" else 1]
             if seconds > 0:
                 self._deadline = self.loop.call_later(seconds, self._timed_out, phase)
 
