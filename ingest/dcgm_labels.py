@@ -12,7 +12,7 @@ from fleetscope.core.frames import series_key
 from ingest.dcgm_blocks import _KNOWN_LABELS, _LABELS
 from ingest.dcgm_lex import MAX_LABELS_CHARS
 
-__all__ = ["block_of", "host_of", "inventory_row", "plain", "series_of", "workload_of"]
+__all__ = ["Shape", "block_by_shape", "block_of", "host_of", "inventory_row", "plain", "series_of", "shape_of", "workload_of"]
 
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # ``promtext.BLOCK_OK`` for a block without a backslash (``plain`` checks that first), where a value is any run
@@ -44,6 +44,64 @@ def block_of(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     return parsed
 
 
+class Shape:
+    """The label names of a block, in order, as one pattern: a block of the same names is read by one match
+    instead of label by label (``_block``). A node's eight GPUs print blocks that differ only in their values,
+    so a new node's blocks are read by the shape of a known node's (``ingest.dcgm_lines``' new-node path).
+    It reads exactly what ``_block`` reads: a value may hold no quote, line feed, brace or backslash (where
+    ``plain`` would refuse one, the match fails and ``_block`` decides), and which label of several that name
+    one output wins depends on the names alone, so it is settled once here."""
+
+    __slots__ = ("key", "_match", "_winners", "_other")
+
+    def __init__(self, names: list[str], trailing_comma: bool):
+        self.key = (*names, ",") if trailing_comma else tuple(names)
+        value = r'="([^"\n{}\\]*)"'
+        self._match = re.compile(",".join(re.escape(n) + value for n in names) + ("," if trailing_comma else "") + r"\Z").match
+        best: dict[int, tuple[int, int]] = {}  # output index -> (rank, the label's place)
+        for place, name in enumerate(names):
+            at = _PICK.get(name)
+            if at is not None and at[1] < best.get(at[0], (len(_LABELS), 0))[0]:
+                best[at[0]] = (at[1], place)
+        self._winners = tuple((out, place) for out, (_, place) in best.items())
+        self._other = not _KNOWN_LABELS.issuperset(names)  # ``_block``'s rule for keeping the block as ``extra``
+
+    def read(self, block: str) -> tuple[str, tuple[str | None, ...], str] | None:
+        """``_block`` of ``block`` where it has this shape, else None (``_block`` then reads it)."""
+        if len(block) > MAX_LABELS_CHARS:
+            return None
+        m = self._match(block)
+        if m is None:
+            return None
+        values = m.groups()
+        picked: list[str | None] = [None] * len(_LABELS)
+        for out, place in self._winners:
+            picked[out] = values[place]
+        return _checked(tuple(picked), block if self._other else "")
+
+
+def shape_of(block: str) -> Shape | None:
+    """The shape of a block ``_block`` reads, or None."""
+    if _block(block) is None:
+        return None
+    names = [name for name, _ in _PAIR.findall(block)]
+    return Shape(names, block.endswith(","))
+
+
+def block_by_shape(block: str, shapes: list[Shape]) -> tuple[str, tuple[str | None, ...], str] | None:
+    """``block_of`` where ``block`` was read before or fits one of ``shapes`` (it is then kept as read), else None."""
+    parsed = _BLOCKS.get(block)
+    if parsed is None:
+        for shape in shapes:
+            parsed = shape.read(block)
+            if parsed is not None:
+                if len(_BLOCKS) >= _MAX_BLOCKS:
+                    _BLOCKS.clear()
+                _BLOCKS[block] = parsed
+                break
+    return parsed
+
+
 def plain(block: str) -> bool:
     """A label block this reader vouches for: well formed, no escapes, no braces in values, within the columnar
     parser's length limit (over it, that parser refuses the line, and so it must read it)."""
@@ -69,7 +127,11 @@ def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     names = [name for name, _ in pairs]
     if len(set(names)) != len(pairs):
         return None
-    wanted = tuple(picked)
+    return _checked(tuple(picked), block if other and not _KNOWN_LABELS.issuperset(names) else "")
+
+
+def _checked(wanted: tuple[str | None, ...], extra: str) -> tuple[str, tuple[str | None, ...], str] | None:
+    """(GPU key, ``wanted``, ``extra``) of a block's wanted labels; None without a UUID or with a non-numeric index."""
     uuid = wanted[_OUT_INDEX["uuid"]]
     if not uuid:
         return None
@@ -79,7 +141,6 @@ def _block(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
             return None
     mig = wanted[_OUT_INDEX["gpu_i_id"]]
     key = f"{uuid}/mig{mig}" if mig else uuid
-    extra = block if other and not _KNOWN_LABELS.issuperset(names) else ""
     return key, wanted, extra
 
 

@@ -45,9 +45,10 @@ from ingest.dcgm import (
     _INT64_BLANK,
     _INT_COLUMNS,
 )
-from ingest.dcgm_labels import _OUT_INDEX, block_of, host_of, inventory_row, plain, series_of, workload_of
+from ingest import dcgm_labels
+from ingest.dcgm_labels import _OUT_INDEX, Shape, block_by_shape, block_of, host_of, inventory_row, plain, series_of, shape_of, workload_of
 
-__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "host_of"]
+__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "forget", "host_of"]
 
 # Bodies larger than this are a scrape of many GPUs: the columnar parser is faster there.
 MAX_BYTES = 512 * 1024
@@ -68,6 +69,13 @@ _MAX_TEMPLATES = 16_384
 # count print one skeleton; a new node's body takes its template from another's (``_sibling``).
 _SKELETONS: dict[bytes, _Template] = {}
 _MAX_SKELETONS = 256
+# The same skeletons by what a new node's body shares with the first body of each (its count of pieces, its first
+# piece's text before the label block, its text after the last value), so that the body is checked against one
+# piece by piece (``_Kin``) instead of having its skeleton digested.
+_KIN: dict[tuple[int, bytes, bytes], _Kin] = {}
+# The most label shapes (``dcgm_labels.Shape``: a pattern compiled each) a skeleton learns: a node's GPUs print
+# one or two (with a pod's labels and without), and a body of many sets of label names compiles no more than this.
+_MAX_SHAPES = 8
 # Fields whose nonzero reading is a health event (frames.dcgm_health_events).
 _FAULT_COLUMNS = ("xid_last", *(c for c, *_ in DCGM_HEALTH_COUNTERS))
 _INVENTORY_SCHEMA = {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "pci_bus_id": pl.String, "model_name": pl.String,
@@ -134,7 +142,9 @@ def read(data: bytes) -> Lines | None:
     A node sends the same lines every interval with new values. The body is cut at its values in one
     regex pass; a body whose text around the values was seen before (by its SHA-1) is filled in from that
     body's template instead of being read line by line, as long as its values are plain numbers outside
-    DCGM's blank bands. Anything else is read line by line, which may leave a template for next time."""
+    DCGM's blank bands. A new node's body whose pieces match a known skeleton's but for their label blocks
+    (``_Kin``) borrows that skeleton's template (``_sibling``). Anything else is read line by line, which may
+    leave a template for next time."""
     if len(data) > MAX_BYTES or not data.endswith(b"\n"):
         return None
     parts = _VALUE_CUT.split(data)
@@ -147,9 +157,18 @@ def read(data: bytes) -> Lines | None:
         out = template.fill(values)
         if out is not None:
             return out
+    if template is None:
+        # a new node of a known skeleton, told by comparing its pieces with that skeleton's (``_Kin``)
+        template = _kin_template(data, texts)
+        if template is not None:
+            out = template.fill(values)
+            if out is not None:
+                _keep(digest, None, template)
+                return out
     skeleton = _skeleton(texts)
     if template is None and skeleton is not None:
-        template = _sibling(data, skeleton)
+        known = _SKELETONS.get(skeleton[0])
+        template = _sibling(data, known, skeleton[2]) if known is not None else None
         if template is not None:
             out = template.fill(values)
             if out is not None:
@@ -164,12 +183,20 @@ def read(data: bytes) -> Lines | None:
         if skeleton is not None:
             template.blocks = _key_of_block(skeleton[1], slots)
         _keep(digest, skeleton[0] if skeleton is not None else None, template)
+        if skeleton is not None and template.blocks is not None:
+            _learn_kin(texts, skeleton[1], skeleton[2], template)
         # The body as its template gives it (the same readings, kept flat): a fleet's first round then
         # takes the group's flat row path too, not the per-field dicts of a line-read body.
         filled = template.fill(values)
         if filled is not None:
             return filled
     return out
+
+
+def forget() -> None:
+    """Drop every template, skeleton and label block this reader has learned (tests start from nothing)."""
+    for cache in (_TEMPLATES, _SKELETONS, _KIN, dcgm_labels._BLOCKS):
+        cache.clear()
 
 
 def _keep(digest: bytes, skeleton: bytes | None, template: _Template) -> None:
@@ -180,6 +207,76 @@ def _keep(digest: bytes, skeleton: bytes | None, template: _Template) -> None:
         if len(_SKELETONS) >= _MAX_SKELETONS:
             _SKELETONS.clear()
         _SKELETONS.setdefault(skeleton, template)
+
+
+class _Kin:
+    """A skeleton's first template, with what a new node's body must match to borrow it: each sample's text up
+    to and with its label block's brace (``heads``), which distinct block each sample carries (``pick``: the
+    blocks in ``_skeleton``'s order to the samples'), and the sample each block first appears at; and the label
+    shapes its nodes' blocks were seen in, to read a new node's by (``shapes``, at most ``_MAX_SHAPES``)."""
+
+    __slots__ = ("template", "heads", "pick", "first", "shapes")
+
+    def __init__(self, template: _Template, texts: list[bytes], order: list[int], blocks: list[bytes]):
+        self.template = template
+        self.heads = [t.rpartition(b"{")[0] + b"{" for t in texts[:-1]]
+        self.pick = operator.itemgetter(*order) if len(order) > 1 else (lambda b: (b[order[0]],))
+        first: dict[int, int] = {}
+        for i, j in enumerate(order):
+            first.setdefault(j, i)
+        self.first = [first[j] for j in range(len(blocks))]
+        self.shapes: list[Shape] = []
+        for raw in blocks:
+            try:
+                block = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if block_by_shape(block, self.shapes) is None:
+                self._learn(block)
+
+    def read(self, block: str) -> tuple[str, tuple[str | None, ...], str] | None:
+        """``block_of`` of a new node's label block, by a shape its skeleton's nodes print where one fits."""
+        parsed = block_by_shape(block, self.shapes)
+        if parsed is None:
+            parsed = block_of(block)
+            if parsed is not None:
+                self._learn(block)
+        return parsed
+
+    def _learn(self, block: str) -> None:
+        if len(self.shapes) < _MAX_SHAPES:
+            shape = shape_of(block)
+            if shape is not None:
+                self.shapes.append(shape)
+
+
+def _learn_kin(texts: list[bytes], order: list[int], blocks: list[bytes], template: _Template) -> None:
+    """Index a new skeleton's first template by what a new node's body shares with it (``_KIN``)."""
+    key = (len(texts), texts[0].rpartition(b"{")[0], texts[-1])
+    if not order or key in _KIN:
+        return
+    if len(_KIN) >= _MAX_SKELETONS:
+        _KIN.clear()
+    _KIN[key] = _Kin(template, texts, order, blocks)
+
+
+def _kin_template(data: bytes, texts: list[bytes]) -> _Template | None:
+    """A template for a body no template holds, from a known skeleton's whose every piece it matches but for
+    its label blocks: what ``_skeleton`` and ``_sibling`` find for it, exactly (each piece is compared, not
+    digested), at a fraction of the cost."""
+    if len(texts) < 2:
+        return None
+    kin = _KIN.get((len(texts), texts[0].rpartition(b"{")[0], texts[-1]))
+    if kin is None:
+        return None
+    blocks = [texts[i].rpartition(b"{")[2] for i in kin.first]
+    if len(set(blocks)) != len(blocks):
+        return None  # two of the skeleton's blocks are one here: its own order differs
+    # a block holds no brace (it is what follows a piece's last), so each piece equal to its head and block is cut
+    # there by ``_skeleton`` too: the same heads, the same order
+    if list(map(operator.add, kin.heads, kin.pick(blocks))) != texts[:-1]:
+        return None
+    return _sibling(data, kin.template, blocks, kin)
 
 
 def _skeleton(texts: list[bytes]) -> tuple[bytes, list[int], list[bytes]] | None:
@@ -219,19 +316,19 @@ def _key_of_block(order: list[int], slots: list[_Slot]) -> list[int | None] | No
     return out
 
 
-def _sibling(data: bytes, skeleton: tuple[bytes, list[int], list[bytes]]) -> _Template | None:
-    """A template for a body no template holds, from another body's of the same skeleton: its lines read
-    alike but for their label blocks, which are read here (each once, as ``_read_lines`` reads them); None
-    where a block would make ``_read_lines`` read the body otherwise (it then does)."""
-    known = _SKELETONS.get(skeleton[0])
-    if known is None or known.blocks is None or b"\r" in data or b"\t" in data or b"\x00" in data:
+def _sibling(data: bytes, known: _Template, blocks: list[bytes], kin: _Kin | None = None) -> _Template | None:
+    """A template for a body no template holds, from another body's of the same skeleton (``known``): its lines
+    read alike but for their label blocks (``blocks``, in ``_skeleton``'s order), which are read here (each once,
+    as ``_read_lines`` reads them, by the label shapes of ``kin`` where they fit); None where a block would
+    make ``_read_lines`` read the body otherwise (it then does)."""
+    if known.blocks is None or b"\r" in data or b"\t" in data or b"\x00" in data:
         return None
     base = known.lines
     n = len(base.keys)
     keys: list[str | None] = [None] * n
     labels: list[tuple[str | None, ...]] = [()] * n
     extra: list[str] = [""] * n
-    for raw, k in zip(skeleton[2], known.blocks):
+    for raw, k in zip(blocks, known.blocks):
         try:
             block = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -240,7 +337,7 @@ def _sibling(data: bytes, skeleton: tuple[bytes, list[int], list[bytes]]) -> _Te
             if not plain(block):
                 return None
             continue
-        parsed = block_of(block)
+        parsed = block_of(block) if kin is None else kin.read(block)
         if parsed is None:
             return None
         keys[k], labels[k], extra[k] = parsed

@@ -284,7 +284,7 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
             screen.prepare(p)
         return out
 
-    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines.forget()
     if seen_before:
         pushes()
     group = pushes()

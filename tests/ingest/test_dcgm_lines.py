@@ -18,7 +18,7 @@ from polars.testing import assert_frame_equal
 from fleetscope.core.errors import ParseError
 from fleetscope.core import frames as F
 from fleetscope.core.frames import Batch
-from ingest import dcgm, dcgm_lines
+from ingest import dcgm, dcgm_labels, dcgm_lines
 
 REPO = Path(__file__).resolve().parents[2]
 TELEMETRY = REPO.parent / "shared" / "realdata" / "telemetry"
@@ -191,7 +191,7 @@ def test_many_bodies_assemble_as_their_merged_parses():
 
 
 def test_a_node_seen_before_is_filled_from_its_template_and_reads_alike():
-    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines.forget()
     first = _bench.synth_scrape(8, first_gpu=800, seed=5, busy_fraction=0.5)
     assert _same_as_columnar(first)
     assert len(dcgm_lines._TEMPLATES) == 1
@@ -225,8 +225,7 @@ def _same_lines(a, b) -> None:  # type: ignore[no-untyped-def]
 def test_a_new_node_takes_its_template_from_another_nodes(monkeypatch):
     """Nodes of one fleet print one skeleton (the text around the values, label blocks aside): a node met for
     the first time is not read line by line when another's template fits it, and reads alike."""
-    dcgm_lines._TEMPLATES.clear()
-    dcgm_lines._SKELETONS.clear()
+    dcgm_lines.forget()
     calls = []
     read_lines = dcgm_lines._read_lines
     monkeypatch.setattr(dcgm_lines, "_read_lines", lambda *a: calls.append(1) or read_lines(*a))
@@ -240,10 +239,68 @@ def test_a_new_node_takes_its_template_from_another_nodes(monkeypatch):
     assert len(calls) == 1 and len(dcgm_lines._SKELETONS) == 1 and len(dcgm_lines._TEMPLATES) == 12
 
 
+def test_a_new_node_is_compared_piece_by_piece_and_its_blocks_read_by_shape(monkeypatch):
+    """A new node's body is checked against its skeleton's first body piece by piece, and its label blocks are read
+    by that body's label shapes: no skeleton digest, no label-by-label read, and still the line reader's answer."""
+    dcgm_lines.forget()
+    # the skeleton's nodes met so far: their label shapes (a GPU with a pod's labels and one without) are learned
+    for h in range(4):
+        assert dcgm_lines.read(_bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.5)) is not None
+    digested, labelled = [], []
+    skeleton, block = dcgm_lines._skeleton, dcgm_labels._block
+    monkeypatch.setattr(dcgm_lines, "_skeleton", lambda *a: digested.append(1) or skeleton(*a))
+    monkeypatch.setattr(dcgm_labels, "_block", lambda *a: labelled.append(1) or block(*a))
+    bodies = [_bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.5) for h in range(4, 12)]
+    got = [dcgm_lines.read(body) for body in bodies]
+    assert digested == [] and labelled == []
+    monkeypatch.undo()
+    for body, lines in zip(bodies, got):
+        _same_lines(lines, _line_read(body))
+        assert _same_as_columnar(body)
+
+
+def _gpu_blocks(body: bytes) -> list[bytes]:
+    """The label blocks of a synthetic body's GPUs, in order."""
+    first_family = body.split(b"# HELP ")[1]
+    return [line[line.index(b"{") + 1:line.rindex(b"}")] for line in first_family.split(b"\n")[2:] if line]
+
+
+@pytest.mark.parametrize("change", ["a sample given another gpu's block", "two lines of a family swapped", "labels in another order",
+                                    "one more label", "a value with a backslash"])
+def test_a_new_node_unlike_its_skeleton_in_one_place_reads_as_line_by_line(change):
+    """Bodies that share the known skeleton's count of pieces, first piece and tail but differ from it in one
+    place: each is read as the line reader reads it (or declined alike), whichever path finds it."""
+    dcgm_lines.forget()
+    assert dcgm_lines.read(_bench.synth_scrape(8, first_gpu=0, seed=0)) is not None
+    other = _bench.synth_scrape(8, first_gpu=8, seed=1)
+    blocks = _gpu_blocks(other)
+    at = other.index(b"DCGM_FI_DEV_GPU_UTIL{")
+    family_end = other.index(b"# HELP", at)
+    family = other[at:family_end]
+    if change == "a sample given another gpu's block":
+        body = other[:at] + family.replace(blocks[3], blocks[4], 1) + other[family_end:]
+    elif change == "two lines of a family swapped":
+        rows = family.split(b"\n")
+        rows[1], rows[2] = rows[2], rows[1]
+        body = other[:at] + b"\n".join(rows) + other[family_end:]
+    elif change == "labels in another order":
+        first, _, rest = blocks[2].partition(b",")
+        body = other.replace(blocks[2], rest + b"," + first)
+    elif change == "one more label":
+        body = other.replace(blocks[2], blocks[2] + b',rack="r7"')
+    else:
+        body = other.replace(blocks[2], blocks[2].replace(b'Hostname="', b'Hostname="a\\\\'))
+    assert body != other and len(body.split(b"\n")) == len(other.split(b"\n"))
+    got, want = dcgm_lines.read(body), _line_read(body)
+    assert (got is None) == (want is None) == (change == "a value with a backslash")
+    if got is not None:
+        _same_lines(got, want)
+        assert _same_as_columnar(body)
+
+
 @pytest.mark.parametrize("change", ["one gpu twice", "an escape", "not utf-8", "skipped block not plain", "a brace"])
 def test_a_node_whose_blocks_the_line_reader_declines_is_declined_alike(change):
-    dcgm_lines._TEMPLATES.clear()
-    dcgm_lines._SKELETONS.clear()
+    dcgm_lines.forget()
     first = _bench.synth_scrape(8, first_gpu=0, seed=0) + b'node_boot_time_seconds{instance="n0"} 1\n'
     assert dcgm_lines.read(first) is not None
     other = _bench.synth_scrape(8, first_gpu=8, seed=1) + b'node_boot_time_seconds{instance="n1"} 1\n'
@@ -271,8 +328,7 @@ def test_label_blocks_mutated_in_a_known_skeleton_read_as_line_by_line(monkeypat
     read_lines = dcgm_lines._read_lines
     siblings = 0
     for i in range(200):
-        dcgm_lines._TEMPLATES.clear()
-        dcgm_lines._SKELETONS.clear()
+        dcgm_lines.forget()
         assert dcgm_lines.read(first) is not None
         other = _bench.synth_scrape(8, first_gpu=8 + 8 * (i % 5), seed=1 + i % 5, busy_fraction=0.5)
         blocks = sorted({line[line.index(b"{") + 1:line.rindex(b"}")] for line in other.split(b"\n") if line and line[0] != 35})
@@ -319,7 +375,7 @@ def test_a_quote_moved_across_a_value_is_not_the_learned_body():
 
 def test_skipped_series_are_held_to_the_formats_rules_too():
     """A series this reader skips (not DCGM's) still has a number for its value and labels within the limit."""
-    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines.forget()
     small = f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\n".encode()
     assert _same_as_columnar(small)  # learned: a later body of the same node meets its template
     _refused_and_declined(small + b'node_info{x="' + b"a" * 17000 + b'"} 1\n', "over the limit of 16384")
@@ -345,7 +401,7 @@ def test_a_raw_line_feed_in_a_label_value_is_refused_both_ways():
 
 def test_a_blank_in_a_duplicated_series_is_counted_as_the_columnar_parser_counts_it():
     """A later copy of a series is dropped; a blank or an infinity there is counted as such, through a template too."""
-    dcgm_lines._TEMPLATES.clear()
+    dcgm_lines.forget()
     learned = f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_GPU_TEMP{{{_U}}} 43\n".encode()
     assert _same_as_columnar(learned)
     for value, counted in ((b"2147483647", "dcgm_blank_dropped"), (b"1e999", "non_finite_dropped")):
