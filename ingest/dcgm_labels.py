@@ -45,19 +45,24 @@ def block_of(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
 
 
 class Shape:
-    """The label names of a block, in order, as one pattern: a block of the same names is read by one match
+    """The label names of a block, in order: a block of the same names is read by a split at its separators
     instead of label by label (``_block``). A node's eight GPUs print blocks that differ only in their values,
-    so a new node's blocks are read by the shape of a known node's (``ingest.dcgm_lines``' new-node path).
-    It reads exactly what ``_block`` reads: a value may hold no quote, line feed, brace or backslash (where
-    ``plain`` would refuse one, the match fails and ``_block`` decides), and which label of several that name
-    one output wins depends on the names alone, so it is settled once here."""
+    so a new node's blocks are read by the shapes of known nodes' (``ingest.dcgm_lines``' new-node path).
 
-    __slots__ = ("key", "_match", "_winners", "_other")
+    It reads exactly what ``_block`` reads. A block of this shape is its labels ``name="value"`` joined by
+    commas (and the shape's trailing comma, or none), each name the shape's, each value free of quotes, line
+    feeds, braces and backslashes (anything else is ``plain``'s to refuse, and ``_block`` decides). With twice
+    as many quotes as labels, each label having its ``="``, a value holds none, so each ``",`` is a separator and
+    each name ends at its ``="``. Which label of several naming one output wins depends on the names alone, so it is settled here.
+    Nothing is compiled: a shape costs what its names do, whatever a hostile block holds."""
+
+    __slots__ = ("key", "_heads", "_end", "_quotes", "_winners", "_other")
 
     def __init__(self, names: list[str], trailing_comma: bool):
         self.key = (*names, ",") if trailing_comma else tuple(names)
-        value = r'="([^"\n{}\\]*)"'
-        self._match = re.compile(",".join(re.escape(n) + value for n in names) + ("," if trailing_comma else "") + r"\Z").match
+        self._heads = [name + '="' for name in names]
+        self._end = '",' if trailing_comma else '"'
+        self._quotes = 2 * len(names)
         best: dict[int, tuple[int, int]] = {}  # output index -> (rank, the label's place)
         for place, name in enumerate(names):
             at = _PICK.get(name)
@@ -68,15 +73,15 @@ class Shape:
 
     def read(self, block: str) -> tuple[str, tuple[str | None, ...], str] | None:
         """``_block`` of ``block`` where it has this shape, else None (``_block`` then reads it)."""
-        if len(block) > MAX_LABELS_CHARS:
+        if (len(block) > MAX_LABELS_CHARS or not block.endswith(self._end) or block.count('"') != self._quotes
+                or "\n" in block or "{" in block or "}" in block or "\\" in block):
             return None
-        m = self._match(block)
-        if m is None:
-            return None
-        values = m.groups()
+        parts = [part.partition('="') for part in block[: -len(self._end)].split('",')]
+        if [name + sep for name, sep, _ in parts] != self._heads:
+            return None  # another name, or a label without its ="
         picked: list[str | None] = [None] * len(_LABELS)
         for out, place in self._winners:
-            picked[out] = values[place]
+            picked[out] = parts[place][2]
         return _checked(tuple(picked), block if self._other else "")
 
 

@@ -73,8 +73,8 @@ _MAX_SKELETONS = 256
 # piece's text before the label block, its text after the last value), so that the body is checked against one
 # piece by piece (``_Kin``) instead of having its skeleton digested.
 _KIN: dict[tuple[int, bytes, bytes], _Kin] = {}
-# The most label shapes (``dcgm_labels.Shape``: a pattern compiled each) a skeleton learns: a node's GPUs print
-# one or two (with a pod's labels and without), and a body of many sets of label names compiles no more than this.
+# The most label shapes (``dcgm_labels.Shape``) a skeleton learns: a node's GPUs print one or two (with a pod's
+# labels and without), and a block that fits none is tried against each before it is read label by label.
 _MAX_SHAPES = 8
 # Fields whose nonzero reading is a health event (frames.dcgm_health_events).
 _FAULT_COLUMNS = ("xid_last", *(c for c, *_ in DCGM_HEALTH_COUNTERS))
