@@ -18,7 +18,7 @@ The load generator is a small asyncio HTTP/1.1 client over pre-built requests, s
 ``--workers``: API processes (``fleetscope serve --workers``; one by default, as the README's figures are taken:
 a second process on 2 cores shared with the database and the load costs more CPU a push than it adds);
 ``--door-writers``: the ingest door's writer
-threads in each (``FLEETSCOPE_INGEST_WRITERS``).
+threads in each (``FLEETSCOPE_INGEST_WRITERS``, two by default, as the service's).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--door-writers", type=int, default=1)
+    ap.add_argument("--door-writers", type=int, default=2)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-sqlite", action="store_true")
     ap.add_argument("--only", choices=("dcgm", "otlp"))

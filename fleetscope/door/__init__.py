@@ -5,8 +5,8 @@ and wakes alert evaluation, and it commits concurrent pushes together.
 
 Group commit. A fleet arrives as thousands of small pushes (an agent per node, ~240 values each), and a
 write's fixed costs — a transaction, a frame conform, a duplicate-input query, an inventory compare — do not
-shrink with the push. One writer thread per process takes every push that is waiting (after at most
-``FLEETSCOPE_GROUP_COMMIT_MS`` for company) and writes them with one ingest-log row per push, in as
+shrink with the push. A writer thread of the process takes every push that is waiting (after at most
+``FLEETSCOPE_GROUP_COMMIT_MS`` for company; see ``Door.__init__`` for how two share the work) and writes them with one ingest-log row per push, in as
 few transactions as their kinds allow (``_split``): small dcgm-exporter bodies, which
 :mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as plain rows
 (``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
@@ -54,6 +54,12 @@ from fleetscope.store import AlreadyLogged, Rows, Store, WriteResult
 from ingest import dcgm_lines, otlp
 
 log = logging.getLogger(__name__)
+
+
+# How often a writer holding its group for another writer to finish (``Door._run``) looks again.
+_HELD_POLL_S = 0.001
+# GPUs a door remembers having written (a 200,000-GPU fleet's), for which groups may go beside another writer.
+_KNOWN_GPUS = 200_000
 
 
 class Overloaded(FleetscopeError):
@@ -232,13 +238,20 @@ class Door:
                  max_group: int = 512, max_group_bytes: int = 64 * 2**20, after_commit: Hook | None = None,
                  max_future_skew_s: float | None = None, writers: int = 1):
         self.store = store
-        # Writer threads, each committing its own group. With two on PostgreSQL one prepares and sends the next
-        # group while the other waits on the database; on the shared 2-core machine it cost more CPU a push
-        # (groups half the size) than it gained (README, benchmarks/ingest_agents.py --door-writers), so one is
-        # the default. SQLite takes one writer at a time (``Store._write_lock``) whatever the number. Pushes
-        # that arrive together (one group) keep their order within the write; pushes committed by two writers
-        # at once were concurrent requests, which no order is promised between.
+        # Writer threads, each committing its own group (the API's: ``FLEETSCOPE_INGEST_WRITERS``, two). Two that
+        # each gathered a group of their own split one writer's groups in half, and on the shared 2-core machine
+        # cost more CPU a push than they gained. So one gathers at a time, and a group whose window has passed
+        # while another writer is in the database waits for it, then gathers one window more (``_gather``):
+        # groups stay as large as one writer's. A group holding a node's first push (``_fresh``) goes at once
+        # beside it: that push creates the node's inventory and series, the slowest writes there are, and a
+        # fleet's first round is every node's (README, benchmarks/ingest_agents.py --door-writers). SQLite
+        # takes one writer at a time (``Store._write_lock``) whatever the number. Pushes that arrive together
+        # (one group) keep their order within the write; pushes committed by two writers at once were concurrent
+        # requests, which no order is promised between.
         self.writers = max(1, writers)
+        self._busy = 0  # writers inside ``_commit``
+        self._gathering = threading.Lock()
+        self._known_gpus: set[str] = set()
         # The API's door refuses pushes dated past the clock plus this; the CLI's (files an operator
         # chose, a simulation's) takes any time.
         self.max_future_skew_s = max_future_skew_s
@@ -300,24 +313,14 @@ class Door:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            group = [first]
-            size = first[0].nbytes
-            deadline = time.monotonic() + self.window_s
-            stop = False
-            while len(group) < self.max_group and size < self.max_group_bytes:
-                wait = deadline - time.monotonic()
-                try:
-                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                group.append(item)
-                size += item[0].nbytes
+            # One writer gathers at a time: two gathering at once would split one group in two.
+            with self._gathering:
+                gathered = self._gather()
+                if gathered is None:
+                    return
+                group, size, stop, fresh = gathered
+                with self._lock:
+                    self._busy += 1
             try:
                 self._commit(group)
             except BaseException as exc:  # noqa: BLE001 - the writer must outlive any one group
@@ -327,10 +330,65 @@ class Door:
                         fut.set_exception(exc)
             finally:
                 with self._lock:
+                    self._busy -= 1
                     self._pending -= len(group)
                     self._pending_bytes -= size
+                if fresh:
+                    self._learn_gpus(group)
             if stop:
                 return
+
+    def _gather(self) -> tuple[list[tuple[Push, cf.Future[Accepted]]], int, bool, bool] | None:
+        """The next group (with its bytes, whether a stop came after it, whether it holds a GPU new to the door),
+        or None at a stop."""
+        first = self._queue.get()
+        if first is None:
+            return None
+        group = [first]
+        size = first[0].nbytes
+        deadline = time.monotonic() + self.window_s
+        stop = False
+        fresh = self._fresh(first[0])
+        was_held = False
+        while len(group) < self.max_group and size < self.max_group_bytes:
+            wait = deadline - time.monotonic()
+            held = wait <= 0 and self._busy > 0 and not fresh
+            if was_held and not held and not fresh:
+                # the other writer is done: a window for company from now, as one writer would have after its commit
+                deadline, wait, was_held = time.monotonic() + self.window_s, self.window_s, False
+            was_held = was_held or held
+            try:
+                if wait > 0:
+                    item = self._queue.get(timeout=wait)
+                else:
+                    item = self._queue.get(timeout=_HELD_POLL_S) if held else self._queue.get_nowait()
+            except queue.Empty:
+                if held or wait > 0:
+                    continue  # held, or the window just ran out: whether to hold is asked again
+                break
+            if item is None:
+                stop = True
+                break
+            group.append(item)
+            size += item[0].nbytes
+            fresh = fresh or self._fresh(item[0])
+        return group, size, stop, fresh
+
+    def _fresh(self, push: Push) -> bool:
+        """Whether ``push`` is a node's first, read as lines, naming a GPU this door has not written (only asked
+        with several writers). An OTLP request's first groups wait instead: beside another write they cost the
+        server a third more CPU (its general reader's worker threads and two writers on two cores), and a
+        fleet's first OTLP round went a sixth slower (benchmarks/ingest_agents.py --door-writers)."""
+        return self.writers > 1 and push.lines is not None and not self._known_gpus.issuperset(push.lines.keys)
+
+    def _learn_gpus(self, group: list[tuple[Push, cf.Future[Accepted]]]) -> None:
+        """Remember the GPUs of the group's stored pushes (a bounded set, emptied when full)."""
+        if self.writers < 2:
+            return
+        gpus = [g for push, fut in group if fut.done() and fut.exception() is None for g in _gpus(push)]
+        if len(self._known_gpus) + len(gpus) > _KNOWN_GPUS:
+            self._known_gpus.clear()
+        self._known_gpus.update(gpus)
 
     def _commit(self, group: list[tuple[Push, cf.Future[Accepted]]]) -> None:
         live: list[tuple[Push, cf.Future[Accepted]]] = []

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import importlib.util
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -491,6 +492,44 @@ def test_a_group_holding_a_push_another_process_stored_writes_the_rest(store):
     assert _count(store, "gpu_sample") == 4 * 8
     assert _count(store, "ingest_log") == 4
     other.engine.dispose()
+
+
+def test_with_two_writers_a_new_node_goes_beside_a_write_and_a_known_one_waits_for_it(store):
+    """Two writers: a push about GPUs the door has written waits for the writer in the database to finish (groups
+    stay whole where writes are quick); a node's first push, the slow write of new inventory and series, goes
+    beside it at once. The pushes are read where they arrive, as the agents' lane reads them."""
+
+    def _lane_push(h: int, when: dt.datetime = T0) -> screen.Push:
+        push = _agent_push(h, when)
+        screen.read_lines(push)
+        assert push.lines is not None
+        return push
+
+    d = door.Door(store, window_s=0.0, writers=2)
+    d.accept(_lane_push(0), 60)
+    gate, inside = threading.Event(), []
+    original = d._commit
+
+    def commit(group):  # type: ignore[no-untyped-def]
+        inside.append([p.source for p, _ in group])
+        if len(inside) == 1:
+            gate.wait(60)
+        return original(group)
+
+    d._commit = commit  # type: ignore[method-assign]
+    first = d.submit(_lane_push(1))
+    wait_until(lambda: inside, 10, "the first writer at its group")
+    assert inside == [["agent-1"]]
+    # another new node: stored and answered while the first writer still waits
+    assert d.submit(_lane_push(2)).result(20).result.written["gpu_sample"] == 8
+    known = d.submit(_lane_push(0, T0 + dt.timedelta(seconds=10)))
+    time.sleep(0.3)
+    assert not known.done() and inside == [["agent-1"], ["agent-2"]]
+    gate.set()
+    assert first.result(30).result.written["gpu_sample"] == known.result(30).result.written["gpu_sample"] == 8
+    assert inside[2] == ["agent-0"]
+    d.close()
+    assert _count(store, "gpu_sample") == 4 * 8
 
 
 def test_two_writers_answer_every_push_after_its_commit(db_url):
