@@ -173,6 +173,7 @@ def read(data: bytes) -> Lines | None:
             out = template.fill(values)
             if out is not None:
                 _keep(digest, skeleton[0], template)
+                _learn_kin(texts, skeleton[1], skeleton[2], template)  # where the index lost it (``_KIN`` full)
                 return out
     raws: list[str] = []
     slots: list[_Slot] = []

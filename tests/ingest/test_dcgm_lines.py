@@ -259,6 +259,25 @@ def test_a_new_node_is_compared_piece_by_piece_and_its_blocks_read_by_shape(monk
         assert _same_as_columnar(body)
 
 
+def test_a_skeleton_the_piece_index_lost_is_indexed_again_by_its_next_new_node(monkeypatch):
+    """``_KIN`` is emptied when full while the skeletons stay: the next new node of a skeleton is found by its
+    digest and indexes it again, so the node after it is compared piece by piece."""
+    dcgm_lines.forget()
+    assert dcgm_lines.read(_bench.synth_scrape(8, first_gpu=0, seed=0)) is not None
+    dcgm_lines._KIN.clear()
+    second = _bench.synth_scrape(8, first_gpu=8, seed=1)
+    assert dcgm_lines.read(second) is not None and len(dcgm_lines._KIN) == 1
+    digested = []
+    skeleton = dcgm_lines._skeleton
+    monkeypatch.setattr(dcgm_lines, "_skeleton", lambda *a: digested.append(1) or skeleton(*a))
+    third = _bench.synth_scrape(8, first_gpu=16, seed=2)
+    got = dcgm_lines.read(third)
+    assert digested == []
+    monkeypatch.undo()
+    _same_lines(got, _line_read(third))
+    _same_lines(dcgm_lines.read(second), _line_read(second))
+
+
 def _gpu_blocks(body: bytes) -> list[bytes]:
     """The label blocks of a synthetic body's GPUs, in order."""
     first_family = body.split(b"# HELP ")[1]
