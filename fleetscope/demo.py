@@ -383,8 +383,10 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
     say(f"database   {engine.url.render_as_string(hide_password=True)} (schema {db.current_revision(engine)})")
     admin = auth.create_token(engine, "demo-admin", ["admin"])
 
-    # A fleet whose two simulated hours end now, so beat's rolling windows pick up where the demo stops.
-    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    # A fleet whose two simulated hours end now, so beat's rolling windows pick up where the demo stops. Not
+    # rounded down to the minute: the live panel's latest samples are those of the last three scrape intervals
+    # (90 s here), and a minute's rounding plus a slow machine's start put the last scrape past them.
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     make = small_spec if size == "small" else demo_spec
     duration = make(seed).duration_s
     spec = make(seed, start=now - dt.timedelta(seconds=duration))
