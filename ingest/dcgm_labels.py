@@ -36,12 +36,15 @@ def block_of(block: str) -> tuple[str, tuple[str | None, ...], str] | None:
     parsed = _BLOCKS.get(block)
     if parsed is None:
         parsed = _block(block)
-        if parsed is None:
-            return None
-        if len(_BLOCKS) >= _MAX_BLOCKS:
-            _BLOCKS.clear()
-        _BLOCKS[block] = parsed
+        if parsed is not None:
+            _remember(block, parsed)
     return parsed
+
+
+def _remember(block: str, parsed: tuple[str, tuple[str | None, ...], str]) -> None:
+    if len(_BLOCKS) >= _MAX_BLOCKS:
+        _BLOCKS.clear()
+    _BLOCKS[block] = parsed
 
 
 class Shape:
@@ -53,13 +56,12 @@ class Shape:
     commas (and the shape's trailing comma, or none), each name the shape's, each value free of quotes, line
     feeds, braces and backslashes (anything else is ``plain``'s to refuse, and ``_block`` decides). With twice
     as many quotes as labels, each label having its ``="``, a value holds none, so each ``",`` is a separator and
-    each name ends at its ``="``. Which label of several naming one output wins depends on the names alone, so it is settled here.
-    Nothing is compiled: a shape costs what its names do, whatever a hostile block holds."""
+    each name ends at its ``="``. Which label of several naming one output wins depends on the names alone, so it
+    is settled here. Nothing is compiled: a shape costs what its names do, whatever a hostile block holds."""
 
-    __slots__ = ("key", "_heads", "_end", "_quotes", "_winners", "_other")
+    __slots__ = ("_heads", "_end", "_quotes", "_winners", "_other")
 
     def __init__(self, names: list[str], trailing_comma: bool):
-        self.key = (*names, ",") if trailing_comma else tuple(names)
         self._heads = [name + '="' for name in names]
         self._end = '",' if trailing_comma else '"'
         self._quotes = 2 * len(names)
@@ -100,9 +102,7 @@ def block_by_shape(block: str, shapes: list[Shape]) -> tuple[str, tuple[str | No
         for shape in shapes:
             parsed = shape.read(block)
             if parsed is not None:
-                if len(_BLOCKS) >= _MAX_BLOCKS:
-                    _BLOCKS.clear()
-                _BLOCKS[block] = parsed
+                _remember(block, parsed)
                 break
     return parsed
 

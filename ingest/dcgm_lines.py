@@ -251,9 +251,14 @@ class _Kin:
                 self.shapes.append(shape)
 
 
+def _kin_key(texts: list[bytes]) -> tuple[int, bytes, bytes]:
+    """What a body shares with the first body of its skeleton, as ``_KIN`` is keyed."""
+    return len(texts), texts[0].rpartition(b"{")[0], texts[-1]
+
+
 def _learn_kin(texts: list[bytes], order: list[int], blocks: list[bytes], template: _Template) -> None:
     """Index a new skeleton's first template by what a new node's body shares with it (``_KIN``)."""
-    key = (len(texts), texts[0].rpartition(b"{")[0], texts[-1])
+    key = _kin_key(texts)
     if not order or key in _KIN:
         return
     if len(_KIN) >= _MAX_SKELETONS:
@@ -267,7 +272,7 @@ def _kin_template(data: bytes, texts: list[bytes]) -> _Template | None:
     digested), at a fraction of the cost."""
     if len(texts) < 2:
         return None
-    kin = _KIN.get((len(texts), texts[0].rpartition(b"{")[0], texts[-1]))
+    kin = _KIN.get(_kin_key(texts))
     if kin is None:
         return None
     blocks = [texts[i].rpartition(b"{")[2] for i in kin.first]

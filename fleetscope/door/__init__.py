@@ -6,10 +6,10 @@ and wakes alert evaluation, and it commits concurrent pushes together.
 Group commit. A fleet arrives as thousands of small pushes (an agent per node, ~240 values each), and a
 write's fixed costs — a transaction, a frame conform, a duplicate-input query, an inventory compare — do not
 shrink with the push. A writer thread of the process takes every push that is waiting (after at most
-``FLEETSCOPE_GROUP_COMMIT_MS`` for company; see ``Door.__init__`` for how two share the work) and writes them with one ingest-log row per push, in as
-few transactions as their kinds allow (``_split``): small dcgm-exporter bodies, which
-:mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as plain rows
-(``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
+``FLEETSCOPE_GROUP_COMMIT_MS`` for company; ``Door.__init__`` says how two share the work) and writes them
+with one ingest-log row per push, in as few transactions as their kinds allow (``_split``): small
+dcgm-exporter bodies, which :mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as
+plain rows (``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
 (health events need the frame path) or parsed already are assembled into frames in one go.
 
 What each push is promised:
@@ -383,8 +383,6 @@ class Door:
 
     def _learn_gpus(self, group: list[tuple[Push, cf.Future[Accepted]]]) -> None:
         """Remember the GPUs of the group's stored pushes (a bounded set, emptied when full)."""
-        if self.writers < 2:
-            return
         gpus = [g for push, fut in group if fut.done() and fut.exception() is None for g in _gpus(push)]
         if len(self._known_gpus) + len(gpus) > _KNOWN_GPUS:
             self._known_gpus.clear()
