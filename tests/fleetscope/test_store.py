@@ -576,7 +576,8 @@ def test_sqlite_checkpoints_in_the_background_not_in_commits(tmp_path, monkeypat
     assert main.stat().st_size == before  # the commit copied nothing back
     assert store.read("gpu_sample").height == 10_000
     deadline = time.monotonic() + 10
-    while main.stat().st_size == before and time.monotonic() < deadline:
+    # The file grows page by page while the thread copies, so wait for the whole copy, not its first page.
+    while main.stat().st_size <= before + 1_000_000 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert main.stat().st_size > before + 1_000_000  # the thread did
     thread = store._checkpointer[0]
