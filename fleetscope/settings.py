@@ -75,6 +75,7 @@ class Settings:
     ingest_max_pending: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING", "doc": "pushes waiting to be written per API process before 503 + Retry-After", "default": "1024"})
     ingest_max_pending_mb: int = field(metadata={"env": "FLEETSCOPE_INGEST_MAX_PENDING_MB", "doc": "MiB of pushes waiting to be written per API process before 503 + Retry-After; the same again for input being parsed at once", "default": "512"})
     ingest_writers: int = field(metadata={"env": "FLEETSCOPE_INGEST_WRITERS", "doc": "ingest door writer threads per API process; a second commits a group beside the first only where it holds a node's first dcgm push (PostgreSQL; SQLite writes one at a time)", "default": "2"})
+    tune_allocator: bool = field(metadata={"env": "FLEETSCOPE_TUNE_ALLOCATOR", "doc": "`fleetscope serve` restarts itself once with jemalloc keeping freed pages 10 s and glibc's malloc on transparent huge pages (Linux), which a large scrape spends a quarter of its CPU on otherwise; 0 leaves `_RJEM_MALLOC_CONF` and `GLIBC_TUNABLES` as given", "default": "true"})
     auto_migrate: bool = field(metadata={"env": "FLEETSCOPE_AUTO_MIGRATE", "doc": "upgrade the schema on first start (default on for SQLite, off otherwise)", "default": "true on SQLite"})
     retention_days: int = field(metadata={"env": "FLEETSCOPE_RETENTION_DAYS", "doc": "raw telemetry kept this long; the EU AI Act asks for at least 183 days of logs", "default": "400"})
     evidence_retention_days: int = field(metadata={"env": "FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "doc": "what the analyses derived (roll-ups, per-step breakdowns, findings, health and job events, the ingest and task logs, monitoring windows, predictions and outcomes) kept this long; at least the raw retention", "default": "1095"})
@@ -161,6 +162,7 @@ def load() -> Settings:
         ingest_max_pending=_int("FLEETSCOPE_INGEST_MAX_PENDING", 1024),
         ingest_max_pending_mb=_int("FLEETSCOPE_INGEST_MAX_PENDING_MB", 512),
         ingest_writers=_int("FLEETSCOPE_INGEST_WRITERS", 2),
+        tune_allocator=_bool("FLEETSCOPE_TUNE_ALLOCATOR", True),
         auto_migrate=_bool("FLEETSCOPE_AUTO_MIGRATE", database_url.startswith("sqlite")),
         retention_days=retention_days,
         evidence_retention_days=evidence_days,

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from fleetscope import settings as settings_mod
+from fleetscope.cli import allocator
 from fleetscope.cli.common import _engine, _settings
 from fleetscope.devices import nvml as nvml_driver
 
@@ -69,9 +70,12 @@ def serve(host: str | None, port: int | None, workers: int, tls_cert: str | None
       fleetscope serve
       fleetscope serve --host 0.0.0.0 --port 8000 --workers 4 --tls-cert api.crt --tls-key api.key
     """
+    s = _settings()
+    given = [("--host", host), ("--port", port), ("--tls-cert", tls_cert), ("--tls-key", tls_key)]
+    allocator.execute_tuned(["serve", "--workers", str(workers), *[x for name, value in given if value is not None for x in (name, str(value))]],
+                            s.tune_allocator)
     import uvicorn  # lazy: the server stack loads only for this verb
 
-    s = _settings()
     tls = _tls(tls_cert, tls_key, s)
     host = host or s.api_host
     if tls is None:
