@@ -144,21 +144,6 @@ def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
     return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64}, small=True)
 
 
-_LATEST_COLUMNS = (
-    "util_ratio",
-    "power_w",
-    "energy_j",
-    "temp_c",
-    "mem_temp_c",
-    "fb_used_bytes",
-    "sm_clock_mhz",
-    "xid_last",
-    "ecc_dbe_volatile_total",
-    "remap_pending",
-    "clock_event_reasons",
-)
-
-
 def fleet_rows_sql(store: Store, start: dt.datetime, end: dt.datetime, columns: Sequence[str], alias: str, agg: str = "last") -> str:
     """The FROM item of a fleet-wide read of raw samples in ``[start, end)`` (``ts``, ``gpu_uuid``, ``columns``):
     ``gpu_samples_sql``, or where the range reaches an hour held packed and the minute tier serves it
@@ -180,36 +165,13 @@ def _lookback(store: Store, end: dt.datetime, lookback_s: float | None) -> float
     return float(lookback_s) if lookback_s else max(60.0, 3 * sample_interval_s(store, end))
 
 
-def latest_gpu_samples(store: Store, end: dt.datetime, lookback_s: float | None = None, site: str | None = None) -> pl.DataFrame:
-    """The latest sample of every GPU that reported in ``[end - lookback_s, end)``, with its place in
-    the inventory: ``gpu_uuid, host, gpu_index, site_id, ts`` and the fields in ``_LATEST_COLUMNS``.
-
-    Reads about ``lookback_s / interval`` rows per GPU, through the ``ts`` index.
-    """
-    end = as_utc(end)
-    start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
-    params: list[Any] = []
-    site_sql = site_gpus_sql(site, params, "s.gpu_uuid")
-    fields = ", ".join(f"s.{c}" for c in _LATEST_COLUMNS)
-    sql = (
-        f"SELECT x.gpu_uuid, g.host, g.gpu_index, h.site_id, x.ts, {', '.join('x.' + c for c in _LATEST_COLUMNS)} FROM ("
-        f" SELECT s.gpu_uuid, s.ts, {fields}, ROW_NUMBER() OVER (PARTITION BY s.gpu_uuid ORDER BY s.ts DESC) AS rn"
-        f" FROM {gpu_samples_sql(store, start, end, _LATEST_COLUMNS, 's')} WHERE TRUE{site_sql}"
-        ") x LEFT JOIN gpu g ON g.gpu_uuid = x.gpu_uuid LEFT JOIN host h ON h.host = g.host"
-        " WHERE x.rn = 1 ORDER BY g.host, g.gpu_index, x.gpu_uuid"
-    )
-    schema: dict[str, pl.DataType] = {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "site_id": pl.String, "ts": UTC}
-    schema |= {c: F.GPU_SAMPLE.schema[c] for c in _LATEST_COLUMNS}
-    return fetch(store, sql, params, schema)
-
-
 def latest_fields(store: Store, end: dt.datetime, columns: Sequence[str], lookback_s: float | None = None,
                   site: str | None = None) -> pl.DataFrame:
     """``gpu_uuid, ts`` and ``columns`` of the latest sample of every GPU that reported in ``[end - lookback_s,
-    end)``, unordered and without the inventory: ``latest_gpu_samples`` for reads that need a few fields of
-    the whole fleet (the database sorts narrow rows, and a 100,000-GPU fleet sends 100,000 short ones). In an
-    hour held packed, each GPU's last whole minute before ``end`` stands in for its latest sample
-    (``fleet_rows_sql``): ``ts`` that minute's start, the fields their last readings in it."""
+    end)``, unordered and without the inventory: a read of a few fields of the whole fleet (the database sorts
+    narrow rows, and a 100,000-GPU fleet sends 100,000 short ones). In an hour held packed, each GPU's last
+    whole minute before ``end`` stands in for its latest sample (``fleet_rows_sql``): ``ts`` that minute's
+    start, the fields their last readings in it."""
     end = as_utc(end)
     start = end - dt.timedelta(seconds=_lookback(store, end, lookback_s))
     params: list[Any] = []
@@ -248,38 +210,6 @@ def power_now(store: Store, end: dt.datetime, lookback_s: float | None = None, s
         f" FROM {fleet_rows_sql(store, start, end, ('power_w',), 's')} WHERE TRUE{site_sql}) x WHERE rn = 1"
     )
     return fetch(store, sql, params, {"as_of": UTC, "gpus_reporting": pl.Int64, "power_w": pl.Float64}, small=True)
-
-
-def gpu_activity(
-    store: Store, end: dt.datetime, window_s: float = 300, busy_util_ratio: float = 0.1, site: str | None = None
-) -> pl.DataFrame:
-    """Per GPU that reported in ``[end - window_s, end)``: mean utilisation and power over the window and
-    whether it counts as busy (mean ``util_ratio`` at or above ``busy_util_ratio``).
-
-    Columns: ``gpu_uuid, host, gpu_index, site_id, samples, util_mean_ratio, power_mean_w, last_ts, busy``.
-    """
-    end = as_utc(end)
-    start = end - dt.timedelta(seconds=window_s)
-    params: list[Any] = []
-    site_sql = site_gpus_sql(site, params)
-    sql = (
-        "SELECT a.gpu_uuid, g.host, g.gpu_index, h.site_id, a.samples, a.util_mean_ratio, a.power_mean_w, a.last_ts FROM ("
-        " SELECT gpu_uuid, COUNT(*) AS samples, AVG(util_ratio) AS util_mean_ratio, AVG(power_w) AS power_mean_w, MAX(ts) AS last_ts"
-        f" FROM {gpu_samples_sql(store, start, end, ('util_ratio', 'power_w'))} WHERE TRUE{site_sql} GROUP BY gpu_uuid"
-        ") a LEFT JOIN gpu g ON g.gpu_uuid = a.gpu_uuid LEFT JOIN host h ON h.host = g.host"
-    )
-    schema = {
-        "gpu_uuid": pl.String,
-        "host": pl.String,
-        "gpu_index": pl.Int64,
-        "site_id": pl.String,
-        "samples": pl.Int64,
-        "util_mean_ratio": pl.Float64,
-        "power_mean_w": pl.Float64,
-        "last_ts": UTC,
-    }
-    df = fetch(store, sql, params, schema)
-    return df.with_columns(busy=(pl.col("util_mean_ratio").fill_null(0.0) >= busy_util_ratio))
 
 
 def fleet_series(

@@ -85,10 +85,11 @@ def test_fleet_size_and_sites(seeded_store: Store) -> None:
 
 def test_latest_samples_and_power_now_match_the_simulated_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
     last = fleet.filter(pl.col("ts") == pl.col("ts").max())
-    latest = telemetry.latest_gpu_samples(seeded_store, END)
+    latest = telemetry.latest_fields(seeded_store, END, ["power_w", "temp_c"])
     assert latest.height == 64
     assert latest["ts"].unique().to_list() == [last["ts"][0]]
-    assert latest["host"].null_count() == 0
+    want = last.select("gpu_uuid", "power_w", "temp_c").sort("gpu_uuid")
+    assert latest.select("gpu_uuid", "power_w", "temp_c").sort("gpu_uuid").with_columns(pl.col("temp_c").cast(want["temp_c"].dtype)).equals(want)
     power = telemetry.power_now(seeded_store, END).row(0, named=True)
     assert power["gpus_reporting"] == 64
     assert power["power_w"] == pytest.approx(last["power_w"].sum())
@@ -324,8 +325,7 @@ def test_table_helpers(seeded_store: Store) -> None:
 CALLS = {
     "sites": lambda s: telemetry.sites(s),
     "fleet_size": lambda s: telemetry.fleet_size(s),
-    "latest_gpu_samples": lambda s: telemetry.latest_gpu_samples(s, END),
-    "gpu_activity": lambda s: telemetry.gpu_activity(s, END),
+    "latest_fields": lambda s: telemetry.latest_fields(s, END, ["power_w", "util_ratio"]),
     "unhealthy_gpus": lambda s: health_reads.unhealthy_gpus(s, HOUR_AGO, END),
     "health_grid": lambda s: health_reads.health_grid(s, END),
     "fleet_series": lambda s: telemetry.fleet_series(s, HOUR_AGO, END),

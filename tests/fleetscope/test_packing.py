@@ -79,8 +79,10 @@ def _reads(store) -> dict[str, object]:  # type: ignore[no-untyped-def]
         "data_start": telemetry.data_start(store),
         "data_end": telemetry.data_end(store),
         "interval": telemetry.sample_interval_s(store, mid),
-        "latest": telemetry.latest_gpu_samples(store, mid, lookback_s=300),
-        "activity": telemetry.gpu_activity(store, mid, window_s=900),
+        # five minutes of the fleet through ``reads.gpu_samples_sql``, the FROM item of every fleet-wide read
+        "last_minutes": shards.shard_gpu_samples(store, 0, 1, mid - dt.timedelta(minutes=5), mid,
+                                                 ["gpu_uuid", "ts", "util_ratio", "power_w", "temp_c", "mem_temp_c", "xid_last"], F.GPU_SAMPLE.schema),
+        "state_counts": health_reads.gpu_state_counts(store, mid, window_s=900),
         "fleet_series": telemetry.fleet_series(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=5), points=8, tier="raw"),
         "field_series": telemetry.gpu_field_series(store, GPUS[2], "power_w", DAY + dt.timedelta(hours=2), DAY + dt.timedelta(hours=3), tier="raw"),
         "gpu_energy": energy_reads.gpu_energy(store, DAY + dt.timedelta(hours=1), DAY + dt.timedelta(hours=9)),
@@ -103,7 +105,7 @@ def _assert_same(before: dict[str, object], after: dict[str, object], packed_day
             assert a == pytest.approx(b, rel=1e-6), name
         elif name == "field_series":  # power_w of one GPU, as min, max, mean and last
             assert a.equals(b.with_columns(pl.col("min", "max", "mean", "last").cast(pl.Float32).cast(pl.Float64))), name
-        elif name in ("activity", "fleet_series", "gpu_energy", "counter_energy"):
+        elif name in ("fleet_series", "gpu_energy", "counter_energy"):
             # aggregates over float4-rounded inputs: the same to float4's precision
             assert_frame_equal(a, b, check_exact=False, rel_tol=1e-6, abs_tol=1e-6)
         else:
@@ -231,8 +233,9 @@ def test_late_samples_of_a_packed_day_are_read_once_and_folded_in_by_the_next_pa
     assert between.equals(pl.concat([_as_packed(day_one), late]).sort("ts"))
     assert store.read("gpu_sample", start=DAY, end=DAY + dt.timedelta(days=2)).height == df.height + late.height
     # the services' reads too (``reads.gpu_samples_sql``): ten minutes at 60 s around the re-sent one, ten samples
-    around = telemetry.gpu_activity(store, DAY + dt.timedelta(hours=1, minutes=5), window_s=600)
-    assert around.filter(pl.col("gpu_uuid") == GPUS[3])["samples"].to_list() == [10]
+    around = shards.shard_gpu_samples(store, 0, 1, DAY + dt.timedelta(hours=1, minutes=-5), DAY + dt.timedelta(hours=1, minutes=5),
+                                      ["gpu_uuid", "ts"], F.GPU_SAMPLE.schema)
+    assert around.filter(pl.col("gpu_uuid") == GPUS[3]).height == 10
     assert packing.packable_days(store, DAY + dt.timedelta(days=3)) == [DAY.date()]
     packing.pack_closed(store, DAY + dt.timedelta(days=3))
     got = store.read("gpu_sample", gpu_uuid=GPUS[3], start=DAY, end=DAY + dt.timedelta(days=1))
