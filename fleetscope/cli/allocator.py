@@ -58,9 +58,13 @@ def execute_tuned(args: Sequence[str], enabled: bool) -> None:
     env = tuned_environment(os.environ) if enabled and started_as_cli(sys.argv) else None
     if env is None:
         return
+    # The same program again: the ``fleetscope`` script where that started it (``python -m`` would put the working
+    # directory first on the module path, where the script does not), else ``python -m fleetscope.cli``.
+    script = sys.argv[0] if os.path.basename(sys.argv[0]) == "fleetscope" else None
+    argv = [script, *args] if script else [sys.executable, "-m", "fleetscope.cli", *args]
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(sys.executable, [sys.executable, "-m", "fleetscope.cli", *args], env)
+        os.execve(argv[0], argv, env)
     except OSError as exc:
         print(f"warning: could not restart with the tuned allocator settings ({exc}); serving without them", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,24 +40,52 @@ def _environ_of(pid: int) -> dict[str, str]:
         return dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the tunables are glibc's, read from /proc")
-@pytest.mark.parametrize("tune", ["", "0"])
-def test_serve_runs_under_the_settings_in_its_own_process(tmp_path, monkeypatch, tune):
-    """The server that answers is the process that was started (a supervisor's pid stays right), and it runs
-    with the settings unless FLEETSCOPE_TUNE_ALLOCATOR=0."""
-    from tests.fleetscope.test_ingest_door_api import _free_port, _serve
+def _cmdline_of(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().split(b"\0") if a]
 
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the tunables are glibc's, read from /proc")
+@pytest.mark.parametrize(("launcher", "tune"), [("module", ""), ("module", "0"), ("script", "")])
+def test_serve_runs_under_the_settings_in_its_own_process(tmp_path, monkeypatch, launcher, tune):
+    """The server that answers is the process that was started (a supervisor's pid stays right), the same
+    program (the script stays the script: ``python -m`` would put the working directory on the module path),
+    and it runs with the settings unless FLEETSCOPE_TUNE_ALLOCATOR=0."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.fleetscope.test_ingest_door_api import _free_port
+
+    script = Path(sys.executable).parent / "fleetscope"
+    if launcher == "script" and not script.exists():
+        pytest.skip("no fleetscope script beside this interpreter")
     for name in ("_RJEM_MALLOC_CONF", "GLIBC_TUNABLES", allocator.TUNED):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("FLEETSCOPE_TUNE_ALLOCATOR", tune)
-    proc = _serve(f"sqlite:///{tmp_path / 's.db'}", _free_port(), tmp_path)
+    port = _free_port()
+    env = {**os.environ, "FLEETSCOPE_TUNE_ALLOCATOR": tune, "FLEETSCOPE_DATA_DIR": str(tmp_path),
+           "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}", "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+    start = [str(script)] if launcher == "script" else [sys.executable, "-m", "fleetscope.cli"]
+    proc = subprocess.Popen([*start, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        seen = _environ_of(proc.pid)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        seen, cmdline = _environ_of(proc.pid), _cmdline_of(proc.pid)
         if tune == "0":
             assert allocator.TUNED not in seen and "GLIBC_TUNABLES" not in seen
         else:
             assert seen[allocator.TUNED] == "1" and seen["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
             assert seen["_RJEM_MALLOC_CONF"].endswith(allocator.JEMALLOC_CONF)
+        assert cmdline[cmdline.index("serve"):] == ["serve", "--workers", "1", "--port", str(port)] or tune == "0"
+        assert (str(script) in cmdline and "-m" not in cmdline) if launcher == "script" else "fleetscope.cli" in cmdline
     finally:
         proc.terminate()
         proc.wait(timeout=30)
