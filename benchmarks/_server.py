@@ -138,6 +138,34 @@ def _cpu_by_pid(needle: str) -> dict[int, float]:
     return out
 
 
+def peak_rss_mb(root_pid: int) -> float | None:
+    """The peak resident memory (``VmHWM``) of ``root_pid`` and its descendants, summed, in MiB: an upper bound
+    of what they held at once. None without /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except OSError:
+                continue
+    tree, grew = {root_pid}, True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    kib = []
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                kib += [int(line.split()[1]) for line in f if line.startswith("VmHWM:")]
+        except OSError:
+            continue
+    return round(sum(kib) / 1024, 1) if kib else None
+
+
 def cpu_seconds(root_pid: int | None = None, cmdline_has: str | None = None) -> float:
     """User + system CPU seconds of ``root_pid`` and its descendants, or of every process whose command
     line holds ``cmdline_has`` (a database's backends, whose title names the database); 0 without /proc."""

@@ -4,7 +4,8 @@
 in the same run, as the peer whose rate the target is set against.
 Prints JSON lines: values/s per system (a value = one field of one GPU sample), the steady ratio to
 VictoriaMetrics, and, since wall time on a shared machine follows its load, the CPU seconds a steady-state
-scrape costs the server (all its threads) and PostgreSQL's backends.
+scrape costs the server (all its threads) and PostgreSQL's backends, and the server's peak resident memory (what
+the allocator settings of ``fleetscope serve`` trade for that CPU, ``FLEETSCOPE_TUNE_ALLOCATOR``).
 
 Parse-only rates: benchmarks/ingest_dcgm.py (dcgm text), benchmarks/ingest_otlp.py (OTLP),
 benchmarks/ingest_kineto.py (Kineto traces).
@@ -128,7 +129,8 @@ def run(label: str, url: str, body: bytes, gpus: int, scrapes: int, workers: int
         print(json.dumps({"bench": "dcgm_api_end_to_end", "system": f"fleetscope-{label}", "db": label, "gpus": gpus, "scrapes": scrapes, "workers": workers, "in_flight": in_flight,
                           "body_mb": round(len(body) / 2**20, 1), "gzip_mb": round(len(gz) / 2**20, 1), "values": values,
                           "seconds": round(seconds, 2), "values_per_s": round(values / seconds), **steady,
-                          "first_scrape_s": round(answered[0], 2), "target_values_per_s": 1_500_000}), flush=True)
+                          "first_scrape_s": round(answered[0], 2), "server_peak_rss_mb": _server.peak_rss_mb(started[0]),
+                          "target_values_per_s": 1_500_000}), flush=True)
     if watch:
         watch.close()
 
