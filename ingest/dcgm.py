@@ -13,8 +13,8 @@ What comes out
   ``ecc``), row remap failure / pending / uncorrectable rows (kind ``row_remap``). For ECC and row remap,
   ``code`` is the DCGM field id that raised the event (310-313, 393, 395, 396; ``dcgm_fields.h``).
 - ``metric_sample``: DCGM_FI_* fields that have no ``gpu_sample`` column (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``,
-  ``DCGM_FI_DEV_VGPU_LICENSE_STATUS``, the other violation counters, ...), as exported (no unit
-  conversion), series ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
+  the other violation counters, ...), as exported (no unit conversion), series
+  ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
 - ``meta``: counts of what was dropped and why (``skipped_series`` for non-DCGM metrics, ``dcgm_blank_dropped``,
   ``non_finite_dropped``, ``duplicates_dropped``, ``exporter_pod_labels_ignored``).
 

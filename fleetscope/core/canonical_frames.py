@@ -65,6 +65,7 @@ GPU_FIELDS: tuple[Col, ...] = (
     _f("power_violation_s", doc="DCGM_FI_DEV_POWER_VIOLATION (ns) / 1e9; counter"),
     _f("thermal_violation_s", doc="DCGM_FI_DEV_THERMAL_VIOLATION (ns) / 1e9; counter"),
     _f("clock_event_reasons", pl.Int64, doc="DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask"),
+    _f("vgpu_license_status", pl.Int64, doc="DCGM_FI_DEV_VGPU_LICENSE_STATUS, as exported (0 on a GPU that is not a licensed vGPU)"),
 )
 
 

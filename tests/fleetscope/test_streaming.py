@@ -32,8 +32,16 @@ def stamped(body: bytes, ms: int) -> bytes:
     return b"".join(ln + (b"" if not ln.strip() or ln.startswith(b"#") else b" %d" % ms) + b"\n" for ln in body.splitlines())
 
 
+def with_unmapped_field(body: bytes) -> bytes:
+    """The body with a DCGM field that has no ``gpu_sample`` column (a ``metric_sample`` series) for each GPU's
+    temperature line: every field of these real scrapes has a column."""
+    extra = [ln.replace(b"DCGM_FI_DEV_GPU_TEMP{", b"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{") for ln in body.splitlines()
+             if ln.startswith(b"DCGM_FI_DEV_GPU_TEMP{")]
+    return body.rstrip(b"\n") + b"\n" + b"\n".join(extra) + b"\n"
+
+
 def scrape_log(realdata, rounds: int = 4) -> bytes:
-    bodies = [(realdata / s).read_bytes() for s in SCRAPES]
+    bodies = [with_unmapped_field((realdata / s).read_bytes()) for s in SCRAPES]
     return b"".join(stamped(b, int(T0.timestamp() * 1000) + 10_000 * r + i) for r in range(rounds) for i, b in enumerate(bodies))
 
 

@@ -435,7 +435,7 @@ def test_a_blank_field_without_a_column_is_counted_once():
     parser reads the body."""
     for comment in (b"", b"# HELP x a {brace} reads the body line by line\n"):
         body = comment + (f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{_U}}} 2147483647\n"
-                          f"DCGM_FI_DEV_VGPU_LICENSE_STATUS{{{_U}}} NaN\n").encode()
+                          f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_U}}} NaN\n").encode()
         meta = dcgm.parse(body, source="s", ts=TS).meta
         assert (meta["dcgm_blank_dropped"], meta["non_finite_dropped"]) == (1, 1)
 
