@@ -141,23 +141,8 @@ def _cpu_by_pid(needle: str) -> dict[int, float]:
 def peak_rss_mb(root_pid: int) -> float | None:
     """The peak resident memory (``VmHWM``) of ``root_pid`` and its descendants, summed, in MiB: an upper bound
     of what they held at once. None without /proc."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except OSError:
-                continue
-    tree, grew = {root_pid}, True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
     kib = []
-    for pid in tree:
+    for pid in _tree(root_pid, {pid: ppid for pid, (ppid, _) in _proc_stats().items()}):
         try:
             with open(f"/proc/{pid}/status") as f:
                 kib += [int(line.split()[1]) for line in f if line.startswith("VmHWM:")]
@@ -166,33 +151,46 @@ def peak_rss_mb(root_pid: int) -> float | None:
     return round(sum(kib) / 1024, 1) if kib else None
 
 
-def cpu_seconds(root_pid: int | None = None, cmdline_has: str | None = None) -> float:
-    """User + system CPU seconds of ``root_pid`` and its descendants, or of every process whose command
-    line holds ``cmdline_has`` (a database's backends, whose title names the database); 0 without /proc."""
+def _proc_stats(cmds: dict[int, bytes] | None = None) -> dict[int, tuple[int, float]]:
+    """(parent pid, user + system CPU seconds) of every process, from /proc; with ``cmds``, their command lines
+    too. Empty without /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     stats: dict[int, tuple[int, float]] = {}
-    cmds: dict[int, bytes] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            if cmdline_has is not None:
+            if cmds is not None:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     cmds[int(entry)] = f.read()
         except OSError:
             continue
         stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    if cmdline_has is not None:
-        needle = cmdline_has.encode()
-        return sum(cpu for pid, (_, cpu) in stats.items() if needle in cmds.get(pid, b""))
-    keep = {root_pid}
+    return stats
+
+
+def _tree(root_pid: int | None, parents: dict[int, int]) -> set[int | None]:
+    """``root_pid`` and its descendants, given each process's parent."""
+    keep: set[int | None] = {root_pid}
     grew = True
     while grew:
         grew = False
-        for pid, (ppid, _) in stats.items():
+        for pid, ppid in parents.items():
             if ppid in keep and pid not in keep:
                 keep.add(pid)
                 grew = True
+    return keep
+
+
+def cpu_seconds(root_pid: int | None = None, cmdline_has: str | None = None) -> float:
+    """User + system CPU seconds of ``root_pid`` and its descendants, or of every process whose command
+    line holds ``cmdline_has`` (a database's backends, whose title names the database); 0 without /proc."""
+    cmds: dict[int, bytes] | None = {} if cmdline_has is not None else None
+    stats = _proc_stats(cmds)
+    if cmdline_has is not None:
+        needle = cmdline_has.encode()
+        return sum(cpu for pid, (_, cpu) in stats.items() if needle in (cmds or {}).get(pid, b""))
+    keep = _tree(root_pid, {pid: ppid for pid, (ppid, _) in stats.items()})
     return sum(stats[pid][1] for pid in keep if pid in stats)
