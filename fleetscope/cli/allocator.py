@@ -45,23 +45,32 @@ def tuned_environment(env: Mapping[str, str], platform: str = sys.platform) -> d
     return out
 
 
+def _program(argv: Sequence[str]) -> list[str] | None:
+    """How to run this ``fleetscope`` command again: its script where the script started it (``python -m``
+    would put the working directory first on the module path, where the script does not), else
+    ``python -m fleetscope.cli``; None where a program calls the command in process."""
+    first = argv[0] if argv else ""
+    if os.path.basename(first) == "fleetscope":
+        return [first]
+    if first.endswith(os.path.join("fleetscope", "cli", "__main__.py")):
+        return [sys.executable, "-m", "fleetscope.cli"]
+    return None
+
+
 def started_as_cli(argv: Sequence[str]) -> bool:
     """Whether this process is the ``fleetscope`` command (its script, or ``python -m fleetscope.cli``), not a
     program that calls the command in process (a test's ``CliRunner``), which must never be replaced."""
-    first = argv[0] if argv else ""
-    return os.path.basename(first) == "fleetscope" or first.endswith(os.path.join("fleetscope", "cli", "__main__.py"))
+    return _program(argv) is not None
 
 
 def execute_tuned(args: Sequence[str], enabled: bool) -> None:
     """Replace this process with ``fleetscope ARGS`` under the tuned environment, where that applies; returns
     only where it does not (or the execution failed, which leaves the server running untuned)."""
-    env = tuned_environment(os.environ) if enabled and started_as_cli(sys.argv) else None
-    if env is None:
+    program = _program(sys.argv)
+    env = tuned_environment(os.environ) if enabled and program is not None else None
+    if program is None or env is None:
         return
-    # The same program again: the ``fleetscope`` script where that started it (``python -m`` would put the working
-    # directory first on the module path, where the script does not), else ``python -m fleetscope.cli``.
-    script = sys.argv[0] if os.path.basename(sys.argv[0]) == "fleetscope" else None
-    argv = [script, *args] if script else [sys.executable, "-m", "fleetscope.cli", *args]
+    argv = [*program, *args]
     sys.stdout.flush()
     sys.stderr.flush()
     try:
