@@ -12,7 +12,7 @@ What comes out
 - ``health_event``: XID (``DCGM_FI_DEV_XID_ERRORS`` nonzero, code = the XID), ECC SBE/DBE counts (kind
   ``ecc``), row remap failure / pending / uncorrectable rows (kind ``row_remap``). For ECC and row remap,
   ``code`` is the DCGM field id that raised the event (310-313, 393, 395, 396; ``dcgm_fields.h``).
-- ``metric_sample``: DCGM_FI_* fields that have no ``gpu_sample`` column (``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``,
+- ``metric_sample``: DCGM_FI_* fields that have no ``gpu_sample`` column (``DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL``,
   the other violation counters, ...), as exported (no unit conversion), series
   ``FIELD{gpu_uuid="<key>", <non-standard labels>}``.
 - ``meta``: counts of what was dropped and why (``skipped_series`` for non-DCGM metrics, ``dcgm_blank_dropped``,

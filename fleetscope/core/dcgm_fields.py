@@ -56,9 +56,11 @@ DCGM_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_THERMAL_VIOLATION": ("thermal_violation_s", 1e-9),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clock_event_reasons", 1.0),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("clock_event_reasons", 1.0),  # the pre-3.2 name of the same field
-    # In dcgm-exporter's default counters, so on every node: a column, not a series per GPU in metric_sample
-    # (8 series and rows a node's push, 16,384 rows a 16,384-GPU scrape).
+    # In dcgm-exporter's default counters, so on every node: columns, not a series per GPU in metric_sample
+    # (8 series and rows a node's push each, 16,384 rows a 16,384-GPU scrape).
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": ("vgpu_license_status", 1.0),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("nvlink_throughput_raw", 1.0),
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": ("nvlink_throughput_raw", 1.0),  # DCGM 4's name of field 449
 }
 
 # ECC / row-remap counters that raise a health event when above zero: (gpu_sample column, kind, DCGM field

@@ -277,7 +277,7 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
         out = []
         for h in range(6):
             body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.6)
-            body += f'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{gpu="0",UUID="GPU-extra-{h}",Hostname="n{h}"}} {h}\n'.encode()
+            body += f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{gpu="0",UUID="GPU-extra-{h}",Hostname="n{h}"}} {h}\n'.encode()
             out.append(ingestion.to_push(body, source=f"agent-{h}", fmt="dcgm", opts=ingestion.Options(ts=T0)))
         out.append(ingestion.to_push(_bench.synth_scrape(8, seed=0, busy_fraction=0.6), source="again", fmt="dcgm",
                                      opts=ingestion.Options(ts=T0 + dt.timedelta(seconds=10))))

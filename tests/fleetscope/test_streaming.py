@@ -35,7 +35,7 @@ def stamped(body: bytes, ms: int) -> bytes:
 def with_unmapped_field(body: bytes) -> bytes:
     """The body with a DCGM field that has no ``gpu_sample`` column (a ``metric_sample`` series) for each GPU's
     temperature line: every field of these real scrapes has a column."""
-    extra = [ln.replace(b"DCGM_FI_DEV_GPU_TEMP{", b"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{") for ln in body.splitlines()
+    extra = [ln.replace(b"DCGM_FI_DEV_GPU_TEMP{", b"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{") for ln in body.splitlines()
              if ln.startswith(b"DCGM_FI_DEV_GPU_TEMP{")]
     return body.rstrip(b"\n") + b"\n" + b"\n".join(extra) + b"\n"
 

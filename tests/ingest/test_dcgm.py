@@ -211,6 +211,19 @@ def test_unknown_dcgm_field_with_extra_labels_gets_a_canonical_series_key():
     assert b.metric_sample["value"].to_list() == [3.0]
 
 
+def test_nvlink_total_is_a_column_under_either_name_kept_as_exported():
+    """Field 449, in dcgm-exporter's default counters as ``NVLINK_BANDWIDTH_TOTAL`` and named
+    ``NVLINK_THROUGHPUT_TOTAL`` from DCGM 4, is one column holding the exported value (DCGM states no unit)."""
+    body = (_line("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "8734187331", uuid="GPU-1", gpu=0)
+            + _line("DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", "12.5", uuid="GPU-2", gpu=1))
+    b = dcgm.parse(body.encode(), ts=TS)
+    _check_schemas(b)
+    assert _gpu_row(b, "GPU-1")["nvlink_throughput_raw"] == 8734187331.0
+    assert _gpu_row(b, "GPU-2")["nvlink_throughput_raw"] == 12.5
+    assert b.metric_sample is None or b.metric_sample.height == 0
+    assert not b.meta.get("unmapped_fields") and b.values() == 2
+
+
 # --- values -----------------------------------------------------------------------------------
 
 
@@ -368,7 +381,8 @@ def test_fleet_scrape_fast_path_matches_line_path():
     assert fast.gpu_sample.equals(slow.gpu_sample)
     assert fast.gpu.equals(slow.gpu)
     assert fast.gpu_workload.equals(slow.gpu_workload)
-    assert fast.metric_sample.sort("series").equals(slow.metric_sample.sort("series"))
+    # every field of dcgm-exporter's default counters has a column (NVLINK_BANDWIDTH_TOTAL since 0030)
+    assert fast.metric_sample is None and slow.metric_sample is None
     # Units: the first line of each family in the body, converted.
     text = body.decode()
     first = {ln.split("{")[0]: ln.rsplit(" ", 1)[1] for ln in reversed(text.splitlines()) if not ln.startswith("#")}
@@ -378,6 +392,7 @@ def test_fleet_scrape_fast_path_matches_line_path():
     assert g["energy_j"] == pytest.approx(int(first["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]) / 1000)
     assert g["util_ratio"] == pytest.approx(int(first["DCGM_FI_DEV_GPU_UTIL"]) / 100)
     assert math.isclose(g["power_w"], float(first["DCGM_FI_DEV_POWER_USAGE"]))
+    assert g["nvlink_throughput_raw"] == float(first["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"])
 
 
 def test_family_in_another_order_or_shorter_is_matched_by_text():

@@ -86,8 +86,8 @@ def test_blanks_nonfinite_duplicates_unmapped_and_skipped_alike():
         f"DCGM_FI_DEV_MEM_CLOCK{{{u}}} NaN\n"
         f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{u}}} 123456789\n"
         f"DCGM_FI_DEV_FB_USED{{{u}}} 1.5e3\n"
-        f"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{u}}} 17\n"  # no gpu_sample column: metric_sample
-        f"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{u}}} 18\n"
+        f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{u}}} 17\n"  # no gpu_sample column: metric_sample
+        f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{u}}} 18\n"
         f'DCGM_FI_DEV_XID_ERRORS{{{u}}} 79\n'
         'go_goroutines{instance="x"} 12\n'
         f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{u}}} 2\n"
@@ -106,7 +106,7 @@ def test_blanks_nonfinite_duplicates_unmapped_and_skipped_alike():
 def test_mig_and_extra_labels_alike():
     base = 'gpu="0",UUID="GPU-m",Hostname="n1",modelName="A100",GPU_I_PROFILE="1g.10gb",GPU_I_ID="{i}"'
     body = "".join(
-        f'DCGM_FI_DEV_GPU_UTIL{{{base.format(i=i)}}} {i * 10}\nDCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{base.format(i=i)},link="{i}"}} 5\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{{base.format(i=i)}}} {i * 10}\nDCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{base.format(i=i)},link="{i}"}} 5\n'
         for i in range(3)
     ).encode()
     # A metric_sample line with an extra label has a second block for the same GPU: declined, and the
@@ -434,7 +434,7 @@ def test_a_blank_field_without_a_column_is_counted_once():
     """A blank or NaN in a DCGM field kept as a metric sample is one dropped value, whichever way the columnar
     parser reads the body."""
     for comment in (b"", b"# HELP x a {brace} reads the body line by line\n"):
-        body = comment + (f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{_U}}} 2147483647\n"
+        body = comment + (f"DCGM_FI_DEV_GPU_TEMP{{{_U}}} 41\nDCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{_U}}} 2147483647\n"
                           f"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_U}}} NaN\n").encode()
         meta = dcgm.parse(body, source="s", ts=TS).meta
         assert (meta["dcgm_blank_dropped"], meta["non_finite_dropped"]) == (1, 1)

@@ -137,10 +137,10 @@ def test_exported_labels_are_the_exporters_and_target_labels_do_not_count():
     workload = {"exported_namespace": "ml", "exported_pod": "trainer-0", "exported_container": "main",
                 "namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x7k2p", "container": "nvidia-dcgm-exporter"}
     b = remote_write.parse(write_request([series("DCGM_FI_DEV_GPU_TEMP", 40.0, **workload),
-                                          series("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0.0, cluster="eu-1")]))
+                                          series("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 0.0, cluster="eu-1")]))
     assert b.gpu_workload.select("namespace", "pod", "container").rows() == [("ml", "trainer-0", "main")]
     # a relabelled-in label stays, as a non-standard label does in the text format; job/instance do not
-    assert b.metric_sample["series"].to_list() == [f'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{cluster="eu-1",gpu_uuid="{UUID}"}}']
+    assert b.metric_sample["series"].to_list() == [f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{cluster="eu-1",gpu_uuid="{UUID}"}}']
 
 
 def test_other_metrics_are_skipped_and_counted_and_metadata_read_past():
