@@ -68,9 +68,10 @@ def scratch_store(admin_url: str, prefix: str = "fleetscope_bench") -> Iterator[
 
 
 @contextlib.contextmanager
-def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | None = None,
+def served_api(database_url: str, workers: int | None = 1, env: Mapping[str, str] | None = None,
                started: list[int] | None = None) -> Iterator[tuple[str, str]]:
-    """(base URL, ingest token) of a running API over ``database_url``; ``env`` adds to or overrides its
+    """(base URL, ingest token) of a running API over ``database_url`` (``workers`` processes, None for the
+    service's default); ``env`` adds to or overrides its
     environment (a shared data directory, a broker, alerting settings). The server's process id is
     appended to ``started`` where given (its CPU time is read from /proc)."""
     # The services import the analyzers package, which benchmarks/analyzers.py shadows in a script whose own
@@ -82,7 +83,8 @@ def served_api(database_url: str, workers: int = 1, env: Mapping[str, str] | Non
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": tempfile.mkdtemp(prefix="fleetscope-bench-"), "FLEETSCOPE_DATABASE_URL": database_url,
            "FLEETSCOPE_LOG_LEVEL": "WARNING", **(env or {})}
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
+    given = ["--workers", str(workers)] if workers is not None else []  # None: serve's own default (FLEETSCOPE_API_WORKERS)
+    server = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), *given], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if started is not None:
         started.append(server.pid)

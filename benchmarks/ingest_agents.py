@@ -12,13 +12,13 @@ alone (``first_*``, every node new), each with the CPU a push cost the server an
 The load generator is a small asyncio HTTP/1.1 client over pre-built requests, so that it costs the
 2-core machine as little as it can: its CPU is taken from the server under test, for every system alike.
 
-    python benchmarks/ingest_agents.py [--hosts 2048] [--rounds 3] [--connections 16] [--workers 1]
+    python benchmarks/ingest_agents.py [--hosts 2048] [--rounds 3] [--connections 16] [--workers N]
                                        [--door-writers N] [--no-postgres] [--no-sqlite] [--only dcgm|otlp]
 
-``--workers``: API processes (``fleetscope serve --workers``; one by default, as the README's figures are taken:
-a second process on 2 cores shared with the database and the load costs more CPU a push than it adds);
-``--door-writers``: the ingest door's writer
-threads in each (``FLEETSCOPE_INGEST_WRITERS``, two by default, as the service's).
+``--workers``: API processes (``fleetscope serve --workers``); by default the service's own
+(``FLEETSCOPE_API_WORKERS``: two on PostgreSQL, one on SQLite), reported as ``workers``;
+``--door-writers``: the ingest door's writer threads in each (``FLEETSCOPE_INGEST_WRITERS``, two by default, as
+the service's).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 from sqlalchemy import text  # noqa: E402
 
+from fleetscope import settings  # noqa: E402
 from fleetscope.store import db  # noqa: E402
 
 from benchmarks import _server  # noqa: E402
@@ -224,7 +225,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=16)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=None, help="API processes (default: the service's, 2 on PostgreSQL, 1 on SQLite)")
     ap.add_argument("--door-writers", type=int, default=2)
     ap.add_argument("--no-postgres", action="store_true")
     ap.add_argument("--no-sqlite", action="store_true")
@@ -275,7 +276,7 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
                 if watch is not None:
                     watch.close()
             report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
-                   workers=args.workers, door_writers=args.door_writers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
+                   workers=args.workers or settings.default_api_workers(url, os.cpu_count()), door_writers=args.door_writers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 
 
 if __name__ == "__main__":

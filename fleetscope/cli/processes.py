@@ -60,9 +60,10 @@ WORKER_HEALTHCHECK_S = 60
 @click.command()
 @click.option("--host", default=None, help="Bind address (default FLEETSCOPE_API_HOST).")
 @click.option("--port", type=int, default=None, help="Port (default FLEETSCOPE_API_PORT).")
-@click.option("--workers", type=int, default=1, show_default=True, help="Uvicorn worker processes.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="API processes (default FLEETSCOPE_API_WORKERS: 2 on PostgreSQL, 1 on SQLite).")
 @_tls_options
-def serve(host: str | None, port: int | None, workers: int, tls_cert: str | None, tls_key: str | None) -> None:
+def serve(host: str | None, port: int | None, workers: int | None, tls_cert: str | None, tls_key: str | None) -> None:
     """Run the HTTP API (FastAPI under uvicorn), over HTTPS with --tls-cert and --tls-key.
 
     \b
@@ -71,6 +72,7 @@ def serve(host: str | None, port: int | None, workers: int, tls_cert: str | None
       fleetscope serve --host 0.0.0.0 --port 8000 --workers 4 --tls-cert api.crt --tls-key api.key
     """
     s = _settings()
+    workers = workers or s.api_workers
     given = [("--host", host), ("--port", port), ("--tls-cert", tls_cert), ("--tls-key", tls_key)]
     allocator.execute_tuned(["serve", "--workers", str(workers), *[x for name, value in given if value is not None for x in (name, str(value))]],
                             s.tune_allocator)

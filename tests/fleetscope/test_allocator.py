@@ -89,3 +89,65 @@ def test_serve_runs_under_the_settings_in_its_own_process(tmp_path, monkeypatch,
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _children_of(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _workers_of(pid: int) -> list[int]:
+    """uvicorn's worker processes under ``pid`` (multiprocessing's spawned children, not its resource tracker)."""
+    found = []
+    for c in _children_of(pid):
+        try:
+            if "spawn_main" in " ".join(_cmdline_of(c)):
+                found.append(c)
+        except OSError:
+            continue  # gone since it was listed
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the processes are read from /proc")
+def test_serve_on_postgresql_runs_two_api_processes_unless_told(pg_migrated, tmp_path):
+    """Without --workers, ``serve`` on PostgreSQL runs FLEETSCOPE_API_WORKERS' default of two processes (a
+    machine with two CPUs or more): the command it executes again says so, and two serve under it."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.fleetscope.test_ingest_door_api import _free_port
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the default is one process")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("FLEETSCOPE_API_WORKERS", allocator.TUNED)}
+    env.update({"FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": pg_migrated, "FLEETSCOPE_LOG_LEVEL": "WARNING"})
+    proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) >= 2:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
+            time.sleep(0.2)
+        cmdline = _cmdline_of(proc.pid)
+        assert cmdline[cmdline.index("serve"):] == ["serve", "--workers", "2", "--port", str(port)]
+        assert len(_workers_of(proc.pid)) == 2, [(c, _cmdline_of(c)) for c in _children_of(proc.pid)]
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)

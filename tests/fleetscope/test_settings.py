@@ -52,3 +52,20 @@ def test_evidence_must_outlive_raw_telemetry(monkeypatch):
     monkeypatch.setenv("FLEETSCOPE_EVIDENCE_RETENTION_DAYS", "0")
     with pytest.raises(ValueError, match="at least 1"):
         settings.load()
+
+
+def test_api_processes_default_to_two_on_postgresql_and_one_on_sqlite(monkeypatch):
+    assert settings.default_api_workers("postgresql+psycopg://db/fleet", 2) == 2
+    assert settings.default_api_workers("postgresql+psycopg://db/fleet", 64) == 2
+    assert settings.default_api_workers("postgresql+psycopg://db/fleet", 1) == 1  # no second CPU to run it
+    assert settings.default_api_workers("postgresql+psycopg://db/fleet", None) == 1
+    assert settings.default_api_workers("sqlite:///fleet.db", 64) == 1  # its writers take turns across processes
+    monkeypatch.delenv("FLEETSCOPE_API_WORKERS", raising=False)
+    monkeypatch.setenv("FLEETSCOPE_DATABASE_URL", "postgresql+psycopg://db/fleet")
+    monkeypatch.setattr(settings.os, "cpu_count", lambda: 2)
+    assert settings.load().api_workers == 2
+    monkeypatch.setenv("FLEETSCOPE_API_WORKERS", "3")
+    assert settings.load().api_workers == 3
+    monkeypatch.setenv("FLEETSCOPE_API_WORKERS", "0")
+    with pytest.raises(ValueError, match="FLEETSCOPE_API_WORKERS=0: expected an integer of at least 1"):
+        settings.load()
