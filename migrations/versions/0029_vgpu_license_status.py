@@ -11,8 +11,7 @@ Create Date: 2026-12-07
 """
 from typing import Sequence, Union
 
-from alembic import op
-import sqlalchemy as sa
+from migrations import gpu_field
 
 revision: str = '0029'
 down_revision: Union[str, Sequence[str], None] = '0028'
@@ -20,27 +19,11 @@ branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
 FIELD = "vgpu_license_status"
-TIERS = ("gpu_sample_minute", "gpu_sample_hour")
-AGGREGATES = ("min", "max", "mean", "last")
 
 
 def upgrade() -> None:
-    op.add_column("gpu_sample", sa.Column(FIELD, sa.BigInteger(), nullable=True,
-                                          comment="DCGM_FI_DEV_VGPU_LICENSE_STATUS, as exported (0 on a GPU that is not a licensed vGPU)"))
-    for table in TIERS:
-        for agg in AGGREGATES:
-            op.add_column(table, sa.Column(f"{FIELD}_{agg}", sa.Double() if agg == "mean" else sa.BigInteger(), nullable=True,
-                                           comment=f"{agg} of {FIELD} over the bucket"))
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(f'ALTER TABLE gpu_sample_packed ADD COLUMN "{FIELD}" bigint[]')
+    gpu_field.add(FIELD, integer=True, comment="DCGM_FI_DEV_VGPU_LICENSE_STATUS, as exported (0 on a GPU that is not a licensed vGPU)")
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(f'ALTER TABLE gpu_sample_packed DROP COLUMN "{FIELD}"')
-    for table in TIERS:
-        with op.batch_alter_table(table) as batch_op:
-            for agg in AGGREGATES:
-                batch_op.drop_column(f"{FIELD}_{agg}")
-    with op.batch_alter_table("gpu_sample") as batch_op:
-        batch_op.drop_column(FIELD)
+    gpu_field.drop(FIELD)
