@@ -24,7 +24,12 @@ no 408 is ever written into another request's response.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
+import multiprocessing
+import os
+import signal
+import sys
 from typing import Any
 
 from fleetscope.api.gate import MAX_HEADERS
@@ -182,3 +187,23 @@ def uvicorn_options(max_header_bytes: int) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that cap the request head."""
     http: Any = "fleetscope.api.server:CappedHttpTools" if HttpToolsProtocol is not None else "h11"
     return {"http": http, "h11_max_incomplete_event_size": max_header_bytes}
+
+
+def die_with_parent() -> None:
+    """Ask Linux for SIGTERM when this process's parent dies (``PR_SET_PDEATHSIG``); nothing elsewhere."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
+def create_worker_app() -> Any:
+    """``create_app`` in one of ``serve --workers N``'s processes, which ends with the supervisor that spawned it.
+    A supervisor killed alone (SIGKILL of its pid, an OOM kill) otherwise leaves its workers serving on the socket
+    they inherited, unsupervised, and a ``serve`` started again cannot bind it. uvicorn spawns and respawns its
+    workers from its main thread, whose end is the process's."""
+    die_with_parent()
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        raise SystemExit("the API's supervisor ended before this worker started")
+    from fleetscope.api import create_app  # lazy: this module is imported by the CLI before the app is needed
+
+    return create_app()

@@ -89,7 +89,8 @@ def serve(host: str | None, port: int | None, workers: int | None, tls_cert: str
     # timeout_worker_healthcheck (5 s by default), and a starting one that is not ready in that time. A
     # worker under full ingest load on a busy host, or importing the app there, can miss 5 s; killing it
     # drops every request it holds, so the limit is a minute: a worker hung that long is still replaced.
-    uvicorn.run("fleetscope.api:create_app", factory=True, host=host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
+    factory = "fleetscope.api.server:create_worker_app" if workers > 1 else "fleetscope.api:create_app"
+    uvicorn.run(factory, factory=True, host=host, port=port or s.api_port, workers=workers, log_level=s.log_level.lower(),
                 ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None,
                 timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **uvicorn_options(s.max_header_bytes))
 
@@ -145,7 +146,7 @@ def worker(ctx: click.Context, concurrency: int, pool: str, queues: str | None) 
 
 def _die_with_parent() -> None:
     """In a child, before exec: ask Linux for SIGTERM when the parent dies, so a killed `fleetscope worker`
-    leaves no alerting worker behind."""
+    leaves no alerting worker behind (the API's own workers: ``api.server.create_worker_app``)."""
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 

@@ -151,3 +151,62 @@ def test_serve_on_postgresql_runs_two_api_processes_unless_told(pg_migrated, tmp
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
+    """SIGKILL of ``serve --workers 2``'s supervisor alone (its pid, not its group): its workers stop too, so a
+    ``serve`` started again can bind the port instead of finding it held by workers nobody supervises."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.fleetscope.test_ingest_door_api import _free_port
+
+    port = _free_port()
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}",
+           "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+
+    def up(proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) == 2:
+                    return
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
+            time.sleep(0.2)
+
+    start = [sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", "2"]
+    proc = subprocess.Popen(start, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        up(proc)
+        workers = _workers_of(proc.pid)
+        os.kill(proc.pid, 9)
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+            assert time.monotonic() < deadline, f"workers {workers} outlived their supervisor"
+            time.sleep(0.1)
+        again = subprocess.Popen(start, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            up(again)
+        finally:
+            os.killpg(again.pid, 15)
+            again.wait(30)
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(b")") + 2:].split()[0].decode()
