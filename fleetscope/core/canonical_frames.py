@@ -66,9 +66,9 @@ GPU_FIELDS: tuple[Col, ...] = (
     _f("thermal_violation_s", doc="DCGM_FI_DEV_THERMAL_VIOLATION (ns) / 1e9; counter"),
     _f("clock_event_reasons", pl.Int64, doc="DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask"),
     _f("vgpu_license_status", pl.Int64, doc="DCGM_FI_DEV_VGPU_LICENSE_STATUS, as exported (0 on a GPU that is not a licensed vGPU)"),
-    # Raw: DCGM states no unit for field 449. dcgm-exporter's CSV types it a counter, DCGM 4 renamed it a throughput,
-    # and users read it as B/s, KB/s or MB/s; the value is kept as exported until DCGM documents one.
-    _f("nvlink_throughput_raw", doc="DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (field 449, NVLINK_THROUGHPUT_TOTAL from DCGM 4), as exported"),
+    # Raw: DCGM states no unit for field 449. dcgm-exporter's CSV types it a counter, newer DCGM releases rename it a
+    # throughput, and users read it as B/s, KB/s or MB/s; the value is kept as exported until DCGM documents one.
+    _f("nvlink_throughput_raw", doc="DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (field 449, NVLINK_THROUGHPUT_TOTAL in newer DCGM), as exported"),
 )
 
 

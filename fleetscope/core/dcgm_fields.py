@@ -60,7 +60,7 @@ DCGM_FIELDS: dict[str, tuple[str, float]] = {
     # (8 series and rows a node's push each, 16,384 rows a 16,384-GPU scrape).
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": ("vgpu_license_status", 1.0),
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("nvlink_throughput_raw", 1.0),
-    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": ("nvlink_throughput_raw", 1.0),  # DCGM 4's name of field 449
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": ("nvlink_throughput_raw", 1.0),  # the name of field 449 in newer DCGM releases
 }
 
 # ECC / row-remap counters that raise a health event when above zero: (gpu_sample column, kind, DCGM field

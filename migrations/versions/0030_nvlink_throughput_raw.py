@@ -23,7 +23,7 @@ FIELD = "nvlink_throughput_raw"
 
 
 def upgrade() -> None:
-    gpu_field.add(FIELD, integer=False, comment="DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (field 449, NVLINK_THROUGHPUT_TOTAL from DCGM 4), as exported")
+    gpu_field.add(FIELD, integer=False, comment="DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (field 449, NVLINK_THROUGHPUT_TOTAL in newer DCGM), as exported")
 
 
 def downgrade() -> None:

@@ -213,7 +213,7 @@ def test_unknown_dcgm_field_with_extra_labels_gets_a_canonical_series_key():
 
 def test_nvlink_total_is_a_column_under_either_name_kept_as_exported():
     """Field 449, in dcgm-exporter's default counters as ``NVLINK_BANDWIDTH_TOTAL`` and named
-    ``NVLINK_THROUGHPUT_TOTAL`` from DCGM 4, is one column holding the exported value (DCGM states no unit)."""
+    ``NVLINK_THROUGHPUT_TOTAL`` in newer DCGM releases, is one column holding the exported value (DCGM states no unit)."""
     body = (_line("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "8734187331", uuid="GPU-1", gpu=0)
             + _line("DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", "12.5", uuid="GPU-2", gpu=1))
     b = dcgm.parse(body.encode(), ts=TS)
