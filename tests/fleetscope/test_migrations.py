@@ -71,7 +71,9 @@ def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):
     gpus = ["gpu-a", "GPU-b", "GPU-a", "GPU-\u00e9"]
     store = Store.open(url)
     store.write(F.Batch(source="t", metric_sample=pl.DataFrame({"ts": [t0], "series": ['DCGM_FI_X{gpu_uuid="GPU-1"}'], "value": [1.5]})))
-    # the store writes raw samples in the head's shape (integer GPU ids, 0026); at 0023 they are rows of UUIDs
+    # the store writes raw samples in the head's shape (integer GPU ids, 0026); at 0023 they are rows of UUIDs.
+    # The partitions this process made before the downgrade to base are gone: forget them, or ensure_days trusts them.
+    partitions.forget_all(store.engine)
     partitions.ensure_days(store.engine, "gpu_sample", {t0.date()})
     with store.engine.begin() as conn:
         conn.execute(text("INSERT INTO gpu_sample (ts, gpu_uuid, power_w) SELECT :t, u, p FROM unnest(CAST(:g AS text[]), CAST(:p AS float8[])) AS x(u, p)"),
@@ -149,6 +151,7 @@ def test_without_auto_migrate_a_stale_database_is_refused_with_the_fix(tmp_path,
 
 def test_0026_keys_raw_samples_by_integer_gpu_id_and_keeps_the_rows(pg_url):
     url = pg_url
+    db.upgrade(url)  # from wherever the session's database was left (fresh, when this test runs first in its worker)
     db.downgrade(url, "0025")
     t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
     gpus = ["GPU-b", "GPU-a", "GPU-b", "GPU-c"]
