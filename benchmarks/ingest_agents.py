@@ -276,7 +276,7 @@ def run_db(label: str, url: str, args: argparse.Namespace, peer: dict | None) ->
                 if watch is not None:
                     watch.close()
             report(f"fleetscope-{label}", kind, args.hosts, seconds, lat, st, peer if kind == "dcgm" else None, steady,
-                   workers=args.workers or settings.default_api_workers(url, os.cpu_count()), door_writers=args.door_writers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
+                   workers=args.workers or settings.api_workers(url), door_writers=args.door_writers, gpu_rows_stored=stored_rows(url) - before, gpu_rows_expected=8 * args.hosts * args.rounds)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,12 @@ def default_api_workers(database_url: str, cpus: int | None) -> int:
     return 2 if database_url.startswith("postgresql") and (cpus or 1) >= 2 else 1
 
 
+def api_workers(database_url: str) -> int:
+    """The API processes ``fleetscope serve`` runs over ``database_url`` without --workers: FLEETSCOPE_API_WORKERS,
+    else ``default_api_workers`` on this machine's CPUs."""
+    return _positive("FLEETSCOPE_API_WORKERS", default_api_workers(database_url, os.cpu_count()))
+
+
 def load() -> Settings:
     """Read the environment now. Call again after changing ``os.environ`` (tests do)."""
     data_dir = Path(env("FLEETSCOPE_DATA_DIR", "./.fleetscope")).expanduser().resolve()
@@ -166,7 +172,7 @@ def load() -> Settings:
         api_host=host,
         api_port=port,
         api_url=env("FLEETSCOPE_API_URL", f"http://{host}:{port}"),
-        api_workers=_positive("FLEETSCOPE_API_WORKERS", default_api_workers(database_url, os.cpu_count())),
+        api_workers=api_workers(database_url),
         max_body_bytes=_int("FLEETSCOPE_MAX_BODY_BYTES", 256 * 2**20),
         group_commit_ms=_float("FLEETSCOPE_GROUP_COMMIT_MS", 2.0),
         ingest_max_pending=_int("FLEETSCOPE_INGEST_MAX_PENDING", 1024),
