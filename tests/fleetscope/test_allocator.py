@@ -91,30 +91,29 @@ def test_serve_runs_under_the_settings_in_its_own_process(tmp_path, monkeypatch,
         proc.wait(timeout=30)
 
 
-def _children_of(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
 def _workers_of(pid: int) -> list[int]:
     """uvicorn's worker processes under ``pid`` (multiprocessing's spawned children, not its resource tracker)."""
-    found = []
-    for c in _children_of(pid):
+    from benchmarks._server import _proc_stats
+
+    cmds: dict[int, bytes] = {}
+    return [c for c, (ppid, _) in _proc_stats(cmds).items() if ppid == pid and b"spawn_main" in cmds.get(c, b"")]
+
+
+def _serving(proc, port: int, workers: int) -> None:
+    """Wait until ``proc`` answers on ``port`` with ``workers`` worker processes under it."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 90
+    while True:
         try:
-            if "spawn_main" in " ".join(_cmdline_of(c)):
-                found.append(c)
-        except OSError:
-            continue  # gone since it was listed
-    return found
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) == workers:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
+        time.sleep(0.2)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the processes are read from /proc")
@@ -122,9 +121,6 @@ def test_serve_on_postgresql_runs_two_api_processes_unless_told(pg_migrated, tmp
     """Without --workers, ``serve`` on PostgreSQL runs FLEETSCOPE_API_WORKERS' default of two processes (a
     machine with two CPUs or more): the command it executes again says so, and two serve under it."""
     import subprocess
-    import time
-
-    import httpx
 
     from tests.fleetscope.test_ingest_door_api import _free_port
 
@@ -136,18 +132,9 @@ def test_serve_on_postgresql_runs_two_api_processes_unless_told(pg_migrated, tmp
     proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) >= 2:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
-            time.sleep(0.2)
+        _serving(proc, port, 2)
         cmdline = _cmdline_of(proc.pid)
         assert cmdline[cmdline.index("serve"):] == ["serve", "--workers", "2", "--port", str(port)]
-        assert len(_workers_of(proc.pid)) == 2, [(c, _cmdline_of(c)) for c in _children_of(proc.pid)]
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
@@ -160,29 +147,15 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
     import subprocess
     import time
 
-    import httpx
-
     from tests.fleetscope.test_ingest_door_api import _free_port
 
     port = _free_port()
     env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}",
            "FLEETSCOPE_LOG_LEVEL": "WARNING"}
-
-    def up(proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) == 2:
-                    return
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
-            time.sleep(0.2)
-
     start = [sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", "2"]
     proc = subprocess.Popen(start, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        up(proc)
+        _serving(proc, port, 2)
         workers = _workers_of(proc.pid)
         os.kill(proc.pid, 9)
         proc.wait(10)
@@ -192,7 +165,7 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
             time.sleep(0.1)
         again = subprocess.Popen(start, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            up(again)
+            _serving(again, port, 2)
         finally:
             os.killpg(again.pid, 15)
             again.wait(30)
