@@ -24,15 +24,13 @@ no 408 is ever written into another request's response.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import multiprocessing
 import os
-import signal
-import sys
 from typing import Any
 
 from fleetscope.api.gate import MAX_HEADERS
+from fleetscope.lifetime import die_with_parent
 from fleetscope.settings import load
 
 try:
@@ -187,12 +185,6 @@ def uvicorn_options(max_header_bytes: int) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that cap the request head."""
     http: Any = "fleetscope.api.server:CappedHttpTools" if HttpToolsProtocol is not None else "h11"
     return {"http": http, "h11_max_incomplete_event_size": max_header_bytes}
-
-
-def die_with_parent() -> None:
-    """Ask Linux for SIGTERM when this process's parent dies (``PR_SET_PDEATHSIG``); nothing elsewhere."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
 
 def create_worker_app() -> Any:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from fleetscope import settings as settings_mod
+from fleetscope import lifetime, settings as settings_mod
 from fleetscope.cli import allocator
 from fleetscope.cli.common import _engine, _settings
 from fleetscope.devices import nvml as nvml_driver
@@ -122,7 +121,7 @@ def worker(ctx: click.Context, concurrency: int, pool: str, queues: str | None) 
         return
     alerting = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "worker", "--queues", ALERTING_QUEUE, "--pool", "threads",
                                  "--concurrency", str(ALERTING_WORKER_THREADS), "--hostname", f"{ALERTING_QUEUE}@%h"],
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                preexec_fn=lifetime.die_with_parent)
     stopping = threading.Event()
 
     def watch() -> None:
@@ -142,12 +141,6 @@ def worker(ctx: click.Context, concurrency: int, pool: str, queues: str | None) 
             alerting.wait(timeout=60)
         except subprocess.TimeoutExpired:
             alerting.kill()
-
-
-def _die_with_parent() -> None:
-    """In a child, before exec: ask Linux for SIGTERM when the parent dies, so a killed `fleetscope worker`
-    leaves no alerting worker behind (the API's own workers: ``api.server.create_worker_app``)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @click.command("dashboard", context_settings={"ignore_unknown_options": True})
