@@ -113,31 +113,16 @@ class CpuWatch:
             self.sample()
 
     def sample(self) -> float:
-        for pid, cpu in _cpu_by_pid(self.needle).items():
-            self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
+        cmds: dict[int, bytes] = {}
+        needle = self.needle.encode()
+        for pid, (_, cpu) in _proc_stats(cmds).items():
+            if needle in cmds.get(pid, b""):
+                self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
         return sum(self.seen.values())
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def _cpu_by_pid(needle: str) -> dict[int, float]:
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if needle.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def peak_rss_mb(root_pid: int) -> float | None:
