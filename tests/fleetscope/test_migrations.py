@@ -192,3 +192,37 @@ def test_0026_keys_raw_samples_by_integer_gpu_id_and_keeps_the_rows(pg_url):
     store_engine.dispose()
     assert rows == [("GPU-b", 1.0), ("GPU-a", 2.0), ("GPU-b", 3.0), ("GPU-c", 4.0), ("GPU-d", 5.0)]
     db.upgrade(url)  # the session's database is shared with later tests
+
+
+def test_0031_keys_sqlite_raw_samples_time_first_and_keeps_their_rows(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    db.upgrade(url, "0030")
+    t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    samples = pl.DataFrame({"ts": [t0, t0, t0 + dt.timedelta(seconds=10)], "gpu_uuid": ["GPU-b", "GPU-a", "GPU-a"],
+                            "power_w": [300.0, 310.5, None], "nvlink_throughput_raw": [1.0, 2.0, 3.0]})
+    store = Store.open(url)
+    store.write(F.Batch(source="t", gpu_sample=samples))
+    store.engine.dispose()
+
+    def key_and_rows() -> tuple[list[str], list[tuple]]:
+        engine = db.make_engine(url)
+        try:
+            key = inspect(engine).get_pk_constraint("gpu_sample")["constrained_columns"]
+            with engine.connect() as conn:
+                rows = conn.execute(text("SELECT gpu_uuid, power_w, nvlink_throughput_raw FROM gpu_sample ORDER BY gpu_uuid, ts")).all()
+            return key, [tuple(r) for r in rows]
+        finally:
+            engine.dispose()
+
+    stored = [("GPU-a", 310.5, 2.0), ("GPU-a", None, 3.0), ("GPU-b", 300.0, 1.0)]
+    assert key_and_rows() == (["gpu_uuid", "ts"], stored)
+    db.upgrade(url)
+    assert key_and_rows() == (["ts", "gpu_uuid"], stored)
+    engine = db.make_engine(url)
+    assert db.schema_drift(engine) == []
+    engine.dispose()
+    store = Store.open(url)  # a re-sent sample still writes nothing new on the new key
+    assert store.write(F.Batch(source="t", gpu_sample=samples)).written.get("gpu_sample", 0) == 0
+    store.engine.dispose()
+    db.downgrade(url, "0030")
+    assert key_and_rows() == (["gpu_uuid", "ts"], stored)

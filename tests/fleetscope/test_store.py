@@ -739,3 +739,36 @@ def test_postgresql_reads_run_without_jit_and_keep_the_urls_own_options(store: S
 
     got = cx.read_sql(_no_jit_url(with_options), settings, return_type="polars")
     assert got.rows() == [("off", "7s")]
+
+
+def test_sqlite_commit_of_a_small_group_writes_few_pages_however_full_the_table(sqlite_migrated, tmp_path):
+    """SQLite's log takes whole pages, so a commit costs the pages it dirtied. An agent group (48 nodes x 8 GPUs)
+    into a table holding 24 scrapes of 4,096 GPUs must dirty about its own rows' worth of pages, not one key page
+    per GPU across the table: keyed (gpu_uuid, ts) it wrote 494 pages, keyed (ts, gpu_uuid) 29 (migration 0031)."""
+    import sqlite3
+
+    from tests.conftest import fresh_sqlite
+
+    url = fresh_sqlite(sqlite_migrated, tmp_path / "fleetscope.store.db")
+    store = Store.open(url)
+    uuids = [f"GPU-{i:08x}-{(i * 2654435761) % 2**32:08x}" for i in range(4096)]
+
+    def scrape(ts: dt.datetime, gpus: list[str]) -> F.Batch:
+        n = len(gpus)
+        return F.Batch(source="t", gpu_sample=pl.DataFrame({"ts": [ts] * n, "gpu_uuid": gpus, "power_w": [300.0] * n,
+                                                             "util_ratio": [0.5] * n, "fb_used_bytes": [2**30] * n}))
+
+    for k in range(24):
+        store.write(scrape(T0 + 10 * k * S, uuids))
+    store.engine.dispose()
+    path = str(tmp_path / "fleetscope.store.db")
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store = Store.open(url)
+    # 384 GPUs spread over the fleet, as a group's nodes are
+    store.write(scrape(T0 + 240 * S, uuids[::10][:384]))
+    store.engine.dispose()
+    with sqlite3.connect(path) as conn:
+        _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert conn.execute("SELECT COUNT(*) FROM gpu_sample").fetchone()[0] == 24 * 4096 + 384
+    assert 0 < frames < 80, frames
