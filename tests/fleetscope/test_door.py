@@ -47,11 +47,14 @@ def _gated(store: Store) -> tuple[door.Door, threading.Event]:
     original = d._commit
 
     def commit(group):  # type: ignore[no-untyped-def]
+        groups.append(len(group))
         entered.set()
         gate.wait(10)
         return original(group)
 
+    groups: list[int] = []
     d.entered = entered  # type: ignore[attr-defined]  # set once the writer holds its first group
+    d.groups = groups  # type: ignore[attr-defined]  # the size of each group the writer took
 
     d._commit = commit  # type: ignore[method-assign]
     return d, gate
@@ -206,7 +209,9 @@ def test_a_drivers_busy_error_is_the_retryable_error_and_is_not_written_push_by_
         with pytest.raises(OperationalError) as exc:
             f.result(30)
         assert exc.value.orig is error
-    assert len(calls) == 1
+    # one write a group, never one a push: a loaded machine's writer may take the first push alone before the rest
+    # are submitted, and then the other three still fail together
+    assert len(calls) == len(d.groups) and max(d.groups) >= 3, (calls, d.groups)
     monkeypatch.undo()
     d.close()
     assert _count(store, "gpu_sample") == 0
