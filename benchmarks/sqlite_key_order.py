@@ -1,8 +1,8 @@
 """SQLite: what a scrape's write costs as the raw-sample table grows, by the order of its key.
 
-The embedded store's ``gpu_sample`` is a rowid table keyed ``(gpu_uuid, ts)`` with a second index on ``ts``: a
-scrape's rows land across the whole key index, so the pages a commit writes (and the checkpoint copies) grow with
-the table. Keyed ``(ts, gpu_uuid)`` a scrape's rows land at the index's end. This writes the same scrapes (16,384
+Before migration 0031 the embedded store's ``gpu_sample`` was a rowid table keyed ``(gpu_uuid, ts)`` with a second
+index on ``ts``: a scrape's rows landed across the whole key index, so the pages a commit writes (and the checkpoint
+copies) grew with the table. Keyed ``(ts, gpu_uuid)``, as it is now, a scrape's rows land at the index's end. This writes the same scrapes (16,384
 GPUs x 30 fields by default) into both shapes of a bare table, WAL mode and ``synchronous=NORMAL`` as the store
 opens it, and prints one JSON line per shape: the mean seconds of insert + commit over the first and last tenth of
 the scrapes. ``benchmarks/ingest.py --scrapes 120`` shows the same through the API.
@@ -28,8 +28,9 @@ import time
 
 FIELDS = 30
 SHAPES = {
-    # the store's shape on SQLite (`.schema gpu_sample`: pk_gpu_sample and ix_gpu_sample_ts)
+    # the store's shape on SQLite before migration 0031 (pk_gpu_sample and ix_gpu_sample_ts)
     "gpu_uuid_ts": ("PRIMARY KEY (gpu_uuid, ts)", "CREATE INDEX ix_ts ON s (ts)"),
+    # time first; the store since 0031 also keeps its index on ts, which a scrape appends to as well
     "ts_gpu_uuid": ("PRIMARY KEY (ts, gpu_uuid)", None),
 }
 
