@@ -1,10 +1,11 @@
-"""SQLite: gpu_sample keyed (ts, gpu_uuid), so that a write's rows land at the end of its key
+"""SQLite: raw GPU samples and their pods keyed (ts, gpu_uuid), so that a write's rows land at the end of the key
 
 SQLite's write-ahead log takes whole pages: a commit writes every page its transaction dirtied. Keyed
 ``(gpu_uuid, ts)``, a scrape's or an agent group's rows land one per GPU across the whole key index, so the pages a
 commit writes grow with the table until there is one per row. Keyed ``(ts, gpu_uuid)`` they land together at the
 index's end. ``benchmarks/sqlite_key_order.py`` measured a 16,384-GPU scrape written as agent-sized groups of 384
 rows: 0.72 s a scrape at the second and 1.47 s at the twelfth against 0.22 and 0.21 s (README, "How fast").
+``gpu_workload`` (a row per busy GPU and scrape: on a Kubernetes fleet, about every GPU) had the same key.
 
 Reads keep their plans where they give a time range (every read of raw samples does, ``store.reads``); a single
 GPU's range now scans every GPU's rows of that range, the price of the embedded store's writes not slowing as it
@@ -24,32 +25,38 @@ down_revision: Union[str, Sequence[str], None] = '0030'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
+TABLES = ("gpu_sample", "gpu_workload")
 GPU_FIRST = "PRIMARY KEY (gpu_uuid, ts)"
 TIME_FIRST = "PRIMARY KEY (ts, gpu_uuid)"
 
 
 def upgrade() -> None:
-    _rekey(GPU_FIRST, TIME_FIRST)
+    for table in TABLES:
+        _rekey(table, GPU_FIRST, TIME_FIRST)
 
 
 def downgrade() -> None:
-    _rekey(TIME_FIRST, GPU_FIRST)
+    for table in TABLES:
+        _rekey(table, TIME_FIRST, GPU_FIRST)
 
 
-def _rekey(old: str, new: str) -> None:
-    """Rebuild SQLite's ``gpu_sample`` with ``new`` for its primary key: the table's own CREATE statement with the
-    key swapped (so columns added by later revisions come along), its rows copied in the new key's order."""
+def _rekey(table: str, old: str, new: str) -> None:
+    """Rebuild SQLite's ``table`` with ``new`` for its primary key: the table's own CREATE statement with the key
+    swapped (so columns added by later revisions come along), its rows copied in the new key's order, its indexes
+    made again from their own statements."""
     conn = op.get_bind()
     if conn.dialect.name != "sqlite":
         return
-    create = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'gpu_sample'").scalar()
+    create = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).scalar()
     if create is None or old not in create:
-        raise RuntimeError(f"gpu_sample's key is not {old}: {create!r}")
-    # the name as SQLite keeps it: bare as created, quoted once a rename made it
-    body = create[create.index("("):]
-    conn.exec_driver_sql("CREATE TABLE _rekey_gpu_sample " + body.replace(old, new))
+        raise RuntimeError(f"{table}'s key is not {old}: {create!r}")
+    indexes = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
+                                   (table,)).scalars().all()
+    # the table's name as SQLite keeps it: bare as created, quoted once a rename made it
+    conn.exec_driver_sql(f"CREATE TABLE _rekey_{table} " + create[create.index("("):].replace(old, new))
     order = new.removeprefix("PRIMARY KEY (").removesuffix(")")
-    conn.exec_driver_sql(f"INSERT INTO _rekey_gpu_sample SELECT * FROM gpu_sample ORDER BY {order}")
-    conn.exec_driver_sql("DROP TABLE gpu_sample")
-    conn.exec_driver_sql("ALTER TABLE _rekey_gpu_sample RENAME TO gpu_sample")
-    conn.exec_driver_sql("CREATE INDEX ix_gpu_sample_ts ON gpu_sample (ts)")
+    conn.exec_driver_sql(f"INSERT INTO _rekey_{table} SELECT * FROM {table} ORDER BY {order}")
+    conn.exec_driver_sql(f"DROP TABLE {table}")
+    conn.exec_driver_sql(f"ALTER TABLE _rekey_{table} RENAME TO {table}")
+    for sql in indexes:
+        conn.exec_driver_sql(sql)

@@ -194,35 +194,42 @@ def test_0026_keys_raw_samples_by_integer_gpu_id_and_keeps_the_rows(pg_url):
     db.upgrade(url)  # the session's database is shared with later tests
 
 
-def test_0031_keys_sqlite_raw_samples_time_first_and_keeps_their_rows(tmp_path):
+def test_0031_keys_sqlite_raw_samples_and_their_pods_time_first_and_keeps_their_rows(tmp_path):
     url = f"sqlite:///{tmp_path / 'm.db'}"
     db.upgrade(url, "0030")
     t0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
     samples = pl.DataFrame({"ts": [t0, t0, t0 + dt.timedelta(seconds=10)], "gpu_uuid": ["GPU-b", "GPU-a", "GPU-a"],
                             "power_w": [300.0, 310.5, None], "nvlink_throughput_raw": [1.0, 2.0, 3.0]})
+    pods = pl.DataFrame({"ts": [t0, t0], "gpu_uuid": ["GPU-b", "GPU-a"], "namespace": ["ml", "ml"], "pod": ["train-1", "train-0"]})
     store = Store.open(url)
-    store.write(F.Batch(source="t", gpu_sample=samples))
+    store.write(F.Batch(source="t", gpu_sample=samples, gpu_workload=pods))
     store.engine.dispose()
 
-    def key_and_rows() -> tuple[list[str], list[tuple]]:
+    def keys_and_rows() -> tuple[list[str], list[str], list[tuple], list[tuple], list[str]]:
         engine = db.make_engine(url)
         try:
-            key = inspect(engine).get_pk_constraint("gpu_sample")["constrained_columns"]
+            found = inspect(engine)
             with engine.connect() as conn:
                 rows = conn.execute(text("SELECT gpu_uuid, power_w, nvlink_throughput_raw FROM gpu_sample ORDER BY gpu_uuid, ts")).all()
-            return key, [tuple(r) for r in rows]
+                held = conn.execute(text("SELECT gpu_uuid, pod FROM gpu_workload ORDER BY gpu_uuid, ts")).all()
+            return (found.get_pk_constraint("gpu_sample")["constrained_columns"], found.get_pk_constraint("gpu_workload")["constrained_columns"],
+                    [tuple(r) for r in rows], [tuple(r) for r in held],
+                    sorted(i["name"] for t in ("gpu_sample", "gpu_workload") for i in found.get_indexes(t)))
         finally:
             engine.dispose()
 
     stored = [("GPU-a", 310.5, 2.0), ("GPU-a", None, 3.0), ("GPU-b", 300.0, 1.0)]
-    assert key_and_rows() == (["gpu_uuid", "ts"], stored)
+    held = [("GPU-a", "train-0"), ("GPU-b", "train-1")]
+    indexes = ["ix_gpu_sample_ts", "ix_gpu_workload_namespace_pod"]
+    assert keys_and_rows() == (["gpu_uuid", "ts"], ["gpu_uuid", "ts"], stored, held, indexes)
     db.upgrade(url)
-    assert key_and_rows() == (["ts", "gpu_uuid"], stored)
+    assert keys_and_rows() == (["ts", "gpu_uuid"], ["ts", "gpu_uuid"], stored, held, indexes)
     engine = db.make_engine(url)
     assert db.schema_drift(engine) == []
     engine.dispose()
     store = Store.open(url)  # a re-sent sample still writes nothing new on the new key
-    assert store.write(F.Batch(source="t", gpu_sample=samples)).written.get("gpu_sample", 0) == 0
+    written = store.write(F.Batch(source="t", gpu_sample=samples, gpu_workload=pods)).written
+    assert written.get("gpu_sample", 0) == 0 and written.get("gpu_workload", 0) == 0
     store.engine.dispose()
     db.downgrade(url, "0030")
-    assert key_and_rows() == (["gpu_uuid", "ts"], stored)
+    assert keys_and_rows() == (["gpu_uuid", "ts"], ["gpu_uuid", "ts"], stored, held, indexes)
