@@ -522,12 +522,8 @@ class Store:
         job_ids, hosts, gpus = _as_list(job_id), _as_list(host), _as_list(gpu_uuid)
         assignments = None
         if frame == "gpu_sample" and job_ids is not None:
-            # SQLite's raw samples are keyed time first (migration 0031): the range's samples are the outer loop,
-            # each probing the ranks by GPU. SQLite never reorders the tables of a CROSS JOIN; left to choose, it
-            # may loop over the ranks and scan the whole range for each (15.7 s against 2.2 s for 256 ranks).
-            kind = "CROSS JOIN" if self.dialect == "sqlite" else "JOIN"
             joins = (
-                f' {kind} job_rank r ON r.gpu_uuid = t.gpu_uuid AND t.ts >= r."start" AND (r."end" IS NULL OR t.ts < r."end")'
+                ' JOIN job_rank r ON r.gpu_uuid = t.gpu_uuid AND t.ts >= r."start" AND (r."end" IS NULL OR t.ts < r."end")'
             )
             where.append(self._in("r.job_id", job_ids, params))
             out_schema = {"job_id": pl.String, "rank": pl.Int64, **out_schema}
