@@ -95,6 +95,15 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.05):  # type
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (Linux's /proc): neither gone nor a zombie its parent has not reaped."""
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "State:\tZ" not in status.read_text()
+    except OSError:
+        return False
+
+
 def end_worker(proc: subprocess.Popen) -> int | None:
     """Kill a Celery worker process a test is done with, and reap it; the exit status it had already ended
     with on its own (worth its log), else None.

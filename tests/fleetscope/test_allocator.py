@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetscope.cli import allocator
+from tests.conftest import process_alive, wait_until
 
 
 def test_the_tuned_environment_adds_both_settings_after_what_is_there():
@@ -101,19 +102,16 @@ def _workers_of(pid: int) -> list[int]:
 
 def _serving(proc, port: int, workers: int) -> None:
     """Wait until ``proc`` answers on ``port`` with ``workers`` worker processes under it."""
-    import time
-
     import httpx
 
-    deadline = time.monotonic() + 90
-    while True:
+    def up() -> bool:
+        assert proc.poll() is None, "the server exited before it came up with its processes"
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) == workers:
-                return
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and len(_workers_of(proc.pid)) == workers
         except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up with its processes"
-        time.sleep(0.2)
+            return False
+
+    wait_until(up, 90, f"the server on port {port} with {workers} worker processes", poll_s=0.2)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the processes are read from /proc")
@@ -145,7 +143,6 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
     """SIGKILL of ``serve --workers 2``'s supervisor alone (its pid, not its group): its workers stop too, so a
     ``serve`` started again can bind the port instead of finding it held by workers nobody supervises."""
     import subprocess
-    import time
 
     from tests.fleetscope.test_ingest_door_api import _free_port
 
@@ -159,10 +156,7 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
         workers = _workers_of(proc.pid)
         os.kill(proc.pid, 9)
         proc.wait(10)
-        deadline = time.monotonic() + 30
-        while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
-            assert time.monotonic() < deadline, f"workers {workers} outlived their supervisor"
-            time.sleep(0.1)
+        wait_until(lambda: not any(process_alive(w) for w in workers), 30, f"workers {workers} to end with their supervisor", poll_s=0.1)
         again = subprocess.Popen(start, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             _serving(again, port, 2)
@@ -174,12 +168,3 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
             os.killpg(proc.pid, 9)
         except ProcessLookupError:
             pass
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(b")") + 2:].split()[0].decode()

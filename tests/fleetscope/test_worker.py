@@ -15,7 +15,7 @@ import pytest
 from fleetscope.core import frames as F
 from fleetscope.store import Store
 from fleetscope.worker import ALERTING_QUEUE, make_celery
-from tests.conftest import end_worker, fresh_sqlite, make_settings
+from tests.conftest import end_worker, fresh_sqlite, make_settings, process_alive
 
 
 def start_worker(env: dict[str, str], queue: str, log: Path) -> subprocess.Popen:
@@ -129,11 +129,6 @@ def test_a_failing_task_is_recorded_as_failure(worker):
     assert "not-a-date" in runs["detail"][0]
 
 
-def _alive(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "State:\tZ" not in status.read_text()
-
-
 def _children(pid: int) -> list[int]:
     return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
@@ -157,7 +152,7 @@ def cli_worker(tmp_path):
         yield app, proc, children[0]
     finally:
         for pid in (proc.pid, *children):
-            if _alive(pid):
+            if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=10)
         print(log.read_text()[-3000:])
@@ -179,9 +174,9 @@ def test_fleetscope_worker_serves_alerting_from_a_process_of_its_own(cli_worker)
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.monotonic() + 30
-    while _alive(child) and time.monotonic() < deadline:
+    while process_alive(child) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(child)
+    assert not process_alive(child)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
