@@ -296,6 +296,9 @@ def gpu_health(
 _ENGINE = "auto"
 
 
+_FLAGS = ("remap_pending", "remap_failure", "retired_pending_total")  # states, read as the GPU's last reading
+
+
 def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.Expr, expected: pl.Expr,
                low_clock_ratio: float) -> pl.DataFrame | None:
     """One pass of row-wise expressions, then one group_by of plain sums (polars' fast path).
@@ -321,10 +324,25 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
         (ld & ck.is_not_null() & pl.col("expected_sm_clock_mhz").is_not_null()).alias("_clock_known"),
         pl.when(ld).then(ck).alias("_loaded_clock"),
     ]
+    # A GPU's readings of a counter or flag may be interleaved with rows that lack it: another source's samples
+    # (the agent's NVML beside a scraped dcgm-exporter) or a blank. Each reading is compared with the GPU's
+    # previous reading, wherever it sat, and a flag's last reading is its last non-null one.
+    # A column without nulls (the usual case) takes the plain adjacent-row forms, a fifth of the time.
+    run = pl.col("_run")
     for col in present:
-        d = pl.col(col).diff()
-        row.append(pl.when(first).then(0).when(d < 0).then(pl.col(col)).otherwise(d).alias(f"_inc_{col}"))
-        row.append((~first & (d < 0)).alias(f"_reset_{col}"))
+        v = pl.col(col)
+        if s[col].null_count() == 0:
+            d, has_prev = v.diff(), ~first
+        else:
+            has_prev = (pl.when(v.is_not_null()).then(run).forward_fill().shift(1) == run).fill_null(False)
+            d = v - v.forward_fill().shift(1)
+        row.append(pl.when(~has_prev | v.is_null()).then(0).when(d < 0).then(v).otherwise(d).alias(f"_inc_{col}"))
+        row.append((has_prev & (d < 0)).fill_null(False).alias(f"_reset_{col}"))
+    for col in _FLAGS:
+        if col in keep:
+            v = pl.col(col)
+            now = v if s[col].null_count() == 0 else pl.when(pl.when(v.is_not_null()).then(run).forward_fill() == run).then(v.forward_fill())
+            row.append(now.alias(f"_now_{col}"))
     d = base.with_columns(row)
     # Plain sums / mins / maxes only: polars runs those on its fast group-by path; ratios come after.
     aggs: list[pl.Expr] = [
@@ -339,7 +357,7 @@ def _aggregate(s: pl.DataFrame, present: list[str], loaded: pl.Expr, clock: pl.E
         pl.col("expected_sm_clock_mhz").first(),
         *[pl.col(f"_reset_{c}").sum() for c in present],
         *[pl.col(f"_inc_{c}").sum().alias(f"{_COUNTERS[c]}_increase") for c in present],
-        *[pl.col(c).last().alias(f"{c}_last") for c in ("remap_pending", "remap_failure", "retired_pending_total") if c in keep],
+        *[pl.col(f"_now_{c}").last().alias(f"{c}_last") for c in _FLAGS if c in keep],
         *[pl.col(c).max().alias(f"{c}_max") for c in ("temp_c", "mem_temp_c") if c in keep],
     ]
     # Lazy, so the ~25 per-row helper columns over 24 M rows are never all materialised at once.

@@ -177,6 +177,26 @@ def test_unordered_and_interleaved_samples_give_the_same_answer():
     assert ordered.filter(pl.col("gpu_uuid") == "GPU-a")["ecc_sbe_increase"][0] == 3 + 5
 
 
+def test_readings_from_a_second_source_interleaved_with_rows_without_them():
+    # The agent's NVML rows every minute carry no DCGM fault counters; dcgm-exporter's scrape, 30 s later,
+    # does: DBE 0, 0, 2, 2, 1 (a reset, then one error), remap failure 0, 0, 1, 1, 1. The rows are read in
+    # time order, each dcgm reading between two NVML rows. Increases are between the dcgm readings:
+    # 2 + (1 after the reset) = 3, one reset; the remap failure flag's last reading is 1.
+    nvml = samples("GPU-x", 5, util_ratio=0.9, ecc_dbe_volatile_total=None, remap_failure=None)
+    dcgm = samples("GPU-x", 5, util_ratio=None, ecc_dbe_volatile_total=[0, 0, 2, 2, 1], remap_failure=[0, 0, 1, 1, 1]).with_columns(
+        pl.col("ts") + timedelta(seconds=30))
+    # a GPU with no reading at all sits before it, so nothing carries across GPUs
+    quiet = samples("GPU-a", 5, util_ratio=0.9, ecc_dbe_volatile_total=None, remap_failure=None)
+    mixed = pl.concat([quiet, nvml, dcgm], how="vertical_relaxed").sort("gpu_uuid", "ts")
+    rows = {r["gpu_uuid"]: r for r in health.gpu_health(mixed).iter_rows(named=True)}
+    x = rows["GPU-x"]
+    assert (x["ecc_dbe_increase"], x["counter_resets"], x["remap_failure_last"]) == (3, 1, 1)
+    assert x["recommendation"] == "send_for_repair"
+    a = rows["GPU-a"]
+    assert (a["ecc_dbe_increase"], a["counter_resets"], a["recommendation"]) == (0, 0, "none")
+    assert a["remap_failure_last"] is None
+
+
 def test_violation_counters_become_time_ratios():
     # 30 s of thermal violation per 60 s sample → 50 % of the time
     s = samples("GPU-t", 11, thermal_violation_s=[30.0 * i for i in range(11)], util_ratio=0.9)
