@@ -293,12 +293,33 @@ def team_over_budget(store: Store, at: dt.datetime, m: int, data_dir: Path) -> N
         teams_service.set_budget(store, team="ml", month="2026-11", gpu_hour_quota=1000.0, recorded_by="finance", now=at)
 
 
+def dcgm_counter(field: str, on: Callable[[int], float]) -> Callable[[Store, dt.datetime, int, Path], None]:
+    """GPU-n1-0's dcgm-exporter scrape, ingested as the agent's text each minute: one fault counter, valued
+    ``on(minute)``, beside its temperature. The parser turns a counter above zero into a health event and
+    the store keeps only a changed reading, so a counter held for many scrapes is one event."""
+    from fleetscope.door import ingestion
+    from ingest.format import Options
+
+    def act(store: Store, at: dt.datetime, m: int, data_dir: Path) -> None:
+        labels = ('gpu="0",UUID="GPU-n1-0",pci_bus_id="00000000:19:00.0",device="nvidia0",'
+                  'modelName="NVIDIA H100 80GB HBM3",Hostname="n1"')
+        body = f"DCGM_FI_DEV_GPU_TEMP{{{labels}}} 60\n{field}{{{labels}}} {on(m):g}\n".encode()
+        ingestion.ingest_bytes(store, body, source="dcgm-exporter n1", fmt="dcgm", opts=Options(ts=at - dt.timedelta(seconds=5)))
+    return act
+
+
 SCENARIOS = {
     "xid79": Scenario(extra=xid(79, T + 3 * MIN), rules=("GpuFellOffBus",), muted=("GpuNeedsRepairOrDrain",)),
     "xid48": Scenario(extra=xid(48, T + 3 * MIN), rules=("GpuUncorrectableEcc",)),
     "xid64": Scenario(extra=xid(64, T + 3 * MIN), minutes=110, rules=("GpuRowRemapFailure",), muted=("GpuNeedsRepairOrDrain",)),
     # XID 157 (resource retirement failed: no spare resources left) has no XID rule: the sweep's repair advice pages
     "xid157": Scenario(extra=xid(157, T + 3 * MIN), minutes=110, rules=("GpuNeedsRepairOrDrain",)),
+    # the counters alone, with no XID scraped: a double-bit error at minute 3, cleared by a GPU reset at 20; a
+    # row remap that fails at minute 3 and stays failed (the GPU awaits repair; the sweep's advice takes over)
+    "ecc_dbe_counter": Scenario(act=dcgm_counter("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", lambda m: 2.0 if 3 <= m < 20 else 0.0),
+                                minutes=70, rules=("GpuUncorrectableEcc",)),
+    "row_remap_counter": Scenario(act=dcgm_counter("DCGM_FI_DEV_ROW_REMAP_FAILURE", lambda m: 1.0 if m >= 3 else 0.0),
+                                  minutes=110, rules=("GpuRowRemapFailure",), muted=("GpuNeedsRepairOrDrain",)),
     "sdc_probe": Scenario(extra=probe_failure, minutes=110, rules=("SdcSuspect",)),
     "straggler": Scenario(extra=slow_rank_steps, rules=("Straggler",)),
     "hang": Scenario(extra=stalled_steps, rules=("JobHung",)),
