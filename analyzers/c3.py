@@ -440,6 +440,8 @@ _COMM_TERMS = {
     "tree": (lambda n: np.log2(n), lambda n: 1.0 / (n * math.log(2.0))),
     "ring_bandwidth": (lambda n: 2.0 * (n - 1.0) / n, lambda n: 2.0 / n**2),
 }
+# The comm terms fit_fleet_law takes, for the doors that offer the choice (API, CLI).
+COMM_TERMS = tuple(_COMM_TERMS)
 
 
 @dataclass(frozen=True)

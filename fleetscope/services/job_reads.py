@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analyzers.c3 import fit_fleet_law, scaling_efficiency
+from analyzers.c3 import COMM_TERMS, fit_fleet_law, scaling_efficiency
 from fleetscope.core import frames as F
+from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
 from fleetscope.store import Store
 from fleetscope.store.reads import duration_s_sql, fetch, json_number_sql
@@ -244,11 +245,17 @@ def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFra
 
 # How far either side of the runs the fitted curve is drawn, in factors of the world size.
 _FIT_SPAN = 2.0
+# The fit's defaults, the Jobs page's: the API and the CLI offer the same, and bound the curve's points.
+FIT_POINTS = 64
+FIT_POINTS_MAX = 1000
+FIT_COMM_TERM = "ring"
+FIT_COMM_TERMS = COMM_TERMS
 
 
-def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str = "ring") -> dict[str, Any]:
+def scaling_fit(store: Store, model_name: str, points: int = FIT_POINTS, comm_term: str = FIT_COMM_TERM) -> dict[str, Any]:
     """The Fleet Law fitted to the runs of one model (analyzers.c3.fit_fleet_law: T_step(N) = a/N +
-    b·f(N) + c, ring all-reduce f(N) = 2(N−1) by default), for the Jobs page:
+    b·f(N) + c, ring all-reduce f(N) = 2(N−1) by default), for the Jobs page (and, as JSON values through
+    :func:`scaling_report`, for the API and the CLI):
 
     - ``runs``: ``scaling(store, model_name)`` (measured step time and η per run);
     - ``fit``: ``a_s, b_s, c_s, r2, n_opt`` and ``comm_term``, or None with ``why`` when there are fewer than
@@ -286,3 +293,30 @@ def scaling_fit(store: Store, model_name: str, points: int = 64, comm_term: str 
     out["curve"] = curve.filter(pl.col("step_time_s") > 0)
     out["fit"] = {"a_s": fit.a_s, "b_s": fit.b_s, "c_s": fit.c_s, "r2": fit.r2, "n_opt": fit.n_opt, "comm_term": fit.comm_term}
     return out
+
+
+def model_known(store: Store, model_name: str) -> bool:
+    """Whether a job of the job inventory names ``model_name`` as its model."""
+    return fetch(store, "SELECT job_id FROM job WHERE model_name = ? LIMIT 1", [model_name], {"job_id": pl.String}, small=True).height > 0
+
+
+def scaling_report(store: Store, model_name: str, points: int = FIT_POINTS, comm_term: str = FIT_COMM_TERM) -> dict[str, Any]:
+    """:func:`scaling_fit` as plain JSON values, for ``GET /api/v1/models/{name}/scaling`` and ``fleetscope jobs
+    scaling``: ``model_name``, ``comm_term``, ``runs`` and ``curve`` as lists of rows, ``fit`` (``n_opt`` None
+    where the fitted curve has no minimum: JSON has no infinity) or None, and ``why`` when it is None.
+
+    ``NotFound`` for a model no job of the inventory names (a known model with no step records gives empty
+    ``runs`` and ``why``); ``ValueError`` for ``points`` outside 2..FIT_POINTS_MAX or an unknown ``comm_term``.
+    """
+    if comm_term not in FIT_COMM_TERMS:
+        raise ValueError(f"comm_term must be one of {', '.join(FIT_COMM_TERMS)}, not {comm_term[:50]!r}")
+    if not 2 <= points <= FIT_POINTS_MAX:
+        raise ValueError(f"points must be from 2 to {FIT_POINTS_MAX}, not {points}")
+    if not model_known(store, model_name):
+        raise NotFound(f"no job of model {model_name[:200]!r} in the job inventory")
+    sf = scaling_fit(store, model_name, points=points, comm_term=comm_term)
+    fit = sf["fit"]
+    if fit is not None:
+        fit = {**fit, "n_opt": fit["n_opt"] if math.isfinite(fit["n_opt"]) else None}
+    return {"model_name": model_name, "comm_term": comm_term, "runs": sf["runs"].to_dicts(), "fit": fit, "why": sf["why"],
+            "curve": sf["curve"].to_dicts()}
