@@ -309,6 +309,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_fleet.router)
     app.include_router(routes_governance.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_jobs.models)
     app.include_router(routes_otlp.router)
     app.include_router(routes_remote_write.router)
     app.include_router(routes_serving.router)

@@ -1,4 +1,5 @@
-"""Jobs and their analyses: C3 breakdown, goodput, stragglers and the straggler what-if."""
+"""Jobs and their analyses: C3 breakdown, goodput, stragglers and the straggler what-if; scaling across the runs
+of one model with the Fleet Law fit (`models`, under `/api/v1/models`)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,23 @@ import datetime as dt
 from typing import Annotated, Any
 
 import polars as pl
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from fleetscope.services import jobs as analysis
 from fleetscope.api.security import require
 from fleetscope.services import energy as es
+from fleetscope.services import job_reads
 import json
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+# Reads across the jobs of one model (named as the job inventory's model_name), beside the other model routes.
+models = APIRouter(prefix="/api/v1/models", tags=["jobs"])
+
+# A model name as the other model routes take it: text, no control characters (a NUL is no text to PostgreSQL).
+ModelName = Annotated[str, Path(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$",
+                                description="the model_name the job inventory gives its jobs")]
 
 
 def _known(request: Request, job_id: str) -> None:
@@ -125,3 +133,30 @@ def get_energy(
     except ValueError as exc:  # the period (job_report reads instants without a zone as UTC first)
         raise HTTPException(400, str(exc)) from None
     return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+@models.get("/{name}/scaling", dependencies=[Depends(require("read"))])
+def get_scaling(
+    request: Request,
+    name: ModelName,
+    points: Annotated[int, Query(ge=2, le=job_reads.FIT_POINTS_MAX, description="world sizes the fitted curve is predicted at")] = job_reads.FIT_POINTS,
+    comm_term: Annotated[str, Query(pattern="^(" + "|".join(job_reads.FIT_COMM_TERMS) + ")$",
+                                    description="the Fleet Law's growing term: ring 2(N-1), tree log2 N, ring_bandwidth 2(N-1)/N")] = job_reads.FIT_COMM_TERM,
+) -> dict[str, Any]:
+    """Scaling across the runs of one model and the Fleet Law fitted to them, as the Jobs page shows them
+    (``services.job_reads.scaling_report`` over ``scaling_fit``, with its defaults):
+
+    - ``model_name``, ``comm_term``;
+    - ``runs``: per job of the model with a world size and step records, smallest world size first,
+      ``{job_id, world_size, step_time_mean_s, efficiency_ratio}``; η = T1 / (N · T_N), relative to the
+      smallest run where there is no 1-GPU run;
+    - ``fit``: ``{a_s, b_s, c_s, r2, n_opt, comm_term}`` of T_step(N) = a/N + b·f(N) + c (``n_opt``: the world
+      size with the shortest predicted step, null where the curve has no minimum; ``a_s`` ≤ 0 means the runs do not
+      scale as one model and global batch would), or null with ``why`` (fewer than three world sizes);
+    - ``curve``: ``{world_size, step_time_s, efficiency_ratio}`` predicted at ``points`` world sizes spread
+      log-evenly around the runs, plus the runs' own.
+
+    404 for a model no job of the inventory names; 422 naming the parameter for a name over 500 characters or
+    holding a control character, ``points`` outside 2..1000, or an unknown ``comm_term``.
+    """
+    return job_reads.scaling_report(request.app.state.store, name, points=points, comm_term=comm_term)
