@@ -1,4 +1,5 @@
-"""``fleetscope jobs``: one training job's analyses: C3, goodput and MFU, stragglers, the what-if, SDC."""
+"""``fleetscope jobs``: one training job's analyses: C3, goodput and MFU, stragglers, the what-if, SDC; and
+scaling across the runs of one model with the Fleet Law fit."""
 
 from __future__ import annotations
 
@@ -7,17 +8,21 @@ import json
 import click
 
 from fleetscope.cli.common import _store
+from fleetscope.core.errors import NotFound
+from fleetscope.core.textinput import has_control
 
 
 @click.group()
 def jobs() -> None:
-    """One job's analyses: run them now (analyze), or read what was last stored (whatif, sdc).
+    """One job's analyses: run them now (analyze), or read what was last stored (whatif, sdc); scaling across
+    the runs of one model (scaling).
 
     \b
     Examples:
       fleetscope jobs analyze job-llm-a
       fleetscope jobs whatif job-llm-a
       fleetscope jobs sdc job-llm-a --json
+      fleetscope jobs scaling llama-7b
     """
 
 
@@ -141,3 +146,61 @@ def sdc(job_id: str, as_json: bool) -> None:
             click.echo(f"      expected  {v['expected']} ({v['expected_source']})")
     for p in out["reruns"]["problems"]:
         click.echo(f"  rerun {p['case_id']} not judged: {p['problem']}")
+
+
+# The Fleet Law's growing terms (analyzers.c3.COMM_TERMS, which --help must not import; a test holds them equal).
+_COMM_TERMS = ("ring", "tree", "ring_bandwidth")
+
+
+@jobs.command("scaling")
+@click.argument("model")
+@click.option("--points", type=click.IntRange(2, 1000), default=None,
+              help="world sizes the fitted curve is predicted at (--json's curve; default 64, the Jobs page's)")
+@click.option("--comm-term", type=click.Choice(_COMM_TERMS), default=None,
+              help="the fit's growing term: ring 2(N-1) (default, the Jobs page's), tree log2 N, ring_bandwidth 2(N-1)/N")
+@click.option("--json", "as_json", is_flag=True, help="runs, fit and curve as GET /api/v1/models/{name}/scaling answers")
+def scaling(model: str, points: int | None, comm_term: str | None, as_json: bool) -> None:
+    """Scaling across the runs of MODEL (the job inventory's model_name) at different world sizes: each run's
+    mean step time and efficiency η = T1 / (N · T_N) (relative to the smallest run without a 1-GPU one), and the
+    Fleet Law T_step(N) = a/N + b·2(N−1) + c fitted to them (three world sizes or more) with N*, past which adding
+    GPUs makes every step slower. What the Jobs page shows under "Scaling across runs".
+
+    \b
+    Examples:
+      fleetscope jobs scaling llama-7b
+      fleetscope jobs scaling llama-7b --comm-term tree
+      fleetscope jobs scaling llama-7b --json | jq .fit.n_opt
+    """
+    from fleetscope.services import job_reads  # lazy: imports the C3 analyzer
+
+    if has_control(model):
+        raise click.BadParameter("a model name holds no control characters", param_hint="MODEL")
+    kwargs = {k: v for k, v in (("points", points), ("comm_term", comm_term)) if v is not None}
+    try:
+        out = job_reads.scaling_report(_store(), model, **kwargs)
+    except NotFound as exc:
+        raise click.ClickException(f"{exc}: `fleetscope jobs scaling` takes a job's model_name") from None
+    if as_json:
+        click.echo(json.dumps(out, default=str))
+        return
+    runs = out["runs"]
+    click.echo(f"model {model}: {len(runs)} run{'s' if len(runs) != 1 else ''} with step records")
+    if runs:
+        width = max(len("job"), *(len(r["job_id"]) for r in runs))
+        click.echo(f"  {'job':<{width}}  {'N':>6}  {'mean step':>11}  {'η':>6}")
+        for r in runs:
+            click.echo(f"  {r['job_id']:<{width}}  {r['world_size']:>6}  {r['step_time_mean_s']:>9.4g} s  {r['efficiency_ratio']:>6.3f}")
+    fit = out["fit"]
+    if fit is None:
+        click.echo(f"no Fleet Law fit: {out['why']}")
+        return
+    term = {"ring": "2(N−1)", "tree": "log2 N", "ring_bandwidth": "2(N−1)/N"}.get(fit["comm_term"], fit["comm_term"])
+    click.echo(f"Fleet Law ({fit['comm_term']}): T_step(N) = a/N + b·{term} + c")
+    click.echo(f"  a {fit['a_s']:.4g} s  b {fit['b_s']:.4g} s  c {fit['c_s']:.4g} s  R² {fit['r2']:.4f}")
+    if fit["a_s"] <= 0:
+        click.echo("  a ≤ 0: these runs' step times do not shrink with N as one model and global batch would "
+                   "(different batch sizes, or a straggler in one run); read η only")
+    elif fit["n_opt"] is None:
+        click.echo("  N* none: the fitted step time keeps falling as GPUs are added")
+    else:
+        click.echo(f"  N* {fit['n_opt']:,.1f} GPUs: past it, adding GPUs makes every step slower")
