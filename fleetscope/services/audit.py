@@ -20,6 +20,7 @@ from analyzers import carbon
 from fleetscope.core import frames as F
 from fleetscope.services import governance as gs
 from fleetscope.services import monitoring as ms
+from fleetscope.services import scheduled
 from fleetscope import safefiles
 from fleetscope.services.energy import job_energy, model_jobs
 from fleetscope.settings import Settings
@@ -134,28 +135,47 @@ def run_audit(store: Store, settings: Settings, *, model: str | None = None, ver
                              requested_by=requested_by)
     frames["aiact_report"] = pl.DataFrame(rows, schema=AF.AIACT_REPORT.schema)
     _write(store, frames, f"audit:{audit_id}")
-    failed = rule_findings(frames["aiact_rule_result"], audit_id, started)
-    if failed.height:
-        store.write(F.Batch(source=f"audit:{audit_id}", finding=failed))
+    # A verdict stands until the next audit of its model: the scheduled one (so a failure pages through the week
+    # between two weekly audits) or any run before it, which closes the standing verdicts of the models it audits.
+    failed = rule_findings(frames["aiact_rule_result"], audit_id, started, scheduled.next_fire(settings.report_schedule, started))
+    standing = _standing_failures(store, [(m.name, m.version) for m in models], started)
+    both = pl.concat([standing, failed], how="vertical_relaxed") if standing.height else failed
+    if both.height:
+        store.write(F.Batch(source=f"audit:{audit_id}", finding=both))
     counts = json.loads(frames["aiact_audit_run"]["counts"][0])
     log(store, actor=requested_by or trigger, action="audit_run", subject=scope, payload={"audit_id": audit_id, "counts": counts,
         "reports": {r["format"]: r["sha256"] for r in rows}})
     return {"audit_id": audit_id, "scope": scope, "counts": counts, "models": len(audits), "reports": [r["location"] for r in rows]}
 
 
-def rule_findings(results: pl.DataFrame, audit_id: str, at: dt.datetime) -> pl.DataFrame:
+def rule_findings(results: pl.DataFrame, audit_id: str, at: dt.datetime, until: dt.datetime | None = None) -> pl.DataFrame:
     """One ``audit_rule`` finding per failed rule of a model (what the ``AuditRuleFailed`` alert pages on),
-    dated at the audit: a failure found again by the next audit is a new finding, and one that was fixed is
-    simply not found again. A rule whose evidence is missing is not a failure and raises nothing here: the
-    report lists what would settle it."""
+    from the audit (``at``) to the next one due (``until``; the audit's own time where None): a failure found
+    again by the next audit is a new finding, and one that was fixed is not found again, its verdict closed by
+    that audit (``_standing_failures``). A rule whose evidence is missing is not a failure and raises nothing
+    here: the report lists what would settle it."""
     rows = []
     for r in results.filter(pl.col("status") == "fail").iter_rows(named=True):
         rows.append({"analyzer": "aiact", "kind": "audit_rule", "subject": f"model:{r['model_name']}:{r['model_version']}/rule:{r['rule_id']}",
-                     "window_start": at, "window_end": at, "severity": "critical" if r["rule_id"] in _CRITICAL_RULES else "warning",
+                     "window_start": at, "window_end": until or at, "severity": "critical" if r["rule_id"] in _CRITICAL_RULES else "warning",
                      "score": None, "summary": f"{r['model_name']}:{r['model_version']} fails {r['citation']} ({r['title']}): {r['reason']}",
                      "evidence": json.dumps({"audit_id": audit_id, "rule_id": r["rule_id"], "rule_set": r["rule_set"], "citation": r["citation"],
                                              "due_at": r["due_at"].isoformat() if r["due_at"] else None}, sort_keys=True)})
     return F.findings_frame(rows)
+
+
+_VERDICT_COLS = {"analyzer": pl.String, "kind": pl.String, "subject": pl.String, "window_start": F.UTC_US, "window_end": F.UTC_US,
+                 "severity": pl.String, "score": pl.Float64, "summary": pl.String, "evidence": pl.String}
+
+
+def _standing_failures(store: Store, models: list[tuple[str, str]], at: dt.datetime) -> pl.DataFrame:
+    """The earlier audits' failure findings of ``models`` that still stand at ``at``, ended there: the audit at
+    ``at`` gives those models' verdicts afresh."""
+    got = fetch(store, f"SELECT {', '.join(_VERDICT_COLS)} FROM finding WHERE analyzer = 'aiact' AND kind = 'audit_rule'"
+                " AND window_end > ? AND window_start < ?", [at, at], _VERDICT_COLS)
+    # a rule id holds no "/" (governance.aiact.rules), so the model is the subject up to its last "/rule:"
+    audited = [f"model:{name}:{version}" for name, version in models]
+    return got.filter(pl.col("subject").str.replace(r"/rule:[^/]*$", "").is_in(audited)).with_columns(window_end=pl.lit(at, F.UTC_US))
 
 
 # Prohibited practices (Art. 5) and a missed serious-incident deadline (Art. 73) cannot wait for the next

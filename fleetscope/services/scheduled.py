@@ -19,6 +19,10 @@ dashboards: they do not change.
 
 from __future__ import annotations
 
+import datetime as dt
+
+from celery.schedules import crontab
+
 from fleetscope.services.analysis import Beat, Shards, Timetable
 
 JOB_BEAT = Beat("analyze-active-jobs", "fleetscope.analyze_active_jobs", every_s=60.0)
@@ -88,3 +92,32 @@ SCHEDULED.register(
 def beats() -> list[Beat]:
     """Every analysis beat entry: per job, per window, then the scheduled ones in registration order."""
     return [JOB_BEAT, WINDOW_BEAT, *(a.beat for a in SCHEDULED)]
+
+
+def crontab_of(spec: str, what: str = "FLEETSCOPE_REPORT_SCHEDULE") -> crontab:
+    """A five-field crontab string ("minute hour day-of-month month day-of-week", UTC) as Celery's schedule."""
+    parts = spec.split()
+    if len(parts) != 5:
+        raise ValueError(f"{what}={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
+    m, h, dom, mon, dow = parts
+    return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
+
+
+def next_fire(spec: str, after: dt.datetime, what: str = "FLEETSCOPE_REPORT_SCHEDULE") -> dt.datetime:
+    """The first minute after ``after`` (UTC) at which beat sends a ``spec`` entry. Celery's crontab asks
+    for the month, the day of the month and the day of the week all to match (Vixie cron takes either day
+    field), so this does too. ``ValueError`` for a malformed spec, or one matching no day of the next 28 years
+    (the calendar's weekdays repeat within that, so it never fires: Celery refuses 30 February itself)."""
+    c = crontab_of(spec, what)
+    t = after.astimezone(dt.UTC).replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    hours, minutes = sorted(c.hour), sorted(c.minute)
+    for _ in range(28 * 366):
+        # isoweekday: Monday 1 .. Sunday 7; crontab's day of week: Sunday 0 .. Saturday 6
+        if t.month in c.month_of_year and t.day in c.day_of_month and t.isoweekday() % 7 in c.day_of_week:
+            for h in hours:
+                for m in minutes:
+                    at = t.replace(hour=h, minute=m)
+                    if at >= t:
+                        return at
+        t = (t + dt.timedelta(days=1)).replace(hour=0, minute=0)
+    raise ValueError(f"{what}={spec!r} never fires")

@@ -29,19 +29,10 @@ from fleetscope.services import scheduled
 log = logging.getLogger(__name__)
 
 
-def _crontab(spec: str, what: str = "FLEETSCOPE_REPORT_SCHEDULE") -> crontab:
-    """A five-field crontab string ("minute hour day-of-month month day-of-week") as Celery's schedule."""
-    parts = spec.split()
-    if len(parts) != 5:
-        raise ValueError(f"{what}={spec!r}: expected five crontab fields, e.g. '0 6 * * 1'")
-    m, h, dom, mon, dow = parts
-    return crontab(minute=m, hour=h, day_of_month=dom, month_of_year=mon, day_of_week=dow)
-
-
 def analysis_schedule() -> dict[str, dict[str, Any]]:
     """Beat's entries for the fleet's analyses, from their registries (``services.scheduled``): per job, per
     fleet window and each scheduled analysis, under its entry name, sending its task."""
-    return {b.entry: {"task": b.task, "schedule": b.every_s if b.every_s is not None else _crontab(b.crontab or "", b.entry)}
+    return {b.entry: {"task": b.task, "schedule": b.every_s if b.every_s is not None else scheduled.crontab_of(b.crontab or "", b.entry)}
             for b in scheduled.beats()}
 
 
@@ -78,7 +69,7 @@ def make_celery(settings: settings_mod.Settings | None = None) -> Celery:
         beat_schedule={
             "retention": {"task": "fleetscope.retention", "schedule": crontab(minute=17)},
             "partitions-ahead": {"task": "fleetscope.partitions_ahead", "schedule": crontab(minute=3)},
-            "audit-report": {"task": "fleetscope.audit_report", "schedule": _crontab(settings.report_schedule)},
+            "audit-report": {"task": "fleetscope.audit_report", "schedule": scheduled.crontab_of(settings.report_schedule)},
             **analysis_schedule(),
         },
     )
