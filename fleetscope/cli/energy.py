@@ -1,24 +1,82 @@
-"""``fleetscope energy``: energy and carbon: contractual instruments (market-based Scope 2), a site's carbon,
-a job's energy, a model's serving against its training."""
+"""``fleetscope energy``: energy and carbon: energy by any grouping, contractual instruments (market-based
+Scope 2), a site's carbon and PUE, a job's energy, the fleet's energy productivity, a model's training
+footprint and its serving against its training. Each verb reads the same service function as its
+``GET /api/v1/...`` route (``fleetscope/services/energy.py``)."""
 
 from __future__ import annotations
+
+import datetime as dt
+from typing import Any
 
 import click
 
 from fleetscope.cli.common import _emit, _store, _when
 from fleetscope.core.errors import ValidationError
 
+_START = click.option("--start", "start_text", required=True, help="RFC 3339, e.g. 2026-11-01T00:00:00Z.")
+_END = click.option("--end", "end_text", required=True, help="RFC 3339, exclusive.")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def _period(start_text: str, end_text: str) -> tuple[dt.datetime, dt.datetime]:
+    """--start and --end as aware times, the end after the start (the routes answer 400 otherwise)."""
+    start, end = _when(start_text, "--start"), _when(end_text, "--end")
+    if end <= start:
+        raise click.BadParameter("must be after --start", param_hint="--end")
+    return start, end
+
+
+def _num(v: Any, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+
 
 @click.group()
 def energy() -> None:
-    """Energy and carbon: contractual instruments for market-based Scope 2, a site's carbon, serving vs training.
+    """Energy and carbon: energy by group, instruments for market-based Scope 2, a site's carbon and PUE, a job's
+    energy, fleet FLOP/J, a model's footprint, serving vs training.
 
     \b
     Examples:
+      fleetscope energy report --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z --by site_id
       fleetscope energy job job-llm-a
       fleetscope energy carbon site-a --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy pue site-a --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy productivity --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy footprint llama-3-8b
       fleetscope energy instruments --site site-a --json
     """
+
+
+@energy.command("report")
+@_START
+@_END
+@click.option("--by", "by", multiple=True, help="Group by (repeatable): job_id, rank, gpu_uuid, host, site_id, gpu_model, model_name, "
+                                                 "job_kind, minute, hour, day. Default: site_id.")
+@_JSON
+def energy_report(start_text: str, end_text: str, by: tuple[str, ...], as_json: bool) -> None:
+    """GPU energy (J and kWh) from the per-minute roll-ups over a period, grouped; grouped by site_id, also
+    location- and market-based kgCO2e with their basis (what GET /api/v1/energy serves).
+
+    \b
+    Examples:
+      fleetscope energy report --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy report --start 2026-11-01T00:00:00Z --end 2026-11-02T00:00:00Z --by site_id --by hour --json
+      fleetscope energy report --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z --by job_id
+    """
+    from fleetscope.services import energy as es  # lazy: keeps --help light
+
+    start, end = _period(start_text, end_text)
+    groups = list(by) or ["site_id"]
+    try:
+        df = es.energy_report(_store(), start, end, groups)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows = df.to_dicts() if df.width else []
+    carbon = "kgco2e" in df.columns
+    head = " ".join(f"{g:<24}" for g in groups) + f" {'kWh':>12}" + (f" {'kgCO2e loc':>11} {'kgCO2e mkt':>11}" if carbon else "")
+    lines = [head] + [" ".join(f"{str(r[g]) if r[g] is not None else '-':<24}" for g in groups) + f" {r['energy_kwh']:>12,.3f}"
+                      + (f" {_num(r['kgco2e'], ',.3f'):>11} {_num(r.get('market_kgco2e'), ',.3f'):>11}" if carbon else "") for r in rows]
+    _emit(as_json, rows, "\n".join(lines) if rows else f"no energy roll-ups between {start.isoformat()} and {end.isoformat()}")
 
 
 @energy.command("instrument")
@@ -174,4 +232,84 @@ def energy_serving(model: str, projection_days: int, as_json: bool) -> None:
     kwh = lambda j: "unknown" if j is None else f"{j / 3.6e6:.3f} kWh"  # noqa: E731
     text = (f"{model}: training {kwh(out['training_energy_j'])}, serving {kwh(out['serving_energy_j'])} over {out['serving_days']} day(s)\n"
             f"  crossover {out['crossover_date'] or '-'} ({out['crossover_basis']}: {out['crossover_explanation']})")
+    _emit(as_json, out, text)
+
+
+@energy.command("pue")
+@click.argument("site_id")
+@_START
+@_END
+@_JSON
+def energy_pue(site_id: str, start_text: str, end_text: str, as_json: bool) -> None:
+    """SITE_ID's PUE over a period with its ISO/IEC 30134-2 category (or its declared PUE, marked as an
+    estimate, where it has no meters), and WUE in L/kWh where it has a water meter (GET /api/v1/sites/SITE/pue).
+
+    \b
+    Examples:
+      fleetscope energy pue site-a --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy pue site-a --start 2026-11-01T00:00:00Z --end 2026-11-02T00:00:00Z --json
+    """
+    from fleetscope.services import energy as es  # lazy: keeps --help light
+
+    start, end = _period(start_text, end_text)
+    try:
+        out = es.site_pue(_store(), site_id, start, end)
+    except ValueError as exc:  # a site not in the inventory
+        raise click.ClickException(str(exc)) from None
+    kwh = lambda j: "-" if j is None else f"{j / 3.6e6:,.3f} kWh"  # noqa: E731
+    cat = f", category {out['category']}" if out["category"] is not None else ""
+    text = (f"{site_id} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC: PUE {_num(out['pue'], '.3f')} ({out['basis']}{cat}"
+            f"{', estimate' if out['estimate'] else ''}{', interim' if out['interim'] else ''}) {out['label']}\n"
+            f"  facility {kwh(out['facility_energy_j'])}, IT {kwh(out['it_energy_j'])}, meter coverage {_num(out['coverage_ratio'], '.1%')}\n"
+            f"  WUE {_num(out['wue_l_per_kwh'], '.3f')} L/kWh ({out['wue_basis']})")
+    _emit(as_json, out, text)
+
+
+@energy.command("productivity")
+@_START
+@_END
+@_JSON
+def energy_productivity(start_text: str, end_text: str, as_json: bool) -> None:
+    """The fleet's energy productivity over a period: useful FLOPs (the model FLOPs of the steps recorded) per
+    joule of all GPU energy at the fleet's sites, idle GPUs included (GET /api/v1/energy/productivity).
+
+    \b
+    Examples:
+      fleetscope energy productivity --start 2026-11-01T00:00:00Z --end 2026-12-01T00:00:00Z
+      fleetscope energy productivity --start 2026-11-01T00:00:00Z --end 2026-11-02T00:00:00Z --json
+    """
+    from fleetscope.services import energy as es  # lazy: keeps --help light
+
+    start, end = _period(start_text, end_text)
+    out = es.fleet_productivity(_store(), start, end)
+    text = (f"{start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC: {_num(out['flops_per_j'], '.4g')} useful FLOP/J "
+            f"({_num(out['useful_flops'], '.4g')} FLOPs over {out['gpu_energy_j'] / 3.6e6:,.3f} kWh of GPU energy)\n  {out['basis']}")
+    _emit(as_json, out, text)
+
+
+@energy.command("footprint")
+@click.argument("model")
+@_JSON
+def energy_footprint(model: str, as_json: bool) -> None:
+    """MODEL's training compute (FLOPs), time, energy and CO2e (location- and market-based), each with its
+    basis: the EU AI Act Annex XI 1.2(d)-(e) figures (GET /api/v1/models/MODEL/footprint).
+
+    \b
+    Examples:
+      fleetscope energy footprint llama-3-8b
+      fleetscope energy footprint llama-3-8b --json
+    """
+    from fleetscope.services import energy as es  # lazy: keeps --help light
+
+    try:
+        out = es.model_footprint(_store(), model)
+    except ValueError as exc:  # no training job of the model (NotFound)
+        raise click.ClickException(str(exc)) from None
+    hours = None if out["training_time_s"] is None else out["training_time_s"] / 3600
+    text = (f"{model}: training jobs {', '.join(out['jobs'])}{' (estimate)' if out['estimate'] else ''}\n"
+            f"  compute  {_num(out['training_flops'], '.4g')} FLOPs ({out['flops_basis']})\n"
+            f"  time     {_num(hours, ',.3f')} h ({out['time_basis']})\n"
+            f"  energy   {_num(out['energy_kwh'], ',.3f')} kWh ({out['energy_basis']})\n"
+            f"  CO2e     {_num(out['kgco2e'], ',.3f')} kgCO2e location-based ({out['emissions_basis']}), "
+            f"{_num(out['market_kgco2e'], ',.3f')} kgCO2e market-based")
     _emit(as_json, out, text)
