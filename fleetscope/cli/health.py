@@ -1,5 +1,5 @@
-"""``fleetscope health``: the fleet's hardware health: the SDC known-answer probe, fabric link health, and
-interruptions with MTBF and checkpoint advice (reliability)."""
+"""``fleetscope health``: the fleet's hardware health: health scores per GPU and node, the SDC known-answer
+probe, fabric link health, and interruptions with MTBF and checkpoint advice (reliability)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,58 @@ import sys
 
 import click
 
-from fleetscope.cli.common import _store, _utc_option
+from fleetscope.cli.common import _emit, _settings, _store, _utc_option
 
 
 @click.group()
 def health() -> None:
-    """Hardware health: the SDC probe, InfiniBand/RoCE link health, interruptions and MTBF.
+    """Hardware health: GPU and node scores, the SDC probe, InfiniBand/RoCE link health, interruptions and MTBF.
 
     \b
     Examples:
+      fleetscope health scores --level node
       fleetscope health probe --backend cuda
       fleetscope health fabric --json
       fleetscope health reliability --job-id job-llm-a
     """
+
+
+@health.command("scores")
+@click.option("--start", "start_text", default=None, help="RFC 3339 start (default: 15 minutes before --end, the window beat sweeps).")
+@click.option("--end", "end_text", default=None, help="RFC 3339 end, exclusive (default: now); at most a day after --start.")
+@click.option("--level", type=click.Choice(["gpu", "node"]), default="gpu", show_default=True, help="A row per GPU or per node.")
+@click.option("--json", "as_json", is_flag=True)
+def scores(start_text: str | None, end_text: str | None, level: str, as_json: bool) -> None:
+    """Health score (100 healthy .. 0), recommendation (none, watch, restart_app, investigate, reset_gpu,
+    drain_node, send_for_repair) and the reasons, per GPU or node, over a window of raw samples: what
+    GET /api/v1/health serves. Reads only: the findings are the sweep's to write.
+
+    \b
+    Examples:
+      fleetscope health scores
+      fleetscope health scores --level node --start 2026-12-01T00:00:00Z --end 2026-12-01T06:00:00Z
+      fleetscope health scores --json | jq '.[] | select(.score < 70) | .gpu_uuid'
+    """
+    from fleetscope.services.health import health_window  # lazy: imports the health analyzers
+
+    end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
+    start = _utc_option(start_text, "--start") or end - dt.timedelta(minutes=15)
+    settings = _settings()
+    try:
+        out = health_window(_store(), start, end, write=False, hang_min_stall_s=settings.hang_min_stall_s,
+                            idle_min_s=settings.idle_allocation_min_s)
+    except ValueError as exc:  # an empty or reversed window, or one longer than a day
+        raise click.ClickException(str(exc)) from None
+    df = out["gpus" if level == "gpu" else "nodes"]
+    rows = df.sort("score", "gpu_uuid" if level == "gpu" else "host").to_dicts() if df.height else []
+    if level == "gpu":
+        lines = [f"{r['gpu_uuid']:<44} {r.get('host') or '-':<20} {r['score']:>5.0f}  {r['recommendation']:<15} {'; '.join(r['reasons'])}"
+                 for r in rows]
+    else:
+        lines = [f"{r['host']:<20} {r['gpus']:>3} GPUs  worst {r['score']:>5.0f}  mean {r['score_mean']:>5.1f}  {r['recommendation']:<15} "
+                 f"{', '.join(r['gpus_flagged'])}" + (f"  ({r['node_reason']})" if r.get("node_reason") else "") for r in rows]
+    head = f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC: {len(rows)} {level}(s), worst first"
+    _emit(as_json, rows, "\n".join([head, *lines]) if rows else f"no GPU samples between {start.isoformat()} and {end.isoformat()}")
 
 
 @health.command("reliability")

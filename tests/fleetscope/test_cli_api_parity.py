@@ -166,3 +166,34 @@ def test_energy_verbs_refuse_bad_input(store, tmp_path):
     refused(store, tmp_path, "energy", "pue", "nowhere", *WINDOW, words="no site 'nowhere' in the inventory")
     refused(store, tmp_path, "energy", "footprint", "nope", words="no training job of model 'nope' in the job inventory")
     assert written(store) == before
+
+
+def test_health_scores_are_the_routes_and_write_nothing(api, tmp_path):
+    store = api.app.state.store
+    seed(store)
+    before = written(store)
+    window = {"start": T0.isoformat(), "end": (T0 + MINUTES * M).isoformat()}
+    # by analyzers.health's rules: an uncorrectable ECC error or a pending remap is reset_gpu, 35 off 100; each further
+    # reason min(5, 35 / 4) more. GA1: one reason, 65; GB0: two, 60; the others none, 100. A node: its worst GPU.
+    gpus = ok(store, tmp_path, "health", "scores", *WINDOW, "--json")
+    assert [(r["gpu_uuid"], r["host"], r["score"], r["recommendation"]) for r in gpus] == [
+        ("GB0", "b1", 60.0, "reset_gpu"), ("GA1", "a1", 65.0, "reset_gpu"), ("GA0", "a1", 100.0, "none"), ("GB1", "b1", 100.0, "none")]
+    assert gpus[0]["reasons"] == ["1 uncorrectable ECC error(s) in the window", "row remap pending: takes effect at the next GPU reset"]
+    assert gpus[1]["reasons"] == ["2 uncorrectable ECC error(s) in the window"]
+    routed = {r["gpu_uuid"]: r for r in api_get(api, "/api/v1/health", **window)}
+    assert {r["gpu_uuid"]: (r["score"], r["recommendation"], r["reasons"]) for r in gpus} == {
+        u: (r["score"], r["recommendation"], r["reasons"]) for u, r in routed.items()}
+    nodes = ok(store, tmp_path, "health", "scores", *WINDOW, "--level", "node", "--json")
+    assert [(n["host"], n["gpus"], n["score"], n["score_mean"], n["recommendation"], n["gpus_flagged"]) for n in nodes] == [
+        ("b1", 2, 60.0, 80.0, "reset_gpu", ["GB0"]), ("a1", 2, 65.0, 82.5, "reset_gpu", ["GA1"])]
+    assert sorted(nodes, key=lambda n: n["host"]) == api_get(api, "/api/v1/health", **window, level="node")
+    text = ok(store, tmp_path, "health", "scores", *WINDOW)
+    assert text.splitlines()[1].split()[:4] == ["GB0", "b1", "60", "reset_gpu"]
+    assert written(store) == before  # the sweep writes findings; the read does not
+
+    refused(store, tmp_path, "health", "scores", "--start", T0.isoformat(), "--end", (T0 + dt.timedelta(days=2)).isoformat(),
+            words="window longer than 1 day")
+    refused(store, tmp_path, "health", "scores", "--start", WINDOW[3], "--end", WINDOW[1], words="end must be after start")
+    refused(store, tmp_path, "health", "scores", "--end", "noon", words="Invalid value for --end: 'noon' is not an RFC 3339 time")
+    refused(store, tmp_path, "health", "scores", *WINDOW, "--level", "rack", words="'rack' is not one of 'gpu', 'node'")
+    assert written(store) == before
