@@ -1,6 +1,6 @@
 """``fleetscope teams``: who uses the GPUs, how well, and what it costs — team rules (Slurm accounts,
 organizations, users, Kubernetes namespaces and labels), per team GPU-hours allocated and used, energy and
-cost, the top jobs by cost, queue waits and end states. The scheduler's records come in with
+cost, the top jobs by cost, queue waits and end states, idle allocations. The scheduler's records come in with
 ``fleetscope ingest`` (sacct, squeue, slurmrestd, kube-state-metrics files)."""
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ def _window(month: str | None, start_text: str | None, end_text: str | None) -> 
     if month:
         return _call(svc.month_bounds, month)
     end = _utc_option(end_text, "--end") or dt.datetime.now(dt.UTC)
-    return _utc_option(start_text, "--start") or end - dt.timedelta(days=30), end
+    start = _utc_option(start_text, "--start") or end - dt.timedelta(days=30)
+    if end <= start:  # the routes answer 400; an empty answer would hide the mistake
+        raise click.BadParameter(f"must be after the start ({start.isoformat()})", param_hint="--end")
+    return start, end
 
 
 def _num(v: Any, spec: str = ",.2f") -> str:
@@ -57,6 +60,7 @@ def teams() -> None:
       fleetscope teams budget nlp --gpu-hours 20000 --budget 50000 --currency EUR
       fleetscope teams budgets --month 2026-11
       fleetscope teams stranded
+      fleetscope teams idle --month 2026-11
     """
 
 
@@ -215,3 +219,28 @@ def stranded(as_json: bool) -> None:
               f"{p['free_gpus']:>6} {p['stranded_gpus']:>8} {p['stranded_nodes']:>6}" for p in parts]
     _emit(as_json, {**out, "partitions": parts, "nodes": out["nodes"].to_dicts(), "findings": out["findings"].to_dicts()},
           "\n".join(lines) if parts else "no partition has a pending GPU job and free GPUs: nothing stranded")
+
+
+@teams.command("idle")
+@_MONTH
+@_START
+@_END
+@_JSON
+def idle(month: str | None, start_text: str | None, end_text: str | None, as_json: bool) -> None:
+    """Idle allocations the health sweep found in the period: per job, the newest finding's team, the GPUs it
+    holds near-idle, since when, the idle GPU-hours and what they cost (GET /api/v1/teams/idle).
+
+    \b
+    Examples:
+      fleetscope teams idle
+      fleetscope teams idle --month 2026-11 --json
+      fleetscope teams idle --start 2026-11-02T00:00:00Z --end 2026-11-03T00:00:00Z
+    """
+    from fleetscope.services import scheduler_capacity as svc  # lazy: imports the scheduler, stranded and idle-allocation analyzers
+
+    start, end = _window(month, start_text, end_text)
+    rows = _call(svc.idle_allocations, _store(), start=start, end=end).to_dicts()
+    lines = [f"{'job':<28} {'team':<16} {'GPUs':>4} {'idle since (UTC)':<17} {'idle GPU-h':>10} {'cost':>10}"]
+    lines += [f"{r['subject'].removeprefix('job:'):<28} {r['team'] or 'unassigned':<16} {r['gpus_idle']:>4} {r['idle_since']:%Y-%m-%d %H:%M} "
+              f"{_num(r['idle_gpu_hours'], ',.4f'):>10} {_num(r['idle_cost']):>10} {r['currency'] or ''}" for r in rows]
+    _emit(as_json, rows, "\n".join(lines) if rows else f"no idle allocation found between {start.isoformat()} and {end.isoformat()}")

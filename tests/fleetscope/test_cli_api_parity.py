@@ -197,3 +197,36 @@ def test_health_scores_are_the_routes_and_write_nothing(api, tmp_path):
     refused(store, tmp_path, "health", "scores", "--end", "noon", words="Invalid value for --end: 'noon' is not an RFC 3339 time")
     refused(store, tmp_path, "health", "scores", *WINDOW, "--level", "rack", words="'rack' is not one of 'gpu', 'node'")
     assert written(store) == before
+
+
+def test_teams_idle_reads_what_the_sweep_found(api, tmp_path):
+    from fleetscope.services import serving, teams
+    from fleetscope.services.health import health_window
+
+    store = api.app.state.store
+    seed(store)
+    teams.set_mapping(store, kind="slurm_account", match="nlp", team="nlp", recorded_by="test")
+    serving.record_price(store, {"site_id": "site-b", "gpu_model": "", "valid_from": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "currency": "EUR",
+                                 "gpu_hour_price": GPU_HOUR_PRICE_B, "energy_price_per_kwh": None}, recorded_by="test")
+    health_window(store, T0, T0 + MINUTES * M, idle_min_s=600)  # the sweep, as beat runs it, writes the finding
+    # by hand: job 777 holds GB0 and GB1 at 0 % from T0 to the last sample before the window's end, 20 min less 10 s
+    idle_s = MINUTES * 60 - 10
+    gpu_hours = round(2 * idle_s / 3600, 4)
+    rows = ok(store, tmp_path, "teams", "idle", *WINDOW, "--json")
+    assert [(r["subject"], r["team"], r["account"], r["gpus_idle"], r["hosts"], r["currency"]) for r in rows] == [
+        ("job:c1/777", "nlp", "nlp", 2, "b1", "EUR")]
+    assert rows[0]["idle_gpu_hours"] == pytest.approx(gpu_hours) and rows[0]["idle_cost"] == pytest.approx(round(2 * idle_s / 3600 * GPU_HOUR_PRICE_B, 2))
+    assert rows[0]["idle_since"] == str(T0) and rows[0]["last_seen"] == str(T0 + MINUTES * M - dt.timedelta(seconds=10))
+    routed = api_get(api, "/api/v1/teams/idle", start=T0.isoformat(), end=(T0 + MINUTES * M).isoformat())
+    assert [{k: v for k, v in r.items() if k not in ("idle_since", "last_seen")} for r in rows] == [
+        {k: v for k, v in r.items() if k not in ("idle_since", "last_seen")} for r in routed]
+    assert ok(store, tmp_path, "teams", "idle", "--month", "2026-03", "--json") == rows
+    assert ok(store, tmp_path, "teams", "idle", "--month", "2026-02", "--json") == []
+    line = ok(store, tmp_path, "teams", "idle", *WINDOW).splitlines()[1].split()
+    assert line[:3] == ["c1/777", "nlp", "2"] and line[-3:] == [f"{gpu_hours:.4f}", "1.98", "EUR"]
+
+    before = written(store)
+    refused(store, tmp_path, "teams", "idle", "--month", "2026-13", words="month '2026-13' is not YYYY-MM")
+    refused(store, tmp_path, "teams", "idle", "--start", "March", words="Invalid value for --start: 'March' is not an RFC 3339 time")
+    refused(store, tmp_path, "teams", "idle", "--start", WINDOW[3], "--end", WINDOW[1], words="Invalid value for --end: must be after the start")
+    assert written(store) == before
