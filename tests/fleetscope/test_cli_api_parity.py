@@ -6,6 +6,7 @@ for the same store; a bad argument ends it naming what was wrong, with nothing w
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
 import os
 
@@ -230,3 +231,55 @@ def test_teams_idle_reads_what_the_sweep_found(api, tmp_path):
     refused(store, tmp_path, "teams", "idle", "--start", "March", words="Invalid value for --start: 'March' is not an RFC 3339 time")
     refused(store, tmp_path, "teams", "idle", "--start", WINDOW[3], "--end", WINDOW[1], words="Invalid value for --end: must be after the start")
     assert written(store) == before
+
+
+def test_serving_price_and_slo_write_what_the_routes_read(api, tmp_path):
+    store = api.app.state.store
+    seed(store)
+    out = ok(store, tmp_path, "serving", "price", "site-b", "--currency", "EUR", "--valid-from", "2026-01-01T00:00:00Z", "--gpu-model", "H100",
+             "--gpu-hour-price", "2.9", "--energy-price-per-kwh", "0.21", "--by", "finance", "--json")
+    assert {k: out[k] for k in ("site_id", "gpu_model", "valid_from", "currency", "gpu_hour_price", "energy_price_per_kwh", "recorded_by")} == {
+        "site_id": "site-b", "gpu_model": "H100", "valid_from": "2026-01-01T00:00:00+00:00", "currency": "EUR", "gpu_hour_price": 2.9,
+        "energy_price_per_kwh": 0.21, "recorded_by": "finance"}
+    routed = api_get(api, "/api/v1/serving/prices", site_id="site-b")
+    assert [(r["gpu_model"], r["currency"], r["gpu_hour_price"], r["energy_price_per_kwh"], r["recorded_by"]) for r in routed] == [
+        ("H100", "EUR", 2.9, 0.21, "finance")]
+    log = store.read("audit_log").filter(pl.col("action") == "price_book")
+    assert log.select("actor", "subject").rows() == [("finance", "site:site-b")]
+    listed = ok(store, tmp_path, "serving", "prices", "--json")
+    assert [(r["site_id"], r["gpu_model"], r["gpu_hour_price"], r["energy_price_per_kwh"]) for r in listed] == [("site-b", "H100", 2.9, 0.21)]
+    assert "2.9 EUR/GPU-h" in ok(store, tmp_path, "serving", "prices", "--site", "site-b")
+
+    row = ok(store, tmp_path, "serving", "slo", "chat", "ttft-p99", "--kind", "latency", "--metric", "ttft_seconds", "--threshold-s", "0.5",
+             "--objective", "0.99", "--by", "sre", "--json")
+    assert {k: row[k] for k in ("deployment", "name", "kind", "metric", "threshold_s", "objective", "window_days", "updated_by")} == {
+        "deployment": "chat", "name": "ttft-p99", "kind": "latency", "metric": "ttft_seconds", "threshold_s": 0.5, "objective": 0.99,
+        "window_days": 28, "updated_by": "sre"}
+    ok(store, tmp_path, "serving", "slo", "chat", "avail", "--kind", "availability", "--objective", "0.999", "--window-days", "7", "--metric", "ignored")
+    slos = {r["slo"]: r for r in api_get(api, "/api/v1/serving/slos", deployment="chat", now=(T0 + MINUTES * M).isoformat())}
+    assert {(s, r["kind"], r["objective"], r["metric"], r["threshold_s"]) for s, r in slos.items()} == {
+        ("ttft-p99", "latency", 0.99, "ttft_seconds", 0.5), ("avail", "availability", 0.999, "", None)}
+    stored = store.read("serving_slo").sort("name")
+    assert stored.select("name", "window_days", "updated_by").rows()[0] == ("avail", 7, getpass.getuser())  # no --by: the OS user
+    assert "ttft-p99" in ok(store, tmp_path, "serving", "slos", "chat", "--end", (T0 + MINUTES * M).isoformat())
+
+    before, book, slo_rows = written(store), store.read("price_book"), store.read("serving_slo")
+    price = ("serving", "price", "site-b", "--currency", "EUR", "--valid-from", "2026-02-01T00:00:00Z")
+    refused(store, tmp_path, *price, "--gpu-hour-price", "-1", words="Invalid value for '--gpu-hour-price': -1.0 is not a price")
+    refused(store, tmp_path, *price, "--energy-price-per-kwh", "nan", words="Invalid value for '--energy-price-per-kwh': nan is not a price")
+    refused(store, tmp_path, *price, words="give --gpu-hour-price, --energy-price-per-kwh or both")
+    refused(store, tmp_path, "serving", "price", "nowhere", "--currency", "EUR", "--valid-from", "2026-02-01T00:00:00Z", "--gpu-hour-price", "1",
+            words="no site 'nowhere' in the inventory")
+    refused(store, tmp_path, "serving", "price", "site-b", "--currency", "euro", "--valid-from", "2026-02-01T00:00:00Z", "--gpu-hour-price", "1",
+            words="'euro' is not an ISO 4217 code")
+    refused(store, tmp_path, "serving", "price", "site-b", "--currency", "EUR", "--valid-from", "February", "--gpu-hour-price", "1",
+            words="Invalid value for --valid-from: 'February' is not an RFC 3339 time")
+    slo = ("serving", "slo", "chat", "x")
+    refused(store, tmp_path, "serving", "slo", "nope", "x", "--kind", "availability", "--objective", "0.9", words="no serving deployment 'nope'")
+    refused(store, tmp_path, *slo, "--kind", "latency", "--objective", "0.9", words="a latency SLO needs a histogram metric and a positive threshold_s")
+    refused(store, tmp_path, *slo, "--kind", "availability", "--objective", "1.5", words="Invalid value for '--objective': 1.5 is not in the range 0<x<1")
+    refused(store, tmp_path, *slo, "--kind", "latency", "--metric", "ttft_seconds", "--threshold-s", "-0.5", "--objective", "0.9",
+            words="Invalid value for '--threshold-s'")
+    refused(store, tmp_path, *slo, "--kind", "availability", "--objective", "0.9", "--window-days", "40", words="Invalid value for '--window-days'")
+    assert written(store) == before
+    assert store.read("price_book").equals(book) and store.read("serving_slo").equals(slo_rows)
