@@ -122,12 +122,15 @@ def goodput(store: Store, deployment: str, *, ttft_slo_s: float, tpot_slo_s: flo
 
 
 def put_slo(store: Store, slo: slo_analysis.SLO, *, actor: str, now: dt.datetime) -> dict[str, Any]:
-    """Record (or replace) a deployment's SLO; beat's serving window evaluates it from then on."""
+    """Record (or replace) a deployment's SLO; beat's serving window evaluates it from then on. Appended to the
+    audit log, as alerting's changes are: an SLO loosened is a page that no longer comes (``ServingSloBurn``)."""
     _require(store, slo.deployment)
     row = {"deployment": slo.deployment, "name": slo.name, "kind": slo.kind, "metric": slo.metric or None,
            "threshold_s": slo.threshold_s if slo.kind == "latency" else None, "objective": slo.objective,
            "window_days": int(slo.window / dt.timedelta(days=1)), "updated_by": actor, "updated_at": as_utc(now)}
     store.write(F.Batch(source=f"slo:{actor}", serving_slo=F.conform(SF.SERVING_SLO, pl.DataFrame([row]))))
+    auditlog.log(store, actor=actor, action="serving_slo", subject=f"deployment:{slo.deployment}/slo:{slo.name}",
+                 payload={k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()})
     return row
 
 

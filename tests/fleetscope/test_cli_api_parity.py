@@ -262,6 +262,10 @@ def test_serving_price_and_slo_write_what_the_routes_read(api, tmp_path):
     stored = store.read("serving_slo").sort("name")
     assert stored.select("name", "window_days", "updated_by").rows()[0] == ("avail", 7, getpass.getuser())  # no --by: the OS user
     assert "ttft-p99" in ok(store, tmp_path, "serving", "slos", "chat", "--end", (T0 + MINUTES * M).isoformat())
+    # who set which objective: an SLO loosened is a page that no longer comes
+    slo_log = store.read("audit_log").filter(pl.col("action") == "serving_slo").sort("seq")
+    assert slo_log.select("actor", "subject").rows() == [("sre", "deployment:chat/slo:ttft-p99"), (getpass.getuser(), "deployment:chat/slo:avail")]
+    assert json.loads(slo_log["payload"][0])["objective"] == 0.99
 
     before, book, slo_rows = written(store), store.read("price_book"), store.read("serving_slo")
     price = ("serving", "price", "site-b", "--currency", "EUR", "--valid-from", "2026-02-01T00:00:00Z")
