@@ -28,13 +28,13 @@ Systems", JMLR 24(257), 2023) over scikit-learn's metrics, so they equal what a 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import polars as pl
-from sklearn.base import BaseEstimator
 
 from governance.fairness import FairnessInputError, _no_missing
 from governance import fairness as FZ
@@ -248,17 +248,23 @@ def impossibility(frame: pl.DataFrame, *, y_true: str = "y_true", y_pred: str = 
 # --- threshold optimizer what-if ----------------------------------------------------------------
 
 
-class _Scores(BaseEstimator):
-    """A prefit "estimator" returning its single input column: lets ThresholdOptimizer threshold the
-    deployed model's own scores without the model."""
+@functools.cache
+def _scores_estimator() -> type:
+    """A prefit "estimator" class returning its single input column: lets ThresholdOptimizer threshold the
+    deployed model's own scores without the model. Made on first use: scikit-learn takes about two seconds
+    to import, which every API process and CLI verb that imports the monitoring service would otherwise pay."""
+    from sklearn.base import BaseEstimator  # lazy: fairlearn/scikit-learn, only for fairness
 
-    fitted_ = True  # nothing to fit: marks it fitted for check_is_fitted (prefit=True)
+    class _Scores(BaseEstimator):
+        fitted_ = True  # nothing to fit: marks it fitted for check_is_fitted (prefit=True)
 
-    def fit(self, X: Any, y: Any) -> _Scores:  # noqa: N803 - scikit-learn's names
-        return self
+        def fit(self, X: Any, y: Any) -> _Scores:  # noqa: N803 - scikit-learn's names
+            return self
 
-    def predict(self, X: Any) -> np.ndarray:  # noqa: N803
-        return np.asarray(X, dtype=float)[:, 0]
+        def predict(self, X: Any) -> np.ndarray:  # noqa: N803
+            return np.asarray(X, dtype=float)[:, 0]
+
+    return _Scores
 
 
 def _rates(yt: np.ndarray, yp: np.ndarray, g: np.ndarray) -> dict[str, dict[str, float]]:
@@ -284,7 +290,7 @@ def threshold_optimizer_whatif(frame: pl.DataFrame, *, y_true: str = "y_true", y
     yp = _binary(_col(frame, y_pred), y_pred)
     s = _col(frame, y_score)
     g = _groups(frame, sensitive)
-    to = ThresholdOptimizer(estimator=_Scores(), constraints=constraints, objective=objective, prefit=True, predict_method="predict",
+    to = ThresholdOptimizer(estimator=_scores_estimator()(), constraints=constraints, objective=objective, prefit=True, predict_method="predict",
                             grid_size=grid_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -42,7 +42,7 @@ def test_calibration_by_group_equals_scikit_learn_and_fairlearn(compas):
 def test_threshold_optimizer_figures_equal_fairlearns_own(compas):
     w = FD.threshold_optimizer_whatif(compas, sensitive="race", constraints="equalized_odds", seed=3)
     s = compas["y_score"].to_numpy()
-    to = ThresholdOptimizer(estimator=FD._Scores(), constraints="equalized_odds", prefit=True, predict_method="predict")
+    to = ThresholdOptimizer(estimator=FD._scores_estimator()(), constraints="equalized_odds", prefit=True, predict_method="predict")
     to.fit(s[:, None], compas["y_true"].to_numpy(), sensitive_features=compas["race"].to_numpy())
     after = to.predict(s[:, None], sensitive_features=compas["race"].to_numpy(), random_state=3)
     mf = MetricFrame(metrics={"sr": selection_rate, "tpr": true_positive_rate, "fpr": false_positive_rate},
