@@ -461,6 +461,23 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
         bill = team_bill(api, manifest)
         say("team bill  " + "; ".join(f"{b['team'] or '(unassigned)'} {b['jobs']} jobs {b['gpu_hours']:.2f} GPU-hours "
                                       + (f"{b['cost']:.2f} {b['currency']}" if b.get("cost") is not None else "unpriced") for b in bill))
+        # Sustainability and finance: each site's energy, location-based emissions and PUE from its meters.
+        window = {"start": spec.start.isoformat(), "end": (spec.start + dt.timedelta(seconds=duration)).isoformat()}
+        energy = [{**e, **{k: v for k, v in api.call("GET", f"/api/v1/sites/{e['site_id']}/pue", params=window).items()
+                           if k in ("pue", "basis", "category")}}
+                  for e in api.call("GET", "/api/v1/energy", params={**window, "by": "site_id"})]
+        say("energy     " + "; ".join(f"{e['site_id']} {e['energy_kwh']:.1f} kWh, " + (f"{e['kgco2e']:.2f} kgCO2e" if e.get("kgco2e") is not None else "no grid intensity")
+                                      + (f", PUE {e['pue']:.3f} ({e['basis']})" if e.get("pue") is not None else "") for e in energy)
+            + " (`fleetscope energy report`, `energy pue SITE`)")
+        # Reliability: interruptions by root cause, the fleet's GPU MTBF and each job's checkpoint advice.
+        rel = api.call("GET", "/api/v1/reliability", params=window)
+        advice = [a for a in rel["checkpoint"] if a.get("daly_interval_s") is not None]
+        say(f"reliable   {rel['interruptions']['total']} interruption(s) ("
+            + (", ".join(f"{c['category']} {c['interruptions']}" for c in rel["interruptions"]["by_category"] if c["interruptions"]) or "none")
+            + (f"); GPU MTBF {mtbf:.4g} h" if (mtbf := rel["mtbf"]["gpu_mtbf_hours"]) is not None else "); no GPU MTBF")
+            + f" over {rel['mtbf']['gpu_hours']:.4g} GPU-hours"
+            + "".join(f"; {a['job_id']} checkpoints every {a['interval_s']:.0f} s, Daly's optimum {a['daly_interval_s']:.0f} s" for a in advice[:2])
+            + " (`fleetscope health reliability`)")
         # The fleet now, as on-call reads it first (the Overview's live panel).
         state = api.call("GET", "/api/v1/fleet/state", params={"problems_only": "true"})
         c, watts = state["counts"], state["power"]["power_w"]
@@ -477,7 +494,10 @@ def run_demo(settings: Settings, *, size: str = "demo", exit_after: float | None
             "pipeline": {"late": late, "beat_leading": pipe["beat"]["leading"], "pushes_recent": pipe["ingest"]["pushes_recent"]},
             "api_url": url, "docs_url": url + "/docs", "dashboard_url": f"http://{settings.api_host}:{dash_port}", "webhook_sink": sink.url,
             "token": admin, "written": written, "alerts_delivered": len(sink.received), "alertnames": alerts, "audit": audit,
-            "export_id": export["export_id"], "faults": faults, "team_bill": bill, "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),
+            "export_id": export["export_id"], "faults": faults, "team_bill": bill, "energy": energy,
+            "reliability": {"interruptions": rel["interruptions"]["total"], "by_category": rel["interruptions"]["by_category"],
+                            "gpu_mtbf_hours": rel["mtbf"]["gpu_mtbf_hours"], "checkpoint": advice},
+            "ready_s": round(time.monotonic() - started, 1), "logs": str(logs),
         }
         if as_json:
             click.echo(json.dumps(summary, default=str))

@@ -47,7 +47,9 @@ def test_demo_finds_every_injected_fault(tmp_path):
     # the high-risk credit-scoring deployment gives the audit real failures: Annex IV point 9 undocumented
     # (both versions) and version 2's accuracy in operation under its declared 0.92
     assert summary["audit"]["counts"]["fail"] >= 3
-    assert_team_bill(summary, json.loads((tmp_path / "data" / "sim" / "manifest.json").read_text())["scheduler"])
+    manifest = json.loads((tmp_path / "data" / "sim" / "manifest.json").read_text())
+    assert_team_bill(summary, manifest["scheduler"])
+    assert_energy_and_reliability(summary, manifest, tmp_path / "data" / "sim")
     assert summary["ready_s"] < 90
     # the service's own pipeline as `fleetscope db status` shows it: its beat leads, every roll-up keeps up,
     # and the ingest log has the simulation's pushes of the last five minutes
@@ -67,6 +69,29 @@ def test_demo_finds_every_injected_fault(tmp_path):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections the demo made linger in TIME_WAIT
         s.bind(("127.0.0.1", port))
+
+
+def assert_energy_and_reliability(summary: dict, manifest: dict, sim: Path) -> None:
+    """Each site's PUE from its facility and IT meters, which the simulator wrote as OTLP JSON: a ratio of the
+    two meters' energies over the window, so between the smallest and largest ratio of simultaneous readings.
+    The one unplanned interruption is the injected GPU failure, under its root cause (the preemption is planned),
+    and its job has Daly's checkpoint interval beside the one it kept."""
+    sites = {e["site_id"]: e for e in summary["energy"]}
+    assert set(sites) == set(manifest["topology"]["sites"])
+    for site, e in sites.items():
+        doc = json.loads((sim / f"facility/{site}.otlp.json").read_text())
+        series = {m["name"]: {p["timeUnixNano"]: p["asDouble"] for p in m["gauge"]["dataPoints"]}
+                  for m in doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]}
+        ratios = [f / series["it_power_w"][t] for t, f in series["facility_power_w"].items()]
+        assert e["basis"] == "measured" and min(ratios) <= e["pue"] <= max(ratios), (site, e, ratios)
+        assert e["energy_kwh"] > 0 and e["kgco2e"] > 0
+    failures = [f for f in manifest["faults"] if f["kind"] == "gpu_failure"]
+    rel = summary["reliability"]
+    assert rel["interruptions"] == len(failures) == 1
+    cause = failures[0]["detail"]["category"].replace("_", " ").title()
+    assert {c["category"]: c["interruptions"] for c in rel["by_category"] if c["interruptions"]} == {cause: 1}
+    advised = {a["job_id"]: a for a in rel["checkpoint"]}
+    assert failures[0]["job_id"] in advised and 0 < advised[failures[0]["job_id"]]["daly_interval_s"]
 
 
 def assert_team_bill(summary: dict, sched: dict) -> None:
