@@ -124,3 +124,23 @@ def test_the_agent_pushes_sysfs_port_samples_as_a_batch(realdata, tmp_path):
     assert len(rows) == 4 and {r["host"] for r in rows} == {"gpu-node-7"}
     mlx5 = next(r for r in rows if r["device"] == "mlx5_0")
     assert mlx5["roce_adp_retrans_total"] == 99 and mlx5["width"] == "1X"
+
+
+def test_the_readme_s_ibswinfo_post_lands_the_switch_vitals_the_rules_read(api, realdata):
+    """ibswinfo's output posted as the README's cron recipe does (the body as printed, the read time as ``ts``):
+    a real SB7790 EDR switch whose fan tray is in error gives ``ib_switch_fan_ok`` 0 at that time under its GUID.
+    Without ``ts`` (ibswinfo prints no time) the arrival time stands."""
+    text = (realdata / "fabric" / "ibswinfo_sb7790-edr-switch_fan-error.txt").read_bytes()
+    h = {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "cron", ["ingest"])}
+    url = api.url + "/api/v1/ingest/ibswinfo"
+    r = httpx.post(url, params={"source": "sw-17", "ts": "2026-12-07T10:05:00Z"}, content=text, headers=h)
+    assert r.status_code == 200, r.text
+    sent = dt.datetime.now(dt.UTC)
+    assert httpx.post(url, params={"source": "sw-17"}, content=text, headers=h).status_code == 200
+    arrived = dt.datetime.now(dt.UTC)
+    rows = api.app.state.store.read("metric_sample")
+    fan = [s for s in rows["series"].unique().to_list() if s.startswith("ib_switch_fan_ok")]
+    assert len(fan) == 1
+    got = rows.filter(rows["series"] == fan[0]).sort("ts")
+    assert got["value"].to_list() == [0.0, 0.0]
+    assert got["ts"][0] == dt.datetime(2026, 12, 7, 10, 5, tzinfo=dt.UTC) and sent <= got["ts"][1] <= arrived
