@@ -56,7 +56,19 @@ def _serial(store: Store, monkeypatch, **kw) -> pl.DataFrame:
 ])
 def test_parallel_read_equals_the_one_process_read(sqlite_store, monkeypatch, kw):
     monkeypatch.setattr(sqlite_reader, "MIN_ROWS", 10)
+    # without this spy a read that quietly stayed in-process would compare the serial read with itself
+    calls = []
+    real = sqlite_reader.fetch_parts
+
+    def spy(path, parts, dtypes):
+        df = real(path, parts, dtypes)
+        calls.append((len(parts), df))
+        return df
+
+    monkeypatch.setattr(sqlite_reader, "fetch_parts", spy)
     parallel = sqlite_store.read("gpu_sample", **kw)
+    assert [n for n, _ in calls] == [3]
+    assert calls[0][1] is not None and calls[0][1].height == parallel.height
     serial = _serial(sqlite_store, monkeypatch, **kw)
     assert parallel.height > 0
     assert parallel.schema == serial.schema and parallel.equals(serial)
@@ -77,17 +89,26 @@ def test_small_reads_stay_in_process(sqlite_store, monkeypatch):
     assert sqlite_store.read("gpu_sample", start=T0, end=T0 + dt.timedelta(minutes=1)).height == 12 * 6
 
 
-def test_dead_readers_fall_back_to_one_process(sqlite_store, monkeypatch):
+def test_dead_readers_fall_back_to_one_process(sqlite_store, monkeypatch, caplog):
     monkeypatch.setattr(sqlite_reader, "MIN_ROWS", 10)
     kw = {"job_id": "j", "start": T0, "end": T0 + dt.timedelta(hours=1)}
     want = _serial(sqlite_store, monkeypatch, **kw)
-    for r in sqlite_reader._pool():
-        r.proc.kill()
-        r.proc.wait()
-    assert sqlite_store.read("gpu_sample", **kw).equals(want)
+    # Killing the processes beforehand is not enough: _pool() drops dead readers and starts new ones, so
+    # the readers must fail in the middle of the request, as a reader that dies mid-read does.
+    with monkeypatch.context() as m:
+        def broken(self, *a, **k):
+            raise BrokenPipeError(f"SQLite reader process {self.proc.pid} exited (status -9)")
+
+        m.setattr(sqlite_reader._Reader, "fetch", broken)
+        with caplog.at_level("WARNING", logger=sqlite_reader.__name__):
+            got = sqlite_store.read("gpu_sample", **kw)
+    assert got.equals(want)
+    assert sqlite_reader._readers == []
+    assert any(r.name == sqlite_reader.__name__ and "parallel SQLite read unavailable" in r.getMessage()
+               and "reading in one process" in r.getMessage() for r in caplog.records)
     # and the next read starts new readers
     assert sqlite_store.read("gpu_sample", **kw).equals(want)
-    assert all(r.proc.poll() is None for r in sqlite_reader._readers)
+    assert len(sqlite_reader._readers) == 3 and all(r.proc.poll() is None for r in sqlite_reader._readers)
 
 
 def test_a_bad_statement_in_a_reader_raises_its_own_error(tmp_path, monkeypatch):
