@@ -43,11 +43,21 @@ def test_audit_evidence_changes_the_verdicts(api):
     r2 = results(api, h, second["audit_id"])
     assert r2["art5"]["status"] == "pass"
     assert r2["art6"]["status"] != "missing_evidence" and "high-risk" in r2["art6"]["reason"].lower()
-    # Art. 12 / 19(1): retention is 400 days here; the reason cites the logs actually held
-    assert r2["art12"]["status"] in ("pass", "missing_evidence", "fail") and "Art. 12(1)" in r2["art12"]["citation"]
+    # Art. 12: nobody has said whether the system logs its events, so the rule waits for that declaration
+    assert r2["art12"]["status"] == "missing_evidence" and "Art. 12(1)" in r2["art12"]["citation"]
+    assert r2["art12"]["reason"] == (
+        "whether automatic event logging is enabled is not known; settled by a 'logging' declaration: "
+        "fleetscope audit declare ranker logging --version 1 --value '{\"enabled\": true}' --by NAME, or POST /api/v1/declarations "
+        '{"model": "ranker", "version": "1", "kind": "logging", "value": {"enabled": true}}')
+    # Declared enabled, the retention of 400 days clears the six months of Art. 19(1), and the verdict then
+    # rests on the logs actually held: this pipeline recorded no job events for the model at all.
+    declare(api, h, "logging", {"enabled": True})
+    third = httpx.post(api.url + "/api/v1/audits", params={"model": "ranker"}, headers=h, timeout=120).json()
+    r3 = results(api, h, third["audit_id"])
+    assert (r3["art12"]["status"], r3["art12"]["reason"]) == ("fail", "logging is enabled but no log record is held")
     assert {r["rule_id"] for r in r2.values()} >= {"art5", "art6", "art9", "art10.5", "art11", "art12", "art14", "art73"}
     listed = httpx.get(api.url + "/api/v1/audits", headers=h).json()
-    assert [a["audit_id"] for a in listed] == [second["audit_id"], first["audit_id"]]
+    assert [a["audit_id"] for a in listed] == [third["audit_id"], second["audit_id"], first["audit_id"]]
     bad = httpx.post(api.url + "/api/v1/declarations", json={"model": "ranker", "kind": "area", "value": {"area": "astrology"}}, headers=h)
     assert bad.status_code == 422 and "astrology" in bad.text
     assert httpx.post(api.url + "/api/v1/declarations", json={"model": "ranker", "kind": "purpose", "value": {"txt": "x"}}, headers=h).status_code == 422
