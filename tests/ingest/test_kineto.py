@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,9 +103,14 @@ def test_relative_timestamps_use_base_time_and_gzip_is_detected():
     assert kineto.load(_trace(ev)).relative_time is True
 
 
-def test_default_job_id_is_stable():
+def test_default_job_id_is_the_hash_of_the_bytes_as_given():
+    # the same file re-ingested must land on the same natural keys, so the id comes from its bytes alone
     raw = _trace([STEP_SPAN])
-    assert kineto.parse(raw).step["job_id"].to_list() == kineto.parse(raw).step["job_id"].to_list()
+    gz = gzip.compress(raw, mtime=0)
+    assert kineto.parse(raw).step["job_id"].to_list() == ["kineto-" + hashlib.sha256(raw).hexdigest()[:16]]
+    # compressed, it is another file: hashed as given, not after inflating
+    assert kineto.parse(gz).step["job_id"].to_list() == ["kineto-" + hashlib.sha256(gz).hexdigest()[:16]]
+    assert kineto.parse(raw, job_id="j").step["job_id"].to_list() == ["j"]
 
 
 # --- bad input ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ into tiny pieces and chunks so every boundary case occurs; bad input is a ParseE
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -147,7 +148,10 @@ def test_multi_member_gzip_and_default_job_id_is_the_hash_of_the_file():
     gz = gzip.compress(data[:1000]) + gzip.compress(data[1000:])
     whole = kineto.parse(gz, source="t.json")
     assert_same(whole, streamed(gz, chunk=10, piece=200))
-    assert whole.job["job_id"].item().startswith("kineto-")
+    # streamed or whole, the id hashes the raw (here compressed, two-member) bytes as given
+    want = "kineto-" + hashlib.sha256(gz).hexdigest()[:16]
+    assert whole.job["job_id"].item() == want
+    assert streamed(gz, chunk=7, piece=200).job["job_id"].item() == want
 
 
 # --- bad input ------------------------------------------------------------------------------------
