@@ -1,6 +1,7 @@
 """Pure alerting semantics: rules, for:/keep_firing_for, grouping timers, inhibition, silences, resolve."""
 
 import datetime as dt
+import re
 
 import polars as pl
 import pytest
@@ -101,10 +102,12 @@ def test_fingerprint_is_stable_and_order_independent():
     a = {"alertname": "X", "host": "h1", "severity": "critical"}
     b = dict(reversed(list(a.items())))
     assert fingerprint(a) == fingerprint(b)
-    assert len(fingerprint(a)) == 16 and int(fingerprint(a), 16) >= 0
+    assert re.fullmatch("[0-9a-f]{16}", fingerprint(a))
     assert fingerprint(a) != fingerprint({**a, "host": "h2"})
     # model.LabelSet{}.Fingerprint() is the FNV-1a offset basis; this value is fixed by the algorithm.
     assert fingerprint({}) == "cbf29ce484222325"
+    # prometheus/common model/fingerprinting_test.go TestMetricToFingerprint: 5799056148416392346 in decimal
+    assert fingerprint({"name": "garland, briggs", "fear": "love is not enough"}) == "507a62d79ee76c9a"
     # The separator keeps {a="bc"} apart from {ab="c"}.
     assert fingerprint({"a": "bc"}) != fingerprint({"ab": "c"})
 
