@@ -136,7 +136,19 @@ def test_pue_and_footprint_endpoints_on_the_simulator(api, tmp_path):
     assert pue["basis"] == "measured" and pue["category"] == 3 and 1.05 < pue["pue"] < 1.5 and pue["estimate"] is False
     assert httpx.get(api.url + "/api/v1/sites/nowhere/pue", params={"start": start.isoformat(), "end": end.isoformat()}, headers=h).status_code == 404
     fp = httpx.get(api.url + f"/api/v1/models/{j['model_name']}/footprint", headers=h).json()
-    assert fp["jobs"] == [j["job_id"]] and fp["energy_j"] > 0 and fp["energy_basis"].startswith("measured")
+    assert fp["jobs"] == [j["job_id"]]
+    # Each minute's energy is the GPUs' counter rise over it (DCGM scrapes every 30 s); a minute the job held
+    # in part gets that part of the rise (analyzers.energy: power taken as even within a minute); the PUE
+    # of the job's minutes at its site, 08:00 to 08:10, then makes it facility energy.
+    assert (j["start"], j["end"], j["sites"]) == ("2025-03-03T08:00:30.000000Z", "2025-03-03T08:09:58.992592Z", ["site-a"])
+    gs = store.read("gpu_sample", gpu_uuid=j["gpu_uuids"], start=start, end=end + dt.timedelta(minutes=1))
+    at = lambda m: gs.filter(pl.col("ts") == start + dt.timedelta(minutes=m)).sort("gpu_uuid")["energy_j"]  # noqa: E731
+    assert all(at(m).len() == 24 for m in (0, 1, 9, 10))
+    gpu_j = (30 / 60) * (at(1) - at(0)).sum() + (at(9) - at(1)).sum() + (58.992592 / 60) * (at(10) - at(9)).sum()
+    pue_job = httpx.get(api.url + "/api/v1/sites/site-a/pue", params={"start": "2025-03-03T08:00:00Z", "end": "2025-03-03T08:10:00Z"},
+                        headers=h).json()["pue"]
+    assert fp["energy_basis"] == "measured: facility energy (GPU energy × PUE) from GPU telemetry (100.0% of held GPU-time covered)"
+    assert fp["energy_j"] == pytest.approx(gpu_j * pue_job, rel=1e-6)
     assert httpx.get(api.url + "/api/v1/models/unknown/footprint", headers=h).status_code == 404
 
 
@@ -158,12 +170,17 @@ def test_footprint_follows_lineage_from_model_to_fleet_job(store):
     model names it in its fleetscope_job facet."""
     from fleetscope.services.energy import model_footprint
 
-    seed(store)
+    batch = seed(store)
     rollup_window(store, T0, T0 + dt.timedelta(minutes=20))
     store.write(F.Batch(job=pl.DataFrame([{"job_id": "train-1", "kind": "training", "world_size": 4}])))  # no model_name
     register_via_lineage(store, "ranker", "train-1")
     fp = model_footprint(store, "ranker")
-    assert fp["jobs"] == ["train-1"] and fp["energy_j"] > 0
+    # train-1 held its 4 GPUs from minute 5 to 15: its energy is their counters' rise over that span, read
+    # from the seed's own samples (every 10 s, so both ends are samples), not from the roll-up
+    s = batch.gpu_sample.filter(pl.col("gpu_uuid").is_in(batch.gpu["gpu_uuid"].to_list()[:4]))
+    at = lambda m: s.filter(pl.col("ts") == T0 + dt.timedelta(minutes=m)).sort("gpu_uuid")["energy_j"]  # noqa: E731
+    assert at(5).len() == at(15).len() == 4
+    assert fp["jobs"] == ["train-1"] and fp["energy_j"] == pytest.approx((at(15) - at(5)).sum(), rel=1e-9)
 
 
 def seed_two_jobs(store):
