@@ -4,23 +4,30 @@ the result is bit-identical across BLAS builds, thread counts and GPUs, and one 
 for all of them. A device that returns another digest computed something wrong (the screen it feeds, and
 its sources, are ``analyzers.sdc``'s).
 
-The probe's arithmetic and its golden digests are here; running it on a device is
+The probe's arithmetic and its golden digests are here, and so is its record: a result as the ``sdc_probe``
+health event a node sends (``probe_event``) and those events read back as the rows the screen takes
+(``probe_results``), so that the CLI, the agent and the sweep agree on one encoding. Running it on a device is
 ``fleetscope.devices.probe.run_probe``.
 
-Pure: numpy in, digests and dataclasses out.
+Pure: numpy in, digests, dataclasses and frames out.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
+
+from fleetscope.core.spec import UTC_US
 
 __all__ = ["PROBE_N", "PROBE_ROUNDS", "PROBE_SEED", "PROBE_GOLDEN_SHA256", "probe_inputs", "probe_matmul", "probe_digest",
-           "ProbeResult", "check_probe"]
+           "ProbeResult", "check_probe", "probe_event", "probe_results"]
 
 PROBE_N = 256
 PROBE_ROUNDS = 8
@@ -104,3 +111,28 @@ def check_probe(digest: str, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed:
     if not g:
         return None
     return digest == g
+
+
+def probe_event(result: ProbeResult, *, ts: dt.datetime, host: str, gpu_uuid: str) -> pl.DataFrame:
+    """One ``sdc_probe`` health-event row for a probe result (what a node that ran the probe sends): value 1
+    passed, 0 failed, null when no golden digest is known for the probe's shape; the digests in ``message``."""
+    row = {"ts": ts, "host": host, "gpu_uuid": gpu_uuid, "kind": "sdc_probe", "code": 0,
+           "value": None if result.passed is None else float(result.passed),
+           "message": json.dumps({"digest": result.digest, "golden": result.golden, "backend": result.backend,
+                                  "device_type": result.device_type, "mismatched_elements": result.mismatched_elements,
+                                  "seconds": result.seconds}),
+           "source": "fleetscope probe"}
+    return pl.DataFrame([row], schema_overrides={"ts": UTC_US, "value": pl.Float64})
+
+
+def probe_results(events: pl.DataFrame) -> pl.DataFrame:
+    """``sdc_probe`` health events as the probe rows ``sdc.sdc_findings`` reads: gpu_uuid, ts, passed, digest,
+    golden, mismatched_elements, device_type."""
+    p = events.filter(pl.col("kind") == "sdc_probe") if events.height else events
+    if p.height == 0:
+        return pl.DataFrame(schema={"gpu_uuid": pl.String, "ts": UTC_US, "passed": pl.Boolean, "digest": pl.String})
+    msg = pl.col("message").str.json_path_match
+    return p.select("gpu_uuid", "ts", pl.when(pl.col("value").is_not_null()).then(pl.col("value") >= 1.0).alias("passed"),
+                    msg("$.digest").alias("digest"), msg("$.golden").alias("golden"),
+                    msg("$.mismatched_elements").cast(pl.Int64, strict=False).alias("mismatched_elements"),
+                    msg("$.device_type").alias("device_type"))

@@ -9,7 +9,6 @@ reads bounded windows, writes findings and probe results, and owns the clock. Th
 from __future__ import annotations
 
 import datetime as dt
-import json
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,8 @@ import polars as pl
 from sqlalchemy import select
 
 from analyzers import absence, fabric, fabric_attribution, hangs, health, ib_links, idle_allocations, sdc, sdc_probe
+# the probe's health event and its reading back (the agent sends the same event): the pure floor's, named here too
+from analyzers.sdc_probe import probe_event, probe_results
 from fleetscope.core import frames as F
 from fleetscope.devices import probe
 from fleetscope.store import schema
@@ -458,27 +459,3 @@ def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | No
                           gpu_uuid=gpu_uuid or f"{backend}:{result.device}")
         store.write(F.Batch(source="probe", health_event=row))
     return result
-
-
-def probe_event(result: sdc_probe.ProbeResult, *, ts: dt.datetime, host: str, gpu_uuid: str) -> pl.DataFrame:
-    """One ``sdc_probe`` health-event row for a probe result (what a node that ran the probe sends)."""
-    row = {"ts": ts, "host": host, "gpu_uuid": gpu_uuid, "kind": "sdc_probe", "code": 0,
-           "value": None if result.passed is None else float(result.passed),
-           "message": json.dumps({"digest": result.digest, "golden": result.golden, "backend": result.backend,
-                                  "device_type": result.device_type, "mismatched_elements": result.mismatched_elements,
-                                  "seconds": result.seconds}),
-           "source": "fleetscope probe"}
-    return pl.DataFrame([row], schema_overrides={"ts": F.UTC_US, "value": pl.Float64})
-
-
-def probe_results(events: pl.DataFrame) -> pl.DataFrame:
-    """``sdc_probe`` health events as the probe rows ``sdc.sdc_findings`` reads: gpu_uuid, ts, passed, digest,
-    golden, mismatched_elements, device_type."""
-    p = events.filter(pl.col("kind") == "sdc_probe") if events.height else events
-    if p.height == 0:
-        return pl.DataFrame(schema={"gpu_uuid": pl.String, "ts": F.UTC_US, "passed": pl.Boolean, "digest": pl.String})
-    msg = pl.col("message").str.json_path_match
-    return p.select("gpu_uuid", "ts", pl.when(pl.col("value").is_not_null()).then(pl.col("value") >= 1.0).alias("passed"),
-                    msg("$.digest").alias("digest"), msg("$.golden").alias("golden"),
-                    msg("$.mismatched_elements").cast(pl.Int64, strict=False).alias("mismatched_elements"),
-                    msg("$.device_type").alias("device_type"))
