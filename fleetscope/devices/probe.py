@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,65 @@ def _cupy_cuda(device_index: int) -> tuple[Any, str]:
         raise ProbeUnavailable(f"probe backend cupy: no CUDA device {device_index} (cupy sees {count})")
     name = cp.cuda.runtime.getDeviceProperties(device_index)["name"]
     return cp, name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """A CUDA device as a probe backend numbers it, with what names it outside CUDA's numbering (which
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` change): its UUID and PCI address, where the backend says."""
+
+    index: int
+    name: str
+    uuid: str | None = None  # "GPU-<uuid>", as NVML writes it
+    pci: tuple[int, int, int] | None = None  # (domain, bus, device)
+
+
+def _gpu_uuid(value: Any) -> str | None:
+    """A CUDA device UUID (torch's ``_CUuuid`` or text, cupy's 16 bytes) as NVML writes it: ``GPU-`` and 36 characters."""
+    if value is None:
+        return None
+    try:
+        text = str(uuid.UUID(bytes=bytes(value))) if isinstance(value, (bytes, bytearray)) else str(uuid.UUID(str(value).removeprefix("GPU-")))
+    except (ValueError, TypeError):
+        return None
+    return f"GPU-{text}"
+
+
+def _pci(domain: Any, bus: Any, device: Any) -> tuple[int, int, int] | None:
+    try:
+        return int(domain), int(bus), int(device)
+    except (TypeError, ValueError):
+        return None
+
+
+def cuda_devices(backend: str) -> tuple[str, list[CudaDevice]]:
+    """The CUDA devices a GPU probe backend sees, and the backend that runs (``torch``, ``cupy``, or for
+    ``cuda`` torch where it can reach a GPU, else cupy). Raises ``ProbeUnavailable`` naming what is missing."""
+    if backend == "cuda":
+        reasons = []
+        for candidate in ("torch", "cupy"):
+            try:
+                return cuda_devices(candidate)
+            except ProbeUnavailable as e:
+                reasons.append(str(e))
+        raise ProbeUnavailable("no CUDA probe backend can run here: " + "; ".join(reasons))
+    out = []
+    if backend == "torch":
+        torch, _, _ = _torch_cuda(0)
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append(CudaDevice(i, str(p.name), _gpu_uuid(getattr(p, "uuid", None)),
+                                  _pci(getattr(p, "pci_domain_id", None), getattr(p, "pci_bus_id", None), getattr(p, "pci_device_id", None))))
+    elif backend == "cupy":
+        cp, _ = _cupy_cuda(0)
+        for i in range(int(cp.cuda.runtime.getDeviceCount())):
+            p = cp.cuda.runtime.getDeviceProperties(i)
+            name = p.get("name", b"")
+            out.append(CudaDevice(i, name.decode(errors="replace") if isinstance(name, bytes) else str(name), _gpu_uuid(p.get("uuid")),
+                                  _pci(p.get("pciDomainID"), p.get("pciBusID"), p.get("pciDeviceID"))))
+    else:
+        raise ValueError(f"not a CUDA probe backend: {backend!r} (torch, cupy or cuda)")
+    return backend, out
 
 
 def run_probe(backend: str = "numpy", *, n: int = PROBE_N, rounds: int = PROBE_ROUNDS, seed: int = PROBE_SEED,
