@@ -28,6 +28,15 @@ and ``/slurmdb/<v>/accounts``; with ``X-SLURM-USER-NAME`` / ``X-SLURM-USER-TOKEN
 the poll time, in either push mode. A body over ``slurm_max_bytes``, one that is not JSON, or one without its
 ``jobs`` / ``nodes`` list (slurmrestd's ``errors``) is that source's error for the tick and is not sent.
 
+With ``probe_every_s`` the agent also runs the SDC known-answer probe (``fleetscope.agent.probing``) on the
+node's GPUs (``probe_backend``: ``auto`` takes torch or cupy where one reaches a GPU, else says so and probes the
+CPU with numpy) that often, in a thread of its own so that a round never delays a tick, and sends each
+result as the ``sdc_probe`` health event ``fleetscope health probe`` records (``analyzers.sdc_probe.probe_event``,
+stamped with the tick that started the round), which the health sweep's SDC screen reads. They go to
+``POST /api/v1/batches`` in either push mode: OTLP metrics carry numbers, and the server derives health
+events from them only for DCGM's fault counters (XID, ECC, row remap), so a probe's verdict with its digests
+has no OTLP form. A probe that cannot run, or raises, is that tick's ``probe`` error; the next round tries again.
+
 A failed scrape is logged and counted, and the next tick goes on: one exporter down must not stop the
 others. A refused token (401/403) stops the agent, since every later push would be refused too.
 
@@ -66,12 +75,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import polars as pl
 
+from analyzers.sdc_probe import probe_event
 from fleetscope.agent.backlog import Backlog, Reading, raw_size
 from fleetscope.agent.otlp import OtlpEncoder
+from fleetscope.agent.probing import PROBE_BACKENDS, Prober, targets as probe_targets
 from ingest import dcgm
 from fleetscope.devices import nvml as nvml_driver
 from ingest import nvml
+from fleetscope.core import frames as F
 from fleetscope.core.frames import batch_to_json
 from ingest import ib_sysfs
 from ingest.otlp_export import gpu_observations
@@ -111,6 +124,7 @@ class TickReport:
     buffered_bytes: int = 0
     dropped: int = 0  # waiting readings dropped this tick to stay within the backlog's bounds, oldest first
     discarded: int = 0  # readings the API refused as bad data or too large this tick: not sent again
+    probes: list[dict[str, Any]] = field(default_factory=list)  # probe results (or why a device's could not run) taken this tick
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
@@ -187,6 +201,9 @@ class Agent:
     spool: str | Path | None = None
     backoff_cap_s: float = BACKOFF_CAP_S
     merge_bytes: int = MERGE_BYTES
+    probe_every_s: float | None = None  # run the SDC known-answer probe on the node's GPUs this often (None: never)
+    probe_backend: str = "auto"  # of probing.PROBE_BACKENDS
+    probe_wait_s: float | None = None  # let a round finish within the tick that starts it, up to this long (--once)
     clock: Callable[[], float] = time.monotonic  # for retry times and tick budgets; tests inject their own
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
@@ -199,6 +216,15 @@ class Agent:
         unknown = [e for e in self.slurm_endpoints if e not in SLURM_PATHS]
         if unknown or not self.slurm_endpoints:
             raise ValueError(f"slurmrestd endpoints are some of {', '.join(SLURM_PATHS)}, not {', '.join(map(str, unknown))[:100] or 'none'}")
+        self.prober: Prober | None = None
+        self.probe_note: str | None = None  # auto found no GPU backend: why the probe runs on the CPU
+        if self.probe_every_s is not None:
+            if self.probe_backend not in PROBE_BACKENDS:
+                raise ValueError(f"probe backend must be one of {', '.join(PROBE_BACKENDS)}, not {str(self.probe_backend)[:40]!r}")
+            found, self.probe_note = probe_targets(self.probe_backend)  # ProbeUnavailable where torch or cupy was asked for and cannot run
+            if self.probe_note:
+                log.warning("%s", self.probe_note)
+            self.prober = Prober(found, self.probe_every_s, self.clock)
         self.client = httpx.Client(timeout=self.timeout_s, headers={"Authorization": f"Bearer {self.token}"})
         self.otlp = OtlpEncoder(host=self.host) if self.push == "otlp" else None
         self.backlog = Backlog(self.buffer_bytes, self.buffer_ticks, self.spool)
@@ -254,6 +280,10 @@ class Agent:
                 r = self._source(report, url, lambda url=url, what=what: self._slurm(url, what, now))
                 if r is not None:
                     out.append(r)
+        if self.prober is not None:
+            r = self._source(report, "probe", lambda: self._probe(report))
+            if r is not None:
+                out.append(r)
         if self.otlp is not None and sources:
             report.points = sum(p.get("points", 0) for p in sources.values())
             body = self.otlp.encode(now)
@@ -328,6 +358,25 @@ class Agent:
             return {"fabric_port_sample": 0}
         body = json.dumps(batch_to_json(batch), default=str).encode()
         return Reading(now, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"infiniband": {}})
+
+    def _probe(self, report: TickReport) -> Reading | None:
+        """The probe results finished since the last tick as ``sdc_probe`` health events, one request; a
+        round is started when one is due (``probing.Prober``). Devices whose probe failed to run, and a
+        round still running when the next is due, are this tick's ``probe`` error."""
+        assert self.prober is not None
+        done, note = self.prober.poll(report.ts, wait=self.probe_wait_s)
+        report.probes.extend(o.to_dict() for o in done)
+        errors = [f"{o.target.label}: {o.error}" for o in done if o.result is None] + ([note] if note else [])
+        if errors:
+            report.errors["probe"] = "; ".join(errors)[:300]
+            log.warning("probe: %s", report.errors["probe"])
+        rows = [probe_event(o.result, ts=o.ts, host=self.host, gpu_uuid=o.target.subject(o.result)) for o in done if o.result is not None]
+        if not rows:
+            return None
+        batch = F.Batch(source=f"probe:{self.host}", health_event=pl.concat(rows))
+        # /api/v1/batches in both push modes: an OTLP metric cannot carry the verdict's digests (the module's docstring)
+        body = json.dumps(batch_to_json(batch), default=str).encode()
+        return Reading(report.ts, "/api/v1/batches", body, "application/json", f"batch:{batch.source}", sources={"probe": {}})
 
     def _queue(self, batch: Any) -> dict[str, int]:
         assert self.otlp is not None

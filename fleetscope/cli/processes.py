@@ -234,12 +234,20 @@ def beat(ctx: click.Context) -> None:
 @click.option("--infiniband/--no-infiniband", "infiniband", default=None,
               help="Read InfiniBand/RoCE port counters from sysfs each tick (default: on when the directory exists).")
 @click.option("--infiniband-root", default="/sys/class/infiniband", show_default=True, help="The sysfs directory of the RDMA devices.")
-@click.option("--once", is_flag=True, help="Poll once and exit (exit 1 if any source failed or its readings were not delivered).")
+# the bound is fleetscope.agent.probing.MIN_PROBE_EVERY_S (not imported here: the collector loads only when the verb runs)
+@click.option("--probe-every", "probe_every_s", type=click.FloatRange(min=60), default=None, metavar="SECONDS",
+              help="Run the SDC known-answer probe on this node's GPUs every SECONDS (at least 60; 600 to 3600 is typical; off by default) "
+                   "and push each result as an sdc_probe health event; the probe runs beside the ticks, never delaying them.")
+@click.option("--probe-backend", type=click.Choice(["auto", "numpy", "torch", "cupy"]), default=None,
+              help="auto (default): torch or cupy where one reaches a GPU, else the CPU with numpy (and a warning); "
+                   "torch or cupy: that one or an error at start; numpy: the CPU only.")
+@click.option("--once", is_flag=True, help="Poll (and probe) once and exit: exit 1 if any source failed or its readings were not delivered, "
+              "else 5 if a probe result differs from the golden digest.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per tick.")
 def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...], slurm_urls: tuple[str, ...], slurm_api: str,
           slurm_user: str | None, slurm_token: str | None, slurm_endpoints: tuple[str, ...], interval_s: float, api_url: str, token: str, push: str,
-          buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, once: bool,
-          as_json: bool) -> None:
+          buffer_mb: float, buffer_ticks: int, spool: str | None, infiniband: bool | None, infiniband_root: str, probe_every_s: float | None,
+          probe_backend: str | None, once: bool, as_json: bool) -> None:
     """Node-side collector: poll dcgm-exporter and/or NVML (and slurmrestd, inference servers) and push to the API
     (OTLP by default).
     Readings the API does not take (unreachable, 429, 5xx) are kept, bounded, and sent again later with
@@ -250,34 +258,46 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
       fleetscope agent --dcgm http://localhost:9400/metrics --api https://fleet.example:8000 --token "$TOKEN"
       fleetscope agent --nvml --serving http://localhost:8000/metrics --push batch --once --json
       SLURM_JWT=$(scontrol token | cut -d= -f2) fleetscope agent --slurm http://slurmctld:6820 --slurm-user fleetscope --interval 60
+      fleetscope agent --dcgm http://localhost:9400/metrics --probe-every 900 --probe-backend torch --api https://fleet.example:8000 --token "$TOKEN"
     """
     from fleetscope.agent import Agent, AgentStopped  # lazy: the collector and its encoders load only for this verb
+    from fleetscope.devices.probe import ProbeUnavailable  # lazy: with the collector
 
     if infiniband is None:
         infiniband = Path(infiniband_root).is_dir()
-    if not dcgm_urls and not nvml and not infiniband and not serving_urls and not slurm_urls:
-        raise click.UsageError("nothing to collect: give --dcgm URL, --serving URL, --slurm URL and/or --nvml (or --infiniband on a host with RDMA devices)")
+    if probe_backend is not None and probe_every_s is None:
+        raise click.UsageError("--probe-backend needs --probe-every SECONDS")
+    if not dcgm_urls and not nvml and not infiniband and not serving_urls and not slurm_urls and probe_every_s is None:
+        raise click.UsageError("nothing to collect: give --dcgm URL, --serving URL, --slurm URL, --probe-every SECONDS and/or --nvml "
+                               "(or --infiniband on a host with RDMA devices)")
     _check_slurm_api(slurm_api)
     if nvml:
         try:
             nvml_driver.read_devices()
         except nvml_driver.NvmlUnavailable as exc:
             raise click.ClickException(str(exc)) from None
-    ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
-               buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None,
-               serving_urls=list(serving_urls), slurm_urls=list(slurm_urls), slurm_api_version=slurm_api, slurm_user=slurm_user,
-               slurm_token=slurm_token, slurm_endpoints=tuple(slurm_endpoints) or ("jobs", "nodes"))
-    failed = False
+    try:
+        ag = Agent(api_url.rstrip("/"), token, list(dcgm_urls), nvml, push=push, buffer_bytes=max(1, int(buffer_mb * 2**20)),
+                   buffer_ticks=buffer_ticks, spool=spool, infiniband=infiniband_root if infiniband else None,
+                   serving_urls=list(serving_urls), slurm_urls=list(slurm_urls), slurm_api_version=slurm_api, slurm_user=slurm_user,
+                   slurm_token=slurm_token, slurm_endpoints=tuple(slurm_endpoints) or ("jobs", "nodes"),
+                   probe_every_s=probe_every_s, probe_backend=probe_backend or "auto", probe_wait_s=PROBE_ONCE_WAIT_S if once else None)
+    except ProbeUnavailable as exc:  # torch or cupy asked for by name and cannot run here: the message names what is missing
+        raise click.ClickException(f"--probe-backend {probe_backend}: {exc}") from None
+    failed = probe_failed = False
 
     def show(report) -> None:  # type: ignore[no-untyped-def]
-        nonlocal failed
+        nonlocal failed, probe_failed
         failed = failed or bool(report.errors)
+        probe_failed = probe_failed or any(p.get("passed") is False for p in report.probes)
         if as_json:
             out = {"ts": report.ts.isoformat(), "pushed": report.pushed, "errors": report.errors}
             if push == "otlp":
                 out |= {"points": report.points, "rejected_points": report.rejected_points}
             out |= {"replayed": report.replayed, "buffered": report.buffered, "buffered_bytes": report.buffered_bytes,
                     "dropped": report.dropped, "discarded": report.discarded}
+            if probe_every_s is not None:
+                out["probe"] = report.probes
             click.echo(json.dumps(out))
         else:
             rows = sum(n for w in report.pushed.values() for k, n in w.items() if k != "points")
@@ -285,7 +305,9 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
             backlog = "".join(f", {n} {what}" for n, what in ((report.replayed, "earlier readings resent"), (report.buffered, "readings waiting"),
                                                               (report.dropped, "oldest readings dropped (backlog full)"),
                                                               (report.discarded, "readings refused as bad data")) if n)
-            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}{backlog}"
+            probed = "".join(f", probe {p['gpu_uuid']}: {'pass' if p['passed'] else 'FAIL' if p['passed'] is False else 'no golden digest'}"
+                             for p in report.probes if "gpu_uuid" in p)
+            click.echo(f"{report.ts:%H:%M:%S} pushed {rows} rows from {len(report.pushed)} source(s){otlp}{backlog}{probed}"
                        + "".join(f"; {k}: {v}" for k, v in report.errors.items()))
 
     try:
@@ -298,6 +320,11 @@ def agent(dcgm_urls: tuple[str, ...], nvml: bool, serving_urls: tuple[str, ...],
         ag.close()
     if once and failed:
         sys.exit(1)
+    if once and probe_failed:
+        sys.exit(5)  # as `fleetscope health probe`: a confirmed SDC suspect, delivered
+
+
+PROBE_ONCE_WAIT_S = 600.0  # --once waits this long for its probe round (a CUDA backend's first round loads its library)
 
 
 def _check_slurm_api(version: str) -> None:
