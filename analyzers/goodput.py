@@ -52,9 +52,13 @@ __all__ = [
     "RuntimeGoodput",
     "goodput_timeline",
     "runtime_goodput",
+    "runtime_goodput_of",
     "rolling_goodput",
+    "rolling_goodput_of",
     "step_times",
+    "step_times_of",
     "step_time_deviation",
+    "anomaly_threshold_s",
     "ideal_step_time",
     "scheduling_goodput",
     "load_gpu_peaks",
@@ -345,7 +349,11 @@ def runtime_goodput(
     ``get_job_goodput(include_badput_breakdown=True)`` (whole run) or ``get_job_goodput_interval``
     (``window_start``/``window_end``: the timeline clipped to that window, which is the interval's
     denominator). See :func:`goodput_timeline` for ``until`` and the errors raised."""
-    tl = goodput_timeline(job_event, until=until)
+    return runtime_goodput_of(goodput_timeline(job_event, until=until), window_start=window_start, window_end=window_end)
+
+
+def runtime_goodput_of(tl: pl.DataFrame, *, window_start: datetime | None = None, window_end: datetime | None = None) -> RuntimeGoodput:
+    """:func:`runtime_goodput` of a timeline :func:`goodput_timeline` made (the ``*_of`` functions share one)."""
     t0, t1 = tl["start"].min(), tl["end"].max()
     a = t0 if window_start is None else max(window_start, t0)
     b = t1 if window_end is None else min(window_end, t1)
@@ -380,14 +388,17 @@ def rolling_goodput(
     """Goodput over rolling windows [t0 + k·every, t0 + k·every + period) from the job's start, as the
     library's rolling-window monitoring does. Returns ``window_start, window_end, total_s, productive_s,
     goodput_ratio`` and one ``<bucket>_s`` column per badput bucket. Windows are clipped at the job's end."""
+    return rolling_goodput_of(goodput_timeline(job_event, until=until), every_s=every_s, period_s=period_s)
+
+
+def rolling_goodput_of(tl: pl.DataFrame, *, every_s: float, period_s: float) -> pl.DataFrame:
+    """:func:`rolling_goodput` of a timeline :func:`goodput_timeline` made."""
     if not (every_s > 0 and period_s > 0 and math.isfinite(every_s) and math.isfinite(period_s)):
         raise ValueError("every_s and period_s must be finite and > 0")
-    tl = goodput_timeline(job_event, until=until)
-    t0, t1 = epoch_us(tl["start"].min()), epoch_us(tl["end"].max())
+    s, e = tl["start"].dt.epoch("us").to_numpy(), tl["end"].dt.epoch("us").to_numpy()
+    t0, t1 = int(s.min()), int(e.max())
     starts = np.arange(t0, t1, round(every_s * US), dtype=np.int64)
     ends = np.minimum(starts + round(period_s * US), t1)
-    s = np.array([epoch_us(x) for x in tl["start"].to_list()], dtype=np.int64)
-    e = np.array([epoch_us(x) for x in tl["end"].to_list()], dtype=np.int64)
     lab = np.array(tl["bucket"].to_list(), dtype=object)
     out: dict[str, object] = {
         "window_start": [from_epoch_us(x) for x in starts], "window_end": [from_epoch_us(x) for x in ends],
@@ -417,24 +428,32 @@ def rolling_goodput(
 def step_times(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
     """Productive step times ``step, step_time_s`` (program-startup excess included, as the library
     measures a step from its start to the next step's start), in step order."""
-    tl = goodput_timeline(job_event, until=until)
+    return step_times_of(goodput_timeline(job_event, until=until))
+
+
+def step_times_of(tl: pl.DataFrame) -> pl.DataFrame:
+    """:func:`step_times` of a timeline :func:`goodput_timeline` made."""
     st = tl.filter(pl.col("bucket").is_in([PRODUCTIVE, "program_startup"]) & pl.col("step").is_not_null())
     return st.group_by("step").agg(pl.col("duration_s").sum().alias("step_time_s")).sort("step")
 
 
-def ideal_step_time(step_time_s: Iterable[float]) -> float:
-    """The library's ideal step time (``goodput_utils.compute_ideal_step_time``): the mean of the step
-    times that are not anomalous, anomalous meaning above median + 3 × MAD (unscaled median absolute
-    deviation, scipy's default)."""
+def anomaly_threshold_s(step_time_s: Iterable[float]) -> float:
+    """Where a step time becomes anomalous for :func:`ideal_step_time`: median + 3 × MAD (unscaled median
+    absolute deviation, scipy's default). Raises ``ValueError`` on no or non-finite step times."""
     x = np.asarray(list(step_time_s), dtype=float)
     if x.size == 0:
         raise ValueError("no step times")
     if not np.all(np.isfinite(x)):
         raise ValueError("step times must be finite (got NaN or inf)")
     med = float(np.median(x))
-    mad = float(np.median(np.abs(x - med)))
-    normal = x[x <= med + 3 * mad]
-    return float(normal.mean())
+    return med + 3 * float(np.median(np.abs(x - med)))
+
+
+def ideal_step_time(step_time_s: Iterable[float]) -> float:
+    """The library's ideal step time (``goodput_utils.compute_ideal_step_time``): the mean of the step
+    times that are not anomalous, anomalous meaning above :func:`anomaly_threshold_s` (median + 3 × MAD)."""
+    x = np.asarray(list(step_time_s), dtype=float)
+    return float(x[x <= anomaly_threshold_s(x)].mean())
 
 
 def step_time_deviation(job_event: pl.DataFrame, *, until: datetime | None = None,
