@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from analyzers.c3 import COMM_TERMS, fit_fleet_law, scaling_efficiency
+from analyzers.goodput_trend import MAX_WINDOWS
 from fleetscope.core import frames as F
 from fleetscope.core.errors import NotFound
 from fleetscope.core.units import as_utc
@@ -230,6 +231,53 @@ def job_analyses(store: Store, job_id: str) -> dict[str, dict[str, Any]]:
             result = {}
         out[row["analyzer"]] = {**(result if isinstance(result, dict) else {"value": result}),
                                 "computed_at": row["computed_at"], "window_start": row["window_start"], "window_end": row["window_end"]}
+    return out
+
+
+GOODPUT_TREND = "goodput_trend"
+"""The ``job_analysis.analyzer`` under which the goodput analysis stores its rolling goodput and step-time
+deviation (``analyzers.goodput_trend.trend``), beside its ``goodput`` row."""
+GOODPUT_WINDOWS_MAX = MAX_WINDOWS
+"""The rolling windows the analysis keeps (the newest), and the most a read asks for."""
+GOODPUT_STEPS_MAX = 100
+"""The newest steps whose deviation the analysis keeps, and the most a read asks for."""
+_NO_TREND = "not computed yet: the job's goodput was last analysed before rolling goodput and step-time deviation were; the next analysis adds them"
+
+
+def job_goodput(store: Store, job_id: str, *, windows: int = GOODPUT_WINDOWS_MAX, steps: int = GOODPUT_STEPS_MAX) -> dict[str, Any] | None:
+    """A job's stored goodput analysis as ``GET /api/v1/jobs/{id}/goodput`` serves it: ``job_id, analyzer,
+    computed_at, window_start, window_end`` (ISO 8601) and ``result`` (runtime, scheduling and program goodput,
+    badput by bucket), plus
+
+    - ``rolling``: goodput of consecutive windows of the run (``window_s`` each, from its start), the newest
+      ``windows`` of them (``windows_total`` in all), each ``window_start, window_end, total_s, productive_s,
+      goodput_ratio, badput_s``;
+    - ``step_time_deviation``: the ideal step time (mean of the steps not above median + 3 × MAD), the steps
+      above that threshold, the mean and largest deviation, and the newest ``steps`` steps' ``step, step_time_s,
+      deviation_s``.
+
+    Each has ``why`` (else null) when it holds nothing: too few steps, or not computed yet. None when the job's
+    goodput was never analysed. ``windows`` from 0 to :data:`GOODPUT_WINDOWS_MAX`, ``steps`` from 0 to
+    :data:`GOODPUT_STEPS_MAX`, else ``ValueError`` naming it."""
+    for name, value, top in (("windows", windows, GOODPUT_WINDOWS_MAX), ("steps", steps, GOODPUT_STEPS_MAX)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+            raise ValueError(f"{name} must be an integer from 0 to {top}, got {value!r}")
+    df = fetch(store, "SELECT analyzer, computed_at, window_start, window_end, result FROM job_analysis WHERE job_id = ? AND analyzer IN (?, ?)",
+               [job_id, "goodput", GOODPUT_TREND],
+               {"analyzer": pl.String, "computed_at": UTC, "window_start": UTC, "window_end": UTC, "result": pl.String})
+    rows = {r["analyzer"]: r for r in df.iter_rows(named=True)}
+    if "goodput" not in rows:
+        return None
+    g = rows["goodput"]
+    iso = lambda t: t.isoformat() if t is not None else None  # noqa: E731
+    out = {"job_id": job_id, "analyzer": "goodput", "computed_at": iso(g["computed_at"]), "window_start": iso(g["window_start"]),
+           "window_end": iso(g["window_end"]), "result": json.loads(g["result"])}
+    trend = json.loads(rows[GOODPUT_TREND]["result"]) if GOODPUT_TREND in rows else {}
+    roll = trend.get("rolling") or {"window_s": None, "window_steps": None, "ideal_step_time_s": None, "windows_total": 0, "windows": [], "why": _NO_TREND}
+    dev = trend.get("step_time_deviation") or {"steps": None, "ideal_step_time_s": None, "anomaly_threshold_s": None, "anomalous_steps": None,
+                                               "mean_deviation_s": None, "max_deviation_s": None, "max_deviation_step": None, "last": [], "why": _NO_TREND}
+    out["rolling"] = {**roll, "windows": roll["windows"][len(roll["windows"]) - windows:] if windows else []}
+    out["step_time_deviation"] = {**dev, "last": dev["last"][len(dev["last"]) - steps:] if steps else []}
     return out
 
 

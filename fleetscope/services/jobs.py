@@ -16,9 +16,9 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import c3, carbon, energy, goodput, reliability, sdc, sdc_fold, stragglers
+from analyzers import c3, carbon, energy, goodput, goodput_trend, reliability, sdc, sdc_fold, stragglers
 from fleetscope.core import frames as F
-from fleetscope.services import event_fold, job_fold
+from fleetscope.services import event_fold, job_fold, job_reads
 from fleetscope.services.analysis import Registry
 from fleetscope.services.energy_rollup import floor_minute
 from fleetscope.observability import tracer
@@ -43,6 +43,7 @@ class JobAnalysis:
     job_id: str
     c3: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None
+    goodput_trend: dict[str, Any] | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     sdc: list[dict[str, Any]] = field(default_factory=list)
     sdc_reruns: list[dict[str, Any]] = field(default_factory=list)
@@ -52,7 +53,8 @@ class JobAnalysis:
     batch: F.Batch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "stragglers": self.stragglers,
+        return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "goodput_trend": self.goodput_trend,
+                          "stragglers": self.stragglers,
                           "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "whatif": self.whatif,
                           "notes": self.notes})
 
@@ -152,15 +154,17 @@ def _stragglers(r: JobRun) -> None:
     r.record("stragglers", *res.window(), {"findings": r.out.stragglers, "rank_steps": res.rank_steps, "flagged": res.flagged})
 
 
-@JOB.register("goodput", modules=("analyzers.goodput",), reads=("job_event", "step", "job_rank", "gpu"),
+@JOB.register("goodput", modules=("analyzers.goodput", "analyzers.goodput_trend"), reads=("job_event", "step", "job_rank", "gpu"),
               writes=("job_analysis", "metric_sample"), needs=("job_event",),
-              summary="runtime, scheduling and program goodput (MFU) and their product, with badput by cause")
+              summary="runtime, scheduling and program goodput (MFU) and their product, with badput by cause; "
+                      "rolling goodput and step-time deviation")
 def _goodput(r: JobRun) -> None:
     events = r.events().events
     finished = events.filter(pl.col("kind") == "finished").height > 0
     until = None if finished else r.now
     try:
-        rg = goodput.runtime_goodput(events, until=until)
+        tl = goodput.goodput_timeline(events, until=until)
+        rg = goodput.runtime_goodput_of(tl)
     except ValueError as exc:
         r.out.notes.append(f"goodput not computed: {exc}")
         return
@@ -174,6 +178,14 @@ def _goodput(r: JobRun) -> None:
     r.out.goodput.update(_program_goodput(r.store, r.read("job_rank"), r.steps().result, sched, rg.goodput_ratio, r.out.notes))
     r.record("goodput", rg.window_start, rg.window_end, r.out.goodput)
     r.batch.metric_sample = goodput_series(r.job_id, r.now, rg.goodput_ratio, r.out.goodput)
+    # The same timeline over time: a row of its own (TREND), so that the goodput row the job lists, the fleet
+    # metrics and the alert rules read stays small.
+    r.out.goodput_trend = goodput_trend.trend(tl, running=not finished, last_steps=job_reads.GOODPUT_STEPS_MAX)
+    r.record(TREND, rg.window_start, rg.window_end, r.out.goodput_trend)
+
+
+TREND = job_reads.GOODPUT_TREND
+"""The ``job_analysis.analyzer`` of the goodput analysis's rolling goodput and step-time deviation."""
 
 
 @JOB.register("sdc", modules=("analyzers.sdc",), reads=("job_event", "job_rank"), writes=("finding", "job_analysis"), needs=("job_event",),

@@ -47,10 +47,11 @@ def test_analysis_of_real_traces_matches_the_pure_analyzer(store, realdata):
     bd = store.read("step_breakdown", job_id="two-rank")
     assert bd.height == steps.height
     assert (bd["c1_compute_s"] + bd["c2_comm_s"] + bd["c3_coord_s"] - bd["step_s"]).abs().max() < 1e-9
-    assert sorted(store.read("job_analysis", job_id="two-rank")["analyzer"].to_list()) == ["c3", "goodput", "stragglers"]
+    # the goodput analysis writes its rolling goodput and step-time deviation beside it (goodput_trend)
+    assert sorted(store.read("job_analysis", job_id="two-rank")["analyzer"].to_list()) == ["c3", "goodput", "goodput_trend", "stragglers"]
     # idempotent: a second run replaces, never duplicates
     analysis.analyze_job(store, "two-rank")
-    assert store.read("job_analysis").height == 3 and store.read("step_breakdown").height == bd.height
+    assert store.read("job_analysis").height == 4 and store.read("step_breakdown").height == bd.height
 
 
 def straggler_steps(job_id="synthetic", ranks=8, steps=10, slow_rank=5) -> pl.DataFrame:
@@ -172,4 +173,4 @@ def test_sdc_suspect_and_checkpoint_advice_from_job_events(store):
     assert cp["daly_interval_s"] == pytest.approx(reliability.daly_interval_s(60.0, mtbf_s))
     kinds = set(store.read("finding")["kind"].to_list())
     assert any(k.startswith("sdc") for k in kinds)
-    assert sorted(store.read("job_analysis", job_id="sdc-job")["analyzer"].to_list()) == ["checkpoint", "goodput", "sdc"]
+    assert sorted(store.read("job_analysis", job_id="sdc-job")["analyzer"].to_list()) == ["checkpoint", "goodput", "goodput_trend", "sdc"]

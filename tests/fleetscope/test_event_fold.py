@@ -220,6 +220,11 @@ def test_minute_by_minute_matches_one_analysis_on_random_events(store):
     got, want = comparable(store, "inc", last), comparable(store, "full", whole)
     assert got == want
     assert want["result"]["goodput"]["disruptions"] == 1 and want["result"]["sdc"] and want["result"]["checkpoint"]["saves"] >= 8
+    # rolling goodput and step-time deviation fold the same way (the job runs on: its step under way is not measured)
+    trend = want["result"]["goodput_trend"]
+    assert trend["rolling"]["window_s"] == 30.0 and trend["rolling"]["windows_total"] >= 8 and trend["rolling"]["why"] is None
+    assert trend["step_time_deviation"]["steps"] >= 80 and trend["step_time_deviation"]["why"] is None
+    assert [a for a, *_ in want["stored"]].count("goodput_trend") == 1
     # the restart re-ran steps: the fold started over once, then went on from its watermark
     assert max(tails) <= 3 * 8 * 30
 
