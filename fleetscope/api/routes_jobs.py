@@ -81,11 +81,24 @@ def get_c3(request: Request, job_id: str, steps: Annotated[bool, Query(descripti
 
 
 @router.get("/{job_id}/goodput", dependencies=[Depends(require("read"))])
-def get_goodput(request: Request, job_id: str) -> dict[str, Any]:
+def get_goodput(
+    request: Request,
+    job_id: str,
+    windows: Annotated[int, Query(ge=0, le=job_reads.GOODPUT_WINDOWS_MAX, description="the newest rolling-goodput windows to include")] = job_reads.GOODPUT_WINDOWS_MAX,
+    steps: Annotated[int, Query(ge=0, le=job_reads.GOODPUT_STEPS_MAX, description="the newest steps' step-time deviation to include")] = job_reads.GOODPUT_STEPS_MAX,
+) -> dict[str, Any]:
     """Runtime goodput and the badput buckets (ml-goodput-measurement semantics), scheduling goodput,
     program goodput (MFU against the peak of the job's GPU model) and their product, Google's ML
-    Productivity Goodput."""
-    return _analysis(request, job_id, "goodput")
+    Productivity Goodput (``result``); over time, ``rolling`` (goodput of consecutive windows of the run, the
+    newest ``windows``) and ``step_time_deviation`` (ideal step time, anomalous steps, the newest ``steps``
+    steps' deviation), each with ``why`` when it holds nothing (``services.job_reads.job_goodput``, what
+    ``fleetscope jobs goodput`` and the Jobs page read). 422 naming the parameter for ``windows`` or ``steps``
+    outside their range."""
+    _known(request, job_id)
+    found = job_reads.job_goodput(request.app.state.store, job_id, windows=windows, steps=steps)
+    if found is None:
+        raise HTTPException(404, f"job {job_id[:200]!r} has no goodput analysis yet: POST /api/v1/jobs/{{id}}/analyze or wait for beat")
+    return found
 
 
 @router.get("/{job_id}/stragglers", dependencies=[Depends(require("read"))])

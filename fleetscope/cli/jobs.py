@@ -14,12 +14,13 @@ from fleetscope.core.textinput import has_control
 
 @click.group()
 def jobs() -> None:
-    """One job's analyses: run them now (analyze), or read what was last stored (whatif, sdc); scaling across
-    the runs of one model (scaling).
+    """One job's analyses: run them now (analyze), or read what was last stored (goodput, whatif, sdc); scaling
+    across the runs of one model (scaling).
 
     \b
     Examples:
       fleetscope jobs analyze job-llm-a
+      fleetscope jobs goodput job-llm-a
       fleetscope jobs whatif job-llm-a
       fleetscope jobs sdc job-llm-a --json
       fleetscope jobs scaling llama-7b
@@ -54,12 +55,14 @@ def analyze(job_id: str, as_json: bool, incremental: bool) -> None:
         click.echo(f"          {c['advice']}")
     if result.goodput:
         g = result.goodput
-        top = sorted(((k, v) for k, v in g["badput_s"].items() if v), key=lambda kv: -kv[1])[:3]
-        click.echo(f"  goodput {g['goodput_ratio']:.1%} of {g['total_s']:.0f} s; badput: " + (", ".join(f"{k} {v:.0f} s" for k, v in top) or "none"))
+        _echo_goodput(g)
         if g.get("mfu_ratio") is not None:
             product = g.get("goodput_product_ratio")
             click.echo(f"          MFU {g['mfu_ratio']:.1%} ({g['mfu_dtype']} peak of {g['gpu_model']})"
                        + (f"; ML Productivity Goodput {product:.1%} (scheduling x runtime x program)" if product is not None else ""))
+        if result.goodput_trend:
+            trend = result.to_dict()["goodput_trend"]
+            _echo_trend(trend["rolling"], trend["step_time_deviation"], tables=False)
     if result.whatif:
         _echo_whatif(result.whatif)
     for f in result.stragglers:
@@ -80,6 +83,75 @@ def _echo_whatif(w: dict) -> None:
     click.echo(f"          per stage: {stages}")
     worst = ", ".join(f"rank {r['rank']} {r['slowdown']:.3f}" for r in w["by_worker"][:5])
     click.echo(f"          slowest ranks: {worst}")
+
+
+# The bounds of GET /api/v1/jobs/{id}/goodput's windows and steps (services.job_reads.GOODPUT_WINDOWS_MAX and
+# GOODPUT_STEPS_MAX, which --help must not import; a test holds them equal).
+_GOODPUT_WINDOWS_MAX, _GOODPUT_STEPS_MAX = 48, 100
+
+
+def _echo_goodput(g: dict) -> None:
+    top = sorted(((k, v) for k, v in g["badput_s"].items() if v), key=lambda kv: -kv[1])[:3]
+    click.echo(f"  goodput {g['goodput_ratio']:.1%} of {g['total_s']:.0f} s; badput: " + (", ".join(f"{k} {v:.0f} s" for k, v in top) or "none"))
+
+
+def _echo_trend(roll: dict, dev: dict, *, tables: bool) -> None:
+    if roll["why"]:
+        click.echo(f"  rolling goodput: none ({roll['why']})")
+    else:
+        ws = roll["windows"]
+        click.echo(f"  rolling goodput over windows of {roll['window_s']:g} s ({roll['windows_total']} in all, "
+                   f"the newest {len(ws)} shown): " + (f"newest {ws[-1]['goodput_ratio']:.1%}, lowest {min(w['goodput_ratio'] for w in ws):.1%}" if ws else "none asked for"))
+        if tables and ws:
+            click.echo(f"    {'window start (UTC)':<25}  {'length':>8}  {'goodput':>8}  top badput")
+            for w in ws:
+                worst = min(w["badput_s"].items(), key=lambda kv: (-kv[1], kv[0]))  # the largest; by name on a tie
+                click.echo(f"    {w['window_start'][:25]:<25}  {w['total_s']:>6g} s  {w['goodput_ratio']:>8.1%}  "
+                           + (f"{worst[0]} {worst[1]:g} s" if worst[1] else "none"))
+    if dev["why"]:
+        click.echo(f"  step time: no deviation ({dev['why']})")
+        return
+    click.echo(f"  step time: ideal {dev['ideal_step_time_s']:.4g} s over {dev['steps']} steps; {dev['anomalous_steps']} above "
+               f"{dev['anomaly_threshold_s']:.4g} s (median + 3 MAD); largest deviation {dev['max_deviation_s']:+.4g} s at step {dev['max_deviation_step']}")
+    if tables and dev["last"]:
+        click.echo(f"    {'step':>8}  {'step time':>10}  {'deviation':>10}")
+        for r in dev["last"]:
+            click.echo(f"    {r['step']:>8}  {r['step_time_s']:>8.4g} s  {r['deviation_s']:>+8.4g} s")
+
+
+@jobs.command("goodput")
+@click.argument("job_id")
+@click.option("--windows", type=click.IntRange(0, _GOODPUT_WINDOWS_MAX), default=_GOODPUT_WINDOWS_MAX, show_default=True,
+              help="the newest rolling-goodput windows to show")
+@click.option("--steps", type=click.IntRange(0, _GOODPUT_STEPS_MAX), default=_GOODPUT_STEPS_MAX, show_default=True,
+              help="the newest steps' step-time deviation to show")
+@click.option("--json", "as_json", is_flag=True, help="what GET /api/v1/jobs/{id}/goodput answers")
+def goodput(job_id: str, windows: int, steps: int, as_json: bool) -> None:
+    """Goodput of JOB_ID as last analysed: runtime goodput with its badput, then over time: rolling goodput
+    (consecutive windows of the run, each at least 10 ideal steps long) and step-time deviation (each step
+    against the ideal step time, the mean of the steps not above median + 3 MAD). What the Jobs page shows.
+
+    \b
+    Examples:
+      fleetscope jobs goodput job-llm-a
+      fleetscope jobs goodput job-llm-a --windows 6 --steps 10
+      fleetscope jobs goodput job-llm-a --json | jq '.rolling.windows[-1].goodput_ratio'
+    """
+    from fleetscope.services import job_reads  # lazy: imports the C3 analyzer
+    from fleetscope.services.jobs import job_exists  # lazy: imports every job analyzer
+
+    st = _store()
+    if not job_exists(st, job_id):
+        raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
+    found = job_reads.job_goodput(st, job_id, windows=windows, steps=steps)
+    if found is None:
+        raise click.ClickException(f"job {job_id!r} has no goodput analysis yet: `fleetscope jobs analyze {job_id}` or wait for beat")
+    if as_json:
+        click.echo(json.dumps(found, default=str))
+        return
+    click.echo(f"job {job_id} (analysed {found['computed_at']})")
+    _echo_goodput(found["result"])
+    _echo_trend(found["rolling"], found["step_time_deviation"], tables=True)
 
 
 @jobs.command("whatif")
