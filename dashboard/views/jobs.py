@@ -82,6 +82,48 @@ if steps.height:
     rparts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
     ui.chart(ui.stacked_parts(ranks, "rank", rparts, alt.X("rank:O", title="Rank"), "Mean time per step (s)"), height=240)
 
+def goodput_over_time(roll: dict, dev: dict) -> None:
+    """Rolling goodput and step-time deviation beside the goodput panel: what ``GET /api/v1/jobs/{id}/goodput`` and
+    ``fleetscope jobs goodput`` give (``services.job_reads.job_goodput``)."""
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Rolling goodput**")
+        if roll["why"]:
+            st.caption(f"No windows: {roll['why']}.")
+        else:
+            ws = pl.DataFrame([{"window_start": w["window_start"], "goodput_ratio": w["goodput_ratio"], "productive_s": w["productive_s"],
+                                **{f"{b}_s": v for b, v in w["badput_s"].items()}} for w in roll["windows"]])
+            ws = ws.with_columns(pl.col("window_start").str.to_datetime(time_zone="UTC"))
+            c = st.columns(2)
+            c[0].metric("Newest window goodput", f"{ws['goodput_ratio'][-1]:.1%}", help="productive time / the window's time (the newest window may be shorter)")
+            c[1].metric("Lowest window goodput", f"{ws['goodput_ratio'].min():.1%}")
+            parts = {"productive_s": "productive", **{c: c[:-2].replace("_", " ") for c in ws.columns if c.endswith("_s") and c != "productive_s" and ws[c].sum() > 0}}
+            ui.chart(ui.stacked_parts(ws, "window_start", parts, alt.X("window_start:T", title="Window start (UTC)", axis=alt.Axis(labelOverlap=True)),
+                                      "Seconds per window"), height=220)
+            length = f"{roll['window_s']:g} s" if roll["window_s"] < 120 else ui.fmt_duration(roll["window_s"])
+            st.caption(f"Windows of {length} from the job's start, each at least {roll['window_steps']} ideal steps of "
+                       f"{ui.fmt_duration(roll['ideal_step_time_s'])}; {roll['windows_total']} in all"
+                       + (f", the newest {ws.height} shown." if ws.height < roll["windows_total"] else "."))
+    with right:
+        st.markdown("**Step-time deviation**")
+        if dev["why"]:
+            st.caption(f"No deviation: {dev['why']}.")
+        else:
+            c = st.columns(3)
+            c[0].metric("Ideal step time", ui.fmt_duration(dev["ideal_step_time_s"]), help="mean of the step times not above median + 3 × MAD (ml-goodput-measurement)")
+            c[1].metric("Anomalous steps", f"{dev['anomalous_steps']:,} of {dev['steps']:,}", help=f"step times above median + 3 × MAD, {ui.fmt_duration(dev['anomaly_threshold_s'])}")
+            c[2].metric("Largest deviation", "+" + ui.fmt_duration(dev["max_deviation_s"]), help=f"at step {dev['max_deviation_step']}: its time − the ideal step time")
+            if dev["last"]:
+                steps = pl.DataFrame(dev["last"]).with_columns(anomalous=pl.col("step_time_s") > dev["anomaly_threshold_s"])
+                ui.chart(alt.Chart(steps).mark_bar().encode(
+                    x=alt.X("step:O", title="Step", axis=alt.Axis(labelOverlap=True)),
+                    y=alt.Y("deviation_s:Q", title="Step time − ideal (s)"),
+                    color=alt.Color("anomalous:N", scale=alt.Scale(domain=[False, True], range=["#1565c0", "#c62828"]), legend=None),
+                    tooltip=["step", alt.Tooltip("step_time_s:Q", format=".3f", title="step time (s)"), alt.Tooltip("deviation_s:Q", format="+.3f", title="deviation (s)")],
+                ), height=220)
+                st.caption(f"The newest {len(dev['last']):,} of {dev['steps']:,} completed steps; red: anomalous, left out of the ideal.")
+
+
 st.subheader("Goodput and badput")
 gp = analyses.get("goodput")
 if not gp or gp.get("total_s") is None:
@@ -117,6 +159,9 @@ else:
                 help=("model FLOPs done / (peak × step time)" + (f", against the {gp.get('mfu_dtype')} dense peak of {gp.get('gpu_model')} (NVIDIA datasheet)" if mfu is not None else ": needs model_flops on the steps and a known GPU model")))
     c[1].metric("ML Productivity Goodput", "—" if product is None else f"{product:.1%}", help="scheduling × runtime × program goodput (Google Cloud)")
     st.caption(f"Computed {gp['computed_at']:%Y-%m-%d %H:%M} UTC." + ("" if gp.get("finished") else " The job had not finished: its time runs to then."))
+    trend = ui.q(jobs_svc.job_goodput, live=False, job_id=job_id)
+    if trend is not None:
+        goodput_over_time(trend["rolling"], trend["step_time_deviation"])
 
 st.subheader("Scaling across runs")
 model = meta_row["model_name"]

@@ -418,6 +418,7 @@ def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
     assert reliability_svc.reliability_summary(empty_store, HOUR_AGO, END)["mtbf_s"][0] is None
     assert jobs_svc.job_totals(empty_store, "nope")["steps"][0] == 0
     assert energy_rollup.energy_rollup_end(empty_store) is None and jobs_svc.job_analyses(empty_store, "nope") == {}
+    assert jobs_svc.job_goodput(empty_store, "nope") is None
     assert jobs_svc.scaling_fit(empty_store, "nope")["fit"] is None
 
 
