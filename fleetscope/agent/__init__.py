@@ -365,12 +365,12 @@ class Agent:
         round still running when the next is due, are this tick's ``probe`` error."""
         assert self.prober is not None
         done, note = self.prober.poll(report.ts, wait=self.probe_wait_s)
-        report.probes.extend(o.to_dict() for o in done)
+        report.probes.extend(o.to_dict(self.host) for o in done)
         errors = [f"{o.target.label}: {o.error}" for o in done if o.result is None] + ([note] if note else [])
         if errors:
             report.errors["probe"] = "; ".join(errors)[:300]
             log.warning("probe: %s", report.errors["probe"])
-        rows = [probe_event(o.result, ts=o.ts, host=self.host, gpu_uuid=o.target.subject(o.result)) for o in done if o.result is not None]
+        rows = [probe_event(o.result, ts=o.ts, host=self.host, gpu_uuid=o.target.subject(o.result, self.host)) for o in done if o.result is not None]
         if not rows:
             return None
         batch = F.Batch(source=f"probe:{self.host}", health_event=pl.concat(rows))

@@ -47,9 +47,11 @@ class Target:
     def label(self) -> str:
         return "numpy (cpu)" if self.backend == "numpy" else f"{self.backend} cuda:{self.index}"
 
-    def subject(self, result: ProbeResult) -> str:
-        """The health event's ``gpu_uuid``: NVML's UUID, else the CLI's ``backend:device`` form."""
-        return self.gpu_uuid or f"{result.backend}:{result.device}"
+    def subject(self, result: ProbeResult, host: str) -> str:
+        """The health event's ``gpu_uuid``: NVML's UUID, else ``backend:host/device``. A device name alone
+        (``numpy:cpu``, ``torch:cuda:0``) is the same on every node, so one node's failed probe would be
+        every node's finding."""
+        return self.gpu_uuid or f"{result.backend}:{host}/{result.device}"
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,13 @@ class Outcome:
     result: ProbeResult | None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, host: str) -> dict[str, Any]:
         """What a tick's report says of it (``fleetscope agent --json``'s ``probe``)."""
         out: dict[str, Any] = {"ts": self.ts.isoformat(), "device": self.target.label}
         if self.result is None:
             return out | {"error": self.error}
         r = self.result
-        return out | {"gpu_uuid": self.target.subject(r), "backend": r.backend, "device": r.device, "passed": r.passed,
+        return out | {"gpu_uuid": self.target.subject(r, host), "backend": r.backend, "device": r.device, "passed": r.passed,
                       "digest": r.digest, "golden": r.golden, "mismatched_elements": r.mismatched_elements, "seconds": r.seconds}
 
 

@@ -455,7 +455,8 @@ def run_probe(store: Store | None, backend: str = "numpy", *, gpu_uuid: str | No
     ``fleetscope.devices.probe.ProbeUnavailable`` and records nothing."""
     result = probe.run_probe(backend, device_index=device_index)
     if store is not None:
-        row = probe_event(result, ts=dt.datetime.now(dt.UTC), host=host or socket.gethostname(),
-                          gpu_uuid=gpu_uuid or f"{backend}:{result.device}")
+        node = host or socket.gethostname()
+        # a device name alone (numpy's "cpu") is the same on every node: qualified by the node, as the agent does
+        row = probe_event(result, ts=dt.datetime.now(dt.UTC), host=node, gpu_uuid=gpu_uuid or f"{backend}:{node}/{result.device}")
         store.write(F.Batch(source="probe", health_event=row))
     return result

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -80,19 +81,19 @@ def cuda_gpu(monkeypatch, nvml_gpu):
 
 @pytest.mark.parametrize("push", ["otlp", "batch"])
 def test_a_probe_result_is_stored_as_the_health_event_the_cli_records(api, push):
-    """No GPU backend: the CPU with numpy, named numpy:cpu as `fleetscope health probe` names it; in OTLP
-    mode too it goes to /api/v1/batches (OTLP has no form for it)."""
+    """No GPU backend: the CPU with numpy, named numpy:HOST/cpu as `fleetscope health probe` names it (a device
+    name alone is every node's); in OTLP mode too it goes to /api/v1/batches (OTLP has no form for it)."""
     agent = Agent(api.url, token(api), host="gpu-node-3", push=push, probe_every_s=600, probe_backend="numpy", probe_wait_s=60)
     report = agent.tick(T0)
     agent.close()
     assert report.errors == {} and report.pushed == {"probe": {"health_event": 1}}
     (p,) = report.probes
     golden = sdc_probe.PROBE_GOLDEN_SHA256[(sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED)]
-    assert p["passed"] is True and p["digest"] == p["golden"] == golden and p["gpu_uuid"] == "numpy:cpu" and p["ts"] == T0.isoformat()
+    assert p["passed"] is True and p["digest"] == p["golden"] == golden and p["gpu_uuid"] == "numpy:gpu-node-3/cpu" and p["ts"] == T0.isoformat()
     got = probe_events(api)
     result = sdc_probe.ProbeResult("numpy", "cpu", sdc_probe.PROBE_N, sdc_probe.PROBE_ROUNDS, sdc_probe.PROBE_SEED, golden, golden, True,
                                    p["seconds"], None, "cpu")
-    want = sdc_probe.probe_event(result, ts=T0, host="gpu-node-3", gpu_uuid="numpy:cpu")
+    want = sdc_probe.probe_event(result, ts=T0, host="gpu-node-3", gpu_uuid="numpy:gpu-node-3/cpu")
     assert got.select(want.columns).to_dicts() == want.to_dicts()
     assert health_service.probe_results(got)["passed"].to_list() == [True]
 
@@ -112,7 +113,7 @@ def test_a_probe_result_the_api_did_not_take_is_kept_and_resent_with_its_time(ap
         agent.close()
         assert later.replayed == 1 and later.buffered == 0 and later.errors == {} and later.probes == []
         assert front.seen == [("/api/v1/batches", 503), ("/api/v1/batches", 200)]
-        assert probe_events(api).select("ts", "host", "gpu_uuid", "value").rows() == [(T0, "gpu-node-3", "numpy:cpu", 1.0)]
+        assert probe_events(api).select("ts", "host", "gpu_uuid", "value").rows() == [(T0, "gpu-node-3", "numpy:gpu-node-3/cpu", 1.0)]
     finally:
         front.close()
 
@@ -151,7 +152,7 @@ def test_a_slow_probe_round_does_not_hold_up_the_ticks(api, nvml_gpu, monkeypatc
     done = agent.tick(T0 + 3 * TEN_S)
     agent.close()
     assert done.errors == {} and done.pushed["probe"] == {"health_event": 1} and [p["passed"] for p in done.probes] == [True]
-    assert probe_events(api).select("ts", "gpu_uuid").rows() == [(T0, "numpy:cpu")]
+    assert probe_events(api).select("ts", "gpu_uuid").rows() == [(T0, "numpy:gpu-node-9/cpu")]
     assert api.app.state.store.read("gpu_sample").height == 4
 
 
@@ -223,7 +224,9 @@ def test_gpus_are_named_by_nvml_through_uuid_or_pci_address_never_by_cuda_ordina
             probe_device.CudaDevice(2, H100, "GPU-cccccccc-0000-0000-0000-000000000000", (0, 0x99, 0))]  # not NVML's
     assert probing.nvml_names(devs, nvml) == {0: "GPU-bbbbbbbb-0000-0000-0000-000000000000", 1: "GPU-aaaaaaaa-0000-0000-0000-000000000000"}
     result = sdc_probe.ProbeResult("torch", f"{H100} (cuda:2)", 256, 8, 1, "d", "g", True, 0.1, None, H100)
-    assert probing.Target("torch", 2).subject(result) == f"torch:{H100} (cuda:2)"  # as `fleetscope health probe` names it
+    # as `fleetscope health probe` names it, with the node: a device name alone is the same on every node
+    assert probing.Target("torch", 2).subject(result, "n7") == f"torch:n7/{H100} (cuda:2)"
+    assert probing.Target("torch", 2, "GPU-aaaaaaaa-0000-0000-0000-000000000000").subject(result, "n7") == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
 
 def test_cuda_devices_give_their_uuid_and_pci_address(monkeypatch):
@@ -267,7 +270,7 @@ def test_cli_agent_once_probes_and_reports_it_and_refuses_what_cannot_run(api, t
     out = json.loads(once.stdout)
     assert out["errors"] == {} and out["pushed"] == {"probe": {"health_event": 1}}
     (p,) = out["probe"]
-    assert p["passed"] is True and p["backend"] == "numpy" and p["gpu_uuid"] == "numpy:cpu" and p["digest"] == p["golden"]
+    assert p["passed"] is True and p["backend"] == "numpy" and p["gpu_uuid"] == f"numpy:{socket.gethostname()}/cpu" and p["digest"] == p["golden"]
     assert probe_events(api)["value"].to_list() == [1.0]
 
     torch = _agent("--probe-every", "600", "--probe-backend", "torch", "--once", *common, env=env)
