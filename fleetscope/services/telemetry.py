@@ -11,7 +11,10 @@ from typing import Any
 import polars as pl
 from sqlalchemy import inspect
 
+from analyzers import tiers as tier_rollup
 from fleetscope.core import frames as F
+from fleetscope.core.errors import NotFound, ValidationError
+from fleetscope.core.textinput import has_control
 from fleetscope.core.units import as_utc
 from fleetscope.services import tiers
 from fleetscope.store import Store, packed, packed_energy
@@ -415,23 +418,133 @@ def fleet_series_at(store: Store, instants: Sequence[dt.datetime], site: str | N
     return _probes(store, _raw_probes(store, ats, probe), busy_util_ratio, site, schema)
 
 
-def gpu_field_series(store: Store, gpu_uuid: str, field: str, start: dt.datetime, end: dt.datetime,
-                     tier: str | None = None) -> pl.DataFrame:
-    """One GPU field of one GPU over ``[start, end)``: ``ts, min, max, mean, last, tier`` per sample (raw) or
-    per bucket of the tier ``services.tiers.choose_tier`` picks for the range (a GPU panel's read)."""
-    if field not in F.GPU_SAMPLE.schema or field in ("ts", "gpu_uuid"):
-        raise ValueError(f"gpu_sample has no field {field!r}")
+SERIES_FIELDS: tuple[str, ...] = tuple(c.name for c in F.GPU_FIELDS)
+"""The fields a GPU's series may ask for: every field of ``gpu_sample`` (each has its column in both tiers)."""
+DEFAULT_SERIES_FIELDS = ("util_ratio", "power_w", "temp_c")
+MAX_SERIES_FIELDS = 8
+MAX_UUID_CHARS = 128
+MAX_SERIES_POINTS = 100_000
+"""The most rows (points of all fields together) one GPU's series gives: a read past it is refused, not cut."""
+
+
+class TooManyPoints(ValueError):
+    """A GPU series over more than ``MAX_SERIES_POINTS`` points: a shorter window or fewer fields."""
+
+
+def series_fields(fields: str | Sequence[str]) -> tuple[str, ...]:
+    """``fields`` checked against ``SERIES_FIELDS`` (the names go into SQL, so nothing else passes), in the order
+    given, each once; ``ValidationError`` naming the first unknown one."""
+    asked = [fields] if isinstance(fields, str) else list(fields)
+    if not asked:
+        raise ValidationError("ask for at least one field", frame="gpu_sample", field="field")
+    for name in asked:
+        if not isinstance(name, str) or name not in SERIES_FIELDS:
+            raise ValidationError(f"no such GPU field (one of gpu_sample's: {', '.join(SERIES_FIELDS)})", frame="gpu_sample", field=str(name)[:64])
+    out = tuple(dict.fromkeys(asked))
+    if len(out) > MAX_SERIES_FIELDS:
+        raise ValidationError(f"{len(out)} fields asked, at most {MAX_SERIES_FIELDS} in one read", frame="gpu_sample", field="field")
+    return out
+
+
+def _series_rows(store: Store, sql: str, params: list[Any], fields: Sequence[str], max_points: int) -> pl.DataFrame:
+    """One wide read of a GPU's rows (``ts`` and ``fields``), refused past ``max_points`` values of all fields."""
+    cap = max(1, max_points // len(fields))
+    df = fetch(store, f"{sql} LIMIT {cap + 1}", params, {"ts": UTC, **{f: F.GPU_SAMPLE.schema[f] for f in fields}})
+    if df.height > cap:
+        raise TooManyPoints(f"more than {cap:,} points of each of {len(fields)} field(s) in the window (at most {max_points:,} in all):"
+                            " ask for a shorter window or fewer fields")
+    return df
+
+
+def gpu_field_series(store: Store, gpu_uuid: str, field: str | Sequence[str], start: dt.datetime, end: dt.datetime,
+                     tier: str | None = None, max_points: int | None = None) -> pl.DataFrame:
+    """GPU fields of one GPU over ``[start, end)``, every field in one read: ``field, ts, samples, min, max, mean,
+    last, tier, from_raw`` per field (in the order asked) and per raw sample, or per bucket of the tier
+    ``services.tiers.tier_for`` picks for the range (a GPU panel's read: raw up to 6 h, minute buckets up to 7
+    days, hours beyond). A tier's buckets start in the range; those past its watermark (the minutes beat has not
+    rolled yet, the hour under way) are rolled here from raw samples the way the tier rolls them
+    (``analyzers.tiers``), at most ``RAW_MAX_RANGE`` of them, and say ``from_raw``. Field names are checked
+    (``series_fields``) before they reach SQL; more than ``max_points`` (``MAX_SERIES_POINTS``) points raise
+    ``TooManyPoints``."""
+    fields = series_fields(field)
+    max_points = max_points or MAX_SERIES_POINTS
+    start, end = as_utc(start), as_utc(end)
     tier = tier or tiers.tier_for(store, start, end)
-    out = {"ts": UTC, "min": pl.Float64, "max": pl.Float64, "mean": pl.Float64, "last": pl.Float64}
-    params = [gpu_uuid, as_utc(start), as_utc(end)]
+    schema = {"field": pl.String, "ts": UTC, "samples": pl.Int64, "min": pl.Float64, "max": pl.Float64, "mean": pl.Float64,
+              "last": pl.Float64, "tier": pl.String, "from_raw": pl.Boolean}
+    if end <= start:
+        return pl.DataFrame(schema=schema)
+    parts: list[pl.DataFrame] = []
     if tier == "raw":
-        source = gpu_samples_sql(store, as_utc(start), as_utc(end), (field,))
-        params = [gpu_uuid]
-        sql = f"SELECT ts, {field} AS min, {field} AS max, {field} AS mean, {field} AS last FROM {source} WHERE gpu_uuid = ? ORDER BY ts"
+        source = gpu_samples_sql(store, start, end, fields)
+        wide = _series_rows(store, f"SELECT ts, {', '.join(fields)} FROM {source} WHERE gpu_uuid = ? ORDER BY ts", [gpu_uuid], fields, max_points)
+        parts = [wide.select(pl.lit(f).alias("field"), "ts", pl.lit(1, pl.Int64).alias("samples"), *(pl.col(f).alias(a) for a in ("min", "max", "mean", "last")),
+                             pl.lit(True).alias("from_raw")) for f in fields]
     else:
-        aggs = ", ".join(f"{field}_{a} AS {a}" for a in ("min", "max", "mean", "last"))
-        sql = f"SELECT bucket AS ts, {aggs} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"
-    return fetch(store, sql, params, out).with_columns(pl.lit(tier).alias("tier"))
+        rolled_to = tiers.watermark(store, tier)
+        first = tiers.bucket_from(start, tier)
+        # the tier's buckets up to its watermark; past it, at most RAW_MAX_RANGE of raw samples rolled here
+        cut = max(first, min(end, rolled_to or end), tiers.floor_to(end - tiers.RAW_MAX_RANGE, tier))
+        cols = ", ".join(f"{f}_{a}" for f in fields for a in ("min", "max", "mean", "last"))
+        sql = f"SELECT bucket AS ts, samples, {cols} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"
+        out = {"ts": UTC, "samples": pl.Int64, **{f"{f}_{a}": pl.Float64 for f in fields for a in ("min", "max", "mean", "last")}}
+        cap = max(1, max_points // len(fields))
+        rolled = fetch(store, f"{sql} LIMIT {cap + 1}", [gpu_uuid, first, min(cut, end)], out)
+        if cut < end:
+            source = gpu_samples_sql(store, cut, end, fields)
+            raw = _series_rows(store, f"SELECT ts, {', '.join(fields)} FROM {source} WHERE gpu_uuid = ? ORDER BY ts", [gpu_uuid], fields, max_points)
+            made = tier_rollup.minute_rollup(raw.with_columns(pl.lit(gpu_uuid).alias("gpu_uuid")))
+            made = tier_rollup.hour_rollup(made) if tier == "hour" else made
+            rolled = pl.concat([rolled.with_columns(pl.lit(False).alias("from_raw")),
+                                made.select(pl.col("bucket").alias("ts"), *(pl.col(c).cast(t) for c, t in out.items() if c != "ts"),
+                                            pl.lit(True).alias("from_raw"))])
+        else:
+            rolled = rolled.with_columns(pl.lit(False).alias("from_raw"))
+        if rolled.height > cap:
+            raise TooManyPoints(f"more than {cap:,} buckets of each of {len(fields)} field(s) in the window (at most {max_points:,} points in all):"
+                                " ask for a shorter window or fewer fields")
+        parts = [rolled.select(pl.lit(f).alias("field"), "ts", "samples", *(pl.col(f"{f}_{a}").alias(a) for a in ("min", "max", "mean", "last")),
+                               "from_raw") for f in fields]
+    return pl.concat(parts).with_columns(pl.lit(tier).alias("tier")).select([pl.col(c).cast(t) for c, t in schema.items()])
+
+
+def _sampled(store: Store, gpu_uuid: str) -> bool:
+    """Whether any raw sample names ``gpu_uuid`` (its newest, by index; packed days too)."""
+    sql, params = packed.gpu_last_ts_sql(store.dialect, gpu_uuid, dt.datetime(9999, 1, 1, tzinfo=dt.UTC), 1)
+    return fetch(store, sql, params, {"ts": UTC}, small=True).height > 0
+
+
+def check_window(start: dt.datetime, end: dt.datetime, max_days: int) -> None:
+    """``ValueError`` naming what is wrong with ``[start, end)``: a bound without a time zone, an end not after the
+    start, or a window longer than ``max_days`` (the hour tier's retention: the longest range a tier still serves)."""
+    for name, t in (("start", start), ("end", end)):
+        if t.tzinfo is None:
+            raise ValueError(f"{name} needs a time zone (RFC 3339, e.g. 2026-03-01T00:00:00Z)")
+    if end <= start:
+        raise ValueError("end must be after start")
+    if end - start > dt.timedelta(days=max_days):
+        raise ValueError(f"the window is {(end - start).total_seconds() / 86_400:,.1f} days; the longest the tiers serve is {max_days:,}"
+                         " (FLEETSCOPE_HOUR_TIER_RETENTION_DAYS)")
+
+
+def gpu_series(store: Store, gpu_uuid: str, fields: Sequence[str], start: dt.datetime, end: dt.datetime, *, max_days: int,
+               max_points: int | None = None) -> dict[str, Any]:
+    """One GPU's history as ``GET /api/v1/gpus/{gpu_uuid}/series`` and ``fleetscope fleet gpu`` give it: the window
+    (``check_window``), the tier read, whether the inventory holds the GPU, and ``gpu_field_series``' rows with
+    RFC 3339 times. ``NotFound`` for a GPU neither in the inventory nor named by any sample; ``ValidationError`` for
+    a UUID no GPU has (empty, over ``MAX_UUID_CHARS``, control characters) or an unknown field."""
+    if not gpu_uuid or len(gpu_uuid) > MAX_UUID_CHARS or has_control(gpu_uuid):
+        raise ValidationError(f"not a GPU UUID: empty, over {MAX_UUID_CHARS} characters or with control characters", frame="gpu", field="gpu_uuid")
+    fields = series_fields(fields)
+    check_window(start, end, max_days)
+    tier = tiers.tier_for(store, start, end)
+    df = gpu_field_series(store, gpu_uuid, fields, start, end, tier=tier, max_points=max_points)
+    in_inventory = fetch(store, "SELECT COUNT(*) AS n FROM gpu WHERE gpu_uuid = ?", [gpu_uuid], {"n": pl.Int64}, small=True)["n"][0] > 0
+    if not in_inventory and df.is_empty() and not _sampled(store, gpu_uuid):
+        raise NotFound(f"no GPU {gpu_uuid[:200]!r} in the inventory, and no sample names it")
+    rows = [{**r, "ts": r["ts"].isoformat()} for r in df.to_dicts()]
+    return {"gpu_uuid": gpu_uuid, "in_inventory": in_inventory, "start": as_utc(start).isoformat(), "end": as_utc(end).isoformat(),
+            "tier": tier, "fields": list(fields), "points": len(rows), "series": rows}
 
 
 def metric_series(store: Store, name_like: str, start: dt.datetime, end: dt.datetime, bucket_s: int = 900) -> pl.DataFrame:
