@@ -307,6 +307,7 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.include_router(routes_data.router)
     app.include_router(routes_fabric.router)
     app.include_router(routes_fleet.router)
+    app.include_router(routes_fleet.gpus)
     app.include_router(routes_governance.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_jobs.models)

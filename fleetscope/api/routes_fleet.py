@@ -1,17 +1,25 @@
-"""The fleet's live state, the derived fleet series for a site's own Prometheus to scrape, the analyzer
-registry, and the pipeline's own state."""
+"""The fleet's live state, one GPU's history, the derived fleet series for a site's own Prometheus to scrape,
+the analyzer registry, and the pipeline's own state."""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
-from fleetscope.services import catalog, fleet_metrics, health_reads, pipeline
+from fleetscope.core.errors import NotFound, ValidationError
+from fleetscope.services import catalog, fleet_metrics, health_reads, pipeline, telemetry
 from fleetscope.api.security import require
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
+# One GPU, named by its UUID, beside the fleet-wide reads.
+gpus = APIRouter(prefix="/api/v1/gpus", tags=["fleet"])
+
+# A GPU UUID as the inventory holds it (GPU-xxxxxxxx-..., MIG-...): text without control characters, bounded.
+GpuUuid = Annotated[str, Path(min_length=1, max_length=telemetry.MAX_UUID_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$", description="the GPU's UUID, as dcgm-exporter names it")]
 
 
 @router.get("/state", dependencies=[Depends(require("read"))])
@@ -50,3 +58,28 @@ def pipeline_status(request: Request) -> dict:
     (PostgreSQL), beat's leader, each scheduled task's last success and failure, and bytes per table."""
     store = request.app.state.store
     return {**pipeline.status(store, dt.datetime.now(dt.UTC)), "storage": pipeline.storage(store)}
+
+
+@gpus.get("/{gpu_uuid}/series", dependencies=[Depends(require("read"))])
+def gpu_series(
+    request: Request,
+    gpu_uuid: GpuUuid,
+    start: Annotated[dt.datetime, Query(description="inclusive start (RFC 3339, with a zone)")],
+    end: Annotated[dt.datetime, Query(description="exclusive end; at most FLEETSCOPE_HOUR_TIER_RETENTION_DAYS after start")],
+    field: Annotated[list[str] | None, Query(description="a gpu_sample field, repeatable (default util_ratio, power_w, temp_c; at most 8)")] = None,
+) -> Response:
+    """One GPU's fields over [start, end): min, max, mean and last per raw sample (up to 6 h), per minute (up to 7
+    days) or per hour (beyond), as the roll-up tiers hold them, the buckets the tier has not rolled yet made from
+    raw samples (``from_raw``). At most 100,000 points (400 past it); 422 naming an unknown field; 400 for a window
+    without a zone, empty or longer than the hour tier keeps; 404 for a GPU neither in the inventory nor sampled."""
+    settings = request.app.state.settings
+    try:
+        out = telemetry.gpu_series(request.app.state.store, gpu_uuid, field or telemetry.DEFAULT_SERIES_FIELDS, start, end,
+                                   max_days=settings.hour_tier_retention_days)
+    except ValidationError as exc:
+        raise HTTPException(422, str(exc)) from None
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return Response(orjson.dumps(out), media_type="application/json", headers={"X-Row-Count": str(out["points"])})

@@ -1,5 +1,5 @@
-"""``fleetscope fleet``: the fleet as a whole: its state now, what it can ingest, what it analyses, what it
-concluded, and the derived series in the Prometheus text format."""
+"""``fleetscope fleet``: the fleet as a whole: its state now, one GPU's history, what it can ingest, what it
+analyses, what it concluded, and the derived series in the Prometheus text format."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from pathlib import Path
 
 import click
 
-from fleetscope.cli.common import _emit, _span_s, _store
+from fleetscope.cli.common import _emit, _settings, _span_s, _store, _utc_option
 
 
 @click.group()
 def fleet() -> None:
-    """The fleet as a whole: its state now, input formats, the analyzer registry, findings, derived metrics.
+    """The fleet as a whole: its state now, one GPU's history, input formats, the analyzer registry, findings, derived metrics.
 
     \b
     Examples:
       fleetscope fleet state --problems
+      fleetscope fleet gpu GPU-5fb4c1f2-1c5e-4c5e-9d5e-0123456789ab --field temp_c --since 6h
       fleetscope fleet formats
       fleetscope fleet analyzers --json
       fleetscope fleet findings --since 6h
@@ -62,6 +63,56 @@ def describe_state(state: dict) -> str:
         watt = f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-"
         lines.append(f"  {g['status']:<9} {g['host']:<24} {g['gpu_index']:>2} {g['gpu_uuid'] or '-':<42} {temp:>6} {watt:>7}"
                      f"  xid {g['xid_last'] or 0:<3} events {g['events']}")
+    return "\n".join(lines)
+
+
+@fleet.command("gpu")
+@click.argument("gpu_uuid")
+@click.option("--field", "fields", multiple=True, metavar="FIELD",
+              help="A gpu_sample field, repeatable (default util_ratio, power_w and temp_c; at most 8).")
+@click.option("--since", default="6h", show_default=True, help="How far back from --end (or now): 30m, 6h, 7d.")
+@click.option("--start", default=None, help="Start instead of --since (RFC 3339, with a zone).")
+@click.option("--end", default=None, help="End (RFC 3339, with a zone; default now).")
+@click.option("--json", "as_json", is_flag=True, help="Print what GET /api/v1/gpus/{uuid}/series answers.")
+def gpu_cmd(gpu_uuid: str, fields: tuple[str, ...], since: str, start: str | None, end: str | None, as_json: bool) -> None:
+    """One GPU's history: each field's min, max, mean and last per raw sample (a window up to 6 h), per minute (up
+    to 7 days) or per hour (beyond), from the roll-up tiers; the buckets a tier has not rolled yet are made from
+    raw samples and marked `raw`. Exits 1 naming an unknown field, a bad window or a GPU neither in the
+    inventory nor sampled.
+
+    \b
+    Examples:
+      fleetscope fleet gpu GPU-5fb4c1f2-1c5e-4c5e-9d5e-0123456789ab --field temp_c --field power_w --since 6h
+      fleetscope fleet gpu GPU-5fb4c1f2-1c5e-4c5e-9d5e-0123456789ab --since 30d --json | jq '.series[] | select(.field == "temp_c") | .max'
+    """
+    from fleetscope.services import telemetry  # lazy: keeps --help light
+
+    t_end = _utc_option(end, "--end") or dt.datetime.now(dt.UTC)
+    t_start = _utc_option(start, "--start") or t_end - dt.timedelta(seconds=_span_s(since, "--since"))
+    try:
+        out = telemetry.gpu_series(_store(), gpu_uuid, fields or telemetry.DEFAULT_SERIES_FIELDS, t_start, t_end,
+                                   max_days=_settings().hour_tier_retention_days)
+    except ValueError as exc:  # an unknown field, a bad window, too many points, an unknown GPU
+        raise click.ClickException(str(exc)) from None
+    _emit(as_json, out, describe_gpu_series(out))
+
+
+def describe_gpu_series(out: dict) -> str:
+    """``gpu_series`` as the terminal shows it: a line saying what was read, then a table a field at a time."""
+    what = {"raw": "one row a sample", "minute": "one row a minute", "hour": "one row an hour"}[out["tier"]]
+    known = "" if out["in_inventory"] else " (not in the inventory)"
+    lines = [f"{out['gpu_uuid']}{known}: {out['start']} to {out['end']}, {what}, {out['points']:,} points"]
+    if not out["series"]:
+        return lines[0] + "\nno samples in this window"
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.6g}"
+
+    lines.append(f"{'field':<24} {'time (UTC)':<19} {'samples':>7} {'min':>12} {'max':>12} {'mean':>12} {'last':>12}  from")
+    for r in out["series"]:
+        ts = r["ts"][:19].replace("T", " ")
+        lines.append(f"{r['field']:<24} {ts:<19} {r['samples']:>7} {num(r['min']):>12} {num(r['max']):>12} {num(r['mean']):>12} {num(r['last']):>12}"
+                     f"  {'raw' if r['from_raw'] else r['tier']}")
     return "\n".join(lines)
 
 

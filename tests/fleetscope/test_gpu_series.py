@@ -1,18 +1,24 @@
-"""One GPU's history (``telemetry.gpu_field_series``): two GPUs sampled three times a minute with values whose
-minimum, maximum, mean and last per minute and per hour follow by hand; raw samples for a short window, the minute
-and hour tiers for long ones, the buckets past a tier's watermark rolled from raw; field names checked before
-any SQL."""
+"""One GPU's history (``telemetry.gpu_field_series`` / ``gpu_series``, ``GET /api/v1/gpus/{uuid}/series``,
+``fleetscope fleet gpu``): two GPUs sampled three times a minute with values whose minimum, maximum, mean and last
+per minute and per hour follow by hand; raw samples for a short window, the minute and hour tiers for long ones,
+the buckets past a tier's watermark rolled from raw; the same answer from the service, the API and the CLI; and
+hostile input refused by name, with nothing reaching SQL unchecked."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import urllib.parse
 
+import httpx
 import polars as pl
 import pytest
 
 from fleetscope.core import frames as F
-from fleetscope.core.errors import ValidationError
-from fleetscope.services import telemetry, tiers
+from fleetscope.core.errors import NotFound, ValidationError
+from fleetscope.services import auth, telemetry, tiers
+from tests.clirun import cli
 
 T0 = dt.datetime(2026, 11, 2, 9, 0, tzinfo=dt.UTC)
 M = dt.timedelta(minutes=1)
@@ -121,3 +127,106 @@ def test_field_names_are_checked_before_any_sql(store, fields) -> None:  # type:
     with pytest.raises(ValidationError) as exc:
         telemetry.gpu_field_series(store, A, fields, T0, END)
     assert seen == [] and exc.value.frame == "gpu_sample" and len(str(exc.value)) < 1_000
+
+
+def get(api, path: str, **params):  # type: ignore[no-untyped-def]
+    h = {"Authorization": "Bearer " + auth.create_token(api.app.state.store.engine, "reader", ["read"])}
+    return httpx.get(api.url + path, params=params, headers=h, timeout=60)
+
+
+def run_cli(store, tmp_path, *args):  # type: ignore[no-untyped-def]
+    env = {**os.environ, "FLEETSCOPE_DATABASE_URL": store.engine.url.render_as_string(hide_password=False), "FLEETSCOPE_DATA_DIR": str(tmp_path)}
+    return cli("fleet", "gpu", *args, env=env)
+
+
+@pytest.mark.parametrize("span", [dt.timedelta(hours=1), dt.timedelta(days=1), dt.timedelta(days=30)], ids=["raw", "minute", "hour"])
+def test_service_api_and_cli_give_one_answer(api, tmp_path, span) -> None:  # type: ignore[no-untyped-def]
+    store = api.app.state.store
+    seed(store)
+    start = END - span
+    want = telemetry.gpu_series(store, A, ["temp_c", "power_w"], start, END, max_days=1095)
+    assert want["tier"] == {dt.timedelta(hours=1): "raw", dt.timedelta(days=1): "minute", dt.timedelta(days=30): "hour"}[span]
+    assert want["in_inventory"] and want["fields"] == ["temp_c", "power_w"] and want["points"] == len(want["series"]) > 0
+    frame = telemetry.gpu_field_series(store, A, ["temp_c", "power_w"], start, END)
+    assert [{**r, "ts": r["ts"].isoformat()} for r in frame.to_dicts()] == want["series"]
+    want = json.loads(json.dumps(want))
+    r = get(api, f"/api/v1/gpus/{A}/series", field=["temp_c", "power_w"], start=start.isoformat(), end=END.isoformat())
+    assert r.status_code == 200, r.text
+    assert r.json() == want and r.headers["X-Row-Count"] == str(want["points"])
+    proc = run_cli(store, tmp_path, A, "--field", "temp_c", "--field", "power_w", "--start", start.isoformat(), "--end", END.isoformat(), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == want
+    text = run_cli(store, tmp_path, A, "--field", "temp_c", "--field", "power_w", "--start", start.isoformat(), "--end", END.isoformat()).stdout
+    assert text.splitlines()[0].startswith(f"{A}: {start.isoformat()} to {END.isoformat()}, one row a")
+    assert text.splitlines()[1].split() == ["field", "time", "(UTC)", "samples", "min", "max", "mean", "last", "from"]
+    last = text.splitlines()[-1].split()
+    tail = want["series"][-1]
+    assert last[0] == "power_w" and [float(v) for v in last[4:8]] == [tail["min"], tail["max"], tail["mean"], tail["last"]]
+
+
+def test_gpus_the_inventory_or_the_samples_know_and_unknown_ones(api, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = api.app.state.store
+    seed(store)
+    window = {"start": (END - dt.timedelta(hours=1)).isoformat(), "end": END.isoformat()}
+    sampled_only = get(api, f"/api/v1/gpus/{B}/series", **window).json()
+    assert sampled_only["in_inventory"] is False and sampled_only["fields"] == list(telemetry.DEFAULT_SERIES_FIELDS)
+    assert sampled_only["points"] == 3 * 180  # three default fields, 180 samples of each in the hour
+    idle = get(api, f"/api/v1/gpus/{IDLE}/series", **window).json()
+    assert idle["in_inventory"] is True and idle["series"] == []  # in the inventory, silent: an empty history, not a 404
+    assert "no samples in this window" in run_cli(store, tmp_path, IDLE, "--start", window["start"], "--end", window["end"]).stdout
+    for uuid in ("GPU-nope", "GPU-aaaa' OR '1'='1", "GPU-aaaa%", "GPU-a;DROP TABLE gpu", "GPU-aaaa\\"):
+        r = get(api, f"/api/v1/gpus/{urllib.parse.quote(uuid, safe='')}/series", **window)
+        assert r.status_code == 404 and "no sample names it" in r.json()["detail"], r.text
+        proc = run_cli(store, tmp_path, uuid, "--start", window["start"], "--end", window["end"])
+        assert proc.returncode == 1 and "no sample names it" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(NotFound):
+        telemetry.gpu_series(store, "GPU-nope", ["temp_c"], T0, END, max_days=1095)
+    for uuid in ("G" * 129, "GPU-\x01", "GPU-\x00"):  # over-long, control characters (a NUL is no text to PostgreSQL)
+        r = get(api, f"/api/v1/gpus/{urllib.parse.quote(uuid, safe='')}/series", **window)
+        assert r.status_code == 422, r.text
+        proc = run_cli(store, tmp_path, uuid, "--start", window["start"], "--end", window["end"])
+        assert proc.returncode == 1 and "not a GPU UUID" in proc.stderr, proc.stderr
+    assert store.read("gpu").height == 2 and store.read("gpu_sample").height == 2 * 3 * MINUTES  # nothing dropped
+
+
+HOUR = {"start": (END - dt.timedelta(hours=1)).isoformat(), "end": END.isoformat()}
+
+
+@pytest.mark.parametrize("params, status, words, cli_words", [
+    ({"field": ["temp_c; DROP TABLE gpu"]}, 422, "field 'temp_c; DROP TABLE gpu': no such GPU field", "field 'temp_c; DROP TABLE gpu'"),
+    ({"field": ["temp_c", "nope"]}, 422, "field 'nope'", "field 'nope'"),
+    ({"field": [f.name for f in F.GPU_FIELDS[:9]]}, 422, "9 fields asked, at most 8", "at most 8"),
+    ({"field": ["x" * 10_000]}, 422, "field '" + "x" * 64 + "': no such GPU field", "no such GPU field"),
+    ({"end": HOUR["start"]}, 400, "end must be after start", "end must be after start"),
+    ({"start": END.isoformat(), "end": (END - M).isoformat()}, 400, "end must be after start", "end must be after start"),
+    ({"start": "2026-11-02T09:00:00"}, 400, "start needs a time zone", "needs a time zone"),
+    ({"start": (END - dt.timedelta(days=1096)).isoformat()}, 400, "the longest the tiers serve is 1,095", "the longest the tiers serve is 1,095"),
+    ({"start": "yesterday"}, 422, "datetime", "is not an RFC 3339 time"),
+])
+def test_bad_fields_and_windows_are_refused_by_name(api, tmp_path, params, status, words, cli_words) -> None:  # type: ignore[no-untyped-def]
+    store = api.app.state.store
+    seed(store)
+    query = {**HOUR, **params}
+    r = get(api, f"/api/v1/gpus/{A}/series", **query)
+    assert r.status_code == status and words in r.text, r.text
+    args = [A, "--start", query["start"], "--end", query["end"]]
+    for f in params.get("field", []):
+        args += ["--field", f]
+    proc = run_cli(store, tmp_path, *args)
+    assert proc.returncode != 0 and cli_words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_too_many_points_is_a_clear_refusal(api, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    store = api.app.state.store
+    seed(store)
+    monkeypatch.setattr(telemetry, "MAX_SERIES_POINTS", 100)  # an hour of raw samples is 180 points of one field
+    r = get(api, f"/api/v1/gpus/{A}/series", field="temp_c", **HOUR)
+    assert r.status_code == 400 and "ask for a shorter window or fewer fields" in r.json()["detail"]
+    proc = run_cli(store, tmp_path, A, "--field", "temp_c", "--start", HOUR["start"], "--end", HOUR["end"])
+    assert proc.returncode == 1 and "ask for a shorter window or fewer fields" in proc.stderr
+
+
+def test_the_verb_says_how_to_use_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = cli("fleet", "gpu", "--help", env={**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}).stdout
+    assert "Examples:" in out and "fleetscope fleet gpu GPU-" in out and "--field FIELD" in out and "--since" in out
+    assert "fleetscope fleet gpu GPU-" in cli("fleet", "--help", env={**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path)}).stdout
