@@ -1,4 +1,5 @@
-"""Health & SDC: XIDs, ECC and other GPU faults by node over time; what to drain; silent data corruption."""
+"""Health & SDC: XIDs, ECC and other GPU faults by node over time; what to drain; silent data corruption; one GPU's
+history over the page's range (linked as ``?gpu=UUID``)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import polars as pl
 import streamlit as st
 
 from dashboard import ui
-from fleetscope.services import health_reads
+from fleetscope.core.errors import ValidationError
+from fleetscope.services import health_reads, telemetry
 
 f = ui.filters()
 st.title("Health & SDC")
 
 # Above this many hosts the colour legend stops being readable; the rest are summed as "other hosts".
 TOP_HOSTS = 12
+# The GPU of the history section travels in the URL (?gpu=UUID), so an alert or a chat can link to it.
+GPU_PARAM = "gpu"
 
 bucket_s = ui.bucket_for(f.range_s)
 over_time = ui.q(health_reads.health_events_over_time, live=False, start=f.start, end=f.end, bucket_s=bucket_s, site=f.site)
@@ -75,3 +79,54 @@ if recent.is_empty():
     ui.no_data("no health events in this time range.")
 else:
     st.dataframe(recent, hide_index=True)
+
+
+st.subheader("One GPU over time")
+inventory = ui.q(telemetry.inventory_gpus, live=False, site=f.site)
+labels = {r["gpu_uuid"]: f"{r['host']} #{r['gpu_index']} · {r['gpu_uuid']}" for r in inventory.iter_rows(named=True)}
+# GPUs with health events in the range first (newest first), then the inventory by host and index
+with_events = [g for g in dict.fromkeys(recent["gpu_uuid"].to_list() if recent.height else []) if g]
+options = list(dict.fromkeys([*with_events, *labels]))
+if "health_gpu" not in st.session_state:
+    linked = st.query_params.get(GPU_PARAM)
+    if linked and linked not in options:
+        options.insert(0, linked)
+    st.session_state["health_gpu"] = linked or (options[0] if options else None)
+elif st.session_state["health_gpu"] and st.session_state["health_gpu"] not in options:
+    options.insert(0, st.session_state["health_gpu"])
+if not options:
+    ui.no_data("no GPU in the inventory or with health events to pick.", "GPUs arrive with dcgm-exporter, NVML or the agent's pushes.")
+else:
+    left, right = st.columns([2, 3])
+    gpu = left.selectbox("GPU", options, key="health_gpu", format_func=lambda u: labels.get(u, u), accept_new_options=True,
+                         help="GPUs with health events in the range first; type a UUID to pick one not listed.")
+    fields = right.multiselect("Fields", telemetry.SERIES_FIELDS, default=list(telemetry.DEFAULT_SERIES_FIELDS), key="health_gpu_fields",
+                               max_selections=telemetry.MAX_SERIES_FIELDS)
+    if gpu:
+        st.query_params[GPU_PARAM] = gpu
+    else:
+        st.query_params.pop(GPU_PARAM, None)
+    if gpu and fields:
+        try:
+            series = ui.q(telemetry.gpu_field_series, live=False, gpu_uuid=gpu, field=tuple(fields), start=f.start, end=f.end)
+        except (ValidationError, telemetry.TooManyPoints) as exc:
+            st.warning(str(exc))
+            series = None
+        if series is not None and series.is_empty():
+            ui.no_data(f"no sample of {gpu} in this time range.")
+        elif series is not None:
+            tier = series["tier"][0]
+            fresh = series.filter(pl.col("from_raw"))["ts"].n_unique() if tier != "raw" else 0
+            st.caption({"raw": "Every raw sample.", "minute": "Per minute from the minute tier: line the mean, band min to max.",
+                        "hour": "Per hour from the hour tier: line the mean, band min to max."}[tier]
+                       + (f" The last {fresh} bucket(s) are not rolled yet: made from raw samples now." if fresh else ""))
+            for name in fields:
+                one = series.filter(pl.col("field") == name)
+                base = alt.Chart(one).encode(x=ui.time_x())
+                tip = [alt.Tooltip("ts:T", title="UTC", format="%Y-%m-%d %H:%M:%S"), alt.Tooltip("mean:Q", title="mean"),
+                       alt.Tooltip("min:Q", title="min"), alt.Tooltip("max:Q", title="max"), alt.Tooltip("last:Q", title="last")]
+                line = base.mark_line(point=one.height < 200).encode(y=alt.Y("mean:Q", title=name, scale=alt.Scale(zero=False)), tooltip=tip)
+                band = base.mark_area(opacity=0.25).encode(y="min:Q", y2="max:Q")
+                ui.chart(line if tier == "raw" else alt.layer(band, line), height=180)
+            with st.expander("Values"):
+                st.dataframe(series, hide_index=True, column_config={"ts": ui.utc_column("Time")})

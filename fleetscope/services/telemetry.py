@@ -147,6 +147,18 @@ def fleet_size(store: Store, site: str | None = None) -> pl.DataFrame:
     return fetch(store, sql, params, {"sites": pl.Int64, "hosts": pl.Int64, "gpus": pl.Int64}, small=True)
 
 
+def inventory_gpus(store: Store, site: str | None = None, limit: int = 2_000) -> pl.DataFrame:
+    """``gpu_uuid, host, gpu_index, model_name`` of the inventory's GPUs (of one site), by host and index, at most
+    ``limit`` of them: what a page offers to pick one GPU from."""
+    params: list[Any] = []
+    where = ""
+    if site is not None:
+        where = " WHERE g.host IN (SELECT host FROM host WHERE site_id = ?)"
+        params.append(site)
+    sql = f"SELECT g.gpu_uuid, g.host, g.gpu_index, g.model_name FROM gpu g{where} ORDER BY g.host, g.gpu_index, g.gpu_uuid LIMIT {int(limit)}"
+    return fetch(store, sql, params, {"gpu_uuid": pl.String, "host": pl.String, "gpu_index": pl.Int64, "model_name": pl.String}, small=True)
+
+
 def fleet_rows_sql(store: Store, start: dt.datetime, end: dt.datetime, columns: Sequence[str], alias: str, agg: str = "last") -> str:
     """The FROM item of a fleet-wide read of raw samples in ``[start, end)`` (``ts``, ``gpu_uuid``, ``columns``):
     ``gpu_samples_sql``, or where the range reaches an hour held packed and the minute tier serves it
@@ -446,6 +458,13 @@ def series_fields(fields: str | Sequence[str]) -> tuple[str, ...]:
     return out
 
 
+def check_gpu_uuid(gpu_uuid: str) -> None:
+    """``ValidationError`` for a UUID no GPU has: empty, over ``MAX_UUID_CHARS``, or with control characters (a NUL is
+    no text to PostgreSQL). It is only ever a bound parameter; this keeps a typo from reaching the database."""
+    if not isinstance(gpu_uuid, str) or not gpu_uuid or len(gpu_uuid) > MAX_UUID_CHARS or has_control(gpu_uuid):
+        raise ValidationError(f"not a GPU UUID: empty, over {MAX_UUID_CHARS} characters or with control characters", frame="gpu", field="gpu_uuid")
+
+
 def _series_rows(store: Store, sql: str, params: list[Any], fields: Sequence[str], max_points: int) -> pl.DataFrame:
     """One wide read of a GPU's rows (``ts`` and ``fields``), refused past ``max_points`` values of all fields."""
     cap = max(1, max_points // len(fields))
@@ -466,6 +485,7 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str | Sequence[str], st
     (``analyzers.tiers``), at most ``RAW_MAX_RANGE`` of them, and say ``from_raw``. Field names are checked
     (``series_fields``) before they reach SQL; more than ``max_points`` (``MAX_SERIES_POINTS``) points raise
     ``TooManyPoints``."""
+    check_gpu_uuid(gpu_uuid)
     fields = series_fields(field)
     max_points = max_points or MAX_SERIES_POINTS
     start, end = as_utc(start), as_utc(end)
@@ -533,8 +553,7 @@ def gpu_series(store: Store, gpu_uuid: str, fields: Sequence[str], start: dt.dat
     (``check_window``), the tier read, whether the inventory holds the GPU, and ``gpu_field_series``' rows with
     RFC 3339 times. ``NotFound`` for a GPU neither in the inventory nor named by any sample; ``ValidationError`` for
     a UUID no GPU has (empty, over ``MAX_UUID_CHARS``, control characters) or an unknown field."""
-    if not gpu_uuid or len(gpu_uuid) > MAX_UUID_CHARS or has_control(gpu_uuid):
-        raise ValidationError(f"not a GPU UUID: empty, over {MAX_UUID_CHARS} characters or with control characters", frame="gpu", field="gpu_uuid")
+    check_gpu_uuid(gpu_uuid)
     fields = series_fields(fields)
     check_window(start, end, max_days)
     tier = tiers.tier_for(store, start, end)

@@ -480,3 +480,43 @@ def test_serving_page_shows_quantiles_slos_and_rates(empty_sqlite_url: str, monk
     assert not any(t.startswith("No data yet: no time to first token") for t in infos(at)), infos(at)
     # the replicas name no host, so no site's prices apply: the page says so instead of a cost
     assert any("runs on no host placed at a site" in t for t in infos(at)), infos(at)
+
+
+def test_health_page_draws_one_gpus_history_linked_from_the_url(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/health_sdc?gpu=UUID`` opens the page on that GPU: a chart a field of what ``telemetry.gpu_field_series`` reads
+    over the page's range (24 h ending at the newest data), and the values themselves; other fields on request."""
+    import math
+
+    import polars as pl
+
+    store = store_of(seeded_sqlite_url)
+    gpu = store.read("gpu").sort("host", "gpu_index")["gpu_uuid"][5]
+    end = telemetry.data_end(store) + dt.timedelta(microseconds=1)
+    at = open_page(seeded_sqlite_url, "health_sdc", monkeypatch, {"gpu": gpu})
+    healthy(at)
+    assert at.selectbox(key="health_gpu").value == gpu and at.query_params["gpu"] == gpu
+    assert at.multiselect(key="health_gpu_fields").value == list(telemetry.DEFAULT_SERIES_FIELDS)
+    assert "One GPU over time" in [s.value for s in at.subheader]
+    want = telemetry.gpu_field_series(store, gpu, telemetry.DEFAULT_SERIES_FIELDS, end - dt.timedelta(hours=24), end)
+    # the showcase samples every GPU each 10 s for 30 minutes, and the seeding rolled the minute tier: 30 minutes of 6 samples
+    assert want["tier"].unique().to_list() == ["minute"] and want.height == 3 * 30 and want["samples"].unique().to_list() == [6]
+    got = pl.from_pandas(at.dataframe[-1].value)
+    assert got["field"].to_list() == want["field"].to_list() and got["ts"].to_list() == want["ts"].to_list()
+    for col in ("min", "max", "mean", "last"):
+        assert all((a is None or math.isnan(a)) if b is None else a == b for a, b in zip(got[col].to_list(), want[col].to_list(), strict=True)), col
+    # one chart a field, after the health events' chart
+    assert len(at.get("vega_lite_chart")) == 1 + len(telemetry.DEFAULT_SERIES_FIELDS)
+    at.multiselect(key="health_gpu_fields").set_value(["temp_c"]).run()
+    healthy(at)
+    assert set(pl.from_pandas(at.dataframe[-1].value)["field"]) == {"temp_c"} and len(at.get("vega_lite_chart")) == 2
+    store.engine.dispose()
+
+
+@pytest.mark.parametrize("linked, says", [("GPU-x'; DROP TABLE gpu; --", "No data yet: no sample of GPU-x'; DROP TABLE gpu; --"),
+                                          ("GPU-\x1b[31m", "not a GPU UUID")])
+def test_a_linked_gpu_nobody_has_says_so(linked: str, says: str, seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(seeded_sqlite_url, "health_sdc", monkeypatch, {"gpu": linked})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="health_gpu").value == linked
+    assert any(says in t for t in [*infos(at), *(w.value for w in at.warning)]), (infos(at), [w.value for w in at.warning])
+    assert store_of(seeded_sqlite_url).read("gpu").height == 64

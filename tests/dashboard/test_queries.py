@@ -97,6 +97,22 @@ def test_latest_samples_and_power_now_match_the_simulated_fleet(seeded_store: St
     assert telemetry.power_now(seeded_store, END, site="site-a")["gpus_reporting"][0] == 32
 
 
+def test_one_gpus_history_is_its_samples_and_the_inventory_lists_the_gpus(seeded_store: Store, fleet: pl.DataFrame) -> None:
+    gpus = telemetry.inventory_gpus(seeded_store)
+    assert gpus.height == 64 and gpus.select("host", "gpu_index").rows() == sorted(gpus.select("host", "gpu_index").rows())
+    assert telemetry.inventory_gpus(seeded_store, site="site-b")["host"].str.starts_with("site-b").all()
+    assert telemetry.inventory_gpus(seeded_store, limit=5).height == 5
+    gpu = gpus["gpu_uuid"][9]
+    # the Health page's read over an hour: every raw sample of the GPU, as the simulator made it
+    got = telemetry.gpu_field_series(seeded_store, gpu, ("power_w", "temp_c"), HOUR_AGO, END)
+    mine = fleet.filter(pl.col("gpu_uuid") == gpu).sort("ts")
+    assert got["tier"].unique().to_list() == ["raw"] and got.height == 2 * mine.height
+    for field in ("power_w", "temp_c"):
+        one = got.filter(pl.col("field") == field)
+        assert one["ts"].to_list() == mine["ts"].to_list()
+        assert one["mean"].to_list() == pytest.approx(mine[field].cast(pl.Float64).to_list(), rel=1e-6)  # float4 where packed
+
+
 def test_gpu_states_are_disjoint_and_cover_the_fleet(seeded_store: Store, fleet: pl.DataFrame) -> None:
     counts = health_reads.gpu_state_counts(seeded_store, END).row(0, named=True)
     assert counts["gpus"] == counts["reporting"] == 64
@@ -326,6 +342,8 @@ def test_table_helpers(seeded_store: Store) -> None:
 CALLS = {
     "sites": lambda s: telemetry.sites(s),
     "fleet_size": lambda s: telemetry.fleet_size(s),
+    "inventory_gpus": lambda s: telemetry.inventory_gpus(s),
+    "gpu_field_series": lambda s: telemetry.gpu_field_series(s, "GPU-nope", ("power_w", "temp_c"), HOUR_AGO, END),
     "latest_fields": lambda s: telemetry.latest_fields(s, END, ["power_w", "util_ratio"]),
     "unhealthy_gpus": lambda s: health_reads.unhealthy_gpus(s, HOUR_AGO, END),
     "health_grid": lambda s: health_reads.health_grid(s, END),
