@@ -224,9 +224,3 @@ def tier_for(store: Store, start: dt.datetime, end: dt.datetime) -> str:
             return name
     # no tier reaches back to ``start`` (a young install): the range's choice stays
     return tier
-
-
-def tier_rows(store: Store, tier: str, start: dt.datetime, end: dt.datetime, columns: list[str] | None = None,
-              gpu_uuid: str | list[str] | None = None) -> pl.DataFrame:
-    """Rows of a roll-up tier over ``[start, end)`` (by bucket start)."""
-    return store.read(TIER_TABLE[tier], start=start, end=end, columns=columns, gpu_uuid=gpu_uuid)
