@@ -25,7 +25,10 @@ linear least squares; see :func:`fit_fleet_law` for the comm term.
 The HTA-compatible functions reproduce the definitions of Meta's Holistic Trace Analysis
 (github.com/facebookresearch/HolisticTraceAnalysis, ``hta/analyzers/breakdown_analysis.py``
 ``get_temporal_breakdown`` and ``hta/analyzers/communication_analysis.py`` ``get_comm_comp_overlap``,
-v0.5.0) so a user of HTA finds the same numbers here. Written from those definitions, not copied.
+v0.5.0) so a user of HTA finds the same numbers here. Written from those definitions, not copied. The
+definitions themselves (kernel classes, interval merge, event window, unions) are in ``fleetscope.core.kernels``,
+shared with ``ingest.kineto``, which stores each trace's unions (``device_union``); :func:`hta_breakdown` makes the
+figures from those, which is how the service's ``temporal`` job analysis reports them.
 
 Pure: polars and numpy in, polars/dataclasses out.
 """
@@ -33,16 +36,21 @@ Pure: polars and numpy in, polars/dataclasses out.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from fleetscope.core import kernels
+from fleetscope.core.kernels import KernelType, kernel_type
+
 __all__ = [
     "KernelType",
     "kernel_type",
+    "hta_window",
+    "hta_unions",
+    "hta_breakdown",
     "hta_temporal_breakdown",
     "hta_comm_comp_overlap",
     "collective_wait",
@@ -58,105 +66,77 @@ __all__ = [
 ]
 
 
-# --- HTA kernel classification -------------------------------------------------------------------
+# --- HTA temporal breakdown and overlap -------------------------------------------------------------
+#
+# HTA's kernel classes, interval merge, event window and unions live in fleetscope.core.kernels, which the
+# Kineto reader shares: it reduces each trace to those unions at ingest (the device_union frame), and
+# hta_breakdown makes HTA's figures from them, whether they were stored or computed here from a trace in memory.
+
+_BREAKDOWN = ("rank", "idle_time_us", "compute_time_us", "non_compute_time_us", "kernel_time_us",
+              "idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg")
+_OVERLAP = ("rank", "comp_comm_overlap_ratio", "comp_comm_overlap_pctg")
+_UNION_SCHEMA = {"rank": pl.Int64, "window": pl.String, "events": pl.Int64, "span_us": pl.Float64, "busy_us": pl.Float64,
+                 "compute_us": pl.Float64, "comm_us": pl.Float64, "overlap_us": pl.Float64}
 
 
-class KernelType:
-    """HTA's kernel classes (``hta.utils.utils.KernelType``)."""
-
-    COMMUNICATION = "COMMUNICATION"
-    MEMORY = "MEMORY"
-    COMPUTATION = "COMPUTATION"
-    OTHER = "OTHER"
-
-
-# HTA's rules, in its order: NCCL kernels are communication; names starting Memcpy/Memset/dma are memory;
-# anything else is computation unless it looks like an NCCL kernel, a copy, a memset or a sync (OTHER).
-# The last pattern's grouping is HTA's: "(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)" under re.match.
-_COMM_RE = re.compile(r"^nccl.*Kernel")
-_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
-_SYNC_EVENT_NAMES = ("Event Sync", "Context Sync")
+def hta_window(step_numbers: int, include_last_step: bool = False) -> str:
+    """The event window HTA applies to a job whose traces name ``step_numbers`` distinct ``ProfilerStep#N``:
+    none (``all``) below two, else the rank's steps before its last one (``before_last_step``), or through it."""
+    if step_numbers < 2:
+        return "all"
+    return "through_last_step" if include_last_step else "before_last_step"
 
 
-def kernel_type(name: str) -> str:
-    """Classify a device event name the way HTA does: COMMUNICATION, MEMORY, COMPUTATION or OTHER."""
-    if _COMM_RE.match(name):
-        return KernelType.COMMUNICATION
-    if _MEMORY_RE.match(name):
-        return KernelType.MEMORY
-    if not _NOT_COMPUTE_RE.match(name):
-        return KernelType.COMPUTATION
-    return KernelType.OTHER
+def hta_unions(device_events: pl.DataFrame, profiler_steps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per rank and event window (``fleetscope.core.kernels.WINDOWS``) the unions HTA's figures are made of:
+    ``rank, window, events, span_us, busy_us, compute_us, comm_us, overlap_us`` (µs; a window that keeps no
+    event of a rank has no row). The Kineto reader stores the same rows per trace (``device_union``).
 
-
-def _kernel_types(names: pl.Series) -> np.ndarray:
-    # classify each distinct name once: traces repeat a few hundred kernel names thousands of times
-    uniq = names.unique()
-    table = dict(zip(uniq.to_list(), (kernel_type(n) for n in uniq.to_list())))
-    return np.array([table[n] for n in names.to_list()], dtype=object)
-
-
-# --- interval helpers ----------------------------------------------------------------------------
-
-
-def _merge(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge intervals into disjoint blocks, HTA's way: sort by start; a new block begins where a start
-    lies strictly after every earlier end (touching intervals merge). Returns (block_start, block_end)."""
-    if len(ts) == 0:
-        return ts, end
-    order = np.argsort(ts, kind="stable")
-    ts, end = ts[order], end[order]
-    run = np.maximum.accumulate(end)
-    new = np.empty(len(ts), dtype=bool)
-    new[0] = True
-    new[1:] = ts[1:] > run[:-1]
-    first = np.flatnonzero(new)
-    block_end = np.maximum.reduceat(end, first)
-    return ts[first], block_end
-
-
-def _sweep_overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    """Time during which a block of ``a`` and a block of ``b`` are both open (a: +1/−1, b: +2/−2; count
-    the time the running sum is 3), as HTA's get_comm_comp_overlap measures it."""
-    times = np.concatenate([a[0], a[1], b[0], b[1]])
-    delta = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)])
-    if len(times) < 2:
-        return 0.0
-    order = np.argsort(times, kind="stable")
-    times, running = times[order], np.cumsum(delta[order])
-    seg = np.diff(times)
-    return float(np.sum(seg[running[:-1] == 3]))
-
-
-def _hta_window(device_events: pl.DataFrame, profiler_steps: pl.DataFrame | None, include_last_step: bool) -> pl.DataFrame:
-    """The device events HTA keeps, with HTA's integer-µs rounding applied (``ts``, ``end`` columns).
-
-    HTA (``hta/common/trace.py`` ``_filter_irrelevant_gpu_kernels``): when the traces name at least two
-    distinct ProfilerStep#N, keep a GPU event only if a host-side event with its correlation id starts
-    before the last profiler step on that rank (or within it, with ``include_last_step``); other events
-    carrying a stream are kept by their own start. With fewer step names, nothing is filtered.
-    Rounding (``round_down_time_stamps``, pytorch/pytorch#122425): start up to the next µs, end down;
-    on integer timestamps both are no-ops, so applying it always matches HTA.
+    ``device_events``: ``rank, name, stream, correlation, ts_us, dur_us, launch_ts_us`` (``ingest.kineto``
+    ``KinetoTrace.device_events``, concatenated over ranks); ``profiler_steps``: its ``profiler_steps``, whose
+    host-side spans (not ``device_side``) bound each rank's step windows.
     """
-    ev = device_events.filter(pl.col("stream") != -1).with_columns(
-        pl.col("ts_us").ceil().alias("ts"),
-        (pl.col("ts_us") + pl.col("dur_us")).floor().alias("end"),
-        pl.col("launch_ts_us").ceil().alias("launch"),
-        (((pl.col("stream") >= 0) & (pl.col("correlation") >= 0)) | pl.col("name").is_in(_SYNC_EVENT_NAMES)).alias("gpu"),
-    )
-    if profiler_steps is None or profiler_steps.height == 0 or profiler_steps["name"].n_unique() < 2:
-        return ev
-    host = profiler_steps.filter(~pl.col("device_side")).with_columns(
-        pl.col("ts_us").ceil().alias("s0"), (pl.col("ts_us") + pl.col("dur_us")).floor().alias("s1")
-    )
-    bounds = host.group_by("rank").agg(pl.col("s0").max().alias("last_start"), pl.col("s1").max().alias("last_end"))
-    ev = ev.join(bounds, on="rank", how="left")
-    when = pl.when(pl.col("gpu")).then(pl.col("launch")).otherwise(pl.col("ts"))
-    keep = (when <= pl.col("last_end")) if include_last_step else (when < pl.col("last_start"))
-    # a rank without profiler steps of its own: HTA's max over an empty set is NaN, and every comparison
-    # with NaN is false, so it keeps nothing there; keep that behaviour rather than invent one.
-    return ev.filter(keep.fill_null(False)).drop("last_start", "last_end")
+    ev = device_events.filter(pl.col("stream") != -1).sort("rank", maintain_order=True)
+    host = (profiler_steps.filter(~pl.col("device_side")) if profiler_steps is not None and profiler_steps.height
+            else pl.DataFrame(schema={"rank": pl.Int64, "ts_us": pl.Float64, "dur_us": pl.Float64}))
+    rows = []
+    memo: dict[str, int] = {}
+    for (rank,), g in ev.group_by(["rank"], maintain_order=True):
+        gpu = (((g["stream"] >= 0) & (g["correlation"] >= 0)) | g["name"].is_in(kernels.SYNC_EVENT_NAMES)).to_numpy()
+        mine = host.filter(pl.col("rank") == rank)
+        found = kernels.window_unions(
+            g["ts_us"].to_numpy(), g["dur_us"].to_numpy(), kernels.kind_codes(g["name"].to_list(), memo), gpu,
+            g["launch_ts_us"].fill_null(float("nan")).to_numpy(), mine["ts_us"].to_numpy(), mine["dur_us"].to_numpy())
+        rows += [(rank, w, u.events, u.span_us, u.busy_us, u.compute_us, u.comm_us, u.overlap_us) for w, u in found.items()]
+    return pl.DataFrame(rows, schema=_UNION_SCHEMA, orient="row")
+
+
+def hta_breakdown(unions: pl.DataFrame, window: str) -> pl.DataFrame:
+    """HTA's per-rank figures from the unions of one event window (:func:`hta_unions`'s rows, or the
+    ``device_union`` frame's): ``rank``, then the temporal breakdown (``get_temporal_breakdown``) ``idle_time_us,
+    compute_time_us, non_compute_time_us, kernel_time_us`` and their shares of kernel time ``*_pctg``, rounded to
+    2 decimals as HTA does; then the overlap (``get_comm_comp_overlap``) ``comp_comm_overlap_ratio`` = |computation ∩
+    communication| / |communication| and ``comp_comm_overlap_pctg``, null where the rank ran no communication kernel.
+    idle = kernel − busy; non_compute = kernel − compute − idle. Sorted by rank."""
+    df = unions.filter(pl.col("window") == window).sort("rank").select(
+        "rank",
+        (pl.col("span_us") - pl.col("busy_us")).alias("idle_time_us"),
+        pl.col("compute_us").alias("compute_time_us"),
+        pl.col("span_us").alias("kernel_time_us"),
+        pl.when(pl.col("comm_us") > 0).then(pl.col("overlap_us") / pl.col("comm_us")).alias("comp_comm_overlap_ratio"),
+    ).with_columns((pl.col("kernel_time_us") - pl.col("compute_time_us") - pl.col("idle_time_us")).alias("non_compute_time_us"))
+    share = lambda c: (100 * pl.col(c) / pl.col("kernel_time_us")).round(2)  # noqa: E731
+    return df.with_columns(
+        share("idle_time_us").alias("idle_time_pctg"),
+        share("compute_time_us").alias("compute_time_pctg"),
+        share("non_compute_time_us").alias("non_compute_time_pctg"),
+        (100 * pl.col("comp_comm_overlap_ratio")).round(2).alias("comp_comm_overlap_pctg"),
+    ).select(*_BREAKDOWN, *_OVERLAP[1:])
+
+
+def _trace_window(profiler_steps: pl.DataFrame | None, include_last_step: bool) -> str:
+    names = 0 if profiler_steps is None or profiler_steps.height == 0 else profiler_steps["name"].n_unique()
+    return hta_window(names, include_last_step)
 
 
 def hta_temporal_breakdown(
@@ -169,36 +149,16 @@ def hta_temporal_breakdown(
 
     ``device_events``: ``rank, name, stream, correlation, ts_us, dur_us, launch_ts_us`` (``ingest.kineto``
     ``KinetoTrace.device_events``, concatenated over ranks); ``profiler_steps``: its ``profiler_steps``.
-    HTA's definitions: kernel_time = end of the last merged block − start of the first, over all device
-    events of the rank; idle = kernel_time − union of all device events; compute = union of COMPUTATION
-    events (:func:`kernel_type`); non_compute = kernel_time − compute − idle; the last profiler step is
-    left out unless ``include_last_step``. Shares are rounded to 2 decimals, as HTA does.
+    HTA's definitions (``fleetscope.core.kernels``): kernel_time = end of the last merged block − start of the
+    first, over all device events of the rank; idle = kernel_time − union of all device events; compute = union
+    of COMPUTATION events (:func:`kernel_type`); non_compute = kernel_time − compute − idle; the last profiler
+    step is left out unless ``include_last_step``, when the traces name two profiler steps or more. Shares are
+    rounded to 2 decimals, as HTA does.
     Returns ``rank, idle_time_us, compute_time_us, non_compute_time_us, kernel_time_us,
     idle_time_pctg, compute_time_pctg, non_compute_time_pctg``.
     """
-    ev = _hta_window(device_events, profiler_steps, include_last_step)
-    rows = []
-    for (rank,), g in ev.sort("rank").group_by(["rank"], maintain_order=True):
-        ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
-        bs, be = _merge(ts, end)
-        kernel_us = float(be[-1] - bs[0])
-        idle_us = kernel_us - float(np.sum(be - bs))
-        comp = _kernel_types(g["name"]) == KernelType.COMPUTATION
-        cs, ce = _merge(ts[comp], end[comp])
-        compute_us = float(np.sum(ce - cs))
-        rows.append((rank, idle_us, compute_us, kernel_us - compute_us - idle_us, kernel_us))
-    df = pl.DataFrame(
-        rows,
-        schema={"rank": pl.Int64, "idle_time_us": pl.Float64, "compute_time_us": pl.Float64,
-                "non_compute_time_us": pl.Float64, "kernel_time_us": pl.Float64},
-        orient="row",
-    )
-    share = lambda c: (100 * pl.col(c) / pl.col("kernel_time_us")).round(2)  # noqa: E731
-    return df.with_columns(
-        share("idle_time_us").alias("idle_time_pctg"),
-        share("compute_time_us").alias("compute_time_pctg"),
-        share("non_compute_time_us").alias("non_compute_time_pctg"),
-    )
+    window = _trace_window(profiler_steps, include_last_step)
+    return hta_breakdown(hta_unions(device_events, profiler_steps), window).select(_BREAKDOWN)
 
 
 def hta_comm_comp_overlap(
@@ -213,18 +173,8 @@ def hta_comm_comp_overlap(
     Same inputs and event window as :func:`hta_temporal_breakdown`. Returns ``rank,
     comp_comm_overlap_ratio, comp_comm_overlap_pctg`` (null when the rank ran no communication kernel).
     """
-    ev = _hta_window(device_events, profiler_steps, include_last_step)
-    rows = []
-    for (rank,), g in ev.sort("rank").group_by(["rank"], maintain_order=True):
-        ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
-        kinds = _kernel_types(g["name"])
-        comm = _merge(ts[kinds == KernelType.COMMUNICATION], end[kinds == KernelType.COMMUNICATION])
-        comp = _merge(ts[kinds == KernelType.COMPUTATION], end[kinds == KernelType.COMPUTATION])
-        comm_us = float(np.sum(comm[1] - comm[0]))
-        ratio = _sweep_overlap(comm, comp) / comm_us if comm_us > 0 else None
-        rows.append((rank, ratio))
-    df = pl.DataFrame(rows, schema={"rank": pl.Int64, "comp_comm_overlap_ratio": pl.Float64}, orient="row")
-    return df.with_columns((100 * pl.col("comp_comm_overlap_ratio")).round(2).alias("comp_comm_overlap_pctg"))
+    window = _trace_window(profiler_steps, include_last_step)
+    return hta_breakdown(hta_unions(device_events, profiler_steps), window).select(_OVERLAP)
 
 
 # --- C³ ------------------------------------------------------------------------------------------
