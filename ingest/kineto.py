@@ -1,4 +1,4 @@
-"""PyTorch profiler (Kineto) Chrome-trace JSON → canonical ``step`` and ``collective`` frames.
+"""PyTorch profiler (Kineto) Chrome-trace JSON → canonical ``step``, ``collective`` and ``device_union`` frames.
 
 Input is what ``torch.profiler`` writes with ``export_chrome_trace`` / ``tensorboard_trace_handler``:
 a JSON object (optionally gzip-compressed, detected by its magic bytes) with ``traceEvents`` in the
@@ -15,6 +15,10 @@ What comes out:
   when it runs: in steady state the GPU lags the host by about the same amount every step, so each window
   still holds one step's worth of device time and ``compute_s + comm_s − comm_overlap_s + idle_s`` equals
   the window length exactly.
+- three ``device_union`` rows, one per HTA event window (everything; launched before the last profiler step;
+  through it): the rank's device timeline reduced to the unions Meta's Holistic Trace Analysis makes its
+  temporal breakdown and communication/computation overlap of (``fleetscope.core.kernels``), so the service can
+  report HTA's figures (``analyzers.c3.hta_breakdown``) without keeping every kernel;
 - one ``collective`` row per NCCL kernel (``ncclKernel_*`` before NCCL 2.19, ``ncclDevKernel_*`` after) with
   op, message bytes, group size and process group taken from the kernel's own args (PyTorch ≥ 2.2 copies
   ``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``dtype``, ``Group size``, ``Process Group Name``
@@ -50,7 +54,7 @@ __all__ = ["KinetoTrace", "load", "parse", "parse_chunks", "parse_many", "DTYPE_
 
 
 def parse(data: bytes, *, source: str = "", job_id: str | None = None) -> Batch:
-    """Parse one rank's Kineto trace into a Batch with ``step``, ``collective`` and ``job`` frames.
+    """Parse one rank's Kineto trace into a Batch with ``step``, ``collective``, ``device_union`` and ``job`` frames.
 
     ``job_id`` defaults to a hash of the bytes, so the same file always maps to the same job.
     Raises :class:`ParseError` (see :func:`load`).
@@ -87,8 +91,8 @@ def parse_many(files: Sequence[tuple[str, bytes | Iterable[bytes]]], *, job_id: 
 def parse_chunks(chunks: Iterable[bytes], *, source: str = "", job_id: str | None = None,
                  piece_bytes: int = PIECE_BYTES) -> Batch:
     """:func:`parse` for a trace given as an iterable of byte chunks (JSON or gzip JSON, e.g. a file read
-    in blocks), in memory bounded by ``piece_bytes`` of events at a time plus 17 bytes per device-work
-    event, whatever the trace's size. The Batch is the one :func:`parse` returns for the same bytes.
+    in blocks), in memory bounded by ``piece_bytes`` of events at a time plus 25 bytes per device event and 16
+    per kernel launch, whatever the trace's size. The Batch is the one :func:`parse` returns for the same bytes.
 
     Raises :class:`ParseError` naming the source, the byte offset and line (of the decompressed text for
     gzip), and the event (``traceEvents[i]``) where known.

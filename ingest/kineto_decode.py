@@ -17,6 +17,7 @@ import numpy as np
 from isal import igzip, isal_zlib
 import polars as pl
 
+from fleetscope.core import kernels
 from fleetscope.core.errors import ParseError
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -248,9 +249,10 @@ def _meta(doc: _Doc, dist: dict, rank: int, world: int | None, relative: bool, n
 class _Scan:
     """One pass over a trace's events, given whole (:func:`load`) or piece by piece (:func:`parse_chunks`).
 
-    ``compact``: after each piece, keep only what the step and collective frames need (per device-work
-    event: ts, dur and whether it is an NCCL kernel, as numpy columns) and drop the rest, so memory grows
-    with the number of device events (17 bytes each), not with the JSON.
+    ``compact``: after each piece, keep only what the step, collective and device_union frames need (per device
+    event: ts, dur, HTA kernel class with whether it is device work and a GPU event, and its correlation id, as
+    numpy columns; per host-side correlation id its earliest ts, HTA's launch time) and drop the rest, so memory
+    grows with the number of device events (25 bytes each, 16 per launch), not with the JSON.
     """
 
     def __init__(self, source: str, *, compact: bool) -> None:
@@ -269,11 +271,15 @@ class _Scan:
         self.s_cat: list[str] = []
         self.max_ts = 0.0
         self.n_events = 0
-        # compact: per piece, the device-work events' ts, dur and whether each is an NCCL kernel
-        self.work_ts: list[np.ndarray] = []
-        self.work_dur: list[np.ndarray] = []
-        self.work_comm: list[np.ndarray] = []
-        self._is_comm: dict[str, bool] = {}
+        # compact: per piece, every device event's ts, dur, flags (HTA kernel class, device work, GPU event) and
+        # correlation id, and the host-side events' earliest ts per correlation id (HTA's launch times)
+        self.dev_ts: list[np.ndarray] = []
+        self.dev_dur: list[np.ndarray] = []
+        self.dev_flags: list[np.ndarray] = []
+        self.dev_corr: list[np.ndarray] = []
+        self.launch_corr: list[np.ndarray] = []
+        self.launch_ts: list[np.ndarray] = []
+        self._kinds: dict[str, int] = {}
 
     def feed(self, events: list[_Event], first: int) -> None:
         """Reduce ``events``, the slice of ``traceEvents`` that starts at index ``first``."""
@@ -342,22 +348,23 @@ class _Scan:
             self._compact()
 
     def _compact(self) -> None:
-        is_comm = self._is_comm
-        work = [(r[4], r[5], r[1]) for r in self.dev_rows if r[0] in _DEVICE_WORK_CATS]
-        self.dev_rows.clear()
-        self.launch.clear()  # launch times feed device_events only, which the compact form does not keep
-        if not work:
+        launch = self.launch
+        if launch:
+            self.launch_corr.append(np.fromiter(launch.keys(), np.int64, len(launch)))
+            self.launch_ts.append(np.fromiter(launch.values(), np.float64, len(launch)))
+            launch.clear()
+        if not self.dev_rows:
             return
-        ts, dur, names = zip(*work)
-        flags = []
-        for n in names:
-            f = is_comm.get(n)
-            if f is None:
-                f = is_comm[n] = _NCCL_KERNEL.match(n) is not None
-            flags.append(f)
-        self.work_ts.append(np.array(ts, dtype=np.float64))
-        self.work_dur.append(np.array(dur, dtype=np.float64))
-        self.work_comm.append(np.array(flags, dtype=bool))
+        cat, name, stream, corr, ts, dur, _ = zip(*self.dev_rows)
+        self.dev_rows.clear()
+        stream_a, corr_a = np.array(stream, dtype=np.int64), np.array(corr, dtype=np.int64)
+        gpu = ((stream_a >= 0) & (corr_a >= 0)) | np.fromiter((n in kernels.SYNC_EVENT_NAMES for n in name), bool, len(name))
+        work = np.fromiter((c in _DEVICE_WORK_CATS for c in cat), bool, len(cat))
+        flags = kernels.kind_codes(name, self._kinds) | (work.astype(np.uint8) << 2) | (gpu.astype(np.uint8) << 3)
+        self.dev_ts.append(np.array(ts, dtype=np.float64))
+        self.dev_dur.append(np.array(dur, dtype=np.float64))
+        self.dev_flags.append(flags)
+        self.dev_corr.append(corr_a)
 
     def steps(self, rank: int) -> pl.DataFrame:
         return pl.DataFrame(
@@ -410,17 +417,32 @@ class _Scan:
         """The compact result: what the step and collective frames need."""
         source = self.source
         rank, world, dist, relative, origin_us = self._header(doc)
-        # one column at a time, each piece list dropped once joined: the peak is ~25 bytes per work event
-        ts = _join(self.work_ts, np.float64)
-        self.work_ts = []
-        end = _join(self.work_dur, np.float64)
-        self.work_dur = []
-        end += ts
-        comm = _join(self.work_comm, np.bool_)
-        self.work_comm = []
+        # one column at a time, each piece list dropped once joined
+        ts = _join(self.dev_ts, np.float64)
+        self.dev_ts = []
+        dur = _join(self.dev_dur, np.float64)
+        self.dev_dur = []
+        flags = _join(self.dev_flags, np.uint8)
+        self.dev_flags = []
+        corr = _join(self.dev_corr, np.int64)
+        self.dev_corr = []
+        launch = _launch_times(corr, _join(self.launch_corr, np.int64), _join(self.launch_ts, np.float64))
+        self.launch_corr, self.launch_ts = [], []
+        del corr
+        steps = self.steps(rank)
+        kinds = flags & 3
+        unions = _device_unions(ts, dur, kinds, (flags & 8) != 0, launch, steps)
+        del launch
+        work = (flags & 4) != 0
+        work_ts = ts[work]
+        del ts
+        end = dur[work]
+        del dur
+        end += work_ts
+        comm = kinds[work] == kernels.COMMUNICATION
         coll = _collectives(rank, self.nccl, self.comms_by_ext, world)
         meta = _meta(doc, dist, rank, world, relative, self.n_events)
-        return _Reduced(source, rank, world, origin_us, self.steps(rank), coll, ts, end, comm, meta)
+        return _Reduced(source, rank, world, origin_us, steps, coll, work_ts, end, comm, meta, *unions)
 
 
 def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -429,8 +451,10 @@ def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Reduced:
-    """What the canonical frames need of one rank's trace: steps, collectives and the device-work intervals
-    (``work_*``: every kernel/memcpy/memset on a stream, in file order, and whether it is an NCCL kernel)."""
+    """What the canonical frames need of one rank's trace: steps, collectives, the device-work intervals
+    (``work_*``: every kernel/memcpy/memset on a stream, in file order, and whether it is an NCCL kernel), and
+    the device timeline's unions per HTA event window (``unions``; ``device_start_us``, the first device event
+    rounded up, None when the trace has none)."""
 
     source: str
     rank: int
@@ -442,13 +466,46 @@ class _Reduced:
     work_end_us: np.ndarray
     work_comm: np.ndarray
     meta: dict[str, Any]
+    device_start_us: float | None = None
+    unions: dict[str, kernels.Unions] = field(default_factory=dict)
+
+
+def _launch_times(corr: np.ndarray, host_corr: np.ndarray, host_ts: np.ndarray) -> np.ndarray:
+    """Each device event's launch time: the earliest host-side event with its correlation id (NaN when none),
+    from the host-side (correlation, earliest ts) pairs gathered piece by piece."""
+    if len(host_corr) == 0:
+        return np.full(len(corr), np.nan)
+    order = np.lexsort((host_ts, host_corr))
+    hc, ht = host_corr[order], host_ts[order]
+    first = np.empty(len(hc), dtype=bool)
+    first[0] = True
+    first[1:] = hc[1:] != hc[:-1]
+    hc, ht = hc[first], ht[first]
+    at = np.minimum(np.searchsorted(hc, corr), len(hc) - 1)
+    return np.where(hc[at] == corr, ht[at], np.nan)
+
+
+def _device_unions(ts: np.ndarray, dur: np.ndarray, kinds: np.ndarray, gpu: np.ndarray, launch: np.ndarray,
+                   steps: pl.DataFrame) -> tuple[float | None, dict[str, kernels.Unions]]:
+    """The trace's device events reduced per HTA event window (``fleetscope.core.kernels.window_unions``), against
+    the trace's host-side profiler steps; and its first device event, rounded up as HTA rounds starts."""
+    if len(ts) == 0:
+        return None, {}
+    host = steps.filter(~pl.col("device_side"))
+    found = kernels.window_unions(ts, dur, kinds, gpu, launch, host["ts_us"].to_numpy(), host["dur_us"].to_numpy())
+    return float(np.min(np.ceil(ts))), found
 
 
 def _reduce(t: KinetoTrace) -> _Reduced:
-    work = t.device_events.filter(pl.col("cat").is_in(list(_DEVICE_WORK_CATS)))
+    dev = t.device_events
+    kinds = kernels.kind_codes(dev["name"].to_list())
+    gpu = (((dev["stream"] >= 0) & (dev["correlation"] >= 0)) | dev["name"].is_in(kernels.SYNC_EVENT_NAMES)).to_numpy()
+    unions = _device_unions(dev["ts_us"].to_numpy(), dev["dur_us"].to_numpy(), kinds, gpu,
+                            dev["launch_ts_us"].fill_null(np.nan).to_numpy(), t.profiler_steps)
+    work = dev.filter(pl.col("cat").is_in(list(_DEVICE_WORK_CATS)))
     ws = work["ts_us"].to_numpy()
     return _Reduced(t.source, t.rank, t.world_size, t.origin_us, t.profiler_steps, t.collectives, ws,
-                    ws + work["dur_us"].to_numpy(), work["name"].str.contains(r"^nccl.*Kernel").to_numpy(), t.meta)
+                    ws + work["dur_us"].to_numpy(), work["name"].str.contains(r"^nccl.*Kernel").to_numpy(), t.meta, *unions)
 
 
 def load(data: bytes, *, source: str = "") -> KinetoTrace:

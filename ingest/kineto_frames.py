@@ -1,6 +1,7 @@
 """Kineto traces to canonical frames: ``step`` rows with the C³ device-side breakdown of each
-``ProfilerStep#N`` window, ``collective`` rows per NCCL kernel, and the ``job`` row (docs/ARCHITECTURE.md,
-"The C³ model"; the rules are in ``ingest.kineto``'s docstring).
+``ProfilerStep#N`` window, ``collective`` rows per NCCL kernel, ``device_union`` rows (the rank's device
+timeline per HTA event window, reduced to the unions of HTA's temporal breakdown: ``fleetscope.core.kernels``),
+and the ``job`` row (docs/ARCHITECTURE.md, "The C³ model"; the rules are in ``ingest.kineto``'s docstring).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from fleetscope.core.frames import COLLECTIVE, JOB, STEP, UTC_US, Batch
+from fleetscope.core.frames import COLLECTIVE, DEVICE_UNION, JOB, STEP, UTC_US, Batch
 from ingest.kineto_decode import _Reduced
 
 
@@ -121,6 +122,24 @@ def _collective_rows(t: _Reduced, job_id: str) -> pl.DataFrame:
     ).sort("rank", "comm_id", "seq")
 
 
+def _union_rows(t: _Reduced, job_id: str) -> pl.DataFrame:
+    if t.device_start_us is None or not t.unions:
+        return DEVICE_UNION.empty()
+    steps = t.profiler_steps["step"]
+    lo, hi = (steps.min(), steps.max()) if steps.len() else (None, None)
+    rows = [(w, u.events, u.span_us, u.busy_us, u.compute_us, u.comm_us, u.overlap_us) for w, u in t.unions.items()]
+    df = pl.DataFrame(rows, schema={"window": pl.String, "events": pl.Int64, "span_us": pl.Float64, "busy_us": pl.Float64,
+                                    "compute_us": pl.Float64, "comm_us": pl.Float64, "overlap_us": pl.Float64}, orient="row")
+    return df.select(
+        pl.lit(job_id, pl.String).alias("job_id"),
+        pl.lit(t.rank, pl.Int64).alias("rank"),
+        _to_ts(pl.lit(t.device_start_us, pl.Float64), t.origin_us).alias("start"),
+        pl.all(),
+        pl.lit(lo, pl.Int64).alias("step_min"),
+        pl.lit(hi, pl.Int64).alias("step_max"),
+    )
+
+
 def default_job_id(data: bytes) -> str:
     """The job id of a trace ingested without one: from the hash of its bytes as given (compressed or
     not), so re-ingesting the same file lands on the same natural keys (idempotent writes)."""
@@ -130,6 +149,7 @@ def default_job_id(data: bytes) -> str:
 def _batch(traces: Sequence[_Reduced], job_id: str, source: str) -> Batch:
     steps = pl.concat([_step_rows(t, job_id) for t in traces], how="vertical_relaxed")
     colls = pl.concat([_collective_rows(t, job_id) for t in traces], how="vertical_relaxed")
+    unions = pl.concat([_union_rows(t, job_id) for t in traces], how="vertical_relaxed")
     worlds = {t.world_size for t in traces if t.world_size is not None}
     world = max(worlds) if worlds else None
     job = pl.DataFrame({"job_id": [job_id], "world_size": [world]}, schema={"job_id": pl.String, "world_size": pl.Int64})
@@ -140,5 +160,6 @@ def _batch(traces: Sequence[_Reduced], job_id: str, source: str) -> Batch:
         step=steps.select(list(STEP.names)).cast(STEP.schema),
         # Kineto kernels are collectives or p2p ops without a recorded peer: peer stays -1.
         collective=colls.with_columns(pl.lit(-1, pl.Int64).alias("peer")).select(list(COLLECTIVE.names)).cast(COLLECTIVE.schema),
+        device_union=unions.select(list(DEVICE_UNION.names)).cast(DEVICE_UNION.schema),
         meta={"kineto": [dict(t.meta, source=t.source) for t in traces]},
     )

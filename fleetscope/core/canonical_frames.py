@@ -133,6 +133,26 @@ STEP = FrameSpec(
     doc="One training step on one rank, with its breakdown.",
 )
 
+DEVICE_UNION = FrameSpec(
+    "device_union",
+    (
+        _k("job_id", pl.String),
+        _k("rank", pl.Int64),
+        _k("start", UTC_US, doc="the trace's first device event, rounded up to the µs: which of the rank's traces"),
+        _k("window", pl.String, doc="HTA's event window: all, before_last_step (HTA's default) or through_last_step"),
+        _r("events", pl.Int64, doc="device events the window keeps"),
+        _r("span_us", pl.Float64, doc="HTA's kernel time: end of the last merged block minus start of the first"),
+        _r("busy_us", pl.Float64, doc="union of the kept device events (kernel time minus idle)"),
+        _r("compute_us", pl.Float64, doc="union of HTA's COMPUTATION kernels"),
+        _r("comm_us", pl.Float64, doc="union of HTA's COMMUNICATION (NCCL) kernels"),
+        _r("overlap_us", pl.Float64, doc="time a communication block and a computation block are both open"),
+        _f("step_min", pl.Int64, doc="lowest N of the ProfilerStep#N the trace names; null when it names none"),
+        _f("step_max", pl.Int64, doc="highest N of the ProfilerStep#N the trace names"),
+    ),
+    doc="One rank's device timeline in one Kineto trace over one of HTA's event windows, reduced to the unions "
+        "HTA's temporal breakdown and communication/computation overlap are made of (fleetscope.core.kernels).",
+)
+
 JOB_OP = FrameSpec(
     "job_op",
     (
@@ -567,6 +587,7 @@ FRAMES: dict[str, FrameSpec] = {
         METRIC_SAMPLE,
         COLLECTIVE,
         STEP,
+        DEVICE_UNION,
         JOB_OP,
         JOB_EVENT,
         HEALTH_EVENT,

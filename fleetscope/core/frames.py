@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.core.canonical_frames import (  # noqa: F401  (the frames' public names, imported from here)
-    GPU_FIELDS, GPU_SAMPLE, METRIC_SAMPLE, COLLECTIVE, STEP, JOB_OP, JOB_LIFECYCLE_KINDS, JOB_RECORD_KINDS,
+    GPU_FIELDS, GPU_SAMPLE, METRIC_SAMPLE, COLLECTIVE, STEP, DEVICE_UNION, JOB_OP, JOB_LIFECYCLE_KINDS, JOB_RECORD_KINDS,
     JOB_EVENT_KINDS, JOB_EVENT, HEALTH_EVENT, GPU_WORKLOAD, NCCL_TEST, FABRIC_COUNTERS, FABRIC_PORT_SAMPLE,
     FABRIC_LINK, FABRIC_GPU_NIC, FABRIC_FRAMES, SITE, HOST, GPU, JOB, JOB_RANK, FINDING, STEP_BREAKDOWN,
     GPU_ENERGY_MINUTE, JOB_ANALYSIS, ENERGY_INSTRUMENT, SITE_ENERGY_MINUTE, JOB_ENERGY_MINUTE, ENERGY_FRAMES,
@@ -48,6 +48,7 @@ class Batch:
     metric_sample: pl.DataFrame | None = None
     collective: pl.DataFrame | None = None
     step: pl.DataFrame | None = None
+    device_union: pl.DataFrame | None = None
     job_op: pl.DataFrame | None = None
     job_event: pl.DataFrame | None = None
     health_event: pl.DataFrame | None = None

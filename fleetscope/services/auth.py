@@ -51,7 +51,7 @@ CACHE_MAX_UNKNOWN = 4_096
 # A frame added to FRAMES is admin-only until it is listed here.
 RAW_FRAMES = frozenset({
     "host", "gpu", "job", "job_rank",
-    "gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "job_op", "job_event", "health_event", "nccl_test",
+    "gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "device_union", "job_op", "job_event", "health_event", "nccl_test",
     "fabric_port_sample", "fabric_link", "fabric_gpu_nic",
     "serving_replica", "serving_bucket", "serving_counter", "serving_gauge", "serving_request",
 })

@@ -34,7 +34,7 @@ from fleetscope.settings import Settings
 from fleetscope.store import Store, packed, packed_energy, partitions, schema
 
 RAW = ("gpu_sample", "gpu_workload", "metric_sample", "collective", "step", "fabric_port_sample",
-       "serving_bucket", "serving_counter", "serving_gauge", "serving_request", "nccl_test", "job_op")
+       "serving_bucket", "serving_counter", "serving_gauge", "serving_request", "nccl_test", "job_op", "device_union")
 EVIDENCE = {
     "gpu_energy_minute": "minute", "site_energy_minute": "minute", "job_energy_minute": "minute",
     "step_breakdown": "start", "job_analysis": "computed_at", "finding": "window_start", "health_event": "ts",

@@ -43,6 +43,8 @@ gpu_sample = _frame_table(F.GPU_SAMPLE, Index(None, "ts"), key_order=("gpu_uuid"
 gpu_workload = _frame_table(F.GPU_WORKLOAD, Index(None, "namespace", "pod"), key_order=("gpu_uuid", "ts"))
 collective = _frame_table(F.COLLECTIVE, Index(None, "job_id", "start"))
 step = _frame_table(F.STEP, Index(None, "job_id", "start"))
+# keyed (job_id, rank, start, window): a job's rows are one key range; the start index serves retention
+device_union = _frame_table(F.DEVICE_UNION, Index(None, "start"))
 job_op = _frame_table(F.JOB_OP, Index(None, "ts"))
 job_event = _frame_table(F.JOB_EVENT, Index(None, "ts"), Index(None, "kind", "ts"))
 health_event = _frame_table(
@@ -285,6 +287,7 @@ TIME_COLUMN: dict[str, str] = {
     "metric_sample": "ts",
     "collective": "start",
     "step": "start",
+    "device_union": "start",
     "job_op": "ts",
     "job_event": "ts",
     "health_event": "ts",

@@ -1,6 +1,7 @@
 """Alembic: upgrade to head, downgrade to base, and no drift between models and migrations."""
 
 import datetime as dt
+import json
 
 import polars as pl
 import pytest
@@ -10,6 +11,7 @@ from fleetscope.core import frames as F
 from fleetscope.store import Store, db, partitions
 from fleetscope.store import schema
 from fleetscope.settings import load
+from ingest import kineto
 
 
 def _empty_url(request: pytest.FixtureRequest, tmp_path, kind: str) -> str:
@@ -61,6 +63,54 @@ def test_0022_drops_the_series_key_of_metric_samples_and_keeps_their_rows(reques
         got = store.read("metric_sample")
         store.engine.dispose()
         assert got["value"].to_list() == [1.5, 2.5] and got["series"].to_list() == ['DCGM_FI_X{gpu_uuid="GPU-1"}'] * 2
+
+
+def _small_trace() -> bytes:
+    """One rank's Kineto trace: two profiler steps, a GEMM and an NCCL kernel launched in the first."""
+    def x(name, ts, dur, cat="kernel", **args):  # type: ignore[no-untyped-def]
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 1, "ts": ts, "dur": dur, "args": args}
+    events = [x("ProfilerStep#1", 1000, 100, cat="user_annotation"), x("ProfilerStep#2", 1100, 100, cat="user_annotation"),
+              x("cudaLaunchKernel", 1001, 1, cat="cuda_runtime", correlation=1), x("cudaLaunchKernel", 1002, 1, cat="cuda_runtime", correlation=2),
+              x("sm80_gemm", 1010, 40, stream=7, correlation=1), x("ncclDevKernel_AllReduce_Sum_f32", 1030, 40, stream=9, correlation=2)]
+    return json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                       "traceEvents": events}).encode()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_0031_adds_device_union_and_its_downgrade_leaves_the_other_kineto_frames(request, tmp_path, kind):
+    url = _empty_url(request, tmp_path, kind)
+    db.upgrade(url, "0030")
+
+    def tables() -> set[str]:
+        engine = db.make_engine(url)
+        try:
+            return set(db.table_names(engine))
+        finally:
+            engine.dispose()
+
+    assert "device_union" not in tables()
+    db.upgrade(url)
+    assert "device_union" in tables()
+    batch = kineto.parse(_small_trace(), job_id="j")
+    store = Store.open(url)
+    assert store.write(batch).written["device_union"] == 3
+    got = store.read("device_union", job_id="j").sort("window")
+    assert got["window"].to_list() == ["all", "before_last_step", "through_last_step"]
+    assert got.filter(pl.col("window") == "before_last_step").select("span_us", "busy_us", "compute_us", "comm_us", "overlap_us").row(0) == (
+        60.0, 60.0, 40.0, 40.0, 20.0)
+    assert got["start"].to_list() == [dt.datetime(2023, 11, 14, 22, 13, 20, 1010, tzinfo=dt.UTC)] * 3
+    store.engine.dispose()
+    db.downgrade(url, "0030")
+    assert "device_union" not in tables()
+    store = Store.open(url)  # the trace's other frames stay
+    assert store.read("step", job_id="j").height == 2 and store.read("collective", job_id="j").height == 1
+    store.engine.dispose()
+    db.upgrade(url)
+    store = Store.open(url)
+    assert store.read("device_union").height == 0  # nothing left behind; the trace ingested again fills it
+    again = store.write(kineto.parse(_small_trace(), job_id="j")).written
+    assert again.get("device_union") == 3 and again.get("step", 0) == 0
+    store.engine.dispose()
 
 
 def test_0024_orders_every_string_column_by_bytes_and_keeps_the_rows(pg_url):

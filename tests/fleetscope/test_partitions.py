@@ -96,14 +96,17 @@ def test_a_partition_dropped_behind_the_stores_back_is_made_again(store):
 
 
 def test_nothing_the_analyses_or_alerting_write_per_event_is_kept_forever(store):
-    """nccl-tests results and the what-if analysis' per-op timings go with the raw tier; the alert notifications sent
+    """nccl-tests results, the what-if analysis' per-op timings and Kineto traces' HTA unions go with the raw tier; the alert notifications sent
     and their delivery attempts with the evidence (each young row stays)."""
     old, young = T0, T0 + dt.timedelta(days=1000)
     nccl = pl.DataFrame({"run_id": ["r-old", "r-young"], "op": ["all_reduce"] * 2, "size_bytes": [1 << 20] * 2, "in_place": [False] * 2,
                          "ts": [old, young], "busbw_gbps": [180.0, 181.0]})
     ops = pl.DataFrame({"job_id": ["j"] * 2, "step": [1, 2], "rank": [0, 0], "optype": ["optimizer"] * 2, "seq_id": [0, 0],
                         "ts": [old, young], "duration_s": [0.01, 0.02]})
-    store.write_frames([(F.NCCL_TEST, F.conform(F.NCCL_TEST, nccl)), (F.JOB_OP, F.conform(F.JOB_OP, ops))], source="t")
+    unions = pl.DataFrame({"job_id": ["j"] * 2, "rank": [0, 0], "start": [old, young], "window": ["all"] * 2, "events": [3, 4],
+                           "span_us": [9.0] * 2, "busy_us": [8.0] * 2, "compute_us": [5.0] * 2, "comm_us": [2.0] * 2, "overlap_us": [1.0] * 2})
+    store.write_frames([(F.NCCL_TEST, F.conform(F.NCCL_TEST, nccl)), (F.JOB_OP, F.conform(F.JOB_OP, ops)),
+                        (F.DEVICE_UNION, F.conform(F.DEVICE_UNION, unions))], source="t")
     with store.engine.begin() as conn:  # through the tables' types: instants are integers on SQLite
         for nid, at, status in ((1, old, "delivered"), (2, young, "delivered"), (3, old, "pending")):
             conn.execute(schema.metadata.tables["alert_notification"].insert().values(
@@ -113,7 +116,8 @@ def test_nothing_the_analyses_or_alerting_write_per_event_is_kept_forever(store)
                 notification_id=nid, attempt=1, at=at + dt.timedelta(seconds=2), outcome="delivered"))
     # raw retention 400 days, evidence 1,095, three years and a bit after the old rows
     deleted = retention.prune(store, old + dt.timedelta(days=1100), 400, 1095)
-    assert deleted["nccl_test"] == 1 and deleted["job_op"] == 1
+    assert deleted["nccl_test"] == 1 and deleted["job_op"] == 1 and deleted["device_union"] == 1  # a Kineto trace's HTA unions
+    assert store.read("device_union")["events"].to_list() == [4]
     assert deleted["alert_delivery_attempt"] == 2 and deleted["alert_notification"] == 1
     assert store.read("nccl_test")["run_id"].to_list() == ["r-young"] and store.read("job_op")["step"].to_list() == [2]
     with store.engine.connect() as conn:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from analyzers import c3
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import COLLECTIVE, STEP
 from ingest import kineto
@@ -220,3 +221,50 @@ def test_parse_many_two_ranks_of_one_job():
     pairs = b.collective.group_by("comm_id", "seq").agg(pl.len().alias("n"))
     assert (pairs["n"] == 2).all()
     assert len(b.meta["kineto"]) == 2
+
+
+# --- device_union: HTA's unions, reduced at ingest ---------------------------------------------------------
+
+
+@needs_traces
+@pytest.mark.parametrize("rel", sorted(REAL))
+def test_device_union_rows_are_the_unions_hta_is_computed_from(rel):
+    # the stored reduction is analyzers.c3's from the trace in memory, window by window, to the bit
+    raw = _read(rel)
+    b = kineto.parse(raw, source=rel, job_id="real")
+    t = kineto.load(raw, source=rel)
+    want = c3.hta_unions(t.device_events, t.profiler_steps).sort("window")
+    got = b.device_union.sort("window")
+    assert got.select(want.columns).equals(want)
+    assert got["job_id"].unique().to_list() == ["real"] and got["start"].n_unique() == 1
+    # the trace's first device event, HTA-rounded, on the trace's clock
+    first = t.device_events.filter(pl.col("stream") != -1)["ts_us"].ceil().min() + t.origin_us
+    assert got["start"][0] == datetime.fromtimestamp(0, timezone.utc) + timedelta(microseconds=round(first))
+    named = t.profiler_steps["step"]
+    assert (got["step_min"].to_list(), got["step_max"].to_list()) == (
+        ([named.min()] * got.height, [named.max()] * got.height) if named.len() else ([None], [None]))
+    # a trace without profiler steps has only the window that leaves nothing out
+    assert sorted(got["window"]) == (["all", "before_last_step", "through_last_step"] if named.len() else ["all"])
+
+
+def test_device_union_windows_on_hand_built_trace():
+    # two host steps; a gemm launched in step 7 that runs late, an NCCL kernel under it, a memcpy after, and a
+    # gemm launched in the last step: HTA rounds starts up and ends down, and windows go by launch time
+    events = [
+        _x("ProfilerStep#7", 1000, 100, cat="user_annotation"), _x("ProfilerStep#8", 1100, 100, cat="user_annotation"),
+        _launch(1, 1001), _launch(2, 1002), _launch(3, 1003), _launch(4, 1150),
+        _x("sm80_gemm", 1010.4, 40, stream=7, correlation=1),                 # [1011, 1050)
+        _x("ncclDevKernel_AllReduce_Sum_f32", 1030, 40, stream=9, correlation=2),  # [1030, 1070)
+        _x("Memcpy DtoH (Device -> Pinned)", 1080, 10, cat="gpu_memcpy", stream=7, correlation=3),  # [1080, 1090)
+        _x("sm80_gemm", 1160, 20, stream=7, correlation=4),                   # [1160, 1180), launched in the last step
+    ]
+    u = {r["window"]: r for r in kineto.parse(_trace(events), job_id="j").device_union.iter_rows(named=True)}
+    before = u["before_last_step"]
+    assert (before["events"], before["span_us"], before["busy_us"]) == (3, 79.0, 69.0)  # [1011, 1090), idle 1070-1080
+    assert (before["compute_us"], before["comm_us"], before["overlap_us"]) == (39.0, 40.0, 20.0)  # gemm ∩ nccl = [1030, 1050)
+    assert (u["through_last_step"]["events"], u["through_last_step"]["span_us"]) == (4, 169.0)
+    assert u["all"]["compute_us"] == 59.0 and (before["step_min"], before["step_max"]) == (7, 8)
+    assert c3.hta_breakdown(kineto.parse(_trace(events), job_id="j").device_union, "before_last_step").row(0, named=True) == {
+        "rank": 0, "idle_time_us": 10.0, "compute_time_us": 39.0, "non_compute_time_us": 30.0, "kernel_time_us": 79.0,
+        "idle_time_pctg": 12.66, "compute_time_pctg": 49.37, "non_compute_time_pctg": 37.97,
+        "comp_comm_overlap_ratio": 0.5, "comp_comm_overlap_pctg": 50.0}

@@ -29,7 +29,7 @@ def chunks(data: bytes, size: int) -> Iterator[bytes]:
 
 
 def assert_same(a, b) -> None:
-    for name in ("job", "step", "collective"):
+    for name in ("job", "step", "collective", "device_union"):
         assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
     assert a.meta == b.meta and a.source == b.source
 
@@ -135,12 +135,14 @@ def test_a_cut_at_every_byte_of_the_input():
     data = tricky_trace(indent=1)
     want = kineto_decode._reduce(kineto.load(data, source="t.json"))
     assert want.collectives.height == 4 and len(want.work_ts_us) == 8
+    assert sorted(want.unions) == ["all", "before_last_step", "through_last_step"]
     for k in range(1, len(data)):
         got, _ = kineto_stream._load_chunks(iter((data[:k], data[k:])), "t.json", 300)
         assert_frame_equal(got.profiler_steps, want.profiler_steps)
         assert_frame_equal(got.collectives, want.collectives)
         assert (got.work_ts_us == want.work_ts_us).all() and (got.work_end_us == want.work_end_us).all()
         assert (got.work_comm == want.work_comm).all() and got.meta == want.meta, k
+        assert got.unions == want.unions and got.device_start_us == want.device_start_us, k
 
 
 def test_multi_member_gzip_and_default_job_id_is_the_hash_of_the_file():
