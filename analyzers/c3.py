@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -51,6 +52,8 @@ __all__ = [
     "hta_window",
     "hta_unions",
     "hta_breakdown",
+    "hta_job_window",
+    "hta_report",
     "hta_temporal_breakdown",
     "hta_comm_comp_overlap",
     "collective_wait",
@@ -132,6 +135,49 @@ def hta_breakdown(unions: pl.DataFrame, window: str) -> pl.DataFrame:
         share("non_compute_time_us").alias("non_compute_time_pctg"),
         (100 * pl.col("comp_comm_overlap_ratio")).round(2).alias("comp_comm_overlap_pctg"),
     ).select(*_BREAKDOWN, *_OVERLAP[1:])
+
+
+def hta_job_window(unions: pl.DataFrame, include_last_step: bool = False) -> str:
+    """HTA's event window for a job from its traces' stored unions: the rule of :func:`hta_window` over the
+    ProfilerStep numbers the traces name (``step_min``, ``step_max``: two distinct ones or more when a trace
+    names two, or traces name different ones)."""
+    named = set(unions["step_min"].drop_nulls().to_list()) | set(unions["step_max"].drop_nulls().to_list())
+    return hta_window(len(named), include_last_step)
+
+
+NO_EVENTS_IN_WINDOW = "no device event of the job's traces falls in HTA's event window"
+
+
+def hta_report(unions: pl.DataFrame, *, include_last_step: bool = False) -> dict[str, Any]:
+    """A job's HTA figures from its ``device_union`` rows, as the service stores and serves them.
+
+    Each rank's latest trace counts (HTA reads one trace per rank; ``traces`` says how many the rank has), in the
+    event window HTA's rule gives the job (:func:`hta_job_window`). Returns ``window``, ``include_last_step``,
+    ``ranks`` (per rank :func:`hta_breakdown`'s figures plus ``trace_start`` and ``traces``), ``job`` (over all
+    ranks: the sums of kernel, idle, compute and non-compute time, their shares of the summed kernel time, and the
+    overlap of the summed communication time; None without ranks) and ``reason`` (why ``ranks`` is empty, else
+    None)."""
+    if unions.height == 0:
+        return {"window": None, "include_last_step": include_last_step, "ranks": [], "job": None,
+                "reason": "no Kineto kernel data: no device_union rows"}
+    latest = unions.filter(pl.col("start") == pl.col("start").max().over("rank"))
+    window = hta_job_window(latest, include_last_step)
+    traces = unions.group_by("rank").agg(pl.col("start").n_unique().cast(pl.Int64).alias("traces"),
+                                         pl.col("start").max().alias("trace_start"))
+    per_rank = hta_breakdown(latest, window).join(traces, on="rank", how="left")
+    used = latest.filter(pl.col("window") == window)
+    if used.height == 0:
+        return {"window": window, "include_last_step": include_last_step, "ranks": [], "job": None,
+                "reason": f"{NO_EVENTS_IN_WINDOW} ({window})"}
+    kernel, busy, compute, comm, overlap = (float(used[c].sum()) for c in ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us"))
+    idle = kernel - busy
+    share = (lambda x: round(100 * x / kernel, 2)) if kernel > 0 else (lambda x: None)  # noqa: E731
+    ratio = overlap / comm if comm > 0 else None
+    job = {"ranks": used.height, "kernel_time_us": kernel, "idle_time_us": idle, "compute_time_us": compute,
+           "non_compute_time_us": kernel - compute - idle, "idle_time_pctg": share(idle), "compute_time_pctg": share(compute),
+           "non_compute_time_pctg": share(kernel - compute - idle), "comp_comm_overlap_ratio": ratio,
+           "comp_comm_overlap_pctg": None if ratio is None else round(100 * ratio, 2)}
+    return {"window": window, "include_last_step": include_last_step, "ranks": per_rank.to_dicts(), "job": job, "reason": None}
 
 
 def _trace_window(profiler_steps: pl.DataFrame | None, include_last_step: bool) -> str:

@@ -1,6 +1,6 @@
 """Job reads against the store, for the dashboard, the API and the CLI: jobs over a window and those
 running, a job's per-step, per-rank and total figures, the analyzers' stored summaries and C³ breakdown,
-and scaling across world sizes with the fitted Fleet Law.
+HTA's temporal breakdown and overlap per rank, and scaling across world sizes with the fitted Fleet Law.
 
 The analysis that writes those summaries and breakdowns is ``fleetscope.services.jobs``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analyzers.c3 import COMM_TERMS, fit_fleet_law, scaling_efficiency
+from analyzers.c3 import COMM_TERMS, fit_fleet_law, hta_report, scaling_efficiency
 from analyzers.goodput_trend import MAX_WINDOWS
 from fleetscope.core import frames as F
 from fleetscope.core.errors import NotFound
@@ -290,6 +290,63 @@ def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFra
               " AVG(c3_coord_s) AS c3_coord_s, AVG(f_compute) AS f_compute")
     schema = {k: pl.Float64 for k in ("step_mean_s", "c1_compute_s", "c2_comm_s", "c3_coord_s", "f_compute")}
     return _last_steps(store, "step_breakdown", job_id, max_steps, select, {"step": pl.Int64, "ranks": pl.Int64, **schema})
+
+TEMPORAL_NO_DATA = ("no Kineto kernel data for this job: ingest its PyTorch profiler traces "
+                    "(fleetscope ingest TRACE.json --job-id JOB, or POST /api/v1/ingest/kineto?job_id=JOB)")
+"""The ``reason`` of a job without ``device_union`` rows."""
+_TEMPORAL_KEYS = ("window", "include_last_step", "ranks", "job", "reason")
+
+
+def temporal(store: Store, job_id: str, *, include_last_step: bool = False, rank: int | None = None) -> dict[str, Any]:
+    """A job's temporal breakdown and communication/computation overlap per rank, as Meta's Holistic Trace Analysis
+    reports them (``analyzers.c3.hta_report`` over the unions its Kineto traces left, ``device_union``), for the
+    Jobs page, ``GET /api/v1/jobs/{id}/temporal`` and ``fleetscope jobs temporal``:
+
+    - the job's stored ``temporal`` analysis (``services.jobs``; beat's per-minute run, ``POST .../analyze``) in HTA's
+      default window (the last profiler step left out), when it has run;
+    - otherwise computed now from the stored unions, a few rows per rank and trace: with ``include_last_step``
+      (which is not stored), or for a job not analysed yet.
+
+    JSON-ready: ``job_id``, ``stored`` (whether it is the stored analysis), ``computed_at`` (its time; None when
+    computed now), ``window_start``/``window_end`` (the first and last trace read), ``include_last_step``, ``window``
+    (``all``, ``before_last_step`` or ``through_last_step``: HTA's rule), ``ranks`` (per rank: ``idle_time_us``,
+    ``compute_time_us``, ``non_compute_time_us``, ``kernel_time_us``, their ``*_pctg`` shares of kernel time,
+    ``comp_comm_overlap_ratio`` and ``_pctg``, ``trace_start``, ``traces``), ``job`` (the same over all ranks) and
+    ``reason`` (why ``ranks`` is empty, else None). ``rank``: that rank's row only. ValueError for a negative rank."""
+    if rank is not None and rank < 0:
+        raise ValueError(f"rank must be 0 or more, got {rank}")
+    found = None if include_last_step else job_analyses(store, job_id).get("temporal")
+    if found is not None:
+        body = {k: found.get(k) for k in _TEMPORAL_KEYS}
+        when = {k: found[k] for k in ("computed_at", "window_start", "window_end")}
+    else:
+        unions = store.read("device_union", job_id=job_id, small=True)
+        if unions.height == 0:
+            body = {"window": None, "include_last_step": include_last_step, "ranks": [], "job": None, "reason": TEMPORAL_NO_DATA}
+            when = {"computed_at": None, "window_start": None, "window_end": None}
+        else:
+            body = hta_report(unions, include_last_step=include_last_step)
+            when = {"computed_at": None, "window_start": unions["start"].min(), "window_end": unions["start"].max()}
+    out = {"job_id": job_id, "stored": found is not None, **when, **body}
+    if rank is not None:
+        out["ranks"] = [r for r in out["ranks"] if r["rank"] == rank]
+        if not out["ranks"] and out["reason"] is None:
+            out["reason"] = f"rank {rank} has no device events in the job's traces ({out['window']} window)"
+    return _plain(out)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: datetimes as ISO 8601, NaN and infinities as null."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
 
 # How far either side of the runs the fitted curve is drawn, in factors of the world size.
 _FIT_SPAN = 2.0

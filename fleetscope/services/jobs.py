@@ -49,6 +49,7 @@ class JobAnalysis:
     sdc_reruns: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None
     whatif: dict[str, Any] | None = None
+    temporal: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     batch: F.Batch | None = None
 
@@ -56,7 +57,7 @@ class JobAnalysis:
         return json_safe({"job_id": self.job_id, "c3": self.c3, "goodput": self.goodput, "goodput_trend": self.goodput_trend,
                           "stragglers": self.stragglers,
                           "sdc": self.sdc, "sdc_reruns": self.sdc_reruns, "checkpoint": self.checkpoint, "whatif": self.whatif,
-                          "notes": self.notes})
+                          "temporal": self.temporal, "notes": self.notes})
 
 
 @dataclass
@@ -250,6 +251,42 @@ def _whatif(r: JobRun) -> None:
     r.record("whatif", start, end, r.out.whatif)
 
 
+TEMPORAL = "temporal"
+"""The ``job_analysis.analyzer`` of HTA's temporal breakdown and overlap."""
+
+
+def device_union_count(store: Store, job_id: str) -> tuple[int, dt.datetime | None]:
+    """How many ``device_union`` rows ``job_id`` has and its newest trace's start: one indexed aggregate, which tells
+    the per-minute analysis whether the job's Kineto traces changed since its last result."""
+    df = store.query("SELECT COUNT(*) AS n, MAX(start) AS newest FROM device_union WHERE job_id = ?", [job_id],
+                     {"n": pl.Int64, "newest": F.UTC_US}, small=True)
+    return int(df["n"][0] or 0), df["newest"][0]
+
+
+# No ``needs``: most jobs come without profiler traces, and a job without them is not worth a note.
+@JOB.register(TEMPORAL, modules=("analyzers.c3",), reads=("device_union",), writes=("job_analysis",),
+              summary="HTA's temporal breakdown per rank (compute, non-compute and idle time and shares) and its "
+                      "communication/computation overlap, from the job's Kineto traces")
+def _temporal(r: JobRun) -> None:
+    """Meta's Holistic Trace Analysis figures of the job's Kineto traces (``analyzers.c3.hta_report``) from the unions
+    the reader stored (``device_union``). Incremental: a count of the job's rows and its newest trace, compared with
+    the last result's, decides whether to read them again (a few rows per rank and trace)."""
+    rows, newest = device_union_count(r.store, r.job_id)
+    if rows == 0:
+        return
+    if r.incremental:
+        last = stored_analysis(r.store, r.job_id, TEMPORAL)
+        if last is not None and last["result"].get("rows") == rows and last["result"].get("newest_trace") == json_safe(newest):
+            r.out.temporal = last["result"]
+            return
+    unions = r.store.read("device_union", job_id=r.job_id, small=True)
+    report = c3.hta_report(unions)
+    r.out.temporal = json_safe({**report, "rows": rows, "newest_trace": newest})
+    if report["reason"]:
+        r.out.notes.append(f"temporal breakdown: {report['reason']}")
+    r.record(TEMPORAL, unions["start"].min(), unions["start"].max(), r.out.temporal)
+
+
 def analyze_job(store: Store, job_id: str, *, now: dt.datetime | None = None, incremental: bool = False) -> JobAnalysis:
     """Analyse one job from what the store holds: every analysis of the ``JOB`` registry in turn. Parts
     without data are skipped with a note, not an error.
@@ -433,9 +470,10 @@ def job_exists(store: Store, job_id: str) -> bool:
 
 
 def active_jobs(store: Store, *, since: dt.datetime) -> list[str]:
-    """Jobs with steps, events or what-if operations since ``since``: the ones whose analysis may have changed."""
+    """Jobs with steps, events, what-if operations or Kineto traces' unions since ``since``: the ones whose analysis
+    may have changed."""
     jobs: set[str] = set()
-    for frame in ("step", "job_event", "job_op"):
+    for frame in ("step", "job_event", "job_op", "device_union"):
         jobs.update(store.read(frame, start=since, columns=["job_id"])["job_id"].unique().to_list())
     return sorted(jobs)
 

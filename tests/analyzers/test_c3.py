@@ -6,7 +6,6 @@ import gzip
 import json
 import math
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -15,30 +14,8 @@ import pytest
 from analyzers import c3
 from fleetscope.core.frames import COLLECTIVE, STEP
 from ingest import kineto
-
-REPO = Path(__file__).resolve().parents[2]
-HTA_DIR = REPO.parent / "shared" / "realdata" / "traces" / "hta"
-needs_traces = pytest.mark.skipif(not HTA_DIR.is_dir(), reason=f"real traces not found at {HTA_DIR}")
-
-# Reference numbers from Meta's HTA itself, obtained on 2026-11-29 by running HolisticTraceAnalysis 0.5.0
-# (pip install holistictraceanalysis, in a separate venv: Python 3.11.7, pandas 3.1.1, numpy 2.4.6) as
-#   ta = hta.trace_analysis.TraceAnalysis(trace_dir=<dir>)
-#   ta.get_temporal_breakdown(visualize=False); ta.get_comm_comp_overlap(visualize=False)
-# once per directory below (default arguments: the last profiler step left out).
-# Per rank: (idle_us, compute_us, non_compute_us, kernel_us, idle_pctg, compute_pctg, non_compute_pctg,
-# comp_comm_overlap_pctg); overlap None where HTA reports NaN (no communication kernels).
-HTA_REFERENCE: dict[str, dict[int, tuple]] = {
-    "two_rank_sampled_128gpu_job": {
-        0: (321378, 106252, 172428, 600058, 53.56, 17.71, 28.74, 11.81),
-        1: (328671, 135548, 136455, 600674, 54.72, 22.57, 22.72, 20.05),
-    },
-    "critical_path_alexnet": {0: (12929684, 10637, 55690, 12996011, 99.49, 0.08, 0.43, None)},
-    "nccl_data_rank0_of_2": {0: (338781, 75169, 21636, 435586, 77.78, 17.26, 4.97, 14.31)},
-    "queue_length_rank0_of_16": {0: (705853, 143836, 166865, 1016554, 69.44, 14.15, 16.41, 1.37)},
-    "trace_diff/control": {3: (62119, 234760, 86525, 383404, 16.2, 61.23, 22.57, 47.03)},
-    "trace_diff/test": {1: (46910, 429216, 152245, 628371, 7.47, 68.31, 24.23, 68.8)},
-    "df_index_resolver_rank1_of_2": {1: (643612, 496485, 256572, 1396669, 46.08, 35.55, 18.37, 0.0)},
-}
+# Meta's HTA's own figures for the real traces, and the check with its tolerances, shared with the service's tests.
+from tests.hta_reference import HTA_DIR, HTA_REFERENCE, check_rank, needs_traces, trace_files
 
 
 def _load_dir(d: str):
@@ -54,17 +31,58 @@ def test_temporal_breakdown_and_overlap_match_hta(trace_dir):
     ov = c3.hta_comm_comp_overlap(dev, steps)
     assert tb["rank"].to_list() == sorted(HTA_REFERENCE[trace_dir])
     for row, o in zip(tb.iter_rows(named=True), ov.iter_rows(named=True)):
-        ref = HTA_REFERENCE[trace_dir][row["rank"]]
-        # acceptance: shares within 0.1 percentage points of HTA's
-        for col, want in zip(("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"), ref[4:7]):
-            assert row[col] == pytest.approx(want, abs=0.1), col
-        if ref[7] is None:
-            assert o["comp_comm_overlap_pctg"] is None
-        else:
-            assert o["comp_comm_overlap_pctg"] == pytest.approx(ref[7], abs=0.1)
-        # and in fact the same microseconds: same event window, same unions
-        got = (row["idle_time_us"], row["compute_time_us"], row["non_compute_time_us"], row["kernel_time_us"])
-        assert got == pytest.approx(ref[:4], abs=1.0)
+        check_rank({**row, **o}, HTA_REFERENCE[trace_dir][row["rank"]])
+
+
+@needs_traces
+@pytest.mark.parametrize("trace_dir", sorted(HTA_REFERENCE))
+def test_report_from_the_unions_kineto_stores_matches_hta(trace_dir):
+    # what the service does: the reader's device_union rows, then hta_report; the same figures as HTA's
+    b = kineto.parse_many([(p.name, p.read_bytes()) for p in trace_files(trace_dir)], job_id="j")
+    rep = c3.hta_report(b.device_union)
+    assert rep["reason"] is None and rep["window"] == ("all" if trace_dir == "critical_path_alexnet" else "before_last_step")
+    assert [r["rank"] for r in rep["ranks"]] == sorted(HTA_REFERENCE[trace_dir])
+    for row in rep["ranks"]:
+        check_rank(row, HTA_REFERENCE[trace_dir][row["rank"]])
+        assert row["traces"] == 1
+    # the job's line is the ranks' sums: one rank, its own figures
+    if len(rep["ranks"]) == 1:
+        r = rep["ranks"][0]
+        assert {k: rep["job"][k] for k in ("kernel_time_us", "idle_time_pctg", "comp_comm_overlap_pctg")} == {
+            k: r[k] for k in ("kernel_time_us", "idle_time_pctg", "comp_comm_overlap_pctg")}
+
+
+def _unions(rows) -> pl.DataFrame:
+    """rows: (rank, start_offset_s, window, span, busy, compute, comm, overlap, step_min, step_max)."""
+    return pl.DataFrame([{"job_id": "j", "rank": r, "start": T0 + timedelta(seconds=o), "window": w, "events": 5, "span_us": sp,
+                          "busy_us": b, "compute_us": c, "comm_us": m, "overlap_us": ov, "step_min": lo, "step_max": hi}
+                         for r, o, w, sp, b, c, m, ov, lo, hi in rows])
+
+
+def test_report_takes_each_ranks_latest_trace_and_htas_window_rule():
+    u = _unions([
+        (0, 0, "all", 100.0, 60.0, 30.0, 20.0, 5.0, 7, 7), (0, 0, "before_last_step", 50.0, 40.0, 20.0, 10.0, 2.0, 7, 7),
+        (0, 9, "all", 200.0, 150.0, 100.0, 40.0, 10.0, 8, 8), (0, 9, "before_last_step", 80.0, 60.0, 40.0, 0.0, 0.0, 8, 8),
+        (1, 0, "all", 100.0, 100.0, 50.0, 0.0, 0.0, 8, 8),
+    ])
+    # the latest traces name one step each, the same one: HTA's rule leaves nothing out
+    rep = c3.hta_report(u)
+    assert rep["window"] == "all" and [(r["rank"], r["traces"], r["kernel_time_us"]) for r in rep["ranks"]] == [(0, 2, 200.0), (1, 1, 100.0)]
+    r0 = rep["ranks"][0]
+    assert (r0["idle_time_us"], r0["compute_time_us"], r0["non_compute_time_us"]) == (50.0, 100.0, 50.0)
+    assert (r0["idle_time_pctg"], r0["comp_comm_overlap_ratio"], r0["comp_comm_overlap_pctg"]) == (25.0, 0.25, 25.0)
+    assert rep["ranks"][1]["comp_comm_overlap_ratio"] is None  # no communication kernel
+    assert rep["job"] == {"ranks": 2, "kernel_time_us": 300.0, "idle_time_us": 50.0, "compute_time_us": 150.0, "non_compute_time_us": 100.0,
+                          "idle_time_pctg": 16.67, "compute_time_pctg": 50.0, "non_compute_time_pctg": 33.33,
+                          "comp_comm_overlap_ratio": 0.25, "comp_comm_overlap_pctg": 25.0}
+    # rank 1 names another step: two step names, so the last step is left out, and rank 1 has nothing before it
+    u2 = u.with_columns(pl.when(pl.col("rank") == 1).then(9).otherwise(pl.col("step_min")).alias("step_min"))
+    rep2 = c3.hta_report(u2)
+    assert rep2["window"] == "before_last_step" and [r["rank"] for r in rep2["ranks"]] == [0]
+    assert rep2["ranks"][0]["comp_comm_overlap_pctg"] is None and rep2["ranks"][0]["kernel_time_us"] == 80.0
+    assert c3.hta_report(u2, include_last_step=True)["window"] == "through_last_step"
+    assert c3.hta_report(u2, include_last_step=True)["reason"] == f"{c3.NO_EVENTS_IN_WINDOW} (through_last_step)"
+    assert c3.hta_report(u.clear())["reason"] == "no Kineto kernel data: no device_union rows"
 
 
 @needs_traces

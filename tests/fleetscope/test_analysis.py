@@ -47,11 +47,12 @@ def test_analysis_of_real_traces_matches_the_pure_analyzer(store, realdata):
     bd = store.read("step_breakdown", job_id="two-rank")
     assert bd.height == steps.height
     assert (bd["c1_compute_s"] + bd["c2_comm_s"] + bd["c3_coord_s"] - bd["step_s"]).abs().max() < 1e-9
-    # the goodput analysis writes its rolling goodput and step-time deviation beside it (goodput_trend)
-    assert sorted(store.read("job_analysis", job_id="two-rank")["analyzer"].to_list()) == ["c3", "goodput", "goodput_trend", "stragglers"]
+    # the goodput analysis writes its rolling goodput and step-time deviation beside it (goodput_trend), and the
+    # traces' HTA unions give the temporal analysis (tests/fleetscope/test_job_temporal.py checks its figures)
+    assert sorted(store.read("job_analysis", job_id="two-rank")["analyzer"].to_list()) == ["c3", "goodput", "goodput_trend", "stragglers", "temporal"]
     # idempotent: a second run replaces, never duplicates
     analysis.analyze_job(store, "two-rank")
-    assert store.read("job_analysis").height == 4 and store.read("step_breakdown").height == bd.height
+    assert store.read("job_analysis").height == 5 and store.read("step_breakdown").height == bd.height
 
 
 def straggler_steps(job_id="synthetic", ranks=8, steps=10, slow_rank=5) -> pl.DataFrame:
