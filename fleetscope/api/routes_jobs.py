@@ -1,5 +1,5 @@
-"""Jobs and their analyses: C3 breakdown, goodput, stragglers and the straggler what-if; scaling across the runs
-of one model with the Fleet Law fit (`models`, under `/api/v1/models`)."""
+"""Jobs and their analyses: C3 breakdown, HTA's temporal breakdown and overlap, goodput, stragglers and the straggler
+what-if; scaling across the runs of one model with the Fleet Law fit (`models`, under `/api/v1/models`)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,25 @@ def get_c3(request: Request, job_id: str, steps: Annotated[bool, Query(descripti
         bd = request.app.state.store.read("step_breakdown", job_id=job_id)
         body["steps"] = json.loads(bd.write_json())
     return Response(json.dumps(body, default=str), media_type="application/json")
+
+
+@router.get("/{job_id}/temporal", dependencies=[Depends(require("read"))])
+def get_temporal(
+    request: Request,
+    job_id: str,
+    include_last_step: Annotated[bool, Query(description="count the last profiler step too (HTA's include_last_profiler_step); computed on read, not stored")] = False,
+    rank: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="that rank only")] = None,
+) -> dict[str, Any]:
+    """Meta's Holistic Trace Analysis figures of the job's Kineto traces, per rank (``services.job_reads.temporal``):
+    the temporal breakdown (``idle_time_us``, ``compute_time_us``, ``non_compute_time_us``, ``kernel_time_us`` and
+    their ``*_pctg`` shares of kernel time) and the communication/computation overlap (``comp_comm_overlap_ratio``,
+    ``comp_comm_overlap_pctg``), with ``job`` the same over all ranks, ``window`` the event window HTA's rule gave, and
+    ``stored``/``computed_at`` saying whether it is the job's stored ``temporal`` analysis or was computed now.
+
+    404 for an unknown job; a job without Kineto kernel data answers 200 with no ranks and the ``reason``; 422 naming
+    the parameter for an ``include_last_step`` that is not a boolean or a ``rank`` that is not an integer from 0."""
+    _known(request, job_id)
+    return job_reads.temporal(request.app.state.store, job_id, include_last_step=include_last_step, rank=rank)
 
 
 @router.get("/{job_id}/goodput", dependencies=[Depends(require("read"))])

@@ -1,5 +1,5 @@
-"""``fleetscope jobs``: one training job's analyses: C3, goodput and MFU, stragglers, the what-if, SDC; and
-scaling across the runs of one model with the Fleet Law fit."""
+"""``fleetscope jobs``: one training job's analyses: C3, HTA's temporal breakdown, goodput and MFU, stragglers, the
+what-if, SDC; and scaling across the runs of one model with the Fleet Law fit."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from fleetscope.core.textinput import has_control
 
 @click.group()
 def jobs() -> None:
-    """One job's analyses: run them now (analyze), or read what was last stored (goodput, whatif, sdc); scaling
+    """One job's analyses: run them now (analyze), or read what was last stored (goodput, temporal, whatif, sdc); scaling
     across the runs of one model (scaling).
 
     \b
     Examples:
       fleetscope jobs analyze job-llm-a
       fleetscope jobs goodput job-llm-a
+      fleetscope jobs temporal job-llm-a
       fleetscope jobs whatif job-llm-a
       fleetscope jobs sdc job-llm-a --json
       fleetscope jobs scaling llama-7b
@@ -180,6 +181,50 @@ def whatif(job_id: str, as_json: bool) -> None:
         return
     click.echo(f"job {job_id} (analysed {found['computed_at']})")
     _echo_whatif(found["result"])
+
+
+_WINDOW_WORDS = {"before_last_step": "last profiler step left out", "through_last_step": "through the last profiler step",
+                 "all": "every device event (the traces name fewer than two profiler steps)"}
+
+
+@jobs.command("temporal")
+@click.argument("job_id")
+@click.option("--include-last-step", is_flag=True, help="count the last profiler step too (HTA's include_last_profiler_step); computed now, not stored")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="that rank only")
+@click.option("--json", "as_json", is_flag=True, help="as GET /api/v1/jobs/{id}/temporal answers")
+def temporal(job_id: str, include_last_step: bool, rank: int | None, as_json: bool) -> None:
+    """HTA's temporal breakdown of JOB_ID's Kineto traces per rank: kernel time, and the shares of it the GPU was
+    idle, computing and doing anything else (communication, memory copies), with the share of communication time
+    that ran under computation (Meta's Holistic Trace Analysis' get_temporal_breakdown and get_comm_comp_overlap).
+    The stored analysis where it has run (`fleetscope jobs analyze`, or beat each minute), else computed now.
+
+    \b
+    Examples:
+      fleetscope ingest rank-0.json.gz rank-1.json.gz --job-id job-llm-a && fleetscope jobs analyze job-llm-a
+      fleetscope jobs temporal job-llm-a
+      fleetscope jobs temporal job-llm-a --rank 3 --json | jq '.ranks[0].idle_time_pctg'
+    """
+    from fleetscope.services import job_reads  # lazy: imports the C3 analyzer
+    from fleetscope.services.jobs import job_exists  # lazy: imports every job analyzer
+
+    st = _store()
+    if not job_exists(st, job_id):
+        raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
+    out = job_reads.temporal(st, job_id, include_last_step=include_last_step, rank=rank)
+    if as_json:
+        click.echo(json.dumps(out, default=str))
+        return
+    if not out["ranks"]:
+        click.echo(f"job {job_id}: {out['reason']}")
+        return
+    when = f"analysed {out['computed_at']}" if out["stored"] else "computed now from the stored traces"
+    n = out["job"]["ranks"]
+    click.echo(f"job {job_id}: HTA temporal breakdown of {n} rank{'s' if n != 1 else ''}, {_WINDOW_WORDS[out['window']]} ({when})")
+    click.echo(f"  {'rank':>6}  {'kernel (µs)':>14}  {'idle %':>7}  {'compute %':>9}  {'non-compute %':>13}  {'overlap %':>9}")
+    pct = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in [*out["ranks"], {**out["job"], "rank": "all"}]:
+        click.echo(f"  {r['rank']:>6}  {r['kernel_time_us']:>14,.0f}  {pct(r['idle_time_pctg']):>7}  {pct(r['compute_time_pctg']):>9}"
+                   f"  {pct(r['non_compute_time_pctg']):>13}  {pct(r['comp_comm_overlap_pctg']):>9}")
 
 
 @jobs.command("sdc")
