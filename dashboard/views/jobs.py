@@ -1,4 +1,5 @@
-"""Jobs: where a job's step time goes (C³), its goodput, how it scales, how much it talks."""
+"""Jobs: where a job's step time goes (C³), where its GPUs' time goes (HTA's temporal breakdown), its goodput, how it
+scales, how much it talks."""
 
 from __future__ import annotations
 
@@ -81,6 +82,40 @@ if steps.height:
     ranks = ranks.with_columns(comm_exposed_mean_s=(pl.col("step_mean_s") - pl.col("compute_mean_s") - pl.col("idle_mean_s")).clip(lower_bound=0))
     rparts = {"compute_mean_s": "compute", "comm_exposed_mean_s": "exposed communication", "idle_mean_s": "idle"}
     ui.chart(ui.stacked_parts(ranks, "rank", rparts, alt.X("rank:O", title="Rank"), "Mean time per step (s)"), height=240)
+
+st.subheader("GPU time per rank (HTA temporal breakdown)")
+tb = ui.q(jobs_svc.temporal, live=False, job_id=job_id)
+if not tb["ranks"]:
+    ui.no_data(f"no HTA temporal breakdown for this job: {tb['reason']}.",
+               "It comes from the job's PyTorch profiler (Kineto) traces, one per rank.")
+else:
+    j = tb["job"]
+    pct = lambda v: "—" if v is None else f"{v:.1f}%"  # noqa: E731
+    c = st.columns(4)
+    c[0].metric("GPU idle", pct(j["idle_time_pctg"]), help="share of kernel time no kernel, copy or sync ran, over the job's ranks (HTA's idle_time)")
+    c[1].metric("GPU computing", pct(j["compute_time_pctg"]), help="share of kernel time in computation kernels (HTA's compute_time)")
+    c[2].metric("Non-compute", pct(j["non_compute_time_pctg"]), help="share of kernel time busy with communication, memory copies and syncs alone (HTA's non_compute_time)")
+    c[3].metric("Communication under compute", pct(j["comp_comm_overlap_pctg"]), help="share of communication kernel time that ran while computation did (HTA's comp_comm_overlap)")
+    window = {"before_last_step": "the last profiler step left out, as HTA does by default", "through_last_step": "through the last profiler step",
+              "all": "every device event (the traces name fewer than two profiler steps)"}[tb["window"]]
+    ranks = pl.DataFrame(tb["ranks"])
+    shown = ranks
+    if ranks.height > MAX_RANK_BARS:  # the idlest ranks first, where a stalled or starved rank would be
+        shown = ranks.sort("idle_time_pctg", descending=True, nulls_last=True).head(MAX_RANK_BARS).sort("rank")
+    st.caption(f"Share of each rank's kernel time (first to last device event of its Kineto trace) the GPU was idle, computing, or busy otherwise, "
+               f"with {window}; Meta's Holistic Trace Analysis gives the same figures. "
+               + (f"The {MAX_RANK_BARS} idlest of {ranks.height:,} ranks. " if shown.height < ranks.height else "")
+               + (f"Analysed {tb['computed_at'][:16].replace('T', ' ')} UTC." if tb["stored"] else "Computed from the stored traces; the analysis has not run yet."))
+    tparts = {"compute_time_pctg": "computing", "non_compute_time_pctg": "non-compute", "idle_time_pctg": "idle"}
+    ui.chart(ui.stacked_parts(shown, "rank", tparts, alt.X("rank:O", title="Rank"), "Share of kernel time (%)"), height=240)
+    st.dataframe(shown.select("rank", "kernel_time_us", "idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comp_comm_overlap_pctg"),
+                 hide_index=True, column_config={
+                     "kernel_time_us": st.column_config.NumberColumn("kernel time (µs)", format="%d"),
+                     "idle_time_pctg": st.column_config.NumberColumn("idle %", format="%.2f"),
+                     "compute_time_pctg": st.column_config.NumberColumn("compute %", format="%.2f"),
+                     "non_compute_time_pctg": st.column_config.NumberColumn("non-compute %", format="%.2f"),
+                     "comp_comm_overlap_pctg": st.column_config.NumberColumn("comm. under compute %", format="%.2f")})
+
 
 def goodput_over_time(roll: dict, dev: dict) -> None:
     """Rolling goodput and step-time deviation beside the goodput panel: what ``GET /api/v1/jobs/{id}/goodput`` and

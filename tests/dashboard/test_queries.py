@@ -438,6 +438,8 @@ def test_an_empty_database_gives_typed_empty_frames(empty_store: Store) -> None:
     assert energy_rollup.energy_rollup_end(empty_store) is None and jobs_svc.job_analyses(empty_store, "nope") == {}
     assert jobs_svc.job_goodput(empty_store, "nope") is None
     assert jobs_svc.scaling_fit(empty_store, "nope")["fit"] is None
+    temporal = jobs_svc.temporal(empty_store, "nope")
+    assert temporal["ranks"] == [] and temporal["reason"] == jobs_svc.TEMPORAL_NO_DATA
 
 
 # --- read budget ----------------------------------------------------------------------------------
