@@ -12,24 +12,15 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
+from fleetscope.core import kernels
 from fleetscope.core.frames import COLLECTIVE, DEVICE_UNION, JOB, STEP, UTC_US, Batch
 from ingest.kineto_decode import _Reduced
 
 
 def _union_s(starts, ends) -> float:
     """Length (in the input unit) of the union of intervals [starts[i], ends[i])."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    run_end = np.maximum.accumulate(e)
-    # a new merged block starts where an interval begins after everything before it has ended
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
-    idx = np.flatnonzero(new)
-    block_end = np.append(run_end[idx[1:] - 1], run_end[-1])
-    return float(np.sum(block_end - s[idx]))
+    bs, be = kernels.merge(starts, ends)
+    return float(np.sum(be - bs))
 
 
 def _step_rows(t: _Reduced, job_id: str) -> pl.DataFrame:
