@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzers import carbon, energy, goodput, goodput_trend, reliability, sdc, sdc_fold, stragglers
+from analyzers import c3, carbon, energy, goodput, goodput_trend, reliability, sdc, sdc_fold, stragglers
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold, job_fold, job_reads
 from fleetscope.services.analysis import Registry
