@@ -173,8 +173,9 @@ KEY_METRICS = {
     "alerts": {"Firing": "4", "Dead": "1"},
 }
 MIN_CHARTS = {"teams_cost": 1, "overview": 3, "jobs": 5, "stragglers": 1, "health_sdc": 1, "reliability": 2, "network": 3, "energy_carbon": 2, "governance": 2}
-# Pages whose every panel has data in the showcase world (the Alerts page has no silence yet).
-NO_DATA_YET = {"overview": 0, "jobs": 0, "governance": 0, "alerts": 1, "teams_cost": 1}
+# Pages whose every panel has data in the showcase world (the Alerts page has no silence yet; the showcase has no
+# profiler traces, so the Jobs page's HTA panel says where its figures would come from).
+NO_DATA_YET = {"overview": 0, "jobs": 1, "governance": 0, "alerts": 1, "teams_cost": 1}
 
 
 def test_a_token_revoked_while_live_panels_refresh_ends_the_session(base_url: str, visitor: Any, tokens: dict[str, str], data_dir: Path) -> None:
