@@ -332,19 +332,19 @@ def temporal(store: Store, job_id: str, *, include_last_step: bool = False, rank
         out["ranks"] = [r for r in out["ranks"] if r["rank"] == rank]
         if not out["ranks"] and out["reason"] is None:
             out["reason"] = f"rank {rank} has no device events in the job's traces ({out['window']} window)"
-    return _plain(out)
+    return json_safe(out)
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready: datetimes as ISO 8601, NaN and infinities as null."""
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
+def json_safe(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (JSON has neither), datetimes ISO strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 

@@ -19,23 +19,11 @@ import polars as pl
 from analyzers import c3, carbon, energy, goodput, goodput_trend, reliability, sdc, sdc_fold, stragglers
 from fleetscope.core import frames as F
 from fleetscope.services import event_fold, job_fold, job_reads
+from fleetscope.services.job_reads import json_safe
 from fleetscope.services.analysis import Registry
 from fleetscope.services.energy_rollup import floor_minute
 from fleetscope.observability import tracer
 from fleetscope.store import Store
-
-
-def json_safe(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null (JSON has neither), datetimes ISO strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 @dataclass
