@@ -20,6 +20,7 @@ from fleetscope.api import jsonbody
 from fleetscope.api.security import require
 from fleetscope.core.errors import ValidationError
 from fleetscope.core.textinput import has_control
+from fleetscope.core.units import check_window
 from fleetscope.observability import INGEST_REFUSED_OVERLOAD
 from fleetscope.store import content_hash
 from ingest import dcgm_lines
@@ -345,11 +346,10 @@ def get_pue(request: Request, site_id: str, start: Annotated[dt.datetime, Query(
 
 
 def _window(start: dt.datetime, end: dt.datetime) -> None:
-    for name, t in (("start", start), ("end", end)):
-        if t.tzinfo is None:
-            raise HTTPException(400, f"{name} needs a time zone (RFC 3339, e.g. 2026-03-01T00:00:00Z)")
-    if end <= start:
-        raise HTTPException(400, "end must be after start")
+    try:
+        check_window(start, end)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 SiteId = Annotated[str, Path(min_length=1, max_length=200)]

@@ -23,7 +23,7 @@ from fleetscope.core.errors import NotFound
 from fleetscope.services.jobs import json_safe, job_exists
 from fleetscope.observability import tracer
 from fleetscope.store import Store
-from fleetscope.core.units import as_utc
+from fleetscope.core.units import as_utc, check_window
 from fleetscope.store.reads import fetch
 
 MAX_WINDOW = dt.timedelta(days=366)
@@ -34,13 +34,7 @@ class UnknownJob(NotFound):
 
 
 def _window(start: dt.datetime, end: dt.datetime) -> None:
-    for name, t in (("start", start), ("end", end)):
-        if t.tzinfo is None:
-            raise ValueError(f"{name} needs a time zone (RFC 3339, e.g. 2026-03-01T00:00:00Z)")
-    if end <= start:
-        raise ValueError("end must be after start")
-    if end - start > MAX_WINDOW:
-        raise ValueError(f"window longer than {MAX_WINDOW.days} days")
+    check_window(start, end, MAX_WINDOW, f"window longer than {MAX_WINDOW.days} days")
 
 
 def _events(store: Store, start: dt.datetime, end: dt.datetime, job_id: str | None) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -15,6 +15,7 @@ from analyzers import tiers as tier_rollup
 from fleetscope.core import frames as F
 from fleetscope.core.errors import NotFound, ValidationError
 from fleetscope.core.textinput import has_control
+from fleetscope.core import units
 from fleetscope.core.units import as_utc
 from fleetscope.services import tiers
 from fleetscope.store import Store, packed, packed_energy
@@ -535,13 +536,9 @@ def _sampled(store: Store, gpu_uuid: str) -> bool:
 
 
 def check_window(start: dt.datetime, end: dt.datetime, max_days: int) -> None:
-    """``ValueError`` naming what is wrong with ``[start, end)``: a bound without a time zone, an end not after the
-    start, or a window longer than ``max_days`` (the hour tier's retention: the longest range a tier still serves)."""
-    for name, t in (("start", start), ("end", end)):
-        if t.tzinfo is None:
-            raise ValueError(f"{name} needs a time zone (RFC 3339, e.g. 2026-03-01T00:00:00Z)")
-    if end <= start:
-        raise ValueError("end must be after start")
+    """``units.check_window`` with the hour tier's retention (``max_days``) as the longest window: the longest range a
+    tier still serves."""
+    units.check_window(start, end)  # first: a span of a time without a zone is no span
     if end - start > dt.timedelta(days=max_days):
         raise ValueError(f"the window is {(end - start).total_seconds() / 86_400:,.1f} days; the longest the tiers serve is {max_days:,}"
                          " (FLEETSCOPE_HOUR_TIER_RETENTION_DAYS)")
