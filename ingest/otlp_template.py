@@ -576,6 +576,7 @@ def _fill(tpl: _Template, shape: _Shape, arr: np.ndarray) -> Any:
             gids, columns, rows = tpl.scrape
             matrix = scaled[rows]
             walk._scrape = (times[0], gids, dict(zip(columns, matrix)))
+            walk._one_ts_us = int(times[0, 0])  # the door's future-skew check reads it instead of every part's times
             walk._matrix = (columns, matrix, integer[rows])
     else:
         for p in tpl.parts:

@@ -204,7 +204,9 @@ def _screen_lines(push: Push, lines: dcgm_lines.Lines, horizon_us: int | None, s
 
 def _screen_otlp(walk: Any, horizon_us: int | None, skew_s: float, binding: Binding | None) -> None:
     if horizon_us is not None:
-        for ts_us, gids, column, _ in walk.parts:
+        one_ts_us = walk.__dict__.get("_one_ts_us")  # a template's scrape, every point at one time (otlp_template)
+        parts = walk.parts if one_ts_us is None or one_ts_us > horizon_us else ()
+        for ts_us, gids, column, _ in parts:
             if len(ts_us) and int(ts_us.max()) > horizon_us:
                 i = int(ts_us.argmax())
                 uuid = walk.gpus[int(gids[i])]["gpu_uuid"]

@@ -363,3 +363,31 @@ def test_a_templated_agent_push_is_read_on_the_event_loop(api, monkeypatch):
                       headers=h).status_code == 200
     assert threaded == ["_decode", "_decode"]
     assert api.app.state.store.read("gpu_sample").height == 32
+
+
+def test_a_templated_push_dated_past_the_horizon_is_refused_whole(api):
+    """A body a template reads carries its scrape's one time on the walk, which the door's future-skew check
+    reads instead of each metric's times: a late body must still be refused, naming a GPU, with nothing
+    stored; and a body at the horizon's near side goes in."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    from ingest import otlp_template
+
+    spec = importlib.util.spec_from_file_location("_bench_otlp", Path(__file__).resolve().parents[2] / "benchmarks" / "ingest_otlp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    otlp_template.clear()
+    h = {**headers(api), "Content-Type": "application/x-protobuf"}
+    now_ns = int(time.time()) * 10**9
+    assert httpx.post(api.url + "/v1/metrics", content=bench.build_request(8, now_ns - 3600 * 10**9, first=8), headers=h).status_code == 200
+    stored = api.app.state.store.counts()
+    late = bench.build_request(8, now_ns + 3 * 3600 * 10**9, first=8)  # the default horizon is 15 minutes
+    assert otlp_template.lookup(late) is not None  # the template's way, whose walk carries the one time
+    r = httpx.post(api.url + "/v1/metrics", content=late, headers=h)
+    assert r.status_code == 400 and b"gpu_sample of 'GPU-" in r.content and b"FLEETSCOPE_MAX_FUTURE_SKEW_S" in r.content, r.content
+    assert api.app.state.store.counts() == stored
+    ok = bench.build_request(8, now_ns + 60 * 10**9, first=8)
+    assert httpx.post(api.url + "/v1/metrics", content=ok, headers=h).status_code == 200
+    assert api.app.state.store.counts()["gpu_sample"] == stored["gpu_sample"] + 8
