@@ -17,6 +17,13 @@ dropped (a feature with many ties, a count, has fewer bins), bins closed on the 
 infinite). Conventional reading (Siddiqi 2006): below 0.1 no significant change; 0.1 to 0.25 a moderate
 shift, to watch; 0.25 and above a significant shift, to act on.
 
+Those thresholds ignore sample size. Between two samples of one population PSI is, asymptotically,
+``(1/m + 1/n)`` times a chi-squared variable with ``bins - 1`` degrees of freedom (Yurdakul 2018, ch. 3), so a
+window of 100 predictions against 2,000 passes 0.25 by chance in about 1 % of its features, and one of 30 in
+most: an empty bin alone adds ``0.1 ln(0.1 / epsilon)``, 0.69. ``psi_pvalues`` gives, for the same bins,
+Pearson's chi-squared test of homogeneity of the window's counts with the reference's (the 2 x bins table,
+``scipy.stats.chi2_contingency(correction=False)``), so a caller can ask that a PSI also be unlikely by chance.
+
 Two-sample Kolmogorov-Smirnov per feature: the statistic ``D = sup |F_ref(x) - F_win(x)|`` and its
 p-value, equal to ``scipy.stats.ks_2samp`` (Hodges 1958, "The significance probability of the Smirnov
 two-sample test", Arkiv för Matematik 3:469-486). ``ks_method="auto"`` calls scipy itself (exact p-value
@@ -34,7 +41,7 @@ import math
 import numpy as np
 
 __all__ = ["PSI_MODERATE", "PSI_SIGNIFICANT", "PSI_BINS", "PSI_EPSILON", "psi_edges", "bin_shares", "psi_from_shares", "psi",
-           "ks_statistic", "ks_asymp_pvalue", "ks_limit_pvalue", "ks_test", "psi_level", "psi_counts", "drift_many"]
+           "ks_statistic", "ks_asymp_pvalue", "ks_limit_pvalue", "ks_test", "psi_level", "psi_counts", "psi_pvalues", "drift_many"]
 
 PSI_MODERATE = 0.1
 PSI_SIGNIFICANT = 0.25
@@ -202,9 +209,32 @@ def psi_counts(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, epsilon: f
     return out
 
 
+def psi_pvalues(counts: np.ndarray, n: np.ndarray, shares: np.ndarray, n_ref: int) -> np.ndarray:
+    """Per window, the p-value of Pearson's chi-squared test of homogeneity between its (W, bins) ``counts``
+    (``n`` rows each) and the reference's bins (``shares`` of ``n_ref`` rows): the 2 x bins contingency table
+    as ``scipy.stats.chi2_contingency(correction=False)`` tests it, bins empty in both left out (their
+    degrees of freedom with them); NaN for a window without rows, 1 where a single bin holds everything."""
+    from scipy.special import chdtrc  # lazy: scipy, only for the drift test
+
+    ref = np.rint(np.asarray(shares, dtype=float) * n_ref)[None, :]
+    obs = np.asarray(counts, dtype=float)
+    rows = np.asarray(n, dtype=float)[:, None]
+    both = obs + ref
+    total = rows + float(n_ref)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e_win = rows * both / total
+        e_ref = float(n_ref) * both / total
+        cells = np.where(both > 0, (obs - e_win) ** 2 / e_win + (ref - e_ref) ** 2 / e_ref, 0.0)
+    df = (both > 0).sum(axis=1) - 1
+    out = np.where(df > 0, chdtrc(np.maximum(df, 1), cells.sum(axis=1)), 1.0)
+    out[np.asarray(n) == 0] = np.nan
+    return out
+
+
 def drift_many(ref_sorted: np.ndarray, edges: np.ndarray, shares: np.ndarray, vals: np.ndarray, n: np.ndarray,
-               epsilon: float = PSI_EPSILON) -> tuple[np.ndarray, np.ndarray]:
-    """One feature's (PSI, KS statistic) in every window at once, NaN where a window has no value: ``vals``
+               epsilon: float = PSI_EPSILON) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One feature's (PSI, KS statistic, PSI's p-value (``psi_pvalues``)) in every window at once, NaN where a
+    window has no value: ``vals``
     holds the windows' values end to end, ``n[i]`` of window ``i`` (none NaN); ``ref_sorted``, ``edges`` and
     ``shares`` are the reference's sorted values, PSI bin edges and bin shares.
 
@@ -230,7 +260,9 @@ def drift_many(ref_sorted: np.ndarray, edges: np.ndarray, shares: np.ndarray, va
     if amb.any():
         b[amb] = np.searchsorted(edges, v[amb], side="right")
     nb = len(edges) + 1
-    psi_v = psi_counts(np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb), n, shares, epsilon)
+    counts = np.bincount(w * nb + b, minlength=w_n * nb).reshape(w_n, nb)
+    psi_v = psi_counts(counts, n, shares, epsilon)
+    psi_p = psi_pvalues(counts, n, shares, ref_sorted.size)
     has = n > 0
     start = np.cumsum(n) - n
     pos = np.arange(v.size) - start[w]  # rank within the window
@@ -255,4 +287,4 @@ def drift_many(ref_sorted: np.ndarray, edges: np.ndarray, shares: np.ndarray, va
     minus = fc_right - fr_right
     idx = start[has]
     ks_v[has] = np.maximum(np.maximum.reduceat(plus, idx), np.clip(np.maximum.reduceat(minus, idx), 0, 1))
-    return psi_v, ks_v
+    return psi_v, ks_v, psi_p

@@ -7,9 +7,12 @@ Pure: frames or arrays in, results out. Windows and the reference are passed in;
 Drift: PSI and two-sample KS per feature (``governance.drift``, which cites their sources). With many rows
 KS rejects for shifts too small to matter, so a feature counts as drifted on PSI (>= 0.25), and KS (p below
 ``ks_alpha`` Bonferroni-divided by the number of features) is reported beside it and raises a moderate PSI
-(0.1-0.25) to a drift finding.
+(0.1-0.25) to a drift finding. With few rows PSI itself is noise (an hour of 30 predictions passes 0.25 by
+chance in most features, ``governance.drift``), so a significant PSI counts only where a test says it is not
+chance at that level: PSI's own chi-squared test on its bins (``psi_pvalues``) or KS.
 
-Prediction drift: the PSI of the score (or of the prediction where there is no score) against the reference.
+Prediction drift: the PSI of the score (or of the prediction where there is no score) against the reference,
+a finding where it reaches ``prediction_psi_max`` and its chi-squared p-value is below ``ks_alpha``.
 
 Fairness over time: per group of each group attribute, the confusion counts of the window's predictions
 whose outcome has arrived, the rates and disparities of ``governance.fairness`` and their percentile
@@ -30,7 +33,7 @@ import polars as pl
 
 from governance import fairness as FZ
 from governance.drift import (PSI_BINS, PSI_EPSILON, PSI_MODERATE, PSI_SIGNIFICANT, bin_shares, drift_many, ks_asymp_pvalue,
-                              ks_limit_pvalue, ks_test, psi_counts, psi_edges, psi_level)
+                              ks_limit_pvalue, ks_test, psi_counts, psi_edges, psi_level, psi_pvalues)
 
 FINDING_KINDS = ("model_drift", "model_prediction_drift", "model_fairness", "model_accuracy_drop")
 ANALYZER = "monitoring"
@@ -142,6 +145,7 @@ class Reference:
     features: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # sorted values, edges, shares
     prediction: tuple[np.ndarray, np.ndarray] | None  # edges, shares of the score (or prediction)
     accuracy: float | None
+    prediction_n: int = 0  # the reference's scores (or predictions) in those shares
 
 
 def reference(data: WindowData, config: MonitoringConfig | None = None) -> Reference:
@@ -155,10 +159,12 @@ def reference(data: WindowData, config: MonitoringConfig | None = None) -> Refer
         feats[k] = (np.sort(vals), edges, bin_shares(vals, edges))
     pv = _prediction_values(data)
     pred = None
+    pred_n = 0
     if pv is not None and (~np.isnan(pv)).any():
         edges = psi_edges(pv, cfg.bins)
         pred = (edges, bin_shares(pv, edges))
-    return Reference(data.n, feats, pred, _binary(data)["accuracy"])
+        pred_n = int((~np.isnan(pv)).sum())
+    return Reference(data.n, feats, pred, _binary(data)["accuracy"], pred_n)
 
 
 def _prediction_values(d: WindowData) -> np.ndarray | None:
@@ -196,6 +202,7 @@ class FeatureDrift:
     ks_pvalue: float | None
     n: int
     drifted: bool = False
+    psi_pvalue: float | None = None  # chi-squared test of PSI's bins against the reference's (drift.psi_pvalues)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -237,6 +244,7 @@ class WindowResult:
     fairness: tuple[AttributeWindow, ...]
     findings: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    prediction_psi_pvalue: float | None = None
 
     @property
     def status(self) -> str:
@@ -251,7 +259,8 @@ class WindowResult:
     def to_dict(self) -> dict[str, Any]:
         return {"window_start": self.window_start.isoformat() if self.window_start else None,
                 "window_end": self.window_end.isoformat() if self.window_end else None, "n_predictions": self.n_predictions,
-                "metrics": self.metrics, "prediction_psi": self.prediction_psi, "drift": [d.to_dict() for d in self.drift],
+                "metrics": self.metrics, "prediction_psi": self.prediction_psi, "prediction_psi_pvalue": self.prediction_psi_pvalue,
+                "drift": [d.to_dict() for d in self.drift],
                 "fairness": [a.to_dict() for a in self.fairness], "findings": list(self.findings), "status": self.status,
                 "notes": list(self.notes)}
 
@@ -398,11 +407,12 @@ def _none(x: float) -> float | None:
     return None if x != x else x
 
 
-def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per feature, for every window at once: (PSI, KS statistic, rows), NaN where a window has no value
-    (``governance.drift.drift_many``)."""
+def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack,
+                cfg: MonitoringConfig) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per feature, for every window at once: (PSI, KS statistic, PSI's p-value, rows), NaN where a window has
+    no value (``governance.drift.drift_many``)."""
     w_n = len(datas)
-    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for name, (ref_sorted, edges, shares) in ref.features.items():
         parts = [d.features.get(name, _EMPTY) for d in datas]
         vals = np.concatenate(parts).astype(float, copy=False)
@@ -412,18 +422,19 @@ def _drift_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: Mo
         n = np.bincount(rows_win[ok], minlength=w_n)
         ks_v = np.full(w_n, np.nan)
         if n.sum() == 0:
-            out[name] = (np.full(w_n, np.nan), ks_v, n)
+            out[name] = (np.full(w_n, np.nan), ks_v, np.full(w_n, np.nan), n)
             continue
-        psi_v, ks_v = drift_many(ref_sorted, edges, shares, vals[ok], n, cfg.epsilon)
-        out[name] = (psi_v, ks_v, n)
+        psi_v, ks_v, psi_p = drift_many(ref_sorted, edges, shares, vals[ok], n, cfg.epsilon)
+        out[name] = (psi_v, ks_v, psi_p, n)
     return out
 
 
-def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack, cfg: MonitoringConfig) -> list[float | None]:
+def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack,
+                         cfg: MonitoringConfig) -> tuple[list[float | None], list[float | None]]:
     """Prediction drift of every window: the PSI of its scores (or, in a window without any score, its
-    decisions) on the reference's score bins."""
+    decisions) on the reference's score bins, and that PSI's p-value (``psi_pvalues``)."""
     if ref.prediction is None:
-        return [None] * len(datas)
+        return [None] * len(datas), [None] * len(datas)
     edges, shares = ref.prediction
     w_n = len(datas)
     score = np.concatenate([d.score for d in datas]).astype(float, copy=False)
@@ -434,12 +445,13 @@ def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack
     n = np.bincount(w, minlength=w_n)
     nb = len(edges) + 1
     counts = np.bincount(w * nb + np.searchsorted(edges, vals[ok], side="right"), minlength=w_n * nb).reshape(w_n, nb)
-    return [None if v != v else v for v in psi_counts(counts, n, shares, cfg.epsilon).tolist()]
+    psi_v = [None if v != v else v for v in psi_counts(counts, n, shares, cfg.epsilon).tolist()]
+    return psi_v, [None if v != v else v for v in psi_pvalues(counts, n, shares, ref.prediction_n).tolist()]
 
 
 def _findings(window_start: datetime | None, window_end: datetime | None, metrics: dict[str, Any], prediction_psi: float | None,
-              hits: list[FeatureDrift], fairness: tuple[AttributeWindow, ...], ref: Reference, cfg: MonitoringConfig,
-              subject: str) -> tuple[dict[str, Any], ...]:
+              prediction_p: float | None, hits: list[FeatureDrift], fairness: tuple[AttributeWindow, ...], ref: Reference,
+              cfg: MonitoringConfig, subject: str) -> tuple[dict[str, Any], ...]:
     """The findings (``FINDING_KINDS``) a judged window's figures raise; ``hits``: its drifted features."""
     findings: list[dict[str, Any]] = []
     ev_base = {"window_start": window_start, "window_end": window_end, "analyzer": ANALYZER, "subject": subject}
@@ -448,10 +460,10 @@ def _findings(window_start: datetime | None, window_end: datetime | None, metric
         findings.append({**ev_base, "kind": "model_drift", "severity": "critical" if (worst.psi or 0) >= cfg.psi_significant else "warning",
                          "score": worst.psi, "summary": f"data drift on {', '.join(f.feature for f in hits)} (PSI {worst.feature} {worst.psi:.3f}, KS {worst.ks:.3f})",
                          "evidence": {"features": [f.to_dict() for f in hits], "psi_significant": cfg.psi_significant, "ks_alpha": cfg.ks_alpha}})
-    if prediction_psi is not None and prediction_psi >= cfg.prediction_psi_max:
+    if prediction_psi is not None and prediction_psi >= cfg.prediction_psi_max and prediction_p is not None and prediction_p < cfg.ks_alpha:
         findings.append({**ev_base, "kind": "model_prediction_drift", "severity": "warning", "score": prediction_psi,
-                         "summary": f"prediction drift: PSI of the scores {prediction_psi:.3f} >= {cfg.prediction_psi_max}",
-                         "evidence": {"prediction_psi": prediction_psi}})
+                         "summary": f"prediction drift: PSI of the scores {prediction_psi:.3f} >= {cfg.prediction_psi_max} (p {prediction_p:.2g})",
+                         "evidence": {"prediction_psi": prediction_psi, "prediction_psi_pvalue": prediction_p, "ks_alpha": cfg.ks_alpha}})
     acc = metrics.get("accuracy")
     if acc is not None and ref.accuracy is not None and metrics["n_outcomes"] >= cfg.min_window_size and acc < ref.accuracy - cfg.accuracy_drop:
         findings.append({**ev_base, "kind": "model_accuracy_drop", "severity": "warning", "score": acc,
@@ -492,12 +504,12 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
     st = _stack(datas)
     metrics = _metrics_many(datas, st)
     many = _drift_many(ref, datas, st, cfg)
-    pred = _prediction_psi_many(ref, datas, st, cfg)
+    pred, pred_p = _prediction_psi_many(ref, datas, st, cfg)
     fair = _fairness_many(datas, st, cfg, rng)
     names = list(ref.features)
-    cols: list[list[Any]] = []  # per feature: (PSI, KS, p-value, rows) of every window
+    cols: list[list[Any]] = []  # per feature: (PSI, KS, p-value, rows, PSI's p-value) of every window
     for name in names:
-        psi_v, ks_v, n = many[name]
+        psi_v, ks_v, psi_p, n = many[name]
         pv: list[Any] = [None] * w_n
         if cfg.ks_method in ("asymp", "limit"):
             has = n > 0
@@ -506,14 +518,14 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
                 got = f(ks_v[has], np.full(int(has.sum()), ref.features[name][0].size), n[has]).tolist()
                 for w, p in zip(np.flatnonzero(has).tolist(), got):
                     pv[w] = p
-        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist()])
+        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist(), [None if v != v else v for v in psi_p.tolist()]])
     k = max(len(names), 1)  # Bonferroni: KS is judged at ks_alpha / features
     out = []
     for w, (s, e, d) in enumerate(windows):
         judge = d.n >= cfg.min_window_size
         drift = []
         hits = []
-        for name, (psi_l, ks_l, pv_l, n_l) in zip(names, cols):
+        for name, (psi_l, ks_l, pv_l, n_l, pp_l) in zip(names, cols):
             cnt = n_l[w]
             if cnt == 0:
                 drift.append(FeatureDrift(name, None, "unknown", None, None, 0))
@@ -522,16 +534,19 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
             if cfg.ks_method not in ("asymp", "limit"):
                 v = d.features[name]
                 dstat, pv = ks_test(ref.features[name][0], v[~np.isnan(v)], method=cfg.ks_method)
-            hit = judge and (p >= cfg.psi_significant or (p >= cfg.psi_moderate and pv is not None and pv < cfg.ks_alpha / k))
-            fd = FeatureDrift(name, p, psi_level(p), dstat, pv, cnt, hit)
+            ks_hit = pv is not None and pv < cfg.ks_alpha / k
+            chance = not ks_hit and not (pp_l[w] is not None and pp_l[w] < cfg.ks_alpha / k)  # neither test rules chance out
+            hit = judge and ((p >= cfg.psi_significant and not chance) or (p >= cfg.psi_moderate and ks_hit))
+            fd = FeatureDrift(name, p, psi_level(p), dstat, pv, cnt, hit, pp_l[w])
             drift.append(fd)
             if hit:
                 hits.append(fd)
         if not judge:
             notes = (f"{d.n} predictions, under {cfg.min_window_size}: drift and fairness not judged",)
-            out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], (), notes))
+            out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], (), notes, pred_p[w]))
             continue
-        out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w], _findings(s, e, metrics[w], pred[w], hits, fair[w], ref, cfg, subject)))
+        out.append(WindowResult(s, e, d.n, metrics[w], pred[w], tuple(drift), fair[w],
+                                _findings(s, e, metrics[w], pred[w], pred_p[w], hits, fair[w], ref, cfg, subject), (), pred_p[w]))
     return out
 
 

@@ -231,7 +231,7 @@ else:
         if drift.height:
             psi_line = alt.Chart(drift).mark_line(point=True).encode(
                 x=x, y=alt.Y("psi:Q", title="PSI against the reference"), color=alt.Color("feature:N", title="Feature"),
-                tooltip=["feature", alt.Tooltip("psi:Q", format=".3f"), alt.Tooltip("ks:Q", format=".3f"), alt.Tooltip("ks_pvalue:Q", format=".2g"), "level"])
+                tooltip=["feature", alt.Tooltip("psi:Q", format=".3f"), alt.Tooltip("ks:Q", format=".3f"), alt.Tooltip("ks_pvalue:Q", format=".2g"), alt.Tooltip("psi_pvalue:Q", format=".2g"), "level"])
             rule = alt.Chart(pl.DataFrame({"y": [0.25]})).mark_rule(strokeDash=[4, 4], color="#c62828").encode(y="y:Q")
             ui.chart(alt.layer(psi_line, rule), height=220)
             st.caption("Data drift: the population stability index of each feature against the reference window's deciles "

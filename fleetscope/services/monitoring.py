@@ -261,12 +261,13 @@ def _details(store: Store, model: str, version: str, start: dt.datetime | None, 
 
 
 _DRIFT = {"window_start": UTC, "feature": pl.String, "psi": pl.Float64, "level": pl.String, "ks": pl.Float64, "ks_pvalue": pl.Float64,
-          "n": pl.Int64, "drifted": pl.Boolean}
+          "n": pl.Int64, "drifted": pl.Boolean, "psi_pvalue": pl.Float64}
 
 
 def drift_over_time(store: Store, model: str, version: str, *, start: dt.datetime | None = None, end: dt.datetime | None = None,
                     limit: int = 2000) -> pl.DataFrame:
-    """Per window and feature: PSI, its level, the KS statistic and p-value, rows, and whether it counted as drift."""
+    """Per window and feature: PSI, its level, the KS statistic and p-value, rows, whether it counted as drift, and
+    PSI's chi-squared p-value (null for windows evaluated before it was kept)."""
     rows = [{"window_start": dt.datetime.fromisoformat(d["window_start"]), **{k: x.get(k) for k in _DRIFT if k != "window_start"}}
             for d in _details(store, model, version, start, end, limit) for x in d.get("drift") or []]
     return pl.DataFrame(rows, schema=_DRIFT)

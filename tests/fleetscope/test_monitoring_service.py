@@ -57,6 +57,7 @@ def test_windows_after_the_reference_are_evaluated_and_drift_found_where_injecte
     assert got["prediction_psi"] == pytest.approx(res.prediction_psi)
     d = MS.drift_over_time(fed, "credit", "1").filter((pl.col("window_start") == s) & (pl.col("feature") == "income_keur"))
     assert d["psi"][0] == pytest.approx(next(x.psi for x in res.drift if x.feature == "income_keur")) and d["drifted"][0]
+    assert d["psi_pvalue"][0] == pytest.approx(next(x.psi_pvalue for x in res.drift if x.feature == "income_keur")) and d["psi_pvalue"][0] < 1e-4
     fair = MS.fairness_over_time(fed, "credit", "1").filter((pl.col("window_start") == s) & (pl.col("group") == "*"))
     # a percentile bootstrap of a largest difference need not straddle its point value (a 0 gap resamples above 0)
     assert set(fair["attribute"]) == {"sex", "age_band"} and (fair["ci_low"] <= fair["ci_high"]).all() and fair["ci_low"].is_not_null().all()

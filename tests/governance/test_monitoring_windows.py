@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 from scipy.special import kolmogorov
-from scipy.stats import ks_2samp
+from scipy.stats import chi2_contingency, ks_2samp
 
 from governance import fairness as FZ
 from governance import drift as D
@@ -165,6 +165,15 @@ def _fairness_by_window(datas: list[M.WindowData], cfg: M.MonitoringConfig) -> l
     return out
 
 
+def _chi2_p(n_ref: int, shares: np.ndarray, values: np.ndarray, edges: np.ndarray) -> float:
+    """scipy's chi-squared test of homogeneity (no continuity correction) of the reference's bin counts and
+    ``values``' on ``edges``, bins empty in both dropped; 1 where one bin holds everything."""
+    cur = np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1)
+    table = np.array([np.rint(shares * n_ref), cur])
+    table = table[:, table.sum(axis=0) > 0]
+    return 1.0 if table.shape[1] < 2 else float(chi2_contingency(table, correction=False).pvalue)
+
+
 def _none_or(x: float | None) -> float | None:
     return None if x is None or x != x else x
 
@@ -205,6 +214,12 @@ def test_every_window_equals_the_one_window_computation(windows, cfg):
         edges, shares = ref.prediction
         want_pred = D.psi_from_shares(shares, D.bin_shares(values, edges), cfg.epsilon) if d.n else None
         assert res.prediction_psi == want_pred
+        pv = values[~np.isnan(values)]
+        want_pred_p = _chi2_p(ref.prediction_n, shares, pv, edges) if pv.size else None
+        assert res.prediction_psi_pvalue == (want_pred_p if want_pred_p is None else pytest.approx(want_pred_p, rel=1e-9, abs=1e-300))
+        pred_found = any(f["kind"] == "model_prediction_drift" for f in res.findings)
+        assert pred_found == (d.n >= cfg.min_window_size and want_pred is not None and want_pred >= cfg.prediction_psi_max
+                              and want_pred_p < cfg.ks_alpha)
         # drift per feature: PSI on the reference's deciles, scipy's KS statistic and the configured p-value
         assert [f.feature for f in res.drift] == list(ref.features)
         for fd in res.drift:
@@ -224,7 +239,11 @@ def test_every_window_equals_the_one_window_computation(windows, cfg):
             else:
                 assert fd.ks_pvalue == pytest.approx(ks_2samp(ref_sorted, v, method="asymp").pvalue, rel=1e-9, abs=1e-300)
             ks_hit = fd.ks_pvalue < cfg.ks_alpha / len(ref.features)
-            want = d.n >= cfg.min_window_size and (fd.psi >= cfg.psi_significant or (fd.psi >= cfg.psi_moderate and ks_hit))
+            # PSI's chi-squared test on its bins, as scipy's contingency test gives it
+            want_p = _chi2_p(ref_sorted.size, f_shares, v, f_edges)
+            assert fd.psi_pvalue == pytest.approx(want_p, rel=1e-9, abs=1e-300)
+            not_chance = ks_hit or want_p < cfg.ks_alpha / len(ref.features)
+            want = d.n >= cfg.min_window_size and ((fd.psi >= cfg.psi_significant and not_chance) or (fd.psi >= cfg.psi_moderate and ks_hit))
             assert fd.drifted == want
             judged_features += d.n >= cfg.min_window_size
         # fairness per attribute and group
