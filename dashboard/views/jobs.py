@@ -3,6 +3,8 @@ scales, how much it talks."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import altair as alt
 import polars as pl
 import streamlit as st
@@ -159,6 +161,28 @@ def goodput_over_time(roll: dict, dev: dict) -> None:
                 st.caption(f"The newest {len(dev['last']):,} of {dev['steps']:,} completed steps; red: anomalous, left out of the ideal.")
 
 
+def interval_goodput(job_id: str, run_start: dt.datetime, run_end: dt.datetime) -> None:
+    """Goodput within a span of the run picked on a slider: what ``GET /api/v1/jobs/{id}/goodput/interval`` and
+    ``fleetscope jobs goodput --start --end`` give (``services.job_reads.interval_goodput``), computed now."""
+    st.markdown("**Goodput in an interval**")
+    step = max(dt.timedelta(seconds=1), (run_end - run_start) / 200)
+    lo, hi = st.slider("Interval of the run (UTC)", min_value=run_start, max_value=run_end, value=(run_start, run_end), step=step,
+                       format="YYYY-MM-DD HH:mm:ss", key="goodput_interval")
+    if hi <= lo:
+        st.caption("Pick an interval longer than zero.")
+        return
+    try:
+        got = ui.q(jobs_svc.interval_goodput, live=False, job_id=job_id, start=lo, end=hi, now=run_end)
+    except ValueError as exc:
+        st.caption(str(exc))
+        return
+    c = st.columns(3)
+    c[0].metric("Goodput in the interval", f"{got['goodput_ratio']:.1%}", help="productive time / the interval's overlap with the run (ml-goodput-measurement's interval goodput)")
+    c[1].metric("Productive", ui.fmt_duration(got["productive_s"]))
+    top = max(got["badput_s"].items(), key=lambda kv: (kv[1], kv[0]))
+    c[2].metric("Largest badput", f"{top[0].replace('_', ' ')} {ui.fmt_duration(top[1])}" if top[1] else "none")
+
+
 st.subheader("Goodput and badput")
 gp = analyses.get("goodput")
 if not gp or gp.get("total_s") is None:
@@ -197,6 +221,9 @@ else:
     trend = ui.q(jobs_svc.job_goodput, live=False, job_id=job_id)
     if trend is not None:
         goodput_over_time(trend["rolling"], trend["step_time_deviation"])
+    run_start, run_end = gp.get("window_start"), gp.get("window_end")
+    if run_start is not None and run_end is not None and run_end > run_start:
+        interval_goodput(job_id, run_start, run_end)
 
 st.subheader("Scaling across runs")
 model = meta_row["model_name"]

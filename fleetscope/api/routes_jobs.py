@@ -15,6 +15,7 @@ from fleetscope.services import jobs as analysis
 from fleetscope.api.security import require
 from fleetscope.services import energy as es
 from fleetscope.services import job_reads
+from fleetscope.core.errors import NotFound
 import json
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -118,6 +119,26 @@ def get_goodput(
     if found is None:
         raise HTTPException(404, f"job {job_id[:200]!r} has no goodput analysis yet: POST /api/v1/jobs/{{id}}/analyze or wait for beat")
     return found
+
+
+@router.get("/{job_id}/goodput/interval", dependencies=[Depends(require("read"))])
+def get_goodput_interval(
+    request: Request,
+    job_id: str,
+    start: Annotated[dt.datetime, Query(description="inclusive start of the interval (RFC 3339, with a zone)")],
+    end: Annotated[dt.datetime, Query(description="exclusive end of the interval")],
+) -> dict[str, Any]:
+    """Runtime goodput and badput within ``[start, end)``, computed now from the job's events, as
+    ml-goodput-measurement's ``get_job_goodput_interval``: the denominator is the interval's overlap with the run
+    (``window_start``, ``window_end``). 400 for a window without a zone, empty, or missing the run; 404 for a job
+    without events."""
+    _known(request, job_id)
+    try:
+        return job_reads.interval_goodput(request.app.state.store, job_id, start, end, now=dt.datetime.now(dt.UTC))
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.get("/{job_id}/stragglers", dependencies=[Depends(require("read"))])

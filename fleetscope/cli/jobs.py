@@ -3,11 +3,12 @@ what-if, SDC; and scaling across the runs of one model with the Fleet Law fit.""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import click
 
-from fleetscope.cli.common import _store
+from fleetscope.cli.common import _store, _when
 from fleetscope.core.errors import NotFound
 from fleetscope.core.textinput import has_control
 
@@ -126,24 +127,46 @@ def _echo_trend(roll: dict, dev: dict, *, tables: bool) -> None:
               help="the newest rolling-goodput windows to show")
 @click.option("--steps", type=click.IntRange(0, _GOODPUT_STEPS_MAX), default=_GOODPUT_STEPS_MAX, show_default=True,
               help="the newest steps' step-time deviation to show")
-@click.option("--json", "as_json", is_flag=True, help="what GET /api/v1/jobs/{id}/goodput answers")
-def goodput(job_id: str, windows: int, steps: int, as_json: bool) -> None:
+@click.option("--start", "start_text", default=None, help="with --end: goodput within this interval only, computed now (RFC 3339)")
+@click.option("--end", "end_text", default=None, help="exclusive end of the interval (RFC 3339)")
+@click.option("--json", "as_json", is_flag=True, help="what GET /api/v1/jobs/{id}/goodput (or .../goodput/interval) answers")
+def goodput(job_id: str, windows: int, steps: int, start_text: str | None, end_text: str | None, as_json: bool) -> None:
     """Goodput of JOB_ID as last analysed: runtime goodput with its badput, then over time: rolling goodput
     (consecutive windows of the run, each at least 10 ideal steps long) and step-time deviation (each step
     against the ideal step time, the mean of the steps not above median + 3 MAD). What the Jobs page shows.
+    With --start and --end: goodput and badput within that interval, computed now from the job's events
+    (ml-goodput-measurement's interval goodput; the denominator is the interval's overlap with the run).
 
     \b
     Examples:
       fleetscope jobs goodput job-llm-a
       fleetscope jobs goodput job-llm-a --windows 6 --steps 10
       fleetscope jobs goodput job-llm-a --json | jq '.rolling.windows[-1].goodput_ratio'
+      fleetscope jobs goodput job-llm-a --start 2026-11-30T00:00:00Z --end 2026-12-01T00:00:00Z
     """
     from fleetscope.services import job_reads  # lazy: imports the C3 analyzer
     from fleetscope.services.jobs import job_exists  # lazy: imports every job analyzer
 
+    if (start_text is None) != (end_text is None):
+        raise click.BadParameter("give --start and --end together", param_hint="--start" if start_text is None else "--end")
     st = _store()
     if not job_exists(st, job_id):
         raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
+    if start_text is not None and end_text is not None:
+        start, end = _when(start_text, "--start"), _when(end_text, "--end")
+        if end <= start:
+            raise click.BadParameter("must be after --start", param_hint="--end")
+        try:
+            got = job_reads.interval_goodput(st, job_id, start, end, now=dt.datetime.now(dt.UTC))
+        except (NotFound, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        if as_json:
+            click.echo(json.dumps(got, default=str))
+            return
+        click.echo(f"job {job_id} from {got['window_start']} to {got['window_end']}"
+                   + ("" if got["finished"] else " (running: up to now)"))
+        _echo_goodput(got)
+        return
     found = job_reads.job_goodput(st, job_id, windows=windows, steps=steps)
     if found is None:
         raise click.ClickException(f"job {job_id!r} has no goodput analysis yet: `fleetscope jobs analyze {job_id}` or wait for beat")

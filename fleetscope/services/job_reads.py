@@ -16,10 +16,11 @@ import numpy as np
 import polars as pl
 
 from analyzers.c3 import COMM_TERMS, fit_fleet_law, hta_report, scaling_efficiency
+from analyzers import goodput
 from analyzers.goodput_trend import MAX_WINDOWS
 from fleetscope.core import frames as F
 from fleetscope.core.errors import NotFound
-from fleetscope.core.units import as_utc
+from fleetscope.core.units import as_utc, check_window
 from fleetscope.store import Store
 from fleetscope.store.reads import duration_s_sql, fetch, json_number_sql
 
@@ -279,6 +280,30 @@ def job_goodput(store: Store, job_id: str, *, windows: int = GOODPUT_WINDOWS_MAX
     out["rolling"] = {**roll, "windows": roll["windows"][len(roll["windows"]) - windows:] if windows else []}
     out["step_time_deviation"] = {**dev, "last": dev["last"][len(dev["last"]) - steps:] if steps else []}
     return out
+
+
+def interval_goodput(store: Store, job_id: str, start: dt.datetime, end: dt.datetime, *, now: dt.datetime) -> dict[str, Any]:
+    """Runtime goodput of ``job_id`` within ``[start, end)``, computed now from its events, as
+    ml-goodput-measurement's ``get_job_goodput_interval(interval_start, interval_end)``: the run's timeline
+    (up to ``now`` while it runs, as the analysis reads it) clipped to the interval, whose overlap with the
+    run (``window_start``, ``window_end``) is the denominator; productive time, badput by bucket, the last
+    productive step and the disruptions inside it. What ``GET /api/v1/jobs/{id}/goodput/interval`` and
+    ``fleetscope jobs goodput --start --end`` give.
+
+    ``ValueError`` naming what is wrong with the window (no time zone, empty) or saying that it misses the
+    run; ``NotFound`` for a job without events."""
+    check_window(start, end)
+    events = store.read("job_event", job_id=job_id)
+    if events.height == 0:
+        raise NotFound(f"job {job_id[:200]!r} has no job events: interval goodput is read from them")
+    finished = events.filter(pl.col("kind") == "finished").height > 0
+    rg = goodput.runtime_goodput(events, until=None if finished else now, window_start=start, window_end=end)
+    return json_safe({
+        "job_id": job_id, "interval_start": start.isoformat(), "interval_end": end.isoformat(),
+        "window_start": rg.window_start.isoformat(), "window_end": rg.window_end.isoformat(), "finished": finished,
+        "total_s": rg.total_s, "productive_s": rg.productive_s, "goodput_ratio": rg.goodput_ratio, "badput_s": rg.badput_s,
+        "badput_ratio": rg.badput_ratio, "last_step": rg.last_step, "disruptions": rg.disruptions,
+    })
 
 
 def job_c3_steps(store: Store, job_id: str, max_steps: int = 2000) -> pl.DataFrame:

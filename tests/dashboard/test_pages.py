@@ -105,6 +105,7 @@ def _jobs(at: AppTest, url: str) -> None:
     # The C³ analyzer's stored breakdown and the goodput analyzer's result (fleetscope.services.jobs).
     assert (m["C1 compute"], m["C2 communication"], m["C3 coordination"]) == ("49%", "13%", "39%")
     assert m["Runtime goodput"] == "84.6%" and m["Disruptions"] == "0"
+    assert m["Goodput in the interval"] == "84.6%"  # the slider starts on the whole run
     assert "C³ breakdown over steps" in [s.value for s in at.subheader]
     # llama-7b's three runs do not follow the Fleet Law (one has a straggler): the page says so.
     assert any("does not fit these runs of llama-7b" in w.value for w in at.warning)
@@ -320,6 +321,21 @@ def test_the_fleet_law_fit_says_where_adding_gpus_stops_paying(seeded_sqlite_url
     assert runs["world_size"].tolist() == [4, 8, 16, 32, 64]
     assert runs["step_time_mean_s"].tolist() == pytest.approx([2.124, 1.156, 0.72, 0.598, 0.729], abs=1e-5)
     assert m["Runtime goodput"] == "100.0%"
+
+
+def test_goodput_in_an_interval_of_the_run_is_the_services(seeded_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(seeded_sqlite_url, "jobs", monkeypatch, {"job": "job-llm-a"})
+    healthy(at)
+    run = job_reads.job_analyses(store_of(seeded_sqlite_url), "job-llm-a")["goodput"]
+    lo, hi = run["window_start"], run["window_end"]
+    half = lo + (hi - lo) / 2
+    at.slider(key="goodput_interval").set_value((lo, half)).run()
+    healthy(at)
+    got = at.slider(key="goodput_interval").value
+    want = job_reads.interval_goodput(store_of(seeded_sqlite_url), "job-llm-a", got[0], got[1], now=hi)
+    assert got[0] == lo and abs((got[1] - half).total_seconds()) <= (hi - lo).total_seconds() / 200
+    assert metrics(at)["Goodput in the interval"] == f"{want['goodput_ratio']:.1%}"
+    assert metrics(at)["Productive"] and want["total_s"] == pytest.approx((got[1] - got[0]).total_seconds())
 
 
 def test_fewer_runs_than_the_fit_needs_say_no_data_yet(seeded_copy: str, monkeypatch: pytest.MonkeyPatch) -> None:

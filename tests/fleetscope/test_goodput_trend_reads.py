@@ -245,3 +245,52 @@ def test_api_and_cli_refuse_bad_input_naming_it(api, db_url, tmp_path) -> None: 
     assert out.returncode == 1 and "has no goodput analysis yet: `fleetscope jobs analyze fresh`" in out.stderr
     help_ = clirun.cli("jobs", "--help", env=env)
     assert "fleetscope jobs goodput job-llm-a" in help_.stdout
+
+
+def test_interval_goodput_from_every_door_on_the_hand_worked_timeline(api, db_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ml-goodput-measurement's interval goodput (``get_job_goodput_interval``) of the restart run, through the
+    service, ``GET /api/v1/jobs/{id}/goodput/interval`` and ``fleetscope jobs goodput --start --end``, against the
+    timeline worked out by hand above; and what each door refuses."""
+    store = api.app.state.store
+    seed(store)
+    read = {"Authorization": "Bearer " + auth.create_token(store.engine, "r", ["read"])}
+    env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": db_url}
+    url = api.url + "/api/v1/jobs/restart/goodput/interval"
+    now = T0 + dt.timedelta(hours=1)
+    # [13, 43): step 1 productive 3 s, steps 2-3 wasted 6 s, recovery 8 s, other 5 s, step 2 again 5 s startup + 3 s
+    mid = job_reads.interval_goodput(store, "restart", T0 + dt.timedelta(seconds=13), T0 + dt.timedelta(seconds=43), now=now)
+    assert (mid["window_start"], mid["window_end"], mid["total_s"], mid["productive_s"]) == (iso(13), iso(43), 30.0, 6.0)
+    assert mid["goodput_ratio"] == pytest.approx(0.2) and mid["finished"] and mid["disruptions"] == 1
+    assert mid["badput_s"] == badput(wasted_progress=6.0, infrastructure_recovery=8.0, other=5.0, program_startup=5.0)
+    # past the run's end: clipped to it, [43, 49) is steps 3 and 4 again, all productive
+    tail = job_reads.interval_goodput(store, "restart", T0 + dt.timedelta(seconds=43), T0 + dt.timedelta(minutes=9), now=now)
+    assert (tail["window_end"], tail["total_s"], tail["goodput_ratio"], tail["last_step"]) == (iso(49), 6.0, 1.0, 4)
+    # the halves of the rolling windows, and the whole run's published 30.612 %
+    assert [job_reads.interval_goodput(store, "restart", T0 + dt.timedelta(seconds=a), T0 + dt.timedelta(seconds=b), now=now)["goodput_ratio"]
+            for a, b in ((0, 30), (30, 49), (0, 49))] == [pytest.approx(0.2), pytest.approx(9 / 19), pytest.approx(15 / 49)]
+    r = httpx.get(url, params={"start": iso(13), "end": iso(43)}, headers=read, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == mid
+    out = clirun.cli("jobs", "goodput", "restart", "--start", iso(13), "--end", iso(43), "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == mid
+    text = clirun.cli("jobs", "goodput", "restart", "--start", iso(13), "--end", iso(43), env=env).stdout.splitlines()
+    assert text == [f"job restart from {iso(13)} to {iso(43)}",
+                    "  goodput 20.0% of 30 s; badput: infrastructure_recovery 8 s, wasted_progress 6 s, program_startup 5 s"]  # a tie: bucket order
+
+    def refused(params: dict, status: int, words: str) -> None:
+        r = httpx.get(url, params=params, headers=read, timeout=30)
+        assert r.status_code == status and words in r.text, r.text
+
+    refused({"start": iso(100), "end": iso(200)}, 400, "does not overlap")
+    refused({"start": iso(20), "end": iso(10)}, 400, "end must be after start")
+    refused({"start": "2024-01-01T01:00:00", "end": iso(10)}, 400, "start needs a time zone")
+    refused({"start": "yesterday", "end": iso(10)}, 422, "start")
+    refused({"end": iso(10)}, 422, "start")
+    assert httpx.get(url, params={"start": iso(0), "end": iso(10)}, timeout=30).status_code == 401
+    r = httpx.get(api.url + "/api/v1/jobs/nope/goodput/interval", params={"start": iso(0), "end": iso(10)}, headers=read, timeout=30)
+    assert r.status_code == 404
+    for args, words in ((("--start", iso(0)), "give --start and --end together"), (("--start", iso(20), "--end", iso(10)), "must be after --start"),
+                        (("--start", iso(100), "--end", iso(200)), "does not overlap"), (("--start", "2024-01-01", "--end", iso(10)), "time zone")):
+        out = clirun.cli("jobs", "goodput", "restart", *args, env=env)
+        assert out.returncode != 0 and words in out.stderr, (args, out.stderr)
