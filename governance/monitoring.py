@@ -9,7 +9,9 @@ KS rejects for shifts too small to matter, so a feature counts as drifted on PSI
 ``ks_alpha`` Bonferroni-divided by the number of features) is reported beside it and raises a moderate PSI
 (0.1-0.25) to a drift finding. With few rows PSI itself is noise (an hour of 30 predictions passes 0.25 by
 chance in most features, ``governance.drift``), so a significant PSI counts only where a test says it is not
-chance at that level: PSI's own chi-squared test on its bins (``psi_pvalues``) or KS.
+chance at that level: PSI's own chi-squared test on its bins (``psi_pvalues``) or KS, either at ``ks_alpha`` over the
+features (so at most twice that by chance in a window; with 30 rows on 10 bins the chi-squared tail is itself
+approximate, about three rows a bin).
 
 Prediction drift: the PSI of the score (or of the prediction where there is no score) against the reference,
 a finding where it reaches ``prediction_psi_max`` and its chi-squared p-value is below ``ks_alpha``.
@@ -145,7 +147,7 @@ class Reference:
     features: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # sorted values, edges, shares
     prediction: tuple[np.ndarray, np.ndarray] | None  # edges, shares of the score (or prediction)
     accuracy: float | None
-    prediction_n: int = 0  # the reference's scores (or predictions) in those shares
+    prediction_n: int  # the reference's scores (or predictions) in those shares: the chi-squared test's reference counts
 
 
 def reference(data: WindowData, config: MonitoringConfig | None = None) -> Reference:

@@ -181,6 +181,8 @@ def interval_goodput(job_id: str, run_start: dt.datetime, run_end: dt.datetime) 
     c[1].metric("Productive", ui.fmt_duration(got["productive_s"]))
     top = max(got["badput_s"].items(), key=lambda kv: (kv[1], kv[0]))
     c[2].metric("Largest badput", f"{top[0].replace('_', ' ')} {ui.fmt_duration(top[1])}" if top[1] else "none")
+    st.caption(f"From {got['window_start'][:19]} to {got['window_end'][:19]} UTC, as of the last analysis; the API and "
+               "`fleetscope jobs goodput --start --end` read a running job up to now.")
 
 
 st.subheader("Goodput and badput")

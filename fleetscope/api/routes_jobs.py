@@ -131,7 +131,7 @@ def get_goodput_interval(
     """Runtime goodput and badput within ``[start, end)``, computed now from the job's events, as
     ml-goodput-measurement's ``get_job_goodput_interval``: the denominator is the interval's overlap with the run
     (``window_start``, ``window_end``). 400 for a window without a zone, empty, or missing the run; 404 for a job
-    without events."""
+    whose events give no timeline (none, or no start)."""
     _known(request, job_id)
     try:
         return job_reads.interval_goodput(request.app.state.store, job_id, start, end, now=dt.datetime.now(dt.UTC))

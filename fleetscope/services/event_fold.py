@@ -163,6 +163,18 @@ def _read_back_cases(store: Store, job_id: str, screen: sdc_fold.ScreenFold, cas
     return dataclasses.replace(screen, case_signals=pl.concat([screen.case_signals, *found]))
 
 
+def timeline_events(store: Store, job_id: str) -> pl.DataFrame:
+    """The events goodput's timeline reads, as ``advance`` gives them, without folding or storing anything: the
+    stored ``kept`` events and the tail since the watermark (the whole history where the job was never folded, or
+    a step number came again), compacted (``analyzers.goodput_events.compact_events``). What a read that computes
+    goodput on request (``job_reads.interval_goodput``) takes instead of every step event of every rank."""
+    state = _load(store, job_id) or EventState()
+    tail = _read_from(store, job_id, state.commit_ts_us)
+    if state.last_step is not None and tail.filter((pl.col("kind") == "step") & (pl.col("step") <= state.last_step)).height:
+        state, tail = EventState(), _read_from(store, job_id, None)
+    return goodput_events.compact_events(pl.concat([state.kept, tail], how="vertical_relaxed"))
+
+
 def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
     """Read the job's events from its watermark (everything when not ``incremental`` or never folded) and fold
     them: the committed part into the state to store, the open part into this run's view only."""

@@ -283,21 +283,29 @@ def job_goodput(store: Store, job_id: str, *, windows: int = GOODPUT_WINDOWS_MAX
 
 
 def interval_goodput(store: Store, job_id: str, start: dt.datetime, end: dt.datetime, *, now: dt.datetime) -> dict[str, Any]:
-    """Runtime goodput of ``job_id`` within ``[start, end)``, computed now from its events, as
-    ml-goodput-measurement's ``get_job_goodput_interval(interval_start, interval_end)``: the run's timeline
-    (up to ``now`` while it runs, as the analysis reads it) clipped to the interval, whose overlap with the
-    run (``window_start``, ``window_end``) is the denominator; productive time, badput by bucket, the last
-    productive step and the disruptions inside it. What ``GET /api/v1/jobs/{id}/goodput/interval`` and
-    ``fleetscope jobs goodput --start --end`` give.
+    """Runtime goodput of ``job_id`` within ``[start, end)``, computed now, as ml-goodput-measurement's
+    ``get_job_goodput_interval(interval_start, interval_end)``: the run's timeline (up to ``now`` while it runs,
+    as the analysis reads it) clipped to the interval, whose overlap with the run (``window_start``,
+    ``window_end``) is the denominator; productive time, badput by bucket, the last productive step and the
+    disruptions inside it. The events are the job analysis's folded ones and those since its watermark
+    (``event_fold.timeline_events``), not every step event of every rank. What ``GET
+    /api/v1/jobs/{id}/goodput/interval`` and ``fleetscope jobs goodput --start --end`` give.
 
     ``ValueError`` naming what is wrong with the window (no time zone, empty) or saying that it misses the
-    run; ``NotFound`` for a job without events."""
+    run; ``NotFound`` for a job whose events give no timeline (none, or no start)."""
+    from fleetscope.services import event_fold  # lazy: event_fold reads the fold state through job_fold
+
     check_window(start, end)
-    events = store.read("job_event", job_id=job_id)
+    start, end = as_utc(start), as_utc(end)  # the timeline is in UTC; a caller's +02:00 is the same instant
+    events = event_fold.timeline_events(store, job_id)
     if events.height == 0:
         raise NotFound(f"job {job_id[:200]!r} has no job events: interval goodput is read from them")
     finished = events.filter(pl.col("kind") == "finished").height > 0
-    rg = goodput.runtime_goodput(events, until=None if finished else now, window_start=start, window_end=end)
+    try:
+        timeline = goodput.goodput_timeline(events, until=None if finished else now)
+    except ValueError as exc:
+        raise NotFound(f"job {job_id[:200]!r} has no goodput timeline: {exc}") from None
+    rg = goodput.runtime_goodput_of(timeline, window_start=start, window_end=end)  # ValueError: the interval misses the run
     return json_safe({
         "job_id": job_id, "interval_start": start.isoformat(), "interval_end": end.isoformat(),
         "window_start": rg.window_start.isoformat(), "window_end": rg.window_end.isoformat(), "finished": finished,

@@ -271,6 +271,20 @@ def test_interval_goodput_from_every_door_on_the_hand_worked_timeline(api, db_ur
     r = httpx.get(url, params={"start": iso(13), "end": iso(43)}, headers=read, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json() == mid
+    # the same instants written with another offset: the same interval, given back in UTC
+    plus2 = {"start": (T0 + dt.timedelta(seconds=13)).astimezone(dt.timezone(dt.timedelta(hours=2))).isoformat(),
+             "end": (T0 + dt.timedelta(seconds=43)).astimezone(dt.timezone(dt.timedelta(hours=2))).isoformat()}
+    assert "+02:00" in plus2["start"]
+    r = httpx.get(url, params=plus2, headers=read, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == mid
+    out = clirun.cli("jobs", "goodput", "restart", "--start", plus2["start"], "--end", plus2["end"], "--json", env=env)
+    assert out.returncode == 0 and json.loads(out.stdout) == mid, out.stderr
+    # a job the analysis never folded is read from its events alone, to the same figures as one it folded
+    fresh = job_reads.interval_goodput(store, "fresh", T0 + dt.timedelta(seconds=5), T0 + dt.timedelta(seconds=17), now=now)
+    sample = job_reads.interval_goodput(store, "sample", T0 + dt.timedelta(seconds=5), T0 + dt.timedelta(seconds=17), now=now)
+    assert {k: v for k, v in fresh.items() if k != "job_id"} == {k: v for k, v in sample.items() if k != "job_id"}
+    assert fresh["productive_s"] == 12.0 and fresh["goodput_ratio"] == 1.0  # steps 0-3 at 5, 8, 11, 14 s: 3 s each
     out = clirun.cli("jobs", "goodput", "restart", "--start", iso(13), "--end", iso(43), "--json", env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == mid
@@ -290,6 +304,10 @@ def test_interval_goodput_from_every_door_on_the_hand_worked_timeline(api, db_ur
     assert httpx.get(url, params={"start": iso(0), "end": iso(10)}, timeout=30).status_code == 401
     r = httpx.get(api.url + "/api/v1/jobs/nope/goodput/interval", params={"start": iso(0), "end": iso(10)}, headers=read, timeout=30)
     assert r.status_code == 404
+    # events without a start give no timeline: not the caller's window's fault
+    ingestion.ingest_bytes(store, jsonl("nostart", [(5, "step", 0), (8, "step", 1)]), source="nostart.jsonl")
+    r = httpx.get(api.url + "/api/v1/jobs/nostart/goodput/interval", params={"start": iso(0), "end": iso(10)}, headers=read, timeout=30)
+    assert r.status_code == 404 and "no goodput timeline" in r.text, r.text
     for args, words in ((("--start", iso(0)), "give --start and --end together"), (("--start", iso(20), "--end", iso(10)), "must be after --start"),
                         (("--start", iso(100), "--end", iso(200)), "does not overlap"), (("--start", "2024-01-01", "--end", iso(10)), "time zone")):
         out = clirun.cli("jobs", "goodput", "restart", *args, env=env)
