@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analyzers import goodput, goodput_events, sdc, sdc_fold
+from analyzers import goodput_events, sdc, sdc_fold
 from fleetscope.core import frames as F
 from fleetscope.services import job_fold
 from fleetscope.store import Store
