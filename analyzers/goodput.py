@@ -99,6 +99,12 @@ class _Attempt:
     last_seen: int = 0
 
 
+def running_until(job_event: pl.DataFrame, now: datetime) -> datetime | None:
+    """``until`` for :func:`goodput_timeline` as of ``now``: None for a job with a ``finished`` event (its timeline
+    ends there), else ``now`` (a running job's time runs to the present)."""
+    return None if job_event.filter(pl.col("kind") == "finished").height else now
+
+
 def goodput_timeline(job_event: pl.DataFrame, *, until: datetime | None = None) -> pl.DataFrame:
     """The job's elapsed runtime cut into labelled spans: ``job_id, start, end, duration_s, bucket, step``.
 

@@ -168,24 +168,28 @@ def timeline_events(store: Store, job_id: str) -> pl.DataFrame:
     stored ``kept`` events and the tail since the watermark (the whole history where the job was never folded, or
     a step number came again), compacted (``analyzers.goodput_events.compact_events``). What a read that computes
     goodput on request (``job_reads.interval_goodput``) takes instead of every step event of every rank."""
-    state = _load(store, job_id) or EventState()
-    tail = _read_from(store, job_id, state.commit_ts_us)
-    if state.last_step is not None and tail.filter((pl.col("kind") == "step") & (pl.col("step") <= state.last_step)).height:
-        state, tail = EventState(), _read_from(store, job_id, None)
+    state, tail, _ = _state_and_tail(store, job_id, incremental=True)
     return goodput_events.compact_events(pl.concat([state.kept, tail], how="vertical_relaxed"))
 
 
-def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
-    """Read the job's events from its watermark (everything when not ``incremental`` or never folded) and fold
-    them: the committed part into the state to store, the open part into this run's view only."""
+def _state_and_tail(store: Store, job_id: str, *, incremental: bool) -> tuple[EventState, pl.DataFrame, bool]:
+    """The stored fold (an empty one when not ``incremental`` or never folded), the events from its watermark, and
+    whether that is a fold from the job's start: also where a step number already folded came again (a re-run
+    after a restart)."""
     state = _load(store, job_id) if incremental else None
     refolded = state is None
     state = state or EventState()
     tail = _read_from(store, job_id, state.commit_ts_us)
     if state.last_step is not None and tail.filter((pl.col("kind") == "step") & (pl.col("step") <= state.last_step)).height:
-        # a step number already folded came again (a re-run after a restart): fold the job from its start
         state, refolded = EventState(), True
         tail = _read_from(store, job_id, None)
+    return state, tail, refolded
+
+
+def advance(store: Store, job_id: str, *, incremental: bool) -> EventView:
+    """Read the job's events from its watermark (everything when not ``incremental`` or never folded) and fold
+    them: the committed part into the state to store, the open part into this run's view only."""
+    state, tail, refolded = _state_and_tail(store, job_id, incremental=incremental)
     if tail.height == 0 and state.kept.height == 0:
         return EventView(state, state.kept, state.screen, refolded)
     cut = cut_us(tail)

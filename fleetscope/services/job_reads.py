@@ -300,15 +300,15 @@ def interval_goodput(store: Store, job_id: str, start: dt.datetime, end: dt.date
     events = event_fold.timeline_events(store, job_id)
     if events.height == 0:
         raise NotFound(f"job {job_id[:200]!r} has no job events: interval goodput is read from them")
-    finished = events.filter(pl.col("kind") == "finished").height > 0
+    until = goodput.running_until(events, now)
     try:
-        timeline = goodput.goodput_timeline(events, until=None if finished else now)
+        timeline = goodput.goodput_timeline(events, until=until)
     except ValueError as exc:
         raise NotFound(f"job {job_id[:200]!r} has no goodput timeline: {exc}") from None
     rg = goodput.runtime_goodput_of(timeline, window_start=start, window_end=end)  # ValueError: the interval misses the run
     return json_safe({
         "job_id": job_id, "interval_start": start.isoformat(), "interval_end": end.isoformat(),
-        "window_start": rg.window_start.isoformat(), "window_end": rg.window_end.isoformat(), "finished": finished,
+        "window_start": rg.window_start.isoformat(), "window_end": rg.window_end.isoformat(), "finished": until is None,
         "total_s": rg.total_s, "productive_s": rg.productive_s, "goodput_ratio": rg.goodput_ratio, "badput_s": rg.badput_s,
         "badput_ratio": rg.badput_ratio, "last_step": rg.last_step, "disruptions": rg.disruptions,
     })

@@ -149,8 +149,8 @@ def _stragglers(r: JobRun) -> None:
                       "rolling goodput and step-time deviation")
 def _goodput(r: JobRun) -> None:
     events = r.events().events
-    finished = events.filter(pl.col("kind") == "finished").height > 0
-    until = None if finished else r.now
+    until = goodput.running_until(events, r.now)
+    finished = until is None
     try:
         tl = goodput.goodput_timeline(events, until=until)
         rg = goodput.runtime_goodput_of(tl)
