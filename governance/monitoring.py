@@ -447,8 +447,7 @@ def _prediction_psi_many(ref: Reference, datas: Sequence[WindowData], st: _Stack
     n = np.bincount(w, minlength=w_n)
     nb = len(edges) + 1
     counts = np.bincount(w * nb + np.searchsorted(edges, vals[ok], side="right"), minlength=w_n * nb).reshape(w_n, nb)
-    psi_v = [None if v != v else v for v in psi_counts(counts, n, shares, cfg.epsilon).tolist()]
-    return psi_v, [None if v != v else v for v in psi_pvalues(counts, n, shares, ref.prediction_n).tolist()]
+    return _values(psi_counts(counts, n, shares, cfg.epsilon)), _values(psi_pvalues(counts, n, shares, ref.prediction_n))
 
 
 def _findings(window_start: datetime | None, window_end: datetime | None, metrics: dict[str, Any], prediction_psi: float | None,
@@ -520,7 +519,7 @@ def evaluate_windows(ref: Reference, windows: Sequence[tuple[datetime | None, da
                 got = f(ks_v[has], np.full(int(has.sum()), ref.features[name][0].size), n[has]).tolist()
                 for w, p in zip(np.flatnonzero(has).tolist(), got):
                     pv[w] = p
-        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist(), [None if v != v else v for v in psi_p.tolist()]])
+        cols.append([psi_v.tolist(), ks_v.tolist(), pv, n.tolist(), _values(psi_p)])
     k = max(len(names), 1)  # Bonferroni: KS is judged at ks_alpha / features
     out = []
     for w, (s, e, d) in enumerate(windows):
