@@ -60,6 +60,14 @@ def _when(text: str, option: str) -> dt.datetime:
     return t
 
 
+def _period(start_text: str, end_text: str) -> tuple[dt.datetime, dt.datetime]:
+    """--start and --end as aware times, the end after the start (the routes answer 400 otherwise)."""
+    start, end = _when(start_text, "--start"), _when(end_text, "--end")
+    if end <= start:
+        raise click.BadParameter("must be after --start", param_hint="--end")
+    return start, end
+
+
 _SPANS = {"m": 60, "h": 3600, "d": 86400}
 
 

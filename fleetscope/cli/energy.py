@@ -5,25 +5,16 @@ footprint and its serving against its training. Each verb reads the same service
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import click
 
-from fleetscope.cli.common import _emit, _store, _when
+from fleetscope.cli.common import _emit, _period, _store, _when
 from fleetscope.core.errors import ValidationError
 
 _START = click.option("--start", "start_text", required=True, help="RFC 3339, e.g. 2026-11-01T00:00:00Z.")
 _END = click.option("--end", "end_text", required=True, help="RFC 3339, exclusive.")
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-
-
-def _period(start_text: str, end_text: str) -> tuple[dt.datetime, dt.datetime]:
-    """--start and --end as aware times, the end after the start (the routes answer 400 otherwise)."""
-    start, end = _when(start_text, "--start"), _when(end_text, "--end")
-    if end <= start:
-        raise click.BadParameter("must be after --start", param_hint="--end")
-    return start, end
 
 
 def _num(v: Any, spec: str) -> str:

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from fleetscope.cli.common import _store, _when
+from fleetscope.cli.common import _period, _store
 from fleetscope.core.errors import NotFound
 from fleetscope.core.textinput import has_control
 
@@ -153,9 +153,7 @@ def goodput(job_id: str, windows: int, steps: int, start_text: str | None, end_t
     if not job_exists(st, job_id):
         raise click.ClickException(f"no job {job_id!r}: nothing ingested under that id")
     if start_text is not None and end_text is not None:
-        start, end = _when(start_text, "--start"), _when(end_text, "--end")
-        if end <= start:
-            raise click.BadParameter("must be after --start", param_hint="--end")
+        start, end = _period(start_text, end_text)
         try:
             got = job_reads.interval_goodput(st, job_id, start, end, now=dt.datetime.now(dt.UTC))
         except (NotFound, ValueError) as exc:
