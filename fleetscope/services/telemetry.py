@@ -466,10 +466,18 @@ def check_gpu_uuid(gpu_uuid: str) -> None:
         raise ValidationError(f"not a GPU UUID: empty, over {MAX_UUID_CHARS} characters or with control characters", frame="gpu", field="gpu_uuid")
 
 
-def _series_rows(store: Store, sql: str, params: list[Any], fields: Sequence[str], max_points: int) -> pl.DataFrame:
-    """One wide read of a GPU's rows (``ts`` and ``fields``), refused past ``max_points`` values of all fields."""
-    cap = max(1, max_points // len(fields))
-    df = fetch(store, f"{sql} LIMIT {cap + 1}", params, {"ts": UTC, **{f: F.GPU_SAMPLE.schema[f] for f in fields}})
+def _per_field_cap(fields: Sequence[str], max_points: int) -> int:
+    """The most rows one read of ``fields`` may give within ``max_points`` values of all fields."""
+    return max(1, max_points // len(fields))
+
+
+def _raw_series(store: Store, gpu_uuid: str, fields: Sequence[str], start: dt.datetime, end: dt.datetime, max_points: int) -> pl.DataFrame:
+    """One wide read of a GPU's raw samples over ``[start, end)`` (``ts`` and ``fields``), refused past ``max_points``
+    values of all fields."""
+    cap = _per_field_cap(fields, max_points)
+    source = gpu_samples_sql(store, start, end, fields)
+    df = fetch(store, f"SELECT ts, {', '.join(fields)} FROM {source} WHERE gpu_uuid = ? ORDER BY ts LIMIT {cap + 1}", [gpu_uuid],
+               {"ts": UTC, **{f: F.GPU_SAMPLE.schema[f] for f in fields}})
     if df.height > cap:
         raise TooManyPoints(f"more than {cap:,} points of each of {len(fields)} field(s) in the window (at most {max_points:,} in all):"
                             " ask for a shorter window or fewer fields")
@@ -497,8 +505,7 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str | Sequence[str], st
         return pl.DataFrame(schema=schema)
     parts: list[pl.DataFrame] = []
     if tier == "raw":
-        source = gpu_samples_sql(store, start, end, fields)
-        wide = _series_rows(store, f"SELECT ts, {', '.join(fields)} FROM {source} WHERE gpu_uuid = ? ORDER BY ts", [gpu_uuid], fields, max_points)
+        wide = _raw_series(store, gpu_uuid, fields, start, end, max_points)
         parts = [wide.select(pl.lit(f).alias("field"), "ts", pl.lit(1, pl.Int64).alias("samples"), *(pl.col(f).alias(a) for a in ("min", "max", "mean", "last")),
                              pl.lit(True).alias("from_raw")) for f in fields]
     else:
@@ -509,11 +516,10 @@ def gpu_field_series(store: Store, gpu_uuid: str, field: str | Sequence[str], st
         cols = ", ".join(f"{f}_{a}" for f in fields for a in ("min", "max", "mean", "last"))
         sql = f"SELECT bucket AS ts, samples, {cols} FROM {tiers.TIER_TABLE[tier]} WHERE gpu_uuid = ? AND bucket >= ? AND bucket < ? ORDER BY bucket"
         out = {"ts": UTC, "samples": pl.Int64, **{f"{f}_{a}": pl.Float64 for f in fields for a in ("min", "max", "mean", "last")}}
-        cap = max(1, max_points // len(fields))
+        cap = _per_field_cap(fields, max_points)
         rolled = fetch(store, f"{sql} LIMIT {cap + 1}", [gpu_uuid, first, min(cut, end)], out)
         if cut < end:
-            source = gpu_samples_sql(store, cut, end, fields)
-            raw = _series_rows(store, f"SELECT ts, {', '.join(fields)} FROM {source} WHERE gpu_uuid = ? ORDER BY ts", [gpu_uuid], fields, max_points)
+            raw = _raw_series(store, gpu_uuid, fields, cut, end, max_points)
             made = tier_rollup.minute_rollup(raw.with_columns(pl.lit(gpu_uuid).alias("gpu_uuid")))
             made = tier_rollup.hour_rollup(made) if tier == "hour" else made
             rolled = pl.concat([rolled.with_columns(pl.lit(False).alias("from_raw")),
