@@ -17,7 +17,13 @@ COPY analyzers ./analyzers
 COPY governance ./governance
 COPY dashboard ./dashboard
 COPY migrations ./migrations
-RUN pip install .
+# gcc for ingest/_lines.c (the agents' push loop in C), removed in the same layer; the import proves it was built
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && pip install . \
+ && python -c "import ingest._lines" \
+ && apt-get purge -y --auto-remove gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 
 USER fleetscope
 EXPOSE 8000 8501

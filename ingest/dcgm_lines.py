@@ -48,6 +48,11 @@ from ingest.dcgm import (
 from ingest import dcgm_labels
 from ingest.dcgm_labels import _OUT_INDEX, Shape, block_by_shape, block_of, host_of, inventory_row, plain, series_of, shape_of, workload_of
 
+try:  # the compiled per-push loop (ingest/_lines.c), built where a compiler was; the same steps in Python otherwise
+    from ingest import _lines as _c
+except ImportError:  # pragma: no cover - exercised by the tests that run without it
+    _c = None
+
 __all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "forget", "host_of"]
 
 # Bodies larger than this are a scrape of many GPUs: the columnar parser is faster there.
@@ -56,7 +61,9 @@ MAX_BYTES = 512 * 1024
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # A sample's value: what follows "} " up to the end of its line (no look-behind: a tenth of the time).
 _VALUE_CUT = re.compile(rb"\} ([^ \n]*)\n")
-_PLAIN_NUMBERS = re.compile(rb"[0-9eE.+\- ]*")
+# The values of a templated body joined by commas: only a plain number's characters (no space, which float()
+# would strip, no name such as "nan"; a comma in a value makes float() refuse it).
+_PLAIN_NUMBERS = re.compile(rb"[0-9eE.+\-,]*")
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
 _STRING_OF = {c.name: c.dtype for c in GPU_SAMPLE.columns}
@@ -147,16 +154,23 @@ def read(data: bytes) -> Lines | None:
     leave a template for next time."""
     if len(data) > MAX_BYTES or not data.endswith(b"\n"):
         return None
-    parts = _VALUE_CUT.split(data)
-    values = parts[1::2]
-    texts = parts[0::2]
-    # with the pieces' lengths: the same text cut at other places (a quote moved across a value) is another body
-    digest = _digest(b"".join(texts), map(len, texts))
+    texts: list[bytes] | None = None
+    if _c is not None:
+        joined, lengths, values = _c.cut(data)
+        digest = hashing.fed(hashlib.sha1(), joined, lengths).digest()  # ``_digest`` of the same pieces
+    else:
+        parts = _VALUE_CUT.split(data)
+        values = parts[1::2]
+        texts = parts[0::2]
+        # with the pieces' lengths: the same text cut at other places (a quote moved across a value) is another body
+        digest = _digest(b"".join(texts), map(len, texts))
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
         if out is not None:
             return out
+    if texts is None:  # a body no template fills: the pieces themselves are compared below
+        texts = _VALUE_CUT.split(data)[0::2]
     if template is None:
         # a new node of a known skeleton, told by comparing its pieces with that skeleton's (``_Kin``)
         template = _kin_template(data, texts)
@@ -460,6 +474,34 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
     return out
 
 
+def _numbers_py(values: list[bytes], high: float) -> tuple[list[float], float, list[int]] | None:
+    """The values as floats where each is a plain number, with their minimum (inf for none) and the indices
+    of those at or above ``high`` (``_lines.numbers``); else None."""
+    if not _PLAIN_NUMBERS.fullmatch(b",".join(values)):
+        return None
+    try:
+        numbers = list(map(float, values))
+    except ValueError:
+        return None
+    low = min(numbers, default=math.inf)
+    above = [i for i, v in enumerate(numbers) if v >= high] if numbers and max(numbers) >= high else []
+    return numbers, low, above
+
+
+def _scale_ints_py(values: list[Any], at: list[int], factors: list[float]) -> int:
+    """Each ``values[i]`` for ``i`` in ``at`` scaled by its factor and rounded (``_scaled``), in place; how many
+    fell outside int64 (``_lines.scale_ints``)."""
+    lost = 0
+    for i, factor in zip(at, factors):
+        values[i] = _scaled(values[i], factor, True)
+        lost += values[i] is None
+    return lost
+
+
+_numbers = _c.numbers if _c is not None else _numbers_py
+_scale_ints = _c.scale_ints if _c is not None else _scale_ints_py
+
+
 def _scaled(value: float, factor: float, integer: bool) -> float | int | None:
     scaled = value * factor
     if not integer:
@@ -487,23 +529,21 @@ class _Template:
         self.blocks = blocks
 
     def fill(self, values: list[bytes]) -> Lines | None:
-        if len(values) != len(self.slots) or not _PLAIN_NUMBERS.fullmatch(b" ".join(values)):
+        if len(values) != len(self.slots):
             return None
-        try:
-            numbers = list(map(float, values))
-        except ValueError:
-            return None
-        if numbers and min(numbers) == -math.inf:
-            return None
-        base = self.lines
         # Every sentinel band and infinity lies above 2**31 - 16: only values there (an energy counter in mJ,
         # say) need their slot's blank test before the index tables take the body.
-        if numbers and max(numbers) >= _INT32_BLANK:
-            for i in [i for i, v in enumerate(numbers) if v >= _INT32_BLANK]:
-                slot = self.slots[i]
-                if slot is not None and _blank(numbers[i], slot[4] if slot[3] != "m" else "?"):
-                    return None  # a blank or an infinity: dropped and counted line by line
-        return self.compiled.fill(base, numbers)
+        got = _numbers(values, _INT32_BLANK)
+        if got is None:
+            return None
+        numbers, low, high = got
+        if low == -math.inf:
+            return None
+        for i in high:
+            slot = self.slots[i]
+            if slot is not None and _blank(numbers[i], slot[4] if slot[3] != "m" else "?"):
+                return None  # a blank or an infinity: dropped and counted line by line
+        return self.compiled.fill(self.lines, numbers)
 
 
 class _Compiled:
@@ -518,7 +558,7 @@ class _Compiled:
         at = {c: j for j, c in enumerate(self.cols)}
         k_n = len(lines.keys)
         where = [len(slots)] * (k_n * n)  # the index of a None appended to the values
-        self.ints: list[tuple[int, float]] = []
+        ints: list[tuple[int, float]] = []
         self.scaled: list[tuple[int, float]] = []
         metric_at: list[int] = []
         self.series: list[str] = []
@@ -534,9 +574,11 @@ class _Compiled:
                 continue
             where[k * n + at[col]] = i
             if how == "i":
-                self.ints.append((i, factor))
+                ints.append((i, factor))
             elif factor != 1.0:
                 self.scaled.append((i, factor))
+        self.int_at = [i for i, _ in ints]
+        self.int_factors = [float(factor) for _, factor in ints]
         self.pick = operator.itemgetter(*where) if len(where) > 1 else (lambda v: tuple(v[i] for i in where))
         self.pick_metrics = (operator.itemgetter(*metric_at) if len(metric_at) > 1
                              else (lambda v: tuple(v[i] for i in metric_at)))
@@ -559,10 +601,7 @@ class _Compiled:
 
     def fill(self, base: Lines, numbers: list[float]) -> Lines:
         values: list[Any] = numbers
-        lost = 0
-        for i, factor in self.ints:
-            values[i] = _scaled(values[i], factor, True)
-            lost += values[i] is None
+        lost = _scale_ints(values, self.int_at, self.int_factors)
         for i, factor in self.scaled:
             values[i] *= factor
         metrics = []

@@ -7,6 +7,7 @@ its ParseError with the line)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +27,27 @@ TS = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 _spec = importlib.util.spec_from_file_location("_bench_dcgm", REPO / "benchmarks" / "ingest_dcgm.py")
 _bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def loop(request, monkeypatch):
+    """Every test here runs on the compiled per-push loop (``ingest._lines``) and on the Python one it
+    stands for where no compiler built it."""
+    if request.param == "compiled":
+        if dcgm_lines._c is None:
+            _compiled_missing()
+    else:
+        monkeypatch.setattr(dcgm_lines, "_c", None)
+        monkeypatch.setattr(dcgm_lines, "_numbers", dcgm_lines._numbers_py)
+        monkeypatch.setattr(dcgm_lines, "_scale_ints", dcgm_lines._scale_ints_py)
+    return request.param
+
+
+def _compiled_missing() -> None:
+    msg = "ingest._lines was not built (no C compiler at install)"
+    if os.environ.get("FLEETSCOPE_REQUIRE_COMPILED") == "1":
+        pytest.fail(msg + " and FLEETSCOPE_REQUIRE_COMPILED=1")
+    pytest.skip(msg)
 
 
 def _us(ts: datetime) -> int:
