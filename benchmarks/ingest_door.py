@@ -63,7 +63,7 @@ def _dcgm_push(body: bytes, host: int, when: dt.datetime) -> screen.Push:
 
 def _otlp_push(body: bytes) -> screen.Push:
     found, inflated = routes_otlp._from_template(body, True, LIMIT, "protobuf")
-    walk, sha = found if found is not None else routes_otlp._decode(inflated or body, inflated is None, LIMIT, "protobuf", looked_up=inflated is not None)
+    walk, sha = found if found is not None else routes_otlp._decode(inflated or body, inflated is None, LIMIT, "protobuf", looked_up=inflated is not None, received=body)
     return screen.Push("otlp:/v1/metrics", sha, ["otlp"], otlp=walk, nbytes=len(body))
 
 

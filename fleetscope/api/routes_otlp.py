@@ -52,10 +52,13 @@ class _BadGzip(Exception):
     """A body that says gzip and is not (or is cut short)."""
 
 
-def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64, looked_up: bool = False) -> tuple[Any, str]:
-    """The request body, inflated where gzip, as a Batch, and the content hash of what it held; ParseError
-    where it cannot be decoded (a JSON body nested past ``max_depth`` included). ``looked_up``: no template
-    held it a moment ago (``_from_template``)."""
+def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: int = 64, looked_up: bool = False,
+            received: bytes | None = None) -> tuple[Any, str]:
+    """The request body, inflated where gzip, as a Batch, and the content hash of the request (``_sha``: of
+    ``received``, the body as it came, where ``body`` was inflated from it); ParseError where it cannot be
+    decoded (a JSON body nested past ``max_depth`` included). ``looked_up``: no template held it a moment ago
+    (``_from_template``)."""
+    sha = _sha(body if received is None else received, encoding)
 
     if gzipped:
         try:
@@ -67,7 +70,14 @@ def _decode(body: bytes, gzipped: bool, limit: int, encoding: str, max_depth: in
     # The request's readings, not yet frames: the door builds a group's OTLP requests into frames together.
     walk = otlp.read(body, encoding=encoding, source="otlp:/v1/metrics", looked_up=looked_up)
     otlp.plain(walk)  # its rows worked out here, off the door's one writer thread (kept on the walk)
-    return walk, content_hash(body, encoding.encode())
+    return walk, sha
+
+
+def _sha(received: bytes, encoding: str) -> str:
+    """The content hash of a request: of its body as it came, gzip and all, as ``fleetscope ingest`` hashes a
+    ``.gz`` file and the dcgm route a gzip body. An exporter's or agent's retry sends the same bytes; an
+    agent's push is ~2 KB gzip of ~50 KB, so this is a twentieth of hashing what it inflates to."""
+    return content_hash(received, encoding.encode())
 
 
 # An agent's request (8 GPUs, ~50 KB inflated, ~2-5 KB gzipped) whose template is known, or that a known
@@ -83,6 +93,7 @@ def _from_template(body: bytes, gzipped: bool, limit: int, encoding: str) -> tup
     (the worker thread reads that rather than inflating it again)."""
     if encoding != "protobuf" or len(body) > INLINE_MAX_BYTES:
         return None, None
+    received = body
     if gzipped:
         try:
             body = ingestion.gunzip_capped(body, min(limit, INLINE_MAX_INFLATED), "otlp:/v1/metrics")
@@ -94,7 +105,7 @@ def _from_template(body: bytes, gzipped: bool, limit: int, encoding: str) -> tup
     if walk is None:
         return None, body
     otlp.plain(walk)
-    return (walk, content_hash(body, encoding.encode())), body
+    return (walk, _sha(received, encoding)), body
 
 
 @router.post("/v1/metrics")
@@ -140,6 +151,7 @@ async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str,
     try:
         limit = app.state.settings.max_body_bytes
         gzipped = content_encoding.lower() == "gzip"
+        received = body
         try:
             found, inflated = _from_template(body, gzipped, limit, encoding)
             if found is None and inflated is not None:
@@ -147,7 +159,7 @@ async def otlp_body(app: Any, body: bytes, encoding: str, content_encoding: str,
             # Otherwise decompression and decoding together in a worker thread: at a large fleet's scrape
             # (~100 MB inflated) inflating alone takes a few hundred ms, which must not stall the event loop.
             walk, sha = found if found is not None else await run_in_threadpool(
-                _decode, body, gzipped, limit, encoding, app.state.settings.max_json_depth, inflated is not None)
+                _decode, body, gzipped, limit, encoding, app.state.settings.max_json_depth, inflated is not None, received)
         except ingestion.TooLarge:
             return _status(8, f"decompressed body over the limit of {limit} bytes", encoding, 413)
         except _BadGzip as exc:

@@ -391,3 +391,41 @@ def test_a_templated_push_dated_past_the_horizon_is_refused_whole(api):
     ok = bench.build_request(8, now_ns + 60 * 10**9, first=8)
     assert httpx.post(api.url + "/v1/metrics", content=ok, headers=h).status_code == 200
     assert api.app.state.store.counts()["gpu_sample"] == stored["gpu_sample"] + 8
+
+
+def test_an_otlp_body_sent_again_is_known_by_its_bytes_as_they_came_whichever_way_it_was_read(api):
+    """The content hash of an OTLP request is taken over its body as it arrived (gzip and all): a first sight
+    read in the worker thread and the same bytes again, now read from the template on the event loop, are one
+    input, and the second writes nothing; the same readings sent uncompressed are another input whose rows
+    are all stored already."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    from ingest import otlp_template
+    from fleetscope.store import content_hash
+
+    spec = importlib.util.spec_from_file_location("_bench_otlp", Path(__file__).resolve().parents[2] / "benchmarks" / "ingest_otlp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    otlp_template.clear()
+    h = {**headers(api), "Content-Type": "application/x-protobuf"}
+    raw = bench.build_request(8, (int(time.time()) - 600) * 10**9, first=64)
+    gz = gzip.compress(raw)
+    engine = api.app.state.store.engine
+
+    def logged() -> list[str]:
+        from sqlalchemy import text
+
+        with engine.connect() as conn:
+            return [r[0] for r in conn.execute(text("SELECT content_sha256 FROM ingest_log WHERE source = 'otlp:/v1/metrics' ORDER BY ingest_id"))]
+
+    before, stored = logged(), api.app.state.store.counts()["gpu_sample"]
+    first = httpx.post(api.url + "/v1/metrics", content=gz, headers={**h, "Content-Encoding": "gzip"})
+    assert otlp_template.lookup(raw) is not None  # the thread's read left a template: the next read is the loop's
+    again = httpx.post(api.url + "/v1/metrics", content=gz, headers={**h, "Content-Encoding": "gzip"})
+    plain = httpx.post(api.url + "/v1/metrics", content=raw, headers=h)
+    assert [first.status_code, again.status_code, plain.status_code] == [200, 200, 200]
+    new = logged()[len(before):]
+    assert new == [content_hash(gz, b"protobuf"), content_hash(raw, b"protobuf")]
+    assert api.app.state.store.counts()["gpu_sample"] == stored + 8  # the 8 GPUs once, for all three requests
