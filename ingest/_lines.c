@@ -20,6 +20,33 @@
  * engine finds it: at the leftmost "} ", the value runs to the first space or newline; it is a match only
  * where that stop is a newline, and the search goes on after it; otherwise it goes on one byte after the
  * brace. */
+/* The texts between the values, joined into one buffer as they are found, and each one's length. */
+typedef struct {
+    char *out;
+    Py_ssize_t written;
+    uint32_t *lengths;
+    Py_ssize_t count, cap;
+} Texts;
+
+static int
+take_text(Texts *t, const char *from, Py_ssize_t len)
+{
+    if (t->count == t->cap) {
+        Py_ssize_t cap = t->cap * 2;
+        uint32_t *grown = PyMem_Realloc(t->lengths, cap * sizeof(uint32_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->lengths = grown;
+        t->cap = cap;
+    }
+    memcpy(t->out + t->written, from, (size_t)len);
+    t->written += len;
+    t->lengths[t->count++] = (uint32_t)len;
+    return 0;
+}
+
 static PyObject *
 lines_cut(PyObject *self, PyObject *arg)
 {
@@ -36,13 +63,12 @@ lines_cut(PyObject *self, PyObject *arg)
 
     PyObject *values = PyList_New(0);
     PyObject *skeleton = PyBytes_FromStringAndSize(NULL, n); /* never longer than the body; shrunk below */
-    Py_ssize_t cap = 64, count = 0;
-    uint32_t *lengths = PyMem_Malloc(cap * sizeof(uint32_t));
-    if (values == NULL || skeleton == NULL || lengths == NULL) {
+    Texts texts = {NULL, 0, PyMem_Malloc(64 * sizeof(uint32_t)), 0, 64};
+    if (values == NULL || skeleton == NULL || texts.lengths == NULL) {
         goto fail;
     }
-    char *out = PyBytes_AS_STRING(skeleton);
-    Py_ssize_t written = 0, text_start = 0, i = 0;
+    texts.out = PyBytes_AS_STRING(skeleton);
+    Py_ssize_t text_start = 0, i = 0;
     while (i + 1 < n) {
         const char *brace = memchr(data + i, '}', (size_t)(n - 1 - i));
         if (brace == NULL) {
@@ -62,19 +88,9 @@ lines_cut(PyObject *self, PyObject *arg)
             continue;
         }
         /* the text before this match ends before its brace; the match takes "} ", the value and "\n" */
-        Py_ssize_t text_len = at - text_start;
-        memcpy(out + written, data + text_start, (size_t)text_len);
-        written += text_len;
-        if (count == cap) {
-            cap *= 2;
-            uint32_t *grown = PyMem_Realloc(lengths, cap * sizeof(uint32_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto fail;
-            }
-            lengths = grown;
+        if (take_text(&texts, data + text_start, at - text_start) < 0) {
+            goto fail;
         }
-        lengths[count++] = (uint32_t)text_len;
         PyObject *value = PyBytes_FromStringAndSize(data + v, end - v);
         if (value == NULL || PyList_Append(values, value) < 0) {
             Py_XDECREF(value);
@@ -84,31 +100,19 @@ lines_cut(PyObject *self, PyObject *arg)
         text_start = end + 1;
         i = end + 1;
     }
-    /* the text after the last value */
-    {
-        Py_ssize_t text_len = n - text_start;
-        memcpy(out + written, data + text_start, (size_t)text_len);
-        written += text_len;
-        if (count == cap) {
-            cap += 1;
-            uint32_t *grown = PyMem_Realloc(lengths, cap * sizeof(uint32_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto fail;
-            }
-            lengths = grown;
-        }
-        lengths[count++] = (uint32_t)text_len;
+    if (take_text(&texts, data + text_start, n - text_start) < 0) { /* the text after the last value */
+        goto fail;
     }
-    if (_PyBytes_Resize(&skeleton, written) < 0) {
+    if (_PyBytes_Resize(&skeleton, texts.written) < 0) {
         skeleton = NULL;
         goto fail;
     }
-    PyObject *lens = PyBytes_FromStringAndSize((const char *)lengths, count * (Py_ssize_t)sizeof(uint32_t));
-    PyMem_Free(lengths);
-    lengths = NULL;
+    PyObject *lens = PyBytes_FromStringAndSize((const char *)texts.lengths, texts.count * (Py_ssize_t)sizeof(uint32_t));
+    PyMem_Free(texts.lengths);
     if (lens == NULL) {
-        goto fail;
+        Py_DECREF(skeleton);
+        Py_DECREF(values);
+        return NULL;
     }
     PyObject *result = PyTuple_Pack(3, skeleton, lens, values);
     Py_DECREF(skeleton);
@@ -119,7 +123,7 @@ lines_cut(PyObject *self, PyObject *arg)
 fail:
     Py_XDECREF(values);
     Py_XDECREF(skeleton);
-    PyMem_Free(lengths);
+    PyMem_Free(texts.lengths);
     return NULL;
 }
 

@@ -180,3 +180,63 @@ def test_a_template_learned_one_way_is_found_the_other(monkeypatch):
     again = dcgm_lines.read(body)
     assert len(dcgm_lines._TEMPLATES) == 1 and again.flat == first.flat
     dcgm_lines.forget()
+
+
+_FUZZ = r'''
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("ingest._lines", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+base = open(sys.argv[2], "rb").read()
+rng = random.Random(int(sys.argv[3]))
+alphabet = b'} \n{"=,#9aZ.-e\x00\xff'
+for _ in range(600):
+    body = bytearray(base[: rng.randrange(len(base) + 1)])
+    for _ in range(rng.randint(0, 20)):
+        if not body:
+            break
+        i = rng.randrange(len(body))
+        op = rng.randrange(3)
+        if op == 0:
+            body[i:i] = bytes([rng.choice(alphabet)]) * rng.randint(1, 300)
+        elif op == 1:
+            del body[i : i + rng.randint(1, 40)]
+        else:
+            body[i] = rng.choice(alphabet)
+    joined, lengths, values = m.cut(bytes(body))
+    m.numbers(values, 2.0**31)
+    got = m.numbers([v for v in values if v and set(v) <= set(b"0123456789.-")] or [b"1"], 2.0**31)
+    if got is not None:
+        xs = list(got[0])
+        m.scale_ints(xs, list(range(len(xs))), [rng.choice([1.0, 1e3, 1e-3, 1e30]) for _ in xs])
+for data in (b"", b"}", b"} ", b"} \n" * 70000, b"}" * 100000, bytes(range(256)) * 100):
+    m.cut(data)
+print("clean")
+'''
+
+
+def test_the_loop_reads_hostile_bodies_under_the_address_and_undefined_behaviour_sanitizers(tmp_path):
+    """The C loop built with AddressSanitizer and UBSan and fed cut, grown and corrupted bodies: any read past a
+    buffer, overflow or use after free stops the process."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc to build the sanitized loop")
+    libs = [subprocess.run([gcc, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip() for lib in ("libasan.so", "libubsan.so")]
+    if not all(Path(lib).is_absolute() and Path(lib).exists() for lib in libs):
+        pytest.skip("gcc has no sanitizer runtimes here")
+    built = tmp_path / "_lines.so"
+    subprocess.run([gcc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fPIC", "-shared",
+                    "-I" + sysconfig.get_paths()["include"], str(REPO / "ingest" / "_lines.c"), "-o", str(built)], check=True)
+    body = tmp_path / "body.prom"
+    body.write_bytes(_bench.synth_scrape(8, seed=3))
+    script = tmp_path / "fuzz.py"
+    script.write_text(_FUZZ)
+    env = {**os.environ, "LD_PRELOAD": ":".join(libs), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+    run = subprocess.run([sys.executable, str(script), str(built), str(body), "17"], capture_output=True, text=True, env=env, timeout=240)
+    assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-3000:]
