@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from itertools import accumulate
 import math
 from array import array
 import operator
@@ -169,8 +170,9 @@ def read(data: bytes) -> Lines | None:
         out = template.fill(values)
         if out is not None:
             return out
-    if texts is None:  # a body no template fills: the pieces themselves are compared below
-        texts = _VALUE_CUT.split(data)[0::2]
+    if texts is None:  # a body no template fills: the pieces themselves are compared below, as the cut gave them
+        ends = list(accumulate(array("I", lengths)))
+        texts = [joined[a:b] for a, b in zip([0, *ends], ends)]
     if template is None:
         # a new node of a known skeleton, told by comparing its pieces with that skeleton's (``_Kin``)
         template = _kin_template(data, texts)
