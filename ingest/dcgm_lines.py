@@ -155,24 +155,18 @@ def read(data: bytes) -> Lines | None:
     leave a template for next time."""
     if len(data) > MAX_BYTES or not data.endswith(b"\n"):
         return None
-    texts: list[bytes] | None = None
-    if _c is not None:
-        joined, lengths, values = _c.cut(data)
-        digest = hashing.fed(hashlib.sha1(), joined, lengths).digest()  # ``_digest`` of the same pieces
-    else:
-        parts = _VALUE_CUT.split(data)
-        values = parts[1::2]
-        texts = parts[0::2]
-        # with the pieces' lengths: the same text cut at other places (a quote moved across a value) is another body
-        digest = _digest(b"".join(texts), map(len, texts))
+    joined, lengths, values = _cut(data)
+    # ``_digest`` of the pieces with their lengths: the same text cut at other places (a quote moved across a
+    # value) is another body
+    digest = hashing.fed(hashlib.sha1(), joined, lengths).digest()
     template = _TEMPLATES.get(digest)
     if template is not None:
         out = template.fill(values)
         if out is not None:
             return out
-    if texts is None:  # a body no template fills: the pieces themselves are compared below, as the cut gave them
-        ends = list(accumulate(array("I", lengths)))
-        texts = [joined[a:b] for a, b in zip([0, *ends], ends)]
+    # a body no template fills: the pieces themselves are compared below
+    ends = list(accumulate(array("I", lengths)))
+    texts = [joined[a:b] for a, b in zip([0, *ends], ends)]
     if template is None:
         # a new node of a known skeleton, told by comparing its pieces with that skeleton's (``_Kin``)
         template = _kin_template(data, texts)
@@ -476,6 +470,14 @@ def _read_lines(data: bytes, raws: list[str], slots: list[_Slot]) -> Lines | Non
     return out
 
 
+def _cut_py(data: bytes) -> tuple[bytes, bytes, list[bytes]]:
+    """The body cut at its values (``_VALUE_CUT``): the texts between them joined, their lengths as native
+    uint32, and the values (``_lines.cut``)."""
+    parts = _VALUE_CUT.split(data)
+    texts = parts[0::2]
+    return b"".join(texts), array("I", map(len, texts)).tobytes(), parts[1::2]
+
+
 def _numbers_py(values: list[bytes], high: float) -> tuple[list[float], float, list[int]] | None:
     """The values as floats where each is a plain number, with their minimum (inf for none) and the indices
     of those at or above ``high`` (``_lines.numbers``); else None."""
@@ -500,6 +502,7 @@ def _scale_ints_py(values: list[Any], at: list[int], factors: list[float]) -> in
     return lost
 
 
+_cut = _c.cut if _c is not None else _cut_py
 _numbers = _c.numbers if _c is not None else _numbers_py
 _scale_ints = _c.scale_ints if _c is not None else _scale_ints_py
 

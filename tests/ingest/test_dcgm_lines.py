@@ -37,7 +37,7 @@ def loop(request, monkeypatch):
         if dcgm_lines._c is None:
             _compiled_missing()
     else:
-        monkeypatch.setattr(dcgm_lines, "_c", None)
+        monkeypatch.setattr(dcgm_lines, "_cut", dcgm_lines._cut_py)
         monkeypatch.setattr(dcgm_lines, "_numbers", dcgm_lines._numbers_py)
         monkeypatch.setattr(dcgm_lines, "_scale_ints", dcgm_lines._scale_ints_py)
     return request.param

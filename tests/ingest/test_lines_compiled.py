@@ -9,7 +9,6 @@ import math
 import os
 import random
 import struct
-from array import array
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,25 @@ if dcgm_lines._c is None:
 C = dcgm_lines._c
 
 
-def _split(data: bytes) -> tuple[bytes, bytes, list[bytes]]:
-    parts = dcgm_lines._VALUE_CUT.split(data)
-    texts = parts[0::2]
-    return b"".join(texts), array("I", map(len, texts)).tobytes(), parts[1::2]
+_ALPHABET = b'} \n{"=,#9aZ.-e\x00\xff'
+
+
+def _mutated(rng: random.Random, base: bytes, *, ops: tuple[int, int], grow: int, shrink: int, cut_p: float) -> bytes:
+    """``base``, cut short with probability ``cut_p``, then between ``ops[0]`` and ``ops[1]`` edits: a byte of ``_ALPHABET`` inserted
+    up to ``grow`` times, up to ``shrink`` bytes deleted, or a byte replaced."""
+    body = bytearray(base[: rng.randrange(len(base) + 1)] if rng.random() < cut_p else base)
+    for _ in range(rng.randint(*ops)):
+        if not body:
+            break
+        i = rng.randrange(len(body))
+        op = rng.randrange(3)
+        if op == 0:
+            body[i:i] = bytes([rng.choice(_ALPHABET)]) * rng.randint(1, grow)
+        elif op == 1:
+            del body[i : i + rng.randint(1, shrink)]
+        else:
+            body[i] = rng.choice(_ALPHABET)
+    return bytes(body)
 
 
 def _bits(values: list) -> list:
@@ -52,29 +66,16 @@ def test_cut_is_the_regex_split_on_real_and_agent_bodies():
     assert len(bodies) >= 5
     for body in bodies:
         joined, lengths, values = C.cut(body)
-        assert (joined, lengths, values) == _split(body)
+        assert (joined, lengths, values) == dcgm_lines._cut_py(body)
         assert len(values) > 10
 
 
 def test_cut_is_the_regex_split_on_mutated_bodies():
     rng = random.Random(5)
     base = _bench.synth_scrape(8, seed=3)
-    alphabet = b'} \n{"=,#9aZ.-e\x00\xff'
     for _ in range(400):
-        body = bytearray(base[: rng.randrange(len(base) + 1)] if rng.random() < 0.2 else base)
-        for _ in range(rng.randint(1, 12)):
-            if not body:
-                break
-            i = rng.randrange(len(body))
-            op = rng.randrange(3)
-            if op == 0:
-                body[i:i] = bytes([rng.choice(alphabet)]) * rng.randint(1, 3)
-            elif op == 1:
-                del body[i : i + rng.randint(1, 4)]
-            else:
-                body[i] = rng.choice(alphabet)
-        data = bytes(body)
-        assert C.cut(data) == _split(data), data[:80]
+        data = _mutated(rng, base, ops=(1, 12), grow=3, shrink=4, cut_p=0.2)
+        assert C.cut(data) == dcgm_lines._cut_py(data), data[:80]
 
 
 @pytest.mark.parametrize("data", [
@@ -83,7 +84,7 @@ def test_cut_is_the_regex_split_on_mutated_bodies():
     b"}" * 50_000 + b" 5\n", bytes(range(256)) * 40,
 ])
 def test_cut_is_the_regex_split_on_hostile_input(data):
-    assert C.cut(data) == _split(data)
+    assert C.cut(data) == dcgm_lines._cut_py(data)
 
 
 def test_cut_refuses_what_is_not_bytes():
@@ -174,7 +175,7 @@ def test_a_template_learned_one_way_is_found_the_other(monkeypatch):
     dcgm_lines.forget()
     first = dcgm_lines.read(body)
     assert first is not None and len(dcgm_lines._TEMPLATES) == 1
-    monkeypatch.setattr(dcgm_lines, "_c", None)
+    monkeypatch.setattr(dcgm_lines, "_cut", dcgm_lines._cut_py)
     monkeypatch.setattr(dcgm_lines, "_numbers", dcgm_lines._numbers_py)
     monkeypatch.setattr(dcgm_lines, "_scale_ints", dcgm_lines._scale_ints_py)
     again = dcgm_lines.read(body)
@@ -183,34 +184,19 @@ def test_a_template_learned_one_way_is_found_the_other(monkeypatch):
 
 
 _FUZZ = r'''
-import importlib.util, random, sys
+import importlib.util, random, struct, sys
 spec = importlib.util.spec_from_file_location("ingest._lines", sys.argv[1])
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
-base = open(sys.argv[2], "rb").read()
 rng = random.Random(int(sys.argv[3]))
-alphabet = b'} \n{"=,#9aZ.-e\x00\xff'
-for _ in range(600):
-    body = bytearray(base[: rng.randrange(len(base) + 1)])
-    for _ in range(rng.randint(0, 20)):
-        if not body:
-            break
-        i = rng.randrange(len(body))
-        op = rng.randrange(3)
-        if op == 0:
-            body[i:i] = bytes([rng.choice(alphabet)]) * rng.randint(1, 300)
-        elif op == 1:
-            del body[i : i + rng.randint(1, 40)]
-        else:
-            body[i] = rng.choice(alphabet)
-    joined, lengths, values = m.cut(bytes(body))
-    m.numbers(values, 2.0**31)
-    got = m.numbers([v for v in values if v and set(v) <= set(b"0123456789.-")] or [b"1"], 2.0**31)
-    if got is not None:
-        xs = list(got[0])
-        m.scale_ints(xs, list(range(len(xs))), [rng.choice([1.0, 1e3, 1e-3, 1e30]) for _ in xs])
-for data in (b"", b"}", b"} ", b"} \n" * 70000, b"}" * 100000, bytes(range(256)) * 100):
-    m.cut(data)
+with open(sys.argv[2], "rb") as f:
+    while head := f.read(4):
+        joined, lengths, values = m.cut(f.read(struct.unpack("<I", head)[0]))
+        m.numbers(values, 2.0**31)
+        got = m.numbers([v for v in values if v and set(v) <= set(b"0123456789.-")] or [b"1"], 2.0**31)
+        if got is not None:
+            xs = list(got[0])
+            m.scale_ints(xs, list(range(len(xs))), [rng.choice([1.0, 1e3, 1e-3, 1e30]) for _ in xs])
 print("clean")
 '''
 
@@ -232,8 +218,13 @@ def test_the_loop_reads_hostile_bodies_under_the_address_and_undefined_behaviour
     built = tmp_path / "_lines.so"
     subprocess.run([gcc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fPIC", "-shared",
                     "-I" + sysconfig.get_paths()["include"], str(REPO / "ingest" / "_lines.c"), "-o", str(built)], check=True)
-    body = tmp_path / "body.prom"
-    body.write_bytes(_bench.synth_scrape(8, seed=3))
+    rng = random.Random(17)
+    base = _bench.synth_scrape(8, seed=3)
+    hostile = [b"", b"}", b"} ", b"} \n" * 70000, b"}" * 100000, bytes(range(256)) * 100]
+    body = tmp_path / "bodies"
+    with body.open("wb") as f:
+        for data in [_mutated(rng, base, ops=(0, 20), grow=300, shrink=40, cut_p=1.0) for _ in range(600)] + hostile:
+            f.write(struct.pack("<I", len(data)) + data)
     script = tmp_path / "fuzz.py"
     script.write_text(_FUZZ)
     env = {**os.environ, "LD_PRELOAD": ":".join(libs), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
