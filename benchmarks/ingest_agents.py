@@ -61,7 +61,7 @@ T0 = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 
 def dcgm_requests(hosts: int, rounds: int, host_header: str, path: str, token: str | None, ts_param: str) -> list[list[bytes]]:
     """Per round, one raw HTTP request per host: its exporter body, stamped with the round's scrape time."""
-    bodies = [_dcgm.synth_scrape(8, first_gpu=8 * h, seed=h) for h in range(hosts)]
+    bodies = [_dcgm.agent_body(h) for h in range(hosts)]
     out = []
     for r in range(rounds):
         when = T0 + dt.timedelta(seconds=10 * r)

@@ -104,6 +104,14 @@ def synth_scrape(gpus: int, *, busy_fraction: float = 0.1, seed: int = 0, first_
     return "".join(out).encode()
 
 
+def agent_body(host: int) -> bytes:
+    """Node ``host``'s exporter body as its agent pushes it (8 GPUs, numbered from ``8 * host``). As in a real
+    fleet, and as in the OTLP requests of ``ingest_otlp.py``, one GPU in a thousand reports a sticky XID 13:
+    its node's body carries a health event every scrape."""
+    first = 8 * host
+    return synth_scrape(8, first_gpu=first, seed=host, xids={i: 13 for i in range(first, first + 8) if i % 1000 == 0})
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 

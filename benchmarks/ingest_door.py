@@ -70,7 +70,7 @@ def _otlp_push(body: bytes) -> screen.Push:
 def run(label: str, url: str, kind: str, args: argparse.Namespace) -> None:
     bodies: list[bytes]
     if kind == "dcgm":
-        bodies = [_dcgm.synth_scrape(8, first_gpu=8 * h, seed=h) for h in range(args.hosts)]
+        bodies = [_dcgm.agent_body(h) for h in range(args.hosts)]
     # a fresh process's memory of nodes: the templates are the process's, not the store's
     for module in ("ingest.dcgm_lines", "ingest.dcgm_labels"):
         for memory in ("_TEMPLATES", "_SKELETONS", "_BLOCKS"):

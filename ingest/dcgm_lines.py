@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from fleetscope.core import hashing
-from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, dcgm_health_events
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, dcgm_health_events, health_event_rows
 from fleetscope.core.frames import (
     GPU,
     GPU_SAMPLE,
@@ -54,7 +54,7 @@ try:  # the compiled per-push loop (ingest/_lines.c), built where a compiler was
 except ImportError:  # pragma: no cover - exercised by the tests that run without it
     _c = None
 
-__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "forget", "host_of"]
+__all__ = ["MAX_BYTES", "Lines", "read", "assemble", "tuples", "faulty", "health_rows", "forget", "host_of"]
 
 # Bodies larger than this are a scrape of many GPUs: the columnar parser is faster there.
 MAX_BYTES = 512 * 1024
@@ -625,6 +625,19 @@ def faulty(lines: Lines) -> bool:
     return any(row.get(c) for row in lines.fields for c in _FAULT_COLUMNS)
 
 
+def health_rows(lines: Lines, ts_us: int) -> list[tuple[Any, ...]]:
+    """The health events of one body scraped at ``ts_us`` as rows (``dcgm_fields.health_event_rows``): what
+    :func:`assemble` gives a body whose GPUs are in no other body of its group. Empty without a fault reading."""
+    if not faulty(lines):
+        return []
+    inventory = [inventory_row(key, labels) for key, labels in zip(lines.keys, lines.labels)]
+    host_of_: dict[str, str | None] = {}
+    for row in inventory:
+        host_of_.setdefault(row[0], row[1])
+    return health_event_rows(((ts_us, key, row) for key, row in zip(lines.keys, lines.fields)), host_of_,
+                             {row[0]: row[-1] for row in inventory}, source="dcgm")
+
+
 _TUPLE_COLUMNS = {
     "gpu": tuple(_INVENTORY_SCHEMA)[:-1],
     "gpu_workload": ("ts", "gpu_uuid", "namespace", "pod", "container"),
@@ -636,8 +649,7 @@ def tuples(parts: list[tuple[Lines, int]]) -> dict[str, tuple[tuple[str, ...], l
     """Many bodies' rows as plain tuples per frame, ``(columns, rows)``, without building frames: what
     ``assemble`` gives, conformed (one row per natural key: for gpu_sample the first copy of each field,
     the first row for other telemetry, the last for inventory; a column null in every row left out;
-    timestamps as epoch microseconds). For bodies without
-    fault readings only (see ``faulty``): health events need the frame path."""
+    timestamps as epoch microseconds). Health events aside: each body's are :func:`health_rows`."""
     fast = _flat_tuples(parts)
     if fast is not None:
         return fast

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, health_event_rows
 from fleetscope.core.errors import ParseError
-from fleetscope.core.frames import Batch
+from fleetscope.core.frames import HEALTH_EVENT, Batch
 from fleetscope.core.protowire import WireError as _WireError
 from ingest import otlp_template
 from ingest.format import FormatSpec, Sniff
@@ -142,9 +142,32 @@ def _scrape_columns(walk: _Walk) -> tuple[np.ndarray, np.ndarray, dict[str, np.n
 
 def plain(walk: _Walk) -> bool:
     """Whether a request's readings can be written as rows (``tuples``): a scrape of GPU samples and plain
-    series (no NCCL operations, no serving rows) with no fault reading (a health event needs the frame
-    path), every float finite and no NUL in any text (which the frame path refuses, and says where)."""
+    series (no NCCL operations, no serving rows), every float finite and no NUL in any text (which the
+    frame path refuses, and says where)."""
     return _walk_rows(walk) is not None
+
+
+def health_rows(walk: _Walk) -> list[tuple[Any, ...]]:
+    """The health events of a ``plain`` request's GPU samples as rows (``dcgm_fields.health_event_rows``): what
+    its ``parse`` Batch holds. Empty without a fault reading."""
+    found = walk.__dict__.get("_health")
+    if found is not None:
+        return found
+    rows = _walk_rows(walk)
+    if rows is None:
+        raise ValueError("health_rows takes a plain request (otlp.plain)")
+    ts, keys, out = rows
+    faults = [values for column, values in out.items() if column in _FAULT_COLUMNS]
+    hit = [i for i in range(len(ts)) if any(values[i] for values in faults)]
+    found = []
+    if hit:
+        host_of: dict[str, str | None] = {}
+        for g in walk.gpus:
+            host_of.setdefault(g["gpu_uuid"], g["host"])
+        found = health_event_rows(((ts[i], keys[i], {c: v[i] for c, v in out.items() if c in _FAULT_COLUMNS}) for i in hit),
+                                  host_of, {}, source="otlp")
+    walk._health = found
+    return found
 
 
 def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]] | None:
@@ -175,11 +198,9 @@ def _walk_rows(walk: _Walk) -> tuple[list[int], list[str], dict[str, list[Any]]]
 
 
 def _column_rows(cols: dict[str, np.ndarray]) -> dict[str, list[Any]] | None:
-    """Each column's values as a list (integer columns rounded); None for a fault reading or a value not finite."""
+    """Each column's values as a list (integer columns rounded); None for a value not finite."""
     out = {}
     for column, values in cols.items():
-        if column in _FAULT_COLUMNS and values.any():
-            return None
         if column in _INT_COLUMNS:
             out[column] = np.round(values).astype(np.int64).tolist()  # half to even, as the frame path's round(0)
         elif not np.isfinite(values).all():
@@ -191,9 +212,6 @@ def _column_rows(cols: dict[str, np.ndarray]) -> dict[str, list[Any]] | None:
 
 def _matrix_rows(columns: list[str], values_of: np.ndarray, integer: np.ndarray) -> dict[str, list[Any]] | None:
     """``_column_rows`` of a template's scrape given as one matrix (a row a column), in a few array operations."""
-    fault = np.array([c in _FAULT_COLUMNS for c in columns])
-    if fault.any() and values_of[fault].any():
-        return None
     floats = values_of[~integer]
     if not np.isfinite(floats).all():
         return None
@@ -233,7 +251,10 @@ def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[An
             workload.setdefault((r["ts_us"], r["gpu_uuid"]), (r["ts_us"], r["gpu_uuid"], *(r[c] for c in _WORKLOAD_COLUMNS)))
         for (ts_us, series), value in w.series_rows.items():
             metrics.setdefault((ts_us, series), (ts_us, series, value))
+    health = [row for w in walks for row in health_rows(w)]
     out_frames = {"gpu_sample": (("ts", "gpu_uuid", *names), samples)}
+    if health:
+        out_frames["health_event"] = (HEALTH_EVENT.names, sorted(health, key=lambda r: (r[0], r[2], r[3], r[4])))
     for name, cols, rows_ in (("gpu", _GPU_TUPLE_COLUMNS, list(inventory.values())),
                               ("gpu_workload", ("ts", "gpu_uuid", *_WORKLOAD_COLUMNS), list(workload.values())),
                               ("metric_sample", ("ts", "series", "value"), list(metrics.values()))):

@@ -6,6 +6,9 @@ fault-counter de-duplication. Units and field ids from DCGM's ``dcgm_fields.h``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import polars as pl
 
 from fleetscope.core.frames import HEALTH_EVENT
@@ -130,3 +133,24 @@ def dcgm_health_events(gpu_sample: pl.DataFrame, inventory: pl.DataFrame, *, sou
         .with_columns(host=pl.col("host").fill_null(""), source=pl.lit(source))
     )
     return ev.select([pl.col(c.name).cast(c.dtype) for c in HEALTH_EVENT.columns]).sort("ts", "gpu_uuid", "kind", "code")
+
+
+def health_event_rows(samples: Iterable[tuple[int, str, Mapping[str, Any]]], host_of: Mapping[str, str | None],
+                      err_msg_of: Mapping[str, str | None], *, source: str) -> list[tuple[Any, ...]]:
+    """:func:`dcgm_health_events` over plain rows, for the store's row writes (``Store.write_rows``): each sample is
+    (ts in epoch microseconds, gpu_uuid, its fields by ``gpu_sample`` column, integer columns as ints); the events
+    come back as rows in ``HEALTH_EVENT``'s column order, sorted as that function sorts them. ``host_of``: each
+    GPU's host (its first inventory row's), ``err_msg_of`` its XID text, where the source has one."""
+    out: list[tuple[Any, ...]] = []
+    for ts, gpu, fields in samples:
+        host = host_of.get(gpu) or ""
+        xid = fields.get("xid_last")
+        if xid:
+            err = err_msg_of.get(gpu)
+            out.append((ts, host, gpu, "xid", int(xid), float(xid), f"XID {int(xid)}" if err is None else f"XID {int(xid)}: {err}", source))
+        for col, kind, fid, field_name in DCGM_HEALTH_COUNTERS:
+            value = fields.get(col)
+            if value is not None and value > 0:
+                out.append((ts, host, gpu, kind, fid, float(value), f"{field_name}={int(value)}", source))
+    out.sort(key=lambda r: (r[0], r[2], r[3], r[4]))
+    return out

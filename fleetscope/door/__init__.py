@@ -9,8 +9,9 @@ shrink with the push. A writer thread of the process takes every push that is wa
 ``FLEETSCOPE_GROUP_COMMIT_MS`` for company; ``Door.__init__`` says how two share the work) and writes them
 with one ingest-log row per push, in as few transactions as their kinds allow (``_split``): small
 dcgm-exporter bodies, which :mod:`ingest.dcgm_lines` reads into lists without parsing, go to the store as
-plain rows (``Store.write_rows``); so do plain OTLP requests (``ingest.otlp.tuples``); pushes with a fault reading
-(health events need the frame path) or parsed already are assembled into frames in one go.
+plain rows (``Store.write_rows``), their health events with them (a node with a sticky XID sends one every
+scrape); so do plain OTLP requests (``ingest.otlp.tuples``); pushes parsed already, and the rare group the rows
+cannot say the same as frames (``_as_rows``), are assembled into frames in one go.
 
 What each push is promised:
 - *Acknowledged means stored.* A push's future resolves only after the transaction holding its rows
@@ -98,28 +99,41 @@ def _offered(lines: dcgm_lines.Lines) -> dict[str, int]:
 
 
 def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], list[dict[str, int]], list[int]] | None:
-    """A group of line-read dcgm bodies, or of OTLP requests, without fault readings as plain rows
-    (``Store.write_rows``): the frame machinery's fixed costs are most of a small group's write. None for
-    any other group."""
+    """A group of line-read dcgm bodies, or of plain OTLP requests, as plain rows (``Store.write_rows``): the
+    frame machinery's fixed costs are most of a small group's write. Their health events too (a node with a
+    sticky XID or an ECC count sends one every scrape), except where a GPU's instant is in two dcgm bodies:
+    which body's labels name its event is the frame path's to settle. None for any other group."""
     if all(p.otlp is not None and p.batch is None for p in pushes):
         walks = [p.otlp for p in pushes]
         rows = otlp.tuples(walks)
         if rows is None:
             return None
         counted = [otlp.counts(w) for w in walks]
-        return ([(F.FRAMES[name], Rows(cols, r)) for name, (cols, r) in rows.items()],
-                [c[0] for c in counted], [c[1] for c in counted])
-    if any(p.lines is None or dcgm_lines.faulty(p.lines) for p in pushes):
+        offered = [_with_health(c[0], len(otlp.health_rows(w))) for c, w in zip(counted, walks)]
+        return [(F.FRAMES[name], Rows(cols, r)) for name, (cols, r) in rows.items()], offered, [c[1] for c in counted]
+    if any(p.lines is None for p in pushes):
         return None
-    lines_of: list[dcgm_lines.Lines] = [p.lines for p in pushes]  # type: ignore[misc]
-    rows_of = dcgm_lines.tuples([(lines, p.ts_us) for lines, p in zip(lines_of, pushes)])
+    parts: list[tuple[dcgm_lines.Lines, int]] = [(p.lines, p.ts_us) for p in pushes]  # type: ignore[misc]
+    health = [dcgm_lines.health_rows(lines, t) for lines, t in parts]
+    if any(health) and len({(t, key) for lines, t in parts for key in lines.keys}) < sum(len(lines.keys) for lines, _ in parts):
+        return None
+    rows_of = dcgm_lines.tuples(parts)
+    if any(health):
+        events = sorted((row for rows in health for row in rows), key=lambda r: (r[0], r[2], r[3], r[4]))
+        rows_of["health_event"] = (F.HEALTH_EVENT.names, events)
     frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in rows_of.items() if rows]
-    return frames, [_offered(lines) for lines in lines_of], [lines.values() for lines in lines_of]
+    return frames, [_with_health(_offered(lines), len(h)) for (lines, _), h in zip(parts, health)], [lines.values() for lines, _ in parts]
+
+
+def _with_health(offered: dict[str, int], events: int) -> dict[str, int]:
+    if events:
+        offered["health_event"] = events
+    return offered
 
 
 def _kind(push: Push) -> str:
     """Which write a push can share: ``lines`` / ``otlp`` for what ``_as_rows`` takes, else ``frames``."""
-    if push.lines is not None and push.batch is None and not dcgm_lines.faulty(push.lines):
+    if push.lines is not None and push.batch is None:
         return "lines"
     if push.otlp is not None and push.batch is None and otlp.plain(push.otlp):
         return "otlp"
@@ -136,8 +150,8 @@ def _gpus(push: Push) -> list[str]:
 
 def _split(group: list[Any]) -> list[list[Any]]:
     """A group as the writes it takes: its plain dcgm bodies as rows, its plain OTLP requests as rows, the
-    rest (a fault reading, a JSON batch, ...) as frames, each a transaction of its own, so that one node's
-    XID does not send a whole group down the frame path. Each push is still in one transaction whole. Kept
+    rest (a JSON batch, a request with NCCL operations, ...) as frames, each a transaction of its own, so that one
+    such push does not send a whole group down the frame path. Each push is still in one transaction whole. Kept
     one group where two kinds name one GPU: which copy of a reading is stored follows arrival order within
     a write, not across writes."""
     if len(group) < 2 or any(item[0].batch is not None for item in group):
@@ -447,10 +461,12 @@ class Door:
         def log_rows(result: WriteResult) -> list[tuple[str, str | None, dict[str, int], int]]:
             return [(p.source, p.sha, w, v) for p, w, v in zip(pushes, _attribute(result, offered), values)]
 
+        health_rows: Rows | None = None
         try:
             as_rows = _as_rows(pushes)
             if as_rows is not None:
                 frames, offered, values = as_rows
+                health_rows = next((r for spec, r in frames if spec.name == "health_event"), None)
                 result = self.store.write_rows(frames, values=sum(values), ingest_log=log_rows, unless_logged=shas)
             else:
                 batch, offered, values = _assemble(pushes, source)
@@ -478,7 +494,9 @@ class Door:
                     item[1].set_exception(exc)
             return dups
         shares = _attribute(result, offered)
-        written_health = batch.health_event if batch is not None and result.written.get("health_event") else None
+        written_health: pl.DataFrame | Rows | None = None
+        if result.written.get("health_event"):
+            written_health = batch.health_event if batch is not None else health_rows
         job_ids = (batch.job_rank["job_id"].unique().to_list()
                    if batch is not None and result.written.get("job_rank") and batch.job_rank is not None else [])
         for (push, fut), share, off, v in zip(fresh, shares, offered, values):
@@ -488,10 +506,11 @@ class Door:
             self._hooks.submit(self._hook, written_health, job_ids)
         return []
 
-    def _hook(self, health: pl.DataFrame | None, job_ids: list[str]) -> None:
+    def _hook(self, health: pl.DataFrame | Rows | None, job_ids: list[str]) -> None:
         try:
             assert self.after_commit is not None
-            self.after_commit(health, job_ids)
+            # rows made a frame here, off the writer
+            self.after_commit(health.frame(F.HEALTH_EVENT) if isinstance(health, Rows) else health, job_ids)
         except Exception:  # noqa: BLE001 - the pushes are stored; beat's next tick covers a lost wake-up
             log.warning("post-commit hook failed", exc_info=True)
 

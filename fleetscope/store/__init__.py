@@ -276,25 +276,38 @@ class Store:
                    unless_logged: Sequence[str] = ()) -> WriteResult:
         """Write frames given as ``Rows`` in one transaction, all or nothing, as ``write_frames`` does (with its
         ``unless_logged`` check), without conforming them: the caller vouches for their types and keys. Health
-        events are not taken here (their fault-counter memory needs the frame path)."""
+        events are kept or dropped by the fault-counter memory as ``write_frames`` keeps them
+        (``CounterMemory.changed_rows``)."""
         with tracer().start_as_current_span("store.write") as span:
             span.set_attribute("db.system", self.dialect)
-            if any(spec.name == "health_event" or spec.name not in schema.FRAME_SPECS for spec, _ in frames):
-                raise ValueError("write_rows takes telemetry and inventory frames only")
+            unknown = [spec.name for spec, _ in frames if spec.name not in schema.FRAME_SPECS]
+            if unknown:
+                raise ValueError(f"no table for frame {unknown[0]!r}")
             frames = [(spec, r) for spec, r in frames if r.rows]
             result = WriteResult(offered={spec.name: len(r.rows) for spec, r in frames}, values=values)
             self._ensure_partitions([(spec.name, r) for spec, r in frames])
             new_series: dict[str, int] = {}
+            health = next((r for spec, r in frames if spec.name == "health_event"), None)
+            samples = next((r for spec, r in frames if spec.name == "gpu_sample"), None)
             for attempt in (0, 1):
                 confirm = None  # gpu rows to remember as stored once committed (store.inventory.InventoryRows)
+                readings = None
                 try:
                     with self._write_lock, self.engine.begin() as conn:
                         self._gpu_keys.begin()
+                        todo, shas = frames, unless_logged
+                        if health is not None:
+                            # the check, then the counters, first in the transaction, as write_frames has them
+                            newest = self._refuse_logged(conn, shas, counters=True)
+                            shas = ()
+                            kept, readings = self._counters.changed_rows(conn, health, samples, newest)
+                            todo = [(spec, kept if r is health else r) for spec, r in frames]
+                            todo = [(spec, r) for spec, r in todo if r.rows]
                         if self.dialect == "postgresql":
-                            confirm = pg_write.write_rows_pipelined(self, conn, frames, result, new_series, unless_logged)
+                            confirm = pg_write.write_rows_pipelined(self, conn, todo, result, new_series, shas)
                         else:
-                            self._refuse_logged(conn, unless_logged)
-                            for spec, r in frames:
+                            self._refuse_logged(conn, shas)
+                            for spec, r in todo:
                                 if spec.name == "metric_sample":
                                     result.written[spec.name] = self._insert(conn, "metric_sample", self._metric_rows(conn, r, new_series),
                                                                              ("series_id", "ts"), "ignore")
@@ -318,6 +331,8 @@ class Store:
                     new_series.clear()
             if confirm is not None:
                 self._inventory.rows.confirm(*confirm)
+            if readings is not None:
+                self._counters.remember(*readings)
             self._committed(result, new_series, span)
             return result
 

@@ -14,6 +14,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from fleetscope.core import dcgm_fields
 from fleetscope.store import schema
+from fleetscope.store.writing import Rows
 
 _COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
@@ -40,22 +41,55 @@ def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.Da
     return pl.concat([events.filter(~is_counter), kept]), changes
 
 
+# (gpu_uuid, code) -> the counter's last reading
+Known = dict[tuple[str, int], float | None]
+
+
+def _decide_rows(events: Rows, counter_rows: list[int], seq: dict[tuple[str, int], dict[int, float | None]],
+                 known: Known) -> tuple[Rows, list[tuple[str, int, float | None]]]:
+    """``_counter_decision`` over plain rows: ``events`` keeping the counter readings (``counter_rows``, their
+    indices) that differ from the GPU's previous one, and each counter's newest reading where it is not what
+    ``known`` holds."""
+    at = {c: i for i, c in enumerate(events.columns)}
+    its, ig, ic, iv = at["ts"], at["gpu_uuid"], at["code"], at["value"]
+    prev_at: dict[tuple[str, int, int], float | None] = {}
+    changes: list[tuple[str, int, float | None]] = []
+    for key, readings in seq.items():
+        prev = known.get(key)
+        for ts in sorted(readings):
+            prev_at[(*key, ts)] = prev
+            prev = readings[ts]
+        if key not in known or prev != known[key]:
+            changes.append((*key, prev))
+    dropped = set()
+    for n in counter_rows:
+        row = events.rows[n]
+        prev, value = prev_at[(row[ig], row[ic], row[its])], row[iv]
+        if not (prev is None or value is None or value != prev):
+            dropped.add(n)
+    if not dropped:
+        return events, changes
+    return Rows(events.columns, [row for n, row in enumerate(events.rows) if n not in dropped]), changes
+
+
 class CounterMemory:
     """The last reading of each GPU's DCGM fault counters: gpu_uuid, code, value. A counter above zero is in
     every scrape; only a changed reading is a new health event, or a GPU with one old corrected error would add
     an event every second. The readings are the database's (counter_reading), shared by every process that
     writes, so API processes behind one proxy agree on what is new; this is this process's copy of them as of
     change ``_version``, checked against the table's newest version in each write that carries readings and
-    brought up to date by the rows changed since."""
+    brought up to date by the rows changed since. The copy is replaced, never changed in place, so a writer
+    decides on one version of it whatever another writer commits meanwhile."""
 
     def __init__(self, dialect: str):
         self._dialect = dialect
-        self._readings = pl.DataFrame(schema=_COUNTER_SCHEMA)
+        self._known: Known = {}
         self._version = 0
+        self._frame: tuple[Known, pl.DataFrame] | None = None  # a copy as a frame, for the frame path
         self._lock = threading.Lock()
 
     def changed(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None,
-                newest: int | None = None) -> tuple[pl.DataFrame, tuple[pl.DataFrame, int] | None]:
+                newest: int | None = None) -> tuple[pl.DataFrame, tuple[list[tuple[str, int, float | None]], int] | None]:
         """``events`` without the DCGM fault-counter readings (``dcgm_fields.DCGM_HEALTH_COUNTERS``) that repeat the
         GPU's previous reading of that counter, in this batch (by time, zeros from its ``gpu_sample`` rows
         included, since a zero reading is no event) or as the database has it (``counter_reading``); and the
@@ -80,25 +114,82 @@ class CounterMemory:
         seq = pl.concat(seen).unique(["gpu_uuid", "code", "ts"], keep="first").sort("gpu_uuid", "code", "ts")
         if seq.height == 0:
             return events, None
+
+        def decide(known: Known) -> tuple[pl.DataFrame, pl.DataFrame]:
+            return _counter_decision(events, is_counter, counters, seq, self._as_frame(known))
+
         known, version = self._state(conn, newest)
-        kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+        kept, changes = decide(known)
         if changes.height == 0:
             return kept, None
         if self._dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
             known, version = self._state(conn)  # as the writer before us left them
-            kept, changes = _counter_decision(events, is_counter, counters, seq, known)
+            kept, changes = decide(known)
             if changes.height == 0:
                 return kept, None
+        return kept, self._write_changes(conn, changes.rows(), version)
+
+    def changed_rows(self, conn: Connection, events: Rows, samples: Rows | None,
+                     newest: int | None = None) -> tuple[Rows, tuple[list[tuple[str, int, float | None]], int] | None]:
+        """:meth:`changed` for events and samples given as plain rows (``Store.write_rows``): the same decision,
+        the same turns, made in Python, where the frame path's dozen frame operations cost a small group's
+        write more than its rows."""
+        at = {c: i for i, c in enumerate(events.columns)}
+        its, ig, ik, ic, iv = at["ts"], at["gpu_uuid"], at["kind"], at["code"], at["value"]
+        seq: dict[tuple[str, int], dict[int, float | None]] = {}
+        counter_rows = []
+        for n, row in enumerate(events.rows):
+            if row[ik] in ("ecc", "row_remap") and row[ic] in _COUNTER_CODES and row[ig] != "":
+                counter_rows.append(n)
+                seq.setdefault((row[ig], row[ic]), {}).setdefault(row[its], row[iv])
+        if samples is not None:
+            sat = {c: i for i, c in enumerate(samples.columns)}
+            st, sg = sat["ts"], sat["gpu_uuid"]
+            for col, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS:
+                j = sat.get(col)
+                if j is None:
+                    continue
+                for row in samples.rows:
+                    if row[j] is not None:
+                        seq.setdefault((row[sg], code), {}).setdefault(row[st], float(row[j]))
+        if not seq:
+            return events, None
+        known, version = self._state(conn, newest)
+        kept, changes = _decide_rows(events, counter_rows, seq, known)
+        if not changes:
+            return kept, None
+        if self._dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
+            known, version = self._state(conn)
+            kept, changes = _decide_rows(events, counter_rows, seq, known)
+            if not changes:
+                return kept, None
+        return kept, self._write_changes(conn, changes, version)
+
+    def _write_changes(self, conn: Connection, changes: list[tuple[str, int, float | None]],
+                       version: int) -> tuple[list[tuple[str, int, float | None]], int]:
+        """The changed readings into counter_reading as version ``version`` + 1, in ``conn``'s transaction."""
         version += 1
         t = schema.counter_reading
         ins = (postgresql.insert(t) if self._dialect == "postgresql" else sqlite_dialect.insert(t))
         conn.execute(ins.on_conflict_do_update(index_elements=[t.c.gpu_uuid, t.c.code],
                                                set_={"value": ins.excluded.value, "version": ins.excluded.version}),
-                     [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes.iter_rows()])
-        return kept, (changes, version)
+                     [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes])
+        return changes, version
 
-    def _state(self, conn: Connection, newest: int | None = None) -> tuple[pl.DataFrame, int]:
+    def _as_frame(self, known: Known) -> pl.DataFrame:
+        """A copy of the readings as a frame (made once a copy)."""
+        with self._lock:
+            cached = self._frame
+        if cached is not None and cached[0] is known:
+            return cached[1]
+        frame = pl.DataFrame([(g, c, v) for (g, c), v in known.items()], schema=_COUNTER_SCHEMA, orient="row")
+        with self._lock:
+            self._frame = (known, frame)
+        return frame
+
+    def _state(self, conn: Connection, newest: int | None = None) -> tuple[Known, int]:
         """The counter readings as of the table's newest version (``newest``, where read already in ``conn``'s
         transaction): this process's copy, with the rows changed since it was taken read in (all of them when
         the table went back, as when it was emptied)."""
@@ -111,23 +202,22 @@ class CounterMemory:
             finally:
                 cur.close()
         with self._lock:
-            known, version = self._readings, self._version
+            known, version = self._known, self._version
         if newest == version:
             return known, version
         since = version if newest > version else 0
         rows = conn.execute(text("SELECT gpu_uuid, code, value FROM counter_reading WHERE version > :v"), {"v": since}).all()
-        delta = pl.DataFrame(rows, schema=_COUNTER_SCHEMA, orient="row")
-        known = pl.concat([known.join(delta, on=["gpu_uuid", "code"], how="anti"), delta]) if since else delta
+        delta = {(g, c): v for g, c, v in rows}
+        known = {**known, **delta} if since else delta
         with self._lock:
             if self._version <= newest:
-                self._readings, self._version = known, newest
+                self._known, self._version = known, newest
         return known, newest
 
-    def remember(self, changes: pl.DataFrame, version: int) -> None:
+    def remember(self, changes: list[tuple[str, int, float | None]], version: int) -> None:
         """After the commit of the change ``version``: the changed readings into this process's copy, where the
         copy was the one that change was decided on (else the next write reads the table's rows in)."""
         with self._lock:
             if self._version == version - 1:
-                known = self._readings
-                self._readings = pl.concat([known.join(changes, on=["gpu_uuid", "code"], how="anti"), changes])
+                self._known = {**self._known, **{(g, c): v for g, c, v in changes}}
                 self._version = version

@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import datetime as dt
 import json
 import importlib.util
+import re
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,11 @@ def _agent_push(h: int, when: dt.datetime = T0, **kw) -> screen.Push:
 def _count(store: Store, table: str) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def _counter_readings(store: Store) -> list[tuple]:
+    with store.engine.connect() as conn:
+        return sorted(conn.execute(text("SELECT gpu_uuid, code, value FROM counter_reading")).all())
 
 
 def _gated(store: Store) -> tuple[door.Door, threading.Event]:
@@ -266,12 +272,30 @@ def test_many_threads_many_pushes(store):
     assert _count(store, "ingest_log") == 96
 
 
+def _with_faults(body: bytes, h: int) -> bytes:
+    """An agent body whose node has faults: an uncorrectable-remap count on one GPU, and on another an XID
+    with dcgm-exporter's text of it in the GPU's labels."""
+    body = re.sub(rb"(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS\{[^}]*\}) 0\n", rb"\1 3\n", body, count=1)
+    uuid = re.findall(rb'UUID="([^"]+)"', body)[8 - 1 - h % 8]
+    out = []
+    for line in body.splitlines(keepends=True):
+        if b'UUID="' + uuid + b'"' in line:
+            line = line.replace(b'DCGM_FI_DRIVER_VERSION="580.105.08"', b'DCGM_FI_DRIVER_VERSION="580.105.08",err_msg="Graphics Engine Exception"')
+            if line.startswith(b"DCGM_FI_DEV_XID_ERRORS"):
+                line = line.rsplit(b" ", 1)[0] + b" 13\n"
+        out.append(line)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("faults", [False, True], ids=["plain", "faults"])
 @pytest.mark.parametrize("seen_before", [None, False, True], ids=["line-read", "first-sight", "from-templates"])
-def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_before):
-    """A group of plain agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
+def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_before, faults):
+    """A group of agent bodies goes to the store as tuples (Store.write_rows); the same pushes written
     as frames (Store.write) leave the same rows. Pods, unmapped DCGM fields and a node sent twice included;
     as read line by line (the general row path), as read on first sight (line by line, then given as the
-    template just learned gives them) and filled from their templates (the steady state)."""
+    template just learned gives them) and filled from their templates (the steady state). With faults, the
+    health events too: an XID with its text, a remap count (repeated by the node sent twice: one event), and
+    the counters' readings the store keeps."""
     from fleetscope.store import db as dbm
 
     other_url = f"sqlite:///{tmp_path / 'frames.db'}"
@@ -282,9 +306,12 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
         out = []
         for h in range(6):
             body = _bench.synth_scrape(8, first_gpu=8 * h, seed=h, busy_fraction=0.6)
+            if faults and h % 2 == 0:
+                body = _with_faults(body, h)
             body += f'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{gpu="0",UUID="GPU-extra-{h}",Hostname="n{h}"}} {h}\n'.encode()
             out.append(ingestion.to_push(body, source=f"agent-{h}", fmt="dcgm", opts=ingestion.Options(ts=T0)))
-        out.append(ingestion.to_push(_bench.synth_scrape(8, seed=0, busy_fraction=0.6), source="again", fmt="dcgm",
+        again = _bench.synth_scrape(8, seed=0, busy_fraction=0.6)
+        out.append(ingestion.to_push(_with_faults(again, 0) if faults else again, source="again", fmt="dcgm",
                                      opts=ingestion.Options(ts=T0 + dt.timedelta(seconds=10))))
         for p in out:
             screen.prepare(p)
@@ -301,14 +328,24 @@ def test_the_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, seen_
             assert p.lines.flat is None
     assert door._as_rows(group) is not None
     d = door.Door(rows_store)
-    d._write([(p, cf.Future()) for p in group])
+    futures = [cf.Future() for _ in group]
+    d._write(list(zip(group, futures)))
     batch, offered, values = door._assemble(pushes(), "frames")
     frames_store.write(batch)
     try:
-        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample"):
+        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample", "health_event"):
             a, b = rows_store.read(frame), frames_store.read(frame)
-            assert a.height > 0, frame
+            assert (a.height > 0) == (faults or frame != "health_event"), frame
             assert a.sort(a.columns).equals(b.sort(b.columns)), frame
+        readings = _counter_readings(rows_store)
+        assert readings == _counter_readings(frames_store) and (len(readings) > 0) == faults
+        if faults:
+            events = rows_store.read("health_event").sort("ts", "gpu_uuid", "code")
+            assert events.filter(pl.col("kind") == "xid")["message"].to_list() == ["XID 13: Graphics Engine Exception"] * 4
+            assert events.filter(pl.col("kind") == "row_remap").select("code", "value", "message").rows() == [
+                (393, 3.0, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS=3")] * 3  # host 0's second scrape repeats its count
+            assert [f.result(0).result.offered.get("health_event", 0) for f in futures] == [2, 0, 2, 0, 2, 0, 2]
+            assert sum(f.result(0).result.written.get("health_event", 0) for f in futures) == 7
     finally:
         d.close()
         rows_store.engine.dispose()
@@ -346,7 +383,7 @@ def _otlp_bench():  # type: ignore[no-untyped-def]
     return bench
 
 
-def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | None = None) -> list[screen.Push]:
+def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | None = None, nul: int | None = None) -> list[screen.Push]:
     """Agent-shaped OTLP requests (8 GPUs, 30 DCGM fields), one with pods and a plain series; ``faulty``:
     that host's GPUs report XID 79."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -362,6 +399,8 @@ def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | No
             for p in m.gauge.data_points:
                 if m.name == "DCGM_FI_DEV_XID_ERRORS":
                     p.as_double = 79.0 if h == faulty else 0.0
+                if m.name == "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL":
+                    p.as_double = 2.0 if h == faulty else 0.0
                 if pods and h % 2:
                     p.attributes.extend([KeyValue(key="pod", value=AnyValue(string_value=f"train-{h}")),
                                          KeyValue(key="namespace", value=AnyValue(string_value="ml"))])
@@ -369,7 +408,7 @@ def _otlp_pushes(t_ns: int, hosts: range, *, pods: bool = True, faulty: int | No
         m.name = "node.fan.speed"
         dp = m.gauge.data_points.add()
         dp.time_unix_nano, dp.as_double = t_ns, 1200.0 + h
-        dp.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=f"gpu-node-{h}")))
+        dp.attributes.append(KeyValue(key="host.name", value=AnyValue(string_value=f"gpu-node-{h}" + ("\x00" if h == nul else ""))))
         body = req.SerializeToString()
         out.append(screen.Push(f"otlp-{h}", f"{h:032x}{t_ns:032x}", ["otlp"], otlp=otlp.read(body, encoding="protobuf")))
     return out
@@ -390,19 +429,23 @@ def test_the_otlp_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, 
     if seen_before:
         _otlp_pushes(t_ns - 10**10, range(6))
     hits = otlp_template._stats["hits"]
-    group = _otlp_pushes(t_ns, range(6))
+    group = _otlp_pushes(t_ns, range(6), faulty=3)
     assert otlp_template._stats["hits"] - hits == (6 if seen_before else 0)
     assert door._as_rows(group) is not None and all(otlp.plain(p.otlp) for p in group)
     d = door.Door(rows_store)
     futures = [cf.Future() for _ in group]
     d._write(list(zip(group, futures)))
-    frames_store.write(otlp.gather([p.otlp for p in _otlp_pushes(t_ns, range(6))]))
+    frames_store.write(otlp.gather([p.otlp for p in _otlp_pushes(t_ns, range(6), faulty=3)]))
     try:
         assert [f.result(0).result.written["gpu_sample"] for f in futures] == [8] * 6
-        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample"):
+        assert [f.result(0).result.written.get("health_event", 0) for f in futures] == [0, 0, 0, 16, 0, 0]
+        for frame in ("gpu", "gpu_sample", "gpu_workload", "metric_sample", "health_event"):
             a, b = rows_store.read(frame), frames_store.read(frame)
             assert a.height > 0, frame
             assert a.sort(a.columns).equals(b.sort(b.columns)), frame
+        assert sorted(set(rows_store.read("health_event")["message"])) == ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2", "XID 79"]
+        readings = _counter_readings(rows_store)
+        assert readings == _counter_readings(frames_store) and len(readings) == 6 * 8 * 3  # the three counters the requests carry
         assert rows_store.read("gpu_workload").height == 3 * 8
     finally:
         d.close()
@@ -410,38 +453,46 @@ def test_the_otlp_rows_path_stores_what_the_frame_path_stores(db_url, tmp_path, 
         frames_store.engine.dispose()
 
 
-def test_a_faulty_push_is_written_apart_from_its_plain_group(store):
-    """One node's XID in a group of plain OTLP pushes: the plain ones go as rows, the faulty one as frames
-    (its health event written, alerting woken), each answered for itself; a re-send writes nothing."""
-    woken: list[int] = []
-    d = door.Door(store, after_commit=lambda health, jobs: woken.append(health.height))
+def test_a_faulty_push_is_written_with_its_plain_group(store):
+    """One node's XID in a group of plain OTLP pushes: the group goes as rows in one write, the XID's health
+    events with it (alerting woken with them), each push answered for itself; a re-send writes nothing."""
+    woken: list[pl.DataFrame] = []
+    d = door.Door(store, after_commit=lambda health, jobs: woken.append(health))
     gate = threading.Event()
     original = d._commit
     d._commit = lambda group: (gate.wait(10), original(group))[1]  # type: ignore[method-assign]
     t_ns = 1_800_000_000 * 10**9
     group = _otlp_pushes(t_ns, range(5), faulty=2)
-    assert [door._kind(p) for p in group] == ["otlp", "otlp", "frames", "otlp", "otlp"]
+    assert [door._kind(p) for p in group] == ["otlp"] * 5 and door._as_rows(group) is not None
     futures = [d.submit(p) for p in group]
     gate.set()
     answers = [f.result(30) for f in futures]
     again = d.accept(_otlp_pushes(t_ns, range(5), faulty=2)[2], timeout_s=30)
     d.close()
     assert [a.result.written["gpu_sample"] for a in answers] == [8] * 5
-    assert [a.result.written.get("health_event", 0) for a in answers] == [0, 0, 8, 0, 0]
-    assert sum(woken) == 8
+    assert [a.result.written.get("health_event", 0) for a in answers] == [0, 0, 16, 0, 0]  # an XID and an ECC count a GPU
+    assert [a.group_size for a in answers] == [5] * 5
+    (health,) = woken
+    stored = store.read("health_event")
+    assert health.columns == list(F.HEALTH_EVENT.names) and health.sort(health.columns).equals(stored.sort(stored.columns))
+    assert sorted(stored["message"].unique()) == ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL=2", "XID 79"]
+    hosts = dict(store.read("gpu").select("gpu_uuid", "host").rows())
+    assert all(hosts[g] == h for g, h in stored.select("gpu_uuid", "host").rows()) and stored["host"].n_unique() == 2
     assert again.skipped_duplicate
-    assert _count(store, "gpu_sample") == 40 and _count(store, "health_event") == 8 and _count(store, "ingest_log") == 5
+    assert _count(store, "gpu_sample") == 40 and _count(store, "health_event") == 16 and _count(store, "ingest_log") == 5
     assert _count(store, "metric_sample") == 5
 
 
 def test_kinds_naming_one_gpu_stay_one_write():
-    """A plain and a faulty push about the same GPU are not split: arrival order decides which copy is kept."""
+    """A plain push and one the frame path takes (a NUL in a text: refused there, saying where) about one GPU are not split:
+    arrival order decides which copy is kept. About different GPUs, each kind is a write of its own."""
     t_ns = 1_800_000_000 * 10**9
     a = _otlp_pushes(t_ns, range(1))[0]
-    b = _otlp_pushes(t_ns, range(1), faulty=0)[0]
+    b = _otlp_pushes(t_ns, range(1), nul=0)[0]
+    assert [door._kind(p) for p in (a, b)] == ["otlp", "frames"]
     items = [(a, None), (b, None)]
     assert door._split(items) == [items]
-    c = _otlp_pushes(t_ns, range(1, 2), faulty=1)[0]
+    c = _otlp_pushes(t_ns, range(1, 2), nul=1)[0]
     assert door._split([(a, None), (c, None)]) == [[(a, None)], [(c, None)]]
 
 

@@ -374,10 +374,29 @@ def test_concurrent_writers_of_one_process_all_land(store: Store):
     assert store.read("gpu_sample").group_by("ts").agg(pl.col("power_w").first()).sort("ts")["power_w"].to_list() == [float(k) for k in range(8)]
 
 
-def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
+def _write_as_rows(store: Store, batch: F.Batch):
+    """``batch`` written as ``Store.write_rows`` takes a group of agents' pushes: conformed, as plain rows."""
+    from fleetscope.store.writing import Rows
+
+    frames = []
+    for spec, df in batch.frames():
+        df = F.conform(spec, df)
+        df = df.with_columns([pl.col(c).dt.epoch("us") for c in df.columns if df.schema[c] == F.UTC_US])
+        df = df.select([c for c in df.columns if df[c].null_count() < df.height])
+        frames.append((spec, Rows(tuple(df.columns), df.rows())))
+    return store.write_rows(frames, ingest_log=lambda r: [(batch.source or "rows", None, r.written, 0)])
+
+
+# The two ways a write decides which fault-counter readings are new: over frames, and over a group's plain rows.
+WRITES = {"frames": lambda store, batch: store.write(batch), "rows": _write_as_rows}
+
+
+@pytest.mark.parametrize("via", list(WRITES))
+def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store, via):
     """dcgm-exporter reports a GPU's ECC and row-remap counters in every scrape: an event is stored for a
     first reading, a rise and a reading after a reset, not for each scrape that repeats the last one; XIDs
-    (the last-XID gauge the alert rules read) are kept as they come."""
+    (the last-XID gauge the alert rules read) are kept as they come. So whichever way the write goes."""
+    write = WRITES[via]
     t = [dt.datetime(2026, 5, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=s) for s in range(6)]
 
     def ev(rows):
@@ -390,19 +409,19 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
     # one batch holding three scrapes: SBE aggregate 4, 4, 5 on GPU-1; row-remap pending 1, 1, 1 on GPU-2; XID 13 thrice
     first = [row(i, "GPU-1", "ecc", 312, v) for i, v in enumerate([4.0, 4.0, 5.0])] + [row(i, "GPU-2", "row_remap", 396, 1.0) for i in range(3)] \
         + [row(i, "GPU-1", "xid", 13, 13.0) for i in range(3)]
-    res = store.write(ev(first))
+    res = write(store, ev(first))
     assert res.offered["health_event"] == 9 and res.written["health_event"] == 6
     # the next batch: GPU-1's counter repeats 5, then resets to 0 (not an event: zero readings never are) and reads 1
-    store.write(ev([row(3, "GPU-1", "ecc", 312, 5.0), row(4, "GPU-2", "row_remap", 396, 1.0), row(5, "GPU-1", "ecc", 312, 1.0)]))
+    write(store, ev([row(3, "GPU-1", "ecc", 312, 5.0), row(4, "GPU-2", "row_remap", 396, 1.0), row(5, "GPU-1", "ecc", 312, 1.0)]))
     got = store.read("health_event").sort("ts", "gpu_uuid", "kind")
     assert got.select("ts", "gpu_uuid", "kind", "value").rows() == [
         (t[0], "GPU-1", "ecc", 4.0), (t[0], "GPU-1", "xid", 13.0), (t[0], "GPU-2", "row_remap", 1.0),
         (t[1], "GPU-1", "xid", 13.0), (t[2], "GPU-1", "ecc", 5.0), (t[2], "GPU-1", "xid", 13.0), (t[5], "GPU-1", "ecc", 1.0)]
     # a reset to zero (seen in the samples: zero readings are no event) makes the same value new again
     t2 = [t[0] + dt.timedelta(minutes=1, seconds=s) for s in range(3)]
-    store.write(F.Batch(gpu_sample=pl.DataFrame({"ts": t2[:2], "gpu_uuid": ["GPU-2"] * 2, "remap_pending": [1, 0]}),
+    write(store, F.Batch(gpu_sample=pl.DataFrame({"ts": t2[:2], "gpu_uuid": ["GPU-2"] * 2, "remap_pending": [1, 0]}),
                         health_event=ev([{**row(0, "GPU-2", "row_remap", 396, 1.0), "ts": t2[0]}]).health_event))
-    again = store.write(ev([{**row(0, "GPU-2", "row_remap", 396, 1.0), "ts": t2[2]}]))
+    again = write(store, ev([{**row(0, "GPU-2", "row_remap", 396, 1.0), "ts": t2[2]}]))
     assert again.written["health_event"] == 1
     # a write rolled back teaches the store nothing: the same reading is an event when it is written again
     real = store._log_ingest
@@ -412,10 +431,48 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store):
 
     store._log_ingest = fail
     with pytest.raises(RuntimeError):
-        store.write(ev([row(0, "GPU-3", "ecc", 310, 2.0)]))
+        write(store, ev([row(0, "GPU-3", "ecc", 310, 2.0)]))
     store._log_ingest = real
     assert store.read("health_event", gpu_uuid="GPU-3").height == 0
-    assert store.write(ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
+    assert write(store, ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
+
+
+def test_the_counter_decision_over_rows_is_the_one_over_frames():
+    """``CounterMemory.changed_rows`` decides in Python what ``changed`` decides with frames: random batches of
+    counter events and zero/nonzero sample readings (one instant twice, a GPU unknown, a known null, an XID and a
+    host-level event among them) against random known readings give the same events kept and the same changes."""
+    import random
+
+    from fleetscope.store import counters
+    from fleetscope.store.writing import Rows
+
+    class _Conn:  # the table's newest version, as the memory's own: nothing read from a database
+        pass
+
+    rng = random.Random(7)
+    gpus, codes = ["g0", "g1", "g2"], [310, 312, 396]
+    for trial in range(300):
+        known = {(g, c): rng.choice([None, 0.0, 1.0, 2.0]) for g in gpus for c in codes if rng.random() < 0.5}
+        events = []
+        for _ in range(rng.randint(0, 8)):
+            g, c, t = rng.choice(gpus + [""]), rng.choice(codes + [13]), rng.randint(0, 3)
+            kind = "xid" if c == 13 else ("row_remap" if c == 396 else "ecc")
+            events.append((t, "h", g, kind, c, float(rng.randint(1, 3)), "m", "dcgm"))
+        cols = {"ecc_sbe_volatile_total": 310, "ecc_sbe_aggregate_total": 312, "remap_pending": 396}
+        samples = [(rng.randint(0, 3), g, *(rng.choice([None, 0, 1, 2]) for _ in cols)) for g in gpus for _ in range(rng.randint(0, 2))]
+        samples = list({(r[0], r[1]): r for r in samples}.values())
+        ev_rows = Rows(F.HEALTH_EVENT.names, events)
+        sm_rows = Rows(("ts", "gpu_uuid", *cols), samples)
+        memory = counters.CounterMemory("sqlite")
+        memory._known, memory._version = known, 1
+        memory._write_changes = lambda conn, changes, version: (changes, version + 1)  # type: ignore[method-assign]
+        got, got_changes = memory.changed_rows(_Conn(), ev_rows, sm_rows if samples else None, newest=1)
+        ev_frame = ev_rows.frame(F.HEALTH_EVENT) if events else F.HEALTH_EVENT.empty()
+        sm_frame = sm_rows.frame(F.GPU_SAMPLE) if samples else None
+        want, want_changes = memory.changed(_Conn(), ev_frame, sm_frame, newest=1)
+        kept = sorted(want.with_columns(pl.col("ts").dt.epoch("us")).rows())
+        assert sorted(got.rows) == kept, trial
+        assert sorted((got_changes or ([], 0))[0], key=repr) == sorted((want_changes or ([], 0))[0], key=repr), trial
 
 
 def _counter_pushes() -> list[F.Batch]:
@@ -450,9 +507,11 @@ def _expected_counter_events(pushes: list[F.Batch]) -> list[tuple]:
     return sorted(out)
 
 
-def test_two_stores_on_one_database_agree_on_which_counter_readings_are_new(db_url: str, tmp_path):
+@pytest.mark.parametrize("via", list(WRITES))
+def test_two_stores_on_one_database_agree_on_which_counter_readings_are_new(db_url: str, tmp_path, via):
     """Two API processes behind one proxy share the counters' last readings through the database: pushes of the
     same GPUs sent to either in turn store the events one process would, no repeat and no lost change."""
+    write = WRITES[via]
     pushes = _counter_pushes()
     expected = _expected_counter_events(pushes)
     assert len(expected) > 30  # the schedule makes many changes and many repeats
@@ -464,13 +523,13 @@ def test_two_stores_on_one_database_agree_on_which_counter_readings_are_new(db_u
     db.upgrade(one_url)
     one = Store.open(one_url)
     for b in pushes:
-        one.write(b)
+        write(one, b)
     assert stored(one) == expected
 
     a, b_ = Store.open(db_url), Store.open(db_url)
     # interleaved unevenly, so each store's own copy is behind the other's changes most of the time
     for i, push in enumerate(pushes):
-        (a if i % 3 else b_).write(push)
+        write(a if i % 3 else b_, push)
     assert stored(a) == expected
     # what each store decided from is what the table holds: the last reading of every counter
     final = {(r["gpu_uuid"], c): r[col] for r in pushes[-1].gpu_sample.iter_rows(named=True)
@@ -480,12 +539,13 @@ def test_two_stores_on_one_database_agree_on_which_counter_readings_are_new(db_u
     assert {(g, c): v for g, c, v in rows} == final
     # a repeat of the last push through either store is no event
     for st in (a, b_):
-        assert st.write(pushes[-1]).written.get("health_event", 0) == 0
+        assert write(st, pushes[-1]).written.get("health_event", 0) == 0
     for st in (one, a, b_):
         st.engine.dispose()
 
 
-def test_concurrent_counter_writers_in_two_stores_store_each_change_once(db_url: str):
+@pytest.mark.parametrize("via", list(WRITES))
+def test_concurrent_counter_writers_in_two_stores_store_each_change_once(db_url: str, via):
     """Two stores writing at once, each scrape split between them by GPU and the halves swapping stores every
     scrape: each GPU's readings arrive in time order but alternate between stores, and the stores' changes race
     for the next version (the writers of changed readings take turns). Every change is stored once."""
@@ -503,7 +563,7 @@ def test_concurrent_counter_writers_in_two_stores_store_each_change_once(db_url:
     with ThreadPoolExecutor(2) as pool:
         for k, push in enumerate(pushes):
             first, second = (a, b_) if k % 2 else (b_, a)
-            list(pool.map(lambda job: job[0].write(job[1]), [(first, half(push, ["GPU-0", "GPU-1"])), (second, half(push, ["GPU-2", "GPU-3"]))]))
+            list(pool.map(lambda job: WRITES[via](*job), [(first, half(push, ["GPU-0", "GPU-1"])), (second, half(push, ["GPU-2", "GPU-3"]))]))
     got = sorted(a.read("health_event").select("ts", "gpu_uuid", "code", "value").rows())
     assert got == expected
     a.engine.dispose()

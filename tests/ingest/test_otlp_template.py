@@ -262,10 +262,23 @@ def _conformed_rows(spec: F.FrameSpec, df: pl.DataFrame) -> list[tuple]:
     return sorted(df.with_columns([pl.col(c).dt.epoch("us") for c in df.columns if df.schema[c] == F.UTC_US]).rows(), key=repr)
 
 
-def test_rows_are_what_the_frame_path_stores():
-    """``otlp.tuples`` of a group of requests against the conformed frames of ``gather``'s Batch."""
-    reqs = [scrape(gpus=8, ts=TS + 10**10, fields=("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "app.x"),
-                   value=lambda i, f, h=h: float((i * 7 + f * 13 + h) % 97) + 0.5) for h in range(3)]
+@pytest.mark.parametrize("faults", [False, True], ids=["plain", "faults"])
+def test_rows_are_what_the_frame_path_stores(faults):
+    """``otlp.tuples`` of a group of requests against the conformed frames of ``gather``'s Batch; with fault
+    readings, their health events too (an XID, ECC counts on every third GPU, a half count rounded as the frame
+    path rounds it)."""
+    fields = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "app.x")
+    if faults:
+        fields += ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL")
+
+    def value(i: int, f: int, h: int) -> float:
+        if f == 4:
+            return 79.0 if (i, h) == (3, 1) else 0.0
+        if f == 5:
+            return [0.0, 2.5, 7.0][i % 3] if h != 2 else 0.0
+        return float((i * 7 + f * 13 + h) % 97) + 0.5
+
+    reqs = [scrape(gpus=8, ts=TS + 10**10, fields=fields, value=lambda i, f, h=h: value(i, f, h)) for h in range(3)]
     for h, r in enumerate(reqs):  # distinct GPUs per request, one with pods
         for m in r.resource_metrics[0].scope_metrics[0].metrics:
             for p in m.gauge.data_points:
@@ -277,8 +290,10 @@ def test_rows_are_what_the_frame_path_stores():
     walks = [otlp.read(r.SerializeToString(), encoding="protobuf") for r in reqs]
     rows = otlp.tuples(walks)
     batch = otlp.gather(walks)
-    assert rows is not None and set(rows) == {"gpu_sample", "gpu", "gpu_workload", "metric_sample"}
-    assert batch.health_event is None or batch.health_event.height == 0
+    assert rows is not None and set(rows) == {"gpu_sample", "gpu", "gpu_workload", "metric_sample"} | ({"health_event"} if faults else set())
+    assert (batch.health_event is not None and batch.health_event.height == 1 + 5 * 2) == faults
+    if faults:
+        assert sorted({r[-2] for r in rows["health_event"][1]}) == ["DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=2", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=7", "XID 79"]
     for name, (cols, r) in rows.items():
         spec = F.FRAMES[name]
         got = Rows(cols, r).frame(spec)
@@ -286,15 +301,15 @@ def test_rows_are_what_the_frame_path_stores():
         assert _conformed_rows(spec, got) == _conformed_rows(spec, want), name
     # FB used is an integer column: 0.5 MiB steps scale to whole bytes; rounding is the frame path's
     assert rows["gpu_sample"][1][0][rows["gpu_sample"][0].index("fb_used_bytes")] % 1 == 0
-    n_rows = {name: len(r) for name, (_, r) in rows.items()}
+    n_rows = {name: len(r) for name, (_, r) in rows.items() if name != "health_event"}
     assert n_rows == {"gpu_sample": 24, "gpu": 24, "gpu_workload": 8, "metric_sample": 24}
-    assert [otlp.counts(w)[1] for w in walks] == [32, 32, 32]
+    assert [otlp.counts(w)[1] for w in walks] == [48 if faults else 32] * 3
 
 
-@pytest.mark.parametrize("change", ["xid", "gpu-twice", "nul"])
+@pytest.mark.parametrize("change", ["gpu-twice", "nul"])
 def test_rows_decline_what_needs_the_frame_path(change):
     fields = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_POWER_USAGE")
-    value = (lambda i, f: 13.0 if f == 1 and i == 2 else 1.0) if change == "xid" else (lambda i, f: 0.0 if f == 1 else 1.0)
+    value = lambda i, f: 0.0 if f == 1 else 1.0  # noqa: E731
     a = scrape(gpus=4, fields=fields, value=value)
     if change == "nul":
         a.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes[5].value.string_value = "no\x00de"
