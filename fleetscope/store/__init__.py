@@ -232,14 +232,14 @@ class Store:
                 try:
                     with self._write_lock, self.engine.begin() as conn:
                         self._gpu_keys.begin()
-                        health = any(spec.name == "health_event" for spec, _ in conformed)
-                        newest = self._refuse_logged(conn, unless_logged, counters=health)
+                        events = next((df for spec, df in conformed if spec.name == "health_event"), None)
+                        samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
+                        counted = events is not None or self._counters.resets(samples)
+                        newest = self._refuse_logged(conn, unless_logged, counters=counted)
                         todo = conformed
-                        if health:
+                        if counted:
                             # first in the transaction: a writer waiting for the counters' lock holds no row lock
-                            events = next(df for spec, df in conformed if spec.name == "health_event")
-                            samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
-                            changed, readings = self._counters.changed(conn, events, samples, newest)
+                            changed, readings = self._counters.changed(conn, events if events is not None else F.HEALTH_EVENT.empty(), samples, newest)
                             todo = [(spec, changed if spec.name == "health_event" else df) for spec, df in conformed]
                             todo = [(spec, df) for spec, df in todo if df.height]
                         for spec, df in todo:
@@ -296,11 +296,12 @@ class Store:
                     with self._write_lock, self.engine.begin() as conn:
                         self._gpu_keys.begin()
                         todo, shas = frames, unless_logged
-                        if health is not None:
+                        if health is not None or self._counters.resets(samples):
                             # the check, then the counters, first in the transaction, as write_frames has them
                             newest = self._refuse_logged(conn, shas, counters=True)
                             shas = ()
-                            kept, readings = self._counters.changed_rows(conn, health, samples, newest)
+                            events = health if health is not None else Rows(F.HEALTH_EVENT.names, [])
+                            kept, readings = self._counters.changed_rows(conn, events, samples, newest)
                             todo = [(spec, kept if r is health else r) for spec, r in frames]
                             todo = [(spec, r) for spec, r in todo if r.rows]
                         if self.dialect == "postgresql":

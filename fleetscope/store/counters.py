@@ -17,6 +17,7 @@ from fleetscope.store import schema
 from fleetscope.store.writing import Rows
 
 _COUNTER_CODES = frozenset(code for _, _, code, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
+_COUNTER_COLUMNS = tuple(col for col, _, _, _ in dcgm_fields.DCGM_HEALTH_COUNTERS)
 _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
 # the advisory lock writers of changed counter readings take turns on (PostgreSQL): any fixed 64-bit number
 _COUNTER_LOCK_KEY = int.from_bytes(hashlib.sha256(b"fleetscope.counter_reading").digest()[:8], "big", signed=True)
@@ -28,7 +29,8 @@ def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.Da
                       known: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``events`` keeping the counter readings that differ from the GPU's previous one (in ``seq``, the batch's
     readings by GPU, code and time, or before it in ``known``); and each counter's newest reading where it is
-    not what ``known`` holds."""
+    not what ``known`` holds. A counter ``known`` lacks that reads zero is left out of the changes: an unknown
+    counter's next reading is new anyway, and a fleet's zeros would fill the table and take its lock."""
     seq = seq.join(known.rename({"value": "_seen"}).with_columns(_known=pl.lit(True)), on=["gpu_uuid", "code"], how="left").with_columns(
         pl.when(pl.col("ts") == pl.col("ts").first().over("gpu_uuid", "code"))
         .then(pl.col("_seen")).otherwise(pl.col("value").shift(1).over("gpu_uuid", "code")).alias("_prev"))
@@ -36,7 +38,8 @@ def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.Da
             .filter(pl.col("_prev").is_null() | pl.col("value").is_null() | (pl.col("value") != pl.col("_prev")))
             .select(events.columns))
     changes = (seq.group_by("gpu_uuid", "code").agg(pl.col("value").last(), pl.col("_seen").first(), pl.col("_known").first())
-               .filter(pl.col("_known").is_null() | pl.col("value").ne_missing(pl.col("_seen")))
+               .filter(pl.when(pl.col("_known").is_null()).then(pl.col("value").ne_missing(0.0))
+                       .otherwise(pl.col("value").ne_missing(pl.col("_seen"))))
                .select(list(_COUNTER_SCHEMA)))
     return pl.concat([events.filter(~is_counter), kept]), changes
 
@@ -59,7 +62,7 @@ def _decide_rows(events: Rows, counter_rows: list[int], seq: dict[tuple[str, int
         for ts in sorted(readings):
             prev_at[(*key, ts)] = prev
             prev = readings[ts]
-        if key not in known or prev != known[key]:
+        if (prev != 0) if key not in known else (prev != known[key]):
             changes.append((*key, prev))
     dropped = set()
     for n in counter_rows:
@@ -86,7 +89,29 @@ class CounterMemory:
         self._known: Known = {}
         self._version = 0
         self._frame: tuple[Known, pl.DataFrame] | None = None  # a copy as a frame, for the frame path
+        self._nonzero: frozenset[str] = frozenset()  # the GPUs with a counter above zero in the copy
+        self._loaded = False  # whether the copy was ever read from the table
         self._lock = threading.Lock()
+
+    def resets(self, samples: pl.DataFrame | Rows | None) -> bool:
+        """Whether ``samples`` (a write's gpu_sample rows) name a GPU whose counter this process last knew above
+        zero. A write with no health event still carries every GPU's readings, and a zero there (a volatile
+        counter after a driver reload or a reboot) is the change that makes the same count later a new event:
+        without it a second double-bit error reading 1, as the first did, would page nobody. A GPU set above
+        zero by another process since this one's copy was brought up to date is not seen here; its next write
+        with an event brings the copy up to date. A process whose copy was never read (just started) says yes
+        to the first samples with counters, so that the copy is read."""
+        nonzero = self._nonzero
+        if samples is None or (not nonzero and self._loaded):
+            return False
+        if not any(col in samples.columns for col in _COUNTER_COLUMNS):
+            return False
+        if not self._loaded:
+            return True
+        if isinstance(samples, Rows):
+            i = samples.columns.index("gpu_uuid")
+            return any(row[i] in nonzero for row in samples.rows)
+        return bool(samples.get_column("gpu_uuid").is_in(list(nonzero)).any())
 
     def changed(self, conn: Connection, events: pl.DataFrame, samples: pl.DataFrame | None,
                 newest: int | None = None) -> tuple[pl.DataFrame, tuple[list[tuple[str, int, float | None]], int] | None]:
@@ -202,6 +227,7 @@ class CounterMemory:
             finally:
                 cur.close()
         with self._lock:
+            self._loaded = True
             known, version = self._known, self._version
         if newest == version:
             return known, version
@@ -211,6 +237,7 @@ class CounterMemory:
         known = {**known, **delta} if since else delta
         with self._lock:
             if self._version <= newest:
+                self._nonzero = _nonzero(known, {g for g, _ in delta}, self._nonzero if since else frozenset())
                 self._known, self._version = known, newest
         return known, newest
 
@@ -220,4 +247,11 @@ class CounterMemory:
         with self._lock:
             if self._version == version - 1:
                 self._known = {**self._known, **{(g, c): v for g, c, v in changes}}
+                self._nonzero = _nonzero(self._known, {g for g, _, _ in changes}, self._nonzero)
                 self._version = version
+
+
+def _nonzero(known: Known, changed: set[str], before: frozenset[str]) -> frozenset[str]:
+    """The GPUs with a counter above zero in ``known``: ``before`` with those of ``changed`` looked at again."""
+    now = {g for g in changed if any(known.get((g, code)) for code in _COUNTER_CODES)}
+    return (before - changed) | now

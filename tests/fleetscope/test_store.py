@@ -437,6 +437,41 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store, v
     assert write(store, ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
 
 
+@pytest.mark.parametrize("via", list(WRITES))
+def test_a_count_read_again_after_a_reset_in_writes_without_events_is_a_new_event(db_url: str, via):
+    """A GPU's volatile double-bit ECC count reads 1 (an event), then 0 for a while in writes that carry no health
+    event at all (the node rebooted: nothing to report), then 1 again: a second uncorrectable error, stored as an
+    event. So also for a process started after the first reading (its copy read from the table first)."""
+    from fleetscope.core import dcgm_fields
+
+    write = WRITES[via]
+
+    def scrape(k: int, dbe: int, gpu: str = "GPU-r") -> F.Batch:
+        sample = pl.DataFrame({"ts": [T0 + k * 10 * S], "gpu_uuid": [gpu], "power_w": [300.0], "ecc_dbe_volatile_total": [dbe]})
+        events = dcgm_fields.dcgm_health_events(sample, pl.DataFrame({"gpu_uuid": [gpu], "host": ["h"]}), source="dcgm")
+        return F.Batch(gpu_sample=sample, health_event=events)
+
+    first = Store.open(db_url)
+    assert write(first, scrape(0, 1)).written["health_event"] == 1
+    assert scrape(1, 0).health_event is None
+    write(first, scrape(1, 0))
+    write(first, scrape(2, 0))
+    assert write(first, scrape(3, 1)).written["health_event"] == 1
+    assert write(first, scrape(4, 1)).written.get("health_event", 0) == 0  # a repeat
+    # a process started now learns the GPU's count from the table before its first write without events
+    later = Store.open(db_url)
+    write(later, scrape(5, 0))
+    assert write(later, scrape(6, 1)).written["health_event"] == 1
+    # zeros of a counter never seen above zero are no change to keep
+    write(later, scrape(7, 0, gpu="GPU-calm"))
+    with later.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT gpu_uuid, code, value FROM counter_reading").all() == [("GPU-r", 311, 1.0)]
+    stored = first.read("health_event").sort("ts")
+    assert stored["ts"].to_list() == [T0 + k * 10 * S for k in (0, 3, 6)]
+    for st in (first, later):
+        st.engine.dispose()
+
+
 def test_the_counter_decision_over_rows_is_the_one_over_frames():
     """``CounterMemory.changed_rows`` decides in Python what ``changed`` decides with frames: random batches of
     counter events and zero/nonzero sample readings (one instant twice, a GPU unknown, a known null, an XID and a
