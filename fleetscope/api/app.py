@@ -18,6 +18,7 @@ from sqlalchemy import func, select, text
 from starlette.requests import ClientDisconnect
 
 from fleetscope import __version__, door
+from fleetscope.door import ingestion
 from fleetscope.store import db
 from fleetscope.store import schema
 from fleetscope import settings as settings_mod
@@ -228,6 +229,10 @@ def create_app(settings: settings_mod.Settings | None = None, store: Store | Non
     app.state.store = store
 
     audit_service.bind(store, settings)  # the audit log's key and checkpoints are this app's settings'
+    # The format modules are imported now, not by the first push that names a format: a fleet's agents all push
+    # at once after a restart, and the first ones waited a tenth of a second for the imports.
+    ingestion.registry()
+    routes_alerts.warm(app)
     app.state.door = door.Door(
         store, window_s=settings.group_commit_ms / 1000, max_pending=settings.ingest_max_pending,
         max_pending_bytes=settings.ingest_max_pending_mb * 2**20, after_commit=lambda health, jobs: _after_commit(app, health, jobs),

@@ -67,6 +67,18 @@ def kick_evaluation(app: FastAPI, health_event: pl.DataFrame | None) -> None:
         log.warning("could not ask for an alert evaluation; beat's next tick will evaluate", exc_info=True)
 
 
+def warm(app: FastAPI) -> None:
+    """Make this process's alert kicker (its broker transport imported) before the first push with a health
+    event needs it, so that push's hook does not hold the GIL while the agents wait. Never raises: a broker
+    that is not right yet is the first kick's to report."""
+    try:
+        with _kicker_lock:
+            if getattr(app.state, "alert_kicker", None) is None:
+                app.state.alert_kicker = celery_kicker(app.state.settings)
+    except Exception:  # noqa: BLE001 - the first kick tries again and logs
+        log.warning("could not prepare alert kicks ahead of the first health event", exc_info=True)
+
+
 def _engine(request: Request):  # type: ignore[no-untyped-def]
     return request.app.state.store.engine
 

@@ -136,6 +136,9 @@ def celery_kicker(settings: settings_mod.Settings) -> Kicker:
     queue longer than an evaluation interval expires, as beat's own ticks do: by then a tick has run."""
     app = make_celery(settings)
     expires_s = max(1.0, alert_config.load(settings).eval_interval_s)
+    # The broker's transport module is imported here, not in the first send: the embedded broker's pulls in
+    # SQLAlchemy's ORM, a quarter of a second of the GIL that a fleet's first pushes after a restart waited for.
+    app.connection_for_write().get_transport_cls()
 
     def send(countdown_s: float) -> None:
         app.send_task(EVALUATE, countdown=countdown_s or None, expires=countdown_s + expires_s)
