@@ -93,8 +93,9 @@ def _request(target: str, host: str, body: bytes, ctype: str, token: str | None,
 
 
 async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list[float], statuses: dict[int, int]) -> None:
-    """A keep-alive client taking requests from ``work`` until it is empty. A connection the server closes (a
-    worker restarted) counts its request as status 0 and opens a new one, as an agent would."""
+    """A keep-alive client taking requests from ``work`` until it is empty. An answer with ``Connection: close``
+    is followed by a new connection; a connection the server closes unannounced (a worker restarted) counts its
+    request as status 0 and opens a new one, as an agent would."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while True:
@@ -109,13 +110,19 @@ async def _connection(host: str, port: int, work: asyncio.Queue, latencies: list
                 status_line = await reader.readline()
                 if not status_line:
                     raise ConnectionError("closed by the server")
-                length = 0
+                length, closing = 0, False
                 while (line := await reader.readline()) not in (b"\r\n", b""):
                     name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
+                    name = name.strip().lower()
+                    if name == b"content-length":
                         length = int(value)
+                    elif name == b"connection" and value.strip().lower() == b"close":
+                        closing = True
                 if length:
                     await reader.readexactly(length)
+                if closing:  # the server asked for a new connection for the next request, as HTTP clients honour
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
             except (ConnectionError, asyncio.IncompleteReadError):
                 statuses[0] = statuses.get(0, 0) + 1
                 writer.close()

@@ -148,9 +148,17 @@ class FleetscopeAPI(FastAPI):
     agents' lane (``api.fastlane``): a plain ingest push is answered there, everything else as FastAPI
     would. Nothing of a body is read before the gate has let its request through."""
 
+    # Every this many requests one answer says ``Connection: close`` (0: never); ``serve --workers N`` sets it.
+    rebalance_every = 0
+    _served = 0
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:  # type: ignore[override]
         if scope["type"] == "http":
             start = time.perf_counter()
+            if self.rebalance_every:
+                self._served += 1
+                if self._served % self.rebalance_every == 0:
+                    send = _closing(send)
             gate: Gate | None = getattr(self.state, "gate", None)
             refusal = await gate.refuse(scope) if gate is not None else None
             if refusal is not None:
@@ -160,6 +168,24 @@ class FleetscopeAPI(FastAPI):
             if await fastlane.handle(self, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
+
+
+def _closing(send: Any) -> Any:
+    """``send`` whose response asks the client to close the connection after it (RFC 9112 §9.6).
+
+    The API's worker processes share one listening socket, and asyncio accepts every connection waiting at
+    once: when a fleet's agents reconnect together (after a restart, or a load balancer's), one process takes
+    most of them and keeps them, busy on one core while the other idles (four fifths of a run's samples in one
+    of two processes, profiled). Closing one connection in so many, as nginx's ``keepalive_requests`` does,
+    lets its client reconnect to whichever process is free to accept it first, the idler one, so the
+    connections spread out within a few seconds. An HTTP client reconnects for its next request by itself."""
+
+    async def wrapped(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return wrapped
 
 
 class _TaskRunCollector:

@@ -168,3 +168,54 @@ def test_the_api_workers_end_with_a_supervisor_killed_alone(tmp_path):
             os.killpg(proc.pid, 9)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the processes are read from /proc")
+def test_a_worker_process_asks_one_client_in_so_many_to_reconnect(tmp_path):
+    """``serve --workers 2``: on one kept-alive connection, every answer keeps it open until the process's
+    ``REBALANCE_EVERY_REQUESTS``-th request, whose answer says ``Connection: close`` and after which the server
+    closes it; a client's new connection then goes to whichever process accepts it first. A single process
+    (``--workers 1``) never asks."""
+    import socket
+    import subprocess
+
+    from fleetscope.api.server import REBALANCE_EVERY_REQUESTS
+    from tests.fleetscope.test_ingest_door_api import _free_port
+
+    def answers(port: int, most: int) -> tuple[list[bool], bytes]:
+        """Whether each answer on one connection asked to close, and what the socket read after the last."""
+        closes: list[bool] = []
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            f = sock.makefile("rb")
+            for _ in range(most):
+                sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                assert f.readline().startswith(b"HTTP/1.1 200")
+                length, close = 0, False
+                while (line := f.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    length = int(value) if name.lower() == b"content-length" else length
+                    close = close or (name.lower() == b"connection" and value.strip().lower() == b"close")
+                f.read(length)
+                closes.append(close)
+                if close:
+                    break
+            return closes, f.read(1)
+
+    for workers in (2, 1):
+        port = _free_port()
+        env = {**os.environ, "FLEETSCOPE_DATA_DIR": str(tmp_path), "FLEETSCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}",
+               "FLEETSCOPE_LOG_LEVEL": "WARNING"}
+        proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "serve", "--port", str(port), "--workers", str(workers)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _serving(proc, port, workers if workers > 1 else 0)
+            closes, after = answers(port, 3 * REBALANCE_EVERY_REQUESTS)
+            if workers == 1:
+                assert not any(closes) and len(closes) == 3 * REBALANCE_EVERY_REQUESTS
+                continue
+            # the process's own count: the readiness checks' requests, on connections of their own, count too
+            assert closes[-1] and not any(closes[:-1]) and len(closes) <= REBALANCE_EVERY_REQUESTS
+            assert after == b""  # the server closed the connection after that answer
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
