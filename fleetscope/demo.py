@@ -188,9 +188,12 @@ def ingest_simulation(api: Api, manifest: Any, root: Path, say: Any) -> dict[str
     for scrape in manifest.ib_scrapes:
         api.call("POST", "/api/v1/ingest/ib_node_exporter", content=(root / scrape["file"]).read_bytes(),
                  params={"source": scrape["file"], "ts": scrape["ts"]})
+    for run in manifest.nccl_tests:  # nccl-tests prints no time zone: the run's time goes with it
+        add(api.call("POST", "/api/v1/ingest/nccl_tests", content=(root / run["file"]).read_bytes(), params={"source": run["file"], "ts": run["ts"]}))
     for rel in manifest.files.get("otlp_json", []):
         api.call("POST", "/v1/metrics", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
-    say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, InfiniBand counters, facility meters")
+    say(f"ingested   job events, {len(manifest.files.get('kineto', []))} profiler traces, NCCL Inspector logs, InfiniBand counters, "
+        f"{len(manifest.nccl_tests)} nccl-tests sweeps, facility meters")
     for rel in manifest.files.get("openlineage", []):
         api.call("POST", "/api/v1/lineage", content=(root / rel).read_bytes(), headers={"Content-Type": "application/json"})
     registry = json.loads((root / manifest.files["registry"][0]).read_text())
@@ -328,6 +331,11 @@ def check_faults(api: Api, manifest: Any, analysis: dict[str, Any]) -> list[dict
                       and x["subject"].startswith(f"job:{f.job_id}/ib:{f.hosts[0]}")]
             rows.append({"fault": "comm_stragglers_on_flapping_port", "where": f"{f.job_id} on {f.hosts[0]}", "found": bool(blamed),
                          "evidence": blamed[0]["summary"] if blamed else "no comm_straggler_fabric finding on that host"})
+            # and from the acceptance sweep run again over that node while its port flaps
+            swept = [x for x in findings if x["kind"] == "nccl_test_regression" and f.hosts[0] in x["summary"]]
+            if manifest.nccl_tests:
+                rows.append({"fault": "nccl_tests_regression_on_flapping_port", "where": f.hosts[0], "found": bool(swept),
+                             "evidence": swept[0]["summary"] if swept else "no nccl_test_regression finding naming that host"})
         elif f.kind == "silent_host":
             hits = [x for x in findings if x["kind"] == "host_down" and x["subject"] in {f"host:{h}" for h in f.hosts}]
             found, evidence = bool(hits), (hits[0]["summary"] if hits else "no host_down finding")

@@ -13,6 +13,7 @@
   ``distributedInfo`` and ``baseTimeNanoseconds``.
 - Job lifecycle events (docs/job_events.md).
 - OTLP/JSON ``ExportMetricsServiceRequest`` for facility meters and grid intensity.
+- nccl-tests' ``all_reduce_perf`` stdout (NVIDIA/nccl-tests ``src/util.cu``'s table), an acceptance sweep.
 
 Every writer takes the simulation's explicit start time; none reads the clock.
 """
@@ -367,3 +368,44 @@ def ib_node_exporter_body(hosts: list[str], t_s: float, flaps: tuple[int, tuple[
         }
         lines += [f"node_infiniband_{name}{{{labels}}} {value}" for name, value in values.items()]
     return ("\n".join(lines) + "\n").encode()
+
+
+# nccl-tests' all_reduce_perf sweep as a site runs it for acceptance: -b 8 -e 8G -f 2.
+NCCL_TESTS_SIZES = tuple(2**e for e in range(3, 34))
+# Latency of one inter-node all-reduce of a few bytes, on the order the p5 capture in shared/realdata prints (~80 µs).
+NCCL_TESTS_LATENCY_S = 60e-6
+
+
+def nccl_tests_all_reduce(hosts: list[str], gpus_per_node: int, gpu_name: str, busbw_peak_bytes_per_s: float, pid0: int) -> bytes:
+    """``all_reduce_perf -b 8 -e 8G -f 2 -g 1`` over ``hosts`` × ``gpus_per_node`` ranks, as its stdout prints it.
+
+    Times follow the alpha-beta model: a fixed latency plus the bytes each rank moves, ``2(n-1)/n`` × size for a
+    ring all-reduce, at the bus bandwidth the fabric sustains; algbw = size / time and busbw = algbw × 2(n-1)/n,
+    nccl-tests' own definitions (its doc/PERFORMANCE.md), so busbw climbs toward ``busbw_peak_bytes_per_s`` with
+    the message size. The in-place column runs 1 % slower, as it often does. The average is nccl-tests' own: the
+    mean of every busbw printed."""
+    n = len(hosts) * gpus_per_node
+    factor = 2 * (n - 1) / n
+    lines = ["# Collective test starting: all_reduce_perf",
+             f"# nThread 1 nGpus 1 minBytes {NCCL_TESTS_SIZES[0]} maxBytes {NCCL_TESTS_SIZES[-1]} step: 2(factor) warmup iters: 5 iters: 20 "
+             "agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
+    for k, host in enumerate(hosts):
+        for g in range(gpus_per_node):
+            rank = k * gpus_per_node + g
+            lines.append(f"#  Rank {rank:2d} Group  0 Pid {pid0 + rank:6d} on {host:>10} device {g:2d} [0x{0x18 + 0x11 * g:02x}] {gpu_name}")
+    lines += ["#", "#                                                              out-of-place                       in-place",
+              "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
+    printed = []
+    for size in NCCL_TESTS_SIZES:
+        cells = []
+        for slower in (1.0, 1.01):
+            time_s = (NCCL_TESTS_LATENCY_S + factor * size / busbw_peak_bytes_per_s) * slower
+            algbw, busbw = size / time_s / 1e9, size / time_s / 1e9 * factor
+            us = time_s * 1e6
+            cells.append(f"{us:8.2f}" if us < 1e4 else f"{us:8.0f}")
+            cells += [f"{algbw:7.2f}", f"{busbw:7.2f}", "     0"]
+            printed.append(round(busbw, 2))
+        lines.append(f"{size:12d}  {size // 4:12d}     float     sum      -1 " + " ".join(cells))
+    lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {sum(printed) / len(printed):.3f}", "#", ""]
+    return "\n".join(lines).encode()

@@ -8,6 +8,7 @@ Layout of ``out_dir``::
     kineto/<job>/rank<r>.pt.trace.json  PyTorch profiler traces of the profiled ranks
     job_events/<job>.jsonl              job lifecycle events (docs/job_events.md)
     facility/<site>.otlp.json           facility / IT power and grid intensity (OTLP/JSON)
+    nccl_tests/<UTC stamp>-all_reduce_perf.txt   an nccl-tests sweep over the flapping port's node, before and during
     lineage/NNN-<job>-<type>.json       OpenLineage RunEvents, one per file
     lineage/registry.json               dataset and model registry bodies (PUT /api/v1/datasets, /models)
     predictions/<model>.csv             a prediction table for the fairness evaluation
@@ -63,6 +64,7 @@ class Manifest:
     facility: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     ib_scrapes: list[dict[str, str]] = field(default_factory=list)  # (ts, file) of node_exporter infiniband bodies
+    nccl_tests: list[dict[str, Any]] = field(default_factory=list)  # (ts, file, hosts) of nccl-tests sweeps, oldest first
     monitoring: dict[str, Any] = field(default_factory=dict)  # the high-risk deployment: its versions, files, declarations
     scheduler: dict[str, Any] = field(default_factory=dict)  # the Slurm and Kubernetes clusters: files, teams, what must be found
 
@@ -187,6 +189,20 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
         _write(out, rel, formats.ib_node_exporter_body(list(topo.hosts), t, fplan.ib_flaps), files, "ib_node_exporter")
         ib_scrapes.append({"ts": formats.iso_us(formats.epoch_us(ts)), "file": rel})
 
+    # --- nccl-tests: an acceptance sweep over the flapping port's node and a neighbour, before the flaps and again
+    # between them, when the ring runs at the flapping link's pace (the fault's communication factor)
+    nccl_runs = []
+    if fplan.ib_flaps is not None:
+        node, flap_times = fplan.ib_flaps
+        pair = [topo.hosts[node], topo.hosts[node - 1 if node else node + 1]]
+        # the rails' NICs together, at the nine tenths of line rate NCCL's all-reduce sustains across nodes
+        peak = g * spec.gpu.nic_bytes_per_s * 0.9
+        for k, (t, busbw) in enumerate(((0.1 * D, peak), (0.5 * (flap_times[0] + flap_times[1]), peak / spec.faults.flapping_ib_comm_factor))):
+            ts = t_of(t)
+            rel = f"nccl_tests/{_stamp(ts)}-all_reduce_perf.txt"
+            _write(out, rel, formats.nccl_tests_all_reduce(pair, g, spec.gpu.name, busbw, 4100 + 100 * k), files, "nccl_tests")
+            nccl_runs.append({"ts": formats.iso_us(formats.epoch_us(ts)), "file": rel, "hosts": pair})
+
     # --- jobs: events, NCCL Inspector, Kineto
     job_info = []
     for i, r in enumerate(runs):
@@ -262,6 +278,7 @@ def simulate(spec: SimSpec, out_dir: Path) -> Manifest:
         files={k: sorted(v) for k, v in files.items()},
         dcgm_scrapes=scrapes,
         ib_scrapes=ib_scrapes,
+        nccl_tests=nccl_runs,
         jobs=job_info,
         faults=fplan.faults,
         lineage={"quarantined_dataset": {"namespace": lin.quarantined[0], "name": lin.quarantined[1]},

@@ -35,7 +35,7 @@ def test_demo_finds_every_injected_fault(tmp_path):
     faults = {f["fault"]: f for f in summary["faults"]}
     # the simulator's injected faults, plus the governance ones
     assert set(faults) == {"thermal_straggler", "slow_link", "sdc", "row_remap_failure", "gpu_failure", "preemption",
-                           "hung_job", "silent_host", "flapping_ib_link", "comm_stragglers_on_flapping_port",
+                           "hung_job", "silent_host", "flapping_ib_link", "comm_stragglers_on_flapping_port", "nccl_tests_regression_on_flapping_port",
                            "quarantined_dataset_upstream", "biased_model", "model_data_drift", "biased_model_version",
                            "kv_cache_saturated", "throttled_replica", "slo_burn", "idle_allocation", "preempted_job"}
     missed = [f for f in summary["faults"] if not f["found"]]

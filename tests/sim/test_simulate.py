@@ -365,6 +365,31 @@ def test_the_flapping_ib_link_shows_in_node_exporter_counters(sim: Manifest) -> 
     assert set(rows["rate_gbps"]) == {400.0} and set(rows["state"]) == {"ACTIVE"}
 
 
+def test_the_nccl_tests_sweep_over_the_flapping_port_regresses_against_the_one_before(sim: Manifest) -> None:
+    """Two all_reduce_perf sweeps over the flapping port's node and a neighbour: detected and parsed as nccl-tests
+    output, the first at the rails' sustained rate, the second, between the flaps, at the flapping link's pace, which
+    the regression analysis flags against the first (and the first against nothing)."""
+    from analyzers import fabric
+    from ingest import nccl_tests
+
+    f = _one(sim, "flapping_ib_link")
+    assert [r["hosts"][0] for r in sim.nccl_tests] == [f.hosts[0]] * 2
+    assert _ts(sim.nccl_tests[0]["ts"]) < f.start < _ts(sim.nccl_tests[1]["ts"]) < f.end
+    batches = []
+    for run in sim.nccl_tests:
+        data = (Path(sim.out_dir) / run["file"]).read_bytes()
+        assert ingestion.detect(data) == ["nccl_tests"]
+        batches.append(nccl_tests.parse(data, source=run["file"], ts=_ts(run["ts"])))
+    g = sim.topology["gpus_per_node"]
+    assert [b.meta["devices"][-1]["rank"] for b in batches] == [2 * g - 1] * 2
+    biggest = [b.nccl_test.filter(~pl.col("in_place")).sort("size_bytes")["busbw_gbps"][-1] for b in batches]
+    # 8 rails x 50 GB/s at nine tenths, approached at 8 GiB; the second run a quarter of it (the fault's factor 4)
+    assert biggest[0] == pytest.approx(360.0, rel=0.01) and biggest[1] == pytest.approx(90.0, rel=0.01)
+    reg = fabric.nccl_test_regressions(pl.concat([b.nccl_test for b in batches]))
+    assert reg.sort("ts")["regression"].to_list() == [False, True]
+    assert reg.sort("ts")["ratio"][1] == pytest.approx(0.25, rel=0.02)
+
+
 # --- the demo's full size ---------------------------------------------------------------------------
 
 
