@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,6 +102,23 @@ class _Reference:
     inside: frozenset[int]  # the texts some text of the template holds inside it (a series key, a composed id)
     checked: int = 0
     off: bool = False
+    _places: dict[int, tuple[np.ndarray, np.ndarray] | None] = field(default_factory=dict)
+
+    def places(self, t: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """None where text ``t`` may not be renamed (not ``clean``, inside another text, or a span of it under a key
+        that does not only name); else the byte offsets of its places after the first, each beside the offset of the
+        same byte in the first place, so that one gather tells whether a body holds one name at all of them. Worked
+        out once a text: a shape's new nodes rename the same texts of its reference."""
+        if t in self._places:
+            return self._places[t]
+        spans = self.members[t]
+        found = None
+        if self.clean[t] and t not in self.inside and self.nameable[spans].all():
+            first, n = int(self.starts[spans[0]]), int(self.ends[spans[0]] - self.starts[spans[0]])
+            others = (self.starts[spans[1:]][:, None] + np.arange(n)).ravel()
+            found = (others, np.tile(np.arange(first, first + n), spans.size - 1))
+        self._places[t] = found
+        return found
 
 
 @dataclass
@@ -156,11 +173,17 @@ def clear() -> None:
 
 def lookup(data: bytes) -> Any:
     """The walk of ``data`` from a template, or None where none vouches for it."""
+    return _lookup(data, {})
+
+
+def _lookup(data: bytes, digests: dict[int, bytes]) -> Any:
+    """``lookup``, leaving in ``digests`` each shape's digest of ``data`` it worked out (by shape ident)."""
     shapes = _SHAPES.get(len(data))
     if shapes:
         arr = np.frombuffer(data, np.uint8)
         for shape in list(shapes):
-            tpl = _TEMPLATES.get((shape.ident, shape.digest(arr)))
+            digest = digests[shape.ident] = shape.digest(arr)
+            tpl = _TEMPLATES.get((shape.ident, digest))
             if tpl is not None:
                 walk = _fill(tpl, shape, arr)
                 if walk is not None:
@@ -173,7 +196,8 @@ def lookup(data: bytes) -> Any:
 def lookup_renamed(data: bytes) -> Any:
     """``lookup``; where no template holds ``data``, a renamed read (``_renamed``) if its shape's renaming has
     passed its checks, so that no general read is spent (cheap enough for the API's event loop); else None."""
-    walk = lookup(data)
+    digests: dict[int, bytes] = {}
+    walk = _lookup(data, digests)
     shapes = _SHAPES.get(len(data)) if walk is None and len(data) <= MAX_BYTES else None
     if not shapes or _backing_off() or not any(s.ref is not None and not s.ref.off and s.ref.checked >= _RENAME_CHECKS for s in list(shapes)):
         return walk
@@ -188,7 +212,7 @@ def lookup_renamed(data: bytes) -> Any:
         ref = shape.ref if shape is not None else None
         if ref is None or ref.off or ref.checked < _RENAME_CHECKS:
             return None
-        return _renamed(shape, ref, data, arr, None)[0]
+        return _renamed(shape, ref, data, arr, None, digests.get(shape.ident))[0]
     finally:
         _lock.release()
 
@@ -362,7 +386,7 @@ def _texts(tpl: _Template) -> list[str]:
     return out + [key for _slot, key in tpl.series]
 
 
-def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read: Any) -> tuple[Any, bool]:
+def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read: Any, digest: bytes | None = None) -> tuple[Any, bool]:
     """The walk of ``data`` from its shape's reference template with names replaced, kept as ``data``'s
     own template; (None, False) where ``data`` differs from the reference in more than names. The first
     ``_RENAME_CHECKS`` of a shape are read the general way too ((walk, True) either way; (None, True) where
@@ -377,16 +401,19 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
     changed = at[np.flatnonzero(np.diff(at, prepend=-1))]  # ``at`` ascends with ``diff``
     if not ref.nameable[changed].all():
         return None, False
+    texts = set(ref.value_of[changed].tolist())
+    places = [ref.places(t) for t in texts]
+    if any(p is None for p in places):
+        return None, False
+    # every other place of each name against its first, in one gather (a host's is in each of a node's 240 points)
+    others = np.concatenate([p[0] for p in places])  # type: ignore[index]
+    if others.size and not np.array_equal(arr[others], arr[np.concatenate([p[1] for p in places])]):  # type: ignore[index]
+        return None, False  # one name became two: the walk would see two things where it saw one
     names: dict[str, str] = {}
-    for t in set(ref.value_of[changed].tolist()):
+    for t in texts:
         spans = ref.members[t]
-        if not ref.clean[t] or t in ref.inside or not ref.nameable[spans].all():
-            return None, False
         first, n = int(ref.starts[spans[0]]), int(ref.ends[spans[0]] - ref.starts[spans[0]])
         new = data[first:first + n]
-        # every other place of the name, compared at once (a host's is in each of a node's 240 points)
-        if spans.size > 1 and not (arr[ref.starts[spans[1:]][:, None] + np.arange(n)] == arr[first:first + n]).all():
-            return None, False  # one name became two: the walk would see two things where it saw one
         if _NAME_BYTES.fullmatch(new) is None:
             return None, False
         old, text = ref.texts[t], new.decode("ascii")
@@ -407,7 +434,8 @@ def _renamed(shape: _Shape, ref: _Reference, data: bytes, arr: np.ndarray, read:
             ref.off = True
             return want, True
         ref.checked += 1
-    _TEMPLATES[(shape.ident, hashing.sha256(masked.data).digest())] = tpl
+    # the digest ``lookup`` took of this body for its shape, where it took one
+    _TEMPLATES[(shape.ident, digest if digest is not None else hashing.sha256(masked.data).digest())] = tpl
     _stats["learned"] += 1
     _stats["renamed"] += 1
     return walk, True

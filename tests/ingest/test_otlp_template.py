@@ -512,8 +512,14 @@ def test_lookup_renamed_spends_no_general_read(monkeypatch):
     body = node_body(40)
     walk = otlp_template.lookup_renamed(body)
     assert walk is not None and walk.gpus[0]["host"] == "node-040"
+    # the node's next scrape (new times, the same values' slots) is a template hit: the renamed read kept its
+    # template under the key ``lookup`` looks it up by
+    hits, renamed = otlp_template._stats["hits"], otlp_template._stats["renamed"]
+    later = otlp_template.lookup(node_body(40, ts=TS + 10**10))
+    assert later is not None and otlp_template._stats["hits"] == hits + 1 and otlp_template._stats["renamed"] == renamed
     monkeypatch.undo()
     assert otlp_template.same_walk(walk, general(body))
+    assert otlp_template.same_walk(later, general(node_body(40, ts=TS + 10**10)))
     assert otlp_template.lookup_renamed(_mutate(node_body(41), "dcgm-exporter", "dcgm-exportes")) is None
 
 
