@@ -234,7 +234,7 @@ class Store:
                         self._gpu_keys.begin()
                         events = next((df for spec, df in conformed if spec.name == "health_event"), None)
                         samples = next((df for spec, df in conformed if spec.name == "gpu_sample"), None)
-                        counted = events is not None or self._counters.resets(samples)
+                        counted = events is not None or self._counters.resets(conn, samples)
                         newest = self._refuse_logged(conn, unless_logged, counters=counted)
                         todo = conformed
                         if counted:
@@ -296,7 +296,7 @@ class Store:
                     with self._write_lock, self.engine.begin() as conn:
                         self._gpu_keys.begin()
                         todo, shas = frames, unless_logged
-                        if health is not None or self._counters.resets(samples):
+                        if health is not None or self._counters.resets(conn, samples):
                             # the check, then the counters, first in the transaction, as write_frames has them
                             newest = self._refuse_logged(conn, shas, counters=True)
                             shas = ()

@@ -5,7 +5,9 @@ every process that writes; each store keeps a copy of them, brought up to date b
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
+import time
 
 import polars as pl
 from sqlalchemy import Connection, text
@@ -23,6 +25,9 @@ _COUNTER_SCHEMA = {"gpu_uuid": pl.String, "code": pl.Int64, "value": pl.Float64}
 _COUNTER_LOCK_KEY = int.from_bytes(hashlib.sha256(b"fleetscope.counter_reading").digest()[:8], "big", signed=True)
 # The readings' newest version: one indexed read, which a write may send with its duplicate check (store.ingest_log)
 NEWEST_SQL = "SELECT MAX(version) FROM counter_reading"
+# How old this process's copy may grow before a write with counter readings brings it up to date anyway
+# (``CounterMemory.resets``): another API process's counts reach this one's within this and a scrape.
+REFRESH_S = 5.0
 
 
 def _counter_decision(events: pl.DataFrame, is_counter: pl.Expr, counters: pl.DataFrame, seq: pl.DataFrame,
@@ -90,24 +95,26 @@ class CounterMemory:
         self._version = 0
         self._frame: tuple[Known, pl.DataFrame] | None = None  # a copy as a frame, for the frame path
         self._nonzero: frozenset[str] = frozenset()  # the GPUs with a counter above zero in the copy
-        self._loaded = False  # whether the copy was ever read from the table
+        self._checked_at = -math.inf  # monotonic time the copy was last checked against the table
         self._lock = threading.Lock()
 
-    def resets(self, samples: pl.DataFrame | Rows | None) -> bool:
+    def resets(self, conn: Connection, samples: pl.DataFrame | Rows | None) -> bool:
         """Whether ``samples`` (a write's gpu_sample rows) name a GPU whose counter this process last knew above
         zero. A write with no health event still carries every GPU's readings, and a zero there (a volatile
         counter after a driver reload or a reboot) is the change that makes the same count later a new event:
         without it a second double-bit error reading 1, as the first did, would page nobody. A GPU set above
-        zero by another process since this one's copy was brought up to date is not seen here; its next write
-        with an event brings the copy up to date. A process whose copy was never read (just started) says yes
-        to the first samples with counters, so that the copy is read."""
+        zero by another API process is known here once the copy is brought up to date: a write with readings
+        checks it against the table, in ``conn``'s transaction, when it was last checked more than ``REFRESH_S``
+        ago (or never, in a process just started): one indexed read, and the rows changed since where it moved.
+        A node whose agent reconnects to another process after a reboot has its zero recorded within that and a
+        scrape."""
+        if samples is None or not any(col in samples.columns for col in _COUNTER_COLUMNS):
+            return False
+        if time.monotonic() - self._checked_at > REFRESH_S:
+            self._state(conn)
         nonzero = self._nonzero
-        if samples is None or (not nonzero and self._loaded):
+        if not nonzero:
             return False
-        if not any(col in samples.columns for col in _COUNTER_COLUMNS):
-            return False
-        if not self._loaded:
-            return True
         if isinstance(samples, Rows):
             i = samples.columns.index("gpu_uuid")
             return any(row[i] in nonzero for row in samples.rows)
@@ -227,18 +234,22 @@ class CounterMemory:
             finally:
                 cur.close()
         with self._lock:
-            self._loaded = True
             known, version = self._known, self._version
         if newest == version:
+            with self._lock:
+                self._checked_at = time.monotonic()
             return known, version
         since = version if newest > version else 0
         rows = conn.execute(text("SELECT gpu_uuid, code, value FROM counter_reading WHERE version > :v"), {"v": since}).all()
         delta = {(g, c): v for g, c, v in rows}
         known = {**known, **delta} if since else delta
         with self._lock:
-            if self._version <= newest:
+            # a whole reading (the table went back, as when it was emptied) replaces the copy whatever its version:
+            # kept at the old, higher version, the rows the table gets back up to it would never be read in
+            if self._version <= newest or not since:
                 self._nonzero = _nonzero(known, {g for g, _ in delta}, self._nonzero if since else frozenset())
                 self._known, self._version = known, newest
+                self._checked_at = time.monotonic()
         return known, newest
 
     def remember(self, changes: list[tuple[str, int, float | None]], version: int) -> None:

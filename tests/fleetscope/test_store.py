@@ -437,19 +437,22 @@ def test_a_fault_counter_reading_that_repeats_is_not_a_new_health_event(store, v
     assert write(store, ev([row(1, "GPU-3", "ecc", 310, 2.0)])).written["health_event"] == 1
 
 
+def _dbe_scrape(k: int, dbe: int, gpu: str = "GPU-r") -> F.Batch:
+    """Scrape ``k`` of one GPU whose volatile double-bit ECC count reads ``dbe``, with the event a count above zero is."""
+    from fleetscope.core import dcgm_fields
+
+    sample = pl.DataFrame({"ts": [T0 + k * 10 * S], "gpu_uuid": [gpu], "power_w": [300.0], "ecc_dbe_volatile_total": [dbe]})
+    events = dcgm_fields.dcgm_health_events(sample, pl.DataFrame({"gpu_uuid": [gpu], "host": ["h"]}), source="dcgm")
+    return F.Batch(gpu_sample=sample, health_event=events)
+
+
 @pytest.mark.parametrize("via", list(WRITES))
 def test_a_count_read_again_after_a_reset_in_writes_without_events_is_a_new_event(db_url: str, via):
     """A GPU's volatile double-bit ECC count reads 1 (an event), then 0 for a while in writes that carry no health
     event at all (the node rebooted: nothing to report), then 1 again: a second uncorrectable error, stored as an
     event. So also for a process started after the first reading (its copy read from the table first)."""
-    from fleetscope.core import dcgm_fields
-
     write = WRITES[via]
-
-    def scrape(k: int, dbe: int, gpu: str = "GPU-r") -> F.Batch:
-        sample = pl.DataFrame({"ts": [T0 + k * 10 * S], "gpu_uuid": [gpu], "power_w": [300.0], "ecc_dbe_volatile_total": [dbe]})
-        events = dcgm_fields.dcgm_health_events(sample, pl.DataFrame({"gpu_uuid": [gpu], "host": ["h"]}), source="dcgm")
-        return F.Batch(gpu_sample=sample, health_event=events)
+    scrape = _dbe_scrape
 
     first = Store.open(db_url)
     assert write(first, scrape(0, 1)).written["health_event"] == 1
@@ -470,6 +473,31 @@ def test_a_count_read_again_after_a_reset_in_writes_without_events_is_a_new_even
     assert stored["ts"].to_list() == [T0 + k * 10 * S for k in (0, 3, 6)]
     for st in (first, later):
         st.engine.dispose()
+
+
+@pytest.mark.parametrize("via", list(WRITES))
+def test_a_reset_that_reaches_another_process_is_recorded_once_its_copy_is_checked(db_url: str, via, monkeypatch):
+    """Two API processes: B has read its copy of the counters (nothing above zero then); A then stores a GPU's
+    double-bit count of 1. The node reboots and its agent reconnects to B, whose push reads 0 and carries no
+    event. B's copy, older than ``REFRESH_S``, is checked against the table in that write, so the zero is recorded
+    and the next count of 1, wherever it goes, is a new error. With a copy young enough not to be checked, the
+    zero is missed and the second error would page nobody: the check is what records it."""
+    from fleetscope.store import counters
+
+    write = WRITES[via]
+    for check in (True, False):
+        with Store.open(db_url).engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM counter_reading")
+            conn.exec_driver_sql("DELETE FROM health_event")
+        a, b = Store.open(db_url), Store.open(db_url)
+        write(b, _dbe_scrape(0, 0, gpu="GPU-other"))  # B's copy read: nothing above zero
+        assert write(a, _dbe_scrape(1 + 10 * check, 1)).written["health_event"] == 1
+        monkeypatch.setattr(counters, "REFRESH_S", 0.0 if check else 3600.0)
+        write(b, _dbe_scrape(2 + 10 * check, 0))
+        got = write(a, _dbe_scrape(3 + 10 * check, 1)).written.get("health_event", 0)
+        assert got == (1 if check else 0), check
+        for st in (a, b):
+            st.engine.dispose()
 
 
 def test_the_counter_decision_over_rows_is_the_one_over_frames():
