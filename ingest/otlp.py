@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, health_event_rows
+from fleetscope.core.dcgm_fields import DCGM_HEALTH_COUNTERS, health_event_rows, health_rows_in_order
 from fleetscope.core.errors import ParseError
 from fleetscope.core.frames import HEALTH_EVENT, Batch
 from fleetscope.core.protowire import WireError as _WireError
@@ -254,7 +254,7 @@ def tuples(walks: list[_Walk]) -> dict[str, tuple[tuple[str, ...], list[tuple[An
     health = [row for w in walks for row in health_rows(w)]
     out_frames = {"gpu_sample": (("ts", "gpu_uuid", *names), samples)}
     if health:
-        out_frames["health_event"] = (HEALTH_EVENT.names, sorted(health, key=lambda r: (r[0], r[2], r[3], r[4])))
+        out_frames["health_event"] = (HEALTH_EVENT.names, health_rows_in_order(health))
     for name, cols, rows_ in (("gpu", _GPU_TUPLE_COLUMNS, list(inventory.values())),
                               ("gpu_workload", ("ts", "gpu_uuid", *_WORKLOAD_COLUMNS), list(workload.values())),
                               ("metric_sample", ("ts", "series", "value"), list(metrics.values()))):

@@ -152,5 +152,10 @@ def health_event_rows(samples: Iterable[tuple[int, str, Mapping[str, Any]]], hos
             value = fields.get(col)
             if value is not None and value > 0:
                 out.append((ts, host, gpu, kind, fid, float(value), f"{field_name}={int(value)}", source))
-    out.sort(key=lambda r: (r[0], r[2], r[3], r[4]))
-    return out
+    return health_rows_in_order(out)
+
+
+def health_rows_in_order(rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Health event rows (``HEALTH_EVENT``'s column order) sorted as :func:`dcgm_health_events` sorts its events:
+    by time, GPU, kind and code."""
+    return sorted(rows, key=lambda r: (r[0], r[2], r[3], r[4]))

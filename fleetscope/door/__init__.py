@@ -47,6 +47,7 @@ import polars as pl
 from sqlalchemy.exc import OperationalError
 
 from fleetscope.core import frames as F
+from fleetscope.core.dcgm_fields import health_rows_in_order
 from fleetscope.core.errors import FleetscopeError
 from fleetscope.door import screen
 from fleetscope.door.screen import Push
@@ -119,8 +120,7 @@ def _as_rows(pushes: Sequence[Push]) -> tuple[list[tuple[F.FrameSpec, Rows]], li
         return None
     rows_of = dcgm_lines.tuples(parts)
     if any(health):
-        events = sorted((row for rows in health for row in rows), key=lambda r: (r[0], r[2], r[3], r[4]))
-        rows_of["health_event"] = (F.HEALTH_EVENT.names, events)
+        rows_of["health_event"] = (F.HEALTH_EVENT.names, health_rows_in_order(row for rows in health for row in rows))
     frames = [(F.FRAMES[name], Rows(cols, rows)) for name, (cols, rows) in rows_of.items() if rows]
     return frames, [_with_health(_offered(lines), len(h)) for (lines, _), h in zip(parts, health)], [lines.values() for lines, _ in parts]
 

@@ -4,10 +4,12 @@ every process that writes; each store keeps a copy of them, brought up to date b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import hashlib
 import math
 import threading
 import time
+from typing import Any
 
 import polars as pl
 from sqlalchemy import Connection, text
@@ -147,20 +149,11 @@ class CounterMemory:
         if seq.height == 0:
             return events, None
 
-        def decide(known: Known) -> tuple[pl.DataFrame, pl.DataFrame]:
-            return _counter_decision(events, is_counter, counters, seq, self._as_frame(known))
+        def decide(known: Known) -> tuple[pl.DataFrame, list[tuple[str, int, float | None]]]:
+            kept, changes = _counter_decision(events, is_counter, counters, seq, self._as_frame(known))
+            return kept, changes.rows()
 
-        known, version = self._state(conn, newest)
-        kept, changes = decide(known)
-        if changes.height == 0:
-            return kept, None
-        if self._dialect == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
-            known, version = self._state(conn)  # as the writer before us left them
-            kept, changes = decide(known)
-            if changes.height == 0:
-                return kept, None
-        return kept, self._write_changes(conn, changes.rows(), version)
+        return self._in_turn(conn, newest, decide)
 
     def changed_rows(self, conn: Connection, events: Rows, samples: Rows | None,
                      newest: int | None = None) -> tuple[Rows, tuple[list[tuple[str, int, float | None]], int] | None]:
@@ -187,28 +180,31 @@ class CounterMemory:
                         seq.setdefault((row[sg], code), {}).setdefault(row[st], float(row[j]))
         if not seq:
             return events, None
+        return self._in_turn(conn, newest, lambda known: _decide_rows(events, counter_rows, seq, known))
+
+    def _in_turn(self, conn: Connection, newest: int | None, decide: Callable[[Known], tuple[Any, list[tuple[str, int, float | None]]]],
+                 ) -> tuple[Any, tuple[list[tuple[str, int, float | None]], int] | None]:
+        """``decide`` (the copy -> the events kept and the readings changed) on the copy as of the table's newest
+        version; where it changes readings, decided again on what the last writer of changed readings left, in
+        that writer's turn (PostgreSQL: a transaction advisory lock; SQLite: the store's write lock, already held),
+        and the changes written in ``conn``'s transaction as the next version, which is returned with them."""
         known, version = self._state(conn, newest)
-        kept, changes = _decide_rows(events, counter_rows, seq, known)
+        kept, changes = decide(known)
         if not changes:
             return kept, None
         if self._dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _COUNTER_LOCK_KEY})
-            known, version = self._state(conn)
-            kept, changes = _decide_rows(events, counter_rows, seq, known)
+            known, version = self._state(conn)  # as the writer before us left them
+            kept, changes = decide(known)
             if not changes:
                 return kept, None
-        return kept, self._write_changes(conn, changes, version)
-
-    def _write_changes(self, conn: Connection, changes: list[tuple[str, int, float | None]],
-                       version: int) -> tuple[list[tuple[str, int, float | None]], int]:
-        """The changed readings into counter_reading as version ``version`` + 1, in ``conn``'s transaction."""
         version += 1
         t = schema.counter_reading
         ins = (postgresql.insert(t) if self._dialect == "postgresql" else sqlite_dialect.insert(t))
         conn.execute(ins.on_conflict_do_update(index_elements=[t.c.gpu_uuid, t.c.code],
                                                set_={"value": ins.excluded.value, "version": ins.excluded.version}),
                      [{"gpu_uuid": g, "code": c, "value": v, "version": version} for g, c, v in changes])
-        return changes, version
+        return kept, (changes, version)
 
     def _as_frame(self, known: Known) -> pl.DataFrame:
         """A copy of the readings as a frame (made once a copy)."""
